@@ -1,0 +1,1 @@
+"""Holder agents and their deployment."""

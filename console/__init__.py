@@ -1,0 +1,1 @@
+"""The composition root: the typer CLI (and, later, the Textual console)."""

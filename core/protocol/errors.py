@@ -1,0 +1,147 @@
+"""The error tree. Every failure crossing a boundary is one of these, with a code and a reason.
+
+``GpuTravelError`` is the root. Protocol errors live here (the holder agent imports them);
+the engine-level ones (attestation, integrity, agents, data) are defined here too so there is
+exactly one tree, and re-exported from ``gputravel.core.errors``.
+
+Exit codes of the CLI map from ``exit_code`` (documented in the README).
+"""
+
+from __future__ import annotations
+
+
+class GpuTravelError(Exception):
+    """Root of every gputravel error. ``code`` is a stable short name, ``reason`` the human text."""
+
+    code: str = "error"
+    exit_code: int = 1
+
+    def __init__(self, reason: str = "", *, code: str | None = None) -> None:
+        self.reason = reason or self.__class__.__name__
+        if code is not None:
+            self.code = code
+        super().__init__(self.reason)
+
+    def __str__(self) -> str:  # "ReplayError: sequence 3 was already accepted"
+        return f"{type(self).__name__}: {self.reason}"
+
+
+# --- protocol -------------------------------------------------------------------------------
+class ProtocolError(GpuTravelError):
+    """A message broke the wire protocol."""
+
+    code = "protocol"
+    exit_code = 4
+
+
+class FrameError(ProtocolError):
+    """A frame was truncated, oversized, of unknown type or otherwise malformed."""
+
+    code = "frame"
+
+
+class TagError(ProtocolError):
+    """AES-GCM authentication failed: ciphertext, tag or AAD were altered, or the key is wrong."""
+
+    code = "tag"
+
+
+class ReplayError(ProtocolError):
+    """A sequence number was already accepted, or is older than the replay window allows."""
+
+    code = "replay"
+
+
+class StaleEpochError(ProtocolError):
+    """A message was sealed under an epoch whose key is no longer valid."""
+
+    code = "stale-epoch"
+
+
+class WindowError(ProtocolError):
+    """A write targeted bytes outside the buffer window its key is valid for."""
+
+    code = "window"
+
+
+class NonceExhaustedError(ProtocolError):
+    """A cipher state reached its counter limit; the key must be rotated before use."""
+
+    code = "nonce-exhausted"
+
+
+# --- engine level ---------------------------------------------------------------------------
+class AttestationError(GpuTravelError):
+    """The device's evidence did not verify (chain, revocation, nonce, measurements or mode)."""
+
+    code = "attestation"
+    exit_code = 3
+
+
+class IntegrityError(GpuTravelError):
+    """The device's measurement of code or model regions differs from the expected one."""
+
+    code = "integrity"
+    exit_code = 5
+
+
+class AgentError(GpuTravelError):
+    """A holder agent failed, died, or could not be reached."""
+
+    code = "agent"
+    exit_code = 6
+
+    def __init__(self, host: str, reason: str) -> None:
+        self.host = host
+        super().__init__(f"{host}: {reason}")
+
+
+class DeviceError(GpuTravelError):
+    """The device service refused a request or is unreachable."""
+
+    code = "device"
+    exit_code = 7
+
+
+class DataError(GpuTravelError):
+    """A dataset is missing, empty or malformed."""
+
+    code = "data"
+    exit_code = 2
+
+
+class ConfigError(GpuTravelError):
+    """A setting, policy or file given by the operator is invalid."""
+
+    code = "config"
+    exit_code = 2
+
+
+class LedgerError(GpuTravelError):
+    """The audit ledger is unreadable or its hash chain is broken."""
+
+    code = "ledger"
+    exit_code = 8
+
+
+class CancelledRunError(GpuTravelError):
+    """The operator cancelled the run."""
+
+    code = "cancelled"
+    exit_code = 130
+
+
+ERRORS_BY_CODE: dict[str, type[GpuTravelError]] = {
+    cls.code: cls
+    for cls in (
+        GpuTravelError, ProtocolError, FrameError, TagError, ReplayError, StaleEpochError,
+        WindowError, NonceExhaustedError, AttestationError, IntegrityError, DeviceError,
+        DataError, ConfigError, LedgerError, CancelledRunError,
+    )
+}
+
+
+def error_from_code(code: str, reason: str) -> GpuTravelError:
+    """Rebuild a typed error sent over the wire as (code, reason)."""
+    cls = ERRORS_BY_CODE.get(code, GpuTravelError)
+    return cls(reason)

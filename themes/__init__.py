@@ -1,0 +1,1 @@
+"""Textual themes (.tcss)."""
