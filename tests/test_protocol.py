@@ -1,0 +1,248 @@
+"""core.protocol: frames, cipher states, AAD binding, replay window, key schedule."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gputravel.core.protocol import (
+    TAG_LEN,
+    Direction,
+    FrameDecoder,
+    FrameError,
+    FrameType,
+    NonceExhaustedError,
+    RecvState,
+    ReplayError,
+    ReplayWindow,
+    SendState,
+    StaleEpochError,
+    TagError,
+    channel_key,
+    decode_frame,
+    encode_frame,
+    fingerprint,
+    provisioning_key,
+    read_frame,
+    write_frame,
+)
+from gputravel.core.protocol.frames import MAX_HEADER, PREFIX
+
+SID = b"S" * 16
+MASTER = bytes(range(32))
+
+
+def pair(epoch: int = 1, window: int = 64, limit: int = 2**64 - 1) -> tuple[SendState, RecvState]:
+    key = provisioning_key(MASTER, SID, epoch=epoch, offset=0, length=1 << 20, direction=Direction.HOLDER_TO_DEVICE)
+    return SendState(key, session_id=SID, limit=limit), RecvState(key, session_id=SID, window=window, limit=limit)
+
+
+# --- frames -----------------------------------------------------------------------------------
+def test_frame_round_trips_type_header_and_payload():
+    raw = encode_frame(FrameType.CHUNK, {"s": 3, "o": 4096}, b"\x00\x01payload")
+    frame = decode_frame(raw)
+    assert frame.type is FrameType.CHUNK
+    assert frame.header == {"s": 3, "o": 4096}
+    assert frame.payload == b"\x00\x01payload"
+
+
+def test_truncated_frame_is_rejected():
+    raw = encode_frame(FrameType.HELLO, {"a": 1}, b"xyz")
+    with pytest.raises(FrameError, match="truncated"):
+        decode_frame(raw[:-1])
+    with pytest.raises(FrameError, match="truncated"):
+        read_frame(io.BytesIO(raw[:-2]))
+
+
+def test_oversized_frame_is_rejected_before_reading_its_payload():
+    head = PREFIX.pack(b"GT", 1, int(FrameType.CHUNK), 0, 64 * 1024 * 1024)
+    with pytest.raises(FrameError, match="exceeds"):
+        read_frame(io.BytesIO(head))
+    with pytest.raises(FrameError, match="exceeds"):
+        encode_frame(FrameType.CHUNK, {}, b"x" * 100, max_payload=10)
+    with pytest.raises(FrameError, match="header"):
+        encode_frame(FrameType.HELLO, {"x": "y" * (MAX_HEADER + 1)})
+
+
+def test_unknown_frame_type_and_bad_magic_are_rejected():
+    with pytest.raises(FrameError, match="unknown frame type"):
+        decode_frame(PREFIX.pack(b"GT", 1, 250, 0, 0))
+    with pytest.raises(FrameError, match="magic"):
+        decode_frame(PREFIX.pack(b"XX", 1, 1, 0, 0))
+    with pytest.raises(FrameError, match="JSON object"):
+        decode_frame(PREFIX.pack(b"GT", 1, 1, 2, 0) + b"[]")
+
+
+def test_stream_decoder_splits_frames_fed_byte_by_byte():
+    raws = [encode_frame(FrameType.ACK, {"s": i}) for i in range(5)]
+    decoder = FrameDecoder()
+    got = []
+    for byte in b"".join(raws):
+        got += decoder.feed(bytes([byte]))
+    assert [f.header["s"] for f in got] == [0, 1, 2, 3, 4]
+    decoder.eof()
+    decoder.feed(raws[0][:5])
+    with pytest.raises(FrameError, match="inside a frame"):
+        decoder.eof()
+
+
+def test_read_frame_returns_none_on_clean_end_and_reads_what_write_frame_wrote():
+    buf = io.BytesIO()
+    write_frame(buf, FrameType.DONE, {"n": 2}, memoryview(b"ab"))
+    buf.seek(0)
+    frame = read_frame(buf)
+    assert frame is not None and frame.payload == b"ab"
+    assert read_frame(buf) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_fuzzed_bytes_either_decode_or_raise_frame_error(data):
+    try:
+        frames = FrameDecoder().feed(data)
+    except FrameError:
+        return
+    for frame in frames:
+        assert isinstance(frame.type, FrameType)
+        assert isinstance(frame.header, dict)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(list(FrameType)), st.dictionaries(st.text(max_size=8), st.integers(), max_size=4),
+       st.binary(max_size=300), st.integers(min_value=0, max_value=400))
+def test_fuzzed_mutations_of_a_valid_frame_never_crash_the_decoder(ftype, header, payload, pos):
+    raw = bytearray(encode_frame(ftype, header, payload))
+    raw[pos % len(raw)] ^= 0x5A
+    try:
+        decode_frame(bytes(raw))
+    except FrameError:
+        pass
+
+
+# --- cipher states ----------------------------------------------------------------------------
+def test_sealed_chunk_opens_into_a_preallocated_buffer():
+    send, recv = pair()
+    plain = os.urandom(4096)
+    out_ct = bytearray(len(plain) + TAG_LEN)
+    seq = send.seal_into(plain, out_ct, frame_type=FrameType.CHUNK, offset=8192)
+    dest = bytearray(len(plain))
+    recv.open_into(out_ct, dest, seq=seq, epoch=1, frame_type=FrameType.CHUNK, offset=8192)
+    assert bytes(dest) == plain
+    assert send.counter == 1 and recv.window.highest == 0
+
+
+def test_tampered_ciphertext_is_rejected_and_destination_zeroed():
+    send, recv = pair()
+    seq, ct = send.seal(b"secret data" * 10, frame_type=FrameType.CHUNK)
+    bad = bytearray(ct)
+    bad[5] ^= 1
+    dest = bytearray(len(ct) - TAG_LEN)
+    with pytest.raises(TagError):
+        recv.open_into(bad, dest, seq=seq, epoch=1, frame_type=FrameType.CHUNK)
+    assert dest == bytearray(len(dest))
+    # the sequence was not consumed: the genuine chunk still opens
+    assert recv.open(ct, seq=seq, epoch=1, frame_type=FrameType.CHUNK) == b"secret data" * 10
+
+
+@pytest.mark.parametrize("field", ["offset", "frame_type", "seq"])
+def test_tampered_aad_is_rejected(field):
+    send, recv = pair()
+    seq, ct = send.seal(b"x" * 64, frame_type=FrameType.CHUNK, offset=128)
+    kwargs = {"seq": seq, "epoch": 1, "frame_type": FrameType.CHUNK, "offset": 128}
+    kwargs[field] = kwargs[field] + 1
+    with pytest.raises(TagError):
+        recv.open(ct, **kwargs)
+
+
+def test_message_for_another_session_or_direction_fails_authentication():
+    key = channel_key(MASTER, SID, epoch=1, direction=Direction.ORCH_TO_DEVICE)
+    seq, ct = SendState(key, session_id=SID).seal(b"cmd", frame_type=FrameType.REQUEST)
+    with pytest.raises(TagError):
+        RecvState(key, session_id=b"T" * 16).open(ct, seq=seq, epoch=1, frame_type=FrameType.REQUEST)
+    other = channel_key(MASTER, SID, epoch=1, direction=Direction.DEVICE_TO_ORCH)
+    with pytest.raises(TagError):
+        RecvState(other, session_id=SID).open(ct, seq=seq, epoch=1, frame_type=FrameType.REQUEST)
+
+
+def test_replayed_chunk_is_rejected():
+    send, recv = pair()
+    seq, ct = send.seal(b"once", frame_type=FrameType.CHUNK)
+    recv.open(ct, seq=seq, epoch=1, frame_type=FrameType.CHUNK)
+    with pytest.raises(ReplayError, match="already accepted"):
+        recv.open(ct, seq=seq, epoch=1, frame_type=FrameType.CHUNK)
+
+
+def test_reordering_inside_the_window_is_accepted_beyond_it_rejected():
+    send, recv = pair(window=8)
+    sealed = [send.seal(bytes([i]) * 8, frame_type=FrameType.CHUNK) for i in range(20)]
+    for seq, ct in [sealed[3], sealed[1], sealed[2], sealed[0]]:
+        recv.open(ct, seq=seq, epoch=1, frame_type=FrameType.CHUNK)
+    seq, ct = sealed[19]
+    recv.open(ct, seq=seq, epoch=1, frame_type=FrameType.CHUNK)
+    old_seq, old_ct = sealed[5]  # 14 behind the top, window is 8
+    with pytest.raises(ReplayError, match="older than the replay window"):
+        recv.open(old_ct, seq=old_seq, epoch=1, frame_type=FrameType.CHUNK)
+
+
+def test_stale_epoch_key_is_rejected_after_rotation():
+    old_send, _ = pair(epoch=1)
+    _, new_recv = pair(epoch=2)
+    seq, ct = old_send.seal(b"late", frame_type=FrameType.CHUNK)
+    with pytest.raises(StaleEpochError):
+        new_recv.open(ct, seq=seq, epoch=1, frame_type=FrameType.CHUNK)
+    # claiming the new epoch does not help: the key differs
+    with pytest.raises(TagError):
+        new_recv.open(ct, seq=seq, epoch=2, frame_type=FrameType.CHUNK)
+
+
+def test_nonce_counter_exhaustion_raises_instead_of_reusing():
+    send, _ = pair(limit=2)
+    send.seal(b"a", frame_type=FrameType.CHUNK)
+    send.seal(b"b", frame_type=FrameType.CHUNK)
+    with pytest.raises(NonceExhaustedError):
+        send.seal(b"c", frame_type=FrameType.CHUNK)
+    assert send.counter == 2
+
+
+def test_keys_differ_per_epoch_window_and_direction_and_fingerprints_hide_them():
+    a = provisioning_key(MASTER, SID, epoch=1, offset=0, length=100, direction=3)
+    b = provisioning_key(MASTER, SID, epoch=2, offset=0, length=100, direction=3)
+    c = provisioning_key(MASTER, SID, epoch=1, offset=0, length=101, direction=3)
+    d = channel_key(MASTER, SID, epoch=1, direction=1)
+    assert len({a.key, b.key, c.key, d.key}) == 4
+    assert a.key.hex() not in repr(a) and a.fingerprint == fingerprint(a.key)
+    assert len(a.fingerprint) == 16
+
+
+def test_replay_window_marks_each_sequence_once():
+    window = ReplayWindow(16)
+    for seq in (0, 2, 1, 10):
+        window.accept(seq)
+    assert window.seen(1) and not window.seen(3) and window.highest == 10
+    with pytest.raises(ReplayError):
+        window.accept(2)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 3), st.integers(0, 2)), min_size=1, max_size=30))
+def test_fuzzed_channel_accepts_each_genuine_chunk_once_and_nothing_forged(ops):
+    send, recv = pair(window=64)
+    sealed = [send.seal(bytes([i % 256]) * 16, frame_type=FrameType.CHUNK) for i in range(41)]
+    accepted: set[int] = set()
+    for idx, flip, epoch_delta in ops:
+        seq, ct = sealed[idx]
+        data = bytearray(ct)
+        if flip:
+            data[flip * 3] ^= flip
+        try:
+            out = recv.open(bytes(data), seq=seq, epoch=1 + epoch_delta, frame_type=FrameType.CHUNK)
+        except (TagError, ReplayError, StaleEpochError):
+            continue
+        assert not flip and not epoch_delta, "a forged chunk was accepted"
+        assert seq not in accepted, "a chunk was accepted twice"
+        assert out == bytes([idx % 256]) * 16
+        accepted.add(seq)
