@@ -37,7 +37,8 @@ for _name in COMMAND_MODULES:
 def main() -> None:
     """Entry point: run the typer app, turning gputravel errors into documented exit codes."""
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
     except GpuTravelError as exc:
         Console(stderr=True).print(f"[bold red]error[/]: {exc}")
         sys.exit(exc.exit_code)

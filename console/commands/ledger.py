@@ -1,0 +1,120 @@
+"""``gputravel ledger``: verify the audit ledger's hash chain and show its events.
+
+Both commands open the ledger read-only. Exit codes: 0 intact, 8 (``LedgerError.exit_code``) when the
+chain is broken or the file is not a ledger.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from gputravel.core.errors import LedgerError
+from gputravel.core.ledger import LedgerRow, read_rows, verify_ledger
+
+ledger_app = typer.Typer(help="Verify and inspect the hash-chained audit ledger.", no_args_is_help=True)
+
+PathArg = Annotated[Path, typer.Argument(help="The ledger database (SQLite).", show_default=False)]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+@ledger_app.command("verify")
+def verify(path: PathArg, as_json: JsonOpt = False) -> None:
+    """Recompute every row hash and chain link; exit 8 naming the first broken row."""
+    result = verify_ledger(path)
+    if as_json:
+        typer.echo(json.dumps(asdict(result), indent=2))
+    elif result.ok:
+        Console().print(f"[green]ledger intact[/]: {result.rows} rows, head {result.head_hash or 'none (empty)'}")
+    else:
+        Console(stderr=True).print(f"[bold red]ledger broken[/]: {escape(result.reason or '')}", soft_wrap=True)
+        if result.head_hash is not None:
+            Console(stderr=True).print(f"last good row {result.rows}, hash {result.head_hash}", soft_wrap=True)
+    if not result.ok:
+        raise typer.Exit(code=LedgerError.exit_code)
+
+
+@ledger_app.command("show")
+def show(
+    path: PathArg,
+    as_json: JsonOpt = False,
+    holder: Annotated[str | None, typer.Option("--holder", help="Only this holder's events.")] = None,
+    limit: Annotated[
+        int | None, typer.Option("--limit", min=0, help="At most N rows, the most recent.")
+    ] = None,
+) -> None:
+    """List the ledger's events (seq, time, kind, phase, holder, epoch, key fp, bytes, duration, outcome)."""
+    try:
+        rows = read_rows(path, holder=holder, limit=limit)
+    except LedgerError as exc:
+        Console(stderr=True).print(f"[bold red]error[/]: {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(code=exc.exit_code) from exc
+    if as_json:
+        typer.echo(json.dumps([row.to_dict() for row in rows], indent=2, ensure_ascii=False))
+        return
+    Console().print(_table(rows, path))
+
+
+def _table(rows: list[LedgerRow], path: Path) -> Table:
+    table = Table(
+        title=escape(f"{path} ({len(rows)} rows)"),
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    table.add_column("seq", justify="right", no_wrap=True)
+    table.add_column("time (UTC)", no_wrap=True)
+    for name in ("kind", "phase", "holder"):
+        table.add_column(name, min_width=5, overflow="fold")
+    table.add_column("epoch", justify="right", overflow="fold")
+    table.add_column("key fp", overflow="fold")
+    table.add_column("bytes", justify="right", no_wrap=True)
+    table.add_column("secs", justify="right", no_wrap=True)
+    table.add_column("outcome", min_width=5, overflow="fold")
+    for row in rows:
+        table.add_row(
+            str(row.seq),
+            datetime.fromtimestamp(row.ts, tz=UTC).strftime("%Y-%m-%d %H:%M:%S"),
+            escape(row.kind),
+            _text(row.phase),
+            _text(row.holder),
+            _text(row.epoch),
+            _text(row.key_fp[:12] if row.key_fp else None),
+            _bytes(row.nbytes),
+            "-" if row.duration_s is None else f"{row.duration_s:.3f}",
+            f"[green]{escape(row.outcome)}[/]" if row.outcome == "ok" else f"[red]{escape(row.outcome)}[/]",
+        )
+    return table
+
+
+def _text(value: object) -> str:
+    return "-" if value is None else escape(str(value))
+
+
+def _bytes(nbytes: int | None) -> str:
+    if nbytes is None:
+        return "-"
+    if abs(nbytes) < 1024:
+        return f"{nbytes} B"
+    size = float(nbytes)
+    for unit in ("KiB", "MiB", "GiB"):
+        size /= 1024
+        if abs(size) < 1024:
+            return f"{size:.1f} {unit}"
+    return f"{size / 1024:.1f} TiB"
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``ledger`` command group to ``app``."""
+    app.add_typer(ledger_app, name="ledger")
