@@ -132,9 +132,14 @@ class SendState(_State):
 
     __slots__ = ("counter",)
 
-    def __init__(self, key: DirectionKey, *, session_id: bytes, limit: int = COUNTER_MAX) -> None:
+    def __init__(self, key: DirectionKey, *, session_id: bytes, limit: int = COUNTER_MAX, start: int = 0) -> None:
+        """``start`` > 0 resumes an interrupted transfer at that sequence. Chunks before it were
+        acknowledged; chunks from it on are re-sealed from the same plaintext, AAD and nonce, which
+        gives the same ciphertext: a nonce is never used for two different messages."""
         super().__init__(key, session_id=session_id, limit=limit)
-        self.counter = 0
+        if start < 0:
+            raise ValueError("start must be >= 0")
+        self.counter = start
 
     def _next(self) -> int:
         if self.counter >= self.limit:

@@ -1,0 +1,281 @@
+"""The holder agent: runs in a data holder's confidential VM, next to its private dataset.
+
+Small and deployable: standard library, ``cryptography`` and ``gputravel.core.protocol`` only.
+It speaks length-prefixed frames on stdin/stdout (locally, or through an SSH channel):
+
+    agent -> HELLO {name, format, train_bytes, val_bytes, files, agent_sha256}
+    orch  -> HANDOFF {epoch, session, key, window_offset, chunk_size, train: [start, n], val: [start, n], resume_from}
+    agent -> CHUNK {e, s, o, n} + AES-GCM(ciphertext||tag)   ... device -> ACK {s} / ERROR {s, code, reason}
+    agent -> DONE {epoch, chunks, bytes, retransmits}
+    orch  -> BYE
+
+The agent never sees any key but the one of the hand-off it is given, and that key only opens a
+write window in the GPU's buffer for one epoch. Plaintext never leaves this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import queue
+import struct
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from gputravel.core.protocol import (
+    TAG_LEN,
+    DirectionKey,
+    FrameType,
+    SendState,
+    read_frame,
+    write_frame,
+)
+from gputravel.core.protocol.errors import DataError, GpuTravelError
+
+AGENT_VERSION = "1"
+LLMC_MAGIC = 20240520
+LLMC_HEADER = 256 * 4
+MAX_IN_FLIGHT = 32
+MAX_RETRANSMITS = 3
+
+
+def agent_sha256() -> str:
+    """Hash of the agent's own code (this file and the protocol package), for the deployer's check."""
+    here = Path(__file__).resolve()
+    files = [here] + sorted((here.parent.parent / "core" / "protocol").glob("*.py"))
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    path: Path
+    start: int  # offset in the file
+    length: int
+
+
+class Stream:
+    """A byte stream over several files, read by range (data is never loaded whole)."""
+
+    def __init__(self, segments: list[Segment]) -> None:
+        self.segments = segments
+        self.length = sum(s.length for s in segments)
+
+    def read(self, offset: int, n: int) -> bytes:
+        if offset < 0 or n < 0 or offset + n > self.length:
+            raise DataError(f"range [{offset}, {offset + n}) beyond the {self.length}-byte stream")
+        out = bytearray()
+        pos = 0
+        for seg in self.segments:
+            if n == 0:
+                break
+            if offset < pos + seg.length:
+                skip = max(0, offset - pos)
+                take = min(seg.length - skip, n)
+                with open(seg.path, "rb") as f:
+                    f.seek(seg.start + skip)
+                    out += f.read(take)
+                offset += take
+                n -= take
+            pos += seg.length
+        return bytes(out)
+
+    def split(self, at: int) -> tuple[Stream, Stream]:
+        left: list[Segment] = []
+        right: list[Segment] = []
+        pos = 0
+        for seg in self.segments:
+            if pos + seg.length <= at:
+                left.append(seg)
+            elif pos >= at:
+                right.append(seg)
+            else:
+                cut = at - pos
+                left.append(Segment(seg.path, seg.start, cut))
+                right.append(Segment(seg.path, seg.start + cut, seg.length - cut))
+            pos += seg.length
+        return Stream(left), Stream(right)
+
+
+@dataclass
+class Dataset:
+    fmt: str  # "byte" or "u16"
+    train: Stream
+    val: Stream
+    files: int
+
+
+def open_dataset(path: Path, *, val_fraction: float = 0.1) -> Dataset:
+    """A holder's folder of .txt files (byte tokens) or llm.c .bin shards (uint16 tokens)."""
+    if not path.is_dir():
+        raise DataError(f"{path}: not a folder")
+    txt = sorted(p for p in path.iterdir() if p.suffix == ".txt" and p.is_file())
+    bins = sorted(p for p in path.iterdir() if p.suffix == ".bin" and p.is_file())
+    if txt and bins:
+        raise DataError(f"{path}: mixes .txt and .bin files; use one format per holder")
+    if not txt and not bins:
+        raise DataError(f"{path}: no .txt or .bin files")
+    segments: list[Segment] = []
+    if txt:
+        fmt, unit = "byte", 1
+        for p in txt:
+            size = p.stat().st_size
+            if size:
+                segments.append(Segment(p, 0, size))
+    else:
+        fmt, unit = "u16", 2
+        for p in bins:
+            with open(p, "rb") as f:
+                head = f.read(LLMC_HEADER)
+            if len(head) < LLMC_HEADER:
+                raise DataError(f"{p}: shorter than an llm.c header")
+            magic, version, ntok = struct.unpack("<3i", head[:12])
+            if magic != LLMC_MAGIC or version != 1:
+                raise DataError(f"{p}: not an llm.c token shard (magic {magic}, version {version})")
+            if p.stat().st_size != LLMC_HEADER + 2 * ntok:
+                raise DataError(f"{p}: header says {ntok} tokens, file size disagrees")
+            segments.append(Segment(p, LLMC_HEADER, 2 * ntok))
+    stream = Stream(segments)
+    if stream.length == 0:
+        raise DataError(f"{path}: all files are empty")
+    val = int(stream.length * val_fraction) // unit * unit
+    train, held = stream.split(stream.length - val)
+    return Dataset(fmt, train, held, len(segments))
+
+
+class Agent:
+    def __init__(self, name: str, data: Dataset, out: BinaryIO, inp: BinaryIO) -> None:
+        self.name, self.data, self.out, self.inp = name, data, out, inp
+        self._write_lock = threading.Lock()
+        self._inbox: queue.Queue = queue.Queue()
+
+    def send(self, ftype: FrameType, header: dict, payload: bytes | bytearray | memoryview = b"") -> None:
+        with self._write_lock:
+            write_frame(self.out, ftype, header, payload)
+            self.out.flush()
+
+    def _reader(self) -> None:
+        try:
+            while True:
+                frame = read_frame(self.inp)
+                self._inbox.put(frame)
+                if frame is None:
+                    return
+        except GpuTravelError as exc:
+            self._inbox.put(exc)
+
+    def run(self) -> int:
+        self.send(FrameType.HELLO, {"name": self.name, "version": AGENT_VERSION, "format": self.data.fmt,
+                                    "train_bytes": self.data.train.length, "val_bytes": self.data.val.length,
+                                    "files": self.data.files, "agent_sha256": agent_sha256(), "pid": os.getpid()})
+        threading.Thread(target=self._reader, daemon=True).start()
+        while True:
+            frame = self._inbox.get()
+            if frame is None or isinstance(frame, Exception):
+                return 0 if frame is None else 4
+            if frame.type is FrameType.HANDOFF:
+                try:
+                    self.provision(frame.header)
+                except GpuTravelError as exc:
+                    self.send(FrameType.ERROR, {"code": exc.code, "reason": exc.reason})
+            elif frame.type is FrameType.PING:
+                self.send(FrameType.PONG, frame.header)
+            elif frame.type is FrameType.BYE:
+                return 0
+
+    def _window_bytes(self, h: dict, start: int, n: int) -> bytes:
+        """Bytes [start, start+n) of the window: the train slice followed by the val slice."""
+        t0, tn = h["train"]
+        v0, vn = h["val"]
+        out = b""
+        if start < tn:
+            take = min(n, tn - start)
+            out += self.data.train.read(t0 + start, take)
+            start, n = start + take, n - take
+        if n:
+            out += self.data.val.read(v0 + start - tn, n)
+        return out
+
+    def provision(self, h: dict) -> None:
+        key = DirectionKey.from_wire(h["key"])
+        epoch = int(h["epoch"])
+        session = bytes.fromhex(h["session"])
+        base = int(h["window_offset"])
+        cs = int(h["chunk_size"])
+        total = int(h["train"][1]) + int(h["val"][1])
+        if int(h["train"][0]) + int(h["train"][1]) > self.data.train.length or \
+                int(h["val"][0]) + int(h["val"][1]) > self.data.val.length:
+            raise DataError("hand-off asks for bytes beyond this holder's dataset")
+        n_chunks = (total + cs - 1) // cs
+        start = int(h.get("resume_from", 0))
+        sender = SendState(key, session_id=session, start=start)
+        sealed: dict[int, tuple[dict, bytearray]] = {}
+        acked: set[int] = set(range(start))
+        retransmits = 0
+        out = bytearray(cs + TAG_LEN)
+        seq = start
+        while len(acked) < n_chunks:
+            while seq < n_chunks and len(sealed) < MAX_IN_FLIGHT:
+                lo = seq * cs
+                plain = self._window_bytes(h, lo, min(cs, total - lo))
+                n = len(plain)
+                buf = out if n == cs else bytearray(n + TAG_LEN)
+                got = sender.seal_into(plain, buf, frame_type=FrameType.CHUNK, offset=base + lo, length=n)
+                assert got == seq
+                head = {"e": epoch, "s": seq, "o": base + lo, "n": n}
+                sealed[seq] = (head, bytearray(buf[: n + TAG_LEN]))
+                self.send(FrameType.CHUNK, head, sealed[seq][1])
+                seq += 1
+            frame = self._inbox.get()
+            if frame is None or isinstance(frame, Exception):
+                raise GpuTravelError("link closed during provisioning")
+            if frame.type is FrameType.ACK:
+                s = int(frame.header["s"])
+                acked.add(s)
+                sealed.pop(s, None)
+            elif frame.type is FrameType.ERROR and frame.header.get("s") is not None:
+                s = int(frame.header["s"])
+                if frame.header.get("code") == "replay":  # already in the buffer: an acknowledgement was lost
+                    acked.add(s)
+                    sealed.pop(s, None)
+                    continue
+                if s not in sealed or retransmits >= MAX_RETRANSMITS * n_chunks or frame.header.get("code") in (
+                        "stale-epoch", "window"):
+                    raise GpuTravelError(f"chunk {s} refused: {frame.header.get('reason')}",
+                                         code=str(frame.header.get("code")))
+                retransmits += 1
+                head, ct = sealed[s]
+                self.send(FrameType.CHUNK, head, ct)
+            elif frame.type is FrameType.BYE:
+                raise GpuTravelError("orchestrator ended the hand-off")
+            elif frame.type is FrameType.PING:
+                self.send(FrameType.PONG, frame.header)
+        self.send(FrameType.DONE, {"epoch": epoch, "chunks": n_chunks - start, "bytes": total,
+                                   "retransmits": retransmits})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gputravel-agent", description="gputravel holder agent (stdio framing)")
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--data", required=True, type=Path)
+    parser.add_argument("--val-fraction", type=float, default=0.1)
+    ns = parser.parse_args(argv)
+    out, inp = sys.stdout.buffer, sys.stdin.buffer
+    sys.stdout = sys.stderr  # nothing but frames may reach the real stdout
+    try:
+        data = open_dataset(ns.data, val_fraction=ns.val_fraction)
+    except GpuTravelError as exc:
+        write_frame(out, FrameType.ERROR, {"code": exc.code, "reason": exc.reason})
+        out.flush()
+        return 2
+    return Agent(ns.name, data, out, inp).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""``gputravel run``: the headless batch mode."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from gputravel.core import events as ev
+from gputravel.core.api import run as run_engine
+from gputravel.core.config import RunSettings
+
+#: Exit code when the run finished but some visits failed (each is in the report and the ledger).
+EXIT_PARTIAL = 9
+
+
+class RunView:
+    """Rich progress: one bar for the whole run, one for the phases of the current visit,
+    one for the bytes of the current provisioning."""
+
+    PHASES = 8
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.progress = Progress(TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console,
+                                 transient=False)
+        self.run_task = self.progress.add_task("visits", total=None, info="")
+        self.phase_task = self.progress.add_task("phase", total=self.PHASES, info="")
+        self.bytes_task = self.progress.add_task("provisioning", total=1, info="")
+
+    def __call__(self, event: ev.Event) -> None:
+        p = self.progress
+        if isinstance(event, ev.RunStarted):
+            p.update(self.run_task, total=event.visits_planned, info=f"run {event.run_id}")
+        elif isinstance(event, ev.DeviceAttested):
+            self.console.print(f"[bold]attested[/] {event.device_id} "
+                               f"{'[green]ok[/]' if event.ok else '[red]FAILED[/]'}"
+                               f"{'  [yellow]SIM[/] (emulated platform)' if event.sim else ''}")
+        elif isinstance(event, ev.HolderConnected):
+            self.console.print(f"holder [cyan]{event.holder}[/]: {event.train_bytes + event.val_bytes:,} bytes "
+                               f"({event.fmt}), agent {event.agent_sha256[:12]}")
+        elif isinstance(event, ev.PhaseStarted):
+            if event.phase == "ATTEST":
+                p.reset(self.phase_task, total=self.PHASES)
+                p.reset(self.bytes_task, total=1)
+            p.update(self.phase_task, description=f"visit {event.visit + 1} {event.holder} · {event.phase}",
+                     info=f"epoch {event.epoch}")
+        elif isinstance(event, ev.PhaseCompleted):
+            p.advance(self.phase_task)
+        elif isinstance(event, ev.ProvisionProgressed):
+            p.update(self.bytes_task, total=event.total, completed=event.nbytes,
+                     info=f"{event.nbytes / 2**20:.1f}/{event.total / 2**20:.1f} MiB")
+        elif isinstance(event, ev.TrainingStepped):
+            last = event.losses[-1]
+            val = f", val {event.val_loss:.3f}" if event.val_loss is not None else ""
+            self.console.print(f"  visit {event.visit + 1} [cyan]{event.holder}[/]: loss {event.losses[0]:.3f} → "
+                               f"{last:.3f}{val}  ({event.tokens_per_s:,.0f} tok/s)")
+        elif isinstance(event, ev.ChunkRejected):
+            self.console.print(f"  [yellow]chunk rejected[/] {event.holder} seq {event.seq}: {event.code} "
+                               f"({event.reason})")
+        elif isinstance(event, ev.VisitCompleted):
+            p.advance(self.run_task)
+        elif isinstance(event, ev.VisitFailed):
+            p.advance(self.run_task)
+            self.console.print(f"  [red]visit {event.visit + 1} {event.holder} failed[/] in {event.phase}: "
+                               f"{event.error}")
+        elif isinstance(event, ev.RunPaused):
+            self.console.print(f"[yellow]paused[/] ({event.reason}) before {event.next_phase}")
+
+
+def render_report(console: Console, report: dict[str, Any]) -> None:
+    plat = report["platform"]
+    console.print(f"\n[bold]platform[/]: {plat['kind']}{' [yellow](SIM)[/]' if plat.get('sim') else ''} · "
+                  f"{plat['device']}")
+    table = Table(title="visits", show_lines=False)
+    for col in ("#", "holder", "part", "epoch", "key fp", "MiB", "MB/s", "train s", "loss", "val", "integrity",
+                "scrub", "outcome"):
+        table.add_column(col, justify="right" if col in ("#", "epoch", "MiB", "MB/s", "train s") else "left")
+    for v in report["visits"]:
+        loss = f"{v['loss_first']:.3f}→{v['loss_last']:.3f}" if v["loss_first"] is not None else "-"
+        table.add_row(str(v["visit"] + 1), v["holder"], v["part"], str(v["epoch"]), v["key_fingerprint"] or "-",
+                      f"{v['bytes'] / 2**20:.2f}", f"{v['provision_mb_s']:.0f}", f"{v['train_s']:.2f}", loss,
+                      f"{v['val_loss']:.3f}" if v["val_loss"] is not None else "-",
+                      "✓" if v["integrity_ok"] else "✗", "✓" if v["scrub_verified"] else "✗",
+                      v["outcome"] if v["outcome"] != "failed" else f"[red]failed[/] ({v['failed_phase']})")
+    console.print(table)
+    tr, pv, lg = report["training"], report["provisioning"], report["ledger"]
+    if tr["loss_first"] is not None:
+        console.print(f"[bold]training[/]: {tr['steps']} steps, loss {tr['loss_first']:.3f} → {tr['loss_last']:.3f}, "
+                      f"val {tr['val_loss'] if tr['val_loss'] is None else round(tr['val_loss'], 3)}")
+    if pv["mb_s"]:
+        console.print(f"[bold]provisioning[/]: {pv['bytes'] / 2**20:.1f} MiB at {pv['mb_s']:.0f} MB/s "
+                      f"(chunks {pv['chunk_kib']} KiB), rejected {pv['rejected'] or 'none'}")
+    console.print(f"[bold]ledger[/]: {lg['path']} · {'[green]verified[/]' if lg['verified'] else '[red]BROKEN[/]'} "
+                  f"({lg['rows']} rows)")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("run")
+    def run_cmd(
+        holders: int = typer.Option(3, help="Number of holders (embedded corpus: comedies, tragedies, histories)."),
+        rounds: int = typer.Option(2, help="Rounds over all holders' data."),
+        steps_per_visit: int = typer.Option(20, help="Training steps per visit."),
+        buffer_mib: float = typer.Option(4.0, help="GPU data buffer size (MiB); a bigger holder takes passes."),
+        data: Path | None = typer.Option(None, "--data", help="One subfolder per holder (.txt or llm.c .bin)."),
+        out: Path = typer.Option(Path("runs/latest"), "--out", help="Run folder: ledger, checkpoints, keys."),
+        resume: bool = typer.Option(False, "--resume", help="Continue the run in --out from its checkpoint."),
+        chunk_kib: int = typer.Option(1024, help="Provisioning chunk size (KiB)."),
+        model: str = typer.Option("tiny", help="Model preset: tiny, small, gpt2."),
+        batch_size: int = typer.Option(16),
+        seq_len: int = typer.Option(128),
+        lr: float = typer.Option(3e-3),
+        seed: int = typer.Option(1337),
+        device: str | None = typer.Option(None, help="torch device for the emulated GPU (default: cuda if present)."),
+        break_before: list[str] = typer.Option([], "--break-before", help="Pause before this phase (repeatable)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the final report as JSON on stdout."),
+    ) -> None:
+        """Run collaborative training: the GPU travels holder to holder."""
+        settings = RunSettings(holders=holders, rounds=rounds, steps_per_visit=steps_per_visit, buffer_mib=buffer_mib,
+                               data_dir=data, out_dir=out, resume=resume, chunk_kib=chunk_kib, model=model,
+                               batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed, device=device,
+                               breakpoints=tuple(b.upper() for b in break_before))
+        console = Console(stderr=True) if as_json else Console()
+        view = RunView(console)
+        with view.progress:
+            report = asyncio.run(run_engine(settings, sinks=[view]))
+        if as_json:
+            sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        else:
+            render_report(console, report)
+        if report["failed_visits"]:
+            raise typer.Exit(EXIT_PARTIAL)

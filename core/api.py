@@ -1,0 +1,81 @@
+"""The engine's public face for the CLI and the console: build a run, drive it, read its events."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from gputravel.core.config import RunSettings
+from gputravel.core.errors import ConfigError, DataError
+from gputravel.core.events import Event
+from gputravel.core.ledger import VerifyResult, verify_ledger
+from gputravel.core.platform.emulated import EmulatedPlatform
+from gputravel.core.travel.engine import TravelEngine
+from gputravel.core.travel.holders import HolderLink, LocalHolderLink
+
+__all__ = ["RunSettings", "TravelEngine", "build_engine", "run", "resolve_holder_dirs", "verify_ledger",
+           "VerifyResult", "Event"]
+
+
+def resolve_holder_dirs(settings: RunSettings) -> list[tuple[str, Path]]:
+    """Holder folders: ``--data DIR`` (one subfolder per holder) or the embedded Shakespeare corpus."""
+    from gputravel.core.training.corpus import fetch_corpus, validate_data_dir
+
+    root = settings.data_dir if settings.data_dir is not None else fetch_corpus(holders=settings.holders)
+    specs = validate_data_dir(Path(root))
+    if settings.data_dir is not None and len(specs) < settings.holders:
+        raise DataError(f"{root} has {len(specs)} holder folders; --holders asks for {settings.holders}")
+    return [(spec.name, spec.path) for spec in specs[: settings.holders]]
+
+
+def _program_factory(settings: RunSettings) -> Callable[..., dict[str, Any]]:
+    from gputravel.core.training.model import preset
+    from gputravel.core.training.trainer import TrainSettings
+
+    def make(*, fmt: str, total_steps: int) -> dict[str, Any]:
+        vocab = 256 if fmt == "byte" else 50257
+        model = preset(settings.model, vocab_size=vocab)
+        if settings.seq_len > model.block_size:
+            raise ConfigError(f"seq-len {settings.seq_len} exceeds the model's block size {model.block_size}")
+        train = TrainSettings(steps_per_visit=settings.steps_per_visit, batch_size=settings.batch_size,
+                              seq_len=settings.seq_len, lr=settings.lr, seed=settings.seed, total_steps=total_steps)
+        return {"program": "gputravel.gpt2/v1", "model": model.to_dict(), "train": train.to_dict()}
+
+    return make
+
+
+def build_engine(settings: RunSettings, *, links: Iterable[HolderLink] | None = None) -> TravelEngine:
+    """Start the (emulated) device service and wire a run; the caller awaits ``engine.run()``."""
+    from gputravel.core.training.checkpoint import CheckpointStore, load_or_create_key
+
+    out = Path(settings.out_dir)
+    if out.exists() and (out / "ledger.db").exists() and not settings.resume:
+        raise ConfigError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    if links is None:
+        links = [LocalHolderLink(name, path, val_fraction=settings.val_fraction)
+                 for name, path in resolve_holder_dirs(settings)]
+    key = load_or_create_key(out / "keys" / "checkpoint.key")
+    store = CheckpointStore(out / "checkpoints", key)
+    platform = EmulatedPlatform(out / "platform", device=settings.device, cc_mode=settings.cc_mode,
+                                allow_fault_injection=settings.allow_fault_injection,
+                                torch_threads=settings.torch_threads)
+    handle = platform.start(buffer_bytes=settings.buffer_bytes)
+    return TravelEngine(settings=settings, device=handle, links=list(links), out_dir=out, checkpoint_store=store,
+                        make_program=_program_factory(settings))
+
+
+async def run(settings: RunSettings, *, sinks: Iterable[Callable[[Event], None]] = (),
+              links: Iterable[HolderLink] | None = None) -> dict[str, Any]:
+    """Build and run one training run; returns the JSON-able report."""
+    engine = await asyncio.to_thread(build_engine, settings, links=links)
+    engine.sinks.extend(sinks)
+    try:
+        return await engine.run()
+    finally:
+        await asyncio.to_thread(engine.client.call, "shutdown") if engine.handle.alive() and engine.client.secrets \
+            else None
+        engine.client.close()
+        engine.handle.stop()

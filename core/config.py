@@ -1,0 +1,64 @@
+"""Run settings: keyword-only, validated, with the defaults the README documents."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gputravel.core.errors import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSettings:
+    holders: int = 3
+    rounds: int = 2
+    steps_per_visit: int = 20
+    buffer_mib: float = 4.0
+    data_dir: Path | None = None
+    out_dir: Path = Path("runs/latest")
+    resume: bool = False
+    chunk_kib: int = 1024
+    val_fraction: float = 0.1  # of each holder's data held out for validation
+    val_share: float = 0.1  # of the buffer reserved for the held-out slice of a visit
+    model: str = "tiny"
+    batch_size: int = 16
+    seq_len: int = 128
+    lr: float = 3e-3
+    seed: int = 1337
+    device: str | None = None
+    cc_mode: str = "on"
+    torch_threads: int = 0
+    allow_fault_injection: bool = False
+    breakpoints: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.holders >= 1, "holders must be >= 1"),
+            (self.rounds >= 1, "rounds must be >= 1"),
+            (self.steps_per_visit >= 1, "steps-per-visit must be >= 1"),
+            (0 < self.buffer_mib <= 64 * 1024, "buffer-mib must be in (0, 65536]"),
+            (4 <= self.chunk_kib <= 16 * 1024, "chunk-kib must be in [4, 16384]"),
+            (0 < self.val_fraction < 0.5, "val-fraction must be in (0, 0.5)"),
+            (0 < self.val_share < 0.5, "val-share must be in (0, 0.5)"),
+            (self.batch_size >= 1 and self.seq_len >= 8, "batch-size >= 1 and seq-len >= 8"),
+            (self.cc_mode in ("on", "off", "devtools"), "cc-mode is on, off or devtools"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ConfigError(msg)
+
+    @property
+    def buffer_bytes(self) -> int:
+        return int(self.buffer_mib * 1024 * 1024)
+
+    @property
+    def chunk_size(self) -> int:
+        return self.chunk_kib * 1024
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["data_dir"] = str(self.data_dir) if self.data_dir else None
+        d["out_dir"] = str(self.out_dir)
+        d["breakpoints"] = list(self.breakpoints)
+        return d

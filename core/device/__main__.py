@@ -1,0 +1,3 @@
+from gputravel.core.device.server import main
+
+main()

@@ -1,0 +1,249 @@
+"""The device service's transport: a Unix socket, one thread per connection.
+
+A connection is either the control channel (attestation, authenticated key exchange, then sealed
+requests) or a data connection (ciphertext chunks in, acknowledgements out). The data path runs in
+its own thread with no busy Python threads beside it, so AES-GCM (which releases the GIL) runs at
+full speed.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+from typing import Any
+
+from gputravel.core.attestation import Evidence
+from gputravel.core.device.service import DeviceService, error_header
+from gputravel.core.errors import GpuTravelError, ProtocolError
+from gputravel.core.protocol import (
+    FrameError,
+    FrameType,
+    RecvState,
+    SendState,
+    decode_frame,
+    encode_frame,
+    read_frame,
+)
+from gputravel.core.protocol.frames import frame_head
+
+
+def send_frame(sock: socket.socket, ftype: FrameType, header: dict[str, Any] | None = None,
+               payload: bytes | bytearray | memoryview = b"") -> None:
+    head = frame_head(ftype, header, len(payload))
+    if len(payload) <= 65536:
+        sock.sendall(head + bytes(payload))
+    else:
+        sock.sendall(head)
+        sock.sendall(payload)
+
+
+def session_context(nonce: bytes, evidence: Evidence) -> bytes:
+    """What the key exchange binds: the verifier's nonce and the exact evidence it checked."""
+    return b"gputravel-ctx-v1" + nonce + evidence.digest()
+
+
+class ControlChannel:
+    """Sealed request/response state of one side of the control channel."""
+
+    def __init__(self, send_key: Any, recv_key: Any, session_id: bytes) -> None:
+        self.send = SendState(send_key, session_id=session_id)
+        self.recv = RecvState(recv_key, session_id=session_id, window=1)
+        self.epoch = send_key.epoch
+
+    def seal(self, ftype: FrameType, header: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
+        inner = encode_frame(ftype, header, payload)
+        seq, ct = self.send.seal(inner, frame_type=FrameType.SEALED)
+        return {"e": self.epoch, "s": seq}, ct
+
+    def open(self, header: dict[str, Any], payload: bytes) -> Any:
+        try:
+            epoch, seq = int(header["e"]), int(header["s"])
+        except (KeyError, TypeError, ValueError):
+            raise FrameError("sealed frame header needs integer e and s") from None
+        inner = self.recv.open(payload, seq=seq, epoch=epoch, frame_type=FrameType.SEALED)
+        return decode_frame(inner)
+
+
+class DeviceServer:
+    def __init__(self, service: DeviceService, socket_path: str) -> None:
+        self.service = service
+        self.socket_path = socket_path
+        self._stop = threading.Event()
+        self._control_busy = threading.Lock()
+        self.sock: socket.socket | None = None
+
+    def serve_forever(self) -> None:
+        if os.path.exists(self.socket_path):
+            os.unlink(self.socket_path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            self.sock.bind(self.socket_path)
+        finally:
+            os.umask(old)
+        self.sock.listen(64)
+        print(f"READY {self.socket_path}", flush=True)
+        try:
+            while not self._stop.is_set():
+                try:
+                    conn, _ = self.sock.accept()
+                except OSError:
+                    break
+                threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self.sock is not None:
+            try:
+                self.sock.close()
+            finally:
+                self.sock = None
+                if os.path.exists(self.socket_path):
+                    os.unlink(self.socket_path)
+
+    def _handle(self, conn: socket.socket) -> None:
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        stream = conn.makefile("rb", buffering=1 << 20)
+        try:
+            first = read_frame(stream)
+            if first is None:
+                return
+            if first.type is FrameType.ATTEST_REQUEST:
+                if not self._control_busy.acquire(blocking=False):
+                    send_frame(conn, FrameType.ERROR, {"code": "device", "reason": "a control session is active"})
+                    return
+                try:
+                    self._control(conn, stream, first)
+                finally:
+                    self._control_busy.release()
+            elif first.type is FrameType.DATA_OPEN:
+                self._data(conn, stream, first)
+            else:
+                send_frame(conn, FrameType.ERROR, {"code": "frame", "reason": f"unexpected {first.type.name}"})
+        except (OSError, ConnectionError):
+            pass
+        except GpuTravelError as exc:
+            try:
+                send_frame(conn, FrameType.ERROR, error_header(exc))
+            except OSError:
+                pass
+        finally:
+            stream.close()
+            conn.close()
+
+    # --- control -------------------------------------------------------------------------
+    def _control(self, conn: socket.socket, stream: Any, first: Any) -> None:
+        svc = self.service
+        nonce = bytes.fromhex(str(first.header.get("nonce", "")))
+        evidence = svc.evidence(nonce)
+        send_frame(conn, FrameType.EVIDENCE, {"evidence": evidence.to_dict()})
+        kex = read_frame(stream)
+        if kex is None or kex.type is not FrameType.KEX_INIT:
+            raise FrameError("expected KEX_INIT")
+        pub, sig, secrets = svc.open_session(initiator_public=bytes.fromhex(kex.header["public"]),
+                                             context=session_context(nonce, evidence))
+        send_frame(conn, FrameType.KEX_REPLY, {"public": pub.hex(), "signature": sig.hex()})
+        recv_key, send_key = svc.channel_keys(0)
+        chan = ControlChannel(send_key, recv_key, secrets.session_id)
+        while True:
+            frame = read_frame(stream)
+            if frame is None:
+                return
+            if frame.type is not FrameType.SEALED:
+                raise FrameError(f"expected SEALED, got {frame.type.name}")
+            inner = chan.open(frame.header, bytes(frame.payload))
+            op = str(inner.header.get("op", ""))
+            args = dict(inner.header.get("args", {}))
+            rotate_to: int | None = None
+            stop = False
+            try:
+                if op == "attest":
+                    ev = svc.evidence(bytes.fromhex(args["nonce"]))
+                    resp, out = {"ok": True, "evidence": ev.to_dict()}, b""
+                elif op == "rotate":
+                    rotate_to = int(args["epoch"])
+                    if rotate_to <= chan.epoch:
+                        raise ProtocolError(f"rotate to epoch {rotate_to} is not newer than {chan.epoch}")
+                    resp, out = {"ok": True, "epoch": rotate_to}, b""
+                elif op == "shutdown":
+                    resp, out, stop = {"ok": True}, b"", True
+                else:
+                    result, out = svc.handle(op, args, bytes(inner.payload))
+                    resp = {"ok": True, **result}
+            except GpuTravelError as exc:
+                resp, out, rotate_to = error_header(exc), b"", None
+            except Exception as exc:  # the device reports, never dies, on a bad request
+                resp, out, rotate_to = error_header(exc), b"", None
+            head, ct = chan.seal(FrameType.RESPONSE, resp, out)
+            send_frame(conn, FrameType.SEALED, head, ct)
+            if rotate_to is not None:
+                recv_key, send_key = svc.channel_keys(rotate_to)
+                chan = ControlChannel(send_key, recv_key, secrets.session_id)
+            if stop:
+                self.close()
+                return
+
+    # --- data ----------------------------------------------------------------------------
+    def _data(self, conn: socket.socket, stream: Any, first: Any) -> None:
+        svc = self.service
+        secrets = svc.secrets
+        if secrets is None or first.header.get("session") != secrets.session_id.hex():
+            send_frame(conn, FrameType.ERROR, {"code": "stale-epoch", "reason": "no such session"})
+            return
+        send_frame(conn, FrameType.DATA_READY, {"session": secrets.session_id.hex()})
+        while True:
+            try:
+                frame = read_frame(stream)
+            except FrameError as exc:
+                svc.rejected[exc.code] += 1
+                send_frame(conn, FrameType.ERROR, error_header(exc))
+                return
+            if frame is None:
+                return
+            if frame.type is FrameType.CHUNK:
+                try:
+                    ack = svc.accept_chunk(frame.header, frame.payload)
+                except ProtocolError as exc:
+                    send_frame(conn, FrameType.ERROR, {**error_header(exc), "s": frame.header.get("s")})
+                    continue
+                send_frame(conn, FrameType.ACK, ack)
+            elif frame.type is FrameType.PING:
+                send_frame(conn, FrameType.PONG, frame.header)
+            elif frame.type is FrameType.BYE:
+                return
+            else:
+                svc.rejected["frame"] += 1
+                send_frame(conn, FrameType.ERROR, {"code": "frame", "reason": f"unexpected {frame.type.name}"})
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+    from pathlib import Path
+
+    from gputravel.core.device.service import load_service
+
+    parser = argparse.ArgumentParser(prog="python -m gputravel.core.device",
+                                     description="Run the emulated confidential GPU's device service.")
+    parser.add_argument("--socket", required=True)
+    parser.add_argument("--state-dir", required=True, type=Path)
+    parser.add_argument("--buffer-bytes", type=int, required=True)
+    parser.add_argument("--device", default=None, help="torch device (default: cuda if present, else cpu)")
+    parser.add_argument("--cc-mode", default="on", choices=["on", "off", "devtools"])
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch default)")
+    parser.add_argument("--allow-fault-injection", action="store_true")
+    ns = parser.parse_args(argv)
+    if ns.threads:
+        import torch
+
+        torch.set_num_threads(ns.threads)
+    try:
+        service = load_service(ns.state_dir, buffer_bytes=ns.buffer_bytes, device=ns.device, cc_mode=ns.cc_mode,
+                               allow_fault_injection=ns.allow_fault_injection)
+    except GpuTravelError as exc:
+        print(f"ERROR {exc}", flush=True)
+        sys.exit(exc.exit_code)
+    DeviceServer(service, ns.socket).serve_forever()

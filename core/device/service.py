@@ -1,0 +1,342 @@
+"""The device service's logic, independent of its transport.
+
+It stands for the GPU package: it owns the code, model and data-buffer regions, its identity key,
+the session secrets and every provisioning key. Nothing leaves it in plaintext except what the
+protocol says may (evidence, measurements, losses, acknowledgements).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gputravel.core.attestation import (
+    EMULATED_DRIVER,
+    EMULATED_FIRMWARE,
+    CCMode,
+    DeviceIdentity,
+    Evidence,
+    Measurements,
+    code_measurement,
+    make_evidence,
+)
+from gputravel.core.device.memory import Region, best_device
+from gputravel.core.errors import DeviceError, GpuTravelError, ProtocolError
+from gputravel.core.handshake import SessionSecrets, respond
+from gputravel.core.protocol import (
+    TAG_LEN,
+    Direction,
+    FrameError,
+    FrameType,
+    RecvState,
+    StaleEpochError,
+    WindowError,
+    channel_key,
+    provisioning_key,
+)
+
+MAX_CHUNK = 16 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class ProvisionWindow:
+    """The one open hand-off: which bytes of the buffer which key may write, in which epoch."""
+
+    epoch: int
+    offset: int
+    length: int
+    chunk_size: int
+    fingerprint: str
+    recv: RecvState
+    accepted: set[int] = field(default_factory=set)
+    bytes_in: int = 0
+    contig: int = 0
+
+    @property
+    def n_chunks(self) -> int:
+        return (self.length + self.chunk_size - 1) // self.chunk_size
+
+    def contiguous(self) -> int:
+        """Number of chunks accepted without a gap from the start (the resume point)."""
+        while self.contig in self.accepted:
+            self.contig += 1
+        return self.contig
+
+
+class DeviceService:
+    """One emulated confidential GPU."""
+
+    def __init__(self, *, identity: DeviceIdentity, buffer_bytes: int, device: str | None = None,
+                 cc_mode: CCMode = CCMode.ON, allow_fault_injection: bool = False) -> None:
+        if buffer_bytes <= 0:
+            raise DeviceError("buffer size must be positive")
+        self.identity = identity
+        self.cc_mode = cc_mode
+        self.device = best_device(device)
+        self.allow_fault_injection = allow_fault_injection
+        self.code = Region("code", 0, self.device)
+        self.buffer = Region("buffer", buffer_bytes, self.device)
+        self._host_view = self.buffer.tensor.numpy() if self.device.type == "cpu" else None
+        self._staging: torch.Tensor | None = None
+        self.trainer: Any = None
+        self.secrets: SessionSecrets | None = None
+        self.epoch = 0
+        self.window: ProvisionWindow | None = None
+        self.dead_epochs: set[int] = set()
+        self.lock = threading.Lock()
+        self.rejected: Counter[str] = Counter()
+        self.counters: Counter[str] = Counter()
+        self.busy_s = 0.0
+        self.measurements = Measurements(firmware=EMULATED_FIRMWARE, driver=EMULATED_DRIVER,
+                                         code=code_measurement())
+
+    # --- attestation and session ------------------------------------------------------------
+    def evidence(self, nonce: bytes) -> Evidence:
+        self.counters["attestations"] += 1
+        return make_evidence(self.identity, nonce=nonce, measurements=self.measurements, cc_mode=self.cc_mode)
+
+    def open_session(self, *, initiator_public: bytes, context: bytes) -> tuple[bytes, bytes, SessionSecrets]:
+        """Authenticated ECDH; a new session revokes every key of the previous one."""
+        pub, sig, secrets = respond(self.identity.key, initiator_public=initiator_public, context=context)
+        with self.lock:
+            self.secrets = secrets
+            self.epoch = 0
+            self.window = None
+            self.dead_epochs.clear()
+        self.counters["sessions"] += 1
+        return pub, sig, secrets
+
+    def channel_keys(self, epoch: int) -> tuple[Any, Any]:
+        """(receive key, send key) of the control channel in ``epoch``."""
+        s = self._session()
+        return (channel_key(s.master, s.session_id, epoch=epoch, direction=Direction.ORCH_TO_DEVICE),
+                channel_key(s.master, s.session_id, epoch=epoch, direction=Direction.DEVICE_TO_ORCH))
+
+    def _session(self) -> SessionSecrets:
+        if self.secrets is None:
+            raise DeviceError("no session: attest and open a session first")
+        return self.secrets
+
+    # --- control operations (already authenticated by the sealed channel) -------------------
+    def handle(self, op: str, args: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
+        fn = getattr(self, f"op_{op}", None)
+        if fn is None:
+            raise DeviceError(f"unknown operation {op!r}")
+        t0 = time.perf_counter()
+        try:
+            return fn(payload=payload, **args)
+        except TypeError as exc:
+            raise DeviceError(f"bad arguments for {op}: {exc}") from None
+        finally:
+            self.busy_s += time.perf_counter() - t0
+
+    def op_info(self, *, payload: bytes) -> tuple[dict[str, Any], bytes]:
+        return {"device": str(self.device), "device_name": self._device_name(), "buffer_bytes": self.buffer.nbytes,
+                "cc_mode": str(self.cc_mode), "platform": "emulated", "device_id": self.identity.device_id,
+                "torch": torch.__version__}, b""
+
+    def _device_name(self) -> str:
+        if self.device.type == "cuda":
+            return torch.cuda.get_device_name(self.device)
+        return "CPU (emulated GPU memory)"
+
+    def op_configure(self, *, payload: bytes) -> tuple[dict[str, Any], bytes]:
+        """Upload the code region (the training program) and build the model from it."""
+        from gputravel.core.training.model import GPTConfig
+        from gputravel.core.training.trainer import Trainer, TrainSettings
+
+        try:
+            program = json.loads(payload.decode())
+            config = GPTConfig.from_dict(program["model"])
+            settings = TrainSettings(**program["train"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DeviceError(f"invalid training program: {exc}") from None
+        self.code.write(payload)
+        self.trainer = Trainer(config, settings, self.device)
+        n_params = sum(p.numel() for p in self.trainer.model.parameters())
+        return {"code_digest": self.code.digest(), "params": int(n_params)}, b""
+
+    def _need_trainer(self) -> Any:
+        if self.trainer is None:
+            raise DeviceError("no model: configure first")
+        return self.trainer
+
+    def op_measure(self, *, payload: bytes) -> tuple[dict[str, Any], bytes]:
+        trainer = self._need_trainer()
+        code = self.code.digest()
+        model = trainer.model_digest()
+        combined = hashlib.sha256(bytes.fromhex(code) + bytes.fromhex(model)).hexdigest()
+        self.counters["measurements"] += 1
+        return {"code": code, "model": model, "measurement": combined}, b""
+
+    def op_handoff(self, *, epoch: int, offset: int, length: int, chunk_size: int,
+                   payload: bytes) -> tuple[dict[str, Any], bytes]:
+        """Derive the provisioning key for one window and one epoch; any earlier key dies."""
+        s = self._session()
+        if epoch <= self.epoch or epoch in self.dead_epochs:
+            raise StaleEpochError(f"epoch {epoch} is not newer than the current epoch {self.epoch}")
+        if not (0 <= offset and 0 < length and offset + length <= self.buffer.nbytes):
+            raise WindowError(f"window [{offset}, {offset + length}) is outside the {self.buffer.nbytes}-byte buffer")
+        if not 0 < chunk_size <= MAX_CHUNK:
+            raise DeviceError(f"chunk size {chunk_size} outside 1..{MAX_CHUNK}")
+        key = provisioning_key(s.master, s.session_id, epoch=epoch, offset=offset, length=length,
+                               direction=Direction.HOLDER_TO_DEVICE)
+        with self.lock:
+            if self.window is not None:
+                self.dead_epochs.add(self.window.epoch)
+            self.window = ProvisionWindow(epoch, offset, length, chunk_size, key.fingerprint,
+                                          RecvState(key, session_id=s.session_id, window=4096))
+            self.epoch = epoch
+        if self.device.type == "cuda" and (self._staging is None or self._staging.numel() < chunk_size):
+            self._staging = torch.empty(chunk_size, dtype=torch.uint8, pin_memory=True)
+        self.counters["handoffs"] += 1
+        return {"session_id": s.session_id.hex(), "key_fingerprint": key.fingerprint,
+                "provisioning_key": key.to_wire()}, b""
+
+    def op_close_window(self, *, epoch: int, payload: bytes) -> tuple[dict[str, Any], bytes]:
+        """The holder returned the GPU: its key is dead from here on."""
+        with self.lock:
+            w = self.window
+            if w is None or w.epoch != epoch:
+                raise StaleEpochError(f"no open window for epoch {epoch}")
+            self.window = None
+            self.dead_epochs.add(epoch)
+        return {"epoch": epoch, "bytes": w.bytes_in, "chunks": len(w.accepted), "expected_chunks": w.n_chunks,
+                "contiguous": w.contiguous(), "complete": len(w.accepted) == w.n_chunks,
+                "rejected": dict(self.rejected)}, b""
+
+    def op_window_status(self, *, payload: bytes) -> tuple[dict[str, Any], bytes]:
+        w = self.window
+        if w is None:
+            return {"open": False}, b""
+        return {"open": True, "epoch": w.epoch, "contiguous": w.contiguous(), "chunks": len(w.accepted),
+                "bytes": w.bytes_in}, b""
+
+    def op_train(self, *, train_off: int, train_len: int, val_off: int, val_len: int, fmt: str,
+                 steps: int | None = None, payload: bytes) -> tuple[dict[str, Any], bytes]:
+        trainer = self._need_trainer()
+        if self.window is not None:
+            raise DeviceError("cannot train while a provisioning window is open")
+        for off, n in ((train_off, train_len), (val_off, val_len)):
+            if off < 0 or n < 0 or off + n > self.buffer.nbytes:
+                raise WindowError(f"range [{off}, {off + n}) is outside the buffer")
+        res = trainer.train_on_window(self.buffer.tensor, train_off=train_off, train_len=train_len, fmt=fmt)
+        val = trainer.eval_on_window(self.buffer.tensor, val_off=val_off, val_len=val_len, fmt=fmt) if val_len else None
+        self.counters["train_steps"] += len(res.losses)
+        return {"losses": res.losses, "tokens": res.tokens, "seconds": res.seconds,
+                "tokens_per_s": res.tokens_per_s, "val_loss": val, "model_digest": trainer.model_digest()}, b""
+
+    def op_scrub(self, *, payload: bytes) -> tuple[dict[str, Any], bytes]:
+        if self.window is not None:
+            raise DeviceError("cannot scrub while a provisioning window is open")
+        t0 = time.perf_counter()
+        ok = self.buffer.zero_and_check()
+        if self._staging is not None:
+            self._staging.zero_()
+        self.counters["scrubs"] += 1
+        return {"verified": ok, "bytes": self.buffer.nbytes, "seconds": time.perf_counter() - t0}, b""
+
+    def op_checkpoint(self, *, payload: bytes) -> tuple[dict[str, Any], bytes]:
+        trainer = self._need_trainer()
+        buf = io.BytesIO()
+        torch.save(trainer.state_dict(), buf)
+        return {"model_digest": trainer.model_digest()}, buf.getvalue()
+
+    def op_restore(self, *, payload: bytes) -> tuple[dict[str, Any], bytes]:
+        trainer = self._need_trainer()
+        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
+        trainer.load_state_dict(state)
+        return {"model_digest": trainer.model_digest()}, b""
+
+    def op_stats(self, *, payload: bytes) -> tuple[dict[str, Any], bytes]:
+        mem = self.buffer.nbytes + self.code.nbytes
+        if self.trainer is not None:
+            mem += sum(p.numel() * p.element_size() for p in self.trainer.model.parameters())
+        return {"counters": dict(self.counters), "rejected": dict(self.rejected), "busy_s": self.busy_s,
+                "memory_bytes": int(mem), "epoch": self.epoch}, b""
+
+    def op_tamper(self, *, region: str, payload: bytes) -> tuple[dict[str, Any], bytes]:
+        """Fault injection (emulated platform, only when enabled): corrupt a region."""
+        if not self.allow_fault_injection:
+            raise DeviceError("fault injection is disabled on this device")
+        if region == "model":
+            with torch.no_grad():
+                p = next(self._need_trainer().model.parameters())
+                p.view(-1)[0] += 1.0
+        elif region == "code":
+            self.code.tensor[0] ^= 0xFF
+        else:
+            raise DeviceError(f"unknown region {region!r}")
+        return {"tampered": region}, b""
+
+    # --- data path ---------------------------------------------------------------------------
+    def accept_chunk(self, header: dict[str, Any], payload: bytes | bytearray | memoryview) -> dict[str, Any]:
+        """Authenticate and decrypt one chunk straight into the buffer window, or raise (counted)."""
+        try:
+            return self._accept_chunk(header, payload)
+        except ProtocolError as exc:
+            self.rejected[exc.code] += 1
+            raise
+
+    def _accept_chunk(self, header: dict[str, Any], payload: bytes | bytearray | memoryview) -> dict[str, Any]:
+        try:
+            epoch, seq, offset, length = (int(header["e"]), int(header["s"]), int(header["o"]), int(header["n"]))
+        except (KeyError, TypeError, ValueError):
+            raise FrameError("chunk header needs integer e, s, o, n") from None
+        with self.lock:
+            w = self.window
+            if w is None or epoch != w.epoch:
+                raise StaleEpochError(f"chunk for epoch {epoch}: no window is open for it"
+                                      + (" (its key is dead)" if epoch in self.dead_epochs else ""))
+            if seq < 0 or length <= 0 or offset < w.offset or offset + length > w.offset + w.length:
+                raise WindowError(f"chunk [{offset}, {offset + length}) is outside the window "
+                                  f"[{w.offset}, {w.offset + w.length})")
+            want_off = w.offset + seq * w.chunk_size
+            want_len = min(w.chunk_size, w.offset + w.length - want_off)
+            if offset != want_off or length != want_len:
+                raise WindowError(f"chunk {seq} must cover [{want_off}, {want_off + want_len}), "
+                                  f"not [{offset}, {offset + length})")
+            if len(payload) != length + TAG_LEN:
+                raise FrameError(f"chunk {seq} carries {len(payload)} bytes, expected {length + TAG_LEN}")
+            if self._host_view is not None:
+                w.recv.open_into(payload, self._host_view[offset: offset + length], seq=seq, epoch=epoch,
+                                 frame_type=FrameType.CHUNK, offset=offset, length=length)
+            else:
+                assert self._staging is not None
+                stage = self._staging[:length]
+                w.recv.open_into(payload, stage.numpy(), seq=seq, epoch=epoch, frame_type=FrameType.CHUNK,
+                                 offset=offset, length=length)
+                self.buffer.tensor[offset: offset + length].copy_(stage)
+            w.accepted.add(seq)
+            w.bytes_in += length
+            self.counters["chunks"] += 1
+            self.counters["bytes_in"] += length
+            return {"s": seq, "e": epoch, "contiguous": w.contiguous()}
+
+
+def load_service(state_dir: Path, *, buffer_bytes: int, device: str | None = None, cc_mode: str = "on",
+                 allow_fault_injection: bool = False) -> DeviceService:
+    """Provision (or load) the emulated identity under ``state_dir`` and build the service."""
+    from gputravel.core.attestation import provision_emulated
+
+    _, identity = provision_emulated(state_dir)
+    return DeviceService(identity=identity, buffer_bytes=buffer_bytes, device=device, cc_mode=CCMode(cc_mode),
+                         allow_fault_injection=allow_fault_injection)
+
+
+def error_header(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, GpuTravelError):
+        return {"ok": False, "code": exc.code, "reason": exc.reason}
+    return {"ok": False, "code": "device", "reason": f"{type(exc).__name__}: {exc}"}
+
+
+__all__ = ["DeviceService", "ProvisionWindow", "load_service", "error_header"]

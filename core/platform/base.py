@@ -1,0 +1,54 @@
+"""What every platform gives the engine: a running device service and the anchors to trust it."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any
+
+from gputravel.core.device.client import TrustAnchors
+
+
+@dataclass(frozen=True, slots=True)
+class PlatformInfo:
+    kind: str  # "emulated" | "hardware"
+    sim: bool
+    device: str
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "sim": self.sim, "device": self.device, "notes": list(self.notes)}
+
+
+@dataclass(slots=True)
+class DeviceHandle:
+    """A started device service."""
+
+    socket_path: str
+    anchors: TrustAnchors
+    info: PlatformInfo
+    process: subprocess.Popen[bytes] | None = None
+    log: list[str] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def alive(self) -> bool:
+        return self.process is None or self.process.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def kill(self) -> None:
+        """Hard kill (fault injection: the device service dies)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()

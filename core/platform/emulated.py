@@ -1,0 +1,88 @@
+"""The emulated platform: a device-service process standing for a CC-mode GPU, real cryptography.
+
+The emulated vendor PKI and the device identity are generated under the state folder (never in the
+repository). The orchestrator pins that vendor root as it would pin NVIDIA's. Everything the real
+hardware would do in silicon (terminating the channel, enforcing key windows, measuring regions)
+the service does in software; nothing here claims hardware isolation.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from gputravel.core.attestation import Policy, load_policy, provision_emulated
+from gputravel.core.device.client import TrustAnchors
+from gputravel.core.errors import DeviceError
+from gputravel.core.platform.base import DeviceHandle, PlatformInfo
+
+
+class EmulatedPlatform:
+    kind = "emulated"
+
+    def __init__(self, state_dir: Path, *, device: str | None = None, cc_mode: str = "on",
+                 policy: Policy | None = None, allow_fault_injection: bool = False, torch_threads: int = 0) -> None:
+        self.state_dir = Path(state_dir)
+        self.device = device
+        self.cc_mode = cc_mode
+        self.policy = policy
+        self.allow_fault_injection = allow_fault_injection
+        self.torch_threads = torch_threads
+
+    def anchors(self) -> TrustAnchors:
+        ca, _ = provision_emulated(self.state_dir)
+        return TrustAnchors(root=ca.root_cert, crl=ca.crl(), policy=self.policy or load_policy())
+
+    def start(self, *, buffer_bytes: int, ready_timeout: float = 120.0) -> DeviceHandle:
+        anchors = self.anchors()
+        sock_dir = tempfile.mkdtemp(prefix="gputravel-dev-")  # short path: AF_UNIX limits it to 108 bytes
+        os.chmod(sock_dir, 0o700)
+        sock = os.path.join(sock_dir, "device.sock")
+        cmd = [sys.executable, "-m", "gputravel.core.device", "--socket", sock, "--state-dir", str(self.state_dir),
+               "--buffer-bytes", str(buffer_bytes), "--cc-mode", self.cc_mode]
+        if self.device:
+            cmd += ["--device", self.device]
+        if self.torch_threads:
+            cmd += ["--threads", str(self.torch_threads)]
+        if self.allow_fault_injection:
+            cmd.append("--allow-fault-injection")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        assert proc.stdout is not None
+        lines: list[str] = []
+        ready = threading.Event()
+
+        def pump() -> None:
+            assert proc.stdout is not None
+            for raw in proc.stdout:
+                line = raw.decode(errors="replace").rstrip()
+                lines.append(line)
+                if line.startswith(("READY", "ERROR")):
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        deadline = time.monotonic() + ready_timeout
+        while not ready.wait(0.05):
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise DeviceError(f"the device service did not start within {ready_timeout:.0f} s")
+        if not any(line.startswith("READY") for line in lines):
+            err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
+            proc.kill()
+            raise DeviceError(f"the device service failed to start: {' '.join(lines)} {err}".strip())
+        threading.Thread(target=lambda: proc.stderr and proc.stderr.read(), daemon=True).start()
+        import torch
+
+        name = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if name.startswith("cuda") and torch.cuda.is_available():
+            name = f"{name} ({torch.cuda.get_device_name(0)})"
+        info = PlatformInfo(kind="emulated", sim=True, device=name,
+                            notes=("SIM: the confidential GPU is emulated in software; no TDX or CC-mode H100 "
+                                   "isolation is claimed. Attestation, channel and key windows use real "
+                                   "ECDSA P-384 / ECDH / AES-256-GCM.",))
+        return DeviceHandle(socket_path=sock, anchors=anchors, info=info, process=proc, log=lines)

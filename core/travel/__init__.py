@@ -1,0 +1,1 @@
+"""The travel engine: the visit state machine, the schedule, holder links."""

@@ -1,0 +1,534 @@
+"""The travel engine: drives the GPU from holder to holder, one visit at a time.
+
+A visit is ATTEST -> HANDOFF -> PROVISION -> RETURN -> VERIFY -> TRAIN -> SCRUB -> ROTATE. Every
+phase emits typed events and a ledger row. The operator controls the run between phases: pause,
+resume, step (exactly one phase), breakpoints (pause before a phase), cancel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gputravel.core import events as ev
+from gputravel.core.device.client import DeviceClient
+from gputravel.core.errors import (
+    AgentError,
+    CancelledRunError,
+    DataError,
+    DeviceError,
+    GpuTravelError,
+    IntegrityError,
+    ProtocolError,
+)
+from gputravel.core.ledger import Ledger, verify_ledger
+from gputravel.core.platform.base import DeviceHandle
+from gputravel.core.travel.holders import Handoff, HolderInfo, HolderLink
+from gputravel.core.travel.phases import Phase, check_transition
+from gputravel.core.travel.schedule import UNIT, VisitPlan, plan_digest, plan_visits
+
+EventSink = Callable[[ev.Event], None]
+
+
+@dataclass
+class VisitRecord:
+    plan: VisitPlan
+    epoch: int = 0
+    key_fingerprint: str | None = None
+    bytes: int = 0
+    chunks: int = 0
+    provision_s: float = 0.0
+    train_s: float = 0.0
+    integrity_ok: bool = False
+    scrub_verified: bool = False
+    losses: list[float] = field(default_factory=list)
+    val_loss: float | None = None
+    tokens_per_s: float = 0.0
+    outcome: str = "pending"
+    error: str | None = None
+    failed_phase: str | None = None
+    rejected: dict[str, int] = field(default_factory=dict)
+    retransmits: int = 0
+    phase_s: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        mb_s = self.bytes / self.provision_s / 1e6 if self.provision_s else 0.0
+        return {"visit": self.plan.index, "round": self.plan.round, "holder": self.plan.holder,
+                "part": f"{self.plan.part + 1}/{self.plan.parts}", "epoch": self.epoch,
+                "key_fingerprint": self.key_fingerprint, "bytes": self.bytes, "chunks": self.chunks,
+                "provision_s": round(self.provision_s, 6), "provision_mb_s": round(mb_s, 2),
+                "train_s": round(self.train_s, 6), "integrity_ok": self.integrity_ok,
+                "scrub_verified": self.scrub_verified,
+                "loss_first": self.losses[0] if self.losses else None,
+                "loss_last": self.losses[-1] if self.losses else None, "val_loss": self.val_loss,
+                "tokens_per_s": round(self.tokens_per_s, 1), "outcome": self.outcome, "error": self.error,
+                "failed_phase": self.failed_phase, "rejected": self.rejected, "retransmits": self.retransmits,
+                "phase_s": {k: round(v, 6) for k, v in self.phase_s.items()}}
+
+
+class Control:
+    """Pause / resume / step / breakpoints / cancel, checked between phases."""
+
+    def __init__(self, breakpoints: set[Phase] | None = None) -> None:
+        self.breakpoints: set[Phase] = set(breakpoints or ())
+        self._running = asyncio.Event()
+        self._running.set()
+        self._steps = 0  # phases allowed while paused
+        self.cancelled = False
+        self.paused_at: Phase | None = None
+
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
+
+    def pause(self) -> None:
+        self._steps = 0
+        self._running.clear()
+
+    def resume(self) -> None:
+        self._steps = 0
+        self._running.set()
+
+    def step(self) -> None:
+        """Run exactly one more phase, then pause again."""
+        self._steps += 1
+        self._running.set()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self._running.set()
+
+    def toggle_breakpoint(self, phase: Phase) -> bool:
+        if phase in self.breakpoints:
+            self.breakpoints.discard(phase)
+            return False
+        self.breakpoints.add(phase)
+        return True
+
+    async def gate(self, phase: Phase, emit: EventSink) -> None:
+        if self.cancelled:
+            raise CancelledRunError("cancelled by the operator")
+        if phase in self.breakpoints and self._steps == 0 and not self.paused:
+            self._running.clear()
+            emit(ev.RunPaused(time.time(), "breakpoint", str(phase)))
+        if self.paused:
+            self.paused_at = phase
+            await self._running.wait()
+            self.paused_at = None
+            if self.cancelled:
+                raise CancelledRunError("cancelled by the operator")
+        if self._steps:
+            self._steps -= 1
+            if self._steps == 0:
+                self._running.clear()  # the phase that now runs is the last one of this step
+
+
+class TravelEngine:
+    """One run: a device service, holder links, a schedule, a ledger, checkpoints."""
+
+    def __init__(self, *, settings: Any, device: DeviceHandle, links: list[HolderLink],
+                 out_dir: Path, checkpoint_store: Any,
+                 make_program: Callable[..., dict[str, Any]], run_id: str | None = None) -> None:
+        self.settings = settings
+        self.handle = device
+        self.links = {link.name: link for link in links}
+        self.out_dir = Path(out_dir)
+        self.ckpt = checkpoint_store
+        self.make_program = make_program
+        self.train_program: dict[str, Any] = {}
+        self.control = Control({Phase(b) for b in settings.breakpoints})
+        self.subscribers: list[asyncio.Queue[ev.Event]] = []
+        self.sinks: list[EventSink] = []
+        self.client = DeviceClient(device.socket_path, anchors=device.anchors)
+        self.infos: dict[str, HolderInfo] = {}
+        self.plans: list[VisitPlan] = []
+        self.records: list[VisitRecord] = []
+        self.epoch = 0
+        self.phase: Phase | None = None
+        self.current: VisitRecord | None = None
+        self.expected_code: str | None = None
+        self.expected_model: str | None = None
+        self.last_good_ckpt: int | None = None
+        self.rejected_total: Counter[str] = Counter()
+        self.attestation: dict[str, Any] = {}
+        self.device_info: dict[str, Any] = {}
+        self.ledger = Ledger.open(self.out_dir / "ledger.db", run_id=run_id or uuid.uuid4().hex[:12])
+        self.run_id = self.ledger.run_id
+        self.started = 0.0
+        self.loss_history: list[tuple[int, float]] = []
+        self.val_history: list[tuple[int, str, float]] = []
+        self.step_count = 0
+        self.fault: dict[str, Any] = {}
+
+    # --- events ------------------------------------------------------------------------------
+    def subscribe(self) -> asyncio.Queue[ev.Event]:
+        q: asyncio.Queue[ev.Event] = asyncio.Queue()
+        self.subscribers.append(q)
+        return q
+
+    def emit(self, event: ev.Event) -> None:
+        for q in self.subscribers:
+            q.put_nowait(event)
+        for sink in self.sinks:
+            sink(event)
+
+    def _ledger(self, kind: str, **kw: Any) -> None:
+        self.ledger.append(kind=kind, **kw)
+
+    # --- device calls (blocking: off the event loop) ------------------------------------------
+    async def _dev(self, op: str, payload: bytes = b"", **args: Any) -> tuple[dict[str, Any], bytes]:
+        return await asyncio.to_thread(self.client.call, op, payload, **args)
+
+    # --- set-up -----------------------------------------------------------------------------------
+    async def setup(self) -> None:
+        result = await asyncio.to_thread(self.client.connect)
+        self.attestation = result.to_dict()
+        claims = {c.name: c.ok for c in result.claims}
+        self.emit(ev.DeviceAttested(time.time(), result.device_id, result.ok, claims, True))
+        self._ledger("attested", phase="SETUP", outcome="ok",
+                     detail={"device_id": result.device_id, "claims": claims, "platform": "emulated",
+                             "session_fp": self.client.secrets.fingerprint() if self.client.secrets else None})
+        self.device_info, _ = await self._dev("info")
+        for name, link in self.links.items():
+            info = await link.start()
+            self.infos[name] = info
+            self.emit(ev.HolderConnected(time.time(), name, info.fmt, info.train_bytes, info.val_bytes,
+                                         info.agent_sha256))
+            self._ledger("holder-connected", holder=name, nbytes=info.train_bytes + info.val_bytes,
+                         detail={"format": info.fmt, "agent_sha256": info.agent_sha256, "transport": info.transport})
+        fmts = {i.fmt for i in self.infos.values()}
+        if len(fmts) > 1:
+            raise DataError(f"holders disagree on the token format: {sorted(fmts)}")
+        fmt = fmts.pop()
+        min_train = (self.settings.seq_len + 2) * UNIT[fmt]
+        self.plans = plan_visits(list(self.infos.values()), rounds=self.settings.rounds,
+                                 buffer_bytes=self.settings.buffer_bytes, val_share=self.settings.val_share,
+                                 min_train_bytes=min_train)
+        self.records = [VisitRecord(p) for p in self.plans]
+        self.train_program = self.make_program(fmt=fmt, total_steps=len(self.plans) * self.settings.steps_per_visit)
+        program = json.dumps(self.train_program, sort_keys=True).encode()
+        head, _ = await self._dev("configure", program)
+        if head["code_digest"] != hashlib.sha256(program).hexdigest():
+            raise IntegrityError("the code region does not hold the program that was uploaded")
+        self.expected_code = head["code_digest"]
+        self.device_info["params"] = head["params"]
+        await self._restore_or_initial()
+
+    async def _restore_or_initial(self) -> None:
+        digest = plan_digest(self.plans)
+        state = self.ledger.state_items()
+        if self.settings.resume and state.get("plan_digest"):
+            if state["plan_digest"] != digest:
+                raise DataError("--resume: the holders' data or the settings changed; the schedule differs")
+            self.epoch = int(state.get("epoch", 0))
+            done = {int(k) for k in state.get("visits_done", [])}
+            for rec in self.records:
+                if rec.plan.index in done:
+                    rec.outcome = "done (earlier run)"
+            seq = state.get("checkpoint_seq")
+            if seq is not None:
+                await self._restore(int(seq))
+            self.step_count = int(state.get("steps", 0))
+            self._ledger("resumed", detail={"visits_done": sorted(done), "epoch": self.epoch,
+                                            "checkpoint_seq": seq})
+        else:
+            head, _ = await self._dev("measure")
+            self.expected_model = head["model"]
+            await self._checkpoint(0, note="initial")
+            self._ledger("planned", detail={"visits": len(self.plans), "plan_digest": digest},
+                         state={"plan_digest": digest, "visits_done": [], "epoch": 0, "checkpoint_seq": 0,
+                                "steps": 0})
+
+    async def _checkpoint(self, seq: int, *, note: str = "") -> None:
+        import torch
+
+        head, blob = await self._dev("checkpoint")
+        state = {"device_state": torch.frombuffer(bytearray(blob), dtype=torch.uint8).clone(),
+                 "model_digest": head["model_digest"], "seq": seq, "epoch": self.epoch, "note": note,
+                 "steps": self.step_count}
+        await asyncio.to_thread(self.ckpt.save, state, run_id="gputravel", seq=seq)
+        self.last_good_ckpt = seq
+        self.expected_model = head["model_digest"]
+
+    async def _restore(self, seq: int) -> None:
+        state = await asyncio.to_thread(self.ckpt.load, seq)
+        blob = bytes(state["device_state"].numpy().tobytes())
+        head, _ = await self._dev("restore", blob)
+        if head["model_digest"] != state["model_digest"]:
+            raise IntegrityError(f"checkpoint {seq} restored to a model whose digest differs")
+        self.expected_model = head["model_digest"]
+        self.last_good_ckpt = seq
+
+    # --- the run ----------------------------------------------------------------------------------
+    async def run(self) -> dict[str, Any]:
+        self.started = time.time()
+        t0 = time.perf_counter()
+        try:
+            await self.setup()
+            self.emit(ev.RunStarted(time.time(), self.run_id, self.handle.info.to_dict(), tuple(self.links),
+                                    len(self.plans)))
+            for rec in self.records:
+                if rec.outcome.startswith("done"):
+                    continue
+                await self.visit(rec)
+        except GpuTravelError as exc:
+            self.emit(ev.RunFailed(time.time(), self.run_id, str(exc), exc.code))
+            self._ledger("run-failed", outcome=exc.code, detail={"error": str(exc)})
+            raise
+        finally:
+            await self._shutdown_links()
+        failed = sum(1 for r in self.records if r.outcome == "failed")
+        self._ledger("run-completed", outcome="ok" if not failed else "partial",
+                     duration_s=time.perf_counter() - t0, detail={"visits": len(self.records), "failed": failed})
+        self.emit(ev.RunCompleted(time.time(), self.run_id, len(self.records), failed, time.perf_counter() - t0))
+        return self.report(seconds=time.perf_counter() - t0)
+
+    async def _shutdown_links(self) -> None:
+        for link in self.links.values():
+            try:
+                await link.close()
+            except Exception:  # noqa: BLE001 - closing must not hide the run's own error
+                pass
+
+    async def _enter(self, rec: VisitRecord, phase: Phase) -> float:
+        if self.phase is not None and self.phase not in (Phase.DONE,):
+            check_transition(self.phase, phase)
+        await self.control.gate(phase, self.emit)
+        self.phase = phase
+        self.emit(ev.PhaseStarted(time.time(), rec.plan.index, rec.plan.holder, str(phase), rec.epoch))
+        self._fault_point(phase)
+        return time.perf_counter()
+
+    def _done(self, rec: VisitRecord, phase: Phase, t0: float, *, nbytes: int = 0, outcome: str = "ok",
+              detail: dict[str, Any] | None = None) -> None:
+        dt = time.perf_counter() - t0
+        rec.phase_s[str(phase)] = dt
+        fp = rec.key_fingerprint if phase in (Phase.HANDOFF, Phase.PROVISION, Phase.RETURN) else None
+        self.emit(ev.PhaseCompleted(time.time(), rec.plan.index, rec.plan.holder, str(phase), rec.epoch, dt,
+                                    outcome, nbytes, fp, detail or {}))
+        self._ledger("phase", phase=str(phase), holder=rec.plan.holder, epoch=rec.epoch, key_fp=fp, nbytes=nbytes,
+                     duration_s=dt, outcome=outcome, detail={"visit": rec.plan.index, **(detail or {})})
+
+    def _fault_point(self, phase: Phase) -> None:
+        """Fault injection hook (tests and the crash study): act when ``phase`` begins."""
+        action = self.fault.get(str(phase))
+        if action is not None:
+            self.fault.pop(str(phase))
+            action(self)
+
+    async def visit(self, rec: VisitRecord) -> None:
+        plan = rec.plan
+        self.current = rec
+        rec.epoch = self.epoch + 1
+        link = self.links[plan.holder]
+        window_open = False
+        self.phase = None
+        try:
+            # ATTEST: fresh evidence, and the code and model are what we left there
+            t = await self._enter(rec, Phase.ATTEST)
+            result = await asyncio.to_thread(self.client.attest)
+            await self._check_measurement(rec, "before hand-off")
+            self._done(rec, Phase.ATTEST, t, detail={"device_id": result.device_id, "ok": result.ok})
+
+            # HANDOFF: a provisioning key for this window and epoch only
+            t = await self._enter(rec, Phase.HANDOFF)
+            head, _ = await self._dev("handoff", epoch=rec.epoch, offset=0, length=plan.window_len,
+                                      chunk_size=self.settings.chunk_size)
+            window_open = True
+            self.epoch = rec.epoch
+            rec.key_fingerprint = head["key_fingerprint"]
+            handoff = Handoff(epoch=rec.epoch, session_id=head["session_id"], key=head["provisioning_key"],
+                              window_offset=0, chunk_size=self.settings.chunk_size,
+                              train=(plan.train_start, plan.train_len), val=(plan.val_start, plan.val_len))
+            del head
+            self._done(rec, Phase.HANDOFF, t, detail={"window": [0, plan.window_len], "part": plan.part_id})
+
+            # PROVISION: ciphertext from the holder straight into the buffer window
+            t = await self._enter(rec, Phase.PROVISION)
+            n_chunks = -(-plan.window_len // self.settings.chunk_size)
+            acked = [0]
+
+            def progress(_seq: int) -> None:
+                acked[0] += 1
+                if acked[0] == n_chunks or acked[0] % 4 == 0:
+                    done = min(plan.window_len, acked[0] * self.settings.chunk_size)
+                    self.emit(ev.ProvisionProgressed(time.time(), plan.index, plan.holder, rec.epoch, done,
+                                                     plan.window_len))
+
+            def rejected(seq: int | None, code: str, reason: str) -> None:
+                self.rejected_total[code] += 1
+                rec.rejected[code] = rec.rejected.get(code, 0) + 1
+                self.emit(ev.ChunkRejected(time.time(), plan.index, plan.holder, rec.epoch, seq, code, reason))
+                self._ledger("chunk-rejected", phase="PROVISION", holder=plan.holder, epoch=rec.epoch,
+                             outcome=code, detail={"seq": seq, "reason": reason})
+
+            stats = await link.provision(handoff, device_socket=self.handle.socket_path, on_progress=progress,
+                                         on_reject=rejected)
+            del handoff
+            rec.provision_s = stats.seconds
+            rec.retransmits = stats.retransmits
+            self._done(rec, Phase.PROVISION, t, nbytes=plan.window_len,
+                       detail={"mb_s": round(plan.window_len / max(stats.seconds, 1e-9) / 1e6, 2),
+                               "retransmits": stats.retransmits})
+
+            # RETURN: the holder's key dies
+            t = await self._enter(rec, Phase.RETURN)
+            head, _ = await self._dev("close_window", epoch=rec.epoch)
+            window_open = False
+            rec.bytes, rec.chunks = int(head["bytes"]), int(head["chunks"])
+            if not head["complete"] or rec.bytes != plan.window_len:
+                raise ProtocolError(f"holder returned with {rec.bytes} of {plan.window_len} bytes provisioned")
+            self._done(rec, Phase.RETURN, t, nbytes=rec.bytes, detail={"chunks": rec.chunks})
+
+            # VERIFY: nobody touched code or model while the holder held a key
+            t = await self._enter(rec, Phase.VERIFY)
+            await self._check_measurement(rec, "after return")
+            rec.integrity_ok = True
+            self._done(rec, Phase.VERIFY, t, detail={"model": self.expected_model})
+
+            # TRAIN: k steps on the buffer, validation on the held-out slice, on the device
+            t = await self._enter(rec, Phase.TRAIN)
+            head, _ = await self._dev("train", train_off=0, train_len=plan.train_len, val_off=plan.train_len,
+                                      val_len=plan.val_len, fmt=self.infos[plan.holder].fmt)
+            rec.losses = [float(x) for x in head["losses"]]
+            rec.val_loss = head["val_loss"]
+            rec.train_s = float(head["seconds"])
+            rec.tokens_per_s = float(head["tokens_per_s"])
+            self.expected_model = head["model_digest"]
+            for loss in rec.losses:
+                self.step_count += 1
+                self.loss_history.append((self.step_count, loss))
+            if rec.val_loss is not None:
+                self.val_history.append((self.step_count, plan.holder, float(rec.val_loss)))
+            self.emit(ev.TrainingStepped(time.time(), plan.index, plan.holder, self.step_count, tuple(rec.losses),
+                                         rec.val_loss, rec.tokens_per_s))
+            self._done(rec, Phase.TRAIN, t, detail={"loss_first": rec.losses[0], "loss_last": rec.losses[-1],
+                                                    "val_loss": rec.val_loss, "steps": len(rec.losses)})
+
+            # SCRUB: zero the buffer and check it before anyone else gets a key
+            t = await self._enter(rec, Phase.SCRUB)
+            head, _ = await self._dev("scrub")
+            rec.scrub_verified = bool(head["verified"])
+            if not rec.scrub_verified:
+                raise DeviceError("the buffer did not read back as zero after the scrub")
+            self._done(rec, Phase.SCRUB, t, nbytes=int(head["bytes"]))
+
+            # ROTATE: new control-channel epoch; sealed checkpoint; progress committed with the event
+            t = await self._enter(rec, Phase.ROTATE)
+            await asyncio.to_thread(self.client.rotate, rec.epoch)
+            await self._checkpoint(plan.index + 1)
+            rec.outcome = "done"
+            done_list = [r.plan.index for r in self.records if r.outcome.startswith("done")]
+            self.emit(ev.KeyRotated(time.time(), rec.epoch, rec.key_fingerprint or ""))
+            self._done(rec, Phase.ROTATE, t, detail={"checkpoint_seq": plan.index + 1})
+            self._ledger("visit-completed", holder=plan.holder, epoch=rec.epoch, key_fp=rec.key_fingerprint,
+                         nbytes=rec.bytes, duration_s=sum(rec.phase_s.values()), outcome="ok",
+                         detail={"visit": plan.index, "part": plan.part_id},
+                         state={"visits_done": done_list, "epoch": self.epoch, "checkpoint_seq": plan.index + 1,
+                                "steps": self.step_count})
+            self.phase = Phase.DONE
+            self.emit(ev.VisitCompleted(time.time(), plan.index, plan.holder, rec.epoch, rec.to_dict()))
+        except CancelledRunError:
+            await self._abort_visit(rec, window_open, restore=False)
+            raise
+        except (AgentError, ProtocolError, IntegrityError, DataError) as exc:
+            await self._fail_visit(rec, exc, window_open)
+        except DeviceError as exc:
+            if not self.handle.alive():
+                raise DeviceError(f"the device service died: {exc.reason}") from None
+            await self._fail_visit(rec, exc, window_open)
+
+    async def _check_measurement(self, rec: VisitRecord, when: str) -> None:
+        head, _ = await self._dev("measure")
+        bad = [name for name, want in (("code", self.expected_code), ("model", self.expected_model))
+               if head[name] != want]
+        if bad:
+            raise IntegrityError(f"measurement mismatch {when}: {', '.join(bad)} region changed")
+
+    async def _abort_visit(self, rec: VisitRecord, window_open: bool, *, restore: bool) -> dict[str, Any]:
+        """Close the window, scrub the partial buffer, restore the model if it is suspect, rotate."""
+        out: dict[str, Any] = {}
+        if window_open:
+            try:
+                await self._dev("close_window", epoch=rec.epoch)
+            except GpuTravelError:
+                pass
+        head, _ = await self._dev("scrub")
+        rec.scrub_verified = bool(head["verified"])
+        out["scrub_verified"] = rec.scrub_verified
+        if restore and self.last_good_ckpt is not None:
+            await self._restore(self.last_good_ckpt)
+            out["restored_checkpoint"] = self.last_good_ckpt
+        if self.client.channel_epoch < rec.epoch:
+            await asyncio.to_thread(self.client.rotate, rec.epoch)
+        self.epoch = max(self.epoch, rec.epoch)
+        return out
+
+    async def _fail_visit(self, rec: VisitRecord, exc: GpuTravelError, window_open: bool) -> None:
+        phase = str(self.phase) if self.phase else "?"
+        rec.outcome, rec.error, rec.failed_phase = "failed", str(exc), phase
+        self.phase = Phase.FAILED
+        out = await self._abort_visit(rec, window_open, restore=isinstance(exc, IntegrityError))
+        self.emit(ev.VisitFailed(time.time(), rec.plan.index, rec.plan.holder, rec.epoch, phase, str(exc), exc.code))
+        self._ledger("visit-failed", phase=phase, holder=rec.plan.holder, epoch=rec.epoch, key_fp=rec.key_fingerprint,
+                     outcome=exc.code, detail={"visit": rec.plan.index, "error": str(exc), **out},
+                     state={"epoch": self.epoch})
+        self.phase = Phase.DONE
+        # a holder whose agent died is restarted for its next visit
+        link = self.links[rec.plan.holder]
+        if isinstance(exc, AgentError):
+            try:
+                await link.close()
+                self.infos[rec.plan.holder] = await link.start()
+            except GpuTravelError:
+                pass
+
+    # --- report -----------------------------------------------------------------------------------
+    def report(self, *, seconds: float) -> dict[str, Any]:
+        self.ledger.close()
+        verify = verify_ledger(self.out_dir / "ledger.db")
+        visits = [r.to_dict() for r in self.records]
+        trained = [r for r in self.records if r.losses]
+        total_bytes = sum(r.bytes for r in self.records)
+        total_prov = sum(r.provision_s for r in self.records)
+        val = [r.val_loss for r in trained if r.val_loss is not None]
+        return {
+            "run_id": self.run_id,
+            "platform": {**self.handle.info.to_dict(), "device": self.device_info.get("device_name", "?"),
+                         "torch_device": self.device_info.get("device"), "cc_mode": self.device_info.get("cc_mode")},
+            "attestation": {"ok": self.attestation.get("ok"), "device_id": self.attestation.get("device_id"),
+                            "claims": self.attestation.get("claims")},
+            "holders": [i.to_dict() for i in self.infos.values()],
+            "visits": visits,
+            "training": {
+                "model_params": self.device_info.get("params"),
+                "steps": self.step_count,
+                "loss_first": trained[0].losses[0] if trained else None,
+                "loss_last": trained[-1].losses[-1] if trained else None,
+                "val_loss": val[-1] if val else None,
+                "val_loss_first": val[0] if val else None,
+                "tokens_per_s": round(sum(r.tokens_per_s for r in trained) / len(trained), 1) if trained else None,
+            },
+            "provisioning": {"bytes": total_bytes, "seconds": round(total_prov, 6),
+                             "mb_s": round(total_bytes / total_prov / 1e6, 2) if total_prov else None,
+                             "chunk_kib": self.settings.chunk_kib, "rejected": dict(self.rejected_total)},
+            "ledger": {"path": str(self.out_dir / "ledger.db"), "verified": verify.ok, "rows": verify.rows,
+                       "head": verify.head_hash, "reason": verify.reason},
+            "checkpoints": {"dir": str(self.ckpt.directory), "last_seq": self.last_good_ckpt},
+            "failed_visits": sum(1 for r in self.records if r.outcome == "failed"),
+            "seconds": round(seconds, 3),
+        }
+
+
+def new_checkpoint_key_path(out_dir: Path) -> Path:
+    return Path(out_dir) / "keys" / "checkpoint.key"
+
+

@@ -1,0 +1,277 @@
+"""Holder links: how the engine reaches a holder's agent.
+
+One interface (``HolderLink``); ``FramedHolderLink`` speaks the framed protocol over any pair of
+asyncio streams and relays ciphertext chunks to the device's data port without opening them
+(the orchestrator never holds a key that opens them and never sees plaintext). ``LocalHolderLink``
+runs the agent as a local subprocess over stdin/stdout; the SSH deployer provides another link over
+the same interface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gputravel.core.errors import AgentError, DeviceError, GpuTravelError
+from gputravel.core.protocol import FrameError, FrameType, encode_frame
+from gputravel.core.protocol.frames import frame_head, read_frame_async
+
+STREAM_LIMIT = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class HolderInfo:
+    name: str
+    fmt: str
+    train_bytes: int
+    val_bytes: int
+    files: int
+    agent_sha256: str
+    transport: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "format": self.fmt, "train_bytes": self.train_bytes, "val_bytes": self.val_bytes,
+                "files": self.files, "agent_sha256": self.agent_sha256, "transport": self.transport, **self.detail}
+
+
+@dataclass(frozen=True, slots=True)
+class Handoff:
+    """What one holder gets for one visit. ``key`` travels only inside the holder link."""
+
+    epoch: int
+    session_id: str
+    key: dict[str, Any]
+    window_offset: int
+    chunk_size: int
+    train: tuple[int, int]
+    val: tuple[int, int]
+    resume_from: int = 0
+
+    def header(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "session": self.session_id, "key": self.key, "window_offset": self.window_offset,
+                "chunk_size": self.chunk_size, "train": list(self.train), "val": list(self.val),
+                "resume_from": self.resume_from}
+
+    def __repr__(self) -> str:  # never the key
+        return f"Handoff(epoch={self.epoch}, window={self.window_offset}+{self.train[1] + self.val[1]})"
+
+
+@dataclass(slots=True)
+class ProvisionStats:
+    nbytes: int = 0
+    chunks: int = 0
+    retransmits: int = 0
+    seconds: float = 0.0
+    rejected: Counter[str] = field(default_factory=Counter)
+
+
+ProgressFn = Callable[[int], None]
+RejectFn = Callable[[int | None, str, str], None]
+
+
+class HolderLink(ABC):
+    name: str
+
+    @abstractmethod
+    async def start(self) -> HolderInfo: ...
+
+    @abstractmethod
+    async def provision(self, handoff: Handoff, *, device_socket: str, on_progress: ProgressFn | None = None,
+                        on_reject: RejectFn | None = None) -> ProvisionStats: ...
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    async def kill(self) -> None:
+        """Fault injection: the agent dies."""
+        raise NotImplementedError
+
+
+class FramedHolderLink(HolderLink):
+    """The framed protocol over asyncio streams, with a relay to the device's data port."""
+
+    transport = "stream"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: Any = None
+        self.info: HolderInfo | None = None
+        #: Fault injection (tests): sequence numbers whose first transmission is corrupted on the wire,
+        #: standing for a malicious host between holder and device.
+        self.tamper_on_wire: set[int] = set()
+        #: Fault injection (tests): kill the agent once this many bytes were acknowledged.
+        self.kill_after_bytes: int | None = None
+
+    async def _read(self) -> Any:
+        assert self.reader is not None
+        try:
+            frame = await read_frame_async(self.reader, max_payload=STREAM_LIMIT)
+        except (FrameError, ConnectionError, OSError) as exc:
+            raise AgentError(self.name, f"link failed: {exc}") from None
+        if frame is None:
+            raise AgentError(self.name, "the agent closed the link (died or was stopped)")
+        return frame
+
+    def _send(self, ftype: FrameType, header: dict[str, Any], payload: bytes = b"") -> None:
+        self.writer.write(encode_frame(ftype, header, payload))
+
+    async def _hello(self) -> HolderInfo:
+        frame = await self._read()
+        if frame.type is FrameType.ERROR:
+            raise AgentError(self.name, f"{frame.header.get('code')}: {frame.header.get('reason')}")
+        if frame.type is not FrameType.HELLO:
+            raise AgentError(self.name, f"expected HELLO, got {frame.type.name}")
+        h = frame.header
+        try:
+            info = HolderInfo(name=self.name, fmt=str(h["format"]), train_bytes=int(h["train_bytes"]),
+                              val_bytes=int(h["val_bytes"]), files=int(h["files"]),
+                              agent_sha256=str(h["agent_sha256"]), transport=self.transport)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise AgentError(self.name, f"malformed HELLO: {exc}") from None
+        if info.fmt not in ("byte", "u16"):
+            raise AgentError(self.name, f"unknown token format {info.fmt!r}")
+        self.info = info
+        return info
+
+    async def provision(self, handoff: Handoff, *, device_socket: str, on_progress: ProgressFn | None = None,
+                        on_reject: RejectFn | None = None) -> ProvisionStats:
+        stats = ProvisionStats()
+        t0 = time.perf_counter()
+        try:
+            dev_r, dev_w = await asyncio.open_unix_connection(device_socket, limit=STREAM_LIMIT)
+        except OSError as exc:
+            raise DeviceError(f"cannot open the device data port: {exc}") from None
+        try:
+            dev_w.write(encode_frame(FrameType.DATA_OPEN, {"session": handoff.session_id}))
+            ready = await read_frame_async(dev_r, max_payload=STREAM_LIMIT)
+            if ready is None or ready.type is not FrameType.DATA_READY:
+                raise DeviceError(f"device refused the data connection: {ready.header if ready else 'closed'}")
+            self._send(FrameType.HANDOFF, handoff.header())
+            await self.writer.drain()
+            down = asyncio.create_task(self._device_to_agent(dev_r, stats, on_progress, on_reject))
+            try:
+                done = await self._agent_to_device(dev_w, down)
+            finally:
+                down.cancel()
+            stats.retransmits = int(done.get("retransmits", 0))
+        finally:
+            try:
+                dev_w.write(encode_frame(FrameType.BYE, {}))
+                dev_w.close()
+            except (OSError, RuntimeError):
+                pass
+        stats.seconds = time.perf_counter() - t0
+        return stats
+
+    async def _agent_to_device(self, dev_w: Any, down: asyncio.Task) -> dict[str, Any]:
+        while True:
+            read = asyncio.ensure_future(self._read())
+            await asyncio.wait({read, down}, return_when=asyncio.FIRST_COMPLETED)
+            if not read.done():
+                read.cancel()
+                down.result()  # raises the device side's error
+                raise DeviceError("the device closed the data connection during provisioning")
+            frame = read.result()
+            if frame.type is FrameType.CHUNK:
+                payload = frame.payload
+                seq = frame.header.get("s")
+                if seq in self.tamper_on_wire:
+                    self.tamper_on_wire.discard(seq)
+                    payload = bytearray(payload)
+                    payload[len(payload) // 2] ^= 0x01
+                dev_w.write(frame_head(FrameType.CHUNK, frame.header, len(payload), max_payload=STREAM_LIMIT))
+                dev_w.write(payload)
+                await dev_w.drain()
+            elif frame.type is FrameType.DONE:
+                return dict(frame.header)
+            elif frame.type is FrameType.ERROR:
+                raise AgentError(self.name, f"{frame.header.get('code')}: {frame.header.get('reason')}")
+            elif frame.type is FrameType.PONG:
+                continue
+            else:
+                raise AgentError(self.name, f"unexpected {frame.type.name} during provisioning")
+
+    async def _device_to_agent(self, dev_r: asyncio.StreamReader, stats: ProvisionStats,
+                               on_progress: ProgressFn | None, on_reject: RejectFn | None) -> None:
+        while True:
+            frame = await read_frame_async(dev_r, max_payload=STREAM_LIMIT)
+            if frame is None:
+                return
+            if frame.type is FrameType.ACK:
+                stats.chunks += 1
+                stats.nbytes = stats.nbytes  # bytes come from the device's close_window report
+                if on_progress:
+                    on_progress(int(frame.header["s"]))
+            elif frame.type is FrameType.ERROR:
+                code = str(frame.header.get("code"))
+                stats.rejected[code] += 1
+                if on_reject:
+                    on_reject(frame.header.get("s"), code, str(frame.header.get("reason")))
+            self._send(frame.type, frame.header)
+            await self.writer.drain()
+            if self.kill_after_bytes is not None and stats.chunks * 1 >= self.kill_after_bytes:
+                self.kill_after_bytes = None
+                await self.kill()
+
+    async def stop(self) -> None:
+        if self.writer is not None:
+            try:
+                self._send(FrameType.BYE, {})
+                await self.writer.drain()
+            except (OSError, RuntimeError, ConnectionError):
+                pass
+
+
+class LocalHolderLink(FramedHolderLink):
+    """The agent as a local subprocess on stdin/stdout (``python -m gputravel.agents.holder``)."""
+
+    transport = "local"
+
+    def __init__(self, name: str, data_dir: Path, *, val_fraction: float = 0.1, python: str | None = None) -> None:
+        super().__init__(name)
+        self.data_dir = Path(data_dir)
+        self.val_fraction = val_fraction
+        self.python = python or sys.executable
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> HolderInfo:
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                self.python, "-m", "gputravel.agents.holder", "--name", self.name, "--data", str(self.data_dir),
+                "--val-fraction", str(self.val_fraction), stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, limit=STREAM_LIMIT)
+        except OSError as exc:
+            raise AgentError(self.name, f"cannot start the agent: {exc}") from None
+        self.reader, self.writer = self.proc.stdout, self.proc.stdin
+        try:
+            return await self._hello()
+        except GpuTravelError:
+            await self.close()
+            raise
+
+    async def kill(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+
+    async def close(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.returncode is None:
+            await self.stop()
+            try:
+                if self.writer is not None:
+                    self.writer.close()
+                await asyncio.wait_for(self.proc.wait(), 5)
+            except (TimeoutError, OSError, RuntimeError, ConnectionError):
+                self.proc.kill()
+                await self.proc.wait()
