@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from gputravel.core.platform.emulated import EmulatedPlatform
 from gputravel.core.travel.engine import TravelEngine
 from gputravel.core.travel.holders import HolderLink, LocalHolderLink
 
-__all__ = ["RunSettings", "TravelEngine", "build_engine", "run", "resolve_holder_dirs", "verify_ledger",
+__all__ = ["RunSettings", "TravelEngine", "build_engine", "resume_settings", "run", "resolve_holder_dirs", "verify_ledger",
            "VerifyResult", "Event"]
 
 
@@ -46,6 +47,18 @@ def _program_factory(settings: RunSettings) -> Callable[..., dict[str, Any]]:
     return make
 
 
+def resume_settings(out_dir: Path, **overrides: Any) -> RunSettings:
+    """The settings a run in ``out_dir`` started with (``--resume`` continues exactly that run)."""
+    path = Path(out_dir) / "settings.json"
+    try:
+        saved = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"--resume: {out_dir} holds no run to continue (no settings.json)") from None
+    except ValueError as exc:
+        raise ConfigError(f"--resume: {path} is not valid JSON: {exc}") from None
+    return RunSettings.from_dict(saved, out_dir=Path(out_dir), resume=True, **overrides)
+
+
 def build_engine(settings: RunSettings, *, links: Iterable[HolderLink] | None = None) -> TravelEngine:
     """Start the (emulated) device service and wire a run; the caller awaits ``engine.run()``."""
     from gputravel.core.training.checkpoint import CheckpointStore, load_or_create_key
@@ -53,7 +66,12 @@ def build_engine(settings: RunSettings, *, links: Iterable[HolderLink] | None = 
     out = Path(settings.out_dir)
     if out.exists() and (out / "ledger.db").exists() and not settings.resume:
         raise ConfigError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+    if settings.resume and not (out / "ledger.db").exists():
+        raise ConfigError(f"--resume: {out} holds no run to continue (no ledger.db)")
     out.mkdir(parents=True, exist_ok=True)
+    if not settings.resume:
+        saved = {k: v for k, v in settings.to_dict().items() if k != "resume"}
+        (out / "settings.json").write_text(json.dumps(saved, indent=2) + "\n")
     if links is None:
         links = [LocalHolderLink(name, path, val_fraction=settings.val_fraction)
                  for name, path in resolve_holder_dirs(settings)]

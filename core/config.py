@@ -16,7 +16,7 @@ class RunSettings:
     steps_per_visit: int = 20
     buffer_mib: float = 4.0
     data_dir: Path | None = None
-    out_dir: Path = Path("runs/latest")
+    out_dir: Path = Path("runs/default")
     resume: bool = False
     chunk_kib: int = 1024
     val_fraction: float = 0.1  # of each holder's data held out for validation
@@ -55,6 +55,19 @@ class RunSettings:
     @property
     def chunk_size(self) -> int:
         return self.chunk_kib * 1024
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], **overrides: Any) -> RunSettings:
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigError(f"unknown settings: {', '.join(sorted(unknown))}")
+        d = {**data, **overrides}
+        if d.get("data_dir") is not None:
+            d["data_dir"] = Path(d["data_dir"])
+        d["out_dir"] = Path(d["out_dir"])
+        d["breakpoints"] = tuple(d.get("breakpoints", ()))
+        return cls(**d)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

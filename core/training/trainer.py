@@ -1,0 +1,261 @@
+"""Training on a window of the device's data buffer.
+
+A visit leaves ``train_len`` bytes of the holder's training tokens followed by ``val_len`` bytes of
+its held-out tokens in the data buffer. :meth:`Trainer.train_on_window` runs ``steps_per_visit``
+AdamW steps on random contiguous sequences cut from the training part; :meth:`Trainer.eval_on_window`
+computes the held-out loss. Batches are gathered straight from the buffer's bytes on the device, so
+no copy of the holder's data is made outside the device beyond the batch itself.
+
+All randomness (initialisation and batch sampling) comes from the trainer's own ``torch.Generator``
+seeded with ``TrainSettings.seed``: on the CPU, two trainers with the same seed fed the same bytes end
+with bit-identical weights and optimizer state (:meth:`Trainer.model_digest`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+
+from gputravel.core.errors import ConfigError, DataError
+from gputravel.core.training.model import GPT, GPTConfig
+from gputravel.core.training.tokens import (
+    TokenFormat,
+    bytes_per_token,
+    check_token_range,
+    gather_tokens,
+    vocab_size,
+)
+
+__all__ = ["STATE_FORMAT", "TrainSettings", "Trainer", "VisitTrainResult"]
+
+STATE_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Optimisation settings. ``total_steps`` known -> cosine decay to 10% of ``lr`` after warmup."""
+
+    steps_per_visit: int = 20
+    batch_size: int = 16
+    seq_len: int = 128
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    warmup_steps: int = 10
+    total_steps: int | None = None
+    val_batches: int = 4
+    seed: int = 1337
+
+    def __post_init__(self) -> None:
+        for name in ("steps_per_visit", "batch_size", "seq_len", "val_batches"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"TrainSettings.{name} must be positive, got {getattr(self, name)}")
+        if self.lr <= 0 or self.weight_decay < 0 or self.grad_clip < 0 or self.warmup_steps < 0:
+            raise ConfigError("TrainSettings: lr must be positive; weight_decay, grad_clip, warmup_steps non-negative")
+        if self.total_steps is not None and self.total_steps < 1:
+            raise ConfigError(f"TrainSettings.total_steps must be positive, got {self.total_steps}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainSettings:
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ConfigError(f"unknown TrainSettings keys: {', '.join(sorted(unknown))}")
+        return cls(**data)
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate of optimizer step ``step`` (0-based): linear warmup, then constant or cosine."""
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        if self.total_steps is None:
+            return self.lr
+        min_lr = 0.1 * self.lr
+        span = max(1, self.total_steps - self.warmup_steps)
+        progress = min(1.0, (step - self.warmup_steps) / span)
+        return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (self.lr - min_lr)
+
+
+@dataclass(frozen=True, slots=True)
+class VisitTrainResult:
+    """What k steps on one holder's window did: per-step losses, tokens consumed, wall time."""
+
+    losses: list[float]
+    tokens: int
+    seconds: float
+    tokens_per_s: float
+
+
+class Trainer:
+    """The model, its AdamW optimizer, the step counter and the batch-sampling generator."""
+
+    def __init__(self, config: GPTConfig, settings: TrainSettings, device: torch.device | str) -> None:
+        if settings.seq_len > config.block_size:
+            raise ConfigError(f"seq_len {settings.seq_len} exceeds the model's block_size {config.block_size}")
+        self.config = config
+        self.settings = settings
+        self.device = torch.device(device)
+        self.generator = torch.Generator().manual_seed(settings.seed)  # CPU: same stream on every device
+        self.model = GPT(config, generator=self.generator, device=self.device)
+        decay = [p for p in self.model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=settings.lr, betas=(0.9, 0.95), eps=1e-8,
+        )
+        self.step = 0
+
+    # --- windows --------------------------------------------------------------------------------
+    def _window(self, buf: torch.Tensor, off: int, length: int, fmt: TokenFormat, what: str) -> torch.Tensor:
+        if buf.dtype != torch.uint8 or buf.dim() != 1:
+            raise DataError(f"the data buffer must be a 1-D torch.uint8 tensor, got {buf.dtype} {tuple(buf.shape)}")
+        if off < 0 or length < 0 or off + length > buf.numel():
+            raise DataError(f"{what} window [{off}, {off + length}) lies outside the {buf.numel()}-byte buffer")
+        if length % bytes_per_token(fmt):
+            raise DataError(f"{what} window of {length} bytes is not a whole number of {fmt.value} tokens")
+        window = buf[off: off + length]
+        check_token_range(window, fmt, self.config.vocab_size)
+        return window
+
+    def _check_vocab(self, fmt: TokenFormat) -> None:
+        if vocab_size(fmt) > self.config.vocab_size:
+            raise ConfigError(f"{fmt.value} tokens need a vocabulary of {vocab_size(fmt)}, the model has "
+                              f"{self.config.vocab_size}")
+
+    def train_on_window(self, buf: torch.Tensor, *, train_off: int, train_len: int,
+                        fmt: TokenFormat | str) -> VisitTrainResult:
+        """Run ``steps_per_visit`` steps on random sequences from ``buf[train_off : train_off + train_len]``.
+
+        Raises:
+            DataError: the window is outside the buffer, not whole tokens, or shorter than ``seq_len + 1`` tokens.
+        """
+        fmt = TokenFormat(fmt)
+        self._check_vocab(fmt)
+        window = self._window(buf, train_off, train_len, fmt, "training")
+        s = self.settings
+        n_tokens = train_len // bytes_per_token(fmt)
+        if n_tokens < s.seq_len + 1:
+            raise DataError(f"the training part holds {n_tokens} tokens ({train_len} bytes of {fmt.value}); "
+                            f"at least seq_len + 1 = {s.seq_len + 1} tokens are needed for one sequence")
+        span = torch.arange(s.seq_len + 1, device=window.device)
+        self.model.train()
+        losses: list[float] = []
+        self._sync()
+        t0 = time.perf_counter()
+        for _ in range(s.steps_per_visit):
+            starts = torch.randint(0, n_tokens - s.seq_len, (s.batch_size, 1), generator=self.generator)
+            chunk = gather_tokens(window, fmt, starts.to(window.device) + span)
+            x, y = chunk[:, :-1], chunk[:, 1:]
+            lr = s.lr_at(self.step)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.optimizer.zero_grad(set_to_none=True)
+            _, loss = self.model(x, y)
+            assert loss is not None
+            loss.backward()
+            if s.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
+            self.optimizer.step()
+            self.step += 1
+            losses.append(float(loss.item()))
+        self._sync()
+        seconds = time.perf_counter() - t0
+        tokens = s.steps_per_visit * s.batch_size * s.seq_len
+        return VisitTrainResult(losses=losses, tokens=tokens, seconds=seconds,
+                                tokens_per_s=tokens / seconds if seconds > 0 else float("inf"))
+
+    @torch.no_grad()
+    def eval_on_window(self, buf: torch.Tensor, *, val_off: int, val_len: int,
+                       fmt: TokenFormat | str) -> float | None:
+        """Mean loss over up to ``val_batches`` batches spread evenly over the held-out window.
+
+        The sequences are non-overlapping, chosen without randomness, and the mean is over tokens.
+        Returns ``None`` when the window holds fewer than ``seq_len + 1`` tokens.
+        """
+        fmt = TokenFormat(fmt)
+        self._check_vocab(fmt)
+        window = self._window(buf, val_off, val_len, fmt, "held-out")
+        s = self.settings
+        n_tokens = val_len // bytes_per_token(fmt)
+        n_seqs = (n_tokens - 1) // s.seq_len
+        if n_seqs < 1:
+            return None
+        wanted = min(n_seqs, s.val_batches * s.batch_size)
+        # evenly spaced sequence indices, so a large held-out part is covered end to end
+        picks = torch.div(torch.arange(wanted) * n_seqs, wanted, rounding_mode="floor")
+        starts = (picks * s.seq_len).unsqueeze(1)
+        span = torch.arange(s.seq_len + 1)
+        was_training = self.model.training
+        self.model.eval()
+        total = torch.zeros((), dtype=torch.float64, device=window.device)
+        try:
+            for batch in torch.split(starts, s.batch_size):
+                chunk = gather_tokens(window, fmt, (batch + span).to(window.device))
+                _, loss = self.model(chunk[:, :-1], chunk[:, 1:])
+                assert loss is not None
+                total += loss.double() * batch.numel()
+        finally:
+            self.model.train(was_training)
+        mean: float = total.item() / wanted
+        return mean
+
+    # --- state ----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume exactly: model, optimizer, step, sampler state, config, settings."""
+        return {
+            "format": STATE_FORMAT,
+            "config": self.config.to_dict(),
+            "settings": self.settings.to_dict(),
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "step": self.step,
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict`; a different model shape is a ``ConfigError``.
+
+        The settings of this trainer stay in force (a resumed run may change, say, the steps per visit).
+        """
+        if state.get("format") != STATE_FORMAT:
+            raise ConfigError(f"trainer state format {state.get('format')!r} is not {STATE_FORMAT}")
+        if GPTConfig.from_dict(dict(state["config"])) != self.config:
+            raise ConfigError(f"checkpoint model {state['config']} differs from this run's {self.config.to_dict()}")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = int(state["step"])
+        self.generator.set_state(state["generator"])
+
+    def model_digest(self) -> str:
+        """SHA-256 (hex) over every parameter and the optimizer state, in a fixed order.
+
+        Each tensor contributes its name, dtype, shape and raw bytes, so any change to a weight, a
+        moment estimate or an optimizer step count changes the digest.
+        """
+        h = hashlib.sha256(b"gputravel/model-digest/v1\0")
+        params = list(self.model.named_parameters())
+        for name, p in params:
+            _hash_tensor(h, f"param:{name}", p)
+        for name, p in params:
+            for key, value in sorted(self.optimizer.state.get(p, {}).items()):
+                if isinstance(value, torch.Tensor):
+                    _hash_tensor(h, f"optim:{name}:{key}", value)
+                else:
+                    h.update(f"optim:{name}:{key}={value!r}\0".encode())
+        return h.hexdigest()
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def _hash_tensor(h: Any, label: str, tensor: torch.Tensor) -> None:
+    t = tensor.detach().cpu().contiguous().reshape(-1)
+    h.update(f"{label}|{t.dtype}|{tuple(tensor.shape)}\0".encode())
+    h.update(t.view(torch.uint8).numpy())
