@@ -79,26 +79,49 @@ class RunView:
             self.console.print(f"[yellow]paused[/] ({event.reason}) before {event.next_phase}")
 
 
+def sparkline(values: list[float], *, width: int = 60) -> str:
+    """A one-line plot: ``values`` averaged into ``width`` buckets, drawn with block characters."""
+    if not values:
+        return ""
+    blocks = "▁▂▃▄▅▆▇█"
+    n = min(width, len(values))
+    buckets = [values[i * len(values) // n: (i + 1) * len(values) // n] for i in range(n)]
+    means = [sum(b) / len(b) for b in buckets if b]
+    lo, hi = min(means), max(means)
+    span = (hi - lo) or 1.0
+    return "".join(blocks[min(7, int((m - lo) / span * 7.999))] for m in means)
+
+
 def render_report(console: Console, report: dict[str, Any]) -> None:
     plat = report["platform"]
     console.print(f"\n[bold]platform[/]: {plat['kind']}{' [yellow](SIM)[/]' if plat.get('sim') else ''} · "
                   f"{plat['device']}")
-    table = Table(title="visits", show_lines=False)
-    for col in ("#", "holder", "part", "epoch", "key fp", "MiB", "MB/s", "train s", "loss", "val", "integrity",
-                "scrub", "outcome"):
-        table.add_column(col, justify="right" if col in ("#", "epoch", "MiB", "MB/s", "train s") else "left")
+    table = Table(title="visits", show_lines=False, pad_edge=False, box=None, header_style="bold",
+                  collapse_padding=True)
+    multi_part = any(v["part"] != "1/1" for v in report["visits"])
+    cols = ["#", "holder"] + (["part"] if multi_part else []) + ["ep", "key fp", "MiB", "MB/s", "train s",
+                                                                 "loss", "val", "i s", "outcome"]
+    for col in cols:
+        table.add_column(col, no_wrap=True,
+                         justify="right" if col in ("#", "ep", "MiB", "MB/s", "train s", "val") else "left")
     for v in report["visits"]:
-        loss = f"{v['loss_first']:.3f}→{v['loss_last']:.3f}" if v["loss_first"] is not None else "-"
-        table.add_row(str(v["visit"] + 1), v["holder"], v["part"], str(v["epoch"]), v["key_fingerprint"] or "-",
-                      f"{v['bytes'] / 2**20:.2f}", f"{v['provision_mb_s']:.0f}", f"{v['train_s']:.2f}", loss,
-                      f"{v['val_loss']:.3f}" if v["val_loss"] is not None else "-",
-                      "✓" if v["integrity_ok"] else "✗", "✓" if v["scrub_verified"] else "✗",
-                      v["outcome"] if v["outcome"] != "failed" else f"[red]failed[/] ({v['failed_phase']})")
+        loss = f"{v['loss_first']:.2f}→{v['loss_last']:.2f}" if v["loss_first"] is not None else "-"
+        outcome = v["outcome"] if v["outcome"] != "failed" else f"[red]failed[/] ({v['failed_phase']})"
+        row = [str(v["visit"] + 1), v["holder"]] + ([v["part"]] if multi_part else []) + [
+            str(v["epoch"]), (v["key_fingerprint"] or "-")[:8], f"{v['bytes'] / 2**20:.2f}",
+            f"{v['provision_mb_s']:.0f}", f"{v['train_s']:.2f}", loss,
+            f"{v['val_loss']:.3f}" if v["val_loss"] is not None else "-",
+            ("✓" if v["integrity_ok"] else "✗") + ("✓" if v["scrub_verified"] else "✗"), outcome]
+        table.add_row(*row)
     console.print(table)
+    console.print("[dim]i s: integrity verified after return, buffer scrub verified[/]")
     tr, pv, lg = report["training"], report["provisioning"], report["ledger"]
     if tr["loss_first"] is not None:
         console.print(f"[bold]training[/]: {tr['steps']} steps, loss {tr['loss_first']:.3f} → {tr['loss_last']:.3f}, "
                       f"val {tr['val_loss'] if tr['val_loss'] is None else round(tr['val_loss'], 3)}")
+    if tr.get("loss_curve"):
+        console.print(f"[bold]loss[/]     {sparkline(tr['loss_curve'], width=60)}  "
+                      f"({min(tr['loss_curve']):.2f}..{max(tr['loss_curve']):.2f} over {len(tr['loss_curve'])} steps)")
     if pv["mb_s"]:
         console.print(f"[bold]provisioning[/]: {pv['bytes'] / 2**20:.1f} MiB at {pv['mb_s']:.0f} MB/s "
                       f"(chunks {pv['chunk_kib']} KiB), rejected {pv['rejected'] or 'none'}")
@@ -149,6 +172,8 @@ def register(app: typer.Typer) -> None:
         lr: float = typer.Option(3e-3),
         seed: int = typer.Option(1337),
         device: str | None = typer.Option(None, help="torch device for the emulated GPU (default: cuda if present)."),
+        cc_mode: str = typer.Option("on", "--cc-mode", help="Mode the emulated GPU starts in: on, off or devtools "
+                                    "(devtools fails attestation, as a real device in that mode would)."),
         break_before: list[str] = typer.Option([], "--break-before", help="Pause before this phase (repeatable)."),
         as_json: bool = typer.Option(False, "--json", help="Print the final report as JSON on stdout."),
     ) -> None:
@@ -157,7 +182,7 @@ def register(app: typer.Typer) -> None:
         settings = RunSettings(holders=holders, rounds=rounds, steps_per_visit=steps_per_visit, buffer_mib=buffer_mib,
                                data_dir=data, out_dir=out, resume=resume, chunk_kib=chunk_kib, model=model,
                                batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed, device=device,
-                               breakpoints=tuple(b.upper() for b in break_before))
+                               cc_mode=cc_mode, breakpoints=tuple(b.upper() for b in break_before))
         if resume:
             settings = resume_settings(out)
         console = Console(stderr=True) if as_json else Console()

@@ -60,7 +60,7 @@ class ControlChannel:
     def open(self, header: dict[str, Any], payload: bytes) -> Any:
         try:
             epoch, seq = int(header["e"]), int(header["s"])
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):  # OverflowError: JSON Infinity
             raise FrameError("sealed frame header needs integer e and s") from None
         inner = self.recv.open(payload, seq=seq, epoch=epoch, frame_type=FrameType.SEALED)
         return decode_frame(inner)

@@ -278,6 +278,23 @@ class DeviceService:
             raise DeviceError(f"unknown region {region!r}")
         return {"tampered": region}, b""
 
+    def op_digest(self, *, offset: int, length: int, payload: bytes) -> tuple[dict[str, Any], bytes]:
+        """Test/debug op (emulated platform, only with fault injection on): SHA-256 of the buffer
+        bytes ``[offset, offset + length)``.
+
+        It lets a test check, from outside the process, that refused chunks left the buffer as it
+        was. A digest of plaintext is a confirmation oracle on the holders' data, so a production
+        device (fault injection off) refuses it like ``op_tamper``.
+        """
+        if not self.allow_fault_injection:
+            raise DeviceError("the digest op is a debug op: fault injection is disabled on this device")
+        offset, length = int(offset), int(length)
+        if offset < 0 or length < 0 or offset + length > self.buffer.nbytes:
+            raise WindowError(f"range [{offset}, {offset + length}) is outside the {self.buffer.nbytes}-byte buffer")
+        with self.lock:
+            data = self.buffer.tensor[offset: offset + length].cpu().numpy().tobytes()
+        return {"sha256": hashlib.sha256(data).hexdigest(), "offset": offset, "length": length}, b""
+
     # --- data path ---------------------------------------------------------------------------
     def accept_chunk(self, header: dict[str, Any], payload: bytes | bytearray | memoryview) -> dict[str, Any]:
         """Authenticate and decrypt one chunk straight into the buffer window, or raise (counted)."""
@@ -290,7 +307,7 @@ class DeviceService:
     def _accept_chunk(self, header: dict[str, Any], payload: bytes | bytearray | memoryview) -> dict[str, Any]:
         try:
             epoch, seq, offset, length = (int(header["e"]), int(header["s"]), int(header["o"]), int(header["n"]))
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):  # OverflowError: JSON Infinity
             raise FrameError("chunk header needs integer e, s, o, n") from None
         with self.lock:
             w = self.window

@@ -162,6 +162,7 @@ class TravelEngine:
         self.device_info: dict[str, Any] = {}
         self.ledger = Ledger.open(self.out_dir / "ledger.db", run_id=run_id or uuid.uuid4().hex[:12])
         self.run_id = self.ledger.run_id
+        self.first_run_id = self.run_id  # checkpoints are bound to the run that started them
         self.started = 0.0
         self.loss_history: list[tuple[int, float]] = []
         self.val_history: list[tuple[int, str, float]] = []
@@ -229,6 +230,7 @@ class TravelEngine:
             if state["plan_digest"] != digest:
                 raise DataError("--resume: the holders' data or the settings changed; the schedule differs")
             self.epoch = int(state.get("epoch", 0))
+            self.first_run_id = str(state.get("run_id", self.run_id))
             done = {int(k) for k in state.get("visits_done", [])}
             for rec in self.records:
                 if rec.plan.index in done:
@@ -245,7 +247,7 @@ class TravelEngine:
             await self._checkpoint(0, note="initial")
             self._ledger("planned", detail={"visits": len(self.plans), "plan_digest": digest},
                          state={"plan_digest": digest, "visits_done": [], "epoch": 0, "checkpoint_seq": 0,
-                                "steps": 0})
+                                "steps": 0, "run_id": self.run_id})
 
     async def _checkpoint(self, seq: int, *, note: str = "") -> None:
         import torch
@@ -254,12 +256,12 @@ class TravelEngine:
         state = {"device_state": torch.frombuffer(bytearray(blob), dtype=torch.uint8).clone(),
                  "model_digest": head["model_digest"], "seq": seq, "epoch": self.epoch, "note": note,
                  "steps": self.step_count}
-        await asyncio.to_thread(self.ckpt.save, state, run_id="gputravel", seq=seq)
+        await asyncio.to_thread(self.ckpt.save, state, run_id=self.first_run_id, seq=seq)
         self.last_good_ckpt = seq
         self.expected_model = head["model_digest"]
 
     async def _restore(self, seq: int) -> None:
-        state = await asyncio.to_thread(self.ckpt.load, seq)
+        state = await asyncio.to_thread(self.ckpt.load, seq, run_id=self.first_run_id)
         blob = bytes(state["device_state"].numpy().tobytes())
         head, _ = await self._dev("restore", blob)
         if head["model_digest"] != state["model_digest"]:
@@ -436,8 +438,14 @@ class TravelEngine:
                                 "steps": self.step_count})
             self.phase = Phase.DONE
             self.emit(ev.VisitCompleted(time.time(), plan.index, plan.holder, rec.epoch, rec.to_dict()))
-        except CancelledRunError:
-            await self._abort_visit(rec, window_open, restore=False)
+        except CancelledRunError as exc:
+            phase = str(self.phase) if self.phase else None  # the last phase that ran, if any
+            out = await self._abort_visit(rec, window_open, restore=False)
+            rec.outcome, rec.error, rec.failed_phase = "cancelled", str(exc), phase
+            self.phase = Phase.DONE
+            self._ledger("visit-cancelled", phase=phase, holder=plan.holder, epoch=rec.epoch,
+                         key_fp=rec.key_fingerprint, outcome=exc.code,
+                         detail={"visit": plan.index, "error": str(exc), **out}, state={"epoch": self.epoch})
             raise
         except (AgentError, ProtocolError, IntegrityError, DataError) as exc:
             await self._fail_visit(rec, exc, window_open)
@@ -516,6 +524,8 @@ class TravelEngine:
                 "val_loss": val[-1] if val else None,
                 "val_loss_first": val[0] if val else None,
                 "tokens_per_s": round(sum(r.tokens_per_s for r in trained) / len(trained), 1) if trained else None,
+                "loss_curve": [round(loss, 5) for _, loss in self.loss_history],
+                "val_curve": [{"step": st, "holder": h, "val_loss": round(v, 5)} for st, h, v in self.val_history],
             },
             "provisioning": {"bytes": total_bytes, "seconds": round(total_prov, 6),
                              "mb_s": round(total_bytes / total_prov / 1e6, 2) if total_prov else None,

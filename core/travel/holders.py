@@ -108,8 +108,8 @@ class FramedHolderLink(HolderLink):
         #: Fault injection (tests): sequence numbers whose first transmission is corrupted on the wire,
         #: standing for a malicious host between holder and device.
         self.tamper_on_wire: set[int] = set()
-        #: Fault injection (tests): kill the agent once this many bytes were acknowledged.
-        self.kill_after_bytes: int | None = None
+        #: Fault injection (tests): kill the agent once this many chunks were acknowledged.
+        self.kill_after_chunks: int | None = None
 
     async def _read(self) -> Any:
         assert self.reader is not None
@@ -216,10 +216,13 @@ class FramedHolderLink(HolderLink):
                 stats.rejected[code] += 1
                 if on_reject:
                     on_reject(frame.header.get("s"), code, str(frame.header.get("reason")))
-            self._send(frame.type, frame.header)
-            await self.writer.drain()
-            if self.kill_after_bytes is not None and stats.chunks * 1 >= self.kill_after_bytes:
-                self.kill_after_bytes = None
+            try:
+                self._send(frame.type, frame.header)
+                await self.writer.drain()
+            except (OSError, RuntimeError, ConnectionError) as exc:  # the agent died under us
+                raise AgentError(self.name, f"link failed: {exc}") from None
+            if self.kill_after_chunks is not None and stats.chunks >= self.kill_after_chunks:
+                self.kill_after_chunks = None
                 await self.kill()
 
     async def stop(self) -> None:
