@@ -14,7 +14,7 @@ from rich.console import Console
 
 from gputravel.core.errors import GpuTravelError
 
-COMMAND_MODULES = ("run", "attest", "ledger", "data")
+COMMAND_MODULES = ("run", "attest", "ledger", "data", "bench", "telemetry", "agents", "replay", "plan")
 
 app = typer.Typer(
     name="gputravel",
