@@ -1,0 +1,1 @@
+"""Secure collective communication: an encrypted ring all-reduce and a DDP comm hook."""

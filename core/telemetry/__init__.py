@@ -1,0 +1,1 @@
+"""Telemetry sources: NVML, emulated device counters, replay."""
