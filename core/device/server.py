@@ -131,6 +131,12 @@ class DeviceServer:
                 send_frame(conn, FrameType.ERROR, error_header(exc))
             except OSError:
                 pass
+        except (ValueError, KeyError, TypeError, OverflowError) as exc:  # a malformed handshake message
+            self.service.rejected["frame"] += 1
+            try:
+                send_frame(conn, FrameType.ERROR, {"ok": False, "code": "frame", "reason": f"malformed message: {exc}"})
+            except OSError:
+                pass
         finally:
             stream.close()
             conn.close()

@@ -1,0 +1,686 @@
+"""The device service's boundary under hostile input, through its real process and Unix socket.
+
+One emulated device service (``python -m gputravel.core.device``, fault injection on) serves the whole
+module. Every test opens its own hand-off with a fresh epoch, speaks the data path with a plain socket
+and ``gputravel.core.protocol`` frames, and checks three things: the exact ERROR code on the wire, the
+device's ``rejected`` counter, and that the buffer holds what only genuine chunks put there (through the
+``digest`` debug op or the ``close_window`` report).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import socket
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gputravel.core.device.client import DeviceClient
+from gputravel.core.errors import DeviceError, StaleEpochError, WindowError
+from gputravel.core.platform.base import DeviceHandle
+from gputravel.core.platform.emulated import EmulatedPlatform
+from gputravel.core.protocol import (
+    MAX_PAYLOAD,
+    TAG_LEN,
+    DirectionKey,
+    Frame,
+    FrameType,
+    SendState,
+    encode_frame,
+    read_frame,
+)
+from gputravel.core.protocol.frames import MAGIC, MAX_HEADER, PREFIX, VERSION
+from gputravel.core.training.model import preset
+from gputravel.core.training.trainer import TrainSettings
+
+BUFFER = 256 * 1024
+KNOWN_CODES = {"frame", "tag", "replay", "stale-epoch", "window"}
+
+
+def _program() -> bytes:
+    model = replace(preset("tiny"), block_size=16, n_layer=1, n_head=2, n_embd=32)
+    train = TrainSettings(steps_per_visit=2, batch_size=2, seq_len=16)
+    return json.dumps({"program": "gputravel.gpt2/v1", "model": model.to_dict(), "train": train.to_dict()}).encode()
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def plaintext(n: int, seed: int) -> bytes:
+    return random.Random(seed).randbytes(n)
+
+
+# --- the rig: one device service, one control session -------------------------------------------
+@dataclass
+class Window:
+    """One open hand-off as a holder sees it: geometry, provisioning key, session."""
+
+    epoch: int
+    offset: int
+    length: int
+    chunk_size: int
+    key: DirectionKey
+    session_id: bytes
+
+    @property
+    def n_chunks(self) -> int:
+        return -(-self.length // self.chunk_size)
+
+    def slot(self, seq: int) -> tuple[int, int]:
+        off = self.offset + seq * self.chunk_size
+        return off, min(self.chunk_size, self.offset + self.length - off)
+
+    def seal(self, seq: int, data: bytes, *, key: DirectionKey | None = None, session_id: bytes | None = None,
+             claim_epoch: int | None = None) -> tuple[dict[str, Any], bytes]:
+        """Seal chunk ``seq`` of ``data`` (the whole window's plaintext) exactly as the holder agent does."""
+        key = key or self.key
+        off, n = self.slot(seq)
+        lo = off - self.offset
+        sender = SendState(key, session_id=session_id or self.session_id, start=seq)
+        out = bytearray(n + TAG_LEN)
+        assert sender.seal_into(data[lo: lo + n], out, frame_type=FrameType.CHUNK, offset=off, length=n) == seq
+        return {"e": key.epoch if claim_epoch is None else claim_epoch, "s": seq, "o": off, "n": n}, bytes(out)
+
+
+@dataclass
+class Rig:
+    handle: DeviceHandle
+    client: DeviceClient
+    epoch: int = 0
+
+    def call(self, op: str, payload: bytes = b"", **args: Any) -> dict[str, Any]:
+        return self.client.call(op, payload, **args)[0]
+
+    def next_epoch(self) -> int:
+        self.epoch += 1
+        return self.epoch
+
+    def rejected(self) -> Counter[str]:
+        return Counter(self.call("stats")["rejected"])
+
+    def digest(self, offset: int, length: int) -> str:
+        return str(self.call("digest", offset=offset, length=length)["sha256"])
+
+    def handoff(self, offset: int, length: int, chunk_size: int, epoch: int | None = None) -> Window:
+        epoch = self.next_epoch() if epoch is None else epoch
+        head = self.call("handoff", epoch=epoch, offset=offset, length=length, chunk_size=chunk_size)
+        return Window(epoch, offset, length, chunk_size, DirectionKey.from_wire(head["provisioning_key"]),
+                      bytes.fromhex(head["session_id"]))
+
+    def close(self, w: Window) -> dict[str, Any]:
+        return self.call("close_window", epoch=w.epoch)
+
+    def close_any(self) -> None:
+        status = self.call("window_status")
+        if status["open"]:
+            self.call("close_window", epoch=status["epoch"])
+
+    def fill(self, w: Window, data: bytes) -> None:
+        """Provision the whole window with genuine chunks (all acknowledged)."""
+        with DataConn(self) as conn:
+            for seq in range(w.n_chunks):
+                conn.expect_ack(*w.seal(seq, data))
+
+    def alive(self) -> bool:
+        return self.handle.alive()
+
+
+def connect_client(handle: DeviceHandle, *, retry_s: float = 0.0) -> DeviceClient:
+    deadline = time.monotonic() + retry_s
+    while True:
+        client = DeviceClient(handle.socket_path, anchors=handle.anchors, timeout=30.0)
+        try:
+            client.connect()
+            return client
+        except DeviceError:
+            client.close()
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
+
+
+def stop_service(handle: DeviceHandle, client: DeviceClient | None) -> None:
+    try:
+        if client is not None and client.secrets is not None:
+            client.call("shutdown")
+    except Exception:  # noqa: BLE001 - teardown goes on whatever the service says
+        pass
+    finally:
+        if client is not None:
+            client.close()
+        handle.stop()
+        shutil.rmtree(os.path.dirname(handle.socket_path), ignore_errors=True)
+    assert not handle.alive()
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    handle = EmulatedPlatform(tmp_path_factory.mktemp("device-state"), allow_fault_injection=True).start(
+        buffer_bytes=BUFFER)
+    holder: list[Rig] = []
+    try:
+        holder.append(Rig(handle, connect_client(handle)))
+        holder[0].call("configure", _program())
+        yield holder[0]
+    finally:
+        stop_service(handle, holder[0].client if holder else None)
+
+
+@pytest.fixture(autouse=True)
+def _no_window_left_open(rig: Rig) -> Iterator[None]:
+    yield
+    if rig.alive():
+        rig.close_any()
+
+
+# --- the data path, by hand ----------------------------------------------------------------------
+class DataConn:
+    """A raw data connection: DATA_OPEN{session} -> DATA_READY, then frames answered one by one."""
+
+    def __init__(self, rig: Rig, session: str | None = "current", *, expect_ready: bool = True) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(10.0)
+        self.sock.connect(rig.handle.socket_path)
+        self.stream = self.sock.makefile("rb")
+        sid = rig.client.session_id.hex() if session == "current" else session
+        self.sock.sendall(encode_frame(FrameType.DATA_OPEN, {} if sid is None else {"session": sid}))
+        self.first = read_frame(self.stream)
+        if expect_ready:
+            assert self.first is not None and self.first.type is FrameType.DATA_READY, self.first
+
+    def __enter__(self) -> DataConn:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.stream.close()
+        self.sock.close()
+
+    def read(self) -> Frame | None:
+        """The next frame, or None when the service closed the connection."""
+        try:
+            return read_frame(self.stream)
+        except ConnectionResetError:
+            return None
+
+    def send(self, ftype: FrameType, header: dict[str, Any], payload: bytes = b"") -> Frame:
+        self.sock.sendall(encode_frame(ftype, header, payload))
+        frame = self.read()
+        assert frame is not None, "the service closed the data connection"
+        return frame
+
+    def expect_ack(self, header: dict[str, Any], payload: bytes) -> Frame:
+        frame = self.send(FrameType.CHUNK, header, payload)
+        assert frame.type is FrameType.ACK, frame
+        assert frame.header["s"] == header["s"] and frame.header["e"] == header["e"]
+        return frame
+
+    def expect_error(self, header: dict[str, Any], payload: bytes, code: str) -> Frame:
+        frame = self.send(FrameType.CHUNK, header, payload)
+        assert frame.type is FrameType.ERROR, frame
+        assert frame.header["code"] == code, frame.header
+        assert json.dumps(frame.header.get("s")) == json.dumps(header.get("s"))  # echoed as sent (NaN too)
+        return frame
+
+
+def flip(data: bytes, i: int) -> bytes:
+    b = bytearray(data)
+    b[i] ^= 0x01
+    return bytes(b)
+
+
+# --- 1. genuine chunks ---------------------------------------------------------------------------
+def test_genuine_chunks_are_acknowledged_and_land_as_plaintext(rig: Rig) -> None:
+    before = rig.rejected()
+    w = rig.handoff(offset=4096, length=1000, chunk_size=256)  # last chunk is partial (232 bytes)
+    data = plaintext(w.length, seed=1)
+    with DataConn(rig) as conn:
+        for seq in range(w.n_chunks):
+            ack = conn.expect_ack(*w.seal(seq, data))
+            assert ack.header["contiguous"] == seq + 1
+    assert rig.digest(w.offset, w.length) == sha(data)
+    report = rig.close(w)
+    assert (report["bytes"], report["chunks"], report["expected_chunks"]) == (1000, 4, 4)
+    assert report["complete"] is True and report["contiguous"] == 4
+    assert rig.rejected() == before
+
+
+# --- 2. tampered ciphertext ----------------------------------------------------------------------
+def test_tampered_ciphertext_is_refused_zeroed_and_does_not_consume_the_seq(rig: Rig) -> None:
+    old_w = rig.handoff(offset=8192, length=512, chunk_size=128)
+    old = plaintext(old_w.length, seed=2)
+    rig.fill(old_w, old)  # earlier content the attack could try to overwrite
+    rig.close(old_w)
+
+    device = rig.call("info")["device"]
+    before = rig.rejected()
+    w = rig.handoff(offset=8192, length=512, chunk_size=128)
+    data = plaintext(w.length, seed=3)
+    head, ct = w.seal(0, data)
+    off, n = w.slot(0)
+    with DataConn(rig) as conn:
+        conn.expect_error(head, flip(ct, 5), "tag")  # a flipped ciphertext bit flips that plaintext bit
+        assert rig.rejected() - before == Counter({"tag": 1})
+        # No unauthenticated plaintext stays behind: on the CPU path the range is zeroed, on the CUDA
+        # path it is decrypted into staging memory and the buffer keeps its old content.
+        got = rig.digest(off, n)
+        assert got not in (sha(flip(data[:n], 5)), sha(data[:n]))
+        if device == "cpu":
+            assert got == sha(bytes(n))
+        else:
+            assert got in (sha(bytes(n)), sha(old[:n]))
+
+        conn.expect_error(head, flip(ct, len(ct) - 1), "tag")  # tampered tag
+        assert rig.rejected() - before == Counter({"tag": 2})
+
+        for seq in range(w.n_chunks):  # seq 0 was not consumed by the failures
+            conn.expect_ack(*w.seal(seq, data))
+    assert rig.digest(w.offset, w.length) == sha(data)
+    report = rig.close(w)
+    assert report["complete"] is True and report["chunks"] == 4 and report["bytes"] == 512
+    assert rig.rejected() - before == Counter({"tag": 2})
+
+
+# --- 3. tampered AAD ------------------------------------------------------------------------------
+def test_tampered_aad_header_is_refused(rig: Rig) -> None:
+    """Moving a chunk to another legal slot:
+
+    * keeping its ``s`` but pointing ``o`` (and ``n``) at another slot is ``window``: the device
+      requires chunk ``s`` at exactly ``offset + s * chunk_size`` before any cryptography;
+    * moving ``s`` too, so the geometry is consistent, is ``tag``: seq, offset and length are in the
+      AAD, and seq is the nonce, so the tag no longer verifies (and slot 2 is not consumed).
+    Changing ``e`` is ``stale-epoch``: only the open window's epoch has a key.
+    """
+    before = rig.rejected()
+    w = rig.handoff(offset=12288, length=500, chunk_size=128)  # slots 0..2 of 128 bytes, slot 3 of 116
+    data = plaintext(w.length, seed=4)
+    head, ct = w.seal(1, data)
+    with DataConn(rig) as conn:
+        o2, n2 = w.slot(2)
+        conn.expect_error({**head, "o": o2}, ct, "window")
+        o3, n3 = w.slot(3)
+        conn.expect_error({**head, "o": o3, "n": n3}, ct, "window")
+        conn.expect_error({**head, "n": n3}, ct, "window")
+        assert rig.rejected() - before == Counter({"window": 3})
+
+        conn.expect_error({**head, "s": 2, "o": o2, "n": n2}, ct, "tag")
+        assert rig.rejected() - before == Counter({"window": 3, "tag": 1})
+
+        conn.expect_error({**head, "e": w.epoch + 1}, ct, "stale-epoch")
+        conn.expect_error({**head, "e": w.epoch - 1}, ct, "stale-epoch")
+        assert rig.rejected() - before == Counter({"window": 3, "tag": 1, "stale-epoch": 2})
+
+        for seq in range(w.n_chunks):  # neither slot 1 nor slot 2 was consumed
+            conn.expect_ack(*w.seal(seq, data))
+    assert rig.digest(w.offset, w.length) == sha(data)
+    report = rig.close(w)
+    assert report["complete"] is True and report["bytes"] == 500
+
+
+# --- 4. replay -------------------------------------------------------------------------------------
+def test_replayed_chunk_is_refused(rig: Rig) -> None:
+    before = rig.rejected()
+    w = rig.handoff(offset=16384, length=384, chunk_size=128)
+    data = plaintext(w.length, seed=5)
+    with DataConn(rig) as conn:
+        first = w.seal(0, data)
+        conn.expect_ack(*first)
+        conn.expect_error(*first, "replay")
+        assert rig.rejected() - before == Counter({"replay": 1})
+        conn.expect_ack(*w.seal(1, data))
+        conn.expect_ack(*w.seal(2, data))
+        conn.expect_error(*first, "replay")
+    assert rig.rejected() - before == Counter({"replay": 2})
+    assert rig.digest(w.offset, w.length) == sha(data)
+    report = rig.close(w)
+    assert report["chunks"] == 3 and report["bytes"] == 384 and report["complete"] is True
+
+
+# --- 5. reordering -------------------------------------------------------------------------------
+def test_reorder_inside_the_replay_window_is_accepted_and_far_behind_is_refused(rig: Rig) -> None:
+    before = rig.rejected()
+    w = rig.handoff(offset=65536, length=4200 * 16, chunk_size=16)  # 4200 chunks > the 4096-chunk window
+    data = plaintext(w.length, seed=6)
+    with DataConn(rig) as conn:
+        conn.expect_ack(*w.seal(4100, data))
+        conn.expect_ack(*w.seal(10, data))  # 4090 behind: inside the window
+        conn.expect_ack(*w.seal(5, data))  # 4095 behind: the window's last slot
+        conn.expect_error(*w.seal(4, data), "replay")  # 4096 behind: past the back edge
+        conn.expect_error(*w.seal(0, data), "replay")
+        conn.expect_ack(*w.seal(4199, data))  # the window slides on
+        conn.expect_error(*w.seal(10, data), "replay")
+    assert rig.rejected() - before == Counter({"replay": 3})
+    for seq in (4100, 10, 5, 4199):
+        off, n = w.slot(seq)
+        assert rig.digest(off, n) == sha(data[off - w.offset: off - w.offset + n])
+    report = rig.close(w)
+    assert report["chunks"] == 4 and report["bytes"] == 64 and report["complete"] is False
+    assert report["contiguous"] == 0
+
+
+# --- 6. stale epoch --------------------------------------------------------------------------------
+def test_a_closed_epochs_key_is_dead(rig: Rig) -> None:
+    old = rig.handoff(offset=20480, length=512, chunk_size=128)
+    data = plaintext(old.length, seed=7)
+    before = rig.rejected()
+    with DataConn(rig) as conn:
+        conn.expect_ack(*old.seal(0, data))
+        rig.close(old)
+        conn.expect_error(*old.seal(1, data), "stale-epoch")  # no window open at all
+        assert rig.rejected() - before == Counter({"stale-epoch": 1})
+        with pytest.raises(StaleEpochError):
+            rig.close(old)
+        with pytest.raises(StaleEpochError):  # an epoch is never reopened
+            rig.handoff(offset=20480, length=512, chunk_size=128, epoch=old.epoch)
+
+        new = rig.handoff(offset=20480, length=512, chunk_size=128)
+        assert new.epoch == old.epoch + 1 and new.key.fingerprint != old.key.fingerprint
+        conn.expect_error(*old.seal(1, data), "stale-epoch")  # the old key, honestly labelled
+        conn.expect_error(*old.seal(1, data, claim_epoch=new.epoch), "tag")  # the old key, claiming E+1
+        relabelled = replace(old.key, epoch=new.epoch)  # the old key material with E+1 in its AAD
+        conn.expect_error(*new.seal(1, data, key=relabelled), "tag")
+        assert rig.rejected() - before == Counter({"stale-epoch": 2, "tag": 2})
+
+        fresh = plaintext(new.length, seed=8)
+        for seq in range(new.n_chunks):  # nothing was consumed in the new window
+            conn.expect_ack(*new.seal(seq, fresh))
+    assert rig.digest(new.offset, new.length) == sha(fresh)
+    report = rig.close(new)
+    assert report["complete"] is True and report["chunks"] == 4
+
+
+# --- 7. writes outside the window ------------------------------------------------------------------
+def test_writes_outside_the_window_are_refused(rig: Rig) -> None:
+    rig.fill(rig.handoff(offset=0, length=BUFFER, chunk_size=65536), plaintext(BUFFER, seed=9))
+    rig.close_any()
+    outside = rig.digest(0, 24576), rig.digest(25600, BUFFER - 25600)
+
+    before = rig.rejected()
+    w = rig.handoff(offset=24576, length=1024, chunk_size=256)
+    data = plaintext(w.length, seed=10)
+    _, ct = w.seal(0, data)
+    end = w.offset + w.length
+    with DataConn(rig) as conn:
+        conn.expect_error({"e": w.epoch, "s": 4, "o": end, "n": 256}, ct, "window")  # beyond the window's end
+        conn.expect_error({"e": w.epoch, "s": 0, "o": 0, "n": 256}, ct, "window")  # before the window
+        conn.expect_error({"e": w.epoch, "s": -1, "o": w.offset - 256, "n": 256}, ct, "window")  # negative seq
+        conn.expect_error({"e": w.epoch, "s": 0, "o": -256, "n": 256}, ct, "window")  # negative offset
+        conn.expect_error({"e": w.epoch, "s": 3, "o": w.offset + 768, "n": 512}, ct, "window")  # past the end
+        conn.expect_error({"e": w.epoch, "s": 0, "o": w.offset, "n": 0}, ct[:TAG_LEN], "window")  # empty
+        conn.expect_error({"e": w.epoch, "s": 10**30, "o": BUFFER + 10**12, "n": 256}, ct, "window")
+        assert rig.rejected() - before == Counter({"window": 7})
+
+        # hand-off windows outside the buffer are typed errors; they change nothing
+        for offset, length in ((BUFFER - 100, 200), (-1, 100), (0, BUFFER + 1), (0, 0), (BUFFER, 1)):
+            with pytest.raises(WindowError):
+                rig.handoff(offset=offset, length=length, chunk_size=64)
+        with pytest.raises(DeviceError):
+            rig.handoff(offset=0, length=64, chunk_size=0)
+        assert rig.call("window_status")["epoch"] == w.epoch  # the open window survived the refusals
+
+        for seq in range(w.n_chunks):
+            conn.expect_ack(*w.seal(seq, data))
+    assert rig.digest(w.offset, w.length) == sha(data)
+    assert (rig.digest(0, 24576), rig.digest(25600, BUFFER - 25600)) == outside
+    assert rig.close(w)["complete"] is True
+    assert rig.rejected() - before == Counter({"window": 7})
+
+
+# --- 8. oversized and truncated frames --------------------------------------------------------------
+def test_oversized_frame_is_refused_and_the_connection_closes(rig: Rig) -> None:
+    before = rig.rejected()
+    for prefix in (PREFIX.pack(MAGIC, VERSION, int(FrameType.CHUNK), 2, MAX_PAYLOAD + 1),
+                   PREFIX.pack(MAGIC, VERSION, int(FrameType.CHUNK), MAX_HEADER + 1, 16)):
+        with DataConn(rig) as conn:
+            conn.sock.sendall(prefix)  # only the prefix: the service must not wait for 16 MiB
+            err = conn.read()
+            assert err is not None and err.type is FrameType.ERROR and err.header["code"] == "frame", err
+            assert conn.read() is None  # and it hangs up
+    assert rig.rejected() - before == Counter({"frame": 2})
+    assert rig.alive()
+
+
+def test_truncated_frame_is_counted_and_the_service_survives(rig: Rig) -> None:
+    w = rig.handoff(offset=28672, length=256, chunk_size=128)
+    data = plaintext(w.length, seed=11)
+    before = rig.rejected()
+    whole = encode_frame(FrameType.CHUNK, *w.seal(0, data))
+    for cut in (len(whole) - 5, 3):  # inside the payload; inside the prefix
+        with DataConn(rig) as conn:
+            conn.sock.sendall(whole[:cut])
+            conn.sock.shutdown(socket.SHUT_WR)  # the peer goes away mid-frame
+            err = conn.read()
+            assert err is not None and err.type is FrameType.ERROR and err.header["code"] == "frame", err
+            assert conn.read() is None
+    assert rig.rejected() - before == Counter({"frame": 2})
+
+    with DataConn(rig) as conn:  # a new data connection still works, nothing was consumed
+        # an unexpected frame type is refused (counted) but the link stays
+        assert conn.send(FrameType.SEALED, {}).header["code"] == "frame"
+        assert rig.rejected() - before == Counter({"frame": 3})
+        assert conn.send(FrameType.PING, {"t": 1}).type is FrameType.PONG
+        for seq in range(w.n_chunks):
+            conn.expect_ack(*w.seal(seq, data))
+    assert rig.digest(w.offset, w.length) == sha(data)
+    assert rig.close(w)["complete"] is True
+
+
+# --- 9. data connection for another session -----------------------------------------------------------
+@pytest.mark.parametrize("session", ["00" * 16, "not-hex", None])
+def test_data_open_with_a_wrong_session_is_refused(rig: Rig, session: str | None) -> None:
+    before = rig.rejected()
+    conn = DataConn(rig, session, expect_ready=False)
+    try:
+        assert conn.first is not None and conn.first.type is FrameType.ERROR, conn.first
+        assert conn.first.header["code"] == "stale-epoch"
+        assert conn.read() is None
+    finally:
+        conn.close()
+    # a refused connection is not a refused chunk: the counter is untouched
+    assert rig.rejected() == before
+
+
+def test_a_data_connection_must_start_with_data_open(rig: Rig) -> None:
+    w = rig.handoff(offset=32768, length=128, chunk_size=128)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(10.0)
+    sock.connect(rig.handle.socket_path)
+    try:
+        sock.sendall(encode_frame(FrameType.CHUNK, *w.seal(0, plaintext(128, seed=12))))
+        stream = sock.makefile("rb")
+        err = read_frame(stream)
+        assert err is not None and err.type is FrameType.ERROR and err.header["code"] == "frame"
+        stream.close()
+    finally:
+        sock.close()
+    assert rig.call("window_status")["chunks"] == 0
+
+
+# --- 10. one control session at a time ---------------------------------------------------------------
+def test_second_control_connection_is_refused_and_a_new_session_kills_old_keys(rig: Rig) -> None:
+    with pytest.raises(DeviceError, match="control session is active"):
+        connect_client(rig.handle)
+
+    w_old = rig.handoff(offset=36864, length=512, chunk_size=128)
+    data = plaintext(w_old.length, seed=13)
+    old_session = rig.client.session_id
+    old_conn = DataConn(rig)
+    try:
+        old_conn.expect_ack(*w_old.seal(0, data))
+        rig.client.close()
+        rig.client = connect_client(rig.handle, retry_s=10.0)  # the first has gone: a new session opens
+        assert rig.client.session_id != old_session
+        before = rig.rejected()
+
+        # the same epoch and geometry in the new session: the old key is still useless
+        w_new = rig.handoff(offset=36864, length=512, chunk_size=128, epoch=w_old.epoch)
+        assert w_new.key.fingerprint != w_old.key.fingerprint
+        old_conn.expect_error(*w_old.seal(1, data), "tag")  # over the old session's data connection
+
+        refused = DataConn(rig, old_session.hex(), expect_ready=False)
+        try:
+            assert refused.first is not None and refused.first.type is FrameType.ERROR
+            assert refused.first.header["code"] == "stale-epoch"
+        finally:
+            refused.close()
+
+        fresh = plaintext(w_new.length, seed=14)
+        with DataConn(rig) as conn:
+            conn.expect_error(*w_old.seal(1, data), "tag")
+            conn.expect_error(*w_new.seal(1, data, key=w_old.key, session_id=old_session), "tag")
+            assert rig.rejected() - before == Counter({"tag": 3})
+            for seq in range(w_new.n_chunks):
+                conn.expect_ack(*w_new.seal(seq, fresh))
+    finally:
+        old_conn.close()
+    assert rig.digest(w_new.offset, w_new.length) == sha(fresh)
+    assert rig.close(w_new)["complete"] is True
+    assert rig.rejected() - before == Counter({"tag": 3})
+
+
+# --- 11. fault injection ------------------------------------------------------------------------------------
+def test_tamper_model_changes_the_measured_model_digest(rig: Rig) -> None:
+    first = rig.call("measure")
+    assert rig.call("tamper", region="model") == {"tampered": "model"}
+    second = rig.call("measure")
+    assert second["model"] != first["model"] and second["code"] == first["code"]
+    assert second["measurement"] != first["measurement"]
+    assert rig.call("tamper", region="code") == {"tampered": "code"}
+    third = rig.call("measure")
+    assert third["code"] != second["code"] and third["model"] == second["model"]
+    with pytest.raises(DeviceError, match="unknown region"):
+        rig.call("tamper", region="buffer")
+
+
+def test_tamper_and_digest_are_refused_without_fault_injection(tmp_path_factory: pytest.TempPathFactory) -> None:
+    handle = EmulatedPlatform(tmp_path_factory.mktemp("plain-device")).start(buffer_bytes=4096)
+    client: DeviceClient | None = None
+    try:
+        client = connect_client(handle)
+        client.call("configure", _program())
+        measured = client.call("measure")[0]
+        for op, args in (("tamper", {"region": "model"}), ("tamper", {"region": "code"}),
+                         ("digest", {"offset": 0, "length": 16})):
+            with pytest.raises(DeviceError, match="fault injection is disabled"):
+                client.call(op, **args)
+        assert client.call("measure")[0] == measured
+    finally:
+        stop_service(handle, client)
+
+
+# --- 12. scrub ---------------------------------------------------------------------------------------------------
+def test_scrub_zeroes_the_whole_buffer_and_refuses_while_a_window_is_open(rig: Rig) -> None:
+    before = rig.rejected()
+    w = rig.handoff(offset=40960, length=4096, chunk_size=1024)
+    rig.fill(w, plaintext(w.length, seed=15))
+    with pytest.raises(DeviceError, match="window is open"):
+        rig.call("scrub")
+    assert rig.digest(w.offset, w.length) == sha(plaintext(w.length, seed=15))  # the refusal changed nothing
+    rig.close(w)
+    assert rig.digest(0, BUFFER) != sha(bytes(BUFFER))
+
+    report = rig.call("scrub")
+    assert report["verified"] is True and report["bytes"] == BUFFER
+    assert rig.digest(0, BUFFER) == sha(bytes(BUFFER))
+    assert rig.rejected() == before
+
+
+# --- 13. fuzzing the chunk header ----------------------------------------------------------------------------
+def test_random_chunks_are_all_refused_and_change_nothing(rig: Rig) -> None:
+    """Random (epoch, seq, offset, length, payload) against a half-provisioned window: every chunk
+    gets an ERROR of a known code, none an ACK, the service stays up, the window is unchanged.
+
+    The buffer is scrubbed first so the unprovisioned half is zeros: a chunk that reaches AES-GCM in a
+    free slot fails its tag, and the failure zeroes that slot, which must leave it as it was."""
+    rig.call("scrub")
+    w = rig.handoff(offset=49152, length=8 * 32 - 7, chunk_size=32)  # 8 slots, the last one 25 bytes
+    data = plaintext(w.length, seed=16)
+    conn = DataConn(rig)
+    for seq in range(4):
+        conn.expect_ack(*w.seal(seq, data))
+    window_digest = rig.digest(w.offset, w.length)
+    before = rig.rejected()
+    tally: Counter[str] = Counter()
+    state = {"conn": conn}
+
+    junk = st.one_of(st.none(), st.booleans(), st.text(max_size=4), st.floats(),
+                     st.integers(-(2**70), 2**70), st.lists(st.integers(), max_size=2))
+    near = st.integers(-1, w.epoch + 2)
+
+    @st.composite
+    def chunks(draw: st.DrawFn) -> tuple[dict[str, Any], bytes]:
+        mode = draw(st.sampled_from(["slot"] * 5 + ["geometry"] * 3 + ["junk"] * 2))
+        if mode == "slot":  # a real slot of the window, right-sized: reaches the replay check or AES-GCM
+            e = draw(st.one_of(st.just(w.epoch), st.just(w.epoch), near))
+            s = draw(st.integers(0, w.n_chunks - 1))
+            o, n = w.slot(s)
+            header: dict[str, Any] = {"e": e, "s": s, "o": o, "n": n}
+        elif mode == "geometry":  # integers anywhere around the window
+            header = {"e": draw(st.one_of(st.just(w.epoch), near)), "s": draw(st.integers(-2, w.n_chunks + 2)),
+                      "o": draw(st.integers(w.offset - 64, w.offset + w.length + 64)), "n": draw(st.integers(-1, 64))}
+        else:  # anything, with fields missing
+            header = {k: draw(st.one_of(st.integers(-2, 2**64), junk)) for k in "esno"}
+            for k in draw(st.lists(st.sampled_from("esno"), max_size=2)):
+                header.pop(k, None)
+        hn = header.get("n")
+        if type(hn) is int and 0 <= hn <= 64 and draw(st.integers(0, 3)):
+            size = hn + TAG_LEN
+        else:
+            size = draw(st.integers(0, 128))
+        return header, draw(st.binary(min_size=size, max_size=size))
+
+    @settings(max_examples=50, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(chunk=chunks())
+    def fuzz(chunk: tuple[dict[str, Any], bytes]) -> None:
+        header, payload = chunk
+        c = state["conn"]
+        c.sock.sendall(encode_frame(FrameType.CHUNK, header, payload))
+        frame = c.read()
+        if frame is None:  # tolerated only after an ERROR; the next example gets a new connection
+            c.close()
+            state["conn"] = DataConn(rig)
+            raise AssertionError(f"the service hung up without answering {header}")
+        assert frame.type is FrameType.ERROR, (header, frame)
+        assert frame.header["code"] in KNOWN_CODES, (header, frame.header)
+        tally[frame.header["code"]] += 1
+
+    try:
+        fuzz()
+    finally:
+        state["conn"].close()
+    assert rig.alive()
+    assert rig.rejected() - before == tally
+    assert 0 < tally.total() <= 50
+    assert rig.digest(w.offset, w.length) == window_digest
+    lo = 4 * w.chunk_size
+    assert window_digest == sha(data[:lo] + bytes(w.length - lo))
+    status = rig.call("window_status")
+    assert status["chunks"] == 4 and status["bytes"] == 4 * 32
+    report = rig.close(w)
+    assert report["chunks"] == 4 and report["complete"] is False
+
+
+@pytest.mark.parametrize("bad", [None, "x", [1], {"a": 1}, float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("field", ["e", "s", "o", "n"])
+def test_malformed_header_values_are_frame_errors(rig: Rig, field: str, bad: Any) -> None:
+    w = rig.handoff(offset=53248, length=128, chunk_size=128)
+    head, ct = w.seal(0, plaintext(128, seed=17))
+    before = rig.rejected()
+    with DataConn(rig) as conn:
+        conn.expect_error({**head, field: bad} if bad is not None else {k: v for k, v in head.items() if k != field},
+                          ct, "frame")
+        assert rig.rejected() - before == Counter({"frame": 1})
+        conn.expect_ack(head, ct)
