@@ -1,0 +1,85 @@
+"""``gputravel run`` and ``gputravel ledger verify`` as an operator runs them: separate processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WORDS = "to be or not that is the question whether tis nobler in mind suffer slings arrows".split()
+
+
+def gputravel(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "gputravel.console.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, subprocess.CompletedProcess[str]]:
+    root = tmp_path_factory.mktemp("cli")
+    data = root / "data"
+    for seed, holder in enumerate(("north", "south")):
+        rng = random.Random(seed)
+        (data / holder).mkdir(parents=True)
+        (data / holder / "text.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(12_000)))
+    out = root / "out"
+    proc = gputravel("run", "--data", str(data), "--holders", "2", "--rounds", "1", "--steps-per-visit", "2",
+                     "--batch-size", "4", "--seq-len", "32", "--chunk-kib", "16", "--buffer-mib", "0.25",
+                     "--out", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, json.loads(proc.stdout), proc
+
+
+def test_run_prints_a_json_report(finished_run: tuple[Path, dict, subprocess.CompletedProcess[str]]) -> None:
+    out, report, proc = finished_run
+    assert report["platform"]["kind"] == "emulated"
+    assert report["platform"]["sim"] is True
+    assert report["attestation"]["ok"] is True
+    visits = report["visits"]
+    assert [v["holder"] for v in visits] == ["north", "south"]
+    for v in visits:
+        assert v["outcome"] == "done"
+        assert isinstance(v["epoch"], int) and v["epoch"] > 0
+        assert isinstance(v["key_fingerprint"], str) and len(v["key_fingerprint"]) >= 8
+        assert v["bytes"] > 0
+        assert v["provision_s"] > 0 and v["train_s"] > 0
+        assert v["integrity_ok"] is True and v["scrub_verified"] is True
+    assert len({v["epoch"] for v in visits}) == len({v["key_fingerprint"] for v in visits}) == 2
+    training = report["training"]
+    for name in ("loss_first", "loss_last", "val_loss"):
+        assert isinstance(training[name], float), name
+    assert training["steps"] == 4
+    assert report["ledger"]["path"] == str(out / "ledger.db")
+    assert report["ledger"]["verified"] is True
+    assert report["failed_visits"] == 0
+    assert "SIM" in proc.stderr  # the progress view on stderr says the GPU is emulated
+
+
+def test_ledger_verify_passes_then_names_a_changed_row(
+        finished_run: tuple[Path, dict, subprocess.CompletedProcess[str]]) -> None:
+    out, report, _ = finished_run
+    db = out / "ledger.db"
+    ok = gputravel("ledger", "verify", str(db))
+    assert ok.returncode == 0, ok.stderr
+    assert "intact" in ok.stdout and f"{report['ledger']['rows']} rows" in ok.stdout
+
+    with sqlite3.connect(db) as con:
+        seq, detail = con.execute(
+            "SELECT seq, detail FROM events WHERE kind = 'visit-completed' ORDER BY seq LIMIT 1").fetchone()
+        i = detail.index('"visit":0') + len('"visit":')
+        changed = detail[:i] + "1" + detail[i + 1:]  # one byte of one stored field
+        assert len(changed) == len(detail) and changed != detail
+        con.execute("UPDATE events SET detail = ? WHERE seq = ?", (changed, seq))
+    con.close()
+
+    broken = gputravel("ledger", "verify", str(db))
+    assert broken.returncode == 8, broken.stdout + broken.stderr
+    assert f"row {seq}" in broken.stderr
+    assert "hash mismatch" in broken.stderr

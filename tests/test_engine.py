@@ -1,0 +1,458 @@
+"""The travel engine end to end: real device service, real agents, faults and operator controls.
+
+Every run here is tiny (2 holders of ~90 KB, 16 KiB chunks, a 0.25 MiB buffer, batch 4 x 32 tokens)
+so the whole file stays well under a minute or two on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gputravel.console import cli
+from gputravel.core import api
+from gputravel.core import events as ev
+from gputravel.core.api import build_engine, resolve_holder_dirs
+from gputravel.core.config import RunSettings
+from gputravel.core.errors import AttestationError, CancelledRunError, ConfigError, DataError
+from gputravel.core.ledger import LedgerRow, read_rows, verify_ledger
+from gputravel.core.travel import holders as holders_mod
+from gputravel.core.travel.engine import TravelEngine
+from gputravel.core.travel.holders import LocalHolderLink
+from gputravel.core.travel.phases import Phase
+
+WORDS = "the quick brown fox jumps over a lazy dog while cat and bird sat on the warm mat".split()
+
+
+# --- fixtures and helpers ------------------------------------------------------------------------
+def write_holder(folder: Path, seed: int, n_words: int = 16_000) -> None:
+    rng = random.Random(seed)
+    folder.mkdir(parents=True)
+    (folder / "part.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(n_words)) + "\n")
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two holders, ~85 KB of repetitive text each: one 0.25 MiB buffer pass, 6 chunks of 16 KiB."""
+    root = tmp_path_factory.mktemp("data")
+    write_holder(root / "alice", 1)
+    write_holder(root / "bob", 2)
+    return root
+
+
+def small(data: Path, out: Path, **kw: Any) -> RunSettings:
+    base: dict[str, Any] = dict(holders=2, rounds=1, steps_per_visit=2, batch_size=4, seq_len=32, chunk_kib=16,
+                                buffer_mib=0.25, data_dir=data, out_dir=out, allow_fault_injection=True)
+    base.update(kw)
+    return RunSettings(**base)
+
+
+def local_links(settings: RunSettings) -> dict[str, LocalHolderLink]:
+    return {name: LocalHolderLink(name, path, val_fraction=settings.val_fraction)
+            for name, path in resolve_holder_dirs(settings)}
+
+
+@contextlib.asynccontextmanager
+async def started(settings: RunSettings, links: list[LocalHolderLink] | None = None) -> AsyncIterator[TravelEngine]:
+    """``build_engine`` plus the clean-up ``api.run`` does, so a test can reach the engine itself."""
+    engine = await asyncio.to_thread(build_engine, settings, links=links)
+    try:
+        yield engine
+    finally:
+        try:
+            if engine.handle.alive() and engine.client.secrets:
+                await asyncio.to_thread(engine.client.call, "shutdown")
+        except Exception:  # noqa: BLE001 - the device may already be gone
+            pass
+        engine.client.close()
+        engine.handle.stop()
+        engine.ledger.close()
+
+
+def rows_of(out: Path, kind: str | None = None) -> list[LedgerRow]:
+    rows = read_rows(out / "ledger.db")
+    return [r for r in rows if kind is None or r.kind == kind]
+
+
+def _children() -> list[str]:
+    """Live (non-zombie) gputravel processes whose parent is this test process."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if int(stat[1]) == os.getpid() and stat[0] != "Z" and "gputravel" in cmd:
+            found.append(f"{d.name}: {cmd}")
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes() -> Any:
+    yield
+    deadline = time.monotonic() + 5
+    while _children() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _children() == [], "device service or agent processes outlived the run"
+
+
+def run_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """``gputravel ARGS`` in-process through ``cli.main`` (so exit codes map exactly as installed)."""
+    monkeypatch.setattr(sys, "argv", ["gputravel", *args])
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    out, err = capsys.readouterr()
+    code = info.value.code
+    return (code if isinstance(code, int) else 0), out, err
+
+
+def flat(text: str) -> str:
+    """Text without whitespace: rich wraps long paths across lines."""
+    return "".join(text.split())
+
+
+# --- 1. the happy path ---------------------------------------------------------------------------
+async def test_full_run_trains_every_visit_and_never_records_a_key(data_root: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    keys: list[bytes] = []
+    original = holders_mod.FramedHolderLink.provision
+
+    async def recording(self: Any, handoff: Any, **kw: Any) -> Any:
+        keys.append(bytes.fromhex(handoff.key["key"]))
+        return await original(self, handoff, **kw)
+
+    monkeypatch.setattr(holders_mod.FramedHolderLink, "provision", recording)
+    events: list[ev.Event] = []
+    out = tmp_path / "run"
+    report = await api.run(small(data_root, out, rounds=2, steps_per_visit=10), sinks=[events.append])
+
+    visits = report["visits"]
+    assert [v["holder"] for v in visits] == ["alice", "bob", "alice", "bob"]
+    assert all(v["outcome"] == "done" for v in visits), visits
+    assert all(v["integrity_ok"] and v["scrub_verified"] for v in visits)
+    assert all(v["bytes"] > 0 and v["chunks"] >= 5 for v in visits)
+    assert len({v["epoch"] for v in visits}) == 4
+    assert len({v["key_fingerprint"] for v in visits}) == 4
+    assert report["failed_visits"] == 0
+    training = report["training"]
+    assert training["steps"] == 40
+    assert training["loss_last"] < training["loss_first"] - 0.5, training
+    assert visits[-1]["loss_last"] < visits[0]["loss_first"]
+    assert report["ledger"]["verified"] is True
+    assert verify_ledger(out / "ledger.db").ok
+
+    completed = rows_of(out, "visit-completed")
+    assert [r.detail["visit"] for r in completed] == [0, 1, 2, 3]
+    assert [r.key_fp for r in completed] == [v["key_fingerprint"] for v in visits]
+    assert [r.kind for r in rows_of(out)][-1] == "run-completed"
+    kinds = Counter(type(e).__name__ for e in events)
+    assert kinds["VisitCompleted"] == 4 and kinds["RunCompleted"] == 1 and kinds["VisitFailed"] == 0
+
+    # no provisioning key, in hex or raw, anywhere in the run folder, the report or the events
+    assert len(keys) == 4 and len(set(keys)) == 4
+    (out / "report.json").write_text(json.dumps(report))
+    (out / "events.json").write_text(json.dumps([e.to_dict() for e in events], default=str))
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert any(p.name == "ledger.db" for p in files)
+    assert any(p.parent.name == "checkpoints" for p in files)
+    for path in files:
+        blob = path.read_bytes()
+        for key in keys:
+            for needle in (key, key.hex().encode(), key.hex().upper().encode()):
+                assert needle not in blob, f"key material in {path}"
+
+
+# --- 2. a chunk corrupted on the wire ------------------------------------------------------------
+async def test_chunk_tampered_on_the_wire_is_rejected_and_retransmitted(data_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    settings = small(data_root, out)
+    links = local_links(settings)
+    links["alice"].tamper_on_wire = {0}
+    rejected: list[ev.ChunkRejected] = []
+    report = await api.run(settings, links=list(links.values()),
+                           sinks=[lambda e: rejected.append(e) if isinstance(e, ev.ChunkRejected) else None])
+
+    first, second = report["visits"]
+    assert first["outcome"] == "done" and first["integrity_ok"] and first["scrub_verified"]
+    assert first["rejected"] == {"tag": 1}
+    assert first["retransmits"] == 1
+    assert second["outcome"] == "done" and second["rejected"] == {}
+    assert report["provisioning"]["rejected"] == {"tag": 1}
+    assert [(e.holder, e.seq, e.code) for e in rejected] == [("alice", 0, "tag")]
+    rows = rows_of(out, "chunk-rejected")
+    assert len(rows) == 1
+    assert (rows[0].holder, rows[0].outcome, rows[0].detail["seq"], rows[0].epoch) == ("alice", "tag", 0, 1)
+    assert report["ledger"]["verified"]
+
+
+# --- 3. the holder agent dies mid-transfer -------------------------------------------------------
+async def test_agent_killed_mid_transfer_fails_the_visit_scrubs_and_the_run_goes_on(data_root: Path,
+                                                                                    tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    settings = small(data_root, out, rounds=2)
+    links = local_links(settings)
+    links["alice"].kill_after_chunks = 1
+    report = await api.run(settings, links=list(links.values()))
+
+    v0, v1, v2, v3 = report["visits"]
+    assert (v0["outcome"], v0["failed_phase"]) == ("failed", "PROVISION")
+    assert v0["scrub_verified"] is True and v0["integrity_ok"] is False and v0["loss_first"] is None
+    assert "agent" in v0["error"]
+    # the next visit proceeds, and the restarted agent serves alice's next visit
+    assert [v["outcome"] for v in (v1, v2, v3)] == ["done", "done", "done"]
+    assert v2["holder"] == "alice" and v2["bytes"] > 0
+    assert len({v["epoch"] for v in report["visits"]}) == 4
+    assert report["failed_visits"] == 1
+
+    failed = rows_of(out, "visit-failed")
+    assert len(failed) == 1
+    row = failed[0]
+    assert (row.holder, row.phase, row.outcome) == ("alice", "PROVISION", "agent")
+    assert row.detail["visit"] == 0 and row.detail["scrub_verified"] is True
+    assert "restored_checkpoint" not in row.detail  # the model was never at risk
+    assert [r.detail["visit"] for r in rows_of(out, "visit-completed")] == [1, 2, 3]
+    assert rows_of(out, "run-completed")[0].outcome == "partial"
+    assert report["ledger"]["verified"]
+
+
+def test_cli_exits_9_when_some_visits_failed(data_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    original_init = LocalHolderLink.__init__
+
+    def init(self: LocalHolderLink, name: str, *a: Any, **kw: Any) -> None:
+        original_init(self, name, *a, **kw)
+        if name == "bob":
+            self.kill_after_chunks = 2
+
+    monkeypatch.setattr(LocalHolderLink, "__init__", init)
+    out = tmp_path / "run"
+    code, stdout, _err = run_cli(monkeypatch, capsys, "run", "--data", str(data_root), "--holders", "2",
+                                 "--rounds", "1", "--steps-per-visit", "2", "--batch-size", "4", "--seq-len", "32",
+                                 "--chunk-kib", "16", "--buffer-mib", "0.25", "--out", str(out), "--json")
+    assert code == 9
+    report = json.loads(stdout)
+    assert [v["outcome"] for v in report["visits"]] == ["done", "failed"]
+    assert report["visits"][1]["failed_phase"] == "PROVISION"
+    assert report["failed_visits"] == 1 and report["ledger"]["verified"]
+
+
+# --- 4. integrity mismatch -----------------------------------------------------------------------
+async def test_integrity_mismatch_fails_the_visit_and_restores_the_last_good_checkpoint(data_root: Path,
+                                                                                       tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    seen: dict[str, Any] = {}
+    async with started(small(data_root, out)) as engine:
+        engine.fault["VERIFY"] = lambda e: e.client.call("tamper", region="model")
+
+        def on_failed(event: ev.Event) -> None:
+            if isinstance(event, ev.VisitFailed):  # emitted after the restore: compare device and checkpoint
+                head, _ = engine.client.call("measure")
+                seen["device_model"] = head["model"]
+                seen["ckpt_seq"] = engine.last_good_ckpt
+                seen["ckpt_model"] = engine.ckpt.load(engine.last_good_ckpt)["model_digest"]
+                seen["event"] = event
+
+        engine.sinks.append(on_failed)
+        report = await engine.run()
+
+    v0, v1 = report["visits"]
+    assert (v0["outcome"], v0["failed_phase"]) == ("failed", "VERIFY")
+    assert v0["integrity_ok"] is False and v0["scrub_verified"] is True and v0["loss_first"] is None
+    assert "model region changed" in v0["error"]
+    assert seen["event"].code == "integrity"
+    assert seen["ckpt_seq"] == 0
+    assert seen["device_model"] == seen["ckpt_model"]
+    # the next visit's ATTEST measurement passes against the restored model, and it trains
+    assert v1["outcome"] == "done" and v1["integrity_ok"] and v1["loss_first"] is not None
+    failed = rows_of(out, "visit-failed")
+    assert len(failed) == 1
+    assert (failed[0].phase, failed[0].outcome) == ("VERIFY", "integrity")
+    assert failed[0].detail["restored_checkpoint"] == 0
+    assert failed[0].detail["scrub_verified"] is True
+    assert report["ledger"]["verified"]
+
+
+# --- 5. operator controls ------------------------------------------------------------------------
+async def next_event(q: asyncio.Queue[ev.Event], kind: type[ev.Event], timeout: float = 60) -> Any:
+    async with asyncio.timeout(timeout):
+        while True:
+            event = await q.get()
+            if isinstance(event, kind):
+                return event
+
+
+async def wait_until(cond: Callable[[], bool], timeout: float = 30) -> None:
+    async with asyncio.timeout(timeout):
+        while not cond():
+            await asyncio.sleep(0.01)
+
+
+def drain(q: asyncio.Queue[ev.Event]) -> list[ev.Event]:
+    items = []
+    while not q.empty():
+        items.append(q.get_nowait())
+    return items
+
+
+async def test_breakpoint_step_and_resume(data_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    async with started(small(data_root, out, breakpoints=("HANDOFF",))) as engine:
+        q = engine.subscribe()
+        task = asyncio.create_task(engine.run())
+        try:
+            paused = await next_event(q, ev.RunPaused)
+            assert (paused.reason, paused.next_phase) == ("breakpoint", "HANDOFF")
+            assert engine.control.paused and engine.control.paused_at == Phase.HANDOFF
+            before = drain(q)
+            assert not any(isinstance(e, ev.PhaseStarted) and e.phase == "HANDOFF" for e in before)
+            await asyncio.sleep(0.2)  # paused means paused
+            assert not any(isinstance(e, ev.PhaseStarted) for e in drain(q))
+
+            engine.control.step()  # exactly one phase: HANDOFF, then pause before PROVISION
+            await wait_until(lambda: engine.control.paused_at == Phase.PROVISION)
+            started_phases = [e.phase for e in drain(q) if isinstance(e, ev.PhaseStarted)]
+            assert started_phases == ["HANDOFF"]
+            await asyncio.sleep(0.2)
+            assert not any(isinstance(e, ev.PhaseStarted) for e in drain(q))
+
+            engine.control.resume()  # visit 0 finishes; the breakpoint stops visit 1 before its HANDOFF
+            paused = await next_event(q, ev.RunPaused)
+            assert paused.next_phase == "HANDOFF" and engine.control.paused_at == Phase.HANDOFF
+            assert engine.records[0].outcome == "done"
+            assert engine.control.toggle_breakpoint(Phase.HANDOFF) is False  # cleared
+            engine.control.resume()
+            report = await asyncio.wait_for(task, 60)
+        finally:
+            if not task.done():
+                engine.control.cancel()
+                with contextlib.suppress(Exception):
+                    await task
+    assert [v["outcome"] for v in report["visits"]] == ["done", "done"]
+    assert report["ledger"]["verified"]
+
+
+async def test_cancel_during_a_pause_ends_the_run_and_scrubs_the_partial_buffer(data_root: Path,
+                                                                                tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    async with started(small(data_root, out, breakpoints=("TRAIN",))) as engine:
+        q = engine.subscribe()
+        task = asyncio.create_task(engine.run())
+        paused = await next_event(q, ev.RunPaused)
+        assert paused.next_phase == "TRAIN" and engine.control.paused_at == Phase.TRAIN
+        assert engine.records[0].bytes > 0  # the holder's data sits in the buffer
+        engine.control.cancel()
+        with pytest.raises(CancelledRunError):
+            await asyncio.wait_for(task, 60)
+        events = drain(q)
+    assert any(isinstance(e, ev.RunFailed) and e.code == "cancelled" for e in events)
+    assert not any(isinstance(e, ev.PhaseStarted) and e.phase == "TRAIN" for e in events)
+    assert engine.records[0].outcome == "cancelled"
+    cancelled = rows_of(out, "visit-cancelled")
+    assert len(cancelled) == 1
+    assert cancelled[0].holder == "alice" and cancelled[0].outcome == "cancelled"
+    assert cancelled[0].detail["scrub_verified"] is True
+    assert rows_of(out)[-1].kind == "run-failed" and rows_of(out)[-1].outcome == "cancelled"
+    assert rows_of(out, "visit-completed") == []
+    assert verify_ledger(out / "ledger.db").ok
+
+
+# --- 6. resume -----------------------------------------------------------------------------------
+async def test_resume_continues_a_cancelled_run_without_repeating_visits(data_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    settings = small(data_root, out, rounds=2)
+    async with started(settings) as engine:
+        def cancel_after_first(event: ev.Event) -> None:
+            if isinstance(event, ev.VisitCompleted) and event.visit == 0:
+                engine.control.cancel()
+
+        engine.sinks.append(cancel_after_first)
+        with pytest.raises(CancelledRunError):
+            await engine.run()
+    assert [r.detail["visit"] for r in rows_of(out, "visit-completed")] == [0]
+
+    with pytest.raises(ConfigError, match="already holds a run"):
+        await api.run(settings)
+
+    report = await api.run(small(data_root, out, rounds=2, resume=True))
+    outcomes = [v["outcome"] for v in report["visits"]]
+    assert outcomes == ["done (earlier run)", "done", "done", "done"]
+    assert report["visits"][0]["loss_first"] is None  # not trained again
+    assert report["failed_visits"] == 0
+    assert report["training"]["steps"] == 8  # the counter continues from the checkpoint
+    per_visit = Counter(r.detail["visit"] for r in rows_of(out, "visit-completed"))
+    assert per_visit == {0: 1, 1: 1, 2: 1, 3: 1}
+    assert len({r.run_id for r in rows_of(out)}) == 2
+    assert len(rows_of(out, "resumed")) == 1
+    epochs = [r.epoch for r in rows_of(out, "visit-completed")]
+    assert len(set(epochs)) == 4  # a resumed run never reuses an epoch
+    assert report["ledger"]["verified"] and verify_ledger(out / "ledger.db").ok
+
+
+# --- 7. bad input at the edges -------------------------------------------------------------------
+@pytest.fixture
+def bad_data(tmp_path: Path) -> dict[str, tuple[Path, Path]]:
+    """name -> (the --data folder, the path the error must name)."""
+    flat_dir = tmp_path / "flat"
+    flat_dir.mkdir()
+    (flat_dir / "notes.md").write_text("no holder folders here\n")
+    mixed = tmp_path / "mixed"
+    write_holder(mixed / "alice", 1, 200)
+    write_holder(mixed / "bob", 2, 200)
+    (mixed / "bob" / "tokens.bin").write_bytes(b"\0" * 1024)
+    empty = tmp_path / "empty"
+    write_holder(empty / "alice", 1, 200)
+    (empty / "bob").mkdir()
+    return {"no subfolders": (flat_dir, flat_dir), "mixed formats": (mixed, mixed / "bob"),
+            "empty holder": (empty, empty / "bob")}
+
+
+@pytest.mark.parametrize("case", ["no subfolders", "mixed formats", "empty holder"])
+async def test_malformed_data_folder_is_a_data_error(case: str, bad_data: dict[str, tuple[Path, Path]],
+                                                     tmp_path: Path) -> None:
+    data, culprit = bad_data[case]
+    with pytest.raises(DataError) as info:
+        await api.run(small(data, tmp_path / "out"))
+    assert str(culprit) in str(info.value)
+
+
+@pytest.mark.parametrize("case", ["no subfolders", "mixed formats", "empty holder"])
+def test_cli_malformed_data_folder_exits_2_naming_the_path(case: str, bad_data: dict[str, tuple[Path, Path]],
+                                                           tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    data, culprit = bad_data[case]
+    code, _out, err = run_cli(monkeypatch, capsys, "run", "--data", str(data), "--holders", "2",
+                              "--out", str(tmp_path / "out"))
+    assert code == 2, err
+    assert str(culprit) in flat(err)
+
+
+async def test_device_in_devtools_mode_fails_attestation(data_root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    with pytest.raises(AttestationError, match="devtools"):
+        await api.run(small(data_root, out, cc_mode="devtools"))
+    rows = rows_of(out)
+    assert [r.kind for r in rows] == ["run-failed"]
+    assert rows[0].outcome == "attestation"
+    assert rows_of(out, "holder-connected") == []  # no holder ever saw a key or the buffer
+
+
+def test_cli_devtools_device_exits_3(data_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    code, _out, err = run_cli(monkeypatch, capsys, "run", "--data", str(data_root), "--holders", "2",
+                              "--cc-mode", "devtools", "--out", str(tmp_path / "run"))
+    assert code == 3, err
+    assert "devtools" in err
