@@ -19,22 +19,25 @@ import argparse
 import hashlib
 import os
 import queue
+import socket
 import struct
 import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from gputravel.core.protocol import (
     TAG_LEN,
     DirectionKey,
     FrameType,
     SendState,
+    encode_frame,
     read_frame,
     write_frame,
 )
 from gputravel.core.protocol.errors import DataError, GpuTravelError
+from gputravel.core.protocol.frames import frame_head
 
 AGENT_VERSION = "1"
 LLMC_MAGIC = 20240520
@@ -43,14 +46,42 @@ MAX_IN_FLIGHT = 32
 MAX_RETRANSMITS = 3
 
 
-def agent_sha256() -> str:
-    """Hash of the agent's own code (this file and the protocol package), for the deployer's check."""
-    here = Path(__file__).resolve()
-    files = [here] + sorted((here.parent.parent / "core" / "protocol").glob("*.py"))
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f.name.encode() + b"\0" + f.read_bytes())
+#: The files of the agent bundle, relative to the ``gputravel`` package root: the agent and the
+#: protocol it speaks, nothing else.
+BUNDLE_FILES: tuple[str, ...] = (
+    "__init__.py",
+    "core/__init__.py",
+    "core/protocol/__init__.py",
+    "core/protocol/cipher.py",
+    "core/protocol/errors.py",
+    "core/protocol/frames.py",
+    "core/protocol/keys.py",
+    "agents/__init__.py",
+    "agents/holder.py",
+)
+
+
+def digest_files(files: list[tuple[str, bytes]]) -> str:
+    """SHA-256 over (relative path, length, contents) of each file, in path order."""
+    h = hashlib.sha256(b"gputravel-bundle-v1")
+    for rel, data in sorted(files):
+        h.update(rel.encode() + b"\0" + len(data).to_bytes(8, "big") + data)
     return h.hexdigest()
+
+
+def package_root() -> Path:
+    """The folder that is the ``gputravel`` package (the repository root in a checkout)."""
+    return Path(__file__).resolve().parent.parent
+
+
+def bundle_contents(root: Path | None = None) -> list[tuple[str, bytes]]:
+    base = root or package_root()
+    return [(f"gputravel/{rel}", (base / rel).read_bytes()) for rel in BUNDLE_FILES]
+
+
+def agent_sha256() -> str:
+    """Hash of the agent's own bundle, as the deployer computes it before upload."""
+    return digest_files(bundle_contents())
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,9 +246,22 @@ class Agent:
         n_chunks = (total + cs - 1) // cs
         start = int(h.get("resume_from", 0))
         sender = SendState(key, session_id=session, start=start)
+        endpoint = h.get("data_endpoint")
+        device = _DeviceSocket(endpoint, session, self._inbox) if endpoint else None
+        send_chunk = device.send if device else (lambda head, ct: self.send(FrameType.CHUNK, head, ct))
+        try:
+            self._provision_loop(h, sender, send_chunk, device is not None, epoch=epoch, base=base, cs=cs,
+                                 total=total, n_chunks=n_chunks, start=start)
+        finally:
+            if device:
+                device.close()
+
+    def _provision_loop(self, h: dict, sender: SendState, send_chunk: Any, direct: bool, *, epoch: int, base: int,
+                        cs: int, total: int, n_chunks: int, start: int) -> None:
         sealed: dict[int, tuple[dict, bytearray]] = {}
         acked: set[int] = set(range(start))
         retransmits = 0
+        unreported = 0
         out = bytearray(cs + TAG_LEN)
         seq = start
         while len(acked) < n_chunks:
@@ -230,7 +274,7 @@ class Agent:
                 assert got == seq
                 head = {"e": epoch, "s": seq, "o": base + lo, "n": n}
                 sealed[seq] = (head, bytearray(buf[: n + TAG_LEN]))
-                self.send(FrameType.CHUNK, head, sealed[seq][1])
+                send_chunk(head, sealed[seq][1])
                 seq += 1
             frame = self._inbox.get()
             if frame is None or isinstance(frame, Exception):
@@ -239,7 +283,14 @@ class Agent:
                 s = int(frame.header["s"])
                 acked.add(s)
                 sealed.pop(s, None)
+                if direct:
+                    unreported += 1
+                    if unreported >= 8 or len(acked) == n_chunks:
+                        self.send(FrameType.ACK, {"s": s, "n": unreported})
+                        unreported = 0
             elif frame.type is FrameType.ERROR and frame.header.get("s") is not None:
+                if direct:
+                    self.send(FrameType.ERROR, frame.header)
                 s = int(frame.header["s"])
                 if frame.header.get("code") == "replay":  # already in the buffer: an acknowledgement was lost
                     acked.add(s)
@@ -251,13 +302,55 @@ class Agent:
                                          code=str(frame.header.get("code")))
                 retransmits += 1
                 head, ct = sealed[s]
-                self.send(FrameType.CHUNK, head, ct)
+                send_chunk(head, ct)
             elif frame.type is FrameType.BYE:
                 raise GpuTravelError("orchestrator ended the hand-off")
             elif frame.type is FrameType.PING:
                 self.send(FrameType.PONG, frame.header)
         self.send(FrameType.DONE, {"epoch": epoch, "chunks": n_chunks - start, "bytes": total,
                                    "retransmits": retransmits})
+
+
+class _DeviceSocket:
+    """The direct path: a data connection from the agent to the device's data port."""
+
+    def __init__(self, endpoint: dict, session: bytes, inbox: queue.Queue) -> None:
+        try:
+            self.sock = socket.create_connection((str(endpoint["host"]), int(endpoint["port"])), timeout=30)
+        except OSError as exc:
+            raise GpuTravelError(f"cannot reach the device data port {endpoint}: {exc}", code="agent") from None
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.settimeout(None)
+        self.stream = self.sock.makefile("rb", buffering=1 << 16)
+        self.sock.sendall(encode_frame(FrameType.DATA_OPEN, {"session": session.hex()}))
+        ready = read_frame(self.stream)
+        if ready is None or ready.type is not FrameType.DATA_READY:
+            reason = ready.header.get("reason") if ready else "closed"
+            raise GpuTravelError(f"the device refused the data connection: {reason}", code="agent")
+        self.inbox = inbox
+        threading.Thread(target=self._reader, daemon=True).start()
+
+    def _reader(self) -> None:
+        try:
+            while True:
+                frame = read_frame(self.stream)
+                if frame is None:
+                    return
+                self.inbox.put(frame)
+        except (GpuTravelError, OSError, ValueError):
+            return
+
+    def send(self, head: dict, payload: bytes | bytearray | memoryview) -> None:
+        self.sock.sendall(frame_head(FrameType.CHUNK, head, len(payload)))
+        self.sock.sendall(payload)
+
+    def close(self) -> None:
+        try:
+            self.sock.sendall(encode_frame(FrameType.BYE, {}))
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
 
 
 def main(argv: list[str] | None = None) -> int:

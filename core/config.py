@@ -31,6 +31,9 @@ class RunSettings:
     torch_threads: int = 0
     allow_fault_injection: bool = False
     breakpoints: tuple[str, ...] = field(default_factory=tuple)
+    transport: str = "local"  # "local" (agent subprocess), "ssh" (embedded loopback server), "inventory"
+    holders_file: Path | None = None
+    data_path: str = "channel"  # "channel": chunks ride the holder link; "direct": agent -> device data port
 
     def __post_init__(self) -> None:
         checks = [
@@ -43,6 +46,8 @@ class RunSettings:
             (0 < self.val_share < 0.5, "val-share must be in (0, 0.5)"),
             (self.batch_size >= 1 and self.seq_len >= 8, "batch-size >= 1 and seq-len >= 8"),
             (self.cc_mode in ("on", "off", "devtools"), "cc-mode is on, off or devtools"),
+            (self.transport in ("local", "ssh", "inventory"), "transport is local, ssh or inventory"),
+            (self.data_path in ("channel", "direct"), "data path is channel or direct"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -63,8 +68,9 @@ class RunSettings:
         if unknown:
             raise ConfigError(f"unknown settings: {', '.join(sorted(unknown))}")
         d = {**data, **overrides}
-        if d.get("data_dir") is not None:
-            d["data_dir"] = Path(d["data_dir"])
+        for key in ("data_dir", "holders_file"):
+            if d.get(key) is not None:
+                d[key] = Path(d[key])
         d["out_dir"] = Path(d["out_dir"])
         d["breakpoints"] = tuple(d.get("breakpoints", ()))
         return cls(**d)
@@ -72,6 +78,7 @@ class RunSettings:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["data_dir"] = str(self.data_dir) if self.data_dir else None
+        d["holders_file"] = str(self.holders_file) if self.holders_file else None
         d["out_dir"] = str(self.out_dir)
         d["breakpoints"] = list(self.breakpoints)
         return d

@@ -11,6 +11,7 @@ from gputravel.core.protocol.errors import (  # noqa: F401
     GpuTravelError,
     IntegrityError,
     LedgerError,
+    LinkLostError,
     NonceExhaustedError,
     ProtocolError,
     ReplayError,

@@ -44,6 +44,24 @@ class HolderConnected(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class HolderStateChanged(Event):
+    """connecting -> deploying -> verified(hash) -> ready -> provisioning -> returned / failed / offline."""
+
+    holder: str
+    state: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProvisionResumed(Event):
+    visit: int
+    holder: str
+    epoch: int
+    resume_from: int
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
 class PhaseStarted(Event):
     visit: int
     holder: str

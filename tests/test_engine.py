@@ -241,6 +241,7 @@ def test_cli_exits_9_when_some_visits_failed(data_root: Path, tmp_path: Path, mo
     monkeypatch.setattr(LocalHolderLink, "__init__", init)
     out = tmp_path / "run"
     code, stdout, _err = run_cli(monkeypatch, capsys, "run", "--data", str(data_root), "--holders", "2",
+                                 "--transport", "local", "--data-path", "channel",
                                  "--rounds", "1", "--steps-per-visit", "2", "--batch-size", "4", "--seq-len", "32",
                                  "--chunk-kib", "16", "--buffer-mib", "0.25", "--out", str(out), "--json")
     assert code == 9

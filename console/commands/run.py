@@ -14,9 +14,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from gputravel.console.fleet import run as run_engine
 from gputravel.core import events as ev
 from gputravel.core.api import resume_settings
-from gputravel.core.api import run as run_engine
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import ConfigError
 
@@ -175,6 +175,11 @@ def register(app: typer.Typer) -> None:
         cc_mode: str = typer.Option("on", "--cc-mode", help="Mode the emulated GPU starts in: on, off or devtools "
                                     "(devtools fails attestation, as a real device in that mode would)."),
         break_before: list[str] = typer.Option([], "--break-before", help="Pause before this phase (repeatable)."),
+        holders_file: Path | None = typer.Option(None, "--holders-file", help="Inventory (TOML) of SSH holders."),
+        transport: str = typer.Option("ssh", help="ssh: agents deployed through a loopback SSH server (embedded "
+                                      "default) or the --holders-file hosts; local: agent subprocesses."),
+        data_path: str = typer.Option("direct", help="direct: agents send sealed chunks straight to the device's "
+                                      "data port; channel: chunks ride the holder link (SSH channel)."),
         as_json: bool = typer.Option(False, "--json", help="Print the final report as JSON on stdout."),
     ) -> None:
         """Run collaborative training: the GPU travels holder to holder."""
@@ -182,7 +187,9 @@ def register(app: typer.Typer) -> None:
         settings = RunSettings(holders=holders, rounds=rounds, steps_per_visit=steps_per_visit, buffer_mib=buffer_mib,
                                data_dir=data, out_dir=out, resume=resume, chunk_kib=chunk_kib, model=model,
                                batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed, device=device,
-                               cc_mode=cc_mode, breakpoints=tuple(b.upper() for b in break_before))
+                               cc_mode=cc_mode, breakpoints=tuple(b.upper() for b in break_before),
+                               transport="inventory" if holders_file else transport, holders_file=holders_file,
+                               data_path=data_path)
         if resume:
             settings = resume_settings(out)
         console = Console(stderr=True) if as_json else Console()

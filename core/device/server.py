@@ -67,9 +67,13 @@ class ControlChannel:
 
 
 class DeviceServer:
-    def __init__(self, service: DeviceService, socket_path: str) -> None:
+    def __init__(self, service: DeviceService, socket_path: str, *, data_host: str | None = "127.0.0.1",
+                 data_port: int = 0) -> None:
         self.service = service
         self.socket_path = socket_path
+        self.data_host = data_host
+        self.data_port = data_port
+        self.tcp: socket.socket | None = None
         self._stop = threading.Event()
         self._control_busy = threading.Lock()
         self.sock: socket.socket | None = None
@@ -84,7 +88,16 @@ class DeviceServer:
         finally:
             os.umask(old)
         self.sock.listen(64)
-        print(f"READY {self.socket_path}", flush=True)
+        ready = f"READY {self.socket_path}"
+        if self.data_host:
+            # The data port (the direct path): data connections only; sealed chunks need no further protection.
+            self.tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self.tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.tcp.bind((self.data_host, self.data_port))
+            self.tcp.listen(64)
+            ready += f" {self.tcp.getsockname()[1]}"
+            threading.Thread(target=self._accept_data, daemon=True).start()
+        print(ready, flush=True)
         try:
             while not self._stop.is_set():
                 try:
@@ -95,8 +108,22 @@ class DeviceServer:
         finally:
             self.close()
 
+    def _accept_data(self) -> None:
+        while not self._stop.is_set() and self.tcp is not None:
+            try:
+                conn, _ = self.tcp.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._handle, args=(conn,), kwargs={"data_only": True}, daemon=True).start()
+
     def close(self) -> None:
         self._stop.set()
+        if self.tcp is not None:
+            try:
+                self.tcp.close()
+            finally:
+                self.tcp = None
         if self.sock is not None:
             try:
                 self.sock.close()
@@ -105,14 +132,16 @@ class DeviceServer:
                 if os.path.exists(self.socket_path):
                     os.unlink(self.socket_path)
 
-    def _handle(self, conn: socket.socket) -> None:
+    def _handle(self, conn: socket.socket, *, data_only: bool = False) -> None:
         conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         stream = conn.makefile("rb", buffering=1 << 20)
         try:
             first = read_frame(stream)
             if first is None:
                 return
-            if first.type is FrameType.ATTEST_REQUEST:
+            if first.type is FrameType.ATTEST_REQUEST and data_only:
+                send_frame(conn, FrameType.ERROR, {"code": "frame", "reason": "the data port takes data connections only"})
+            elif first.type is FrameType.ATTEST_REQUEST:
                 if not self._control_busy.acquire(blocking=False):
                     send_frame(conn, FrameType.ERROR, {"code": "device", "reason": "a control session is active"})
                     return
@@ -241,6 +270,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cc-mode", default="on", choices=["on", "off", "devtools"])
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch default)")
     parser.add_argument("--allow-fault-injection", action="store_true")
+    parser.add_argument("--data-host", default="127.0.0.1", help="address of the TCP data port ('' for none)")
+    parser.add_argument("--data-port", type=int, default=0)
     ns = parser.parse_args(argv)
     if ns.threads:
         import torch
@@ -252,4 +283,4 @@ def main(argv: list[str] | None = None) -> None:
     except GpuTravelError as exc:
         print(f"ERROR {exc}", flush=True)
         sys.exit(exc.exit_code)
-    DeviceServer(service, ns.socket).serve_forever()
+    DeviceServer(service, ns.socket, data_host=ns.data_host or None, data_port=ns.data_port).serve_forever()

@@ -29,6 +29,8 @@ class DeviceHandle:
     info: PlatformInfo
     process: subprocess.Popen[bytes] | None = None
     log: list[str] = field(default_factory=list)
+    data_host: str = "127.0.0.1"
+    data_port: int | None = None
 
     @property
     def pid(self) -> int | None:

@@ -26,13 +26,15 @@ class EmulatedPlatform:
     kind = "emulated"
 
     def __init__(self, state_dir: Path, *, device: str | None = None, cc_mode: str = "on",
-                 policy: Policy | None = None, allow_fault_injection: bool = False, torch_threads: int = 0) -> None:
+                 policy: Policy | None = None, allow_fault_injection: bool = False, torch_threads: int = 0,
+                 data_host: str = "127.0.0.1") -> None:
         self.state_dir = Path(state_dir)
         self.device = device
         self.cc_mode = cc_mode
         self.policy = policy
         self.allow_fault_injection = allow_fault_injection
         self.torch_threads = torch_threads
+        self.data_host = data_host
 
     def anchors(self) -> TrustAnchors:
         ca, _ = provision_emulated(self.state_dir)
@@ -44,7 +46,7 @@ class EmulatedPlatform:
         os.chmod(sock_dir, 0o700)
         sock = os.path.join(sock_dir, "device.sock")
         cmd = [sys.executable, "-m", "gputravel.core.device", "--socket", sock, "--state-dir", str(self.state_dir),
-               "--buffer-bytes", str(buffer_bytes), "--cc-mode", self.cc_mode]
+               "--buffer-bytes", str(buffer_bytes), "--cc-mode", self.cc_mode, "--data-host", self.data_host]
         if self.device:
             cmd += ["--device", self.device]
         if self.torch_threads:
@@ -85,4 +87,8 @@ class EmulatedPlatform:
                             notes=("SIM: the confidential GPU is emulated in software; no TDX or CC-mode H100 "
                                    "isolation is claimed. Attestation, channel and key windows use real "
                                    "ECDSA P-384 / ECDH / AES-256-GCM.",))
-        return DeviceHandle(socket_path=sock, anchors=anchors, info=info, process=proc, log=lines)
+        ready_line = next(line for line in lines if line.startswith("READY"))
+        parts = ready_line.split()
+        data_port = int(parts[2]) if len(parts) > 2 else None
+        return DeviceHandle(socket_path=sock, anchors=anchors, info=info, process=proc, log=lines,
+                            data_host=self.data_host, data_port=data_port)

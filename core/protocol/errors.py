@@ -96,6 +96,12 @@ class AgentError(GpuTravelError):
         super().__init__(f"{host}: {reason}")
 
 
+class LinkLostError(AgentError):
+    """The connection to a holder dropped (not the agent failing): the transfer can resume."""
+
+    code = "link-lost"
+
+
 class DeviceError(GpuTravelError):
     """The device service refused a request or is unreachable."""
 

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from gputravel.core.errors import (
     DeviceError,
     GpuTravelError,
     IntegrityError,
+    LinkLostError,
     ProtocolError,
 )
 from gputravel.core.ledger import Ledger, verify_ledger
@@ -148,6 +149,9 @@ class TravelEngine:
         self.subscribers: list[asyncio.Queue[ev.Event]] = []
         self.sinks: list[EventSink] = []
         self.client = DeviceClient(device.socket_path, anchors=device.anchors)
+        for link in links:
+            if hasattr(link, "on_state") and getattr(link, "on_state", None) is None:
+                link.on_state = self.on_holder_state  # type: ignore[attr-defined]
         self.infos: dict[str, HolderInfo] = {}
         self.plans: list[VisitPlan] = []
         self.records: list[VisitRecord] = []
@@ -372,8 +376,7 @@ class TravelEngine:
                 self._ledger("chunk-rejected", phase="PROVISION", holder=plan.holder, epoch=rec.epoch,
                              outcome=code, detail={"seq": seq, "reason": reason})
 
-            stats = await link.provision(handoff, device_socket=self.handle.socket_path, on_progress=progress,
-                                         on_reject=rejected)
+            stats = await self._provision_with_resume(rec, link, handoff, progress, rejected)
             del handoff
             rec.provision_s = stats.seconds
             rec.retransmits = stats.retransmits
@@ -453,6 +456,47 @@ class TravelEngine:
             if not self.handle.alive():
                 raise DeviceError(f"the device service died: {exc.reason}") from None
             await self._fail_visit(rec, exc, window_open)
+
+    async def _provision_with_resume(self, rec: VisitRecord, link: HolderLink, handoff: Handoff,
+                                     progress: Callable[[int], None], rejected: Any) -> Any:
+        """Provision; when the link to the holder drops (not the agent failing), reconnect and resume
+        from the device's last contiguous acknowledged chunk: nothing is sent twice into the buffer
+        and nothing is lost."""
+        attempt = 0
+        t0 = time.perf_counter()
+        while True:
+            try:
+                stats = await link.provision(handoff, device_socket=self.handle.socket_path, on_progress=progress,
+                                             on_reject=rejected, data_endpoint=self._data_endpoint())
+                stats.seconds = time.perf_counter() - t0 if attempt else stats.seconds
+                return stats
+            except LinkLostError as exc:
+                attempt += 1
+                if attempt > getattr(link, "max_reconnects", 0):
+                    raise
+                st, _ = await self._dev("window_status")
+                if not st.get("open") or st.get("epoch") != rec.epoch:
+                    raise
+                resume_from = int(st["contiguous"])
+                self._ledger("provision-interrupted", phase="PROVISION", holder=rec.plan.holder, epoch=rec.epoch,
+                             key_fp=rec.key_fingerprint, nbytes=int(st["bytes"]), outcome="link-lost",
+                             detail={"error": exc.reason, "resume_from": resume_from, "attempt": attempt})
+                self.emit(ev.ProvisionResumed(time.time(), rec.plan.index, rec.plan.holder, rec.epoch, resume_from,
+                                              attempt))
+                await link.reconnect()  # type: ignore[attr-defined]
+                handoff = replace(handoff, resume_from=resume_from)
+
+    def _data_endpoint(self) -> dict[str, Any] | None:
+        if self.settings.data_path != "direct":
+            return None
+        if self.handle.data_port is None:
+            raise DeviceError("the direct data path needs the device's data port, which this device has not opened")
+        return {"host": self.handle.data_host, "port": self.handle.data_port}
+
+    def on_holder_state(self, holder: str, state: str, detail: str) -> None:
+        """Per-host states from the holder links, as events and ledger rows."""
+        self.emit(ev.HolderStateChanged(time.time(), holder, state, detail))
+        self._ledger("holder-state", holder=holder, outcome=state, detail={"detail": detail})
 
     async def _check_measurement(self, rec: VisitRecord, when: str) -> None:
         head, _ = await self._dev("measure")

@@ -55,10 +55,13 @@ class Handoff:
     val: tuple[int, int]
     resume_from: int = 0
 
-    def header(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "session": self.session_id, "key": self.key, "window_offset": self.window_offset,
-                "chunk_size": self.chunk_size, "train": list(self.train), "val": list(self.val),
-                "resume_from": self.resume_from}
+    def header(self, data_endpoint: dict[str, Any] | None = None) -> dict[str, Any]:
+        h = {"epoch": self.epoch, "session": self.session_id, "key": self.key, "window_offset": self.window_offset,
+             "chunk_size": self.chunk_size, "train": list(self.train), "val": list(self.val),
+             "resume_from": self.resume_from}
+        if data_endpoint is not None:
+            h["data_endpoint"] = data_endpoint
+        return h
 
     def __repr__(self) -> str:  # never the key
         return f"Handoff(epoch={self.epoch}, window={self.window_offset}+{self.train[1] + self.val[1]})"
@@ -85,7 +88,8 @@ class HolderLink(ABC):
 
     @abstractmethod
     async def provision(self, handoff: Handoff, *, device_socket: str, on_progress: ProgressFn | None = None,
-                        on_reject: RejectFn | None = None) -> ProvisionStats: ...
+                        on_reject: RejectFn | None = None,
+                        data_endpoint: dict[str, Any] | None = None) -> ProvisionStats: ...
 
     @abstractmethod
     async def close(self) -> None: ...
@@ -110,6 +114,7 @@ class FramedHolderLink(HolderLink):
         self.tamper_on_wire: set[int] = set()
         #: Fault injection (tests): kill the agent once this many chunks were acknowledged.
         self.kill_after_chunks: int | None = None
+        self.agent_pid: int | None = None
 
     async def _read(self) -> Any:
         assert self.reader is not None
@@ -140,10 +145,14 @@ class FramedHolderLink(HolderLink):
         if info.fmt not in ("byte", "u16"):
             raise AgentError(self.name, f"unknown token format {info.fmt!r}")
         self.info = info
+        self.agent_pid = h.get("pid")
         return info
 
     async def provision(self, handoff: Handoff, *, device_socket: str, on_progress: ProgressFn | None = None,
-                        on_reject: RejectFn | None = None) -> ProvisionStats:
+                        on_reject: RejectFn | None = None,
+                        data_endpoint: dict[str, Any] | None = None) -> ProvisionStats:
+        if data_endpoint is not None:
+            return await self._provision_direct(handoff, data_endpoint, on_progress, on_reject)
         stats = ProvisionStats()
         t0 = time.perf_counter()
         try:
@@ -155,7 +164,7 @@ class FramedHolderLink(HolderLink):
             ready = await read_frame_async(dev_r, max_payload=STREAM_LIMIT)
             if ready is None or ready.type is not FrameType.DATA_READY:
                 raise DeviceError(f"device refused the data connection: {ready.header if ready else 'closed'}")
-            self._send(FrameType.HANDOFF, handoff.header())
+            self._send(FrameType.HANDOFF, handoff.header(None))
             await self.writer.drain()
             down = asyncio.create_task(self._device_to_agent(dev_r, stats, on_progress, on_reject))
             try:
@@ -171,6 +180,36 @@ class FramedHolderLink(HolderLink):
                 pass
         stats.seconds = time.perf_counter() - t0
         return stats
+
+    async def _provision_direct(self, handoff: Handoff, endpoint: dict[str, Any], on_progress: ProgressFn | None,
+                                on_reject: RejectFn | None) -> ProvisionStats:
+        """The direct path: the agent sends its sealed chunks straight to the device's data port;
+        only the hand-off, progress, rejections and DONE travel on this link."""
+        stats = ProvisionStats()
+        t0 = time.perf_counter()
+        self._send(FrameType.HANDOFF, handoff.header(endpoint))
+        await self.writer.drain()
+        while True:
+            frame = await self._read()
+            if frame.type is FrameType.ACK:
+                n = int(frame.header.get("n", 1))
+                stats.chunks += n
+                if on_progress:
+                    for _ in range(n):
+                        on_progress(int(frame.header.get("s", 0)))
+            elif frame.type is FrameType.ERROR and frame.header.get("s") is not None:
+                code = str(frame.header.get("code"))
+                stats.rejected[code] += 1
+                if on_reject:
+                    on_reject(frame.header.get("s"), code, str(frame.header.get("reason")))
+            elif frame.type is FrameType.DONE:
+                stats.retransmits = int(frame.header.get("retransmits", 0))
+                stats.seconds = time.perf_counter() - t0
+                return stats
+            elif frame.type is FrameType.ERROR:
+                raise AgentError(self.name, f"{frame.header.get('code')}: {frame.header.get('reason')}")
+            elif frame.type is not FrameType.PONG:
+                raise AgentError(self.name, f"unexpected {frame.type.name} during provisioning")
 
     async def _agent_to_device(self, dev_w: Any, down: asyncio.Task) -> dict[str, Any]:
         while True:

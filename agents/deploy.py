@@ -1,0 +1,296 @@
+"""Deploying holder agents over SSH (asyncssh), and the SSH holder link.
+
+SSH stays at this edge: ``(OSError, asyncssh.Error)`` become ``AgentError(host, reason)`` here.
+Host keys are always checked (pinned key or known_hosts), clients authenticate with their key,
+connections have a timeout and keepalives. The agent bundle (the holder agent and
+``core.protocol``, nothing else) is uploaded over SFTP into a folder named by its SHA-256, its hash
+is recomputed on the holder by a script that does not import the bundle, and the agent's own report
+of its hash must match before the engine releases any key to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any
+
+import asyncssh
+
+from gputravel.agents.holder import agent_sha256, bundle_contents, digest_files
+from gputravel.agents.inventory import HolderSpec
+from gputravel.core.errors import AgentError, GpuTravelError, LinkLostError
+from gputravel.core.travel.holders import FramedHolderLink, Handoff, HolderInfo, ProgressFn, RejectFn
+
+#: Runs on the holder with its own python; hashes what is on disk without importing it.
+REMOTE_HASH_SCRIPT = r"""
+import hashlib, os, sys
+root = sys.argv[1]
+files = []
+for base, dirs, names in os.walk(os.path.join(root, "gputravel")):
+    dirs[:] = [d for d in dirs if d != "__pycache__"]
+    for n in names:
+        if n.endswith(".py"):
+            p = os.path.join(base, n)
+            files.append((os.path.relpath(p, root).replace(os.sep, "/"), open(p, "rb").read()))
+h = hashlib.sha256(b"gputravel-bundle-v1")
+for rel, data in sorted(files):
+    h.update(rel.encode() + b"\0" + len(data).to_bytes(8, "big") + data)
+print(h.hexdigest())
+"""
+
+CRYPTO_CHECK = "import cryptography, sys; print(cryptography.__version__); sys.exit(0)"
+
+
+class HolderState:
+    CONNECTING = "connecting"
+    DEPLOYING = "deploying"
+    VERIFIED = "verified"
+    READY = "ready"
+    PROVISIONING = "provisioning"
+    RETURNED = "returned"
+    FAILED = "failed"
+    OFFLINE = "offline"
+    STOPPED = "stopped"
+
+
+@dataclass(slots=True)
+class DeployReport:
+    holder: str
+    host: str
+    port: int
+    bundle_sha256: str
+    remote_dir: str
+    uploaded: bool
+    cryptography: str
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"holder": self.holder, "host": self.host, "port": self.port, "bundle_sha256": self.bundle_sha256,
+                "remote_dir": self.remote_dir, "uploaded": self.uploaded, "cryptography": self.cryptography,
+                "seconds": round(self.seconds, 3)}
+
+
+def _known_hosts(spec: HolderSpec) -> Any:
+    if spec.host_key is not None:
+        try:
+            key = asyncssh.import_public_key(spec.host_key)
+        except (asyncssh.KeyImportError, ValueError) as exc:
+            raise AgentError(spec.name, f"pinned host_key does not parse: {exc}") from None
+        return ([key], [], [])
+    return str(spec.known_hosts)
+
+
+async def connect(spec: HolderSpec) -> asyncssh.SSHClientConnection:
+    """Connect with host-key checking, client-key auth, a timeout and keepalives."""
+    try:
+        return await asyncio.wait_for(asyncssh.connect(
+            spec.host, spec.port, username=spec.user, client_keys=[str(spec.client_key)],
+            known_hosts=_known_hosts(spec), agent_path=None, password=None, kbdint_auth=False,
+            keepalive_interval=spec.keepalive_interval, keepalive_count_max=spec.keepalive_count_max,
+            connect_timeout=spec.connect_timeout, encryption_algs=["aes256-gcm@openssh.com", "aes128-gcm@openssh.com",
+                                                                   "chacha20-poly1305@openssh.com", "aes256-ctr"],
+            config=None), spec.connect_timeout + 5)
+    except asyncssh.HostKeyNotVerifiable as exc:
+        raise AgentError(spec.name, f"host key not verified (refused, no key released): {exc.reason}") from None
+    except asyncssh.PermissionDenied as exc:
+        raise AgentError(spec.name, f"authentication failed: {exc.reason}") from None
+    except TimeoutError:
+        raise AgentError(spec.name, f"{spec.host}:{spec.port} unreachable: connect timeout") from None
+    except (OSError, asyncssh.Error) as exc:
+        raise AgentError(spec.name, f"{spec.host}:{spec.port} unreachable: {exc}") from None
+
+
+async def _run(conn: asyncssh.SSHClientConnection, spec: HolderSpec, command: str, *,
+               timeout: float = 60.0) -> asyncssh.SSHCompletedProcess:
+    try:
+        return await asyncio.wait_for(conn.run(command, check=False), timeout)
+    except (OSError, asyncssh.Error, TimeoutError) as exc:
+        raise AgentError(spec.name, f"remote command failed: {exc}") from None
+
+
+def _quote(s: str) -> str:
+    return "'" + s.replace("'", "'\"'\"'") + "'"
+
+
+async def remote_hash(conn: asyncssh.SSHClientConnection, spec: HolderSpec, folder: str) -> str | None:
+    res = await _run(conn, spec, f"{_quote(spec.python)} -c {_quote(REMOTE_HASH_SCRIPT)} {_quote(folder)}")
+    if res.exit_status != 0:
+        return None
+    out = res.stdout.decode() if isinstance(res.stdout, bytes) else str(res.stdout)
+    return out.strip() or None
+
+
+async def deploy(conn: asyncssh.SSHClientConnection, spec: HolderSpec, *,
+                 on_state: Callable[[str, str], None] | None = None) -> DeployReport:
+    """Upload the bundle unless the holder already has it (same hash), then verify it there."""
+    t0 = time.perf_counter()
+    files = bundle_contents()
+    want = digest_files(files)
+    folder = str(PurePosixPath(spec.remote_dir) / f"agent-{want[:16]}")
+    crypto = await _run(conn, spec, f"{_quote(spec.python)} -c {_quote(CRYPTO_CHECK)}")
+    if crypto.exit_status != 0:
+        err = crypto.stderr.decode(errors="replace") if isinstance(crypto.stderr, bytes) else str(crypto.stderr)
+        missing = "python itself" if "not found" in err else "the 'cryptography' package"
+        raise AgentError(spec.name, f"remote python {spec.python!r} lacks {missing} "
+                                    f"(install it: {spec.python} -m pip install 'cryptography>=42'): "
+                                    f"{err.strip().splitlines()[-1] if err.strip() else 'exit ' + str(crypto.exit_status)}")
+    crypto_version = (crypto.stdout.decode() if isinstance(crypto.stdout, bytes) else str(crypto.stdout)).strip()
+    uploaded = False
+    have = await remote_hash(conn, spec, folder)
+    if have != want:
+        if on_state:
+            on_state(HolderState.DEPLOYING, folder)
+        try:
+            async with conn.start_sftp_client() as sftp:
+                for rel, data in files:
+                    path = PurePosixPath(folder) / rel
+                    await sftp.makedirs(str(path.parent), exist_ok=True)
+                    async with sftp.open(str(path), "wb") as f:
+                        await f.write(data)
+                    await sftp.chmod(str(path), 0o600)
+        except (OSError, asyncssh.Error) as exc:
+            raise AgentError(spec.name, f"upload failed: {exc}") from None
+        uploaded = True
+        have = await remote_hash(conn, spec, folder)
+    if have != want:
+        raise AgentError(spec.name, f"agent bundle hash mismatch on the holder (refused): have {have}, want {want}")
+    if on_state:
+        on_state(HolderState.VERIFIED, want)
+    return DeployReport(spec.name, spec.host, spec.port, want, folder, uploaded, crypto_version,
+                        time.perf_counter() - t0)
+
+
+class SshHolderLink(FramedHolderLink):
+    """A holder reached over SSH: deploy, verify, start the agent, speak frames through the channel."""
+
+    transport = "ssh"
+
+    def __init__(self, spec: HolderSpec, *, on_state: Callable[[str, str, str], None] | None = None,
+                 max_reconnects: int = 3) -> None:
+        super().__init__(spec.name)
+        self.spec = spec
+        self.conn: asyncssh.SSHClientConnection | None = None
+        self.process: asyncssh.SSHClientProcess | None = None
+        self.deploy_report: DeployReport | None = None
+        self.state = HolderState.OFFLINE
+        self.state_detail = ""
+        self.on_state = on_state
+        self.max_reconnects = max_reconnects
+        self.history: list[tuple[float, str, str]] = []
+        self._watch: asyncio.Task | None = None
+
+    def set_state(self, state: str, detail: str = "") -> None:
+        self.state, self.state_detail = state, detail
+        self.history.append((time.time(), state, detail))
+        if self.on_state:
+            self.on_state(self.name, state, detail)
+
+    async def start(self) -> HolderInfo:
+        self.set_state(HolderState.CONNECTING, f"{self.spec.host}:{self.spec.port}")
+        try:
+            self.conn = await connect(self.spec)
+            self.deploy_report = await deploy(self.conn, self.spec,
+                                              on_state=lambda s, d: self.set_state(s, d))
+            await self._start_agent()
+            info = await self._hello()
+        except GpuTravelError as exc:
+            self.set_state(HolderState.FAILED, exc.reason)
+            await self._drop()
+            raise
+        if info.agent_sha256 != self.deploy_report.bundle_sha256 or info.agent_sha256 != agent_sha256():
+            self.set_state(HolderState.FAILED, "agent reported another bundle hash")
+            await self._drop()
+            raise AgentError(self.name, f"the running agent reports bundle {info.agent_sha256[:16]}, "
+                                        f"deployed {self.deploy_report.bundle_sha256[:16]} (refused, no key released)")
+        detail = {"host": self.spec.host, "port": self.spec.port, "user": self.spec.user,
+                  "bundle_sha256": self.deploy_report.bundle_sha256, "remote_dir": self.deploy_report.remote_dir,
+                  "uploaded": self.deploy_report.uploaded, "deploy_s": round(self.deploy_report.seconds, 3)}
+        self.info = HolderInfo(info.name, info.fmt, info.train_bytes, info.val_bytes, info.files, info.agent_sha256,
+                               "ssh", detail)
+        self.set_state(HolderState.READY, self.deploy_report.bundle_sha256[:16])
+        return self.info
+
+    async def _start_agent(self) -> None:
+        assert self.conn is not None and self.deploy_report is not None
+        folder = self.deploy_report.remote_dir
+        cmd = (f"cd {_quote(folder)} && exec env PYTHONPATH=. PYTHONDONTWRITEBYTECODE=1 {_quote(self.spec.python)} "
+               f"-m gputravel.agents.holder --name {_quote(self.name)} --data {_quote(self.spec.data)} "
+               f"--val-fraction {self.spec.val_fraction}")
+        try:
+            self.process = await self.conn.create_process(cmd, encoding=None)
+        except (OSError, asyncssh.Error) as exc:
+            raise AgentError(self.name, f"cannot start the agent: {exc}") from None
+        self.reader, self.writer = self.process.stdout, self.process.stdin
+
+    async def provision(self, handoff: Handoff, *, device_socket: str, on_progress: ProgressFn | None = None,
+                        on_reject: RejectFn | None = None, data_endpoint: dict[str, Any] | None = None) -> Any:
+        self.set_state(HolderState.PROVISIONING, f"epoch {handoff.epoch}" +
+                       (f", resuming at chunk {handoff.resume_from}" if handoff.resume_from else ""))
+        try:
+            stats = await super().provision(handoff, device_socket=device_socket, on_progress=on_progress,
+                                            on_reject=on_reject, data_endpoint=data_endpoint)
+        except AgentError as exc:
+            await asyncio.sleep(0.05)  # let a dropping connection finish closing before we tell which it was
+            if self.conn is None or self.conn.is_closed():
+                self.set_state(HolderState.OFFLINE, exc.reason)
+                raise LinkLostError(self.name, f"connection lost: {exc.reason}") from None
+            self.set_state(HolderState.FAILED, exc.reason)
+            raise
+        self.set_state(HolderState.RETURNED, f"epoch {handoff.epoch}")
+        return stats
+
+    @property
+    def can_reconnect(self) -> bool:
+        return True
+
+    async def reconnect(self) -> HolderInfo:
+        """Reconnect with backoff (0.5, 1, 2, ... s) and restart the agent."""
+        await self._drop()
+        delay = 0.5
+        last: GpuTravelError | None = None
+        for _ in range(self.max_reconnects):
+            try:
+                return await self.start()
+            except AgentError as exc:
+                last = exc
+                await asyncio.sleep(delay)
+                delay *= 2
+        self.set_state(HolderState.OFFLINE, last.reason if last else "reconnect failed")
+        raise last or AgentError(self.name, "reconnect failed")
+
+    async def kill(self) -> None:
+        """Fault injection: kill the agent process on the holder; the SSH connection stays up."""
+        if self.conn is not None and self.agent_pid:
+            await _run(self.conn, self.spec, f"kill -9 {int(self.agent_pid)}")
+
+    async def drop_connection(self) -> None:
+        """Fault injection: the SSH connection drops (the agent is killed with it)."""
+        if self.conn is not None:
+            self.conn.abort()
+
+    async def _drop(self) -> None:
+        if self.process is not None:
+            self.process.close()
+            self.process = None
+        if self.conn is not None:
+            self.conn.close()
+            try:
+                await asyncio.wait_for(self.conn.wait_closed(), 5)
+            except (TimeoutError, OSError, asyncssh.Error):
+                pass
+            self.conn = None
+
+    async def close(self) -> None:
+        if self.process is not None:
+            await self.stop()
+        await self._drop()
+        if self.state not in (HolderState.FAILED, HolderState.OFFLINE):
+            self.set_state(HolderState.STOPPED)
+
+
+@dataclass
+class FleetStatus:
+    reports: list[dict[str, Any]] = field(default_factory=list)

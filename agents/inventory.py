@@ -1,0 +1,150 @@
+"""The holder inventory (``holders.toml``): which holders exist and how to reach them.
+
+Example::
+
+    [defaults]                      # optional; any holder field except name/host/data
+    user = "gputravel"
+    python = "python3"
+
+    [[holder]]
+    name = "hospital-a"
+    host = "10.0.0.5"
+    port = 22
+    user = "holder-a"
+    client_key = "keys/holder-a"    # relative paths are relative to this file
+    host_key = "ssh-ed25519 AAAAC3..."   # pinned host key, or:
+    # known_hosts = "known_hosts"
+    data = "/srv/holder-a/data"     # dataset folder on the holder
+    python = "/usr/bin/python3"
+
+Host keys are always checked: each holder needs ``host_key`` or ``known_hosts``; nothing is
+accepted on first use.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gputravel.core.errors import ConfigError
+
+REQUIRED = ("name", "host", "user", "client_key", "data")
+OPTIONAL: dict[str, Any] = {
+    "port": 22,
+    "host_key": None,
+    "known_hosts": None,
+    "python": "python3",
+    "connect_timeout": 10.0,
+    "keepalive_interval": 5.0,
+    "keepalive_count_max": 3,
+    "remote_dir": ".gputravel",
+    "val_fraction": 0.1,
+}
+ALLOWED = set(REQUIRED) | set(OPTIONAL)
+
+
+@dataclass(frozen=True, slots=True)
+class HolderSpec:
+    name: str
+    host: str
+    port: int
+    user: str
+    client_key: Path
+    host_key: str | None
+    known_hosts: Path | None
+    data: str
+    python: str
+    connect_timeout: float
+    keepalive_interval: float
+    keepalive_count_max: int
+    remote_dir: str
+    val_fraction: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "host": self.host, "port": self.port, "user": self.user,
+                "client_key": str(self.client_key), "host_key_pinned": self.host_key is not None,
+                "known_hosts": str(self.known_hosts) if self.known_hosts else None, "data": self.data,
+                "python": self.python}
+
+
+def _check_type(where: str, key: str, value: Any, kind: type | tuple[type, ...]) -> None:
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise ConfigError(f"{where}: '{key}' must be {names}, got {type(value).__name__}")
+
+
+def parse_inventory(text: str, *, base: Path, source: str = "holders.toml") -> list[HolderSpec]:
+    """Parse and validate an inventory; every problem is a ``ConfigError`` naming the field."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    unknown_top = set(doc) - {"defaults", "holder"}
+    if unknown_top:
+        raise ConfigError(f"{source}: unknown section(s) {', '.join(sorted(unknown_top))}")
+    defaults = doc.get("defaults", {})
+    if not isinstance(defaults, dict):
+        raise ConfigError(f"{source}: [defaults] must be a table")
+    for key in defaults:
+        if key not in ALLOWED or key in ("name", "host", "data"):
+            raise ConfigError(f"{source}: [defaults] has unknown or per-holder key '{key}'")
+    holders = doc.get("holder")
+    if not isinstance(holders, list) or not holders:
+        raise ConfigError(f"{source}: no [[holder]] entries")
+    specs: list[HolderSpec] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(holders):
+        where = f"{source}: holder #{i + 1}"
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{where}: must be a table")
+        unknown = set(raw) - ALLOWED
+        if unknown:
+            raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+        entry = {**OPTIONAL, **defaults, **raw}
+        for key in REQUIRED:
+            if key not in entry:
+                raise ConfigError(f"{where}: missing field '{key}'")
+        where = f"{source}: holder '{entry['name']}'"
+        for key in ("name", "host", "user", "client_key", "data", "python", "remote_dir"):
+            _check_type(where, key, entry[key], str)
+        _check_type(where, "port", entry["port"], int)
+        _check_type(where, "keepalive_count_max", entry["keepalive_count_max"], int)
+        for key in ("connect_timeout", "keepalive_interval", "val_fraction"):
+            _check_type(where, key, entry[key], (int, float))
+        if not 0 < entry["port"] < 65536:
+            raise ConfigError(f"{where}: port {entry['port']} out of range")
+        if entry["name"] in seen:
+            raise ConfigError(f"{where}: duplicate holder name")
+        seen.add(entry["name"])
+        key_path = (base / entry["client_key"]).expanduser()
+        try:
+            key_path.read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"{where}: client_key {key_path} is unreadable: {exc.strerror}") from None
+        known = None
+        if entry["known_hosts"] is not None:
+            _check_type(where, "known_hosts", entry["known_hosts"], str)
+            known = (base / entry["known_hosts"]).expanduser()
+            if not known.is_file():
+                raise ConfigError(f"{where}: known_hosts {known} does not exist")
+        if entry["host_key"] is not None:
+            _check_type(where, "host_key", entry["host_key"], str)
+        if entry["host_key"] is None and known is None:
+            raise ConfigError(f"{where}: needs 'host_key' or 'known_hosts' (host keys are never accepted blindly)")
+        specs.append(HolderSpec(
+            name=entry["name"], host=entry["host"], port=entry["port"], user=entry["user"], client_key=key_path,
+            host_key=entry["host_key"], known_hosts=known, data=entry["data"], python=entry["python"],
+            connect_timeout=float(entry["connect_timeout"]), keepalive_interval=float(entry["keepalive_interval"]),
+            keepalive_count_max=entry["keepalive_count_max"], remote_dir=entry["remote_dir"],
+            val_fraction=float(entry["val_fraction"])))
+    return specs
+
+
+def load_inventory(path: Path) -> list[HolderSpec]:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the inventory {path}: {exc.strerror}") from None
+    return parse_inventory(text, base=Path(path).resolve().parent, source=str(path))

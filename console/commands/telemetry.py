@@ -1,0 +1,78 @@
+"""``gputravel telemetry``: what the GPU says right now, like ``nvitop --once``.
+
+Without a driver it prints why (``nvml.available`` false and a ``reason``) and exits 0: a machine
+without a GPU is a state, not an error.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gputravel.core.telemetry import NA, Sampler, TelemetryFrame
+
+
+def _mib(value: object) -> str:
+    return "N/A" if value is NA else f"{float(value) / 2**20:,.0f} MiB"  # type: ignore[arg-type]
+
+
+def _rate(value: object) -> str:
+    return "N/A" if value is NA else f"{float(value) / 1e6:,.1f} MB/s"  # type: ignore[arg-type]
+
+
+def render_frame(console: Console, frame: TelemetryFrame) -> None:
+    status = frame.nvml
+    if status.available:
+        console.print(f"[bold]NVML[/] driver {status.driver_version} · NVML {status.nvml_version} · "
+                      f"{status.device_count} device(s)")
+    else:
+        console.print(f"[bold]NVML[/] [yellow]not available[/]: {status.reason}")
+    if not frame.devices:
+        console.print("[dim]no devices to show (the emulated GPU's SIM counters appear while a run is attached, "
+                      "in gputravel-console)[/]")
+        return
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for col in ("#", "name", "util", "memory", "power", "temp", "sm/mem MHz", "PCIe TX", "PCIe RX", "CC"):
+        table.add_column(col, no_wrap=True)
+    for d in frame.devices:
+        table.add_row(
+            f"{d.index}{' SIM' if d.sim else ''}", d.name, f"{d.util_gpu:.0f}%" if d.util_gpu is not NA else "N/A",
+            f"{_mib(d.mem_used)} / {_mib(d.mem_total)}", f"{d.power_w:.0f} / {d.power_limit_w:.0f} W",
+            f"{d.temp_c}°C" if d.temp_c is not NA else "N/A", f"{d.sm_clock_mhz} / {d.mem_clock_mhz}",
+            _rate(d.pcie_tx_bps), _rate(d.pcie_rx_bps),
+            f"{d.cc.feature} (devtools {d.cc.devtools}, {d.cc.environment})")
+    console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("telemetry")
+    def telemetry_cmd(
+        once: Annotated[bool, typer.Option("--once", help="Print one sample and exit.")] = False,
+        as_json: Annotated[bool, typer.Option("--json", help="JSON (one object per line when repeating).")] = False,
+        interval: Annotated[float, typer.Option("--interval", min=0.1, help="Seconds between samples.")] = 1.0,
+        count: Annotated[int, typer.Option("--count", min=0, help="Stop after N samples (0: until Ctrl-C).")] = 0,
+    ) -> None:
+        """GPU telemetry through NVML: utilisation, memory, power, clocks, PCIe, confidential-computing state."""
+        sampler = Sampler()
+        console = Console()
+        n = 0
+        try:
+            while True:
+                frame = sampler.collect()
+                if as_json:
+                    typer.echo(json.dumps(frame.to_dict(), indent=None if not once else 2))
+                else:
+                    render_frame(console, frame)
+                n += 1
+                if once or (count and n >= count):
+                    break
+                time.sleep(interval)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sampler.close()

@@ -1,0 +1,53 @@
+"""Composition of a run's holders: an inventory over SSH, the embedded loopback SSH server, or local
+agent subprocesses; then the engine. Used by ``gputravel run`` (and the console)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from gputravel.agents.fleet import EmbeddedSshServer, links_from_inventory, links_from_specs
+from gputravel.core import api
+from gputravel.core.config import RunSettings
+from gputravel.core.errors import ConfigError
+from gputravel.core.events import Event
+from gputravel.core.travel.holders import HolderLink
+
+
+class Fleet:
+    """Owns what a run's holders need (the embedded SSH server, if any) for the run's lifetime."""
+
+    def __init__(self, settings: RunSettings) -> None:
+        self.settings = settings
+        self.server: EmbeddedSshServer | None = None
+
+    def links(self) -> list[HolderLink] | None:
+        s = self.settings
+        if s.transport == "inventory":
+            if s.holders_file is None:
+                raise ConfigError("transport 'inventory' needs --holders-file")
+            return list(links_from_inventory(s.holders_file))
+        if s.transport == "ssh":
+            self.server = EmbeddedSshServer(api.resolve_holder_dirs(s))
+            return list(links_from_specs(self.server.start()))
+        return None  # local agent subprocesses, built by core.api
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+
+async def run(settings: RunSettings, *, sinks: Iterable[Callable[[Event], None]] = ()) -> dict[str, Any]:
+    import asyncio
+
+    fleet = Fleet(settings)
+    try:
+        links = await asyncio.to_thread(fleet.links)
+        report = await api.run(settings, sinks=sinks, links=links)
+        if fleet.server is not None:
+            report["ssh_server"] = {"host": "127.0.0.1", "port": fleet.server.port, "embedded": True,
+                                    "host_key": fleet.server.host_public.split()[0] + " (fresh, pinned)"}
+        return report
+    finally:
+        fleet.close()
