@@ -28,6 +28,8 @@ from gputravel.core.travel.holders import FramedHolderLink, Handoff, HolderInfo,
 REMOTE_HASH_SCRIPT = r"""
 import hashlib, os, sys
 root = sys.argv[1]
+if not os.path.isdir(os.path.join(root, "gputravel")):
+    sys.exit(3)
 files = []
 for base, dirs, names in os.walk(os.path.join(root, "gputravel")):
     dirs[:] = [d for d in dirs if d != "__pycache__"]

@@ -1,0 +1,93 @@
+"""``gputravel agents deploy|status|stop --holders-file F``: the holder fleet over SSH."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gputravel.core.errors import AgentError, GpuTravelError
+
+agents_app = typer.Typer(help="Deploy, check and stop holder agents over SSH.", no_args_is_help=True)
+
+
+async def _for_each(path: Path, action: str) -> list[dict[str, Any]]:
+    from gputravel.agents.deploy import connect, deploy, remote_hash
+    from gputravel.agents.holder import agent_sha256
+    from gputravel.agents.inventory import load_inventory
+
+    specs = load_inventory(path)
+    want = agent_sha256()
+
+    async def one(spec: Any) -> dict[str, Any]:
+        row: dict[str, Any] = {"holder": spec.name, "host": spec.host, "port": spec.port, "user": spec.user}
+        try:
+            conn = await connect(spec)
+        except AgentError as exc:
+            return {**row, "state": "offline", "reason": exc.reason}
+        try:
+            folder = f"{spec.remote_dir}/agent-{want[:16]}"
+            if action == "deploy":
+                rep = await deploy(conn, spec)
+                row.update(state="verified", bundle_sha256=rep.bundle_sha256, uploaded=rep.uploaded,
+                           remote_dir=rep.remote_dir, cryptography=rep.cryptography, seconds=round(rep.seconds, 3))
+            elif action == "status":
+                have = await remote_hash(conn, spec, folder)
+                row.update(state="verified" if have == want else ("stale" if have else "not deployed"),
+                           bundle_sha256=have, expected=want, remote_dir=folder)
+            else:  # stop: end any running agent of this bundle and remove nothing else
+                res = await conn.run(f"pkill -f 'gputravel.agents.holder --name {spec.name}' ; true", check=False)
+                row.update(state="stopped", exit_status=res.exit_status)
+            return row
+        except GpuTravelError as exc:
+            return {**row, "state": "failed", "reason": exc.reason}
+        finally:
+            conn.close()
+
+    return list(await asyncio.gather(*(one(s) for s in specs)))
+
+
+def _render(rows: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return
+    table = Table()
+    for col in ("holder", "host", "state", "bundle", "detail"):
+        table.add_column(col)
+    for r in rows:
+        detail = r.get("reason") or (f"uploaded to {r['remote_dir']}" if r.get("uploaded") else r.get("remote_dir", ""))
+        colour = {"verified": "green", "stopped": "cyan"}.get(r["state"], "red")
+        table.add_row(r["holder"], f"{r['host']}:{r['port']}", f"[{colour}]{r['state']}[/]",
+                      (r.get("bundle_sha256") or "-")[:16], str(detail))
+    Console().print(table)
+
+
+def _exit_code(rows: list[dict[str, Any]]) -> int:
+    return 0 if all(r["state"] in ("verified", "stopped") for r in rows) else AgentError.exit_code
+
+
+def _make_command(action: str, doc: str) -> Any:
+    def command(holders_file: Path = typer.Option(..., "--holders-file", help="Inventory (TOML)."),
+                as_json: bool = typer.Option(False, "--json")) -> None:
+        rows = asyncio.run(_for_each(holders_file, action))
+        _render(rows, as_json)
+        code = _exit_code(rows)
+        if code:
+            raise typer.Exit(code)
+
+    command.__doc__ = doc
+    return command
+
+
+def register(app: typer.Typer) -> None:
+    for action, doc in (("deploy", "Upload the agent bundle where it is missing or changed, and verify it."),
+                        ("status", "Connect to each holder and check its deployed bundle's hash."),
+                        ("stop", "Stop running agents on each holder.")):
+        agents_app.command(action)(_make_command(action, doc))
+    app.add_typer(agents_app, name="agents")
