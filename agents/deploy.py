@@ -11,6 +11,7 @@ of its hash must match before the engine releases any key to it.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,7 +44,9 @@ for rel, data in sorted(files):
 print(h.hexdigest())
 """
 
-CRYPTO_CHECK = "import cryptography, sys; print(cryptography.__version__); sys.exit(0)"
+#: Exit 0: usable; 5: a cryptography too old for the agent (no ``AESGCM.encrypt_into``).
+CRYPTO_CHECK = ("import cryptography, sys; from cryptography.hazmat.primitives.ciphers.aead import AESGCM; "
+                "print(cryptography.__version__); sys.exit(0 if hasattr(AESGCM, 'encrypt_into') else 5)")
 
 
 class HolderState:
@@ -118,6 +121,7 @@ def _quote(s: str) -> str:
 
 
 async def remote_hash(conn: asyncssh.SSHClientConnection, spec: HolderSpec, folder: str) -> str | None:
+    """The bundle hash of ``folder`` on the holder, or None when there is no bundle there."""
     res = await _run(conn, spec, f"{_quote(spec.python)} -c {_quote(REMOTE_HASH_SCRIPT)} {_quote(folder)}")
     if res.exit_status != 0:
         return None
@@ -133,6 +137,11 @@ async def deploy(conn: asyncssh.SSHClientConnection, spec: HolderSpec, *,
     want = digest_files(files)
     folder = str(PurePosixPath(spec.remote_dir) / f"agent-{want[:16]}")
     crypto = await _run(conn, spec, f"{_quote(spec.python)} -c {_quote(CRYPTO_CHECK)}")
+    if crypto.exit_status == 5:
+        version = (crypto.stdout.decode() if isinstance(crypto.stdout, bytes) else str(crypto.stdout)).strip()
+        raise AgentError(spec.name, f"remote python {spec.python!r} has cryptography {version}, which lacks "
+                                    f"AESGCM.encrypt_into (install a newer one: {spec.python} -m pip install -U "
+                                    f"cryptography)")
     if crypto.exit_status != 0:
         err = crypto.stderr.decode(errors="replace") if isinstance(crypto.stderr, bytes) else str(crypto.stderr)
         missing = "python itself" if "not found" in err else "the 'cryptography' package"
@@ -142,23 +151,31 @@ async def deploy(conn: asyncssh.SSHClientConnection, spec: HolderSpec, *,
     crypto_version = (crypto.stdout.decode() if isinstance(crypto.stdout, bytes) else str(crypto.stdout)).strip()
     uploaded = False
     have = await remote_hash(conn, spec, folder)
-    if have != want:
+    if have is None:
+        # Upload into a private folder, then move it into place with one rename: a folder named by a
+        # hash is either complete or absent, so one whose contents differ was changed after upload.
         if on_state:
             on_state(HolderState.DEPLOYING, folder)
+        staging = f"{folder}.part-{secrets.token_hex(4)}"
         try:
             async with conn.start_sftp_client() as sftp:
                 for rel, data in files:
-                    path = PurePosixPath(folder) / rel
+                    path = PurePosixPath(staging) / rel
                     await sftp.makedirs(str(path.parent), exist_ok=True)
                     async with sftp.open(str(path), "wb") as f:
                         await f.write(data)
                     await sftp.chmod(str(path), 0o600)
+                try:
+                    await sftp.rename(staging, folder)
+                except asyncssh.SFTPError:  # another deployer got there first: its folder is checked below
+                    await sftp.rmtree(staging, ignore_errors=True)
         except (OSError, asyncssh.Error) as exc:
             raise AgentError(spec.name, f"upload failed: {exc}") from None
         uploaded = True
         have = await remote_hash(conn, spec, folder)
     if have != want:
-        raise AgentError(spec.name, f"agent bundle hash mismatch on the holder (refused): have {have}, want {want}")
+        raise AgentError(spec.name, f"agent bundle hash mismatch on the holder (refused, no key released): {folder} "
+                                    f"holds {have}, want {want}; it changed after upload (remove it to redeploy)")
     if on_state:
         on_state(HolderState.VERIFIED, want)
     return DeployReport(spec.name, spec.host, spec.port, want, folder, uploaded, crypto_version,
@@ -205,7 +222,7 @@ class SshHolderLink(FramedHolderLink):
         if info.agent_sha256 != self.deploy_report.bundle_sha256 or info.agent_sha256 != agent_sha256():
             self.set_state(HolderState.FAILED, "agent reported another bundle hash")
             await self._drop()
-            raise AgentError(self.name, f"the running agent reports bundle {info.agent_sha256[:16]}, "
+            raise AgentError(self.name, f"agent bundle hash mismatch: the running agent reports {info.agent_sha256[:16]}, "
                                         f"deployed {self.deploy_report.bundle_sha256[:16]} (refused, no key released)")
         detail = {"host": self.spec.host, "port": self.spec.port, "user": self.spec.user,
                   "bundle_sha256": self.deploy_report.bundle_sha256, "remote_dir": self.deploy_report.remote_dir,

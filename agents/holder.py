@@ -97,6 +97,33 @@ class Stream:
     def __init__(self, segments: list[Segment]) -> None:
         self.segments = segments
         self.length = sum(s.length for s in segments)
+        self._files: dict[Path, BinaryIO] = {}
+
+    def readinto(self, offset: int, out: memoryview) -> None:
+        """Fill ``out`` with bytes [offset, offset + len(out)) without intermediate copies."""
+        n = len(out)
+        if offset < 0 or offset + n > self.length:
+            raise DataError(f"range [{offset}, {offset + n}) beyond the {self.length}-byte stream")
+        pos = done = 0
+        for seg in self.segments:
+            if done == n:
+                break
+            if offset < pos + seg.length:
+                skip = max(0, offset - pos)
+                take = min(seg.length - skip, n - done)
+                f = self._files.get(seg.path)
+                if f is None:
+                    f = self._files[seg.path] = open(seg.path, "rb", buffering=0)  # noqa: SIM115
+                f.seek(seg.start + skip)
+                got = 0
+                while got < take:
+                    k = f.readinto(out[done + got: done + take])
+                    if not k:
+                        raise DataError(f"{seg.path} shrank while being read")
+                    got += k
+                offset += take
+                done += take
+            pos += seg.length
 
     def read(self, offset: int, n: int) -> bytes:
         if offset < 0 or n < 0 or offset + n > self.length:
@@ -220,18 +247,18 @@ class Agent:
             elif frame.type is FrameType.BYE:
                 return 0
 
-    def _window_bytes(self, h: dict, start: int, n: int) -> bytes:
-        """Bytes [start, start+n) of the window: the train slice followed by the val slice."""
+    def _window_into(self, h: dict, start: int, out: memoryview) -> None:
+        """Fill ``out`` with window bytes [start, start + len(out)): the train slice, then the val slice."""
         t0, tn = h["train"]
-        v0, vn = h["val"]
-        out = b""
+        v0, _vn = h["val"]
+        n = len(out)
+        done = 0
         if start < tn:
             take = min(n, tn - start)
-            out += self.data.train.read(t0 + start, take)
-            start, n = start + take, n - take
-        if n:
-            out += self.data.val.read(v0 + start - tn, n)
-        return out
+            self.data.train.readinto(t0 + start, out[:take])
+            start, done = start + take, take
+        if done < n:
+            self.data.val.readinto(v0 + start - tn, out[done:])
 
     def provision(self, h: dict) -> None:
         key = DirectionKey.from_wire(h["key"])
@@ -258,23 +285,29 @@ class Agent:
 
     def _provision_loop(self, h: dict, sender: SendState, send_chunk: Any, direct: bool, *, epoch: int, base: int,
                         cs: int, total: int, n_chunks: int, start: int) -> None:
-        sealed: dict[int, tuple[dict, bytearray]] = {}
+        # A ring of sealed-chunk slots: a chunk's ciphertext stays in its slot until acknowledged
+        # (so a rejected chunk is retransmitted as is), then the slot is reused. No per-chunk copies.
+        slots = [bytearray(cs + TAG_LEN) for _ in range(min(MAX_IN_FLIGHT, n_chunks - start) or 1)]
+        free = list(range(len(slots)))
+        plain = bytearray(cs)
+        sealed: dict[int, tuple[dict, memoryview, int]] = {}
         acked: set[int] = set(range(start))
         retransmits = 0
         unreported = 0
-        out = bytearray(cs + TAG_LEN)
         seq = start
         while len(acked) < n_chunks:
-            while seq < n_chunks and len(sealed) < MAX_IN_FLIGHT:
+            while seq < n_chunks and free:
                 lo = seq * cs
-                plain = self._window_bytes(h, lo, min(cs, total - lo))
-                n = len(plain)
-                buf = out if n == cs else bytearray(n + TAG_LEN)
-                got = sender.seal_into(plain, buf, frame_type=FrameType.CHUNK, offset=base + lo, length=n)
+                n = min(cs, total - lo)
+                view = memoryview(plain)[:n]
+                self._window_into(h, lo, view)
+                slot = free.pop()
+                ct = memoryview(slots[slot])[: n + TAG_LEN]
+                got = sender.seal_into(view, ct, frame_type=FrameType.CHUNK, offset=base + lo, length=n)
                 assert got == seq
                 head = {"e": epoch, "s": seq, "o": base + lo, "n": n}
-                sealed[seq] = (head, bytearray(buf[: n + TAG_LEN]))
-                send_chunk(head, sealed[seq][1])
+                sealed[seq] = (head, ct, slot)
+                send_chunk(head, ct)
                 seq += 1
             frame = self._inbox.get()
             if frame is None or isinstance(frame, Exception):
@@ -282,7 +315,8 @@ class Agent:
             if frame.type is FrameType.ACK:
                 s = int(frame.header["s"])
                 acked.add(s)
-                sealed.pop(s, None)
+                if s in sealed:
+                    free.append(sealed.pop(s)[2])
                 if direct:
                     unreported += 1
                     if unreported >= 8 or len(acked) == n_chunks:
@@ -294,14 +328,15 @@ class Agent:
                 s = int(frame.header["s"])
                 if frame.header.get("code") == "replay":  # already in the buffer: an acknowledgement was lost
                     acked.add(s)
-                    sealed.pop(s, None)
+                    if s in sealed:
+                        free.append(sealed.pop(s)[2])
                     continue
                 if s not in sealed or retransmits >= MAX_RETRANSMITS * n_chunks or frame.header.get("code") in (
                         "stale-epoch", "window"):
                     raise GpuTravelError(f"chunk {s} refused: {frame.header.get('reason')}",
                                          code=str(frame.header.get("code")))
                 retransmits += 1
-                head, ct = sealed[s]
+                head, ct, _slot = sealed[s]
                 send_chunk(head, ct)
             elif frame.type is FrameType.BYE:
                 raise GpuTravelError("orchestrator ended the hand-off")
@@ -316,10 +351,16 @@ class _DeviceSocket:
 
     def __init__(self, endpoint: dict, session: bytes, inbox: queue.Queue) -> None:
         try:
-            self.sock = socket.create_connection((str(endpoint["host"]), int(endpoint["port"])), timeout=30)
+            if endpoint.get("path"):  # same host: the device's Unix socket
+                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self.sock.settimeout(30)
+                self.sock.connect(str(endpoint["path"]))
+            else:
+                self.sock = socket.create_connection((str(endpoint["host"]), int(endpoint["port"])), timeout=30)
+                self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
         except OSError as exc:
             raise GpuTravelError(f"cannot reach the device data port {endpoint}: {exc}", code="agent") from None
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.settimeout(None)
         self.stream = self.sock.makefile("rb", buffering=1 << 16)
         self.sock.sendall(encode_frame(FrameType.DATA_OPEN, {"session": session.hex()}))

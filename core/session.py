@@ -163,7 +163,7 @@ class RunState:
         if handler is not None:
             handler(event)
         elif getattr(event, "holder", None):  # events this view does not know yet still reach the log
-            self.log(event.t, str(getattr(event, "holder")), event.kind)
+            self.log(event.t, str(event.holder), event.kind)
 
     def _on_DeviceAttested(self, e: ev.DeviceAttested) -> None:
         if self.status == "idle":

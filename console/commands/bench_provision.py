@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-PATHS = ("direct", "ssh", "local")
+PATHS = ("direct", "direct-unix", "ssh", "local")
 
 
 def aes_gcm_rate(chunk: int, *, seconds: float = 0.5) -> float:
@@ -79,7 +79,8 @@ async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdi
         info = await link.start()
         if info.train_bytes < size:
             raise typer.BadParameter(f"dataset too small: {info.train_bytes} < {size}")
-        endpoint = {"host": handle.data_host, "port": handle.data_port} if path == "direct" else None
+        endpoint = ({"host": handle.data_host, "port": handle.data_port} if path == "direct" else
+                    {"path": handle.socket_path} if path == "direct-unix" else None)
         for epoch in range(1, repeats + 1):
             head, _ = await asyncio.to_thread(client.call, "handoff", epoch=epoch, offset=0, length=size,
                                               chunk_size=chunk)

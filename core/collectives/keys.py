@@ -86,11 +86,12 @@ class RingKeys:
 
 
 def emulated_identity(vendor_dir: Path, *, rank: int, store: dist.Store | None = None,
-                      timeout: timedelta = timedelta(seconds=60)) -> tuple[DeviceIdentity, x509.Certificate]:
+                      timeout: timedelta = timedelta(seconds=60),
+                      ) -> tuple[DeviceIdentity, x509.Certificate, x509.CertificateRevocationList]:
     """SIM: this rank's emulated device identity under a vendor PKI shared by the job (a folder).
 
     Rank 0 creates the vendor PKI in ``vendor_dir`` if absent; the others wait for it (through ``store``
-    when given, else by polling the folder). Returns the identity and the root to pin.
+    when given). Returns the identity, the root to pin and the vendor's revocation list.
     """
     vendor_dir = Path(vendor_dir)
     if rank == 0 and not (vendor_dir / "root.pem").exists():
@@ -101,7 +102,7 @@ def emulated_identity(vendor_dir: Path, *, rank: int, store: dist.Store | None =
         else:
             store.wait(["gputravel/vendor-ready"], timeout)
     ca = VendorCA.load(vendor_dir)
-    return ca.issue_device(f"rank-{rank}"), ca.root
+    return ca.issue_device(f"rank-{rank}"), ca.root, ca.crl()
 
 
 def _lp(*parts: bytes) -> bytes:

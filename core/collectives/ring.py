@@ -30,7 +30,6 @@ from gputravel.core.collectives.crypto import (
     TAG_LEN,
     HopAad,
     HopOpener,
-    HopSealer,
     HostCrypto,
     Phase,
 )
@@ -520,33 +519,35 @@ class _SecureCall:
         if err is not None and self.error is None:
             self.error = err
 
-    def _inject(self, g: int, k: int, ct: Any) -> None:
+    def _inject(self, g: int, k: int, out: torch.Tensor) -> torch.Tensor:
+        """Fault injection: the bytes a tampering or replaying host would deliver instead of ``out``."""
         fault = self.ring.fault
         if fault is None or fault.rank != self.rank:
-            return
+            return out
         phase, step = self._phase_step(g)
         if (phase, step, k) != (fault.phase, fault.step, fault.chunk):
-            return
+            return out
         if fault.kind == "flip":
-            ct[len(ct) // 2] ^= 0x01
+            out = out.clone()  # never touch the buffer this rank still opens
+            out[out.numel() // 2] ^= 0x01
         elif (g, k) in self.bufs.saved:
-            ct[:] = self.bufs.saved[(g, k)]
+            out = torch.frombuffer(bytearray(self.bufs.saved[(g, k)]), dtype=torch.uint8)
         else:
-            self.bufs.saved[(g, k)] = bytes(ct)
+            self.bufs.saved[(g, k)] = out.numpy().tobytes()
+        return out
 
-    def _send_tensor(self, g: int, k: int) -> torch.Tensor:
+    def _send_tensor(self, g: int, k: int, *, inject: bool = False) -> torch.Tensor:
         """The bytes that go out at (g, k): sealed here, or the received chunk forwarded as it came."""
         plan = self.plan
         if self._gathered(g) and g > self.world - 1:
             a, b = plan.chunks[plan.seg(g - 1, self.rank, send=False)][k]
             off = self.bufs.recv_off[g - 1][k]
-            ct = self.bufs.recv_np[off:off + (b - a) * plan.esize + TAG_LEN]
-            self._inject(g, k, ct)
-            return self.bufs.recv[off:off + (b - a) * plan.esize + TAG_LEN]
-        a, b = plan.chunks[plan.seg(g, self.rank, send=True)][k]
-        off = self.bufs.send_off[g][k]
-        self._inject(g, k, self.bufs.send_np[off:off + (b - a) * plan.esize + TAG_LEN])
-        return self.bufs.send[off:off + (b - a) * plan.esize + TAG_LEN]
+        else:
+            a, b = plan.chunks[plan.seg(g, self.rank, send=True)][k]
+            off = self.bufs.send_off[g][k]
+        out = (self.bufs.recv if self._gathered(g) and g > self.world - 1 else self.bufs.send)
+        out = out[off:off + (b - a) * plan.esize + TAG_LEN]
+        return self._inject(g, k, out) if inject else out
 
     def _recv_tensor(self, g: int, k: int) -> torch.Tensor:
         a, b = self.plan.chunks[self.plan.seg(g, self.rank, send=False)][k]
@@ -568,7 +569,7 @@ class _SecureCall:
                 st.crypto_s += self._seal(g, 0)
                 st.bytes_sealed += self._send_tensor(g, 0).numel() - TAG_LEN
             t0 = time.perf_counter()
-            sw, rw = wire.exchange(self._send_tensor(g, 0) if nsend else None,
+            sw, rw = wire.exchange(self._send_tensor(g, 0, inject=True) if nsend else None,
                                    self._recv_tensor(g, 0) if nrecv else None, tag=g)
             for w in (sw, rw):
                 if w is not None:
@@ -595,48 +596,60 @@ class _SecureCall:
         """Chunks: the pool seals chunk k+1 while chunk k is on the wire, and opens (+ reduces, + re-seals
         for the next step) each chunk as it lands; this thread only posts sends and receives."""
         st, wire, pool = self.stats, self.ring._wire, self.ring.crypto
-        steps = 2 * self.world - 2
+        steps, maxc = 2 * self.world - 2, self.plan.maxc
         nsend0, _ = self._counts(0)
         ready: dict[int, Future[Any]] = {k: pool.submit(self._seal_only, 0, k) for k in range(nsend0)}
+        accounted: set[int] = set()
+        tasks: list[Future[Any]] = []
         sends: list[Any] = []
         for g in range(steps):
             nsend, nrecv = self._counts(g)
-            recvs = [wire.exchange(None, self._recv_tensor(g, k), tag=g * self.plan.maxc + k)[1]
-                     for k in range(nrecv)] if not wire.nccl else []
+            if wire.nccl:  # one ordered stream of grouped (send, recv) pairs
+                recvs = []
+                for k in range(max(nsend, nrecv)):
+                    self._wait_ready(ready.get(k), accounted)
+                    send_t = self._send_tensor(g, k, inject=True) if k < nsend else None
+                    sw, rw = wire.exchange(send_t, self._recv_tensor(g, k) if k < nrecv else None, tag=0)
+                    if sw is not None:
+                        sends.append(sw)
+                    recvs.append(rw)
+            else:  # gloo: every receive of the step posted first, each send as soon as its chunk is sealed
+                recvs = [wire.exchange(None, self._recv_tensor(g, k), tag=g * maxc + k)[1] for k in range(nrecv)]
+                for k in range(nsend):
+                    self._wait_ready(ready.get(k), accounted)
+                    sends.append(wire.exchange(self._send_tensor(g, k, inject=True), None, tag=g * maxc + k)[0])
+            st.bytes_sealed += sum(self._send_tensor(g, k).numel() - TAG_LEN for k in range(nsend))
+            forward = self._gathered(g) and self._gathered(g + 1)
             nxt: dict[int, Future[Any]] = {}
-            for k in range(max(nsend, nrecv)):
-                if k < nsend:
-                    t0 = time.perf_counter()
-                    fut = ready.get(k)
-                    if fut is not None:
-                        self._account(fut.result())
-                    t1 = time.perf_counter()
-                    st.wait_s += t1 - t0
-                    send_t = self._send_tensor(g, k)
-                    st.bytes_sealed += send_t.numel() - TAG_LEN
-                    if wire.nccl:
-                        sw, rw = wire.exchange(send_t, self._recv_tensor(g, k) if k < nrecv else None, tag=0)
-                        recvs.append(rw)
-                    else:
-                        sw, _ = wire.exchange(send_t, None, tag=g * self.plan.maxc + k)
-                    sends.append(sw)
-                elif wire.nccl:
-                    recvs.append(wire.exchange(None, self._recv_tensor(g, k), tag=0)[1])
-                if k < nrecv:
-                    t0 = time.perf_counter()
-                    recvs[k].wait()
-                    st.wire_s += time.perf_counter() - t0
-                    st.bytes_opened += self._recv_tensor(g, k).numel() - TAG_LEN
-                    nxt[k] = pool.submit(self._task, g, k)
+            for k in range(nrecv):
+                t0 = time.perf_counter()
+                recvs[k].wait()
+                st.wire_s += time.perf_counter() - t0
+                st.bytes_opened += self._recv_tensor(g, k).numel() - TAG_LEN
+                fut = pool.submit(self._task, g, k)
+                tasks.append(fut)
+                if not forward:
+                    nxt[k] = fut
             ready = nxt
         t0 = time.perf_counter()
-        for fut in ready.values():
-            self._account(fut.result())
+        for fut in tasks:
+            if id(fut) not in accounted:
+                self._account(fut.result())
         t1 = time.perf_counter()
         st.wait_s += t1 - t0
         for sw in sends:
             sw.wait()
         st.wire_s += time.perf_counter() - t1
+
+    def _wait_ready(self, fut: Future[Any] | None, accounted: set[int]) -> None:
+        if fut is None:
+            return
+        t0 = time.perf_counter()
+        result = fut.result()
+        self.stats.wait_s += time.perf_counter() - t0
+        if id(fut) not in accounted:
+            accounted.add(id(fut))
+            self._account(result)
 
     def _seal_only(self, g: int, k: int) -> tuple[float, float, None]:
         return self._seal(g, k), 0.0, None

@@ -15,9 +15,10 @@ import threading
 from typing import Any
 
 from gputravel.core.attestation import Evidence
-from gputravel.core.device.service import DeviceService, error_header
+from gputravel.core.device.service import MAX_CHUNK, DeviceService, error_header
 from gputravel.core.errors import GpuTravelError, ProtocolError
 from gputravel.core.protocol import (
+    TAG_LEN,
     FrameError,
     FrameType,
     RecvState,
@@ -26,7 +27,7 @@ from gputravel.core.protocol import (
     encode_frame,
     read_frame,
 )
-from gputravel.core.protocol.frames import frame_head
+from gputravel.core.protocol.frames import frame_head, read_frame_into
 
 
 def send_frame(sock: socket.socket, ftype: FrameType, header: dict[str, Any] | None = None,
@@ -230,9 +231,12 @@ class DeviceServer:
             send_frame(conn, FrameType.ERROR, {"code": "stale-epoch", "reason": "no such session"})
             return
         send_frame(conn, FrameType.DATA_READY, {"session": secrets.session_id.hex()})
+        # One preallocated payload buffer per connection: the kernel copies a chunk's ciphertext into it
+        # and AES-GCM decrypts it from there straight into the device buffer. No other copy.
+        payload_buf = bytearray(MAX_CHUNK + TAG_LEN)
         while True:
             try:
-                frame = read_frame(stream)
+                frame = read_frame_into(stream, payload_buf)
             except FrameError as exc:
                 svc.rejected[exc.code] += 1
                 send_frame(conn, FrameType.ERROR, error_header(exc))

@@ -183,6 +183,24 @@ def read_frame(stream: BinaryIO, *, max_payload: int = MAX_PAYLOAD) -> Frame | N
     return Frame(kind, header, payload or b"")
 
 
+def read_frame_into(stream: BinaryIO, buf: bytearray, *, max_payload: int = MAX_PAYLOAD) -> Frame | None:
+    """Like ``read_frame``, but the payload lands in ``buf`` (returned as a memoryview of it, valid
+    until the next call): the receive path's zero-extra-copy variant."""
+    prefix = _read_exact(stream, PREFIX.size, at_boundary=True)
+    if prefix is None:
+        return None
+    kind, hlen, plen = _parse_prefix(prefix, min(max_payload, len(buf)))
+    header = _parse_header(_read_exact(stream, hlen, at_boundary=False) or b"") if hlen else {}
+    view = memoryview(buf)[:plen]
+    got = 0
+    while got < plen:
+        n = stream.readinto(view[got:])  # type: ignore[attr-defined]
+        if not n:
+            raise FrameError(f"truncated frame: stream ended after {got} of {plen} payload bytes")
+        got += n
+    return Frame(kind, header, view)
+
+
 def write_frame(stream: BinaryIO, ftype: FrameType, header: Mapping[str, Any] | None = None,
                 payload: bytes | bytearray | memoryview = b"") -> None:
     """Write one frame to a blocking binary stream (payload written without a copy)."""

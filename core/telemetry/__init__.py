@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from gputravel.core.telemetry.emulated import EmulatedSource
 from gputravel.core.telemetry.history import METRICS, History, PhaseTracker, Point
-from gputravel.core.telemetry.model import NA, CCState, GpuSample, NAType, NvmlStatus, ProcessSample, TelemetryFrame
+from gputravel.core.telemetry.model import (
+           NA,
+           CCState,
+           GpuSample,
+           NAType,
+           NvmlStatus,
+           ProcessSample,
+           TelemetryFrame,
+)
 from gputravel.core.telemetry.nvml import NvmlSource, explain_init_error, nvml_query
 from gputravel.core.telemetry.replay import ReplaySource
 from gputravel.core.telemetry.sampler import Sampler

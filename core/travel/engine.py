@@ -487,8 +487,12 @@ class TravelEngine:
                 handoff = replace(handoff, resume_from=resume_from)
 
     def _data_endpoint(self) -> dict[str, Any] | None:
+        """Where a holder sends sealed chunks on the direct path: the device's Unix socket for holders on
+        this host (local agents, the embedded SSH server), its TCP data port for inventory hosts."""
         if self.settings.data_path != "direct":
             return None
+        if self.settings.transport in ("local", "ssh"):
+            return {"path": self.handle.socket_path}
         if self.handle.data_port is None:
             raise DeviceError("the direct data path needs the device's data port, which this device has not opened")
         return {"host": self.handle.data_host, "port": self.handle.data_port}
