@@ -251,13 +251,16 @@ class SshHolderLink(FramedHolderLink):
         try:
             stats = await super().provision(handoff, device_socket=device_socket, on_progress=on_progress,
                                             on_reject=on_reject, data_endpoint=data_endpoint)
-        except AgentError as exc:
+        except (AgentError, asyncssh.Error) as exc:  # asyncssh.Error: e.g. ConnectionLost on a keepalive timeout
+            reason = exc.reason if isinstance(exc, AgentError) else f"link failed: {exc}"
             await asyncio.sleep(0.05)  # let a dropping connection finish closing before we tell which it was
             if self.conn is None or self.conn.is_closed():
-                self.set_state(HolderState.OFFLINE, exc.reason)
-                raise LinkLostError(self.name, f"connection lost: {exc.reason}") from None
-            self.set_state(HolderState.FAILED, exc.reason)
-            raise
+                self.set_state(HolderState.OFFLINE, reason)
+                raise LinkLostError(self.name, f"connection lost: {reason}") from None
+            self.set_state(HolderState.FAILED, reason)
+            if isinstance(exc, AgentError):
+                raise
+            raise AgentError(self.name, reason) from None
         self.set_state(HolderState.RETURNED, f"epoch {handoff.epoch}")
         return stats
 

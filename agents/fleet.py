@@ -18,6 +18,7 @@ import asyncssh
 from gputravel.agents.deploy import SshHolderLink
 from gputravel.agents.inventory import HolderSpec, load_inventory
 from gputravel.core.errors import AgentError
+from gputravel.core.platform.emulated import die_with_parent
 
 
 def _write_private(path: Path, data: bytes) -> None:
@@ -60,7 +61,8 @@ class EmbeddedSshServer:
         config.write_text(json.dumps({"host_key": str(host_path), "listen": "127.0.0.1", "port": 0,
                                       "users": users, "keepalive_interval": self.keepalive_interval}))
         self.proc = subprocess.Popen([sys.executable, "-m", "gputravel.agents.sshserver", str(config)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                     preexec_fn=die_with_parent)
         line = self._wait_ready(timeout)
         self.port = int(line.split()[1])
         return [HolderSpec(name=name, host="127.0.0.1", port=self.port, user=name, client_key=key, host_key=self.host_public,

@@ -310,6 +310,8 @@ class Agent:
                 send_chunk(head, ct)
                 seq += 1
             frame = self._inbox.get()
+            if isinstance(frame, GpuTravelError):
+                raise frame
             if frame is None or isinstance(frame, Exception):
                 raise GpuTravelError("link closed during provisioning")
             if frame.type is FrameType.ACK:
@@ -369,6 +371,7 @@ class _DeviceSocket:
             reason = ready.header.get("reason") if ready else "closed"
             raise GpuTravelError(f"the device refused the data connection: {reason}", code="agent")
         self.inbox = inbox
+        self.closing = False
         threading.Thread(target=self._reader, daemon=True).start()
 
     def _reader(self) -> None:
@@ -376,16 +379,19 @@ class _DeviceSocket:
             while True:
                 frame = read_frame(self.stream)
                 if frame is None:
-                    return
+                    break
                 self.inbox.put(frame)
         except (GpuTravelError, OSError, ValueError):
-            return
+            pass
+        if not self.closing:  # the device went away mid-transfer: fail the hand-off instead of waiting forever
+            self.inbox.put(GpuTravelError("the device closed the data connection", code="agent"))
 
     def send(self, head: dict, payload: bytes | bytearray | memoryview) -> None:
         self.sock.sendall(frame_head(FrameType.CHUNK, head, len(payload)))
         self.sock.sendall(payload)
 
     def close(self) -> None:
+        self.closing = True
         try:
             self.sock.sendall(encode_frame(FrameType.BYE, {}))
             self.sock.shutdown(socket.SHUT_RDWR)

@@ -70,7 +70,7 @@ def build_engine(settings: RunSettings, *, links: Iterable[HolderLink] | None = 
         raise ConfigError(f"--resume: {out} holds no run to continue (no ledger.db)")
     out.mkdir(parents=True, exist_ok=True)
     if not settings.resume:
-        saved = {k: v for k, v in settings.to_dict().items() if k != "resume"}
+        saved = {k: v for k, v in settings.to_dict().items() if k not in ("resume", "fault")}
         (out / "settings.json").write_text(json.dumps(saved, indent=2) + "\n")
     if links is None:
         links = [LocalHolderLink(name, path, val_fraction=settings.val_fraction)
@@ -82,7 +82,8 @@ def build_engine(settings: RunSettings, *, links: Iterable[HolderLink] | None = 
                                 torch_threads=settings.torch_threads)
     handle = platform.start(buffer_bytes=settings.buffer_bytes)
     return TravelEngine(settings=settings, device=handle, links=list(links), out_dir=out, checkpoint_store=store,
-                        make_program=_program_factory(settings))
+                        make_program=_program_factory(settings),
+                        restart_device=lambda: platform.start(buffer_bytes=settings.buffer_bytes))
 
 
 async def run(settings: RunSettings, *, sinks: Iterable[Callable[[Event], None]] = (),

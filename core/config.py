@@ -34,6 +34,8 @@ class RunSettings:
     transport: str = "local"  # "local" (agent subprocess), "ssh" (embedded loopback server), "inventory"
     holders_file: Path | None = None
     data_path: str = "channel"  # "channel": chunks ride the holder link; "direct": agent -> device data port
+    visit_attempts: int = 2  # a failed visit is redone (agent restarted, device recovered) up to this many times
+    fault: str | None = None  # fault injection: "kill-orchestrator|kill-device|kill-agent@PHASE:VISIT[+SECONDS]"
 
     def __post_init__(self) -> None:
         checks = [
@@ -48,6 +50,7 @@ class RunSettings:
             (self.cc_mode in ("on", "off", "devtools"), "cc-mode is on, off or devtools"),
             (self.transport in ("local", "ssh", "inventory"), "transport is local, ssh or inventory"),
             (self.data_path in ("channel", "direct"), "data path is channel or direct"),
+            (self.visit_attempts >= 1, "visit-attempts must be >= 1"),
         ]
         for ok, msg in checks:
             if not ok:

@@ -203,7 +203,7 @@ async def test_chunk_tampered_on_the_wire_is_rejected_and_retransmitted(data_roo
 async def test_agent_killed_mid_transfer_fails_the_visit_scrubs_and_the_run_goes_on(data_root: Path,
                                                                                     tmp_path: Path) -> None:
     out = tmp_path / "run"
-    settings = small(data_root, out, rounds=2)
+    settings = small(data_root, out, rounds=2, visit_attempts=1)  # issue 2's semantics: fail and move on
     links = local_links(settings)
     links["alice"].kill_after_chunks = 1
     report = await api.run(settings, links=list(links.values()))
@@ -243,7 +243,8 @@ def test_cli_exits_9_when_some_visits_failed(data_root: Path, tmp_path: Path, mo
     code, stdout, _err = run_cli(monkeypatch, capsys, "run", "--data", str(data_root), "--holders", "2",
                                  "--transport", "local", "--data-path", "channel",
                                  "--rounds", "1", "--steps-per-visit", "2", "--batch-size", "4", "--seq-len", "32",
-                                 "--chunk-kib", "16", "--buffer-mib", "0.25", "--out", str(out), "--json")
+                                 "--chunk-kib", "16", "--buffer-mib", "0.25", "--out", str(out), "--json",
+                                 "--visit-attempts", "1")
     assert code == 9
     report = json.loads(stdout)
     assert [v["outcome"] for v in report["visits"]] == ["done", "failed"]
@@ -256,7 +257,7 @@ async def test_integrity_mismatch_fails_the_visit_and_restores_the_last_good_che
                                                                                        tmp_path: Path) -> None:
     out = tmp_path / "run"
     seen: dict[str, Any] = {}
-    async with started(small(data_root, out)) as engine:
+    async with started(small(data_root, out, visit_attempts=1)) as engine:
         engine.fault["VERIFY"] = lambda e: e.client.call("tamper", region="model")
 
         def on_failed(event: ev.Event) -> None:

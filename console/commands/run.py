@@ -180,6 +180,9 @@ def register(app: typer.Typer) -> None:
                                       "default) or the --holders-file hosts; local: agent subprocesses."),
         data_path: str = typer.Option("direct", help="direct: agents send sealed chunks straight to the device's "
                                       "data port; channel: chunks ride the holder link (SSH channel)."),
+        visit_attempts: int = typer.Option(2, help="A failed visit is redone up to this many times in all."),
+        fault: str | None = typer.Option(None, "--fault", hidden=True,
+                                         help="Fault injection: kill-orchestrator|kill-device|kill-agent@PHASE:VISIT[+S]"),
         as_json: bool = typer.Option(False, "--json", help="Print the final report as JSON on stdout."),
     ) -> None:
         """Run collaborative training: the GPU travels holder to holder."""
@@ -189,9 +192,9 @@ def register(app: typer.Typer) -> None:
                                batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed, device=device,
                                cc_mode=cc_mode, breakpoints=tuple(b.upper() for b in break_before),
                                transport="inventory" if holders_file else transport, holders_file=holders_file,
-                               data_path=data_path)
+                               data_path=data_path, visit_attempts=visit_attempts, fault=fault)
         if resume:
-            settings = resume_settings(out)
+            settings = resume_settings(out, fault=fault)
         console = Console(stderr=True) if as_json else Console()
         view = RunView(console)
         with view.progress:

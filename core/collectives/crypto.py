@@ -130,29 +130,42 @@ class HopOpener(_HopState):
 
 
 def default_workers(local_world_size: int | None = None) -> int:
-    """Crypto threads per rank: the cores left free by the ranks on this node (at least 1)."""
+    """Crypto threads per rank: the cores left free by the ranks on this node (0: crypto runs inline on the
+    issuing thread, overlapping only the wire, which is best when every core already runs a rank)."""
     if local_world_size is None:
         local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // max(1, local_world_size) - 1)
+    return max(0, cores // max(1, local_world_size) - 1)
 
 
 class HostCrypto:
     """Where a ring's crypto runs: a pool of host threads (AES-GCM releases the GIL).
 
     Ciphertext always lives in host buffers here; the ring stages device tensors through pinned host
-    memory (see ``ring``). A GPU AES-GCM kernel would replace this class and nothing else.
+    memory (see ``ring``). A GPU AES-GCM kernel would replace this class and nothing else. With
+    ``workers=0`` every task runs inline, on the thread that issues the sends and receives.
     """
 
     __slots__ = ("workers", "_pool")
 
     def __init__(self, *, workers: int) -> None:
-        if workers < 1:
-            raise ValueError("workers must be >= 1")
-        self.workers = workers  # threads that seal, open and reduce chunks
+        if workers < 0:
+            raise ValueError("workers must be >= 0")
+        self.workers = workers  # threads that seal, open and reduce chunks (0: inline)
         self._pool: ThreadPoolExecutor | None = None  # started on first use
 
+    @property
+    def inline(self) -> bool:
+        return self.workers == 0
+
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        if self.workers == 0:
+            fut: Future[Any] = Future()
+            try:
+                fut.set_result(fn(*args))
+            except BaseException as exc:  # noqa: BLE001 - surfaces from result(), as with a pool
+                fut.set_exception(exc)
+            return fut
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="ring-crypto")
         return self._pool.submit(fn, *args)

@@ -86,8 +86,8 @@ class SecureRingState:
             raise RuntimeError("call torch.distributed.init_process_group before creating the hook state")
         if chunk_bytes < 4096:
             raise ValueError("chunk_bytes must be at least 4096")
-        if workers is not None and workers < 1:
-            raise ValueError("workers must be >= 1")
+        if workers is not None and workers < 0:
+            raise ValueError("workers must be >= 0 (0: crypto inline)")
         self.process_group = process_group
         self.world_size = dist.get_world_size(process_group)
         rank = dist.get_rank(process_group)
@@ -102,7 +102,8 @@ class SecureRingState:
                                        crl=crl, policy=policy, prefix=f"gputravel/ring/{ranks}/{next(_SETUPS)}",
                                        timeout=timeout)
         self.ring = SecureRing(group=process_group, keys=keys, chunk_bytes=chunk_bytes, sealed_gather=sealed_gather,
-                               crypto=HostCrypto(workers=workers or default_workers(_local_world(self.world_size))),
+                               crypto=HostCrypto(workers=default_workers(_local_world(self.world_size))
+                                                 if workers is None else workers),
                                fault=fault)
         self.async_comm = async_comm
         self._comm: ThreadPoolExecutor | None = None
@@ -156,3 +157,9 @@ def secure_ring_hook(state: SecureRingState, bucket: dist.GradBucket) -> torch.f
 
     state.comm_thread().submit(run)
     return fut
+
+
+# DDP checks the hook's annotations by identity (inspect.signature); with postponed annotations they
+# would be strings, so they are set as objects here.
+secure_ring_hook.__annotations__.update(
+    state=SecureRingState, bucket=dist.GradBucket, **{"return": torch.futures.Future[torch.Tensor]})

@@ -32,6 +32,7 @@ from gputravel.core.collectives.crypto import (
     HopOpener,
     HostCrypto,
     Phase,
+    default_workers,
 )
 from gputravel.core.collectives.keys import RingKeys
 from gputravel.core.protocol import ProtocolError, TagError
@@ -272,7 +273,7 @@ class SecureRing:
         if keys is not None and (keys.rank, keys.world) != (self.rank, self.world):
             raise ValueError(f"keys are for rank {keys.rank}/{keys.world}, group has {self.rank}/{self.world}")
         self.keys = keys  # None: plaintext variants only
-        self.crypto = crypto or HostCrypto(workers=1)  # where sealing, opening and reducing run
+        self.crypto = crypto or HostCrypto(workers=default_workers())  # where sealing, opening, reducing run
         self.chunk_bytes = chunk_bytes  # pipelined chunk size
         self.sealed_gather = sealed_gather  # all-gather forwards chunks sealed once under the ring-wide key
         self.fault = fault  # fault injection (tests, demos); None in production
@@ -598,28 +599,46 @@ class _SecureCall:
         st, wire, pool = self.stats, self.ring._wire, self.ring.crypto
         steps, maxc = 2 * self.world - 2, self.plan.maxc
         nsend0, _ = self._counts(0)
-        ready: dict[int, Future[Any]] = {k: pool.submit(self._seal_only, 0, k) for k in range(nsend0)}
-        accounted: set[int] = set()
+        # With a pool, step 0's chunks are all queued now; inline, each is sealed just before it is sent.
+        ready: dict[int, Future[Any]] = ({} if pool.inline else
+                                         {k: pool.submit(self._seal_only, 0, k) for k in range(nsend0)})
+        accounted: set[Future[Any]] = set()  # holds them: an id() could be reused
         tasks: list[Future[Any]] = []
         sends: list[Any] = []
+        sent_early: set[int] = set()  # chunks of the next step already sent (inline)
+
+        def post_recvs(g: int) -> list[Any]:
+            return [wire.exchange(None, self._recv_tensor(g, k), tag=g * maxc + k)[1]
+                    for k in range(self._counts(g)[1])]
+
+        next_recvs = post_recvs(0) if not wire.nccl else []
         for g in range(steps):
             nsend, nrecv = self._counts(g)
             if wire.nccl:  # one ordered stream of grouped (send, recv) pairs
                 recvs = []
                 for k in range(max(nsend, nrecv)):
+                    if g == 0 and pool.inline and k < nsend:
+                        ready[k] = pool.submit(self._seal_only, 0, k)
                     self._wait_ready(ready.get(k), accounted)
                     send_t = self._send_tensor(g, k, inject=True) if k < nsend else None
                     sw, rw = wire.exchange(send_t, self._recv_tensor(g, k) if k < nrecv else None, tag=0)
                     if sw is not None:
                         sends.append(sw)
                     recvs.append(rw)
-            else:  # gloo: every receive of the step posted first, each send as soon as its chunk is sealed
-                recvs = [wire.exchange(None, self._recv_tensor(g, k), tag=g * maxc + k)[1] for k in range(nrecv)]
+            else:  # gloo: receives posted a step ahead, each send as soon as its chunk is sealed
+                recvs = next_recvs
+                next_recvs = post_recvs(g + 1) if g + 1 < steps else []
                 for k in range(nsend):
+                    if k in sent_early:
+                        continue
+                    if g == 0 and pool.inline:
+                        ready[k] = pool.submit(self._seal_only, 0, k)
                     self._wait_ready(ready.get(k), accounted)
                     sends.append(wire.exchange(self._send_tensor(g, k, inject=True), None, tag=g * maxc + k)[0])
             st.bytes_sealed += sum(self._send_tensor(g, k).numel() - TAG_LEN for k in range(nsend))
             forward = self._gathered(g) and self._gathered(g + 1)
+            eager = pool.inline and not wire.nccl and g + 1 < steps
+            sent_early = set()
             nxt: dict[int, Future[Any]] = {}
             for k in range(nrecv):
                 t0 = time.perf_counter()
@@ -630,10 +649,15 @@ class _SecureCall:
                 tasks.append(fut)
                 if not forward:
                     nxt[k] = fut
+                if eager:  # inline: chunk k goes on to the right at once, while chunk k+1 arrives
+                    self._wait_ready(nxt.get(k), accounted)
+                    sends.append(wire.exchange(self._send_tensor(g + 1, k, inject=True), None,
+                                               tag=(g + 1) * maxc + k)[0])
+                    sent_early.add(k)
             ready = nxt
         t0 = time.perf_counter()
         for fut in tasks:
-            if id(fut) not in accounted:
+            if fut not in accounted:
                 self._account(fut.result())
         t1 = time.perf_counter()
         st.wait_s += t1 - t0
@@ -641,14 +665,14 @@ class _SecureCall:
             sw.wait()
         st.wire_s += time.perf_counter() - t1
 
-    def _wait_ready(self, fut: Future[Any] | None, accounted: set[int]) -> None:
+    def _wait_ready(self, fut: Future[Any] | None, accounted: set[Future[Any]]) -> None:
         if fut is None:
             return
         t0 = time.perf_counter()
         result = fut.result()
         self.stats.wait_s += time.perf_counter() - t0
-        if id(fut) not in accounted:
-            accounted.add(id(fut))
+        if fut not in accounted:
+            accounted.add(fut)
             self._account(result)
 
     def _seal_only(self, g: int, k: int) -> tuple[float, float, None]:

@@ -22,6 +22,18 @@ from gputravel.core.errors import DeviceError
 from gputravel.core.platform.base import DeviceHandle, PlatformInfo
 
 
+def die_with_parent() -> None:
+    """In the child before exec: the kernel kills it when the orchestrator dies (even by kill -9),
+    so a crashed run never leaves a device service holding keys and model behind."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 class EmulatedPlatform:
     kind = "emulated"
 
@@ -53,7 +65,8 @@ class EmulatedPlatform:
             cmd += ["--threads", str(self.torch_threads)]
         if self.allow_fault_injection:
             cmd.append("--allow-fault-injection")
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                preexec_fn=die_with_parent)
         assert proc.stdout is not None
         lines: list[str] = []
         ready = threading.Event()

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
+import signal
 import time
 import uuid
 from collections import Counter
@@ -23,6 +25,7 @@ from gputravel.core.device.client import DeviceClient
 from gputravel.core.errors import (
     AgentError,
     CancelledRunError,
+    ConfigError,
     DataError,
     DeviceError,
     GpuTravelError,
@@ -59,6 +62,18 @@ class VisitRecord:
     rejected: dict[str, int] = field(default_factory=dict)
     retransmits: int = 0
     phase_s: dict[str, float] = field(default_factory=dict)
+    attempts: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    def reset_for_retry(self) -> None:
+        self.failures.append(f"{self.failed_phase}: {self.error}")
+        for name in ("key_fingerprint", "error", "failed_phase", "val_loss"):
+            setattr(self, name, None)
+        self.bytes = self.chunks = self.retransmits = 0
+        self.provision_s = self.train_s = self.tokens_per_s = 0.0
+        self.integrity_ok = self.scrub_verified = False
+        self.losses, self.rejected, self.phase_s = [], {}, {}
+        self.outcome = "pending"
 
     def to_dict(self) -> dict[str, Any]:
         mb_s = self.bytes / self.provision_s / 1e6 if self.provision_s else 0.0
@@ -72,7 +87,36 @@ class VisitRecord:
                 "loss_last": self.losses[-1] if self.losses else None, "val_loss": self.val_loss,
                 "tokens_per_s": round(self.tokens_per_s, 1), "outcome": self.outcome, "error": self.error,
                 "failed_phase": self.failed_phase, "rejected": self.rejected, "retransmits": self.retransmits,
+                "attempts": self.attempts, "earlier_failures": self.failures,
                 "phase_s": {k: round(v, 6) for k, v in self.phase_s.items()}}
+
+
+@dataclass(frozen=True, slots=True)
+class FaultPlan:
+    """``kill-orchestrator|kill-device|kill-agent@PHASE:VISIT[+SECONDS]``: kill that process when the
+    visit's phase begins, or SECONDS into it. Fault injection for the crash study and its tests."""
+
+    target: str
+    phase: Phase
+    visit: int
+    delay: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str) -> FaultPlan:
+        try:
+            what, where = text.split("@", 1)
+            phase, rest = where.split(":", 1)
+            visit, _, delay = rest.partition("+")
+            target = what.removeprefix("kill-")
+            if target not in ("orchestrator", "device", "agent") or not what.startswith("kill-"):
+                raise ValueError(what)
+            return cls(target, Phase(phase.upper()), int(visit), float(delay or 0))
+        except ValueError as exc:
+            raise ConfigError(f"fault plan {text!r} is not kill-orchestrator|kill-device|kill-agent@PHASE:VISIT[+S]: "
+                              f"{exc}") from None
+
+    def matches(self, phase: Phase, visit: int, attempt: int) -> bool:
+        return phase == self.phase and visit == self.visit and attempt == 1
 
 
 class Control:
@@ -137,7 +181,8 @@ class TravelEngine:
 
     def __init__(self, *, settings: Any, device: DeviceHandle, links: list[HolderLink],
                  out_dir: Path, checkpoint_store: Any,
-                 make_program: Callable[..., dict[str, Any]], run_id: str | None = None) -> None:
+                 make_program: Callable[..., dict[str, Any]], run_id: str | None = None,
+                 restart_device: Callable[[], DeviceHandle] | None = None) -> None:
         self.settings = settings
         self.handle = device
         self.links = {link.name: link for link in links}
@@ -172,6 +217,9 @@ class TravelEngine:
         self.val_history: list[tuple[int, str, float]] = []
         self.step_count = 0
         self.fault: dict[str, Any] = {}
+        self.restart_device = restart_device
+        self.fault_plan = FaultPlan.parse(settings.fault) if getattr(settings, "fault", None) else None
+        self.device_restarts = 0
 
     # --- events ------------------------------------------------------------------------------
     def subscribe(self) -> asyncio.Queue[ev.Event]:
@@ -233,7 +281,8 @@ class TravelEngine:
         if self.settings.resume and state.get("plan_digest"):
             if state["plan_digest"] != digest:
                 raise DataError("--resume: the holders' data or the settings changed; the schedule differs")
-            self.epoch = int(state.get("epoch", 0))
+            # never reuse an epoch number, even one whose visit was cut off before its progress was committed
+            self.epoch = max([int(state.get("epoch", 0))] + [r.epoch for r in self.ledger.rows() if r.epoch is not None])
             self.first_run_id = str(state.get("run_id", self.run_id))
             done = {int(k) for k in state.get("visits_done", [])}
             for rec in self.records:
@@ -284,7 +333,15 @@ class TravelEngine:
             for rec in self.records:
                 if rec.outcome.startswith("done"):
                     continue
-                await self.visit(rec)
+                while True:
+                    rec.attempts += 1
+                    await self.visit(rec)
+                    if rec.outcome != "failed" or rec.attempts >= self.settings.visit_attempts:
+                        break
+                    self._ledger("visit-retry", holder=rec.plan.holder, outcome="retry",
+                                 detail={"visit": rec.plan.index, "attempt": rec.attempts + 1,
+                                         "after": f"{rec.failed_phase}: {rec.error}"})
+                    rec.reset_for_retry()
         except GpuTravelError as exc:
             self.emit(ev.RunFailed(time.time(), self.run_id, str(exc), exc.code))
             self._ledger("run-failed", outcome=exc.code, detail={"error": str(exc)})
@@ -311,7 +368,26 @@ class TravelEngine:
         self.phase = phase
         self.emit(ev.PhaseStarted(time.time(), rec.plan.index, rec.plan.holder, str(phase), rec.epoch))
         self._fault_point(phase)
+        if self.fault_plan is not None and self.fault_plan.matches(phase, rec.plan.index, rec.attempts):
+            self._arm_fault(self.fault_plan, rec)
         return time.perf_counter()
+
+    def _arm_fault(self, plan: FaultPlan, rec: VisitRecord) -> None:
+        """Fault injection (crash study and tests): kill a process now or ``plan.delay`` s into the phase."""
+        self.fault_plan = None  # once per run
+
+        def fire() -> None:
+            if plan.target == "orchestrator":
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif plan.target == "device":
+                self.handle.kill()
+            elif plan.target == "agent":
+                asyncio.ensure_future(self.links[rec.plan.holder].kill())
+
+        if plan.delay <= 0:
+            fire()
+        else:
+            asyncio.get_running_loop().call_later(plan.delay, fire)
 
     def _done(self, rec: VisitRecord, phase: Phase, t0: float, *, nbytes: int = 0, outcome: str = "ok",
               detail: dict[str, Any] | None = None) -> None:
@@ -450,11 +526,10 @@ class TravelEngine:
                          key_fp=rec.key_fingerprint, outcome=exc.code,
                          detail={"visit": plan.index, "error": str(exc), **out}, state={"epoch": self.epoch})
             raise
-        except (AgentError, ProtocolError, IntegrityError, DataError) as exc:
-            await self._fail_visit(rec, exc, window_open)
-        except DeviceError as exc:
+        except (AgentError, ProtocolError, IntegrityError, DataError, DeviceError) as exc:
             if not self.handle.alive():
-                raise DeviceError(f"the device service died: {exc.reason}") from None
+                await self._recover_device(rec, exc)
+                return
             await self._fail_visit(rec, exc, window_open)
 
     async def _provision_with_resume(self, rec: VisitRecord, link: HolderLink, handoff: Handoff,
@@ -509,6 +584,51 @@ class TravelEngine:
         if bad:
             raise IntegrityError(f"measurement mismatch {when}: {', '.join(bad)} region changed")
 
+    async def _recover_device(self, rec: VisitRecord, exc: GpuTravelError) -> None:
+        """The device service died mid-visit: start a new one, attest it, open a fresh session (new keys:
+        no nonce can repeat), upload the same program, restore the last sealed checkpoint, and let the
+        visit be redone. Its partial buffer died with the old device's memory."""
+        phase = str(self.phase) if self.phase else "?"
+        rec.outcome, rec.error, rec.failed_phase = "failed", f"device died: {exc.reason}", phase
+        self.phase = Phase.FAILED
+        if self.restart_device is None or self.device_restarts >= 3:
+            raise DeviceError(f"the device service died: {exc.reason}") from None
+        self.device_restarts += 1
+        self._rollback_training(rec)
+        self.client.close()
+        self.handle.stop()
+        self.handle = await asyncio.to_thread(self.restart_device)
+        self.client = DeviceClient(self.handle.socket_path, anchors=self.handle.anchors)
+        result = await asyncio.to_thread(self.client.connect)
+        program = json.dumps(self.train_program, sort_keys=True).encode()
+        head, _ = await self._dev("configure", program)
+        if head["code_digest"] != self.expected_code:
+            raise IntegrityError("the restarted device holds another program")
+        if self.last_good_ckpt is not None:
+            await self._restore(self.last_good_ckpt)
+        self.epoch = max(self.epoch, rec.epoch)
+        self.emit(ev.VisitFailed(time.time(), rec.plan.index, rec.plan.holder, rec.epoch, phase, rec.error, "device"))
+        self._ledger("device-restarted", phase=phase, holder=rec.plan.holder, epoch=rec.epoch, outcome="device",
+                     detail={"visit": rec.plan.index, "error": rec.error, "restored_checkpoint": self.last_good_ckpt,
+                             "device_id": result.device_id,
+                             "session_fp": self.client.secrets.fingerprint() if self.client.secrets else None},
+                     state={"epoch": self.epoch})
+        self.phase = Phase.DONE
+        # agents mid-transfer to the dead device are restarted for the redo
+        link = self.links[rec.plan.holder]
+        try:
+            await link.close()
+            self.infos[rec.plan.holder] = await link.start()
+        except GpuTravelError:
+            pass
+
+    def _rollback_training(self, rec: VisitRecord) -> None:
+        """A visit that trained and then failed is undone (the model is restored from the checkpoint)."""
+        if rec.losses:
+            del self.loss_history[len(self.loss_history) - len(rec.losses):]
+            self.step_count -= len(rec.losses)
+            self.val_history = [v for v in self.val_history if v[0] <= self.step_count]
+
     async def _abort_visit(self, rec: VisitRecord, window_open: bool, *, restore: bool) -> dict[str, Any]:
         """Close the window, scrub the partial buffer, restore the model if it is suspect, rotate."""
         out: dict[str, Any] = {}
@@ -532,7 +652,9 @@ class TravelEngine:
         phase = str(self.phase) if self.phase else "?"
         rec.outcome, rec.error, rec.failed_phase = "failed", str(exc), phase
         self.phase = Phase.FAILED
-        out = await self._abort_visit(rec, window_open, restore=isinstance(exc, IntegrityError))
+        trained = bool(rec.losses)
+        self._rollback_training(rec)
+        out = await self._abort_visit(rec, window_open, restore=isinstance(exc, IntegrityError) or trained)
         self.emit(ev.VisitFailed(time.time(), rec.plan.index, rec.plan.holder, rec.epoch, phase, str(exc), exc.code))
         self._ledger("visit-failed", phase=phase, holder=rec.plan.holder, epoch=rec.epoch, key_fp=rec.key_fingerprint,
                      outcome=exc.code, detail={"visit": rec.plan.index, "error": str(exc), **out},
@@ -572,6 +694,7 @@ class TravelEngine:
                 "val_loss": val[-1] if val else None,
                 "val_loss_first": val[0] if val else None,
                 "tokens_per_s": round(sum(r.tokens_per_s for r in trained) / len(trained), 1) if trained else None,
+                "model_digest": self.expected_model,
                 "loss_curve": [round(loss, 5) for _, loss in self.loss_history],
                 "val_curve": [{"step": st, "holder": h, "val_loss": round(v, 5)} for st, h, v in self.val_history],
             },
@@ -582,6 +705,8 @@ class TravelEngine:
                        "head": verify.head_hash, "reason": verify.reason},
             "checkpoints": {"dir": str(self.ckpt.directory), "last_seq": self.last_good_ckpt},
             "failed_visits": sum(1 for r in self.records if r.outcome == "failed"),
+            "retried_visits": sum(1 for r in self.records if r.failures),
+            "device_restarts": self.device_restarts,
             "seconds": round(seconds, 3),
         }
 

@@ -273,6 +273,12 @@ class FramedHolderLink(HolderLink):
                 pass
 
 
+def _die_with_parent() -> None:
+    from gputravel.core.platform.emulated import die_with_parent
+
+    die_with_parent()
+
+
 class LocalHolderLink(FramedHolderLink):
     """The agent as a local subprocess on stdin/stdout (``python -m gputravel.agents.holder``)."""
 
@@ -290,7 +296,8 @@ class LocalHolderLink(FramedHolderLink):
             self.proc = await asyncio.create_subprocess_exec(
                 self.python, "-m", "gputravel.agents.holder", "--name", self.name, "--data", str(self.data_dir),
                 "--val-fraction", str(self.val_fraction), stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, limit=STREAM_LIMIT)
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, limit=STREAM_LIMIT,
+                preexec_fn=_die_with_parent)
         except OSError as exc:
             raise AgentError(self.name, f"cannot start the agent: {exc}") from None
         self.reader, self.writer = self.proc.stdout, self.proc.stdin

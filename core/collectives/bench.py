@@ -1,0 +1,284 @@
+"""Benchmarks of the ring variants: raw all-reduce and DDP training (the GPU-TEE overhead study).
+
+Each run spawns real ranks (``launch.run_workers``), times every variant interleaved in the same
+run (so ``ratio_vs_plain`` compares like with like), and returns JSON-ready rows plus the machine.
+A call's time is the slowest rank's. The console renders; nothing here prints.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from gputravel.core.collectives.crypto import HostCrypto, default_workers
+from gputravel.core.collectives.hook import SecureRingState, default_store, secure_ring_hook
+from gputravel.core.collectives.keys import emulated_identity, establish_ring_keys
+from gputravel.core.collectives.launch import WorkerContext, run_workers
+from gputravel.core.collectives.ring import RingStats, SecureRing, Variant, available_variants
+
+__all__ = ["MODELS", "AllReduceSpec", "DdpSpec", "machine_info", "run_allreduce_bench", "run_ddp_bench"]
+
+BREAKDOWN = ("crypto_s", "wire_s", "reduce_s", "wait_s")
+
+
+def machine_info(*, backend: str = "gloo") -> dict[str, Any]:
+    """Cores, CPU, device and versions: printed with every figure."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {
+        "cores": cores,
+        "cpu": cpu,
+        "device": gpu or "cpu",
+        "backend": backend,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "gloo_tls": Variant.GLOO_TLS in available_variants(),
+        "platform": "emulated (SIM) device identities; real AES-256-GCM, ECDH and signatures",
+    }
+
+
+def parse_variants(text: str) -> tuple[Variant, ...]:
+    """``all`` or a comma list; ``plain`` is always measured (every ratio needs it)."""
+    if text.strip() == "all":
+        chosen = list(available_variants())
+    else:
+        chosen = []
+        for name in (t.strip() for t in text.split(",") if t.strip()):
+            v = Variant(name)
+            if v not in available_variants():
+                raise ValueError(f"variant {v} is not available in this torch build")
+            chosen.append(v)
+    if Variant.PLAIN not in chosen:
+        chosen.insert(0, Variant.PLAIN)
+    return tuple(dict.fromkeys(chosen))
+
+
+def _device() -> torch.device:
+    """Where the job's tensors live: the rank's GPU under NCCL, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _slowest(ctx: WorkerContext, times: list[float]) -> list[float]:
+    """Per repeat, the slowest rank's time."""
+    gathered: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(gathered, times)
+    return [max(col) for col in zip(*gathered, strict=True)]
+
+
+def _mean_stats(ctx: WorkerContext, delta: dict[str, float], calls: int) -> dict[str, float]:
+    gathered: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(gathered, delta)
+    return {k: sum(g[k] for g in gathered) / ctx.world_size / max(1, calls) for k in BREAKDOWN}
+
+
+def _delta(before: dict[str, float], after: RingStats) -> dict[str, float]:
+    now = after.as_dict()
+    return {k: now[k] - before.get(k, 0.0) for k in BREAKDOWN}
+
+
+# --- all-reduce ---------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class AllReduceSpec:
+    """What ``bench allreduce`` measures."""
+
+    sizes_mib: tuple[float, ...]
+    variants: tuple[Variant, ...]
+    repeats: int = 10
+    warmup: int = 2
+    chunk_bytes: int = 1 << 20
+    workers: int | None = None  # crypto threads per rank; None: free cores
+    gathers: tuple[str, ...] = ("sealed",)  # all-gather modes of secure variants: "sealed", "reseal"
+    dtype: str = "float32"
+
+
+def allreduce_worker(ctx: WorkerContext, spec: AllReduceSpec, vendor_dir: str) -> list[dict[str, Any]]:
+    store = default_store()
+    identity, root, crl = emulated_identity(Path(vendor_dir), rank=ctx.rank, store=store)
+    keys = establish_ring_keys(store, rank=ctx.rank, world=ctx.world_size, identity=identity, root=root, crl=crl)
+    crypto = HostCrypto(workers=default_workers(ctx.world_size) if spec.workers is None else spec.workers)
+    rings = {g: SecureRing(keys=keys, crypto=crypto, chunk_bytes=spec.chunk_bytes, sealed_gather=g == "sealed")
+             for g in spec.gathers}
+    runs = [(v, g if v.secure else None) for v in spec.variants for g in (spec.gathers if v.secure else ("-",))]
+    dtype = getattr(torch, spec.dtype)
+    total, done = len(spec.sizes_mib) * (spec.warmup + spec.repeats), 0
+    rows = []
+    for mib in spec.sizes_mib:
+        numel = max(1, int(mib * 2**20) // torch.empty(0, dtype=dtype).element_size())
+        x = torch.randn(numel, generator=torch.Generator().manual_seed(ctx.rank)).to(_device(), dtype)
+        y = torch.empty_like(x)
+        times: dict[tuple[Variant, str | None], list[float]] = {r: [] for r in runs}
+        before: dict[tuple[Variant, str | None], dict[str, float]] = {}
+        for rep in range(spec.warmup + spec.repeats):
+            if rep == spec.warmup:
+                before = {(v, g): rings[g or spec.gathers[0]].stats.get(v, RingStats()).as_dict() for v, g in runs}
+            for v, g in runs:
+                y.copy_(x)
+                dist.barrier()
+                t0 = time.perf_counter()
+                rings[g or spec.gathers[0]].all_reduce(y, v)
+                if rep >= spec.warmup:
+                    times[(v, g)].append(time.perf_counter() - t0)
+            done += 1
+            if ctx.rank == 0:
+                ctx.report({"done": done, "total": total, "size_mib": mib})
+        plain = statistics.median(_slowest(ctx, times[(Variant.PLAIN, None)]))
+        for v, g in runs:
+            slow = _slowest(ctx, times[(v, g)])
+            ring = rings[g or spec.gathers[0]]
+            breakdown = _mean_stats(ctx, _delta(before[(v, g)], ring.stats.get(v, RingStats())), spec.repeats)
+            med = statistics.median(slow)
+            rows.append({
+                "world_size": ctx.world_size, "size_mib": mib, "variant": v.value, "gather": g,
+                "repeats": spec.repeats, "median_s": med, "min_s": min(slow),
+                "ratio_vs_plain": med / plain if plain > 0 else None,
+                "gb_per_s": (numel * x.element_size() / med / 1e9) if med > 0 else None,
+                "breakdown_s": breakdown,
+            })
+    for ring in rings.values():
+        ring.close()
+    return rows
+
+
+def run_allreduce_bench(spec: AllReduceSpec, *, world_sizes: Sequence[int], backend: str = "gloo",
+                        on_progress: Callable[[int, dict[str, Any]], None] | None = None,
+                        timeout: float = 1800.0) -> dict[str, Any]:
+    """Run ``spec`` at each world size; returns ``{"machine", "settings", "rows"}``."""
+    rows: list[dict[str, Any]] = []
+    for i, world in enumerate(world_sizes):
+        def progress(_rank: int, payload: dict[str, Any], i: int = i, world: int = world) -> None:
+            if on_progress is not None:
+                on_progress(i, {**payload, "world_size": world})
+
+        with tempfile.TemporaryDirectory(prefix="gputravel-ring-") as vendor_dir:
+            result = run_workers(allreduce_worker, world, spec, vendor_dir, backend=backend, timeout=timeout,
+                                 pg_timeout=120, on_progress=progress)
+        rows.extend(result[0])
+    settings = {**asdict(spec), "variants": [v.value for v in spec.variants], "world_sizes": list(world_sizes),
+                "workers": "free cores" if spec.workers is None else spec.workers}
+    return {"benchmark": "allreduce", "machine": machine_info(backend=backend), "settings": settings, "rows": rows}
+
+
+# --- DDP training --------------------------------------------------------------------------------------
+MODELS: dict[str, tuple[int, int, int]] = {
+    # name: (input width, hidden width, hidden layers) of an MLP; S ~1.1 M parameters, M ~8.4 M
+    "S": (256, 1024, 1),
+    "M": (512, 2048, 2),
+}
+
+
+def _mlp(name: str) -> torch.nn.Module:
+    width_in, hidden, layers = MODELS[name]
+    mods: list[torch.nn.Module] = [torch.nn.Linear(width_in, hidden), torch.nn.ReLU()]
+    for _ in range(layers):
+        mods += [torch.nn.Linear(hidden, hidden), torch.nn.ReLU()]
+    mods.append(torch.nn.Linear(hidden, 16))
+    return torch.nn.Sequential(*mods)
+
+
+@dataclass(frozen=True, slots=True)
+class DdpSpec:
+    """What ``bench ddp`` measures."""
+
+    models: tuple[str, ...]
+    variants: tuple[Variant, ...]
+    iters: int = 5
+    warmup: int = 2
+    batch: int = 32
+    chunk_bytes: int = 1 << 20
+    workers: int | None = None
+
+
+def ddp_worker(ctx: WorkerContext, spec: DdpSpec, vendor_dir: str) -> list[dict[str, Any]]:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    workers = default_workers(ctx.world_size) if spec.workers is None else spec.workers
+    total, done, rows = len(spec.models) * (spec.warmup + spec.iters), 0, []
+    for name in spec.models:
+        runs: dict[Variant, tuple[Any, Any, SecureRingState | None]] = {}
+        for v in spec.variants:
+            torch.manual_seed(0)
+            model = DDP(_mlp(name).to(_device()))
+            state = None
+            if v is not Variant.PLAIN:  # plain: DDP's own all-reduce, no hook
+                state = SecureRingState(variant=v, vendor_dir=Path(vendor_dir), chunk_bytes=spec.chunk_bytes,
+                                        workers=workers)
+                model.register_comm_hook(state, secure_ring_hook)
+            runs[v] = (model, torch.optim.SGD(model.parameters(), lr=1e-3), state)
+        params = sum(p.numel() for p in runs[spec.variants[0]][0].parameters())
+        gen = torch.Generator().manual_seed(ctx.rank)
+        x = torch.randn(spec.batch, MODELS[name][0], generator=gen).to(_device())
+        y = torch.randint(0, 16, (spec.batch,), generator=gen).to(_device())
+        times: dict[Variant, list[float]] = {v: [] for v in spec.variants}
+        before: dict[Variant, dict[str, float]] = {}
+        for it in range(spec.warmup + spec.iters):
+            for v, (model, opt, state) in runs.items():
+                if it == spec.warmup and state is not None:
+                    before[v] = state.ring.stats.get(v, RingStats()).as_dict()
+                dist.barrier()
+                t0 = time.perf_counter()
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                if it >= spec.warmup:
+                    times[v].append(time.perf_counter() - t0)
+            done += 1
+            if ctx.rank == 0:
+                ctx.report({"done": done, "total": total, "model": name})
+        slow = {v: _slowest(ctx, t) for v, t in times.items()}
+        plain = statistics.median(slow[Variant.PLAIN])
+        noop = statistics.median(slow[Variant.NOOP]) if Variant.NOOP in slow else None
+        for v, (_model, _opt, state) in runs.items():
+            med = statistics.median(slow[v])
+            stats = state.ring.stats.get(v, RingStats()) if state is not None else None
+            breakdown = (_mean_stats(ctx, _delta(before.get(v, {}), stats), spec.iters) if stats is not None
+                         else _mean_stats(ctx, dict.fromkeys(BREAKDOWN, 0.0), spec.iters))
+            rows.append({
+                "world_size": ctx.world_size, "model": name, "params": params, "variant": v.value,
+                "iters": spec.iters, "median_s": med, "min_s": min(slow[v]), "ratio_vs_plain": med / plain,
+                "ratio_vs_noop": med / noop if noop else None, "comm_breakdown_s": breakdown,
+            })
+            if state is not None:
+                state.close()
+    return rows
+
+
+def run_ddp_bench(spec: DdpSpec, *, world_sizes: Sequence[int], backend: str = "gloo",
+                  on_progress: Callable[[int, dict[str, Any]], None] | None = None,
+                  timeout: float = 1800.0) -> dict[str, Any]:
+    """Per-iteration DDP time with each hook, by world size and model size (the study's table)."""
+    if Variant.PLAIN not in spec.variants:
+        raise ValueError("the DDP benchmark needs the plain variant (every ratio is against it)")
+    rows: list[dict[str, Any]] = []
+    for i, world in enumerate(world_sizes):
+        def progress(_rank: int, payload: dict[str, Any], i: int = i, world: int = world) -> None:
+            if on_progress is not None:
+                on_progress(i, {**payload, "world_size": world})
+
+        with tempfile.TemporaryDirectory(prefix="gputravel-ddp-") as vendor_dir:
+            result = run_workers(ddp_worker, world, spec, vendor_dir, backend=backend, timeout=timeout,
+                                 pg_timeout=120, on_progress=progress)
+        rows.extend(result[0])
+    settings = {**asdict(spec), "variants": [v.value for v in spec.variants], "world_sizes": list(world_sizes),
+                "models": {m: {"mlp": MODELS[m]} for m in spec.models}, "workers": "free cores" if spec.workers is None else spec.workers}
+    return {"benchmark": "ddp", "machine": machine_info(backend=backend), "settings": settings, "rows": rows}
