@@ -266,7 +266,10 @@ class Agent:
         session = bytes.fromhex(h["session"])
         base = int(h["window_offset"])
         cs = int(h["chunk_size"])
-        total = int(h["train"][1]) + int(h["val"][1])
+        skip = int(h.get("skip", 0))
+        total = int(h.get("length", int(h["train"][1]) + int(h["val"][1]) - skip))
+        if skip < 0 or total <= 0 or skip + total > int(h["train"][1]) + int(h["val"][1]):
+            raise DataError(f"hand-off window [{skip}, {skip + total}) is outside this visit's data")
         if int(h["train"][0]) + int(h["train"][1]) > self.data.train.length or \
                 int(h["val"][0]) + int(h["val"][1]) > self.data.val.length:
             raise DataError("hand-off asks for bytes beyond this holder's dataset")
@@ -278,13 +281,13 @@ class Agent:
         send_chunk = device.send if device else (lambda head, ct: self.send(FrameType.CHUNK, head, ct))
         try:
             self._provision_loop(h, sender, send_chunk, device is not None, epoch=epoch, base=base, cs=cs,
-                                 total=total, n_chunks=n_chunks, start=start)
+                                 total=total, n_chunks=n_chunks, start=start, skip=skip)
         finally:
             if device:
                 device.close()
 
     def _provision_loop(self, h: dict, sender: SendState, send_chunk: Any, direct: bool, *, epoch: int, base: int,
-                        cs: int, total: int, n_chunks: int, start: int) -> None:
+                        cs: int, total: int, n_chunks: int, start: int, skip: int = 0) -> None:
         # A ring of sealed-chunk slots: a chunk's ciphertext stays in its slot until acknowledged
         # (so a rejected chunk is retransmitted as is), then the slot is reused. No per-chunk copies.
         slots = [bytearray(cs + TAG_LEN) for _ in range(min(MAX_IN_FLIGHT, n_chunks - start) or 1)]
@@ -300,7 +303,7 @@ class Agent:
                 lo = seq * cs
                 n = min(cs, total - lo)
                 view = memoryview(plain)[:n]
-                self._window_into(h, lo, view)
+                self._window_into(h, skip + lo, view)
                 slot = free.pop()
                 ct = memoryview(slots[slot])[: n + TAG_LEN]
                 got = sender.seal_into(view, ct, frame_type=FrameType.CHUNK, offset=base + lo, length=n)
@@ -409,7 +412,10 @@ def main(argv: list[str] | None = None) -> int:
     out, inp = sys.stdout.buffer, sys.stdin.buffer
     sys.stdout = sys.stderr  # nothing but frames may reach the real stdout
     try:
-        data = open_dataset(ns.data, val_fraction=ns.val_fraction)
+        try:
+            data = open_dataset(ns.data, val_fraction=ns.val_fraction)
+        except OSError as exc:  # e.g. another holder's folder: permission denied, named rather than a traceback
+            raise DataError(f"{exc.filename or ns.data}: cannot read the dataset: {exc.strerror or exc}") from None
     except GpuTravelError as exc:
         write_frame(out, FrameType.ERROR, {"code": exc.code, "reason": exc.reason})
         out.flush()

@@ -121,13 +121,18 @@ def parse_inventory(text: str, *, base: Path, source: str = "holders.toml") -> l
         key_path = (base / entry["client_key"]).expanduser()
         try:
             key_path.read_bytes()
-        except OSError as exc:
-            raise ConfigError(f"{where}: client_key {key_path} is unreadable: {exc.strerror}") from None
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+            raise ConfigError(f"{where}: client_key {key_path} is unreadable: "
+                              f"{getattr(exc, 'strerror', None) or exc}") from None
         known = None
         if entry["known_hosts"] is not None:
             _check_type(where, "known_hosts", entry["known_hosts"], str)
             known = (base / entry["known_hosts"]).expanduser()
-            if not known.is_file():
+            try:
+                exists = known.is_file()
+            except (OSError, ValueError):  # e.g. a name too long
+                exists = False
+            if not exists:
                 raise ConfigError(f"{where}: known_hosts {known} does not exist")
         if entry["host_key"] is not None:
             _check_type(where, "host_key", entry["host_key"], str)

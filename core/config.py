@@ -35,6 +35,8 @@ class RunSettings:
     holders_file: Path | None = None
     data_path: str = "channel"  # "channel": chunks ride the holder link; "direct": agent -> device data port
     visit_attempts: int = 2  # a failed visit is redone (agent restarted, device recovered) up to this many times
+    key_chunk_budget: int = 2**32  # chunks one provisioning key may seal; beyond it the window is split
+    epoch_limit: int | None = None  # epochs per session before a fresh attested session (re-key)
     fault: str | None = None  # fault injection: "kill-orchestrator|kill-device|kill-agent@PHASE:VISIT[+SECONDS]"
 
     def __post_init__(self) -> None:

@@ -105,7 +105,7 @@ class AllReduceSpec:
     variants: tuple[Variant, ...]
     repeats: int = 10
     warmup: int = 2
-    chunk_bytes: int = 1 << 20
+    chunk_bytes: int | None = None  # None: auto (SecureRing.pipeline_chunk)
     workers: int | None = None  # crypto threads per rank; None: free cores
     gathers: tuple[str, ...] = ("sealed",)  # all-gather modes of secure variants: "sealed", "reseal"
     dtype: str = "float32"
@@ -180,7 +180,7 @@ def run_allreduce_bench(spec: AllReduceSpec, *, world_sizes: Sequence[int], back
 
 # --- DDP training --------------------------------------------------------------------------------------
 MODELS: dict[str, tuple[int, int, int]] = {
-    # name: (input width, hidden width, hidden layers) of an MLP; S ~1.1 M parameters, M ~8.4 M
+    # name: (input width, hidden width, hidden layers) of an MLP; S: 1.3 M parameters, M: 9.5 M
     "S": (256, 1024, 1),
     "M": (512, 2048, 2),
 }
@@ -204,7 +204,7 @@ class DdpSpec:
     iters: int = 5
     warmup: int = 2
     batch: int = 32
-    chunk_bytes: int = 1 << 20
+    chunk_bytes: int | None = None  # None: auto (SecureRing.pipeline_chunk)
     workers: int | None = None
 
 

@@ -26,7 +26,6 @@ from gputravel.core.attestation import DeviceIdentity, Policy
 from gputravel.core.collectives.crypto import HostCrypto, default_workers
 from gputravel.core.collectives.keys import RingKeys, emulated_identity, establish_ring_keys
 from gputravel.core.collectives.ring import (
-    DEFAULT_CHUNK_BYTES,
     RingFault,
     SecureRing,
     Variant,
@@ -67,7 +66,7 @@ class SecureRingState:
         policy: Policy | None = None,
         keys: RingKeys | None = None,
         store: dist.Store | None = None,
-        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        chunk_bytes: int | None = None,
         workers: int | None = None,
         sealed_gather: bool = True,
         async_comm: bool = True,
@@ -84,7 +83,7 @@ class SecureRingState:
             raise ValueError(f"variant {self.variant} is not available in this torch build")
         if not dist.is_initialized():
             raise RuntimeError("call torch.distributed.init_process_group before creating the hook state")
-        if chunk_bytes < 4096:
+        if chunk_bytes is not None and chunk_bytes < 4096:
             raise ValueError("chunk_bytes must be at least 4096")
         if workers is not None and workers < 0:
             raise ValueError("workers must be >= 0 (0: crypto inline)")

@@ -39,6 +39,9 @@ class DeviceClient:
         self._chan: ControlChannel | None = None
         self.secrets: SessionSecrets | None = None
         self.attestation: AttestationResult | None = None
+        #: messages per control-channel key before an automatic rotation (low in tests)
+        self.nonce_budget = 2**32
+        self.rotations = 0
 
     # --- connection and attestation ----------------------------------------------------------
     def connect(self) -> AttestationResult:
@@ -114,7 +117,12 @@ class DeviceClient:
 
     # --- sealed requests ------------------------------------------------------------------------
     def call(self, op: str, payload: bytes = b"", **args: Any) -> tuple[dict[str, Any], bytes]:
-        """One sealed request and its sealed response; a refused request raises its typed error."""
+        """One sealed request and its sealed response; a refused request raises its typed error.
+
+        The control channel rotates itself before its nonce budget (``nonce_budget`` messages per key
+        and direction) runs out, so a long run never meets ``NonceExhaustedError``."""
+        if op != "rotate" and self._chan is not None and self._chan.send.counter >= self.nonce_budget - 1:
+            self.rotate()
         with self._lock:
             if self._chan is None or self._sock is None:
                 raise DeviceError("not connected")
@@ -134,9 +142,12 @@ class DeviceClient:
                 self._set_epoch(int(resp["epoch"]))
             return resp, bytes(inner.payload)
 
-    def rotate(self, epoch: int) -> None:
-        """Key update of the control channel to ``epoch`` (explicit swap on both sides)."""
-        self.call("rotate", epoch=epoch)
+    def rotate(self, epoch: int | None = None) -> int:
+        """Key update of the control channel to ``epoch`` (default: the next one); an explicit swap on
+        both sides. Returns the new control epoch."""
+        self.call("rotate", epoch=self.channel_epoch + 1 if epoch is None else epoch)
+        self.rotations += 1
+        return self.channel_epoch
 
     def close(self) -> None:
         if self._stream is not None:

@@ -238,7 +238,7 @@ class DeviceServer:
             try:
                 frame = read_frame_into(stream, payload_buf)
             except FrameError as exc:
-                svc.rejected[exc.code] += 1
+                svc.count_rejection(exc.code)
                 send_frame(conn, FrameType.ERROR, error_header(exc))
                 return
             if frame is None:
@@ -254,9 +254,10 @@ class DeviceServer:
                 send_frame(conn, FrameType.PONG, frame.header)
             elif frame.type is FrameType.BYE:
                 return
-            else:
-                svc.rejected["frame"] += 1
-                send_frame(conn, FrameType.ERROR, {"code": "frame", "reason": f"unexpected {frame.type.name}"})
+            else:  # e.g. an attempt to read the buffer back: the data port only takes chunks in
+                svc.count_rejection("frame", frame.header.get("e"))
+                send_frame(conn, FrameType.ERROR, {"code": "frame", "reason": f"unexpected {frame.type.name}",
+                                                   "s": frame.header.get("s")})
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -94,6 +94,8 @@ class DeviceService:
         self.dead_epochs: set[int] = set()
         self.lock = threading.Lock()
         self.rejected: Counter[str] = Counter()
+        #: rejections attributed to the epoch (so the holder) whose key or window they claimed
+        self.rejected_by_epoch: dict[int, Counter[str]] = {}
         self.counters: Counter[str] = Counter()
         self.busy_s = 0.0
         self.measurements = Measurements(firmware=EMULATED_FIRMWARE, driver=EMULATED_DRIVER,
@@ -212,7 +214,7 @@ class DeviceService:
             self.dead_epochs.add(epoch)
         return {"epoch": epoch, "bytes": w.bytes_in, "chunks": len(w.accepted), "expected_chunks": w.n_chunks,
                 "contiguous": w.contiguous(), "complete": len(w.accepted) == w.n_chunks,
-                "rejected": dict(self.rejected)}, b""
+                "rejected": dict(self.rejected), "rejected_in_window": dict(self.rejected_by_epoch.get(epoch, {}))}, b""
 
     def op_window_status(self, *, payload: bytes) -> tuple[dict[str, Any], bytes]:
         w = self.window
@@ -262,6 +264,7 @@ class DeviceService:
         if self.trainer is not None:
             mem += sum(p.numel() * p.element_size() for p in self.trainer.model.parameters())
         return {"counters": dict(self.counters), "rejected": dict(self.rejected), "busy_s": self.busy_s,
+                "rejected_by_epoch": {str(e): dict(c) for e, c in self.rejected_by_epoch.items()},
                 "memory_bytes": int(mem), "epoch": self.epoch}, b""
 
     def op_tamper(self, *, region: str, payload: bytes) -> tuple[dict[str, Any], bytes]:
@@ -301,8 +304,21 @@ class DeviceService:
         try:
             return self._accept_chunk(header, payload)
         except ProtocolError as exc:
-            self.rejected[exc.code] += 1
+            self.count_rejection(exc.code, header.get("e") if isinstance(header, dict) else None)
             raise
+
+    def count_rejection(self, code: str, claimed_epoch: Any = None) -> None:
+        """Count a rejection, attributed to the epoch it claimed when that epoch's key was ever handed
+        out, else to the window open now (the connection's current holder)."""
+        self.rejected[code] += 1
+        epoch: int | None = None
+        if isinstance(claimed_epoch, int) and not isinstance(claimed_epoch, bool) and (
+                claimed_epoch in self.dead_epochs or (self.window and claimed_epoch == self.window.epoch)):
+            epoch = claimed_epoch
+        elif self.window is not None:
+            epoch = self.window.epoch
+        if epoch is not None:
+            self.rejected_by_epoch.setdefault(epoch, Counter())[code] += 1
 
     def _accept_chunk(self, header: dict[str, Any], payload: bytes | bytearray | memoryview) -> dict[str, Any]:
         try:

@@ -64,6 +64,7 @@ class VisitRecord:
     phase_s: dict[str, float] = field(default_factory=dict)
     attempts: int = 0
     failures: list[str] = field(default_factory=list)
+    attack: dict[str, int] = field(default_factory=dict)
 
     def reset_for_retry(self) -> None:
         self.failures.append(f"{self.failed_phase}: {self.error}")
@@ -88,6 +89,7 @@ class VisitRecord:
                 "tokens_per_s": round(self.tokens_per_s, 1), "outcome": self.outcome, "error": self.error,
                 "failed_phase": self.failed_phase, "rejected": self.rejected, "retransmits": self.retransmits,
                 "attempts": self.attempts, "earlier_failures": self.failures,
+                "attack": bool(self.attack), "attack_attempts": self.attack,
                 "phase_s": {k: round(v, 6) for k, v in self.phase_s.items()}}
 
 
@@ -220,6 +222,8 @@ class TravelEngine:
         self.restart_device = restart_device
         self.fault_plan = FaultPlan.parse(settings.fault) if getattr(settings, "fault", None) else None
         self.device_restarts = 0
+        self.session_epoch_base = 0
+        self.session_rekeys = 0
 
     # --- events ------------------------------------------------------------------------------
     def subscribe(self) -> asyncio.Queue[ev.Event]:
@@ -348,6 +352,10 @@ class TravelEngine:
             raise
         finally:
             await self._shutdown_links()
+        try:
+            await self._audit_from_device()
+        except GpuTravelError:
+            pass
         failed = sum(1 for r in self.records if r.outcome == "failed")
         self._ledger("run-completed", outcome="ok" if not failed else "partial",
                      duration_s=time.perf_counter() - t0, detail={"visits": len(self.records), "failed": failed})
@@ -410,28 +418,25 @@ class TravelEngine:
         plan = rec.plan
         self.current = rec
         rec.epoch = self.epoch + 1
+        rec.key_fingerprint = None
         link = self.links[plan.holder]
         window_open = False
         self.phase = None
         try:
             # ATTEST: fresh evidence, and the code and model are what we left there
             t = await self._enter(rec, Phase.ATTEST)
+            await self._audit_from_device()
             result = await asyncio.to_thread(self.client.attest)
             await self._check_measurement(rec, "before hand-off")
             self._done(rec, Phase.ATTEST, t, detail={"device_id": result.device_id, "ok": result.ok})
 
             # HANDOFF: a provisioning key for this window and epoch only
             t = await self._enter(rec, Phase.HANDOFF)
-            head, _ = await self._dev("handoff", epoch=rec.epoch, offset=0, length=plan.window_len,
-                                      chunk_size=self.settings.chunk_size)
+            subs = self._sub_windows(plan.window_len)
+            handoff = await self._open_window(rec, subs[0])
             window_open = True
-            self.epoch = rec.epoch
-            rec.key_fingerprint = head["key_fingerprint"]
-            handoff = Handoff(epoch=rec.epoch, session_id=head["session_id"], key=head["provisioning_key"],
-                              window_offset=0, chunk_size=self.settings.chunk_size,
-                              train=(plan.train_start, plan.train_len), val=(plan.val_start, plan.val_len))
-            del head
-            self._done(rec, Phase.HANDOFF, t, detail={"window": [0, plan.window_len], "part": plan.part_id})
+            self._done(rec, Phase.HANDOFF, t, detail={"window": [0, plan.window_len], "part": plan.part_id,
+                                                      "n_windows": len(subs)})
 
             # PROVISION: ciphertext from the holder straight into the buffer window
             t = await self._enter(rec, Phase.PROVISION)
@@ -448,24 +453,29 @@ class TravelEngine:
             def rejected(seq: int | None, code: str, reason: str) -> None:
                 self.rejected_total[code] += 1
                 rec.rejected[code] = rec.rejected.get(code, 0) + 1
-                self.emit(ev.ChunkRejected(time.time(), plan.index, plan.holder, rec.epoch, seq, code, reason))
-                self._ledger("chunk-rejected", phase="PROVISION", holder=plan.holder, epoch=rec.epoch,
+                self.emit(ev.ChunkRejected(time.time(), plan.index, plan.holder, self.epoch, seq, code, reason))
+                self._ledger("chunk-rejected", phase="PROVISION", holder=plan.holder, epoch=self.epoch,
                              outcome=code, detail={"seq": seq, "reason": reason})
 
-            stats = await self._provision_with_resume(rec, link, handoff, progress, rejected)
-            del handoff
-            rec.provision_s = stats.seconds
-            rec.retransmits = stats.retransmits
+            total_s = 0.0
+            for i, sub in enumerate(subs):
+                if i:  # the previous key's nonce budget is spent: close its window, hand over the next key
+                    await self._close_window(rec, handoff, sub_total=subs[i - 1][1])
+                    handoff = await self._open_window(rec, sub)
+                stats = await self._provision_with_resume(rec, link, handoff, progress, rejected)
+                total_s += stats.seconds
+                rec.retransmits += stats.retransmits
+            rec.provision_s = total_s
             self._done(rec, Phase.PROVISION, t, nbytes=plan.window_len,
-                       detail={"mb_s": round(plan.window_len / max(stats.seconds, 1e-9) / 1e6, 2),
-                               "retransmits": stats.retransmits})
+                       detail={"mb_s": round(plan.window_len / max(total_s, 1e-9) / 1e6, 2),
+                               "retransmits": rec.retransmits})
 
             # RETURN: the holder's key dies
             t = await self._enter(rec, Phase.RETURN)
-            head, _ = await self._dev("close_window", epoch=rec.epoch)
+            await self._close_window(rec, handoff, sub_total=subs[-1][1])
             window_open = False
-            rec.bytes, rec.chunks = int(head["bytes"]), int(head["chunks"])
-            if not head["complete"] or rec.bytes != plan.window_len:
+            del handoff
+            if rec.bytes != plan.window_len:
                 raise ProtocolError(f"holder returned with {rec.bytes} of {plan.window_len} bytes provisioned")
             self._done(rec, Phase.RETURN, t, nbytes=rec.bytes, detail={"chunks": rec.chunks})
 
@@ -504,7 +514,7 @@ class TravelEngine:
 
             # ROTATE: new control-channel epoch; sealed checkpoint; progress committed with the event
             t = await self._enter(rec, Phase.ROTATE)
-            await asyncio.to_thread(self.client.rotate, rec.epoch)
+            await asyncio.to_thread(self.client.rotate)
             await self._checkpoint(plan.index + 1)
             rec.outcome = "done"
             done_list = [r.plan.index for r in self.records if r.outcome.startswith("done")]
@@ -561,6 +571,63 @@ class TravelEngine:
                 await link.reconnect()  # type: ignore[attr-defined]
                 handoff = replace(handoff, resume_from=resume_from)
 
+    def _sub_windows(self, length: int) -> list[tuple[int, int]]:
+        """Split a visit's window so no provisioning key seals more than ``key_chunk_budget`` chunks."""
+        cs = self.settings.chunk_size
+        per_key = max(1, int(getattr(self.settings, "key_chunk_budget", 2**32))) * cs
+        return [(skip, min(per_key, length - skip)) for skip in range(0, length, per_key)]
+
+    async def _open_window(self, rec: VisitRecord, sub: tuple[int, int]) -> Handoff:
+        """A new epoch and a provisioning key for bytes [skip, skip+length) of the visit's window."""
+        epoch = self.epoch + 1
+        limit = getattr(self.settings, "epoch_limit", None)
+        if limit and epoch - self.session_epoch_base > limit:
+            await self._rekey_session(reason=f"epoch limit {limit} reached")
+        skip, length = sub
+        head, _ = await self._dev("handoff", epoch=epoch, offset=skip, length=length,
+                                  chunk_size=self.settings.chunk_size)
+        self.epoch = epoch
+        if not rec.key_fingerprint:
+            rec.epoch, rec.key_fingerprint = epoch, head["key_fingerprint"]
+        else:
+            self._ledger("key-handed-over", phase="PROVISION", holder=rec.plan.holder, epoch=epoch,
+                         key_fp=head["key_fingerprint"], nbytes=length, detail={"visit": rec.plan.index, "skip": skip})
+        plan = rec.plan
+        return Handoff(epoch=epoch, session_id=head["session_id"], key=head["provisioning_key"], window_offset=skip,
+                       chunk_size=self.settings.chunk_size, train=(plan.train_start, plan.train_len),
+                       val=(plan.val_start, plan.val_len), skip=skip, length=length)
+
+    async def _close_window(self, rec: VisitRecord, handoff: Handoff, *, sub_total: int) -> None:
+        head, _ = await self._dev("close_window", epoch=handoff.epoch)
+        self._audit_rejections({str(handoff.epoch): head.get("rejected_in_window", {})})
+        rec.bytes += int(head["bytes"])
+        rec.chunks += int(head["chunks"])
+        if not head["complete"] or int(head["bytes"]) != sub_total:
+            raise ProtocolError(f"holder returned with {head['bytes']} of {sub_total} bytes provisioned "
+                                f"under epoch {handoff.epoch}")
+
+    async def _rekey_session(self, *, reason: str) -> None:
+        """A fresh attested session (new ECDH, new master): every key of the old one is dead."""
+        old_fp = self.client.secrets.fingerprint() if self.client.secrets else None
+        self.client.close()
+        self.client = DeviceClient(self.handle.socket_path, anchors=self.handle.anchors)
+        for attempt in range(50):  # the device frees its control slot when it sees the old connection close
+            try:
+                await asyncio.to_thread(self.client.connect)
+                break
+            except DeviceError:
+                if attempt == 49:
+                    raise
+                await asyncio.sleep(0.1)
+                self.client = DeviceClient(self.handle.socket_path, anchors=self.handle.anchors)
+        if self.current is not None:  # the model and code stayed in device memory across the re-key
+            await self._check_measurement(self.current, "after re-keying")
+        self.session_epoch_base = self.epoch
+        self.session_rekeys += 1
+        self._ledger("session-rekeyed", epoch=self.epoch, outcome="ok",
+                     detail={"reason": reason, "old_session_fp": old_fp,
+                             "new_session_fp": self.client.secrets.fingerprint() if self.client.secrets else None})
+
     def _data_endpoint(self) -> dict[str, Any] | None:
         """Where a holder sends sealed chunks on the direct path: the device's Unix socket for holders on
         this host (local agents, the embedded SSH server), its TCP data port for inventory hosts."""
@@ -583,6 +650,33 @@ class TravelEngine:
                if head[name] != want]
         if bad:
             raise IntegrityError(f"measurement mismatch {when}: {', '.join(bad)} region changed")
+
+    #: Rejections that only a misbehaving holder causes with a valid key: writes outside its window, its key
+    #: used after return or in another epoch, replays, frames the data port does not take (reading back).
+    ATTACK_CODES = frozenset({"window", "stale-epoch", "replay", "frame"})
+
+    def _audit_rejections(self, by_epoch: dict[str, dict[str, int]]) -> None:
+        """Attribute new rejections to the visit whose epoch they claimed; attacks go to the ledger."""
+        seen = getattr(self, "_rejections_seen", {})
+        self._rejections_seen = seen
+        by_visit = {r.epoch: r for r in self.records if r.epoch}
+        for epoch_s, counts in by_epoch.items():
+            rec = by_visit.get(int(epoch_s))
+            for code, n in counts.items():
+                new = n - seen.get((epoch_s, code), 0)
+                if new <= 0:
+                    continue
+                seen[(epoch_s, code)] = n
+                if rec is None or code not in self.ATTACK_CODES:
+                    continue
+                rec.attack[code] = rec.attack.get(code, 0) + new
+                self._ledger("attack-detected", holder=rec.plan.holder, epoch=rec.epoch, key_fp=rec.key_fingerprint,
+                             outcome=code, detail={"visit": rec.plan.index, "count": new,
+                                                   "after_return": rec.outcome.startswith("done")})
+
+    async def _audit_from_device(self) -> None:
+        head, _ = await self._dev("stats")
+        self._audit_rejections(head.get("rejected_by_epoch", {}))
 
     async def _recover_device(self, rec: VisitRecord, exc: GpuTravelError) -> None:
         """The device service died mid-visit: start a new one, attest it, open a fresh session (new keys:
@@ -643,8 +737,7 @@ class TravelEngine:
         if restore and self.last_good_ckpt is not None:
             await self._restore(self.last_good_ckpt)
             out["restored_checkpoint"] = self.last_good_ckpt
-        if self.client.channel_epoch < rec.epoch:
-            await asyncio.to_thread(self.client.rotate, rec.epoch)
+        await asyncio.to_thread(self.client.rotate)
         self.epoch = max(self.epoch, rec.epoch)
         return out
 
@@ -706,7 +799,11 @@ class TravelEngine:
             "checkpoints": {"dir": str(self.ckpt.directory), "last_seq": self.last_good_ckpt},
             "failed_visits": sum(1 for r in self.records if r.outcome == "failed"),
             "retried_visits": sum(1 for r in self.records if r.failures),
+            "attacks": [{"visit": r.plan.index, "holder": r.plan.holder, "epoch": r.epoch, "attempts": r.attack}
+                        for r in self.records if r.attack],
             "device_restarts": self.device_restarts,
+            "session_rekeys": self.session_rekeys,
+            "control_rotations": self.client.rotations,
             "seconds": round(seconds, 3),
         }
 

@@ -54,11 +54,14 @@ class Handoff:
     train: tuple[int, int]
     val: tuple[int, int]
     resume_from: int = 0
+    skip: int = 0  # this key's window starts at this byte of the visit's window (train slice, then val slice)
+    length: int | None = None  # bytes under this key (default: the whole train + val window)
 
     def header(self, data_endpoint: dict[str, Any] | None = None) -> dict[str, Any]:
         h = {"epoch": self.epoch, "session": self.session_id, "key": self.key, "window_offset": self.window_offset,
              "chunk_size": self.chunk_size, "train": list(self.train), "val": list(self.val),
-             "resume_from": self.resume_from}
+             "resume_from": self.resume_from, "skip": self.skip,
+             "length": self.length if self.length is not None else self.train[1] + self.val[1]}
         if data_endpoint is not None:
             h["data_endpoint"] = data_endpoint
         return h
