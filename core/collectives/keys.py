@@ -98,7 +98,7 @@ def emulated_identity(vendor_dir: Path, *, rank: int, store: dist.Store | None =
         VendorCA.generate().save(vendor_dir)
     if store is not None:
         if rank == 0:
-            store.set("gputravel/vendor-ready", b"1")
+            store.set("gputravel/vendor-ready", "1")
         else:
             store.wait(["gputravel/vendor-ready"], timeout)
     ca = VendorCA.load(vendor_dir)
@@ -181,7 +181,7 @@ def establish_ring_keys(
     posted: set[str] = set()
 
     def put(kind: str, value: bytes) -> None:
-        store.set(f"{prefix}/{kind}/{rank}", value)
+        store.set(f"{prefix}/{kind}/{rank}", value)  # type: ignore[arg-type]  # the store takes bytes
         posted.add(kind)
 
     try:

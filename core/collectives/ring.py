@@ -209,9 +209,8 @@ class _Wire:
 
     def __init__(self, group: dist.ProcessGroup | None, rank: int, world: int) -> None:
         self.group = group
-        pg = group if group is not None else dist.group.WORLD
-        self.left = dist.get_global_rank(pg, (rank - 1) % world) if group is not None else (rank - 1) % world
-        self.right = dist.get_global_rank(pg, (rank + 1) % world) if group is not None else (rank + 1) % world
+        self.left = dist.get_global_rank(group, (rank - 1) % world) if group is not None else (rank - 1) % world
+        self.right = dist.get_global_rank(group, (rank + 1) % world) if group is not None else (rank + 1) % world
         self.nccl = dist.get_backend(group) == "nccl"
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.nccl else torch.device("cpu")
 
