@@ -316,6 +316,7 @@ class Agent:
             if isinstance(frame, GpuTravelError):
                 raise frame
             if frame is None or isinstance(frame, Exception):
+                self._inbox.put(frame)  # the main loop must see the end of the link too, or it waits forever
                 raise GpuTravelError("link closed during provisioning")
             if frame.type is FrameType.ACK:
                 s = int(frame.header["s"])
