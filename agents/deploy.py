@@ -146,7 +146,7 @@ async def deploy(conn: asyncssh.SSHClientConnection, spec: HolderSpec, *,
         err = crypto.stderr.decode(errors="replace") if isinstance(crypto.stderr, bytes) else str(crypto.stderr)
         missing = "python itself" if "not found" in err else "the 'cryptography' package"
         raise AgentError(spec.name, f"remote python {spec.python!r} lacks {missing} "
-                                    f"(install it: {spec.python} -m pip install 'cryptography>=42'): "
+                                    f"(install it: {spec.python} -m pip install 'cryptography>=47'): "
                                     f"{err.strip().splitlines()[-1] if err.strip() else 'exit ' + str(crypto.exit_status)}")
     crypto_version = (crypto.stdout.decode() if isinstance(crypto.stdout, bytes) else str(crypto.stdout)).strip()
     uploaded = False
