@@ -261,7 +261,8 @@ class Agent:
             self.data.val.readinto(v0 + start - tn, out[done:])
 
     def provision(self, h: dict) -> None:
-        key = DirectionKey.from_wire(h["key"])
+        plain = bool(h.get("plain"))  # the conventional path: no GPU key here; the link's own encryption only
+        key = DirectionKey.from_wire(h["key"]) if not plain else None
         epoch = int(h["epoch"])
         session = bytes.fromhex(h["session"])
         base = int(h["window_offset"])
@@ -275,7 +276,7 @@ class Agent:
             raise DataError("hand-off asks for bytes beyond this holder's dataset")
         n_chunks = (total + cs - 1) // cs
         start = int(h.get("resume_from", 0))
-        sender = SendState(key, session_id=session, start=start)
+        sender = SendState(key, session_id=session, start=start) if key is not None else None
         endpoint = h.get("data_endpoint")
         device = _DeviceSocket(endpoint, session, self._inbox) if endpoint else None
         send_chunk = device.send if device else (lambda head, ct: self.send(FrameType.CHUNK, head, ct))
@@ -286,7 +287,8 @@ class Agent:
             if device:
                 device.close()
 
-    def _provision_loop(self, h: dict, sender: SendState, send_chunk: Any, direct: bool, *, epoch: int, base: int,
+    def _provision_loop(self, h: dict, sender: SendState | None, send_chunk: Any, direct: bool, *, epoch: int,
+                        base: int,
                         cs: int, total: int, n_chunks: int, start: int, skip: int = 0) -> None:
         # A ring of sealed-chunk slots: a chunk's ciphertext stays in its slot until acknowledged
         # (so a rejected chunk is retransmitted as is), then the slot is reused. No per-chunk copies.
@@ -305,10 +307,15 @@ class Agent:
                 view = memoryview(plain)[:n]
                 self._window_into(h, skip + lo, view)
                 slot = free.pop()
-                ct = memoryview(slots[slot])[: n + TAG_LEN]
-                got = sender.seal_into(view, ct, frame_type=FrameType.CHUNK, offset=base + lo, length=n)
-                assert got == seq
                 head = {"e": epoch, "s": seq, "o": base + lo, "n": n}
+                if sender is None:  # conventional path: plaintext rides the (SSH-encrypted) link
+                    ct = memoryview(slots[slot])[:n]
+                    ct[:] = view
+                    head["plain"] = 1
+                else:
+                    ct = memoryview(slots[slot])[: n + TAG_LEN]
+                    got = sender.seal_into(view, ct, frame_type=FrameType.CHUNK, offset=base + lo, length=n)
+                    assert got == seq
                 sealed[seq] = (head, ct, slot)
                 send_chunk(head, ct)
                 seq += 1

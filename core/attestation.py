@@ -597,11 +597,13 @@ class Policy:
         object.__setattr__(self, "allowed_modes", modes)
         for key in ("max_report_age_s", "token_ttl_s"):
             value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not (
-                math.isfinite(value) and value > 0
-            ):
+            try:  # an integer beyond float range (TOML readers take any size) is not a number of seconds
+                seconds = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+            except OverflowError:
+                seconds = None
+            if seconds is None or not (math.isfinite(seconds) and seconds > 0):
                 raise ConfigError(f"policy: {key} must be a positive number of seconds")
-            object.__setattr__(self, key, float(value))
+            object.__setattr__(self, key, seconds)
 
     def expected(self, *, code: str | None = None) -> Measurements:
         """The reference measurements, with ``"auto"`` resolved (to ``code`` if given)."""

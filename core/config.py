@@ -33,7 +33,15 @@ class RunSettings:
     breakpoints: tuple[str, ...] = field(default_factory=tuple)
     transport: str = "local"  # "local" (agent subprocess), "ssh" (embedded loopback server), "inventory"
     holders_file: Path | None = None
-    data_path: str = "channel"  # "channel": chunks ride the holder link; "direct": agent -> device data port
+    #: "direct": the agent seals once under the GPU key and sends straight to the device's data port;
+    #: "channel": the same sealed chunks ride the holder link (SSH channel) and are relayed unopened;
+    #: "conventional": what collaborative training does without Travelling: the holder sends plaintext over
+    #: its secure link (SSH), the orchestrator's CVM receives it, re-encrypts it for the GPU's bounce buffer
+    #: and the device decrypts it (the redundant re-encryption Fastrack removes).
+    data_path: str = "channel"
+    parallel_auth: bool = True  # device: chunk authentication/decryption over a worker pool (free cores)
+    overlap: bool = True  # device: decrypt chunk k while chunk k+1 is on the wire
+    auth_workers: int = 0  # 0: sized to the free cores
     visit_attempts: int = 2  # a failed visit is redone (agent restarted, device recovered) up to this many times
     key_chunk_budget: int = 2**32  # chunks one provisioning key may seal; beyond it the window is split
     epoch_limit: int | None = None  # epochs per session before a fresh attested session (re-key)
@@ -51,7 +59,7 @@ class RunSettings:
             (self.batch_size >= 1 and self.seq_len >= 8, "batch-size >= 1 and seq-len >= 8"),
             (self.cc_mode in ("on", "off", "devtools"), "cc-mode is on, off or devtools"),
             (self.transport in ("local", "ssh", "inventory"), "transport is local, ssh or inventory"),
-            (self.data_path in ("channel", "direct"), "data path is channel or direct"),
+            (self.data_path in ("channel", "direct", "conventional"), "data path is direct, channel or conventional"),
             (self.visit_attempts >= 1, "visit-attempts must be >= 1"),
         ]
         for ok, msg in checks:

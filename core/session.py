@@ -75,6 +75,7 @@ class PhaseMark:
 class VisitView:
     visit: int
     holder: str
+    attempt: int = 1  # a failed visit is redone: each attempt is a row of its own
     epoch: int = 0
     phases: dict[str, PhaseMark] = field(default_factory=lambda: {str(p): PhaseMark(str(p)) for p in VISIT_PHASES})
     key_fp: str | None = None
@@ -106,7 +107,8 @@ class RunState:
     attested: bool | None = None
     claims: dict[str, bool] = field(default_factory=dict)
     holders: dict[str, HolderView] = field(default_factory=dict)
-    visits: dict[int, VisitView] = field(default_factory=dict)
+    visits: dict[int, VisitView] = field(default_factory=dict)  # row -> attempt, in the order they ran
+    rows: dict[int, int] = field(default_factory=dict)  # visit index -> its latest row
     visits_planned: int = 0
     current_visit: int | None = None
     current_holder: str | None = None
@@ -128,6 +130,7 @@ class RunState:
     events_seen: int = 0
     phases_completed: int = 0
     t0: float | None = None
+    _t: float = 0.0
 
     # --- folding ------------------------------------------------------------------------------
     def seed_holders(self, names: list[str]) -> None:
@@ -159,6 +162,7 @@ class RunState:
 
     def apply(self, event: ev.Event) -> None:
         self.events_seen += 1
+        self._t = event.t
         handler = getattr(self, f"_on_{event.kind}", None)
         if handler is not None:
             handler(event)
@@ -179,6 +183,17 @@ class RunState:
         h.error = None
         self.log(e.t, e.holder, f"agent verified sha256 {e.agent_sha256[:12]}; {h.data_bytes:,} bytes ({e.fmt})")
 
+    def _on_HolderStateChanged(self, e: ev.HolderStateChanged) -> None:
+        holder, state, detail = e.holder, e.state, e.detail
+        h = self.holder(holder)
+        h.state = state.split("(")[0]
+        if h.state == "verified" and "(" in state:
+            h.agent_sha256 = h.agent_sha256 or state[state.index("(") + 1:].rstrip(")")
+        self.log(e.t, holder, f"{state}{': ' + detail if detail else ''}", "error" if h.state == "failed" else "info")
+
+    def _on_ProvisionResumed(self, e: ev.ProvisionResumed) -> None:
+        self.log(e.t, e.holder, f"provisioning resumed from chunk {e.resume_from} (reconnect {e.attempt})", "warn")
+
     def _on_RunStarted(self, e: ev.RunStarted) -> None:
         self.status = "running"
         self.run_id, self.platform, self.visits_planned = e.run_id, dict(e.platform), e.visits_planned
@@ -187,10 +202,22 @@ class RunState:
         self.log(e.t, "orchestrator", f"run {e.run_id} started: {e.visits_planned} visits over "
                  f"{len(e.holders)} holders")
 
+    def visit(self, index: int | None) -> VisitView | None:
+        """The latest attempt of visit ``index`` (0-based)."""
+        row = self.rows.get(index) if index is not None else None
+        return self.visits[row] if row is not None else None
+
     def _visit(self, visit: int, holder: str) -> VisitView:
-        if visit not in self.visits:
-            self.visits[visit] = VisitView(visit, holder)
-        return self.visits[visit]
+        """The running attempt of ``visit``; an event after a failed attempt opens the next one."""
+        last = self.visit(visit)
+        if last is not None and last.outcome not in ("failed", "cancelled"):
+            return last
+        row = len(self.visits)
+        self.visits[row] = VisitView(visit, holder, attempt=last.attempt + 1 if last is not None else 1)
+        self.rows[visit] = row
+        if last is not None:
+            self.log(self._t, "orchestrator", f"visit {visit + 1} ({holder}): attempt {last.attempt + 1}")
+        return self.visits[row]
 
     def _on_PhaseStarted(self, e: ev.PhaseStarted) -> None:
         v = self._visit(e.visit, e.holder)
@@ -321,8 +348,8 @@ class RunState:
         self.status = "cancelled" if e.code == "cancelled" else "failed"
         self.error, self.error_code = e.error, e.code
         self.current_phase = self.paused_before = None
-        if self.current_visit is not None and self.current_visit in self.visits:
-            v = self.visits[self.current_visit]
+        v = self.visit(self.current_visit)
+        if v is not None:
             if v.outcome == "running":
                 v.outcome = self.status
                 for mark in v.phases.values():
@@ -353,7 +380,7 @@ class RunState:
             "holders": {n: {"state": h.state, "agent_sha256": h.agent_sha256, "data_bytes": h.data_bytes,
                             "visits_done": h.visits_done, "visits_failed": h.visits_failed,
                             "rejected": dict(h.rejected)} for n, h in self.holders.items()},
-            "visits": [{"visit": v.visit, "holder": v.holder, "epoch": v.epoch, "key_fp": v.key_fp,
+            "visits": [{"visit": v.visit, "attempt": v.attempt, "holder": v.holder, "epoch": v.epoch, "key_fp": v.key_fp,
                         "outcome": v.outcome, "failed_phase": v.failed_phase, "integrity_ok": v.integrity_ok,
                         "scrub_verified": v.scrub_verified, "loss_last": v.loss_last, "val_loss": v.val_loss,
                         "phases": {p: m.status for p, m in v.phases.items()}} for v in self.visits.values()],

@@ -24,7 +24,28 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-PATHS = ("direct", "direct-unix", "ssh", "local")
+PATHS = ("direct", "direct-tcp", "ssh", "local", "conventional")
+
+#: The Fastrack-style ablation: (label, path, parallel_auth, overlap)
+ABLATION = (
+    ("travelling: direct + parallel auth + overlap", "direct", True, True),
+    ("travelling: direct + overlap (no parallel auth)", "direct", False, True),
+    ("travelling: direct only (serial receive/decrypt)", "direct", False, False),
+    ("travelling over the SSH channel (no direct path)", "ssh", True, True),
+    ("conventional: SSH + CPU re-encryption + device decrypt", "conventional", True, True),
+)
+
+
+def memcpy_rate(size: int, *, seconds: float = 0.3) -> float:
+    """Plain host memory copy rate (bytes/s): the floor any path is compared with."""
+    src = bytearray(os.urandom(1 << 20)) * (size >> 20 or 1)
+    dst = bytearray(len(src))
+    n = 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        memoryview(dst)[:] = src
+        n += 1
+    return n * len(src) / (time.perf_counter() - t0)
 
 
 def aes_gcm_rate(chunk: int, *, seconds: float = 0.5) -> float:
@@ -55,8 +76,9 @@ def make_dataset(folder: Path, nbytes: int) -> None:
 
 
 async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdir: Path,
-                       progress: Any = None, task: Any = None) -> list[float]:
-    """Seconds per hand-off of ``size`` bytes on ``path`` (direct | ssh | local)."""
+                       progress: Any = None, task: Any = None, parallel_auth: bool = True,
+                       overlap: bool = True) -> list[float]:
+    """Seconds per hand-off of ``size`` bytes on ``path`` (direct | direct-tcp | ssh | local | conventional)."""
     from gputravel.agents.fleet import EmbeddedSshServer, links_from_specs
     from gputravel.core.device.client import DeviceClient
     from gputravel.core.platform.emulated import EmulatedPlatform
@@ -71,6 +93,7 @@ async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdi
     times: list[float] = []
     try:
         await asyncio.to_thread(client.connect)
+        await asyncio.to_thread(client.call, "set_data_path", parallel_auth=parallel_auth, overlap=overlap)
         if path == "local":
             link: Any = LocalHolderLink("bench", data)
         else:
@@ -79,13 +102,14 @@ async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdi
         info = await link.start()
         if info.train_bytes < size:
             raise typer.BadParameter(f"dataset too small: {info.train_bytes} < {size}")
-        endpoint = ({"host": handle.data_host, "port": handle.data_port} if path == "direct" else
-                    {"path": handle.socket_path} if path == "direct-unix" else None)
+        endpoint = ({"host": handle.data_host, "port": handle.data_port} if path == "direct-tcp" else
+                    {"path": handle.socket_path} if path == "direct" else None)
         for epoch in range(1, repeats + 1):
             head, _ = await asyncio.to_thread(client.call, "handoff", epoch=epoch, offset=0, length=size,
                                               chunk_size=chunk)
             handoff = Handoff(epoch=epoch, session_id=head["session_id"], key=head["provisioning_key"],
-                              window_offset=0, chunk_size=chunk, train=(0, size), val=(0, 0))
+                              window_offset=0, chunk_size=chunk, train=(0, size), val=(0, 0),
+                              conventional=path == "conventional")
             t0 = time.perf_counter()
             await link.provision(handoff, device_socket=handle.socket_path, data_endpoint=endpoint)
             times.append(time.perf_counter() - t0)
@@ -118,9 +142,14 @@ def register(bench_app: typer.Typer) -> None:
         size_mib: int = typer.Option(64, "--size-mib", help="Bytes provisioned per hand-off (MiB)."),
         chunk_kib: int = typer.Option(1024, "--chunk-kib"),
         repeats: int = typer.Option(3, "--repeats"),
+        ablate: bool = typer.Option(False, "--ablate", help="Fastrack-style table: each optimisation on/off, "
+                                    "the conventional path and a plain memory copy."),
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
         """End-to-end provisioning MB/s per data path, next to the single-core AES-GCM rate."""
+        if ablate:
+            _ablate(size_mib=size_mib, chunk_kib=chunk_kib, repeats=repeats, as_json=as_json)
+            return
         paths = [p for item in path for p in item.split(",") if p]
         for p in paths:
             if p not in PATHS:
@@ -158,3 +187,39 @@ def register(bench_app: typer.Typer) -> None:
         Console().print(table)
         if "direct_vs_ssh" in result:
             Console().print(f"direct / ssh: {result['direct_vs_ssh']}x")
+
+
+def _ablate(*, size_mib: int, chunk_kib: int, repeats: int, as_json: bool) -> None:
+    size, chunk = size_mib << 20, chunk_kib << 10
+    console = Console(stderr=True)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="gputravel-bench-") as tmp, \
+            Progress(console=console, transient=True) as progress:
+        aes = aes_gcm_rate(chunk)
+        copy = memcpy_rate(size)
+        for label, p, par, ovl in ABLATION:
+            task = progress.add_task(label, total=repeats)
+            times = asyncio.run(measure_path(p, size=size, chunk=chunk, repeats=repeats, workdir=Path(tmp),
+                                             progress=progress, task=task, parallel_auth=par, overlap=ovl))
+            med = statistics.median(times)
+            rows.append({"config": label, "path": p, "parallel_auth": par, "overlap": ovl,
+                         "median_s": round(med, 6), "min_s": round(min(times), 6),
+                         "gb_s": round(size / med / 1e9, 3), "fraction_of_aes_core": round(size / med / aes, 3)})
+    base = next(r for r in rows if r["path"] == "conventional")
+    for r in rows:
+        r["speedup_vs_conventional"] = round(base["median_s"] / r["median_s"], 2)
+        r["time_saved_vs_conventional_pct"] = round(100 * (1 - r["median_s"] / base["median_s"]), 1)
+    result = {"benchmark": "provision-ablation", "machine": machine(), "size_mib": size_mib, "chunk_kib": chunk_kib,
+              "repeats": repeats, "aes_gcm_1core_gb_s": round(aes / 1e9, 3), "memcpy_gb_s": round(copy / 1e9, 3),
+              "rows": rows}
+    if as_json:
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        return
+    table = Table(title=f"provisioning ablation: {size_mib} MiB per hand-off, {chunk_kib} KiB chunks, "
+                        f"median of {repeats} (AES-GCM 1 core {aes / 1e9:.2f} GB/s, memcpy {copy / 1e9:.2f} GB/s)")
+    for col in ("configuration", "GB/s", "of 1 AES core", "vs conventional", "time saved"):
+        table.add_column(col, justify="left" if col == "configuration" else "right")
+    for r in rows:
+        table.add_row(r["config"], f"{r['gb_s']:.2f}", f"{r['fraction_of_aes_core']:.0%}",
+                      f"{r['speedup_vs_conventional']:.2f}x", f"{r['time_saved_vs_conventional_pct']:.0f}%")
+    Console().print(table)

@@ -9,6 +9,7 @@ full speed.
 from __future__ import annotations
 
 import os
+import queue
 import socket
 import sys
 import threading
@@ -231,9 +232,34 @@ class DeviceServer:
             send_frame(conn, FrameType.ERROR, {"code": "stale-epoch", "reason": "no such session"})
             return
         send_frame(conn, FrameType.DATA_READY, {"session": secrets.session_id.hex()})
-        # One preallocated payload buffer per connection: the kernel copies a chunk's ciphertext into it
-        # and AES-GCM decrypts it from there straight into the device buffer. No other copy.
+        workers = int(svc.data_opts.get("workers", 0))
+        if workers:
+            self._data_pipelined(conn, stream, workers)
+        else:
+            self._data_serial(conn, stream)
+
+    def _non_chunk(self, conn: socket.socket, frame: Any, send: Any) -> bool:
+        """Handle a frame that is not a chunk; False ends the connection."""
+        if frame.type is FrameType.PING:
+            send(FrameType.PONG, frame.header)
+            return True
+        if frame.type is FrameType.BYE:
+            return False
+        # e.g. an attempt to read the buffer back: the data port only takes chunks in
+        self.service.count_rejection("frame", frame.header.get("e"))
+        send(FrameType.ERROR, {"code": "frame", "reason": f"unexpected {frame.type.name}", "s": frame.header.get("s")})
+        return True
+
+    def _data_serial(self, conn: socket.socket, stream: Any) -> None:
+        """Receive, authenticate+decrypt, acknowledge: one chunk at a time (both optimisations off).
+        One preallocated payload buffer: the kernel copies a chunk's ciphertext into it and AES-GCM
+        decrypts it from there straight into the device buffer."""
+        svc = self.service
         payload_buf = bytearray(MAX_CHUNK + TAG_LEN)
+
+        def send(ftype: FrameType, header: dict[str, Any]) -> None:
+            send_frame(conn, ftype, header)
+
         while True:
             try:
                 frame = read_frame_into(stream, payload_buf)
@@ -250,14 +276,56 @@ class DeviceServer:
                     send_frame(conn, FrameType.ERROR, {**error_header(exc), "s": frame.header.get("s")})
                     continue
                 send_frame(conn, FrameType.ACK, ack)
-            elif frame.type is FrameType.PING:
-                send_frame(conn, FrameType.PONG, frame.header)
-            elif frame.type is FrameType.BYE:
+            elif not self._non_chunk(conn, frame, send):
                 return
-            else:  # e.g. an attempt to read the buffer back: the data port only takes chunks in
-                svc.count_rejection("frame", frame.header.get("e"))
-                send_frame(conn, FrameType.ERROR, {"code": "frame", "reason": f"unexpected {frame.type.name}",
-                                                   "s": frame.header.get("s")})
+
+    def _data_pipelined(self, conn: socket.socket, stream: Any, workers: int) -> None:
+        """Overlap and parallel authentication: this thread keeps receiving chunk k+1, k+2, ... into a
+        ring of payload slots while a pool of ``workers`` threads authenticates and decrypts earlier
+        chunks straight into the buffer (AES-GCM releases the GIL, and this process runs no other busy
+        Python thread). Acknowledgements go out as chunks complete, in any order."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        svc = self.service
+        n_slots = 2 * workers + 2
+        slots = [bytearray(MAX_CHUNK + TAG_LEN) for _ in range(n_slots)]
+        free: queue.Queue[int] = queue.Queue()
+        for i in range(n_slots):
+            free.put(i)
+        send_lock = threading.Lock()
+
+        def send(ftype: FrameType, header: dict[str, Any]) -> None:
+            with send_lock:
+                send_frame(conn, ftype, header)
+
+        def work(slot: int, header: dict[str, Any], payload: memoryview) -> None:
+            try:
+                ack = svc.accept_chunk(header, payload)
+                send(FrameType.ACK, ack)
+            except ProtocolError as exc:
+                send(FrameType.ERROR, {**error_header(exc), "s": header.get("s")})
+            except OSError:
+                pass
+            finally:
+                free.put(slot)
+
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="auth") as pool:
+            while True:
+                slot = free.get()
+                try:
+                    frame = read_frame_into(stream, slots[slot])
+                except FrameError as exc:
+                    svc.count_rejection(exc.code)
+                    send(FrameType.ERROR, error_header(exc))
+                    return
+                if frame is None:
+                    return
+                if frame.type is FrameType.CHUNK:
+                    pool.submit(work, slot, frame.header, frame.payload)  # type: ignore[arg-type]
+                    continue
+                free.put(slot)
+                if not self._non_chunk(conn, frame, send):
+                    return
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import threading
 import time
 from collections import Counter
@@ -38,6 +39,7 @@ from gputravel.core.protocol import (
     FrameError,
     FrameType,
     RecvState,
+    ReplayError,
     StaleEpochError,
     WindowError,
     channel_key,
@@ -45,6 +47,8 @@ from gputravel.core.protocol import (
 )
 
 MAX_CHUNK = 16 * 1024 * 1024
+#: closed windows whose accepted chunks' tags are remembered, so a captured chunk replayed later is named
+DEAD_TAG_EPOCHS = 64
 
 
 @dataclass(slots=True)
@@ -58,8 +62,10 @@ class ProvisionWindow:
     fingerprint: str
     recv: RecvState
     accepted: set[int] = field(default_factory=set)
+    inflight: set[int] = field(default_factory=set)
     bytes_in: int = 0
     contig: int = 0
+    tags: set[bytes] = field(default_factory=set)  # GCM tags of the accepted chunks (public, not key material)
 
     @property
     def n_chunks(self) -> int:
@@ -92,12 +98,16 @@ class DeviceService:
         self.epoch = 0
         self.window: ProvisionWindow | None = None
         self.dead_epochs: set[int] = set()
+        self.dead_tags: dict[int, set[bytes]] = {}
         self.lock = threading.Lock()
         self.rejected: Counter[str] = Counter()
         #: rejections attributed to the epoch (so the holder) whose key or window they claimed
         self.rejected_by_epoch: dict[int, Counter[str]] = {}
         self.counters: Counter[str] = Counter()
         self.busy_s = 0.0
+        self.data_opts: dict[str, Any] = {"parallel_auth": False, "overlap": False, "workers": 0}
+        self._cuda_local = threading.local()
+        self._stages: list[torch.Tensor] = []
         self.measurements = Measurements(firmware=EMULATED_FIRMWARE, driver=EMULATED_DRIVER,
                                          code=code_measurement())
 
@@ -114,6 +124,7 @@ class DeviceService:
             self.epoch = 0
             self.window = None
             self.dead_epochs.clear()
+            self.dead_tags.clear()
         self.counters["sessions"] += 1
         return pub, sig, secrets
 
@@ -194,7 +205,7 @@ class DeviceService:
                                direction=Direction.HOLDER_TO_DEVICE)
         with self.lock:
             if self.window is not None:
-                self.dead_epochs.add(self.window.epoch)
+                self._bury(self.window)
             self.window = ProvisionWindow(epoch, offset, length, chunk_size, key.fingerprint,
                                           RecvState(key, session_id=s.session_id, window=4096))
             self.epoch = epoch
@@ -211,10 +222,17 @@ class DeviceService:
             if w is None or w.epoch != epoch:
                 raise StaleEpochError(f"no open window for epoch {epoch}")
             self.window = None
-            self.dead_epochs.add(epoch)
+            self._bury(w)
         return {"epoch": epoch, "bytes": w.bytes_in, "chunks": len(w.accepted), "expected_chunks": w.n_chunks,
                 "contiguous": w.contiguous(), "complete": len(w.accepted) == w.n_chunks,
                 "rejected": dict(self.rejected), "rejected_in_window": dict(self.rejected_by_epoch.get(epoch, {}))}, b""
+
+    def _bury(self, w: ProvisionWindow) -> None:
+        """A window's key is dead; the tags of its chunks are kept a while to recognise replays."""
+        self.dead_epochs.add(w.epoch)
+        self.dead_tags[w.epoch] = w.tags
+        while len(self.dead_tags) > DEAD_TAG_EPOCHS:
+            self.dead_tags.pop(next(iter(self.dead_tags)))
 
     def op_window_status(self, *, payload: bytes) -> tuple[dict[str, Any], bytes]:
         w = self.window
@@ -242,8 +260,9 @@ class DeviceService:
             raise DeviceError("cannot scrub while a provisioning window is open")
         t0 = time.perf_counter()
         ok = self.buffer.zero_and_check()
-        if self._staging is not None:
-            self._staging.zero_()
+        for stage in [self._staging, *self._stages]:
+            if stage is not None:
+                stage.zero_()
         self.counters["scrubs"] += 1
         return {"verified": ok, "bytes": self.buffer.nbytes, "seconds": time.perf_counter() - t0}, b""
 
@@ -312,7 +331,10 @@ class DeviceService:
         out, else to the window open now (the connection's current holder)."""
         self.rejected[code] += 1
         epoch: int | None = None
-        if isinstance(claimed_epoch, int) and not isinstance(claimed_epoch, bool) and (
+        if code == "replay" and self.window is not None:
+            # a copy of an accepted chunk: whoever holds the window now sent it (the claimed epoch is the victim's)
+            epoch = self.window.epoch
+        elif isinstance(claimed_epoch, int) and not isinstance(claimed_epoch, bool) and (
                 claimed_epoch in self.dead_epochs or (self.window and claimed_epoch == self.window.epoch)):
             epoch = claimed_epoch
         elif self.window is not None:
@@ -328,6 +350,8 @@ class DeviceService:
         with self.lock:
             w = self.window
             if w is None or epoch != w.epoch:
+                if len(payload) >= TAG_LEN and bytes(payload[-TAG_LEN:]) in self.dead_tags.get(epoch, ()):
+                    raise ReplayError(f"chunk {seq} of epoch {epoch} was accepted before: a captured chunk replayed")
                 raise StaleEpochError(f"chunk for epoch {epoch}: no window is open for it"
                                       + (" (its key is dead)" if epoch in self.dead_epochs else ""))
             if seq < 0 or length <= 0 or offset < w.offset or offset + length > w.offset + w.length:
@@ -340,20 +364,56 @@ class DeviceService:
                                   f"not [{offset}, {offset + length})")
             if len(payload) != length + TAG_LEN:
                 raise FrameError(f"chunk {seq} carries {len(payload)} bytes, expected {length + TAG_LEN}")
+            if seq in w.inflight:
+                raise ReplayError(f"sequence {seq} is already being authenticated")
+            w.recv.precheck(seq=seq, epoch=epoch)
+            w.inflight.add(seq)  # reserved: a duplicate cannot race this one into the same bytes
+        try:
+            # The AEAD step runs outside the lock (it releases the GIL): chunks authenticate in parallel.
             if self._host_view is not None:
-                w.recv.open_into(payload, self._host_view[offset: offset + length], seq=seq, epoch=epoch,
-                                 frame_type=FrameType.CHUNK, offset=offset, length=length)
+                w.recv.decrypt_into(payload, self._host_view[offset: offset + length], seq=seq,
+                                    frame_type=FrameType.CHUNK, offset=offset, length=length)
             else:
-                assert self._staging is not None
-                stage = self._staging[:length]
-                w.recv.open_into(payload, stage.numpy(), seq=seq, epoch=epoch, frame_type=FrameType.CHUNK,
-                                 offset=offset, length=length)
-                self.buffer.tensor[offset: offset + length].copy_(stage)
+                self._decrypt_to_cuda(w, payload, seq, offset, length)
+        except BaseException:
+            with self.lock:
+                w.inflight.discard(seq)
+            raise
+        with self.lock:
+            w.inflight.discard(seq)
+            w.recv.window.accept(seq)
             w.accepted.add(seq)
+            w.tags.add(bytes(payload[-TAG_LEN:]))
             w.bytes_in += length
             self.counters["chunks"] += 1
             self.counters["bytes_in"] += length
             return {"s": seq, "e": epoch, "contiguous": w.contiguous()}
+
+    def _decrypt_to_cuda(self, w: ProvisionWindow, payload: Any, seq: int, offset: int, length: int) -> None:
+        """Decrypt into this thread's pinned staging buffer, then copy into device memory on this
+        thread's CUDA stream (the copy overlaps the other workers' decryption)."""
+        local = self._cuda_local
+        stage = getattr(local, "stage", None)
+        if stage is None or stage.numel() < w.chunk_size:
+            local.stage = stage = torch.empty(w.chunk_size, dtype=torch.uint8, pin_memory=True)
+            local.stream = torch.cuda.Stream(device=self.device)
+            with self.lock:
+                self._stages.append(stage)  # scrubbed with the buffer
+        view = stage[:length]
+        w.recv.decrypt_into(payload, view.numpy(), seq=seq, frame_type=FrameType.CHUNK, offset=offset, length=length)
+        with torch.cuda.stream(local.stream):
+            self.buffer.tensor[offset: offset + length].copy_(view, non_blocking=True)
+        local.stream.synchronize()
+
+    def op_set_data_path(self, *, parallel_auth: bool, overlap: bool, workers: int = 0,
+                         payload: bytes) -> tuple[dict[str, Any], bytes]:
+        """Switch the provisioning optimisations (for ablation): decryption on a worker pool, and
+        decryption overlapped with receiving."""
+        free = max(1, (os.cpu_count() or 2) - 1)
+        n = workers or (free if parallel_auth else 1)
+        self.data_opts = {"parallel_auth": bool(parallel_auth), "overlap": bool(overlap) or bool(parallel_auth),
+                          "workers": n if (parallel_auth or overlap) else 0}
+        return dict(self.data_opts), b""
 
 
 def load_service(state_dir: Path, *, buffer_bytes: int, device: str | None = None, cc_mode: str = "on",

@@ -195,6 +195,22 @@ class RecvState(_State):
         self.window.accept(seq)
         return out
 
+    def precheck(self, *, seq: int, epoch: int) -> None:
+        """The checks before decryption (epoch, limit, replay window), without consuming anything."""
+        self._precheck(epoch, seq)
+
+    def decrypt_into(self, ciphertext: bytes | bytearray | memoryview, out: bytearray | memoryview, *, seq: int,
+                     frame_type: int, offset: int = 0, length: int | None = None) -> None:
+        """Only the AEAD step (thread-safe, releases the GIL); zeroes ``out`` on a bad tag. Callers that
+        split the work this way must ``precheck`` before and ``window.accept(seq)`` after, holding their own
+        reservation of ``seq`` in between (see the device's data path)."""
+        n = len(ciphertext) - TAG_LEN if length is None else length
+        try:
+            self._aead.decrypt_into(nonce(self.prefix, seq), ciphertext, self.aad(seq, offset, n, frame_type), out)
+        except InvalidTag:
+            memoryview(out).cast("B")[:] = bytes(len(memoryview(out).cast("B")))
+            raise TagError(f"authentication failed for sequence {seq} (epoch {self.epoch})") from None
+
     def open_into(self, ciphertext: bytes | bytearray | memoryview, out: bytearray | memoryview, *, seq: int,
                   epoch: int, frame_type: int, offset: int = 0, length: int | None = None) -> None:
         """Verify and decrypt into ``out``. On a bad tag ``out`` is zeroed before ``TagError`` is raised,

@@ -254,8 +254,14 @@ class TravelEngine:
                      detail={"device_id": result.device_id, "claims": claims, "platform": "emulated",
                              "session_fp": self.client.secrets.fingerprint() if self.client.secrets else None})
         self.device_info, _ = await self._dev("info")
-        for name, link in self.links.items():
-            info = await link.start()
+        await self._configure_data_path()
+        # agents are deployed and started in parallel; holders keep their given order
+        started = await asyncio.gather(*(link.start() for link in self.links.values()), return_exceptions=True)
+        for outcome in started:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        for name, info in zip(self.links, started, strict=True):
+            assert isinstance(info, HolderInfo)
             self.infos[name] = info
             self.emit(ev.HolderConnected(time.time(), name, info.fmt, info.train_bytes, info.val_bytes,
                                          info.agent_sha256))
@@ -595,7 +601,8 @@ class TravelEngine:
         plan = rec.plan
         return Handoff(epoch=epoch, session_id=head["session_id"], key=head["provisioning_key"], window_offset=skip,
                        chunk_size=self.settings.chunk_size, train=(plan.train_start, plan.train_len),
-                       val=(plan.val_start, plan.val_len), skip=skip, length=length)
+                       val=(plan.val_start, plan.val_len), skip=skip, length=length,
+                       conventional=self.settings.data_path == "conventional")
 
     async def _close_window(self, rec: VisitRecord, handoff: Handoff, *, sub_total: int) -> None:
         head, _ = await self._dev("close_window", epoch=handoff.epoch)
@@ -627,6 +634,13 @@ class TravelEngine:
         self._ledger("session-rekeyed", epoch=self.epoch, outcome="ok",
                      detail={"reason": reason, "old_session_fp": old_fp,
                              "new_session_fp": self.client.secrets.fingerprint() if self.client.secrets else None})
+
+    async def _configure_data_path(self) -> None:
+        """Tell the device which provisioning optimisations are on (ablation switches)."""
+        s = self.settings
+        head, _ = await self._dev("set_data_path", parallel_auth=bool(getattr(s, "parallel_auth", True)),
+                                  overlap=bool(getattr(s, "overlap", True)), workers=int(getattr(s, "auth_workers", 0)))
+        self.device_info["data_path"] = {"path": s.data_path, **head}
 
     def _data_endpoint(self) -> dict[str, Any] | None:
         """Where a holder sends sealed chunks on the direct path: the device's Unix socket for holders on
@@ -698,6 +712,7 @@ class TravelEngine:
         head, _ = await self._dev("configure", program)
         if head["code_digest"] != self.expected_code:
             raise IntegrityError("the restarted device holds another program")
+        await self._configure_data_path()
         if self.last_good_ckpt is not None:
             await self._restore(self.last_good_ckpt)
         self.epoch = max(self.epoch, rec.epoch)
@@ -792,6 +807,7 @@ class TravelEngine:
                 "val_curve": [{"step": st, "holder": h, "val_loss": round(v, 5)} for st, h, v in self.val_history],
             },
             "provisioning": {"bytes": total_bytes, "seconds": round(total_prov, 6),
+                             "data_path": self.device_info.get("data_path"),
                              "mb_s": round(total_bytes / total_prov / 1e6, 2) if total_prov else None,
                              "chunk_kib": self.settings.chunk_kib, "rejected": dict(self.rejected_total)},
             "ledger": {"path": str(self.out_dir / "ledger.db"), "verified": verify.ok, "rows": verify.rows,

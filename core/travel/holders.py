@@ -56,12 +56,17 @@ class Handoff:
     resume_from: int = 0
     skip: int = 0  # this key's window starts at this byte of the visit's window (train slice, then val slice)
     length: int | None = None  # bytes under this key (default: the whole train + val window)
+    conventional: bool = False  # the holder sends plaintext over its link; the orchestrator re-encrypts
 
     def header(self, data_endpoint: dict[str, Any] | None = None) -> dict[str, Any]:
-        h = {"epoch": self.epoch, "session": self.session_id, "key": self.key, "window_offset": self.window_offset,
+        h = {"epoch": self.epoch, "session": self.session_id, "window_offset": self.window_offset,
              "chunk_size": self.chunk_size, "train": list(self.train), "val": list(self.val),
              "resume_from": self.resume_from, "skip": self.skip,
              "length": self.length if self.length is not None else self.train[1] + self.val[1]}
+        if self.conventional:
+            h["plain"] = True  # no GPU key leaves the orchestrator on the conventional path
+        else:
+            h["key"] = self.key
         if data_endpoint is not None:
             h["data_endpoint"] = data_endpoint
         return h
@@ -132,6 +137,13 @@ class FramedHolderLink(HolderLink):
     def _send(self, ftype: FrameType, header: dict[str, Any], payload: bytes = b"") -> None:
         self.writer.write(encode_frame(ftype, header, payload))
 
+    async def _drain(self) -> None:
+        """Flush to the agent; an agent that died under us is an ``AgentError`` (the visit is redone)."""
+        try:
+            await self.writer.drain()
+        except (OSError, RuntimeError, ConnectionError) as exc:
+            raise AgentError(self.name, f"link failed: {exc}") from None
+
     async def _hello(self) -> HolderInfo:
         frame = await self._read()
         if frame.type is FrameType.ERROR:
@@ -168,10 +180,11 @@ class FramedHolderLink(HolderLink):
             if ready is None or ready.type is not FrameType.DATA_READY:
                 raise DeviceError(f"device refused the data connection: {ready.header if ready else 'closed'}")
             self._send(FrameType.HANDOFF, handoff.header(None))
-            await self.writer.drain()
+            await self._drain()
             down = asyncio.create_task(self._device_to_agent(dev_r, stats, on_progress, on_reject))
+            bounce = _BounceSealer(handoff) if handoff.conventional else None
             try:
-                done = await self._agent_to_device(dev_w, down)
+                done = await self._agent_to_device(dev_w, down, bounce)
             finally:
                 down.cancel()
             stats.retransmits = int(done.get("retransmits", 0))
@@ -191,7 +204,7 @@ class FramedHolderLink(HolderLink):
         stats = ProvisionStats()
         t0 = time.perf_counter()
         self._send(FrameType.HANDOFF, handoff.header(endpoint))
-        await self.writer.drain()
+        await self._drain()
         while True:
             frame = await self._read()
             if frame.type is FrameType.ACK:
@@ -214,7 +227,8 @@ class FramedHolderLink(HolderLink):
             elif frame.type is not FrameType.PONG:
                 raise AgentError(self.name, f"unexpected {frame.type.name} during provisioning")
 
-    async def _agent_to_device(self, dev_w: Any, down: asyncio.Task) -> dict[str, Any]:
+    async def _agent_to_device(self, dev_w: Any, down: asyncio.Task, bounce: _BounceSealer | None = None
+                               ) -> dict[str, Any]:
         while True:
             read = asyncio.ensure_future(self._read())
             await asyncio.wait({read, down}, return_when=asyncio.FIRST_COMPLETED)
@@ -226,6 +240,8 @@ class FramedHolderLink(HolderLink):
             if frame.type is FrameType.CHUNK:
                 payload = frame.payload
                 seq = frame.header.get("s")
+                if bounce is not None:  # conventional path: re-encrypt on the orchestrator's CPU
+                    frame.header, payload = bounce.seal(frame.header, payload)
                 if seq in self.tamper_on_wire:
                     self.tamper_on_wire.discard(seq)
                     payload = bytearray(payload)
@@ -274,6 +290,37 @@ class FramedHolderLink(HolderLink):
                 await self.writer.drain()
             except (OSError, RuntimeError, ConnectionError):
                 pass
+
+
+class _BounceSealer:
+    """The conventional path's CPU re-encryption: plaintext that arrived over the holder's secure link
+    is sealed again for the GPU (standing for the CC bounce buffer), in the orchestrator's CVM."""
+
+    def __init__(self, handoff: Handoff) -> None:
+        from gputravel.core.protocol import DirectionKey, SendState
+
+        self.state = SendState(DirectionKey.from_wire(handoff.key), session_id=bytes.fromhex(handoff.session_id),
+                               start=handoff.resume_from)
+        #: recent ciphertexts by sequence: a retransmitted chunk is resent as sealed, never re-sealed
+        #: under a used nonce (bounded like the agent's in-flight window)
+        self.recent: dict[int, tuple[dict[str, Any], bytearray]] = {}
+
+    def seal(self, header: dict[str, Any], plain: Any) -> tuple[dict[str, Any], bytearray]:
+        from gputravel.core.protocol import TAG_LEN
+
+        if not header.get("plain"):
+            raise AgentError("conventional", "expected a plaintext chunk on the conventional path")
+        seq, offset, n = int(header["s"]), int(header["o"]), int(header["n"])
+        if seq in self.recent:
+            return self.recent[seq]
+        if seq != self.state.counter or len(plain) != n:
+            raise AgentError("conventional", f"plaintext chunk {seq} out of order or of the wrong size")
+        out = bytearray(n + TAG_LEN)
+        self.state.seal_into(plain, out, frame_type=FrameType.CHUNK, offset=offset, length=n)
+        self.recent[seq] = ({"e": header["e"], "s": seq, "o": offset, "n": n}, out)
+        if len(self.recent) > 256:
+            del self.recent[min(self.recent)]
+        return self.recent[seq]
 
 
 def _die_with_parent() -> None:
