@@ -1,0 +1,429 @@
+"""``gputravel-console``: the operator console.
+
+The app is the composition root: it owns one bridge (live engine or recording), renders the bridge's
+:class:`~gputravel.core.session.RunState` on the current screen, and turns keys, the ``:`` line and the
+command palette into the bridge's controls. Engine work runs in workers; nothing here blocks the loop.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from textual import work
+from textual.app import App, ScreenStackError, SystemCommand
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.worker import Worker, WorkerState
+
+from gputravel.console.bridge import Bridge, LiveBridge, ReplayBridge
+from gputravel.console.screens.base import ConsoleScreen
+from gputravel.console.screens.bench import BenchRunner, BenchScreen
+from gputravel.console.screens.gpu import GpuScreen
+from gputravel.console.screens.help import HelpScreen
+from gputravel.console.screens.holders import HoldersScreen
+from gputravel.console.screens.ledger import LedgerScreen
+from gputravel.console.screens.training import TrainingScreen
+from gputravel.console.screens.travel import TravelScreen
+from gputravel.core.errors import GpuTravelError
+from gputravel.core.recording import Recording, load_recording
+from gputravel.core.telemetry import Sampler
+from gputravel.core.travel.phases import Phase
+from gputravel.themes import CSS_PATH, THEMES, theme_name
+
+__all__ = ["GpuTravelConsole", "main", "make_app"]
+
+SCREENS_IN_ORDER = ("travel", "holders", "training", "gpu", "bench", "ledger")
+#: Actions that change a run; refused in --readonly.
+CONTROL_ACTIONS = frozenset({"step", "toggle_pause", "toggle_break", "run", "cancel"})
+
+
+class GpuTravelConsole(App[None]):
+    """Watch the GPU travel, step the protocol, read the GPU's health, run benchmarks, audit the ledger."""
+
+    CSS_PATH = CSS_PATH
+    TITLE = "gputravel"
+    DEFAULT_MODE = "travel"
+    MODES = {"travel": TravelScreen, "holders": HoldersScreen, "training": TrainingScreen, "gpu": GpuScreen,
+             "bench": BenchScreen, "ledger": LedgerScreen}
+    BINDINGS = [
+        Binding("space", "step", "Step"),
+        Binding("p", "toggle_pause", "Pause/resume"),
+        Binding("b", "toggle_break", "Break@HANDOFF"),
+        Binding("r", "run", "Run"),
+        Binding("c", "cancel", "Cancel"),
+        Binding("left_square_bracket", "jump_visit(-1)", "Prev visit"),
+        Binding("right_square_bracket", "jump_visit(1)", "Next visit"),
+        Binding("home", "seek('start')", "Start", show=False),
+        Binding("end", "seek('end')", "End", show=False),
+        *(Binding(str(i + 1), f"show_screen('{name}')", name.title(), show=False)
+          for i, name in enumerate(SCREENS_IN_ORDER)),
+        Binding("colon", "command_line", ":cmd"),
+        Binding("question_mark,f1", "show_help", "Help"),
+        Binding("o", "toggle_log", "Ops log", show=False),
+        Binding("f12", "save_screenshot", "Screenshot", show=False),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    def __init__(self, *, engine_factory: Callable[[], Any] | None = None, replay: Recording | None = None,
+                 theme: str = "dark", readonly: bool = False, record: Path | bool = True,
+                 telemetry_interval: float = 1.0, sampler: Sampler | None = None,
+                 bench_runner: BenchRunner | None = None, follow: bool = False, replay_speed: float = 8.0) -> None:
+        super().__init__()
+        if engine_factory is None and replay is None:
+            raise ValueError("make_app needs an engine_factory or a recording to replay")
+        self.readonly = readonly
+        self.telemetry_interval = telemetry_interval
+        self.bench_runner = bench_runner
+        self.theme_choice = theme
+        self.bridge: Bridge = (ReplayBridge(self, replay, follow=follow, speed=replay_speed) if replay is not None
+                               else LiveBridge(self, engine_factory=engine_factory, sampler=sampler,  # type: ignore[arg-type]
+                                               record=record))
+        self.run_worker_handle: Worker[Any] | None = None
+        for theme_obj in THEMES.values():
+            self.register_theme(theme_obj)
+        self.theme = theme_name(theme)
+
+    # --- lifetime -------------------------------------------------------------------------------
+    def on_mount(self) -> None:
+        if self.readonly:
+            self.sub_title = "read-only"
+        if isinstance(self.bridge, LiveBridge):
+            self.poll_telemetry()
+            self.set_interval(0.1, self.bridge.sync_control, name="control-sync")
+        elif isinstance(self.bridge, ReplayBridge):
+            self.play_recording()
+            if self.bridge.follow:
+                self.bridge.playing = True
+        self.render_state()
+
+    async def on_unmount(self) -> None:
+        import asyncio
+
+        if isinstance(self.bridge, LiveBridge) and self.bridge.running:
+            self.bridge.cancel()
+        await asyncio.to_thread(self.bridge.close)
+
+    # --- workers --------------------------------------------------------------------------------
+    @work(exclusive=True, group="visit", exit_on_error=False)
+    async def run_visits(self, stepping: bool = False) -> dict[str, Any] | None:
+        assert isinstance(self.bridge, LiveBridge)
+        return await self.bridge.drive(stepping=stepping)
+
+    @work(exclusive=True, group="telemetry-poll", exit_on_error=False)
+    async def poll_telemetry(self) -> None:
+        assert isinstance(self.bridge, LiveBridge)
+        await self.bridge.poll_telemetry(self.telemetry_interval)
+
+    @work(exclusive=True, group="replay", exit_on_error=False)
+    async def play_recording(self) -> None:
+        assert isinstance(self.bridge, ReplayBridge)
+        await self.bridge.play()
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.state is WorkerState.ERROR and event.worker.error is not None:
+            self.notify(f"{event.worker.name}: {event.worker.error}", severity="error", timeout=8)
+
+    # --- bridge messages ----------------------------------------------------------------------
+    def on_bridge_state_changed(self, message: Bridge.StateChanged) -> None:
+        self.render_state()
+
+    def on_bridge_telemetry_ticked(self, message: Bridge.TelemetryTicked) -> None:
+        frame = self.bridge.take_frame()
+        screen = self.current_screen()
+        if isinstance(screen, GpuScreen) and frame is not None:
+            screen.show_telemetry(frame, self.bridge.history)
+
+    def on_bridge_notice(self, message: Bridge.Notice) -> None:
+        self.notify(message.text, severity=message.severity, timeout=8)  # type: ignore[arg-type]
+
+    def on_console_screen_shown(self, message: ConsoleScreen.Shown) -> None:
+        self.render_state()
+
+    def render_state(self) -> None:
+        """Attributes down: hand the current screen the state (and, for the GPU screen, the latest frame)."""
+        screen = self.current_screen()
+        if isinstance(screen, ConsoleScreen) and screen.is_mounted:
+            context = {"readonly": self.readonly, "ledger_path": self.bridge.ledger_path,
+                       "frame": self.bridge.latest_frame, "history": self.bridge.history}
+            screen.show(self.bridge.state, badges=self.badges, context=context)
+
+    def current_screen(self) -> Screen[Any] | None:
+        """The screen on top, or None while a mode switch has not mounted one yet."""
+        try:
+            return self.screen
+        except ScreenStackError:
+            return None
+
+    @property
+    def badges(self) -> tuple[str, ...]:
+        return (*self.bridge.badges, *(("READ-ONLY",) if self.readonly else ()))
+
+    # --- controls -------------------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in CONTROL_ACTIONS and self.readonly:
+            return False
+        replay = isinstance(self.bridge, ReplayBridge)
+        if action == "toggle_break" and replay:
+            return False
+        if action in ("jump_visit", "seek") and not replay:
+            return False
+        return True
+
+    @property
+    def run_in_flight(self) -> bool:
+        w = self.run_worker_handle
+        return w is not None and w.state in (WorkerState.PENDING, WorkerState.RUNNING)
+
+    def _start_run(self, *, stepping: bool) -> None:
+        self.run_worker_handle = self.run_visits(stepping)
+
+    def action_step(self) -> None:
+        """Run exactly one phase (starting the run, paused, if none is running)."""
+        if isinstance(self.bridge, LiveBridge) and not self.run_in_flight:
+            self._start_run(stepping=True)
+            return
+        self.bridge.step()
+
+    def action_toggle_pause(self) -> None:
+        self.notify(self.bridge.toggle_pause(), timeout=2)
+
+    def action_toggle_break(self) -> None:
+        on = self.bridge.toggle_breakpoint(Phase.HANDOFF)
+        self.notify(f"break before HANDOFF {'on' if on else 'off'}", timeout=2)
+
+    def action_toggle_breakpoint(self, phase: str) -> None:
+        try:
+            p = Phase(phase.upper())
+        except ValueError:
+            self.notify(f"no phase {phase!r}: {', '.join(str(p) for p in Phase)}", severity="error")
+            return
+        on = self.bridge.toggle_breakpoint(p)
+        self.notify(f"break before {p} {'on' if on else 'off'}", timeout=2)
+
+    def action_run(self) -> None:
+        """Start the run, or resume a paused one; in a replay, play from the start."""
+        if isinstance(self.bridge, ReplayBridge):
+            self.bridge.restart()
+            return
+        assert isinstance(self.bridge, LiveBridge)
+        if self.run_in_flight:
+            self.bridge.resume()
+            return
+        self._start_run(stepping=False)
+
+    def action_cancel(self) -> None:
+        if isinstance(self.bridge, LiveBridge) and not self.run_in_flight:
+            self.notify("no run in progress", timeout=2)
+            return
+        self.bridge.cancel()
+        self.notify("cancelling: the visit is aborted, the buffer scrubbed", timeout=3)
+
+    def action_jump_visit(self, delta: int) -> None:
+        if isinstance(self.bridge, ReplayBridge):
+            current = self.bridge.player.current_visit()
+            self.bridge.playing = False
+            self.bridge.jump_visit(max(0, current + delta) if delta > 0 or current >= 0 else 0)
+
+    def action_seek(self, where: str) -> None:
+        if isinstance(self.bridge, ReplayBridge):
+            self.bridge.playing = False
+            self.bridge.seek(0 if where == "start" else len(self.bridge.player.items))
+
+    def action_show_screen(self, name: str) -> None:
+        self.switch_mode(name)
+
+    def action_command_line(self) -> None:
+        if isinstance(self.screen, ConsoleScreen):
+            self.screen.open_command_line()
+
+    def action_save_screenshot(self, name: str = "") -> None:
+        """An SVG of the screen into $GPUTRAVEL_SCREENSHOT_DIR (default: the current folder)."""
+        screen = self.screen
+        label = name or (screen.SCREEN_NAME if isinstance(screen, ConsoleScreen) else "help")
+        folder = Path(os.environ.get("GPUTRAVEL_SCREENSHOT_DIR", "."))
+        folder.mkdir(parents=True, exist_ok=True)
+        self.save_screenshot(filename=f"console-{label}.svg", path=str(folder))
+
+    def action_toggle_log(self) -> None:
+        self.screen.toggle_class("-hide-log")
+
+    def action_show_help(self) -> None:
+        screen = self.screen
+        if isinstance(screen, HelpScreen):
+            return
+        keys: list[tuple[str, str]] = []
+        seen: set[str] = set()
+        for _key, active in self.active_bindings.items():
+            b = active.binding
+            if b.action in seen or not active.enabled or not b.show:
+                continue
+            seen.add(b.action)
+            keys.append((self.get_key_display(b), b.description or b.action))
+        about = screen.HELP if isinstance(screen, ConsoleScreen) else ""
+        name = screen.SCREEN_NAME if isinstance(screen, ConsoleScreen) else "console"
+        keys.append(("1-6", "screens: " + ", ".join(SCREENS_IN_ORDER)))
+        self.push_screen(HelpScreen(title=f"{name} screen", about=about, keys=keys))
+
+    def action_verify_ledger(self) -> None:
+        self.switch_mode("ledger")
+        self.call_after_refresh(self._verify_on_ledger)
+
+    def _verify_on_ledger(self) -> None:
+        if isinstance(self.screen, LedgerScreen):
+            self.screen.verify()
+
+    def action_run_bench(self, name: str) -> None:
+        self.switch_mode("bench")
+
+        def go() -> None:
+            if isinstance(self.screen, BenchScreen):
+                self.screen.action_run_bench(name)
+
+        self.call_after_refresh(go)
+
+    # --- the : line and the palette -----------------------------------------------------------
+    def on_command_line_command_entered(self, message: Any) -> None:
+        self.execute_command(message.command)
+
+    def execute_command(self, line: str) -> None:
+        """Run one ``:`` command (see ``widgets.command_line.COMMANDS``)."""
+        try:
+            words = shlex.split(line)
+        except ValueError as exc:
+            self.notify(str(exc), severity="error")
+            return
+        if not words:
+            return
+        cmd, args = words[0].lower(), words[1:]
+        simple = {"run": "run", "step": "step", "cancel": "cancel", "help": "show_help", "quit": "quit",
+                  "q": "quit", "verify": "verify_ledger"}
+        if cmd in CONTROL_ACTIONS | {"pause", "resume", "break"} and self.readonly:
+            self.notify("read-only console: no controls", severity="warning")
+            return
+        if cmd in simple:
+            self.run_action(simple[cmd])
+        elif cmd in ("pause", "resume"):
+            paused = self.bridge.state.status == "paused"
+            if (cmd == "pause") != paused:
+                self.action_toggle_pause()
+        elif cmd == "break":
+            self.action_toggle_breakpoint(args[0] if args else "HANDOFF")
+        elif cmd in SCREENS_IN_ORDER:
+            self.action_show_screen(cmd)
+        elif cmd == "bench" and args:
+            self.action_run_bench(args[0])
+        elif cmd == "screenshot":  # after the command line has closed, so it is not in the picture
+            name = args[0] if args else ""
+            self.set_timer(0.3, lambda: self.action_save_screenshot(name))
+        elif cmd == "theme" and args:
+            try:
+                self.theme = theme_name(args[0])
+            except KeyError as exc:
+                self.notify(str(exc.args[0]), severity="error")
+        elif cmd == "jump" and args and isinstance(self.bridge, ReplayBridge):
+            if args[0] == "end":
+                self.action_seek("end")
+            elif args[0].isdigit():
+                self.bridge.playing = False
+                self.bridge.jump_visit(int(args[0]) - 1)
+        else:
+            self.notify(f"unknown command {line!r}: :help lists them", severity="error")
+
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        if not self.readonly:
+            yield SystemCommand("Run", "Start the run (or resume it)", self.action_run)
+            yield SystemCommand("Step one phase", "Run exactly one protocol phase, then pause", self.action_step)
+            yield SystemCommand("Pause / resume", "Pause before the next phase, or resume", self.action_toggle_pause)
+            if isinstance(self.bridge, LiveBridge):
+                yield SystemCommand("Break before HANDOFF", "Toggle the breakpoint before the hand-off",
+                                    self.action_toggle_break)
+            yield SystemCommand("Cancel run", "Abort the visit (the buffer is scrubbed) and stop", self.action_cancel)
+        for name in SCREENS_IN_ORDER:
+            yield SystemCommand(f"Screen: {name}", f"Show the {name} screen",
+                                lambda name=name: self.action_show_screen(name))  # type: ignore[misc]
+        yield SystemCommand("Verify ledger", "Recompute the audit ledger's hash chain", self.action_verify_ledger)
+        for choice in THEMES:
+            yield SystemCommand(f"Theme: {choice}", f"Switch to the {choice} theme",
+                                lambda c=choice: setattr(self, "theme", theme_name(c)))  # type: ignore[misc]
+
+
+def make_app(*, engine_factory: Callable[[], Any] | None = None, replay: Recording | Path | None = None,
+             theme: str = "dark", readonly: bool = False, record: Path | bool = True, telemetry_interval: float = 1.0,
+             sampler: Sampler | None = None, bench_runner: BenchRunner | None = None,
+             follow: bool = False) -> GpuTravelConsole:
+    """The app factory (tests pass a small engine factory or a recording)."""
+    if isinstance(replay, Path):
+        replay = load_recording(replay)
+    return GpuTravelConsole(engine_factory=engine_factory, replay=replay, theme=theme, readonly=readonly,
+                            record=record, telemetry_interval=telemetry_interval, sampler=sampler,
+                            bench_runner=bench_runner, follow=follow)
+
+
+cli = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+
+
+@cli.command()
+def console(
+    data: Annotated[Path | None, typer.Option("--data", help="One subfolder per holder (default: the embedded "
+                                                            "Shakespeare corpus).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Run folder (default: a new runs/run-<time>).")] = None,
+    holders: Annotated[int, typer.Option(help="Number of holders.")] = 3,
+    rounds: Annotated[int, typer.Option(help="Rounds over all holders' data.")] = 1,
+    steps_per_visit: Annotated[int, typer.Option(help="Training steps per visit.")] = 20,
+    buffer_mib: Annotated[float, typer.Option(help="GPU data buffer (MiB).")] = 4.0,
+    chunk_kib: Annotated[int, typer.Option(help="Provisioning chunk size (KiB).")] = 1024,
+    break_before: Annotated[list[str], typer.Option("--break-before", help="Pause before this phase.")] = [],  # noqa: B006
+    theme: Annotated[str, typer.Option("--theme", help="dark, light or high-contrast.")] = "dark",
+    readonly: Annotated[bool, typer.Option("--readonly", help="Observer mode: no controls.")] = False,
+    replay: Annotated[Path | None, typer.Option("--replay", help="Play a recording instead of a live run.")] = None,
+    follow: Annotated[bool, typer.Option("--follow", help="With --replay: follow a recording still being "
+                                                          "written (watch a run live).")] = False,
+    record: Annotated[Path | None, typer.Option("--record", help="Record to this file (default: "
+                                                                 "<out>/recording.db).")] = None,
+    no_record: Annotated[bool, typer.Option("--no-record", help="Do not record the run.")] = False,
+    interval: Annotated[float, typer.Option("--interval", min=0.1, help="Telemetry interval (s).")] = 1.0,
+) -> None:
+    """The operator console: watch the GPU travel, step the protocol, audit the ledger."""
+    if theme not in THEMES:
+        raise typer.BadParameter(f"choose {', '.join(THEMES)}", param_hint="--theme")
+    if replay is not None:
+        app = make_app(replay=replay, theme=theme, readonly=readonly, follow=follow)
+    else:
+        settings: dict[str, Any] = dict(holders=holders, rounds=rounds, steps_per_visit=steps_per_visit,
+                                        buffer_mib=buffer_mib, chunk_kib=chunk_kib, data_dir=data,
+                                        breakpoints=tuple(b.upper() for b in break_before))
+        out_dir = out
+
+        def factory() -> Any:
+            from gputravel.console.commands.run import resolve_out_dir
+            from gputravel.core.api import build_engine
+            from gputravel.core.config import RunSettings
+
+            nonlocal out_dir
+            target = resolve_out_dir(out_dir, resume=False)
+            out_dir = None  # a second run in the same console gets a fresh folder
+            return build_engine(RunSettings(out_dir=target, **settings))
+
+        rec: Path | bool = False if no_record else (record if record is not None else True)
+        app = make_app(engine_factory=factory, theme=theme, readonly=readonly, record=rec,
+                       telemetry_interval=interval)
+    app.run()
+
+
+def main() -> None:
+    """Entry point of ``gputravel-console``."""
+    try:
+        cli(standalone_mode=True)
+    except GpuTravelError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise SystemExit(exc.exit_code) from None
+
+
+if __name__ == "__main__":
+    main()

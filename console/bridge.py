@@ -1,0 +1,418 @@
+"""The one bridge between a run and the console: engine events in, Textual messages out.
+
+:class:`LiveBridge` drives a real engine (through :class:`~gputravel.core.session.Session`) and samples
+telemetry; :class:`ReplayBridge` plays a recording with the same controls. Both fold events into one
+:class:`~gputravel.core.session.RunState` that the screens render, and both coalesce telemetry: a frame
+that arrives while the previous one has not been drawn replaces it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from textual.message import Message
+
+from gputravel.core import events as ev
+from gputravel.core.errors import GpuTravelError
+from gputravel.core.recording import Player, RecordedItem, Recorder, Recording, load_recording
+from gputravel.core.session import RunState, Session
+from gputravel.core.telemetry import EmulatedSource, History, PhaseTracker, Sampler, TelemetryFrame
+from gputravel.core.travel.phases import Phase
+
+if TYPE_CHECKING:
+    from textual.app import App
+
+__all__ = ["Bridge", "LiveBridge", "ReplayBridge"]
+
+
+class Bridge:
+    """What every bridge offers the app: state, telemetry, and the operator's controls."""
+
+    live = False
+
+    class StateChanged(Message):
+        """New events were folded into ``bridge.state`` (``reset``: the state was rebuilt, e.g. a jump)."""
+
+        def __init__(self, events: tuple[ev.Event, ...] = (), *, reset: bool = False) -> None:
+            super().__init__()
+            self.events = events
+            self.reset = reset
+
+    class TelemetryTicked(Message):
+        """A telemetry frame is ready; take it with :meth:`Bridge.take_frame` (only the newest is kept)."""
+
+    class Notice(Message):
+        """Something the operator should read (an error from the engine, a refused control)."""
+
+        def __init__(self, text: str, *, severity: str = "information") -> None:
+            super().__init__()
+            self.text = text
+            self.severity = severity
+
+    def __init__(self, app: App[Any]) -> None:
+        self.app = app
+        self.state = RunState()
+        self.history = History()
+        self.tracker = PhaseTracker()
+        self.latest_frame: TelemetryFrame | None = None
+        self._frame_pending = False
+        self.frames_offered = 0
+        self.frames_drawn = 0
+
+    # --- state ------------------------------------------------------------------------------------
+    def fold(self, events: Iterable[ev.Event]) -> tuple[ev.Event, ...]:
+        batch = tuple(events)
+        for event in batch:
+            self.state.apply(event)
+            self.tracker(event)
+        return batch
+
+    def post_state(self, events: tuple[ev.Event, ...] = (), *, reset: bool = False) -> None:
+        self.app.post_message(self.StateChanged(events, reset=reset))
+
+    def notice(self, text: str, severity: str = "information") -> None:
+        self.app.post_message(self.Notice(text, severity=severity))
+
+    # --- telemetry (coalesced) ----------------------------------------------------------------
+    def offer_frame(self, frame: TelemetryFrame) -> None:
+        self.history.push(frame)
+        self.latest_frame = frame
+        self.frames_offered += 1
+        if not self._frame_pending:
+            self._frame_pending = True
+            self.app.post_message(self.TelemetryTicked())
+
+    def take_frame(self) -> TelemetryFrame | None:
+        self._frame_pending = False
+        self.frames_drawn += 1
+        return self.latest_frame
+
+    # --- controls (overridden) --------------------------------------------------------------
+    @property
+    def badges(self) -> tuple[str, ...]:
+        return ("SIM",) if self.state.sim else ()
+
+    @property
+    def running(self) -> bool:
+        return False
+
+    def step(self) -> bool:
+        """Run one phase; False when the app must start a run first."""
+        raise NotImplementedError
+
+    def toggle_pause(self) -> str:
+        raise NotImplementedError
+
+    def toggle_breakpoint(self, phase: Phase) -> bool:
+        raise NotImplementedError
+
+    def cancel(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Blocking clean-up at exit."""
+
+    @property
+    def ledger_path(self) -> Path | None:
+        return None
+
+
+class LiveBridge(Bridge):
+    """A live run: builds the engine off the loop, pumps its events, samples telemetry."""
+
+    live = True
+
+    def __init__(self, app: App[Any], *, engine_factory: Callable[[], Any], sampler: Sampler | None = None,
+                 record: Path | bool = True) -> None:
+        super().__init__(app)
+        self.engine_factory = engine_factory
+        self.session = Session(engine_factory)
+        self.sampler = sampler if sampler is not None else Sampler(emulated=EmulatedSource())
+        if self.sampler.emulated is None:
+            self.sampler.emulated = EmulatedSource()
+        self.record = record
+        self.recorder: Recorder | None = None
+        self.report: dict[str, Any] | None = None
+        self._in_flight = False
+        self._device_lock = asyncio.Lock()
+
+    @property
+    def running(self) -> bool:
+        return self._in_flight
+
+    @property
+    def ledger_path(self) -> Path | None:
+        out = self.session.out_dir
+        return Path(out) / "ledger.db" if out is not None else None
+
+    # --- the run (awaited inside the app's "visit" worker) ------------------------------------
+    async def drive(self, *, stepping: bool = False) -> dict[str, Any] | None:
+        if self.session.finished:  # a finished run is kept on screen; a new one starts from scratch
+            old = self.session
+            self.session = Session(self.engine_factory)
+            self.session.breakpoints = set(old.breakpoints)
+            self.state = RunState(breakpoints=set(self.state.breakpoints))
+            self.tracker = PhaseTracker()
+            self._close_recorder()
+        self._in_flight = True
+        try:
+            if not self.session.built:
+                self.state.status = "starting"
+                self.post_state()
+                engine = await asyncio.to_thread(self.session.build)
+                self.state.seed_holders(self.session.holder_names)
+                for name in self.session.holder_names:
+                    self.state.holders[name].state = "connecting"
+                self._open_recorder(engine)
+                self.post_state()
+            engine = self.session.engine
+            assert engine is not None
+            if stepping:
+                self.session.pause()
+                self.session.step()
+            queue = engine.subscribe()
+            engine.sinks.append(self.tracker)
+            if self.recorder is not None:
+                engine.sinks.append(self.recorder)
+            pump = asyncio.create_task(self._pump(queue))
+            try:
+                self.report = await self.session.run()
+                return self.report
+            except GpuTravelError as exc:
+                if exc.code != "cancelled":
+                    self.notice(f"run failed: {exc}", "error")
+                return None
+            finally:
+                await asyncio.sleep(0)
+                self._drain(queue)
+                pump.cancel()
+        finally:
+            self._in_flight = False
+            self.post_state()
+
+    async def _pump(self, queue: asyncio.Queue[ev.Event]) -> None:
+        while True:
+            first = await queue.get()
+            batch = [first]
+            while not queue.empty():
+                batch.append(queue.get_nowait())
+            self.fold(batch)
+            self.sync_control(post=False)
+            self.post_state(tuple(batch))
+
+    def fold(self, events: Iterable[ev.Event]) -> tuple[ev.Event, ...]:
+        # the tracker is an engine sink here (it tags telemetry at once); only the state folds
+        batch = tuple(events)
+        for event in batch:
+            self.state.apply(event)
+        return batch
+
+    def _drain(self, queue: asyncio.Queue[ev.Event]) -> None:
+        batch = []
+        while not queue.empty():
+            batch.append(queue.get_nowait())
+        if batch:
+            self.fold(batch)
+            self.post_state(tuple(batch))
+
+    def sync_control(self, *, post: bool = True) -> bool:
+        """The engine emits no event when a step ends; read its control state (called on a short timer)."""
+        at = self.session.paused_at() if self._in_flight else None
+        if at == self.state.paused_before:
+            return False
+        if at is None and self.state.status != "paused":
+            return False
+        self.state.set_paused(at)
+        if post:
+            self.post_state()
+        return True
+
+    # --- recording ------------------------------------------------------------------------------
+    def _open_recorder(self, engine: Any) -> None:
+        if self.record is False:
+            return
+        path = Path(engine.out_dir) / "recording.db" if self.record is True else Path(self.record)
+        settings = engine.settings.to_dict() if hasattr(engine.settings, "to_dict") else {}
+        self.recorder = Recorder(path, meta={"settings": settings, "ledger": str(Path(engine.out_dir) / "ledger.db"),
+                                             "holders": list(engine.links)})
+
+    def _close_recorder(self) -> None:
+        if self.recorder is not None:
+            self.recorder.close()
+            self.recorder = None
+
+    # --- telemetry (awaited inside the app's "telemetry-poll" worker) --------------------------
+    async def poll_telemetry(self, interval: float) -> None:
+        while True:
+            await self.sample_once()
+            await asyncio.sleep(interval)
+
+    async def sample_once(self) -> TelemetryFrame:
+        emulated = self.sampler.emulated
+        assert emulated is not None
+        if self.session.built and not self.session.finished:
+            if emulated.stats is None:
+                emulated.attach(self.session.device_stats)
+            emulated.info = self.session.device_info()
+        elif emulated.stats is not None:
+            emulated.attach(None)
+        async with self._device_lock:
+            frame = await asyncio.to_thread(self.sampler.collect, phase=self.tracker.tag)
+        if self.recorder is not None:
+            self.recorder.record_telemetry(frame)
+        self.offer_frame(frame)
+        return frame
+
+    # --- controls -------------------------------------------------------------------------------
+    @property
+    def badges(self) -> tuple[str, ...]:
+        status = self.latest_frame.nvml if self.latest_frame else None
+        sim = self.state.sim or (status is not None and not status.available)
+        return ("SIM",) if sim else ()
+
+    def step(self) -> bool:
+        if not self._in_flight:
+            return False
+        self.session.step()
+        return True
+
+    def toggle_pause(self) -> str:
+        if not self._in_flight:
+            return "no run in progress: r runs, space steps"
+        engine = self.session.engine
+        if engine is not None and engine.control.paused:
+            self.session.resume()
+            self.state.set_paused(None)
+            self.post_state()
+            return "resumed"
+        self.session.pause()
+        return "pausing before the next phase"
+
+    def resume(self) -> None:
+        self.session.resume()
+        self.state.set_paused(None)
+        self.post_state()
+
+    def toggle_breakpoint(self, phase: Phase) -> bool:
+        on = self.session.toggle_breakpoint(phase)
+        (self.state.breakpoints.add if on else self.state.breakpoints.discard)(str(phase))
+        self.post_state()
+        return on
+
+    def cancel(self) -> None:
+        self.session.cancel()
+
+    def close(self) -> None:
+        self.session.close()
+        self._close_recorder()
+        self.sampler.close()
+
+
+class ReplayBridge(Bridge):
+    """Plays a recording: step one phase, play / pause, jump to a visit or to either end."""
+
+    def __init__(self, app: App[Any], recording: Recording, *, speed: float = 8.0, follow: bool = False) -> None:
+        super().__init__(app)
+        self.player = Player(recording)
+        self.playing = False
+        self.speed = speed
+        self.follow = follow
+        self.state.breakpoints = set()
+
+    @property
+    def ledger_path(self) -> Path | None:
+        path = self.player.recording.meta.get("ledger")
+        return Path(path) if path else None
+
+    @property
+    def running(self) -> bool:
+        return self.playing
+
+    @property
+    def badges(self) -> tuple[str, ...]:
+        mode = "▶" if self.playing else "‖"
+        return (*super().badges, f"REPLAY {mode} {self.player.position}/{len(self.player.items)}")
+
+    def _apply(self, items: Iterable[RecordedItem]) -> tuple[ev.Event, ...]:
+        events: list[ev.Event] = []
+        for item in items:
+            if item.kind == "event":
+                event = item.event()
+                self.state.apply(event)
+                self.tracker(event)
+                events.append(event)
+            elif item.kind == "telemetry":
+                self.offer_frame(item.frame().replace(source="replay"))
+        return tuple(events)
+
+    def step(self) -> bool:
+        self.playing = False
+        self.post_state(self._apply(self.player.step_phase()))
+        return True
+
+    def toggle_pause(self) -> str:
+        self.playing = not self.playing
+        self.post_state()
+        return "playing" if self.playing else "paused"
+
+    def toggle_breakpoint(self, phase: Phase) -> bool:
+        raise GpuTravelError("breakpoints belong to a live run")
+
+    def cancel(self) -> None:
+        self.playing = False
+        self.post_state()
+
+    def restart(self) -> None:
+        self.seek(0)
+        self.playing = True
+
+    def seek(self, position: int) -> None:
+        self.player.seek(position)
+        self.rebuild()
+
+    def jump_visit(self, visit: int) -> None:
+        """Jump to the start of ``visit`` (0-based); a visit past the last one means the end."""
+        self.player.seek_visit(visit)
+        self.rebuild()
+
+    def rebuild(self) -> None:
+        self.state = RunState()
+        self.history.clear()
+        self.tracker = PhaseTracker()
+        self.latest_frame = None
+        self._apply(self.player.played())
+        self.post_state(reset=True)
+
+    async def play(self) -> None:
+        """Awaited inside the app's "replay" worker: advance while playing, pacing by the recorded times."""
+        last_t: float | None = None
+        while True:
+            if not self.playing:
+                await asyncio.sleep(0.05)
+                continue
+            item = self.player.next()
+            if item is None:
+                if self.follow:
+                    self._follow_more()
+                    await asyncio.sleep(0.5)
+                    continue
+                self.playing = False
+                self.post_state()
+                continue
+            gap = 0.0 if last_t is None else max(0.0, min(item.t - last_t, 2.0)) / self.speed
+            last_t = item.t
+            if gap:
+                await asyncio.sleep(gap)
+            self.post_state(self._apply([item]))
+
+    def _follow_more(self) -> None:
+        last = self.player.items[-1].seq if self.player.items else 0
+        try:
+            more = load_recording(self.player.recording.path, since_seq=last).items
+        except GpuTravelError:
+            return
+        if more:
+            self.player.extend(more)

@@ -1,0 +1,200 @@
+"""``gputravel plan``: predict a run's transfer and training time on both data paths (``core.planner``).
+
+The model is fitted on measured runs: ``--from FILE.json`` (outputs of ``bench travel --json`` and/or
+``bench provision --json``, repeatable). Without ``--from`` it uses the calibration cached under the user
+cache dir (``<cache>/gputravel/plan-calibration.json``) when it was measured on this machine, or runs a short
+calibration (two small ``bench travel`` studies, about a minute) and caches it; ``--recalibrate`` forces one.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gputravel.core import planner
+from gputravel.core.errors import ConfigError
+
+CALIBRATION_VERSION = 1
+#: The calibration: two datasets (2 and 8 MiB per holder), each with a small buffer and an uncapped one,
+#: so both the number of visits and the bytes moved vary between runs.
+CALIBRATION = ((2.0, [0.5, None]), (8.0, [2.0, None]))
+
+
+def cache_path() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("gputravel")) / "plan-calibration.json"
+
+
+def _machine_key(info: dict[str, Any]) -> dict[str, Any]:
+    return {k: info.get(k) for k in ("cores", "platform", "torch", "cuda")}
+
+
+def calibrate(console: Console) -> dict[str, Any]:
+    from gputravel.console.commands.bench_travel import machine_info, study
+
+    studies = []
+    with tempfile.TemporaryDirectory(prefix="gputravel-plan-") as tmp:
+        for i, (holder_mib, buffers) in enumerate(CALIBRATION):
+            console.print(f"calibrating {i + 1}/{len(CALIBRATION)}: {holder_mib:g} MiB per holder, buffers "
+                          f"{', '.join('uncapped' if b is None else f'{b:g} MiB' for b in buffers)}")
+            studies.append(study(buffers, workdir=Path(tmp) / f"s{i}", dataset_mib=holder_mib, console=console))
+    return {"benchmark": "calibration", "version": CALIBRATION_VERSION, "created": time.time(),
+            "machine": machine_info(), "studies": studies}
+
+
+def load_calibration(*, recalibrate: bool, console: Console) -> tuple[dict[str, Any], str]:
+    """The cached calibration if it fits this machine, else a fresh one (cached); and where it came from."""
+    from gputravel.console.commands.bench_travel import machine_info
+
+    path = cache_path()
+    here = _machine_key(machine_info())
+    if not recalibrate and path.exists():
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            doc = {}
+        if doc.get("version") == CALIBRATION_VERSION and _machine_key(doc.get("machine", {})) == here:
+            age_h = (time.time() - float(doc.get("created", 0))) / 3600
+            return doc, f"cached calibration {path} ({age_h:,.1f} h old; --recalibrate to measure again)"
+    doc = calibrate(console)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc) + "\n")
+        where = f"calibration measured now, cached in {path}"
+    except OSError as exc:
+        where = f"calibration measured now (not cached: {exc})"
+    return doc, where
+
+
+def load_samples(files: list[Path]) -> list[planner.Sample]:
+    samples: list[planner.Sample] = []
+    for f in files:
+        try:
+            doc = json.loads(Path(f).read_text())
+        except OSError as exc:
+            raise ConfigError(f"--from {f}: {exc.strerror or exc}") from None
+        except ValueError as exc:
+            raise ConfigError(f"--from {f}: not JSON ({exc})") from None
+        if not isinstance(doc, dict):
+            raise ConfigError(f"--from {f}: not a benchmark JSON document")
+        samples.extend(planner.samples_from_report(doc, source=f"{Path(f).name}:"))
+    return samples
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2f}%" if x >= 0.1 else f"{x:.3f}%"
+
+
+def _secs(x: float) -> str:
+    if x >= 3600:
+        return f"{x / 3600:,.2f} h"
+    if x >= 60:
+        return f"{x / 60:,.1f} min"
+    return f"{x:,.3f} s" if x < 10 else f"{x:,.1f} s"
+
+
+def _err(e: dict[str, Any]) -> str:
+    return "—" if e.get("mape") is None else f"{e['mape']:.1%} (max {e['max_ape']:.1%})"
+
+
+def render(result: dict[str, Any], console: Console) -> None:
+    pred = result["prediction"]
+    holders = ", ".join(f"{b / 2**30:,.2f} GiB" for b in result["holder_bytes"])
+    table = Table(title=f"plan: holders {holders}; buffer {result['buffer_mib']:g} MiB; {pred['visits']} visits, "
+                        f"{pred['bytes'] / 2**30:,.2f} GiB moved, {pred['steps']:,} steps "
+                        f"({pred['steps_per_mib']:g} steps/MiB)"
+                        + (f"; link {pred['gbps']:g} Gb/s" if pred.get("gbps") else ""))
+    for col in ("path", "visit tx", "visit train", "visit tx %", "run tx", "run train", "run total",
+                "run tx %", "MB/s"):
+        table.add_column(col, justify="left" if col == "path" else "right")
+    for path, p in pred["paths"].items():
+        v, r = p["visit"], p["run"]
+        table.add_row(path, _secs(v["tx_s"]), _secs(v["train_s"]), _pct(v["tx_pct"]), _secs(r["tx_s"]),
+                      _secs(r["train_s"]), _secs(r["total_s"]), _pct(r["tx_pct"]),
+                      "—" if p["mb_s"] is None else f"{p['mb_s']:,.0f}")
+    console.print(table)
+    if "conventional_over_travelling_tx" in pred:
+        console.print(f"conventional / travelling transfer time: {pred['conventional_over_travelling_tx']:.1f}x")
+    model = result["model"]
+    fit = Table(title="model (fitted on whole runs; error: leave-one-run-out, predicted vs measured)")
+    for col in ("term", "coefficients", "runs", "fit error", "held-out error"):
+        fit.add_column(col, justify="left" if col in ("term", "coefficients") else "right")
+    for name, t in [*((f"transfer {p}", t) for p, t in model["transfer"].items()), ("train (both paths)",
+                                                                                    model["train"])]:
+        if t is None:
+            continue
+        a, b = t["coef"]
+        unit = "byte" if t["features"][1] == "bytes" else "step"
+        per = f"{b * 1e9:,.3f} ns/byte ({1 / b / 1e6:,.0f} MB/s)" if unit == "byte" and b > 0 else \
+            f"{b * 1e3:,.2f} ms/step" if unit == "step" else "0 per byte"
+        coefs = f"{a * 1e3:,.1f} ms/visit + {per}"
+        fit.add_row(name, coefs + (f" [dim]({t['note']})[/]" if t.get("note") else ""), str(t["n"]),
+                    _err(t["fit_error"]), _err(t["loo_error"]))
+    console.print(fit)
+    console.print(f"measured runs: {result['source']}")
+    for job in model["jobs"][:1]:
+        console.print(f"training predictions are for the measured job: {job.get('model')} model, batch "
+                      f"{job.get('batch_size')}×{job.get('seq_len')}, on the machine it was measured on.")
+    if len(model["jobs"]) > 1:
+        console.print(f"[yellow]warning[/]: the runs come from {len(model['jobs'])} different jobs; the training "
+                      "fit mixes them.")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("plan")
+    def plan_cmd(
+        holder_bytes: str = typer.Option(..., "--holder-bytes", help="Each holder's data, comma-separated: "
+                                         "10G,20G,5G (K/M/G/T: powers of 1024; KB/MB/GB/TB: of 1000)."),
+        buffer_mib: float = typer.Option(256.0, "--buffer-mib", help="GPU data buffer (MiB)."),
+        gbps: float | None = typer.Option(None, "--gbps", help="Link bandwidth (Gb/s) instead of the measured "
+                                          "rate: Travelling overlaps it with decryption, the conventional path "
+                                          "adds it."),
+        from_files: list[Path] = typer.Option([], "--from", help="bench travel / bench provision JSON; "
+                                              "repeatable."),
+        steps_per_mib: float | None = typer.Option(None, "--steps-per-mib",
+                                                   help="Training steps per MiB (default: the measured job's)."),
+        rounds: int = typer.Option(1, "--rounds"),
+        recalibrate: bool = typer.Option(False, "--recalibrate", help="Measure a fresh calibration (no --from)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
+    ) -> None:
+        """Predict per-visit and whole-run transfer and training time for both data paths."""
+        console = Console(stderr=True)
+        try:
+            sizes = planner.parse_sizes(holder_bytes)
+        except ConfigError as exc:
+            raise typer.BadParameter(exc.reason, param_hint="--holder-bytes") from None
+        if not (0 < buffer_mib <= 64 * 1024):
+            raise typer.BadParameter("must be in (0, 65536]", param_hint="--buffer-mib")
+        if gbps is not None and not gbps > 0:
+            raise typer.BadParameter("must be positive", param_hint="--gbps")
+        if steps_per_mib is not None and not steps_per_mib > 0:
+            raise typer.BadParameter("must be positive", param_hint="--steps-per-mib")
+        if rounds < 1:
+            raise typer.BadParameter("must be >= 1", param_hint="--rounds")
+        try:
+            if from_files:
+                samples = load_samples(from_files)
+                source = ", ".join(str(f) for f in from_files)
+            else:
+                doc, source = load_calibration(recalibrate=recalibrate, console=console)
+                samples = planner.samples_from_report(doc)
+            model = planner.fit_model(samples)
+            prediction = planner.predict(model, sizes, buffer_bytes=int(buffer_mib * planner.MIB),
+                                         steps_per_mib=steps_per_mib, rounds=rounds, gbps=gbps)
+        except ConfigError as exc:
+            raise typer.BadParameter(exc.reason) from None
+        result = {"command": "plan", "holder_bytes": sizes, "buffer_mib": buffer_mib, "source": source,
+                  "prediction": prediction, "model": model.to_dict()}
+        if as_json:
+            sys.stdout.write(json.dumps(result, indent=2) + "\n")
+            return
+        render(result, Console())

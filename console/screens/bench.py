@@ -1,0 +1,196 @@
+"""The Bench screen: run a benchmark in a worker (``gputravel bench NAME --json``), see a table and bars."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import sys
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from textual import on, work
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widget import Widget
+from textual.widgets import DataTable, OptionList, Static
+from textual.widgets.option_list import Option
+
+from gputravel.console.screens.base import ConsoleScreen
+from gputravel.console.widgets.bar_chart import BarChart
+from gputravel.console.widgets.text import esc
+
+#: (name, what it measures); a name whose ``console/commands/bench_<name>.py`` is absent shows as missing.
+BENCHES: tuple[tuple[str, str], ...] = (
+    ("provision", "holder → GPU provisioning: SSH channel vs direct, chunk sizes"),
+    ("allreduce", "plain vs secure ring all-reduce variants"),
+    ("travel", "one full travelling run, per-phase times"),
+    ("ddp", "DDP with the secure communication hook"),
+    ("load", "many holders at once"),
+    ("soak", "a long run: leaks and drift"),
+)
+#: Columns preferred for the bar chart, best first.
+BAR_KEYS = ("speedup", "mb_s", "gb_s", "throughput", "throughput_mb_s", "tokens_per_s", "ms", "seconds", "s")
+
+BenchRunner = Callable[[str, Callable[[str], None]], Awaitable[Any]]
+
+
+def bench_available(name: str) -> bool:
+    return importlib.util.find_spec(f"gputravel.console.commands.bench_{name}") is not None
+
+
+async def run_bench_subprocess(name: str, on_line: Callable[[str], None]) -> Any:
+    """``gputravel bench NAME --json`` in a child process: stderr lines as progress, stdout parsed as JSON."""
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "gputravel.console.cli", "bench", name, "--json",
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+
+    async def progress() -> None:
+        assert proc.stderr is not None
+        async for raw in proc.stderr:
+            on_line(raw.decode(errors="replace").rstrip())
+
+    reader = asyncio.create_task(progress())
+    try:
+        out = await proc.stdout.read()
+        code = await proc.wait()
+    except asyncio.CancelledError:
+        proc.kill()
+        raise
+    finally:
+        await asyncio.gather(reader, return_exceptions=True)
+    if code != 0:
+        raise RuntimeError(f"gputravel bench {name} exited {code}")
+    return json.loads(out.decode() or "null")
+
+
+def result_rows(result: Any) -> list[dict[str, Any]]:
+    """The rows of a benchmark's JSON: a list of objects, or the first such list inside it, or key/value pairs."""
+    if isinstance(result, list) and all(isinstance(r, dict) for r in result):
+        return result
+    if isinstance(result, dict):
+        for key in ("results", "rows", "runs", "variants", "cases"):
+            if isinstance(result.get(key), list) and all(isinstance(r, dict) for r in result[key]):
+                return result[key]
+        for value in result.values():
+            if isinstance(value, list) and value and all(isinstance(r, dict) for r in value):
+                return value
+        return [{"metric": k, "value": v} for k, v in result.items() if not isinstance(v, dict | list)]
+    return []
+
+
+def chart_of(rows: list[dict[str, Any]]) -> tuple[tuple[tuple[str, float], ...], str]:
+    """Bars for the best numeric column, labelled by the first text column(s)."""
+    if not rows:
+        return (), ""
+    numeric = [k for k in rows[0] if all(isinstance(r.get(k), int | float) and not isinstance(r.get(k), bool)
+                                         for r in rows)]
+    key = next((k for k in BAR_KEYS if k in numeric), numeric[0] if numeric else None)
+    if key is None:
+        return (), ""
+    text = [k for k in rows[0] if isinstance(rows[0][k], str)]
+    bars = tuple((" ".join(str(r.get(k, "")) for k in text[:2]) or str(i), float(r[key])) for i, r in enumerate(rows))
+    return bars, key
+
+
+class BenchScreen(ConsoleScreen):
+    """Pick a benchmark, enter runs it in a worker; ``x`` stops it."""
+
+    SCREEN_NAME = "bench"
+    AUTO_FOCUS = "#bench-list"
+    HELP = ("Benchmarks run as `gputravel bench NAME --json` in a child process (the console stays live); "
+            "their JSON becomes a table and a bar chart of the headline column.")
+    BINDINGS = [Binding("enter", "run_bench", "Run bench"), Binding("x", "stop_bench", "Stop bench")]
+
+    def __init__(self, runner: BenchRunner | None = None) -> None:
+        super().__init__()
+        self.runner: BenchRunner = runner or run_bench_subprocess
+
+    def on_mount(self) -> None:
+        injected = getattr(self.app, "bench_runner", None)
+        if injected is not None:
+            self.runner = injected
+
+    def compose_body(self) -> Iterable[Widget]:
+        options = [Option(f"{name:<10} " + ("[$success]ready[/]" if bench_available(name) else
+                                            "[$text-disabled]not installed yet[/]"), id=name)
+                   for name, _ in BENCHES]
+        yield Horizontal(
+            OptionList(*options, id="bench-list"),
+            Vertical(Static("[$text-muted]select a benchmark, enter runs it[/]", id="bench-status"),
+                     Static(id="bench-progress"), id="bench-side"),
+            id="bench-top")
+        yield DataTable(id="bench-table", zebra_stripes=True)
+        yield BarChart(id="bench-chart")
+
+    def selected(self) -> str | None:
+        ol = self.query_one(OptionList)
+        if ol.highlighted is None:
+            return None
+        return ol.get_option_at_index(ol.highlighted).id
+
+    @on(OptionList.OptionHighlighted)
+    def _highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        desc = dict(BENCHES).get(event.option.id or "", "")
+        if not self.workers or not any(w.group == "bench" and w.is_running for w in self.workers):
+            self.query_one("#bench-status", Static).update(f"[b]{esc(event.option.id)}[/b]: {esc(desc)}\n"
+                                                           "[$text-muted]enter runs it · x stops it[/]")
+
+    @on(OptionList.OptionSelected)
+    def _chosen(self, event: OptionList.OptionSelected) -> None:
+        event.stop()
+        self.action_run_bench()
+
+    def action_run_bench(self, name: str | None = None) -> None:
+        name = name or self.selected() or BENCHES[0][0]
+        if self.runner is run_bench_subprocess and not bench_available(name):
+            self.query_one("#bench-status", Static).update(
+                f"[$warning]bench {esc(name)} is not installed yet[/] (console/commands/bench_{esc(name)}.py)")
+            return
+        self.run_bench(name)
+
+    def action_stop_bench(self) -> None:
+        self.workers.cancel_group(self, "bench")
+        self.query_one("#bench-status", Static).update("[$warning]stopped[/]")
+
+    @work(exclusive=True, group="bench", exit_on_error=False)
+    async def run_bench(self, name: str) -> None:
+        status = self.query_one("#bench-status", Static)
+        progress = self.query_one("#bench-progress", Static)
+        lines: list[str] = []
+
+        def on_line(line: str) -> None:
+            lines.append(line)
+            progress.update("[$text-muted]" + esc("\n".join(lines[-4:])) + "[/]")
+
+        status.update(f"[b $accent]running[/] {esc(name)}…")
+        try:
+            result = await self.runner(name, on_line)
+        except Exception as exc:  # noqa: BLE001 - a failed benchmark is a message, not a crash
+            status.update(f"[$error]bench {esc(name)} failed:[/] {esc(exc)}")
+            return
+        self.show_result(name, result)
+
+    def show_result(self, name: str, result: Any) -> None:
+        rows = result_rows(result)
+        table = self.query_one("#bench-table", DataTable)
+        table.clear(columns=True)
+        columns = list(dict.fromkeys(k for r in rows for k in r))
+        for col in columns:
+            table.add_column(col, key=col)
+        for r in rows:
+            table.add_row(*[_cell(r.get(c)) for c in columns])
+        bars, key = chart_of(rows)
+        chart = self.query_one(BarChart)
+        chart.unit = key
+        chart.bars = bars
+        self.query_one("#bench-status", Static).update(f"[$success]done[/] {esc(name)}: {len(rows)} rows"
+                                                       + (f", bars: {esc(key)}" if key else ""))
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict | list):
+        return json.dumps(value)[:40]
+    return "" if value is None else str(value)

@@ -1,0 +1,69 @@
+"""The GPU screen: one card per device (NVML), plus the emulated device's SIM card."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from textual.containers import VerticalScroll
+from textual.widget import Widget
+from textual.widgets import Static
+
+from gputravel.console.screens.base import ConsoleScreen
+from gputravel.console.widgets.gpu_card import GpuCard, GpuTrend
+from gputravel.console.widgets.text import esc
+from gputravel.core.session import RunState
+from gputravel.core.telemetry import History, TelemetryFrame
+
+
+def card_id(key: str) -> str:
+    """``gpu-0`` -> ``gpu-card-0``; ``sim-0`` -> ``gpu-card-sim-0``."""
+    return "gpu-card-" + key.removeprefix("gpu-")
+
+
+class GpuScreen(ConsoleScreen):
+    """Live telemetry. N/A where the source cannot say; SIM where the device is emulated."""
+
+    SCREEN_NAME = "gpu"
+    HELP = ("Cards follow nvitop: utilisation and memory bars, power, temperature, clocks, PCIe TX/RX history "
+            "with its peak and the protocol phase it happened in, and the confidential-computing state. "
+            "Without an NVIDIA driver the header says why; the emulated GPU's real counters show as SIM.")
+
+    def compose_body(self) -> Iterable[Widget]:
+        yield Static("[$text-muted]waiting for telemetry…[/]", id="nvml-status")
+        yield VerticalScroll(id="gpu-cards")
+
+    def show_state(self, state: RunState, context: dict[str, Any]) -> None:
+        frame = context.get("frame")
+        history = context.get("history")
+        if frame is not None and history is not None:
+            self.show_telemetry(frame, history)
+
+    def show_telemetry(self, frame: TelemetryFrame, history: History) -> None:
+        status = frame.nvml
+        if status.available:
+            head = (f"[b]NVML[/b] [$success]available[/] · driver {esc(status.driver_version)} · "
+                    f"{status.device_count} device(s)")
+        else:
+            head = f"[b]NVML[/b] [$warning]not available[/]: {esc(status.reason)}"
+        tag = f" · now [b]{esc(frame.phase)}[/b]" if frame.phase else ""
+        self.query_one("#nvml-status", Static).update(f"{head}\n[b]source[/b] {esc(frame.source)}{tag}")
+        box = self.query_one("#gpu-cards", VerticalScroll)
+        if not frame.devices:
+            if not box.query("#gpu-none"):
+                box.mount(Static("[$text-muted]no devices: the emulated GPU's SIM card appears once a run has "
+                                 "attested its device (r or space)[/]", id="gpu-none"))
+            return
+        for none in box.query("#gpu-none"):
+            none.remove()
+        for device in frame.devices:
+            wid = card_id(device.key)
+            found = box.query(f"#{wid}")
+            card = found.first(GpuCard) if found else None
+            if card is None:
+                card = GpuCard(id=wid)
+                box.mount(card)
+            card.trend = GpuTrend(
+                series={m: tuple(history.values(device.key, m)) for m in ("pcie_tx", "pcie_rx", "util")},
+                peaks={m: history.peak(device.key, m) for m in ("pcie_tx", "pcie_rx")})
+            card.snapshot = device

@@ -1,0 +1,48 @@
+"""The Training screen: loss and validation loss over steps, tokens per second."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from textual.widget import Widget
+from textual.widgets import Static
+
+from gputravel.console.screens.base import ConsoleScreen
+from gputravel.console.widgets.plot import BraillePlot, PlotSeries
+from gputravel.console.widgets.text import esc, spark
+from gputravel.core.session import RunState
+
+
+class TrainingScreen(ConsoleScreen):
+    """Training progress on the travelling GPU."""
+
+    SCREEN_NAME = "training"
+    HELP = ("Training loss of every step (each visit trains k steps on one holder's buffer) and the validation "
+            "loss on the held-out slice of each visit, plotted over the global step.")
+
+    def compose_body(self) -> Iterable[Widget]:
+        yield Static(id="training-summary")
+        yield BraillePlot(id="loss-plot")
+        yield Static(id="val-by-holder")
+
+    def show_state(self, state: RunState, context: dict[str, Any]) -> None:
+        plot = self.query_one(BraillePlot)
+        plot.series = (
+            PlotSeries("loss", tuple((float(s), v) for s, v in state.loss), "$primary"),
+            PlotSeries("val loss", tuple((float(s), v) for s, _, v in state.val), "$accent"),
+        )
+        if state.loss:
+            first, last = state.loss[0][1], state.loss[-1][1]
+            val = f"{state.val[-1][2]:.3f}" if state.val else "-"
+            tps = f"{state.tokens_per_s:,.0f}" if state.tokens_per_s else "-"
+            summary = (f"[b]steps[/b] {state.loss[-1][0]}   [b]loss[/b] {first:.3f} → {last:.3f}   "
+                       f"[b]val[/b] {val}   [b]tokens/s[/b] {tps}")
+        else:
+            summary = "[$text-muted]no training steps yet[/]"
+        self.query_one("#training-summary", Static).update(summary)
+        by_holder: dict[str, list[float]] = {}
+        for _, holder, v in state.val:
+            by_holder.setdefault(holder, []).append(v)
+        rows = [f"{esc(h):<14} [$accent]{spark(vs, 30)}[/] {vs[-1]:.3f}" for h, vs in by_holder.items()]
+        self.query_one("#val-by-holder", Static).update("[b]val loss by holder[/b]\n" + "\n".join(rows) if rows else "")

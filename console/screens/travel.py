@@ -1,0 +1,65 @@
+"""The Travel screen: where the GPU is, every visit's phases, the key epoch, the receipts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from textual.containers import Horizontal, VerticalScroll
+from textual.widget import Widget
+from textual.widgets import Static
+
+from gputravel.console.screens.base import ConsoleScreen
+from gputravel.console.widgets.phase_timeline import PhaseTimeline, TimelineView, receipt
+from gputravel.console.widgets.route_map import RouteMap, RouteView
+from gputravel.console.widgets.text import esc
+from gputravel.core.session import RunState
+
+
+class TravelScreen(ConsoleScreen):
+    """The GPU's journey: the route, the phase timeline of every visit, keys and receipts."""
+
+    SCREEN_NAME = "travel"
+    HELP = ("The GPU travels orchestrator → holder → orchestrator once per visit. Each row of the timeline is a "
+            "visit; each mark a phase (■ done, ▶ running, ‖ paused before, ✗ failed; ● a breakpoint). "
+            "int/scr are the visit's receipts: code and model verified unchanged after the holder returned, "
+            "buffer scrubbed and read back as zero.")
+
+    def compose_body(self) -> Iterable[Widget]:
+        yield Horizontal(RouteMap(id="route-map"), Static(id="visit-detail"), id="travel-top")
+        yield VerticalScroll(PhaseTimeline(id="phase-timeline"), id="timeline-scroll")
+
+    def show_state(self, state: RunState, context: dict[str, Any]) -> None:
+        holders = tuple((h.name, h.state_label) for h in state.holders.values())
+        self.query_one(RouteMap).view = RouteView(holders=holders, gpu_at=state.gpu_at, phase=state.current_phase)
+        self.query_one(PhaseTimeline).view = TimelineView(
+            visits=tuple(state.visits.values()), planned=state.visits_planned, paused_before=state.paused_before,
+            breakpoints=frozenset(state.breakpoints))
+        self.query_one("#visit-detail", Static).update(self._detail(state, context))
+
+    @staticmethod
+    def _detail(state: RunState, context: dict[str, Any]) -> str:
+        done = [v for v in state.visits.values() if v.outcome in ("done", "failed", "cancelled")]
+        last = done[-1] if done else None
+        current = state.visit(state.current_visit)
+        lines = [f"[b]run[/b] {esc(state.run_id or '-')}  [b]{esc(state.status)}[/b]  "
+                 f"{len(done)}/{state.visits_planned or '?'} visits",
+                 f"[b]device[/b] {esc(state.device_id or '-')}  attested "
+                 f"{receipt(state.attested)}{'  [$warning]SIM[/]' if state.sim else ''}",
+                 f"[b]epoch[/b] {state.epoch}  [b]key[/b] {esc((state.key_fp or '-')[:16])}"]
+        if current is not None and current.outcome == "running":
+            lines.append(f"[b]now[/b] #{current.visit + 1} → {esc(current.holder[:16])} · "
+                         f"{esc(state.current_phase or 'between phases')}")
+        if state.paused_before:
+            lines.append(f"[b $warning]paused before {esc(state.paused_before)}[/] ({esc(state.pause_reason or 'step')})"
+                         " · space · p")
+        elif state.status in ("idle", "completed", "failed", "cancelled") and not context.get("readonly"):
+            lines.append("[$text-muted]r run · space one phase · b break@HANDOFF[/]")
+        bps = ", ".join(sorted(state.breakpoints)) or "none"
+        lines.append(f"[b]breakpoints[/b] {esc(bps)}")
+        if last is not None:
+            lines.append(f"[b]receipts[/b] #{last.visit + 1} {esc(last.holder[:14])}: integrity "
+                         f"{receipt(last.integrity_ok)} scrub {receipt(last.scrub_verified)}")
+        if state.error:
+            lines.append(f"[$error]{esc(state.error)}[/]")
+        return "\n".join(lines)

@@ -1,0 +1,61 @@
+"""The one-line status bar at the top of every screen: run, where the GPU is, phase, epoch, badges."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.app import RenderResult
+from textual.content import Content
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from gputravel.console.widgets.text import esc
+
+
+@dataclass(frozen=True, slots=True)
+class StatusSummary:
+    screen: str
+    status: str
+    run_id: str | None = None
+    where: str = "orchestrator"
+    phase: str | None = None
+    epoch: int = 0
+    visit: str = ""
+    badges: tuple[str, ...] = ()
+
+
+class StatusBar(Widget):
+    """What the run is doing, in one line (no clock: the bar reads the same in a replay)."""
+
+    DEFAULT_CSS = """
+    StatusBar {
+        height: 1;
+        width: 1fr;
+        padding: 0 1;
+    }
+    """
+
+    summary: reactive[StatusSummary | None] = reactive(None)
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+
+    def watch_summary(self, summary: StatusSummary | None) -> None:
+        for status in ("idle", "running", "paused", "completed", "failed", "cancelled", "starting"):
+            self.set_class(summary is not None and summary.status.split()[0] == status, f"-{status}")
+
+    def render(self) -> RenderResult:
+        s = self.summary
+        if s is None:
+            return Content("gputravel")
+        parts = [f"[b]{esc(s.screen)}[/b]", f"[b $accent]{esc(s.status.upper())}[/]"]
+        if s.run_id:
+            parts.append(f"run {esc(s.run_id)}")
+        if s.visit:
+            parts.append(esc(s.visit))
+        parts.append(f"GPU ◆ [b]{esc(s.where)}[/b]")
+        if s.phase:
+            parts.append(f"phase [b]{esc(s.phase)}[/b]")
+        parts.append(f"epoch {s.epoch}")
+        badges = " ".join(f"[reverse $warning] {esc(b)} [/]" for b in s.badges)
+        return Content.from_markup(" │ ".join(parts) + ("  " + badges if badges else ""))

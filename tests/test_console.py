@@ -1,0 +1,239 @@
+"""The console as an operator uses it: keys pressed in a Pilot, the engine's state and the screen checked.
+
+Live tests run the real engine on tiny data (two holders of ~60 KB, 16 KiB chunks, a 0.25 MiB buffer,
+2 steps per visit), so each run takes a few seconds on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+from textual.pilot import Pilot
+
+from gputravel.console.app import GpuTravelConsole, make_app
+from gputravel.console.bridge import LiveBridge
+from gputravel.console.screens.bench import BenchScreen
+from gputravel.console.screens.gpu import GpuScreen
+from gputravel.console.screens.help import HelpScreen
+from gputravel.console.screens.holders import HoldersScreen
+from gputravel.core.api import build_engine, resolve_holder_dirs
+from gputravel.core.config import RunSettings
+from gputravel.core.ledger import verify_ledger
+from gputravel.core.recording import load_recording
+from gputravel.core.travel.holders import LocalHolderLink
+from gputravel.core.travel.phases import Phase
+
+SIZE = (120, 40)
+WORDS = "the quick brown fox jumps over a lazy dog while cat and bird sat on the warm mat".split()
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("holders")
+    for seed, name in enumerate(("alice", "bob")):
+        rng = random.Random(seed)
+        (root / name).mkdir()
+        (root / name / "part.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(13_000)) + "\n")
+    return root
+
+
+def factory_for(data_root: Path, tmp_path: Path, *, tweak: Callable[[dict[str, LocalHolderLink]], None] | None = None
+                ) -> Callable[[], Any]:
+    runs = iter(range(100))
+
+    def factory() -> Any:
+        settings = RunSettings(holders=2, rounds=1, steps_per_visit=2, batch_size=4, seq_len=32, chunk_kib=16,
+                               buffer_mib=0.25, data_dir=data_root, out_dir=tmp_path / f"run-{next(runs)}")
+        links = {name: LocalHolderLink(name, path, val_fraction=settings.val_fraction)
+                 for name, path in resolve_holder_dirs(settings)}
+        if tweak is not None:
+            tweak(links)
+        return build_engine(settings, links=list(links.values()))
+
+    return factory
+
+
+def screen_text(app: GpuTravelConsole) -> str:
+    console = Console(width=SIZE[0], height=SIZE[1], file=io.StringIO(), record=True, color_system=None)
+    console.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
+    return console.export_text()
+
+
+async def until(pilot: Pilot[Any], cond: Callable[[], bool], *, timeout: float = 60.0, what: str = "") -> None:
+    for _ in range(int(timeout / 0.05)):
+        if cond():
+            return
+        await pilot.pause(0.05)
+    raise AssertionError(f"timed out waiting for {what or cond}")
+
+
+def live(app: GpuTravelConsole) -> LiveBridge:
+    assert isinstance(app.bridge, LiveBridge)
+    return app.bridge
+
+
+async def test_break_before_handoff_then_run_stops_before_handoff_and_cancel_ends_it(
+        data_root: Path, tmp_path: Path) -> None:
+    app = make_app(engine_factory=factory_for(data_root, tmp_path), telemetry_interval=0.2)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("b")  # before the engine exists: kept and applied when it is built
+        assert live(app).state.breakpoints == {"HANDOFF"}
+        await pilot.press("r")
+        bridge = live(app)
+        await until(pilot, lambda: bridge.session.paused_at() == "HANDOFF" and bridge.state.paused_before == "HANDOFF",
+                    what="pause before HANDOFF")
+        engine = bridge.session.engine
+        assert engine is not None and Phase.HANDOFF in engine.control.breakpoints
+        assert bridge.state.phases_completed == 1 and bridge.state.last_phase == "ATTEST"
+        await pilot.pause(0.3)  # still paused: nothing moves on its own
+        assert bridge.state.phases_completed == 1
+        text = screen_text(app)
+        assert "PAUSED BEFORE HANDOFF" in text and "paused before HANDOFF (breakpoint)" in text and "‖" in text
+        await pilot.press("c")
+        await until(pilot, lambda: bridge.state.status == "cancelled" and not app.run_in_flight, what="cancelled")
+        assert bridge.session.finished and not engine.handle.alive()
+        assert "CANCELLED" in screen_text(app)
+
+
+async def test_space_steps_one_phase_at_a_time_through_a_visit_and_q_quits(data_root: Path, tmp_path: Path) -> None:
+    app = make_app(engine_factory=factory_for(data_root, tmp_path), telemetry_interval=0.2)
+    async with app.run_test(size=SIZE) as pilot:
+        bridge = live(app)
+        await pilot.press("space")  # starts the run paused; ATTEST runs
+        await until(pilot, lambda: bridge.session.paused_at() == "HANDOFF", what="first step")
+        assert bridge.state.phases_completed == 1
+        order = ["PROVISION", "RETURN", "VERIFY", "TRAIN", "SCRUB", "ROTATE", "ATTEST"]
+        for n, nxt in enumerate(order, start=2):
+            await pilot.press("space")
+            await until(pilot, lambda nxt=nxt, n=n: bridge.session.paused_at() == nxt  # type: ignore[misc]
+                        and bridge.state.phases_completed == n, what=f"step to {nxt}")
+            assert bridge.state.phases_completed == n  # exactly one phase per space
+            if nxt == "RETURN":
+                assert "GPU ◆ alice" in screen_text(app)
+        visit = bridge.state.visit(0)
+        assert visit is not None
+        assert visit.outcome == "done" and visit.integrity_ok and visit.scrub_verified
+        text = screen_text(app)
+        assert "done" in text and "receipts #1 alice: integrity ✓ scrub ✓" in text
+        await pilot.press("4")
+        await until(pilot, lambda: isinstance(app.screen, GpuScreen) and "SIM" in screen_text(app), what="gpu")
+        text = screen_text(app)
+        assert "NVML" in text and ("not available" in text or "available" in text)
+        await pilot.press("3")
+        await pilot.pause()
+        assert "loss" in screen_text(app) and bridge.state.loss
+        await pilot.press("p")  # resume: the rest of the run goes on its own
+        await until(pilot, lambda: bridge.state.status == "completed", what="completion")
+        out = bridge.session.out_dir
+        assert out is not None and verify_ledger(Path(out) / "ledger.db").ok
+        recording = load_recording(Path(out) / "recording.db")
+        assert recording.events()[-1].kind == "RunCompleted"
+        assert any(i.kind == "telemetry" for i in recording.items)
+        await pilot.press("q")
+    assert not bridge.session.engine.handle.alive()  # type: ignore[union-attr]
+
+
+async def test_holder_table_shows_failed_after_an_agent_dies(data_root: Path, tmp_path: Path) -> None:
+    def kill_alice(links: dict[str, LocalHolderLink]) -> None:
+        links["alice"].kill_after_chunks = 1
+
+    app = make_app(engine_factory=factory_for(data_root, tmp_path, tweak=kill_alice), telemetry_interval=0.5,
+                   record=False)
+    async with app.run_test(size=SIZE) as pilot:
+        bridge = live(app)
+        await pilot.press("b", "r")  # hold the run before each hand-off, so the screen can be read
+        await until(pilot, lambda: bridge.state.paused_before == "HANDOFF", what="first hand-off")
+        await pilot.press("p")  # alice's agent dies while provisioning; the engine redoes the visit
+        await until(pilot, lambda: bridge.state.paused_before == "HANDOFF" and len(bridge.state.visits) == 2,
+                    what="the retry to reach its hand-off")
+        first, retry = bridge.state.visits.values()
+        assert (first.outcome, first.failed_phase, retry.attempt) == ("failed", "PROVISION", 2)
+        assert bridge.state.holders["alice"].state == "failed"
+        await pilot.press("2")
+        await pilot.pause()
+        assert isinstance(app.screen, HoldersScreen)
+        row = next(line for line in screen_text(app).splitlines() if line.strip().startswith("alice"))
+        assert "failed" in row
+        await pilot.press("1")
+        await pilot.pause()
+        assert "failed (PROVISION)" in screen_text(app)
+        await pilot.press("b", "p")
+        await until(pilot, lambda: bridge.state.status == "completed", what="completion")
+        done = bridge.state.visit(0)
+        assert done is not None and done.outcome == "done" and done.attempt == 2
+        assert bridge.state.holders["alice"].state == "ready"
+
+
+def never_built() -> Any:
+    raise AssertionError("the engine must not be built")
+
+
+async def test_readonly_console_offers_no_controls() -> None:
+    app = make_app(engine_factory=never_built, readonly=True, record=False)
+    async with app.run_test(size=SIZE) as pilot:
+        for key in ("r", "space", "b", "p", "c"):
+            await pilot.press(key)
+        await pilot.pause()
+        assert not live(app).session.built and not live(app).state.breakpoints
+        app.execute_command("run")
+        await pilot.pause()
+        assert not live(app).session.built
+        footer = screen_text(app).splitlines()[-1]
+        assert "Step" not in footer and "Run" not in footer and "READ-ONLY" in screen_text(app)
+
+
+async def test_command_line_sets_breakpoints_switches_screens_and_themes() -> None:
+    app = make_app(engine_factory=never_built, record=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("colon")
+        await pilot.press(*"break provision", "enter")
+        await pilot.pause()
+        assert live(app).state.breakpoints == {"PROVISION"}
+        assert live(app).session.breakpoints == {Phase.PROVISION}
+        await pilot.press("colon", *"holders", "enter")
+        await pilot.pause()
+        assert isinstance(app.screen, HoldersScreen)
+        app.execute_command("theme high-contrast")
+        assert app.theme == "gputravel-high-contrast"
+        await pilot.press("question_mark")
+        await until(pilot, lambda: "holders screen" in screen_text(app), timeout=5, what="help")
+        assert isinstance(app.screen, HelpScreen)
+        assert "holders screen" in screen_text(app) and ":break PHASE" in screen_text(app)
+        await pilot.press("escape")
+        await pilot.pause()
+        assert isinstance(app.screen, HoldersScreen)
+
+
+async def test_palette_lists_the_controls() -> None:
+    app = make_app(engine_factory=never_built, record=False)
+    async with app.run_test(size=SIZE):
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        for title in ("Run", "Step one phase", "Pause / resume", "Break before HANDOFF", "Cancel run",
+                      "Screen: ledger", "Verify ledger", "Theme: light"):
+            assert title in titles
+
+
+async def test_bench_screen_runs_a_benchmark_in_a_worker_and_charts_it() -> None:
+    async def fake_runner(name: str, on_line: Callable[[str], None]) -> Any:
+        on_line("warming up")
+        return {"bench": name, "results": [{"variant": "plain", "mb_s": 900.0}, {"variant": "secure", "mb_s": 300.0}]}
+
+    app = make_app(engine_factory=never_built, record=False, bench_runner=fake_runner)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("5")
+        await pilot.pause()
+        assert isinstance(app.screen, BenchScreen)
+        await pilot.press("enter")
+        for worker in list(app.workers):
+            if worker.group == "bench":
+                await worker.wait()
+        await pilot.pause()
+        text = screen_text(app)
+        assert "done provision: 2 rows, bars: mb_s" in text
+        assert "plain" in text and "secure" in text and "█" in text
