@@ -162,14 +162,19 @@ def samples_from_report(doc: dict[str, Any], *, source: str = "") -> list[Sample
     and paths other than the two compared are left out)."""
     bench = doc.get("benchmark")
     out: list[Sample] = []
+    if bench == "calibration":  # the planner's own calibration: several travel studies
+        for i, study in enumerate(doc.get("studies", [])):
+            out.extend(samples_from_report(study, source=f"{source}cal{i}:"))
+        return out
     if bench == "travel":
         job = doc.get("job")
+        holder = job.get("holder_mib", "?") if isinstance(job, dict) else "?"
         for r in doc.get("rows", []):
             if r.get("status") != "ok" or r.get("path") not in PATHS:
                 continue
             out.append(Sample(path=r["path"], visits=int(r["visits"]), bytes=int(r["bytes"]), tx_s=float(r["tx_s"]),
                               train_s=float(r["train_s"]), steps=int(r["steps"]),
-                              label=f"{source}{r['path']}@{r['buffer_mib']}MiB", job=job))
+                              label=f"{source}{r['path']} buffer {r['buffer_mib']} MiB, {holder} MiB/holder", job=job))
     elif bench == "provision":
         names = {"direct": "travelling", "travelling": "travelling", "conventional": "conventional"}
         for r in doc.get("rows", []):
@@ -202,6 +207,27 @@ def fit_linear(x: np.ndarray, y: np.ndarray, *, relative: bool = True) -> np.nda
     return np.asarray(coef, dtype=float)
 
 
+def fit_nonnegative(x: np.ndarray, y: np.ndarray, *, relative: bool = True) -> np.ndarray:
+    """Like :func:`fit_linear`, with every coefficient >= 0 (a cost cannot be negative): the best least-squares
+    fit over the subsets of features whose unconstrained fit is non-negative (the models have 2 features)."""
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    k = x.shape[1]
+    best: tuple[float, np.ndarray] | None = None
+    w = 1.0 / np.maximum(np.abs(y), 1e-12) if relative else np.ones_like(y)
+    for mask in range((1 << k) - 1, 0, -1):
+        cols = [j for j in range(k) if mask >> j & 1]
+        sub = fit_linear(x[:, cols], y, relative=relative)
+        if np.any(sub < 0):
+            continue
+        coef = np.zeros(k)
+        coef[cols] = sub
+        err = float(np.sum(((x @ coef - y) * w) ** 2))
+        if best is None or err < best[0] - 1e-15 * max(1.0, abs(best[0])):
+            best = (err, coef)
+    return best[1] if best is not None else np.zeros(k)
+
+
 @dataclass
 class Term:
     """One fitted relation ``y = Σ coef_i · feature_i`` (fitted on whole runs) and its held-out error."""
@@ -230,7 +256,7 @@ def _errors(pred: Sequence[float], meas: Sequence[float]) -> dict[str, float | N
 
 
 def fit_term(name: str, features: tuple[str, ...], x: np.ndarray, y: np.ndarray, labels: Sequence[str]) -> Term:
-    """Fit ``y ≈ x @ coef`` and its leave-one-out error. A fold left with fewer runs than coefficients (or with
+    """Fit ``y ≈ x @ coef`` (coefficients >= 0) and its leave-one-out error. A fold left with fewer runs than coefficients (or with
     features that do not vary) falls back to the last feature alone (a proportional model) and says so."""
     x = np.asarray(x, dtype=float)
     y = np.asarray(y, dtype=float)
@@ -240,10 +266,10 @@ def fit_term(name: str, features: tuple[str, ...], x: np.ndarray, y: np.ndarray,
     note = ""
     if n < k or np.linalg.matrix_rank(x) < k:
         coef = np.zeros(k)
-        coef[-1] = fit_linear(x[:, -1:], y)[0]
+        coef[-1] = fit_nonnegative(x[:, -1:], y)[0]
         note = f"only {n} run(s) with too little variety for {k} coefficients: proportional fit"
     else:
-        coef = fit_linear(x, y)
+        coef = fit_nonnegative(x, y)
     term = Term(name, features, [float(c) for c in coef], n, note=note)
     term.fit_error = _errors(list(x @ coef), list(y))
     if n < 2:
@@ -257,13 +283,13 @@ def fit_term(name: str, features: tuple[str, ...], x: np.ndarray, y: np.ndarray,
         fallback = xs.shape[0] < k or np.linalg.matrix_rank(xs) < k
         if fallback:
             c = np.zeros(k)
-            c[-1] = fit_linear(xs[:, -1:], ys)[0]
+            c[-1] = fit_nonnegative(xs[:, -1:], ys)[0]
         else:
-            c = fit_linear(xs, ys)
+            c = fit_nonnegative(xs, ys)
         p = float(x[i] @ c)
         preds.append(p)
         term.loo.append({"held_out": labels[i], "predicted_s": p, "measured_s": float(y[i]),
-                         "error": (p - float(y[i])) / float(y[i]) if y[i] else None, "proportional_fold": fallback})
+                         "error": (p - float(y[i])) / float(y[i]) if y[i] else None, "proportional_fold": bool(fallback)})
     term.loo_error = _errors(preds, list(y))
     return term
 

@@ -446,8 +446,9 @@ class Session:
     def device_stats(self) -> dict[str, Any]:
         if self.engine is None or self._closed or self.engine.client.secrets is None:
             raise RuntimeError("no attested device session yet")
-        head, _ = self.engine.client.call("stats")
-        return head
+        from gputravel.core.device.client import read_counters
+
+        return read_counters(self.engine.handle.socket_path)
 
     def device_info(self) -> dict[str, Any]:
         if self.engine is None:

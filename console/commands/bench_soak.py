@@ -105,6 +105,10 @@ async def soak(*, visits: int, holder_kib: int, workdir: Path, console: Console 
     first, last = [c["overhead"] for c in costs[:d]], [c["overhead"] for c in costs[-d:]]
     first_ms, last_ms = _median(first) * 1e3, _median(last) * 1e3
     mem = {role: growth([s[role] for s in samples]) for role in ("orchestrator", "device", "agents", "total")}
+    for role, g in mem.items():
+        series = [s[role] for s in samples]
+        g["by_decile_mib"] = [mib(_median([float(x) for x in series[i * len(series) // 10: (i + 1) * len(series) // 10]]))
+                              for i in range(10)] if len(series) >= 10 else []
     verify = verify_ledger(settings.out_dir / "ledger.db")
     deciles = [round(_median([c["overhead"] for c in costs[i * len(costs) // 10: (i + 1) * len(costs) // 10]]) * 1e3, 2)
                for i in range(10)] if len(costs) >= 10 else []

@@ -282,7 +282,10 @@ def study(buffers: list[float | None], *, workdir: Path, dataset_mib: float | No
                 t0 = time.perf_counter()
                 try:
                     report = asyncio.run(fleet.run(settings, sinks=sinks))
-                except (GpuTravelError, OSError, RuntimeError, ValueError) as exc:
+                except GpuTravelError as exc:
+                    rows.append(_empty_row(base, "failed", str(exc)))
+                    continue
+                except (OSError, RuntimeError, ValueError) as exc:
                     rows.append(_empty_row(base, "failed", f"{type(exc).__name__}: {exc}"))
                     continue
                 finally:

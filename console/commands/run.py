@@ -183,6 +183,9 @@ def register(app: typer.Typer) -> None:
         visit_attempts: int = typer.Option(2, help="A failed visit is redone up to this many times in all."),
         fault: str | None = typer.Option(None, "--fault", hidden=True,
                                          help="Fault injection: kill-orchestrator|kill-device|kill-agent@PHASE:VISIT[+S]"),
+        record: Path | None = typer.Option(None, "--record", help="Record events to this file for "
+                                           "`gputravel replay` / `gputravel-console --replay` (default: <out>/recording.db)."),
+        no_record: bool = typer.Option(False, "--no-record", help="Do not record the run."),
         as_json: bool = typer.Option(False, "--json", help="Print the final report as JSON on stdout."),
     ) -> None:
         """Run collaborative training: the GPU travels holder to holder."""
@@ -197,8 +200,20 @@ def register(app: typer.Typer) -> None:
             settings = resume_settings(out, fault=fault)
         console = Console(stderr=True) if as_json else Console()
         view = RunView(console)
-        with view.progress:
-            report = asyncio.run(run_engine(settings, sinks=[view]))
+        sinks: list[Any] = [view]
+        recorder = None
+        if not no_record:
+            from gputravel.core.recording import Recorder
+
+            recorder = Recorder(record or Path(settings.out_dir) / "recording.db",
+                                meta={"source": "gputravel run", "settings": settings.to_dict()})
+            sinks.append(recorder)
+        try:
+            with view.progress:
+                report = asyncio.run(run_engine(settings, sinks=sinks))
+        finally:
+            if recorder is not None:
+                recorder.close()
         if as_json:
             sys.stdout.write(json.dumps(report, indent=2) + "\n")
         else:

@@ -155,3 +155,20 @@ class DeviceClient:
         if self._sock is not None:
             self._sock.close()
         self._sock = self._stream = self._chan = None
+
+
+def read_counters(socket_path: str, *, timeout: float = 2.0) -> dict[str, Any]:
+    """The device's public counters over a short connection of their own: no session, no lock shared
+    with the control channel, so telemetry keeps ticking while the device trains."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(socket_path)
+            send_frame(sock, FrameType.PING, {"counters": True})
+            with sock.makefile("rb") as stream:
+                frame = read_frame(stream)
+    except OSError as exc:
+        raise DeviceError(f"cannot read the device's counters: {exc}") from None
+    if frame is None or frame.type is not FrameType.PONG:
+        raise DeviceError("the device did not answer the counters request")
+    return frame.header

@@ -153,6 +153,8 @@ class DeviceServer:
                     self._control_busy.release()
             elif first.type is FrameType.DATA_OPEN:
                 self._data(conn, stream, first)
+            elif first.type is FrameType.PING and first.header.get("counters") and not data_only:
+                send_frame(conn, FrameType.PONG, self.service.public_counters())
             else:
                 send_frame(conn, FrameType.ERROR, {"code": "frame", "reason": f"unexpected {first.type.name}"})
         except (OSError, ConnectionError):

@@ -105,6 +105,7 @@ class DeviceService:
         self.rejected_by_epoch: dict[int, Counter[str]] = {}
         self.counters: Counter[str] = Counter()
         self.busy_s = 0.0
+        self._busy_since: float | None = None
         self.data_opts: dict[str, Any] = {"parallel_auth": False, "overlap": False, "workers": 0}
         self._cuda_local = threading.local()
         self._stages: list[torch.Tensor] = []
@@ -144,13 +145,27 @@ class DeviceService:
         fn = getattr(self, f"op_{op}", None)
         if fn is None:
             raise DeviceError(f"unknown operation {op!r}")
-        t0 = time.perf_counter()
+        t0 = self._busy_since = time.perf_counter()
         try:
-            return fn(payload=payload, **args)
+            head, out = fn(payload=payload, **args)
+            self.counters["bytes_out"] += len(out)
+            return head, out
         except TypeError as exc:
             raise DeviceError(f"bad arguments for {op}: {exc}") from None
         finally:
+            self._busy_since = None
             self.busy_s += time.perf_counter() - t0
+
+    def public_counters(self) -> dict[str, Any]:
+        """What telemetry may read without a session: totals and rates, never data or keys. Busy time
+        includes the operation in progress, so utilisation does not stall during a long TRAIN."""
+        since = self._busy_since
+        busy = self.busy_s + (time.perf_counter() - since if since is not None else 0.0)
+        mem = self.buffer.nbytes + self.code.nbytes
+        if self.trainer is not None:
+            mem += sum(p.numel() * p.element_size() for p in self.trainer.model.parameters())
+        return {"counters": {k: int(v) for k, v in self.counters.items()}, "busy_s": busy, "memory_bytes": int(mem),
+                "epoch": self.epoch, "rejected": dict(self.rejected), "device": str(self.device)}
 
     def op_info(self, *, payload: bytes) -> tuple[dict[str, Any], bytes]:
         return {"device": str(self.device), "device_name": self._device_name(), "buffer_bytes": self.buffer.nbytes,

@@ -131,6 +131,7 @@ class Control:
         self._steps = 0  # phases allowed while paused
         self.cancelled = False
         self.paused_at: Phase | None = None
+        self._stepped = False
 
     @property
     def paused(self) -> bool:
@@ -161,21 +162,30 @@ class Control:
         return True
 
     async def gate(self, phase: Phase, emit: EventSink) -> None:
+        """Between phases: honour cancel, breakpoints, pause and step. Every pause is a ``RunPaused``
+        event (reason: breakpoint, step or paused) and every resume a ``RunResumed``."""
         if self.cancelled:
             raise CancelledRunError("cancelled by the operator")
+        reason = "paused" if self.paused else None
         if phase in self.breakpoints and self._steps == 0 and not self.paused:
             self._running.clear()
-            emit(ev.RunPaused(time.time(), "breakpoint", str(phase)))
+            reason = "breakpoint"
+        elif reason and self._stepped:
+            reason = "step"
         if self.paused:
             self.paused_at = phase
+            emit(ev.RunPaused(time.time(), reason or "paused", str(phase)))
             await self._running.wait()
             self.paused_at = None
+            emit(ev.RunResumed(time.time()))
             if self.cancelled:
                 raise CancelledRunError("cancelled by the operator")
+        self._stepped = False
         if self._steps:
             self._steps -= 1
             if self._steps == 0:
                 self._running.clear()  # the phase that now runs is the last one of this step
+                self._stepped = True
 
 
 class TravelEngine:
@@ -197,7 +207,7 @@ class TravelEngine:
         self.sinks: list[EventSink] = []
         self.client = DeviceClient(device.socket_path, anchors=device.anchors)
         for link in links:
-            if hasattr(link, "on_state") and getattr(link, "on_state", None) is None:
+            if getattr(link, "on_state", None) is None:
                 link.on_state = self.on_holder_state  # type: ignore[attr-defined]
         self.infos: dict[str, HolderInfo] = {}
         self.plans: list[VisitPlan] = []

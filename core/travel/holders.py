@@ -123,6 +123,16 @@ class FramedHolderLink(HolderLink):
         #: Fault injection (tests): kill the agent once this many chunks were acknowledged.
         self.kill_after_chunks: int | None = None
         self.agent_pid: int | None = None
+        #: per-host state (connecting -> ... -> ready -> provisioning -> returned / failed / offline) and the
+        #: engine's callback for it: (holder, state, detail)
+        self.state = "offline"
+        self.state_detail = ""
+        self.on_state: Callable[[str, str, str], None] | None = None
+
+    def set_state(self, state: str, detail: str = "") -> None:
+        self.state, self.state_detail = state, detail
+        if self.on_state is not None:
+            self.on_state(self.name, state, detail)
 
     async def _read(self) -> Any:
         assert self.reader is not None
@@ -342,6 +352,7 @@ class LocalHolderLink(FramedHolderLink):
         self.proc: asyncio.subprocess.Process | None = None
 
     async def start(self) -> HolderInfo:
+        self.set_state("connecting", "local subprocess")
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 self.python, "-m", "gputravel.agents.holder", "--name", self.name, "--data", str(self.data_dir),
@@ -352,10 +363,26 @@ class LocalHolderLink(FramedHolderLink):
             raise AgentError(self.name, f"cannot start the agent: {exc}") from None
         self.reader, self.writer = self.proc.stdout, self.proc.stdin
         try:
-            return await self._hello()
-        except GpuTravelError:
+            info = await self._hello()
+        except GpuTravelError as exc:
+            self.set_state("failed", exc.reason)
             await self.close()
             raise
+        self.set_state("ready", info.agent_sha256[:16])
+        return info
+
+    async def provision(self, handoff: Handoff, *, device_socket: str, on_progress: ProgressFn | None = None,
+                        on_reject: RejectFn | None = None,
+                        data_endpoint: dict[str, Any] | None = None) -> ProvisionStats:
+        self.set_state("provisioning", f"epoch {handoff.epoch}")
+        try:
+            stats = await super().provision(handoff, device_socket=device_socket, on_progress=on_progress,
+                                            on_reject=on_reject, data_endpoint=data_endpoint)
+        except GpuTravelError as exc:
+            self.set_state("failed", exc.reason)
+            raise
+        self.set_state("returned", f"epoch {handoff.epoch}")
+        return stats
 
     async def kill(self) -> None:
         if self.proc is not None and self.proc.returncode is None:
@@ -365,6 +392,8 @@ class LocalHolderLink(FramedHolderLink):
     async def close(self) -> None:
         if self.proc is None:
             return
+        if self.state not in ("failed", "offline"):
+            self.set_state("stopped")
         if self.proc.returncode is None:
             await self.stop()
             try:
