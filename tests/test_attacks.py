@@ -1,0 +1,302 @@
+"""A malicious holder: with a valid provisioning key it attacks the device, and is caught and named.
+
+``MaliciousAgent`` is a subclass of the real ``gputravel.agents.holder.Agent`` run as a subprocess
+(a small script written to ``tmp_path``, started by a ``LocalHolderLink`` subclass), so the honest
+protocol code does the genuine part of its hand-off and the attacks come from a real separate
+process holding the key, as a compromised holder VM would. (A ``FramedHolderLink`` sending crafted
+frames would run inside the orchestrator, which never holds a provisioning key on the direct path:
+it could not seal chunks the way an attacker with the key does.)
+
+During its own visit, on a data connection of its own to the device (the direct-path endpoint of its
+HANDOFF), mallory:
+
+(a) seals a chunk with its valid key for bytes just past the end of its window,
+(b) tries to read the buffer back: frames the data port does not take (a REQUEST to read, a DATA_OPEN
+    asking for a range) on the data connection,
+(d) replays a chunk of alice's, captured on the wire by a tap on alice's (honest) agent,
+
+then lets its genuine chunks through (its visit trains), and, after DONE and after the engine closed
+its window, (c) seals a fresh chunk under its dead key and sends it on a new data connection.
+
+Each attempt must be refused, counted against mallory's epoch, written to the ledger as an
+``attack-detected`` row with holder, epoch and code, and shown in the report (``visits[i].attack``);
+alice and bob complete; no byte outside mallory's window was written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gputravel.core import events as ev
+from gputravel.core.api import build_engine
+from gputravel.core.config import RunSettings
+from gputravel.core.ledger import read_rows, verify_ledger
+from gputravel.core.travel.holders import STREAM_LIMIT, LocalHolderLink, _die_with_parent
+
+WORDS = "the quick brown fox jumps over a lazy dog while seven wise owls sing softly at night".split()
+
+AGENTS_SCRIPT = r'''
+"""Test-only holder agents: TappedAgent (honest; its sealed chunks are captured on the wire) and
+MaliciousAgent (attacks the device with its valid key)."""
+import json
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+from gputravel.agents.holder import Agent, open_dataset
+from gputravel.core.protocol import FrameType, SendState, encode_frame, read_frame
+from gputravel.core.protocol.frames import frame_head
+from gputravel.core.protocol.keys import DirectionKey
+
+
+class DataConn:
+    """A raw data connection to the device (the direct path), one request and its answer at a time."""
+
+    def __init__(self, endpoint, session_hex):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(20)
+        self.sock.connect(endpoint["path"])
+        self.stream = self.sock.makefile("rb")
+        ready = self.send(FrameType.DATA_OPEN, {"session": session_hex})
+        assert ready["type"] == "DATA_READY", ready
+
+    def send(self, ftype, header, payload=b""):
+        self.sock.sendall(frame_head(ftype, header, len(payload)) + bytes(payload))
+        frame = read_frame(self.stream)
+        if frame is None:
+            return {"type": "closed"}
+        return {"type": frame.type.name, "header": frame.header, "payload_len": len(frame.payload)}
+
+    def close(self):
+        try:
+            self.sock.sendall(encode_frame(FrameType.BYE, {}))
+        except OSError:
+            pass
+        self.sock.close()
+
+
+class TappedAgent(Agent):
+    """An honest agent; an eavesdropper on its wire records every sealed chunk it sends."""
+
+    def __init__(self, *args, workdir, **kw):
+        super().__init__(*args, **kw)
+        self.tap = Path(workdir) / f"tap-{self.name}.jsonl"
+
+    def _provision_loop(self, h, sender, send_chunk, direct, **kw):
+        def tapped(head, ct):
+            with open(self.tap, "a") as f:
+                f.write(json.dumps({"head": head, "ct": bytes(ct).hex()}) + "\n")
+            send_chunk(head, ct)
+
+        super()._provision_loop(h, sender, tapped, direct, **kw)
+
+
+class MaliciousAgent(Agent):
+    """Holds a valid provisioning key and abuses it: out-of-window write, read-back, replay, reuse."""
+
+    def __init__(self, *args, workdir, **kw):
+        super().__init__(*args, **kw)
+        self.workdir = Path(workdir)
+
+    def log(self, what, answer):
+        with open(self.workdir / "attacks.jsonl", "a") as f:
+            f.write(json.dumps({"attack": what, "answer": answer}) + "\n")
+
+    def provision(self, h):
+        key = DirectionKey.from_wire(h["key"])
+        session = bytes.fromhex(h["session"])
+        epoch, base, cs = int(h["epoch"]), int(h["window_offset"]), int(h["chunk_size"])
+        total = int(h["length"])
+        n_chunks = -(-total // cs)
+        endpoint = h["data_endpoint"]
+        conn = DataConn(endpoint, h["session"])
+        # (a) a chunk sealed with the valid key, for bytes just past the end of the window
+        evil = SendState(key, session_id=session, start=n_chunks + 1000)
+        off, n = base + total, 64
+        seq, ct = evil.seal(b"\xee" * n, frame_type=FrameType.CHUNK, offset=off, length=n)
+        self.log("write-outside-window", conn.send(FrameType.CHUNK, {"e": epoch, "s": seq, "o": off, "n": n}, ct))
+        # (b) read the buffer back: the data port takes chunks in, nothing else
+        self.log("read-back", conn.send(FrameType.REQUEST, {"e": epoch, "op": "read", "offset": base, "length": total}))
+        self.log("read-back", conn.send(FrameType.DATA_OPEN, {"e": epoch, "session": h["session"],
+                                                              "read": [base, total]}))
+        # (d) replay a chunk captured from another holder's hand-off
+        captured = [json.loads(line) for line in (self.workdir / "tap-alice.jsonl").read_text().splitlines()]
+        c = captured[0]
+        self.log("replay", conn.send(FrameType.CHUNK, c["head"], bytes.fromhex(c["ct"])))
+        conn.close()
+        # the genuine hand-off: its own data arrives and trains
+        super().provision(h)
+        # (c) after DONE, once the engine closed the window: the dead key, a fresh chunk
+        threading.Thread(target=self.reuse_after_return, args=(h, key, session, epoch, base, cs),
+                         daemon=True).start()
+
+    def reuse_after_return(self, h, key, session, epoch, base, cs):
+        go, done = self.workdir / "go-reuse", self.workdir / "reuse-done"
+        deadline = time.monotonic() + 60
+        while not go.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        try:
+            conn = DataConn(h["data_endpoint"], h["session"])
+            old = SendState(key, session_id=session)  # the nonce of chunk 0 again, other plaintext
+            n = min(cs, int(h["length"]))
+            seq, ct = old.seal(b"\x00" * n, frame_type=FrameType.CHUNK, offset=base, length=n)
+            self.log("reuse-after-return", conn.send(FrameType.CHUNK, {"e": epoch, "s": seq, "o": base, "n": n}, ct))
+            conn.close()
+        except Exception as exc:  # reported to the test through the log
+            self.log("reuse-after-return", {"type": "exception", "error": repr(exc)})
+        done.write_text("1")
+
+
+def main():
+    role, name, data, workdir = sys.argv[1:5]
+    out, inp = sys.stdout.buffer, sys.stdin.buffer
+    sys.stdout = sys.stderr
+    cls = {"tapped": TappedAgent, "malicious": MaliciousAgent}[role]
+    return cls(name, open_dataset(Path(data), val_fraction=0.1), out, inp, workdir=workdir).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+
+class ScriptLink(LocalHolderLink):
+    """A local agent subprocess running one of the test agents of ``AGENTS_SCRIPT``."""
+
+    def __init__(self, name: str, data: Path, *, role: str, script: Path, workdir: Path) -> None:
+        super().__init__(name, data)
+        self.role, self.script, self.workdir = role, script, workdir
+
+    async def start(self) -> Any:
+        with open(self.workdir / f"{self.name}.stderr", "ab") as err:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, str(self.script), self.role, self.name, str(self.data_dir), str(self.workdir),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err, limit=STREAM_LIMIT,
+                preexec_fn=_die_with_parent)
+        self.reader, self.writer = self.proc.stdout, self.proc.stdin
+        return await self._hello()
+
+
+def _children() -> list[str]:
+    """Live (non-zombie) processes whose parent is this test process."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if int(stat[1]) == os.getpid() and stat[0] != "Z" and ("gputravel" in cmd or "agents.py" in cmd):
+            found.append(f"{d.name}: {cmd}")
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes() -> Any:
+    yield
+    deadline = time.monotonic() + 5
+    while _children() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _children() == [], "device service or agent processes outlived the run"
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("attackdata")
+    for i, name in enumerate(("alice", "bob", "mallory")):
+        rng = random.Random(100 + i)
+        (root / name).mkdir()
+        (root / name / "part.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(6000)))
+    return root
+
+
+async def test_malicious_holder_is_refused_named_in_the_ledger_and_marked_in_the_report(data: Path,
+                                                                                       tmp_path: Path) -> None:
+    work = tmp_path / "agents"
+    work.mkdir()
+    script = work / "agents.py"
+    script.write_text(AGENTS_SCRIPT)
+    out = tmp_path / "run"
+    settings = RunSettings(holders=3, rounds=1, steps_per_visit=1, batch_size=4, seq_len=32, chunk_kib=16,
+                           buffer_mib=0.125, data_dir=data, out_dir=out, transport="local", data_path="direct",
+                           allow_fault_injection=True, visit_attempts=1)
+    links = [ScriptLink("alice", data / "alice", role="tapped", script=script, workdir=work),
+             LocalHolderLink("bob", data / "bob"),
+             ScriptLink("mallory", data / "mallory", role="malicious", script=script, workdir=work)]
+    engine = await asyncio.to_thread(build_engine, settings, links=links)
+    outside: dict[str, Any] = {}
+
+    def at_mallorys_verify(event: ev.Event) -> None:
+        """Mallory's window is closed (RETURN done): let it reuse its dead key now, and look at the buffer
+        outside its window before training touches anything."""
+        if not (isinstance(event, ev.PhaseStarted) and event.holder == "mallory" and event.phase == "VERIFY"):
+            return
+        (work / "go-reuse").write_text("1")
+        deadline = time.monotonic() + 30
+        while not (work / "reuse-done").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        plan = engine.current.plan
+        start, length = plan.window_len, settings.buffer_bytes - plan.window_len
+        head, _ = engine.client.call("digest", offset=start, length=length)
+        outside.update(head, zeros=hashlib.sha256(bytes(length)).hexdigest())
+
+    engine.sinks.append(at_mallorys_verify)
+    try:
+        report = await engine.run()
+    finally:
+        try:
+            if engine.handle.alive() and engine.client.secrets:
+                await asyncio.to_thread(engine.client.call, "shutdown")
+        except Exception:  # noqa: BLE001 - the device may already be gone
+            pass
+        engine.client.close()
+        engine.handle.stop()
+
+    # what mallory's attempts got back from the device: each one refused, with its code
+    attempts = [json.loads(line) for line in (work / "attacks.jsonl").read_text().splitlines()]
+    answers = [(a["attack"], a["answer"].get("type"), a["answer"].get("header", {}).get("code")) for a in attempts]
+    assert answers == [("write-outside-window", "ERROR", "window"), ("read-back", "ERROR", "frame"),
+                       ("read-back", "ERROR", "frame"), ("replay", "ERROR", "replay"),
+                       ("reuse-after-return", "ERROR", "stale-epoch")], answers
+    assert all(a["answer"]["payload_len"] == 0 for a in attempts)  # nothing read back
+
+    # the honest holders complete; mallory's genuine chunks arrived, so its visit trained too
+    by_holder = {v["holder"]: v for v in report["visits"]}
+    assert [v["outcome"] for v in report["visits"]] == ["done", "done", "done"]
+    assert not by_holder["alice"]["attack"] and not by_holder["bob"]["attack"]
+    mallory = by_holder["mallory"]
+    assert mallory["attack"] is True
+    assert mallory["attack_attempts"] == {"window": 1, "frame": 2, "replay": 1, "stale-epoch": 1}
+    assert report["attacks"] == [{"visit": mallory["visit"], "holder": "mallory", "epoch": mallory["epoch"],
+                                  "attempts": mallory["attack_attempts"]}]
+
+    # ledger: one attack-detected row per code, against mallory's holder and epoch
+    rows = [r for r in read_rows(out / "ledger.db") if r.kind == "attack-detected"]
+    assert sorted((r.holder, r.epoch, r.outcome, r.detail["count"]) for r in rows) == sorted([
+        ("mallory", mallory["epoch"], "window", 1), ("mallory", mallory["epoch"], "frame", 2),
+        ("mallory", mallory["epoch"], "replay", 1), ("mallory", mallory["epoch"], "stale-epoch", 1)])
+    after_return = {r.outcome: r.detail["after_return"] for r in rows}
+    assert after_return == {"window": False, "frame": False, "replay": False, "stale-epoch": True}
+    assert all(r.key_fp == mallory["key_fingerprint"] for r in rows)
+    assert verify_ledger(out / "ledger.db").ok
+
+    # no byte outside mallory's window was written: the rest of the buffer is still the scrubbed zeros,
+    # and the window took exactly its own chunks
+    assert outside and outside["sha256"] == outside["zeros"], outside
+    window_len = next(r for r in read_rows(out / "ledger.db") if r.kind == "phase" and r.phase == "PROVISION"
+                      and r.holder == "mallory").nbytes
+    assert mallory["bytes"] == window_len > 0  # what the device counted into the window: the plan, no more
