@@ -43,7 +43,7 @@ class PhaseTimeline(Widget):
     }
     """
 
-    view: reactive[TimelineView] = reactive(TimelineView, always_update=True)
+    view: reactive[TimelineView] = reactive(TimelineView, always_update=True, layout=True)
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)

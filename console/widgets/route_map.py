@@ -34,7 +34,7 @@ class RouteMap(Widget):
     }
     """
 
-    view: reactive[RouteView] = reactive(RouteView, always_update=True)
+    view: reactive[RouteView] = reactive(RouteView, always_update=True, layout=True)
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
