@@ -94,7 +94,4 @@ async def run(settings: RunSettings, *, sinks: Iterable[Callable[[Event], None]]
     try:
         return await engine.run()
     finally:
-        await asyncio.to_thread(engine.client.call, "shutdown") if engine.handle.alive() and engine.client.secrets \
-            else None
-        engine.client.close()
-        engine.handle.stop()
+        await engine.aclose()

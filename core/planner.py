@@ -33,6 +33,8 @@ PATHS = ("travelling", "conventional")
 #: The engine data path each study path runs on.
 DATA_PATH = {"travelling": "direct", "conventional": "conventional"}
 MIB = 1 << 20
+#: What makes two measured runs the same training job (their training times comparable).
+JOB_KEYS = ("model", "model_params", "batch_size", "seq_len", "steps_per_mib", "torch_threads")
 
 # --- sizes ---------------------------------------------------------------------------------------------
 _BINARY = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
@@ -326,10 +328,11 @@ def fit_model(samples: Iterable[Sample]) -> Model:
         x = np.array([[s.visits, s.steps] for s in trained], dtype=float)
         y = np.array([float(s.train_s or 0.0) for s in trained])
         train = fit_term("train", ("visits", "steps"), x, y, [s.label for s in trained])
-    jobs: list[dict[str, Any]] = []
+    jobs: list[dict[str, Any]] = []  # distinct training jobs (the dataset's size is not part of the job)
     for s in samples:
-        if s.job is not None and s.job not in jobs:
-            jobs.append(s.job)
+        job = {k: s.job.get(k) for k in JOB_KEYS} if s.job is not None else None
+        if job is not None and job not in jobs:
+            jobs.append(job)
     spm = [float(j["steps_per_mib"]) for j in jobs if j.get("steps_per_mib")]
     return Model(transfer, train, spm[0] if spm else None, jobs, len(samples))
 

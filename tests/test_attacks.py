@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import random
 import sys
 import time
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import assert_no_leaked_processes
 
 from gputravel.core import events as ev
 from gputravel.core.api import build_engine
@@ -189,29 +189,10 @@ class ScriptLink(LocalHolderLink):
         return await self._hello()
 
 
-def _children() -> list[str]:
-    """Live (non-zombie) processes whose parent is this test process."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if int(stat[1]) == os.getpid() and stat[0] != "Z" and ("gputravel" in cmd or "agents.py" in cmd):
-            found.append(f"{d.name}: {cmd}")
-    return found
-
-
 @pytest.fixture(autouse=True)
 def no_leaked_processes() -> Any:
     yield
-    deadline = time.monotonic() + 5
-    while _children() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _children() == [], "device service or agent processes outlived the run"
+    assert_no_leaked_processes()
 
 
 @pytest.fixture(scope="module")
@@ -258,13 +239,7 @@ async def test_malicious_holder_is_refused_named_in_the_ledger_and_marked_in_the
     try:
         report = await engine.run()
     finally:
-        try:
-            if engine.handle.alive() and engine.client.secrets:
-                await asyncio.to_thread(engine.client.call, "shutdown")
-        except Exception:  # noqa: BLE001 - the device may already be gone
-            pass
-        engine.client.close()
-        engine.handle.stop()
+        await engine.aclose()
 
     # what mallory's attempts got back from the device: each one refused, with its code
     attempts = [json.loads(line) for line in (work / "attacks.jsonl").read_text().splitlines()]

@@ -9,26 +9,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import random
 import sys
-import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import assert_no_leaked_processes, started
 
 from gputravel.console import cli
 from gputravel.core import api
 from gputravel.core import events as ev
-from gputravel.core.api import build_engine, resolve_holder_dirs
+from gputravel.core.api import resolve_holder_dirs
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import AttestationError, CancelledRunError, ConfigError, DataError
 from gputravel.core.ledger import LedgerRow, read_rows, verify_ledger
 from gputravel.core.travel import holders as holders_mod
-from gputravel.core.travel.engine import TravelEngine
 from gputravel.core.travel.holders import LocalHolderLink
 from gputravel.core.travel.phases import Phase
 
@@ -63,51 +61,15 @@ def local_links(settings: RunSettings) -> dict[str, LocalHolderLink]:
             for name, path in resolve_holder_dirs(settings)}
 
 
-@contextlib.asynccontextmanager
-async def started(settings: RunSettings, links: list[LocalHolderLink] | None = None) -> AsyncIterator[TravelEngine]:
-    """``build_engine`` plus the clean-up ``api.run`` does, so a test can reach the engine itself."""
-    engine = await asyncio.to_thread(build_engine, settings, links=links)
-    try:
-        yield engine
-    finally:
-        try:
-            if engine.handle.alive() and engine.client.secrets:
-                await asyncio.to_thread(engine.client.call, "shutdown")
-        except Exception:  # noqa: BLE001 - the device may already be gone
-            pass
-        engine.client.close()
-        engine.handle.stop()
-        engine.ledger.close()
-
-
 def rows_of(out: Path, kind: str | None = None) -> list[LedgerRow]:
     rows = read_rows(out / "ledger.db")
     return [r for r in rows if kind is None or r.kind == kind]
 
 
-def _children() -> list[str]:
-    """Live (non-zombie) gputravel processes whose parent is this test process."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if int(stat[1]) == os.getpid() and stat[0] != "Z" and "gputravel" in cmd:
-            found.append(f"{d.name}: {cmd}")
-    return found
-
-
 @pytest.fixture(autouse=True)
 def no_leaked_processes() -> Any:
     yield
-    deadline = time.monotonic() + 5
-    while _children() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _children() == [], "device service or agent processes outlived the run"
+    assert_no_leaked_processes()
 
 
 def run_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

@@ -28,7 +28,6 @@ import random
 import stat
 import subprocess
 import sys
-import time
 import traceback
 from collections.abc import Iterable
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from helpers import assert_no_leaked_processes
 
 from gputravel.core import events as ev
 from gputravel.core.api import build_engine, resolve_holder_dirs
@@ -157,28 +157,10 @@ def mode(p: Path) -> int:
     return stat.S_IMODE(p.stat().st_mode)
 
 
-def _children() -> list[str]:
-    found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            st = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if int(st[1]) == os.getpid() and st[0] != "Z" and "gputravel" in cmd:
-            found.append(f"{d.name}: {cmd}")
-    return found
-
-
 @pytest.fixture(autouse=True)
 def no_leaked_processes() -> Any:
     yield
-    deadline = time.monotonic() + 5
-    while _children() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _children() == [], "device service or agent processes outlived the run"
+    assert_no_leaked_processes()
 
 
 @pytest.fixture(scope="module")

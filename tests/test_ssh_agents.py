@@ -20,13 +20,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import asyncssh
 import pytest
+from helpers import started
 from hypothesis import HealthCheck, example, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
@@ -38,7 +39,6 @@ from gputravel.agents.holder import agent_sha256, bundle_contents, digest_files,
 from gputravel.agents.inventory import ALLOWED, HolderSpec, load_inventory, parse_inventory
 from gputravel.core import api
 from gputravel.core import events as ev
-from gputravel.core.api import build_engine
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import AgentError, ConfigError, LinkLostError
 from gputravel.core.ledger import LedgerRow, read_rows
@@ -118,23 +118,6 @@ def small(data: Path, out: Path, **kw: Any) -> RunSettings:
         base["visit_attempts"] = 1  # a failed visit stays failed: the faults below are seen as they happen
     base.update(kw)
     return RunSettings(**base)
-
-
-@contextlib.asynccontextmanager
-async def started(settings: RunSettings, links: list[Any]) -> AsyncIterator[TravelEngine]:
-    """``build_engine`` plus the clean-up ``api.run`` does, so a test can reach the engine itself."""
-    engine = await asyncio.to_thread(build_engine, settings, links=links)
-    try:
-        yield engine
-    finally:
-        try:
-            if engine.handle.alive() and engine.client.secrets:
-                await asyncio.to_thread(engine.client.call, "shutdown")
-        except Exception:  # noqa: BLE001 - the device may already be gone
-            pass
-        engine.client.close()
-        engine.handle.stop()
-        engine.ledger.close()
 
 
 def rows_of(out: Path, kind: str | None = None) -> list[LedgerRow]:

@@ -254,13 +254,7 @@ async def run_probed(settings: Any, *, links: list[Any] | None, sinks: Iterable[
     try:
         report = await engine.run()
     finally:
-        try:
-            if engine.handle.alive() and engine.client.secrets:
-                await asyncio.to_thread(engine.client.call, "shutdown")
-        except Exception:  # noqa: BLE001 - the device may already be gone
-            pass
-        engine.client.close()
-        engine.handle.stop()
+        await engine.aclose()
     return report, probe, engine
 
 

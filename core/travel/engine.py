@@ -787,6 +787,18 @@ class TravelEngine:
             except GpuTravelError:
                 pass
 
+    async def aclose(self) -> None:
+        """Shut the device service down (it scrubs nothing more: the run is over), stop its process and
+        close the ledger. Safe to call after a failed or cancelled run, and more than once."""
+        try:
+            if self.handle.alive() and self.client.secrets:
+                await asyncio.to_thread(self.client.call, "shutdown")
+        except (GpuTravelError, OSError):
+            pass  # the device may already be gone
+        self.client.close()
+        self.handle.stop()
+        self.ledger.close()
+
     # --- report -----------------------------------------------------------------------------------
     def report(self, *, seconds: float) -> dict[str, Any]:
         self.ledger.close()

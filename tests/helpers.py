@@ -1,0 +1,48 @@
+"""Shared test helpers (imported by test modules; pytest puts this folder on sys.path)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from gputravel.core.api import build_engine
+from gputravel.core.config import RunSettings
+from gputravel.core.travel.engine import TravelEngine
+
+
+def gputravel_children() -> list[str]:
+    """Live (non-zombie) gputravel processes whose parent is this test process."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if int(stat[1]) == os.getpid() and stat[0] != "Z" and "gputravel" in cmd:
+            found.append(f"{d.name}: {cmd}")
+    return found
+
+
+def assert_no_leaked_processes(timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while gputravel_children() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert gputravel_children() == [], "device service or agent processes outlived the run"
+
+
+@contextlib.asynccontextmanager
+async def started(settings: RunSettings, links: list[Any] | None = None) -> AsyncIterator[TravelEngine]:
+    """``build_engine`` plus the clean-up ``api.run`` does, so a test can reach the engine itself."""
+    engine = await asyncio.to_thread(build_engine, settings, links=links)
+    try:
+        yield engine
+    finally:
+        await engine.aclose()
