@@ -68,6 +68,20 @@ class ControlChannel:
         return decode_frame(inner)
 
 
+class _GrowingBuffer:
+    """A receive buffer that grows to the largest payload seen (chunk size + tag), once."""
+
+    __slots__ = ("buf",)
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+
+    def get(self, n: int) -> bytearray:
+        if len(self.buf) < n:
+            self.buf = bytearray(n)
+        return self.buf
+
+
 class DeviceServer:
     def __init__(self, service: DeviceService, socket_path: str, *, data_host: str | None = "127.0.0.1",
                  data_port: int = 0) -> None:
@@ -257,14 +271,14 @@ class DeviceServer:
         One preallocated payload buffer: the kernel copies a chunk's ciphertext into it and AES-GCM
         decrypts it from there straight into the device buffer."""
         svc = self.service
-        payload_buf = bytearray(MAX_CHUNK + TAG_LEN)
+        payload = _GrowingBuffer()
 
         def send(ftype: FrameType, header: dict[str, Any]) -> None:
             send_frame(conn, ftype, header)
 
         while True:
             try:
-                frame = read_frame_into(stream, payload_buf)
+                frame = read_frame_into(stream, payload.get, max_payload=MAX_CHUNK + TAG_LEN)
             except FrameError as exc:
                 svc.count_rejection(exc.code)
                 send_frame(conn, FrameType.ERROR, error_header(exc))
@@ -290,7 +304,7 @@ class DeviceServer:
 
         svc = self.service
         n_slots = 2 * workers + 2
-        slots = [bytearray(MAX_CHUNK + TAG_LEN) for _ in range(n_slots)]
+        slots = [_GrowingBuffer() for _ in range(n_slots)]
         free: queue.Queue[int] = queue.Queue()
         for i in range(n_slots):
             free.put(i)
@@ -315,7 +329,7 @@ class DeviceServer:
             while True:
                 slot = free.get()
                 try:
-                    frame = read_frame_into(stream, slots[slot])
+                    frame = read_frame_into(stream, slots[slot].get, max_payload=MAX_CHUNK + TAG_LEN)
                 except FrameError as exc:
                     svc.count_rejection(exc.code)
                     send(FrameType.ERROR, error_header(exc))

@@ -183,13 +183,16 @@ def read_frame(stream: BinaryIO, *, max_payload: int = MAX_PAYLOAD) -> Frame | N
     return Frame(kind, header, payload or b"")
 
 
-def read_frame_into(stream: BinaryIO, buf: bytearray, *, max_payload: int = MAX_PAYLOAD) -> Frame | None:
+def read_frame_into(stream: BinaryIO, buf: bytearray | Any, *, max_payload: int = MAX_PAYLOAD) -> Frame | None:
     """Like ``read_frame``, but the payload lands in ``buf`` (returned as a memoryview of it, valid
-    until the next call): the receive path's zero-extra-copy variant."""
+    until the next call): the receive path's zero-extra-copy variant. ``buf`` may be a callable
+    ``(payload_len) -> bytearray`` so buffers are sized by the traffic, not preallocated at the maximum."""
     prefix = _read_exact(stream, PREFIX.size, at_boundary=True)
     if prefix is None:
         return None
-    kind, hlen, plen = _parse_prefix(prefix, min(max_payload, len(buf)))
+    kind, hlen, plen = _parse_prefix(prefix, max_payload if callable(buf) else min(max_payload, len(buf)))
+    if callable(buf):
+        buf = buf(plen)
     header = _parse_header(_read_exact(stream, hlen, at_boundary=False) or b"") if hlen else {}
     view = memoryview(buf)[:plen]
     got = 0
