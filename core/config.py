@@ -39,8 +39,11 @@ class RunSettings:
     #: its secure link (SSH), the orchestrator's CVM receives it, re-encrypts it for the GPU's bounce buffer
     #: and the device decrypts it (the redundant re-encryption Fastrack removes).
     data_path: str = "channel"
-    parallel_auth: bool = True  # device: chunk authentication/decryption over a worker pool (free cores)
-    overlap: bool = True  # device: decrypt chunk k while chunk k+1 is on the wire
+    #: device: chunk authentication/decryption over a worker pool sized to the free cores; None = auto
+    #: (on where the device has cores to spare, off on 2 cores, where it was measured to slow provisioning)
+    parallel_auth: bool | None = None
+    #: device: decrypt chunk k while chunk k+1 is on the wire; None = auto (as above)
+    overlap: bool | None = None
     auth_workers: int = 0  # 0: sized to the free cores
     visit_attempts: int = 2  # a failed visit is redone (agent restarted, device recovered) up to this many times
     key_chunk_budget: int = 2**32  # chunks one provisioning key may seal; beyond it the window is split

@@ -76,8 +76,8 @@ def make_dataset(folder: Path, nbytes: int) -> None:
 
 
 async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdir: Path,
-                       progress: Any = None, task: Any = None, parallel_auth: bool = True,
-                       overlap: bool = True) -> list[float]:
+                       progress: Any = None, task: Any = None, parallel_auth: bool | None = None,
+                       overlap: bool | None = None) -> list[float]:
     """Seconds per hand-off of ``size`` bytes on ``path`` (direct | direct-tcp | ssh | local | conventional)."""
     from gputravel.agents.fleet import EmbeddedSshServer, links_from_specs
     from gputravel.core.device.client import DeviceClient

@@ -257,7 +257,8 @@ def study(buffers: list[float | None], *, workdir: Path, dataset_mib: float | No
             make_holders(data, holders, holder_bytes)
         for b, size, spv in plan:
             for path in paths:
-                fixes = path == "travelling" or conventional_fixes
+                # Travelling: the device's own choice (auto: on where cores are free); conventional: off unless asked
+                fixes: bool | None = None if (path == "travelling" or conventional_fixes) else False
                 base = {"buffer_mib": "uncapped" if b is None else b, "buffer_bytes": size,
                         "buffer_mib_used": round(size / MIB, 4), "path": path,
                         "data_path": planner.DATA_PATH[path], "parallel_auth": fixes, "overlap": fixes,

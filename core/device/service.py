@@ -420,14 +420,27 @@ class DeviceService:
             self.buffer.tensor[offset: offset + length].copy_(view, non_blocking=True)
         local.stream.synchronize()
 
-    def op_set_data_path(self, *, parallel_auth: bool, overlap: bool, workers: int = 0,
+    #: Below this many cores, overlap and parallel authentication are off by default: measured on the 2-core
+    #: build machines they made provisioning slower (the holder's agent and the device already keep both
+    #: cores busy, so a second decrypt thread only adds hand-offs between threads).
+    AUTO_MIN_CORES = 4
+
+    def op_set_data_path(self, *, parallel_auth: bool | None = None, overlap: bool | None = None, workers: int = 0,
                          payload: bytes) -> tuple[dict[str, Any], bytes]:
         """Switch the provisioning optimisations (for ablation): decryption on a worker pool, and
-        decryption overlapped with receiving."""
-        free = max(1, (os.cpu_count() or 2) - 1)
-        n = workers or (free if parallel_auth else 1)
-        self.data_opts = {"parallel_auth": bool(parallel_auth), "overlap": bool(overlap) or bool(parallel_auth),
-                          "workers": n if (parallel_auth or overlap) else 0}
+        decryption overlapped with receiving. ``None`` chooses by the cores this device has."""
+        cores = os.cpu_count() or 2
+        auto = cores >= self.AUTO_MIN_CORES
+        reason = "set explicitly"
+        if parallel_auth is None or overlap is None:
+            reason = (f"auto: {cores} cores" + ("" if auto else f" (< {self.AUTO_MIN_CORES}: measured slower here, "
+                                                                 "so off)"))
+        par = auto if parallel_auth is None else bool(parallel_auth)
+        ovl = auto if overlap is None else bool(overlap)
+        free = max(1, cores - 1)
+        n = workers or (free if par else 1)
+        self.data_opts = {"parallel_auth": par, "overlap": ovl or par, "workers": n if (par or ovl) else 0,
+                          "reason": reason}
         return dict(self.data_opts), b""
 
 

@@ -648,8 +648,8 @@ class TravelEngine:
     async def _configure_data_path(self) -> None:
         """Tell the device which provisioning optimisations are on (ablation switches)."""
         s = self.settings
-        head, _ = await self._dev("set_data_path", parallel_auth=bool(getattr(s, "parallel_auth", True)),
-                                  overlap=bool(getattr(s, "overlap", True)), workers=int(getattr(s, "auth_workers", 0)))
+        head, _ = await self._dev("set_data_path", parallel_auth=getattr(s, "parallel_auth", None),
+                                  overlap=getattr(s, "overlap", None), workers=int(getattr(s, "auth_workers", 0)))
         self.device_info["data_path"] = {"path": s.data_path, **head}
 
     def _data_endpoint(self) -> dict[str, Any] | None:
