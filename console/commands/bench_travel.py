@@ -303,8 +303,9 @@ def study(buffers: list[float | None], *, workdir: Path, dataset_mib: float | No
                          "one round over all data, so total steps are the same for every buffer size",
            "tx_pct": "100 · tx_s / (tx_s + train_s)"}
     return {"benchmark": "travel", "machine": machine_info(), "job": job,
-            "paths": {p: {"data_path": planner.DATA_PATH[p], "parallel_auth": p == "travelling" or conventional_fixes,
-                          "overlap": p == "travelling" or conventional_fixes} for p in paths},
+            "paths": {p: {"data_path": planner.DATA_PATH[p],
+                          "parallel_auth": "auto" if p == "travelling" or conventional_fixes else False,
+                          "overlap": "auto" if p == "travelling" or conventional_fixes else False} for p in paths},
             "buffers": [label(b) for b in buffers], "rows": rows, "ratios": ratios(rows),
             "seconds": round(time.perf_counter() - t_start, 2)}
 
