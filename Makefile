@@ -28,6 +28,11 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+	# mypy sees the repository root as the gputravel package through a link (it cannot follow the
+	# editable install's import hook)
+	mkdir -p build/mypy && ln -sfn "$(CURDIR)" build/mypy/gputravel
+	MYPYPATH=build/mypy $(VENV)/bin/mypy -p gputravel.core --strict
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -92,6 +92,7 @@ async def run(settings: RunSettings, *, sinks: Iterable[Callable[[Event], None]]
     engine = await asyncio.to_thread(build_engine, settings, links=links)
     engine.sinks.extend(sinks)
     try:
-        return await engine.run()
+        report: dict[str, Any] = await engine.run()
+        return report
     finally:
         await engine.aclose()

@@ -20,3 +20,9 @@ from gputravel.core.protocol.errors import (  # noqa: F401
     WindowError,
     error_from_code,
 )
+
+__all__ = [
+    "AgentError", "AttestationError", "CancelledRunError", "ConfigError", "DataError", "DeviceError", "FrameError",
+    "GpuTravelError", "IntegrityError", "LedgerError", "LinkLostError", "NonceExhaustedError", "ProtocolError",
+    "ReplayError", "StaleEpochError", "TagError", "WindowError", "error_from_code",
+]

@@ -44,7 +44,7 @@ class SessionSecrets:
 
     def fingerprint(self) -> str:
         """Fingerprint of the master secret (safe to log)."""
-        return fingerprint(self.master)
+        return str(fingerprint(self.master))
 
     def __repr__(self) -> str:
         return f"SessionSecrets(session={fingerprint(self.session_id)}, master={self.fingerprint()})"

@@ -167,7 +167,7 @@ class RunState:
         if handler is not None:
             handler(event)
         elif getattr(event, "holder", None):  # events this view does not know yet still reach the log
-            self.log(event.t, str(event.holder), event.kind)
+            self.log(event.t, str(getattr(event, "holder")), event.kind)  # noqa: B009
 
     def _on_DeviceAttested(self, e: ev.DeviceAttested) -> None:
         if self.status == "idle":
@@ -448,7 +448,7 @@ class Session:
             raise RuntimeError("no attested device session yet")
         from gputravel.core.device.client import read_counters
 
-        return read_counters(self.engine.handle.socket_path)
+        return dict(read_counters(self.engine.handle.socket_path))
 
     def device_info(self) -> dict[str, Any]:
         if self.engine is None:
@@ -466,7 +466,7 @@ class Session:
 
     def toggle_breakpoint(self, phase: Phase) -> bool:
         if self.engine is not None:
-            return self.engine.control.toggle_breakpoint(phase)
+            return bool(self.engine.control.toggle_breakpoint(phase))
         if phase in self.breakpoints:
             self.breakpoints.discard(phase)
             return False

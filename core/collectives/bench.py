@@ -238,7 +238,7 @@ def ddp_worker(ctx: WorkerContext, spec: DdpSpec, vendor_dir: str) -> list[dict[
                 t0 = time.perf_counter()
                 loss = torch.nn.functional.cross_entropy(model(x), y)
                 opt.zero_grad()
-                loss.backward()
+                loss.backward()  # type: ignore[no-untyped-call]
                 opt.step()
                 if it >= spec.warmup:
                     times[v].append(time.perf_counter() - t0)

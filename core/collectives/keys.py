@@ -28,8 +28,8 @@ import os
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
-import torch.distributed as dist
 from cryptography import x509
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -53,6 +53,9 @@ from gputravel.core.collectives.crypto import HopOpener, HopSealer
 from gputravel.core.errors import AttestationError
 from gputravel.core.handshake import Initiator, SessionSecrets, respond
 from gputravel.core.protocol import DirectionKey, channel_key, fingerprint
+
+#: ``torch.distributed.Store`` (the c10d key-value store); not exported to type checkers
+Store = Any
 
 __all__ = ["RingKeys", "emulated_identity", "establish_ring_keys"]
 
@@ -85,7 +88,7 @@ class RingKeys:
                 f"recv={self.recv.fingerprint}, peers={self.peers})")
 
 
-def emulated_identity(vendor_dir: Path, *, rank: int, store: dist.Store | None = None,
+def emulated_identity(vendor_dir: Path, *, rank: int, store: Store | None = None,
                       timeout: timedelta = timedelta(seconds=60),
                       ) -> tuple[DeviceIdentity, x509.Certificate, x509.CertificateRevocationList]:
     """SIM: this rank's emulated device identity under a vendor PKI shared by the job (a folder).
@@ -139,7 +142,7 @@ def _link_context(prefix: str, src: int, dst: int, world: int, nonce_src: bytes,
 
 
 def establish_ring_keys(
-    store: dist.Store,
+    store: Store,
     *,
     rank: int,
     world: int,
@@ -181,7 +184,7 @@ def establish_ring_keys(
     posted: set[str] = set()
 
     def put(kind: str, value: bytes) -> None:
-        store.set(f"{prefix}/{kind}/{rank}", value)  # type: ignore[arg-type]  # the store takes bytes
+        store.set(f"{prefix}/{kind}/{rank}", value)  # the store takes bytes
         posted.add(kind)
 
     try:

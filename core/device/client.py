@@ -102,7 +102,7 @@ class DeviceClient:
     @property
     def session_id(self) -> bytes:
         assert self.secrets is not None
-        return self.secrets.session_id
+        return bytes(self.secrets.session_id)
 
     def _read(self) -> Any:
         try:
@@ -171,4 +171,4 @@ def read_counters(socket_path: str, *, timeout: float = 2.0) -> dict[str, Any]:
         raise DeviceError(f"cannot read the device's counters: {exc}") from None
     if frame is None or frame.type is not FrameType.PONG:
         raise DeviceError("the device did not answer the counters request")
-    return frame.header
+    return dict(frame.header)

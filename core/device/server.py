@@ -43,7 +43,7 @@ def send_frame(sock: socket.socket, ftype: FrameType, header: dict[str, Any] | N
 
 def session_context(nonce: bytes, evidence: Evidence) -> bytes:
     """What the key exchange binds: the verifier's nonce and the exact evidence it checked."""
-    return b"gputravel-ctx-v1" + nonce + evidence.digest()
+    return b"gputravel-ctx-v1" + nonce + bytes(evidence.digest())
 
 
 class ControlChannel:
@@ -150,7 +150,8 @@ class DeviceServer:
 
     def _handle(self, conn: socket.socket, *, data_only: bool = False) -> None:
         conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-        stream = conn.makefile("rb", buffering=1 << 16)  # small: a large payload read bypasses the buffer and lands straight in the slot
+        # small buffer: a large payload read bypasses it and lands straight in the slot
+        stream: Any = conn.makefile("rb", buffering=1 << 16)
         try:
             first = read_frame(stream)
             if first is None:

@@ -411,7 +411,7 @@ class DeviceService:
         stage = getattr(local, "stage", None)
         if stage is None or stage.numel() < w.chunk_size:
             local.stage = stage = torch.empty(w.chunk_size, dtype=torch.uint8, pin_memory=True)
-            local.stream = torch.cuda.Stream(device=self.device)
+            local.stream = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
             with self.lock:
                 self._stages.append(stage)  # scrubbed with the buffer
         view = stage[:length]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -199,7 +200,7 @@ class RecvState(_State):
         """The checks before decryption (epoch, limit, replay window), without consuming anything."""
         self._precheck(epoch, seq)
 
-    def decrypt_into(self, ciphertext: bytes | bytearray | memoryview, out: bytearray | memoryview, *, seq: int,
+    def decrypt_into(self, ciphertext: bytes | bytearray | memoryview, out: Any, *, seq: int,
                      frame_type: int, offset: int = 0, length: int | None = None) -> None:
         """Only the AEAD step (thread-safe, releases the GIL); zeroes ``out`` on a bad tag. Callers that
         split the work this way must ``precheck`` before and ``window.accept(seq)`` after, holding their own

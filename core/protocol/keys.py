@@ -55,7 +55,7 @@ class DirectionKey:
     @classmethod
     def from_wire(cls, data: dict[str, object]) -> DirectionKey:
         return cls(bytes.fromhex(str(data["key"])), bytes.fromhex(str(data["prefix"])),
-                   int(data["epoch"]), int(data["direction"]))  # type: ignore[arg-type]
+                   int(str(data["epoch"])), int(str(data["direction"])))
 
 
 def _derive(master: bytes, label: bytes, session_id: bytes, fields: tuple[int, ...]) -> tuple[bytes, bytes]:

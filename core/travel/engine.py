@@ -259,7 +259,7 @@ class TravelEngine:
         result = await asyncio.to_thread(self.client.connect)
         self.attestation = result.to_dict()
         claims = {c.name: c.ok for c in result.claims}
-        self.emit(ev.DeviceAttested(time.time(), result.device_id, result.ok, claims, True))
+        self.emit(ev.DeviceAttested(time.time(), result.device_id or "?", result.ok, claims, True))
         self._ledger("attested", phase="SETUP", outcome="ok",
                      detail={"device_id": result.device_id, "claims": claims, "platform": "emulated",
                              "session_fp": self.client.secrets.fingerprint() if self.client.secrets else None})

@@ -237,7 +237,7 @@ class FramedHolderLink(HolderLink):
             elif frame.type is not FrameType.PONG:
                 raise AgentError(self.name, f"unexpected {frame.type.name} during provisioning")
 
-    async def _agent_to_device(self, dev_w: Any, down: asyncio.Task, bounce: _BounceSealer | None = None
+    async def _agent_to_device(self, dev_w: Any, down: asyncio.Task[None], bounce: _BounceSealer | None = None
                                ) -> dict[str, Any]:
         while True:
             read = asyncio.ensure_future(self._read())
