@@ -199,6 +199,7 @@ class SshHolderLink(FramedHolderLink):
         self.on_state = on_state
         self.max_reconnects = max_reconnects
         self.history: list[tuple[float, str, str]] = []
+        self._forward: asyncssh.SSHListener | None = None
         self._watch: asyncio.Task | None = None
 
     def set_state(self, state: str, detail: str = "") -> None:
@@ -250,7 +251,7 @@ class SshHolderLink(FramedHolderLink):
                        (f", resuming at chunk {handoff.resume_from}" if handoff.resume_from else ""))
         try:
             stats = await super().provision(handoff, device_socket=device_socket, on_progress=on_progress,
-                                            on_reject=on_reject, data_endpoint=data_endpoint)
+                                            on_reject=on_reject, data_endpoint=await self._route(data_endpoint))
         except (AgentError, asyncssh.Error) as exc:  # asyncssh.Error: e.g. ConnectionLost on a keepalive timeout
             reason = exc.reason if isinstance(exc, AgentError) else f"link failed: {exc}"
             await asyncio.sleep(0.05)  # let a dropping connection finish closing before we tell which it was
@@ -263,6 +264,23 @@ class SshHolderLink(FramedHolderLink):
             raise AgentError(self.name, reason) from None
         self.set_state(HolderState.RETURNED, f"epoch {handoff.epoch}")
         return stats
+
+    async def _route(self, endpoint: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The device's TCP data port as this holder reaches it. With ``data_route = "forward"`` that is a
+        remote port forward on this SSH connection (listening on the holder's loopback, opened once per
+        connection): the chunks stay sealed under the GPU key end to end, SSH only carries them across a
+        network the holder could not otherwise cross."""
+        if endpoint is None or "port" not in endpoint or self.spec.data_route != "forward":
+            return endpoint
+        if self.conn is None:
+            raise AgentError(self.name, "not connected")
+        if self._forward is None:
+            try:
+                self._forward = await self.conn.forward_remote_port("127.0.0.1", 0, str(endpoint["host"]),
+                                                                    int(endpoint["port"]))
+            except (OSError, asyncssh.Error) as exc:
+                raise AgentError(self.name, f"cannot forward the device's data port through SSH: {exc}") from None
+        return {"host": "127.0.0.1", "port": self._forward.get_port()}
 
     @property
     def can_reconnect(self) -> bool:
@@ -294,6 +312,9 @@ class SshHolderLink(FramedHolderLink):
             self.conn.abort()
 
     async def _drop(self) -> None:
+        if self._forward is not None:
+            self._forward.close()
+            self._forward = None
         if self.process is not None:
             self.process.close()
             self.process = None

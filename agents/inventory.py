@@ -41,6 +41,7 @@ OPTIONAL: dict[str, Any] = {
     "keepalive_count_max": 3,
     "remote_dir": ".gputravel",
     "val_fraction": 0.1,
+    "data_route": "forward",
 }
 ALLOWED = set(REQUIRED) | set(OPTIONAL)
 
@@ -61,6 +62,10 @@ class HolderSpec:
     keepalive_count_max: int
     remote_dir: str
     val_fraction: float
+    #: how the agent reaches the device's data port on the direct path: "forward" through an SSH remote
+    #: port forward on this holder's connection (works wherever SSH does), or "network" straight to the
+    #: address the device's data port is bound to (``--data-host``, which the holder must be able to reach)
+    data_route: str = "forward"
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "host": self.host, "port": self.port, "user": self.user,
@@ -107,12 +112,14 @@ def parse_inventory(text: str, *, base: Path, source: str = "holders.toml") -> l
             if key not in entry:
                 raise ConfigError(f"{where}: missing field '{key}'")
         where = f"{source}: holder '{entry['name']}'"
-        for key in ("name", "host", "user", "client_key", "data", "python", "remote_dir"):
+        for key in ("name", "host", "user", "client_key", "data", "python", "remote_dir", "data_route"):
             _check_type(where, key, entry[key], str)
         _check_type(where, "port", entry["port"], int)
         _check_type(where, "keepalive_count_max", entry["keepalive_count_max"], int)
         for key in ("connect_timeout", "keepalive_interval", "val_fraction"):
             _check_type(where, key, entry[key], (int, float))
+        if entry["data_route"] not in ("forward", "network"):
+            raise ConfigError(f"{where}: data_route must be 'forward' or 'network', not {entry['data_route']!r}")
         if not 0 < entry["port"] < 65536:
             raise ConfigError(f"{where}: port {entry['port']} out of range")
         if entry["name"] in seen:
@@ -143,7 +150,7 @@ def parse_inventory(text: str, *, base: Path, source: str = "holders.toml") -> l
             host_key=entry["host_key"], known_hosts=known, data=entry["data"], python=entry["python"],
             connect_timeout=float(entry["connect_timeout"]), keepalive_interval=float(entry["keepalive_interval"]),
             keepalive_count_max=entry["keepalive_count_max"], remote_dir=entry["remote_dir"],
-            val_fraction=float(entry["val_fraction"])))
+            val_fraction=float(entry["val_fraction"]), data_route=entry["data_route"]))
     return specs
 
 

@@ -46,6 +46,10 @@ class _Server(asyncssh.SSHServer):
             self.conn.set_authorized_keys(asyncssh.import_authorized_keys(""))
         return True
 
+    def server_requested(self, listen_host: str, listen_port: int) -> bool:
+        """Remote port forwards, on the holder's loopback only (the direct data path's tunnel)."""
+        return listen_host in ("127.0.0.1", "localhost", "::1")
+
     def password_auth_supported(self) -> bool:
         return False
 

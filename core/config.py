@@ -45,6 +45,7 @@ class RunSettings:
     #: device: decrypt chunk k while chunk k+1 is on the wire; None = auto (as above)
     overlap: bool | None = None
     auth_workers: int = 0  # 0: sized to the free cores
+    data_host: str = "127.0.0.1"  # address the device's TCP data port binds to (inventory holders, route "network")
     visit_attempts: int = 2  # a failed visit is redone (agent restarted, device recovered) up to this many times
     key_chunk_budget: int = 2**32  # chunks one provisioning key may seal; beyond it the window is split
     epoch_limit: int | None = None  # epochs per session before a fresh attested session (re-key)

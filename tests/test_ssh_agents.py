@@ -555,9 +555,10 @@ def test_inventory_parses_defaults_and_relative_paths(key_dir: Path) -> None:
     ("", "no [[holder]]"),
     (holder_toml() + holder_toml(), "duplicate holder name"),
     ("[[holder]\nname=", "not valid TOML"),
+    (holder_toml(data_route="pigeon"), "data_route"),
 ], ids=["unknown key", "missing host", "missing data", "unreadable key file", "key file is a folder",
         "missing host key pin", "missing known_hosts file", "port type", "port range", "per-holder default",
-        "unknown section", "empty", "duplicate", "bad toml"])
+        "unknown section", "empty", "duplicate", "bad toml", "data route"])
 def test_inventory_errors_name_the_field(text: str, field: str, key_dir: Path) -> None:
     with pytest.raises(ConfigError) as info:
         parse_inventory(text, base=key_dir, source="holders.toml")
@@ -654,3 +655,35 @@ def test_inventory_parser_only_ever_raises_config_error(text: str, key_dir: Path
         assert isinstance(spec, HolderSpec) and 0 < spec.port < 65536
         assert spec.host_key is not None or spec.known_hosts is not None
         assert spec.client_key.is_file()
+
+
+async def test_inventory_holders_reach_the_device_data_port_through_an_ssh_forward(ssh: Ssh, data_root: Path,
+                                                                                   tmp_path: Path) -> None:
+    """An inventory holder is another machine: the device's 127.0.0.1 data port is not its own, so the
+    direct path rides a remote port forward on the holder's SSH connection (data_route = "forward")."""
+    seen: dict[str, Any] = {}
+    links = links_from_specs(list(ssh.specs.values()))
+    original = SshHolderLink._route
+
+    async def spy(self: SshHolderLink, endpoint: dict[str, Any] | None) -> dict[str, Any] | None:
+        routed = await original(self, endpoint)
+        seen[self.name] = (endpoint, routed)
+        return routed
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(SshHolderLink, "_route", spy)
+        report = await api.run(small(data_root, tmp_path / "run", data_path="direct", transport="inventory"),
+                               links=links)
+    assert all(v["outcome"] == "done" for v in report["visits"])
+    for name in ("alice", "bob"):
+        asked, routed = seen[name]
+        assert asked["host"] == "127.0.0.1" and routed["host"] == "127.0.0.1"
+        assert routed["port"] != asked["port"]  # the holder-side end of the forward, not the device's port
+
+
+def test_a_network_data_route_passes_the_device_endpoint_through(ssh: Ssh) -> None:
+    spec = replace(next(iter(ssh.specs.values())), data_route="network")
+    link = SshHolderLink(spec)
+    endpoint = {"host": "10.1.2.3", "port": 4242}
+    assert asyncio.run(link._route(endpoint)) == endpoint
+    assert asyncio.run(link._route({"path": "/x"})) == {"path": "/x"}

@@ -180,6 +180,9 @@ def register(app: typer.Typer) -> None:
                                       "default) or the --holders-file hosts; local: agent subprocesses."),
         data_path: str = typer.Option("direct", help="direct: agents send sealed chunks straight to the device's "
                                       "data port; channel: chunks ride the holder link (SSH channel)."),
+        data_host: str = typer.Option("127.0.0.1", "--data-host", help="Address the device's TCP data port binds "
+                                      "to; inventory holders with data_route = \"network\" connect to it, "
+                                      "the default route forwards it through their SSH connection."),
         visit_attempts: int = typer.Option(2, help="A failed visit is redone up to this many times in all."),
         fault: str | None = typer.Option(None, "--fault", hidden=True,
                                          help="Fault injection: kill-orchestrator|kill-device|kill-agent@PHASE:VISIT[+S]"),
@@ -195,7 +198,8 @@ def register(app: typer.Typer) -> None:
                                batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed, device=device,
                                cc_mode=cc_mode, breakpoints=tuple(b.upper() for b in break_before),
                                transport="inventory" if holders_file else transport, holders_file=holders_file,
-                               data_path=data_path, visit_attempts=visit_attempts, fault=fault)
+                               data_path=data_path, visit_attempts=visit_attempts, fault=fault,
+                               data_host=data_host)
         if resume:
             settings = resume_settings(out, fault=fault)
         console = Console(stderr=True) if as_json else Console()

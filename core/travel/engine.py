@@ -654,7 +654,8 @@ class TravelEngine:
 
     def _data_endpoint(self) -> dict[str, Any] | None:
         """Where a holder sends sealed chunks on the direct path: the device's Unix socket for holders on
-        this host (local agents, the embedded SSH server), its TCP data port for inventory hosts."""
+        this host (local agents, the embedded SSH server), its TCP data port for inventory hosts (which an
+        SSH link reaches through a remote port forward unless the inventory says the network routes it)."""
         if self.settings.data_path != "direct":
             return None
         if self.settings.transport in ("local", "ssh"):
