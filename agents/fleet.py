@@ -18,14 +18,13 @@ import asyncssh
 from gputravel.agents.deploy import SshHolderLink
 from gputravel.agents.inventory import HolderSpec, load_inventory
 from gputravel.core.errors import AgentError
-from gputravel.core.platform.emulated import die_with_parent
+from gputravel.core.files import write_atomic
+from gputravel.core.procs import die_with_parent
 
 
 def _write_private(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
+    write_atomic(path, data)
 
 
 class EmbeddedSshServer:

@@ -37,6 +37,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from gputravel.core.errors import AttestationError, ConfigError
+from gputravel.core.files import write_atomic
+from gputravel.core.protocol.keys import fingerprint
 
 __all__ = [
     "EMULATED_DRIVER",
@@ -71,11 +73,6 @@ CLAIM_NAMES = ("chain", "revocation", "signature", "nonce", "measurements", "mod
 _CURVE = ec.SECP384R1
 _SIG_HASH = hashes.SHA384
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-
-
-def fingerprint(data: bytes) -> str:
-    """A short, non-reversible name for key material (safe to print and log)."""
-    return hashlib.sha256(b"gputravel-fp" + data).hexdigest()[:16]
 
 
 def public_key_fingerprint(key: ec.EllipticCurvePublicKey) -> str:
@@ -175,17 +172,7 @@ def code_measurement(paths: Iterable[Path] | None = None) -> str:
 # --- files -----------------------------------------------------------------------------------------
 def _write_file(path: Path, data: bytes, *, private: bool = False) -> None:
     """Write atomically; private files are created 0600 and never exist with a wider mode."""
-    mode = 0o600 if private else 0o644
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.fchmod(fd, mode)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    write_atomic(path, data, mode=0o600 if private else 0o644)
 
 
 def _read_file(path: Path) -> bytes:

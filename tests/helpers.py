@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -46,3 +47,10 @@ async def started(settings: RunSettings, links: list[Any] | None = None) -> Asyn
         yield engine
     finally:
         await engine.aclose()
+
+
+def write_holder(folder: Path, seed: int, words: list[str], n_words: int = 16_000) -> None:
+    """A holder folder with one ``part.txt`` of ``n_words`` words drawn (seeded) from ``words``."""
+    rng = random.Random(seed)
+    folder.mkdir(parents=True)
+    (folder / "part.txt").write_text(" ".join(rng.choice(words) for _ in range(n_words)) + "\n")

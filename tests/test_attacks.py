@@ -35,13 +35,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import assert_no_leaked_processes
 
 from gputravel.core import events as ev
 from gputravel.core.api import build_engine
 from gputravel.core.config import RunSettings
 from gputravel.core.ledger import read_rows, verify_ledger
-from gputravel.core.travel.holders import STREAM_LIMIT, LocalHolderLink, _die_with_parent
+from gputravel.core.procs import die_with_parent
+from gputravel.core.travel.holders import STREAM_LIMIT, LocalHolderLink
+
+pytestmark = pytest.mark.usefixtures("no_leaked_processes")
 
 WORDS = "the quick brown fox jumps over a lazy dog while seven wise owls sing softly at night".split()
 
@@ -184,15 +186,9 @@ class ScriptLink(LocalHolderLink):
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, str(self.script), self.role, self.name, str(self.data_dir), str(self.workdir),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err, limit=STREAM_LIMIT,
-                preexec_fn=_die_with_parent)
+                preexec_fn=die_with_parent)
         self.reader, self.writer = self.proc.stdout, self.proc.stdin
         return await self._hello()
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_processes() -> Any:
-    yield
-    assert_no_leaked_processes()
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import random
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import assert_no_leaked_processes, started
+from helpers import started, write_holder
 
 from gputravel.console import cli
 from gputravel.core import api
@@ -30,22 +29,18 @@ from gputravel.core.travel import holders as holders_mod
 from gputravel.core.travel.holders import LocalHolderLink
 from gputravel.core.travel.phases import Phase
 
+pytestmark = pytest.mark.usefixtures("no_leaked_processes")
+
 WORDS = "the quick brown fox jumps over a lazy dog while cat and bird sat on the warm mat".split()
 
 
 # --- fixtures and helpers ------------------------------------------------------------------------
-def write_holder(folder: Path, seed: int, n_words: int = 16_000) -> None:
-    rng = random.Random(seed)
-    folder.mkdir(parents=True)
-    (folder / "part.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(n_words)) + "\n")
-
-
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two holders, ~85 KB of repetitive text each: one 0.25 MiB buffer pass, 6 chunks of 16 KiB."""
     root = tmp_path_factory.mktemp("data")
-    write_holder(root / "alice", 1)
-    write_holder(root / "bob", 2)
+    write_holder(root / "alice", 1, WORDS)
+    write_holder(root / "bob", 2, WORDS)
     return root
 
 
@@ -64,12 +59,6 @@ def local_links(settings: RunSettings) -> dict[str, LocalHolderLink]:
 def rows_of(out: Path, kind: str | None = None) -> list[LedgerRow]:
     rows = read_rows(out / "ledger.db")
     return [r for r in rows if kind is None or r.kind == kind]
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_processes() -> Any:
-    yield
-    assert_no_leaked_processes()
 
 
 def run_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -375,11 +364,11 @@ def bad_data(tmp_path: Path) -> dict[str, tuple[Path, Path]]:
     flat_dir.mkdir()
     (flat_dir / "notes.md").write_text("no holder folders here\n")
     mixed = tmp_path / "mixed"
-    write_holder(mixed / "alice", 1, 200)
-    write_holder(mixed / "bob", 2, 200)
+    write_holder(mixed / "alice", 1, WORDS, 200)
+    write_holder(mixed / "bob", 2, WORDS, 200)
     (mixed / "bob" / "tokens.bin").write_bytes(b"\0" * 1024)
     empty = tmp_path / "empty"
-    write_holder(empty / "alice", 1, 200)
+    write_holder(empty / "alice", 1, WORDS, 200)
     (empty / "bob").mkdir()
     return {"no subfolders": (flat_dir, flat_dir), "mixed formats": (mixed, mixed / "bob"),
             "empty holder": (empty, empty / "bob")}

@@ -36,7 +36,6 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from helpers import assert_no_leaked_processes
 
 from gputravel.core import events as ev
 from gputravel.core.api import build_engine, resolve_holder_dirs
@@ -49,6 +48,8 @@ from gputravel.core.protocol.keys import channel_key
 from gputravel.core.travel import engine as engine_mod
 from gputravel.core.travel import holders as holders_mod
 from gputravel.core.travel.holders import LocalHolderLink
+
+pytestmark = pytest.mark.usefixtures("no_leaked_processes")
 
 WORDS = "a lazy dog sleeps while seven quick owls sing over the quiet brown town at night".split()
 ARGS = ["--holders", "2", "--rounds", "1", "--steps-per-visit", "2", "--batch-size", "4", "--seq-len", "32",
@@ -155,12 +156,6 @@ def private_files(out: Path) -> list[Path]:
 
 def mode(p: Path) -> int:
     return stat.S_IMODE(p.stat().st_mode)
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_processes() -> Any:
-    yield
-    assert_no_leaked_processes()
 
 
 @pytest.fixture(scope="module")

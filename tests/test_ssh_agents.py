@@ -14,7 +14,6 @@ import contextlib
 import hashlib
 import json
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -27,7 +26,7 @@ from typing import Any
 
 import asyncssh
 import pytest
-from helpers import started
+from helpers import started, write_holder
 from hypothesis import HealthCheck, example, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
@@ -50,17 +49,11 @@ HAPPY_STATES = ["connecting", "deploying", "verified", "ready", "provisioning", 
 
 
 # --- fixtures and helpers ------------------------------------------------------------------------
-def write_holder(folder: Path, seed: int, n_words: int = 16_000) -> None:
-    rng = random.Random(seed)
-    folder.mkdir(parents=True)
-    (folder / "part.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(n_words)) + "\n")
-
-
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("data")
-    write_holder(root / "alice", 1)
-    write_holder(root / "bob", 2)
+    write_holder(root / "alice", 1, WORDS)
+    write_holder(root / "bob", 2, WORDS)
     return root
 
 
@@ -68,8 +61,8 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def big_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Alice with ~600 KB (~150 chunks of 4 KiB in one visit, more than the agent keeps in flight), Bob small."""
     root = tmp_path_factory.mktemp("big")
-    write_holder(root / "alice", 3, n_words=130_000)
-    write_holder(root / "bob", 4)
+    write_holder(root / "alice", 3, WORDS, n_words=130_000)
+    write_holder(root / "bob", 4, WORDS)
     return root
 
 

@@ -36,6 +36,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from gputravel.core.machine import machine_info
+
 #: Phases whose time is the protocol's own cost (PROVISION and TRAIN are the work itself).
 PROTOCOL_PHASES = ("ATTEST", "HANDOFF", "RETURN", "VERIFY", "SCRUB", "ROTATE")
 OVERHEAD_TARGET_MS = 50.0
@@ -258,12 +260,6 @@ async def run_probed(settings: Any, *, links: list[Any] | None, sinks: Iterable[
     return report, probe, engine
 
 
-def machine() -> dict[str, Any]:
-    from gputravel.console.commands.bench_provision import machine as provision_machine
-
-    return provision_machine()
-
-
 # --- bench load ------------------------------------------------------------------------------------
 async def load(*, holders: int, rounds: int, holder_kib: int, steps_per_visit: int, workdir: Path,
                console: Console | None = None) -> dict[str, Any]:
@@ -308,7 +304,7 @@ async def load(*, holders: int, rounds: int, holder_kib: int, steps_per_visit: i
     overhead_med = summary["protocol_overhead_ms"]["median"]
     return {
         "benchmark": "load",
-        "machine": machine(),
+        "machine": machine_info(),
         "settings": {"holders": holders, "rounds": rounds, "visits": len(report["visits"]),
                      "steps_per_visit": steps_per_visit, "holder_kib": holder_kib, "model": settings.model,
                      "transport": "ssh (embedded loopback server)", "data_path": settings.data_path,

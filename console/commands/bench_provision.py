@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import platform as _platform
 import statistics
 import sys
 import tempfile
@@ -23,6 +22,8 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
+
+from gputravel.core.machine import machine_info
 
 PATHS = ("direct", "direct-tcp", "ssh", "local", "conventional")
 
@@ -127,13 +128,6 @@ async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdi
     return times
 
 
-def machine() -> dict[str, Any]:
-    import torch
-
-    return {"cores": os.cpu_count(), "python": sys.version.split()[0], "torch": torch.__version__,
-            "platform": _platform.platform(), "cuda": torch.cuda.is_available()}
-
-
 def register(bench_app: typer.Typer) -> None:
     @bench_app.command("provision")
     def provision_cmd(
@@ -170,7 +164,7 @@ def register(bench_app: typer.Typer) -> None:
                              "mb_s": round(size / med / 1e6, 1), "best_mb_s": round(size / min(times) / 1e6, 1),
                              "fraction_of_aes_core": round(size / med / aes, 3)})
         by = {r["path"]: r for r in rows}
-        result = {"benchmark": "provision", "machine": machine(), "aes_gcm_1core_mb_s": round(aes / 1e6, 1),
+        result = {"benchmark": "provision", "machine": machine_info(), "aes_gcm_1core_mb_s": round(aes / 1e6, 1),
                   "rows": rows}
         if "direct" in by and "ssh" in by:
             result["direct_vs_ssh"] = round(by["direct"]["mb_s"] / by["ssh"]["mb_s"], 2)
@@ -209,7 +203,7 @@ def _ablate(*, size_mib: int, chunk_kib: int, repeats: int, as_json: bool) -> No
     for r in rows:
         r["speedup_vs_conventional"] = round(base["median_s"] / r["median_s"], 2)
         r["time_saved_vs_conventional_pct"] = round(100 * (1 - r["median_s"] / base["median_s"]), 1)
-    result = {"benchmark": "provision-ablation", "machine": machine(), "size_mib": size_mib, "chunk_kib": chunk_kib,
+    result = {"benchmark": "provision-ablation", "machine": machine_info(), "size_mib": size_mib, "chunk_kib": chunk_kib,
               "repeats": repeats, "aes_gcm_1core_gb_s": round(aes / 1e9, 3), "memcpy_gb_s": round(copy / 1e9, 3),
               "rows": rows}
     if as_json:

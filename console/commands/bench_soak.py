@@ -39,13 +39,13 @@ from rich.table import Table
 from gputravel.console.commands.bench_load import (
     OVERHEAD_TARGET_MS,
     cost_summary,
-    machine,
     mib,
     rss,
     run_probed,
     stats_ms,
     write_holders,
 )
+from gputravel.core.machine import machine_info
 
 GROWTH_TARGET = 0.05
 HOLDERS = 4
@@ -115,7 +115,7 @@ async def soak(*, visits: int, holder_kib: int, workdir: Path, console: Console 
     worst = max((m["growth"] for m in mem.values() if m["growth"] is not None), default=None)
     return {
         "benchmark": "soak",
-        "machine": machine(),
+        "machine": machine_info(),
         "settings": {"visits_asked": visits, "visits": len(report["visits"]), "holders": HOLDERS, "rounds": rounds,
                      "steps_per_visit": 1, "model": settings.model, "holder_kib": holder_kib,
                      "buffer_kib": settings.buffer_bytes // 1024, "transport": "local", "data_path": "direct"},

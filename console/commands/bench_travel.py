@@ -59,6 +59,7 @@ from rich.table import Table
 
 from gputravel.core import planner
 from gputravel.core.errors import ConfigError, GpuTravelError
+from gputravel.core.machine import machine_info as core_machine_info
 
 MIB = 1 << 20
 ENGINE_MAX_MIB = 64 * 1024
@@ -100,9 +101,7 @@ def on_tmpfs(path: Path) -> bool:
 
 
 def machine_info() -> dict[str, Any]:
-    from gputravel.console.commands.bench_provision import machine
-
-    info = machine()
+    info = core_machine_info()
     info["mem_available_mib"] = round(mem_available() / MIB)
     try:
         info["loadavg_1m"] = round(os.getloadavg()[0], 2)

@@ -7,8 +7,6 @@ A call's time is the slowest rank's. The console renders; nothing here prints.
 
 from __future__ import annotations
 
-import os
-import platform
 import statistics
 import tempfile
 import time
@@ -25,6 +23,7 @@ from gputravel.core.collectives.hook import SecureRingState, default_store, secu
 from gputravel.core.collectives.keys import emulated_identity, establish_ring_keys
 from gputravel.core.collectives.launch import WorkerContext, run_workers
 from gputravel.core.collectives.ring import RingStats, SecureRing, Variant, available_variants
+from gputravel.core.machine import machine_info as core_machine_info
 
 __all__ = ["MODELS", "AllReduceSpec", "DdpSpec", "machine_info", "run_allreduce_bench", "run_ddp_bench"]
 
@@ -32,27 +31,9 @@ BREAKDOWN = ("crypto_s", "wire_s", "reduce_s", "wait_s")
 
 
 def machine_info(*, backend: str = "gloo") -> dict[str, Any]:
-    """Cores, CPU, device and versions: printed with every figure."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return {
-        "cores": cores,
-        "cpu": cpu,
-        "device": gpu or "cpu",
-        "backend": backend,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "gloo_tls": Variant.GLOO_TLS in available_variants(),
-        "platform": "emulated (SIM) device identities; real AES-256-GCM, ECDH and signatures",
-    }
+    """Cores, CPU, device and versions (``core.machine``) plus the collective's own facts."""
+    return {**core_machine_info(), "backend": backend, "gloo_tls": Variant.GLOO_TLS in available_variants(),
+            "platform": "emulated (SIM) device identities; real AES-256-GCM, ECDH and signatures"}
 
 
 def parse_variants(text: str) -> tuple[Variant, ...]:

@@ -92,7 +92,6 @@ class DeviceService:
         self.code = Region("code", 0, self.device)
         self.buffer = Region("buffer", buffer_bytes, self.device)
         self._host_view = self.buffer.tensor.numpy() if self.device.type == "cpu" else None
-        self._staging: torch.Tensor | None = None
         self.trainer: Any = None
         self.secrets: SessionSecrets | None = None
         self.epoch = 0
@@ -161,10 +160,8 @@ class DeviceService:
         includes the operation in progress, so utilisation does not stall during a long TRAIN."""
         since = self._busy_since
         busy = self.busy_s + (time.perf_counter() - since if since is not None else 0.0)
-        mem = self.buffer.nbytes + self.code.nbytes
-        if self.trainer is not None:
-            mem += sum(p.numel() * p.element_size() for p in self.trainer.model.parameters())
-        return {"counters": {k: int(v) for k, v in self.counters.items()}, "busy_s": busy, "memory_bytes": int(mem),
+        return {"counters": {k: int(v) for k, v in self.counters.items()}, "busy_s": busy,
+                "memory_bytes": self._memory_bytes(),
                 "epoch": self.epoch, "rejected": dict(self.rejected), "device": str(self.device)}
 
     def op_info(self, *, payload: bytes) -> tuple[dict[str, Any], bytes]:
@@ -224,8 +221,6 @@ class DeviceService:
             self.window = ProvisionWindow(epoch, offset, length, chunk_size, key.fingerprint,
                                           RecvState(key, session_id=s.session_id, window=4096))
             self.epoch = epoch
-        if self.device.type == "cuda" and (self._staging is None or self._staging.numel() < chunk_size):
-            self._staging = torch.empty(chunk_size, dtype=torch.uint8, pin_memory=True)
         self.counters["handoffs"] += 1
         return {"session_id": s.session_id.hex(), "key_fingerprint": key.fingerprint,
                 "provisioning_key": key.to_wire()}, b""
@@ -275,9 +270,8 @@ class DeviceService:
             raise DeviceError("cannot scrub while a provisioning window is open")
         t0 = time.perf_counter()
         ok = self.buffer.zero_and_check()
-        for stage in [self._staging, *self._stages]:
-            if stage is not None:
-                stage.zero_()
+        for stage in self._stages:
+            stage.zero_()
         self.counters["scrubs"] += 1
         return {"verified": ok, "bytes": self.buffer.nbytes, "seconds": time.perf_counter() - t0}, b""
 
@@ -293,10 +287,15 @@ class DeviceService:
         trainer.load_state_dict(state)
         return {"model_digest": trainer.model_digest()}, b""
 
-    def op_stats(self, *, payload: bytes) -> tuple[dict[str, Any], bytes]:
+    def _memory_bytes(self) -> int:
+        """Device memory in use: buffer, code region, model parameters."""
         mem = self.buffer.nbytes + self.code.nbytes
         if self.trainer is not None:
             mem += sum(p.numel() * p.element_size() for p in self.trainer.model.parameters())
+        return int(mem)
+
+    def op_stats(self, *, payload: bytes) -> tuple[dict[str, Any], bytes]:
+        mem = self._memory_bytes()
         return {"counters": dict(self.counters), "rejected": dict(self.rejected), "busy_s": self.busy_s,
                 "rejected_by_epoch": {str(e): dict(c) for e, c in self.rejected_by_epoch.items()},
                 "memory_bytes": int(mem), "epoch": self.epoch}, b""

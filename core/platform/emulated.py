@@ -20,18 +20,7 @@ from gputravel.core.attestation import Policy, load_policy, provision_emulated
 from gputravel.core.device.client import TrustAnchors
 from gputravel.core.errors import DeviceError
 from gputravel.core.platform.base import DeviceHandle, PlatformInfo
-
-
-def die_with_parent() -> None:
-    """In the child before exec: the kernel kills it when the orchestrator dies (even by kill -9),
-    so a crashed run never leaves a device service holding keys and model behind."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+from gputravel.core.procs import die_with_parent
 
 
 class EmulatedPlatform:

@@ -151,3 +151,10 @@ def error_from_code(code: str, reason: str) -> GpuTravelError:
     """Rebuild a typed error sent over the wire as (code, reason)."""
     cls = ERRORS_BY_CODE.get(code, GpuTravelError)
     return cls(reason)
+
+
+__all__ = [
+    "AgentError", "AttestationError", "CancelledRunError", "ConfigError", "DataError", "DeviceError", "FrameError",
+    "GpuTravelError", "IntegrityError", "LedgerError", "LinkLostError", "NonceExhaustedError", "ProtocolError",
+    "ReplayError", "StaleEpochError", "TagError", "WindowError", "error_from_code",
+]

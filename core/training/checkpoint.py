@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from gputravel.core.errors import ConfigError, DataError, TagError
+from gputravel.core.files import fsync_dir, write_atomic
 
 __all__ = ["CHECKPOINT_VERSION", "CheckpointStore", "load_or_create_key"]
 
@@ -44,37 +45,6 @@ _TAIL = struct.Struct(">Q12s")  # ciphertext length, nonce
 _NAME = re.compile(r"^ckpt-(\d{6,})\.gtc$")
 _TAG_BYTES = 16
 _MAX_SEALED = 2**31 - 1 - _TAG_BYTES
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically: 0600 temp file in the same folder, fsync, rename, fsync folder."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        tmp.unlink(missing_ok=True)
-        raise
-    os.close(fd)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
 
 
 def load_or_create_key(path: Path) -> bytes:
@@ -100,7 +70,7 @@ def load_or_create_key(path: Path) -> bytes:
             os.fsync(fd)
         finally:
             os.close(fd)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
         return key
     if not stat.S_ISREG(st.st_mode):
         raise ConfigError(f"checkpoint key {path} is not a regular file")
@@ -173,7 +143,7 @@ class CheckpointStore:
                   + _TAIL.pack(len(plaintext) + _TAG_BYTES, nonce))
         sealed = self._run_key(run_id).encrypt(nonce, bytes(plaintext), header)
         path = self.path_for(seq)
-        _write_private(path, header + sealed)
+        write_atomic(path, header + sealed)
         self._prune()
         return path
 

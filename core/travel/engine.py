@@ -287,12 +287,7 @@ class TravelEngine:
                                  min_train_bytes=min_train)
         self.records = [VisitRecord(p) for p in self.plans]
         self.train_program = self.make_program(fmt=fmt, total_steps=len(self.plans) * self.settings.steps_per_visit)
-        program = json.dumps(self.train_program, sort_keys=True).encode()
-        head, _ = await self._dev("configure", program)
-        if head["code_digest"] != hashlib.sha256(program).hexdigest():
-            raise IntegrityError("the code region does not hold the program that was uploaded")
-        self.expected_code = head["code_digest"]
-        self.device_info["params"] = head["params"]
+        self.expected_code = await self._upload_program()
         await self._restore_or_initial()
 
     async def _restore_or_initial(self) -> None:
@@ -322,11 +317,24 @@ class TravelEngine:
                          state={"plan_digest": digest, "visits_done": [], "epoch": 0, "checkpoint_seq": 0,
                                 "steps": 0, "run_id": self.run_id})
 
+    async def _upload_program(self) -> str:
+        """Upload the training program into the device's code region; the device must report exactly its
+        digest (and, after a device restart, the digest the run started with)."""
+        program = json.dumps(self.train_program, sort_keys=True).encode()
+        head, _ = await self._dev("configure", program)
+        digest = hashlib.sha256(program).hexdigest()
+        if head["code_digest"] != digest or (self.expected_code and digest != self.expected_code):
+            raise IntegrityError("the code region does not hold the program that was uploaded")
+        self.device_info["params"] = head["params"]
+        return digest
+
     async def _checkpoint(self, seq: int, *, note: str = "") -> None:
         import torch
 
         head, blob = await self._dev("checkpoint")
-        state = {"device_state": torch.frombuffer(bytearray(blob), dtype=torch.uint8).clone(),
+        # the device's serialised state rides in the checkpoint as one uint8 tensor over ``blob``'s memory
+        # (bytearray: the only copy; no clone)
+        state = {"device_state": torch.frombuffer(bytearray(blob), dtype=torch.uint8),
                  "model_digest": head["model_digest"], "seq": seq, "epoch": self.epoch, "note": note,
                  "steps": self.step_count}
         await asyncio.to_thread(self.ckpt.save, state, run_id=self.first_run_id, seq=seq)
@@ -335,7 +343,7 @@ class TravelEngine:
 
     async def _restore(self, seq: int) -> None:
         state = await asyncio.to_thread(self.ckpt.load, seq, run_id=self.first_run_id)
-        blob = bytes(state["device_state"].numpy().tobytes())
+        blob = state["device_state"].numpy().tobytes()
         head, _ = await self._dev("restore", blob)
         if head["model_digest"] != state["model_digest"]:
             raise IntegrityError(f"checkpoint {seq} restored to a model whose digest differs")
@@ -719,10 +727,7 @@ class TravelEngine:
         self.handle = await asyncio.to_thread(self.restart_device)
         self.client = DeviceClient(self.handle.socket_path, anchors=self.handle.anchors)
         result = await asyncio.to_thread(self.client.connect)
-        program = json.dumps(self.train_program, sort_keys=True).encode()
-        head, _ = await self._dev("configure", program)
-        if head["code_digest"] != self.expected_code:
-            raise IntegrityError("the restarted device holds another program")
+        await self._upload_program()
         await self._configure_data_path()
         if self.last_good_ckpt is not None:
             await self._restore(self.last_good_ckpt)

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from gputravel.core.errors import AgentError, DeviceError, GpuTravelError
-from gputravel.core.protocol import FrameError, FrameType, encode_frame
+from gputravel.core.procs import die_with_parent
+from gputravel.core.protocol import TAG_LEN, DirectionKey, FrameError, FrameType, SendState, encode_frame
 from gputravel.core.protocol.frames import frame_head, read_frame_async
 
 STREAM_LIMIT = 64 * 1024 * 1024
@@ -276,7 +277,6 @@ class FramedHolderLink(HolderLink):
                 return
             if frame.type is FrameType.ACK:
                 stats.chunks += 1
-                stats.nbytes = stats.nbytes  # bytes come from the device's close_window report
                 if on_progress:
                     on_progress(int(frame.header["s"]))
             elif frame.type is FrameType.ERROR:
@@ -307,8 +307,6 @@ class _BounceSealer:
     is sealed again for the GPU (standing for the CC bounce buffer), in the orchestrator's CVM."""
 
     def __init__(self, handoff: Handoff) -> None:
-        from gputravel.core.protocol import DirectionKey, SendState
-
         self.state = SendState(DirectionKey.from_wire(handoff.key), session_id=bytes.fromhex(handoff.session_id),
                                start=handoff.resume_from)
         #: recent ciphertexts by sequence: a retransmitted chunk is resent as sealed, never re-sealed
@@ -316,8 +314,6 @@ class _BounceSealer:
         self.recent: dict[int, tuple[dict[str, Any], bytearray]] = {}
 
     def seal(self, header: dict[str, Any], plain: Any) -> tuple[dict[str, Any], bytearray]:
-        from gputravel.core.protocol import TAG_LEN
-
         if not header.get("plain"):
             raise AgentError("conventional", "expected a plaintext chunk on the conventional path")
         seq, offset, n = int(header["s"]), int(header["o"]), int(header["n"])
@@ -331,12 +327,6 @@ class _BounceSealer:
         if len(self.recent) > 256:
             del self.recent[min(self.recent)]
         return self.recent[seq]
-
-
-def _die_with_parent() -> None:
-    from gputravel.core.platform.emulated import die_with_parent
-
-    die_with_parent()
 
 
 class LocalHolderLink(FramedHolderLink):
@@ -358,7 +348,7 @@ class LocalHolderLink(FramedHolderLink):
                 self.python, "-m", "gputravel.agents.holder", "--name", self.name, "--data", str(self.data_dir),
                 "--val-fraction", str(self.val_fraction), stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, limit=STREAM_LIMIT,
-                preexec_fn=_die_with_parent)
+                preexec_fn=die_with_parent)
         except OSError as exc:
             raise AgentError(self.name, f"cannot start the agent: {exc}") from None
         self.reader, self.writer = self.proc.stdout, self.proc.stdin
