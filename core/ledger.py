@@ -9,7 +9,8 @@ found by :func:`verify_ledger`, which opens the file read-only.
 
 What the chain cannot show on its own: rows cut off the *end* (truncation) or a whole chain rewritten
 from some row on. An operator proves those against a head ``(seq, hash)`` recorded elsewhere
-(:meth:`Ledger.head`, printed by ``gputravel ledger verify``).
+(:meth:`Ledger.head`, printed as ``SEQ:HASH`` by ``gputravel run`` and ``gputravel ledger verify``), with
+``verify_ledger(path, expect_head=...)`` or ``gputravel ledger verify --head SEQ:HASH``.
 
 Keys appear only by fingerprint: :meth:`Ledger.append` refuses ``detail`` names that look like key
 material (``key``, ``secret``, ``master``, ``private``, except ``key_fp``/``*_fp``/``*_fingerprint``) and any
@@ -45,6 +46,7 @@ __all__ = [
     "LedgerRow",
     "VerifyResult",
     "canonical_json",
+    "parse_head",
     "read_rows",
     "row_hash",
     "verify_ledger",
@@ -504,25 +506,55 @@ def read_rows(
         connection.close()
 
 
-def verify_ledger(path: Path) -> VerifyResult:
+def parse_head(text: str) -> tuple[int, str]:
+    """``"SEQ:HASH"`` (as ``gputravel run`` and ``ledger verify`` print a head) to ``(seq, hash)``."""
+    seq_text, sep, digest = text.strip().partition(":")
+    digest = digest.lower()
+    if not sep or not seq_text.isdigit() or int(seq_text) < 1 or len(digest) != 64 or \
+            any(c not in "0123456789abcdef" for c in digest):
+        raise LedgerError(f"a ledger head is SEQ:HASH (a row number and its 64-hex-digit hash), not {text!r}")
+    return int(seq_text), digest
+
+
+def verify_ledger(path: Path, *, expect_head: tuple[int, str] | None = None) -> VerifyResult:
     """Recompute every row hash and chain link in seq order; never raises, never writes.
 
     Finds an altered field or hash (``hash mismatch``), a broken link (``prev_hash does not link``), a
     deleted row (``missing``), reordered rows (either), and files that are not ledgers.
+
+    With ``expect_head`` (a ``(seq, hash)`` recorded elsewhere, e.g. from an earlier run's report) it
+    also finds what the chain alone cannot: rows cut off the end (``truncated``) and a chain rewritten
+    from some row on (``differs from the recorded head``). Rows appended after that head are fine.
     """
     path = Path(path)
+    result, hash_at_expected = _verify_chain(path, expect_head[0] if expect_head else None)
+    if not result.ok or expect_head is None:
+        return result
+    seq, digest = expect_head
+    if result.rows < seq:
+        return VerifyResult(ok=False, rows=result.rows, head_hash=result.head_hash, first_bad_seq=result.rows + 1,
+                            reason=f"truncated: the ledger ends at row {result.rows}, the recorded head is row {seq}")
+    if hash_at_expected != digest:
+        return VerifyResult(ok=False, rows=result.rows, head_hash=result.head_hash, first_bad_seq=seq,
+                            reason=f"row {seq} differs from the recorded head: the chain was rewritten up to it")
+    return result
+
+
+def _verify_chain(path: Path, remember_seq: int | None) -> tuple[VerifyResult, str | None]:
+    """The chain walk of :func:`verify_ledger`; keeps the hash of row ``remember_seq`` when asked."""
     try:
         connection = _connect_read_only(path)
     except LedgerError as exc:
-        return VerifyResult(ok=False, rows=0, head_hash=None, first_bad_seq=None, reason=exc.reason)
+        return VerifyResult(ok=False, rows=0, head_hash=None, first_bad_seq=None, reason=exc.reason), None
     except (sqlite3.Error, OSError) as exc:
-        return VerifyResult(ok=False, rows=0, head_hash=None, first_bad_seq=None, reason=str(exc))
+        return VerifyResult(ok=False, rows=0, head_hash=None, first_bad_seq=None, reason=str(exc)), None
     rows = 0
     prev = GENESIS_HASH
     head: str | None = None
+    remembered: str | None = None
 
-    def broken(bad_seq: int, reason: str) -> VerifyResult:
-        return VerifyResult(ok=False, rows=rows, head_hash=head, first_bad_seq=bad_seq, reason=reason)
+    def broken(bad_seq: int, reason: str) -> tuple[VerifyResult, None]:
+        return VerifyResult(ok=False, rows=rows, head_hash=head, first_bad_seq=bad_seq, reason=reason), None
 
     try:
         connection.execute("BEGIN")  # one read snapshot, even while a writer appends
@@ -546,7 +578,9 @@ def verify_ledger(path: Path) -> VerifyResult:
                 return broken(seq, f"row {seq}: prev_hash does not link to {link}")
             rows += 1
             prev = head = str(record["hash"])
-        return VerifyResult(ok=True, rows=rows, head_hash=head, first_bad_seq=None, reason=None)
+            if seq == remember_seq:
+                remembered = head
+        return VerifyResult(ok=True, rows=rows, head_hash=head, first_bad_seq=None, reason=None), remembered
     except sqlite3.Error as exc:
         return broken(rows + 1, f"unreadable after row {rows}: {exc}")
     finally:

@@ -684,3 +684,16 @@ def test_malformed_header_values_are_frame_errors(rig: Rig, field: str, bad: Any
                           ct, "frame")
         assert rig.rejected() - before == Counter({"frame": 1})
         conn.expect_ack(head, ct)
+
+
+@pytest.mark.parametrize("convert", [str, float, bool], ids=["numeric-string", "float", "bool"])
+@pytest.mark.parametrize("field", ["e", "s", "o", "n"])
+def test_header_numbers_must_be_json_integers(rig: Rig, field: str, convert: Any) -> None:
+    """A right value in the wrong type ("0" for 0, 128.0 for 128) is refused, not coerced."""
+    w = rig.handoff(offset=53248, length=128, chunk_size=128)
+    head, ct = w.seal(0, plaintext(128, seed=19))
+    before = rig.rejected()
+    with DataConn(rig) as conn:
+        conn.expect_error({**head, field: convert(head[field])}, ct, "frame")
+        assert rig.rejected() - before == Counter({"frame": 1})
+        conn.expect_ack(head, ct)

@@ -17,7 +17,15 @@ from typer.testing import CliRunner
 
 from gputravel.console.cli import app
 from gputravel.core.errors import LedgerError
-from gputravel.core.ledger import GENESIS_HASH, Ledger, LedgerRow, canonical_json, row_hash, verify_ledger
+from gputravel.core.ledger import (
+    GENESIS_HASH,
+    Ledger,
+    LedgerRow,
+    canonical_json,
+    parse_head,
+    row_hash,
+    verify_ledger,
+)
 
 
 def _fill(path: Path, count: int = 6) -> list[LedgerRow]:
@@ -435,6 +443,64 @@ def test_cli_show_json_limit_keeps_the_most_recent_rows(ledger_path: Path) -> No
 def test_cli_show_of_a_non_ledger_exits_8(tmp_path: Path) -> None:
     result = runner.invoke(app, ["ledger", "show", str(tmp_path / "absent.sqlite")])
     assert result.exit_code == 8 and "no such ledger" in result.output
+
+
+# --- a head recorded elsewhere: truncation and rewrites ------------------------------------------
+def test_cut_off_tail_passes_the_chain_but_fails_against_the_recorded_head(ledger_path: Path) -> None:
+    head = verify_ledger(ledger_path)
+    _execute(ledger_path, "DELETE FROM events WHERE seq > 4")
+
+    assert verify_ledger(ledger_path).ok  # the chain alone cannot see a cut tail
+    result = verify_ledger(ledger_path, expect_head=(6, head.head_hash or ""))
+
+    assert (result.ok, result.rows, result.first_bad_seq) == (False, 4, 5)
+    assert result.reason == "truncated: the ledger ends at row 4, the recorded head is row 6"
+
+
+def test_tail_rewritten_with_fresh_rows_fails_against_the_recorded_head(ledger_path: Path) -> None:
+    head = verify_ledger(ledger_path)
+    _execute(ledger_path, "DELETE FROM events WHERE seq > 4")
+    with Ledger.open(ledger_path, run_id="run-1") as ledger:
+        for i in (4, 5):
+            ledger.append(kind="phase", phase="train", holder=f"holder-{i % 2}", detail={"note": "forged"})
+
+    assert verify_ledger(ledger_path).ok and verify_ledger(ledger_path).rows == 6
+    result = verify_ledger(ledger_path, expect_head=(6, head.head_hash or ""))
+
+    assert (result.ok, result.first_bad_seq) == (False, 6)
+    assert result.reason == "row 6 differs from the recorded head: the chain was rewritten up to it"
+
+
+def test_rows_appended_after_the_recorded_head_still_verify(ledger_path: Path) -> None:
+    head = verify_ledger(ledger_path)
+    with Ledger.open(ledger_path, run_id="run-2") as ledger:
+        ledger.append(kind="phase", phase="train", holder="holder-0", detail={"note": "later run"})
+
+    result = verify_ledger(ledger_path, expect_head=(6, head.head_hash or ""))
+
+    assert (result.ok, result.rows) == (True, 7)
+
+
+@pytest.mark.parametrize("text", ["", "6", "6:", ":" + "a" * 64, "0:" + "a" * 64, "x:" + "a" * 64,
+                                  "6:" + "a" * 63, "6:" + "g" * 64])
+def test_malformed_heads_are_ledger_errors(text: str) -> None:
+    with pytest.raises(LedgerError, match="SEQ:HASH"):
+        parse_head(text)
+
+
+def test_cli_verify_head_finds_a_cut_tail_and_refuses_a_malformed_head(ledger_path: Path) -> None:
+    intact = runner.invoke(app, ["ledger", "verify", str(ledger_path)], env={"COLUMNS": "200"})
+    assert intact.exit_code == 0, intact.output
+    head = next(word for word in intact.output.split() if word.startswith("6:"))
+    assert parse_head(head) == (6, verify_ledger(ledger_path).head_hash)
+    assert runner.invoke(app, ["ledger", "verify", str(ledger_path), "--head", head]).exit_code == 0
+
+    _execute(ledger_path, "DELETE FROM events WHERE seq = 6")
+    cut = runner.invoke(app, ["ledger", "verify", str(ledger_path), "--head", head], env={"COLUMNS": "200"})
+    assert cut.exit_code == 8 and "truncated" in cut.output
+
+    malformed = runner.invoke(app, ["ledger", "verify", str(ledger_path), "--head", "six"])
+    assert malformed.exit_code == 2 and "SEQ:HASH" in malformed.output
 
 
 # --- property: any append sequence verifies, any single-field mutation is caught ------------

@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gputravel.core.errors import LedgerError
-from gputravel.core.ledger import LedgerRow, read_rows, verify_ledger
+from gputravel.core.ledger import LedgerRow, parse_head, read_rows, verify_ledger
 
 ledger_app = typer.Typer(help="Verify and inspect the hash-chained audit ledger.", no_args_is_help=True)
 
@@ -28,13 +28,27 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a t
 
 
 @ledger_app.command("verify")
-def verify(path: PathArg, as_json: JsonOpt = False) -> None:
+def verify(
+    path: PathArg,
+    as_json: JsonOpt = False,
+    head: Annotated[str | None, typer.Option(
+        "--head", metavar="SEQ:HASH",
+        help="A head recorded earlier (gputravel run prints it): also find rows cut off the end or a rewritten "
+             "chain.")] = None,
+) -> None:
     """Recompute every row hash and chain link; exit 8 naming the first broken row."""
-    result = verify_ledger(path)
+    try:
+        expect = parse_head(head) if head is not None else None
+    except LedgerError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--head") from exc
+    result = verify_ledger(path, expect_head=expect)
     if as_json:
         typer.echo(json.dumps(asdict(result), indent=2))
     elif result.ok:
-        Console().print(f"[green]ledger intact[/]: {result.rows} rows, head {result.head_hash or 'none (empty)'}")
+        checked = f", contains the recorded head {expect[0]}" if expect else ""
+        Console().print(f"[green]ledger intact[/]: {result.rows} rows, head "
+                        f"{f'{result.rows}:{result.head_hash}' if result.head_hash else 'none (empty)'}{checked}",
+                        soft_wrap=True)
     else:
         Console(stderr=True).print(f"[bold red]ledger broken[/]: {escape(result.reason or '')}", soft_wrap=True)
         if result.head_hash is not None:

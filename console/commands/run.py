@@ -126,7 +126,7 @@ def render_report(console: Console, report: dict[str, Any]) -> None:
         console.print(f"[bold]provisioning[/]: {pv['bytes'] / 2**20:.1f} MiB at {pv['mb_s']:.0f} MB/s "
                       f"(chunks {pv['chunk_kib']} KiB), rejected {pv['rejected'] or 'none'}")
     console.print(f"[bold]ledger[/]: {lg['path']} · {'[green]verified[/]' if lg['verified'] else '[red]BROKEN[/]'} "
-                  f"({lg['rows']} rows)")
+                  f"({lg['rows']} rows, head {lg['rows']}:{lg['head']})", soft_wrap=True)
 
 
 def resolve_out_dir(out: Path | None, *, resume: bool, runs: Path = Path("runs")) -> Path:

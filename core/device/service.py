@@ -357,10 +357,10 @@ class DeviceService:
             self.rejected_by_epoch.setdefault(epoch, Counter())[code] += 1
 
     def _accept_chunk(self, header: dict[str, Any], payload: bytes | bytearray | memoryview) -> dict[str, Any]:
-        try:
-            epoch, seq, offset, length = (int(header["e"]), int(header["s"]), int(header["o"]), int(header["n"]))
-        except (KeyError, TypeError, ValueError, OverflowError):  # OverflowError: JSON Infinity
-            raise FrameError("chunk header needs integer e, s, o, n") from None
+        fields = [header.get(k) if isinstance(header, dict) else None for k in ("e", "s", "o", "n")]
+        if not all(type(v) is int for v in fields):  # not bool, float, numeric string or JSON Infinity
+            raise FrameError("chunk header needs integer e, s, o, n")
+        epoch, seq, offset, length = fields
         with self.lock:
             w = self.window
             if w is None or epoch != w.epoch:
