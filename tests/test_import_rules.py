@@ -1,0 +1,165 @@
+"""What ``core.protocol`` and the holder agent bundle may import, as an allow-list checked on the source.
+
+The import-linter contracts in pyproject.toml forbid a list of modules; this checks the positive rule the
+docs state: ``core.protocol`` uses only the standard library and ``cryptography``; the holder agent
+(agents/holder.py: "standard library, ``cryptography`` and ``gputravel.core.protocol`` only") ships as
+``BUNDLE_FILES`` and must run from that bundle alone. Every import is collected with :mod:`ast`, including
+imports inside functions, under ``if TYPE_CHECKING`` and in ``try`` blocks, so a lazy import cannot hide.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gputravel.agents.holder import BUNDLE_FILES, package_root
+
+ROOT = package_root()
+PROTOCOL_DIR = ROOT / "core" / "protocol"
+THIRD_PARTY_ALLOWED = {"cryptography"}
+STDLIB = set(sys.stdlib_module_names)
+
+
+@dataclass(frozen=True)
+class Import:
+    file: str
+    line: int
+    module: str  # absolute dotted name ("gputravel.core.protocol.errors", "struct", "cryptography.x")
+
+    @property
+    def top(self) -> str:
+        return self.module.split(".")[0]
+
+
+def module_name(path: Path) -> str:
+    """``gputravel.<dotted path>`` of a file under the package root (``__init__`` names the package)."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(["gputravel", *parts])
+
+
+def imports_of(path: Path) -> list[Import]:
+    """Every module ``path`` imports, relative imports resolved against its package."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    rel = str(path.relative_to(ROOT))
+    found: list[Import] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [Import(rel, node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                assert node.level - 1 < len(base), f"{rel}:{node.lineno}: relative import beyond gputravel"
+                base = base[:len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.append(Import(rel, node.lineno, target))
+            # ``from pkg import sub`` may name a submodule: count it too, so a bundle check sees it
+            found += [Import(rel, node.lineno, f"{target}.{alias.name}") for alias in node.names
+                      if alias.name != "*" and target.startswith("gputravel")]
+        elif isinstance(node, ast.Call):
+            # importlib.import_module("x") / __import__("x") with a literal name
+            fn = node.func
+            callee = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else ""
+            if callee in ("import_module", "__import__") and node.args:
+                arg = node.args[0]
+                assert isinstance(arg, ast.Constant) and isinstance(arg.value, str), \
+                    f"{rel}:{node.lineno}: dynamic import with a computed name cannot be checked"
+                found.append(Import(rel, node.lineno, arg.value))
+    return found
+
+
+def is_module_or_package(dotted: str) -> bool:
+    """Whether ``dotted`` (under gputravel) is a module file or a package folder in this checkout."""
+    rel = Path(*dotted.split(".")[1:]) if "." in dotted else Path()
+    return (ROOT / rel).with_suffix(".py").is_file() or (ROOT / rel / "__init__.py").is_file()
+
+
+def protocol_files() -> list[Path]:
+    files = sorted(PROTOCOL_DIR.rglob("*.py"))
+    assert files, f"no sources under {PROTOCOL_DIR}"
+    return files
+
+
+# --- core.protocol: stdlib + cryptography (+ itself) ------------------------------------------------------
+@pytest.mark.parametrize("path", protocol_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_core_protocol_imports_only_stdlib_cryptography_and_itself(path: Path) -> None:
+    bad = []
+    for imp in imports_of(path):
+        if imp.top in STDLIB or imp.top in THIRD_PARTY_ALLOWED:
+            continue
+        if imp.module == "gputravel.core.protocol" or imp.module.startswith("gputravel.core.protocol."):
+            continue
+        bad.append(f"{imp.file}:{imp.line}: {imp.module}")
+    assert bad == [], "core.protocol must import only the standard library and cryptography:\n" + "\n".join(bad)
+
+
+# --- the holder agent bundle --------------------------------------------------------------------------------
+def test_the_bundle_is_the_agent_and_the_protocol() -> None:
+    """BUNDLE_FILES holds the agent, every core.protocol source, and the package __init__ files on the
+    way to them; nothing else (so the rule below is about exactly what gets deployed)."""
+    listed = set(BUNDLE_FILES)
+    assert all((ROOT / rel).is_file() for rel in listed), sorted(r for r in listed if not (ROOT / r).is_file())
+    protocol = {str(p.relative_to(ROOT)) for p in protocol_files()}
+    assert protocol <= listed, f"core.protocol sources missing from the bundle: {sorted(protocol - listed)}"
+    parents = {"__init__.py", "core/__init__.py", "agents/__init__.py"}
+    assert listed == protocol | parents | {"agents/holder.py"}
+
+
+@pytest.mark.parametrize("rel", BUNDLE_FILES)
+def test_every_bundle_file_imports_only_stdlib_cryptography_and_the_bundle(rel: str) -> None:
+    bundled = {module_name(ROOT / f) for f in BUNDLE_FILES}
+    bad = []
+    for imp in imports_of(ROOT / rel):
+        if imp.top in STDLIB or imp.top in THIRD_PARTY_ALLOWED:
+            continue
+        if imp.top == "gputravel":
+            if imp.module in bundled:
+                continue
+            if not is_module_or_package(imp.module):
+                continue  # a name imported from a bundled module (``from ...errors import DataError``)
+            if rel == "agents/holder.py" and not imp.module.startswith("gputravel.core.protocol"):
+                bad.append(f"{imp.file}:{imp.line}: {imp.module} (the agent uses core only through core.protocol)")
+                continue
+        bad.append(f"{imp.file}:{imp.line}: {imp.module}")
+    assert bad == [], "the holder agent bundle must need only the stdlib, cryptography and itself:\n" + "\n".join(bad)
+
+
+def test_the_agent_uses_core_only_through_core_protocol() -> None:
+    mods = {imp.module for imp in imports_of(ROOT / "agents" / "holder.py") if imp.top == "gputravel"}
+    assert mods, "agents/holder.py should import the protocol it speaks"
+    outside = sorted(m for m in mods if not m.startswith("gputravel.core.protocol"))
+    assert outside == []
+
+
+# --- the checker itself ---------------------------------------------------------------------------------------
+def test_the_checker_sees_lazy_relative_and_dynamic_imports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_root = tmp_path / "gputravel"
+    pkg = fake_root / "core" / "protocol"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from . import cipher\n")
+    (pkg / "cipher.py").write_text(
+        "import struct\n"
+        "from ..errors import GpuTravelError\n"
+        "from .keys import DirectionKey\n"
+        "def f():\n"
+        "    import numpy as np\n"
+        "    import importlib\n"
+        "    return importlib.import_module('torch')\n"
+        "try:\n"
+        "    import yaml\n"
+        "except ImportError:\n"
+        "    pass\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", fake_root)
+    mods = {i.module for i in imports_of(pkg / "cipher.py")}
+    assert {"struct", "gputravel.core.errors", "gputravel.core.protocol.keys", "numpy", "importlib", "torch",
+            "yaml"} <= mods
+    assert "gputravel.core.protocol.cipher" in {i.module for i in imports_of(pkg / "__init__.py")}
