@@ -18,7 +18,8 @@ Example::
     python = "/usr/bin/python3"
 
 Host keys are always checked: each holder needs ``host_key`` or ``known_hosts``; nothing is
-accepted on first use.
+accepted on first use. A ``client_key`` that is group- or world-readable (or not this user's) is refused
+with ``InsecureKeyError`` naming the file: ``chmod 600`` it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gputravel.core.errors import ConfigError
+from gputravel.core.files import check_private
 
 REQUIRED = ("name", "host", "user", "client_key", "data")
 OPTIONAL: dict[str, Any] = {
@@ -131,6 +133,7 @@ def parse_inventory(text: str, *, base: Path, source: str = "holders.toml") -> l
         except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
             raise ConfigError(f"{where}: client_key {key_path} is unreadable: "
                               f"{getattr(exc, 'strerror', None) or exc}") from None
+        check_private(key_path, what=f"{where}: client_key")  # like ssh: no key others can read
         known = None
         if entry["known_hosts"] is not None:
             _check_type(where, "known_hosts", entry["known_hosts"], str)

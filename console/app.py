@@ -22,6 +22,17 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
 from gputravel.console.bridge import Bridge, LiveBridge, ReplayBridge
+from gputravel.console.commands.run import (
+    DATA_HOST_DEFAULT,
+    DATA_HOST_HELP,
+    DATA_PATH_DEFAULT,
+    DATA_PATH_HELP,
+    HOLDERS_FILE_HELP,
+    TRANSPORT_DEFAULT,
+    TRANSPORT_HELP,
+    holder_settings,
+    resolve_out_dir,
+)
 from gputravel.console.screens.base import ConsoleScreen
 from gputravel.console.screens.bench import BenchRunner, BenchScreen
 from gputravel.console.screens.gpu import GpuScreen
@@ -386,6 +397,10 @@ def console(
     buffer_mib: Annotated[float, typer.Option(help="GPU data buffer (MiB).")] = 4.0,
     chunk_kib: Annotated[int, typer.Option(help="Provisioning chunk size (KiB).")] = 1024,
     break_before: Annotated[list[str], typer.Option("--break-before", help="Pause before this phase.")] = [],  # noqa: B006
+    holders_file: Annotated[Path | None, typer.Option("--holders-file", help=HOLDERS_FILE_HELP)] = None,
+    transport: Annotated[str, typer.Option(help=TRANSPORT_HELP)] = TRANSPORT_DEFAULT,
+    data_path: Annotated[str, typer.Option(help=DATA_PATH_HELP)] = DATA_PATH_DEFAULT,
+    data_host: Annotated[str, typer.Option("--data-host", help=DATA_HOST_HELP)] = DATA_HOST_DEFAULT,
     theme: Annotated[str, typer.Option("--theme", help="dark, light or high-contrast.")] = "dark",
     readonly: Annotated[bool, typer.Option("--readonly", help="Observer mode: no controls.")] = False,
     replay: Annotated[Path | None, typer.Option("--replay", help="Play a recording instead of a live run.")] = None,
@@ -399,28 +414,51 @@ def console(
     """The operator console: watch the GPU travel, step the protocol, audit the ledger."""
     if theme not in THEMES:
         raise typer.BadParameter(f"choose {', '.join(THEMES)}", param_hint="--theme")
+    fleets: list[Any] = []  # the holder fleet (e.g. the embedded SSH server) of the run built last
+
+    def close_fleets() -> None:
+        while fleets:
+            fleets.pop().close()
+
     if replay is not None:
         app = make_app(replay=replay, theme=theme, readonly=readonly, follow=follow)
     else:
+        from gputravel.core.config import RunSettings
+
         settings: dict[str, Any] = dict(holders=holders, rounds=rounds, steps_per_visit=steps_per_visit,
                                         buffer_mib=buffer_mib, chunk_kib=chunk_kib, data_dir=data,
-                                        breakpoints=tuple(b.upper() for b in break_before))
+                                        breakpoints=tuple(b.upper() for b in break_before),
+                                        **holder_settings(holders_file=holders_file, transport=transport,
+                                                          data_path=data_path, data_host=data_host))
+        RunSettings(**settings)  # bad options fail here, before the screen opens
         out_dir = out
 
         def factory() -> Any:
-            from gputravel.console.commands.run import resolve_out_dir
+            """Blocking (the bridge calls it off the loop): the holder fleet, as `gputravel run` builds it,
+            then the engine."""
+            from gputravel.console.fleet import Fleet
             from gputravel.core.api import build_engine
-            from gputravel.core.config import RunSettings
 
             nonlocal out_dir
+            close_fleets()  # a new run is built only once the previous one is over
             target = resolve_out_dir(out_dir, resume=False)
             out_dir = None  # a second run in the same console gets a fresh folder
-            return build_engine(RunSettings(out_dir=target, **settings))
+            run_settings = RunSettings(out_dir=target, **settings)
+            fleet = Fleet(run_settings)
+            fleets.append(fleet)
+            try:
+                return build_engine(run_settings, links=fleet.links())
+            except BaseException:
+                close_fleets()
+                raise
 
         rec: Path | bool = False if no_record else (record if record is not None else True)
         app = make_app(engine_factory=factory, theme=theme, readonly=readonly, record=rec,
                        telemetry_interval=interval)
-    app.run()
+    try:
+        app.run()
+    finally:
+        close_fleets()
 
 
 def main() -> None:

@@ -7,10 +7,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from gputravel.agents.fleet import EmbeddedSshServer, links_from_inventory, links_from_specs
+from gputravel.console.run_telemetry import TELEMETRY_INTERVAL_S, RunTelemetry
 from gputravel.core import api
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import ConfigError
 from gputravel.core.events import Event
+from gputravel.core.recording import Recorder
 from gputravel.core.travel.holders import HolderLink
 
 
@@ -38,16 +40,46 @@ class Fleet:
             self.server = None
 
 
-async def run(settings: RunSettings, *, sinks: Iterable[Callable[[Event], None]] = ()) -> dict[str, Any]:
+async def run(settings: RunSettings, *, sinks: Iterable[Callable[[Event], None]] = (),
+              recorder: Recorder | None = None, telemetry_interval: float = TELEMETRY_INTERVAL_S) -> dict[str, Any]:
+    """One run with its holder fleet; with a ``recorder``, GPU telemetry is sampled into the same
+    recording for as long as the run goes."""
     import asyncio
 
     fleet = Fleet(settings)
     try:
         links = await asyncio.to_thread(fleet.links)
-        report = await api.run(settings, sinks=sinks, links=links)
+        if recorder is None:
+            report = await api.run(settings, sinks=sinks, links=links)
+        else:
+            report = await _run_recorded(settings, links, sinks, recorder, telemetry_interval)
         if fleet.server is not None:
             report["ssh_server"] = {"host": "127.0.0.1", "port": fleet.server.port, "embedded": True,
                                     "host_key": fleet.server.host_public.split()[0] + " (fresh, pinned)"}
         return report
     finally:
         fleet.close()
+
+
+async def _run_recorded(settings: RunSettings, links: list[HolderLink] | None,
+                        sinks: Iterable[Callable[[Event], None]], recorder: Recorder,
+                        interval: float) -> dict[str, Any]:
+    import asyncio
+
+    from gputravel.core.session import Session
+
+    session = Session(lambda: api.build_engine(settings, links=links))
+    engine = await asyncio.to_thread(session.build)
+    telemetry: RunTelemetry | None = None
+    try:
+        engine.sinks.extend(sinks)
+        recorder.set_meta({"holders": list(engine.links), "telemetry_interval_s": interval})
+        telemetry = RunTelemetry(session, recorder, interval=interval)
+        engine.sinks.append(telemetry.tracker)
+        telemetry.start()
+        report: dict[str, Any] = await session.run()  # stops the device service however the run ends
+        return report
+    finally:
+        if telemetry is not None:
+            await telemetry.stop()
+        await asyncio.to_thread(session.close)  # idempotent: for a failure before run() began

@@ -37,7 +37,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from gputravel.core.errors import AttestationError, ConfigError
-from gputravel.core.files import write_atomic
+from gputravel.core.files import read_private, write_atomic
 from gputravel.core.protocol.keys import fingerprint
 
 __all__ = [
@@ -188,9 +188,10 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     )
 
 
-def _load_key(path: Path) -> ec.EllipticCurvePrivateKey:
+def _load_key(path: Path, what: str) -> ec.EllipticCurvePrivateKey:
+    """The P-384 key at ``path``; ``InsecureKeyError`` if others can read the file (like the checkpoint key)."""
     try:
-        key = serialization.load_pem_private_key(_read_file(path), password=None)
+        key = serialization.load_pem_private_key(read_private(path, what=what), password=None)
     except (ValueError, TypeError):
         raise ConfigError(f"{path} is not a PEM private key") from None
     if not isinstance(key, ec.EllipticCurvePrivateKey) or not isinstance(key.curve, _CURVE):
@@ -356,8 +357,8 @@ class VendorCA:
         directory = Path(directory)
         root_cert = _single_cert(directory / "root.pem")
         ca_cert = _single_cert(directory / "ca.pem")
-        root_key = _load_key(directory / "root.key")
-        ca_key = _load_key(directory / "ca.key")
+        root_key = _load_key(directory / "root.key", "vendor root CA key")
+        ca_key = _load_key(directory / "ca.key", "vendor device-CA key")
         if root_key.public_key() != root_cert.public_key() or ca_key.public_key() != ca_cert.public_key():
             raise ConfigError(f"{directory}: a CA key does not match its certificate")
         crl_path = directory / "crl.pem"
@@ -432,7 +433,7 @@ class DeviceIdentity:
     @classmethod
     def load(cls, directory: Path) -> DeviceIdentity:
         directory = Path(directory)
-        key = _load_key(directory / "key.pem")
+        key = _load_key(directory / "key.pem", "device identity key")
         chain = tuple(_load_certs(directory / "chain.pem"))
         if len(chain) != 3:
             raise ConfigError(f"{directory / 'chain.pem'} must hold leaf, device CA and root")

@@ -1,9 +1,66 @@
-"""Writing files that must never be seen half-written or with a wider mode than intended."""
+"""Writing files that must never be seen half-written or with a wider mode than intended, and reading private
+files (keys) only when no one else can read them."""
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
+
+from gputravel.core.errors import ConfigError
+
+__all__ = ["InsecureKeyError", "check_private", "fsync_dir", "read_private", "write_atomic"]
+
+
+class InsecureKeyError(ConfigError):
+    """A private key file is group- or world-accessible, or belongs to another user: it is refused, not used."""
+
+
+def _refuse_unless_private(st: os.stat_result, path: Path, what: str) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{what} {path} is not a regular file")
+    mode = stat.S_IMODE(st.st_mode)
+    for bits, who in ((0o007, "world"), (0o070, "group")):
+        if mode & bits:
+            raise InsecureKeyError(f"{what} {path} is {who}-readable (mode {mode:04o}); run `chmod 600 {path}`")
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise InsecureKeyError(f"{what} {path} belongs to uid {st.st_uid}, not to this user")
+
+
+def check_private(path: Path, *, what: str = "private key") -> None:
+    """Refuse a private file others could read, the same rule as the checkpoint key's.
+
+    Raises:
+        InsecureKeyError: ``path`` is group- or world-accessible (the message names it and says
+            ``chmod 600``) or belongs to another user.
+        ConfigError: ``path`` cannot be examined or is not a regular file.
+    """
+    path = Path(path)
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        raise ConfigError(f"cannot read {what} {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    _refuse_unless_private(st, path, what)
+
+
+def read_private(path: Path, *, what: str = "private key") -> bytes:
+    """The contents of ``path`` after :func:`check_private`'s checks, made on the opened file itself (no
+    window between the check and the read; a FIFO is refused instead of blocking)."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read {what} {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        _refuse_unless_private(os.fstat(fd), path, what)
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
 
 
 def fsync_dir(directory: Path) -> None:

@@ -32,6 +32,7 @@ from gputravel.core.attestation import (
     verify_evidence,
 )
 from gputravel.core.errors import AttestationError, ConfigError
+from gputravel.core.files import InsecureKeyError
 
 CODE = "c0de" * 16
 MEASUREMENTS = Measurements(firmware=EMULATED_FIRMWARE, driver=EMULATED_DRIVER, code=CODE)
@@ -335,6 +336,51 @@ def test_private_key_files_are_0600(pki: Pki) -> None:
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path
 
 
+@pytest.mark.parametrize(("rel", "mode", "who"), [
+    ("device/key.pem", 0o644, "world"), ("device/key.pem", 0o640, "group"), ("device/key.pem", 0o602, "world"),
+    ("vendor/ca.key", 0o604, "world"), ("vendor/root.key", 0o660, "group"),
+])
+def test_a_private_key_others_can_read_is_refused_naming_the_file(tmp_path: Path, rel: str, mode: int,
+                                                                  who: str) -> None:
+    """Like the checkpoint key: a group- or world-readable identity or vendor CA key is not used."""
+    provision_emulated(tmp_path)
+    path = tmp_path / rel
+    path.chmod(mode)
+
+    with pytest.raises(InsecureKeyError) as info:
+        provision_emulated(tmp_path)
+    message = str(info.value)
+    assert str(path) in message and f"{who}-readable" in message and f"chmod 600 {path}" in message
+    assert isinstance(info.value, ConfigError) and info.value.exit_code == ConfigError.exit_code
+    with pytest.raises(InsecureKeyError, match="chmod 600"):
+        run_emulated_attestation(tmp_path)
+    assert stat.S_IMODE(os.stat(path).st_mode) == mode  # refused, not silently fixed
+
+    path.chmod(0o600)  # 0600 is accepted again
+    assert run_emulated_attestation(tmp_path).ok
+
+
+def test_the_device_identity_key_must_be_a_regular_file(tmp_path: Path) -> None:
+    provision_emulated(tmp_path)
+    key = tmp_path / "device" / "key.pem"
+    key.unlink()
+    os.mkfifo(key, 0o600)  # would block a plain read
+
+    with pytest.raises(ConfigError, match="not a regular file"):
+        DeviceIdentity.load(tmp_path / "device")
+
+
+def test_cli_attest_refuses_a_world_readable_identity_key(tmp_path: Path) -> None:
+    provision_emulated(tmp_path)
+    (tmp_path / "device" / "key.pem").chmod(0o644)
+
+    out = CliRunner().invoke(app, ["attest", "--json", "--state-dir", str(tmp_path)])
+
+    # main() prints it as "error: InsecureKeyError: ..." and exits with ConfigError's code (2)
+    assert isinstance(out.exception, InsecureKeyError) and "chmod 600" in str(out.exception)
+    assert out.exception.exit_code == 2
+
+
 def test_result_dict_and_reprs_hold_no_private_key_material(pki: Pki) -> None:
     result = _verify(pki, _evidence(pki.identity))
     text = json.dumps(result.to_dict()) + repr(result) + repr(pki.identity) + repr(pki.ca)
@@ -354,7 +400,7 @@ def test_cli_attest_json_passes_and_says_it_is_simulated(tmp_path: Path) -> None
 
     assert out.exit_code == 0, out.output
     doc = json.loads(out.output)
-    assert doc["platform"] == {"kind": "emulated", "sim": True}
+    assert doc["platform"] == {"kind": "emulated", "sim": True, "label": "SIM"}
     assert doc["ok"] is True and doc["token"] is not None
     assert all(c["ok"] for c in doc["claims"].values())
 

@@ -32,7 +32,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, 
     out = root / "out"
     proc = gputravel("run", "--data", str(data), "--holders", "2", "--rounds", "1", "--steps-per-visit", "2",
                      "--batch-size", "4", "--seq-len", "32", "--chunk-kib", "16", "--buffer-mib", "0.25",
-                     "--out", str(out), "--json")
+                     "--out", str(out), "--telemetry-interval", "0.2", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, json.loads(proc.stdout), proc
 
@@ -60,6 +60,25 @@ def test_run_prints_a_json_report(finished_run: tuple[Path, dict, subprocess.Com
     assert report["ledger"]["verified"] is True
     assert report["failed_visits"] == 0
     assert "SIM" in proc.stderr  # the progress view on stderr says the GPU is emulated
+
+
+def test_run_records_events_and_gpu_telemetry(finished_run: tuple[Path, dict, subprocess.CompletedProcess[str]]
+                                              ) -> None:
+    from gputravel.core.recording import load_recording
+
+    out, report, _ = finished_run
+    recording = load_recording(out / "recording.db")
+    assert recording.meta["source"] == "gputravel run"
+    assert recording.meta["holders"] == ["north", "south"]
+    assert recording.meta["ledger"] == str(out / "ledger.db")
+    kinds = {e.kind for e in recording.events()}
+    assert {"RunStarted", "RunCompleted"} <= kinds
+    frames = recording.frames()
+    assert len(frames) >= 2, "the run samples telemetry every 0.2 s while it goes"
+    # once the device is attested its counters are read: SIM samples with memory in use, tagged with the phase
+    sim = [d for f in frames for d in f.devices if d.sim]
+    assert any(isinstance(d.mem_used, int) and d.mem_used > 0 for d in sim), [d.note for d in sim]
+    assert any(f.phase for f in frames)
 
 
 def test_ledger_verify_passes_then_names_a_changed_row(

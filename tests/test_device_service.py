@@ -697,3 +697,155 @@ def test_header_numbers_must_be_json_integers(rig: Rig, field: str, convert: Any
         conn.expect_error({**head, field: convert(head[field])}, ct, "frame")
         assert rig.rejected() - before == Counter({"frame": 1})
         conn.expect_ack(head, ct)
+
+
+# --- 14. fuzzing the hand-off window itself ----------------------------------------------------------------------
+FUZZ_SEED = 0x5EED_0614
+_JUNK: tuple[Any, ...] = (None, "0", "x", 1.5, True, False, [1], {"a": 1}, float("nan"), float("inf"))
+
+
+def _expected_code(header: dict[str, Any], payload: bytes, w: Window, accepted: set[int],
+                   dead_tags: dict[int, set[bytes]], genuine: bool) -> str:
+    """What the device must answer, by the documented order of its checks: types (frame), epoch (stale-epoch,
+    or replay for a buried window's accepted chunk), geometry (window), size (frame), replay, then AES-GCM
+    (ack only for an unaltered chunk of this window, else tag)."""
+    fields = [header.get(k) for k in ("e", "s", "o", "n")]
+    if not all(type(v) is int for v in fields):
+        return "frame"
+    e, s, o, n = fields
+    if e != w.epoch:
+        return "replay" if len(payload) >= TAG_LEN and payload[-TAG_LEN:] in dead_tags.get(e, set()) else "stale-epoch"
+    if s < 0 or n <= 0 or o < w.offset or o + n > w.offset + w.length or (o, n) != w.slot(s):
+        return "window"
+    if len(payload) != n + TAG_LEN:
+        return "frame"
+    if s in accepted:
+        return "replay"
+    return "ack" if genuine else "tag"
+
+
+def _random_window(rng: random.Random) -> tuple[int, int, int]:
+    chunk_size = rng.choice([1, 2, 3, 16, 17, 64, 100, 255, 256, 1000, 1024, 4096, 8191, rng.randint(1, 5000)])
+    n = rng.randint(1, 24) if rng.random() < 0.8 else rng.randint(25, 120)
+    length = min(BUFFER, rng.randint((n - 1) * chunk_size + 1, n * chunk_size))
+    where = rng.random()
+    offset = 0 if where < 0.15 else BUFFER - length if where < 0.3 else rng.randint(0, BUFFER - length)
+    return offset, length, chunk_size
+
+
+def test_random_windows_with_hostile_chunks_never_write_outside_the_window(rig: Rig) -> None:
+    """Seeded rounds (at least 3, then up to 300 within about 4 s): each opens a hand-off at a random offset, length and chunk size, then sends
+    a random mix of genuine, replayed, tampered, misrouted (other offset, other slot, other epoch, old key,
+    other session), wrongly sized and malformed chunks. Every answer is the one the check order implies;
+    the bytes outside the window keep their digest; an accepted chunk lands exactly in its slot and a slot
+    no chunk was accepted for holds its old bytes or zeros (a failed tag zeroes it on the CPU path). The
+    window is then completed and the whole buffer must equal the test's model of it."""
+    rng = random.Random(FUZZ_SEED)
+    rig.close_any()
+    w0 = rig.handoff(offset=0, length=BUFFER, chunk_size=65536)
+    model = bytearray(plaintext(BUFFER, seed=FUZZ_SEED))
+    dead_tags: dict[int, set[bytes]] = {}
+    rig.fill(w0, bytes(model))
+    rig.close(w0)
+    dead_tags[w0.epoch] = {w0.seal(s, bytes(model))[1][-TAG_LEN:] for s in range(w0.n_chunks)}
+    assert rig.digest(0, BUFFER) == sha(bytes(model))
+    prev, prev_data = w0, bytes(model)
+
+    started_at = time.monotonic()
+    rounds = 0
+    codes: Counter[str] = Counter()  # every answer the rounds got, for the coverage check at the end
+    while rounds < 3 or (rounds < 300 and time.monotonic() - started_at < 4.0):
+        rounds += 1
+        offset, length, chunk_size = _random_window(rng)
+        end = offset + length
+        before_outside = (rig.digest(0, offset) if offset else None, rig.digest(end, BUFFER - end) if end < BUFFER else None)
+        assert before_outside == (sha(bytes(model[:offset])) if offset else None,
+                                  sha(bytes(model[end:])) if end < BUFFER else None)
+        before = rig.rejected()
+        w = rig.handoff(offset=offset, length=length, chunk_size=chunk_size)
+        ctx = f"seed {FUZZ_SEED:#x} round {rounds}: window [{offset}, {end}) chunk {chunk_size}"
+        data = rng.randbytes(length)
+        old = {s: bytes(model[w.slot(s)[0]: sum(w.slot(s))]) for s in range(w.n_chunks)}
+        may_hold = {s: {sha(old[s])} for s in range(w.n_chunks)}  # what each slot may hold now
+        accepted: set[int] = set()
+        tally: Counter[str] = Counter()
+
+        def any_slot(lo: int = 0, hi: int = 0) -> int:
+            return rng.randint(lo, w.n_chunks - 1 + hi)  # noqa: B023 - w is this round's window
+
+        with DataConn(rig) as conn:
+            for _ in range(rng.randint(10, 40)):
+                s = any_slot()
+                head, ct = w.seal(s, data)
+                genuine = False
+                kind = rng.choice(["genuine"] * 4 + ["tamper", "offset", "moved", "geometry", "malformed", "size",
+                                                     "old-window", "old-key", "session", "epoch"])
+                if kind == "genuine":  # a new slot, or a replay of an accepted one
+                    genuine = True
+                elif kind == "tamper":
+                    ct = flip(ct, rng.randrange(len(ct)))
+                elif kind == "offset":  # the chunk pointed at bytes that are not its slot, in the buffer or not
+                    o = rng.choice([rng.randint(offset - 2 * chunk_size, end + 2 * chunk_size), -1, -chunk_size,
+                                    0, BUFFER - 1, BUFFER, BUFFER + 10**12, 2**63, 10**30])
+                    n = rng.choice([head["n"], head["n"], rng.randint(-1, chunk_size + 2), BUFFER, 10**30])
+                    if (o, n) == (head["o"], head["n"]):
+                        o += 1
+                    head = {**head, "o": o, "n": n}
+                elif kind == "moved":  # another slot's consistent geometry, this slot's ciphertext
+                    s2 = any_slot(-1, 1)
+                    o, n = w.slot(s2)
+                    head = {**head, "s": s2, "o": o, "n": n}
+                    genuine = s2 == s
+                elif kind == "geometry":  # integers anywhere around the window, random bytes
+                    head = {"e": rng.choice([w.epoch, w.epoch, w.epoch - 1, w.epoch + 1, 0, -1]),
+                            "s": any_slot(-2, 2), "o": rng.randint(offset - 64, end + 64),
+                            "n": rng.randint(-1, chunk_size + 1)}
+                    size = head["n"] + TAG_LEN if head["n"] >= 0 and rng.random() < 0.7 else rng.randint(0, 64)
+                    ct = rng.randbytes(size)
+                elif kind == "malformed":
+                    field = rng.choice("esno")
+                    bad = rng.choice(_JUNK + (str(head[field]), float(head[field])))
+                    head = {k: v for k, v in head.items() if k != field} if bad is None else {**head, field: bad}
+                elif kind == "size":  # a payload one or more bytes short or long
+                    ct = ct[:rng.randrange(len(ct))] if rng.random() < 0.5 else ct + rng.randbytes(rng.randint(1, 9))
+                elif kind == "old-window":  # a chunk of the last (closed) window: as sent, or relabelled
+                    head, ct = prev.seal(rng.randrange(prev.n_chunks), prev_data)
+                    head = {**head, "e": rng.choice([prev.epoch, w.epoch, w.epoch + 1])}
+                elif kind == "old-key":  # the last window's key sealing this very slot
+                    head, ct = w.seal(s, data, key=prev.key, session_id=prev.session_id,
+                                      claim_epoch=rng.choice([prev.epoch, w.epoch]))
+                elif kind == "session":
+                    head, ct = w.seal(s, data, session_id=rng.randbytes(16))
+                else:  # an epoch no window has, or a buried one
+                    head = {**head, "e": rng.choice([w.epoch + rng.randint(1, 5), w.epoch - 1, 0, -5, 2**64])}
+                want = _expected_code(head, ct, w, accepted, dead_tags, genuine)
+                if want == "ack":
+                    conn.expect_ack(head, ct)
+                    accepted.add(head["s"])
+                    may_hold[head["s"]] = {sha(data[w.slot(head["s"])[0] - offset: sum(w.slot(head["s"])) - offset])}
+                else:
+                    frame = conn.send(FrameType.CHUNK, head, ct)
+                    assert frame.type is FrameType.ERROR and frame.header["code"] == want, (ctx, kind, head, frame)
+                    tally[want] += 1
+                    if want == "tag":  # the failed slot may have been zeroed, and nothing else
+                        may_hold[head["s"]].add(sha(bytes(w.slot(head["s"])[1])))
+
+            assert rig.rejected() - before == tally, ctx
+            after_outside = (rig.digest(0, offset) if offset else None,
+                             rig.digest(end, BUFFER - end) if end < BUFFER else None)
+            assert after_outside == before_outside, f"{ctx}: the device wrote outside the window"
+            for s in range(w.n_chunks):
+                assert rig.digest(*w.slot(s)) in may_hold[s], f"{ctx}: slot {s} (accepted: {s in accepted})"
+
+            for s in sorted(set(range(w.n_chunks)) - accepted):  # complete the window
+                conn.expect_ack(*w.seal(s, data))
+        report = rig.close(w)
+        assert report["complete"] is True and report["chunks"] == w.n_chunks and report["bytes"] == length, ctx
+        model[offset:end] = data
+        assert rig.digest(0, BUFFER) == sha(bytes(model)), ctx
+        dead_tags[w.epoch] = {w.seal(s, data)[1][-TAG_LEN:] for s in range(w.n_chunks)}
+        prev, prev_data = w, data
+        codes.update(tally)
+        codes["ack"] += len(accepted)
+    assert rig.alive() and rounds >= 3
+    assert all(codes[c] for c in ("ack", "frame", "tag", "replay", "stale-epoch", "window")), codes

@@ -40,6 +40,7 @@ from gputravel.core import api
 from gputravel.core import events as ev
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import AgentError, ConfigError, LinkLostError
+from gputravel.core.files import InsecureKeyError
 from gputravel.core.ledger import LedgerRow, read_rows
 from gputravel.core.travel.engine import TravelEngine
 from gputravel.core.travel.holders import Handoff
@@ -507,6 +508,7 @@ async def test_keepalive_timeout_marks_the_holder_offline(ssh: Ssh) -> None:
 def key_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("inv")
     (d / "key").write_bytes(asyncssh.generate_private_key("ssh-ed25519").export_private_key())
+    (d / "key").chmod(0o600)  # a client key others can read is refused
     (d / "known_hosts").write_text("")
     return d
 
@@ -556,6 +558,28 @@ def test_inventory_errors_name_the_field(text: str, field: str, key_dir: Path) -
     with pytest.raises(ConfigError) as info:
         parse_inventory(text, base=key_dir, source="holders.toml")
     assert field in str(info.value) and "holders.toml" in str(info.value)
+
+
+@pytest.mark.parametrize(("mode", "who"), [(0o644, "world"), (0o604, "world"), (0o640, "group"), (0o660, "group")])
+def test_inventory_refuses_a_client_key_others_can_read(tmp_path: Path, mode: int, who: str) -> None:
+    """Like the checkpoint key (and ssh itself): a group- or world-readable client_key is refused at load."""
+    key = tmp_path / "keys" / "holder-a"
+    key.parent.mkdir()
+    key.write_bytes(asyncssh.generate_private_key("ssh-ed25519").export_private_key())
+    key.chmod(mode)
+    inventory = tmp_path / "holders.toml"
+    inventory.write_text(holder_toml(client_key="keys/holder-a"))
+
+    with pytest.raises(InsecureKeyError) as info:
+        load_inventory(inventory)
+    message = str(info.value)
+    assert str(inventory) in message and "holder 'a'" in message and "client_key" in message
+    assert str(key) in message and f"{who}-readable" in message and f"chmod 600 {key}" in message
+    assert isinstance(info.value, ConfigError)
+
+    key.chmod(0o600)  # 0600 is accepted
+    (spec,) = load_inventory(inventory)
+    assert spec.client_key == key
 
 
 def test_unreadable_inventory_file_is_a_config_error(tmp_path: Path) -> None:

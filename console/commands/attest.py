@@ -31,7 +31,8 @@ def result_json(result: AttestationResult, *, inject: str | None) -> dict[str, A
     body = result.to_dict()
     sim = result.platform == PLATFORM_EMULATED
     return {
-        "platform": {"kind": result.platform, "sim": sim},
+        # "label" is the literal SIM marker every emulated output carries (null on real hardware)
+        "platform": {"kind": result.platform, "sim": sim, "label": "SIM" if sim else None},
         "ok": result.ok,
         "device_id": result.device_id,
         "device_key_fingerprint": body["device_key_fingerprint"],

@@ -14,14 +14,33 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gputravel.console.fleet import run as run_engine
+from gputravel.console.run_telemetry import TELEMETRY_INTERVAL_S
 from gputravel.core import events as ev
-from gputravel.core.api import resume_settings
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import ConfigError
 
 #: Exit code when the run finished but some visits failed (each is in the report and the ledger).
 EXIT_PARTIAL = 9
+
+# The holder options ``gputravel run`` and ``gputravel-console`` share: one default, one help text.
+# (This module imports the engine lazily, so the console can import these without loading torch.)
+HOLDERS_FILE_HELP = "Inventory (TOML) of SSH holders (sets the transport to inventory)."
+TRANSPORT_DEFAULT = "ssh"
+TRANSPORT_HELP = ("ssh: agents deployed through a loopback SSH server (embedded default) or the --holders-file "
+                  "hosts; local: agent subprocesses.")
+DATA_PATH_DEFAULT = "direct"
+DATA_PATH_HELP = ("direct: agents send sealed chunks straight to the device's data port; channel: chunks ride "
+                  "the holder link (SSH channel).")
+DATA_HOST_DEFAULT = "127.0.0.1"
+DATA_HOST_HELP = ("Address the device's TCP data port binds to; inventory holders with data_route = \"network\" "
+                  "connect to it, the default route forwards it through their SSH connection.")
+
+
+def holder_settings(*, holders_file: Path | None, transport: str, data_path: str,
+                    data_host: str) -> dict[str, Any]:
+    """The :class:`RunSettings` fields of the holder options (an inventory file means transport inventory)."""
+    return {"transport": "inventory" if holders_file else transport, "holders_file": holders_file,
+            "data_path": data_path, "data_host": data_host}
 
 
 class RunView:
@@ -175,20 +194,19 @@ def register(app: typer.Typer) -> None:
         cc_mode: str = typer.Option("on", "--cc-mode", help="Mode the emulated GPU starts in: on, off or devtools "
                                     "(devtools fails attestation, as a real device in that mode would)."),
         break_before: list[str] = typer.Option([], "--break-before", help="Pause before this phase (repeatable)."),
-        holders_file: Path | None = typer.Option(None, "--holders-file", help="Inventory (TOML) of SSH holders."),
-        transport: str = typer.Option("ssh", help="ssh: agents deployed through a loopback SSH server (embedded "
-                                      "default) or the --holders-file hosts; local: agent subprocesses."),
-        data_path: str = typer.Option("direct", help="direct: agents send sealed chunks straight to the device's "
-                                      "data port; channel: chunks ride the holder link (SSH channel)."),
-        data_host: str = typer.Option("127.0.0.1", "--data-host", help="Address the device's TCP data port binds "
-                                      "to; inventory holders with data_route = \"network\" connect to it, "
-                                      "the default route forwards it through their SSH connection."),
+        holders_file: Path | None = typer.Option(None, "--holders-file", help=HOLDERS_FILE_HELP),
+        transport: str = typer.Option(TRANSPORT_DEFAULT, help=TRANSPORT_HELP),
+        data_path: str = typer.Option(DATA_PATH_DEFAULT, help=DATA_PATH_HELP),
+        data_host: str = typer.Option(DATA_HOST_DEFAULT, "--data-host", help=DATA_HOST_HELP),
         visit_attempts: int = typer.Option(2, help="A failed visit is redone up to this many times in all."),
         fault: str | None = typer.Option(None, "--fault", hidden=True,
                                          help="Fault injection: kill-orchestrator|kill-device|kill-agent@PHASE:VISIT[+S]"),
-        record: Path | None = typer.Option(None, "--record", help="Record events to this file for "
-                                           "`gputravel replay` / `gputravel-console --replay` (default: <out>/recording.db)."),
+        record: Path | None = typer.Option(None, "--record", help="Record events and GPU telemetry (NVML, or the "
+                                           "emulated device's SIM counters) to this file for `gputravel replay` / "
+                                           "`gputravel-console --replay` (default: <out>/recording.db)."),
         no_record: bool = typer.Option(False, "--no-record", help="Do not record the run."),
+        telemetry_interval: float = typer.Option(TELEMETRY_INTERVAL_S, "--telemetry-interval", min=0.1,
+                                                 help="Seconds between the telemetry samples recorded."),
         as_json: bool = typer.Option(False, "--json", help="Print the final report as JSON on stdout."),
     ) -> None:
         """Run collaborative training: the GPU travels holder to holder."""
@@ -197,10 +215,12 @@ def register(app: typer.Typer) -> None:
                                data_dir=data, out_dir=out, resume=resume, chunk_kib=chunk_kib, model=model,
                                batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed, device=device,
                                cc_mode=cc_mode, breakpoints=tuple(b.upper() for b in break_before),
-                               transport="inventory" if holders_file else transport, holders_file=holders_file,
-                               data_path=data_path, visit_attempts=visit_attempts, fault=fault,
-                               data_host=data_host)
+                               visit_attempts=visit_attempts, fault=fault,
+                               **holder_settings(holders_file=holders_file, transport=transport,
+                                                 data_path=data_path, data_host=data_host))
         if resume:
+            from gputravel.core.api import resume_settings
+
             settings = resume_settings(out, fault=fault)
         console = Console(stderr=True) if as_json else Console()
         view = RunView(console)
@@ -210,11 +230,15 @@ def register(app: typer.Typer) -> None:
             from gputravel.core.recording import Recorder
 
             recorder = Recorder(record or Path(settings.out_dir) / "recording.db",
-                                meta={"source": "gputravel run", "settings": settings.to_dict()})
+                                meta={"source": "gputravel run", "settings": settings.to_dict(),
+                                      "ledger": str(Path(settings.out_dir) / "ledger.db")})
             sinks.append(recorder)
+        from gputravel.console.fleet import run as fleet_run
+
         try:
             with view.progress:
-                report = asyncio.run(run_engine(settings, sinks=sinks))
+                report = asyncio.run(fleet_run(settings, sinks=sinks, recorder=recorder,
+                                               telemetry_interval=telemetry_interval))
         finally:
             if recorder is not None:
                 recorder.close()

@@ -2,6 +2,10 @@
 
 Without a driver it prints why (``nvml.available`` false and a ``reason``) and exits 0: a machine
 without a GPU is a state, not an error.
+
+It reads NVML only. The emulated GPU's counters (labelled SIM) exist only while a run's device service is
+alive, and only that run's orchestrator reads them: ``gputravel-console`` shows them live on its GPU screen,
+and ``gputravel run`` records them into the run's recording (``gputravel-console --replay`` shows them).
 """
 
 from __future__ import annotations
@@ -15,6 +19,11 @@ from rich.console import Console
 from rich.table import Table
 
 from gputravel.core.telemetry import NA, Sampler, TelemetryFrame
+
+#: Said when there is nothing to show: where the emulated GPU's counters are to be found instead.
+NO_DEVICES = ("no devices to show. The emulated GPU's SIM counters exist only while a run's device service is "
+              "alive and are not read here: gputravel-console shows them live (GPU screen), and gputravel run "
+              "records them for gputravel-console --replay.")
 
 
 def _mib(value: object) -> str:
@@ -33,8 +42,7 @@ def render_frame(console: Console, frame: TelemetryFrame) -> None:
     else:
         console.print(f"[bold]NVML[/] [yellow]not available[/]: {status.reason}")
     if not frame.devices:
-        console.print("[dim]no devices to show (the emulated GPU's SIM counters appear while a run is attached, "
-                      "in gputravel-console)[/]")
+        console.print(f"[dim]{NO_DEVICES}[/]")
         return
     table = Table(box=None, header_style="bold", pad_edge=False)
     for col in ("#", "name", "util", "memory", "power", "temp", "sm/mem MHz", "PCIe TX", "PCIe RX", "CC"):
@@ -57,7 +65,11 @@ def register(app: typer.Typer) -> None:
         interval: Annotated[float, typer.Option("--interval", min=0.1, help="Seconds between samples.")] = 1.0,
         count: Annotated[int, typer.Option("--count", min=0, help="Stop after N samples (0: until Ctrl-C).")] = 0,
     ) -> None:
-        """GPU telemetry through NVML: utilisation, memory, power, clocks, PCIe, confidential-computing state."""
+        """GPU telemetry through NVML: utilisation, memory, power, clocks, PCIe, confidential-computing state.
+
+        NVML only. The emulated GPU's SIM counters exist only while a run's device is alive: see them in
+        gputravel-console, or in the recording gputravel run writes.
+        """
         sampler = Sampler()
         console = Console()
         n = 0

@@ -357,9 +357,12 @@ class DeviceService:
             self.rejected_by_epoch.setdefault(epoch, Counter())[code] += 1
 
     def _accept_chunk(self, header: dict[str, Any], payload: bytes | bytearray | memoryview) -> dict[str, Any]:
-        fields = [header.get(k) if isinstance(header, dict) else None for k in ("e", "s", "o", "n")]
-        if not all(type(v) is int for v in fields):  # not bool, float, numeric string or JSON Infinity
-            raise FrameError("chunk header needs integer e, s, o, n")
+        fields: list[int] = []
+        for name in ("e", "s", "o", "n"):
+            value = header.get(name) if isinstance(header, dict) else None
+            if type(value) is not int:  # not bool, float, numeric string or JSON Infinity
+                raise FrameError("chunk header needs integer e, s, o, n")
+            fields.append(value)
         epoch, seq, offset, length = fields
         with self.lock:
             w = self.window

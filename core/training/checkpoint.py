@@ -21,7 +21,6 @@ from __future__ import annotations
 import io
 import os
 import re
-import stat
 import struct
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from gputravel.core.errors import ConfigError, DataError, TagError
-from gputravel.core.files import fsync_dir, write_atomic
+from gputravel.core.files import fsync_dir, read_private, write_atomic
 
 __all__ = ["CHECKPOINT_VERSION", "CheckpointStore", "load_or_create_key"]
 
@@ -55,15 +54,13 @@ def load_or_create_key(path: Path) -> bytes:
             not 32 bytes.
     """
     path = Path(path)
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
+    if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         key = os.urandom(KEY_BYTES)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:  # created concurrently: use that one, after the same checks
-            return load_or_create_key(path)
+        except FileExistsError:  # created concurrently (or a dangling link): read it, after the same checks
+            return _read_key(path)
         try:
             os.fchmod(fd, 0o600)
             os.write(fd, key)
@@ -72,17 +69,11 @@ def load_or_create_key(path: Path) -> bytes:
             os.close(fd)
         fsync_dir(path.parent)
         return key
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"checkpoint key {path} is not a regular file")
-    if st.st_mode & 0o007:
-        raise ConfigError(f"checkpoint key {path} is world-readable (mode {stat.S_IMODE(st.st_mode):04o}); "
-                          f"run `chmod 600 {path}` or delete it")
-    if st.st_mode & 0o070:
-        raise ConfigError(f"checkpoint key {path} is group-readable (mode {stat.S_IMODE(st.st_mode):04o}); "
-                          f"run `chmod 600 {path}` or delete it")
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        raise ConfigError(f"checkpoint key {path} belongs to uid {st.st_uid}, not to this user")
-    key = path.read_bytes()
+    return _read_key(path)
+
+
+def _read_key(path: Path) -> bytes:
+    key = read_private(path, what="checkpoint key")
     if len(key) != KEY_BYTES:
         raise ConfigError(f"checkpoint key {path} holds {len(key)} bytes, expected {KEY_BYTES}")
     return key

@@ -1,0 +1,158 @@
+"""``gputravel-console``'s command line: the options it shares with ``gputravel run`` reach the run's settings,
+and the bench screen launches small configurations. No engine runs here: the app, the holder fleet and the
+engine builder are fakes that record what they were given."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from gputravel.console import app as console_app
+from gputravel.console import fleet as fleet_module
+from gputravel.console.screens import bench as bench_screen
+from gputravel.core import api
+from gputravel.core.config import RunSettings
+
+SHARED_OPTIONS = ("holders_file", "transport", "data_path", "data_host")
+
+
+class FakeApp:
+    """Stands in for the Textual app: ``run`` builds one engine through the factory it was given."""
+
+    def __init__(self, engine_factory: Any) -> None:
+        self.engine_factory = engine_factory
+        self.engine: Any = None
+
+    def run(self) -> None:
+        self.engine = self.engine_factory()
+
+
+class FakeFleet:
+    """Stands in for ``console.fleet.Fleet``: no SSH server, a marker for links."""
+
+    built: list[FakeFleet] = []
+
+    def __init__(self, settings: RunSettings) -> None:
+        self.settings = settings
+        self.closed = False
+        FakeFleet.built.append(self)
+
+    def links(self) -> list[str]:
+        return [f"link-from-{self.settings.transport}"]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def captured(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    seen: dict[str, Any] = {"apps": []}
+
+    def fake_make_app(**kw: Any) -> FakeApp:
+        assert kw.get("engine_factory") is not None, "a live console needs an engine factory"
+        app = FakeApp(kw["engine_factory"])
+        seen["apps"].append(app)
+        return app
+
+    def fake_build_engine(settings: RunSettings, *, links: Any = None) -> dict[str, Any]:
+        seen["settings"], seen["links"] = settings, links
+        return {"fake engine for": settings.transport}
+
+    FakeFleet.built = []
+    monkeypatch.setattr(console_app, "make_app", fake_make_app)
+    monkeypatch.setattr(fleet_module, "Fleet", FakeFleet)
+    monkeypatch.setattr(api, "build_engine", fake_build_engine)
+    return seen
+
+
+def invoke(*args: str) -> Any:
+    return CliRunner().invoke(console_app.cli, list(args))
+
+
+def test_console_defaults_to_the_same_transport_and_data_path_as_run(captured: dict[str, Any],
+                                                                     tmp_path: Path) -> None:
+    result = invoke("--out", str(tmp_path / "out"), "--no-record")
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    s = captured["settings"]
+    assert (s.transport, s.data_path, s.data_host, s.holders_file) == ("ssh", "direct", "127.0.0.1", None)
+    assert s.out_dir == tmp_path / "out"
+    # the links come from the fleet built with the same settings, and the fleet is closed when the app ends
+    (fleet,) = FakeFleet.built
+    assert fleet.settings is s and captured["links"] == ["link-from-ssh"]
+    assert fleet.closed
+
+
+def test_console_holders_file_means_inventory_and_data_options_pass_through(captured: dict[str, Any],
+                                                                            tmp_path: Path) -> None:
+    inventory = tmp_path / "holders.toml"
+    result = invoke("--out", str(tmp_path / "out"), "--no-record", "--holders-file", str(inventory),
+                    "--data-path", "channel", "--data-host", "10.0.0.5")
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    s = captured["settings"]
+    assert (s.transport, s.holders_file, s.data_path, s.data_host) == ("inventory", inventory, "channel",
+                                                                       "10.0.0.5")
+
+
+def test_console_transport_local(captured: dict[str, Any], tmp_path: Path) -> None:
+    result = invoke("--out", str(tmp_path / "out"), "--no-record", "--transport", "local")
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    assert captured["settings"].transport == "local"
+    assert captured["links"] == ["link-from-local"]
+
+
+def test_console_refuses_a_bad_transport_before_opening(captured: dict[str, Any], tmp_path: Path) -> None:
+    result = invoke("--out", str(tmp_path / "out"), "--transport", "carrier-pigeon")
+    assert result.exit_code != 0
+    assert "transport" in str(result.exception)
+    assert captured["apps"] == []
+
+
+def _params(command: click.Command) -> dict[str, click.Parameter]:
+    return {p.name: p for p in command.params if p.name in SHARED_OPTIONS}
+
+
+def test_console_and_run_share_option_names_defaults_and_help() -> None:
+    from gputravel.console import cli
+
+    run_cmd = typer.main.get_command(cli.app).commands["run"]  # type: ignore[attr-defined]
+    console_cmd = typer.main.get_command(console_app.cli)
+    ours, theirs = _params(console_cmd), _params(run_cmd)
+    assert set(ours) == set(theirs) == set(SHARED_OPTIONS)
+    for name in SHARED_OPTIONS:
+        assert ours[name].opts == theirs[name].opts, name
+        assert ours[name].default == theirs[name].default, name
+        assert ours[name].help == theirs[name].help, name  # type: ignore[attr-defined]
+
+
+def test_bench_screen_launches_the_small_travel_study(monkeypatch: pytest.MonkeyPatch) -> None:
+    launched: list[tuple[str, ...]] = []
+
+    class FakeProcess:
+        """Stands in for the ``gputravel bench`` child: prints ``[]`` and exits 0."""
+
+        def __init__(self) -> None:
+            self.stdout = asyncio.StreamReader()
+            self.stderr = asyncio.StreamReader()
+            self.stdout.feed_data(b"[]")
+            self.stdout.feed_eof()
+            self.stderr.feed_eof()
+
+        async def wait(self) -> int:
+            return 0
+
+    async def fake_exec(*args: str, **kw: Any) -> FakeProcess:
+        launched.append(args)
+        return FakeProcess()
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", fake_exec)
+    assert asyncio.run(bench_screen.run_bench_subprocess("travel", lambda line: None)) == []
+    asyncio.run(bench_screen.run_bench_subprocess("provision", lambda line: None))
+    travel, provision = launched
+    assert travel[-4:] == ("travel", "--buffer-mib", "4,20", "--json")
+    assert provision[-2:] == ("provision", "--json")
