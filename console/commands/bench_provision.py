@@ -133,9 +133,9 @@ def register(bench_app: typer.Typer) -> None:
     def provision_cmd(
         path: list[str] = typer.Option(["direct", "ssh"], "--path", help="direct, ssh (chunks inside the SSH "
                                        "channel), local (agent subprocess over a pipe); repeatable."),
-        size_mib: int = typer.Option(64, "--size-mib", help="Bytes provisioned per hand-off (MiB)."),
-        chunk_kib: int = typer.Option(1024, "--chunk-kib"),
-        repeats: int = typer.Option(3, "--repeats"),
+        size_mib: int = typer.Option(64, "--size-mib", min=1, help="Bytes provisioned per hand-off (MiB)."),
+        chunk_kib: int = typer.Option(1024, "--chunk-kib", min=1),
+        repeats: int = typer.Option(3, "--repeats", min=1),
         ablate: bool = typer.Option(False, "--ablate", help="Fastrack-style table: each optimisation on/off, "
                                     "the conventional path and a plain memory copy."),
         as_json: bool = typer.Option(False, "--json"),
