@@ -49,7 +49,9 @@ def factory_for(data_root: Path, tmp_path: Path, *, tweak: Callable[[dict[str, L
 
     def factory() -> Any:
         settings = RunSettings(holders=2, rounds=1, steps_per_visit=2, batch_size=4, seq_len=32, chunk_kib=16,
-                               buffer_mib=0.25, data_dir=data_root, out_dir=tmp_path / f"run-{next(runs)}")
+                               buffer_mib=0.25, data_dir=data_root, out_dir=tmp_path / f"run-{next(runs)}",
+                               # a tweak's link hooks (kill after N chunks) count chunks in the link's relay
+                               data_path="direct" if tweak is None else "channel")
         links = {name: LocalHolderLink(name, path, val_fraction=settings.val_fraction)
                  for name, path in resolve_holder_dirs(settings)}
         if tweak is not None:

@@ -130,7 +130,7 @@ async def test_full_run_trains_every_visit_and_never_records_a_key(data_root: Pa
 # --- 2. a chunk corrupted on the wire ------------------------------------------------------------
 async def test_chunk_tampered_on_the_wire_is_rejected_and_retransmitted(data_root: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    settings = small(data_root, out)
+    settings = small(data_root, out, data_path="channel")  # the wire tamper hook lives in the link's relay
     links = local_links(settings)
     links["alice"].tamper_on_wire = {0}
     rejected: list[ev.ChunkRejected] = []
@@ -154,7 +154,8 @@ async def test_chunk_tampered_on_the_wire_is_rejected_and_retransmitted(data_roo
 async def test_agent_killed_mid_transfer_fails_the_visit_scrubs_and_the_run_goes_on(data_root: Path,
                                                                                     tmp_path: Path) -> None:
     out = tmp_path / "run"
-    settings = small(data_root, out, rounds=2, visit_attempts=1)  # issue 2's semantics: fail and move on
+    # issue 2's semantics: fail and move on; the kill-after-N-chunks hook counts ACKs in the link's relay
+    settings = small(data_root, out, rounds=2, visit_attempts=1, data_path="channel")
     links = local_links(settings)
     links["alice"].kill_after_chunks = 1
     report = await api.run(settings, links=list(links.values()))

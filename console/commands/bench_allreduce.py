@@ -11,8 +11,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gputravel.core.collectives.bench import AllReduceSpec, parse_variants, run_allreduce_bench
-
 
 def int_list(text: str) -> tuple[int, ...]:
     try:
@@ -77,6 +75,8 @@ def allreduce(
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
 ) -> None:
     """Time plain, ring and secure all-reduce variants; ratios are against plain, measured in the same run."""
+    from gputravel.core.collectives.bench import AllReduceSpec, parse_variants, run_allreduce_bench
+
     try:
         chosen = parse_variants(variants)
     except ValueError as exc:

@@ -12,8 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from gputravel.console.commands.bench_allreduce import int_list, machine_line
-from gputravel.core.collectives.bench import MODELS, DdpSpec, parse_variants, run_ddp_bench
-from gputravel.core.collectives.ring import Variant
+from gputravel.core.collectives.models import MODELS
 
 
 def render(console: Console, report: dict[str, Any]) -> None:
@@ -49,6 +48,9 @@ def ddp(
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
 ) -> None:
     """Train an MLP with DDP under each hook; overhead by world size and model size, in one run."""
+    from gputravel.core.collectives.bench import DdpSpec, parse_variants, run_ddp_bench
+    from gputravel.core.collectives.ring import Variant
+
     try:
         chosen = parse_variants(variants)
     except ValueError as exc:

@@ -29,8 +29,9 @@ TRANSPORT_DEFAULT = "ssh"
 TRANSPORT_HELP = ("ssh: agents deployed through a loopback SSH server (embedded default) or the --holders-file "
                   "hosts; local: agent subprocesses.")
 DATA_PATH_DEFAULT = "direct"
-DATA_PATH_HELP = ("direct: agents send sealed chunks straight to the device's data port; channel: chunks ride "
-                  "the holder link (SSH channel).")
+DATA_PATH_HELP = ("direct: agents send sealed chunks straight to the device's data port; channel (or ssh): "
+                  "chunks ride the holder link (SSH channel); conventional: plaintext over SSH, re-encrypted by "
+                  "the orchestrator for the GPU's bounce buffer (the baseline without Travelling).")
 DATA_HOST_DEFAULT = "127.0.0.1"
 DATA_HOST_HELP = ("Address the device's TCP data port binds to; inventory holders with data_route = \"network\" "
                   "connect to it, the default route forwards it through their SSH connection.")

@@ -22,6 +22,7 @@ from gputravel.core.collectives.crypto import HostCrypto, default_workers
 from gputravel.core.collectives.hook import SecureRingState, default_store, secure_ring_hook
 from gputravel.core.collectives.keys import emulated_identity, establish_ring_keys
 from gputravel.core.collectives.launch import WorkerContext, run_workers
+from gputravel.core.collectives.models import MODELS
 from gputravel.core.collectives.ring import RingStats, SecureRing, Variant, available_variants
 from gputravel.core.machine import machine_info as core_machine_info
 
@@ -160,11 +161,6 @@ def run_allreduce_bench(spec: AllReduceSpec, *, world_sizes: Sequence[int], back
 
 
 # --- DDP training --------------------------------------------------------------------------------------
-MODELS: dict[str, tuple[int, int, int]] = {
-    # name: (input width, hidden width, hidden layers) of an MLP; S: 1.3 M parameters, M: 9.5 M
-    "S": (256, 1024, 1),
-    "M": (512, 2048, 2),
-}
 
 
 def _mlp(name: str) -> torch.nn.Module:
