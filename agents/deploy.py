@@ -26,6 +26,13 @@ from gputravel.core.errors import AgentError, GpuTravelError, LinkLostError
 from gputravel.core.travel.holders import FramedHolderLink, Handoff, HolderInfo, ProgressFn, RejectFn
 
 #: Runs on the holder with its own python; hashes what is on disk without importing it.
+#: The agent channel's receive window and largest packet we accept (asyncssh's defaults: 2 MiB and 32 KiB).
+#: The ssh data path moves megabytes of chunk frames from the agent's stdout; a wider window and bigger
+#: packets cut the per-packet work (measured: see docs/provisioning.md). OpenSSH's sshd caps a channel's
+#: packets at its own limit whatever we offer.
+CHANNEL_WINDOW = 16 * 1024 * 1024
+CHANNEL_MAX_PKTSIZE = 256 * 1024
+
 REMOTE_HASH_SCRIPT = r"""
 import hashlib, os, sys
 root = sys.argv[1]
@@ -240,7 +247,8 @@ class SshHolderLink(FramedHolderLink):
                f"-m gputravel.agents.holder --name {_quote(self.name)} --data {_quote(self.spec.data)} "
                f"--val-fraction {self.spec.val_fraction}")
         try:
-            self.process = await self.conn.create_process(cmd, encoding=None)
+            self.process = await self.conn.create_process(cmd, encoding=None, window=CHANNEL_WINDOW,
+                                                          max_pktsize=CHANNEL_MAX_PKTSIZE)
         except (OSError, asyncssh.Error) as exc:
             raise AgentError(self.name, f"cannot start the agent: {exc}") from None
         self.reader, self.writer = self.process.stdout, self.process.stdin

@@ -388,7 +388,8 @@ async def test_bundle_tampered_between_verification_and_start_is_refused(ssh: Ss
 async def test_connection_dropped_mid_transfer_resumes_and_the_buffer_equals_the_holder_data(
         ssh_big: Ssh, big_root: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    settings = small(big_root, out, holders=1, chunk_kib=4, buffer_mib=1.0)
+    # the drop is triggered from the relay's per-chunk acknowledgements, so the chunks ride the SSH channel
+    settings = small(big_root, out, holders=1, chunk_kib=4, buffer_mib=1.0, data_path="channel")
     link = SshHolderLink(ssh_big.specs["alice"])
     original = link.provision
     dropped: list[int] = []
@@ -457,7 +458,8 @@ async def test_agent_killed_mid_transfer_fails_the_visit_scrubs_and_the_run_goes
     out = tmp_path / "run"
     links = links_from_specs(list(ssh_big.specs.values()))
     links[0].kill_after_chunks = 1  # SshHolderLink.kill: kill -9 of the agent's pid, over SSH
-    report = await api.run(small(big_root, out, rounds=2, chunk_kib=4, buffer_mib=1.0), links=links)
+    report = await api.run(small(big_root, out, rounds=2, chunk_kib=4, buffer_mib=1.0, data_path="channel"),
+                           links=links)  # kill_after_chunks counts the relay's acknowledgements
 
     v0, v1, v2, v3 = report["visits"]
     assert (v0["holder"], v0["outcome"], v0["failed_phase"]) == ("alice", "failed", "PROVISION")

@@ -76,6 +76,21 @@ def rss(pid: int | None) -> int:
         return 0
 
 
+def anon_rss(pid: int | None) -> int:
+    """The anonymous part of ``pid``'s resident set (heap, stacks; no mapped files or shared libraries) in
+    bytes, from ``RssAnon`` in /proc/PID/status (0 when it is gone): what a leak grows."""
+    if pid is None:
+        return 0
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return 0
+    return 0
+
+
 def _role(pid: int, root: int) -> str:
     if pid == root:
         return "orchestrator"

@@ -38,6 +38,7 @@ from rich.table import Table
 
 from gputravel.console.commands.bench_load import (
     OVERHEAD_TARGET_MS,
+    anon_rss,
     cost_summary,
     mib,
     rss,
@@ -48,6 +49,10 @@ from gputravel.console.commands.bench_load import (
 from gputravel.core.machine import machine_info
 
 GROWTH_TARGET = 0.05
+#: Resident set per process, and its anonymous part (heap and stacks: what a leak grows; RSS also counts
+#: pages of mapped files, such as the ledger's SQLite WAL index, and shared libraries as they are touched).
+ROLES = ("orchestrator", "device", "agents", "total",
+         "orchestrator_anon", "device_anon", "agents_anon", "total_anon")
 HOLDERS = 4
 
 
@@ -89,10 +94,13 @@ async def soak(*, visits: int, holder_kib: int, workdir: Path, console: Console 
         if not isinstance(event, ev.VisitCompleted | ev.VisitFailed):
             return
         engine = engine_ref[0]
-        agents = sum(rss(getattr(link, "proc", None) and link.proc.pid) for link in engine.links.values())
+        agent_pids = [getattr(link, "proc", None) and link.proc.pid for link in engine.links.values()]
         row = {"visit": event.visit, "orchestrator": rss(os.getpid()), "device": rss(engine.handle.pid),
-               "agents": agents}
+               "agents": sum(rss(pid) for pid in agent_pids),
+               "orchestrator_anon": anon_rss(os.getpid()), "device_anon": anon_rss(engine.handle.pid),
+               "agents_anon": sum(anon_rss(pid) for pid in agent_pids)}
         row["total"] = row["orchestrator"] + row["device"] + row["agents"]
+        row["total_anon"] = row["orchestrator_anon"] + row["device_anon"] + row["agents_anon"]
         samples.append(row)
         progress.update(task, advance=1, info=f"{mib(row['total']):,.0f} MiB")
 
@@ -104,7 +112,7 @@ async def soak(*, visits: int, holder_kib: int, workdir: Path, console: Console 
     d = max(1, len(costs) // 10)
     first, last = [c["overhead"] for c in costs[:d]], [c["overhead"] for c in costs[-d:]]
     first_ms, last_ms = _median(first) * 1e3, _median(last) * 1e3
-    mem = {role: growth([s[role] for s in samples]) for role in ("orchestrator", "device", "agents", "total")}
+    mem = {role: growth([s[role] for s in samples]) for role in ROLES}
     for role, g in mem.items():
         series = [s[role] for s in samples]
         g["by_decile_mib"] = [mib(_median([float(x) for x in series[i * len(series) // 10: (i + 1) * len(series) // 10]]))
@@ -121,8 +129,9 @@ async def soak(*, visits: int, holder_kib: int, workdir: Path, console: Console 
                      "buffer_kib": settings.buffer_bytes // 1024, "transport": "local", "data_path": "direct"},
         "memory": {**mem, "target_growth": GROWTH_TARGET,
                    "within_target": worst is not None and worst <= GROWTH_TARGET,
-                   "method": "RSS per visit from /proc; growth = median of the last 10% of visits over the median "
-                             "of visits 10%..20% (the first 10% is warm-up)"},
+                   "method": "RSS (statm) and its anonymous part (RssAnon) per visit from /proc; growth = median "
+                             "of the last 10% of visits over the median of visits 10%..20% (the first 10% is "
+                             "warm-up)"},
         "overhead": {"first_10pct_median_ms": round(first_ms, 2), "last_10pct_median_ms": round(last_ms, 2),
                      "ratio_last_to_first": round(last_ms / first_ms, 3) if first_ms else None,
                      "by_decile_median_ms": deciles, "target_ms": OVERHEAD_TARGET_MS,
@@ -144,11 +153,12 @@ def render_soak(result: dict[str, Any]) -> None:
     table.add_column("measure")
     table.add_column("value", justify="right")
     table.add_column("target", justify="right")
-    for role in ("orchestrator", "device", "agents", "total"):
+    for role in ROLES:
         g = m[role]
         if g["growth"] is None:
             continue
-        table.add_row(f"RSS {role} after warm-up → end", f"{g['baseline_mib']:,.1f} → {g['final_mib']:,.1f} MiB "
+        name = f"anonymous RSS {role.removesuffix('_anon')}" if role.endswith("_anon") else f"RSS {role}"
+        table.add_row(f"{name} after warm-up → end", f"{g['baseline_mib']:,.1f} → {g['final_mib']:,.1f} MiB "
                       f"({g['growth']:+.1%})", f"≤ {m['target_growth']:.0%}")
     table.add_row("protocol overhead, first 10% → last 10%",
                   f"{o['first_10pct_median_ms']:.1f} → {o['last_10pct_median_ms']:.1f} ms",

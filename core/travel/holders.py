@@ -193,6 +193,8 @@ class FramedHolderLink(HolderLink):
             self._send(FrameType.HANDOFF, handoff.header(None))
             await self._drain()
             down = asyncio.create_task(self._device_to_agent(dev_r, stats, on_progress, on_reject))
+            # its failure surfaces through _agent_to_device; when the agent side fails first, mark it seen
+            down.add_done_callback(lambda t: t.cancelled() or t.exception())
             bounce = _BounceSealer(handoff) if handoff.conventional else None
             try:
                 done = await self._agent_to_device(dev_w, down, bounce)
