@@ -35,6 +35,7 @@ from gputravel.core.errors import (
 )
 from gputravel.core.ledger import Ledger, verify_ledger
 from gputravel.core.platform.base import DeviceHandle
+from gputravel.core.procs import release_free_memory
 from gputravel.core.travel.holders import Handoff, HolderInfo, HolderLink
 from gputravel.core.travel.phases import Phase, check_transition
 from gputravel.core.travel.schedule import UNIT, VisitPlan, plan_digest, plan_visits
@@ -540,6 +541,7 @@ class TravelEngine:
             t = await self._enter(rec, Phase.ROTATE)
             await asyncio.to_thread(self.client.rotate)
             await self._checkpoint(plan.index + 1)
+            release_free_memory()  # the checkpoint's megabytes are freed: keep the heap flat over long runs
             rec.outcome = "done"
             done_list = [r.plan.index for r in self.records if r.outcome.startswith("done")]
             self.emit(ev.KeyRotated(time.time(), rec.epoch, rec.key_fingerprint or ""))
