@@ -66,6 +66,10 @@ def test_bench_provision_reports_each_path_against_the_aes_core_rate_and_direct_
     direct, ssh = r["rows"]
     assert near(r["direct_vs_ssh"], direct["mb_s"] / ssh["mb_s"], abs_=0.005 + 1e-9)
     assert near(r["direct_vs_ssh"], ssh["median_s"] / direct["median_s"], rel=0.02, abs_=0.01)
+    # the AES-GCM rate measured inside the device process, next to the standalone one
+    assert r["aes_gcm_in_device_mb_s"] > 0
+    assert near(r["device_aes_vs_standalone"], r["aes_gcm_in_device_mb_s"] / r["aes_gcm_1core_mb_s"],
+                rel=0.01, abs_=0.002)
 
 
 def test_bench_provision_refuses_zero_repeats_before_doing_any_work() -> None:

@@ -849,3 +849,11 @@ def test_random_windows_with_hostile_chunks_never_write_outside_the_window(rig: 
         codes["ack"] += len(accepted)
     assert rig.alive() and rounds >= 3
     assert all(codes[c] for c in ("ack", "frame", "tag", "replay", "stale-epoch", "window")), codes
+
+
+def test_aes_rate_is_measured_inside_the_device_process_and_refuses_bad_sizes(rig: Rig) -> None:
+    head = rig.call("aes_rate", chunk=64 * 1024, seconds=0.05)
+    assert head["chunk"] == 64 * 1024 and head["bytes_per_s"] > 0 and head["threads"] >= 1
+    for bad in (0, 8, 1 << 30, "65536", 65536.0):
+        with pytest.raises(DeviceError, match="aes_rate needs an integer chunk"):
+            rig.call("aes_rate", chunk=bad)

@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from gputravel.core.machine import machine_info
+from gputravel.core.machine import aes_gcm_rate, machine_info
 
 PATHS = ("direct", "direct-tcp", "ssh", "local", "conventional")
 
@@ -49,22 +49,6 @@ def memcpy_rate(size: int, *, seconds: float = 0.3) -> float:
     return n * len(src) / (time.perf_counter() - t0)
 
 
-def aes_gcm_rate(chunk: int, *, seconds: float = 0.5) -> float:
-    """Single-core AES-256-GCM decrypt_into rate (bytes/s) on ``chunk``-byte messages of random data."""
-    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
-    aead = AESGCM(os.urandom(32))
-    nonce = os.urandom(12)
-    ct = aead.encrypt(nonce, os.urandom(chunk), b"aad")
-    out = bytearray(chunk)
-    n = 0
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        aead.decrypt_into(nonce, ct, b"aad", out)
-        n += 1
-    return n * chunk / (time.perf_counter() - t0)
-
-
 def make_dataset(folder: Path, nbytes: int) -> None:
     """A holder folder whose single .txt file holds ``nbytes`` of printable pseudo-random text."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -78,8 +62,12 @@ def make_dataset(folder: Path, nbytes: int) -> None:
 
 async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdir: Path,
                        progress: Any = None, task: Any = None, parallel_auth: bool | None = None,
-                       overlap: bool | None = None) -> list[float]:
-    """Seconds per hand-off of ``size`` bytes on ``path`` (direct | direct-tcp | ssh | local | conventional)."""
+                       overlap: bool | None = None, probe: dict[str, float] | None = None) -> list[float]:
+    """Seconds per hand-off of ``size`` bytes on ``path`` (direct | direct-tcp | ssh | local | conventional).
+
+    With ``probe``, also the AES-GCM rate measured inside the device process after the hand-offs
+    (``probe["device_aes_b_s"]``): it falls if anything in that process holds the GIL (issue 5's check
+    that the data path's process has no busy Python threads)."""
     from gputravel.agents.fleet import EmbeddedSshServer, links_from_specs
     from gputravel.core.device.client import DeviceClient
     from gputravel.core.platform.emulated import EmulatedPlatform
@@ -120,6 +108,9 @@ async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdi
             if progress is not None:
                 progress.advance(task)
         await link.close()
+        if probe is not None:
+            rate, _ = await asyncio.to_thread(client.call, "aes_rate", chunk=chunk)
+            probe["device_aes_b_s"] = float(rate["bytes_per_s"])
     finally:
         if server is not None:
             server.stop()
@@ -154,17 +145,25 @@ def register(bench_app: typer.Typer) -> None:
         with tempfile.TemporaryDirectory(prefix="gputravel-bench-") as tmp, \
                 Progress(console=console, transient=True) as progress:
             aes = aes_gcm_rate(chunk)
+            in_device: list[float] = []
             for p in paths:
                 task = progress.add_task(f"{p}: {repeats} × {size_mib} MiB", total=repeats)
+                probe: dict[str, float] = {}
                 times = asyncio.run(measure_path(p, size=size, chunk=chunk, repeats=repeats, workdir=Path(tmp),
-                                                 progress=progress, task=task))
+                                                 progress=progress, task=task, probe=probe))
+                in_device.append(probe["device_aes_b_s"])
                 med = statistics.median(times)
                 rows.append({"path": p, "size_mib": size_mib, "chunk_kib": chunk_kib, "repeats": repeats,
                              "median_s": round(med, 6), "min_s": round(min(times), 6),
                              "mb_s": round(size / med / 1e6, 1), "best_mb_s": round(size / min(times) / 1e6, 1),
                              "fraction_of_aes_core": round(size / med / aes, 3)})
         by = {r["path"]: r for r in rows}
+        device_aes = statistics.median(in_device)
         result = {"benchmark": "provision", "machine": machine_info(), "aes_gcm_1core_mb_s": round(aes / 1e6, 1),
+                  # the same measurement inside the device service's process: a busy Python thread there
+                  # would hold the GIL between AES-GCM calls and pull this below the standalone rate
+                  "aes_gcm_in_device_mb_s": round(device_aes / 1e6, 1),
+                  "device_aes_vs_standalone": round(device_aes / aes, 3),
                   "rows": rows}
         if "direct" in by and "ssh" in by:
             result["direct_vs_ssh"] = round(by["direct"]["mb_s"] / by["ssh"]["mb_s"], 2)
@@ -181,6 +180,11 @@ def register(bench_app: typer.Typer) -> None:
         Console().print(table)
         if "direct_vs_ssh" in result:
             Console().print(f"direct / ssh: {result['direct_vs_ssh']}x")
+        share = result["device_aes_vs_standalone"]
+        verdict = ("nothing there holds the GIL" if share >= 0.9 else
+                   "[yellow]something in that process competes for the GIL[/]")
+        Console().print(f"AES-GCM inside the device process: {device_aes / 1e6:,.0f} MB/s, {share:.0%} of the "
+                        f"standalone rate: {verdict}")
 
 
 def _ablate(*, size_mib: int, chunk_kib: int, repeats: int, as_json: bool) -> None:

@@ -33,6 +33,7 @@ from gputravel.core.attestation import (
 from gputravel.core.device.memory import Region, best_device
 from gputravel.core.errors import DeviceError, GpuTravelError, ProtocolError
 from gputravel.core.handshake import SessionSecrets, respond
+from gputravel.core.machine import aes_gcm_rate
 from gputravel.core.protocol import (
     TAG_LEN,
     Direction,
@@ -299,6 +300,18 @@ class DeviceService:
         return {"counters": dict(self.counters), "rejected": dict(self.rejected), "busy_s": self.busy_s,
                 "rejected_by_epoch": {str(e): dict(c) for e, c in self.rejected_by_epoch.items()},
                 "memory_bytes": int(mem), "epoch": self.epoch}, b""
+
+    def op_aes_rate(self, *, chunk: int, seconds: float = 0.3, payload: bytes) -> tuple[dict[str, Any], bytes]:
+        """AES-256-GCM decrypt rate measured inside this process (random key and data; nothing secret).
+
+        The data path's AEAD calls share this process's GIL: a busy Python thread here (an event loop,
+        a poller) would make every call wait and pull this below the same measurement in a quiet
+        process, which ``bench provision`` prints next to it."""
+        if type(chunk) is not int or not 16 <= chunk <= 64 << 20:
+            raise DeviceError("aes_rate needs an integer chunk of 16 B to 64 MiB")
+        seconds = min(max(float(seconds), 0.05), 2.0)
+        return {"bytes_per_s": aes_gcm_rate(chunk, seconds=seconds), "chunk": chunk,
+                "threads": threading.active_count()}, b""
 
     def op_tamper(self, *, region: str, payload: bytes) -> tuple[dict[str, Any], bytes]:
         """Fault injection (emulated platform, only when enabled): corrupt a region."""
