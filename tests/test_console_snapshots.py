@@ -152,12 +152,15 @@ async def settle(pilot: object, app: GpuTravelConsole) -> None:
     await pilot.pause()  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("screen", ["travel", "holders", "training", "gpu", "ledger"])
+@pytest.mark.parametrize("screen", ["travel", "holders", "training", "gpu", "bench", "ledger", "help"])
 async def test_screen_renders_the_recorded_run_as_the_snapshot(recording: Path, screen: str) -> None:
     app = make_app(replay=load_recording(recording))
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("end")
-        await pilot.press(str(("travel", "holders", "training", "gpu", "bench", "ledger").index(screen) + 1))
+        if screen == "help":  # the help overlay over the travel screen
+            await pilot.press("question_mark")
+        else:
+            await pilot.press(str(("travel", "holders", "training", "gpu", "bench", "ledger").index(screen) + 1))
         await settle(pilot, app)
         if screen == "ledger":
             assert isinstance(app.screen, LedgerScreen)

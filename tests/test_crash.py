@@ -140,3 +140,17 @@ def test_kill_point_sweep(data: Path, tmp_path: Path, reference: dict[str, Any],
             continue
         assert proc.returncode == -9
         check_end_state(out, resume(out), reference)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["device", "agent"])
+@pytest.mark.parametrize("phase", [str(p) for p in VISIT_PHASES])
+def test_device_and_agent_kill_sweep(data: Path, tmp_path: Path, reference: dict[str, Any], phase: str,
+                                     target: str) -> None:
+    """``kill -9`` of the device service or of the visiting holder's agent at every phase of visit 1, at the
+    boundary and at a random point inside; the run recovers by itself (slow: ``-m slow``)."""
+    for delay in (0.0, random.Random(f"{target}{phase}").uniform(0.001, 0.2)):
+        out = tmp_path / f"run-{delay:.3f}"
+        proc = run_with_fault(data, out, f"kill-{target}@{phase}:1+{delay}")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        check_end_state(out, json.loads(proc.stdout), reference)
