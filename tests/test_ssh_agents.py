@@ -385,11 +385,11 @@ async def test_bundle_tampered_between_verification_and_start_is_refused(ssh: Ss
 
 
 # --- 6. the connection drops mid-transfer: reconnect and resume ------------------------------------
+@pytest.mark.parametrize("data_path", ["channel", "direct"])
 async def test_connection_dropped_mid_transfer_resumes_and_the_buffer_equals_the_holder_data(
-        ssh_big: Ssh, big_root: Path, tmp_path: Path) -> None:
+        data_path: str, ssh_big: Ssh, big_root: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    # the drop is triggered from the relay's per-chunk acknowledgements, so the chunks ride the SSH channel
-    settings = small(big_root, out, holders=1, chunk_kib=4, buffer_mib=1.0, data_path="channel")
+    settings = small(big_root, out, holders=1, chunk_kib=4, buffer_mib=1.0, data_path=data_path)
     link = SshHolderLink(ssh_big.specs["alice"])
     original = link.provision
     dropped: list[int] = []
@@ -419,7 +419,7 @@ async def test_connection_dropped_mid_transfer_resumes_and_the_buffer_equals_the
         engine.fault["VERIFY"] = before_train
         report = await engine.run()
 
-    assert dropped == [0]
+    assert len(dropped) == 1  # dropped once, after the first acknowledgement (direct: batched ACKs)
     (visit,) = report["visits"]
     assert visit["outcome"] == "done" and visit["integrity_ok"] and visit["scrub_verified"]
     n_chunks = -(-seen["window"] // settings.chunk_size)
