@@ -33,6 +33,10 @@ from gputravel.core.travel.holders import FramedHolderLink, Handoff, HolderInfo,
 CHANNEL_WINDOW = 16 * 1024 * 1024
 CHANNEL_MAX_PKTSIZE = 256 * 1024
 
+#: Where an SSH holder's agent keeps its witness of the ledger (the head stated at each hand-off), in the
+#: holder's own home, outside the bundle folder (bundles are replaced) and outside the dataset.
+WITNESS_PATH = "~/.gputravel/witness.jsonl"
+
 REMOTE_HASH_SCRIPT = r"""
 import hashlib, os, sys
 root = sys.argv[1]
@@ -245,7 +249,7 @@ class SshHolderLink(FramedHolderLink):
         folder = self.deploy_report.remote_dir
         cmd = (f"cd {_quote(folder)} && exec env PYTHONPATH=. PYTHONDONTWRITEBYTECODE=1 {_quote(self.spec.python)} "
                f"-m gputravel.agents.holder --name {_quote(self.name)} --data {_quote(self.spec.data)} "
-               f"--val-fraction {self.spec.val_fraction}")
+               f"--val-fraction {self.spec.val_fraction} --witness {_quote(WITNESS_PATH)}")
         try:
             self.process = await self.conn.create_process(cmd, encoding=None, window=CHANNEL_WINDOW,
                                                           max_pktsize=CHANNEL_MAX_PKTSIZE)

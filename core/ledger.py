@@ -31,7 +31,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -50,6 +50,7 @@ __all__ = [
     "read_rows",
     "row_hash",
     "verify_ledger",
+    "witnessed_heads",
 ]
 
 SCHEMA_VERSION: Final = 1
@@ -516,45 +517,68 @@ def parse_head(text: str) -> tuple[int, str]:
     return int(seq_text), digest
 
 
-def verify_ledger(path: Path, *, expect_head: tuple[int, str] | None = None) -> VerifyResult:
+def verify_ledger(path: Path, *, expect_head: tuple[int, str] | None = None,
+                  expect_heads: Iterable[tuple[int, str]] = ()) -> VerifyResult:
     """Recompute every row hash and chain link in seq order; never raises, never writes.
 
     Finds an altered field or hash (``hash mismatch``), a broken link (``prev_hash does not link``), a
     deleted row (``missing``), reordered rows (either), and files that are not ledgers.
 
-    With ``expect_head`` (a ``(seq, hash)`` recorded elsewhere, e.g. from an earlier run's report) it
-    also finds what the chain alone cannot: rows cut off the end (``truncated``) and a chain rewritten
-    from some row on (``differs from the recorded head``). Rows appended after that head are fine.
+    With ``expect_head`` / ``expect_heads`` (``(seq, hash)`` pairs recorded elsewhere: an earlier run's
+    report, a holder's witness file) it also finds what the chain alone cannot: rows cut off the end
+    (``truncated``) and a chain rewritten from some row on (``differs from the recorded head``). Rows
+    appended after those heads are fine.
     """
-    path = Path(path)
-    result, hash_at_expected = _verify_chain(path, expect_head[0] if expect_head else None)
-    if not result.ok or expect_head is None:
+    heads = sorted({*expect_heads, *([expect_head] if expect_head else [])})
+    result, hashes = _verify_chain(Path(path), {seq for seq, _ in heads})
+    if not result.ok:
         return result
-    seq, digest = expect_head
-    if result.rows < seq:
-        return VerifyResult(ok=False, rows=result.rows, head_hash=result.head_hash, first_bad_seq=result.rows + 1,
-                            reason=f"truncated: the ledger ends at row {result.rows}, the recorded head is row {seq}")
-    if hash_at_expected != digest:
-        return VerifyResult(ok=False, rows=result.rows, head_hash=result.head_hash, first_bad_seq=seq,
-                            reason=f"row {seq} differs from the recorded head: the chain was rewritten up to it")
+    for seq, digest in heads:
+        if result.rows < seq:
+            return VerifyResult(ok=False, rows=result.rows, head_hash=result.head_hash, first_bad_seq=result.rows + 1,
+                                reason=f"truncated: the ledger ends at row {result.rows}, the recorded head is row {seq}")
+        if hashes.get(seq) != digest:
+            return VerifyResult(ok=False, rows=result.rows, head_hash=result.head_hash, first_bad_seq=seq,
+                                reason=f"row {seq} differs from the recorded head: the chain was rewritten up to it")
     return result
 
 
-def _verify_chain(path: Path, remember_seq: int | None) -> tuple[VerifyResult, str | None]:
-    """The chain walk of :func:`verify_ledger`; keeps the hash of row ``remember_seq`` when asked."""
+def witnessed_heads(path: Path) -> list[tuple[int, str]]:
+    """The ledger heads in a holder's witness file (JSON lines with ``ledger_head`` = ``"SEQ:HASH"``, as the
+    holder agent writes them at each hand-off)."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise LedgerError(f"{path}: cannot read the witness file: {exc.strerror or exc}") from None
+    heads = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            heads.append(parse_head(str(record["ledger_head"])))
+        except (ValueError, KeyError, TypeError, LedgerError) as exc:
+            raise LedgerError(f"{path}: line {number} is not a witness record ({exc})") from None
+    if not heads:
+        raise LedgerError(f"{path}: the witness file holds no ledger head")
+    return heads
+
+
+def _verify_chain(path: Path, remember: set[int]) -> tuple[VerifyResult, dict[int, str]]:
+    """The chain walk of :func:`verify_ledger`; keeps the hashes of the rows in ``remember``."""
     try:
         connection = _connect_read_only(path)
     except LedgerError as exc:
-        return VerifyResult(ok=False, rows=0, head_hash=None, first_bad_seq=None, reason=exc.reason), None
+        return VerifyResult(ok=False, rows=0, head_hash=None, first_bad_seq=None, reason=exc.reason), {}
     except (sqlite3.Error, OSError) as exc:
-        return VerifyResult(ok=False, rows=0, head_hash=None, first_bad_seq=None, reason=str(exc)), None
+        return VerifyResult(ok=False, rows=0, head_hash=None, first_bad_seq=None, reason=str(exc)), {}
     rows = 0
     prev = GENESIS_HASH
     head: str | None = None
-    remembered: str | None = None
+    remembered: dict[int, str] = {}
 
-    def broken(bad_seq: int, reason: str) -> tuple[VerifyResult, None]:
-        return VerifyResult(ok=False, rows=rows, head_hash=head, first_bad_seq=bad_seq, reason=reason), None
+    def broken(bad_seq: int, reason: str) -> tuple[VerifyResult, dict[int, str]]:
+        return VerifyResult(ok=False, rows=rows, head_hash=head, first_bad_seq=bad_seq, reason=reason), {}
 
     try:
         connection.execute("BEGIN")  # one read snapshot, even while a writer appends
@@ -578,8 +602,8 @@ def _verify_chain(path: Path, remember_seq: int | None) -> tuple[VerifyResult, s
                 return broken(seq, f"row {seq}: prev_hash does not link to {link}")
             rows += 1
             prev = head = str(record["hash"])
-            if seq == remember_seq:
-                remembered = head
+            if seq in remember:
+                remembered[seq] = head
         return VerifyResult(ok=True, rows=rows, head_hash=head, first_bad_seq=None, reason=None), remembered
     except sqlite3.Error as exc:
         return broken(rows + 1, f"unreadable after row {rows}: {exc}")

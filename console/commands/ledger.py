@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gputravel.core.errors import LedgerError
-from gputravel.core.ledger import LedgerRow, parse_head, read_rows, verify_ledger
+from gputravel.core.ledger import LedgerRow, parse_head, read_rows, verify_ledger, witnessed_heads
 
 ledger_app = typer.Typer(help="Verify and inspect the hash-chained audit ledger.", no_args_is_help=True)
 
@@ -35,17 +35,27 @@ def verify(
         "--head", metavar="SEQ:HASH",
         help="A head recorded earlier (gputravel run prints it): also find rows cut off the end or a rewritten "
              "chain.")] = None,
+    witness: Annotated[Path | None, typer.Option(
+        "--witness", metavar="FILE",
+        help="A holder's witness file (the ledger head its agent was shown at each hand-off): every head in it "
+             "must still be in the ledger, unchanged.")] = None,
 ) -> None:
     """Recompute every row hash and chain link; exit 8 naming the first broken row."""
     try:
         expect = parse_head(head) if head is not None else None
     except LedgerError as exc:
         raise typer.BadParameter(str(exc), param_hint="--head") from exc
-    result = verify_ledger(path, expect_head=expect)
+    try:
+        witnessed = witnessed_heads(witness) if witness is not None else []
+    except LedgerError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--witness") from exc
+    result = verify_ledger(path, expect_head=expect, expect_heads=witnessed)
     if as_json:
         typer.echo(json.dumps(asdict(result), indent=2))
     elif result.ok:
         checked = f", contains the recorded head {expect[0]}" if expect else ""
+        if witnessed:
+            checked += f", holds all {len(set(witnessed))} witnessed heads"
         Console().print(f"[green]ledger intact[/]: {result.rows} rows, head "
                         f"{f'{result.rows}:{result.head_hash}' if result.head_hash else 'none (empty)'}{checked}",
                         soft_wrap=True)

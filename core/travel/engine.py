@@ -619,10 +619,12 @@ class TravelEngine:
             self._ledger("key-handed-over", phase="PROVISION", holder=rec.plan.holder, epoch=epoch,
                          key_fp=head["key_fingerprint"], nbytes=length, detail={"visit": rec.plan.index, "skip": skip})
         plan = rec.plan
+        seq, digest = self.ledger.head()
         return Handoff(epoch=epoch, session_id=head["session_id"], key=head["provisioning_key"], window_offset=skip,
                        chunk_size=self.settings.chunk_size, train=(plan.train_start, plan.train_len),
                        val=(plan.val_start, plan.val_len), skip=skip, length=length,
-                       conventional=self.settings.data_path == "conventional")
+                       conventional=self.settings.data_path == "conventional",
+                       ledger_head=f"{seq}:{digest}" if seq else None)
 
     async def _close_window(self, rec: VisitRecord, handoff: Handoff, *, sub_total: int) -> None:
         head, _ = await self._dev("close_window", epoch=handoff.epoch)

@@ -58,6 +58,7 @@ class Handoff:
     skip: int = 0  # this key's window starts at this byte of the visit's window (train slice, then val slice)
     length: int | None = None  # bytes under this key (default: the whole train + val window)
     conventional: bool = False  # the holder sends plaintext over its link; the orchestrator re-encrypts
+    ledger_head: str | None = None  # "SEQ:HASH" of the audit ledger at this hand-off, for the holder's witness
 
     def header(self, data_endpoint: dict[str, Any] | None = None) -> dict[str, Any]:
         h = {"epoch": self.epoch, "session": self.session_id, "window_offset": self.window_offset,
@@ -70,6 +71,8 @@ class Handoff:
             h["key"] = self.key
         if data_endpoint is not None:
             h["data_endpoint"] = data_endpoint
+        if self.ledger_head is not None:
+            h["ledger_head"] = self.ledger_head
         return h
 
     def __repr__(self) -> str:  # never the key
@@ -336,11 +339,13 @@ class LocalHolderLink(FramedHolderLink):
 
     transport = "local"
 
-    def __init__(self, name: str, data_dir: Path, *, val_fraction: float = 0.1, python: str | None = None) -> None:
+    def __init__(self, name: str, data_dir: Path, *, val_fraction: float = 0.1, python: str | None = None,
+                 witness: Path | None = None) -> None:
         super().__init__(name)
         self.data_dir = Path(data_dir)
         self.val_fraction = val_fraction
         self.python = python or sys.executable
+        self.witness = witness  # the agent appends the ledger head of each hand-off here
         self.proc: asyncio.subprocess.Process | None = None
 
     async def start(self) -> HolderInfo:
@@ -348,7 +353,8 @@ class LocalHolderLink(FramedHolderLink):
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 self.python, "-m", "gputravel.agents.holder", "--name", self.name, "--data", str(self.data_dir),
-                "--val-fraction", str(self.val_fraction), stdin=asyncio.subprocess.PIPE,
+                "--val-fraction", str(self.val_fraction),
+                *(("--witness", str(self.witness)) if self.witness is not None else ()), stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, limit=STREAM_LIMIT,
                 preexec_fn=die_with_parent)
         except OSError as exc:

@@ -1,0 +1,69 @@
+"""A holder's witness of the audit ledger: the head the orchestrator stated at each hand-off, kept by the
+holder's agent in its own file, later proves the ledger was neither cut short nor rewritten."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+from helpers import write_holder
+from typer.testing import CliRunner
+
+from gputravel.console.cli import app
+from gputravel.core import api
+from gputravel.core.config import RunSettings
+from gputravel.core.ledger import parse_head, read_rows, verify_ledger
+from gputravel.core.travel.holders import LocalHolderLink
+
+runner = CliRunner()
+
+
+async def test_each_hand_off_leaves_the_ledger_head_with_the_holder_and_a_cut_ledger_is_caught(
+        tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    words = "witness of the ledger head kept by each holder at every hand off".split()
+    write_holder(data / "alice", 1, words)
+    write_holder(data / "bob", 2, words)
+    out = tmp_path / "run"
+    settings = RunSettings(holders=2, rounds=2, steps_per_visit=1, batch_size=4, seq_len=32, chunk_kib=16,
+                           buffer_mib=0.25, data_dir=data, out_dir=out, transport="local")
+    witness = {name: tmp_path / "holders" / name / "witness.jsonl" for name in ("alice", "bob")}
+    links = [LocalHolderLink(name, data / name, val_fraction=settings.val_fraction, witness=witness[name])
+             for name in ("alice", "bob")]
+    report = await api.run(settings, links=links)
+    assert report["failed_visits"] == 0
+
+    db = out / "ledger.db"
+    rows = list(read_rows(db))
+    for name, path in witness.items():
+        assert path.stat().st_mode & 0o777 == 0o600
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        handoffs = [r for r in rows if r.kind == "phase" and r.phase == "HANDOFF" and r.holder == name]
+        assert [r["epoch"] for r in records] == [r.epoch for r in handoffs]  # one record per hand-off
+        heads = [parse_head(r["ledger_head"]) for r in records]
+        assert heads == sorted(heads) and len({seq for seq, _ in heads}) == len(heads)
+        for (seq, digest), handoff in zip(heads, handoffs, strict=True):
+            assert seq < handoff.seq  # stated before the hand-off's own row was written
+            assert next(r.hash for r in rows if r.seq == seq) == digest
+        ok = runner.invoke(app, ["ledger", "verify", str(db), "--witness", str(path)], env={"COLUMNS": "200"})
+        assert ok.exit_code == 0 and f"holds all {len(heads)} witnessed heads" in ok.output, ok.output
+
+    # the operator cuts the ledger back to before bob's last hand-off: the chain still verifies on its own,
+    # but bob's witness shows the cut
+    last_bob = parse_head(json.loads(witness["bob"].read_text().splitlines()[-1])["ledger_head"])[0]
+    with sqlite3.connect(db) as con:
+        con.execute("DELETE FROM events WHERE seq >= ?", (last_bob,))
+    con.close()
+    assert verify_ledger(db).ok
+    cut = runner.invoke(app, ["ledger", "verify", str(db), "--witness", str(witness["bob"])],
+                        env={"COLUMNS": "200"})
+    assert cut.exit_code == 8 and "truncated" in cut.output, cut.output
+
+
+def test_a_malformed_witness_file_is_a_usage_error(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.db"
+    witness = tmp_path / "witness.jsonl"
+    witness.write_text('{"ledger_head": "not a head"}\n')
+    result = runner.invoke(app, ["ledger", "verify", str(db), "--witness", str(witness)])
+    assert result.exit_code == 2 and "line 1 is not a witness record" in result.output
