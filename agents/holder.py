@@ -217,14 +217,14 @@ class Agent:
         self._write_lock = threading.Lock()
         self._inbox: queue.Queue = queue.Queue()
 
-    def keep_witness(self, h: dict) -> None:
+    def keep_witness(self, h: dict, *, at: str = "hand-off") -> None:
         """Append the audit ledger's head, as the orchestrator stated it at this hand-off, to the holder's own
         witness file (JSON lines, 0600). With it the holder can later show that the ledger still holds that
         row unchanged (``gputravel ledger verify --witness``): no truncation, no rewrite behind its back."""
         head = h.get("ledger_head")
         if self.witness is None or not isinstance(head, str):
             return
-        line = json.dumps({"ts": round(time.time(), 3), "holder": self.name, "epoch": h.get("epoch"),
+        line = json.dumps({"ts": round(time.time(), 3), "holder": self.name, "at": at, "epoch": h.get("epoch"),
                            "ledger_head": head}) + "\n"
         try:
             self.witness.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -269,6 +269,7 @@ class Agent:
             elif frame.type is FrameType.PING:
                 self.send(FrameType.PONG, frame.header)
             elif frame.type is FrameType.BYE:
+                self.keep_witness(frame.header, at="end")  # the head after every visit of the run
                 return 0
 
     def _window_into(self, h: dict, start: int, out: memoryview) -> None:

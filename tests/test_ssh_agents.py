@@ -237,11 +237,12 @@ async def test_full_run_through_ssh_completes_every_visit_and_reports_the_deploy
         verified = [e.detail for e in events if isinstance(e, ev.HolderStateChanged) and e.holder == name
                     and e.state == "verified"]
         assert verified == [agent_sha256()]
-        # the holder's own witness of the ledger, in its home: this run's two hand-offs are the last lines
+        # the holder's own witness of the ledger, in its home: this run's two hand-offs and the farewell are
+        # the last lines
         witness = ssh.home(name) / ".gputravel" / "witness.jsonl"
         assert witness.stat().st_mode & 0o777 == 0o600
-        records = [json.loads(line) for line in witness.read_text().splitlines()][-2:]
-        assert [r["holder"] for r in records] == [name, name]
+        records = [json.loads(line) for line in witness.read_text().splitlines()][-3:]
+        assert [(r["holder"], r["at"]) for r in records] == [(name, "hand-off")] * 2 + [(name, "end")]
         assert verify_ledger(out / "ledger.db", expect_heads=[parse_head(r["ledger_head"]) for r in records]).ok
     # the key is released (HANDOFF) only after the holder's agent was verified and ready
     kinds = [(r.kind, r.phase, r.holder, r.outcome) for r in rows_of(out)]

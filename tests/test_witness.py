@@ -36,9 +36,13 @@ async def test_each_hand_off_leaves_the_ledger_head_with_the_holder_and_a_cut_le
 
     db = out / "ledger.db"
     rows = list(read_rows(db))
+    last_visit = max(r.seq for r in rows if r.kind == "visit-completed")
     for name, path in witness.items():
         assert path.stat().st_mode & 0o777 == 0o600
-        records = [json.loads(line) for line in path.read_text().splitlines()]
+        *records, end = [json.loads(line) for line in path.read_text().splitlines()]
+        # the farewell: the head once the run lets the holder go, covering every visit's rows
+        assert end["at"] == "end" and parse_head(end["ledger_head"])[0] >= last_visit
+        assert all(r["at"] == "hand-off" for r in records)
         handoffs = [r for r in rows if r.kind == "phase" and r.phase == "HANDOFF" and r.holder == name]
         assert [r["epoch"] for r in records] == [r.epoch for r in handoffs]  # one record per hand-off
         heads = [parse_head(r["ledger_head"]) for r in records]
@@ -47,11 +51,11 @@ async def test_each_hand_off_leaves_the_ledger_head_with_the_holder_and_a_cut_le
             assert seq < handoff.seq  # stated before the hand-off's own row was written
             assert next(r.hash for r in rows if r.seq == seq) == digest
         ok = runner.invoke(app, ["ledger", "verify", str(db), "--witness", str(path)], env={"COLUMNS": "200"})
-        assert ok.exit_code == 0 and f"holds all {len(heads)} witnessed heads" in ok.output, ok.output
+        assert ok.exit_code == 0 and f"holds all {len(heads) + 1} witnessed heads" in ok.output, ok.output
 
     # the operator cuts the ledger back to before bob's last hand-off: the chain still verifies on its own,
     # but bob's witness shows the cut
-    last_bob = parse_head(json.loads(witness["bob"].read_text().splitlines()[-1])["ledger_head"])[0]
+    last_bob = parse_head(json.loads(witness["bob"].read_text().splitlines()[-2])["ledger_head"])[0]
     with sqlite3.connect(db) as con:
         con.execute("DELETE FROM events WHERE seq >= ?", (last_bob,))
     con.close()
@@ -59,6 +63,26 @@ async def test_each_hand_off_leaves_the_ledger_head_with_the_holder_and_a_cut_le
     cut = runner.invoke(app, ["ledger", "verify", str(db), "--witness", str(witness["bob"])],
                         env={"COLUMNS": "200"})
     assert cut.exit_code == 8 and "truncated" in cut.output, cut.output
+
+
+async def test_the_farewell_head_covers_the_last_visit(tmp_path: Path) -> None:
+    """Cutting only the run's last rows (after every hand-off) is caught by the head sent with the farewell."""
+    data = tmp_path / "data"
+    write_holder(data / "alice", 3, "only the last visit of a run is covered by the farewell head".split())
+    out = tmp_path / "run"
+    settings = RunSettings(holders=1, rounds=1, steps_per_visit=1, batch_size=4, seq_len=32, chunk_kib=16,
+                           buffer_mib=0.25, data_dir=data, out_dir=out, transport="local")
+    path = tmp_path / "alice-witness.jsonl"
+    await api.run(settings, links=[LocalHolderLink("alice", data / "alice", witness=path)])
+    handoff, end = [json.loads(line) for line in path.read_text().splitlines()]
+    db = out / "ledger.db"
+    visit_done = max(r.seq for r in read_rows(db) if r.kind == "visit-completed")
+    assert parse_head(handoff["ledger_head"])[0] < visit_done <= parse_head(end["ledger_head"])[0]
+    with sqlite3.connect(db) as con:
+        con.execute("DELETE FROM events WHERE seq >= ?", (visit_done,))
+    con.close()
+    assert verify_ledger(db, expect_heads=[parse_head(handoff["ledger_head"])]).ok  # the hand-off alone misses it
+    assert "truncated" in (verify_ledger(db, expect_heads=[parse_head(end["ledger_head"])]).reason or "")
 
 
 def test_a_malformed_witness_file_is_a_usage_error(tmp_path: Path) -> None:

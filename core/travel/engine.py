@@ -388,7 +388,9 @@ class TravelEngine:
         return self.report(seconds=time.perf_counter() - t0)
 
     async def _shutdown_links(self) -> None:
+        seq, digest = self.ledger.head()
         for link in self.links.values():
+            link.farewell_head = f"{seq}:{digest}" if seq else None  # every visit's rows, for the witnesses
             try:
                 await link.close()
             except Exception:  # noqa: BLE001 - closing must not hide the run's own error

@@ -94,6 +94,8 @@ RejectFn = Callable[[int | None, str, str], None]
 
 class HolderLink(ABC):
     name: str
+    #: "SEQ:HASH" of the ledger when the run lets the holder go: sent with the farewell, for its witness
+    farewell_head: str | None = None
 
     @abstractmethod
     async def start(self) -> HolderInfo: ...
@@ -301,7 +303,7 @@ class FramedHolderLink(HolderLink):
     async def stop(self) -> None:
         if self.writer is not None:
             try:
-                self._send(FrameType.BYE, {})
+                self._send(FrameType.BYE, {"ledger_head": self.farewell_head} if self.farewell_head else {})
                 await self.writer.drain()
             except (OSError, RuntimeError, ConnectionError):
                 pass
