@@ -14,13 +14,14 @@ import asyncio
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import PurePosixPath
+from shlex import quote
 from typing import Any
 
 import asyncssh
 
-from gputravel.agents.holder import agent_sha256, bundle_contents, digest_files
+from gputravel.agents.holder import bundle_contents, digest_files
 from gputravel.agents.inventory import HolderSpec
 from gputravel.core.errors import AgentError, GpuTravelError, LinkLostError
 from gputravel.core.travel.holders import FramedHolderLink, Handoff, HolderInfo, ProgressFn, RejectFn
@@ -127,17 +128,17 @@ async def _run(conn: asyncssh.SSHClientConnection, spec: HolderSpec, command: st
         raise AgentError(spec.name, f"remote command failed: {exc}") from None
 
 
-def _quote(s: str) -> str:
-    return "'" + s.replace("'", "'\"'\"'") + "'"
+def bundle_dir(spec: HolderSpec, sha256: str) -> str:
+    """The folder on the holder that holds the bundle with this hash."""
+    return str(PurePosixPath(spec.remote_dir) / f"agent-{sha256[:16]}")
 
 
 async def remote_hash(conn: asyncssh.SSHClientConnection, spec: HolderSpec, folder: str) -> str | None:
     """The bundle hash of ``folder`` on the holder, or None when there is no bundle there."""
-    res = await _run(conn, spec, f"{_quote(spec.python)} -c {_quote(REMOTE_HASH_SCRIPT)} {_quote(folder)}")
+    res = await _run(conn, spec, f"{quote(spec.python)} -c {quote(REMOTE_HASH_SCRIPT)} {quote(folder)}")
     if res.exit_status != 0:
         return None
-    out = res.stdout.decode() if isinstance(res.stdout, bytes) else str(res.stdout)
-    return out.strip() or None
+    return str(res.stdout).strip() or None
 
 
 async def deploy(conn: asyncssh.SSHClientConnection, spec: HolderSpec, *,
@@ -146,20 +147,20 @@ async def deploy(conn: asyncssh.SSHClientConnection, spec: HolderSpec, *,
     t0 = time.perf_counter()
     files = bundle_contents()
     want = digest_files(files)
-    folder = str(PurePosixPath(spec.remote_dir) / f"agent-{want[:16]}")
-    crypto = await _run(conn, spec, f"{_quote(spec.python)} -c {_quote(CRYPTO_CHECK)}")
+    folder = bundle_dir(spec, want)
+    crypto = await _run(conn, spec, f"{quote(spec.python)} -c {quote(CRYPTO_CHECK)}")
+    crypto_version = str(crypto.stdout).strip()
     if crypto.exit_status == 5:
-        version = (crypto.stdout.decode() if isinstance(crypto.stdout, bytes) else str(crypto.stdout)).strip()
+        version = crypto_version
         raise AgentError(spec.name, f"remote python {spec.python!r} has cryptography {version}, which lacks "
                                     f"AESGCM.encrypt_into (install a newer one: {spec.python} -m pip install -U "
                                     f"cryptography)")
     if crypto.exit_status != 0:
-        err = crypto.stderr.decode(errors="replace") if isinstance(crypto.stderr, bytes) else str(crypto.stderr)
+        err = str(crypto.stderr)
         missing = "python itself" if "not found" in err else "the 'cryptography' package"
         raise AgentError(spec.name, f"remote python {spec.python!r} lacks {missing} "
                                     f"(install it: {spec.python} -m pip install 'cryptography>=47'): "
                                     f"{err.strip().splitlines()[-1] if err.strip() else 'exit ' + str(crypto.exit_status)}")
-    crypto_version = (crypto.stdout.decode() if isinstance(crypto.stdout, bytes) else str(crypto.stdout)).strip()
     uploaded = False
     have = await remote_hash(conn, spec, folder)
     if have is None:
@@ -205,8 +206,6 @@ class SshHolderLink(FramedHolderLink):
         self.conn: asyncssh.SSHClientConnection | None = None
         self.process: asyncssh.SSHClientProcess | None = None
         self.deploy_report: DeployReport | None = None
-        self.state = HolderState.OFFLINE
-        self.state_detail = ""
         self.on_state = on_state
         self.max_reconnects = max_reconnects
         self.history: list[tuple[float, str, str]] = []
@@ -214,24 +213,22 @@ class SshHolderLink(FramedHolderLink):
         self._watch: asyncio.Task | None = None
 
     def set_state(self, state: str, detail: str = "") -> None:
-        self.state, self.state_detail = state, detail
         self.history.append((time.time(), state, detail))
-        if self.on_state:
-            self.on_state(self.name, state, detail)
+        super().set_state(state, detail)
 
     async def start(self) -> HolderInfo:
         self.set_state(HolderState.CONNECTING, f"{self.spec.host}:{self.spec.port}")
         try:
             self.conn = await connect(self.spec)
             self.deploy_report = await deploy(self.conn, self.spec,
-                                              on_state=lambda s, d: self.set_state(s, d))
+                                              on_state=self.set_state)
             await self._start_agent()
             info = await self._hello()
         except GpuTravelError as exc:
             self.set_state(HolderState.FAILED, exc.reason)
             await self._drop()
             raise
-        if info.agent_sha256 != self.deploy_report.bundle_sha256 or info.agent_sha256 != agent_sha256():
+        if info.agent_sha256 != self.deploy_report.bundle_sha256:  # = agent_sha256(): deploy() built it from the bundle
             self.set_state(HolderState.FAILED, "agent reported another bundle hash")
             await self._drop()
             raise AgentError(self.name, f"agent bundle hash mismatch: the running agent reports {info.agent_sha256[:16]}, "
@@ -247,9 +244,9 @@ class SshHolderLink(FramedHolderLink):
     async def _start_agent(self) -> None:
         assert self.conn is not None and self.deploy_report is not None
         folder = self.deploy_report.remote_dir
-        cmd = (f"cd {_quote(folder)} && exec env PYTHONPATH=. PYTHONDONTWRITEBYTECODE=1 {_quote(self.spec.python)} "
-               f"-m gputravel.agents.holder --name {_quote(self.name)} --data {_quote(self.spec.data)} "
-               f"--val-fraction {self.spec.val_fraction} --witness {_quote(WITNESS_PATH)}")
+        cmd = (f"cd {quote(folder)} && exec env PYTHONPATH=. PYTHONDONTWRITEBYTECODE=1 {quote(self.spec.python)} "
+               f"-m gputravel.agents.holder --name {quote(self.name)} --data {quote(self.spec.data)} "
+               f"--val-fraction {self.spec.val_fraction} --witness {quote(WITNESS_PATH)}")
         try:
             self.process = await self.conn.create_process(cmd, encoding=None, window=CHANNEL_WINDOW,
                                                           max_pktsize=CHANNEL_MAX_PKTSIZE)
@@ -345,7 +342,3 @@ class SshHolderLink(FramedHolderLink):
         if self.state not in (HolderState.FAILED, HolderState.OFFLINE):
             self.set_state(HolderState.STOPPED)
 
-
-@dataclass
-class FleetStatus:
-    reports: list[dict[str, Any]] = field(default_factory=list)

@@ -9,14 +9,13 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import asyncssh
 
 from gputravel.agents.deploy import SshHolderLink
-from gputravel.agents.inventory import HolderSpec, load_inventory
+from gputravel.agents.inventory import OPTIONAL, HolderSpec, load_inventory
 from gputravel.core.errors import AgentError
 from gputravel.core.files import write_atomic
 from gputravel.core.procs import die_with_parent
@@ -64,9 +63,9 @@ class EmbeddedSshServer:
                                      preexec_fn=die_with_parent)
         line = self._wait_ready(timeout)
         self.port = int(line.split()[1])
-        return [HolderSpec(name=name, host="127.0.0.1", port=self.port, user=name, client_key=key, host_key=self.host_public,
-                           known_hosts=None, data=str(Path(data).resolve()), python=sys.executable, connect_timeout=10.0,
-                           keepalive_interval=2.0, keepalive_count_max=3, remote_dir=".gputravel", val_fraction=0.1)
+        return [HolderSpec(**{**OPTIONAL, "name": name, "host": "127.0.0.1", "port": self.port, "user": name,
+                              "client_key": key, "host_key": self.host_public, "data": str(Path(data).resolve()),
+                              "python": sys.executable, "keepalive_interval": 2.0})
                 for name, key, data in specs_args]
 
     def _wait_ready(self, timeout: float) -> str:
@@ -112,11 +111,3 @@ def links_from_inventory(path: Path, *, on_state: StateFn | None = None) -> list
 def links_from_specs(specs: list[HolderSpec], *, on_state: StateFn | None = None) -> list[SshHolderLink]:
     return [SshHolderLink(spec, on_state=on_state) for spec in specs]
 
-
-def wait_until(predicate: Callable[[], bool], timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()

@@ -130,20 +130,8 @@ class Stream:
     def read(self, offset: int, n: int) -> bytes:
         if offset < 0 or n < 0 or offset + n > self.length:
             raise DataError(f"range [{offset}, {offset + n}) beyond the {self.length}-byte stream")
-        out = bytearray()
-        pos = 0
-        for seg in self.segments:
-            if n == 0:
-                break
-            if offset < pos + seg.length:
-                skip = max(0, offset - pos)
-                take = min(seg.length - skip, n)
-                with open(seg.path, "rb") as f:
-                    f.seek(seg.start + skip)
-                    out += f.read(take)
-                offset += take
-                n -= take
-            pos += seg.length
+        out = bytearray(n)
+        self.readinto(offset, memoryview(out))
         return bytes(out)
 
     def split(self, at: int) -> tuple[Stream, Stream]:
@@ -329,15 +317,15 @@ class Agent:
             while seq < n_chunks and free:
                 lo = seq * cs
                 n = min(cs, total - lo)
-                view = memoryview(plain)[:n]
-                self._window_into(h, skip + lo, view)
                 slot = free.pop()
                 head = {"e": epoch, "s": seq, "o": base + lo, "n": n}
-                if sender is None:  # conventional path: plaintext rides the (SSH-encrypted) link
+                if sender is None:  # conventional path: plaintext rides the (SSH-encrypted) link, read into its slot
                     ct = memoryview(slots[slot])[:n]
-                    ct[:] = view
+                    self._window_into(h, skip + lo, ct)
                     head["plain"] = 1
                 else:
+                    view = memoryview(plain)[:n]
+                    self._window_into(h, skip + lo, view)
                     ct = memoryview(slots[slot])[: n + TAG_LEN]
                     got = sender.seal_into(view, ct, frame_type=FrameType.CHUNK, offset=base + lo, length=n)
                     assert got == seq

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gputravel.core.errors import ConfigError
-from gputravel.core.files import check_private
+from gputravel.core.files import read_private
 
 REQUIRED = ("name", "host", "user", "client_key", "data")
 OPTIONAL: dict[str, Any] = {
@@ -128,12 +128,7 @@ def parse_inventory(text: str, *, base: Path, source: str = "holders.toml") -> l
             raise ConfigError(f"{where}: duplicate holder name")
         seen.add(entry["name"])
         key_path = (base / entry["client_key"]).expanduser()
-        try:
-            key_path.read_bytes()
-        except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
-            raise ConfigError(f"{where}: client_key {key_path} is unreadable: "
-                              f"{getattr(exc, 'strerror', None) or exc}") from None
-        check_private(key_path, what=f"{where}: client_key")  # like ssh: no key others can read
+        read_private(key_path, what=f"{where}: client_key")  # readable, and like ssh: no key others can read
         known = None
         if entry["known_hosts"] is not None:
             _check_type(where, "known_hosts", entry["known_hosts"], str)

@@ -17,7 +17,6 @@ import typer
 from textual import work
 from textual.app import App, ScreenStackError, SystemCommand
 from textual.binding import Binding
-from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
@@ -148,10 +147,7 @@ class GpuTravelConsole(App[None]):
         frame = self.bridge.take_frame()
         screen = self.current_screen()
         if isinstance(screen, GpuScreen) and frame is not None:
-            try:
-                screen.show_telemetry(frame, self.bridge.history)
-            except NoMatches:
-                pass  # the screen is composing or tearing down; it asks for the state again when shown
+            screen.show_telemetry(frame, self.bridge.history)
 
     def on_bridge_notice(self, message: Bridge.Notice) -> None:
         self.notify(message.text, severity=message.severity, timeout=8)  # type: ignore[arg-type]
@@ -165,10 +161,7 @@ class GpuTravelConsole(App[None]):
         if isinstance(screen, ConsoleScreen) and screen.is_mounted:
             context = {"readonly": self.readonly, "ledger_path": self.bridge.ledger_path,
                        "frame": self.bridge.latest_frame, "history": self.bridge.history}
-            try:
-                screen.show(self.bridge.state, badges=self.badges, context=context)
-            except NoMatches:
-                pass  # the screen is composing or tearing down; it asks for the state again when shown
+            screen.show(self.bridge.state, badges=self.badges, context=context)
 
     def current_screen(self) -> Screen[Any] | None:
         """The screen on top, or None while a mode switch has not mounted one yet."""

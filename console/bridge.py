@@ -59,8 +59,6 @@ class Bridge:
         self.tracker = PhaseTracker()
         self.latest_frame: TelemetryFrame | None = None
         self._frame_pending = False
-        self.frames_offered = 0
-        self.frames_drawn = 0
 
     # --- state ------------------------------------------------------------------------------------
     def fold(self, events: Iterable[ev.Event]) -> tuple[ev.Event, ...]:
@@ -80,14 +78,12 @@ class Bridge:
     def offer_frame(self, frame: TelemetryFrame) -> None:
         self.history.push(frame)
         self.latest_frame = frame
-        self.frames_offered += 1
         if not self._frame_pending:
             self._frame_pending = True
             self.app.post_message(self.TelemetryTicked())
 
     def take_frame(self) -> TelemetryFrame | None:
         self._frame_pending = False
-        self.frames_drawn += 1
         return self.latest_frame
 
     # --- controls (overridden) --------------------------------------------------------------
@@ -130,14 +126,13 @@ class LiveBridge(Bridge):
         super().__init__(app)
         self.engine_factory = engine_factory
         self.session = Session(engine_factory)
-        self.sampler = sampler if sampler is not None else Sampler(emulated=EmulatedSource())
+        self.sampler = sampler if sampler is not None else Sampler()
         if self.sampler.emulated is None:
             self.sampler.emulated = EmulatedSource()
         self.record = record
         self.recorder: Recorder | None = None
         self.report: dict[str, Any] | None = None
         self._in_flight = False
-        self._device_lock = asyncio.Lock()
 
     @property
     def running(self) -> bool:
@@ -251,16 +246,9 @@ class LiveBridge(Bridge):
             await asyncio.sleep(interval)
 
     async def sample_once(self) -> TelemetryFrame:
-        emulated = self.sampler.emulated
-        assert emulated is not None
-        if self.session.built and not self.session.finished:
-            if emulated.stats is None:
-                emulated.attach(self.session.device_stats)
-            emulated.info = self.session.device_info()
-        elif emulated.stats is not None:
-            emulated.attach(None)
-        async with self._device_lock:
-            frame = await asyncio.to_thread(self.sampler.collect, phase=self.tracker.tag)
+        assert self.sampler.emulated is not None
+        self.sampler.emulated.follow(self.session)
+        frame = await asyncio.to_thread(self.sampler.collect, phase=self.tracker.tag)
         if self.recorder is not None:
             self.recorder.record_telemetry(frame)
         self.offer_frame(frame)
@@ -340,10 +328,7 @@ class ReplayBridge(Bridge):
         events: list[ev.Event] = []
         for item in items:
             if item.kind == "event":
-                event = item.event()
-                self.state.apply(event)
-                self.tracker(event)
-                events.append(event)
+                events.extend(self.fold((item.event(),)))
             elif item.kind == "telemetry":
                 self.offer_frame(item.frame().replace(source="replay"))
         return tuple(events)

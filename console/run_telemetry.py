@@ -52,15 +52,8 @@ class RunTelemetry:
                 pass
 
     async def sample_once(self) -> None:
-        emulated = self.sampler.emulated
-        assert emulated is not None
-        session = self.session
-        if session.built and not session.finished:
-            if emulated.stats is None:
-                emulated.attach(session.device_stats)
-            emulated.info = session.device_info()
-        elif emulated.stats is not None:
-            emulated.attach(None)
+        assert self.sampler.emulated is not None
+        self.sampler.emulated.follow(self.session)
         frame = await asyncio.to_thread(self.sampler.collect, phase=self.tracker.tag)
         self.recorder.record_telemetry(frame)
         self.frames += 1

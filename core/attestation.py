@@ -55,6 +55,7 @@ __all__ = [
     "Policy",
     "VendorCA",
     "code_measurement",
+    "emulated_measurements",
     "fingerprint",
     "load_policy",
     "make_evidence",
@@ -138,6 +139,11 @@ def _default_code_files() -> tuple[Path, list[Path]]:
         if pkg.is_dir():
             files.extend(p for p in pkg.rglob("*.py") if "__pycache__" not in p.parts)
     return core_dir.parent, files
+
+
+def emulated_measurements() -> Measurements:
+    """What the emulated device measures about itself: its fixed firmware and driver, and the code it runs."""
+    return Measurements(firmware=EMULATED_FIRMWARE, driver=EMULATED_DRIVER, code=code_measurement())
 
 
 def code_measurement(paths: Iterable[Path] | None = None) -> str:
@@ -1045,8 +1051,8 @@ def run_emulated_attestation(
         fault = None
     policy = load_policy() if policy is None else policy
     ca, identity = provision_emulated(state_dir)
-    code = code_measurement()
-    measurements = Measurements(firmware=EMULATED_FIRMWARE, driver=EMULATED_DRIVER, code=code)
+    measurements = emulated_measurements()
+    code = measurements.code
     nonce = os.urandom(32)
     signed_nonce, timestamp, mode = nonce, time.time(), CCMode.ON
 

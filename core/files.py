@@ -3,6 +3,7 @@ files (keys) only when no one else can read them."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from pathlib import Path
@@ -94,3 +95,12 @@ def write_atomic(path: Path, data: bytes, *, mode: int = 0o600) -> None:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of a file's contents, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

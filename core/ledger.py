@@ -393,6 +393,13 @@ class Ledger:
                 cursor_seq = row.seq
                 yield row
 
+    def max_epoch(self) -> int:
+        """The highest epoch any row names (0 when none does)."""
+        with self._lock:
+            self._check_open()
+            (epoch,) = self._db.execute("SELECT MAX(epoch) FROM events").fetchone()
+        return int(epoch or 0)
+
     def head(self) -> tuple[int, str]:
         """``(seq, hash)`` of the last row; ``(0, GENESIS_HASH)`` when empty."""
         with self._lock:

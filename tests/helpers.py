@@ -8,6 +8,7 @@ import os
 import random
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,20 +17,43 @@ from gputravel.core.config import RunSettings
 from gputravel.core.travel.engine import TravelEngine
 
 
-def gputravel_children() -> list[str]:
-    """Live (non-zombie) gputravel processes whose parent is this test process."""
+@dataclass(frozen=True)
+class Proc:
+    """One live (non-zombie) process, read from /proc."""
+
+    pid: int
+    ppid: int
+    argv: list[bytes]
+    cwd: str  # "" where it cannot be read
+
+    @property
+    def cmd(self) -> str:
+        return b" ".join(self.argv).decode(errors="replace")
+
+
+def live_processes() -> list[Proc]:
+    """Every live, non-zombie process this user can see."""
     found = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
             stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            argv = (d / "cmdline").read_bytes().rstrip(b"\0").split(b"\0")
         except OSError:
             continue
-        if int(stat[1]) == os.getpid() and stat[0] != "Z" and "gputravel" in cmd:
-            found.append(f"{d.name}: {cmd}")
+        try:
+            cwd = os.readlink(d / "cwd")
+        except OSError:
+            cwd = ""
+        if stat[0] != "Z":
+            found.append(Proc(int(d.name), int(stat[1]), argv, cwd))
     return found
+
+
+def gputravel_children() -> list[str]:
+    """Live (non-zombie) gputravel processes whose parent is this test process."""
+    return [f"{p.pid}: {p.cmd}" for p in live_processes() if p.ppid == os.getpid() and "gputravel" in p.cmd]
 
 
 def assert_no_leaked_processes(timeout: float = 5.0) -> None:

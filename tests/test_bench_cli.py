@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import write_holder
+from helpers import live_processes, write_holder
 
 from gputravel.agents.deploy import SshHolderLink
 from gputravel.agents.fleet import EmbeddedSshServer
@@ -225,18 +225,7 @@ def closed_port() -> int:
 
 def agent_pids(name: str) -> list[int]:
     """Live processes running the holder agent ``--name name``."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            argv = (d / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if stat[0] != "Z" and b"gputravel.agents.holder" in argv and name.encode() in argv:
-            found.append(int(d.name))
-    return found
+    return [p.pid for p in live_processes() if b"gputravel.agents.holder" in p.argv and name.encode() in p.argv]
 
 
 def agents_json(action: str, inventory: Path) -> tuple[int, list[dict[str, Any]]]:

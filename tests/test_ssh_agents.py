@@ -26,7 +26,7 @@ from typing import Any
 
 import asyncssh
 import pytest
-from helpers import started, write_holder
+from helpers import live_processes, started, write_holder
 from hypothesis import HealthCheck, example, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
@@ -122,22 +122,6 @@ def states_of(out: Path, holder: str) -> list[str]:
     return [r.outcome for r in rows_of(out, "holder-state") if r.holder == holder]
 
 
-def _procs(pred: Any) -> list[str]:
-    found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            cwd = os.readlink(d / "cwd")
-        except OSError:
-            continue
-        if stat[0] != "Z" and pred(int(stat[1]), cmd, cwd):
-            found.append(f"{d.name}: {cmd}")
-    return found
-
-
 @pytest.fixture(autouse=True)
 def no_leaked_processes(tmp_path: Path) -> Iterator[None]:
     """No device service, SSH server or agent outlives a test (agents run in homes under tmp_path)."""
@@ -145,7 +129,8 @@ def no_leaked_processes(tmp_path: Path) -> Iterator[None]:
     me, where = os.getpid(), str(tmp_path)
 
     def leaked() -> list[str]:
-        return _procs(lambda ppid, cmd, cwd: (ppid == me and "gputravel" in cmd) or cwd.startswith(where))
+        return [f"{p.pid}: {p.cmd}" for p in live_processes()
+                if (p.ppid == me and "gputravel" in p.cmd) or p.cwd.startswith(where)]
 
     deadline = time.monotonic() + 5
     while leaked() and time.monotonic() < deadline:

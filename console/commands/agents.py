@@ -6,6 +6,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from shlex import quote
 from typing import Any
 
 import typer
@@ -21,16 +22,12 @@ def stop_command(name: str) -> str:
     """``pkill`` for the agents of holder ``name`` only (``--name NAME`` matched whole, regex characters
     escaped). The pattern starts with a bracket class so that the remote shell running pkill, whose own
     command line holds the pattern's text, does not match it and is not killed with the agents."""
-    from gputravel.agents.deploy import _quote
-
     name_re = "".join("\\" + c if c in ".[\\()*+?{|^$" else c for c in name)
-    return f"pkill -f -- {_quote(f'[g]putravel[.]agents[.]holder --name {name_re}( |$)')}"
+    return f"pkill -f -- {quote(f'[g]putravel[.]agents[.]holder --name {name_re}( |$)')}"
 
 
 async def _for_each(path: Path, action: str) -> list[dict[str, Any]]:
-    import asyncssh
-
-    from gputravel.agents.deploy import connect, deploy, remote_hash
+    from gputravel.agents.deploy import _run, bundle_dir, connect, deploy, remote_hash
     from gputravel.agents.holder import agent_sha256
     from gputravel.agents.inventory import load_inventory
 
@@ -44,7 +41,7 @@ async def _for_each(path: Path, action: str) -> list[dict[str, Any]]:
         except AgentError as exc:
             return {**row, "state": "offline", "reason": exc.reason}
         try:
-            folder = f"{spec.remote_dir}/agent-{want[:16]}"
+            folder = bundle_dir(spec, want)
             if action == "deploy":
                 rep = await deploy(conn, spec)
                 row.update(state="verified", bundle_sha256=rep.bundle_sha256, uploaded=rep.uploaded,
@@ -54,14 +51,10 @@ async def _for_each(path: Path, action: str) -> list[dict[str, Any]]:
                 row.update(state="verified" if have == want else ("stale" if have else "not deployed"),
                            bundle_sha256=have, expected=want, remote_dir=folder)
             else:  # stop: end this holder's running agents and remove nothing else
-                try:
-                    res = await asyncio.wait_for(conn.run(stop_command(spec.name), check=False), 30)
-                except (OSError, asyncssh.Error, TimeoutError) as exc:
-                    return {**row, "state": "failed", "reason": f"remote command failed: {exc}"}
+                res = await _run(conn, spec, stop_command(spec.name), timeout=30)  # failures: AgentError, below
                 if res.exit_status not in (0, 1):  # pkill: 0 some matched, 1 none did, else an error
-                    err = res.stderr.decode(errors="replace") if isinstance(res.stderr, bytes) else str(res.stderr)
                     return {**row, "state": "failed",
-                            "reason": f"pkill failed (exit {res.exit_status}): {err.strip()[-200:]}"}
+                            "reason": f"pkill failed (exit {res.exit_status}): {str(res.stderr).strip()[-200:]}"}
                 row.update(state="stopped", exit_status=res.exit_status, was_running=res.exit_status == 0)
             return row
         except GpuTravelError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
@@ -89,16 +90,27 @@ def allreduce(
     worlds = int_list(world_size)
     spec = AllReduceSpec(sizes_mib=float_list(size_mib), variants=chosen, repeats=repeats, warmup=warmup,
                          chunk_bytes=chunk_kib * 1024 or None, workers=workers, gathers=gathers, dtype=dtype)
+    run_study(lambda on_progress: run_allreduce_bench(spec, world_sizes=worlds, backend=backend,
+                                                      on_progress=on_progress),
+              worlds=worlds, steps=len(spec.sizes_mib) * (repeats + warmup),
+              describe=lambda p: f"{p['size_mib']:g} MiB", render=render, json_out=json_out)
+
+
+def run_study(run: Callable[[Callable[[int, dict[str, Any]], None]], dict[str, Any]], *, worlds: tuple[int, ...],
+              steps: int, describe: Callable[[dict[str, Any]], str],
+              render: Callable[[Console, dict[str, Any]], None], json_out: bool) -> None:
+    """One bar per world size while ``run(on_progress)`` goes, then the table (stderr with --json) and the
+    JSON report on stdout."""
     console = Console(stderr=json_out)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as progress:
-        tasks = [progress.add_task(f"world {w}", total=len(spec.sizes_mib) * (repeats + warmup)) for w in worlds]
+        tasks = [progress.add_task(f"world {w}", total=steps) for w in worlds]
 
         def on_progress(i: int, payload: dict[str, Any]) -> None:
             progress.update(tasks[i], completed=payload["done"],
-                            description=f"world {payload['world_size']} · {payload['size_mib']:g} MiB")
+                            description=f"world {payload['world_size']} · {describe(payload)}")
 
-        report = run_allreduce_bench(spec, world_sizes=worlds, backend=backend, on_progress=on_progress)
+        report = run(on_progress)
     render(console, report)
     if json_out:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")

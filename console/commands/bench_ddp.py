@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gputravel.console.commands.bench_allreduce import int_list, machine_line
+from gputravel.console.commands.bench_allreduce import int_list, machine_line, run_study
 from gputravel.core.collectives.models import MODELS
 
 
@@ -62,19 +59,9 @@ def ddp(
     worlds = int_list(world_size)
     spec = DdpSpec(models=models, variants=chosen, iters=iters, warmup=warmup, batch=batch,
                    chunk_bytes=chunk_kib * 1024 or None, workers=workers)
-    console = Console(stderr=json_out)
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as progress:
-        tasks = [progress.add_task(f"world {w}", total=len(models) * (iters + warmup)) for w in worlds]
-
-        def on_progress(i: int, payload: dict[str, Any]) -> None:
-            progress.update(tasks[i], completed=payload["done"],
-                            description=f"world {payload['world_size']} · model {payload['model']}")
-
-        report = run_ddp_bench(spec, world_sizes=worlds, backend=backend, on_progress=on_progress)
-    render(console, report)
-    if json_out:
-        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    run_study(lambda on_progress: run_ddp_bench(spec, world_sizes=worlds, backend=backend, on_progress=on_progress),
+              worlds=worlds, steps=len(models) * (iters + warmup), describe=lambda p: f"model {p['model']}",
+              render=render, json_out=json_out)
 
 
 def register(bench_app: typer.Typer) -> None:

@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.css.query import NoMatches
 from textual.message import Message
 from textual.screen import Screen
 from textual.widget import Widget
@@ -55,10 +56,15 @@ class ConsoleScreen(Screen[None]):
         self.post_message(self.Shown())
 
     def show(self, state: RunState, *, badges: tuple[str, ...] = (), context: dict[str, Any] | None = None) -> None:
-        """Attributes down: the app hands every screen the state to draw."""
-        self.query_one(StatusBar).summary = summarise(state, self.SCREEN_NAME, badges)
-        self.query_one(OpsLog).lines = tuple(state.oplog)[-40:]
-        self.show_state(state, context or {})
+        """Attributes down: the app hands every screen the state to draw. An update that arrives while the
+        screen is composing or tearing down (its widgets not there) is skipped: the screen asks for the
+        state again when it is shown (``Shown``)."""
+        try:
+            self.query_one(StatusBar).summary = summarise(state, self.SCREEN_NAME, badges)
+            self.query_one(OpsLog).lines = tuple(state.oplog)[-40:]
+            self.show_state(state, context or {})
+        except NoMatches:
+            pass
 
     def show_state(self, state: RunState, context: dict[str, Any]) -> None:
         """Draw ``state`` (the run as events tell it)."""

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from textual.containers import VerticalScroll
+from textual.css.query import NoMatches
 from textual.widget import Widget
 from textual.widgets import Static
 
@@ -25,6 +26,7 @@ class GpuScreen(ConsoleScreen):
     """Live telemetry. N/A where the source cannot say; SIM where the device is emulated."""
 
     SCREEN_NAME = "gpu"
+    _drawn: TelemetryFrame | None = None  # the frame on screen: a state change alone does not redraw it
     HELP = ("Cards follow nvitop: utilisation and memory bars, power, temperature, clocks, PCIe TX/RX history "
             "with its peak and the protocol phase it happened in, and the confidential-computing state. "
             "Without an NVIDIA driver the header says why; the emulated GPU's real counters show as SIM.")
@@ -36,10 +38,19 @@ class GpuScreen(ConsoleScreen):
     def show_state(self, state: RunState, context: dict[str, Any]) -> None:
         frame = context.get("frame")
         history = context.get("history")
-        if frame is not None and history is not None:
-            self.show_telemetry(frame, history)
+        if frame is not None and history is not None and frame is not self._drawn:  # a new frame only
+            self._draw_telemetry(frame, history)
+            self._drawn = frame
 
     def show_telemetry(self, frame: TelemetryFrame, history: History) -> None:
+        """Draw a telemetry frame (skipped while the screen's widgets are not there, as in ``show``)."""
+        try:
+            self._draw_telemetry(frame, history)
+            self._drawn = frame
+        except NoMatches:
+            pass
+
+    def _draw_telemetry(self, frame: TelemetryFrame, history: History) -> None:
         status = frame.nvml
         if status.available:
             head = (f"[b]NVML[/b] [$success]available[/] · driver {esc(status.driver_version)} · "

@@ -145,19 +145,33 @@ def run_allreduce_bench(spec: AllReduceSpec, *, world_sizes: Sequence[int], back
                         on_progress: Callable[[int, dict[str, Any]], None] | None = None,
                         timeout: float = 1800.0) -> dict[str, Any]:
     """Run ``spec`` at each world size; returns ``{"machine", "settings", "rows"}``."""
+    rows = _each_world(allreduce_worker, spec, world_sizes, prefix="gputravel-ring-", backend=backend,
+                       timeout=timeout, on_progress=on_progress)
+    return {"benchmark": "allreduce", "machine": machine_info(backend=backend),
+            "settings": _settings(spec, world_sizes), "rows": rows}
+
+
+def _each_world(worker: Callable[..., list[dict[str, Any]]], spec: Any, world_sizes: Sequence[int], *, prefix: str,
+                backend: str, timeout: float,
+                on_progress: Callable[[int, dict[str, Any]], None] | None) -> list[dict[str, Any]]:
+    """``worker(ctx, spec, vendor_dir)`` on ``world`` ranks for each world size (a fresh emulated vendor
+    folder each); rank 0's rows, in order. Progress is reported per world size."""
     rows: list[dict[str, Any]] = []
     for i, world in enumerate(world_sizes):
         def progress(_rank: int, payload: dict[str, Any], i: int = i, world: int = world) -> None:
             if on_progress is not None:
                 on_progress(i, {**payload, "world_size": world})
 
-        with tempfile.TemporaryDirectory(prefix="gputravel-ring-") as vendor_dir:
-            result = run_workers(allreduce_worker, world, spec, vendor_dir, backend=backend, timeout=timeout,
+        with tempfile.TemporaryDirectory(prefix=prefix) as vendor_dir:
+            result = run_workers(worker, world, spec, vendor_dir, backend=backend, timeout=timeout,
                                  pg_timeout=120, on_progress=progress)
         rows.extend(result[0])
-    settings = {**asdict(spec), "variants": [v.value for v in spec.variants], "world_sizes": list(world_sizes),
-                "workers": "free cores" if spec.workers is None else spec.workers}
-    return {"benchmark": "allreduce", "machine": machine_info(backend=backend), "settings": settings, "rows": rows}
+    return rows
+
+
+def _settings(spec: Any, world_sizes: Sequence[int]) -> dict[str, Any]:
+    return {**asdict(spec), "variants": [v.value for v in spec.variants], "world_sizes": list(world_sizes),
+            "workers": "free cores" if spec.workers is None else spec.workers}
 
 
 # --- DDP training --------------------------------------------------------------------------------------
@@ -246,16 +260,7 @@ def run_ddp_bench(spec: DdpSpec, *, world_sizes: Sequence[int], backend: str = "
     """Per-iteration DDP time with each hook, by world size and model size (the study's table)."""
     if Variant.PLAIN not in spec.variants:
         raise ValueError("the DDP benchmark needs the plain variant (every ratio is against it)")
-    rows: list[dict[str, Any]] = []
-    for i, world in enumerate(world_sizes):
-        def progress(_rank: int, payload: dict[str, Any], i: int = i, world: int = world) -> None:
-            if on_progress is not None:
-                on_progress(i, {**payload, "world_size": world})
-
-        with tempfile.TemporaryDirectory(prefix="gputravel-ddp-") as vendor_dir:
-            result = run_workers(ddp_worker, world, spec, vendor_dir, backend=backend, timeout=timeout,
-                                 pg_timeout=120, on_progress=progress)
-        rows.extend(result[0])
-    settings = {**asdict(spec), "variants": [v.value for v in spec.variants], "world_sizes": list(world_sizes),
-                "models": {m: {"mlp": MODELS[m]} for m in spec.models}, "workers": "free cores" if spec.workers is None else spec.workers}
+    rows = _each_world(ddp_worker, spec, world_sizes, prefix="gputravel-ddp-", backend=backend, timeout=timeout,
+                       on_progress=on_progress)
+    settings = {**_settings(spec, world_sizes), "models": {m: {"mlp": MODELS[m]} for m in spec.models}}
     return {"benchmark": "ddp", "machine": machine_info(backend=backend), "settings": settings, "rows": rows}

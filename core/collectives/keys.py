@@ -36,15 +36,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from gputravel.core.attestation import (
-    EMULATED_DRIVER,
-    EMULATED_FIRMWARE,
     CCMode,
     DeviceIdentity,
     Evidence,
     Measurements,
     Policy,
     VendorCA,
-    code_measurement,
+    emulated_measurements,
     load_policy,
     make_evidence,
     verify_evidence,
@@ -162,8 +160,8 @@ def establish_ring_keys(
     if not 0 <= rank < world:
         raise ValueError(f"rank {rank} outside world {world}")
     policy = load_policy() if policy is None else policy
-    code = code_measurement()
-    measurements = Measurements(firmware=EMULATED_FIRMWARE, driver=EMULATED_DRIVER, code=code)
+    measurements = emulated_measurements()
+    code = measurements.code
 
     def get(kind: str, who: int) -> bytes:
         key = f"{prefix}/{kind}/{who}"

@@ -10,7 +10,7 @@ from typing import Any
 
 from cryptography import x509
 
-from gputravel.core.attestation import AttestationResult, Evidence, Policy, verify_evidence
+from gputravel.core.attestation import AttestationResult, Evidence, Policy, code_measurement, verify_evidence
 from gputravel.core.device.server import ControlChannel, send_frame, session_context
 from gputravel.core.errors import DeviceError, FrameError, error_from_code
 from gputravel.core.handshake import Initiator, SessionSecrets
@@ -42,6 +42,7 @@ class DeviceClient:
         #: messages per control-channel key before an automatic rotation (low in tests)
         self.nonce_budget = 2**32
         self.rotations = 0
+        self._expected_code: str | None = None  # policy code "auto", resolved on the first attestation
 
     # --- connection and attestation ----------------------------------------------------------
     def connect(self) -> AttestationResult:
@@ -74,8 +75,12 @@ class DeviceClient:
         return result
 
     def _verify(self, evidence: Evidence, nonce: bytes) -> AttestationResult:
+        if self._expected_code is None and self.anchors.policy.code == "auto":
+            # the reference for "auto": this installation's device code, hashed once per client rather than
+            # at every visit's attestation
+            self._expected_code = code_measurement()
         result = verify_evidence(evidence, nonce=nonce, root=self.anchors.root, crl=self.anchors.crl,
-                                 policy=self.anchors.policy)
+                                 policy=self.anchors.policy, expected_code=self._expected_code)
         result.raise_for_failure()
         return result
 

@@ -228,9 +228,7 @@ class DeviceServer:
                 else:
                     result, out = svc.handle(op, args, bytes(inner.payload))
                     resp = {"ok": True, **result}
-            except GpuTravelError as exc:
-                resp, out, rotate_to = error_header(exc), b"", None
-            except Exception as exc:  # the device reports, never dies, on a bad request
+            except Exception as exc:  # the device reports, never dies, on a bad request (error_header types it)
                 resp, out, rotate_to = error_header(exc), b"", None
             head, ct = chan.seal(FrameType.RESPONSE, resp, out)
             send_frame(conn, FrameType.SEALED, head, ct)

@@ -21,13 +21,10 @@ from typing import Any
 import torch
 
 from gputravel.core.attestation import (
-    EMULATED_DRIVER,
-    EMULATED_FIRMWARE,
     CCMode,
     DeviceIdentity,
     Evidence,
-    Measurements,
-    code_measurement,
+    emulated_measurements,
     make_evidence,
 )
 from gputravel.core.device.memory import Region, best_device
@@ -109,8 +106,7 @@ class DeviceService:
         self.data_opts: dict[str, Any] = {"parallel_auth": False, "overlap": False, "workers": 0}
         self._cuda_local = threading.local()
         self._stages: list[torch.Tensor] = []
-        self.measurements = Measurements(firmware=EMULATED_FIRMWARE, driver=EMULATED_DRIVER,
-                                         code=code_measurement())
+        self.measurements = emulated_measurements()
 
     # --- attestation and session ------------------------------------------------------------
     def evidence(self, nonce: bytes) -> Evidence:

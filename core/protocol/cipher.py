@@ -209,18 +209,14 @@ class RecvState(_State):
         try:
             self._aead.decrypt_into(nonce(self.prefix, seq), ciphertext, self.aad(seq, offset, n, frame_type), out)
         except InvalidTag:
-            memoryview(out).cast("B")[:] = bytes(len(memoryview(out).cast("B")))
+            dest = memoryview(out).cast("B")
+            dest[:] = bytes(len(dest))
             raise TagError(f"authentication failed for sequence {seq} (epoch {self.epoch})") from None
 
     def open_into(self, ciphertext: bytes | bytearray | memoryview, out: bytearray | memoryview, *, seq: int,
                   epoch: int, frame_type: int, offset: int = 0, length: int | None = None) -> None:
         """Verify and decrypt into ``out``. On a bad tag ``out`` is zeroed before ``TagError`` is raised,
         so unauthenticated plaintext never stays in the destination."""
-        self._precheck(epoch, seq)
-        n = len(ciphertext) - TAG_LEN if length is None else length
-        try:
-            self._aead.decrypt_into(nonce(self.prefix, seq), ciphertext, self.aad(seq, offset, n, frame_type), out)
-        except InvalidTag:
-            memoryview(out).cast("B")[:] = bytes(len(memoryview(out).cast("B")))
-            raise TagError(f"authentication failed for sequence {seq} (epoch {epoch})") from None
+        self._precheck(epoch, seq)  # after it, ``epoch`` is this key's epoch
+        self.decrypt_into(ciphertext, out, seq=seq, frame_type=frame_type, offset=offset, length=length)
         self.window.accept(seq)

@@ -161,7 +161,12 @@ class FrameDecoder:
 
 
 def _read_exact(stream: BinaryIO, n: int, *, at_boundary: bool) -> bytes | None:
-    chunks = bytearray()
+    first = stream.read(n)
+    if len(first) == n:  # the usual case: one read, no copy
+        return bytes(first)
+    if not first and at_boundary:
+        return None
+    chunks = bytearray(first)
     while len(chunks) < n:
         got = stream.read(n - len(chunks))
         if not got:

@@ -37,6 +37,16 @@ class EmulatedSource:
             self.info = dict(info)
         self._last = None
 
+    def follow(self, session: Any) -> None:
+        """Track a run's device (a :class:`gputravel.core.session.Session`): its counters and info while it is
+        built and not finished, none after."""
+        if session.built and not session.finished:
+            if self.stats is None:
+                self.attach(session.device_stats)
+            self.info = session.device_info()
+        elif self.stats is not None:
+            self.attach(None)
+
     def sample(self) -> GpuSample:
         name = str(self.info.get("device_name") or "emulated confidential GPU")
         cc = CCState(feature="on" if self.info.get("cc_mode") == "on" else self.info.get("cc_mode", NA),

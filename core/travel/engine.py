@@ -235,6 +235,7 @@ class TravelEngine:
         self.device_restarts = 0
         self.session_epoch_base = 0
         self.session_rekeys = 0
+        self._rejections_seen: dict[tuple[str, str], int] = {}  # (epoch, code) -> count already audited
 
     # --- events ------------------------------------------------------------------------------
     def subscribe(self) -> asyncio.Queue[ev.Event]:
@@ -298,7 +299,7 @@ class TravelEngine:
             if state["plan_digest"] != digest:
                 raise DataError("--resume: the holders' data or the settings changed; the schedule differs")
             # never reuse an epoch number, even one whose visit was cut off before its progress was committed
-            self.epoch = max([int(state.get("epoch", 0))] + [r.epoch for r in self.ledger.rows() if r.epoch is not None])
+            self.epoch = max(int(state.get("epoch", 0)), self.ledger.max_epoch())
             self.first_run_id = str(state.get("run_id", self.run_id))
             done = {int(k) for k in state.get("visits_done", [])}
             for rec in self.records:
@@ -696,8 +697,7 @@ class TravelEngine:
 
     def _audit_rejections(self, by_epoch: dict[str, dict[str, int]]) -> None:
         """Attribute new rejections to the visit whose epoch they claimed; attacks go to the ledger."""
-        seen = getattr(self, "_rejections_seen", {})
-        self._rejections_seen = seen
+        seen = self._rejections_seen
         by_visit = {r.epoch: r for r in self.records if r.epoch}
         for epoch_s, counts in by_epoch.items():
             rec = by_visit.get(int(epoch_s))
@@ -745,13 +745,7 @@ class TravelEngine:
                              "session_fp": self.client.secrets.fingerprint() if self.client.secrets else None},
                      state={"epoch": self.epoch})
         self.phase = Phase.DONE
-        # agents mid-transfer to the dead device are restarted for the redo
-        link = self.links[rec.plan.holder]
-        try:
-            await link.close()
-            self.infos[rec.plan.holder] = await link.start()
-        except GpuTravelError:
-            pass
+        await self._restart_agent(rec.plan.holder)  # agents mid-transfer to the dead device, for the redo
 
     def _rollback_training(self, rec: VisitRecord) -> None:
         """A visit that trained and then failed is undone (the model is restored from the checkpoint)."""
@@ -790,14 +784,17 @@ class TravelEngine:
                      outcome=exc.code, detail={"visit": rec.plan.index, "error": str(exc), **out},
                      state={"epoch": self.epoch})
         self.phase = Phase.DONE
-        # a holder whose agent died is restarted for its next visit
-        link = self.links[rec.plan.holder]
         if isinstance(exc, AgentError):
-            try:
-                await link.close()
-                self.infos[rec.plan.holder] = await link.start()
-            except GpuTravelError:
-                pass
+            await self._restart_agent(rec.plan.holder)  # a holder whose agent died, for its next visit
+
+    async def _restart_agent(self, holder: str) -> None:
+        """Stop the holder's agent and start a fresh one; a failure here surfaces at its next visit."""
+        link = self.links[holder]
+        try:
+            await link.close()
+            self.infos[holder] = await link.start()
+        except GpuTravelError:
+            pass
 
     async def aclose(self) -> None:
         """Shut the device service down (it scrubs nothing more: the run is over), stop its process and
@@ -856,9 +853,3 @@ class TravelEngine:
             "control_rotations": self.client.rotations,
             "seconds": round(seconds, 3),
         }
-
-
-def new_checkpoint_key_path(out_dir: Path) -> Path:
-    return Path(out_dir) / "keys" / "checkpoint.key"
-
-
