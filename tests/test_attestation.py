@@ -31,6 +31,16 @@ from gputravel.core.attestation import (
     run_emulated_attestation,
     verify_evidence,
 )
+from gputravel.core.attestation.evidence import Report
+from gputravel.core.attestation.inject import TARGET, Injection, stage_emulated_attestation
+from gputravel.core.attestation.verify import (
+    CHECKS,
+    CLAIM_NAMES,
+    ClaimCheck,
+    ClaimFailed,
+    VerifyContext,
+    verify_context,
+)
 from gputravel.core.errors import AttestationError, ConfigError
 from gputravel.core.files import InsecureKeyError
 
@@ -418,3 +428,114 @@ def test_cli_attest_with_bad_policy_is_a_config_error(tmp_path: Path) -> None:
     out = CliRunner().invoke(app, ["attest", "--state-dir", str(tmp_path / "s"), "--policy", str(bad)])
 
     assert isinstance(out.exception, ConfigError)
+
+
+# --- one check per claim ------------------------------------------------------------------------------------
+def _failing_checks(ctx: VerifyContext) -> dict[str, str]:
+    """Call every check function directly (not through verify_evidence): the claims that fail, with why."""
+    failing: dict[str, str] = {}
+    for check in CHECKS:
+        try:
+            detail = check.check(ctx)
+        except ClaimFailed as exc:
+            failing[check.name] = str(exc)
+        else:
+            assert isinstance(detail, str) and detail, check.name
+    return failing
+
+
+def _context(pki: Pki, evidence: Evidence, **overrides: object) -> VerifyContext:
+    kwargs: dict[str, object] = {"nonce": NONCE, "root": pki.ca.root, "crl": pki.ca.crl(), "policy": POLICY}
+    kwargs.update(overrides)
+    return verify_context(evidence, **kwargs)  # type: ignore[arg-type]
+
+
+def test_the_check_table_is_the_claim_order_that_attest_prints() -> None:
+    assert [c.name for c in CHECKS] + ["overall"] == list(CLAIM_NAMES) == [
+        "chain", "revocation", "signature", "nonce", "measurements", "mode", "overall",
+    ]
+    assert [c.name for c in CHECKS] == [f.__name__.removeprefix("check_") for f in (c.check for c in CHECKS)]
+
+
+def test_every_check_passes_on_good_evidence(pki: Pki) -> None:
+    assert _failing_checks(_context(pki, _evidence(pki.identity))) == {}
+
+
+@pytest.mark.parametrize("inject", INJECTIONS)
+def test_each_injection_fails_exactly_its_own_check_function(pki: Pki, inject: str) -> None:
+    staged = stage_emulated_attestation(pki.state_dir, inject=inject)
+
+    failing = _failing_checks(staged.context())
+
+    assert set(failing) == {EXPECTED_FAILURE[inject]} == {TARGET[Injection(inject)]}
+    result = staged.verify()
+    assert [c.name for c in result.claims if not c.ok] == [EXPECTED_FAILURE[inject], "overall"]
+    assert result.claim(EXPECTED_FAILURE[inject]).detail == failing[EXPECTED_FAILURE[inject]]
+
+
+def test_an_uninjected_staged_attestation_passes_every_check(pki: Pki) -> None:
+    staged = stage_emulated_attestation(pki.state_dir)
+
+    assert _failing_checks(staged.context()) == {}
+    assert staged.verify().ok
+
+
+def _signed_by_a_rogue_key(pki: Pki) -> Evidence:
+    evidence = _evidence(pki.identity)
+    rogue = VendorCA.generate(pki.ca.name).issue_device(pki.identity.device_id)
+    return dataclasses.replace(evidence, signature=rogue.sign(evidence.report))
+
+
+ISOLATED_FAULTS = {
+    "chain": lambda pki: _context(pki, _evidence(VendorCA.generate(pki.ca.name).issue_device("emu-gpu-0"))),
+    "revocation": lambda pki: _context(pki, _evidence(pki.identity), crl=None),
+    "signature": lambda pki: _context(pki, _signed_by_a_rogue_key(pki)),
+    "nonce": lambda pki: _context(pki, _evidence(pki.identity), nonce=b"\x02" * 32),
+    "measurements": lambda pki: _context(pki, _evidence(pki.identity),
+                                         policy=dataclasses.replace(POLICY, driver="dd" * 32)),
+    "mode": lambda pki: _context(pki, _evidence(pki.identity),
+                                 policy=dataclasses.replace(POLICY, allowed_modes=(CCMode.DEVTOOLS,))),
+}
+
+
+@pytest.mark.parametrize("claim", list(ISOLATED_FAULTS))
+def test_each_check_catches_its_own_claim_failing_in_isolation(pki: Pki, claim: str) -> None:
+    ctx = ISOLATED_FAULTS[claim](pki)
+
+    failing = _failing_checks(ctx)
+
+    assert list(failing) == [claim]
+    claims = [check.run(ctx) for check in CHECKS]
+    assert [c.name for c in claims if not c.ok] == [claim]
+    assert next(c for c in claims if not c.ok).detail == failing[claim]
+
+
+def test_a_check_that_raises_anything_else_fails_its_claim_closed(pki: Pki) -> None:
+    def broken(ctx: VerifyContext) -> str:
+        return str(1 // 0)
+
+    claim = ClaimCheck("broken", broken).run(_context(pki, _evidence(pki.identity)))
+
+    assert (claim.name, claim.ok) == ("broken", False)
+    assert claim.detail == "ZeroDivisionError: integer division or modulo by zero"
+
+
+def test_an_unreadable_report_fails_every_check_that_reads_it_with_the_parse_error(pki: Pki) -> None:
+    evidence = dataclasses.replace(_evidence(pki.identity), report=b"[1, 2]")
+
+    failing = _failing_checks(_context(pki, evidence))
+
+    assert failing == {name: "report is not a JSON object" for name in ("nonce", "measurements", "mode")} | {
+        "signature": "report signature does not verify under the device key"}
+
+
+def test_the_report_format_round_trips_through_its_one_reader(pki: Pki) -> None:
+    evidence = _evidence(pki.identity, timestamp=1234.5)
+
+    report = Report.parse(evidence.report)
+
+    assert (report.device_id, report.nonce, report.measurements, report.cc_mode, report.timestamp) == (
+        "emu-gpu-0", NONCE, MEASUREMENTS, CCMode.ON, 1234.5)
+    assert report.to_bytes() == evidence.report
+    with pytest.raises(AttestationError, match="canonical"):
+        Report.parse(evidence.report.replace(b",", b", ", 1))

@@ -244,10 +244,11 @@ def verify_context(
     """Parse the evidence's chain and report once; never raises for bad evidence."""
     now = time.time() if now is None else now
     when = dt.datetime.fromtimestamp(now, dt.UTC)
+    chain: tuple[x509.Certificate, ...] = ()
     try:
         chain_pem = tuple(evidence.chain_pem)
-    except Exception as exc:  # noqa: BLE001
-        chain, chain_error = (), f"chain unreadable: {type(exc).__name__}"
+    except Exception as exc:  # noqa: BLE001 - fail closed on anything unexpected
+        chain_error = f"chain unreadable: {type(exc).__name__}"
     else:
         chain, chain_error = _parse_chain(chain_pem)
     report, report_error = _parse_report(evidence.report)
