@@ -38,8 +38,9 @@ def machine_info(*, backend: str = "gloo") -> dict[str, Any]:
             "platform": "emulated (SIM) device identities; real AES-256-GCM, ECDH and signatures"}
 
 
-def parse_variants(text: str) -> tuple[Variant, ...]:
-    """``all`` or a comma list; ``plain`` is always measured (every ratio needs it)."""
+def parse_variants(text: str, *, hooks: bool = False) -> tuple[Variant, ...]:
+    """``all`` or a comma list; ``plain`` is always measured (every ratio needs it). With ``hooks``, only
+    the variants that are DDP comm hooks (``gloo_tls`` is a process-group option, not a hook)."""
     if text.strip() == "all":
         chosen = list(available_variants())
     else:
@@ -55,6 +56,8 @@ def parse_variants(text: str) -> tuple[Variant, ...]:
             chosen.append(v)
     if Variant.PLAIN not in chosen:
         chosen.insert(0, Variant.PLAIN)
+    if hooks:
+        chosen = [v for v in chosen if v is not Variant.GLOO_TLS]
     return tuple(dict.fromkeys(chosen))
 
 
