@@ -21,7 +21,7 @@ from typing import Any
 
 import asyncssh
 
-from gputravel.agents.holder import bundle_contents, digest_files
+from gputravel.agents.holder.bundle import bundle_contents, digest_files
 from gputravel.agents.inventory import HolderSpec
 from gputravel.core.errors import AgentError, GpuTravelError, LinkLostError
 from gputravel.core.travel.holders import FramedHolderLink, Handoff, HolderInfo, ProgressFn, RejectFn

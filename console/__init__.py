@@ -1,1 +1,2 @@
-"""The composition root: the typer CLI (and, later, the Textual console)."""
+"""The composition root: the Textual operator console (``app``, ``screens``, ``widgets``) and the typer CLI
+(``cli``, one command module per file under ``commands``)."""

@@ -8,13 +8,9 @@ import os
 import stat
 from pathlib import Path
 
-from gputravel.core.errors import ConfigError
+from gputravel.core.errors import ConfigError, InsecureKeyError
 
 __all__ = ["InsecureKeyError", "check_private", "fsync_dir", "read_private", "write_atomic"]
-
-
-class InsecureKeyError(ConfigError):
-    """A private key file is group- or world-accessible, or belongs to another user: it is refused, not used."""
 
 
 def _refuse_unless_private(st: os.stat_result, path: Path, what: str) -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from gputravel.core import events as ev
-from gputravel.core.errors import GpuTravelError
+from gputravel.core.errors import RecordingError
 from gputravel.core.telemetry.model import TelemetryFrame
 
 __all__ = ["RECORDING_VERSION", "RecordedItem", "Recorder", "Recording", "Player", "RecordingError",
@@ -44,11 +44,6 @@ CREATE TABLE IF NOT EXISTS items (
     body TEXT NOT NULL
 );
 """
-
-
-class RecordingError(GpuTravelError):
-    code = "recording"
-    exit_code = 2
 
 
 def _json_default(value: Any) -> Any:

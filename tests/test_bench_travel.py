@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from gputravel.console.commands import bench_travel as bt
+from gputravel.core.bench import travel as bt
 
 FIELDS = ("buffer_mib", "path", "train_s", "tx_s", "tx_pct", "visits", "bytes", "mb_s", "steps", "status", "reason")
 
@@ -65,14 +65,14 @@ def test_row_and_ratio_arithmetic() -> None:
                 "phase_s": {"ATTEST": 0.01, "PROVISION": tx, "TRAIN": train + 0.01, "ROTATE": 0.02}}
 
     base = {"buffer_mib": 4.0, "buffer_bytes": 4 << 20}
-    t = bt._row_from_report(_report([visit(0.01, 1.0), visit(0.01, 1.0)], 8), {**base, "path": "travelling"}, 3.0)
-    c = bt._row_from_report(_report([visit(0.05, 1.0), visit(0.05, 1.0)], 8), {**base, "path": "conventional"}, 3.0)
+    t = bt.row_from_report(_report([visit(0.01, 1.0), visit(0.01, 1.0)], 8), {**base, "path": "travelling"}, 3.0)
+    c = bt.row_from_report(_report([visit(0.05, 1.0), visit(0.05, 1.0)], 8), {**base, "path": "conventional"}, 3.0)
     assert t["tx_s"] == pytest.approx(0.02) and t["train_s"] == pytest.approx(2.0)
     assert t["tx_pct"] == pytest.approx(100 * 0.02 / 2.02, rel=1e-3) and t["mb_s"] == pytest.approx(100.0)
     assert t["protocol_s"] == pytest.approx(2 * 0.04, abs=1e-6) and t["status"] == "ok"
     r = bt.ratios([t, c])
     assert r["4.0"]["tx_conventional_over_travelling"] == pytest.approx(5.0)
-    failed = bt._row_from_report({**_report([visit(0.01, 1.0), {**visit(0.01, 0.0), "outcome": "failed"}], 4),
+    failed = bt.row_from_report({**_report([visit(0.01, 1.0), {**visit(0.01, 0.0), "outcome": "failed"}], 4),
                                   "failed_visits": 1}, {**base, "path": "travelling"}, 1.0)
     assert failed["status"] == "failed" and failed["visits"] == 1
     assert bt.label(None) == "uncapped" and bt.label(1e7) == "10000000" and bt.label(0.25) == "0.25"

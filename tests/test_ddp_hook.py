@@ -14,6 +14,7 @@ from gputravel.core.collectives.crypto import Phase
 from gputravel.core.collectives.hook import SecureRingState, secure_ring_hook
 from gputravel.core.collectives.launch import WorkerContext, run_workers
 from gputravel.core.collectives.ring import RingFault, Variant, gloo_tls_available
+from gputravel.core.errors import ConfigError
 
 STEPS = 6
 
@@ -71,8 +72,8 @@ def validation_worker(ctx: WorkerContext) -> list[str]:
         try:
             SecureRingState(**kwargs)  # type: ignore[arg-type]
             seen.append("accepted")
-        except ValueError as exc:
-            seen.append(str(exc))
+        except ConfigError as exc:
+            seen.append(exc.reason)
     return seen
 
 
@@ -95,10 +96,10 @@ def test_tampered_gradient_hop_fails_backward_on_every_rank(world: int, tmp_path
 
 
 def test_state_rejects_unknown_unavailable_and_invalid_settings() -> None:
-    with pytest.raises(ValueError, match="unknown variant"):
+    with pytest.raises(ConfigError, match="unknown variant"):
         SecureRingState(variant="bogus")
     if not gloo_tls_available():
-        with pytest.raises(ValueError, match="not available"):
+        with pytest.raises(ConfigError, match="not available"):
             SecureRingState(variant="gloo_tls")
     results = run_workers(validation_worker, 2, timeout=60)
     assert results[0][0].startswith("secure variants need keys")

@@ -2,8 +2,8 @@
 
 The import-linter contracts in pyproject.toml forbid a list of modules; this checks the positive rule the
 docs state: ``core.protocol`` uses only the standard library and ``cryptography``; the holder agent
-(agents/holder.py: "standard library, ``cryptography`` and ``gputravel.core.protocol`` only") ships as
-``BUNDLE_FILES`` and must run from that bundle alone. Every import is collected with :mod:`ast`, including
+(the package agents/holder/: "standard library, ``cryptography`` and ``gputravel.core.protocol`` only") ships
+as ``BUNDLE_FILES`` and must run from that bundle alone; the orchestrator's side of agents/ is never in it. Every import is collected with :mod:`ast`, including
 imports inside functions, under ``if TYPE_CHECKING`` and in ``try`` blocks, so a lazy import cannot hide.
 """
 
@@ -20,6 +20,7 @@ from gputravel.agents.holder import BUNDLE_FILES, package_root
 
 ROOT = package_root()
 PROTOCOL_DIR = ROOT / "core" / "protocol"
+HOLDER_DIR = ROOT / "agents" / "holder"
 THIRD_PARTY_ALLOWED = {"cryptography"}
 STDLIB = set(sys.stdlib_module_names)
 
@@ -89,6 +90,13 @@ def protocol_files() -> list[Path]:
     return files
 
 
+def holder_files() -> list[Path]:
+    """The holder side of agents/: every source of the agents/holder package."""
+    files = sorted(HOLDER_DIR.rglob("*.py"))
+    assert files, f"no sources under {HOLDER_DIR}"
+    return files
+
+
 # --- core.protocol: stdlib + cryptography (+ itself) ------------------------------------------------------
 @pytest.mark.parametrize("path", protocol_files(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_core_protocol_imports_only_stdlib_cryptography_and_itself(path: Path) -> None:
@@ -104,14 +112,18 @@ def test_core_protocol_imports_only_stdlib_cryptography_and_itself(path: Path) -
 
 # --- the holder agent bundle --------------------------------------------------------------------------------
 def test_the_bundle_is_the_agent_and_the_protocol() -> None:
-    """BUNDLE_FILES holds the agent, every core.protocol source, and the package __init__ files on the
-    way to them; nothing else (so the rule below is about exactly what gets deployed)."""
+    """BUNDLE_FILES holds every source of the agents/holder package, every core.protocol source, and the
+    package __init__ files on the way to them; nothing else (so the rule below is about exactly what gets
+    deployed, and no orchestrator-side module of agents/ is uploaded)."""
     listed = set(BUNDLE_FILES)
     assert all((ROOT / rel).is_file() for rel in listed), sorted(r for r in listed if not (ROOT / r).is_file())
     protocol = {str(p.relative_to(ROOT)) for p in protocol_files()}
     assert protocol <= listed, f"core.protocol sources missing from the bundle: {sorted(protocol - listed)}"
     parents = {"__init__.py", "core/__init__.py", "agents/__init__.py"}
-    assert listed == protocol | parents | {"agents/holder.py"}
+    holder = {str(p.relative_to(ROOT)) for p in holder_files()}
+    assert listed == protocol | parents | holder
+    assert not any(rel.startswith("agents/") and not rel.startswith("agents/holder/") and rel != "agents/__init__.py"
+                   for rel in listed)
 
 
 @pytest.mark.parametrize("rel", BUNDLE_FILES)
@@ -126,7 +138,8 @@ def test_every_bundle_file_imports_only_stdlib_cryptography_and_the_bundle(rel: 
                 continue
             if not is_module_or_package(imp.module):
                 continue  # a name imported from a bundled module (``from ...errors import DataError``)
-            if rel == "agents/holder.py" and not imp.module.startswith("gputravel.core.protocol"):
+            if rel.startswith("agents/holder/") and not imp.module.startswith(("gputravel.core.protocol",
+                                                                               "gputravel.agents.holder")):
                 bad.append(f"{imp.file}:{imp.line}: {imp.module} (the agent uses core only through core.protocol)")
                 continue
         bad.append(f"{imp.file}:{imp.line}: {imp.module}")
@@ -134,9 +147,9 @@ def test_every_bundle_file_imports_only_stdlib_cryptography_and_the_bundle(rel: 
 
 
 def test_the_agent_uses_core_only_through_core_protocol() -> None:
-    mods = {imp.module for imp in imports_of(ROOT / "agents" / "holder.py") if imp.top == "gputravel"}
-    assert mods, "agents/holder.py should import the protocol it speaks"
-    outside = sorted(m for m in mods if not m.startswith("gputravel.core.protocol"))
+    mods = {imp.module for path in holder_files() for imp in imports_of(path) if imp.top == "gputravel"}
+    assert any(m.startswith("gputravel.core.protocol") for m in mods), "the agent should import the protocol it speaks"
+    outside = sorted(m for m in mods if not m.startswith(("gputravel.core.protocol", "gputravel.agents.holder")))
     assert outside == []
 
 

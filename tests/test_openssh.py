@@ -239,7 +239,7 @@ async def test_full_run_over_openssh_with_two_system_users(data_path: str, opens
         assert h["bundle_sha256"] == h["agent_sha256"] == agent_sha256()
         folder = openssh.homes[name] / h["remote_dir"]
         assert folder.stat().st_uid == openssh.uids[name]  # deployed as, and run by, the holder's own user
-        assert (folder / "gputravel/agents/holder.py").stat().st_mode & 0o077 == 0
+        assert (folder / "gputravel/agents/holder/agent.py").stat().st_mode & 0o077 == 0
         states = [r.outcome for r in read_rows(out / "ledger.db") if r.kind == "holder-state" and r.holder == name]
         assert states[-3:] == ["provisioning", "returned", "stopped"] and "verified" in states
 

@@ -167,26 +167,26 @@ async def test_deploy_into_hash_folder_verifies_and_redeploys_only_when_the_bund
         folder = home / first.remote_dir
         assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*.py")) == \
             sorted(rel for rel, _ in bundle_contents())  # the agent and core.protocol, nothing else
-        assert (folder / "gputravel/agents/holder.py").read_bytes() == (package_root() / "agents/holder.py").read_bytes()
+        assert (folder / "gputravel/agents/holder/agent.py").read_bytes() == (package_root() / "agents/holder/agent.py").read_bytes()
         assert await remote_hash(conn, spec, first.remote_dir) == want  # recomputed there, without importing it
         assert await remote_hash(conn, spec, ".gputravel/agent-0000000000000000") is None
         assert ssh.agent_dirs("alice") == [folder]  # the staging folder was renamed into place
-        mtime = (folder / "gputravel/agents/holder.py").stat().st_mtime_ns
+        mtime = (folder / "gputravel/agents/holder/agent.py").stat().st_mtime_ns
 
         states.clear()
         second = await deploy(conn, spec, on_state=lambda s, d: states.append((s, d)))
         assert second.uploaded is False and second.remote_dir == first.remote_dir
         assert states == [("verified", want)]
-        assert (folder / "gputravel/agents/holder.py").stat().st_mtime_ns == mtime
+        assert (folder / "gputravel/agents/holder/agent.py").stat().st_mtime_ns == mtime
 
-        changed = [(rel, data + b"\n# the next agent release\n" if rel == "gputravel/agents/holder.py" else data)
+        changed = [(rel, data + b"\n# the next agent release\n" if rel == "gputravel/agents/holder/agent.py" else data)
                    for rel, data in bundle_contents()]
         monkeypatch.setattr(deploy_mod, "bundle_contents", lambda: changed)
         third = await deploy(conn, spec)
         new = digest_files(changed)
         assert new != want and third.uploaded is True and third.bundle_sha256 == new
         assert third.remote_dir == f".gputravel/agent-{new[:16]}"
-        assert (home / third.remote_dir / "gputravel/agents/holder.py").read_bytes().endswith(b"release\n")
+        assert (home / third.remote_dir / "gputravel/agents/holder/agent.py").read_bytes().endswith(b"release\n")
         assert await remote_hash(conn, spec, third.remote_dir) == new
         assert await remote_hash(conn, spec, first.remote_dir) == want  # the earlier release is untouched
         assert [p.name for p in ssh.agent_dirs("alice")] == sorted([f"agent-{want[:16]}", f"agent-{new[:16]}"])
@@ -213,7 +213,7 @@ async def test_full_run_through_ssh_completes_every_visit_and_reports_the_deploy
         assert (h["transport"], h["host"], h["port"], h["user"]) == ("ssh", "127.0.0.1", ssh.server.port, name)
         assert h["bundle_sha256"] == h["agent_sha256"] == agent_sha256()
         assert h["remote_dir"] == f".gputravel/agent-{agent_sha256()[:16]}" and h["uploaded"] is True
-        assert (ssh.home(name) / h["remote_dir"] / "gputravel/agents/holder.py").is_file()
+        assert (ssh.home(name) / h["remote_dir"] / "gputravel/agents/holder/agent.py").is_file()
 
         seen = [e.state for e in events if isinstance(e, ev.HolderStateChanged) and e.holder == name]
         want = HAPPY_STATES[:4] + ["provisioning", "returned"] * 2 + ["stopped"]
@@ -340,7 +340,7 @@ async def test_bundle_tampered_at_rest_is_refused_with_hash_mismatch(how: str, s
         await conn.wait_closed()
     folder = ssh.home("alice") / report.remote_dir
     if how == "modified file":
-        target = folder / "gputravel/agents/holder.py"
+        target = folder / "gputravel/agents/holder/agent.py"
         target.write_bytes(target.read_bytes() + b"\nimport os  # exfiltrate\n")
     else:
         target = folder / "gputravel/core/protocol/sneaky.py"

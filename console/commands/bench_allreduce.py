@@ -1,42 +1,16 @@
-"""``gputravel bench allreduce``: every ring variant against ``dist.all_reduce``, in one run."""
+"""``gputravel bench allreduce``: every ring variant against ``dist.all_reduce``, in one run (the study:
+``core.collectives.bench``)."""
 
 from __future__ import annotations
 
-import json
-import sys
-from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-
-def int_list(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(t) for t in text.split(",") if t.strip())
-    except ValueError:
-        raise typer.BadParameter(f"expected a comma list of integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise typer.BadParameter("values must be positive")
-    return values
-
-
-def float_list(text: str) -> tuple[float, ...]:
-    try:
-        values = tuple(float(t) for t in text.split(",") if t.strip())
-    except ValueError:
-        raise typer.BadParameter(f"expected a comma list of numbers, got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise typer.BadParameter("values must be positive")
-    return values
-
-
-def machine_line(machine: dict[str, Any]) -> str:
-    return (f"machine: {machine['cores']} cores ({machine['cpu']}), device {machine['device']}, "
-            f"backend {machine['backend']}, torch {machine['torch']}, gloo_tls "
-            f"{'available' if machine['gloo_tls'] else 'not in this build'}")
+from gputravel.console.commands.bench import float_list, int_list, machine_line, run_study
+from gputravel.core.errors import ConfigError
 
 
 def render(console: Console, report: dict[str, Any]) -> None:
@@ -80,8 +54,8 @@ def allreduce(
 
     try:
         chosen = parse_variants(variants)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
+    except ConfigError as exc:
+        raise typer.BadParameter(exc.reason) from None
     gathers = tuple(g.strip() for g in gather.split(",") if g.strip())
     if not gathers or any(g not in ("sealed", "reseal") for g in gathers):
         raise typer.BadParameter("--gather is sealed, reseal or sealed,reseal")
@@ -94,26 +68,6 @@ def allreduce(
                                                       on_progress=on_progress),
               worlds=worlds, steps=len(spec.sizes_mib) * (repeats + warmup),
               describe=lambda p: f"{p['size_mib']:g} MiB", render=render, json_out=json_out)
-
-
-def run_study(run: Callable[[Callable[[int, dict[str, Any]], None]], dict[str, Any]], *, worlds: tuple[int, ...],
-              steps: int, describe: Callable[[dict[str, Any]], str],
-              render: Callable[[Console, dict[str, Any]], None], json_out: bool) -> None:
-    """One bar per world size while ``run(on_progress)`` goes, then the table (stderr with --json) and the
-    JSON report on stdout."""
-    console = Console(stderr=json_out)
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as progress:
-        tasks = [progress.add_task(f"world {w}", total=steps) for w in worlds]
-
-        def on_progress(i: int, payload: dict[str, Any]) -> None:
-            progress.update(tasks[i], completed=payload["done"],
-                            description=f"world {payload['world_size']} · {describe(payload)}")
-
-        report = run(on_progress)
-    render(console, report)
-    if json_out:
-        sys.stdout.write(json.dumps(report, indent=2) + "\n")
 
 
 def register(bench_app: typer.Typer) -> None:

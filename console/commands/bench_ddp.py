@@ -1,4 +1,5 @@
-"""``gputravel bench ddp``: per-iteration DDP training time with each comm hook (the GPU-TEE study's table)."""
+"""``gputravel bench ddp``: per-iteration DDP training time with each comm hook (the GPU-TEE study's table; the
+study: ``core.collectives.bench``)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gputravel.console.commands.bench_allreduce import int_list, machine_line, run_study
+from gputravel.console.commands.bench import int_list, machine_line, run_study
 from gputravel.core.collectives.models import MODELS
+from gputravel.core.errors import ConfigError
 
 
 def render(console: Console, report: dict[str, Any]) -> None:
@@ -46,13 +48,11 @@ def ddp(
 ) -> None:
     """Train an MLP with DDP under each hook; overhead by world size and model size, in one run."""
     from gputravel.core.collectives.bench import DdpSpec, parse_variants, run_ddp_bench
-    from gputravel.core.collectives.ring import Variant
 
     try:
-        chosen = parse_variants(variants)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
-    chosen = tuple(v for v in chosen if v is not Variant.GLOO_TLS)  # a process-group option, not a hook here
+        chosen = parse_variants(variants, hooks=True)
+    except ConfigError as exc:
+        raise typer.BadParameter(exc.reason) from None
     models = tuple(m.strip() for m in model.split(",") if m.strip())
     if not models or any(m not in MODELS for m in models):
         raise typer.BadParameter(f"--model takes a comma list of {', '.join(MODELS)}")

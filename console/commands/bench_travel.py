@@ -1,315 +1,33 @@
-"""``gputravel bench travel``: the Travelling-vs-conventional transfer study (the GPU Travelling seed table).
-
-For each buffer size and each path, one whole training run on the same job; reported per run: training
-time, transfer time and the transfer share.
-
-The job (stated in the JSON under ``job`` and in docs/provisioning.md):
-
-* data: ``--holders`` holders (default 2), each one .txt file of ``--dataset-mib`` MiB of printable
-  pseudo-random text (hex digits from ``os.urandom``), written to a temporary folder; default size
-  ``max(8, 1.25 × the largest buffer that runs)`` MiB, so every finite buffer takes at least two visits;
-* the training: the ``tiny`` GPT preset (2 layers, 128 wide, byte tokens), batch 8 × 64 tokens, one torch
-  thread (a core stays free for the data path), one round over every holder's data (the seed's one pass,
-  scaled down): each visit trains ``round(MiB of training data in the visit × --steps-per-mib)`` steps, so the
-  total number of steps (the training work) is the same for every buffer size;
-* ``uncapped``: one buffer holding a holder's whole data (one visit per holder).
-
-The two paths (the same holders, agents deployed through the embedded loopback SSH server):
-
-* ``travelling``: ``data_path="direct"`` with parallel authentication and overlap: the agent seals each
-  chunk once under the GPU's key and sends it straight to the device;
-* ``conventional``: ``data_path="conventional"``: plaintext over the holder's SSH link to the orchestrator's
-  CVM, which re-encrypts it for the bounce buffer; the device decrypts it. By default without parallel
-  authentication and overlap (as a CC driver does it); ``--conventional-fixes`` gives it both.
-
-``train_s`` is the device's training time summed over the visits (including the held-out evaluation),
-``tx_s`` the PROVISION phases summed (first byte sent to the last chunk in the buffer), and
-``tx_pct = 100 · tx_s / (tx_s + train_s)``; ``tx_pct_of_visits`` divides by all visit phases instead
-(attestation, hand-off, scrub, the sealed checkpoint included).
-
-A size the machine cannot hold (3 × the buffer + 1 GiB of memory, above ``--max-mib``, above the engine's
-64 GiB limit) is a row with ``status: "skipped"`` and the reason; a run that fails is ``status: "failed"``.
-"""
+"""``gputravel bench travel``: the Travelling-vs-conventional transfer study (``core.bench.travel``), wired:
+options, the fleet that runs each training run, a progress bar, the table or ``--json``."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
-import os
-import shutil
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from gputravel.console.commands.bench import StudyProgress
 from gputravel.core import planner
-from gputravel.core.errors import ConfigError, GpuTravelError
-from gputravel.core.machine import machine_info as core_machine_info
-
-MIB = 1 << 20
-ENGINE_MAX_MIB = 64 * 1024
-MEMORY_OVERHEAD = 1 << 30
-VAL_FRACTION = 0.1
-VAL_SHARE = 0.1
+from gputravel.core.bench import travel
+from gputravel.core.errors import ConfigError
 
 
-# --- the machine -----------------------------------------------------------------------------------------
-def mem_available() -> int:
-    """Bytes of memory available for new work (``MemAvailable``; ``os.sysconf`` free pages elsewhere)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return 0
+def travel_progress(console: Console) -> StudyProgress:
+    """The travel study's bar: which buffer and path, visits done of those expected."""
+    return StudyProgress(TextColumn("{task.description:<30}"), BarColumn(), MofNCompleteColumn(),
+                         TextColumn("visits"), TimeElapsedColumn(), TimeRemainingColumn(), console=console)
 
 
-def on_tmpfs(path: Path) -> bool:
-    """Whether ``path`` lies on a memory-backed file system (its files then take RAM)."""
-    best, fstype = "", ""
-    try:
-        with open("/proc/mounts") as f:
-            for line in f:
-                parts = line.split()
-                mount = parts[1] if len(parts) >= 3 else ""
-                inside = str(path) == mount or str(path).startswith(mount.rstrip("/") + "/")
-                if mount and inside and len(mount) > len(best):
-                    best, fstype = parts[1], parts[2]
-    except OSError:
-        return False
-    return fstype in ("tmpfs", "ramfs")
-
-
-def machine_info() -> dict[str, Any]:
-    info = core_machine_info()
-    info["mem_available_mib"] = round(mem_available() / MIB)
-    try:
-        info["loadavg_1m"] = round(os.getloadavg()[0], 2)
-    except OSError:
-        pass
-    return info
-
-
-def memory_need(buffer_bytes: int) -> int:
-    """What a run with this buffer needs: the device's buffer, the trainer's view of it and the conventional
-    path's plaintext window in the orchestrator (3 × the buffer), plus the processes themselves."""
-    return 3 * buffer_bytes + MEMORY_OVERHEAD
-
-
-def skip_reason(buffer_mib: float, *, max_mib: float | None, available: int) -> str | None:
-    """Why a buffer of ``buffer_mib`` cannot run here, or None."""
-    if max_mib is not None and buffer_mib > max_mib:
-        return f"above --max-mib {max_mib:g}"
-    if buffer_mib > ENGINE_MAX_MIB:
-        return f"above the engine's buffer limit ({ENGINE_MAX_MIB} MiB)"
-    need = memory_need(int(buffer_mib * MIB))
-    if need > available:
-        return (f"needs about {need / 2**30:,.1f} GiB of memory (3 × buffer + 1 GiB); "
-                f"{available / 2**30:,.1f} GiB available")
-    return None
-
-
-# --- the job ---------------------------------------------------------------------------------------------
-def make_holders(root: Path, holders: int, nbytes: int) -> Path:
-    from gputravel.console.commands.bench_provision import make_dataset
-
-    for i in range(holders):
-        make_dataset(root / f"h{i:02d}", nbytes)
-    return root
-
-
-def label(buffer_mib: float | str | None) -> str:
-    if buffer_mib is None or buffer_mib == "uncapped":
-        return "uncapped"
-    value = float(buffer_mib)
-    return str(int(value)) if value.is_integer() else f"{value:g}"
-
-
-def _row_from_report(report: dict[str, Any], base: dict[str, Any], wall_s: float) -> dict[str, Any]:
-    visits = report["visits"]
-    done = [v for v in visits if str(v.get("outcome", "")).startswith("done")]
-    tx = sum(float(v["provision_s"]) for v in done)
-    train = sum(float(v["train_s"]) for v in done)
-    nbytes = sum(int(v["bytes"]) for v in done)
-    phases = sum(sum(float(x) for x in v.get("phase_s", {}).values()) for v in done)
-    steps = int(report.get("training", {}).get("steps") or 0)
-    row = {**base, "status": "ok", "reason": None, "visits": len(done), "bytes": nbytes, "steps": steps,
-           "train_s": round(train, 6), "tx_s": round(tx, 6),
-           "tx_pct": round(100.0 * tx / (tx + train), 4) if tx + train > 0 else None,
-           "tx_pct_of_visits": round(100.0 * tx / phases, 4) if phases > 0 else None,
-           "visits_s": round(phases, 6), "protocol_s": round(max(0.0, phases - tx - train), 6),
-           "mb_s": round(nbytes / tx / 1e6, 2) if tx > 0 else None,
-           "tx_s_per_visit": round(tx / len(done), 6) if done else None,
-           "train_s_per_step": round(train / steps, 6) if steps else None,
-           "wall_s": round(wall_s, 3), "model_params": report.get("training", {}).get("model_params")}
-    failed = int(report.get("failed_visits") or 0)
-    if failed or len(done) != len(visits):
-        row["status"], row["reason"] = "failed", f"{failed} visit(s) failed"
-    return row
-
-
-def _empty_row(base: dict[str, Any], status: str, reason: str) -> dict[str, Any]:
-    return {**base, "status": status, "reason": reason, "visits": None, "bytes": None, "steps": None,
-            "train_s": None, "tx_s": None, "tx_pct": None, "tx_pct_of_visits": None, "mb_s": None}
-
-
-def ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per buffer size, from the two runs measured in this study: conventional transfer time over Travelling's."""
-    out: dict[str, Any] = {}
-    for r in rows:
-        if r["path"] != "travelling" or r["status"] != "ok":
-            continue
-        conv = next((c for c in rows if c["buffer_mib"] == r["buffer_mib"] and c["path"] == "conventional"
-                     and c["status"] == "ok"), None)
-        if conv is None or not r["tx_s"]:
-            continue
-        out[str(r["buffer_mib"])] = {
-            "tx_conventional_over_travelling": round(conv["tx_s"] / r["tx_s"], 2),
-            "tx_s_per_visit_conventional_over_travelling":
-                round(conv["tx_s_per_visit"] / r["tx_s_per_visit"], 2) if r.get("tx_s_per_visit") else None,
-            "tx_pct": {"travelling": r["tx_pct"], "conventional": conv["tx_pct"]}}
-    return out
-
-
-def study(buffers: list[float | None], *, workdir: Path, dataset_mib: float | None = None, holders: int = 2,
-          steps_per_mib: float = 4.0, model: str = "tiny", batch_size: int = 8, seq_len: int = 64,
-          chunk_kib: int = 1024, transport: str = "ssh", max_mib: float | None = None, torch_threads: int = 1,
-          conventional_fixes: bool = False, paths: tuple[str, ...] = planner.PATHS,
-          console: Console | None = None) -> dict[str, Any]:
-    """Run the study; returns the JSON-able result (``benchmark: travel``)."""
-    from gputravel.console import fleet
-    from gputravel.core import events as ev
-    from gputravel.core.config import RunSettings
-
-    if holders < 1:
-        raise ConfigError("holders must be >= 1")
-    if not steps_per_mib > 0:
-        raise ConfigError("steps-per-mib must be > 0")
-    for p in paths:
-        if p not in planner.PATHS:
-            raise ConfigError(f"unknown path {p!r}; choose from {', '.join(planner.PATHS)}")
-    available = mem_available()
-    finite = [b for b in buffers if b is not None]
-    reasons = {b: skip_reason(b, max_mib=max_mib, available=available) for b in finite}
-    feasible = [b for b in finite if reasons[b] is None]
-    holder_mib = dataset_mib if dataset_mib is not None else max(8.0, 1.25 * max(feasible, default=0.0))
-    holder_bytes = int(holder_mib * MIB)
-    if holder_bytes < 4096:
-        raise ConfigError("dataset-mib must be at least 4 KiB")
-    uncapped = planner.uncapped_buffer_bytes([holder_bytes] * holders, val_fraction=VAL_FRACTION,
-                                             val_share=VAL_SHARE)
-    if None in buffers:
-        reasons[None] = skip_reason(uncapped / MIB, max_mib=max_mib, available=available)
-    workdir.mkdir(parents=True, exist_ok=True)
-    total_data = holder_bytes * holders
-    free_disk = shutil.disk_usage(workdir).free
-    if total_data + (64 << 20) > free_disk:
-        raise ConfigError(f"the dataset ({total_data / MIB:,.0f} MiB) does not fit in {workdir} "
-                          f"({free_disk / MIB:,.0f} MiB free); lower --dataset-mib")
-    if on_tmpfs(workdir):  # the dataset's files take memory too
-        for b, reason in list(reasons.items()):
-            need = memory_need(uncapped if b is None else int(b * MIB)) + total_data
-            if reason is None and need > available:
-                reasons[b] = (f"needs about {need / 2**30:,.1f} GiB of memory (3 × buffer + 1 GiB + the dataset "
-                              f"on tmpfs); {available / 2**30:,.1f} GiB available")
-
-    plan: list[tuple[float | None, int, int]] = []  # (requested, buffer bytes, steps per visit)
-    for b in buffers:
-        size = uncapped if b is None else int(b * MIB)
-        shape = planner.schedule([holder_bytes], buffer_bytes=max(size, 1), val_fraction=VAL_FRACTION,
-                                 val_share=VAL_SHARE)
-        plan.append((b, size, planner.steps_for(shape[0].train_bytes, steps_per_mib)))
-    runnable = [(b, size, spv) for b, size, spv in plan if reasons.get(b) is None]
-    expected = sum(len(planner.schedule([holder_bytes] * holders, buffer_bytes=size, val_fraction=VAL_FRACTION,
-                                        val_share=VAL_SHARE)) for _, size, _ in runnable) * len(paths)
-
-    console = console or Console(stderr=True)
-    rows: list[dict[str, Any]] = []
-    data = workdir / "data"
-    progress = Progress(TextColumn("{task.description:<30}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("visits"), TimeElapsedColumn(), TimeRemainingColumn(), console=console,
-                        transient=True)
-    t_start = time.perf_counter()
-    with progress:
-        task = progress.add_task("writing the dataset", total=max(expected, 1))
-        if runnable:
-            make_holders(data, holders, holder_bytes)
-        for b, size, spv in plan:
-            for path in paths:
-                # Travelling: the device's own choice (auto: on where cores are free); conventional: off unless asked
-                fixes: bool | None = None if (path == "travelling" or conventional_fixes) else False
-                base = {"buffer_mib": "uncapped" if b is None else b, "buffer_bytes": size,
-                        "buffer_mib_used": round(size / MIB, 4), "path": path,
-                        "data_path": planner.DATA_PATH[path], "parallel_auth": fixes, "overlap": fixes,
-                        "steps_per_visit": spv}
-                reason = reasons.get(b)
-                if reason is not None:
-                    rows.append(_empty_row(base, "skipped", reason))
-                    continue
-                progress.update(task, description=f"{label(b)} MiB · {path}")
-                settings = RunSettings(
-                    holders=holders, rounds=1, steps_per_visit=spv, buffer_mib=size / MIB, data_dir=data,
-                    out_dir=workdir / f"run-{label(b)}-{path}", chunk_kib=chunk_kib, val_fraction=VAL_FRACTION,
-                    val_share=VAL_SHARE, model=model, batch_size=batch_size, seq_len=seq_len,
-                    torch_threads=torch_threads, transport=transport, data_path=planner.DATA_PATH[path],
-                    parallel_auth=fixes, overlap=fixes)
-
-                def sink(event: Any, _task: Any = task) -> None:
-                    if isinstance(event, ev.VisitCompleted | ev.VisitFailed):
-                        progress.advance(_task)
-
-                sinks: list[Callable[[Any], None]] = [sink]
-                t0 = time.perf_counter()
-                try:
-                    report = asyncio.run(fleet.run(settings, sinks=sinks))
-                except GpuTravelError as exc:
-                    rows.append(_empty_row(base, "failed", str(exc)))
-                    continue
-                except (OSError, RuntimeError, ValueError) as exc:
-                    rows.append(_empty_row(base, "failed", f"{type(exc).__name__}: {exc}"))
-                    continue
-                finally:
-                    shutil.rmtree(settings.out_dir, ignore_errors=True)
-                rows.append(_row_from_report(report, base, time.perf_counter() - t0))
-    params = next((r.get("model_params") for r in rows if r.get("model_params")), None)
-    job = {"model": model, "model_params": params, "batch_size": batch_size, "seq_len": seq_len,
-           "tokens_per_step": batch_size * seq_len, "steps_per_mib": steps_per_mib, "holders": holders,
-           "holder_mib": round(holder_mib, 4), "dataset_mib": round(holder_mib * holders, 4),
-           "dataset": "one .txt per holder of printable pseudo-random text (hex digits from os.urandom)",
-           "rounds": 1, "val_fraction": VAL_FRACTION, "val_share": VAL_SHARE, "torch_threads": torch_threads,
-           "chunk_kib": chunk_kib, "transport": transport,
-           "steps_rule": "steps per visit = max(1, round(MiB of training data in the visit × steps_per_mib)); "
-                         "one round over all data, so total steps are the same for every buffer size",
-           "tx_pct": "100 · tx_s / (tx_s + train_s)"}
-    return {"benchmark": "travel", "machine": machine_info(), "job": job,
-            "paths": {p: {"data_path": planner.DATA_PATH[p],
-                          "parallel_auth": "auto" if p == "travelling" or conventional_fixes else False,
-                          "overlap": "auto" if p == "travelling" or conventional_fixes else False} for p in paths},
-            "buffers": [label(b) for b in buffers], "rows": rows, "ratios": ratios(rows),
-            "seconds": round(time.perf_counter() - t_start, 2)}
-
-
-# --- screen ----------------------------------------------------------------------------------------------
+# --- the screen --------------------------------------------------------------------------------------------
 def _f(x: Any, fmt: str) -> str:
     return "—" if x is None else format(x, fmt)
 
@@ -325,7 +43,7 @@ def render(result: dict[str, Any], console: Console | None = None) -> None:
         table.add_column(col, justify="left" if col in ("path",) else "right")
     rat = result.get("ratios", {})
     for r in result["rows"]:
-        buf = label(r["buffer_mib"])
+        buf = travel.label(r["buffer_mib"])
         if r["status"] != "ok":
             table.add_row(buf, r["path"], f"[yellow]{r['status']}[/]: {r['reason']}", "", "", "", "", "", "")
             continue
@@ -371,12 +89,16 @@ def register(bench_app: typer.Typer) -> None:
         for name, value in (("--dataset-mib", dataset_mib), ("--max-mib", max_mib)):
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise typer.BadParameter("must be a positive number", param_hint=name)
-        with tempfile.TemporaryDirectory(prefix="gputravel-bench-travel-") as tmp:
+        from gputravel.console import fleet
+
+        with tempfile.TemporaryDirectory(prefix="gputravel-bench-travel-") as tmp, \
+                travel_progress(Console(stderr=True)) as progress:
             try:
-                result = study(buffers, workdir=Path(tmp), dataset_mib=dataset_mib, holders=holders,
-                               steps_per_mib=steps_per_mib, model=model, batch_size=batch_size, seq_len=seq_len,
-                               chunk_kib=chunk_kib, transport=transport, max_mib=max_mib,
-                               torch_threads=torch_threads, conventional_fixes=conventional_fixes)
+                result = travel.study(buffers, workdir=Path(tmp), run=fleet.run, dataset_mib=dataset_mib,
+                                      holders=holders, steps_per_mib=steps_per_mib, model=model,
+                                      batch_size=batch_size, seq_len=seq_len, chunk_kib=chunk_kib,
+                                      transport=transport, max_mib=max_mib, torch_threads=torch_threads,
+                                      conventional_fixes=conventional_fixes, on_progress=progress)
             except ConfigError as exc:
                 raise typer.BadParameter(exc.reason) from None
         if as_json:

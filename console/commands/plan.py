@@ -1,4 +1,4 @@
-"""``gputravel plan``: predict a run's transfer and training time on both data paths (``core.planner``).
+"""``gputravel plan``: predict a run's transfer and training time on both data paths (``core.bench.plan``).
 
 The model is fitted on measured runs: ``--from FILE.json`` (outputs of ``bench travel --json`` and/or
 ``bench provision --json``, repeatable). Without ``--from`` it uses the calibration cached under the user
@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,75 +17,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from gputravel.console.commands.bench_travel import travel_progress
 from gputravel.core import planner
+from gputravel.core.bench.plan import plan
 from gputravel.core.errors import ConfigError
-
-CALIBRATION_VERSION = 1
-#: The calibration: two datasets (2 and 8 MiB per holder), each with a small buffer and an uncapped one,
-#: so both the number of visits and the bytes moved vary between runs.
-CALIBRATION = ((2.0, [0.5, None]), (8.0, [2.0, None]))
-
-
-def cache_path() -> Path:
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("gputravel")) / "plan-calibration.json"
-
-
-def _machine_key(info: dict[str, Any]) -> dict[str, Any]:
-    return {k: info.get(k) for k in ("cores", "platform", "torch", "cuda")}
-
-
-def calibrate(console: Console) -> dict[str, Any]:
-    from gputravel.console.commands.bench_travel import machine_info, study
-
-    studies = []
-    with tempfile.TemporaryDirectory(prefix="gputravel-plan-") as tmp:
-        for i, (holder_mib, buffers) in enumerate(CALIBRATION):
-            console.print(f"calibrating {i + 1}/{len(CALIBRATION)}: {holder_mib:g} MiB per holder, buffers "
-                          f"{', '.join('uncapped' if b is None else f'{b:g} MiB' for b in buffers)}")
-            studies.append(study(buffers, workdir=Path(tmp) / f"s{i}", dataset_mib=holder_mib, console=console))
-    return {"benchmark": "calibration", "version": CALIBRATION_VERSION, "created": time.time(),
-            "machine": machine_info(), "studies": studies}
-
-
-def load_calibration(*, recalibrate: bool, console: Console) -> tuple[dict[str, Any], str]:
-    """The cached calibration if it fits this machine, else a fresh one (cached); and where it came from."""
-    from gputravel.console.commands.bench_travel import machine_info
-
-    path = cache_path()
-    here = _machine_key(machine_info())
-    if not recalibrate and path.exists():
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError):
-            doc = {}
-        if doc.get("version") == CALIBRATION_VERSION and _machine_key(doc.get("machine", {})) == here:
-            age_h = (time.time() - float(doc.get("created", 0))) / 3600
-            return doc, f"cached calibration {path} ({age_h:,.1f} h old; --recalibrate to measure again)"
-    doc = calibrate(console)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(doc) + "\n")
-        where = f"calibration measured now, cached in {path}"
-    except OSError as exc:
-        where = f"calibration measured now (not cached: {exc})"
-    return doc, where
-
-
-def load_samples(files: list[Path]) -> list[planner.Sample]:
-    samples: list[planner.Sample] = []
-    for f in files:
-        try:
-            doc = json.loads(Path(f).read_text())
-        except OSError as exc:
-            raise ConfigError(f"--from {f}: {exc.strerror or exc}") from None
-        except ValueError as exc:
-            raise ConfigError(f"--from {f}: not JSON ({exc})") from None
-        if not isinstance(doc, dict):
-            raise ConfigError(f"--from {f}: not a benchmark JSON document")
-        samples.extend(planner.samples_from_report(doc, source=f"{Path(f).name}:"))
-    return samples
 
 
 def _pct(x: float | None) -> str:
@@ -180,20 +113,15 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter("must be positive", param_hint="--steps-per-mib")
         if rounds < 1:
             raise typer.BadParameter("must be >= 1", param_hint="--rounds")
+        from gputravel.console import fleet
+
         try:
-            if from_files:
-                samples = load_samples(from_files)
-                source = ", ".join(str(f) for f in from_files)
-            else:
-                doc, source = load_calibration(recalibrate=recalibrate, console=console)
-                samples = planner.samples_from_report(doc)
-            model = planner.fit_model(samples)
-            prediction = planner.predict(model, sizes, buffer_bytes=int(buffer_mib * planner.MIB),
-                                         steps_per_mib=steps_per_mib, rounds=rounds, gbps=gbps)
+            with travel_progress(console) as progress:
+                result = plan(sizes, buffer_mib=buffer_mib, from_files=from_files, gbps=gbps,
+                              steps_per_mib=steps_per_mib, rounds=rounds, recalibrate=recalibrate, run=fleet.run,
+                              say=console.print, on_progress=progress)
         except ConfigError as exc:
             raise typer.BadParameter(exc.reason) from None
-        result = {"command": "plan", "holder_bytes": sizes, "buffer_mib": buffer_mib, "source": source,
-                  "prediction": prediction, "model": model.to_dict()}
         if as_json:
             sys.stdout.write(json.dumps(result, indent=2) + "\n")
             return

@@ -24,6 +24,7 @@ from gputravel.core.collectives.keys import emulated_identity, establish_ring_ke
 from gputravel.core.collectives.launch import WorkerContext, run_workers
 from gputravel.core.collectives.models import MODELS
 from gputravel.core.collectives.ring import RingStats, SecureRing, Variant, available_variants
+from gputravel.core.errors import ConfigError
 from gputravel.core.machine import machine_info as core_machine_info
 
 __all__ = ["MODELS", "AllReduceSpec", "DdpSpec", "machine_info", "run_allreduce_bench", "run_ddp_bench"]
@@ -37,19 +38,26 @@ def machine_info(*, backend: str = "gloo") -> dict[str, Any]:
             "platform": "emulated (SIM) device identities; real AES-256-GCM, ECDH and signatures"}
 
 
-def parse_variants(text: str) -> tuple[Variant, ...]:
-    """``all`` or a comma list; ``plain`` is always measured (every ratio needs it)."""
+def parse_variants(text: str, *, hooks: bool = False) -> tuple[Variant, ...]:
+    """``all`` or a comma list; ``plain`` is always measured (every ratio needs it). With ``hooks``, only
+    the variants that are DDP comm hooks (``gloo_tls`` is a process-group option, not a hook)."""
     if text.strip() == "all":
         chosen = list(available_variants())
     else:
         chosen = []
         for name in (t.strip() for t in text.split(",") if t.strip()):
-            v = Variant(name)
+            try:
+                v = Variant(name)
+            except ValueError:
+                raise ConfigError(f"unknown variant {name!r} (choose from {', '.join(x.value for x in Variant)})"
+                                  ) from None
             if v not in available_variants():
-                raise ValueError(f"variant {v} is not available in this torch build")
+                raise ConfigError(f"variant {v} is not available in this torch build")
             chosen.append(v)
     if Variant.PLAIN not in chosen:
         chosen.insert(0, Variant.PLAIN)
+    if hooks:
+        chosen = [v for v in chosen if v is not Variant.GLOO_TLS]
     return tuple(dict.fromkeys(chosen))
 
 
@@ -259,7 +267,7 @@ def run_ddp_bench(spec: DdpSpec, *, world_sizes: Sequence[int], backend: str = "
                   timeout: float = 1800.0) -> dict[str, Any]:
     """Per-iteration DDP time with each hook, by world size and model size (the study's table)."""
     if Variant.PLAIN not in spec.variants:
-        raise ValueError("the DDP benchmark needs the plain variant (every ratio is against it)")
+        raise ConfigError("the DDP benchmark needs the plain variant (every ratio is against it)")
     rows = _each_world(ddp_worker, spec, world_sizes, prefix="gputravel-ddp-", backend=backend, timeout=timeout,
                        on_progress=on_progress)
     settings = {**_settings(spec, world_sizes), "models": {m: {"mlp": MODELS[m]} for m in spec.models}}

@@ -23,9 +23,9 @@ from typing import Any
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from gputravel.core.errors import ConfigError, NonceExhaustedError
 from gputravel.core.protocol import TAG_LEN, DirectionKey, TagError, nonce
 from gputravel.core.protocol.cipher import COUNTER_MAX
-from gputravel.core.protocol.errors import NonceExhaustedError
 
 __all__ = [
     "ALL_RANKS",
@@ -80,7 +80,7 @@ class _HopState:
 
     def __init__(self, key: DirectionKey, *, session_id: bytes) -> None:
         if len(session_id) != 16:
-            raise ValueError("a ring session id is 16 bytes")
+            raise ConfigError("a ring session id is 16 bytes")
         self._aead = AESGCM(key.key)
         self.prefix = key.prefix
         self.epoch = key.epoch
@@ -91,7 +91,7 @@ class _HopState:
     def reserve(self, n: int) -> int:
         """Reserve ``n`` consecutive sequence numbers and return the first (never handed out twice)."""
         if n < 0:
-            raise ValueError("cannot reserve a negative count")
+            raise ConfigError("cannot reserve a negative count")
         base = self.counter
         if base + n > COUNTER_MAX:
             raise NonceExhaustedError(f"ring key {self.fingerprint} used all its nonces; re-key the ring")
@@ -150,7 +150,7 @@ class HostCrypto:
 
     def __init__(self, *, workers: int) -> None:
         if workers < 0:
-            raise ValueError("workers must be >= 0")
+            raise ConfigError("workers must be >= 0")
         self.workers = workers  # threads that seal, open and reduce chunks (0: inline)
         self._pool: ThreadPoolExecutor | None = None  # started on first use
 

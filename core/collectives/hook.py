@@ -32,6 +32,7 @@ from gputravel.core.collectives.ring import (
     Variant,
     available_variants,
 )
+from gputravel.core.errors import CollectiveError, ConfigError
 
 #: ``torch.distributed.Store`` (the c10d key-value store); not exported to type checkers
 Store = Any
@@ -82,15 +83,15 @@ class SecureRingState:
         try:
             self.variant = Variant(variant)
         except ValueError:
-            raise ValueError(f"unknown variant {variant!r} (choose from {', '.join(v.value for v in Variant)})") from None
+            raise ConfigError(f"unknown variant {variant!r} (choose from {', '.join(v.value for v in Variant)})") from None
         if self.variant not in available_variants():
-            raise ValueError(f"variant {self.variant} is not available in this torch build")
+            raise ConfigError(f"variant {self.variant} is not available in this torch build")
         if not dist.is_initialized():
-            raise RuntimeError("call torch.distributed.init_process_group before creating the hook state")
+            raise CollectiveError("call torch.distributed.init_process_group before creating the hook state")
         if chunk_bytes is not None and chunk_bytes < 4096:
-            raise ValueError("chunk_bytes must be at least 4096")
+            raise ConfigError("chunk_bytes must be at least 4096")
         if workers is not None and workers < 0:
-            raise ValueError("workers must be >= 0 (0: crypto inline)")
+            raise ConfigError("workers must be >= 0 (0: crypto inline)")
         self.process_group = process_group
         self.world_size = dist.get_world_size(process_group)
         rank = dist.get_rank(process_group)
@@ -98,7 +99,7 @@ class SecureRingState:
             store = default_store() if store is None else store
             if identity is None or root is None:
                 if vendor_dir is None:
-                    raise ValueError("secure variants need keys, identity and root, or (SIM) vendor_dir")
+                    raise ConfigError("secure variants need keys, identity and root, or (SIM) vendor_dir")
                 identity, root, crl = emulated_identity(Path(vendor_dir), rank=rank, store=store, timeout=timeout)
             ranks = "-".join(str(r) for r in dist.get_process_group_ranks(process_group or dist.group.WORLD))
             keys = establish_ring_keys(store, rank=rank, world=self.world_size, identity=identity, root=root,

@@ -48,7 +48,7 @@ from gputravel.core.attestation import (
     verify_evidence,
 )
 from gputravel.core.collectives.crypto import HopOpener, HopSealer
-from gputravel.core.errors import AttestationError
+from gputravel.core.errors import AttestationError, ConfigError
 from gputravel.core.handshake import Initiator, SessionSecrets, respond
 from gputravel.core.protocol import DirectionKey, channel_key, fingerprint
 
@@ -71,7 +71,7 @@ class RingKeys:
     def __init__(self, *, rank: int, world: int, epoch: int, send: HopSealer, recv: HopOpener,
                  gather_seal: HopSealer, gather_open: tuple[HopOpener, ...], peers: dict[str, str]) -> None:
         if not 0 <= rank < world or len(gather_open) != world:
-            raise ValueError("rank/world do not match the gather keys")
+            raise ConfigError("rank/world do not match the gather keys")
         self.rank = rank
         self.world = world
         self.epoch = epoch
@@ -158,7 +158,7 @@ def establish_ring_keys(
     neighbour's evidence or signature does not verify (the neighbour is told, and raises too).
     """
     if not 0 <= rank < world:
-        raise ValueError(f"rank {rank} outside world {world}")
+        raise ConfigError(f"rank {rank} outside world {world}")
     policy = load_policy() if policy is None else policy
     measurements = emulated_measurements()
     code = measurements.code

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from gputravel.core.errors import WorkerError
+
 __all__ = ["WorkerContext", "WorkerError", "free_port", "run_workers"]
 
 
@@ -32,15 +34,6 @@ class WorkerContext:
 
     def report(self, payload: Any) -> None:
         self.progress.put(("progress", self.rank, payload))
-
-
-class WorkerError(RuntimeError):
-    """One or more ranks failed; ``errors`` maps rank -> (exception type name, message)."""
-
-    def __init__(self, errors: dict[int, tuple[str, str]], detail: str = "") -> None:
-        self.errors = errors
-        text = "; ".join(f"rank {r}: {t}: {m}" for r, (t, m) in sorted(errors.items()))
-        super().__init__(text + (f"\n{detail}" if detail else ""))
 
 
 def free_port() -> int:

@@ -35,7 +35,8 @@ from gputravel.core.collectives.crypto import (
     default_workers,
 )
 from gputravel.core.collectives.keys import RingKeys
-from gputravel.core.protocol import ProtocolError, TagError
+from gputravel.core.errors import CollectiveAbortedError, CollectiveError, ConfigError
+from gputravel.core.protocol import TagError
 
 __all__ = [
     "CollectiveAbortedError",
@@ -89,12 +90,6 @@ def available_variants() -> tuple[Variant, ...]:
     return tuple(v for v in Variant if v is not Variant.GLOO_TLS or gloo_tls_available())
 
 
-class CollectiveAbortedError(ProtocolError):
-    """Another rank of the ring rejected a hop; this rank's result is discarded (zeroed)."""
-
-    code = "collective-aborted"
-
-
 @dataclass(frozen=True, slots=True)
 class RingFault:
     """Fault injection for tests and demos: rank ``rank`` corrupts the hop it sends at (phase, step, chunk).
@@ -111,7 +106,7 @@ class RingFault:
 
     def __post_init__(self) -> None:
         if self.kind not in ("flip", "replay"):
-            raise ValueError("fault kind is 'flip' or 'replay'")
+            raise ConfigError("fault kind is 'flip' or 'replay'")
 
 
 @dataclass(slots=True)
@@ -263,14 +258,14 @@ class SecureRing:
                  crypto: HostCrypto | None = None, chunk_bytes: int | None = None,
                  sealed_gather: bool = True, fault: RingFault | None = None) -> None:
         if not dist.is_initialized():
-            raise RuntimeError("torch.distributed is not initialized")
+            raise CollectiveError("torch.distributed is not initialized")
         if chunk_bytes is not None and chunk_bytes < 4096:
-            raise ValueError("chunk_bytes must be at least 4096")
+            raise ConfigError("chunk_bytes must be at least 4096")
         self.group = group  # None: the default group
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
         if keys is not None and (keys.rank, keys.world) != (self.rank, self.world):
-            raise ValueError(f"keys are for rank {keys.rank}/{keys.world}, group has {self.rank}/{self.world}")
+            raise ConfigError(f"keys are for rank {keys.rank}/{keys.world}, group has {self.rank}/{self.world}")
         self.keys = keys  # None: plaintext variants only
         self.crypto = crypto or HostCrypto(workers=default_workers())  # where sealing, opening, reducing run
         self.chunk_bytes = chunk_bytes  # pipelined chunk size; None: auto (see pipeline_chunk)
@@ -316,7 +311,7 @@ class SecureRing:
     # --- plumbing ----------------------------------------------------------------------------------
     def _gloo_tls(self) -> dist.ProcessGroup:
         if not gloo_tls_available():
-            raise RuntimeError("gloo_tls: this torch build's gloo has no TCP_TLS transport")
+            raise CollectiveError("gloo_tls: this torch build's gloo has no TCP_TLS transport")
         if self._tls_group is None:
             saved = os.environ.get("GLOO_DEVICE_TRANSPORT")
             os.environ["GLOO_DEVICE_TRANSPORT"] = "TCP_TLS"  # key/cert/CA come from GLOO_DEVICE_TRANSPORT_TCP_TLS_*
@@ -389,7 +384,7 @@ class SecureRing:
     def _secure(self, flat: torch.Tensor, variant: Variant, stats: RingStats) -> None:
         keys = self.keys
         if keys is None:
-            raise RuntimeError(f"variant {variant} needs ring keys (establish_ring_keys)")
+            raise ConfigError(f"variant {variant} needs ring keys (establish_ring_keys)")
         chunk = self.pipeline_chunk() if variant is Variant.SECURE_PIPELINED else None
         plan, bufs = self._plan(flat.numel(), flat.element_size(), chunk, secure=True,
                                 pin=torch.cuda.is_available() and self._wire.nccl)

@@ -1,10 +1,12 @@
 """The error tree. Every failure crossing a boundary is one of these, with a code and a reason.
 
 ``GpuTravelError`` is the root. Protocol errors live here (the holder agent imports them);
-the engine-level ones (attestation, integrity, agents, data) are defined here too so there is
-exactly one tree, and re-exported from ``gputravel.core.errors``.
+the engine-level ones (attestation, integrity, agents, data, recordings, collectives) are defined
+here too so there is exactly one tree in one file, and re-exported from ``gputravel.core.errors``.
 
-Exit codes of the CLI map from ``exit_code`` (documented in the README).
+Every class has a stable ``code`` (its key in ``ERRORS_BY_CODE``, and what crosses the wire) and an
+``exit_code``: the CLI exits with it, and README's exit-code table names every class under its code
+(``tests/test_errors.py`` checks both).
 """
 
 from __future__ import annotations
@@ -24,6 +26,11 @@ class GpuTravelError(Exception):
 
     def __str__(self) -> str:  # "ReplayError: sequence 3 was already accepted"
         return f"{type(self).__name__}: {self.reason}"
+
+    @classmethod
+    def from_reason(cls, reason: str) -> GpuTravelError:
+        """The error rebuilt from its wire form (code, reason)."""
+        return cls(reason)
 
 
 # --- protocol -------------------------------------------------------------------------------
@@ -95,6 +102,11 @@ class AgentError(GpuTravelError):
         self.host = host
         super().__init__(f"{host}: {reason}")
 
+    @classmethod
+    def from_reason(cls, reason: str) -> GpuTravelError:
+        host, _, rest = reason.partition(": ")
+        return cls(host, rest)
+
 
 class LinkLostError(AgentError):
     """The connection to a holder dropped (not the agent failing): the transfer can resume."""
@@ -123,6 +135,19 @@ class ConfigError(GpuTravelError):
     exit_code = 2
 
 
+class InsecureKeyError(ConfigError):
+    """A private key file is group- or world-accessible, or belongs to another user: it is refused, not used."""
+
+    code = "insecure-key"
+
+
+class RecordingError(GpuTravelError):
+    """A recording cannot be written, opened or read (missing, not a recording, another version)."""
+
+    code = "recording"
+    exit_code = 2
+
+
 class LedgerError(GpuTravelError):
     """The audit ledger is unreadable or its hash chain is broken."""
 
@@ -137,12 +162,43 @@ class CancelledRunError(GpuTravelError):
     exit_code = 130
 
 
+# --- secure collectives ----------------------------------------------------------------------
+class CollectiveAbortedError(ProtocolError):
+    """Another rank of the ring rejected a hop; this rank's result is discarded (zeroed)."""
+
+    code = "collective-aborted"
+
+
+class CollectiveError(GpuTravelError):
+    """A secure collective (the ring, its DDP hook, their ranks) cannot run as asked or failed at run time."""
+
+    code = "collective"
+    exit_code = 10
+
+
+class WorkerError(CollectiveError):
+    """One or more ranks of a collective job failed; ``errors`` maps rank -> (exception type name, message)."""
+
+    code = "worker"
+
+    def __init__(self, errors: dict[int, tuple[str, str]] | None = None, detail: str = "", *,
+                 reason: str = "") -> None:
+        self.errors = dict(errors or {})
+        text = reason or "; ".join(f"rank {r}: {t}: {m}" for r, (t, m) in sorted(self.errors.items()))
+        super().__init__(text + (f"\n{detail}" if detail else ""))
+
+    @classmethod
+    def from_reason(cls, reason: str) -> GpuTravelError:
+        return cls(reason=reason)
+
+
 ERRORS_BY_CODE: dict[str, type[GpuTravelError]] = {
     cls.code: cls
     for cls in (
         GpuTravelError, ProtocolError, FrameError, TagError, ReplayError, StaleEpochError,
-        WindowError, NonceExhaustedError, AttestationError, IntegrityError, DeviceError,
-        DataError, ConfigError, LedgerError, CancelledRunError,
+        WindowError, NonceExhaustedError, AttestationError, IntegrityError, AgentError, LinkLostError,
+        DeviceError, DataError, ConfigError, InsecureKeyError, RecordingError, LedgerError, CancelledRunError,
+        CollectiveAbortedError, CollectiveError, WorkerError,
     )
 }
 
@@ -150,11 +206,12 @@ ERRORS_BY_CODE: dict[str, type[GpuTravelError]] = {
 def error_from_code(code: str, reason: str) -> GpuTravelError:
     """Rebuild a typed error sent over the wire as (code, reason)."""
     cls = ERRORS_BY_CODE.get(code, GpuTravelError)
-    return cls(reason)
+    return cls.from_reason(reason)
 
 
 __all__ = [
-    "AgentError", "AttestationError", "CancelledRunError", "ConfigError", "DataError", "DeviceError", "FrameError",
-    "GpuTravelError", "IntegrityError", "LedgerError", "LinkLostError", "NonceExhaustedError", "ProtocolError",
-    "ReplayError", "StaleEpochError", "TagError", "WindowError", "error_from_code",
+    "ERRORS_BY_CODE", "AgentError", "AttestationError", "CancelledRunError", "CollectiveAbortedError",
+    "CollectiveError", "ConfigError", "DataError", "DeviceError", "FrameError", "GpuTravelError",
+    "InsecureKeyError", "IntegrityError", "LedgerError", "LinkLostError", "NonceExhaustedError", "ProtocolError",
+    "RecordingError", "ReplayError", "StaleEpochError", "TagError", "WindowError", "WorkerError", "error_from_code",
 ]

@@ -1,6 +1,7 @@
 """The holder agent: runs in a data holder's confidential VM, next to its private dataset.
 
-Small and deployable: standard library, ``cryptography`` and ``gputravel.core.protocol`` only.
+Small and deployable: standard library, ``cryptography`` and ``gputravel.core.protocol`` only
+(``python -m gputravel.agents.holder`` runs ``main``).
 It speaks length-prefixed frames on stdin/stdout (locally, or through an SSH channel):
 
     agent -> HELLO {name, format, train_bytes, val_bytes, files, agent_sha256}
@@ -16,7 +17,6 @@ write window in the GPU's buffer for one epoch. Plaintext never leaves this proc
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import queue
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from gputravel.agents.holder.bundle import agent_sha256
 from gputravel.core.protocol import (
     TAG_LEN,
     DirectionKey,
@@ -46,44 +47,6 @@ LLMC_MAGIC = 20240520
 LLMC_HEADER = 256 * 4
 MAX_IN_FLIGHT = 32
 MAX_RETRANSMITS = 3
-
-
-#: The files of the agent bundle, relative to the ``gputravel`` package root: the agent and the
-#: protocol it speaks, nothing else.
-BUNDLE_FILES: tuple[str, ...] = (
-    "__init__.py",
-    "core/__init__.py",
-    "core/protocol/__init__.py",
-    "core/protocol/cipher.py",
-    "core/protocol/errors.py",
-    "core/protocol/frames.py",
-    "core/protocol/keys.py",
-    "agents/__init__.py",
-    "agents/holder.py",
-)
-
-
-def digest_files(files: list[tuple[str, bytes]]) -> str:
-    """SHA-256 over (relative path, length, contents) of each file, in path order."""
-    h = hashlib.sha256(b"gputravel-bundle-v1")
-    for rel, data in sorted(files):
-        h.update(rel.encode() + b"\0" + len(data).to_bytes(8, "big") + data)
-    return h.hexdigest()
-
-
-def package_root() -> Path:
-    """The folder that is the ``gputravel`` package (the repository root in a checkout)."""
-    return Path(__file__).resolve().parent.parent
-
-
-def bundle_contents(root: Path | None = None) -> list[tuple[str, bytes]]:
-    base = root or package_root()
-    return [(f"gputravel/{rel}", (base / rel).read_bytes()) for rel in BUNDLE_FILES]
-
-
-def agent_sha256() -> str:
-    """Hash of the agent's own bundle, as the deployer computes it before upload."""
-    return digest_files(bundle_contents())
 
 
 @dataclass(frozen=True, slots=True)
@@ -444,7 +407,3 @@ def main(argv: list[str] | None = None) -> int:
         out.flush()
         return 2
     return Agent(ns.name, data, out, inp, witness=ns.witness.expanduser() if ns.witness else None).run()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,21 @@
+"""What is deployed to a holder machine: the agent (``agent``) and its bundle (``bundle``).
+
+Everything in this package is uploaded, hashed and run on the holder, beside ``gputravel.core.protocol``:
+standard library and ``cryptography`` only (an import contract and ``tests/test_import_rules.py`` hold it
+so). The orchestrator's side (SSH deployment, the fleet, the inventory, the embedded SSH server) is the
+rest of ``gputravel.agents``, and is never uploaded.
+"""
+
+from __future__ import annotations
+
+from gputravel.agents.holder.agent import AGENT_VERSION, Agent, Dataset, main, open_dataset
+from gputravel.agents.holder.bundle import (
+    BUNDLE_FILES,
+    agent_sha256,
+    bundle_contents,
+    digest_files,
+    package_root,
+)
+
+__all__ = ["AGENT_VERSION", "BUNDLE_FILES", "Agent", "Dataset", "agent_sha256", "bundle_contents", "digest_files",
+           "main", "open_dataset", "package_root"]

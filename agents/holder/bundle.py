@@ -1,0 +1,51 @@
+"""The agent bundle: the files uploaded to a holder and the SHA-256 over them.
+
+The deployer (``agents/deploy.py``) uploads exactly ``bundle_contents()`` and checks the hash the
+holder recomputes; the agent reports ``agent_sha256()`` of its own copy in HELLO. Standard library only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+#: The files of the agent bundle, relative to the ``gputravel`` package root: this package (the agent)
+#: and the protocol it speaks, nothing else. Every ``.py`` file of ``agents/holder/`` is here: the holder
+#: recomputes the hash over every ``.py`` file it was sent (``deploy.REMOTE_HASH_SCRIPT``).
+BUNDLE_FILES: tuple[str, ...] = (
+    "__init__.py",
+    "core/__init__.py",
+    "core/protocol/__init__.py",
+    "core/protocol/cipher.py",
+    "core/protocol/errors.py",
+    "core/protocol/frames.py",
+    "core/protocol/keys.py",
+    "agents/__init__.py",
+    "agents/holder/__init__.py",
+    "agents/holder/__main__.py",
+    "agents/holder/agent.py",
+    "agents/holder/bundle.py",
+)
+
+
+def digest_files(files: list[tuple[str, bytes]]) -> str:
+    """SHA-256 over (relative path, length, contents) of each file, in path order."""
+    h = hashlib.sha256(b"gputravel-bundle-v1")
+    for rel, data in sorted(files):
+        h.update(rel.encode() + b"\0" + len(data).to_bytes(8, "big") + data)
+    return h.hexdigest()
+
+
+def package_root() -> Path:
+    """The folder that is the ``gputravel`` package (the repository root in a checkout)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def bundle_contents(root: Path | None = None) -> list[tuple[str, bytes]]:
+    base = root or package_root()
+    return [(f"gputravel/{rel}", (base / rel).read_bytes()) for rel in BUNDLE_FILES]
+
+
+def agent_sha256() -> str:
+    """Hash of the agent's own bundle, as the deployer computes it before upload."""
+    return digest_files(bundle_contents())
