@@ -48,15 +48,17 @@ def test_checkpoint_file_is_private_and_leaves_no_temp_files(tmp_path: Path) -> 
     path = store.save({"w": torch.ones(3)}, run_id="r", seq=1)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert [p.name for p in store.directory.iterdir()] == ["ckpt-000001.gtc"]
-    header = path.read_bytes()[:16]
-    assert header[:4] == b"GTCK" and header[13:16] == b"\x00\x01r"  # run id in the plaintext header
+    header = path.read_bytes()[:80]
+    assert header[:4] == b"GTCK" and b'"run_id":"r"' in header  # run id in the plaintext header
 
 
 def test_flipped_ciphertext_byte_raises_tag_error(tmp_path: Path) -> None:
     store = _store(tmp_path)
     path = store.save({"w": torch.arange(10)}, run_id="r", seq=1)
     blob = bytearray(path.read_bytes())
-    blob[-20] ^= 0x01
+    with store.open(path) as f:
+        start = f.data_start
+    blob[start + 5 + 3] ^= 0x01  # inside the first sealed chunk
     path.write_bytes(bytes(blob))
     with pytest.raises(TagError, match="authentication"):
         store.load(path)
@@ -66,10 +68,12 @@ def test_altered_header_seq_raises_tag_error(tmp_path: Path) -> None:
     store = _store(tmp_path)
     path = store.save({"w": torch.arange(10)}, run_id="r", seq=1)
     blob = bytearray(path.read_bytes())
-    blob[12] ^= 0x01  # low byte of the big-endian seq
-    path.write_bytes(bytes(blob))
-    with pytest.raises(TagError):
-        store.load(path)
+    at = blob.index(b'"seq":1') + len(b'"seq":')
+    blob[at: at + 1] = b"2"  # the plaintext header's sequence number
+    renamed = store.path_for(2)
+    renamed.write_bytes(bytes(blob))
+    with pytest.raises(TagError, match="chunk 0 failed authentication"):
+        store.load(renamed)
 
 
 def test_renamed_checkpoint_is_detected(tmp_path: Path) -> None:
@@ -88,6 +92,78 @@ def test_checkpoint_of_another_run_or_key_is_refused(tmp_path: Path) -> None:
     other = CheckpointStore(tmp_path / "ckpt", os.urandom(32))
     with pytest.raises(TagError, match="another key"):
         other.load(path)
+
+
+def test_a_model_state_streams_in_bounded_chunks_and_restores_in_place(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    trainer = _trained()
+    path = store.save(trainer.state_dict(), run_id="r", seq=1, chunk_size=4096, meta={"steps": 3})
+    with store.open(path) as f:
+        sizes = [len(sealed) for _, sealed in f.records()]
+    assert len(sizes) > 3 and max(sizes) <= 4096 + 16
+    restored = Trainer(MICRO, TrainSettings(steps_per_visit=3, batch_size=2, seq_len=8, seed=9), "cpu")
+    wte = restored.model.transformer["wte"].weight
+    state = store.load(path, targets=restored.state_dict())
+    assert state["model"]["transformer.wte.weight"] is not None
+    restored.load_state_dict(state)
+    assert restored.model.transformer["wte"].weight is wte  # written in place, still tied to lm_head
+    assert restored.model.lm_head.weight.data_ptr() == wte.data_ptr()
+    assert restored.model_digest() == trainer.model_digest()
+    assert store.meta(path)["steps"] == 3
+
+
+def _chunked(store: CheckpointStore) -> Path:
+    return store.save({"w": torch.arange(5000, dtype=torch.float32)}, run_id="r", seq=1, chunk_size=1024)
+
+
+def test_a_tampered_chunk_is_rejected_by_name(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    path = _chunked(store)
+    blob = bytearray(path.read_bytes())
+    blob[len(blob) // 2] ^= 0x40
+    path.write_bytes(bytes(blob))
+    with pytest.raises(TagError, match=r"checkpoint .*ckpt-000001\.gtc: chunk \d+ failed authentication"):
+        store.load(path)
+
+
+def test_swapped_chunks_are_rejected_by_name(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    path = _chunked(store)
+    blob = path.read_bytes()
+    rec = 5 + 1024 + 16  # a record: kind u8, length u32, a full sealed chunk
+    with store.open(path) as f:
+        first = f.data_start
+    a, b = blob[first: first + rec], blob[first + rec: first + 2 * rec]
+    path.write_bytes(blob[:first] + b + a + blob[first + 2 * rec:])
+    with pytest.raises(TagError, match="chunk 0 failed authentication"):
+        store.load(path)
+
+
+def test_a_checkpoint_cut_at_a_chunk_boundary_is_rejected_by_name(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    path = _chunked(store)
+    with store.open(path) as f:
+        start = f.data_start
+    rec = 5 + 1024 + 16
+    blob = path.read_bytes()
+    path.write_bytes(blob[: start + 3 * rec])  # three whole chunks, no end chunk, no meta
+    with pytest.raises(DataError, match="truncated: it ends before chunk 3"):
+        store.load(path)
+    path.write_bytes(blob[: start + 3 * rec + 100])
+    with pytest.raises(DataError, match="chunk 3 has"):
+        store.load(path)
+
+
+def test_a_kill_mid_write_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.save({"w": torch.ones(4)}, run_id="r", seq=1)
+    header = store.new_header(run_id="r", seq=2, chunk_size=1024)
+    writer = store.writer(header)
+    writer.add(0, b"x" * 1040)  # a half-written checkpoint: the process dies here
+    assert store.latest() == (1, store.path_for(1))
+    reopened = _store(tmp_path)  # the next start sweeps the orphaned temporary file
+    assert [p.name for p in reopened.directory.iterdir()] == ["ckpt-000001.gtc"]
+    assert torch.equal(reopened.load(1, run_id="r")["w"], torch.ones(4))
 
 
 def test_truncated_checkpoint_is_a_clear_data_error(tmp_path: Path) -> None:

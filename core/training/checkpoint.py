@@ -1,51 +1,91 @@
-"""Sealed checkpoints: ``torch.save`` bytes under AES-256-GCM, written atomically, mode 0600.
+"""Model state as a stream, and sealed checkpoints stored as bounded chunks, written atomically.
 
-File layout (``ckpt-{seq:06d}.gtc``)::
+**The state stream** (:func:`state_pieces`, :class:`StateDecoder`): a state dict (nested dicts,
+lists, tuples, scalars and tensors, as ``Trainer.state_dict()`` returns) becomes::
 
-    magic  b"GTCK"          4 bytes
-    version                 u8   (1)
-    seq                     u64  big-endian
-    run_id length           u16  big-endian, then the run id (UTF-8)
-    ciphertext length       u64  big-endian (ciphertext + 16-byte tag)
-    nonce                   12 bytes (random)
-    ciphertext ‖ tag
+    b"GTST" | manifest length u32 | manifest (JSON: the tree with tensors as {"$t": i}, and per
+                                     tensor its dtype, shape, byte count) | tensor 0 bytes | tensor 1 ...
 
-The whole header is the AAD, so ``run_id``, ``seq`` and the version are authenticated and a file
-renamed to another sequence number is detected. The sealing key is derived per run with
-HKDF-SHA256 from the store key (``info = "gputravel/checkpoint/v1|" + run_id``), so a random 96-bit
-nonce per file is far inside its safe range.
+The pieces are views of the tensors' own memory on the CPU (no copy) and bounded slices staged
+through one pinned buffer on CUDA, so no serialised copy of the whole state ever exists. A tensor
+shared by two names (GPT-2's tied ``wte``/``lm_head``) is written once. The decoder takes the
+stream in any cut and writes each tensor in place: into the tensor already at that path in
+``targets`` when dtype and shape match (a restore into a live model needs no second copy), else
+into a new one.
+
+**The checkpoint file** (``ckpt-{seq:06d}.gtc``), the sealed chunks of one stream
+(:mod:`gputravel.core.protocol.stream`) as records::
+
+    magic b"GTCK" | version u8 (2) | header length u32 | header (JSON: the stream header)
+    record*:  kind u8 (0 data, 1 end, 2 meta) | length u32 | bytes
+              data and end records are sealed chunks exactly as the sealer produced them; the one meta
+              record (last) is plaintext JSON the orchestrator adds (model digest, tag digest, epoch...)
+
+The sealer is whoever holds the run key (:meth:`CheckpointStore.run_key`): in a run, the device.
+The orchestrator writes the chunks it is handed without opening them (:meth:`CheckpointStore.writer`)
+to a temporary file (0600), fsyncs it, renames it into place and fsyncs the folder, so a kill at any
+moment leaves the previous checkpoint intact and never a partial one under a checkpoint's name.
+Readers check the file name against the sealed sequence number, the run against the caller's, and
+every chunk's tag; a truncated file is a ``DataError`` and an altered one a ``TagError``, each
+naming the file and the chunk.
 """
 
 from __future__ import annotations
 
-import io
+import hashlib
+import json
 import os
 import re
 import struct
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
-from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from gputravel.core.errors import ConfigError, DataError, TagError
-from gputravel.core.files import fsync_dir, read_private, write_atomic
+from gputravel.core.errors import ConfigError, DataError, FrameError, TagError
+from gputravel.core.files import fsync_dir, read_private
+from gputravel.core.protocol.cipher import TAG_LEN
+from gputravel.core.protocol.stream import (
+    DEFAULT_STREAM_CHUNK,
+    StreamHeader,
+    StreamOpener,
+    StreamSealer,
+    rechunk,
+)
 
-__all__ = ["CHECKPOINT_VERSION", "CheckpointStore", "load_or_create_key"]
+__all__ = [
+    "CHECKPOINT_VERSION",
+    "CheckpointFile",
+    "CheckpointStore",
+    "CheckpointWriter",
+    "StateDecoder",
+    "load_or_create_key",
+    "seal_state",
+    "state_pieces",
+    "state_size",
+]
 
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2
 KEY_BYTES = 32
+STREAM_KIND = "checkpoint"
 _MAGIC = b"GTCK"
-_FIXED = struct.Struct(">4sBQH")  # magic, version, seq, run_id length
-_TAIL = struct.Struct(">Q12s")  # ciphertext length, nonce
+_FILE_HEAD = struct.Struct(">4sBI")
+_RECORD = struct.Struct(">BI")
+REC_DATA, REC_END, REC_META = 0, 1, 2
 _NAME = re.compile(r"^ckpt-(\d{6,})\.gtc$")
-_TAG_BYTES = 16
-_MAX_SEALED = 2**31 - 1 - _TAG_BYTES
+_TMP_PREFIX = ".ckpt-tmp-"
+_STATE_MAGIC = b"GTST"
+_STATE_HEAD = struct.Struct(">4sI")
+MAX_MANIFEST = 16 << 20
+MAX_HEADER = 64 * 1024
+#: bytes staged per device-to-host copy on CUDA (the only host copy of device memory at any time)
+STAGE_BYTES = DEFAULT_STREAM_CHUNK
 
 
+# --- keys --------------------------------------------------------------------------------------------
 def load_or_create_key(path: Path) -> bytes:
     """The 32-byte checkpoint key at ``path``, created (mode 0600) when missing.
 
@@ -79,6 +119,465 @@ def _read_key(path: Path) -> bytes:
     return key
 
 
+# --- the state stream ----------------------------------------------------------------------------------
+_DTYPES: dict[str, torch.dtype] = {
+    str(d).removeprefix("torch."): d
+    for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8, torch.int16,
+              torch.int32, torch.int64, torch.bool, torch.complex64)
+}
+
+
+def _flatten(state: Any) -> tuple[Any, list[torch.Tensor]]:
+    """The JSON tree of ``state`` with tensors replaced by ``{"$t": index}``, and the unique tensors."""
+    tensors: list[torch.Tensor] = []
+    seen: dict[tuple[int, int, tuple[int, ...], tuple[int, ...], torch.dtype], int] = {}
+
+    def walk(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            t = x.detach()
+            ident = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+            if t.numel() == 0 or ident[0] == 0:
+                ident = (id(t), 0, (), (), t.dtype)
+            if ident not in seen:
+                if str(t.dtype).removeprefix("torch.") not in _DTYPES:
+                    raise ConfigError(f"cannot stream a tensor of dtype {t.dtype}")
+                seen[ident] = len(tensors)
+                tensors.append(t)
+            return {"$t": seen[ident]}
+        if isinstance(x, dict):
+            if all(isinstance(k, str) and not k.startswith("$") for k in x):
+                return {k: walk(v) for k, v in x.items()}
+            return {"$d": [[walk(k), walk(v)] for k, v in x.items()]}
+        if isinstance(x, tuple):
+            return {"$tuple": [walk(v) for v in x]}
+        if isinstance(x, list):
+            return [walk(v) for v in x]
+        if x is None or isinstance(x, (bool, int, float, str)):
+            return x
+        raise ConfigError(f"cannot stream a value of type {type(x).__name__} in a state dict")
+
+    return walk(state), tensors
+
+
+def _manifest(state: Any) -> tuple[bytes, list[torch.Tensor]]:
+    tree, tensors = _flatten(state)
+    meta = [{"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
+             "nbytes": t.numel() * t.element_size(), "host": t.device.type == "cpu"} for t in tensors]
+    raw = json.dumps({"version": 1, "tree": tree, "tensors": meta}, separators=(",", ":")).encode()
+    if len(raw) > MAX_MANIFEST:
+        raise ConfigError(f"state manifest of {len(raw)} bytes exceeds {MAX_MANIFEST}")
+    return _STATE_HEAD.pack(_STATE_MAGIC, len(raw)) + raw, tensors
+
+
+def state_size(state: Any) -> int:
+    """Bytes of the state stream of ``state`` (manifest and tensor bytes)."""
+    head, tensors = _manifest(state)
+    return len(head) + sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _tensor_bytes(t: torch.Tensor, stage: torch.Tensor | None) -> Iterator[memoryview]:
+    if t.numel() == 0:
+        return
+    if t.device.type == "cpu":
+        flat = t.contiguous().reshape(-1).view(torch.uint8)  # a view when already contiguous (the usual case)
+        yield memoryview(flat.numpy())
+        return
+    assert stage is not None
+    flat = t.contiguous().reshape(-1).view(torch.uint8)
+    n = flat.numel()
+    host = stage.numpy()
+    for pos in range(0, n, stage.numel()):
+        k = min(stage.numel(), n - pos)
+        stage[:k].copy_(flat[pos: pos + k])  # synchronous: the staged bytes are complete when yielded
+        yield memoryview(host)[:k]
+
+
+def state_pieces(state: Any, *, stage_bytes: int = STAGE_BYTES) -> Iterator[memoryview]:
+    """The state stream of ``state`` as pieces; each piece is valid until the next is asked for."""
+    head, tensors = _manifest(state)
+    yield memoryview(head)
+    stage: torch.Tensor | None = None
+    if any(t.device.type != "cpu" for t in tensors):
+        stage = torch.empty(stage_bytes, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+    for t in tensors:
+        yield from _tensor_bytes(t, stage)
+
+
+class StateDecoder:
+    """Rebuilds a state dict from its stream, fed in chunks of any size (a push parser)."""
+
+    def __init__(self, *, targets: Any = None, device: torch.device | str = "cpu",
+                 stage_bytes: int = STAGE_BYTES) -> None:
+        self.device = torch.device(device)
+        self._targets = targets
+        self._head = bytearray()
+        self._need = _STATE_HEAD.size
+        self._tree: Any = None
+        self._meta: list[dict[str, Any]] = []
+        self._tensors: list[torch.Tensor] = []
+        self._index = 0
+        self._pos = 0
+        self._cur: memoryview | None = None  # host bytes of the current tensor (CPU) or None (staged)
+        self._stage: torch.Tensor | None = None
+        self._stage_bytes = stage_bytes
+        self.bytes = 0
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        self.bytes += len(view)
+        pos = 0
+        while pos < len(view):
+            if self._tree is None:
+                take = min(self._need - len(self._head), len(view) - pos)
+                self._head += view[pos: pos + take]
+                pos += take
+                if len(self._head) == self._need:
+                    self._parse_head()
+                continue
+            if self._index >= len(self._meta):
+                raise DataError(f"state stream has {len(view) - pos} bytes after its last tensor")
+            pos += self._fill(view[pos:])
+
+    def _parse_head(self) -> None:
+        if self._need == _STATE_HEAD.size:
+            magic, n = _STATE_HEAD.unpack(bytes(self._head))
+            if magic != _STATE_MAGIC:
+                raise DataError("not a model state stream (bad magic)")
+            if n > MAX_MANIFEST:
+                raise DataError(f"state manifest of {n} bytes exceeds {MAX_MANIFEST}")
+            self._need += n
+            if n:
+                return
+        try:
+            manifest = json.loads(bytes(self._head[_STATE_HEAD.size:]).decode())
+            self._meta = list(manifest["tensors"])
+            tree = manifest["tree"]
+            if manifest.get("version") != 1:
+                raise DataError(f"state stream version {manifest.get('version')!r} is not 1")
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+            raise DataError(f"state manifest is malformed: {exc}") from None
+        targets = _target_tensors(tree, self._targets)
+        for i, m in enumerate(self._meta):
+            try:
+                dtype = _DTYPES[str(m["dtype"])]
+                shape = tuple(int(s) for s in m["shape"])
+            except (KeyError, TypeError, ValueError):
+                raise DataError(f"state manifest: tensor {i} has a bad dtype or shape: {m!r}") from None
+            t = targets.get(i)
+            if t is None or t.dtype != dtype or tuple(t.shape) != shape or not t.is_contiguous():
+                # host-side tensors (optimizer step counts, the sampler's state) stay on the host
+                t = torch.empty(shape, dtype=dtype, device="cpu" if m.get("host") else self.device)
+            if t.numel() * t.element_size() != int(m.get("nbytes", -1)):
+                raise DataError(f"state manifest: tensor {i} declares {m.get('nbytes')} bytes for shape {shape}")
+            self._tensors.append(t)
+        self._tree = tree
+        self._start_tensor()
+
+    def _start_tensor(self) -> None:
+        while self._index < len(self._tensors) and self._tensors[self._index].numel() == 0:
+            self._index += 1
+        self._pos = 0
+        self._cur = None
+        if self._index < len(self._tensors):
+            t = self._tensors[self._index]
+            if t.device.type == "cpu":
+                self._cur = memoryview(t.detach().reshape(-1).view(torch.uint8).numpy())
+
+    def _fill(self, view: memoryview) -> int:
+        t = self._tensors[self._index]
+        total = t.numel() * t.element_size()
+        k = min(total - self._pos, len(view))
+        if self._cur is not None:
+            self._cur[self._pos: self._pos + k] = view[:k]
+        else:
+            if self._stage is None:
+                self._stage = torch.empty(self._stage_bytes, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+            flat = t.detach().reshape(-1).view(torch.uint8)
+            done = 0
+            while done < k:
+                m = min(self._stage.numel(), k - done)
+                self._stage.numpy()[:m] = view[done: done + m]
+                flat[self._pos + done: self._pos + done + m].copy_(self._stage[:m])
+                done += m
+        self._pos += k
+        if self._pos == total:
+            self._index += 1
+            self._start_tensor()
+        return k
+
+    def result(self) -> Any:
+        """The state dict; a stream that stopped early is a ``DataError``."""
+        if self._tree is None or self._index < len(self._tensors):
+            raise DataError(f"state stream is truncated: {self._index} of {len(self._tensors) or '?'} tensors "
+                            f"complete after {self.bytes} bytes")
+        return _unflatten(self._tree, self._tensors)
+
+
+def _target_tensors(tree: Any, targets: Any) -> dict[int, torch.Tensor]:
+    """Tensors already present in ``targets`` at the paths where ``tree`` has tensor ``i``."""
+    found: dict[int, torch.Tensor] = {}
+    if targets is None:
+        return found
+
+    def walk(node: Any, target: Any) -> None:
+        if isinstance(node, dict) and set(node) == {"$t"}:
+            if isinstance(target, torch.Tensor):
+                found.setdefault(int(node["$t"]), target.detach())
+            return
+        if isinstance(node, dict) and set(node) == {"$d"}:
+            if isinstance(target, dict):
+                for k, v in node["$d"]:
+                    key = _unflatten(k, [])
+                    if key in target:
+                        walk(v, target[key])
+            return
+        if isinstance(node, dict) and set(node) == {"$tuple"}:
+            node = node["$tuple"]
+        if isinstance(node, dict) and isinstance(target, dict):
+            for k, v in node.items():
+                if k in target:
+                    walk(v, target[k])
+        elif isinstance(node, list) and isinstance(target, (list, tuple)):
+            for v, tv in zip(node, target, strict=False):
+                walk(v, tv)
+
+    walk(tree, targets)
+    return found
+
+
+def _unflatten(node: Any, tensors: list[torch.Tensor]) -> Any:
+    if isinstance(node, dict):
+        if set(node) == {"$t"}:
+            return tensors[int(node["$t"])]
+        if set(node) == {"$d"}:
+            return {_unflatten(k, tensors): _unflatten(v, tensors) for k, v in node["$d"]}
+        if set(node) == {"$tuple"}:
+            return tuple(_unflatten(v, tensors) for v in node["$tuple"])
+        return {k: _unflatten(v, tensors) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_unflatten(v, tensors) for v in node]
+    return node
+
+
+def seal_state(key: bytes, header: StreamHeader, state: Any, *,
+               trailer: Mapping[str, Any] | None = None) -> Iterator[tuple[int, memoryview]]:
+    """The sealed chunks of ``state``'s stream as ``(record kind, sealed bytes)``: data chunks, then the end
+    chunk. The sealed bytes are a view of one reused buffer, valid until the next chunk is asked for."""
+    sealer = StreamSealer(key, header)
+    out = bytearray(header.sealed_size(header.chunk_size))
+    for chunk in rechunk(state_pieces(state), header.chunk_size):
+        n = sealer.seal_into(chunk, out)
+        yield REC_DATA, memoryview(out)[:n]
+    yield REC_END, memoryview(sealer.end(trailer))
+
+
+# --- the store ---------------------------------------------------------------------------------------
+class CheckpointWriter:
+    """One checkpoint being written: records appended to a private temporary file, published by :meth:`commit`.
+
+    Used as a context manager, an exception (or a kill) before ``commit`` leaves no file under a checkpoint's
+    name; the previous checkpoints are untouched."""
+
+    def __init__(self, store: CheckpointStore, header: StreamHeader) -> None:
+        self.store = store
+        self.header = header
+        self.path = store.path_for(header.seq)
+        self.tmp = store.directory / f"{_TMP_PREFIX}{header.seq:06d}-{os.getpid()}-{os.urandom(4).hex()}"
+        self.bytes = 0
+        self.chunks = 0
+        self._ended = False
+        self._tags: list[bytes] = []
+        fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+        self._file: BinaryIO | None = os.fdopen(fd, "wb", buffering=0)
+        raw = json.dumps({"stream": header.to_dict()}, sort_keys=True, separators=(",", ":")).encode()
+        self._write(_FILE_HEAD.pack(_MAGIC, CHECKPOINT_VERSION, len(raw)) + raw)
+
+    def __enter__(self) -> CheckpointWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._file is not None:
+            self.abort()
+
+    def _write(self, data: bytes | bytearray | memoryview) -> None:
+        assert self._file is not None
+        view = memoryview(data)
+        while view:
+            n = self._file.write(view)
+            view = view[n or 0:]
+
+    def add(self, kind: int, sealed: bytes | bytearray | memoryview) -> None:
+        """Append one sealed chunk exactly as the sealer produced it (never opened here)."""
+        if self._file is None or self._ended:
+            raise DataError(f"checkpoint {self.path.name}: no chunk may follow the end chunk")
+        if kind not in (REC_DATA, REC_END):
+            raise FrameError(f"unknown checkpoint record kind {kind}")
+        if len(sealed) > self.header.max_sealed or len(sealed) < TAG_LEN:
+            raise FrameError(f"sealed chunk of {len(sealed)} bytes does not fit the stream's chunk size")
+        self._write(_RECORD.pack(kind, len(sealed)))
+        self._write(sealed)
+        self._tags.append(bytes(memoryview(sealed)[-TAG_LEN:]))
+        self.bytes += len(sealed)
+        self.chunks += 1
+        self._ended = kind == REC_END
+
+    @property
+    def tag_digest(self) -> str:
+        """SHA-256 over the header and the written chunks' tags: equals the sealer's when nothing was lost."""
+        from gputravel.core.protocol.stream import tag_digest
+
+        return tag_digest(self.header, self._tags)
+
+    def commit(self, meta: Mapping[str, Any] | None = None) -> Path:
+        """Write the meta record, fsync, rename into place, fsync the folder, prune old checkpoints."""
+        if self._file is None:
+            raise DataError(f"checkpoint {self.path.name} was already committed or aborted")
+        if not self._ended:
+            self.abort()
+            raise DataError(f"checkpoint {self.path.name} has no end chunk: refusing to publish a partial stream")
+        raw = json.dumps({**dict(meta or {}), "tag_digest": self.tag_digest}, sort_keys=True,
+                         separators=(",", ":")).encode()
+        self._write(_RECORD.pack(REC_META, len(raw)) + raw)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        self._file = None
+        os.replace(self.tmp, self.path)
+        fsync_dir(self.store.directory)
+        self.store.prune()
+        return self.path
+
+    def abort(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self.tmp.unlink(missing_ok=True)
+
+
+class CheckpointFile:
+    """A checkpoint file opened for reading: header checked, records read one at a time."""
+
+    def __init__(self, path: Path, *, run_id: str | None = None) -> None:
+        self.path = Path(path)
+        try:
+            self._f: BinaryIO = open(self.path, "rb")  # noqa: SIM115  (closed by close()/the context manager)
+        except FileNotFoundError:
+            raise DataError(f"checkpoint {self.path} does not exist") from None
+        try:
+            self.header = self._read_header()
+            m = _NAME.match(self.path.name)
+            if m and int(m.group(1)) != self.header.seq:
+                raise TagError(f"checkpoint {self.path} was sealed as seq {self.header.seq}; the file was renamed")
+            if run_id is not None and self.header.run_id != run_id:
+                raise TagError(f"checkpoint {self.path} belongs to run {self.header.run_id!r}, not {run_id!r}")
+        except BaseException:
+            self._f.close()
+            raise
+        self.data_start = self._f.tell()
+        self.meta: dict[str, Any] | None = None
+
+    def __enter__(self) -> CheckpointFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._f.close()
+
+    def _exact(self, n: int, what: str) -> bytes:
+        data = self._f.read(n)
+        if len(data) != n:
+            raise DataError(f"checkpoint {self.path} is truncated: {what} has {len(data)} of {n} bytes")
+        return data
+
+    def _read_header(self) -> StreamHeader:
+        magic, version, n = _FILE_HEAD.unpack(self._exact(_FILE_HEAD.size, "the file header"))
+        if magic != _MAGIC:
+            raise TagError(f"{self.path} is not a sealed gputravel checkpoint (bad magic)")
+        if version != CHECKPOINT_VERSION:
+            raise DataError(f"checkpoint {self.path} has format version {version}, this build reads "
+                            f"{CHECKPOINT_VERSION}")
+        if n > MAX_HEADER:
+            raise TagError(f"checkpoint {self.path}: header of {n} bytes is over the limit (altered)")
+        raw = self._exact(n, "the file header")
+        try:
+            data = json.loads(raw.decode())
+            header = StreamHeader.from_dict(data["stream"])
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError, FrameError) as exc:
+            raise TagError(f"checkpoint {self.path}: header is malformed (altered): {exc}") from None
+        if header.kind != STREAM_KIND:
+            raise TagError(f"checkpoint {self.path} holds a {header.kind!r} stream, not a checkpoint")
+        return header
+
+    def records(self, buf: bytearray | None = None) -> Iterator[tuple[int, memoryview]]:
+        """``(kind, sealed bytes)`` of every data chunk and then the end chunk; reads the meta record after.
+
+        The bytes are a view of one reused buffer. Raises ``DataError`` naming the chunk where the file
+        is cut, ``TagError`` for an unknown record or trailing bytes."""
+        self._f.seek(self.data_start)
+        limit = self.header.max_sealed
+        buf = buf if buf is not None and len(buf) >= limit else bytearray(limit)
+        index = 0
+        tags = hashlib.sha256(b"gputravel/stream-tags/v1\0" + self.header.digest())
+        while True:
+            raw = self._f.read(_RECORD.size)
+            if len(raw) < _RECORD.size:
+                raise DataError(f"checkpoint {self.path} is truncated: it ends before chunk {index} "
+                                "(no end chunk)")
+            kind, n = _RECORD.unpack(raw)
+            if kind not in (REC_DATA, REC_END) or n > limit:
+                raise TagError(f"checkpoint {self.path}: chunk {index} has a bad record (kind {kind}, {n} bytes)")
+            view = memoryview(buf)[:n]
+            got = self._f.readinto(view)
+            if got != n:
+                raise DataError(f"checkpoint {self.path} is truncated: chunk {index} has {got} of {n} bytes")
+            tags.update(view[-TAG_LEN:])
+            yield kind, view
+            index += 1
+            if kind == REC_END:
+                break
+        self.meta = self._read_meta()
+        if self.meta.get("tag_digest") != tags.hexdigest():
+            raise TagError(f"checkpoint {self.path}: its meta record does not match its chunks (altered)")
+
+    def _read_meta(self) -> dict[str, Any]:
+        raw = self._f.read(_RECORD.size)
+        if len(raw) < _RECORD.size:
+            raise DataError(f"checkpoint {self.path} is truncated: its meta record is missing")
+        kind, n = _RECORD.unpack(raw)
+        if kind != REC_META or n > MAX_HEADER:
+            raise TagError(f"checkpoint {self.path}: bad meta record (kind {kind}, {n} bytes)")
+        body = self._exact(n, "the meta record")
+        if self._f.read(1):
+            raise TagError(f"checkpoint {self.path} has unexpected trailing bytes")
+        try:
+            meta = json.loads(body.decode())
+        except (UnicodeDecodeError, ValueError):
+            raise TagError(f"checkpoint {self.path}: meta record is not JSON (altered)") from None
+        if not isinstance(meta, dict):
+            raise TagError(f"checkpoint {self.path}: meta record is not a JSON object (altered)")
+        return meta
+
+    def read_meta(self) -> dict[str, Any]:
+        """The orchestrator's plaintext meta record (skips the chunks without opening them)."""
+        self._f.seek(self.data_start)
+        index = 0
+        while True:
+            raw = self._f.read(_RECORD.size)
+            if len(raw) < _RECORD.size:
+                raise DataError(f"checkpoint {self.path} is truncated: it ends before chunk {index} (no end chunk)")
+            kind, n = _RECORD.unpack(raw)
+            if kind not in (REC_DATA, REC_END):
+                raise TagError(f"checkpoint {self.path}: chunk {index} has a bad record (kind {kind})")
+            self._f.seek(n, os.SEEK_CUR)
+            index += 1
+            if kind == REC_END:
+                break
+        self.meta = self._read_meta()
+        return self.meta
+
+
 class CheckpointStore:
     """Sealed, rotating checkpoints in one folder (created 0700)."""
 
@@ -91,14 +590,19 @@ class CheckpointStore:
         self.keep = keep
         self._key = key
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for stale in self.directory.glob(f"{_TMP_PREFIX}*"):  # left by a kill mid-write: never a checkpoint
+            stale.unlink(missing_ok=True)
 
     def __repr__(self) -> str:  # never the key
         return f"CheckpointStore({str(self.directory)!r}, keep={self.keep})"
 
-    def _run_key(self, run_id: str) -> AESGCM:
-        hkdf = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None,
-                    info=b"gputravel/checkpoint/v1|" + run_id.encode())
-        return AESGCM(hkdf.derive(self._key))
+    def run_key(self, run_id: str) -> bytes:
+        """The checkpoint key bound to one run (HKDF of the store key): what the sealer (the device) is given."""
+        rid = run_id.encode()
+        if not rid or len(rid) > 0xFFFF:
+            raise ConfigError("run_id must be 1 to 65535 bytes of UTF-8")
+        return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None,
+                    info=b"gputravel/checkpoint/v2|" + rid).derive(self._key)
 
     def path_for(self, seq: int) -> Path:
         return self.directory / f"ckpt-{seq:06d}.gtc"
@@ -116,76 +620,61 @@ class CheckpointStore:
         found = self.checkpoints()
         return found[-1] if found else None
 
-    def save(self, state: dict[str, Any], *, run_id: str, seq: int) -> Path:
-        """Seal ``state`` as checkpoint ``seq`` of ``run_id``; keeps the newest ``keep`` files."""
-        if seq < 0:
-            raise ConfigError(f"checkpoint seq must be non-negative, got {seq}")
-        rid = run_id.encode()
-        if not rid or len(rid) > 0xFFFF:
-            raise ConfigError("run_id must be 1 to 65535 bytes of UTF-8")
-        raw = io.BytesIO()
-        torch.save(state, raw)
-        plaintext = raw.getbuffer()
-        if len(plaintext) > _MAX_SEALED:
-            raise ConfigError(f"checkpoint state is {len(plaintext)} bytes; one sealed file holds at most "
-                              f"{_MAX_SEALED} (AES-GCM in cryptography takes < 2 GiB per message)")
-        nonce = os.urandom(12)
-        header = (_FIXED.pack(_MAGIC, CHECKPOINT_VERSION, seq, len(rid)) + rid
-                  + _TAIL.pack(len(plaintext) + _TAG_BYTES, nonce))
-        sealed = self._run_key(run_id).encrypt(nonce, bytes(plaintext), header)
-        path = self.path_for(seq)
-        write_atomic(path, header + sealed)
-        self._prune()
-        return path
-
-    def _prune(self) -> None:
+    def prune(self) -> None:
         for _, old in self.checkpoints()[: -self.keep]:
             old.unlink(missing_ok=True)
 
-    def load(self, path_or_seq: Path | int, *, run_id: str | None = None) -> dict[str, Any]:
-        """Verify and open a checkpoint.
+    def new_header(self, *, run_id: str, seq: int, chunk_size: int = DEFAULT_STREAM_CHUNK) -> StreamHeader:
+        if seq < 0:
+            raise ConfigError(f"checkpoint seq must be non-negative, got {seq}")
+        self.run_key(run_id)  # validates the run id
+        return StreamHeader.new(kind=STREAM_KIND, run_id=run_id, seq=seq, chunk_size=chunk_size)
 
-        Args:
-            path_or_seq: a file, or a sequence number in this store.
-            run_id: when given, the checkpoint must belong to this run.
+    def writer(self, header: StreamHeader) -> CheckpointWriter:
+        """A writer for the sealed chunks of ``header``'s stream (sealed elsewhere, by the run key's holder)."""
+        if header.kind != STREAM_KIND:
+            raise ConfigError(f"a checkpoint stream has kind {STREAM_KIND!r}, not {header.kind!r}")
+        return CheckpointWriter(self, header)
+
+    def open(self, path_or_seq: Path | int, *, run_id: str | None = None) -> CheckpointFile:
+        return CheckpointFile(self.path_for(path_or_seq) if isinstance(path_or_seq, int) else Path(path_or_seq),
+                              run_id=run_id)
+
+    def meta(self, path_or_seq: Path | int) -> dict[str, Any]:
+        """A checkpoint's plaintext meta record (what the orchestrator wrote: digests, epoch, steps)."""
+        with self.open(path_or_seq) as f:
+            return f.read_meta()
+
+    # --- in-process sealing and opening (tests, tools; a run's device seals its own) ------------------
+    def save(self, state: Any, *, run_id: str, seq: int, meta: Mapping[str, Any] | None = None,
+             chunk_size: int = DEFAULT_STREAM_CHUNK) -> Path:
+        """Seal ``state`` as checkpoint ``seq`` of ``run_id``, chunk by chunk; keeps the newest ``keep`` files."""
+        header = self.new_header(run_id=run_id, seq=seq, chunk_size=chunk_size)
+        with self.writer(header) as w:
+            for kind, sealed in seal_state(self.run_key(run_id), header, state):
+                w.add(kind, sealed)
+            return w.commit(meta)
+
+    def chunks(self, path_or_seq: Path | int, *, run_id: str | None = None) -> Iterator[bytes]:
+        """The plaintext of a checkpoint's data chunks, opened and checked in order (then its trailer)."""
+        with self.open(path_or_seq, run_id=run_id) as f:
+            opener = StreamOpener(self.run_key(f.header.run_id), f.header, what=f"checkpoint {f.path}")
+            for kind, sealed in f.records():
+                if kind == REC_END:
+                    opener.open(sealed, final=True)
+                else:
+                    yield opener.open(sealed)
+            opener.finish()
+
+    def load(self, path_or_seq: Path | int, *, run_id: str | None = None, targets: Any = None) -> Any:
+        """Verify, open and decode a checkpoint.
 
         Raises:
-            DataError: missing or truncated file.
+            DataError: missing or truncated file (the message names the chunk).
             TagError: the file was altered, sealed under another key, renamed, or belongs to another run.
         """
-        path = self.path_for(path_or_seq) if isinstance(path_or_seq, int) else Path(path_or_seq)
-        try:
-            blob = path.read_bytes()
-        except FileNotFoundError:
-            raise DataError(f"checkpoint {path} does not exist") from None
-        if len(blob) < _FIXED.size:
-            raise DataError(f"checkpoint {path} is truncated ({len(blob)} bytes, header incomplete)")
-        magic, version, seq, rid_len = _FIXED.unpack_from(blob)
-        if magic != _MAGIC:
-            raise TagError(f"{path} is not a sealed gputravel checkpoint (bad magic)")
-        if version != CHECKPOINT_VERSION:
-            raise DataError(f"checkpoint {path} has format version {version}, this build reads {CHECKPOINT_VERSION}")
-        header_len = _FIXED.size + rid_len + _TAIL.size
-        if len(blob) < header_len:
-            raise DataError(f"checkpoint {path} is truncated ({len(blob)} bytes, header incomplete)")
-        ct_len, nonce = _TAIL.unpack_from(blob, _FIXED.size + rid_len)
-        body = memoryview(blob)[header_len:]
-        if len(body) < ct_len:
-            raise DataError(f"checkpoint {path} is truncated: {len(body)} of {ct_len} sealed bytes present")
-        if len(body) > ct_len:
-            raise TagError(f"checkpoint {path} has {len(body) - ct_len} unexpected trailing bytes")
-        try:
-            sealed_run = blob[_FIXED.size: _FIXED.size + rid_len].decode()
-        except UnicodeDecodeError:
-            raise TagError(f"checkpoint {path}: run id is not UTF-8 (altered header)") from None
-        try:
-            plaintext = self._run_key(sealed_run).decrypt(nonce, bytes(body), blob[:header_len])
-        except InvalidTag:
-            raise TagError(f"checkpoint {path} failed authentication (altered, or sealed under another key)") from None
-        m = _NAME.match(path.name)
-        if m and int(m.group(1)) != seq:
-            raise TagError(f"checkpoint {path} was sealed as seq {seq}; the file was renamed")
-        if run_id is not None and sealed_run != run_id:
-            raise TagError(f"checkpoint {path} belongs to run {sealed_run!r}, not {run_id!r}")
-        state: dict[str, Any] = torch.load(io.BytesIO(plaintext), map_location="cpu", weights_only=True)
-        return state
+        decoder = StateDecoder(targets=targets)
+        for plain in self.chunks(path_or_seq, run_id=run_id):
+            decoder.feed(plain)
+        return decoder.result()
+
