@@ -37,7 +37,7 @@ import json
 import os
 import re
 import struct
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -130,12 +130,13 @@ _DTYPES: dict[str, torch.dtype] = {
 def _flatten(state: Any) -> tuple[Any, list[torch.Tensor]]:
     """The JSON tree of ``state`` with tensors replaced by ``{"$t": index}``, and the unique tensors."""
     tensors: list[torch.Tensor] = []
-    seen: dict[tuple[int, int, tuple[int, ...], tuple[int, ...], torch.dtype], int] = {}
+    seen: dict[tuple[Any, ...], int] = {}
 
     def walk(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
             t = x.detach()
-            ident = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+            ident: tuple[Any, ...] = (t.untyped_storage().data_ptr(), int(t.storage_offset()), tuple(t.shape),
+                                      tuple(t.stride()), t.dtype)
             if t.numel() == 0 or ident[0] == 0:
                 ident = (id(t), 0, (), (), t.dtype)
             if ident not in seen:
@@ -180,16 +181,22 @@ def _tensor_bytes(t: torch.Tensor, stage: torch.Tensor | None) -> Iterator[memor
         return
     if t.device.type == "cpu":
         flat = t.contiguous().reshape(-1).view(torch.uint8)  # a view when already contiguous (the usual case)
-        yield memoryview(flat.numpy())
+        yield _host_view(flat)
         return
     assert stage is not None
     flat = t.contiguous().reshape(-1).view(torch.uint8)
     n = flat.numel()
-    host = stage.numpy()
+    host = _host_view(stage)
     for pos in range(0, n, stage.numel()):
         k = min(stage.numel(), n - pos)
         stage[:k].copy_(flat[pos: pos + k])  # synchronous: the staged bytes are complete when yielded
-        yield memoryview(host)[:k]
+        yield host[:k]
+
+
+def _host_view(t: torch.Tensor) -> memoryview:
+    """A byte view of a CPU ``uint8`` tensor's own memory (no copy)."""
+    arr: Any = t.numpy()
+    return memoryview(arr).cast("B")
 
 
 def state_pieces(state: Any, *, stage_bytes: int = STAGE_BYTES) -> Iterator[memoryview]:
@@ -281,7 +288,7 @@ class StateDecoder:
         if self._index < len(self._tensors):
             t = self._tensors[self._index]
             if t.device.type == "cpu":
-                self._cur = memoryview(t.detach().reshape(-1).view(torch.uint8).numpy())
+                self._cur = _host_view(t.detach().reshape(-1).view(torch.uint8))
 
     def _fill(self, view: memoryview) -> int:
         t = self._tensors[self._index]
@@ -529,7 +536,7 @@ class CheckpointFile:
             if kind not in (REC_DATA, REC_END) or n > limit:
                 raise TagError(f"checkpoint {self.path}: chunk {index} has a bad record (kind {kind}, {n} bytes)")
             view = memoryview(buf)[:n]
-            got = self._f.readinto(view)
+            got = self._f.readinto(view)  # type: ignore[attr-defined]
             if got != n:
                 raise DataError(f"checkpoint {self.path} is truncated: chunk {index} has {got} of {n} bytes")
             tags.update(view[-TAG_LEN:])
