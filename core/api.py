@@ -32,12 +32,12 @@ def resolve_holder_dirs(settings: RunSettings) -> list[tuple[str, Path]]:
 
 
 def _program_factory(settings: RunSettings) -> Callable[..., dict[str, Any]]:
-    from gputravel.core.training.model import preset
+    from gputravel.core.training.model import preset_for_tokens
     from gputravel.core.training.tokens import vocab_size
     from gputravel.core.training.trainer import TrainSettings
 
     def make(*, fmt: str, total_steps: int) -> dict[str, Any]:
-        model = preset(settings.model, vocab_size=vocab_size(fmt))
+        model = preset_for_tokens(settings.model, vocab_size(fmt))
         if settings.seq_len > model.block_size:
             raise ConfigError(f"seq-len {settings.seq_len} exceeds the model's block size {model.block_size}")
         train = TrainSettings(steps_per_visit=settings.steps_per_visit, batch_size=settings.batch_size,

@@ -54,6 +54,19 @@ def test_gpt2_preset_pads_vocab_like_llmc_and_cuts_logits() -> None:
     assert logits.shape[-1] == 50257
 
 
+def test_gpt2_preset_is_gpt2_124m_on_any_token_format() -> None:
+    from gputravel.core.training.model import preset_for_tokens
+
+    for token_vocab in (256, 50257):  # byte data and llm.c shards
+        cfg = preset_for_tokens("gpt2", token_vocab)
+        assert cfg == PRESETS["gpt2"]
+    model = GPT(cfg)
+    assert model.num_parameters() == 124_475_904  # GPT-2 124M with llm.c's padded (50304-row) tied embedding
+    assert model.lm_head.weight is model.transformer["wte"].weight
+    assert preset_for_tokens("tiny", 50257).vocab_size == 50257  # llm.c shards widen a byte-level preset
+    assert preset_for_tokens("small", 256) == PRESETS["small"]
+
+
 def test_initialisation_follows_gpt2_and_leaves_global_rng_alone() -> None:
     cfg = GPTConfig(block_size=16, vocab_size=256, n_layer=8, n_head=2, n_embd=64)
     before = torch.random.get_rng_state()

@@ -17,7 +17,7 @@ from torch import nn
 
 from gputravel.core.errors import ConfigError
 
-__all__ = ["GPT", "GPTConfig", "PRESETS", "preset"]
+__all__ = ["GPT", "GPTConfig", "PRESETS", "preset", "preset_for_tokens"]
 
 _VOCAB_PAD = 128
 
@@ -60,6 +60,8 @@ class GPTConfig:
         return cls(**data)
 
 
+#: ``tiny`` and ``small`` are byte-level models for the demo; ``gpt2`` is GPT-2 124M (12 layers, 768 wide,
+#: 1024 context, vocabulary 50257, lm_head tied to wte: 124,475,904 parameters with llm.c's padded embedding).
 PRESETS: dict[str, GPTConfig] = {
     "tiny": GPTConfig(block_size=128, vocab_size=256, n_layer=2, n_head=4, n_embd=128),
     "small": GPTConfig(block_size=256, vocab_size=256, n_layer=4, n_head=4, n_embd=256),
@@ -74,6 +76,15 @@ def preset(name: str, *, vocab_size: int | None = None) -> GPTConfig:
     except KeyError:
         raise ConfigError(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}") from None
     return replace(config, vocab_size=vocab_size) if vocab_size is not None else config
+
+
+def preset_for_tokens(name: str, token_vocab: int) -> GPTConfig:
+    """A preset sized for a token format: the vocabulary grows to cover the tokens, never shrinks.
+
+    So llm.c shards (GPT-2 ids, 50257) give every preset GPT-2's vocabulary, and ``gpt2`` stays GPT-2 124M
+    on byte-level data (bytes are ids 0..255 of its vocabulary)."""
+    base = preset(name)
+    return replace(base, vocab_size=token_vocab) if token_vocab > base.vocab_size else base
 
 
 class CausalSelfAttention(nn.Module):

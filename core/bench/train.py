@@ -1,0 +1,155 @@
+"""``gputravel bench train``: what the protocol costs a training run, in tokens per second.
+
+One study, two measurements of the same job in the same process tree, one after the other:
+
+* ``protocol``: a real ``gputravel run`` (the RunFn: the console's fleet) with ``--holders`` holders and one
+  round, ``--steps`` steps per visit. Its tokens per second are the tokens trained divided by the time of
+  all the visits' phases (attestation, hand-off, provisioning, verification, training, scrub, rotation with
+  its sealed checkpoint): training as the protocol delivers it. ``train_phase_tokens_per_s`` divides by the
+  device's TRAIN time only (the steps themselves, measured on the device).
+* ``plain``: a plain torch loop (no protocol, no device service) training the same model (same preset,
+  vocabulary, initialisation seed) with the same optimizer, batch and sequence length, on the same torch
+  device and thread count, for the same number of steps: ``GPT(config)``, AdamW, clip, step.
+
+``ratio = protocol / plain`` and ``protocol_cost_pct = 100 · (1 − ratio)``. The issue's target on a GPU is a
+cost of at most 5 %. Set-up (starting the device service, deploying agents, the initial checkpoint) is
+outside both measurements and reported as ``setup_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gputravel.core.bench.data import make_holders
+from gputravel.core.bench.travel import ProgressFn, RunFn, machine_info
+from gputravel.core.config import RunSettings
+from gputravel.core.errors import ConfigError
+from gputravel.core.training.model import GPT, GPTConfig, preset_for_tokens
+from gputravel.core.training.tokens import vocab_size
+from gputravel.core.training.trainer import TrainSettings
+
+__all__ = ["plain_loop", "study"]
+
+MIB = 1 << 20
+
+
+def plain_loop(config: GPTConfig, settings: TrainSettings, *, steps: int, device: str,
+               tokens: torch.Tensor) -> dict[str, Any]:
+    """``steps`` AdamW steps of a plain torch loop on random windows of ``tokens``; tokens per second."""
+    dev = torch.device(device)
+    gen = torch.Generator().manual_seed(settings.seed)
+    model = GPT(config, generator=gen, device=dev)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=settings.lr, betas=(0.9, 0.95), eps=1e-8)
+    data = tokens.to(dev)
+    span = torch.arange(settings.seq_len + 1, device=dev)
+    n = data.numel()
+    losses: list[float] = []
+    model.train()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    t0 = time.perf_counter()
+    for step in range(steps):
+        starts = torch.randint(0, n - settings.seq_len - 1, (settings.batch_size, 1), generator=gen).to(dev)
+        chunk = data[starts + span]
+        for group in opt.param_groups:
+            group["lr"] = settings.lr_at(step)
+        opt.zero_grad(set_to_none=True)
+        _, loss = model(chunk[:, :-1], chunk[:, 1:])
+        assert loss is not None
+        loss.backward()
+        if settings.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
+        opt.step()
+        losses.append(float(loss.item()))
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    seconds = time.perf_counter() - t0
+    n_tok = steps * settings.batch_size * settings.seq_len
+    return {"steps": steps, "tokens": n_tok, "seconds": round(seconds, 6),
+            "tokens_per_s": round(n_tok / seconds, 2) if seconds > 0 else None,
+            "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None}
+
+
+def study(*, workdir: Path, run: RunFn, model: str = "tiny", holders: int = 2, steps: int = 10,
+          batch_size: int = 4, seq_len: int = 64, dataset_mib: float = 1.0, device: str | None = None,
+          torch_threads: int = 0, transport: str = "local", on_progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Run the study; returns the JSON-able result (``benchmark: train``)."""
+    if holders < 1 or steps < 1 or batch_size < 1 or seq_len < 8:
+        raise ConfigError("holders, steps and batch-size must be >= 1 and seq-len >= 8")
+    if not dataset_mib > 0:
+        raise ConfigError("dataset-mib must be > 0")
+    progress = on_progress or (lambda description, done, total: None)
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    config = preset_for_tokens(model, vocab_size("byte"))
+    if seq_len > config.block_size:
+        raise ConfigError(f"seq-len {seq_len} exceeds the {model} model's block size {config.block_size}")
+    workdir.mkdir(parents=True, exist_ok=True)
+    data = workdir / "data"
+    holder_bytes = int(dataset_mib * MIB)
+    make_holders(data, holders, holder_bytes)
+    t_start = time.perf_counter()
+
+    # --- the protocol: one gputravel run
+    progress("gputravel run", 0, 2)
+    settings = RunSettings(holders=holders, rounds=1, steps_per_visit=steps, buffer_mib=max(1.0, dataset_mib * 1.25),
+                           data_dir=data, out_dir=workdir / "run", model=model, batch_size=batch_size,
+                           seq_len=seq_len, device=device, torch_threads=torch_threads, transport=transport)
+    t0 = time.perf_counter()
+    report = asyncio.run(run(settings, sinks=[]))
+    run_wall = time.perf_counter() - t0
+    shutil.rmtree(settings.out_dir, ignore_errors=True)
+    visits = [v for v in report["visits"] if str(v.get("outcome", "")).startswith("done")]
+    if len(visits) != len(report["visits"]) or not visits:
+        raise ConfigError(f"the protocol run did not complete its visits: "
+                          f"{[v.get('outcome') for v in report['visits']]}")
+    tokens = len(visits) * steps * batch_size * seq_len
+    visits_s = sum(sum(float(x) for x in v.get("phase_s", {}).values()) for v in visits)
+    train_s = sum(float(v["train_s"]) for v in visits)
+    protocol = {"visits": len(visits), "steps": len(visits) * steps, "tokens": tokens,
+                "visits_s": round(visits_s, 6), "train_s": round(train_s, 6),
+                "tokens_per_s": round(tokens / visits_s, 2) if visits_s > 0 else None,
+                "train_phase_tokens_per_s": round(tokens / train_s, 2) if train_s > 0 else None,
+                "setup_s": round(max(0.0, run_wall - visits_s), 3),
+                "phase_s": {p: round(sum(float(v.get("phase_s", {}).get(p, 0.0)) for v in visits), 6)
+                            for p in visits[0].get("phase_s", {})},
+                "loss_first": report.get("training", {}).get("loss_first"),
+                "loss_last": report.get("training", {}).get("loss_last")}
+
+    # --- the plain loop: the same model, optimizer, batch and steps, here
+    progress("plain torch loop", 1, 2)
+    train = TrainSettings(steps_per_visit=steps, batch_size=batch_size, seq_len=seq_len,
+                          total_steps=len(visits) * steps)
+    raw = (data / "h00" / "data.txt").read_bytes()
+    sample = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(torch.int64)
+    threads_before = torch.get_num_threads()
+    if torch_threads:
+        torch.set_num_threads(torch_threads)
+    try:
+        plain = plain_loop(config, train, steps=len(visits) * steps, device=dev, tokens=sample)
+    finally:
+        torch.set_num_threads(threads_before)
+    progress("done", 2, 2)
+    ratio = (protocol["tokens_per_s"] / plain["tokens_per_s"]
+             if protocol["tokens_per_s"] and plain["tokens_per_s"] else None)
+    return {"benchmark": "train", "machine": machine_info(),
+            "job": {"model": model, "model_params": report.get("training", {}).get("model_params"),
+                    "config": config.to_dict(), "holders": holders, "steps_per_visit": steps,
+                    "batch_size": batch_size, "seq_len": seq_len, "tokens_per_step": batch_size * seq_len,
+                    "device": dev, "torch_threads": torch_threads or threads_before, "transport": transport,
+                    "dataset_mib_per_holder": dataset_mib},
+            "protocol": protocol, "plain": plain,
+            "ratio": round(ratio, 4) if ratio is not None else None,
+            "protocol_cost_pct": round(100.0 * (1.0 - ratio), 2) if ratio is not None else None,
+            "train_phase_ratio": (round(protocol["train_phase_tokens_per_s"] / plain["tokens_per_s"], 4)
+                                  if protocol["train_phase_tokens_per_s"] and plain["tokens_per_s"] else None),
+            "target": "protocol_cost_pct <= 5 on a GPU (issue 11)",
+            "seconds": round(time.perf_counter() - t_start, 2)}
