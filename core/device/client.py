@@ -10,7 +10,7 @@ import os
 import socket
 import threading
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Any
 
 from gputravel.core.attestation import AttestationResult, Evidence, code_measurement, verify_evidence
 from gputravel.core.device.link import ControlChannel, Op, TrustAnchors, send_frame, session_context
@@ -53,7 +53,7 @@ class DeviceClient:
         self.timeout = timeout
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
-        self._stream: BinaryIO | None = None
+        self._stream: Any = None  # the socket's buffered reader
         self._chan: ControlChannel | None = None
         self.secrets: SessionSecrets | None = None
         self.attestation: AttestationResult | None = None

@@ -19,7 +19,8 @@ class _Wire:
     __slots__ = ()
 
     def to_wire(self) -> dict[str, Any]:
-        return asdict(self)  # type: ignore[call-overload]
+        wire: dict[str, Any] = asdict(self)  # type: ignore[call-overload]  # every subclass is a dataclass
+        return wire
 
     @classmethod
     def from_wire(cls, head: dict[str, Any]) -> Self:
