@@ -209,24 +209,20 @@ async def test_each_visit_hashes_the_model_twice_and_checkpoints_hold_the_device
         data_root: Path, tmp_path: Path) -> None:
     """The device hashes the model once at set-up, then per visit only after the holder's key was out
     (VERIFY) and after training; ATTEST and the checkpoint reuse those digests. A checkpoint holds the
-    bytes the device serialised (a trainer state), not a serialisation of them."""
-    import io
-
-    import torch
-
+    chunks the device sealed (a trainer state), stored unopened."""
     out = tmp_path / "run"
     timings = Timings()
     async with started(small(data_root, out)) as engine:
         engine.probes.append(timings)
         report = await engine.run()
         counters = (await asyncio.to_thread(engine.client.stats)).counters
-        record, blob = engine.ckpt.load_device_state(engine.last_good_ckpt, run_id=report["run_id"])
+        record = engine.ckpt.meta(engine.last_good_ckpt)
+        state = engine.ckpt.load(engine.last_good_ckpt, run_id=report["run_id"])
     visits = len(report["visits"])
     assert all(v["outcome"] == "done" for v in report["visits"])
     assert counters["model_digests"] == 1 + 2 * visits
     assert counters["measurements"] == 1 + 2 * visits  # each ATTEST and VERIFY still measures
     assert record["model_digest"] == report["training"]["model_digest"] and record["seq"] == visits
-    state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False)
     assert {"model", "optimizer", "step"} <= set(state) and state["step"] == report["training"]["steps"]
     # the probe saw every phase of every visit, the checkpoints and the holders' start
     assert {str(p) for p in timings.phase_s[0]} == {str(p) for p in Phase if p not in (Phase.DONE, Phase.FAILED)}
@@ -246,7 +242,7 @@ async def test_integrity_mismatch_fails_the_visit_and_restores_the_last_good_che
             if isinstance(event, ev.VisitFailed):  # emitted after the restore: compare device and checkpoint
                 seen["device_model"] = engine.client.measure().model
                 seen["ckpt_seq"] = engine.last_good_ckpt
-                seen["ckpt_model"] = engine.ckpt.load(engine.last_good_ckpt)["model_digest"]
+                seen["ckpt_model"] = engine.ckpt.meta(engine.last_good_ckpt)["model_digest"]
                 seen["event"] = event
 
         engine.sinks.append(on_failed)
