@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,22 @@ class PlatformInfo:
         return {"kind": self.kind, "sim": self.sim, "device": self.device, "notes": list(self.notes)}
 
 
+def last_log_line(path: Path | None, *, tail: int = 8192) -> str | None:
+    """The last non-blank line of a log file (read from its last ``tail`` bytes), or None."""
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - tail))
+            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines()]
+    except OSError:
+        return None
+    lines = [ln for ln in lines if ln]
+    return lines[-1][:500] if lines else None
+
+
 @dataclass(slots=True)
 class DeviceHandle:
     """A started device service."""
@@ -31,6 +48,13 @@ class DeviceHandle:
     log: list[str] = field(default_factory=list)
     data_host: str = "127.0.0.1"
     data_port: int | None = None
+    #: where the device service's stderr goes (``<run>/device.log``, 0600), or None
+    log_path: Path | None = None
+
+    def last_error(self) -> str | None:
+        """The last line the device service wrote to its log (its dying words: an exception's last line), or
+        None when there is no log or it is empty."""
+        return last_log_line(self.log_path)
 
     @property
     def pid(self) -> int | None:

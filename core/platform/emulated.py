@@ -19,7 +19,7 @@ from pathlib import Path
 from gputravel.core.attestation import Policy, load_policy, provision_emulated
 from gputravel.core.device.link import TrustAnchors
 from gputravel.core.errors import DeviceError
-from gputravel.core.platform.base import DeviceHandle, PlatformInfo
+from gputravel.core.platform.base import DeviceHandle, PlatformInfo, last_log_line
 from gputravel.core.procs import die_with_parent
 
 
@@ -28,7 +28,7 @@ class EmulatedPlatform:
 
     def __init__(self, state_dir: Path, *, device: str | None = None, cc_mode: str = "on",
                  policy: Policy | None = None, allow_fault_injection: bool = False, torch_threads: int = 0,
-                 data_host: str = "127.0.0.1") -> None:
+                 data_host: str = "127.0.0.1", log_path: Path | None = None) -> None:
         self.state_dir = Path(state_dir)
         self.device = device
         self.cc_mode = cc_mode
@@ -36,6 +36,8 @@ class EmulatedPlatform:
         self.allow_fault_injection = allow_fault_injection
         self.torch_threads = torch_threads
         self.data_host = data_host
+        #: the device service's stderr goes here (created 0600, appended to across restarts); None: discarded
+        self.log_path = Path(log_path) if log_path is not None else None
 
     def anchors(self) -> TrustAnchors:
         ca, _ = provision_emulated(self.state_dir)
@@ -54,8 +56,13 @@ class EmulatedPlatform:
             cmd += ["--threads", str(self.torch_threads)]
         if self.allow_fault_injection:
             cmd.append("--allow-fault-injection")
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                preexec_fn=die_with_parent)
+        log_fd = self._open_log()
+        try:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log_fd, stdin=subprocess.DEVNULL,
+                                    preexec_fn=die_with_parent)
+        finally:
+            if log_fd != subprocess.DEVNULL:
+                os.close(log_fd)
         assert proc.stdout is not None
         lines: list[str] = []
         ready = threading.Event()
@@ -76,10 +83,10 @@ class EmulatedPlatform:
                 proc.kill()
                 raise DeviceError(f"the device service did not start within {ready_timeout:.0f} s")
         if not any(line.startswith("READY") for line in lines):
-            err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
             proc.kill()
+            proc.wait()
+            err = last_log_line(self.log_path) or ""
             raise DeviceError(f"the device service failed to start: {' '.join(lines)} {err}".strip())
-        threading.Thread(target=lambda: proc.stderr and proc.stderr.read(), daemon=True).start()
         import torch
 
         name = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -93,4 +100,13 @@ class EmulatedPlatform:
         parts = ready_line.split()
         data_port = int(parts[2]) if len(parts) > 2 else None
         return DeviceHandle(socket_path=sock, anchors=anchors, info=info, process=proc, log=lines,
-                            data_host=self.data_host, data_port=data_port)
+                            data_host=self.data_host, data_port=data_port, log_path=self.log_path)
+
+    def _open_log(self) -> int:
+        """A write descriptor on the device log (0600, appended), or DEVNULL when there is none."""
+        if self.log_path is None:
+            return subprocess.DEVNULL
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0), 0o600)
+        os.fchmod(fd, 0o600)
+        return fd

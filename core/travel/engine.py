@@ -326,9 +326,14 @@ class TravelEngine:
                                            "after": f"{rec.failed_phase}: {rec.error}"})
                     rec.reset_for_retry()
         except GpuTravelError as exc:
+            last = self.device_last_error()
+            if last is not None and isinstance(exc, DeviceError):
+                # the device died: its own last words say why (the link only saw a reset or a broken pipe)
+                exc = DeviceError(f"{exc.reason}; the device service died: {last}")
             self.audit.record(ev.RunFailed(time.time(), self.run_id, str(exc), exc.code),
-                              "run-failed", outcome=exc.code, detail={"error": str(exc)})
-            raise
+                              "run-failed", outcome=exc.code,
+                              detail={"error": str(exc), **({"device_last_error": last} if last else {})})
+            raise exc from None
         finally:
             await self._shutdown_links()
         try:
@@ -341,6 +346,12 @@ class TravelEngine:
                           "run-completed", outcome="ok" if not failed else "partial", duration_s=seconds,
                           detail={"visits": len(self.records), "failed": failed})
         return self.report(seconds=time.perf_counter() - t0)
+
+    def device_last_error(self) -> str | None:
+        """When the device service has died: the last line of its log (``<run>/device.log``), else None."""
+        if self.handle.alive():
+            return None
+        return self.handle.last_error() or f"exit status {self.handle.process.returncode if self.handle.process else '?'}"
 
     def report(self, *, seconds: float) -> dict[str, Any]:
         return build_report(self, seconds=seconds)

@@ -56,10 +56,12 @@ class Recovery:
         visit be redone. Its partial buffer died with the old device's memory."""
         e = self.engine
         phase = str(e.phase) if e.phase else "?"
-        rec.outcome, rec.error, rec.failed_phase = "failed", f"device died: {exc.reason}", phase
+        last = e.device_last_error()
+        reason = f"{exc.reason} (device: {last})" if last else exc.reason
+        rec.outcome, rec.error, rec.failed_phase = "failed", f"device died: {reason}", phase
         e.phase = Phase.FAILED
         if e.restart_device is None or e.device_restarts >= 3:
-            raise DeviceError(f"the device service died: {exc.reason}") from None
+            raise DeviceError(f"the device service died: {reason}") from None
         e.device_restarts += 1
         self.rollback_training(rec)
         e.client.close()

@@ -1,0 +1,157 @@
+"""``gputravel bench checkpoint``: sealing and restoring a real model's state through the device link.
+
+One device service (the emulated platform, as a run starts it) is configured with the model and trains one
+step on its (zero) buffer, so the optimizer holds its moments: the state is what a run checkpoints. Then,
+in this process (the orchestrator's side):
+
+* **seal + write**: the device seals its state chunk by chunk under a checkpoint key; this process writes
+  the sealed chunks unopened to a temporary file, fsyncs it and renames it into place
+  (``seal_mb_s = state_bytes / seconds``);
+* **read + open + load**: the file's sealed chunks stream back into the device, which opens each and
+  writes it straight into the live tensors, then hashes the model (``restore_mb_s``); the digest must equal
+  the one sealed;
+* ``aes_gcm_1core_mb_s``: single-core AES-256-GCM on 4 MiB messages, measured in this process in the same
+  run, the yardstick of the issue's target (seal + write >= 50 % of it);
+* peak resident memory over each process's baseline during the checkpoint (and the restore): Linux's
+  high-water mark (``VmHWM``) reset just before (``/proc/PID/clear_refs``), minus ``VmRSS`` then. The
+  orchestrator's target is <= 25 % of the state (streaming, never buffering the whole state).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from gputravel.core.bench.travel import machine_info
+from gputravel.core.device.client import DeviceClient
+from gputravel.core.errors import ConfigError, IntegrityError
+from gputravel.core.machine import aes_gcm_rate
+from gputravel.core.platform.emulated import EmulatedPlatform
+from gputravel.core.protocol.stream import DEFAULT_STREAM_CHUNK, MAX_STREAM_CHUNK
+from gputravel.core.training.checkpoint import CheckpointStore
+from gputravel.core.training.model import preset_for_tokens
+from gputravel.core.training.tokens import vocab_size
+from gputravel.core.training.trainer import TrainSettings
+
+__all__ = ["proc_memory", "reset_peak", "study"]
+
+MB = 1e6
+
+
+def proc_memory(pid: int | str = "self") -> dict[str, int]:
+    """``VmRSS`` and ``VmHWM`` of a process in bytes (empty where /proc is not there)."""
+    out: dict[str, int] = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    out[key] = int(value.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+def reset_peak(pid: int | str = "self") -> bool:
+    """Reset a process's resident high-water mark to its current RSS (Linux >= 4.0); False where refused."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+class _Peaks:
+    """Peak RSS over baseline of this process and the device's, around one step."""
+
+    def __init__(self, device_pid: int) -> None:
+        self.pids: dict[str, int | str] = {"orchestrator": "self", "device": device_pid}
+        self.base: dict[str, int] = {}
+        self.supported = True
+
+    def __enter__(self) -> _Peaks:
+        for name, pid in self.pids.items():
+            self.supported &= reset_peak(pid)
+            self.base[name] = proc_memory(pid).get("VmRSS", 0)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.over: dict[str, int | None] = {}
+        for name, pid in self.pids.items():
+            hwm = proc_memory(pid).get("VmHWM")
+            self.over[name] = max(0, hwm - self.base[name]) if hwm is not None and self.supported else None
+
+
+def study(*, model: str = "gpt2", workdir: Path | None = None, device: str | None = None,
+          chunk_size: int = DEFAULT_STREAM_CHUNK, torch_threads: int = 0) -> dict[str, Any]:
+    """Run the study; returns the JSON-able result (``benchmark: checkpoint``)."""
+    if not 4096 <= chunk_size <= MAX_STREAM_CHUNK:
+        raise ConfigError(f"chunk size must be in 4096..{MAX_STREAM_CHUNK}")
+    config = preset_for_tokens(model, vocab_size("byte"))
+    train = TrainSettings(steps_per_visit=1, batch_size=1, seq_len=min(64, config.block_size), warmup_steps=1)
+    program = json.dumps({"program": "gputravel.gpt2/v1", "model": config.to_dict(), "train": train.to_dict()},
+                         sort_keys=True).encode()
+    with tempfile.TemporaryDirectory(prefix="gputravel-bench-ckpt-", dir=workdir) as tmp:
+        root = Path(tmp)
+        platform = EmulatedPlatform(root / "platform", device=device, torch_threads=torch_threads,
+                                    log_path=root / "device.log")
+        handle = platform.start(buffer_bytes=1 << 20)
+        client = DeviceClient(handle.socket_path, anchors=handle.anchors)
+        try:
+            assert handle.pid is not None
+            client.connect()
+            configured = client.configure(program)
+            client.train(train_off=0, train_len=4096, val_off=0, val_len=0, fmt="byte")  # Adam's moments exist
+            aes = aes_gcm_rate(4 << 20, seconds=0.5)
+            store = CheckpointStore(root / "checkpoints", os.urandom(32))
+            key = store.run_key("bench")
+            header = store.new_header(run_id="bench", seq=1, chunk_size=chunk_size)
+
+            with _Peaks(handle.pid) as seal_peaks:
+                t0 = time.perf_counter()
+                with store.writer(header) as writer:
+                    done = client.checkpoint(key, header, writer.add)
+                    if done.tag_digest != writer.tag_digest:
+                        raise IntegrityError("the chunks written differ from those the device sealed")
+                    path = writer.commit({"model_digest": done.model_digest})
+                seal_s = time.perf_counter() - t0
+            file_bytes = path.stat().st_size
+
+            with _Peaks(handle.pid) as restore_peaks:
+                t0 = time.perf_counter()
+                with store.open(path, run_id="bench") as f:
+                    restored = client.restore(key, f.header, f.records())
+                restore_s = time.perf_counter() - t0
+            if restored.model_digest != done.model_digest:
+                raise IntegrityError("the restored model's digest differs from the sealed one")
+            client.shutdown()
+        finally:
+            client.close()
+            handle.stop()
+    state = done.bytes
+    seal_mb_s = state / seal_s / MB
+    orch = seal_peaks.over["orchestrator"]
+    return {
+        "benchmark": "checkpoint", "machine": machine_info(),
+        "job": {"model": model, "params": configured.params, "config": config.to_dict(), "chunk_size": chunk_size,
+                "device": handle.info.device, "torch_threads": torch_threads,
+                "state": "model + AdamW moments + step + sampler state, after one training step"},
+        "state_bytes": state, "file_bytes": file_bytes, "chunks": done.chunks,
+        "seal_s": round(seal_s, 6), "seal_mb_s": round(seal_mb_s, 1),
+        "restore_s": round(restore_s, 6), "restore_mb_s": round(state / restore_s / MB, 1),
+        "device_digest_s": round(done.digest_s, 6), "restore_digest_s": round(restored.digest_s, 6),
+        "aes_gcm_1core_mb_s": round(aes / MB, 1),
+        "seal_pct_of_aes_1core": round(100.0 * seal_mb_s * MB / aes, 2),
+        "orchestrator_peak_rss_over_baseline_bytes": orch,
+        "device_peak_rss_over_baseline_bytes": seal_peaks.over["device"],
+        "restore_orchestrator_peak_rss_over_baseline_bytes": restore_peaks.over["orchestrator"],
+        "restore_device_peak_rss_over_baseline_bytes": restore_peaks.over["device"],
+        "orchestrator_peak_pct_of_state": round(100.0 * orch / state, 2) if orch is not None else None,
+        "targets": {"seal_pct_of_aes_1core": ">= 50", "orchestrator_peak_pct_of_state": "<= 25"},
+        "model_digest": done.model_digest,
+    }
