@@ -19,10 +19,13 @@ EventSink = Callable[[ev.Event], None]
 @dataclass(frozen=True, slots=True)
 class FaultPlan:
     """``kill-orchestrator|kill-device|kill-agent@PHASE:VISIT[+SECONDS]``: kill that process when the
-    visit's phase begins, or SECONDS into it. Fault injection for the crash study and its tests."""
+    visit's phase begins, or SECONDS into it. Fault injection for the crash study and its tests.
+
+    ``PHASE`` may also be ``CHECKPOINT``: the moment the visit's checkpoint (sealed at ROTATE; visit ``-1`` is
+    the initial one) has its first sealed chunk in the temporary file, i.e. a kill in the middle of the write."""
 
     target: str
-    phase: Phase
+    phase: Phase | str
     visit: int
     delay: float = 0.0
 
@@ -35,13 +38,14 @@ class FaultPlan:
             target = what.removeprefix("kill-")
             if target not in ("orchestrator", "device", "agent") or not what.startswith("kill-"):
                 raise ValueError(what)
-            return cls(target, Phase(phase.upper()), int(visit), float(delay or 0))
+            point: Phase | str = "CHECKPOINT" if phase.upper() == "CHECKPOINT" else Phase(phase.upper())
+            return cls(target, point, int(visit), float(delay or 0))
         except ValueError as exc:
             raise ConfigError(f"fault plan {text!r} is not kill-orchestrator|kill-device|kill-agent@PHASE:VISIT[+S]: "
                               f"{exc}") from None
 
-    def matches(self, phase: Phase, visit: int, attempt: int) -> bool:
-        return phase == self.phase and visit == self.visit and attempt == 1
+    def matches(self, phase: Phase | str, visit: int, attempt: int) -> bool:
+        return str(phase) == str(self.phase) and visit == self.visit and attempt == 1
 
 
 class Control:

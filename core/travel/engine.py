@@ -187,9 +187,18 @@ class TravelEngine:
         header = self.ckpt.new_header(run_id=self.first_run_id, seq=seq)
         key = self.ckpt.run_key(self.first_run_id)
 
+        plan, visit = self.fault_plan, seq - 1
+        armed = plan is not None and plan.matches("CHECKPOINT", visit, 1)
+
         def stream() -> Any:
             with self.ckpt.writer(header) as writer:
-                done = self.client.checkpoint(key, header, writer.add)
+                def add(kind: int, sealed: memoryview) -> None:
+                    writer.add(kind, sealed)
+                    if armed and writer.chunks == 1 and plan is not None:  # fault injection: die mid-write
+                        self.fault_plan = None
+                        self._fire_fault(plan, None)
+
+                done = self.client.checkpoint(key, header, add)
                 if done.tag_digest != writer.tag_digest:
                     raise IntegrityError(f"checkpoint {seq}: the chunks written differ from those the device sealed")
                 writer.commit({"model_digest": done.model_digest, "seq": seq, "epoch": self.epoch, "note": note,
@@ -558,19 +567,18 @@ class TravelEngine:
     def _arm_fault(self, plan: FaultPlan, rec: VisitRecord) -> None:
         """Fault injection (crash study and tests): kill a process now or ``plan.delay`` s into the phase."""
         self.fault_plan = None  # once per run
-
-        def fire() -> None:
-            if plan.target == "orchestrator":
-                os.kill(os.getpid(), signal.SIGKILL)
-            elif plan.target == "device":
-                self.handle.kill()
-            elif plan.target == "agent":
-                asyncio.ensure_future(self.links[rec.plan.holder].kill())
-
         if plan.delay <= 0:
-            fire()
+            self._fire_fault(plan, rec)
         else:
-            asyncio.get_running_loop().call_later(plan.delay, fire)
+            asyncio.get_running_loop().call_later(plan.delay, self._fire_fault, plan, rec)
+
+    def _fire_fault(self, plan: FaultPlan, rec: VisitRecord | None) -> None:
+        if plan.target == "orchestrator":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif plan.target == "device":
+            self.handle.kill()
+        elif plan.target == "agent" and rec is not None:
+            asyncio.ensure_future(self.links[rec.plan.holder].kill())
 
     # --- hand-off windows ---------------------------------------------------------------------------
     async def _open_window(self, rec: VisitRecord, sub: tuple[int, int]) -> Handoff:

@@ -1,0 +1,128 @@
+"""Real models through the protocol (issue 11): state beyond the frame limit streams in bounded sealed chunks.
+
+The default suite runs one model whose state passes 64 MiB (``tiny`` on llm.c shards: GPT-2's vocabulary,
+~82 MB with AdamW's moments) through the real CLI: upload, a step, a checkpoint killed mid-write, a resume
+that matches an uninterrupted run's digest. The ``small`` and ``gpt2`` presets end to end are marked slow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gputravel.core.ledger import read_rows, verify_ledger
+from gputravel.core.training.checkpoint import CheckpointStore, load_or_create_key
+from gputravel.core.training.corpus import write_llmc_shard
+
+MIB = 1 << 20
+ARGS = ["--holders", "2", "--rounds", "1", "--steps-per-visit", "1", "--batch-size", "2", "--seq-len", "32",
+        "--chunk-kib", "64", "--transport", "local"]
+
+
+def gputravel(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "gputravel.console.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two holders, each one llm.c shard of GPT-2 token ids (the whole vocabulary, up to 50256)."""
+    root = tmp_path_factory.mktemp("shards")
+    rng = np.random.default_rng(11)
+    for name in ("alice", "bob"):
+        (root / name).mkdir()
+        write_llmc_shard(root / name / "train_000.bin", rng.integers(0, 50257, 30_000))
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(shards: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("ref") / "run"
+    proc = gputravel("run", "--data", str(shards), "--model", "tiny", *ARGS, "--out", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report: dict[str, Any] = json.loads(proc.stdout)
+    report["out"] = str(out)
+    return report
+
+
+def _store(out: Path) -> CheckpointStore:
+    return CheckpointStore(out / "checkpoints", load_or_create_key(out / "keys" / "checkpoint.key"))
+
+
+def test_a_model_over_64_mib_checkpointed_in_bounded_chunks(reference: dict[str, Any]) -> None:
+    out = Path(reference["out"])
+    assert all(v["outcome"] == "done" for v in reference["visits"])
+    store = _store(out)
+    seq, _ = store.latest()  # type: ignore[misc]
+    meta = store.meta(seq)
+    assert meta["bytes"] > 64 * MIB  # the state alone is four times the 16 MiB frame limit
+    with store.open(seq) as f:
+        sizes = [len(sealed) for _, sealed in f.records()]
+    assert max(sizes) <= f.header.max_sealed < 16 * MIB and len(sizes) > 16
+    assert meta["model_digest"] == reference["training"]["model_digest"]
+    device_log = out / "device.log"
+    assert device_log.exists() and (device_log.stat().st_mode & 0o777) == 0o600
+
+
+def test_killed_mid_checkpoint_write_resumes_to_the_same_digest(shards: Path, tmp_path: Path,
+                                                                reference: dict[str, Any]) -> None:
+    out = tmp_path / "run"
+    proc = gputravel("run", "--data", str(shards), "--model", "tiny", *ARGS, "--out", str(out),
+                     "--fault", "kill-orchestrator@CHECKPOINT:0")
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    ckpts = out / "checkpoints"
+    names = sorted(p.name for p in ckpts.iterdir())
+    assert "ckpt-000000.gtc" in names and "ckpt-000001.gtc" not in names  # the previous one survives
+    assert any(n.startswith(".ckpt-tmp-000001") for n in names)  # the kill landed inside the write
+    proc = gputravel("run", "--resume", "--out", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["training"]["model_digest"] == reference["training"]["model_digest"]
+    assert not any(p.name.startswith(".ckpt-tmp-") for p in ckpts.iterdir())  # the orphan is swept
+    assert verify_ledger(out / "ledger.db").ok
+    rows = list(read_rows(out / "ledger.db"))
+    digests = [r.detail.get("model_digest") for r in rows if r.kind == "phase" and r.phase == "ROTATE"]
+    assert digests[-1] == report["training"]["model_digest"]
+
+
+def test_a_tampered_checkpoint_chunk_stops_the_resume_by_name(shards: Path, tmp_path: Path,
+                                                               reference: dict[str, Any]) -> None:
+    out = tmp_path / "run"
+    proc = gputravel("run", "--data", str(shards), "--model", "tiny", *ARGS, "--out", str(out),
+                     "--fault", "kill-orchestrator@ATTEST:1")
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    store = _store(out)
+    seq, path = store.latest()  # type: ignore[misc]
+    with store.open(seq) as f:
+        start = f.data_start
+    blob = bytearray(path.read_bytes())
+    blob[start + 5 + 3 * (f.header.chunk_size + 21) + 100] ^= 0x10  # inside chunk 3
+    path.write_bytes(bytes(blob))
+    proc = gputravel("run", "--resume", "--out", str(out), "--json")
+    assert proc.returncode == 4, proc.stderr[-3000:]  # TagError: a protocol error
+    assert "TagError" in proc.stderr and "chunk 3 failed authentication" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["small", "gpt2"])
+@pytest.mark.parametrize("data", ["embedded", "shards"])
+def test_every_preset_runs_end_to_end(model: str, data: str, shards: Path, tmp_path: Path) -> None:
+    extra = ["--data", str(shards)] if data == "shards" else []
+    out = tmp_path / "run"
+    proc = gputravel("run", "--model", model, *extra, *ARGS, "--out", str(out), "--json", timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert all(v["outcome"] == "done" for v in report["visits"]) and report["ledger"]["verified"]
+    if model == "gpt2":
+        assert report["training"]["model_params"] == 124_475_904
+        proc = gputravel("run", "--resume", "--out", str(out), "--json", timeout=1800)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert json.loads(proc.stdout)["training"]["model_digest"] == report["training"]["model_digest"]
