@@ -84,3 +84,15 @@ def test_bad_buffer_sizes_are_usage_errors(value: str) -> None:
 
     result = CliRunner().invoke(cli.app, ["bench", "travel", "--buffer-mib", value, "--json"])
     assert result.exit_code == 2, result.output
+
+
+def test_a_study_whose_runs_all_fail_exits_non_zero_with_the_reasons() -> None:
+    from gputravel.console import cli
+
+    result = CliRunner().invoke(cli.app, ["bench", "travel", "--buffer-mib", "0.25", "--dataset-mib", "0.5",
+                                          "--holders", "1", "--model", "no-such-model", "--transport", "local",
+                                          "--json"])
+    assert result.exit_code == 1, result.output
+    rows = json.loads(result.stdout)["rows"]
+    assert [r["status"] for r in rows] == ["failed", "failed"]
+    assert all("no-such-model" in r["reason"] for r in rows)

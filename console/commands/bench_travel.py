@@ -103,5 +103,9 @@ def register(bench_app: typer.Typer) -> None:
                 raise typer.BadParameter(exc.reason) from None
         if as_json:
             sys.stdout.write(json.dumps(result, indent=2) + "\n")
-            return
-        render(result)
+        else:
+            render(result)
+        statuses = {r["status"] for r in result["rows"]}
+        if "failed" in statuses and "ok" not in statuses:  # nothing was measured: say so in the exit status
+            Console(stderr=True).print("[red]every run of the study failed[/] (see each row's reason)")
+            raise typer.Exit(1)
