@@ -31,9 +31,9 @@ from gputravel.core.device.messages import (
     WindowStatus,
 )
 from gputravel.core.errors import DeviceError, FrameError, error_from_code
-from gputravel.core.protocol.stream import StreamHeader
 from gputravel.core.handshake import Initiator, SessionSecrets
 from gputravel.core.protocol import Frame, FrameType, read_frame
+from gputravel.core.protocol.stream import StreamHeader
 
 __all__ = ["DeviceClient", "TrustAnchors", "read_counters"]
 

@@ -8,7 +8,6 @@ protocol says may (evidence, measurements, losses, acknowledgements).
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import threading
@@ -49,7 +48,6 @@ from gputravel.core.device.messages import (
 from gputravel.core.errors import DeviceError, IntegrityError, ProtocolError
 from gputravel.core.handshake import SessionSecrets, respond
 from gputravel.core.machine import aes_gcm_rate
-from gputravel.core.protocol.stream import StreamHeader, StreamOpener, StreamSealer, rechunk
 from gputravel.core.protocol import (
     TAG_LEN,
     Direction,
@@ -61,6 +59,7 @@ from gputravel.core.protocol import (
     WindowError,
     provisioning_key,
 )
+from gputravel.core.protocol.stream import StreamHeader, StreamOpener, StreamSealer, rechunk
 
 MAX_CHUNK = 16 * 1024 * 1024
 #: closed windows whose accepted chunks' tags are remembered, so a captured chunk replayed later is named
