@@ -126,3 +126,19 @@ def test_every_preset_runs_end_to_end(model: str, data: str, shards: Path, tmp_p
         proc = gputravel("run", "--resume", "--out", str(out), "--json", timeout=1800)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert json.loads(proc.stdout)["training"]["model_digest"] == report["training"]["model_digest"]
+
+
+def test_a_long_visits_losses_ride_in_the_payload_not_the_bounded_header() -> None:
+    """bench travel's 512 MiB buffers train ~1,800 steps a visit: their losses once overflowed the 16 KiB
+    header, the device's answer could not be sealed and the link broke (Broken pipe)."""
+    from gputravel.core.device.messages import TrainResult
+    from gputravel.core.errors import FrameError
+    from gputravel.core.protocol import FrameType, encode_frame
+
+    losses = [float(i) / 7 for i in range(20_000)]
+    result = TrainResult(losses=losses, tokens=1, seconds=1.0, tokens_per_s=1.0, val_loss=None, model_digest="ab")
+    head, payload = result.header_without_losses(), result.losses_payload()
+    encode_frame(FrameType.RESPONSE, head, payload)  # fits one frame: no FrameError
+    assert TrainResult.from_wire_with_losses(head, payload) == result
+    with pytest.raises(FrameError, match="losses"):
+        TrainResult.from_wire_with_losses(head, payload[:-8])

@@ -196,7 +196,8 @@ class DeviceClient:
                                 "val_len": val_len, "fmt": fmt}
         if steps is not None:
             args["steps"] = steps
-        return TrainResult.from_wire(self.call(Op.TRAIN, **args)[0])
+        head, payload = self.call(Op.TRAIN, **args)
+        return TrainResult.from_wire_with_losses(head, payload)
 
     def scrub(self) -> ScrubResult:
         return ScrubResult.from_wire(self.call(Op.SCRUB)[0])

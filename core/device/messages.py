@@ -7,7 +7,10 @@ client reads it back with ``from_wire()``; the field names are the wire names (u
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
+import struct
 from typing import Any, Self
+
+from gputravel.core.errors import FrameError
 
 __all__ = ["AesRate", "BufferDigest", "Configured", "DataPathConfig", "DeviceInfo", "DeviceState", "DeviceStats",
            "StreamEnded",
@@ -100,6 +103,27 @@ class TrainResult(_Wire):
     tokens_per_s: float
     val_loss: float | None
     model_digest: str
+
+    def header_without_losses(self) -> dict[str, Any]:
+        """The wire header; the losses travel as :meth:`losses_payload`, never in the header."""
+        head = self.to_wire()
+        del head["losses"]
+        head["n_losses"] = len(self.losses)
+        return head
+
+    def losses_payload(self) -> bytes:
+        """The per-step losses as big-endian float64s (8 bytes a step)."""
+        return struct.pack(f">{len(self.losses)}d", *self.losses)
+
+    @classmethod
+    def from_wire_with_losses(cls, head: dict[str, Any], payload: bytes | bytearray | memoryview) -> TrainResult:
+        """Rebuild from a header and the losses payload; a payload that does not hold ``n_losses`` floats is a
+        ``FrameError``."""
+        n = head.get("n_losses")
+        if type(n) is not int or n < 0 or len(payload) != 8 * n:
+            raise FrameError(f"train answer: {len(payload)} payload bytes do not hold {n!r} losses")
+        losses = list(struct.unpack(f">{n}d", bytes(payload)))
+        return cls.from_wire({**head, "losses": losses})
 
 
 @dataclass(frozen=True, slots=True)

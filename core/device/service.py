@@ -376,9 +376,11 @@ class DeviceService:
         res = trainer.train_on_window(self.buffer.tensor, train_off=train_off, train_len=train_len, fmt=fmt)
         val = trainer.eval_on_window(self.buffer.tensor, val_off=val_off, val_len=val_len, fmt=fmt) if val_len else None
         self.counters["train_steps"] += len(res.losses)
-        return Reply(TrainResult(losses=res.losses, tokens=res.tokens, seconds=res.seconds,
-                                 tokens_per_s=res.tokens_per_s, val_loss=val,
-                                 model_digest=self.model_digest()).to_wire())
+        result = TrainResult(losses=res.losses, tokens=res.tokens, seconds=res.seconds,
+                             tokens_per_s=res.tokens_per_s, val_loss=val, model_digest=self.model_digest())
+        # the per-step losses ride in the payload (8 bytes a step), never in the bounded header: a visit of
+        # thousands of steps (bench travel's 512 MiB buffers) would overflow the 16 KiB header limit
+        return Reply(result.header_without_losses(), result.losses_payload())
 
     def op_scrub(self, *, payload: bytes) -> Reply:
         if self.window is not None:
