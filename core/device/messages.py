@@ -6,8 +6,8 @@ client reads it back with ``from_wire()``; the field names are the wire names (u
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
 import struct
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Self
 
 from gputravel.core.errors import FrameError
