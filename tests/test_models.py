@@ -142,3 +142,40 @@ def test_a_long_visits_losses_ride_in_the_payload_not_the_bounded_header() -> No
     assert TrainResult.from_wire_with_losses(head, payload) == result
     with pytest.raises(FrameError, match="losses"):
         TrainResult.from_wire_with_losses(head, payload[:-8])
+
+
+def test_a_device_that_fails_to_start_names_its_last_error_line(tmp_path: Path) -> None:
+    from gputravel.core.errors import DeviceError
+    from gputravel.core.platform.emulated import EmulatedPlatform
+
+    log = tmp_path / "device.log"
+    with pytest.raises(DeviceError) as info:
+        EmulatedPlatform(tmp_path / "platform", device="no-such-device", log_path=log).start(buffer_bytes=4096)
+    assert (log.stat().st_mode & 0o777) == 0o600
+    last = [ln for ln in log.read_text().splitlines() if ln.strip()][-1].strip()
+    assert "Traceback" in log.read_text() and last in str(info.value)
+
+
+async def test_a_device_death_mid_run_names_its_last_line_in_the_visit_and_the_ledger(tmp_path: Path) -> None:
+    """The device's stderr goes to <run>/device.log; when it dies, its last line (here written for it just
+    before a kill -9) is what the failed visit and the ledger's device-restarted row say."""
+    from gputravel.core.config import RunSettings
+    from tests.helpers import started, write_holder
+
+    data = tmp_path / "data"
+    for i, name in enumerate(("alice", "bob")):
+        write_holder(data / name, i, "to be or not to be that is the question".split(), n_words=4000)
+    settings = RunSettings(holders=2, rounds=1, steps_per_visit=1, batch_size=2, seq_len=16, chunk_kib=16,
+                           buffer_mib=0.25, data_dir=data, out_dir=tmp_path / "run", visit_attempts=2)
+    async with started(settings) as engine:
+        def die(e: Any) -> None:
+            with open(e.handle.log_path, "a") as f:
+                f.write("RuntimeError: device memory exhausted (test)\n")
+            e.handle.kill()
+
+        engine.fault["TRAIN"] = die
+        report = await engine.run()
+    first = report["visits"][0]
+    assert first["outcome"] == "done" and any("device memory exhausted" in f for f in first["earlier_failures"])
+    rows = [r for r in read_rows(tmp_path / "run" / "ledger.db") if r.kind == "device-restarted"]
+    assert rows and "device memory exhausted (test)" in rows[0].detail["error"]
