@@ -114,7 +114,10 @@ def checkpoint_keys(out: Path, run_id: str) -> list[bytes]:
     store_key = (out / "keys" / "checkpoint.key").read_bytes()
     sealing = HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
                    info=b"gputravel/checkpoint/v1|" + run_id.encode()).derive(store_key)
-    return [store_key, sealing]
+    # the run's checkpoint key the device seals under (format 2), handed over the sealed control channel only
+    run_key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
+                   info=b"gputravel/checkpoint/v2|" + run_id.encode()).derive(store_key)
+    return [store_key, sealing, run_key]
 
 
 def needles(keys: Iterable[bytes]) -> dict[bytes, str]:
