@@ -118,7 +118,9 @@ def study(*, model: str = "gpt2", workdir: Path | None = None, device: str | Non
                     done = client.checkpoint(key, header, writer.add)
                     if done.tag_digest != writer.tag_digest:
                         raise IntegrityError("the chunks written differ from those the device sealed")
+                    t_commit = time.perf_counter()
                     path = writer.commit({"model_digest": done.model_digest})
+                    commit_s = time.perf_counter() - t_commit
                 seal_s = time.perf_counter() - t0
             file_bytes = path.stat().st_size
 
@@ -143,6 +145,7 @@ def study(*, model: str = "gpt2", workdir: Path | None = None, device: str | Non
                 "state": "model + AdamW moments + step + sampler state, after one training step"},
         "state_bytes": state, "file_bytes": file_bytes, "chunks": done.chunks,
         "seal_s": round(seal_s, 6), "seal_mb_s": round(seal_mb_s, 1),
+        "fsync_rename_s": round(commit_s, 6), "device_seal_s": round(done.seconds, 6),
         "restore_s": round(restore_s, 6), "restore_mb_s": round(state / restore_s / MB, 1),
         "device_digest_s": round(done.digest_s, 6), "restore_digest_s": round(restored.digest_s, 6),
         "aes_gcm_1core_mb_s": round(aes / MB, 1),
