@@ -83,7 +83,7 @@ def frame_head(ftype: FrameType, header: Mapping[str, Any] | None, payload_len: 
 def encode_frame(ftype: FrameType, header: Mapping[str, Any] | None = None,
                  payload: bytes | bytearray | memoryview = b"", *, max_payload: int = MAX_PAYLOAD) -> bytes:
     """One frame as bytes."""
-    return frame_head(ftype, header, len(payload), max_payload=max_payload) + bytes(payload)
+    return b"".join((frame_head(ftype, header, len(payload), max_payload=max_payload), payload))  # one copy
 
 
 def _parse_prefix(prefix: bytes, max_payload: int) -> tuple[FrameType, int, int]:
