@@ -179,3 +179,28 @@ async def test_a_device_death_mid_run_names_its_last_line_in_the_visit_and_the_l
     assert first["outcome"] == "done" and any("device memory exhausted" in f for f in first["earlier_failures"])
     rows = [r for r in read_rows(tmp_path / "run" / "ledger.db") if r.kind == "device-restarted"]
     assert rows and "device memory exhausted (test)" in rows[0].detail["error"]
+
+
+def test_bench_train_and_bench_checkpoint_report_their_fields() -> None:
+    from typer.testing import CliRunner
+
+    from gputravel.console import cli
+
+    runner = CliRunner()
+    result = runner.invoke(cli.app, ["bench", "train", "--model", "tiny", "--holders", "1", "--steps", "2",
+                                     "--batch-size", "2", "--seq-len", "16", "--dataset-mib", "0.05",
+                                     "--torch-threads", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    train = json.loads(result.stdout)
+    assert train["protocol"]["steps"] == train["plain"]["steps"] == 2 and len(train["plain"]["runs"]) == 2
+    assert train["protocol"]["tokens_per_s"] > 0 and train["plain"]["tokens_per_s"] > 0
+    assert train["ratio"] == pytest.approx(train["protocol"]["tokens_per_s"] / train["plain"]["tokens_per_s"],
+                                           rel=1e-3)
+    result = runner.invoke(cli.app, ["bench", "checkpoint", "--model", "tiny", "--chunk-kib", "64", "--json"])
+    assert result.exit_code == 0, result.output
+    ckpt = json.loads(result.stdout)
+    for field in ("state_bytes", "seal_mb_s", "restore_mb_s", "aes_gcm_1core_mb_s",
+                  "orchestrator_peak_rss_over_baseline_bytes", "device_peak_rss_over_baseline_bytes"):
+        assert field in ckpt
+    assert ckpt["state_bytes"] > 64 * 1024 and ckpt["chunks"] > 1  # many bounded chunks
+    assert ckpt["seal_mb_s"] > 0 and ckpt["restore_mb_s"] > 0 and ckpt["aes_gcm_1core_mb_s"] > 0

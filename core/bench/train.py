@@ -98,8 +98,26 @@ def study(*, workdir: Path, run: RunFn, model: str = "tiny", holders: int = 2, s
     make_holders(data, holders, holder_bytes)
     t_start = time.perf_counter()
 
+    # --- the plain loop: the same model, optimizer, batch and steps, here; once before and once after the
+    # protocol run, so drift in the machine's load over the study shows (and averages) instead of biasing it
+    total_steps = holders * steps  # one round: one visit per holder (checked against the run below)
+    train = TrainSettings(steps_per_visit=steps, batch_size=batch_size, seq_len=seq_len, total_steps=total_steps)
+    raw = (data / "h00" / "data.txt").read_bytes()
+    sample = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(torch.int64)
+    threads_before = torch.get_num_threads()
+
+    def plain_run() -> dict[str, Any]:
+        if torch_threads:
+            torch.set_num_threads(torch_threads)
+        try:
+            return plain_loop(config, train, steps=total_steps, device=dev, tokens=sample)
+        finally:
+            torch.set_num_threads(threads_before)
+
+    progress("plain torch loop (before)", 0, 3)
+    plain_before = plain_run()
     # --- the protocol: one gputravel run
-    progress("gputravel run", 0, 2)
+    progress("gputravel run", 1, 3)
     settings = RunSettings(holders=holders, rounds=1, steps_per_visit=steps, buffer_mib=max(1.0, dataset_mib * 1.25),
                            data_dir=data, out_dir=workdir / "run", model=model, batch_size=batch_size,
                            seq_len=seq_len, device=device, torch_threads=torch_threads, transport=transport)
@@ -124,20 +142,15 @@ def study(*, workdir: Path, run: RunFn, model: str = "tiny", holders: int = 2, s
                 "loss_first": report.get("training", {}).get("loss_first"),
                 "loss_last": report.get("training", {}).get("loss_last")}
 
-    # --- the plain loop: the same model, optimizer, batch and steps, here
-    progress("plain torch loop", 1, 2)
-    train = TrainSettings(steps_per_visit=steps, batch_size=batch_size, seq_len=seq_len,
-                          total_steps=len(visits) * steps)
-    raw = (data / "h00" / "data.txt").read_bytes()
-    sample = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(torch.int64)
-    threads_before = torch.get_num_threads()
-    if torch_threads:
-        torch.set_num_threads(torch_threads)
-    try:
-        plain = plain_loop(config, train, steps=len(visits) * steps, device=dev, tokens=sample)
-    finally:
-        torch.set_num_threads(threads_before)
-    progress("done", 2, 2)
+    progress("plain torch loop (after)", 2, 3)
+    plain_after = plain_run()
+    if protocol["steps"] != total_steps:
+        raise ConfigError(f"the run trained {protocol['steps']} steps, the plain loop {total_steps}")
+    plain_s = plain_before["seconds"] + plain_after["seconds"]
+    plain = {**plain_after, "steps": total_steps, "tokens": plain_after["tokens"], "seconds": round(plain_s / 2, 6),
+             "tokens_per_s": round(2 * plain_after["tokens"] / plain_s, 2) if plain_s > 0 else None,
+             "runs": [plain_before, plain_after]}
+    progress("done", 3, 3)
     ratio = (protocol["tokens_per_s"] / plain["tokens_per_s"]
              if protocol["tokens_per_s"] and plain["tokens_per_s"] else None)
     return {"benchmark": "train", "machine": machine_info(),
