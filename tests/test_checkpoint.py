@@ -210,3 +210,22 @@ def test_key_file_of_wrong_length_is_refused(tmp_path: Path) -> None:
     path.chmod(0o600)
     with pytest.raises(ConfigError, match="5 bytes"):
         load_or_create_key(path)
+
+
+def test_the_staged_paths_cuda_takes_give_the_same_bytes_and_digest() -> None:
+    """On CUDA the state stream and the digest go through one bounded host stage; forced here on the CPU, they
+    must give exactly what the direct paths give (the stage is smaller than most tensors)."""
+    import hashlib
+
+    from gputravel.core.training.checkpoint import state_pieces
+    from gputravel.core.training.trainer import _hash_tensor
+
+    state = _trained().state_dict()
+    direct = b"".join(bytes(p) for p in state_pieces(state))
+    staged = b"".join(bytes(p) for p in state_pieces(state, stage_bytes=1000, force_stage=True))
+    assert staged == direct
+    w = state["model"]["transformer.wte.weight"]
+    a, b = hashlib.sha256(), hashlib.sha256()
+    _hash_tensor(a, "w", w)
+    _hash_tensor(b, "w", w, stage=torch.empty(777, dtype=torch.uint8))
+    assert a.hexdigest() == b.hexdigest()

@@ -176,10 +176,10 @@ def state_size(state: Any) -> int:
     return len(head) + sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _tensor_bytes(t: torch.Tensor, stage: torch.Tensor | None) -> Iterator[memoryview]:
+def _tensor_bytes(t: torch.Tensor, stage: torch.Tensor | None, *, force_stage: bool = False) -> Iterator[memoryview]:
     if t.numel() == 0:
         return
-    if t.device.type == "cpu":
+    if t.device.type == "cpu" and not force_stage:
         flat = t.contiguous().reshape(-1).view(torch.uint8)  # a view when already contiguous (the usual case)
         yield _host_view(flat)
         return
@@ -199,15 +199,18 @@ def _host_view(t: torch.Tensor) -> memoryview:
     return memoryview(arr).cast("B")
 
 
-def state_pieces(state: Any, *, stage_bytes: int = STAGE_BYTES) -> Iterator[memoryview]:
-    """The state stream of ``state`` as pieces; each piece is valid until the next is asked for."""
+def state_pieces(state: Any, *, stage_bytes: int = STAGE_BYTES, force_stage: bool = False) -> Iterator[memoryview]:
+    """The state stream of ``state`` as pieces; each piece is valid until the next is asked for.
+
+    Tensors off the CPU (and all of them with ``force_stage``, for tests of that path on a CPU-only machine)
+    go through one staging buffer of ``stage_bytes``."""
     head, tensors = _manifest(state)
     yield memoryview(head)
     stage: torch.Tensor | None = None
-    if any(t.device.type != "cpu" for t in tensors):
+    if force_stage or any(t.device.type != "cpu" for t in tensors):
         stage = torch.empty(stage_bytes, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
     for t in tensors:
-        yield from _tensor_bytes(t, stage)
+        yield from _tensor_bytes(t, stage, force_stage=force_stage)
 
 
 class StateDecoder:

@@ -255,7 +255,33 @@ class Trainer:
             torch.cuda.synchronize(self.device)
 
 
-def _hash_tensor(h: Any, label: str, tensor: torch.Tensor) -> None:
-    t = tensor.detach().cpu().contiguous().reshape(-1)
+#: bytes of device memory staged per host copy while hashing on CUDA: the digest never copies a whole tensor
+#: (GPT-2's embedding is 154 MB), let alone the model, to the host
+DIGEST_STAGE_BYTES = 4 << 20
+
+
+def _hash_tensor(h: Any, label: str, tensor: torch.Tensor, *, stage: torch.Tensor | None = None) -> None:
+    """Hash a tensor's label and bytes: straight from its memory on the CPU; through ``stage`` (default: one
+    pinned buffer) in bounded slices elsewhere, or wherever ``stage`` is given."""
+    t = tensor.detach().contiguous().reshape(-1)
     h.update(f"{label}|{t.dtype}|{tuple(tensor.shape)}\0".encode())
-    h.update(t.view(torch.uint8).numpy())
+    raw = t.view(torch.uint8)
+    if raw.device.type == "cpu" and stage is None:
+        h.update(raw.numpy())  # the tensor's own memory, no copy
+        return
+    stage = stage if stage is not None else _digest_stage()
+    host = stage.numpy()
+    for pos in range(0, raw.numel(), stage.numel()):
+        k = min(stage.numel(), raw.numel() - pos)
+        stage[:k].copy_(raw[pos: pos + k])  # synchronous: complete before it is hashed
+        h.update(host[:k])
+
+
+_STAGE: list[torch.Tensor] = []
+
+
+def _digest_stage() -> torch.Tensor:
+    """One pinned host buffer of ``DIGEST_STAGE_BYTES``, allocated on first use."""
+    if not _STAGE:
+        _STAGE.append(torch.empty(DIGEST_STAGE_BYTES, dtype=torch.uint8, pin_memory=torch.cuda.is_available()))
+    return _STAGE[0]
