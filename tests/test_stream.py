@@ -123,3 +123,32 @@ def test_a_header_round_trips_and_rejects_junk() -> None:
     with pytest.raises(FrameError, match="salt"):
         StreamHeader.from_dict({**header.to_dict(), "salt": "00"})
     assert "salt" not in repr(header)
+
+
+def test_a_pre_sealed_chunk_rides_the_control_channel_bound_but_not_re_encrypted() -> None:
+    """Checkpoint chunks cross the control link as they are (already sealed under the stream key); the sealed
+    control frame binds their length and tag, so a swapped, altered or detached chunk is a TagError."""
+    from gputravel.core.device.link import ControlChannel
+    from gputravel.core.handshake import SessionSecrets
+
+    secrets = SessionSecrets(os.urandom(16), os.urandom(32), os.urandom(32))
+    header, chunks = _sealed(n_chunks=3, chunk=64)
+
+    def pair() -> tuple[ControlChannel, ControlChannel]:
+        return ControlChannel.for_device(secrets, 0), ControlChannel.for_orchestrator(secrets, 0)
+
+    dev, orch = pair()
+    head, ct = dev.seal(FrameType.RESPONSE, {"kind": 0}, chunks[0], attached=True)
+    assert len(ct) < 200 and chunks[0] not in ct  # only the header was encrypted
+    frame = orch.open(head, ct + chunks[0])
+    assert bytes(frame.payload) == chunks[0] and frame.header == {"kind": 0}
+    altered = chunks[0][:-1] + bytes([chunks[0][-1] ^ 1])
+    for what, attach, drop_a in (("another chunk of the same length", chunks[1], False),
+                                 ("its tag altered", altered, False),
+                                 ("detached: read as one ciphertext", chunks[0], True)):
+        dev, orch = pair()
+        head, ct = dev.seal(FrameType.RESPONSE, {"kind": 0}, chunks[0], attached=True)
+        outer = {"e": head["e"], "s": head["s"]} if drop_a else head
+        with pytest.raises(TagError):
+            orch.open(outer, ct + attach)
+            pytest.fail(what)

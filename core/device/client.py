@@ -13,7 +13,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from gputravel.core.attestation import AttestationResult, Evidence, code_measurement, verify_evidence
-from gputravel.core.device.link import ControlChannel, Op, TrustAnchors, send_frame, session_context
+from gputravel.core.device.link import (
+    ControlChannel,
+    Op,
+    TrustAnchors,
+    send_frame,
+    send_sealed,
+    session_context,
+)
 from gputravel.core.device.messages import (
     AesRate,
     BufferDigest,
@@ -121,7 +128,7 @@ class DeviceClient:
         return frame
 
     # --- sealed requests ------------------------------------------------------------------------
-    def call(self, op: Op | str, payload: bytes | bytearray | memoryview = b"",
+    def call(self, op: Op | str, payload: bytes | bytearray | memoryview = b"", *, attached: bool = False,
              **args: Any) -> tuple[dict[str, Any], bytes]:
         """One sealed request and its sealed response (the raw form under the typed methods); a refused
         request raises its typed error.
@@ -133,9 +140,9 @@ class DeviceClient:
         with self._lock:
             if self._chan is None or self._sock is None:
                 raise DeviceError("not connected")
-            head, ct = self._chan.seal(FrameType.REQUEST, {"op": str(op), "args": args}, payload)
+            head, ct = self._chan.seal(FrameType.REQUEST, {"op": str(op), "args": args}, payload, attached=attached)
             try:
-                send_frame(self._sock, FrameType.SEALED, head, ct)
+                send_sealed(self._sock, head, ct, payload if attached else b"")
             except OSError as exc:
                 raise DeviceError(f"device link failed: {exc}") from None
             frame = self._read()
@@ -223,7 +230,7 @@ class DeviceClient:
         ``key`` and writes it straight into the model; returns the digest of the model it then holds."""
         self.call(Op.RESTORE, key, header=header.to_dict())
         for kind, sealed in records:
-            self.call(Op.RESTORE_CHUNK, sealed, kind=kind)
+            self.call(Op.RESTORE_CHUNK, sealed, attached=True, kind=kind)  # already sealed: not re-encrypted
         return DeviceState.from_wire(self.call(Op.RESTORE_END)[0])
 
     def stats(self) -> DeviceStats:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from gputravel.core.errors import FrameError, GpuTravelError
+from gputravel.core.errors import FrameError, GpuTravelError, TagError
 from gputravel.core.handshake import SessionSecrets
 from gputravel.core.protocol import (
     MAX_PAYLOAD,
@@ -49,8 +49,11 @@ if TYPE_CHECKING:
 
     from gputravel.core.attestation import Policy
 
-__all__ = ["MAX_SEALED_PAYLOAD", "ControlChannel", "Op", "TrustAnchors", "error_header", "send_frame",
-           "session_context"]
+__all__ = ["ATTACHED", "MAX_SEALED_PAYLOAD", "ControlChannel", "Op", "TrustAnchors", "error_header", "send_frame",
+           "send_sealed", "session_context"]
+
+#: inner-header key binding a sealed frame's attached bytes: ``[length, hex GCM tag]``
+ATTACHED = "_attached"
 
 #: The largest payload one sealed control frame may carry (its tag and inner frame head fit in the rest).
 MAX_SEALED_PAYLOAD = MAX_PAYLOAD - TAG_LEN - 1024
@@ -101,6 +104,18 @@ def send_frame(sock: socket.socket, ftype: FrameType, header: dict[str, Any] | N
         sock.sendall(payload)
 
 
+def send_sealed(sock: socket.socket, header: dict[str, Any], ct: bytes,
+                attached: bytes | bytearray | memoryview = b"") -> None:
+    """One ``SEALED`` frame: the ciphertext, then any attached pre-sealed bytes (sent without a copy)."""
+    head = frame_head(FrameType.SEALED, header, len(ct) + len(attached))
+    if len(ct) + len(attached) <= 65536:
+        sock.sendall(b"".join((head, ct, attached)))
+        return
+    sock.sendall(head + ct)
+    if len(attached):
+        sock.sendall(attached)
+
+
 def session_context(nonce: bytes, evidence_digest: bytes) -> bytes:
     """What the key exchange binds: the verifier's nonce and the digest of the exact evidence it checked."""
     return b"gputravel-ctx-v1" + nonce + bytes(evidence_digest)
@@ -136,17 +151,42 @@ class ControlChannel:
                    secrets.session_id)
 
     def seal(self, ftype: FrameType, header: dict[str, Any],
-             payload: bytes | bytearray | memoryview) -> tuple[dict[str, Any], bytes]:
-        """(outer header, ciphertext) of one sealed frame holding ``ftype`` with ``header`` and ``payload``."""
+             payload: bytes | bytearray | memoryview, *, attached: bool = False) -> tuple[dict[str, Any], bytes]:
+        """(outer header, ciphertext) of one sealed frame holding ``ftype`` with ``header`` and ``payload``.
+
+        ``attached``: ``payload`` is already AES-GCM sealed under a key of its own (a checkpoint stream's chunk).
+        It is then not encrypted again: the sealed frame holds only the header, which binds the attached
+        bytes' length and GCM tag, and the sender appends the bytes after the ciphertext (``send_sealed``).
+        The receiver's :meth:`open` checks the binding. The outer header's ``a`` says how many bytes follow."""
+        if attached:
+            view = memoryview(payload)
+            if len(view) < TAG_LEN:
+                raise FrameError("attached bytes must be a sealed message (at least a tag)")
+            bound = {**header, ATTACHED: [len(view), bytes(view[-TAG_LEN:]).hex()]}
+            seq, ct = self.send.seal(encode_frame(ftype, bound, b""), frame_type=FrameType.SEALED)
+            return {"e": self.epoch, "s": seq, "a": len(view)}, ct
         inner = encode_frame(ftype, header, payload)
         seq, ct = self.send.seal(inner, frame_type=FrameType.SEALED)
         return {"e": self.epoch, "s": seq}, ct
 
     def open(self, header: dict[str, Any], payload: bytes | bytearray | memoryview) -> Frame:
-        """Authenticate and decrypt one sealed frame; returns the inner frame."""
+        """Authenticate and decrypt one sealed frame; returns the inner frame (with attached bytes, if any, as
+        its payload, after checking they are the ones the sealed header names)."""
         try:
             epoch, seq = int(header["e"]), int(header["s"])
+            n_att = header.get("a")
+            if n_att is not None and (type(n_att) is not int or not TAG_LEN <= n_att <= len(payload)):
+                raise ValueError(n_att)
         except (KeyError, TypeError, ValueError, OverflowError):  # OverflowError: JSON Infinity
-            raise FrameError("sealed frame header needs integer e and s") from None
-        inner = self.recv.open(payload, seq=seq, epoch=epoch, frame_type=FrameType.SEALED)
-        return decode_frame(inner)
+            raise FrameError("sealed frame header needs integer e and s (and a valid a)") from None
+        view = memoryview(payload)
+        ct, att = (view, None) if n_att is None else (view[: len(view) - n_att], view[len(view) - n_att:])
+        inner = decode_frame(self.recv.open(ct, seq=seq, epoch=epoch, frame_type=FrameType.SEALED))
+        bound = inner.header.pop(ATTACHED, None)
+        if att is None:
+            if bound is not None:
+                raise TagError("a sealed frame names attached bytes that did not come with it")
+            return inner
+        if bound != [n_att, bytes(att[-TAG_LEN:]).hex()] or len(inner.payload):
+            raise TagError("the attached bytes are not the ones the sealed frame names")
+        return Frame(inner.type, inner.header, att)

@@ -15,7 +15,7 @@ import sys
 import threading
 from typing import Any
 
-from gputravel.core.device.link import ControlChannel, error_header, send_frame, session_context
+from gputravel.core.device.link import ControlChannel, error_header, send_frame, send_sealed, session_context
 from gputravel.core.device.service import MAX_CHUNK, DeviceService, Reply
 from gputravel.core.errors import GpuTravelError, ProtocolError
 from gputravel.core.protocol import TAG_LEN, FrameError, FrameType, read_frame
@@ -167,11 +167,12 @@ class DeviceServer:
             try:
                 reply = svc.handle(str(inner.header.get("op", "")), dict(inner.header.get("args", {})),
                                    bytes(inner.payload))
-                head, ct = chan.seal(FrameType.RESPONSE, {"ok": True, **reply.header}, reply.payload)
+                head, ct = chan.seal(FrameType.RESPONSE, {"ok": True, **reply.header}, reply.payload,
+                                     attached=reply.attached)
             except Exception as exc:  # the device reports, never dies, on a bad request (error_header types it)
                 reply = None
                 head, ct = chan.seal(FrameType.RESPONSE, error_header(exc), b"")
-            send_frame(conn, FrameType.SEALED, head, ct)
+            send_sealed(conn, head, ct, reply.payload if reply is not None and reply.attached else b"")
             if reply is not None and reply.rekey_to is not None:
                 chan = ControlChannel.for_device(secrets, reply.rekey_to)
             if reply is not None and reply.stop:

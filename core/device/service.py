@@ -75,6 +75,9 @@ class Reply:
     payload: bytes | bytearray | memoryview = b""
     rekey_to: int | None = None
     stop: bool = False
+    #: the payload is already sealed under a key of its own (a checkpoint chunk): the control channel binds
+    #: its tag and sends it as it is, without encrypting it again
+    attached: bool = False
 
 
 Handler = Callable[..., Reply]
@@ -430,12 +433,12 @@ class DeviceService:
         if chunk is not None:
             n = st.sealer.seal_into(chunk, st.out)
             self.counters["bytes_out"] += n
-            return Reply({"kind": 0, "done": False}, memoryview(st.out)[:n])
+            return Reply({"kind": 0, "done": False}, memoryview(st.out)[:n], attached=True)
         sealed = st.sealer.end({"model_digest": st.digest})
         self._ckpt_stream = None
         done = StreamEnded(model_digest=st.digest, tag_digest=st.sealer.tag_digest, bytes=st.sealer.bytes,
                            chunks=st.sealer.index, seconds=time.perf_counter() - st.t0, digest_s=st.digest_s)
-        return Reply({"kind": 1, "done": True, **done.to_wire()}, sealed)
+        return Reply({"kind": 1, "done": True, **done.to_wire()}, sealed, attached=True)
 
     def op_restore(self, *, header: dict[str, Any], payload: bytes) -> Reply:
         """Open a restore stream: ``restore_chunk`` feeds the sealed chunks in order, each opened and written
