@@ -12,6 +12,8 @@ in this process (the orchestrator's side):
   the one sealed;
 * ``aes_gcm_1core_mb_s``: single-core AES-256-GCM on 4 MiB messages, measured in this process in the same
   run, the yardstick of the issue's target (seal + write >= 50 % of it);
+* ``disk_write_mb_s``: writing as many random bytes to the same file system and fsyncing them, in the same
+  run: the ceiling of any seal + write here;
 * peak resident memory over each process's baseline during the checkpoint (and the restore): Linux's
   high-water mark (``VmHWM``) reset just before (``/proc/PID/clear_refs``), minus ``VmRSS`` then. The
   orchestrator's target is <= 25 % of the state (streaming, never buffering the whole state).
@@ -64,6 +66,21 @@ def reset_peak(pid: int | str = "self") -> bool:
         return True
     except OSError:
         return False
+
+
+def disk_write_rate(path: Path, nbytes: int, chunk: int) -> float:
+    """MB/s of writing ``nbytes`` of random data in ``chunk``-byte writes to ``path`` and fsyncing it (the
+    file system the checkpoints go to, the same size): the ceiling of any seal + write."""
+    block = os.urandom(chunk)
+    t0 = time.perf_counter()
+    with open(path, "wb", buffering=0) as f:
+        left = nbytes
+        while left > 0:
+            left -= f.write(block[: min(chunk, left)]) or 0
+        os.fsync(f.fileno())
+    seconds = time.perf_counter() - t0
+    path.unlink()
+    return nbytes / seconds / MB if seconds > 0 else 0.0
 
 
 class _Peaks:
@@ -131,6 +148,8 @@ def study(*, model: str = "gpt2", workdir: Path | None = None, device: str | Non
                 restore_s = time.perf_counter() - t0
             if restored.model_digest != done.model_digest:
                 raise IntegrityError("the restored model's digest differs from the sealed one")
+            path.unlink()
+            disk_mb_s = disk_write_rate(root / "disk-probe", min(done.bytes, 2 << 30), chunk_size)
             client.shutdown()
         finally:
             client.close()
@@ -149,6 +168,8 @@ def study(*, model: str = "gpt2", workdir: Path | None = None, device: str | Non
         "restore_s": round(restore_s, 6), "restore_mb_s": round(state / restore_s / MB, 1),
         "device_digest_s": round(done.digest_s, 6), "restore_digest_s": round(restored.digest_s, 6),
         "aes_gcm_1core_mb_s": round(aes / MB, 1),
+        "disk_write_mb_s": round(disk_mb_s, 1),
+        "seal_pct_of_disk_write": round(100.0 * seal_mb_s / disk_mb_s, 1) if disk_mb_s > 0 else None,
         "seal_pct_of_aes_1core": round(100.0 * seal_mb_s * MB / aes, 2),
         "orchestrator_peak_rss_over_baseline_bytes": orch,
         "device_peak_rss_over_baseline_bytes": seal_peaks.over["device"],

@@ -37,7 +37,7 @@ from gputravel.core.device.messages import (
     WindowClosed,
     WindowStatus,
 )
-from gputravel.core.errors import DeviceError, FrameError, error_from_code
+from gputravel.core.errors import DeviceError, FrameError, GpuTravelError, error_from_code
 from gputravel.core.handshake import Initiator, SessionSecrets
 from gputravel.core.protocol import Frame, FrameType, read_frame
 from gputravel.core.protocol.stream import StreamHeader
@@ -47,6 +47,9 @@ __all__ = ["DeviceClient", "TrustAnchors", "read_counters"]
 
 class DeviceClient:
     """A blocking client; the engine calls it from a worker thread (``asyncio.to_thread``)."""
+
+    #: checkpoint-chunk requests kept in flight, so the device seals the next chunk while this side writes
+    PIPELINE = 3
 
     def __init__(self, socket_path: str, *, anchors: TrustAnchors, timeout: float = 600.0) -> None:
         self.socket_path = socket_path
@@ -138,23 +141,38 @@ class DeviceClient:
         if op != Op.ROTATE and self._chan is not None and self._chan.send.counter >= self.nonce_budget - 1:
             self.rotate()
         with self._lock:
-            if self._chan is None or self._sock is None:
-                raise DeviceError("not connected")
-            head, ct = self._chan.seal(FrameType.REQUEST, {"op": str(op), "args": args}, payload, attached=attached)
-            try:
-                send_sealed(self._sock, head, ct, payload if attached else b"")
-            except OSError as exc:
-                raise DeviceError(f"device link failed: {exc}") from None
-            frame = self._read()
-            if frame.type is not FrameType.SEALED:
-                raise FrameError(f"expected a sealed response, got {frame.type.name}")
-            inner = self._chan.open(frame.header, frame.payload)
-            resp = dict(inner.header)
-            if not resp.pop("ok", False):
-                raise error_from_code(str(resp.get("code")), str(resp.get("reason")))
+            self._send(op, payload, attached=attached, **args)
+            resp, out = self._receive()
+            if isinstance(resp, GpuTravelError):
+                raise resp
             if op == Op.ROTATE:
                 self._set_epoch(int(resp["epoch"]))
-            return resp, bytes(inner.payload)
+            return resp, out
+
+    def _send(self, op: Op | str, payload: bytes | bytearray | memoryview = b"", *, attached: bool = False,
+              **args: Any) -> None:
+        """Seal and send one request (the caller holds the lock)."""
+        if self._chan is None or self._sock is None:
+            raise DeviceError("not connected")
+        head, ct = self._chan.seal(FrameType.REQUEST, {"op": str(op), "args": args}, payload, attached=attached)
+        try:
+            send_sealed(self._sock, head, ct, payload if attached else b"")
+        except OSError as exc:
+            raise DeviceError(f"device link failed: {exc}") from None
+
+    def _receive(self) -> tuple[dict[str, Any] | GpuTravelError, bytes]:
+        """Read and open one response (the caller holds the lock). A refusal comes back as its typed error
+        (not raised, so a pipelined caller can still read the answers it has outstanding); a broken link raises."""
+        if self._chan is None:
+            raise DeviceError("not connected")
+        frame = self._read()
+        if frame.type is not FrameType.SEALED:
+            raise FrameError(f"expected a sealed response, got {frame.type.name}")
+        inner = self._chan.open(frame.header, frame.payload)
+        resp = dict(inner.header)
+        if not resp.pop("ok", False):
+            return error_from_code(str(resp.get("code")), str(resp.get("reason"))), b""
+        return resp, bytes(inner.payload)
 
     def attest(self) -> AttestationResult:
         """A fresh attestation inside the session (each visit starts with one)."""
@@ -214,15 +232,39 @@ class DeviceClient:
         """Stream a checkpoint: the device seals its state chunk by chunk under the run's checkpoint ``key``
         and ``header``; each sealed chunk goes to ``sink(kind, sealed)`` unopened (kind 0 data, 1 the end
         chunk). No frame carries more than one bounded chunk, and no side holds the whole state serialised."""
-        self.call(Op.CHECKPOINT, key, header=header.to_dict())
-        while True:
-            head, sealed = self.call(Op.CHECKPOINT_NEXT)
-            kind = int(head.get("kind", -1))
-            if kind not in (0, 1) or len(sealed) > header.max_sealed:
-                raise FrameError(f"the device sent a bad checkpoint chunk (kind {kind}, {len(sealed)} bytes)")
-            sink(kind, memoryview(sealed))
-            if head.get("done"):
-                return StreamEnded.from_wire(head)
+        begun, _ = self.call(Op.CHECKPOINT, key, header=header.to_dict())
+        n = int(begun["chunks"])  # data chunks and the end chunk
+        if self._chan is not None and self._chan.send.counter + n + 2 >= self.nonce_budget:
+            self.rotate()
+        # Pipelined: up to PIPELINE requests ahead, so the device seals chunk k+1 while this side writes chunk k.
+        done: StreamEnded | None = None
+        refused: GpuTravelError | None = None
+        with self._lock:
+            sent = received = 0
+            while received < n:
+                while sent < n and sent - received < self.PIPELINE:
+                    self._send(Op.CHECKPOINT_NEXT)
+                    sent += 1
+                head, sealed = self._receive()
+                received += 1
+                if isinstance(head, GpuTravelError):
+                    refused = refused or head
+                    continue
+                if refused is not None:
+                    continue
+                kind = int(head.get("kind", -1))
+                if kind not in (0, 1) or len(sealed) > header.max_sealed or (kind == 1) != (received == n):
+                    refused = FrameError(f"the device sent a bad checkpoint chunk {received - 1} (kind {kind}, "
+                                         f"{len(sealed)} bytes)")
+                    continue
+                sink(kind, memoryview(sealed))
+                if head.get("done"):
+                    done = StreamEnded.from_wire(head)
+        if refused is not None:
+            raise refused
+        if done is None:
+            raise FrameError("the checkpoint stream ended without its end chunk")
+        return done
 
     def restore(self, key: bytes, header: StreamHeader,
                 records: Iterable[tuple[int, bytes | bytearray | memoryview]]) -> DeviceState:

@@ -411,18 +411,20 @@ class DeviceService:
         """Open a checkpoint stream: the device seals its own state, chunk by chunk, under the run's checkpoint
         key (the payload) and ``header``; ``checkpoint_next`` hands out one sealed chunk per call. The model
         digest (of this model generation, hashed at most once) rides sealed in the end chunk's trailer."""
-        from gputravel.core.training.checkpoint import state_pieces
+        from gputravel.core.training.checkpoint import state_pieces, state_size
 
         trainer = self._need_whole_model()
         key, hdr = self._stream_args(header, payload)
         digest = self.model_digest()
         digest_s = self.last_digest_s
         sealer = StreamSealer(key, hdr)
-        pieces = rechunk(state_pieces(trainer.state_dict()), hdr.chunk_size)
+        state = trainer.state_dict()
+        n_data = -(-state_size(state) // hdr.chunk_size)
+        pieces = rechunk(state_pieces(state), hdr.chunk_size)
         self._ckpt_stream = _CheckpointStream(sealer, pieces, bytearray(hdr.sealed_size(hdr.chunk_size)), digest,
                                               digest_s, time.perf_counter())
         self.counters["checkpoints"] += 1
-        return Reply({"chunk_size": hdr.chunk_size, "model_digest": digest, "digest_s": digest_s})
+        return Reply({"chunk_size": hdr.chunk_size, "chunks": n_data + 1, "model_digest": digest, "digest_s": digest_s})
 
     def op_checkpoint_next(self, *, payload: bytes) -> Reply:
         """The next sealed chunk of the open checkpoint stream (``kind`` 0), or its end chunk (``kind`` 1, ``done``)."""
