@@ -14,10 +14,13 @@ orchestrator's client never loads the device's training code. It holds:
 Wire format of a control exchange: the request is one ``SEALED`` frame whose plaintext is a
 ``REQUEST`` frame ``{"op": OP, "args": {...}}`` plus a payload; the answer is one ``SEALED`` frame
 holding a ``RESPONSE`` frame ``{"ok": true, ...}`` (or ``{"ok": false, "code", "reason"}``) plus a
-payload. Each sealed frame takes the next sequence number of its direction. A later operation that
-moves model state in bounded pieces (a stream) fits the same channel unchanged: it sends or receives
-a sequence of sealed frames under consecutive sequence numbers inside one exchange (the client holds
-its lock for the whole exchange), each no larger than ``MAX_SEALED_PAYLOAD``.
+payload. Each sealed frame takes the next sequence number of its direction.
+
+Model state moves as a stream of bounded chunks already sealed under a checkpoint key
+(``core.protocol.stream``): one chunk per request or answer (``checkpoint_next``, ``restore_chunk``), each
+*attached* to its sealed frame rather than encrypted again: the sealed inner header binds the chunk's length
+and GCM tag, the outer header's ``a`` says how many bytes follow the ciphertext (``send_sealed``,
+``ControlChannel.seal(..., attached=True)``). No frame exceeds ``MAX_PAYLOAD``.
 """
 
 from __future__ import annotations
