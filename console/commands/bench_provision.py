@@ -15,12 +15,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from gputravel.console.commands.bench_load import ssh_fleet
-from gputravel.core.bench.provision import (  # noqa: F401 - make_dataset: bench travel reads it from here
-    PATHS,
-    ablation_study,
-    make_dataset,
-    paths_study,
-)
+from gputravel.core.bench.provision import PATHS, ablation_study, paths_study
 
 
 def _ticker(progress: Progress) -> Callable[[str, int], Callable[[], None]]:
