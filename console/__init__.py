@@ -1,1 +1,1 @@
-"""The composition root: the typer CLI (and, later, the Textual console)."""
+"""The composition root: the typer CLI (``gputravel``) and the Textual operator console (``gputravel-console``)."""

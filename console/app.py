@@ -1,7 +1,7 @@
 """``gputravel-console``: the operator console.
 
 The app is the composition root: it owns one bridge (live engine or recording), renders the bridge's
-:class:`~gputravel.core.session.RunState` on the current screen, and turns keys, the ``:`` line and the
+:class:`~gputravel.console.view_model.RunState` on the current screen, and turns keys, the ``:`` line and the
 command palette into the bridge's controls. Engine work runs in workers; nothing here blocks the loop.
 """
 

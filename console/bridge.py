@@ -2,7 +2,7 @@
 
 :class:`LiveBridge` drives a real engine (through :class:`~gputravel.core.session.Session`) and samples
 telemetry; :class:`ReplayBridge` plays a recording with the same controls. Both fold events into one
-:class:`~gputravel.core.session.RunState` that the screens render, and both coalesce telemetry: a frame
+:class:`~gputravel.console.view_model.RunState` that the screens render, and both coalesce telemetry: a frame
 that arrives while the previous one has not been drawn replaces it.
 """
 
@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from textual.message import Message
 
+from gputravel.console.view_model import RunState
 from gputravel.core import events as ev
 from gputravel.core.errors import GpuTravelError
 from gputravel.core.recording import Player, RecordedItem, Recorder, Recording, load_recording
-from gputravel.core.session import RunState, Session
+from gputravel.core.session import Session
 from gputravel.core.telemetry import EmulatedSource, History, PhaseTracker, Sampler, TelemetryFrame
 from gputravel.core.travel.phases import Phase
 

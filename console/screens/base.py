@@ -13,10 +13,10 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Footer
 
+from gputravel.console.view_model import RunState
 from gputravel.console.widgets.command_line import CommandLine
 from gputravel.console.widgets.ops_log import OpsLog
 from gputravel.console.widgets.status_bar import StatusBar, StatusSummary
-from gputravel.core.session import RunState
 
 
 def summarise(state: RunState, screen: str, badges: tuple[str, ...]) -> StatusSummary:

@@ -11,9 +11,9 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from gputravel.console.screens.base import ConsoleScreen
+from gputravel.console.view_model import RunState
 from gputravel.console.widgets.gpu_card import GpuCard, GpuTrend
 from gputravel.console.widgets.text import esc
-from gputravel.core.session import RunState
 from gputravel.core.telemetry import History, TelemetryFrame
 
 

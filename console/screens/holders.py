@@ -14,10 +14,10 @@ from textual.widget import Widget
 from textual.widgets import DataTable, Input, Static
 
 from gputravel.console.screens.base import ConsoleScreen
+from gputravel.console.view_model import HolderView, RunState
 from gputravel.console.widgets.ops_log import OpsLog
 from gputravel.console.widgets.route_map import STATE_TOKENS
 from gputravel.console.widgets.text import bar, esc, fmt_bytes
-from gputravel.core.session import HolderView, RunState
 
 COLUMNS = (("holder", 18), ("state", 14), ("agent sha256", 12), ("data", 10), ("provisioning", 26),
            ("MB/s", 5), ("rejected", 10), ("visits", 6))

@@ -10,10 +10,10 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from gputravel.console.screens.base import ConsoleScreen
+from gputravel.console.view_model import RunState
 from gputravel.console.widgets.phase_timeline import PhaseTimeline, TimelineView, receipt
 from gputravel.console.widgets.route_map import RouteMap, RouteView
 from gputravel.console.widgets.text import esc
-from gputravel.core.session import RunState
 
 
 class TravelScreen(ConsoleScreen):

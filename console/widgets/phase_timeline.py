@@ -9,8 +9,8 @@ from textual.content import Content
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from gputravel.console.view_model import VisitView
 from gputravel.console.widgets.text import esc
-from gputravel.core.session import VisitView
 from gputravel.core.travel.phases import VISIT_PHASES
 
 PHASE_SHORT = {"ATTEST": "ATT", "HANDOFF": "HND", "PROVISION": "PRV", "RETURN": "RET", "VERIFY": "VER",
