@@ -9,13 +9,15 @@ that arrives while the previous one has not been drawn replaces it.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from textual.message import Message
 
-from gputravel.console.view_model import RunState
+from gputravel.console.run_end import RunEnding, ending_code
+from gputravel.console.view_model import TERMINAL_STATUSES, RunState
 from gputravel.core import events as ev
 from gputravel.core.errors import GpuTravelError
 from gputravel.core.recording import Player, RecordedItem, Recorder, Recording, load_recording
@@ -146,14 +148,13 @@ class LiveBridge(Bridge):
 
     # --- the run (awaited inside the app's "visit" worker) ------------------------------------
     async def drive(self, *, stepping: bool = False) -> dict[str, Any] | None:
-        if self.session.finished:  # a finished run is kept on screen; a new one starts from scratch
-            old = self.session
-            self.session = Session(self.engine_factory)
-            self.session.breakpoints = set(old.breakpoints)
-            self.state = RunState(breakpoints=set(self.state.breakpoints))
-            self.tracker = PhaseTracker()
-            self._close_recorder()
+        """The whole run, however it ends: the state (and the recording) always get a final event, the
+        engine's own or one written here from the exception that ended the worker."""
+        if self.session.finished or self.state.status in ("failed", "cancelled"):
+            self._fresh_session()  # a finished run is kept on screen; a new one starts from scratch
         self._in_flight = True
+        ending = RunEnding()
+        error: BaseException | None = None
         try:
             if not self.session.built:
                 self.state.status = "starting"
@@ -173,21 +174,44 @@ class LiveBridge(Bridge):
             engine.sinks.append(self.tracker)
             if self.recorder is not None:
                 engine.sinks.append(self.recorder)
+            engine.sinks.append(ending)
             pump = asyncio.create_task(self._pump(queue))
             try:
                 self.report = await self.session.run()
                 return self.report
-            except GpuTravelError as exc:
-                if exc.code != "cancelled":
-                    self.notice(f"run failed: {exc}", "error")
-                return None
             finally:
                 await asyncio.sleep(0)
                 self._drain(queue)
                 pump.cancel()
+        except GpuTravelError as exc:
+            error = exc
+            if exc.code != "cancelled":
+                self.notice(f"run failed: {exc}", "error")
+            return None
+        except BaseException as exc:  # the worker's exception is the run's end: say so, then let it go on
+            error = exc
+            if not isinstance(exc, asyncio.CancelledError):
+                self.notice(f"run failed: {type(exc).__name__}: {exc}", "error")
+            raise
         finally:
             self._in_flight = False
+            made = ending.finish(error, recorder=self.recorder)
+            if made is not None and self.state.status not in TERMINAL_STATUSES:
+                self.fold((made,))
+            elif error is not None and self.state.status not in TERMINAL_STATUSES:
+                self.fold((ev.RunFailed(time.time(), self.state.run_id or "-", str(error) or type(error).__name__,
+                                        ending_code(error)),))
+            if error is not None and not self.session.finished:
+                await asyncio.to_thread(self.session.close)  # a run that never started still stops its device
             self.post_state()
+
+    def _fresh_session(self) -> None:
+        old = self.session
+        self.session = Session(self.engine_factory)
+        self.session.breakpoints = set(old.breakpoints)
+        self.state = RunState(breakpoints=set(self.state.breakpoints))
+        self.tracker = PhaseTracker()
+        self._close_recorder()
 
     async def _pump(self, queue: asyncio.Queue[ev.Event]) -> None:
         while True:

@@ -14,7 +14,10 @@ from typing import Any
 from gputravel.core import events as ev
 from gputravel.core.travel.phases import VISIT_PHASES, Phase
 
-__all__ = ["HOLDER_STATES", "HolderView", "OpLine", "PhaseMark", "RunState", "VisitView"]
+__all__ = ["HOLDER_STATES", "TERMINAL_STATUSES", "HolderView", "OpLine", "PhaseMark", "RunState", "VisitView"]
+
+#: The statuses of a run that is over (every way a run ends; ``partial`` is ``completed`` with failed visits).
+TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
 
 #: The states a holder goes through, in order (the SSH deployer adds connecting/deploying/verified).
 HOLDER_STATES = ("offline", "connecting", "deploying", "verified", "ready", "provisioning", "returned", "failed")
@@ -86,6 +89,10 @@ class VisitView:
     tokens_per_s: float | None = None
     rejected: int = 0
 
+    @property
+    def ended(self) -> bool:
+        return self.outcome != "running"
+
     def phases_done(self) -> int:
         return sum(1 for m in self.phases.values() if m.status == "ok")
 
@@ -112,6 +119,7 @@ class RunState:
     gpu_at: str = "orchestrator"
     epoch: int = 0
     key_fp: str | None = None
+    key_visit: int | None = None  # the visit (0-based) whose provisioning key ``key_fp`` names
     paused_before: str | None = None
     pause_reason: str | None = None
     breakpoints: set[str] = field(default_factory=set)
@@ -244,6 +252,7 @@ class RunState:
         h = self.holder(e.holder)
         if e.key_fingerprint:
             v.key_fp = self.key_fp = e.key_fingerprint
+            self.key_visit = e.visit
         self.epoch = max(self.epoch, e.epoch)
         if e.phase == "HANDOFF":
             self.log(e.t, e.holder, f"hand-off: epoch {e.epoch}, provisioning key {(e.key_fingerprint or '?')[:8]} "
@@ -343,6 +352,7 @@ class RunState:
         self.status = "cancelled" if e.code == "cancelled" else "failed"
         self.error, self.error_code = e.error, e.code
         self.current_phase = self.paused_before = None
+        self.gpu_at = "orchestrator"  # the visit is aborted: no holder keeps a key into the buffer
         v = self.visit(self.current_visit)
         if v is not None:
             if v.outcome == "running":
@@ -353,6 +363,15 @@ class RunState:
         self.log(e.t, "orchestrator", f"run {self.status}: {e.error}", "warn" if e.code == "cancelled" else "error")
 
     # --- summaries ----------------------------------------------------------------------------
+    @property
+    def ended(self) -> bool:
+        """The run is over (completed, failed or cancelled)."""
+        return self.status in TERMINAL_STATUSES
+
+    def visits_ended(self) -> int:
+        """Visits whose latest attempt is over (a redone visit counts once)."""
+        return sum(1 for row in self.rows.values() if self.visits[row].ended)
+
     @property
     def next_phase(self) -> str | None:
         """The phase the engine will run next, as far as events tell."""
@@ -371,7 +390,7 @@ class RunState:
         return {
             "status": self.status, "run_id": self.run_id, "sim": self.sim, "device_id": self.device_id,
             "attested": self.attested, "visits_planned": self.visits_planned, "epoch": self.epoch,
-            "key_fp": self.key_fp, "error": self.error,
+            "key_fp": self.key_fp, "error": self.error, "error_code": self.error_code,
             "holders": {n: {"state": h.state, "agent_sha256": h.agent_sha256, "data_bytes": h.data_bytes,
                             "visits_done": h.visits_done, "visits_failed": h.visits_failed,
                             "rejected": dict(h.rejected)} for n, h in self.holders.items()},
