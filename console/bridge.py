@@ -9,6 +9,7 @@ that arrives while the previous one has not been drawn replaces it.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -17,12 +18,13 @@ from typing import TYPE_CHECKING, Any
 from textual.message import Message
 
 from gputravel.console.run_end import RunEnding, ending_code
+from gputravel.console.run_telemetry import interval_tracker
 from gputravel.console.view_model import TERMINAL_STATUSES, RunState
 from gputravel.core import events as ev
 from gputravel.core.errors import GpuTravelError
 from gputravel.core.recording import Player, RecordedItem, Recorder, Recording, load_recording
 from gputravel.core.session import Session
-from gputravel.core.telemetry import EmulatedSource, History, PhaseTracker, Sampler, TelemetryFrame
+from gputravel.core.telemetry import EmulatedSource, History, Sampler, TelemetryFrame
 from gputravel.core.travel.phases import Phase
 
 if TYPE_CHECKING:
@@ -59,8 +61,9 @@ class Bridge:
         self.app = app
         self.state = RunState()
         self.history = History()
-        self.tracker = PhaseTracker()
+        self.tracker = interval_tracker()
         self.latest_frame: TelemetryFrame | None = None
+        self.last_devices: TelemetryFrame | None = None  # the newest frame that had devices (kept after a run)
         self._frame_pending = False
 
     # --- state ------------------------------------------------------------------------------------
@@ -81,6 +84,8 @@ class Bridge:
     def offer_frame(self, frame: TelemetryFrame) -> None:
         self.history.push(frame)
         self.latest_frame = frame
+        if frame.devices:
+            self.last_devices = frame
         if not self._frame_pending:
             self._frame_pending = True
             self.app.post_message(self.TelemetryTicked())
@@ -210,7 +215,7 @@ class LiveBridge(Bridge):
         self.session = Session(self.engine_factory)
         self.session.breakpoints = set(old.breakpoints)
         self.state = RunState(breakpoints=set(self.state.breakpoints))
-        self.tracker = PhaseTracker()
+        self.tracker = interval_tracker()
         self._close_recorder()
 
     async def _pump(self, queue: asyncio.Queue[ev.Event]) -> None:
@@ -256,8 +261,10 @@ class LiveBridge(Bridge):
             return
         path = Path(engine.out_dir) / "recording.db" if self.record is True else Path(self.record)
         settings = engine.settings.to_dict() if hasattr(engine.settings, "to_dict") else {}
-        self.recorder = Recorder(path, meta={"settings": settings, "ledger": str(Path(engine.out_dir) / "ledger.db"),
-                                             "holders": list(engine.links)})
+        self.recorder = Recorder(path, meta={"source": "gputravel-console", "settings": settings,
+                                             "ledger": str(Path(engine.out_dir) / "ledger.db"),
+                                             "holders": list(engine.links), "started_at": time.time(),
+                                             "pid": os.getpid()})
 
     def _close_recorder(self) -> None:
         if self.recorder is not None:
@@ -309,10 +316,11 @@ class LiveBridge(Bridge):
         self.state.set_paused(None)
         self.post_state()
 
-    def toggle_breakpoint(self, phase: Phase) -> bool:
+    def toggle_breakpoint(self, phase: Phase, *, post: bool = True) -> bool:
         on = self.session.toggle_breakpoint(phase)
         (self.state.breakpoints.add if on else self.state.breakpoints.discard)(str(phase))
-        self.post_state()
+        if post:
+            self.post_state()
         return on
 
     def cancel(self) -> None:
@@ -384,15 +392,20 @@ class ReplayBridge(Bridge):
         self.rebuild()
 
     def jump_visit(self, visit: int) -> None:
-        """Jump to the start of ``visit`` (0-based); a visit past the last one means the end."""
-        self.player.seek_visit(visit)
-        self.rebuild()
+        """Jump to the start of ``visit`` (0-based): its first phase (ATTEST) has begun, so the header names
+        that visit and ``]`` moves on from it; a visit past the last one means the end."""
+        starts = self.player.visit_starts()
+        self.seek(starts[visit] + 1 if 0 <= visit < len(starts) else len(self.player.items))
+
+    def current_visit(self) -> int:
+        """The visit (0-based) the cursor is in; -1 before the first one starts."""
+        return sum(1 for s in self.player.visit_starts() if s < self.player.position) - 1
 
     def rebuild(self) -> None:
         self.state = RunState()
         self.history.clear()
-        self.tracker = PhaseTracker()
-        self.latest_frame = None
+        self.tracker = interval_tracker()
+        self.latest_frame = self.last_devices = None
         self._apply(self.player.played())
         self.post_state(reset=True)
 

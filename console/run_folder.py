@@ -23,7 +23,8 @@ from gputravel.console.view_model import RunState
 from gputravel.core.errors import ConfigError, GpuTravelError
 from gputravel.core.recording import load_recording
 
-__all__ = ["PID_FILE", "RUNS_DIR", "RunInfo", "find_run", "list_runs", "pid_alive", "read_run", "running_marker"]
+__all__ = ["PID_FILE", "RUNS_DIR", "RunInfo", "clear_running", "find_run", "list_runs", "mark_running", "pid_alive",
+           "read_run", "running_marker"]
 
 RUNS_DIR = Path("runs")
 PID_FILE = "orchestrator.pid"
@@ -39,18 +40,29 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-@contextlib.contextmanager
-def running_marker(out_dir: Path, *, owner: str) -> Iterator[Path]:
-    """``orchestrator.pid`` in the run folder for as long as the run goes (removed however it ends)."""
+def mark_running(out_dir: Path, *, owner: str) -> Path:
+    """Write ``orchestrator.pid`` (this process drives the run in ``out_dir``)."""
     path = Path(out_dir) / PID_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"pid": os.getpid(), "owner": owner, "started_at": time.time()}) + "\n")
+    return path
+
+
+def clear_running(path: Path) -> None:
+    """Remove a pid file this process wrote (idempotent)."""
+    with contextlib.suppress(OSError, ValueError):
+        if json.loads(path.read_text()).get("pid") == os.getpid():
+            path.unlink()
+
+
+@contextlib.contextmanager
+def running_marker(out_dir: Path, *, owner: str) -> Iterator[Path]:
+    """``orchestrator.pid`` in the run folder for as long as the run goes (removed however it ends)."""
+    path = mark_running(out_dir, owner=owner)
     try:
         yield path
     finally:
-        with contextlib.suppress(OSError):
-            if json.loads(path.read_text()).get("pid") == os.getpid():
-                path.unlink()
+        clear_running(path)
 
 
 @dataclass
