@@ -30,10 +30,12 @@ class CommandLine(Input):
 
     DEFAULT_CSS = """
     CommandLine {
-        dock: bottom;
         display: none;
         height: 1;
         border: none;
+        padding: 0 1;
+    }
+    CommandLine.-textual-compact {
         padding: 0 1;
     }
     CommandLine:focus {
