@@ -97,8 +97,8 @@ class ConsoleScreen(Screen[None]):
             if table_filter.needle:
                 table_filter.action_clear()
 
-    @on(TableFilter.Changed)
-    def _filter_changed(self, event: TableFilter.Changed) -> None:
+    @on(TableFilter.FilterChanged)
+    def _filter_changed(self, event: TableFilter.FilterChanged) -> None:
         event.stop()
         self.needle = event.needle
         self.post_message(self.Shown())  # redraw with the filter applied

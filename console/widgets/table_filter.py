@@ -21,7 +21,7 @@ def row_matches(needle: str, cells: Iterable[object]) -> bool:
 
 
 class TableFilter(Input):
-    """A one-line input, hidden until ``/`` opens it; posts :class:`TableFilter.Changed` as the text changes.
+    """A one-line input, hidden until ``/`` opens it; posts :class:`TableFilter.FilterChanged` as the text changes.
 
     ``enter`` keeps the filter and gives the keys back to the table; ``escape`` clears it and closes.
     """
@@ -45,7 +45,7 @@ class TableFilter(Input):
 
     BINDINGS = [Binding("escape", "clear", "Clear filter", show=False)]
 
-    class Changed(Message):
+    class FilterChanged(Message):
         """The filter text changed (``needle`` is empty once cleared)."""
 
         def __init__(self, needle: str) -> None:
@@ -79,7 +79,7 @@ class TableFilter(Input):
     @on(Input.Changed)
     def _changed(self, event: Input.Changed) -> None:
         event.stop()
-        self.post_message(self.Changed(self.needle))
+        self.post_message(self.FilterChanged(self.needle))
 
     @on(Input.Submitted)
     def _submitted(self, event: Input.Submitted) -> None:
