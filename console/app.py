@@ -272,6 +272,8 @@ class GpuTravelConsole(App[None]):
         if isinstance(self.bridge, ReplayBridge):
             current = self.bridge.current_visit()
             self.bridge.playing = False
+            if delta < 0 and current >= 0 and not self.bridge.at_visit_start(current):
+                delta = 0  # from inside a visit, [ goes back to its start (as "previous" does in a player)
             self.bridge.jump_visit(max(0, current + delta))
 
     def action_seek(self, where: str) -> None:

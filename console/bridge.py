@@ -397,6 +397,11 @@ class ReplayBridge(Bridge):
         starts = self.player.visit_starts()
         self.seek(starts[visit] + 1 if 0 <= visit < len(starts) else len(self.player.items))
 
+    def at_visit_start(self, visit: int) -> bool:
+        """The cursor sits where :meth:`jump_visit` puts it for ``visit``."""
+        starts = self.player.visit_starts()
+        return 0 <= visit < len(starts) and self.player.position == starts[visit] + 1
+
     def current_visit(self) -> int:
         """The visit (0-based) the cursor is in; -1 before the first one starts."""
         return sum(1 for s in self.player.visit_starts() if s < self.player.position) - 1

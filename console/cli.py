@@ -49,7 +49,7 @@ def main() -> None:
         code = app(standalone_mode=False)
         sys.exit(code if isinstance(code, int) else 0)
     except GpuTravelError as exc:
-        Console(stderr=True).print(f"[bold red]error[/]: {escape(str(exc))}", highlight=False)
+        Console(stderr=True).print(f"[bold red]error[/]: {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)

@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _fail(exc: GpuTravelError) -> typer.Exit:
-    Console(stderr=True).print(f"[bold red]error[/]: {escape(str(exc))}", highlight=False)
+    Console(stderr=True).print(f"[bold red]error[/]: {escape(str(exc))}", highlight=False, soft_wrap=True)
     return typer.Exit(exc.exit_code)
 
 

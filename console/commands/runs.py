@@ -49,7 +49,8 @@ def _guard(as_json: bool, body: Callable[[], None]) -> None:
     except GpuTravelError as exc:
         if not as_json:
             raise
-        _json({"error": {"code": exc.code, "message": str(exc), "exit_code": exc.exit_code}})
+        _json({"error": {"code": exc.code, "message": exc.reason, "kind": type(exc).__name__,
+                         "exit_code": exc.exit_code}})
         raise typer.Exit(exc.exit_code) from None
 
 
