@@ -22,8 +22,9 @@ from gputravel.console.widgets.text import bar, esc, fmt_bytes
 #: (label, width); the holder column is as wide as the longest name (up to 28), so no name is cut short.
 COLUMNS = (("holder", 0), ("state", 14), ("agent sha256", 12), ("data", 10), ("provisioning", 26),
            ("MB/s", 5), ("rejected", 10), ("visits", 6))
-#: Below 110 columns: no agent hash (the log names it), a shorter progress bar.
+#: Below 110 columns: no agent hash (the log names it), narrower columns.
 NARROW = frozenset({"agent sha256"})
+NARROW_WIDTHS = {"state": 12, "data": 9, "provisioning": 17, "rejected": 9}
 
 
 def holder_cells(h: HolderView, *, narrow: bool = False) -> dict[str, Content]:
@@ -77,7 +78,8 @@ class HoldersScreen(ConsoleScreen):
             table.clear(columns=True)
             for label, width in COLUMNS:
                 if label in labels:
-                    table.add_column(label, width=width or name_w, key=label)
+                    width = NARROW_WIDTHS.get(label, width) if narrow else width
+                    table.add_column(label, width=width or min(name_w, 16 if narrow else 28), key=label)
         return labels
 
     def action_toggle_follow(self) -> None:
