@@ -294,8 +294,13 @@ class GpuTravelConsole(App[None]):
         label = name or (screen.SCREEN_NAME if isinstance(screen, ConsoleScreen) else "help")
         folder = Path(os.environ.get("GPUTRAVEL_SCREENSHOT_DIR", "."))
         folder.mkdir(parents=True, exist_ok=True)
-        saved = self.save_screenshot(filename=f"console-{label}.svg", path=str(folder))
-        self.notify(f"screenshot saved to {Path(saved).resolve()}", timeout=4, markup=False)
+
+        def save() -> None:
+            saved = self.save_screenshot(filename=f"console-{label}.svg", path=str(folder))
+            self.notify(f"screenshot saved to {Path(saved).resolve()}", timeout=4, markup=False)
+
+        self.clear_notifications()  # the picture shows the screen, not the console's last notice
+        self.call_after_refresh(save)
 
     def action_toggle_log(self) -> None:
         self.screen.toggle_class("-hide-log")
