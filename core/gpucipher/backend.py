@@ -1,0 +1,75 @@
+"""Which engine runs the kernels: a CUDA GPU, or numba's CUDA simulator on the CPU.
+
+Chosen once per process, automatically: ``cuda`` where the CUDA driver reports a device, ``simulator``
+everywhere else (CI, the build machines). ``GPUTRAVEL_GPU_CIPHER=simulator|cuda`` forces one (for
+instance to run the simulator tests on a GPU machine). The simulator flag (``NUMBA_ENABLE_CUDASIM``)
+must be set before ``numba.cuda`` is imported, so the kernels are imported only through :func:`kernels`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import sys
+from types import ModuleType
+from typing import Literal
+
+from gputravel.core.protocol.errors import GpuTravelError
+
+Backend = Literal["cuda", "simulator"]
+ENV_FORCE = "GPUTRAVEL_GPU_CIPHER"
+
+
+class GpuCipherError(GpuTravelError):
+    """The GPU cipher could not run: toolkit missing, bad key or nonce, or a buffer it cannot use."""
+
+    code = "gpu-cipher"
+
+
+def cuda_device_present() -> bool:
+    """True when the CUDA driver loads and reports at least one device (no torch import needed)."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    count = ctypes.c_int(0)
+    try:
+        return bool(lib.cuInit(0) == 0 and lib.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0)
+    except AttributeError:
+        return False
+
+
+@functools.cache
+def backend() -> Backend:
+    """``cuda`` or ``simulator``, fixed for the process at first use."""
+    forced = os.environ.get(ENV_FORCE, "").strip().lower()
+    if forced not in ("", "cuda", "simulator"):
+        raise GpuCipherError(f"{ENV_FORCE} must be 'cuda' or 'simulator', not {forced!r}")
+    if "numba.cuda" in sys.modules:  # someone imported it already: its mode stands
+        from numba import config  # type: ignore[import-untyped,unused-ignore]
+
+        return "simulator" if config.ENABLE_CUDASIM else "cuda"
+    if forced:
+        choice: Backend = "cuda" if forced == "cuda" else "simulator"
+    elif os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
+        choice = "simulator"
+    else:
+        choice = "cuda" if cuda_device_present() else "simulator"
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1" if choice == "simulator" else "0"
+    if "numba" in sys.modules:  # numba read its configuration at import: read it again
+        from numba.core import config as numba_config  # type: ignore[import-untyped,unused-ignore]
+
+        numba_config.reload_config()
+    return choice
+
+
+@functools.cache
+def kernels() -> ModuleType:
+    """The kernel module, imported after the backend is fixed."""
+    backend()
+    try:
+        from gputravel.core.gpucipher import kernels as module
+    except ImportError as exc:
+        raise GpuCipherError(f"the GPU cipher needs numba-cuda (pip install 'gputravel[gpu]'): {exc}") from exc
+    return module
