@@ -17,7 +17,7 @@ from gputravel.core.gpucipher.engine import (
     open_batch,
     seal_batch,
 )
-
+from gputravel.core.gpucipher.torch_io import open_into_tensor, seal_from_tensor
 
 __all__ = [
     "CUDA_SHAPE",
