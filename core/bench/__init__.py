@@ -1,0 +1,1 @@
+"""Benchmark studies: the measurement logic; ``console/commands`` holds only their wiring."""
