@@ -36,12 +36,15 @@ def parse_sizes(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+def fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
 def render(console: Console, r: dict[str, Any]) -> None:
     table = Table(title=f"AES-256-GCM on the GPU ({r['backend']})", title_justify="left")
     for col in ("message", "chunks", "seal GB/s", "open GB/s", "open × 1 CPU core"):
         table.add_column(col, justify="right")
     for row in r["rows"]:
-        fmt = (lambda v: "-" if v is None else f"{v:.2f}")
         table.add_row(f"{row['size_bytes'] / 1024:g} KiB", str(row["chunks"]), fmt(row["seal_gb_s"]),
                       fmt(row["open_gb_s"]), fmt(row["open_vs_cpu_1core"]))
     console.print(table)

@@ -49,7 +49,7 @@ def backend() -> Backend:
     if "numba.cuda" in sys.modules:  # someone imported it already: its mode stands
         from numba import config  # type: ignore[import-untyped,unused-ignore]
 
-        return "simulator" if config.ENABLE_CUDASIM else "cuda"
+        return "simulator" if getattr(config, "ENABLE_CUDASIM", 0) else "cuda"
     if forced:
         choice: Backend = "cuda" if forced == "cuda" else "simulator"
     elif os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
@@ -60,7 +60,7 @@ def backend() -> Backend:
     if "numba" in sys.modules:  # numba read its configuration at import: read it again
         from numba.core import config as numba_config  # type: ignore[import-untyped,unused-ignore]
 
-        numba_config.reload_config()
+        getattr(numba_config, "reload_config")()  # noqa: B009 (numba is untyped)
     return choice
 
 

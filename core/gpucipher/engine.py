@@ -28,6 +28,7 @@ from gputravel.core.gpucipher.reference import (
 )
 
 I64 = npt.NDArray[np.int64]
+Ints = Sequence[int] | I64
 NONCE_BYTES = 12
 TAG_BYTES = 16
 #: GCM's limit on one message: 2^39 - 256 bits (the 32-bit block counter must not wrap).
@@ -112,8 +113,8 @@ class GpuAesGcm:
         self._fan_log2 = self.shape.join_fan.bit_length() - 1
 
     # --- layout ---------------------------------------------------------------------------------
-    def plan(self, lengths: Sequence[int], *, src_offsets: Sequence[int], dst_offsets: Sequence[int],
-             aad_lengths: Sequence[int], aad_offsets: Sequence[int]) -> BatchPlan:
+    def plan(self, lengths: Ints, *, src_offsets: Ints, dst_offsets: Ints, aad_lengths: Ints,
+             aad_offsets: Ints) -> BatchPlan:
         """Upload a batch's layout (byte offsets must be multiples of 16)."""
         n = len(lengths)
         arrays = [np.asarray(a, dtype=np.int64).reshape(-1)

@@ -12,10 +12,24 @@ grid (the simulator's) cover any amount of work.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import numpy as np
-from numba import cuda  # type: ignore[import-untyped,unused-ignore]
+from numba import cuda as _numba_cuda  # type: ignore[import-untyped,unused-ignore]
+
+cuda: Any = _numba_cuda
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def device_function(fn: F) -> F:
+    """``cuda.jit(device=True)`` with its type kept (numba has no type stubs)."""
+    return cast(F, cuda.jit(device=True)(fn))
+
+
+def kernel(fn: Callable[..., None]) -> Any:
+    """``cuda.jit``: the result is launched as ``kernel[grid, threads](...)``."""
+    return cuda.jit(fn)
 
 #: Shared-memory banks: the T-table is replicated once per bank, entry x of copy l at word x*32 + l,
 #: so thread lane l only ever reads bank l: no bank conflicts, and no data-dependent ones.
@@ -26,27 +40,27 @@ HTAB_WORDS = 32 * 16 * 4
 ALL_ONES = 0xFFFFFFFF
 
 
-@cuda.jit(device=True)  # type: ignore[misc]
+@device_function
 def bswap(v: Any) -> Any:
     return np.uint32(((v & 0xFF) << 24) | ((v & 0xFF00) << 8) | ((v >> 8) & 0xFF00) | (v >> 24))
 
 
-@cuda.jit(device=True)  # type: ignore[misc]
+@device_function
 def rotl8(v: Any) -> Any:
     return np.uint32(((v << 8) & ALL_ONES) | (v >> 24))
 
 
-@cuda.jit(device=True)  # type: ignore[misc]
+@device_function
 def rotl16(v: Any) -> Any:
     return np.uint32(((v << 16) & ALL_ONES) | (v >> 16))
 
 
-@cuda.jit(device=True)  # type: ignore[misc]
+@device_function
 def rotl24(v: Any) -> Any:
     return np.uint32(((v << 24) & ALL_ONES) | (v >> 8))
 
 
-@cuda.jit(device=True)  # type: ignore[misc]
+@device_function
 def find_chunk(cum: Any, nchunks: Any, t: Any) -> Any:
     """The chunk c with cum[c] <= t < cum[c+1] (empty chunks own no task)."""
     lo = 0
@@ -60,7 +74,7 @@ def find_chunk(cum: Any, nchunks: Any, t: Any) -> Any:
     return lo
 
 
-@cuda.jit(device=True)  # type: ignore[misc]
+@device_function
 def aes_block(tab: Any, stride: Any, lane: Any, rk: Any, c0: Any, c1: Any, c2: Any, c3: Any) -> Any:
     """AES-256 of one block (4 LE words) with the one-table formulation (T1..T3 are rotations of T0,
     S is byte 1 of T0). ``tab[x * stride + lane]`` is T0[x]: stride 32 for the per-bank copies in
@@ -102,7 +116,7 @@ def aes_block(tab: Any, stride: Any, lane: Any, rk: Any, c0: Any, c1: Any, c2: A
     return (np.uint32(o0 ^ rk[56]), np.uint32(o1 ^ rk[57]), np.uint32(o2 ^ rk[58]), np.uint32(o3 ^ rk[59]))
 
 
-@cuda.jit(device=True)  # type: ignore[misc]
+@device_function
 def load_block(src32: Any, src8: Any, off: Any, length: Any, j: Any) -> Any:
     """Block j of a ``length``-byte message at byte offset ``off`` (a multiple of 16), zero padded."""
     if 16 * (j + 1) <= length:
@@ -127,7 +141,7 @@ def load_block(src32: Any, src8: Any, off: Any, length: Any, j: Any) -> Any:
     return (x0, x1, x2, x3)
 
 
-@cuda.jit(device=True)  # type: ignore[misc]
+@device_function
 def table_mul(htab: Any, x0: Any, x1: Any, x2: Any, x3: Any) -> Any:
     """X * H with H's nibble tables: the XOR of 32 table entries picked by X's nibbles."""
     z0 = np.uint32(0)
@@ -151,7 +165,7 @@ def table_mul(htab: Any, x0: Any, x1: Any, x2: Any, x3: Any) -> Any:
     return (z0, z1, z2, z3)
 
 
-@cuda.jit(device=True)  # type: ignore[misc]
+@device_function
 def gf_mul(a0: Any, a1: Any, a2: Any, a3: Any, b0: Any, b1: Any, b2: Any, b3: Any) -> Any:
     """Generic GF(2^128) product (GCM bit order) of two elements in LE words, bit-serial and
     branch-free on the bits; used only to join partial sums (once per segment, not per block)."""
@@ -189,7 +203,7 @@ def gf_mul(a0: Any, a1: Any, a2: Any, a3: Any, b0: Any, b1: Any, b2: Any, b3: An
     return (bswap(z0), bswap(z1), bswap(z2), bswap(z3))
 
 
-@cuda.jit  # type: ignore[misc]
+@kernel
 def ctr_kernel(te: Any, rk_g: Any, nonces: Any, src32: Any, src8: Any, dst32: Any, dst8: Any, src_off: Any,
                dst_off: Any, nbytes: Any, cum: Any, nchunks: Any, bpt: Any, ok: Any) -> None:
     """AES-256-CTR: dst = src XOR E(K, nonce || BE32(2 + b)) for block b of every chunk whose ``ok`` is
@@ -237,7 +251,7 @@ def ctr_kernel(te: Any, rk_g: Any, nonces: Any, src32: Any, src8: Any, dst32: An
                     dst8[do + 16 * b + i] = np.uint8((src8[so + 16 * b + i] ^ (kw >> (8 * (i & 3)))) & 0xFF)
 
 
-@cuda.jit  # type: ignore[misc]
+@kernel
 def ghash_segments_kernel(htab_g: Any, aad32: Any, aad8: Any, aad_off: Any, aad_len: Any, ct32: Any, ct8: Any,
                           ct_off: Any, ct_len: Any, cum: Any, nchunks: Any, bps: Any, out: Any) -> None:
     """Level 0 of GHASH: the partial sum of each segment of ``bps`` blocks of a chunk's GHASH input
@@ -281,7 +295,7 @@ def ghash_segments_kernel(htab_g: Any, aad32: Any, aad8: Any, aad_off: Any, aad_
         out[4 * seg + 3] = a3
 
 
-@cuda.jit  # type: ignore[misc]
+@kernel
 def ghash_join_kernel(pows: Any, pow_index: Any, src: Any, src_cum: Any, dst_cum: Any, nchunks: Any, fan: Any,
                       out: Any) -> None:
     """One join level: each output partial is ``fan`` consecutive input partials of one chunk joined by
@@ -316,7 +330,7 @@ def ghash_join_kernel(pows: Any, pow_index: Any, src: Any, src_cum: Any, dst_cum
         out[4 * g + 3] = a3
 
 
-@cuda.jit  # type: ignore[misc]
+@kernel
 def tag_kernel(te: Any, rk: Any, nonces: Any, ghash: Any, nchunks: Any, tags: Any, verify: Any, ok: Any) -> None:
     """tag = E(K, J0) XOR GHASH, J0 = nonce || 0x00000001. Sealing (``verify == 0``) writes the tags;
     opening compares them with the given ones without an early exit and sets ``ok[c]``."""
