@@ -73,6 +73,7 @@ def test_nist_cavp_selection_passes_including_the_vectors_that_must_fail() -> No
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # 3000 keys, one engine each: about 5 minutes in the simulator
 def test_nist_cavp_every_96_bit_iv_record_passes() -> None:
     vectors = cavp_vectors()
     assert len(vectors) == 3000  # 2625 encrypt records (7 tag lengths) + 375 decrypt (128-bit tags)
