@@ -12,8 +12,10 @@ import ctypes
 import functools
 import os
 import sys
+import threading
+import traceback
 from types import ModuleType
-from typing import Literal
+from typing import Any, Literal
 
 from gputravel.core.protocol.errors import GpuTravelError
 
@@ -64,10 +66,47 @@ def backend() -> Backend:
     return choice
 
 
+def patch_simulator_shared_arrays() -> None:
+    """Make the simulator's ``cuda.shared.array`` thread-safe.
+
+    numba-cuda's simulator (0.30) looks a shared array up by the caller's file and line and creates it
+    on a miss without a lock: two threads of a block that miss at once would get two different
+    arrays, and one of them then reads a table the others never filled (the suspected cause of one
+    wrong CAVP result in 3000 here, which did not recur in 1500 reruns of that vector). This replaces
+    that method with the same logic under a lock. Simulator only; a GPU has real
+    shared memory."""
+    import numpy as np
+    from numba.core import types as nb_types  # type: ignore[import-untyped,unused-ignore]
+    from numba.cuda.simulator import kernelapi  # type: ignore[import-untyped,unused-ignore]
+    from numba.np import numpy_support  # type: ignore[import-untyped,unused-ignore]
+
+    shared_cls: Any = getattr(kernelapi, "FakeCUDAShared", None)
+    if shared_cls is None or getattr(shared_cls, "_gputravel_locked", False):
+        return
+    original = shared_cls.array
+    lock = threading.Lock()
+
+    def array(self: Any, shape: Any, dtype: Any, alignment: Any = None) -> Any:
+        if shape == 0 or alignment is not None:  # dynamic shared memory, errors: unchanged
+            return original(self, shape, dtype, alignment)
+        caller = tuple(traceback.extract_stack(sys._getframe(1), limit=1)[0])[0:2]
+        with lock:
+            res = self._allocations.get(caller)
+            if res is None:
+                np_dtype = numpy_support.as_dtype(dtype) if isinstance(dtype, nb_types.Type) else dtype
+                res = np.empty(shape, np_dtype)
+                self._allocations[caller] = res
+        return res
+
+    shared_cls.array = array
+    shared_cls._gputravel_locked = True
+
+
 @functools.cache
 def kernels() -> ModuleType:
     """The kernel module, imported after the backend is fixed."""
-    backend()
+    if backend() == "simulator":
+        patch_simulator_shared_arrays()
     try:
         from gputravel.core.gpucipher import kernels as module
     except ImportError as exc:
