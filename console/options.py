@@ -34,6 +34,14 @@ class DataPathChoice(StrEnum):
     CONVENTIONAL = "conventional"
 
 
+class CipherEngine(StrEnum):
+    """Who opens provisioning chunks on the device (core/device/openers.py)."""
+
+    AUTO = "auto"
+    CPU = "cpu"
+    GPU = "gpu"
+
+
 class ModelPreset(StrEnum):
     TINY = "tiny"
     SMALL = "small"

@@ -17,7 +17,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gputravel.console.options import CcMode, DataPathChoice, ModelPreset, PhaseChoice, TransportChoice
+from gputravel.console.options import (
+    CcMode,
+    CipherEngine,
+    DataPathChoice,
+    ModelPreset,
+    PhaseChoice,
+    TransportChoice,
+)
 from gputravel.console.run_end import RunEnding
 from gputravel.console.run_folder import running_marker
 from gputravel.console.run_telemetry import TELEMETRY_INTERVAL_S
@@ -38,6 +45,9 @@ DATA_PATH_DEFAULT = DataPathChoice.DIRECT
 DATA_PATH_HELP = ("direct: agents send sealed chunks straight to the device's data port; channel (or ssh): "
                   "chunks ride the holder link (SSH channel); conventional: plaintext over SSH, re-encrypted by "
                   "the orchestrator for the GPU's bounce buffer (the baseline without Travelling).")
+CIPHER_ENGINE_HELP = ("Who opens provisioning chunks: gpu (AES-GCM kernels open ciphertext inside device memory; "
+                      "in numba's simulator on a CPU-only machine, slow), cpu (cryptography on a host core), auto "
+                      "(gpu where the buffer is on CUDA and numba-cuda sees the device, else cpu).")
 DATA_HOST_DEFAULT = "127.0.0.1"
 DATA_HOST_HELP = ("Address the device's TCP data port binds to; inventory holders with data_route = \"network\" "
                   "connect to it, the default route forwards it through their SSH connection.")
@@ -151,6 +161,8 @@ def render_report(console: Console, report: dict[str, Any]) -> None:
     if pv["mb_s"]:
         console.print(f"[bold]provisioning[/]: {pv['bytes'] / 2**20:.1f} MiB at {pv['mb_s']:.0f} MB/s "
                       f"(chunks {pv['chunk_kib']} KiB), rejected {pv['rejected'] or 'none'}")
+    if pv.get("cipher_engine"):
+        console.print(f"[bold]chunks opened by[/]: {pv['cipher_engine']} ({pv.get('cipher_engine_reason') or '?'})")
     console.print(f"[bold]ledger[/]: {lg['path']} · {'[green]verified[/]' if lg['verified'] else '[red]BROKEN[/]'} "
                   f"({lg['rows']} rows, head {lg['rows']}:{lg['head']})", soft_wrap=True)
 
@@ -221,6 +233,8 @@ def register(app: typer.Typer) -> None:
         buffer_mib: float = typer.Option(4.0, help="GPU data buffer size (MiB); a bigger holder takes passes.",
                                          rich_help_panel=DATA_PANEL),
         chunk_kib: int = typer.Option(1024, help="Provisioning chunk size (KiB).", rich_help_panel=DATA_PANEL),
+        cipher_engine: CipherEngine = typer.Option(CipherEngine.AUTO, "--cipher-engine", help=CIPHER_ENGINE_HELP,
+                                                   rich_help_panel=DATA_PANEL),
         cc_mode: CcMode = typer.Option(CcMode.ON, "--cc-mode", help="Mode the emulated GPU starts in (devtools "
                                        "fails attestation, as a real device in that mode would).",
                                        rich_help_panel=FAULTS_PANEL),
@@ -255,7 +269,7 @@ def register(app: typer.Typer) -> None:
                                data_dir=data, out_dir=out, resume=resume, chunk_kib=chunk_kib, model=model.value,
                                batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed, device=device,
                                cc_mode=cc_mode.value, breakpoints=breakpoints,
-                               visit_attempts=visit_attempts, fault=fault,
+                               visit_attempts=visit_attempts, fault=fault, cipher_engine=cipher_engine.value,
                                **holder_settings(holders_file=holders_file, transport=transport.value,
                                                  data_path=data_path.value, data_host=data_host))
         if resume:
