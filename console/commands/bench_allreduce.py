@@ -18,7 +18,13 @@ def render(console: Console, report: dict[str, Any]) -> None:
     table = Table(title="Ring all-reduce: median per call (slowest rank)", title_justify="left", box=box.SIMPLE_HEAD,
                   padding=(0, 1), collapse_padding=True, pad_edge=False, show_edge=False)
     cells = []
+    notes = []
     for r in report["rows"]:
+        if r.get("note"):  # e.g. secure_gpu without a CUDA device at a large size: skipped
+            notes.append(f"{r['variant']} at {r['size_mib']:g} MiB, world {r['world_size']}: {r['note']}")
+            cells.append([str(r["world_size"]), f"{r['size_mib']:g}", r["variant"], r["gather"] or "",
+                          *("-" for _ in range(8))])
+            continue
         b = r["breakdown_s"]
         ratio = r["ratio_vs_plain"]
         cells.append([str(r["world_size"]), f"{r['size_mib']:g}", r["variant"], r["gather"] or "",
@@ -34,6 +40,11 @@ def render(console: Console, report: dict[str, Any]) -> None:
     for r, row in zip(report["rows"], cells, strict=True):
         table.add_row(*row, style="bold green" if r["variant"] == "secure_pipelined" else None)
     console.print(table)
+    for note in notes:
+        console.print(note, soft_wrap=True)
+    engines = sorted({r["cipher_engine"] for r in report["rows"] if r.get("cipher_engine") and not r.get("note")})
+    if engines:
+        console.print(f"secure_gpu hops sealed and opened by: {', '.join(engines)}")
     console.print("breakdown: ms per call, summed over threads (pipelined parts overlap); "
                   "[bold black on yellow] SIM [/] device identities are emulated, the crypto is real")
     console.print(machine_line(report["machine"]))
