@@ -229,3 +229,16 @@ async def test_a_run_with_the_gpu_engine_provisions_the_same_bytes_and_trains_th
     assert len(gpu_digests) == len(cpu_digests) >= 2 and gpu_digests == cpu_digests
     assert gpu["training"]["model_digest"] == cpu["training"]["model_digest"]
     assert gpu["training"]["loss_curve"] == cpu["training"]["loss_curve"]
+
+
+def test_attest_names_the_engine_that_opens_the_data_path(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from gputravel.console.cli import app
+
+    res = CliRunner().invoke(app, ["attest", "--json", "--state-dir", str(tmp_path / "state")])
+    assert res.exit_code == 0, res.output
+    engine = json.loads(res.stdout)["cipher_engine"]
+    assert engine["label"] == describe_choice("auto")[0] and engine["reason"].startswith("auto:")

@@ -27,6 +27,14 @@ def default_state_dir() -> Path:
     return Path(platformdirs.user_state_dir("gputravel")) / "emulated"
 
 
+def cipher_engine() -> dict[str, str]:
+    """Which engine a device service started here would seal/open the data path with (``auto``)."""
+    from gputravel.core.device.openers import describe_choice
+
+    label, reason = describe_choice("auto")
+    return {"label": label, "reason": reason}
+
+
 def result_json(result: AttestationResult, *, inject: str | None) -> dict[str, Any]:
     """The ``--json`` document (no key material: fingerprints only)."""
     body = result.to_dict()
@@ -42,6 +50,9 @@ def result_json(result: AttestationResult, *, inject: str | None) -> dict[str, A
         "injected": inject,
         "claims": body["claims"],
         "token": body["token"],
+        # who opens provisioning chunks (and seals secure ring hops) on this machine: "cpu (cryptography)",
+        # "gpu (cuda)"; `gputravel run --cipher-engine` overrides it
+        "cipher_engine": cipher_engine(),
     }
 
 
@@ -59,6 +70,8 @@ def render(console: Console, result: AttestationResult, *, inject: str | None) -
         console.print("[bold black on yellow] SIM [/] platform: emulated (SIM) — no TDX/CC-mode H100 was used")
     else:
         console.print(f"platform: {escape(str(result.platform))}")
+    engine = cipher_engine()
+    console.print(f"data path cipher: [bold]{escape(engine['label'])}[/] ({escape(engine['reason'])})")
     if inject:
         console.print(f"injected fault: [bold]{escape(str(inject))}[/]")
     if result.token is not None:
