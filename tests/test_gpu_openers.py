@@ -64,7 +64,7 @@ def test_the_gpu_opener_writes_what_the_cpu_opener_writes(base: int) -> None:
     chunks = seal(k, plain, base=base, chunk=96)
     bufs = {name: torch.full((base + len(plain) + 64,), 0xA5, dtype=torch.uint8) for name in ("cpu", "gpu")}
     openers: dict[str, Any] = {"cpu": CpuOpener(bufs["cpu"]), "gpu": GpuOpener(bufs["gpu"])}
-    for name, opener in openers.items():
+    for opener in openers.values():
         recv = RecvState(k, session_id=SESSION)
         for seq, off, n, payload in chunks:
             opener.open(recv, k, payload, seq=seq, offset=off, length=n)

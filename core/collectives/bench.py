@@ -112,7 +112,7 @@ def allreduce_worker(ctx: WorkerContext, spec: AllReduceSpec, vendor_dir: str) -
     runs = [(v, g if v in gathered else None) for v in spec.variants for g in (spec.gathers if v in gathered else ("-",))]
     dtype = getattr(torch, spec.dtype)
     total, done = len(spec.sizes_mib) * (spec.warmup + spec.repeats), 0
-    rows = []
+    rows: list[dict[str, Any]] = []
     for mib in spec.sizes_mib:
         numel = max(1, int(mib * 2**20) // torch.empty(0, dtype=dtype).element_size())
         x = torch.randn(numel, generator=torch.Generator().manual_seed(ctx.rank)).to(_device(), dtype)

@@ -110,8 +110,8 @@ def gpu_secure_all_reduce(ring: SecureRing, flat: torch.Tensor, keys: RingKeys, 
     send_base = keys.send.reserve(steps * maxc)
     recv_base = keys.recv.reserve(steps * maxc)
     keys.gather_seal.reserve(maxc)
-    for opener in keys.gather_open:
-        opener.reserve(maxc)
+    for gather_opener in keys.gather_open:
+        gather_opener.reserve(maxc)
     left, right = (rank - 1) % world, (rank + 1) % world
     b = plan.seg_bounds
     biggest = max(b[i + 1] - b[i] for i in range(world)) * esize
@@ -121,7 +121,7 @@ def gpu_secure_all_reduce(ring: SecureRing, flat: torch.Tensor, keys: RingKeys, 
     recv = torch.zeros(size, dtype=torch.uint8, device=dev)
     scratch = torch.zeros(_pad(max(1, biggest)), dtype=torch.uint8, device=dev)
     flat_bytes = flat.view(torch.uint8)
-    sealer, opener = _Hop(keys.send, flat), _Hop(keys.recv, flat)
+    sealer, hop_in = _Hop(keys.send, flat), _Hop(keys.recv, flat)
     verdicts: list[tuple[Any, HopAad]] = []
     for g in range(steps):
         phase, step = (Phase.REDUCE_SCATTER, g) if g < world - 1 else (Phase.ALL_GATHER, g - (world - 1))
@@ -146,7 +146,7 @@ def gpu_secure_all_reduce(ring: SecureRing, flat: torch.Tensor, keys: RingKeys, 
             aad = HopAad(keys.recv.session_id, keys.epoch, ring.iteration, phase, step, 0, left, rank,
                          b[ri] * esize, nr)
             scratch[:nr].zero_()
-            verdicts.append((opener.open(recv_base + g * maxc, aad, msg_in, nr, scratch), aad))
+            verdicts.append((hop_in.open(recv_base + g * maxc, aad, msg_in, nr, scratch), aad))
             stats.bytes_opened += nr
         t3 = time.perf_counter()
         if msg_in is not None:
