@@ -62,6 +62,28 @@ def _pad(n: int) -> int:
     return (n + 15) // 16 * 16
 
 
+def _needs_fences(t: torch.Tensor) -> bool:
+    """Whether torch's work and the kernels' must be ordered by hand: the kernels run on numba's default
+    stream, which orders with torch's only when torch also runs on the (legacy) default stream and numba
+    has no per-thread default stream. DDP may call a comm hook on a side stream."""
+    if not t.is_cuda:
+        return False
+    from numba.core import config as numba_config  # type: ignore[import-untyped,unused-ignore]
+
+    per_thread = bool(getattr(numba_config, "CUDA_PER_THREAD_DEFAULT_STREAM", 0))
+    return per_thread or torch.cuda.current_stream(t.device) != torch.cuda.default_stream(t.device)
+
+
+def _fence(on: bool, eng: Any, t: torch.Tensor, *, after: str) -> None:
+    """Wait for the side that wrote (``torch`` or ``kernels``) before the other side reads."""
+    if not on:
+        return
+    if after == "torch":
+        torch.cuda.current_stream(t.device).synchronize()
+    else:
+        eng.synchronize()
+
+
 class _Hop:
     """Seal or open one hop's chunk on the device, buffers laid out as ``ciphertext | pad | tag``."""
 
@@ -81,10 +103,11 @@ class _Hop:
         plan = eng.plan([n], src_offsets=[0], dst_offsets=[0], aad_lengths=aln, aad_offsets=aoff)
         return plan, eng.nonce_words([nonce(self.state.prefix, seq)]), eng.cuda.to_device(abuf)
 
-    def seal(self, seq: int, aad: HopAad, plain: torch.Tensor, out: torch.Tensor) -> None:
+    def seal(self, seq: int, aad: HopAad, plain: torch.Tensor, out: torch.Tensor, *, fence: bool) -> None:
         """Seal ``plain`` (uint8, on the device) into ``out[:n]`` and its tag into ``out[pad(n):pad(n)+16]``."""
         n = plain.numel()
         out[:n].copy_(plain)  # device to device: the segment may not start on a 16-byte boundary
+        _fence(fence, self.eng, out, after="torch")
         plan, words, aad_dev = self._common(seq, aad, n)
         buf = self.dev(self.eng, out, writable=True)
         tags = self.dev(self.eng, out[_pad(n): _pad(n) + TAG_LEN], writable=True).view(np.uint32)
@@ -122,6 +145,8 @@ def gpu_secure_all_reduce(ring: SecureRing, flat: torch.Tensor, keys: RingKeys, 
     scratch = torch.zeros(_pad(max(1, biggest)), dtype=torch.uint8, device=dev)
     flat_bytes = flat.view(torch.uint8)
     sealer, hop_in = _Hop(keys.send, flat), _Hop(keys.recv, flat)
+    fences = _needs_fences(flat)
+    _fence(fences, sealer.eng, flat, after="torch")
     verdicts: list[tuple[Any, HopAad]] = []
     for g in range(steps):
         phase, step = (Phase.REDUCE_SCATTER, g) if g < world - 1 else (Phase.ALL_GATHER, g - (world - 1))
@@ -132,7 +157,9 @@ def gpu_secure_all_reduce(ring: SecureRing, flat: torch.Tensor, keys: RingKeys, 
         if ns:
             aad = HopAad(keys.send.session_id, keys.epoch, ring.iteration, phase, step, 0, rank, right,
                          b[si] * esize, ns)
-            sealer.seal(send_base + g * maxc, aad, flat_bytes[b[si] * esize: b[si + 1] * esize], send)
+            sealer.seal(send_base + g * maxc, aad, flat_bytes[b[si] * esize: b[si + 1] * esize], send,
+                        fence=fences)
+            _fence(fences, sealer.eng, flat, after="kernels")  # NCCL reads what the kernel wrote
             msg_out = _inject(ring, phase, step, send[: _pad(ns) + TAG_LEN])
             stats.bytes_sealed += ns
         t1 = time.perf_counter()
@@ -146,10 +173,12 @@ def gpu_secure_all_reduce(ring: SecureRing, flat: torch.Tensor, keys: RingKeys, 
             aad = HopAad(keys.recv.session_id, keys.epoch, ring.iteration, phase, step, 0, left, rank,
                          b[ri] * esize, nr)
             scratch[:nr].zero_()
+            _fence(fences, hop_in.eng, flat, after="torch")  # the received bytes and the zeroed scratch
             verdicts.append((hop_in.open(recv_base + g * maxc, aad, msg_in, nr, scratch), aad))
             stats.bytes_opened += nr
         t3 = time.perf_counter()
         if msg_in is not None:
+            _fence(fences, hop_in.eng, flat, after="kernels")
             segment = flat[b[ri]: b[ri + 1]]
             got = scratch[:nr].view(flat.dtype)
             if g < world - 1:

@@ -197,6 +197,7 @@ class GpuOpener:
         if self.backend == "cuda":
             src = self._device_stage(total)
             src[:total].copy_(torch.from_numpy(host))  # host-to-device, ciphertext as it is
+            torch.cuda.current_stream(self.buffer.device).synchronize()  # the kernels run on numba's stream
             src_view: Any = src[:total]
         else:
             src_view = host
