@@ -242,3 +242,12 @@ def test_attest_names_the_engine_that_opens_the_data_path(tmp_path: Path) -> Non
     assert res.exit_code == 0, res.output
     engine = json.loads(res.stdout)["cipher_engine"]
     assert engine["label"] == describe_choice("auto")[0] and engine["reason"].startswith("auto:")
+
+
+async def test_bench_provision_names_the_engine_that_opened_its_chunks(tmp_path: Path) -> None:
+    from gputravel.core.bench.provision import measure_path
+
+    probe: dict[str, Any] = {}
+    times = await measure_path("local", size=8192, chunk=4096, repeats=1, workdir=tmp_path, fleet=None,  # type: ignore[arg-type]
+                               probe=probe, cipher_engine="gpu")
+    assert len(times) == 1 and probe["cipher_engine"] == "gpu (simulator)"

@@ -16,6 +16,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from gputravel.console.commands.bench_load import ssh_fleet
+from gputravel.console.options import CipherEngine
 from gputravel.core.bench.provision import PATHS, ablation_study, paths_study
 
 
@@ -46,6 +47,8 @@ def register(bench_app: typer.Typer) -> None:
         repeats: int = typer.Option(3, "--repeats", min=1),
         ablate: bool = typer.Option(False, "--ablate", help="Fastrack-style table: each optimisation on/off, "
                                     "the conventional path and a plain memory copy."),
+        cipher_engine: CipherEngine = typer.Option(CipherEngine.AUTO, "--cipher-engine", help="Who opens the "
+                                                   "chunks on the device (as `gputravel run --cipher-engine`)."),
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
         """End-to-end provisioning MB/s per data path, next to the single-core AES-GCM rate."""
@@ -56,7 +59,8 @@ def register(bench_app: typer.Typer) -> None:
         for p in paths:
             if p not in PATHS:
                 raise typer.BadParameter(f"unknown path {p!r}; choose from {', '.join(PATHS)}")
-        result = _run(paths_study, paths, size_mib=size_mib, chunk_kib=chunk_kib, repeats=repeats)
+        result = _run(paths_study, paths, size_mib=size_mib, chunk_kib=chunk_kib, repeats=repeats,
+                      cipher_engine=cipher_engine.value)
         rows = result["rows"]
         aes = result["aes_gcm_1core_mb_s"] * 1e6
         if as_json:
@@ -64,11 +68,11 @@ def register(bench_app: typer.Typer) -> None:
             return
         table = Table(title=f"provisioning {size_mib} MiB per hand-off, {chunk_kib} KiB chunks "
                             f"(AES-256-GCM 1 core: {aes / 1e6:,.0f} MB/s)")
-        for col in ("path", "median MB/s", "best MB/s", "of 1 AES core", "median s"):
-            table.add_column(col, justify="right" if col != "path" else "left")
+        for col in ("path", "median MB/s", "best MB/s", "of 1 AES core", "median s", "opened by"):
+            table.add_column(col, justify="left" if col in ("path", "opened by") else "right")
         for r in rows:
             table.add_row(r["path"], f"{r['mb_s']:,.0f}", f"{r['best_mb_s']:,.0f}",
-                          f"{r['fraction_of_aes_core']:.0%}", f"{r['median_s']:.3f}")
+                          f"{r['fraction_of_aes_core']:.0%}", f"{r['median_s']:.3f}", r.get("cipher_engine") or "?")
         Console().print(table)
         if "direct_vs_ssh" in result:
             Console().print(f"direct / ssh: {result['direct_vs_ssh']}x")

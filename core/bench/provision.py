@@ -66,7 +66,8 @@ def _route(path: str) -> tuple[str, str]:
 
 async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdir: Path, fleet: FleetFactory,
                        on_handoff: Callable[[], None] | None = None, parallel_auth: bool | None = None,
-                       overlap: bool | None = None, probe: dict[str, Any] | None = None) -> list[float]:
+                       overlap: bool | None = None, probe: dict[str, Any] | None = None,
+                       cipher_engine: str = "auto") -> list[float]:
     """Seconds per hand-off of ``size`` bytes on ``path`` (direct | direct-tcp | ssh | local | conventional).
 
     With ``probe``, also the AES-GCM rate measured inside the device process after the hand-offs
@@ -76,7 +77,7 @@ async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdi
     data = workdir / "holder" / "bench"
     if not data.exists():
         make_dataset(data, int(size / 0.9) + 64)  # the agent holds out 10% for validation
-    handle = EmulatedPlatform(workdir / "platform").start(buffer_bytes=size)
+    handle = EmulatedPlatform(workdir / "platform", cipher_engine=cipher_engine).start(buffer_bytes=size)
     client = DeviceClient(handle.socket_path, anchors=handle.anchors)
     server: HolderFleet | None = None
     times: list[float] = []
@@ -118,8 +119,10 @@ async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdi
 
 
 def paths_study(paths: list[str], *, size_mib: int, chunk_kib: int, repeats: int, workdir: Path,
-                fleet: FleetFactory, progress: ProgressFactory | None = None) -> dict[str, Any]:
-    """MB/s per data path, next to the single-core AES-GCM rate (standalone and inside the device)."""
+                fleet: FleetFactory, progress: ProgressFactory | None = None,
+                cipher_engine: str = "auto") -> dict[str, Any]:
+    """MB/s per data path, next to the single-core AES-GCM rate (standalone and inside the device);
+    ``cipher_engine`` (auto, cpu, gpu) is who opens the chunks on the device, named in every row."""
     size, chunk = size_mib << 20, chunk_kib << 10
     aes = aes_gcm_rate(chunk)
     in_device: list[float] = []
@@ -128,7 +131,7 @@ def paths_study(paths: list[str], *, size_mib: int, chunk_kib: int, repeats: int
         tick = progress(f"{p}: {repeats} × {size_mib} MiB", repeats) if progress else None
         probe: dict[str, Any] = {}
         times = asyncio.run(measure_path(p, size=size, chunk=chunk, repeats=repeats, workdir=workdir, fleet=fleet,
-                                         on_handoff=tick, probe=probe))
+                                         on_handoff=tick, probe=probe, cipher_engine=cipher_engine))
         in_device.append(probe["device_aes_b_s"])
         med = statistics.median(times)
         rows.append({"path": p, "size_mib": size_mib, "chunk_kib": chunk_kib, "repeats": repeats,

@@ -124,6 +124,20 @@ class GpuOpener:
         self._stage: torch.Tensor | None = None  # device staging for ciphertext (cuda backend)
         self.launches = 0
         self.chunks = 0
+        if self.backend == "cuda":
+            self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Compile the kernels now (numba compiles at a kernel's first launch, seconds per kernel), at the
+        device's start rather than on a holder's first chunk. Zero key, nonce and data: nothing secret."""
+        from gputravel.core.gpucipher import GpuAesGcm
+
+        eng = GpuAesGcm(bytes(32))
+        msg = bytes(64 * 1024)  # long enough for a GHASH join level
+        cts, tags = eng.seal([bytes(12)], [msg], [b"warm-up"])
+        out = bytearray(len(msg))
+        if eng.open([bytes(12)], cts, tags, [b"warm-up"], [out]) != [True]:
+            raise ConfigError("the GPU cipher failed its warm-up round trip on this device")
 
     # --- the seam -------------------------------------------------------------------------------
     def open(self, recv: RecvState, key: DirectionKey, payload: Any, *, seq: int, offset: int, length: int) -> None:
