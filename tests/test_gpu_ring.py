@@ -92,3 +92,68 @@ def test_secure_gpu_is_one_of_the_variants_and_listed_only_with_a_cuda_gpu_ciphe
 
     assert Variant("secure_gpu") is Variant.SECURE_GPU and Variant.SECURE_GPU.secure
     assert (Variant.SECURE_GPU in available_variants()) == gpu_cipher_on_cuda()
+
+
+def test_open_and_add_in_one_pass_adds_only_verified_chunks() -> None:
+    import numpy as np
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    from gputravel.core.gpucipher import GpuAesGcm
+    from gputravel.core.gpucipher.torch_io import device_bytes
+
+    key, aad = bytes(range(32)), b"hop"
+    eng = GpuAesGcm(key)
+    values = [torch.randn(n, generator=torch.Generator().manual_seed(n)) for n in (1, 5, 8, 37)]
+    acc = [torch.randn(v.numel(), generator=torch.Generator().manual_seed(99)) for v in values]
+    for i, (v, a) in enumerate(zip(values, acc, strict=True)):
+        nonce_ = i.to_bytes(12, "big")
+        sealed = AESGCM(key).encrypt(nonce_, v.numpy().tobytes(), aad)
+        n = v.numel() * 4
+        for tamper in (True, False):
+            msg = bytearray(sealed)
+            if tamper:
+                msg[-1] ^= 1
+            ct = np.zeros((n + 15) // 16 * 16 + 16, dtype=np.uint8)
+            ct[:n] = np.frombuffer(bytes(msg[:n]), dtype=np.uint8)
+            tags = np.frombuffer(bytes(msg[n:]), dtype="<u4").astype(np.uint32)
+            plan = eng.plan([n], src_offsets=[0], dst_offsets=[0], aad_lengths=[len(aad)], aad_offsets=[0])
+            aad_buf = np.zeros(16, dtype=np.uint8)
+            aad_buf[: len(aad)] = np.frombuffer(aad, dtype=np.uint8)
+            dst = a.clone()
+            fake = type(eng.cuda.to_device(np.zeros(1, dtype=np.float32)))(dst.numpy())
+            ok = eng.open_add_f32_device(plan, eng.nonce_words([nonce_]), device_bytes(eng, ct), fake,
+                                         eng.cuda.to_device(aad_buf), eng.cuda.to_device(tags))
+            assert bool(ok.copy_to_host()[0]) is not tamper
+            assert torch.equal(dst, a if tamper else a + v)  # bit for bit the same float32 sum as torch's
+
+
+PTX_FUSED = r"""
+import os
+os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
+os.environ["GPUTRAVEL_GPU_CIPHER"] = "cuda"
+from numba import cuda, types as t
+import numba.cuda.dispatcher as dispatcher
+import gputravel.core.gpucipher.fused as f
+
+class H100:
+    compute_capability = (9, 0)
+
+dispatcher.get_current_device = lambda: H100()
+u32, u8, i64, f32 = (t.Array(x, 1, "C") for x in (t.uint32, t.uint8, t.int64, t.float32))
+n = t.int64
+ptx, _ = cuda.compile_ptx(f.ctr_add_f32_kernel.py_func, (u32, u32, u32, u32, i64, f32, i64, i64, i64, n, n, u8),
+                          cc=(9, 0))
+assert ".target sm_90" in ptx and "ld.local" not in ptx and "add.f32" in ptx
+print("ok", len(ptx))
+"""
+
+
+def test_the_fused_kernel_compiles_to_ptx_for_an_h100_with_nvvm() -> None:
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", PTX_FUSED], capture_output=True, text=True, timeout=300)
+    if res.returncode and ("libnvvm" in res.stderr or "libnvrtc" in res.stderr) and "not" in res.stderr.lower():
+        pytest.skip("NVVM/NVRTC not installed (pip install 'gputravel[gpu]')")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.startswith("ok")

@@ -4,8 +4,10 @@ Where the ring's tensor lives on a GPU (NCCL), the CPU variants copy it to pinne
 and open there with ``cryptography`` and copy back. This variant keeps everything on the device:
 per ring step the outgoing segment is sealed by ``core.gpucipher``'s kernels into a device send
 buffer (ciphertext, then the tag, written by the kernel), NCCL carries the ciphertext, and the
-receiver verifies the tag and decrypts into a device scratch buffer, then reduces it into its
-segment (reduce-scatter) or copies it there (all-gather). No plaintext and no ciphertext crosses PCIe.
+receiver verifies the tag, then, in reduce-scatter on float32 tensors, decrypts and adds into its
+segment in one kernel pass (``gpucipher.fused``: the hop's plaintext never lands in memory); other
+dtypes and the all-gather decrypt into a device scratch buffer, then add or copy it into the segment.
+No plaintext and no ciphertext crosses PCIe.
 
 The schedule, the AAD (``HopAad``: iteration, phase, step, chunk, src, dst, offset, length), the link
 keys and their nonce counters are the CPU secure ring's (``ring``): one chunk per segment, as
@@ -14,9 +16,9 @@ per call, not per hop): a chunk that fails is neither decrypted nor written, its
 and the call's closing agreement (``SecureRing._agree``) zeroes the result on every rank and raises
 ``TagError`` on the rank that rejected it.
 
-Not fused yet (a known lever): open and reduce are two passes (the kernel writes the plaintext, then
-torch adds it). On gloo (CPU tests) the kernels run in numba's CUDA simulator on CPU tensors: slow,
-so only for tiny tensors.
+A fused float32 add is the same IEEE single-precision addition torch does, so the result is bit for bit
+the CPU secure ring's. On gloo (CPU tests) the kernels run in numba's CUDA simulator on CPU tensors:
+slow, so only for tiny tensors.
 """
 
 from __future__ import annotations
@@ -120,6 +122,18 @@ class _Hop:
         return self.eng.open_device(plan, words, self.dev(self.eng, msg), self.dev(self.eng, scratch, writable=True),
                                     aad_dev, tags)
 
+    def open_add(self, seq: int, aad: HopAad, msg: torch.Tensor, segment: torch.Tensor) -> Any:
+        """Verify ``msg``'s tag, then add its plaintext into the float32 ``segment`` in the same pass as the
+        decryption (``gpucipher.fused``): the hop's plaintext never lands in memory. The device flag."""
+        n = segment.numel() * 4
+        plan, words, aad_dev = self._common(seq, aad, n)
+        tags = self.dev(self.eng, msg[_pad(n): _pad(n) + TAG_LEN]).view(np.uint32)
+        if self.eng.backend == "cuda":
+            dst = self.eng.cuda.as_cuda_array(segment)  # float32 words: 4-byte alignment is enough
+        else:  # the simulator's device array over the CPU tensor's memory (as torch_io.device_bytes does)
+            dst = type(self.eng.cuda.to_device(np.zeros(1, dtype=np.float32)))(segment.numpy())
+        return self.eng.open_add_f32_device(plan, words, self.dev(self.eng, msg), dst, aad_dev, tags)
+
 
 def gpu_secure_all_reduce(ring: SecureRing, flat: torch.Tensor, keys: RingKeys, stats: RingStats) -> TagError | None:
     """One ``secure_gpu`` all-reduce of ``flat`` (in place); the first hop this rank rejected, if any."""
@@ -169,22 +183,28 @@ def gpu_secure_all_reduce(ring: SecureRing, flat: torch.Tensor, keys: RingKeys, 
             if w is not None:
                 w.wait()
         t2 = time.perf_counter()
+        fused = g < world - 1 and flat.dtype == torch.float32  # open and add in one kernel pass
         if msg_in is not None:
             aad = HopAad(keys.recv.session_id, keys.epoch, ring.iteration, phase, step, 0, left, rank,
                          b[ri] * esize, nr)
-            scratch[:nr].zero_()
-            _fence(fences, hop_in.eng, flat, after="torch")  # the received bytes and the zeroed scratch
-            verdicts.append((hop_in.open(recv_base + g * maxc, aad, msg_in, nr, scratch), aad))
+            segment = flat[b[ri]: b[ri + 1]]
+            seq = recv_base + g * maxc
+            if not fused:
+                scratch[:nr].zero_()
+            _fence(fences, hop_in.eng, flat, after="torch")  # the received bytes (and the zeroed scratch)
+            flag = hop_in.open_add(seq, aad, msg_in, segment) if fused else hop_in.open(seq, aad, msg_in, nr,
+                                                                                         scratch)
+            verdicts.append((flag, aad))
             stats.bytes_opened += nr
         t3 = time.perf_counter()
         if msg_in is not None:
             _fence(fences, hop_in.eng, flat, after="kernels")
-            segment = flat[b[ri]: b[ri + 1]]
-            got = scratch[:nr].view(flat.dtype)
-            if g < world - 1:
-                segment.add_(got)
-            else:
-                segment.copy_(got)
+            if not fused:
+                got = scratch[:nr].view(flat.dtype)
+                if g < world - 1:
+                    segment.add_(got)
+                else:
+                    segment.copy_(got)
         t4 = time.perf_counter()
         stats.crypto_s += (t1 - t0) + (t3 - t2)
         stats.wire_s += t2 - t1

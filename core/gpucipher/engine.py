@@ -167,6 +167,24 @@ class GpuAesGcm:
         self._ctr(plan, nonces, src, dst, ok)
         return ok
 
+    def open_add_f32_device(self, plan: BatchPlan, nonces: Any, src: Any, dst_f32: Any, aad: Any, tags: Any) -> Any:
+        """Verify every chunk's tag, then add the plaintext of each verified chunk (float32 words) into the
+        float32 device array ``dst_f32`` at element ``dst_off / 4``, in one pass (``fused``): the plaintext is
+        never written to memory. Chunk lengths must be multiples of 4. Returns the per-chunk flags."""
+        if plan.nchunks and np.any(plan.lengths % 4):
+            raise GpuCipherError("open-and-add works on float32 words: chunk lengths must be multiples of 4")
+        ok = self.cuda.to_device(np.zeros(max(plan.nchunks, 1), dtype=np.uint8))
+        if plan.nchunks == 0:
+            return ok
+        from gputravel.core.gpucipher import fused
+
+        self._tag(plan, nonces, aad, src, tags, ok, verify=True)
+        if plan.work["ctr"]:
+            fused.ctr_add_f32_kernel[self._grid(plan.work["ctr"])](
+                self._te, self._rk, nonces, _u32(src), plan.src_off, dst_f32, plan.dst_off, plan.nbytes,
+                plan.ctr_cum, plan.nchunks, self.shape.ctr_blocks, ok)
+        return ok
+
     def synchronize(self) -> None:
         self.cuda.synchronize()
 
