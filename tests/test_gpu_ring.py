@@ -157,3 +157,15 @@ def test_the_fused_kernel_compiles_to_ptx_for_an_h100_with_nvvm() -> None:
         pytest.skip("NVVM/NVRTC not installed (pip install 'gputravel[gpu]')")
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.startswith("ok")
+
+
+def test_bench_allreduce_runs_secure_gpu_small_and_notes_why_it_skips_large_sizes_in_the_simulator() -> None:
+    from gputravel.core.collectives.bench import AllReduceSpec, run_allreduce_bench
+    from gputravel.core.collectives.gpu_ring import gpu_cipher_on_cuda
+
+    spec = AllReduceSpec(sizes_mib=(0.001, 1.0), variants=(Variant.PLAIN, Variant.SECURE_GPU), repeats=1, warmup=0)
+    rows = run_allreduce_bench(spec, world_sizes=[2], timeout=300)["rows"]
+    gpu = {r["size_mib"]: r for r in rows if r["variant"] == "secure_gpu"}
+    assert gpu[0.001]["median_s"] > 0 and gpu[0.001]["cipher_engine"].startswith("gpu (")
+    if not gpu_cipher_on_cuda():
+        assert gpu[1.0]["median_s"] is None and gpu[1.0]["note"].startswith("skipped: no CUDA device")

@@ -58,6 +58,11 @@ def parse_variants(text: str, *, hooks: bool = False) -> tuple[Variant, ...]:
         chosen.insert(0, Variant.PLAIN)
     if hooks:
         chosen = [v for v in chosen if v is not Variant.GLOO_TLS]
+        from gputravel.core.collectives.gpu_ring import gpu_cipher_on_cuda
+
+        if Variant.SECURE_GPU in chosen and not gpu_cipher_on_cuda():
+            raise ConfigError("secure_gpu in bench ddp needs a CUDA device for the GPU cipher: numba's simulator "
+                              "is far too slow for model gradients (bench allreduce runs it on tiny tensors)")
     return tuple(dict.fromkeys(chosen))
 
 
