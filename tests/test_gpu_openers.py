@@ -251,3 +251,33 @@ async def test_bench_provision_names_the_engine_that_opened_its_chunks(tmp_path:
     times = await measure_path("local", size=8192, chunk=4096, repeats=1, workdir=tmp_path, fleet=None,  # type: ignore[arg-type]
                                probe=probe, cipher_engine="gpu")
     assert len(times) == 1 and probe["cipher_engine"] == "gpu (simulator)"
+
+
+async def test_a_chunk_tampered_on_the_holder_link_is_caught_by_the_gpu_and_retransmitted(tmp_path: Path) -> None:
+    from gputravel.agents.holder import open_dataset
+    from gputravel.core.travel.holders import Handoff, LocalHolderLink
+
+    folder = tmp_path / "holder"
+    folder.mkdir()
+    (folder / "data.txt").write_bytes(os.urandom(WINDOW).hex().encode()[: int(WINDOW / 0.9) + 100])
+    handle = EmulatedPlatform(tmp_path / "platform", allow_fault_injection=True, cipher_engine="gpu").start(
+        buffer_bytes=WINDOW + 4096)
+    client = DeviceClient(handle.socket_path, anchors=handle.anchors)
+    link = LocalHolderLink("h", folder)
+    try:
+        await asyncio.to_thread(client.connect)
+        await link.start()
+        link.tamper_on_wire = {1, 4}
+        grant = client.handoff(epoch=1, offset=0, length=WINDOW, chunk_size=CHUNK)
+        handoff = Handoff(epoch=1, session_id=grant.session_id, key=grant.provisioning_key, window_offset=0,
+                          chunk_size=CHUNK, train=(0, WINDOW), val=(0, 0))
+        stats = await link.provision(handoff, device_socket=handle.socket_path)  # the channel path
+        assert stats.rejected["tag"] == 2 and stats.retransmits == 2
+        closed = client.close_window(epoch=1)
+        assert closed.complete and closed.rejected_in_window.get("tag") == 2
+        want = hashlib.sha256(open_dataset(folder, val_fraction=0.1).train.read(0, WINDOW)).hexdigest()
+        assert client.digest(offset=0, length=WINDOW).sha256 == want
+    finally:
+        await link.close()
+        client.close()
+        handle.stop()
