@@ -483,10 +483,11 @@ class DeviceService:
                 raise ReplayError(f"sequence {seq} is already being authenticated")
             w.recv.precheck(seq=seq, epoch=epoch)
             w.inflight.add(seq)  # reserved: a duplicate cannot race this one into the same bytes
+            key = w.key  # taken with the window live (burying it drops the key)
         try:
             # The AEAD step runs outside the lock (it releases the GIL): chunks authenticate in parallel.
-            if self.opener.kind == "gpu" and w.key is not None:  # ciphertext to the device, opened there
-                self.opener.open(w.recv, w.key, payload, seq=seq, offset=offset, length=length)
+            if self.opener.kind == "gpu" and key is not None:  # ciphertext to the device, opened there
+                self.opener.open(w.recv, key, payload, seq=seq, offset=offset, length=length)
             elif self._host_view is not None:
                 w.recv.decrypt_into(payload, self._host_view[offset: offset + length], seq=seq,
                                     frame_type=FrameType.CHUNK, offset=offset, length=length)
