@@ -8,7 +8,6 @@ import signal
 import sys
 from typing import Any
 
-
 PR_SET_PDEATHSIG = 1
 
 

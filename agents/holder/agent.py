@@ -43,7 +43,13 @@ from gputravel.core.protocol import (
 )
 from gputravel.core.protocol.errors import DataError, FrameError, GpuTravelError
 from gputravel.core.protocol.frames import frame_head
-from gputravel.core.protocol.shmring import RingSpec, ShmRing, recv_frame_with_fds, ring_supported
+from gputravel.core.protocol.shmring import (
+    MAX_RING_BYTES,
+    RingSpec,
+    ShmRing,
+    recv_frame_with_fds,
+    ring_supported,
+)
 
 AGENT_VERSION = "1"
 LLMC_MAGIC = 20240520
@@ -426,9 +432,10 @@ class Agent:
                 conn = self._data_conn(endpoint, session)
                 conn.active = True
                 if conn.rings and sender is not None and endpoint.get("ring", True):
-                    ring = self._open_ring(conn, RingSpec(epoch, in_flight, cs + TAG_LEN))
+                    slots = max(1, min(in_flight, MAX_RING_BYTES // (cs + TAG_LEN)))
+                    ring = self._open_ring(conn, RingSpec(epoch, slots, cs + TAG_LEN))
             if ring is not None:
-                out = ChunkOut([ring.slot(k) for k in range(in_flight)], conn.notify)  # type: ignore[union-attr]
+                out = ChunkOut([ring.slot(k) for k in range(ring.spec.slots)], conn.notify)  # type: ignore[union-attr]
             elif conn is not None:
                 c = conn
                 out = ChunkOut(self._slot_views(in_flight, cs + TAG_LEN),

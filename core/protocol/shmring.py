@@ -37,11 +37,11 @@ from typing import Any
 
 from gputravel.core.protocol.cipher import TAG_LEN
 from gputravel.core.protocol.errors import FrameError, StaleEpochError
-from gputravel.core.protocol.frames import PREFIX, Frame, _parse_header, _parse_prefix, frame_head
+from gputravel.core.protocol.frames import PREFIX, Frame, _parse_header, _parse_prefix
 
 #: Most slots a ring may have, and most bytes one ring may map (both sides refuse more).
 MAX_SLOTS = 256
-MAX_RING_BYTES = 1 << 30
+MAX_RING_BYTES = 1 << 28
 #: The seals a ring must carry before the device or an agent maps it.
 REQUIRED_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
@@ -95,7 +95,9 @@ class ShmRing:
     def __init__(self, fd: int, spec: RingSpec) -> None:
         self.spec = spec
         self._fd = fd
-        self._map: mmap.mmap | None = mmap.mmap(fd, spec.nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        # MAP_POPULATE: the slots are mapped in one go instead of one page fault per page of the first chunks
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        self._map: mmap.mmap | None = mmap.mmap(fd, spec.nbytes, flags, mmap.PROT_READ | mmap.PROT_WRITE)
         self.closed = False
 
     @classmethod
@@ -152,7 +154,6 @@ class ShmRing:
 
     def zero(self) -> None:
         m = self._mapped()
-        m.seek(0)
         step = 1 << 20
         zeros = bytes(min(step, self.spec.nbytes))
         for lo in range(0, self.spec.nbytes, step):
@@ -203,7 +204,8 @@ class RingReceiver:
     def take(self, header: Any) -> tuple[dict[str, Any], memoryview]:
         if not isinstance(header, dict):
             raise FrameError("chunk notification header must be an object")
-        k, n = header.get("slot"), header.get("n")
+        k: Any = header.get("slot")
+        n: Any = header.get("n")
         if type(n) is not int or not 0 < n <= self.ring.spec.slot_bytes - TAG_LEN:
             raise FrameError(f"chunk of {n!r} bytes does not fit a {self.ring.spec.slot_bytes}-byte ring slot "
                              f"with its {TAG_LEN}-byte tag")
@@ -262,5 +264,5 @@ def recv_frame_with_fds(sock: socket.socket, *, max_payload: int = 1 << 16) -> t
         raise
 
 
-__all__ = ["MAX_RING_BYTES", "MAX_SLOTS", "RingReceiver", "RingSpec", "ShmRing", "frame_head", "recv_frame_with_fds",
+__all__ = ["MAX_RING_BYTES", "MAX_SLOTS", "RingReceiver", "RingSpec", "ShmRing", "recv_frame_with_fds",
            "ring_supported", "send_frame_with_fd"]
