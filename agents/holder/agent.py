@@ -434,8 +434,8 @@ class Agent:
                 if conn.rings and sender is not None and endpoint.get("ring", True):
                     slots = max(1, min(in_flight, MAX_RING_BYTES // (cs + TAG_LEN)))
                     ring = self._open_ring(conn, RingSpec(epoch, slots, cs + TAG_LEN))
-            if ring is not None:
-                out = ChunkOut([ring.slot(k) for k in range(ring.spec.slots)], conn.notify)  # type: ignore[union-attr]
+            if ring is not None and conn is not None:
+                out = ChunkOut(conn.ring_slots, conn.notify)
             elif conn is not None:
                 c = conn
                 out = ChunkOut(self._slot_views(in_flight, cs + TAG_LEN),
@@ -453,13 +453,10 @@ class Agent:
             self._sender.drain()  # no write may still read a slot when the next hand-off reuses it
             if conn is not None:
                 conn.active = False
-            if ring is not None:
-                if out is not None:
-                    out.slots.clear()
-                ring.close(zero=True)
 
     def _open_ring(self, conn: _DataConn, spec: RingSpec) -> ShmRing | None:
-        """Ask the device for this epoch's ring; None (chunks go in socket frames) if it declines."""
+        """Ask the device to bind this connection's ring to this epoch (it sends the ring's descriptor the
+        first time, or for another shape); None (chunks go in socket frames) if it declines."""
         conn.request_ring(spec)
         while True:
             item = self._inbox.get()
@@ -468,8 +465,16 @@ class Agent:
                     offered = RingSpec.from_wire(item.header.get("ring"))
                     if offered != spec:
                         raise FrameError(f"the device offered ring {offered}, not {spec}")
-                    return ShmRing.attach(item.fd, spec)
+                    if item.fd >= 0:
+                        conn.set_ring(ShmRing.attach(item.fd, spec))
+                    elif conn.ring is None or not conn.ring.same_shape(spec):
+                        raise FrameError("the device reuses a ring this connection does not have")
+                    assert conn.ring is not None
+                    conn.ring.bind(epoch=spec.epoch)
+                    return conn.ring
                 except GpuTravelError as exc:
+                    if item.fd >= 0 and conn.ring is None:
+                        os.close(item.fd)
                     raise GpuTravelError(f"the device's ring is unusable: {exc.reason}", code="agent") from None
             if isinstance(item, DataLinkLost):
                 if item.conn is conn:
@@ -502,8 +507,11 @@ class Agent:
         retransmits = 0
         unreported = 0
         seq = start
+        clock = time.perf_counter_ns
+        seal_ns = wait_ns = 0
         while len(acked) < n_chunks:
             while seq < n_chunks and free:
+                t0 = clock()
                 lo = seq * cs
                 n = min(cs, total - lo)
                 slot = free.pop()
@@ -518,9 +526,12 @@ class Agent:
                                            offset=base + lo, length=n)
                     assert got == seq
                 sealed[seq] = (head, ct, slot)
+                seal_ns += clock() - t0
                 out.send(head, ct, slot)
                 seq += 1
+            t0 = clock()
             frame = self._inbox.get()
+            wait_ns += clock() - t0
             if isinstance(frame, DataLinkLost) and frame.conn is not self._data:
                 continue  # a data connection of an earlier hand-off
             if isinstance(frame, GpuTravelError):
@@ -529,7 +540,8 @@ class Agent:
                 self._inbox.put(frame)  # the main loop must see the end of the link too, or it waits forever
                 raise GpuTravelError("link closed during provisioning")
             if isinstance(frame, _RingOffer):
-                os.close(frame.fd)  # not asked for now
+                if frame.fd >= 0:
+                    os.close(frame.fd)  # not asked for now
                 continue
             if frame.type is FrameType.ACK:
                 s = frame.header.get("s")
@@ -563,13 +575,16 @@ class Agent:
                 raise GpuTravelError("orchestrator ended the hand-off")
             elif frame.type is FrameType.PING:
                 self.send(FrameType.PONG, frame.header)
+        # stage times for ``bench provision``: reading and sealing, and waiting for slots to be acknowledged
         self.send(FrameType.DONE, {"epoch": epoch, "chunks": n_chunks - start, "bytes": total,
-                                   "retransmits": retransmits})
+                                   "retransmits": retransmits,
+                                   "stages": {"read_seal_s": seal_ns / 1e9, "wait_s": wait_ns / 1e9}})
 
 
 @dataclass(frozen=True)
 class _RingOffer:
-    """The device's DATA_READY for a ring request, with the ring's descriptor (owned by the receiver)."""
+    """The device's DATA_READY for a ring request, with the ring's descriptor (owned by the receiver), or
+    ``fd`` -1 where the device binds the ring this connection already maps."""
 
     conn: _DataConn
     header: dict[str, Any]
@@ -617,6 +632,9 @@ class _DataConn:
         self.closing = False
         self.dead = False
         self._send_lock = threading.Lock()
+        #: this connection's shared-memory ring (mapped once, bound per hand-off) and its slot views
+        self.ring: ShmRing | None = None
+        self.ring_slots: list[memoryview] = []
         threading.Thread(target=self._reader, name="agent-data-reader", daemon=True).start()
 
     def _reader(self) -> None:
@@ -626,8 +644,8 @@ class _DataConn:
                 if got is None:
                     break
                 frame, fds = got
-                if frame.type is FrameType.DATA_READY and fds and self.active:
-                    self.inbox.put(_RingOffer(self, frame.header, fds[0]))
+                if frame.type is FrameType.DATA_READY and "ring" in frame.header and self.active:
+                    self.inbox.put(_RingOffer(self, frame.header, fds[0] if fds else -1))
                     for fd in fds[1:]:
                         os.close(fd)
                     continue
@@ -640,6 +658,19 @@ class _DataConn:
         self.dead = True
         if not self.closing and self.active:  # the device went away mid-transfer: fail the hand-off now
             self.inbox.put(DataLinkLost("the device closed the data connection", self))
+
+    def set_ring(self, ring: ShmRing) -> None:
+        self._drop_ring()
+        self.ring = ring
+        self.ring_slots = [ring.slot(k) for k in range(ring.spec.slots)]
+
+    def _drop_ring(self) -> None:
+        if self.ring is not None:
+            for v in self.ring_slots:
+                v.release()
+            self.ring_slots = []
+            self.ring.close(zero=True)
+            self.ring = None
 
     def request_ring(self, spec: RingSpec) -> None:
         with self._send_lock:
@@ -672,6 +703,10 @@ class _DataConn:
         except OSError:
             pass
         self.sock.close()
+        try:
+            self._drop_ring()
+        except BufferError:  # a slot view is still referenced (a failed hand-off's traceback): unmapped later
+            self.ring = None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,8 +8,9 @@ chunk or per hand-off:
   chunk once, so a holder's long-lived connection keeps its buffers across hand-offs;
 - decrypt workers: one thread pool for the service's life (``configure``), 0 (decrypt on the receiving
   thread), or 2-4 threads where there are cores for them (chosen by measurement, see ``default_workers``);
-- shared-memory rings (same-host holders): per epoch, made by ``open_ring``, zeroed and unmapped by
-  ``close_rings`` when the window closes (RETURN);
+- shared-memory rings (same-host holders): one per holder data connection, bound to the epoch of each
+  hand-off (``bind_ring``), zeroed and released when its window closes (``release_rings``, RETURN),
+  unmapped when the connection ends (``drop_ring``);
 - staging (CUDA, or on request for tests on CPU): a ring of pinned host slots and one copy stream. A
   chunk is opened into a free slot, copied with ``copy_(non_blocking=True)`` and an ``Event`` recorded
   after it; a completion thread waits for the events in order, frees each slot and only then reports the
@@ -323,23 +324,34 @@ class DataPlane:
             st.engine.make_current_wait()
 
     # --- shared-memory rings --------------------------------------------------------------------
-    def open_ring(self, ring: ShmRing) -> None:
+    def bind_ring(self, ring: ShmRing, epoch: int) -> None:
+        """``ring`` serves the hand-off of ``epoch`` until ``release_rings(epoch)``."""
+        ring.bind(epoch)
         with self._rings_lock:
-            self.rings.setdefault(ring.spec.epoch, []).append(ring)
-        self.allocations["rings"] += 1
+            self.rings.setdefault(epoch, []).append(ring)
 
     def rings_of(self, epoch: int) -> int:
         with self._rings_lock:
             return len(self.rings.get(epoch, ()))
 
-    def close_rings(self, epoch: int | None = None) -> int:
-        """Zero and unmap the rings of ``epoch`` (every ring when None); how many were closed."""
+    def release_rings(self, epoch: int | None = None) -> int:
+        """RETURN: zero and unbind the rings of ``epoch`` (every ring when None); how many."""
         with self._rings_lock:
             epochs = list(self.rings) if epoch is None else [epoch]
-            closing = [r for e in epochs for r in self.rings.pop(e, [])]
-        for r in closing:
-            r.close(zero=True)
-        return len(closing)
+            releasing = [r for e in epochs for r in self.rings.pop(e, [])]
+        for r in releasing:
+            r.release()
+        return len(releasing)
+
+    def drop_ring(self, ring: ShmRing) -> None:
+        """The holder's connection ended: unmap its ring (zeroed first)."""
+        with self._rings_lock:
+            for e, rs in list(self.rings.items()):
+                if ring in rs:
+                    rs.remove(ring)
+                if not rs:
+                    del self.rings[e]
+        ring.close(zero=True)
 
     # --- scrub and shutdown ---------------------------------------------------------------------
     def scrub(self) -> None:
@@ -350,7 +362,7 @@ class DataPlane:
             st.zero()
 
     def close(self) -> None:
-        self.close_rings()
+        self.release_rings()
         if self._staging is not None:
             self._staging.close()
         if self.pool is not None:

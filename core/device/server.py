@@ -180,9 +180,11 @@ class DeviceServer:
         rings = conn.family == socket.AF_UNIX and ring_supported() and bool(first.header.get("rings"))
         send_frame(conn, FrameType.DATA_READY, {"session": session, **({"rings": 1} if rings else {})})
         slots = svc.plane.take_slots()  # this connection's receive buffers, reused from an earlier one
+        data = _DataConnection(svc, conn, stream, slots, session=session, rings=rings)
         try:
-            _DataConnection(svc, conn, stream, slots, session=session, rings=rings).serve()
+            data.serve()
         finally:
+            data.close()
             svc.plane.give_slots(slots)
 
 
@@ -294,7 +296,8 @@ class _DataConnection:
             if header.get("session") != self.session:
                 raise StaleEpochError("ring request for another session")
             spec = RingSpec.from_wire(spec_wire)
-            ring = self.svc.open_ring(spec)
+            old = self.receiver.ring if self.receiver is not None else None
+            ring, new = self.svc.open_ring(spec, old)
         except ProtocolError as exc:
             self.svc.count_rejection(exc.code, claimed)
             self.send(FrameType.ERROR, {**error_header(exc), "ring": 1})
@@ -302,11 +305,22 @@ class _DataConnection:
         except OSError as exc:  # no memfd here after all: the agent falls back to frames
             self.send(FrameType.ERROR, {"ok": False, "code": "device", "reason": f"no ring: {exc}", "ring": 1})
             return
+        answer = encode_frame(FrameType.DATA_READY, {"session": self.session, "ring": spec.to_wire(),
+                                                     **({} if new else {"mapped": 1})})
         with self._send_lock:
-            send_frame_with_fd(self.conn, encode_frame(FrameType.DATA_READY, {"session": self.session,
-                                                                              "ring": spec.to_wire()}),
-                               ring.fileno())
+            if new:  # the descriptor travels once per holder connection (again only for another shape)
+                send_frame_with_fd(self.conn, answer, ring.fileno())
+            else:
+                self.conn.sendall(answer)
+        if new and old is not None:
+            self.svc.plane.drop_ring(old)
         self.receiver = RingReceiver(ring)
+
+    def close(self) -> None:
+        """The connection ended: its ring is zeroed and unmapped."""
+        if self.receiver is not None:
+            self.svc.plane.drop_ring(self.receiver.ring)
+            self.receiver = None
 
     def _non_chunk(self, frame: Any) -> bool:
         """Handle a frame that is not a chunk; False ends the connection."""

@@ -171,7 +171,7 @@ class DeviceService:
             self.secrets = secrets
             self.epoch = 0
             self.window = None
-            self.plane.close_rings()  # every ring of the old session dies with its keys
+            self.plane.release_rings()  # every ring of the old session is zeroed and released with its keys
             self.dead_epochs.clear()
             self.dead_tags.clear()
             self.control_epoch = 0
@@ -313,7 +313,7 @@ class DeviceService:
             self._settled.wait_for(lambda: not w.inflight, timeout=60)
             self._bury(w)
         self.plane.flush()  # the copy stream is idle: every acknowledged byte is in device memory
-        self.plane.close_rings(epoch)  # the holder's bounce slots: zeroed and unmapped, like its key
+        self.plane.release_rings(epoch)  # the holder's bounce slots: zeroed and released, like its key
         return Reply(WindowClosed(epoch=epoch, bytes=w.bytes_in, chunks=len(w.accepted), expected_chunks=w.n_chunks,
                                   contiguous=w.contiguous(), complete=len(w.accepted) == w.n_chunks,
                                   rejected=dict(self.rejected),
@@ -540,9 +540,11 @@ class DeviceService:
     #: rings one epoch may have (an honest agent asks for one per hand-off, again after a dropped link)
     RINGS_PER_EPOCH = 4
 
-    def open_ring(self, spec: RingSpec) -> ShmRing:
-        """A shared-memory ring for the open window's holder (same host): its slots fit one chunk and its tag
-        each; it lives until the window closes. Refused (named) for any epoch but the open window's."""
+    def open_ring(self, spec: RingSpec, current: ShmRing | None = None) -> tuple[ShmRing, bool]:
+        """The shared-memory ring of the open window's holder (same host), bound to its epoch: ``current``
+        (the ring of the holder's connection) when it has the asked shape, else a new one. Slots fit one
+        chunk and its tag each. Refused (named) for any epoch but the open window's. Returns the ring and
+        whether it is new (its descriptor must be sent)."""
         with self.lock:
             w = self.window
             if w is None or spec.epoch != w.epoch:
@@ -553,10 +555,14 @@ class DeviceService:
                                  f"{w.chunk_size + TAG_LEN}")
             if self.plane.rings_of(spec.epoch) >= self.RINGS_PER_EPOCH:
                 raise FrameError(f"epoch {spec.epoch} already has {self.RINGS_PER_EPOCH} rings")
-            ring = ShmRing.create(spec)
-            self.plane.open_ring(ring)
-        self.counters["rings"] += 1
-        return ring
+            new = current is None or current.closed or not current.same_shape(spec)
+            ring = ShmRing.create(spec) if new else current
+            assert ring is not None
+            self.plane.bind_ring(ring, spec.epoch)
+        self.counters["rings_bound"] += 1
+        if new:
+            self.counters["rings_made"] += 1
+        return ring, new
 
     def op_set_data_path(self, *, parallel_auth: bool | None = None, overlap: bool | None = None, workers: int = 0,
                          payload: bytes) -> Reply:

@@ -12,13 +12,16 @@ small frames: ``CHUNK {e, s, o, n, slot}`` with no payload (the slot id), ``ACK 
 ``ERROR {s, slot, code}`` back (each returns the slot's credit: the agent reuses a slot only after its
 chunk was acknowledged or refused, so a refused chunk is retransmitted from the slot as is).
 The device authenticates and decrypts from the slot (``decrypt_into``) into the buffer window.
+The ring belongs to one holder's data connection (one per holder session: mapped once) and is bound to
+one epoch at a time: bound at the hand-off, zeroed and released at RETURN.
 
 Nothing in the ring is trusted: a notification names a slot and a length, which ``RingReceiver.take``
 checks against the ring (``FrameError``), and then the chunk goes through exactly the checks of the
 socket path (epoch, window, replay, tag), so garbage, replays, stale epochs and out-of-window offsets
 written into the ring are rejected by the same named errors and counted the same way. At RETURN the
-device zeroes the ring and unmaps it (``close``), like the key it was made for; the agent unmaps its
-side when its hand-off ends.
+device zeroes the ring and releases it (``release``), like the key it was bound to: a notification naming
+it is refused (``StaleEpochError``) until the holder's next hand-off binds it again. Both sides unmap it
+(``close``) when the holder's data connection ends.
 
 Standard library only (the holder agent imports it; torch never).
 """
@@ -88,12 +91,18 @@ class RingSpec:
 
 
 class ShmRing:
-    """One process's mapping of a ring. ``create`` on the device, ``attach`` on the agent."""
+    """One process's mapping of a ring. ``create`` on the device, ``attach`` on the agent.
 
-    __slots__ = ("spec", "_fd", "_map", "closed")
+    The ring is *bound* to one epoch at a time (``spec.epoch``; ``bound`` is False once released): the
+    device binds it at a hand-off and releases it (zeroed) at RETURN; a released ring is read by nobody.
+    The mapping itself lives as long as the holder's data connection (one ring per holder session): mapping
+    fresh shared pages costs more per hand-off than the chunks' own AES-GCM work (docs/provisioning.md)."""
+
+    __slots__ = ("spec", "bound", "_fd", "_map", "closed")
 
     def __init__(self, fd: int, spec: RingSpec) -> None:
         self.spec = spec
+        self.bound = True
         self._fd = fd
         # MAP_POPULATE: the slots are mapped in one go instead of one page fault per page of the first chunks
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
@@ -145,6 +154,21 @@ class ShmRing:
             raise StaleEpochError(f"the ring of epoch {self.spec.epoch} is closed")
         return self._map
 
+    def same_shape(self, spec: RingSpec) -> bool:
+        return (spec.slots, spec.slot_bytes) == (self.spec.slots, self.spec.slot_bytes)
+
+    def bind(self, epoch: int) -> None:
+        """Serve the hand-off of ``epoch`` (the ring was released, or is new)."""
+        self._mapped()
+        self.spec = RingSpec(epoch, self.spec.slots, self.spec.slot_bytes)
+        self.bound = True
+
+    def release(self) -> None:
+        """RETURN: zero every slot and unbind; nothing in it is read until the next ``bind``."""
+        self.bound = False
+        if self._map is not None:
+            self.zero()
+
     def slot(self, k: int) -> memoryview:
         """Slot ``k`` (writable); drop the view before ``close``."""
         if type(k) is not int or not 0 <= k < self.spec.slots:
@@ -161,6 +185,7 @@ class ShmRing:
 
     def close(self, *, zero: bool = True) -> None:
         """Zero (by default), unmap and close. Idempotent."""
+        self.bound = False
         if self._map is not None:
             if zero:
                 self.zero()
@@ -204,6 +229,8 @@ class RingReceiver:
     def take(self, header: Any) -> tuple[dict[str, Any], memoryview]:
         if not isinstance(header, dict):
             raise FrameError("chunk notification header must be an object")
+        if not self.ring.bound or self.ring.closed:
+            raise StaleEpochError(f"the ring was released at the RETURN of epoch {self.ring.spec.epoch}")
         k: Any = header.get("slot")
         n: Any = header.get("n")
         if type(n) is not int or not 0 < n <= self.ring.spec.slot_bytes - TAG_LEN:
