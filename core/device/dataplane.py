@@ -139,7 +139,7 @@ class _Staging:
     """A ring of host staging slots (pinned on CUDA) with a completion thread."""
 
     def __init__(self, buffer: torch.Tensor, *, slots: int, slot_bytes: int, opener: Opener,
-                 stage_ns: Counter[str]) -> None:
+                 add_ns: Callable[[str, int], None]) -> None:
         self.buffer = buffer
         self.cuda = buffer.device.type == "cuda"
         self.slot_bytes = slot_bytes
@@ -148,7 +148,7 @@ class _Staging:
         self.host = [s.numpy() for s in self.slots]
         self.engine: _CopyEngine = _CudaCopyEngine(buffer.device, slots) if self.cuda else _CopyEngine()
         self.opener = opener
-        self.stage_ns = stage_ns
+        self.add_ns = add_ns
         self.free: queue.SimpleQueue[int] = queue.SimpleQueue()
         for k in range(slots):
             self.free.put(k)
@@ -181,8 +181,8 @@ class _Staging:
             else:
                 ev = self.engine.copy(dst, src)
             self._completions.put((k, ev, done, time.perf_counter_ns()))
-        self.stage_ns["staging_wait_ns"] += t1 - t0
-        self.stage_ns["open_ns"] += t2 - t1
+        self.add_ns("staging_wait_ns", t1 - t0)
+        self.add_ns("open_ns", t2 - t1)
 
     def _complete(self) -> None:
         while True:
@@ -195,7 +195,7 @@ class _Staging:
                 err: BaseException | None = None
             except BaseException as exc:  # a failed copy fails its chunk (and is reported)
                 err = exc
-            self.stage_ns["h2d_ns"] += time.perf_counter_ns() - t_enq
+            self.add_ns("h2d_ns", time.perf_counter_ns() - t_enq)
             self.free.put(k)
             try:
                 done(err)
@@ -232,8 +232,8 @@ class DataPlane:
 
     def __init__(self, buffer: torch.Tensor, *, staged: bool | None = None,
                  stage_ns: Counter[str] | None = None) -> None:
-        """``stage_ns``: where nanoseconds per stage are summed (``open_ns``, ``staging_wait_ns``, ``h2d_ns``;
-        the service passes its public counters, which ``bench provision`` reads)."""
+        """``stage_ns``: where nanoseconds per stage are summed (``open_ns``, ``staging_wait_ns``, ``h2d_ns``)
+        and allocations counted (``alloc_*``); the service passes its public counters (``stats``)."""
         self.buffer = buffer
         self.staged = buffer.device.type == "cuda" if staged is None else bool(staged)
         self._host_view = buffer.numpy() if buffer.device.type == "cpu" else None
@@ -243,12 +243,19 @@ class DataPlane:
         self.per_set = 4
         self._sets: list[SlotSet] = []
         self._sets_lock = threading.Lock()
-        self.allocations: Counter[str] = Counter()  # what was allocated, and how often (tests read it)
         self.stage_ns: Counter[str] = Counter() if stage_ns is None else stage_ns
+        #: what was allocated, and how often (``alloc_*``: in the service's counters too, so ``stats`` shows
+        #: that nothing is allocated per chunk or per hand-off)
+        self.allocations = self.stage_ns
+        self._stats_lock = threading.Lock()
         self._staging: _Staging | None = None
         self._staging_lock = threading.Lock()
         self.rings: dict[int, list[ShmRing]] = {}
         self._rings_lock = threading.Lock()
+
+    def add_ns(self, stage: str, ns: int) -> None:
+        with self._stats_lock:  # workers and the completion thread add at once
+            self.stage_ns[stage] += ns
 
     # --- workers and receive slots ---------------------------------------------------------------
     def configure(self, *, workers: int) -> None:
@@ -262,7 +269,7 @@ class DataPlane:
         self.workers = workers
         if workers:
             self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="device-open")
-            self.allocations["pool"] += 1
+            self.allocations["alloc_pool"] += 1
         self.per_set = 2 * workers + 2 if workers else 2
 
     def take_slots(self) -> SlotSet:
@@ -271,7 +278,7 @@ class DataPlane:
             for i, s in enumerate(self._sets):
                 if len(s) >= self.per_set:
                     return self._sets.pop(i)
-        self.allocations["slot_sets"] += 1
+        self.allocations["alloc_slot_sets"] += 1
         return SlotSet(self.per_set)
 
     def give_slots(self, slots: SlotSet) -> None:
@@ -291,8 +298,8 @@ class DataPlane:
                     st.close()
                 slots = max(4, 2 * max(1, self.workers) + 2)
                 st = self._staging = _Staging(self.buffer, slots=slots, slot_bytes=chunk_size, opener=self.opener,
-                                              stage_ns=self.stage_ns)
-                self.allocations["staging"] += 1
+                                              add_ns=self.add_ns)
+                self.allocations["alloc_staging"] += 1
             return st
 
     def open(self, recv: RecvState, payload: Any, *, seq: int, offset: int, length: int, chunk_size: int,
@@ -307,7 +314,7 @@ class DataPlane:
             except BaseException as exc:
                 done(exc)
                 return
-            self.stage_ns["open_ns"] += time.perf_counter_ns() - t0
+            self.add_ns("open_ns", time.perf_counter_ns() - t0)
             done(None)
             return
         self._staging_for(chunk_size).open(recv, payload, seq=seq, offset=offset, length=length, done=done)

@@ -586,13 +586,13 @@ class DeviceService:
 
 
 def load_service(state_dir: Path, *, buffer_bytes: int, device: str | None = None, cc_mode: str = "on",
-                 allow_fault_injection: bool = False) -> DeviceService:
+                 allow_fault_injection: bool = False, staged: bool | None = None) -> DeviceService:
     """Provision (or load) the emulated identity under ``state_dir`` and build the service."""
     from gputravel.core.attestation import provision_emulated
 
     _, identity = provision_emulated(state_dir)
     return DeviceService(identity=identity, buffer_bytes=buffer_bytes, device=device, cc_mode=CCMode(cc_mode),
-                         allow_fault_injection=allow_fault_injection)
+                         allow_fault_injection=allow_fault_injection, staged=staged)
 
 
 __all__ = ["DeviceService", "Handler", "ProvisionWindow", "Reply", "load_service"]
