@@ -121,7 +121,7 @@ class _CudaCopyEngine(_CopyEngine):
         with torch.cuda.stream(self.stream):
             dst.copy_(src, non_blocking=True)
             ev = self.events[k]
-            ev.record(self.stream)  # type: ignore[no-untyped-call]
+            ev.record(self.stream)
         return ev
 
     def wait(self, event: Any) -> None:
@@ -129,10 +129,10 @@ class _CudaCopyEngine(_CopyEngine):
             event.synchronize()
 
     def synchronize(self) -> None:
-        self.stream.synchronize()  # type: ignore[no-untyped-call]
+        self.stream.synchronize()
 
     def make_current_wait(self) -> None:
-        torch.cuda.current_stream(self.device).wait_stream(self.stream)  # type: ignore[no-untyped-call]
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
 
 
 class _Staging:
