@@ -57,6 +57,9 @@ LLMC_HEADER = 256 * 4
 MAX_IN_FLIGHT = 32
 MAX_CHUNK = 16 * 1024 * 1024
 MAX_RETRANSMITS = 3
+#: on the direct path, acknowledgements are summed up for the orchestrator at most this often (and at the end):
+#: each report crosses its link (an SSH channel), which costs more CPU than sealing a chunk
+REPORT_EVERY_NS = 50_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -509,6 +512,7 @@ class Agent:
         seq = start
         clock = time.perf_counter_ns
         seal_ns = wait_ns = 0
+        reported_at = clock() - REPORT_EVERY_NS  # the first acknowledgement is reported at once
         while len(acked) < n_chunks:
             while seq < n_chunks and free:
                 t0 = clock()
@@ -550,11 +554,12 @@ class Agent:
                 acked.add(s)
                 if s in sealed:
                     free.append(sealed.pop(s)[2])
-                if direct:
+                if direct:  # progress for the orchestrator, at most every REPORT_EVERY_NS (its link is slow)
                     unreported += 1
-                    if unreported >= 8 or len(acked) == n_chunks:
+                    now = clock()
+                    if now - reported_at >= REPORT_EVERY_NS or len(acked) == n_chunks:
                         self.send(FrameType.ACK, {"s": s, "n": unreported})
-                        unreported = 0
+                        unreported, reported_at = 0, now
             elif frame.type is FrameType.ERROR and frame.header.get("s") is not None:
                 if direct:
                     self.send(FrameType.ERROR, frame.header)
