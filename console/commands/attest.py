@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import platformdirs
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from gputravel.core.attestation import (
@@ -52,14 +53,14 @@ def render(console: Console, result: AttestationResult, *, inject: str | None) -
     table.add_column("detail", overflow="fold")
     for claim in result.claims:
         mark = "[green]✓[/]" if claim.ok else "[bold red]✗[/]"
-        table.add_row(claim.name, mark, claim.detail)
+        table.add_row(escape(claim.name), mark, escape(str(claim.detail)))
     console.print(table)
     if result.platform == PLATFORM_EMULATED:
         console.print("[bold black on yellow] SIM [/] platform: emulated (SIM) — no TDX/CC-mode H100 was used")
     else:
-        console.print(f"platform: {result.platform}")
+        console.print(f"platform: {escape(str(result.platform))}")
     if inject:
-        console.print(f"injected fault: [bold]{inject}[/]")
+        console.print(f"injected fault: [bold]{escape(str(inject))}[/]")
     if result.token is not None:
         console.print(f"token issued, valid for {result.token.expires_at - result.token.issued_at:.0f} s")
     verdict = "[bold green]PASS[/]" if result.ok else "[bold red]FAIL[/]"

@@ -8,6 +8,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -15,12 +16,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from gputravel.console.commands.bench_load import ssh_fleet
-from gputravel.core.bench.provision import (  # noqa: F401 - make_dataset: bench travel reads it from here
-    PATHS,
-    ablation_study,
-    make_dataset,
-    paths_study,
-)
+from gputravel.core.bench.provision import PATHS, ablation_study, paths_study
 
 #: table column -> the report's stage key
 STAGE_COLUMNS = {"read+seal ms": "read_seal_s", "wait ms": "wait_s", "open ms": "open_s", "H2D ms": "h2d_s"}
@@ -34,6 +30,13 @@ def _ticker(progress: Progress) -> Callable[[str, int], Callable[[], None]]:
         return lambda: progress.advance(task)
 
     return new_task
+
+
+def _run(study: Callable[..., dict[str, Any]], *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """One study in a temporary folder, over the loopback SSH fleet, with its progress bars on stderr."""
+    with tempfile.TemporaryDirectory(prefix="gputravel-bench-") as tmp, \
+            Progress(console=Console(stderr=True), transient=True) as progress:
+        return study(*args, workdir=Path(tmp), fleet=ssh_fleet, progress=_ticker(progress), **kwargs)
 
 
 def register(bench_app: typer.Typer) -> None:
@@ -59,10 +62,7 @@ def register(bench_app: typer.Typer) -> None:
         for p in paths:
             if p not in PATHS:
                 raise typer.BadParameter(f"unknown path {p!r}; choose from {', '.join(PATHS)}")
-        with tempfile.TemporaryDirectory(prefix="gputravel-bench-") as tmp, \
-                Progress(console=Console(stderr=True), transient=True) as progress:
-            result = paths_study(paths, size_mib=size_mib, chunk_kib=chunk_kib, repeats=repeats, workdir=Path(tmp),
-                                 fleet=ssh_fleet, progress=_ticker(progress))
+        result = _run(paths_study, paths, size_mib=size_mib, chunk_kib=chunk_kib, repeats=repeats)
         rows = result["rows"]
         aes = result["aes_gcm_1core_mb_s"] * 1e6
         if as_json:
@@ -90,10 +90,7 @@ def register(bench_app: typer.Typer) -> None:
 
 
 def _ablate(*, size_mib: int, chunk_kib: int, repeats: int, as_json: bool) -> None:
-    with tempfile.TemporaryDirectory(prefix="gputravel-bench-") as tmp, \
-            Progress(console=Console(stderr=True), transient=True) as progress:
-        result = ablation_study(size_mib=size_mib, chunk_kib=chunk_kib, repeats=repeats, workdir=Path(tmp),
-                                fleet=ssh_fleet, progress=_ticker(progress))
+    result = _run(ablation_study, size_mib=size_mib, chunk_kib=chunk_kib, repeats=repeats)
     rows = result["rows"]
     aes, copy = result["aes_gcm_1core_gb_s"] * 1e9, result["memcpy_gb_s"] * 1e9
     if as_json:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gputravel.core.bench.data import make_dataset
 from gputravel.core.bench.load import FleetFactory, HolderFleet
 from gputravel.core.device.client import DeviceClient
 from gputravel.core.errors import DataError
@@ -25,7 +26,7 @@ from gputravel.core.platform.emulated import EmulatedPlatform
 from gputravel.core.travel import handoff as ho
 from gputravel.core.travel.holders import HolderLink, LocalHolderLink
 
-__all__ = ["ABLATION", "PATHS", "STAGES", "ablation_study", "make_dataset", "measure_path", "memcpy_rate", "paths_study"]
+__all__ = ["ABLATION", "PATHS", "STAGES", "ablation_study", "measure_path", "memcpy_rate", "paths_study"]
 
 #: direct: the engine's direct path for a holder on this host, i.e. the shared-memory ring (``shm`` names it
 #: explicitly and fails if no ring was used); direct-socket: the same host, chunks in frames on the device's
@@ -59,17 +60,6 @@ def memcpy_rate(size: int, *, seconds: float = 0.3) -> float:
         memoryview(dst)[:] = src
         n += 1
     return n * len(src) / (time.perf_counter() - t0)
-
-
-def make_dataset(folder: Path, nbytes: int) -> None:
-    """A holder folder whose single .txt file holds ``nbytes`` of printable pseudo-random text."""
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / "data.txt", "wb") as f:
-        left = nbytes
-        while left:
-            block = os.urandom(min(left, 1 << 22) // 2 + 1).hex().encode()[: min(left, 1 << 22)]
-            f.write(block)
-            left -= len(block)
 
 
 def _route(path: str) -> tuple[str, str]:
