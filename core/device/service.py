@@ -381,9 +381,13 @@ class DeviceService:
         return int(mem)
 
     def op_stats(self, *, payload: bytes) -> Reply:
-        return Reply(DeviceStats(counters=dict(self.counters), rejected=dict(self.rejected), busy_s=self.busy_s,
-                                 rejected_by_epoch={str(e): dict(c) for e, c in self.rejected_by_epoch.items()},
-                                 memory_bytes=self._memory_bytes(), epoch=self.epoch).to_wire())
+        """The counters in the header; ``rejected_by_epoch`` (one entry per epoch that ever saw a rejection,
+        so it grows with the run) as JSON in the payload, where the 16 KiB header limit does not bind."""
+        wire = DeviceStats(counters=dict(self.counters), rejected=dict(self.rejected), busy_s=self.busy_s,
+                           rejected_by_epoch={str(e): dict(c) for e, c in self.rejected_by_epoch.items()},
+                           memory_bytes=self._memory_bytes(), epoch=self.epoch).to_wire()
+        by_epoch = wire.pop("rejected_by_epoch")
+        return Reply(wire, json.dumps({"rejected_by_epoch": by_epoch}, separators=(",", ":")).encode())
 
     def op_aes_rate(self, *, chunk: int, seconds: float = 0.3, payload: bytes) -> Reply:
         """AES-256-GCM decrypt rate measured inside this process (random key and data; nothing secret).
