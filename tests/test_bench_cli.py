@@ -28,6 +28,7 @@ from gputravel.agents.fleet import EmbeddedSshServer
 from gputravel.agents.holder import agent_sha256
 from gputravel.agents.inventory import HolderSpec
 from gputravel.core.errors import AgentError
+from gputravel.core.protocol.shmring import ring_supported
 
 MIB = 1 << 20
 WORDS = "the quick brown fox jumps over a lazy dog while cat and bird sat on the warm mat".split()
@@ -64,6 +65,12 @@ def test_bench_provision_reports_each_path_against_the_aes_core_rate_and_direct_
         assert row["fraction_of_aes_core"] >= 0
         assert near(row["fraction_of_aes_core"], row["mb_s"] / aes, rel=1e-3, abs_=6e-4)
     direct, ssh = r["rows"]
+    # per-stage seconds: the agent's (read/seal, wait) and the device's (open, staging wait, H2D)
+    for row in r["rows"]:
+        assert set(row["stages"]) == {"read_seal_s", "wait_s", "open_s", "staging_wait_s", "h2d_s"}
+        assert all(v >= 0 for v in row["stages"].values())
+        assert row["stages"]["read_seal_s"] > 0 and row["stages"]["open_s"] > 0
+    assert direct["shm_ring"] is ring_supported() and ssh["shm_ring"] is False  # same host: the ring
     assert near(r["direct_vs_ssh"], direct["mb_s"] / ssh["mb_s"], abs_=0.005 + 1e-9)
     assert near(r["direct_vs_ssh"], ssh["median_s"] / direct["median_s"], rel=0.02, abs_=0.01)
     # the AES-GCM rate measured inside the device process, next to the standalone one

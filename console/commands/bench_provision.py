@@ -19,6 +19,9 @@ from gputravel.console.commands.bench_load import ssh_fleet
 from gputravel.console.options import CipherEngine
 from gputravel.core.bench.provision import PATHS, ablation_study, paths_study
 
+#: table column -> the report's stage key
+STAGE_COLUMNS = {"read+seal ms": "read_seal_s", "wait ms": "wait_s", "open ms": "open_s", "H2D ms": "h2d_s"}
+
 
 def _ticker(progress: Progress) -> Callable[[str, int], Callable[[], None]]:
     """A progress task per measured configuration; the function advances it."""
@@ -40,8 +43,11 @@ def _run(study: Callable[..., dict[str, Any]], *args: Any, **kwargs: Any) -> dic
 def register(bench_app: typer.Typer) -> None:
     @bench_app.command("provision")
     def provision_cmd(
-        path: list[str] = typer.Option(["direct", "ssh"], "--path", help="direct, ssh (chunks inside the SSH "
-                                       "channel), local (agent subprocess over a pipe); repeatable."),
+        path: list[str] = typer.Option(["direct", "ssh"], "--path", help="direct (same host: the shared-memory "
+                                       "ring; shm names it), direct-socket (frames on the device's Unix socket), "
+                                       "direct-tcp (the TCP data port), ssh (chunks inside the SSH channel), "
+                                       "local (agent subprocess over a pipe), conventional; comma list or "
+                                       "repeated."),
         size_mib: int = typer.Option(64, "--size-mib", min=1, help="Bytes provisioned per hand-off (MiB)."),
         chunk_kib: int = typer.Option(1024, "--chunk-kib", min=1),
         repeats: int = typer.Option(3, "--repeats", min=1),
@@ -68,12 +74,15 @@ def register(bench_app: typer.Typer) -> None:
             return
         table = Table(title=f"provisioning {size_mib} MiB per hand-off, {chunk_kib} KiB chunks "
                             f"(AES-256-GCM 1 core: {aes / 1e6:,.0f} MB/s)")
-        for col in ("path", "median MB/s", "best MB/s", "of 1 AES core", "median s", "opened by"):
+        for col in ("path", "median MB/s", "best MB/s", "of 1 AES core", "median s", *STAGE_COLUMNS, "opened by"):
             table.add_column(col, justify="left" if col in ("path", "opened by") else "right")
         for r in rows:
+            st = r["stages"]
             table.add_row(r["path"], f"{r['mb_s']:,.0f}", f"{r['best_mb_s']:,.0f}",
-                          f"{r['fraction_of_aes_core']:.0%}", f"{r['median_s']:.3f}", r.get("cipher_engine") or "?")
+                          f"{r['fraction_of_aes_core']:.0%}", f"{r['median_s']:.3f}",
+                          *(f"{st[k] * 1e3:.1f}" for k in STAGE_COLUMNS.values()), r.get("cipher_engine") or "?")
         Console().print(table)
+        Console().print("stage columns: ms per hand-off, summed over threads (stages overlap; the largest binds)")
         if "direct_vs_ssh" in result:
             Console().print(f"direct / ssh: {result['direct_vs_ssh']}x")
         share = result["device_aes_vs_standalone"]

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from gputravel.core.collectives.crypto import HostCrypto, default_workers
 from gputravel.core.collectives.hook import SecureRingState, default_store, secure_ring_hook
 from gputravel.core.collectives.keys import emulated_identity, establish_ring_keys
-from gputravel.core.collectives.launch import WorkerContext, run_workers
+from gputravel.core.collectives.launch import WorkerContext, check_backend, run_workers
 from gputravel.core.collectives.models import MODELS
 from gputravel.core.collectives.ring import RingStats, SecureRing, Variant, available_variants
 from gputravel.core.errors import ConfigError
@@ -197,6 +197,8 @@ def _each_world(worker: Callable[..., list[dict[str, Any]]], spec: Any, world_si
                 on_progress: Callable[[int, dict[str, Any]], None] | None) -> list[dict[str, Any]]:
     """``worker(ctx, spec, vendor_dir)`` on ``world`` ranks for each world size (a fresh emulated vendor
     folder each); rank 0's rows, in order. Progress is reported per world size."""
+    for world in world_sizes:  # every world size checked before the first job starts
+        check_backend(backend, world)
     rows: list[dict[str, Any]] = []
     for i, world in enumerate(world_sizes):
         def progress(_rank: int, payload: dict[str, Any], i: int = i, world: int = world) -> None:

@@ -53,6 +53,10 @@ class ChunkOpener(Protocol):
         """The key with this fingerprint is dead: drop anything derived from it."""
         ...
 
+    def scrub(self) -> None:
+        """Zero whatever the opener keeps between chunks (the buffer's scrub calls it)."""
+        ...
+
 
 class CpuOpener:
     """``cryptography``'s ``decrypt_into`` on a host core, straight into a CPU buffer.
@@ -75,6 +79,9 @@ class CpuOpener:
 
     def forget(self, fingerprint: str) -> None:
         return None
+
+    def scrub(self) -> None:
+        return None  # keeps nothing between chunks
 
 
 @dataclass(slots=True)
