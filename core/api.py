@@ -80,7 +80,7 @@ def build_engine(settings: RunSettings, *, links: Iterable[HolderLink] | None = 
     platform = EmulatedPlatform(out / "platform", device=settings.device, cc_mode=settings.cc_mode,
                                 allow_fault_injection=settings.allow_fault_injection,
                                 torch_threads=settings.torch_threads, data_host=settings.data_host,
-                                log_path=out / "device.log")
+                                cipher_engine=settings.cipher_engine, log_path=out / "device.log")
     handle = platform.start(buffer_bytes=settings.buffer_bytes)
     return TravelEngine(settings=settings, device=handle, links=list(links), out_dir=out, checkpoint_store=store,
                         make_program=_program_factory(settings),

@@ -6,6 +6,7 @@ each send one sealed request named by an ``Op`` and read back a typed answer (``
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
@@ -276,7 +277,9 @@ class DeviceClient:
         return DeviceState.from_wire(self.call(Op.RESTORE_END)[0])
 
     def stats(self) -> DeviceStats:
-        return DeviceStats.from_wire(self.call(Op.STATS)[0])
+        head, payload = self.call(Op.STATS)
+        extra = json.loads(bytes(payload)) if payload else {}  # rejected_by_epoch rides in the payload
+        return DeviceStats.from_wire({**head, **(extra if isinstance(extra, dict) else {})})
 
     def aes_rate(self, *, chunk: int, seconds: float = 0.3) -> AesRate:
         return AesRate.from_wire(self.call(Op.AES_RATE, chunk=chunk, seconds=seconds)[0])

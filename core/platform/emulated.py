@@ -28,7 +28,7 @@ class EmulatedPlatform:
 
     def __init__(self, state_dir: Path, *, device: str | None = None, cc_mode: str = "on",
                  policy: Policy | None = None, allow_fault_injection: bool = False, torch_threads: int = 0,
-                 data_host: str = "127.0.0.1", log_path: Path | None = None) -> None:
+                 data_host: str = "127.0.0.1", cipher_engine: str = "auto", log_path: Path | None = None) -> None:
         self.state_dir = Path(state_dir)
         self.device = device
         self.cc_mode = cc_mode
@@ -36,6 +36,7 @@ class EmulatedPlatform:
         self.allow_fault_injection = allow_fault_injection
         self.torch_threads = torch_threads
         self.data_host = data_host
+        self.cipher_engine = cipher_engine
         #: the device service's stderr goes here (created 0600, appended to across restarts); None: discarded
         self.log_path = Path(log_path) if log_path is not None else None
 
@@ -56,6 +57,8 @@ class EmulatedPlatform:
             cmd += ["--threads", str(self.torch_threads)]
         if self.allow_fault_injection:
             cmd.append("--allow-fault-injection")
+        if self.cipher_engine != "auto":
+            cmd += ["--cipher-engine", self.cipher_engine]
         log_fd = self._open_log()
         try:
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log_fd, stdin=subprocess.DEVNULL,
