@@ -83,6 +83,7 @@ def plan_fleet(visits: list[VisitPlan], *, gpus: int) -> FleetPlan:
     steps: list[FleetStep] = []
     for rnd in sorted(by_round):
         pending = list(by_round[rnd])
+        k = 0  # step within the round
         while pending:
             chosen: list[VisitPlan] = []
             for v in pending:  # greedy, in order: one visit per holder per step
@@ -92,8 +93,8 @@ def plan_fleet(visits: list[VisitPlan], *, gpus: int) -> FleetPlan:
                 pending.remove(v)
             index = len(steps)
             slots: list[VisitPlan | None] = [None] * gpus
-            shift = index + rnd  # rotate GPUs over holders, and the idle slot, step by step and round by round
-            for i, v in enumerate(chosen):
-                slots[(i + shift) % gpus] = v
+            for i, v in enumerate(chosen):  # rotate GPUs over holders, and the idle slot, by round and step
+                slots[(i + rnd + k) % gpus] = v
             steps.append(FleetStep(index, rnd, tuple(slots)))
+            k += 1
     return FleetPlan(gpus, tuple(steps))
