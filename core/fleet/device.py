@@ -17,9 +17,8 @@ from typing import Any
 from cryptography import x509
 
 from gputravel.core.attestation import CCMode, DeviceIdentity, provision_emulated
-from gputravel.core.device import service as _service
 from gputravel.core.device.server import DeviceServer
-from gputravel.core.device.service import DeviceService
+from gputravel.core.device.service import DeviceService, Reply
 from gputravel.core.errors import ConfigError, DeviceError, GpuTravelError, WindowError
 from gputravel.core.fleet.ddp import FleetRing
 
@@ -38,7 +37,8 @@ class FleetDeviceService(DeviceService):
                          allow_fault_injection=allow_fault_injection)
         self.ring: FleetRing | None = None
 
-    def handle(self, op: str, args: dict[str, Any], payload: bytes) -> Any:
+    def handle(self, op: str, args: dict[str, Any], payload: bytes) -> Reply:
+        """The fleet's operations here, every other one through the service's operation table."""
         if op not in FLEET_OPS:
             return super().handle(op, args, payload)
         fn = getattr(self, f"op_{op}")
@@ -50,14 +50,7 @@ class FleetDeviceService(DeviceService):
         finally:
             self._busy_since = None
             self.busy_s += time.perf_counter() - t0
-        reply = getattr(_service, "Reply", None)
-        return reply(head) if reply is not None else (head, b"")
-
-    def _changed(self) -> None:
-        """The model moved: a memoised digest (where the service keeps one) is stale."""
-        changed = getattr(self, "_model_changed", None)
-        if changed is not None:
-            changed()
+        return Reply(head)
 
     def op_fleet_join(self, *, host: str, port: int, prefix: str, rank: int, world: int, variant: str,
                       backend: str | None = None, timeout_s: float = 300.0, payload: bytes) -> dict[str, Any]:
@@ -96,7 +89,7 @@ class FleetDeviceService(DeviceService):
         for off, n in ((train_off, train_len), (val_off, val_len)):
             if off < 0 or n < 0 or off + n > self.buffer.nbytes:
                 raise WindowError(f"range [{off}, {off + n}) is outside the buffer")
-        self._changed()
+        self._model_changed()
         try:
             res = self.ring.train_step(self.buffer.tensor, train_off=train_off, train_len=train_len,
                                        val_off=val_off, val_len=val_len, fmt=fmt, weight=float(weight),
@@ -106,15 +99,9 @@ class FleetDeviceService(DeviceService):
         except RuntimeError as exc:  # the hook's error, raised by DDP in backward (the replica is put back)
             raise DeviceError(f"fleet all-reduce failed, replica restored: {exc}".splitlines()[0][:500]) from None
         finally:
-            self._changed()
+            self._model_changed()
         self.counters["train_steps"] += len(res.losses)
-        return {**res.to_wire(), "model_digest": self._digest()}
-
-    def _digest(self) -> str:
-        digest = getattr(self, "model_digest", None)
-        if callable(digest):  # the service's own (memoised) digest
-            return str(digest())
-        return str(self._need_trainer().model_digest())
+        return {**res.to_wire(), "model_digest": self.model_digest()}
 
     def op_fleet_leave(self, *, payload: bytes) -> dict[str, Any]:
         if self.ring is not None:

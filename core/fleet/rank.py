@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from gputravel.core import events as ev
@@ -239,7 +238,7 @@ class FleetEngine(TravelEngine):
 
         crl = self.handle.anchors.crl
         pem = crl.public_bytes(Encoding.PEM) if crl is not None else b""
-        prefix = f"gputravel/devices/{self.first_run_id}/{self.group.restart}/{self.start_step}"
+        prefix = f"gputravel/devices/{self.group.restart}"  # one device group per (torchrun job, restart)
         head, _ = await asyncio.to_thread(
             self.client.call, "fleet_join", pem, host=self.group.store_host, port=self.group.store_port,
             prefix=prefix, rank=self.group.rank, world=self.group.world, variant=self.fleet.variant,
@@ -427,4 +426,5 @@ class FleetEngine(TravelEngine):
                       "allreduce_calls": self.allreduce_calls, "allreduce_s": round(self.allreduce_s, 6),
                       "train_s": round(self.train_s, 6), "tokens": self.tokens}
         out["fleet_steps"] = self.steps_log
+        out["fleet_plan"] = self.fleet_plan.to_dict()
         return out
