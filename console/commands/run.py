@@ -32,6 +32,8 @@ DATA_PATH_DEFAULT = "direct"
 DATA_PATH_HELP = ("direct: agents send sealed chunks straight to the device's data port; channel (or ssh): "
                   "chunks ride the holder link (SSH channel); conventional: plaintext over SSH, re-encrypted by "
                   "the orchestrator for the GPU's bounce buffer (the baseline without Travelling).")
+GPUS_HELP = ("Travelling GPUs: N > 1 runs a fleet, N devices each a rank of one torchrun job, gradients "
+             "all-reduced over the secure ring (docs/fleet.md).")
 DATA_HOST_DEFAULT = "127.0.0.1"
 DATA_HOST_HELP = ("Address the device's TCP data port binds to; inventory holders with data_route = \"network\" "
                   "connect to it, the default route forwards it through their SSH connection.")
@@ -119,7 +121,8 @@ def render_report(console: Console, report: dict[str, Any]) -> None:
     table = Table(title="visits", show_lines=False, pad_edge=False, box=None, header_style="bold",
                   collapse_padding=True)
     multi_part = any(v["part"] != "1/1" for v in report["visits"])
-    cols = ["#", "holder"] + (["part"] if multi_part else []) + ["ep", "key fp", "MiB", "MB/s", "train s",
+    fleet = "device" in (report["visits"] or [{}])[0]  # a fleet's visits name their GPU
+    cols = ["#"] + (["gpu", "step"] if fleet else []) + ["holder"] + (["part"] if multi_part else []) + ["ep", "key fp", "MiB", "MB/s", "train s",
                                                                  "loss", "val", "i s", "outcome"]
     for col in cols:
         table.add_column(col, no_wrap=True,
@@ -127,7 +130,8 @@ def render_report(console: Console, report: dict[str, Any]) -> None:
     for v in report["visits"]:
         loss = f"{v['loss_first']:.2f}→{v['loss_last']:.2f}" if v["loss_first"] is not None else "-"
         outcome = v["outcome"] if v["outcome"] != "failed" else f"[red]failed[/] ({v['failed_phase']})"
-        row = [str(v["visit"] + 1), v["holder"]] + ([v["part"]] if multi_part else []) + [
+        row = [str(v["visit"] + 1)] + ([str(v["gpu"]), str(v["step"])] if fleet else []) + [v["holder"]] + (
+            [v["part"]] if multi_part else []) + [
             str(v["epoch"]), (v["key_fingerprint"] or "-")[:8], f"{v['bytes'] / 2**20:.2f}",
             f"{v['provision_mb_s']:.0f}", f"{v['train_s']:.2f}", loss,
             f"{v['val_loss']:.3f}" if v["val_loss"] is not None else "-",
@@ -209,8 +213,18 @@ def register(app: typer.Typer) -> None:
         telemetry_interval: float = typer.Option(TELEMETRY_INTERVAL_S, "--telemetry-interval", min=0.1,
                                                  help="Seconds between the telemetry samples recorded."),
         as_json: bool = typer.Option(False, "--json", help="Print the final report as JSON on stdout."),
+        gpus: int = typer.Option(1, "--gpus", min=1, help=GPUS_HELP),
+        fleet_variant: str = typer.Option("secure_pipelined", "--fleet-allreduce",
+                                          help="The fleet's gradient all-reduce: secure_pipelined, secure_naive, "
+                                          "ring (plaintext) or plain."),
+        nnodes: int = typer.Option(1, "--nnodes", min=1, help="torchrun: hosts of the fleet (--gpus is the total)."),
+        rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint",
+                                                 help="torchrun: HOST:PORT of the c10d rendezvous."),
+        rdzv_id: str | None = typer.Option(None, "--rdzv-id", help="torchrun: the job's rendezvous id."),
+        max_restarts: int = typer.Option(0, "--max-restarts", min=0,
+                                         help="torchrun: elastic restarts of the fleet's ranks (they resume)."),
     ) -> None:
-        """Run collaborative training: the GPU travels holder to holder."""
+        """Run collaborative training: the GPU travels holder to holder (--gpus N: a fleet, docs/fleet.md)."""
         out = resolve_out_dir(out, resume=resume)
         settings = RunSettings(holders=holders, rounds=rounds, steps_per_visit=steps_per_visit, buffer_mib=buffer_mib,
                                data_dir=data, out_dir=out, resume=resume, chunk_kib=chunk_kib, model=model,
@@ -219,6 +233,12 @@ def register(app: typer.Typer) -> None:
                                visit_attempts=visit_attempts, fault=fault,
                                **holder_settings(holders_file=holders_file, transport=transport,
                                                  data_path=data_path, data_host=data_host))
+        if gpus > 1 or nnodes > 1:
+            from gputravel.console.commands.run_fleet import run_fleet
+
+            run_fleet(settings, gpus=gpus, variant=fleet_variant, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
+                      rdzv_id=rdzv_id, max_restarts=max_restarts, as_json=as_json)
+            return
         if resume:
             from gputravel.core.api import resume_settings
 

@@ -93,9 +93,12 @@ def launch_fleet(settings: RunSettings, fleet: FleetOptions, *, rdzv: Rendezvous
     cmd = torchrun_command(config, gpus=fleet.gpus, rdzv=rdzv, entry=entry)
     child_env = {**os.environ, **(env or {})}
     child_env.setdefault("OMP_NUM_THREADS", "1")
+    progress = None if quiet else _stderr_fd()  # the ranks' progress goes to our stderr (stdout stays the report's)
     proc = subprocess.run(cmd, env=child_env, stdin=subprocess.DEVNULL,
-                          stdout=subprocess.DEVNULL if quiet else sys.stderr, stderr=subprocess.STDOUT
-                          if not quiet else subprocess.PIPE, check=False)
+                          stdout=progress if progress is not None else subprocess.PIPE,
+                          stderr=progress if progress is not None else subprocess.PIPE, check=False)
+    if progress is None and not quiet:
+        sys.stderr.write(proc.stderr.decode(errors="replace"))
     if report_path.exists():
         report: dict[str, Any] = json.loads(report_path.read_text())
         if report.get("error"):
@@ -108,8 +111,15 @@ def launch_fleet(settings: RunSettings, fleet: FleetOptions, *, rdzv: Rendezvous
             errors.append(data["error"])
     if errors:
         raise error_from_code(errors[0]["code"], errors[0]["reason"])
-    tail = proc.stderr.decode(errors="replace")[-2000:] if quiet and proc.stderr else ""
+    tail = proc.stderr.decode(errors="replace")[-2000:] if proc.stderr else ""
     raise error_from_code("worker", f"the fleet's torchrun job exited with {proc.returncode} and no report {tail}")
+
+
+def _stderr_fd() -> int | None:
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # a captured stream (tests): collect and forward
+        return None
 
 
 async def run_rank(settings: RunSettings, fleet: FleetOptions, *, links: Iterable[HolderLink] | None = None,
