@@ -77,8 +77,8 @@ class FleetRing:
         except ValueError:
             raise ConfigError(f"unknown all-reduce variant {variant!r}") from None
         timeout = timedelta(seconds=timeout_s)
-        base = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
-        self.store = dist.PrefixStore(prefix, base)
+        base = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)  # type: ignore[attr-defined]
+        self.store = dist.PrefixStore(prefix, base)  # type: ignore[attr-defined]
         dist.init_process_group(backend, store=self.store, rank=rank, world_size=world, timeout=timeout)
         self.rank, self.world = rank, world
         self.trainer = trainer
@@ -131,7 +131,7 @@ class FleetRing:
         stats = self.state.ring.stats.setdefault(self.variant, RingStats())
         calls0, wall0 = stats.calls, stats.wall_s
         losses: list[float] = []
-        self.ddp.train()
+        trainer.model.train()
         t0 = time.perf_counter()
         try:
             for _ in range(steps):

@@ -42,7 +42,8 @@ class FleetDeviceService(DeviceService):
         if op not in FLEET_OPS:
             return super().handle(op, args, payload)
         fn = getattr(self, f"op_{op}")
-        t0 = self._busy_since = time.perf_counter()
+        t0 = time.perf_counter()
+        self._busy_since = t0
         try:
             head: dict[str, Any] = fn(payload=payload, **args)
         except TypeError as exc:

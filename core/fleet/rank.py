@@ -147,7 +147,7 @@ class FleetRecovery(Recovery):
                        "device-lost", phase=phase, holder=rec.plan.holder, epoch=rec.epoch,
                        outcome="fleet-device-lost", detail={"visit": rec.plan.index, "error": rec.error,
                                                             "last_checkpoint": e.last_good_ckpt})
-        raise FleetDeviceLostError(f"GPU {e.group.rank} ({e.audit.device}) died in {phase}: {exc.reason}")
+        raise FleetDeviceLostError(f"GPU {e.group.rank} ({e.tagged.device}) died in {phase}: {exc.reason}")
 
     async def fail_visit(self, rec: VisitRecord, exc: GpuTravelError, window_open: bool) -> None:
         if not self.engine.step_trained:
@@ -170,7 +170,8 @@ class FleetEngine(TravelEngine):
             raise ConfigError(f"--gpus {fleet.gpus} but torchrun started {group.world} ranks")
         self.fleet = fleet
         self.group = group
-        self.audit = FleetAudit(self.ledger, self.emit, gpu=group.rank)
+        self.tagged = FleetAudit(self.ledger, self.emit, gpu=group.rank)  # every row names the device
+        self.audit = self.tagged
         self.recovery = FleetRecovery(self)
         self.fleet_plan = FleetPlan(fleet.gpus, ())
         self.my_steps: list[tuple[FleetStep, VisitPlan | None]] = []
@@ -196,11 +197,12 @@ class FleetEngine(TravelEngine):
     # --- set-up --------------------------------------------------------------------------------------
     async def setup(self) -> None:
         await super().setup()
-        self.audit.device = str(self.attestation.get("device_id"))
+        self.tagged.device = str(self.attestation.get("device_id"))
         self.fleet_plan = plan_fleet(self.plans, gpus=self.fleet.gpus)
         self.my_steps = self.fleet_plan.for_gpu(self.group.rank)
         mine = {v.index for _, v in self.my_steps if v is not None}
-        self.records = [r for r in self.records if r.plan.index in mine]
+        everyone: list[VisitRecord] = self.records
+        self.records = [r for r in everyone if r.plan.index in mine]
         await self._join()
 
     async def _restore_or_initial(self) -> None:
@@ -419,8 +421,8 @@ class FleetEngine(TravelEngine):
         out = super().report(seconds=seconds)
         step_of = {v.index: s.index for s in self.fleet_plan.steps for v in s.slots if v is not None}
         for visit in out["visits"]:
-            visit.update(device=self.audit.device, gpu=self.group.rank, step=step_of.get(visit["visit"]))
-        out["gpu"] = {"rank": self.group.rank, "device_id": self.audit.device, "join": self.join_info,
+            visit.update(device=self.tagged.device, gpu=self.group.rank, step=step_of.get(visit["visit"]))
+        out["gpu"] = {"rank": self.group.rank, "device_id": self.tagged.device, "join": self.join_info,
                       "epochs": self.epoch, "ledger_head": out["ledger"].get("head"),
                       "ledger_rows": out["ledger"].get("rows"),
                       "allreduce_calls": self.allreduce_calls, "allreduce_s": round(self.allreduce_s, 6),
