@@ -17,6 +17,7 @@ from gputravel.console.fleet import Fleet
 from gputravel.core import events as ev
 from gputravel.core.errors import GpuTravelError
 from gputravel.core.fleet.run import load_config, run_rank
+from gputravel.core.recording import Recorder
 
 
 class _Lines:
@@ -43,13 +44,20 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m gputravel.console.fleet_rank")
     parser.add_argument("--config", required=True, type=Path, help="<out>/fleet.json, written by gputravel run")
     ns = parser.parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
     try:
         settings, fleet = load_config(ns.config)
         holders = Fleet(settings)
+        # each GPU's events, for `gputravel-console --replay <out>/rank-R/recording.db`
+        (Path(settings.out_dir) / f"rank-{rank}").mkdir(parents=True, exist_ok=True)
+        recorder = Recorder(Path(settings.out_dir) / f"rank-{rank}" / "recording.db",
+                            meta={"source": "gputravel run --gpus", "gpu": rank, "gpus": fleet.gpus,
+                                  "ledger": str(Path(settings.out_dir) / f"rank-{rank}" / "ledger.db")})
         try:
             links = holders.links()
-            asyncio.run(run_rank(settings, fleet, links=links, sinks=[_Lines(int(os.environ.get("RANK", "0")))]))
+            asyncio.run(run_rank(settings, fleet, links=links, sinks=[_Lines(rank), recorder]))
         finally:
+            recorder.close()
             holders.close()
     except GpuTravelError as exc:
         print(f"[gpu {os.environ.get('RANK', '?')}] {exc}", file=sys.stderr, flush=True)
