@@ -85,3 +85,25 @@ def test_study_rows_give_efficiency_and_the_sealed_over_plain_ratio() -> None:
     assert ratio == [{"gpus": 2, "variant": "secure_pipelined", "allreduce_s_over_plain": 4.0,
                       "tokens_per_s_plain_over_sealed": 1.6, "allreduce_share": 0.5,
                       "allreduce_share_plain": 0.2}]
+
+
+def test_plan_cli_predicts_a_fleet_from_travel_and_fleet_runs(tmp_path: Any) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from gputravel.console import cli
+
+    travel = tmp_path / "travel.json"
+    travel.write_text(json.dumps(synthetic_travel(RUNS)))
+    fleet = tmp_path / "fleet.json"
+    fleet.write_text(json.dumps(synthetic_fleet([(1, 4), (2, 2), (4, 1)])))
+    result = CliRunner().invoke(cli.app, ["plan", "--holder-bytes", "1G,1G,1G", "--buffer-mib", "256", "--gpus",
+                                          "2", "--from", str(travel), "--from", str(fleet), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    pred = doc["fleet"]["prediction"]
+    assert pred["gpus"] == 2 and pred["idle_slots"] > 0  # 3 holders' visits on 2 GPUs
+    assert pred["total_s"] < doc["fleet"]["one_gpu"]["total_s"]
+    missing = CliRunner().invoke(cli.app, ["plan", "--holder-bytes", "1G", "--gpus", "2", "--from", str(travel)])
+    assert missing.exit_code != 0 and "bench fleet" in missing.output

@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from functools import partial
@@ -90,15 +91,22 @@ def launch_fleet(settings: RunSettings, fleet: FleetOptions, *, rdzv: Rendezvous
     report_path = out / "report.json"
     if report_path.exists():
         report_path.unlink()
-    cmd = torchrun_command(config, gpus=fleet.gpus, rdzv=rdzv, entry=entry)
     child_env = {**os.environ, **(env or {})}
     child_env.setdefault("OMP_NUM_THREADS", "1")
     progress = None if quiet else _stderr_fd()  # the ranks' progress goes to our stderr (stdout stays the report's)
-    proc = subprocess.run(cmd, env=child_env, stdin=subprocess.DEVNULL,
-                          stdout=progress if progress is not None else subprocess.PIPE,
-                          stderr=progress if progress is not None else subprocess.PIPE, check=False)
-    if progress is None and not quiet:
-        sys.stderr.write(proc.stderr.decode(errors="replace"))
+    for attempt in (1, 2):
+        started = time.time()
+        cmd = torchrun_command(config, gpus=fleet.gpus, rdzv=rdzv, entry=entry)
+        proc = subprocess.run(cmd, env=child_env, stdin=subprocess.DEVNULL,
+                              stdout=progress if progress is not None else subprocess.PIPE,
+                              stderr=progress if progress is not None else subprocess.PIPE, check=False)
+        if progress is None and not quiet:
+            sys.stderr.write(proc.stderr.decode(errors="replace"))
+        touched = [p for p in out.glob("rank-*/ledger.db") if p.stat().st_mtime >= started - 1]
+        # The rendezvous itself failed (no rank got as far as its ledger; e.g. the free port was taken in
+        # between): once more on a fresh port, when the endpoint was ours to choose.
+        if proc.returncode == 0 or touched or rdzv.rdzv_endpoint is not None or attempt == 2:
+            break
     if report_path.exists():
         report: dict[str, Any] = json.loads(report_path.read_text())
         if report.get("error"):
@@ -111,7 +119,7 @@ def launch_fleet(settings: RunSettings, fleet: FleetOptions, *, rdzv: Rendezvous
             errors.append(data["error"])
     if errors:
         raise error_from_code(errors[0]["code"], errors[0]["reason"])
-    tail = proc.stderr.decode(errors="replace")[-2000:] if proc.stderr else ""
+    tail = proc.stderr.decode(errors="replace")[-600:] if proc.stderr else ""
     raise error_from_code("worker", f"the fleet's torchrun job exited with {proc.returncode} and no report {tail}")
 
 
