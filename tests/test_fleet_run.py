@@ -10,7 +10,7 @@ import pytest
 
 from gputravel.core.bench.data import make_holders
 from gputravel.core.config import RunSettings
-from gputravel.core.errors import ConfigError
+from gputravel.core.errors import ConfigError, FleetDeviceLostError
 from gputravel.core.fleet.rank import FleetOptions
 from gputravel.core.fleet.run import Rendezvous, launch_fleet, torchrun_command
 from gputravel.core.ledger import read_rows, verify_ledger
@@ -111,3 +111,17 @@ def test_torchrun_command_passes_rendezvous_options_through(tmp_path: Path) -> N
     with pytest.raises(ConfigError):
         FleetOptions(gpus=2, variant="gloo_tls")
     assert json.loads(json.dumps(FleetOptions(gpus=2).to_dict()))["gpus"] == 2
+
+
+@pytest.mark.slow
+def test_a_device_lost_for_good_stops_the_fleet_resumably(data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "lost"
+    with pytest.raises(FleetDeviceLostError):
+        launch_fleet(_settings(data, out, fault="kill-device@TRAIN:1"), FleetOptions(gpus=2, timeout_s=120),
+                     quiet=True)
+    stopped = json.loads((out / "report.json").read_text())
+    assert stopped["error"]["code"] == "fleet-device-lost"
+    assert stopped["ledger"]["verified"] is True  # every rank's chain, and the fleet's, still prove the run
+    resumed = launch_fleet(_settings(data, out, resume=True), FleetOptions(gpus=2, timeout_s=120), quiet=True)
+    assert resumed["fleet"]["replica_digests_equal"] is True
+    assert {v["visit"] for v in resumed["visits"] if v["outcome"] == "done"} == {0, 1, 2}
