@@ -4,6 +4,7 @@ local holders (H = 3 is not a multiple of N: one GPU idles in each round's last 
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from gputravel.core.bench.data import make_holders
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import ConfigError, FleetDeviceLostError
 from gputravel.core.fleet.rank import FleetOptions
-from gputravel.core.fleet.run import Rendezvous, launch_fleet, torchrun_command
+from gputravel.core.fleet.run import Rendezvous, launch_fleet, torchrun_command, verify_fleet
 from gputravel.core.ledger import read_rows, verify_ledger
 
 
@@ -86,6 +87,12 @@ def test_a_failing_holder_is_handled_and_the_step_still_reduces(data: Path, tmp_
     assert sorted(step0["weights"]) == [0.0, 1.0]  # reduced over the rank that trained
     assert report["fleet"]["replica_digests_equal"] is True
     assert report["ledger"]["verified"] is True
+    out = tmp_path / "f"
+    assert verify_fleet(out).ok  # `gputravel ledger verify <out>`: the fleet ledger and every rank's
+    with sqlite3.connect(out / "rank-1" / "ledger.db") as db:
+        db.execute("UPDATE events SET outcome = 'tampered' WHERE seq = 3")
+    broken = verify_fleet(out)
+    assert not broken.ok and (broken.reason or "").startswith("rank-1/ledger.db")
 
 
 @pytest.mark.slow  # tests/test_fleet_ddp.py proves the same on the device side in the default suite
