@@ -403,10 +403,22 @@ def console(
                                                                  "<out>/recording.db).")] = None,
     no_record: Annotated[bool, typer.Option("--no-record", help="Do not record the run.")] = False,
     interval: Annotated[float, typer.Option("--interval", min=0.1, help="Telemetry interval (s).")] = 1.0,
+    gpus: Annotated[int, typer.Option("--gpus", min=1, help="A fleet of N GPUs runs headless under torchrun; "
+                                                          "the console follows GPU 0 (docs/fleet.md).")] = 1,
 ) -> None:
     """The operator console: watch the GPU travel, step the protocol, audit the ledger."""
     if theme not in THEMES:
         raise typer.BadParameter(f"choose {', '.join(THEMES)}", param_hint="--theme")
+    if gpus > 1 and replay is None:
+        from gputravel.console.fleet_console import watch_fleet
+        from gputravel.core.config import RunSettings
+
+        watch_fleet(RunSettings(out_dir=resolve_out_dir(out, resume=False), holders=holders, rounds=rounds,
+                                steps_per_visit=steps_per_visit, buffer_mib=buffer_mib, chunk_kib=chunk_kib,
+                                data_dir=data, **holder_settings(holders_file=holders_file, transport=transport,
+                                                                 data_path=data_path, data_host=data_host)),
+                    gpus=gpus, make_app=make_app, theme=theme)
+        return
     fleets: list[Any] = []  # the holder fleet (e.g. the embedded SSH server) of the run built last
 
     def close_fleets() -> None:

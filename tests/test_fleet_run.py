@@ -132,3 +132,25 @@ def test_a_device_lost_for_good_stops_the_fleet_resumably(data: Path, tmp_path: 
     resumed = launch_fleet(_settings(data, out, resume=True), FleetOptions(gpus=2, timeout_s=120), quiet=True)
     assert resumed["fleet"]["replica_digests_equal"] is True
     assert {v["visit"] for v in resumed["visits"] if v["outcome"] == "done"} == {0, 1, 2}
+
+
+@pytest.mark.slow
+def test_console_gpus_follows_gpu_0_while_the_fleet_runs(data: Path, tmp_path: Path) -> None:
+    from gputravel.console.fleet_console import watch_fleet
+    from gputravel.core.recording import load_recording
+
+    seen: list[dict[str, object]] = []
+
+    class _App:
+        def __init__(self, **kw: object) -> None:
+            seen.append(kw)
+
+        def run(self) -> None:
+            recording = load_recording(Path(str(seen[-1]["replay"])))
+            seen.append({"gpu": recording.meta.get("gpu")})
+
+    settings = _settings(data, tmp_path / "c")
+    watch_fleet(settings, gpus=2, make_app=_App, theme="dark")
+    assert seen[0]["follow"] is True and seen[0]["readonly"] is True
+    assert str(seen[0]["replay"]).endswith("rank-0/recording.db") and seen[1] == {"gpu": 0}
+    assert json.loads((tmp_path / "c" / "report.json").read_text())["fleet"]["replica_digests_equal"] is True

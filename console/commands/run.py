@@ -233,7 +233,7 @@ def register(app: typer.Typer) -> None:
                                visit_attempts=visit_attempts, fault=fault,
                                **holder_settings(holders_file=holders_file, transport=transport,
                                                  data_path=data_path, data_host=data_host))
-        if gpus > 1 or nnodes > 1:
+        if gpus > 1 or nnodes > 1 or (resume and (out / "fleet.json").exists()):
             from gputravel.console.commands.run_fleet import run_fleet
 
             run_fleet(settings, gpus=gpus, variant=fleet_variant, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,

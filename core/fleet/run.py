@@ -85,10 +85,11 @@ def launch_fleet(settings: RunSettings, fleet: FleetOptions, *, rdzv: Rendezvous
     config = out / "fleet.json"
     if not settings.resume or not config.exists():
         config.write_text(json.dumps({"settings": settings.to_dict(), "fleet": fleet.to_dict()}, indent=2) + "\n")
-    elif settings.resume:  # --resume continues the fleet as it was configured
+    else:  # --resume continues the fleet as it was configured (its settings, its GPU count)
         saved = json.loads(config.read_text())
         saved["settings"].update(resume=True, fault=settings.fault)
         config.write_text(json.dumps(saved, indent=2) + "\n")
+        fleet = FleetOptions.from_dict(saved["fleet"])
     report_path = out / "report.json"
     if report_path.exists():
         report_path.unlink()
