@@ -37,6 +37,8 @@ def run_fleet(settings: RunSettings, *, gpus: int, variant: str, nnodes: int, rd
     report = launch_fleet(settings, fleet, rdzv=rdzv)
     if as_json:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    elif report.get("merged_elsewhere"):
+        console.print(f"this host's ranks finished; {report['note']}")
     else:
         render_report(console, report)
         render_fleet(console, report)

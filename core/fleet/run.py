@@ -114,13 +114,17 @@ def launch_fleet(settings: RunSettings, fleet: FleetOptions, *, rdzv: Rendezvous
         if report.get("error"):
             raise error_from_code(report["error"]["code"], report["error"]["reason"])
         return report
-    errors = []
+    errors, local = [], []
     for path in sorted(out.glob("rank-*/report.json")):
         data = json.loads(path.read_text())
+        local.append(data)
         if data.get("error"):
             errors.append(data["error"])
     if errors:
         raise error_from_code(errors[0]["code"], errors[0]["reason"])
+    if proc.returncode == 0 and local:  # a host without rank 0: its ranks' own reports
+        return {"merged_elsewhere": True, "note": "rank 0 runs on another host and writes the fleet's report",
+                "ranks": [r.get("gpu") for r in local], "failed_visits": sum(r.get("failed_visits", 0) for r in local)}
     tail = proc.stderr.decode(errors="replace")[-600:] if proc.stderr else ""
     raise error_from_code("worker", f"the fleet's torchrun job exited with {proc.returncode} and no report {tail}")
 
