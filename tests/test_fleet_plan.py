@@ -79,7 +79,7 @@ def test_study_rows_give_efficiency_and_the_sealed_over_plain_ratio() -> None:
             row_from_report(_report(2, 1000, 0.5, 0.1), gpus=2, variant="plain")]
     assert rows[1]["allreduce_share"] == pytest.approx(0.5)
     _efficiency(rows)
-    assert rows[1]["efficiency"] == pytest.approx(1250 / 2000)
+    assert rows[1]["efficiency"] == pytest.approx(1250 / 2000)  # against the fastest one-GPU row
     assert rows[3]["efficiency"] == pytest.approx(1.0)
     ratio = _sealed_vs_plain(rows)
     assert ratio == [{"gpus": 2, "variant": "secure_pipelined", "allreduce_s_over_plain": 4.0,
@@ -107,3 +107,21 @@ def test_plan_cli_predicts_a_fleet_from_travel_and_fleet_runs(tmp_path: Any) -> 
     assert pred["total_s"] < doc["fleet"]["one_gpu"]["total_s"]
     missing = CliRunner().invoke(cli.app, ["plan", "--holder-bytes", "1G", "--gpus", "2", "--from", str(travel)])
     assert missing.exit_code != 0 and "bench fleet" in missing.output
+
+
+def test_study_keeps_the_median_of_its_repeats(tmp_path: Any) -> None:
+    from gputravel.core.bench.fleet import study
+
+    speeds = iter([1000.0, 3000.0, 2000.0] * 4)
+    calls: list[tuple[int, str]] = []
+
+    def launch(settings: Any, fleet: Any) -> dict[str, Any]:
+        calls.append((fleet.gpus, fleet.variant))
+        return _report(fleet.gpus, int(next(speeds)), 1.0, 0.1 if fleet.gpus > 1 else 0.0)
+
+    result = study([1, 2], workdir=tmp_path, variants=("secure_pipelined",), holders=2, holder_kib=16,
+                   repeats=3, launch=launch)
+    assert len(calls) == 6 and result["benchmark"] == "fleet"
+    rows = {r["gpus"]: r for r in result["rows"]}
+    assert rows[1]["repeats"] == 3 and rows[1]["tokens_per_s"] == 2000.0  # the median of 1000, 2000, 3000
+    assert planner.fleet_samples_from_report(result)  # the planner reads the study's own output

@@ -56,6 +56,7 @@ def register(bench_app: typer.Typer) -> None:
         batch_size: int = typer.Option(8, "--batch-size", min=1),
         seq_len: int = typer.Option(64, "--seq-len", min=8),
         model: str = typer.Option("tiny", "--model"),
+        repeats: int = typer.Option(1, "--repeats", min=1, help="Runs per (GPUs, all-reduce); the median is kept."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
     ) -> None:
         """A fleet of N GPUs: tokens/s, scaling efficiency, the sealed vs plain all-reduce's share of time."""
@@ -68,7 +69,8 @@ def register(bench_app: typer.Typer) -> None:
             try:
                 result = fleet.study(counts, workdir=Path(tmp), variants=names, holders=holders,
                                      holder_kib=holder_kib, steps_per_visit=steps_per_visit, batch_size=batch_size,
-                                     seq_len=seq_len, model=model, on_progress=progress)
+                                     seq_len=seq_len, model=model, repeats=repeats,
+                                     on_progress=progress)
             except ConfigError as exc:
                 raise typer.BadParameter(exc.reason) from None
         if as_json:
