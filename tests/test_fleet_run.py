@@ -154,3 +154,16 @@ def test_console_gpus_follows_gpu_0_while_the_fleet_runs(data: Path, tmp_path: P
     assert seen[0]["follow"] is True and seen[0]["readonly"] is True
     assert str(seen[0]["replay"]).endswith("rank-0/recording.db") and seen[1] == {"gpu": 0}
     assert json.loads((tmp_path / "c" / "report.json").read_text())["fleet"]["replica_digests_equal"] is True
+
+
+def test_a_tampered_ring_hop_fails_the_step_on_every_rank_and_replicas_stay_equal(data: Path,
+                                                                                 tmp_path: Path) -> None:
+    report = launch_fleet(_settings(data, tmp_path / "t"), FleetOptions(gpus=2, timeout_s=120, ring_fault="flip@0"),
+                          quiet=True)
+    visits = report["visits"]
+    assert all(v["outcome"] == "failed" and v["failed_phase"] == "TRAIN" for v in visits)
+    assert {(v["error"] or "").split(":")[0] for v in visits} <= {"TagError", "CollectiveAbortedError"}
+    assert any((v["error"] or "").startswith("TagError") for v in visits)  # the receiver of the flipped hop
+    assert report["fleet"]["replica_digests_equal"] is True  # every replica was put back, together
+    assert len({s["digest"] for s in report["fleet"]["step_log"]}) == 1  # and never moved
+    assert report["ledger"]["verified"] is True

@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gputravel.core.attestation import DeviceIdentity, Policy
 from gputravel.core.collectives.hook import SecureRingState, secure_ring_hook
-from gputravel.core.collectives.ring import RingStats, Variant
+from gputravel.core.collectives.ring import RingFault, RingStats, Variant
 from gputravel.core.errors import CollectiveError, ConfigError, DataError
 from gputravel.core.training.tokens import TokenFormat, bytes_per_token, gather_tokens
 
@@ -67,7 +67,7 @@ class FleetRing:
                  identity: DeviceIdentity, root: x509.Certificate,
                  crl: x509.CertificateRevocationList | None = None, policy: Policy | None = None,
                  variant: Variant | str = Variant.SECURE_PIPELINED, backend: str = "gloo",
-                 timeout_s: float = 300.0) -> None:
+                 timeout_s: float = 300.0, fault: RingFault | None = None) -> None:
         if dist.is_initialized():
             raise CollectiveError("this device is already in a device group")
         if not 0 <= rank < world:
@@ -84,7 +84,7 @@ class FleetRing:
         self.trainer = trainer
         try:
             self.state = SecureRingState(variant=self.variant, identity=identity, root=root, crl=crl, policy=policy,
-                                         store=self.store, timeout=timeout)
+                                         store=self.store, timeout=timeout, fault=fault)
             # no initial broadcast (it would carry parameters in plaintext): replicas start equal by seed
             self.ddp = DistributedDataParallel(trainer.model, init_sync=False, broadcast_buffers=False)
             self.ddp.register_comm_hook(self.state, secure_ring_hook)

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from pathlib import Path
@@ -17,9 +18,17 @@ from typing import Any
 from cryptography import x509
 
 from gputravel.core.attestation import CCMode, DeviceIdentity, provision_emulated
+from gputravel.core.collectives.ring import RingFault
 from gputravel.core.device.server import DeviceServer
 from gputravel.core.device.service import DeviceService, Reply
-from gputravel.core.errors import ConfigError, DeviceError, GpuTravelError, WindowError
+from gputravel.core.errors import (
+    CollectiveAbortedError,
+    ConfigError,
+    DeviceError,
+    GpuTravelError,
+    TagError,
+    WindowError,
+)
 from gputravel.core.fleet.ddp import FleetRing
 
 __all__ = ["FLEET_OPS", "FleetDeviceService", "main"]
@@ -54,11 +63,22 @@ class FleetDeviceService(DeviceService):
         return Reply(head)
 
     def op_fleet_join(self, *, host: str, port: int, prefix: str, rank: int, world: int, variant: str,
-                      backend: str | None = None, timeout_s: float = 300.0, payload: bytes) -> dict[str, Any]:
+                      backend: str | None = None, timeout_s: float = 300.0, fault: str | None = None,
+                      payload: bytes) -> dict[str, Any]:
         """Join the device group on the job's c10d store; ``payload``: the vendor's CRL (PEM) or empty.
-        The ring's neighbours are verified against the vendor root this device was provisioned with."""
+        The ring's neighbours are verified against the vendor root this device was provisioned with.
+        ``fault`` (fault injection, only where enabled): ``flip@R`` / ``replay@R``, device R tampers with
+        the first hop it sends in every all-reduce (``replay``: from the second on)."""
         if self.ring is not None:
             raise DeviceError("this device is already in a fleet")
+        ring_fault = None
+        if fault:
+            if not self.allow_fault_injection:
+                raise DeviceError("fault injection is disabled on this device")
+            kind, _, who = fault.partition("@")
+            if not who.isdigit():
+                raise ConfigError(f"ring fault {fault!r} is flip@RANK or replay@RANK")
+            ring_fault = RingFault(kind, rank=int(who))
         crl = None
         if payload:
             try:
@@ -70,7 +90,7 @@ class FleetDeviceService(DeviceService):
             self.ring = FleetRing(trainer=self._need_trainer(), host=host, port=int(port), prefix=prefix,
                                   rank=int(rank), world=int(world), identity=self.identity,
                                   root=self.identity.chain[-1], crl=crl, variant=variant, backend=backend,
-                                  timeout_s=float(timeout_s))
+                                  timeout_s=float(timeout_s), fault=ring_fault)
         except GpuTravelError:
             raise
         except (RuntimeError, ValueError, OSError) as exc:
@@ -98,7 +118,7 @@ class FleetDeviceService(DeviceService):
         except GpuTravelError:
             raise
         except RuntimeError as exc:  # the hook's error, raised by DDP in backward (the replica is put back)
-            raise DeviceError(f"fleet all-reduce failed, replica restored: {exc}".splitlines()[0][:500]) from None
+            raise _ring_error(str(exc)) from None
         finally:
             self._model_changed()
         self.counters["train_steps"] += len(res.losses)
@@ -109,6 +129,15 @@ class FleetDeviceService(DeviceService):
             self.ring.close()
             self.ring = None
         return {"left": True}
+
+
+def _ring_error(text: str) -> GpuTravelError:
+    """The ring's typed error back from DDP's RuntimeError (a rejected hop, or the abort it caused elsewhere)."""
+    for cls in (TagError, CollectiveAbortedError):
+        found = re.search(rf"{cls.__name__}: (.*?)(?: to Tensor)?$", text.splitlines()[0] if text else "")
+        if found:
+            return cls(f"{found.group(1)} (replica restored)")
+    return DeviceError(f"fleet all-reduce failed, replica restored: {text}".splitlines()[0][:500])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -27,6 +27,7 @@ from gputravel.core.errors import (
     DeviceError,
     FleetDeviceLostError,
     GpuTravelError,
+    ProtocolError,
 )
 from gputravel.core.fleet.ddp import sample_seed
 from gputravel.core.fleet.schedule import FleetPlan, FleetStep, plan_fleet
@@ -55,6 +56,8 @@ class FleetOptions:
     backend: str | None = None
     #: seconds a rank waits for the others (agreements, the ring) before the job fails
     timeout_s: float = 900.0
+    #: fault injection (tests, demos; needs allow_fault_injection): ``flip@R``/``replay@R`` on the ring's hops
+    ring_fault: str | None = None
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
@@ -244,7 +247,7 @@ class FleetEngine(TravelEngine):
         head, _ = await asyncio.to_thread(
             self.client.call, "fleet_join", pem, host=self.group.store_host, port=self.group.store_port,
             prefix=prefix, rank=self.group.rank, world=self.group.world, variant=self.fleet.variant,
-            backend=self.fleet.backend, timeout_s=self.fleet.timeout_s)
+            backend=self.fleet.backend, timeout_s=self.fleet.timeout_s, fault=self.fleet.ring_fault)
         self.join_info = dict(head)
         self.audit.row("fleet-joined", outcome="ok", detail={
             "rank": head["rank"], "world": head["world"], "backend": head["backend"], "variant": head["variant"],
@@ -302,9 +305,10 @@ class FleetEngine(TravelEngine):
             agreed = await self._agree(weight=0.0, lost=lost is not None)
             if lost is None and not self._lost(agreed) and sum(a["weight"] for a in agreed) > 0:
                 await self._zero_weight_train(step, agreed)
-            if lost is None and not self._lost(agreed):
-                await self.checkpoint(step.index + 1, note=f"fleet step {step.index}")
-                release_free_memory()
+        gone = lost is not None or bool(self._lost(self._agreed or []))
+        if not gone and self.last_good_ckpt != step.index + 1:  # every rank holds the replica after every step
+            await self.checkpoint(step.index + 1, note=f"fleet step {step.index}")
+            release_free_memory()
         await self._compare_replicas(step.index, lost=lost)
 
     def _lost(self, agreed: list[dict[str, Any]]) -> list[int]:
@@ -359,7 +363,7 @@ class FleetEngine(TravelEngine):
         fmt = next(iter(self.infos.values())).fmt
         try:
             head = await self._fleet_train(weight=0.0, agreed=agreed, train=(0, 0), val=(0, 0), fmt=fmt)
-        except DeviceError as exc:  # the ring aborted for every rank; each replica was put back
+        except (DeviceError, ProtocolError) as exc:  # the ring aborted on every rank; each replica was put back
             self.audit.row("fleet-train-failed", outcome=exc.code, detail={"fleet_step": step.index,
                                                                           "error": str(exc)})
             return
