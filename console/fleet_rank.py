@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -44,6 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m gputravel.console.fleet_rank")
     parser.add_argument("--config", required=True, type=Path, help="<out>/fleet.json, written by gputravel run")
     ns = parser.parse_args(argv)
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID`: where a hung rank is, on its stderr
     rank = int(os.environ.get("RANK", "0"))
     try:
         settings, fleet = load_config(ns.config)

@@ -91,14 +91,21 @@ class WorkerGroup:
         for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             if name not in os.environ:
                 raise ConfigError(f"a fleet rank runs under torchrun ({name} is not set)")
-        if not dist.is_initialized():
-            dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
-        self.rank = dist.get_rank()
-        self.world = dist.get_world_size()
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         self.store_host = os.environ["MASTER_ADDR"]
         self.store_port = int(os.environ["MASTER_PORT"])
+        if not dist.is_initialized():
+            # torchrun's store outlives an elastic restart: a prefix per restart, so no rank of the new attempt
+            # reads an address the old attempt published (measured: connection refused to a dead rank's port)
+            timeout = timedelta(seconds=timeout_s)
+            base = dist.TCPStore(self.store_host, self.store_port, is_master=False,  # type: ignore[attr-defined]
+                                 timeout=timeout)
+            store = dist.PrefixStore(f"gputravel/workers/{self.restart}", base)  # type: ignore[attr-defined]
+            dist.init_process_group("gloo", store=store, rank=int(os.environ["RANK"]),
+                                    world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
 
     def gather(self, value: Any) -> list[Any]:
         """Every rank's ``value``, by rank (blocking: call it off the event loop)."""

@@ -154,7 +154,9 @@ async def run_rank(settings: RunSettings, fleet: FleetOptions, *, links: Iterabl
     device = settings.device
     if device is None and torch.cuda.is_available():
         device = f"cuda:{group.local_rank}"  # one GPU per rank
-    rsettings = replace(settings, out_dir=rank_dir, device=device, resume=resume)
+    # a fault plan is for the job's first attempt: an elastic restart resumes without it
+    rsettings = replace(settings, out_dir=rank_dir, device=device, resume=resume,
+                        fault=settings.fault if group.restart == 0 else None)
     platform = partial(FleetPlatform, vendor_dir=out / "vendor", device_id=f"emu-gpu-{group.rank}")
     error: GpuTravelError | None = None
     report: dict[str, Any] | None = None
