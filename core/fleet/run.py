@@ -99,9 +99,7 @@ def launch_fleet(settings: RunSettings, fleet: FleetOptions, *, rdzv: Rendezvous
     for attempt in (1, 2):
         started = time.time()
         cmd = torchrun_command(config, gpus=fleet.gpus, rdzv=rdzv, entry=entry)
-        proc = subprocess.run(cmd, env=child_env, stdin=subprocess.DEVNULL,
-                              stdout=progress if progress is not None else subprocess.PIPE,
-                              stderr=progress if progress is not None else subprocess.PIPE, check=False)
+        proc = _run_torchrun(cmd, env=child_env, progress=progress)
         if progress is None and not quiet:
             sys.stderr.write(proc.stderr.decode(errors="replace"))
         touched = [p for p in out.glob("rank-*/ledger.db") if p.stat().st_mtime >= started - 1]
@@ -127,6 +125,24 @@ def launch_fleet(settings: RunSettings, fleet: FleetOptions, *, rdzv: Rendezvous
                 "ranks": [r.get("gpu") for r in local], "failed_visits": sum(r.get("failed_visits", 0) for r in local)}
     tail = proc.stderr.decode(errors="replace")[-600:] if proc.stderr else ""
     raise error_from_code("worker", f"the fleet's torchrun job exited with {proc.returncode} and no report {tail}")
+
+
+def _run_torchrun(cmd: list[str], *, env: dict[str, str], progress: int | None) -> subprocess.CompletedProcess[bytes]:
+    """Run torchrun to the end; interrupted (Ctrl-C, a caller's timeout), it gets SIGTERM first, so its agent
+    stops the ranks (and they their devices and agents) instead of leaving them orphaned."""
+    with subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
+                          stdout=progress if progress is not None else subprocess.PIPE,
+                          stderr=progress if progress is not None else subprocess.PIPE) as proc:
+        try:
+            out, err = proc.communicate()
+        except BaseException:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def _stderr_fd() -> int | None:
@@ -232,7 +248,8 @@ def merge_reports(reports: list[dict[str, Any]], *, out: Path, fleet: FleetOptio
                      "loss_first": trained[0]["loss_first"] if trained else None,
                      "loss_last": trained[-1]["loss_last"] if trained else None,
                      "tokens_per_s": fleet_obj["tokens_per_s"],
-                     "model_digest": steps_log[-1]["digest"] if steps_log else r0["training"]["model_digest"]},
+                     "model_digest": steps_log[-1]["digest"] if steps_log else r0["training"]["model_digest"],
+                     "loss_curve_by_gpu": [r["training"]["loss_curve"] for r in reports]},
         "provisioning": {**r0["provisioning"], "bytes": prov_bytes, "seconds": round(prov_s, 6),
                          "mb_s": round(prov_bytes / prov_s / 1e6, 2) if prov_s else None},
         "fleet": fleet_obj,
