@@ -11,18 +11,27 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
+from gputravel.console.options import quiet_flag_types, version_callback
 from gputravel.core.errors import GpuTravelError
 
-COMMAND_MODULES = ("run", "attest", "ledger", "data", "bench", "telemetry", "agents", "replay", "plan")
+COMMAND_MODULES = ("run", "attest", "ledger", "data", "bench", "telemetry", "agents", "replay", "plan", "runs")
 
+quiet_flag_types()
 app = typer.Typer(
     name="gputravel",
     help="Confidential collaborative training with a travelling confidential GPU.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, PowerShell)
     pretty_exceptions_enable=False,
 )
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=version_callback, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """Confidential collaborative training with a travelling confidential GPU."""
 
 for _name in COMMAND_MODULES:
     try:
@@ -40,7 +49,7 @@ def main() -> None:
         code = app(standalone_mode=False)
         sys.exit(code if isinstance(code, int) else 0)
     except GpuTravelError as exc:
-        Console(stderr=True).print(f"[bold red]error[/]: {exc}")
+        Console(stderr=True).print(f"[bold red]error[/]: {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)

@@ -305,3 +305,20 @@ async def test_agents_stop_ends_the_running_agent_of_each_holder(
         assert agent_pids(names[0]) == [], "stop left the agent running"
     finally:
         await link.close()
+
+
+def test_allreduce_table_keeps_variant_names_and_figures_whole_at_100_columns() -> None:
+    from rich.console import Console
+
+    from gputravel.console.commands.bench_allreduce import render
+
+    breakdown = {"crypto_s": 0.001, "wire_s": 0.002, "reduce_s": 0.003, "wait_s": 0.004}
+    rows = [{"world_size": 2, "size_mib": 4, "variant": v, "gather": g, "median_s": 0.01234, "min_s": 0.00987,
+             "ratio_vs_plain": 1.5, "gb_per_s": 1.25, "breakdown_s": breakdown}
+            for v, g in (("plain", None), ("secure_naive", "sealed"), ("secure_pipelined", "reseal"))]
+    console = Console(width=100, record=True, color_system=None)
+    render(console, {"rows": rows, "machine": {"cores": 2, "cpu": "test", "device": "cpu", "backend": "gloo",
+                                          "torch": "2", "gloo_tls": False}})
+    text = console.export_text()
+    assert "secure_pipelined" in text and "secure_naive" in text and "…" not in text
+    assert "12.34" in text and "9.87" in text

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gputravel.core.bench.data import make_dataset
 from gputravel.core.bench.load import FleetFactory, HolderFleet
 from gputravel.core.device.client import DeviceClient
 from gputravel.core.errors import DataError
@@ -25,7 +26,7 @@ from gputravel.core.platform.emulated import EmulatedPlatform
 from gputravel.core.travel import handoff as ho
 from gputravel.core.travel.holders import HolderLink, LocalHolderLink
 
-__all__ = ["ABLATION", "PATHS", "ablation_study", "make_dataset", "measure_path", "memcpy_rate", "paths_study"]
+__all__ = ["ABLATION", "PATHS", "ablation_study", "measure_path", "memcpy_rate", "paths_study"]
 
 PATHS = ("direct", "direct-tcp", "ssh", "local", "conventional")
 
@@ -54,17 +55,6 @@ def memcpy_rate(size: int, *, seconds: float = 0.3) -> float:
     return n * len(src) / (time.perf_counter() - t0)
 
 
-def make_dataset(folder: Path, nbytes: int) -> None:
-    """A holder folder whose single .txt file holds ``nbytes`` of printable pseudo-random text."""
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / "data.txt", "wb") as f:
-        left = nbytes
-        while left:
-            block = os.urandom(min(left, 1 << 22) // 2 + 1).hex().encode()[: min(left, 1 << 22)]
-            f.write(block)
-            left -= len(block)
-
-
 def _route(path: str) -> tuple[str, str]:
     """A bench path as the engine's (data path, transport) pair, for ``handoff.data_endpoint``."""
     if path == "direct":
@@ -76,16 +66,18 @@ def _route(path: str) -> tuple[str, str]:
 
 async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdir: Path, fleet: FleetFactory,
                        on_handoff: Callable[[], None] | None = None, parallel_auth: bool | None = None,
-                       overlap: bool | None = None, probe: dict[str, float] | None = None) -> list[float]:
+                       overlap: bool | None = None, probe: dict[str, Any] | None = None,
+                       cipher_engine: str = "auto") -> list[float]:
     """Seconds per hand-off of ``size`` bytes on ``path`` (direct | direct-tcp | ssh | local | conventional).
 
     With ``probe``, also the AES-GCM rate measured inside the device process after the hand-offs
     (``probe["device_aes_b_s"]``): it falls if anything in that process holds the GIL (issue 5's check
-    that the data path's process has no busy Python threads)."""
+    that the data path's process has no busy Python threads), and which engine opened the chunks
+    (``probe["cipher_engine"]``: "cpu (cryptography)", "gpu (cuda)", "gpu (simulator)")."""
     data = workdir / "holder" / "bench"
     if not data.exists():
         make_dataset(data, int(size / 0.9) + 64)  # the agent holds out 10% for validation
-    handle = EmulatedPlatform(workdir / "platform").start(buffer_bytes=size)
+    handle = EmulatedPlatform(workdir / "platform", cipher_engine=cipher_engine).start(buffer_bytes=size)
     client = DeviceClient(handle.socket_path, anchors=handle.anchors)
     server: HolderFleet | None = None
     times: list[float] = []
@@ -93,6 +85,9 @@ async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdi
     try:
         await asyncio.to_thread(client.connect)
         await asyncio.to_thread(client.set_data_path, parallel_auth=parallel_auth, overlap=overlap)
+        engine = (await asyncio.to_thread(client.info)).cipher_engine
+        if probe is not None:
+            probe["cipher_engine"] = engine
         link: HolderLink
         if path == "local":
             link = LocalHolderLink("bench", data)
@@ -124,23 +119,26 @@ async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdi
 
 
 def paths_study(paths: list[str], *, size_mib: int, chunk_kib: int, repeats: int, workdir: Path,
-                fleet: FleetFactory, progress: ProgressFactory | None = None) -> dict[str, Any]:
-    """MB/s per data path, next to the single-core AES-GCM rate (standalone and inside the device)."""
+                fleet: FleetFactory, progress: ProgressFactory | None = None,
+                cipher_engine: str = "auto") -> dict[str, Any]:
+    """MB/s per data path, next to the single-core AES-GCM rate (standalone and inside the device);
+    ``cipher_engine`` (auto, cpu, gpu) is who opens the chunks on the device, named in every row."""
     size, chunk = size_mib << 20, chunk_kib << 10
     aes = aes_gcm_rate(chunk)
     in_device: list[float] = []
     rows: list[dict[str, Any]] = []
     for p in paths:
         tick = progress(f"{p}: {repeats} × {size_mib} MiB", repeats) if progress else None
-        probe: dict[str, float] = {}
+        probe: dict[str, Any] = {}
         times = asyncio.run(measure_path(p, size=size, chunk=chunk, repeats=repeats, workdir=workdir, fleet=fleet,
-                                         on_handoff=tick, probe=probe))
+                                         on_handoff=tick, probe=probe, cipher_engine=cipher_engine))
         in_device.append(probe["device_aes_b_s"])
         med = statistics.median(times)
         rows.append({"path": p, "size_mib": size_mib, "chunk_kib": chunk_kib, "repeats": repeats,
                      "median_s": round(med, 6), "min_s": round(min(times), 6),
                      "mb_s": round(size / med / 1e6, 1), "best_mb_s": round(size / min(times) / 1e6, 1),
-                     "fraction_of_aes_core": round(size / med / aes, 3)})
+                     "fraction_of_aes_core": round(size / med / aes, 3),
+                     "cipher_engine": probe.get("cipher_engine")})
     by = {r["path"]: r for r in rows}
     device_aes = statistics.median(in_device)
     result: dict[str, Any] = {
@@ -164,12 +162,14 @@ def ablation_study(*, size_mib: int, chunk_kib: int, repeats: int, workdir: Path
     copy = memcpy_rate(size)
     for label, p, par, ovl in ABLATION:
         tick = progress(label, repeats) if progress else None
+        seen: dict[str, Any] = {}
         times = asyncio.run(measure_path(p, size=size, chunk=chunk, repeats=repeats, workdir=workdir, fleet=fleet,
-                                         on_handoff=tick, parallel_auth=par, overlap=ovl))
+                                         on_handoff=tick, parallel_auth=par, overlap=ovl, probe=seen))
         med = statistics.median(times)
         rows.append({"config": label, "path": p, "parallel_auth": par, "overlap": ovl,
                      "median_s": round(med, 6), "min_s": round(min(times), 6),
-                     "gb_s": round(size / med / 1e9, 3), "fraction_of_aes_core": round(size / med / aes, 3)})
+                     "gb_s": round(size / med / 1e9, 3), "fraction_of_aes_core": round(size / med / aes, 3),
+                     "cipher_engine": seen.get("cipher_engine")})
     base = next(r for r in rows if r["path"] == "conventional")
     for r in rows:
         r["speedup_vs_conventional"] = round(base["median_s"] / r["median_s"], 2)

@@ -299,6 +299,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--allow-fault-injection", action="store_true")
     parser.add_argument("--data-host", default="127.0.0.1", help="address of the TCP data port ('' for none)")
     parser.add_argument("--data-port", type=int, default=0)
+    parser.add_argument("--cipher-engine", default="auto", choices=["auto", "cpu", "gpu"],
+                        help="who opens provisioning chunks: cryptography on the CPU, or the GPU cipher")
     ns = parser.parse_args(argv)
     if ns.threads:
         import torch
@@ -306,7 +308,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(ns.threads)
     try:
         service = load_service(ns.state_dir, buffer_bytes=ns.buffer_bytes, device=ns.device, cc_mode=ns.cc_mode,
-                               allow_fault_injection=ns.allow_fault_injection)
+                               allow_fault_injection=ns.allow_fault_injection, cipher_engine=ns.cipher_engine)
     except GpuTravelError as exc:
         print(f"ERROR {exc}", flush=True)
         sys.exit(exc.exit_code)

@@ -45,12 +45,14 @@ from gputravel.core.device.messages import (
     WindowClosed,
     WindowStatus,
 )
+from gputravel.core.device.openers import choose_opener
 from gputravel.core.errors import DeviceError, ProtocolError
 from gputravel.core.handshake import SessionSecrets, respond
 from gputravel.core.machine import aes_gcm_rate
 from gputravel.core.protocol import (
     TAG_LEN,
     Direction,
+    DirectionKey,
     FrameError,
     FrameType,
     RecvState,
@@ -94,6 +96,7 @@ class ProvisionWindow:
     bytes_in: int = 0
     contig: int = 0
     tags: set[bytes] = field(default_factory=set)  # GCM tags of the accepted chunks (public, not key material)
+    key: DirectionKey | None = None  # for a chunk opener that needs the raw key (the GPU cipher)
 
     @property
     def n_chunks(self) -> int:
@@ -110,7 +113,8 @@ class DeviceService:
     """One emulated confidential GPU."""
 
     def __init__(self, *, identity: DeviceIdentity, buffer_bytes: int, device: str | None = None,
-                 cc_mode: CCMode = CCMode.ON, allow_fault_injection: bool = False) -> None:
+                 cc_mode: CCMode = CCMode.ON, allow_fault_injection: bool = False,
+                 cipher_engine: str = "auto") -> None:
         if buffer_bytes <= 0:
             raise DeviceError("buffer size must be positive")
         self.identity = identity
@@ -120,6 +124,8 @@ class DeviceService:
         self.code = Region("code", 0, self.device)
         self.buffer = Region("buffer", buffer_bytes, self.device)
         self._host_view = self.buffer.tensor.numpy() if self.device.type == "cpu" else None
+        #: who opens provisioning chunks: cryptography on a host core, or the GPU cipher (core/device/openers.py)
+        self.opener = choose_opener(cipher_engine, self.buffer.tensor)
         self.trainer: Any = None
         self.secrets: SessionSecrets | None = None
         self.epoch = 0
@@ -224,7 +230,8 @@ class DeviceService:
     def op_info(self, *, payload: bytes) -> Reply:
         return Reply(DeviceInfo(device=str(self.device), device_name=self._device_name(),
                                 buffer_bytes=self.buffer.nbytes, cc_mode=str(self.cc_mode), platform="emulated",
-                                device_id=self.identity.device_id, torch=torch.__version__).to_wire())
+                                device_id=self.identity.device_id, torch=torch.__version__,
+                                cipher_engine=self.opener.label, cipher_reason=self.opener.reason).to_wire())
 
     def _device_name(self) -> str:
         if self.device.type == "cuda":
@@ -290,7 +297,7 @@ class DeviceService:
             if self.window is not None:
                 self._bury(self.window)
             self.window = ProvisionWindow(epoch, offset, length, chunk_size, key.fingerprint,
-                                          RecvState(key, session_id=s.session_id, window=4096))
+                                          RecvState(key, session_id=s.session_id, window=4096), key=key)
             self.epoch = epoch
             self._model_changed()  # a key is out: the measurement after its return hashes afresh
         self.counters["handoffs"] += 1
@@ -313,6 +320,8 @@ class DeviceService:
     def _bury(self, w: ProvisionWindow) -> None:
         """A window's key is dead; the tags of its chunks are kept a while to recognise replays."""
         self.dead_epochs.add(w.epoch)
+        self.opener.forget(w.fingerprint)
+        w.key = None
         self.dead_tags[w.epoch] = w.tags
         while len(self.dead_tags) > DEAD_TAG_EPOCHS:
             self.dead_tags.pop(next(iter(self.dead_tags)))
@@ -474,9 +483,12 @@ class DeviceService:
                 raise ReplayError(f"sequence {seq} is already being authenticated")
             w.recv.precheck(seq=seq, epoch=epoch)
             w.inflight.add(seq)  # reserved: a duplicate cannot race this one into the same bytes
+            key = w.key  # taken with the window live (burying it drops the key)
         try:
             # The AEAD step runs outside the lock (it releases the GIL): chunks authenticate in parallel.
-            if self._host_view is not None:
+            if self.opener.kind == "gpu" and key is not None:  # ciphertext to the device, opened there
+                self.opener.open(w.recv, key, payload, seq=seq, offset=offset, length=length)
+            elif self._host_view is not None:
                 w.recv.decrypt_into(payload, self._host_view[offset: offset + length], seq=seq,
                                     frame_type=FrameType.CHUNK, offset=offset, length=length)
             else:
@@ -536,13 +548,13 @@ class DeviceService:
 
 
 def load_service(state_dir: Path, *, buffer_bytes: int, device: str | None = None, cc_mode: str = "on",
-                 allow_fault_injection: bool = False) -> DeviceService:
+                 allow_fault_injection: bool = False, cipher_engine: str = "auto") -> DeviceService:
     """Provision (or load) the emulated identity under ``state_dir`` and build the service."""
     from gputravel.core.attestation import provision_emulated
 
     _, identity = provision_emulated(state_dir)
     return DeviceService(identity=identity, buffer_bytes=buffer_bytes, device=device, cc_mode=CCMode(cc_mode),
-                         allow_fault_injection=allow_fault_injection)
+                         allow_fault_injection=allow_fault_injection, cipher_engine=cipher_engine)
 
 
 __all__ = ["DeviceService", "Handler", "ProvisionWindow", "Reply", "load_service"]

@@ -40,10 +40,8 @@ FLEET_OPS = ("fleet_join", "fleet_train", "fleet_leave")
 class FleetDeviceService(DeviceService):
     """One emulated confidential GPU that can be a rank of a fleet's device group."""
 
-    def __init__(self, *, identity: DeviceIdentity, buffer_bytes: int, device: str | None = None,
-                 cc_mode: CCMode = CCMode.ON, allow_fault_injection: bool = False) -> None:
-        super().__init__(identity=identity, buffer_bytes=buffer_bytes, device=device, cc_mode=cc_mode,
-                         allow_fault_injection=allow_fault_injection)
+    def __init__(self, *, identity: DeviceIdentity, buffer_bytes: int, **kw: Any) -> None:
+        super().__init__(identity=identity, buffer_bytes=buffer_bytes, **kw)
         self.ring: FleetRing | None = None
 
     def handle(self, op: str, args: dict[str, Any], payload: bytes) -> Reply:
@@ -155,6 +153,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--allow-fault-injection", action="store_true")
     parser.add_argument("--data-host", default="127.0.0.1", help="address of the TCP data port ('' for none)")
     parser.add_argument("--data-port", type=int, default=0)
+    parser.add_argument("--cipher-engine", default="auto", choices=["auto", "cpu", "gpu"],
+                        help="who opens provisioning chunks: cryptography on the CPU, or the GPU cipher")
     ns = parser.parse_args(argv)
     if ns.threads:
         import torch
@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         _, identity = provision_emulated(ns.state_dir, device_id=ns.device_id)
         service = FleetDeviceService(identity=identity, buffer_bytes=ns.buffer_bytes, device=ns.device,
-                                     cc_mode=CCMode(ns.cc_mode), allow_fault_injection=ns.allow_fault_injection)
+                                     cc_mode=CCMode(ns.cc_mode), allow_fault_injection=ns.allow_fault_injection,
+                                     cipher_engine=ns.cipher_engine)
     except GpuTravelError as exc:
         print(f"ERROR {exc}", flush=True)
         sys.exit(exc.exit_code)

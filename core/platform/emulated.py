@@ -28,7 +28,7 @@ class EmulatedPlatform:
 
     def __init__(self, state_dir: Path, *, device: str | None = None, cc_mode: str = "on",
                  policy: Policy | None = None, allow_fault_injection: bool = False, torch_threads: int = 0,
-                 data_host: str = "127.0.0.1", module: str = "gputravel.core.device",
+                 data_host: str = "127.0.0.1", cipher_engine: str = "auto", module: str = "gputravel.core.device",
                  extra_args: tuple[str, ...] = ()) -> None:
         self.state_dir = Path(state_dir)
         self.device = device
@@ -37,6 +37,7 @@ class EmulatedPlatform:
         self.allow_fault_injection = allow_fault_injection
         self.torch_threads = torch_threads
         self.data_host = data_host
+        self.cipher_engine = cipher_engine
         self.module = module  # the device service's entry point (a fleet member's adds its operations)
         self.extra_args = extra_args  # and its own options (the fleet's device id)
 
@@ -57,6 +58,8 @@ class EmulatedPlatform:
             cmd += ["--threads", str(self.torch_threads)]
         if self.allow_fault_injection:
             cmd.append("--allow-fault-injection")
+        if self.cipher_engine != "auto":
+            cmd += ["--cipher-engine", self.cipher_engine]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                 preexec_fn=die_with_parent)
         assert proc.stdout is not None
