@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,8 @@ def _torchrun(out: Path, variant: str) -> list[dict]:
         for r in range(2):
             ca.issue_device(f"emu-gpu-{r}").save(out / f"device-{r}")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--max-restarts", "0", str(WORKER), str(out), variant]
+           "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", f"fleet-ddp-{uuid.uuid4().hex[:8]}",
+           "--max-restarts", "0", str(WORKER), str(out), variant]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from functools import partial
@@ -63,8 +64,8 @@ def torchrun_command(config: Path, *, gpus: int, rdzv: Rendezvous, entry: str = 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(rdzv.nnodes),
            "--nproc-per-node", str(gpus // rdzv.nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
            "--max-restarts", str(rdzv.max_restarts)]
-    if rdzv.rdzv_id:
-        cmd += ["--rdzv-id", rdzv.rdzv_id]
+    # a job id of its own: a job that lands on a port another job's store holds never mixes with it
+    cmd += ["--rdzv-id", rdzv.rdzv_id or f"gputravel-{uuid.uuid4().hex[:12]}"]
     return [*cmd, "-m", entry, "--config", str(config)]
 
 
