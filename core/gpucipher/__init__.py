@@ -7,7 +7,7 @@ numba is imported at first use.
 
 from __future__ import annotations
 
-from gputravel.core.gpucipher.backend import GpuCipherError, backend
+from gputravel.core.gpucipher.backend import backend
 from gputravel.core.gpucipher.engine import (
     CUDA_SHAPE,
     SIM_SHAPE,
@@ -18,6 +18,7 @@ from gputravel.core.gpucipher.engine import (
     seal_batch,
 )
 from gputravel.core.gpucipher.torch_io import open_into_tensor, seal_from_tensor
+from gputravel.core.protocol.errors import GpuCipherError
 
 __all__ = [
     "CUDA_SHAPE",

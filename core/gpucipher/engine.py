@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gputravel.core.gpucipher.backend import Backend, GpuCipherError, backend, kernels
+from gputravel.core.gpucipher.backend import Backend, backend, kernels
 from gputravel.core.gpucipher.reference import (
     aes_encrypt_block,
     expand_key_le,
@@ -26,6 +26,7 @@ from gputravel.core.gpucipher.reference import (
     power_table,
     te0_le,
 )
+from gputravel.core.protocol.errors import GpuCipherError
 
 I64 = npt.NDArray[np.int64]
 Ints = Sequence[int] | I64

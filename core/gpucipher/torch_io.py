@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from gputravel.core.gpucipher.backend import GpuCipherError
 from gputravel.core.gpucipher.engine import TAG_BYTES, GpuAesGcm, _pack
+from gputravel.core.protocol.errors import GpuCipherError
 
 
 def device_bytes(engine: GpuAesGcm, obj: Any, *, writable: bool = False) -> Any:
