@@ -259,3 +259,17 @@ def test_kernels_compile_to_ptx_for_an_h100_with_nvvm() -> None:
     assert res.returncode == 0, res.stderr[-3000:]
     assert sorted(line.split()[0] for line in res.stdout.splitlines()) == [
         "ctr_kernel", "ghash_join_kernel", "ghash_segments_kernel", "tag_kernel"]
+
+
+def test_importing_the_kernel_module_first_still_picks_the_simulator_without_cuda() -> None:
+    """A module walk (tests/test_cli_errors.py imports every module) may import the kernels before anyone
+    asked for a backend: the simulator flag must be fixed before numba.cuda loads, or every later GPU cipher
+    call in that process looks for a CUDA driver."""
+    code = ("import os\nos.environ.pop('NUMBA_ENABLE_CUDASIM', None)\nos.environ.pop('GPUTRAVEL_GPU_CIPHER', None)\n"
+            "import gputravel.core.gpucipher.kernels\n"
+            "from gputravel.core.gpucipher.backend import backend, cuda_device_present\n"
+            "print(backend(), cuda_device_present())\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    chosen, present = res.stdout.split()
+    assert chosen == ("cuda" if present == "True" else "simulator")

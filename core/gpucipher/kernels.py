@@ -16,7 +16,11 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 import numpy as np
-from numba import cuda as _numba_cuda  # type: ignore[import-untyped,unused-ignore]
+
+from gputravel.core.gpucipher.backend import backend
+
+backend()  # fixes the simulator flag before numba.cuda is imported, whoever imports this module first
+from numba import cuda as _numba_cuda  # type: ignore[import-untyped,unused-ignore]  # noqa: E402
 
 cuda: Any = _numba_cuda
 F = TypeVar("F", bound=Callable[..., Any])
