@@ -23,7 +23,7 @@ import asyncssh
 
 from gputravel.agents.holder.bundle import bundle_contents, digest_files
 from gputravel.agents.inventory import HolderSpec
-from gputravel.core.errors import AgentError, GpuTravelError, LinkLostError
+from gputravel.core.errors import AgentError, ConfigError, GpuTravelError, LinkLostError
 from gputravel.core.protocol import FrameType
 from gputravel.core.travel.holders import FramedHolderLink, Handoff, HolderInfo, ProgressFn, RejectFn
 
@@ -115,6 +115,8 @@ async def connect(spec: HolderSpec) -> asyncssh.SSHClientConnection:
         raise AgentError(spec.name, f"host key not verified (refused, no key released): {exc.reason}") from None
     except asyncssh.PermissionDenied as exc:
         raise AgentError(spec.name, f"authentication failed: {exc.reason}") from None
+    except asyncssh.KeyImportError as exc:  # the inventory checks it; a spec built elsewhere may not have
+        raise ConfigError(f"{spec.name}: client_key {spec.client_key} is not a private key: {exc}") from None
     except TimeoutError:
         raise AgentError(spec.name, f"{spec.host}:{spec.port} unreachable: connect timeout") from None
     except (OSError, asyncssh.Error) as exc:

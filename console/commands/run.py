@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -149,9 +152,10 @@ def render_report(console: Console, report: dict[str, Any]) -> None:
                   f"({lg['rows']} rows, head {lg['rows']}:{lg['head']})", soft_wrap=True)
 
 
-def resolve_out_dir(out: Path | None, *, resume: bool, runs: Path = Path("runs")) -> Path:
+def resolve_out_dir(out: Path | None, *, resume: bool, runs: Path = Path("runs"), create: bool = True) -> Path:
     """A fresh ``runs/run-<time>`` (linked as ``runs/latest``) unless ``--out`` names one;
-    ``--resume`` without ``--out`` continues ``runs/latest``."""
+    ``--resume`` without ``--out`` continues ``runs/latest``. With ``create=False`` the fresh folder is only
+    named: nothing is created and ``runs/latest`` stays (see :class:`RunFolder`)."""
     if out is not None:
         return out
     latest = runs / "latest"
@@ -159,18 +163,65 @@ def resolve_out_dir(out: Path | None, *, resume: bool, runs: Path = Path("runs")
         if not latest.exists():
             raise ConfigError("--resume without --out continues runs/latest, and there is none")
         return latest.resolve()
-    runs.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("run-%Y%m%d-%H%M%S")
     out = runs / stamp
     n = 1
     while out.exists():
         n += 1
         out = runs / f"{stamp}-{n}"
-    out.mkdir()
-    if latest.is_symlink() or latest.exists():
-        latest.unlink()
-    latest.symlink_to(out.name)
+    if create:
+        RunFolder(out, runs=runs, link_latest=True).claim()
     return out
+
+
+class RunFolder:
+    """A run's folder, created only once the settings were validated, and taken back when the run fails
+    before its ledger exists (nothing to audit or resume): the folder is removed and ``runs/latest``
+    points where it pointed before. A run killed outright keeps its folder, which ``--resume`` then starts."""
+
+    def __init__(self, out: Path, *, runs: Path = Path("runs"), link_latest: bool = False) -> None:
+        self.out = Path(out)
+        self.latest = runs / "latest"
+        self.link_latest = link_latest
+        self.created = not self.out.exists()
+        self.previous: str | None = None
+
+    def claim(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        if self.link_latest:
+            if self.latest.is_symlink():
+                self.previous = os.readlink(self.latest)
+            if self.latest.is_symlink() or self.latest.exists():
+                self.latest.unlink()
+            self.latest.symlink_to(self.out.name)
+
+    def release_if_empty(self) -> None:
+        """After a failed run: undo :meth:`claim` unless the run got as far as its ledger."""
+        if not self.created or (self.out / "ledger.db").exists():
+            return
+        shutil.rmtree(self.out, ignore_errors=True)
+        if self.link_latest and self.latest.is_symlink() and os.readlink(self.latest) == self.out.name:
+            self.latest.unlink()
+            if self.previous is not None:
+                self.latest.symlink_to(self.previous)
+
+
+def fresh_settings(out: Path | None, **options: Any) -> tuple[RunSettings, RunFolder]:
+    """The settings of a new run, validated before anything is created, and its (not yet created) folder."""
+    settings = RunSettings(out_dir=out or Path("runs") / "pending", **options)
+    validate_run_options(settings)
+    folder = RunFolder(resolve_out_dir(out, resume=False, create=False), link_latest=out is None)
+    return replace(settings, out_dir=folder.out), folder
+
+
+def validate_run_options(settings: RunSettings) -> None:
+    """What :class:`RunSettings` does not check itself yet: each ``--break-before`` names a phase."""
+    from gputravel.core.travel.phases import VISIT_PHASES
+
+    names = [str(p) for p in VISIT_PHASES]
+    for b in settings.breakpoints:
+        if b not in names:
+            raise ConfigError(f"--break-before {b!r} is not a phase (one of {', '.join(names)})")
 
 
 def register(app: typer.Typer) -> None:
@@ -211,38 +262,45 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the final report as JSON on stdout."),
     ) -> None:
         """Run collaborative training: the GPU travels holder to holder."""
-        out = resolve_out_dir(out, resume=resume)
-        settings = RunSettings(holders=holders, rounds=rounds, steps_per_visit=steps_per_visit, buffer_mib=buffer_mib,
-                               data_dir=data, out_dir=out, resume=resume, chunk_kib=chunk_kib, model=model,
-                               batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed, device=device,
-                               cc_mode=cc_mode, breakpoints=tuple(b.upper() for b in break_before),
-                               visit_attempts=visit_attempts, fault=fault,
-                               **holder_settings(holders_file=holders_file, transport=transport,
-                                                 data_path=data_path, data_host=data_host))
         if resume:
             from gputravel.core.api import resume_settings
 
+            out = resolve_out_dir(out, resume=True)
             settings = resume_settings(out, fault=fault)
+            folder = RunFolder(out)
+        else:
+            settings, folder = fresh_settings(
+                out, holders=holders, rounds=rounds, steps_per_visit=steps_per_visit, buffer_mib=buffer_mib,
+                data_dir=data, chunk_kib=chunk_kib, model=model, batch_size=batch_size, seq_len=seq_len, lr=lr,
+                seed=seed, device=device, cc_mode=cc_mode, breakpoints=tuple(b.upper() for b in break_before),
+                visit_attempts=visit_attempts, fault=fault,
+                **holder_settings(holders_file=holders_file, transport=transport, data_path=data_path,
+                                  data_host=data_host))
         console = Console(stderr=True) if as_json else Console()
         view = RunView(console)
         sinks: list[Any] = [view]
         recorder = None
-        if not no_record:
-            from gputravel.core.recording import Recorder
-
-            recorder = Recorder(record or Path(settings.out_dir) / "recording.db",
-                                meta={"source": "gputravel run", "settings": settings.to_dict(),
-                                      "ledger": str(Path(settings.out_dir) / "ledger.db")})
-            sinks.append(recorder)
         from gputravel.console.fleet import run as fleet_run
 
+        folder.claim()
+        ok = False
         try:
+            if not no_record:
+                from gputravel.core.recording import Recorder
+
+                recorder = Recorder(record or Path(settings.out_dir) / "recording.db",
+                                    meta={"source": "gputravel run", "settings": settings.to_dict(),
+                                          "ledger": str(Path(settings.out_dir) / "ledger.db")})
+                sinks.append(recorder)
             with view.progress:
                 report = asyncio.run(fleet_run(settings, sinks=sinks, recorder=recorder,
                                                telemetry_interval=telemetry_interval))
+            ok = True
         finally:
             if recorder is not None:
                 recorder.close()
+            if not ok:
+                folder.release_if_empty()
         if as_json:
             sys.stdout.write(json.dumps(report, indent=2) + "\n")
         else:
