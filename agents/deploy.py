@@ -25,7 +25,14 @@ from gputravel.agents.holder.bundle import bundle_contents, digest_files
 from gputravel.agents.inventory import HolderSpec
 from gputravel.core.errors import AgentError, ConfigError, GpuTravelError, LinkLostError
 from gputravel.core.protocol import FrameType
-from gputravel.core.travel.holders import FramedHolderLink, Handoff, HolderInfo, ProgressFn, RejectFn
+from gputravel.core.travel.holders import (
+    FramedHolderLink,
+    Handoff,
+    HolderInfo,
+    HolderState,
+    ProgressFn,
+    RejectFn,
+)
 
 #: Runs on the holder with its own python; hashes what is on disk without importing it.
 #: The agent channel's receive window and largest packet we accept (asyncssh's defaults: 2 MiB and 32 KiB).
@@ -60,18 +67,6 @@ print(h.hexdigest())
 #: Exit 0: usable; 5: a cryptography too old for the agent (no ``AESGCM.encrypt_into``).
 CRYPTO_CHECK = ("import cryptography, sys; from cryptography.hazmat.primitives.ciphers.aead import AESGCM; "
                 "print(cryptography.__version__); sys.exit(0 if hasattr(AESGCM, 'encrypt_into') else 5)")
-
-
-class HolderState:
-    CONNECTING = "connecting"
-    DEPLOYING = "deploying"
-    VERIFIED = "verified"
-    READY = "ready"
-    PROVISIONING = "provisioning"
-    RETURNED = "returned"
-    FAILED = "failed"
-    OFFLINE = "offline"
-    STOPPED = "stopped"
 
 
 @dataclass(slots=True)

@@ -134,3 +134,38 @@ def test_key_file_of_wrong_length_is_refused(tmp_path: Path) -> None:
     path.chmod(0o600)
     with pytest.raises(ConfigError, match="5 bytes"):
         load_or_create_key(path)
+
+
+def test_device_state_is_sealed_as_the_device_serialised_it_and_reads_back_byte_for_byte(tmp_path: Path) -> None:
+    import io
+
+    store = _store(tmp_path)
+    trainer = _trained()
+    buf = io.BytesIO()
+    torch.save(trainer.state_dict(), buf)
+    blob = buf.getvalue()
+    record = {"model_digest": trainer.model_digest(), "seq": 4, "epoch": 9, "note": "", "steps": 3}
+    path = store.save_device_state(memoryview(blob), record, run_id="run-a", seq=4)
+    assert path.read_bytes()[4] == 2  # format version 2: the blob is not serialised a second time
+    got_record, got_blob = store.load_device_state(4, run_id="run-a")
+    assert got_record == record and bytes(got_blob) == blob
+    assert store.load(4)["model_digest"] == record["model_digest"]
+    restored = Trainer(MICRO, FAST, "cpu")
+    restored.load_state_dict(torch.load(io.BytesIO(bytes(got_blob)), weights_only=False))
+    assert restored.model_digest() == trainer.model_digest()
+    with pytest.raises(TagError, match="belongs to run"):
+        store.load_device_state(4, run_id="run-b")
+    sealed = bytearray(path.read_bytes())
+    sealed[-5] ^= 0x01  # inside the sealed device state
+    path.write_bytes(bytes(sealed))
+    with pytest.raises(TagError, match="authentication"):
+        store.load_device_state(4)
+
+
+def test_a_version_1_checkpoint_holding_a_device_state_tensor_still_reads(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    blob = os.urandom(1000)
+    store.save({"device_state": torch.frombuffer(bytearray(blob), dtype=torch.uint8), "model_digest": "ab",
+                "seq": 1}, run_id="r", seq=1)
+    record, got = store.load_device_state(1, run_id="r")
+    assert bytes(got) == blob and record["model_digest"] == "ab"

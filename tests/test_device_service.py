@@ -100,6 +100,7 @@ class Rig:
     epoch: int = 0
 
     def call(self, op: str, payload: bytes = b"", **args: Any) -> dict[str, Any]:
+        """The raw wire answer (its header), for the checks on what the device sends."""
         return self.client.call(op, payload, **args)[0]
 
     def next_epoch(self) -> int:
@@ -107,24 +108,24 @@ class Rig:
         return self.epoch
 
     def rejected(self) -> Counter[str]:
-        return Counter(self.call("stats")["rejected"])
+        return Counter(self.client.stats().rejected)
 
     def digest(self, offset: int, length: int) -> str:
-        return str(self.call("digest", offset=offset, length=length)["sha256"])
+        return self.client.digest(offset=offset, length=length).sha256
 
     def handoff(self, offset: int, length: int, chunk_size: int, epoch: int | None = None) -> Window:
         epoch = self.next_epoch() if epoch is None else epoch
-        head = self.call("handoff", epoch=epoch, offset=offset, length=length, chunk_size=chunk_size)
-        return Window(epoch, offset, length, chunk_size, DirectionKey.from_wire(head["provisioning_key"]),
-                      bytes.fromhex(head["session_id"]))
+        grant = self.client.handoff(epoch=epoch, offset=offset, length=length, chunk_size=chunk_size)
+        return Window(epoch, offset, length, chunk_size, DirectionKey.from_wire(grant.provisioning_key),
+                      bytes.fromhex(grant.session_id))
 
     def close(self, w: Window) -> dict[str, Any]:
         return self.call("close_window", epoch=w.epoch)
 
     def close_any(self) -> None:
-        status = self.call("window_status")
-        if status["open"]:
-            self.call("close_window", epoch=status["epoch"])
+        status = self.client.window_status()
+        if status.open and status.epoch is not None:
+            self.client.close_window(epoch=status.epoch)
 
     def fill(self, w: Window, data: bytes) -> None:
         """Provision the whole window with genuine chunks (all acknowledged)."""
@@ -153,7 +154,7 @@ def connect_client(handle: DeviceHandle, *, retry_s: float = 0.0) -> DeviceClien
 def stop_service(handle: DeviceHandle, client: DeviceClient | None) -> None:
     try:
         if client is not None and client.secrets is not None:
-            client.call("shutdown")
+            client.shutdown()
     except Exception:  # noqa: BLE001 - teardown goes on whatever the service says
         pass
     finally:
@@ -171,7 +172,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     holder: list[Rig] = []
     try:
         holder.append(Rig(handle, connect_client(handle)))
-        holder[0].call("configure", _program())
+        holder[0].client.configure(_program())
         yield holder[0]
     finally:
         stop_service(handle, holder[0].client if holder else None)
@@ -857,3 +858,33 @@ def test_aes_rate_is_measured_inside_the_device_process_and_refuses_bad_sizes(ri
     for bad in (0, 8, 1 << 30, "65536", 65536.0):
         with pytest.raises(DeviceError, match="aes_rate needs an integer chunk"):
             rig.call("aes_rate", chunk=bad)
+
+
+# --- the operation table ---------------------------------------------------------------------------
+def test_one_operation_table_answers_every_op_and_refuses_any_other_name(rig: Rig, tmp_path: Any) -> None:
+    from gputravel.core.device.link import Op
+    from gputravel.core.device.service import load_service
+
+    service = load_service(tmp_path / "state", buffer_bytes=4096, device="cpu")
+    assert set(service.operations) == set(Op)
+    assert all(getattr(fn, "__self__", None) is service for fn in service.operations.values())
+    with pytest.raises(DeviceError, match="unknown operation 'op_info'"):
+        rig.call("op_info")
+    # the typed client reads the same wire answers
+    assert rig.client.info().buffer_bytes == rig.call("info")["buffer_bytes"] == BUFFER
+    assert rig.client.tamper(region="code") == "code"
+
+
+def test_the_model_is_hashed_again_only_after_a_change_or_a_hand_off(rig: Rig) -> None:
+    def digests() -> int:
+        return rig.client.stats().counters.get("model_digests", 0)
+
+    rig.client.measure()
+    before = digests()
+    first = rig.client.measure()
+    assert digests() == before  # nothing changed: the digest is reused
+    w = rig.handoff(offset=0, length=4096, chunk_size=4096)
+    rig.close(w)
+    assert rig.client.measure() == first and digests() == before + 1  # a key was out: hashed afresh
+    rig.client.tamper(region="model")
+    assert rig.client.measure().model != first.model and digests() == before + 2

@@ -28,6 +28,7 @@ from gputravel.core.ledger import LedgerRow, read_rows, verify_ledger
 from gputravel.core.travel import holders as holders_mod
 from gputravel.core.travel.holders import LocalHolderLink
 from gputravel.core.travel.phases import Phase
+from gputravel.core.travel.probes import Timings
 
 pytestmark = pytest.mark.usefixtures("no_leaked_processes")
 
@@ -204,18 +205,46 @@ def test_cli_exits_9_when_some_visits_failed(data_root: Path, tmp_path: Path, mo
     assert report["failed_visits"] == 1 and report["ledger"]["verified"]
 
 
+async def test_each_visit_hashes_the_model_twice_and_checkpoints_hold_the_device_state_once_serialised(
+        data_root: Path, tmp_path: Path) -> None:
+    """The device hashes the model once at set-up, then per visit only after the holder's key was out
+    (VERIFY) and after training; ATTEST and the checkpoint reuse those digests. A checkpoint holds the
+    bytes the device serialised (a trainer state), not a serialisation of them."""
+    import io
+
+    import torch
+
+    out = tmp_path / "run"
+    timings = Timings()
+    async with started(small(data_root, out)) as engine:
+        engine.probes.append(timings)
+        report = await engine.run()
+        counters = (await asyncio.to_thread(engine.client.stats)).counters
+        record, blob = engine.ckpt.load_device_state(engine.last_good_ckpt, run_id=report["run_id"])
+    visits = len(report["visits"])
+    assert all(v["outcome"] == "done" for v in report["visits"])
+    assert counters["model_digests"] == 1 + 2 * visits
+    assert counters["measurements"] == 1 + 2 * visits  # each ATTEST and VERIFY still measures
+    assert record["model_digest"] == report["training"]["model_digest"] and record["seq"] == visits
+    state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False)
+    assert {"model", "optimizer", "step"} <= set(state) and state["step"] == report["training"]["steps"]
+    # the probe saw every phase of every visit, the checkpoints and the holders' start
+    assert {str(p) for p in timings.phase_s[0]} == {str(p) for p in Phase if p not in (Phase.DONE, Phase.FAILED)}
+    assert set(timings.checkpoint_s) == set(range(visits + 1)) and set(timings.visit_wall_s) == set(range(visits))
+    assert timings.deploy_wall_s() is not None and set(timings.holder_started) == {"alice", "bob"}
+
+
 # --- 4. integrity mismatch -----------------------------------------------------------------------
 async def test_integrity_mismatch_fails_the_visit_and_restores_the_last_good_checkpoint(data_root: Path,
                                                                                        tmp_path: Path) -> None:
     out = tmp_path / "run"
     seen: dict[str, Any] = {}
     async with started(small(data_root, out, visit_attempts=1)) as engine:
-        engine.fault["VERIFY"] = lambda e: e.client.call("tamper", region="model")
+        engine.fault["VERIFY"] = lambda e: e.client.tamper(region="model")
 
         def on_failed(event: ev.Event) -> None:
             if isinstance(event, ev.VisitFailed):  # emitted after the restore: compare device and checkpoint
-                head, _ = engine.client.call("measure")
-                seen["device_model"] = head["model"]
+                seen["device_model"] = engine.client.measure().model
                 seen["ckpt_seq"] = engine.last_good_ckpt
                 seen["ckpt_model"] = engine.ckpt.load(engine.last_good_ckpt)["model_digest"]
                 seen["event"] = event

@@ -45,8 +45,8 @@ async def device(tmp_path: Path, *, parallel_auth: bool, overlap: bool) -> Async
     client = DeviceClient(handle.socket_path, anchors=handle.anchors)
     try:
         await asyncio.to_thread(client.connect)
-        head, _ = await asyncio.to_thread(client.call, "set_data_path", parallel_auth=parallel_auth, overlap=overlap)
-        assert head["parallel_auth"] == parallel_auth
+        config = await asyncio.to_thread(client.set_data_path, parallel_auth=parallel_auth, overlap=overlap)
+        assert config.parallel_auth == parallel_auth
         yield handle, client
     finally:
         client.close()
@@ -54,8 +54,8 @@ async def device(tmp_path: Path, *, parallel_auth: bool, overlap: bool) -> Async
 
 
 def open_window(client: DeviceClient, epoch: int) -> Handoff:
-    head, _ = client.call("handoff", epoch=epoch, offset=0, length=WINDOW, chunk_size=CHUNK)
-    return Handoff(epoch=epoch, session_id=head["session_id"], key=head["provisioning_key"], window_offset=0,
+    grant = client.handoff(epoch=epoch, offset=0, length=WINDOW, chunk_size=CHUNK)
+    return Handoff(epoch=epoch, session_id=grant.session_id, key=grant.provisioning_key, window_offset=0,
                    chunk_size=CHUNK, train=(0, WINDOW), val=(0, 0))
 
 
@@ -75,10 +75,9 @@ async def test_each_path_delivers_the_holders_bytes_exactly(holder: Path, tmp_pa
                 handoff = replace(handoff, conventional=True)
             endpoint = {"path": handle.socket_path} if path == "direct" else None
             await link.provision(handoff, device_socket=handle.socket_path, data_endpoint=endpoint)
-            closed, _ = client.call("close_window", epoch=1)
-            assert closed["complete"] and closed["bytes"] == WINDOW and closed["chunks"] == 41
-            head, _ = client.call("digest", offset=0, length=WINDOW)
-            assert head["sha256"] == expected_digest(holder)
+            closed = client.close_window(epoch=1)
+            assert closed.complete and closed.bytes == WINDOW and closed.chunks == 41
+            assert client.digest(offset=0, length=WINDOW).sha256 == expected_digest(holder)
         finally:
             await link.close()
 
@@ -97,10 +96,9 @@ async def test_a_chunk_tampered_on_the_wire_is_caught_and_retransmitted(holder: 
                 handoff = replace(handoff, conventional=True)
             stats = await link.provision(handoff, device_socket=handle.socket_path)
             assert stats.rejected["tag"] == 2 and stats.retransmits == 2
-            closed, _ = client.call("close_window", epoch=1)
-            assert closed["complete"] and closed["rejected_in_window"].get("tag") == 2
-            head, _ = client.call("digest", offset=0, length=WINDOW)
-            assert head["sha256"] == expected_digest(holder)
+            closed = client.close_window(epoch=1)
+            assert closed.complete and closed.rejected_in_window.get("tag") == 2
+            assert client.digest(offset=0, length=WINDOW).sha256 == expected_digest(holder)
         finally:
             await link.close()
 
@@ -135,7 +133,5 @@ async def test_tampering_on_the_direct_path_is_caught_by_the_pipelined_device(tm
         acks = {r.header["s"] for r in replies if r is not None and r.type is FrameType.ACK}
         assert [e.header["code"] for e in errors] == ["tag"] and acks == set(range(41))
         sock.close()
-        closed, _ = client.call("close_window", epoch=1)
-        assert closed["complete"]
-        head, _ = client.call("digest", offset=0, length=WINDOW)
-        assert head["sha256"] == hashlib.sha256(plain).hexdigest()
+        assert client.close_window(epoch=1).complete
+        assert client.digest(offset=0, length=WINDOW).sha256 == hashlib.sha256(plain).hexdigest()

@@ -45,8 +45,8 @@ from gputravel.core.errors import GpuTravelError
 from gputravel.core.ledger import read_rows
 from gputravel.core.protocol import Direction
 from gputravel.core.protocol.keys import channel_key
-from gputravel.core.travel import engine as engine_mod
 from gputravel.core.travel import holders as holders_mod
+from gputravel.core.travel import recovery as recovery_mod
 from gputravel.core.travel.holders import LocalHolderLink
 
 pytestmark = pytest.mark.usefixtures("no_leaked_processes")
@@ -276,7 +276,7 @@ async def test_no_key_in_the_errors_of_a_failing_run(data: Path, tmp_path: Path,
             errors.append(exc)
             raise
 
-    fail_visit = engine_mod.TravelEngine._fail_visit
+    fail_visit = recovery_mod.Recovery.fail_visit
 
     async def recording_fail_visit(self: Any, rec: Any, exc: Any, window_open: bool) -> None:
         errors.append(exc)
@@ -284,7 +284,7 @@ async def test_no_key_in_the_errors_of_a_failing_run(data: Path, tmp_path: Path,
 
     monkeypatch.setattr(client_mod.DeviceClient, "_set_epoch", recording_set_epoch)
     monkeypatch.setattr(holders_mod.FramedHolderLink, "provision", recording_provision)
-    monkeypatch.setattr(engine_mod.TravelEngine, "_fail_visit", recording_fail_visit)
+    monkeypatch.setattr(recovery_mod.Recovery, "fail_visit", recording_fail_visit)
 
     out = tmp_path / "run"
     settings = RunSettings(holders=2, rounds=2, steps_per_visit=1, batch_size=4, seq_len=32, chunk_kib=16,
@@ -301,7 +301,7 @@ async def test_no_key_in_the_errors_of_a_failing_run(data: Path, tmp_path: Path,
         if (isinstance(event, ev.PhaseStarted) and event.holder == "bob" and event.phase == "VERIFY"
                 and not tampered):
             tampered.append(event.visit)
-            engine.client.call("tamper", region="model")  # the model changes while bob holds a key
+            engine.client.tamper(region="model")  # the model changes while bob holds a key
 
     engine.sinks.append(sink)
     try:
@@ -321,7 +321,7 @@ async def test_no_key_in_the_errors_of_a_failing_run(data: Path, tmp_path: Path,
     finally:
         try:
             if engine.handle.alive() and engine.client.secrets:
-                await asyncio.to_thread(engine.client.call, "shutdown")
+                await asyncio.to_thread(engine.client.shutdown)
         except GpuTravelError:
             pass
         engine.client.close()

@@ -1,29 +1,47 @@
-"""The orchestrator's side of the device link: attest, open a session, send sealed requests."""
+"""The orchestrator's side of the device link: attest, open a session, then one typed method per operation.
+
+Imports only the link (no torch): ``DeviceClient.measure()``, ``.handoff(...)``, ``.train(...)``, ...
+each send one sealed request named by an ``Op`` and read back a typed answer (``core.device.messages``).
+"""
 
 from __future__ import annotations
 
 import os
 import socket
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from cryptography import x509
-
-from gputravel.core.attestation import AttestationResult, Evidence, Policy, code_measurement, verify_evidence
-from gputravel.core.device.server import ControlChannel, send_frame, session_context
+from gputravel.core.attestation import AttestationResult, Evidence, code_measurement, verify_evidence
+from gputravel.core.device.link import ControlChannel, Op, TrustAnchors, send_frame, session_context
+from gputravel.core.device.messages import (
+    AesRate,
+    BufferDigest,
+    Configured,
+    DataPathConfig,
+    DeviceInfo,
+    DeviceState,
+    DeviceStats,
+    HandoffGrant,
+    Measurement,
+    ScrubResult,
+    TrainResult,
+    WindowClosed,
+    WindowStatus,
+)
 from gputravel.core.errors import DeviceError, FrameError, error_from_code
 from gputravel.core.handshake import Initiator, SessionSecrets
-from gputravel.core.protocol import Direction, FrameType, channel_key, read_frame
+from gputravel.core.protocol import Frame, FrameType, read_frame
+
+__all__ = ["Checkpointed", "DeviceClient", "TrustAnchors", "read_counters"]
 
 
 @dataclass(frozen=True, slots=True)
-class TrustAnchors:
-    """What the orchestrator pins: the vendor root, the revocation list, the policy."""
+class Checkpointed:
+    """The device's serialised state (``blob``, opaque to the orchestrator) and the model digest it holds."""
 
-    root: x509.Certificate
-    crl: x509.CertificateRevocationList | None
-    policy: Policy
+    model_digest: str
+    blob: bytes = field(repr=False)
 
 
 class DeviceClient:
@@ -35,7 +53,7 @@ class DeviceClient:
         self.timeout = timeout
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
-        self._stream: Any = None
+        self._stream: Any = None  # the socket's buffered reader
         self._chan: ControlChannel | None = None
         self.secrets: SessionSecrets | None = None
         self.attestation: AttestationResult | None = None
@@ -61,7 +79,7 @@ class DeviceClient:
             raise DeviceError(f"device answered {frame.type.name} to an attestation request: {frame.header}")
         evidence = Evidence.from_dict(frame.header["evidence"])
         result = self._verify(evidence, nonce)
-        initiator = Initiator(context=session_context(nonce, evidence))
+        initiator = Initiator(context=session_context(nonce, evidence.digest()))
         send_frame(sock, FrameType.KEX_INIT, {"public": initiator.public_bytes().hex()})
         reply = self._read()
         if reply.type is not FrameType.KEX_REPLY:
@@ -84,21 +102,9 @@ class DeviceClient:
         result.raise_for_failure()
         return result
 
-    def attest(self) -> AttestationResult:
-        """A fresh attestation inside the session (each visit starts with one)."""
-        nonce = os.urandom(32)
-        head, _ = self.call("attest", nonce=nonce.hex())
-        result = self._verify(Evidence.from_dict(head["evidence"]), nonce)
-        if self.attestation is not None and result.device_id != self.attestation.device_id:
-            raise DeviceError("a different device answered inside the session")
-        return result
-
     def _set_epoch(self, epoch: int) -> None:
-        s = self.secrets
-        assert s is not None
-        send_key = channel_key(s.master, s.session_id, epoch=epoch, direction=Direction.ORCH_TO_DEVICE)
-        recv_key = channel_key(s.master, s.session_id, epoch=epoch, direction=Direction.DEVICE_TO_ORCH)
-        self._chan = ControlChannel(send_key, recv_key, s.session_id)
+        assert self.secrets is not None
+        self._chan = ControlChannel.for_orchestrator(self.secrets, epoch)
 
     @property
     def channel_epoch(self) -> int:
@@ -109,9 +115,9 @@ class DeviceClient:
         assert self.secrets is not None
         return bytes(self.secrets.session_id)
 
-    def _read(self) -> Any:
+    def _read(self) -> Frame:
         try:
-            frame = read_frame(self._stream)
+            frame = read_frame(self._stream) if self._stream is not None else None
         except (OSError, TimeoutError) as exc:
             raise DeviceError(f"device link failed: {exc}") from None
         if frame is None:
@@ -121,17 +127,19 @@ class DeviceClient:
         return frame
 
     # --- sealed requests ------------------------------------------------------------------------
-    def call(self, op: str, payload: bytes = b"", **args: Any) -> tuple[dict[str, Any], bytes]:
-        """One sealed request and its sealed response; a refused request raises its typed error.
+    def call(self, op: Op | str, payload: bytes | bytearray | memoryview = b"",
+             **args: Any) -> tuple[dict[str, Any], bytes]:
+        """One sealed request and its sealed response (the raw form under the typed methods); a refused
+        request raises its typed error.
 
         The control channel rotates itself before its nonce budget (``nonce_budget`` messages per key
         and direction) runs out, so a long run never meets ``NonceExhaustedError``."""
-        if op != "rotate" and self._chan is not None and self._chan.send.counter >= self.nonce_budget - 1:
+        if op != Op.ROTATE and self._chan is not None and self._chan.send.counter >= self.nonce_budget - 1:
             self.rotate()
         with self._lock:
             if self._chan is None or self._sock is None:
                 raise DeviceError("not connected")
-            head, ct = self._chan.seal(FrameType.REQUEST, {"op": op, "args": args}, payload)
+            head, ct = self._chan.seal(FrameType.REQUEST, {"op": str(op), "args": args}, payload)
             try:
                 send_frame(self._sock, FrameType.SEALED, head, ct)
             except OSError as exc:
@@ -139,20 +147,92 @@ class DeviceClient:
             frame = self._read()
             if frame.type is not FrameType.SEALED:
                 raise FrameError(f"expected a sealed response, got {frame.type.name}")
-            inner = self._chan.open(frame.header, bytes(frame.payload))
+            inner = self._chan.open(frame.header, frame.payload)
             resp = dict(inner.header)
             if not resp.pop("ok", False):
                 raise error_from_code(str(resp.get("code")), str(resp.get("reason")))
-            if op == "rotate":
+            if op == Op.ROTATE:
                 self._set_epoch(int(resp["epoch"]))
             return resp, bytes(inner.payload)
+
+    def attest(self) -> AttestationResult:
+        """A fresh attestation inside the session (each visit starts with one)."""
+        nonce = os.urandom(32)
+        head, _ = self.call(Op.ATTEST, nonce=nonce.hex())
+        result = self._verify(Evidence.from_dict(head["evidence"]), nonce)
+        if self.attestation is not None and result.device_id != self.attestation.device_id:
+            raise DeviceError("a different device answered inside the session")
+        return result
 
     def rotate(self, epoch: int | None = None) -> int:
         """Key update of the control channel to ``epoch`` (default: the next one); an explicit swap on
         both sides. Returns the new control epoch."""
-        self.call("rotate", epoch=self.channel_epoch + 1 if epoch is None else epoch)
+        self.call(Op.ROTATE, epoch=self.channel_epoch + 1 if epoch is None else epoch)
         self.rotations += 1
         return self.channel_epoch
+
+    def shutdown(self) -> None:
+        """Stop the device service (after its answer, it closes)."""
+        self.call(Op.SHUTDOWN)
+
+    def info(self) -> DeviceInfo:
+        return DeviceInfo.from_wire(self.call(Op.INFO)[0])
+
+    def configure(self, program: bytes) -> Configured:
+        """Upload the training program into the code region; the device builds the model from it."""
+        return Configured.from_wire(self.call(Op.CONFIGURE, program)[0])
+
+    def measure(self) -> Measurement:
+        return Measurement.from_wire(self.call(Op.MEASURE)[0])
+
+    def handoff(self, *, epoch: int, offset: int, length: int, chunk_size: int) -> HandoffGrant:
+        """A provisioning key for bytes [offset, offset+length) of the buffer in ``epoch``."""
+        head, _ = self.call(Op.HANDOFF, epoch=epoch, offset=offset, length=length, chunk_size=chunk_size)
+        return HandoffGrant.from_wire(head)
+
+    def close_window(self, *, epoch: int) -> WindowClosed:
+        return WindowClosed.from_wire(self.call(Op.CLOSE_WINDOW, epoch=epoch)[0])
+
+    def window_status(self) -> WindowStatus:
+        return WindowStatus.from_wire(self.call(Op.WINDOW_STATUS)[0])
+
+    def train(self, *, train_off: int, train_len: int, val_off: int, val_len: int, fmt: str,
+              steps: int | None = None) -> TrainResult:
+        args: dict[str, Any] = {"train_off": train_off, "train_len": train_len, "val_off": val_off,
+                                "val_len": val_len, "fmt": fmt}
+        if steps is not None:
+            args["steps"] = steps
+        return TrainResult.from_wire(self.call(Op.TRAIN, **args)[0])
+
+    def scrub(self) -> ScrubResult:
+        return ScrubResult.from_wire(self.call(Op.SCRUB)[0])
+
+    def checkpoint(self) -> Checkpointed:
+        """The device's serialised state, made once on the device; the orchestrator stores it as it is."""
+        head, blob = self.call(Op.CHECKPOINT)
+        return Checkpointed(DeviceState.from_wire(head).model_digest, blob)
+
+    def restore(self, blob: bytes | bytearray | memoryview) -> DeviceState:
+        return DeviceState.from_wire(self.call(Op.RESTORE, blob)[0])
+
+    def stats(self) -> DeviceStats:
+        return DeviceStats.from_wire(self.call(Op.STATS)[0])
+
+    def aes_rate(self, *, chunk: int, seconds: float = 0.3) -> AesRate:
+        return AesRate.from_wire(self.call(Op.AES_RATE, chunk=chunk, seconds=seconds)[0])
+
+    def tamper(self, *, region: str) -> str:
+        """Fault injection (devices that allow it): corrupt ``region``; returns the region tampered."""
+        return str(self.call(Op.TAMPER, region=region)[0]["tampered"])
+
+    def digest(self, *, offset: int, length: int) -> BufferDigest:
+        """Debug op (fault injection on): SHA-256 of buffer bytes [offset, offset+length)."""
+        return BufferDigest.from_wire(self.call(Op.DIGEST, offset=offset, length=length)[0])
+
+    def set_data_path(self, *, parallel_auth: bool | None = None, overlap: bool | None = None,
+                      workers: int = 0) -> DataPathConfig:
+        head, _ = self.call(Op.SET_DATA_PATH, parallel_auth=parallel_auth, overlap=overlap, workers=workers)
+        return DataPathConfig.from_wire(head)
 
     def close(self) -> None:
         if self._stream is not None:

@@ -15,57 +15,11 @@ import sys
 import threading
 from typing import Any
 
-from gputravel.core.attestation import Evidence
-from gputravel.core.device.service import MAX_CHUNK, DeviceService, error_header
+from gputravel.core.device.link import ControlChannel, error_header, send_frame, session_context
+from gputravel.core.device.service import MAX_CHUNK, DeviceService, Reply
 from gputravel.core.errors import GpuTravelError, ProtocolError
-from gputravel.core.protocol import (
-    TAG_LEN,
-    FrameError,
-    FrameType,
-    RecvState,
-    SendState,
-    decode_frame,
-    encode_frame,
-    read_frame,
-)
-from gputravel.core.protocol.frames import frame_head, read_frame_into
-
-
-def send_frame(sock: socket.socket, ftype: FrameType, header: dict[str, Any] | None = None,
-               payload: bytes | bytearray | memoryview = b"") -> None:
-    head = frame_head(ftype, header, len(payload))
-    if len(payload) <= 65536:
-        sock.sendall(head + bytes(payload))
-    else:
-        sock.sendall(head)
-        sock.sendall(payload)
-
-
-def session_context(nonce: bytes, evidence: Evidence) -> bytes:
-    """What the key exchange binds: the verifier's nonce and the exact evidence it checked."""
-    return b"gputravel-ctx-v1" + nonce + bytes(evidence.digest())
-
-
-class ControlChannel:
-    """Sealed request/response state of one side of the control channel."""
-
-    def __init__(self, send_key: Any, recv_key: Any, session_id: bytes) -> None:
-        self.send = SendState(send_key, session_id=session_id)
-        self.recv = RecvState(recv_key, session_id=session_id, window=1)
-        self.epoch = send_key.epoch
-
-    def seal(self, ftype: FrameType, header: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
-        inner = encode_frame(ftype, header, payload)
-        seq, ct = self.send.seal(inner, frame_type=FrameType.SEALED)
-        return {"e": self.epoch, "s": seq}, ct
-
-    def open(self, header: dict[str, Any], payload: bytes) -> Any:
-        try:
-            epoch, seq = int(header["e"]), int(header["s"])
-        except (KeyError, TypeError, ValueError, OverflowError):  # OverflowError: JSON Infinity
-            raise FrameError("sealed frame header needs integer e and s") from None
-        inner = self.recv.open(payload, seq=seq, epoch=epoch, frame_type=FrameType.SEALED)
-        return decode_frame(inner)
+from gputravel.core.protocol import TAG_LEN, FrameError, FrameType, read_frame
+from gputravel.core.protocol.frames import read_frame_into
 
 
 class _GrowingBuffer:
@@ -199,43 +153,28 @@ class DeviceServer:
         if kex is None or kex.type is not FrameType.KEX_INIT:
             raise FrameError("expected KEX_INIT")
         pub, sig, secrets = svc.open_session(initiator_public=bytes.fromhex(kex.header["public"]),
-                                             context=session_context(nonce, evidence))
+                                             context=session_context(nonce, evidence.digest()))
         send_frame(conn, FrameType.KEX_REPLY, {"public": pub.hex(), "signature": sig.hex()})
-        recv_key, send_key = svc.channel_keys(0)
-        chan = ControlChannel(send_key, recv_key, secrets.session_id)
+        chan = ControlChannel.for_device(secrets, 0)
         while True:
             frame = read_frame(stream)
             if frame is None:
                 return
             if frame.type is not FrameType.SEALED:
                 raise FrameError(f"expected SEALED, got {frame.type.name}")
-            inner = chan.open(frame.header, bytes(frame.payload))
-            op = str(inner.header.get("op", ""))
-            args = dict(inner.header.get("args", {}))
-            rotate_to: int | None = None
-            stop = False
+            inner = chan.open(frame.header, frame.payload)
+            reply: Reply | None = None
             try:
-                if op == "attest":
-                    ev = svc.evidence(bytes.fromhex(args["nonce"]))
-                    resp, out = {"ok": True, "evidence": ev.to_dict()}, b""
-                elif op == "rotate":
-                    rotate_to = int(args["epoch"])
-                    if rotate_to <= chan.epoch:
-                        raise ProtocolError(f"rotate to epoch {rotate_to} is not newer than {chan.epoch}")
-                    resp, out = {"ok": True, "epoch": rotate_to}, b""
-                elif op == "shutdown":
-                    resp, out, stop = {"ok": True}, b"", True
-                else:
-                    result, out = svc.handle(op, args, bytes(inner.payload))
-                    resp = {"ok": True, **result}
+                reply = svc.handle(str(inner.header.get("op", "")), dict(inner.header.get("args", {})),
+                                   bytes(inner.payload))
+                head, ct = chan.seal(FrameType.RESPONSE, {"ok": True, **reply.header}, reply.payload)
             except Exception as exc:  # the device reports, never dies, on a bad request (error_header types it)
-                resp, out, rotate_to = error_header(exc), b"", None
-            head, ct = chan.seal(FrameType.RESPONSE, resp, out)
+                reply = None
+                head, ct = chan.seal(FrameType.RESPONSE, error_header(exc), b"")
             send_frame(conn, FrameType.SEALED, head, ct)
-            if rotate_to is not None:
-                recv_key, send_key = svc.channel_keys(rotate_to)
-                chan = ControlChannel(send_key, recv_key, secrets.session_id)
-            if stop:
+            if reply is not None and reply.rekey_to is not None:
+                chan = ControlChannel.for_device(secrets, reply.rekey_to)
+            if reply is not None and reply.stop:
                 self.close()
                 return
 

@@ -14,6 +14,7 @@ import os
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,8 +28,24 @@ from gputravel.core.attestation import (
     emulated_measurements,
     make_evidence,
 )
+from gputravel.core.device.link import Op
 from gputravel.core.device.memory import Region, best_device
-from gputravel.core.errors import DeviceError, GpuTravelError, ProtocolError
+from gputravel.core.device.messages import (
+    AesRate,
+    BufferDigest,
+    Configured,
+    DataPathConfig,
+    DeviceInfo,
+    DeviceState,
+    DeviceStats,
+    HandoffGrant,
+    Measurement,
+    ScrubResult,
+    TrainResult,
+    WindowClosed,
+    WindowStatus,
+)
+from gputravel.core.errors import DeviceError, ProtocolError
 from gputravel.core.handshake import SessionSecrets, respond
 from gputravel.core.machine import aes_gcm_rate
 from gputravel.core.protocol import (
@@ -40,13 +57,26 @@ from gputravel.core.protocol import (
     ReplayError,
     StaleEpochError,
     WindowError,
-    channel_key,
     provisioning_key,
 )
 
 MAX_CHUNK = 16 * 1024 * 1024
 #: closed windows whose accepted chunks' tags are remembered, so a captured chunk replayed later is named
 DEAD_TAG_EPOCHS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One operation's answer: the response header and payload, and what the transport does after sending
+    it (``rekey_to``: swap the control channel to that epoch; ``stop``: close the service)."""
+
+    header: dict[str, Any]
+    payload: bytes | bytearray | memoryview = b""
+    rekey_to: int | None = None
+    stop: bool = False
+
+
+Handler = Callable[..., Reply]
 
 
 @dataclass(slots=True)
@@ -107,6 +137,23 @@ class DeviceService:
         self._cuda_local = threading.local()
         self._stages: list[torch.Tensor] = []
         self.measurements = emulated_measurements()
+        #: the control channel's current epoch (the transport swaps its keys after a ROTATE reply)
+        self.control_epoch = 0
+        #: the model digest, remembered for the model generation it was taken of: any operation that can
+        #: change the model, and any key that comes into being (a hand-off, a new session), starts a new
+        #: generation, so a measurement after them hashes afresh; between them the digest is reused
+        self._model_gen = 0
+        self._digest_memo: tuple[int, str] | None = None
+        #: the one operation table: every sealed request is dispatched here, by name
+        self.operations: dict[Op, Handler] = {
+            Op.ATTEST: self.op_attest, Op.ROTATE: self.op_rotate, Op.SHUTDOWN: self.op_shutdown,
+            Op.INFO: self.op_info, Op.CONFIGURE: self.op_configure, Op.MEASURE: self.op_measure,
+            Op.HANDOFF: self.op_handoff, Op.CLOSE_WINDOW: self.op_close_window,
+            Op.WINDOW_STATUS: self.op_window_status, Op.TRAIN: self.op_train, Op.SCRUB: self.op_scrub,
+            Op.CHECKPOINT: self.op_checkpoint, Op.RESTORE: self.op_restore, Op.STATS: self.op_stats,
+            Op.AES_RATE: self.op_aes_rate, Op.TAMPER: self.op_tamper, Op.DIGEST: self.op_digest,
+            Op.SET_DATA_PATH: self.op_set_data_path,
+        }
 
     # --- attestation and session ------------------------------------------------------------
     def evidence(self, nonce: bytes) -> Evidence:
@@ -122,14 +169,10 @@ class DeviceService:
             self.window = None
             self.dead_epochs.clear()
             self.dead_tags.clear()
+            self.control_epoch = 0
+            self._model_changed()
         self.counters["sessions"] += 1
         return pub, sig, secrets
-
-    def channel_keys(self, epoch: int) -> tuple[Any, Any]:
-        """(receive key, send key) of the control channel in ``epoch``."""
-        s = self._session()
-        return (channel_key(s.master, s.session_id, epoch=epoch, direction=Direction.ORCH_TO_DEVICE),
-                channel_key(s.master, s.session_id, epoch=epoch, direction=Direction.DEVICE_TO_ORCH))
 
     def _session(self) -> SessionSecrets:
         if self.secrets is None:
@@ -137,15 +180,17 @@ class DeviceService:
         return self.secrets
 
     # --- control operations (already authenticated by the sealed channel) -------------------
-    def handle(self, op: str, args: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
-        fn = getattr(self, f"op_{op}", None)
-        if fn is None:
-            raise DeviceError(f"unknown operation {op!r}")
+    def handle(self, op: str, args: dict[str, Any], payload: bytes) -> Reply:
+        """Dispatch one authenticated request through the operation table."""
+        try:
+            fn = self.operations[Op(op)]
+        except ValueError:
+            raise DeviceError(f"unknown operation {op!r}") from None
         t0 = self._busy_since = time.perf_counter()
         try:
-            head, out = fn(payload=payload, **args)
-            self.counters["bytes_out"] += len(out)
-            return head, out
+            reply = fn(payload=payload, **args)
+            self.counters["bytes_out"] += len(reply.payload)
+            return reply
         except TypeError as exc:
             raise DeviceError(f"bad arguments for {op}: {exc}") from None
         finally:
@@ -161,17 +206,32 @@ class DeviceService:
                 "memory_bytes": self._memory_bytes(),
                 "epoch": self.epoch, "rejected": dict(self.rejected), "device": str(self.device)}
 
-    def op_info(self, *, payload: bytes) -> tuple[dict[str, Any], bytes]:
-        return {"device": str(self.device), "device_name": self._device_name(), "buffer_bytes": self.buffer.nbytes,
-                "cc_mode": str(self.cc_mode), "platform": "emulated", "device_id": self.identity.device_id,
-                "torch": torch.__version__}, b""
+    def op_attest(self, *, nonce: str, payload: bytes) -> Reply:
+        """Fresh evidence over the verifier's nonce, inside the session."""
+        return Reply({"evidence": self.evidence(bytes.fromhex(nonce)).to_dict()})
+
+    def op_rotate(self, *, epoch: int, payload: bytes) -> Reply:
+        """Key update of the control channel: the transport swaps keys after sending this answer."""
+        rotate_to = int(epoch)
+        if rotate_to <= self.control_epoch:
+            raise ProtocolError(f"rotate to epoch {rotate_to} is not newer than {self.control_epoch}")
+        self.control_epoch = rotate_to
+        return Reply({"epoch": rotate_to}, rekey_to=rotate_to)
+
+    def op_shutdown(self, *, payload: bytes) -> Reply:
+        return Reply({}, stop=True)
+
+    def op_info(self, *, payload: bytes) -> Reply:
+        return Reply(DeviceInfo(device=str(self.device), device_name=self._device_name(),
+                                buffer_bytes=self.buffer.nbytes, cc_mode=str(self.cc_mode), platform="emulated",
+                                device_id=self.identity.device_id, torch=torch.__version__).to_wire())
 
     def _device_name(self) -> str:
         if self.device.type == "cuda":
             return torch.cuda.get_device_name(self.device)
         return "CPU (emulated GPU memory)"
 
-    def op_configure(self, *, payload: bytes) -> tuple[dict[str, Any], bytes]:
+    def op_configure(self, *, payload: bytes) -> Reply:
         """Upload the code region (the training program) and build the model from it."""
         from gputravel.core.training.model import GPTConfig
         from gputravel.core.training.trainer import Trainer, TrainSettings
@@ -184,24 +244,38 @@ class DeviceService:
             raise DeviceError(f"invalid training program: {exc}") from None
         self.code.write(payload)
         self.trainer = Trainer(config, settings, self.device)
+        self._model_changed()
         n_params = sum(p.numel() for p in self.trainer.model.parameters())
-        return {"code_digest": self.code.digest(), "params": int(n_params)}, b""
+        return Reply(Configured(code_digest=self.code.digest(), params=int(n_params)).to_wire())
 
     def _need_trainer(self) -> Any:
         if self.trainer is None:
             raise DeviceError("no model: configure first")
         return self.trainer
 
-    def op_measure(self, *, payload: bytes) -> tuple[dict[str, Any], bytes]:
-        trainer = self._need_trainer()
+    def _model_changed(self) -> None:
+        """A new model generation: the next digest is taken afresh."""
+        self._model_gen += 1
+
+    def model_digest(self) -> str:
+        """The model's digest (weights and optimizer state), hashed at most once per model generation."""
+        memo = self._digest_memo
+        if memo is not None and memo[0] == self._model_gen:
+            return memo[1]
+        digest = str(self._need_trainer().model_digest())
+        self.counters["model_digests"] += 1
+        self._digest_memo = (self._model_gen, digest)
+        return digest
+
+    def op_measure(self, *, payload: bytes) -> Reply:
+        self._need_trainer()
         code = self.code.digest()
-        model = trainer.model_digest()
+        model = self.model_digest()
         combined = hashlib.sha256(bytes.fromhex(code) + bytes.fromhex(model)).hexdigest()
         self.counters["measurements"] += 1
-        return {"code": code, "model": model, "measurement": combined}, b""
+        return Reply(Measurement(code=code, model=model, measurement=combined).to_wire())
 
-    def op_handoff(self, *, epoch: int, offset: int, length: int, chunk_size: int,
-                   payload: bytes) -> tuple[dict[str, Any], bytes]:
+    def op_handoff(self, *, epoch: int, offset: int, length: int, chunk_size: int, payload: bytes) -> Reply:
         """Derive the provisioning key for one window and one epoch; any earlier key dies."""
         s = self._session()
         if epoch <= self.epoch or epoch in self.dead_epochs:
@@ -218,11 +292,12 @@ class DeviceService:
             self.window = ProvisionWindow(epoch, offset, length, chunk_size, key.fingerprint,
                                           RecvState(key, session_id=s.session_id, window=4096))
             self.epoch = epoch
+            self._model_changed()  # a key is out: the measurement after its return hashes afresh
         self.counters["handoffs"] += 1
-        return {"session_id": s.session_id.hex(), "key_fingerprint": key.fingerprint,
-                "provisioning_key": key.to_wire()}, b""
+        return Reply(HandoffGrant(session_id=s.session_id.hex(), key_fingerprint=key.fingerprint,
+                                  provisioning_key=key.to_wire()).to_wire())
 
-    def op_close_window(self, *, epoch: int, payload: bytes) -> tuple[dict[str, Any], bytes]:
+    def op_close_window(self, *, epoch: int, payload: bytes) -> Reply:
         """The holder returned the GPU: its key is dead from here on."""
         with self.lock:
             w = self.window
@@ -230,9 +305,10 @@ class DeviceService:
                 raise StaleEpochError(f"no open window for epoch {epoch}")
             self.window = None
             self._bury(w)
-        return {"epoch": epoch, "bytes": w.bytes_in, "chunks": len(w.accepted), "expected_chunks": w.n_chunks,
-                "contiguous": w.contiguous(), "complete": len(w.accepted) == w.n_chunks,
-                "rejected": dict(self.rejected), "rejected_in_window": dict(self.rejected_by_epoch.get(epoch, {}))}, b""
+        return Reply(WindowClosed(epoch=epoch, bytes=w.bytes_in, chunks=len(w.accepted), expected_chunks=w.n_chunks,
+                                  contiguous=w.contiguous(), complete=len(w.accepted) == w.n_chunks,
+                                  rejected=dict(self.rejected),
+                                  rejected_in_window=dict(self.rejected_by_epoch.get(epoch, {}))).to_wire())
 
     def _bury(self, w: ProvisionWindow) -> None:
         """A window's key is dead; the tags of its chunks are kept a while to recognise replays."""
@@ -241,28 +317,30 @@ class DeviceService:
         while len(self.dead_tags) > DEAD_TAG_EPOCHS:
             self.dead_tags.pop(next(iter(self.dead_tags)))
 
-    def op_window_status(self, *, payload: bytes) -> tuple[dict[str, Any], bytes]:
+    def op_window_status(self, *, payload: bytes) -> Reply:
         w = self.window
         if w is None:
-            return {"open": False}, b""
-        return {"open": True, "epoch": w.epoch, "contiguous": w.contiguous(), "chunks": len(w.accepted),
-                "bytes": w.bytes_in}, b""
+            return Reply(WindowStatus(open=False).to_wire())
+        return Reply(WindowStatus(open=True, epoch=w.epoch, contiguous=w.contiguous(), chunks=len(w.accepted),
+                                  bytes=w.bytes_in).to_wire())
 
     def op_train(self, *, train_off: int, train_len: int, val_off: int, val_len: int, fmt: str,
-                 steps: int | None = None, payload: bytes) -> tuple[dict[str, Any], bytes]:
+                 steps: int | None = None, payload: bytes) -> Reply:
         trainer = self._need_trainer()
         if self.window is not None:
             raise DeviceError("cannot train while a provisioning window is open")
         for off, n in ((train_off, train_len), (val_off, val_len)):
             if off < 0 or n < 0 or off + n > self.buffer.nbytes:
                 raise WindowError(f"range [{off}, {off + n}) is outside the buffer")
+        self._model_changed()
         res = trainer.train_on_window(self.buffer.tensor, train_off=train_off, train_len=train_len, fmt=fmt)
         val = trainer.eval_on_window(self.buffer.tensor, val_off=val_off, val_len=val_len, fmt=fmt) if val_len else None
         self.counters["train_steps"] += len(res.losses)
-        return {"losses": res.losses, "tokens": res.tokens, "seconds": res.seconds,
-                "tokens_per_s": res.tokens_per_s, "val_loss": val, "model_digest": trainer.model_digest()}, b""
+        return Reply(TrainResult(losses=res.losses, tokens=res.tokens, seconds=res.seconds,
+                                 tokens_per_s=res.tokens_per_s, val_loss=val,
+                                 model_digest=self.model_digest()).to_wire())
 
-    def op_scrub(self, *, payload: bytes) -> tuple[dict[str, Any], bytes]:
+    def op_scrub(self, *, payload: bytes) -> Reply:
         if self.window is not None:
             raise DeviceError("cannot scrub while a provisioning window is open")
         t0 = time.perf_counter()
@@ -270,19 +348,21 @@ class DeviceService:
         for stage in self._stages:
             stage.zero_()
         self.counters["scrubs"] += 1
-        return {"verified": ok, "bytes": self.buffer.nbytes, "seconds": time.perf_counter() - t0}, b""
+        return Reply(ScrubResult(verified=ok, bytes=self.buffer.nbytes, seconds=time.perf_counter() - t0).to_wire())
 
-    def op_checkpoint(self, *, payload: bytes) -> tuple[dict[str, Any], bytes]:
+    def op_checkpoint(self, *, payload: bytes) -> Reply:
+        """The trainer's state, serialised once here; the orchestrator stores these bytes as they are."""
         trainer = self._need_trainer()
         buf = io.BytesIO()
         torch.save(trainer.state_dict(), buf)
-        return {"model_digest": trainer.model_digest()}, buf.getvalue()
+        return Reply(DeviceState(model_digest=self.model_digest()).to_wire(), buf.getbuffer())
 
-    def op_restore(self, *, payload: bytes) -> tuple[dict[str, Any], bytes]:
+    def op_restore(self, *, payload: bytes) -> Reply:
         trainer = self._need_trainer()
         state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
+        self._model_changed()
         trainer.load_state_dict(state)
-        return {"model_digest": trainer.model_digest()}, b""
+        return Reply(DeviceState(model_digest=self.model_digest()).to_wire())
 
     def _memory_bytes(self) -> int:
         """Device memory in use: buffer, code region, model parameters."""
@@ -291,13 +371,12 @@ class DeviceService:
             mem += sum(p.numel() * p.element_size() for p in self.trainer.model.parameters())
         return int(mem)
 
-    def op_stats(self, *, payload: bytes) -> tuple[dict[str, Any], bytes]:
-        mem = self._memory_bytes()
-        return {"counters": dict(self.counters), "rejected": dict(self.rejected), "busy_s": self.busy_s,
-                "rejected_by_epoch": {str(e): dict(c) for e, c in self.rejected_by_epoch.items()},
-                "memory_bytes": int(mem), "epoch": self.epoch}, b""
+    def op_stats(self, *, payload: bytes) -> Reply:
+        return Reply(DeviceStats(counters=dict(self.counters), rejected=dict(self.rejected), busy_s=self.busy_s,
+                                 rejected_by_epoch={str(e): dict(c) for e, c in self.rejected_by_epoch.items()},
+                                 memory_bytes=self._memory_bytes(), epoch=self.epoch).to_wire())
 
-    def op_aes_rate(self, *, chunk: int, seconds: float = 0.3, payload: bytes) -> tuple[dict[str, Any], bytes]:
+    def op_aes_rate(self, *, chunk: int, seconds: float = 0.3, payload: bytes) -> Reply:
         """AES-256-GCM decrypt rate measured inside this process (random key and data; nothing secret).
 
         The data path's AEAD calls share this process's GIL: a busy Python thread here (an event loop,
@@ -306,10 +385,10 @@ class DeviceService:
         if type(chunk) is not int or not 16 <= chunk <= 64 << 20:
             raise DeviceError("aes_rate needs an integer chunk of 16 B to 64 MiB")
         seconds = min(max(float(seconds), 0.05), 2.0)
-        return {"bytes_per_s": aes_gcm_rate(chunk, seconds=seconds), "chunk": chunk,
-                "threads": threading.active_count()}, b""
+        return Reply(AesRate(bytes_per_s=aes_gcm_rate(chunk, seconds=seconds), chunk=chunk,
+                             threads=threading.active_count()).to_wire())
 
-    def op_tamper(self, *, region: str, payload: bytes) -> tuple[dict[str, Any], bytes]:
+    def op_tamper(self, *, region: str, payload: bytes) -> Reply:
         """Fault injection (emulated platform, only when enabled): corrupt a region."""
         if not self.allow_fault_injection:
             raise DeviceError("fault injection is disabled on this device")
@@ -317,13 +396,14 @@ class DeviceService:
             with torch.no_grad():
                 p = next(self._need_trainer().model.parameters())
                 p.view(-1)[0] += 1.0
+            self._model_changed()
         elif region == "code":
             self.code.tensor[0] ^= 0xFF
         else:
             raise DeviceError(f"unknown region {region!r}")
-        return {"tampered": region}, b""
+        return Reply({"tampered": region})
 
-    def op_digest(self, *, offset: int, length: int, payload: bytes) -> tuple[dict[str, Any], bytes]:
+    def op_digest(self, *, offset: int, length: int, payload: bytes) -> Reply:
         """Test/debug op (emulated platform, only with fault injection on): SHA-256 of the buffer
         bytes ``[offset, offset + length)``.
 
@@ -338,7 +418,7 @@ class DeviceService:
             raise WindowError(f"range [{offset}, {offset + length}) is outside the {self.buffer.nbytes}-byte buffer")
         with self.lock:
             data = self.buffer.tensor[offset: offset + length].cpu().numpy().tobytes()
-        return {"sha256": hashlib.sha256(data).hexdigest(), "offset": offset, "length": length}, b""
+        return Reply(BufferDigest(sha256=hashlib.sha256(data).hexdigest(), offset=offset, length=length).to_wire())
 
     # --- data path ---------------------------------------------------------------------------
     def accept_chunk(self, header: dict[str, Any], payload: bytes | bytearray | memoryview) -> dict[str, Any]:
@@ -437,7 +517,7 @@ class DeviceService:
     AUTO_MIN_CORES = 4
 
     def op_set_data_path(self, *, parallel_auth: bool | None = None, overlap: bool | None = None, workers: int = 0,
-                         payload: bytes) -> tuple[dict[str, Any], bytes]:
+                         payload: bytes) -> Reply:
         """Switch the provisioning optimisations (for ablation): decryption on a worker pool, and
         decryption overlapped with receiving. ``None`` chooses by the cores this device has."""
         cores = os.cpu_count() or 2
@@ -450,9 +530,9 @@ class DeviceService:
         ovl = auto if overlap is None else bool(overlap)
         free = max(1, cores - 1)
         n = workers or (free if par else 1)
-        self.data_opts = {"parallel_auth": par, "overlap": ovl or par, "workers": n if (par or ovl) else 0,
-                          "reason": reason}
-        return dict(self.data_opts), b""
+        config = DataPathConfig(parallel_auth=par, overlap=ovl or par, workers=n if (par or ovl) else 0, reason=reason)
+        self.data_opts = config.to_wire()
+        return Reply(config.to_wire())
 
 
 def load_service(state_dir: Path, *, buffer_bytes: int, device: str | None = None, cc_mode: str = "on",
@@ -465,10 +545,4 @@ def load_service(state_dir: Path, *, buffer_bytes: int, device: str | None = Non
                          allow_fault_injection=allow_fault_injection)
 
 
-def error_header(exc: BaseException) -> dict[str, Any]:
-    if isinstance(exc, GpuTravelError):
-        return {"ok": False, "code": exc.code, "reason": exc.reason}
-    return {"ok": False, "code": "device", "reason": f"{type(exc).__name__}: {exc}"}
-
-
-__all__ = ["DeviceService", "ProvisionWindow", "load_service", "error_header"]
+__all__ = ["DeviceService", "Handler", "ProvisionWindow", "Reply", "load_service"]

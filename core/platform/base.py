@@ -6,7 +6,7 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any
 
-from gputravel.core.device.client import TrustAnchors
+from gputravel.core.device.link import TrustAnchors
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from gputravel.core.attestation import Policy, load_policy, provision_emulated
-from gputravel.core.device.client import TrustAnchors
+from gputravel.core.device.link import TrustAnchors
 from gputravel.core.errors import DeviceError
 from gputravel.core.platform.base import DeviceHandle, PlatformInfo
 from gputravel.core.procs import die_with_parent

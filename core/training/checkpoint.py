@@ -1,6 +1,20 @@
-"""Sealed checkpoints: ``torch.save`` bytes under AES-256-GCM, written atomically, mode 0600.
+"""Sealed checkpoints under AES-256-GCM, written atomically, mode 0600.
 
-File layout (``ckpt-{seq:06d}.gtc``)::
+Two kinds, told apart by the version byte. Version 2 (``save_device_state``, what the engine writes
+every visit) holds the device's own serialised state as it came over the link, never serialised
+again, next to a small JSON record (model digest, seq, epoch, steps, note)::
+
+    magic  b"GTCK"          4 bytes
+    version                 u8   (2)
+    seq                     u64  big-endian
+    run_id length           u16  big-endian, then the run id (UTF-8)
+    record length           u32  big-endian (sealed JSON record + 16-byte tag)
+    record nonce            12 bytes (random)
+    state length            u64  big-endian (sealed device state + 16-byte tag)
+    state nonce             12 bytes (random)
+    sealed record ‖ tag, sealed state ‖ tag
+
+Version 1 (``save``: any ``torch.save``-able state, e.g. a trainer's ``state_dict``)::
 
     magic  b"GTCK"          4 bytes
     version                 u8   (1)
@@ -10,7 +24,7 @@ File layout (``ckpt-{seq:06d}.gtc``)::
     nonce                   12 bytes (random)
     ciphertext ‖ tag
 
-The whole header is the AAD, so ``run_id``, ``seq`` and the version are authenticated and a file
+In both, the whole header is the AAD of every sealed part, so ``run_id``, ``seq`` and the version are authenticated and a file
 renamed to another sequence number is detected. The sealing key is derived per run with
 HKDF-SHA256 from the store key (``info = "gputravel/checkpoint/v1|" + run_id``), so a random 96-bit
 nonce per file is far inside its safe range.
@@ -19,11 +33,12 @@ nonce per file is far inside its safe range.
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from cryptography.exceptions import InvalidTag
@@ -37,10 +52,12 @@ from gputravel.core.files import fsync_dir, read_private, write_atomic
 __all__ = ["CHECKPOINT_VERSION", "CheckpointStore", "load_or_create_key"]
 
 CHECKPOINT_VERSION = 1
+DEVICE_STATE_VERSION = 2
 KEY_BYTES = 32
 _MAGIC = b"GTCK"
 _FIXED = struct.Struct(">4sBQH")  # magic, version, seq, run_id length
 _TAIL = struct.Struct(">Q12s")  # ciphertext length, nonce
+_TAIL2 = struct.Struct(">I12sQ12s")  # sealed record length, its nonce, sealed state length, its nonce
 _NAME = re.compile(r"^ckpt-(\d{6,})\.gtc$")
 _TAG_BYTES = 16
 _MAX_SEALED = 2**31 - 1 - _TAG_BYTES
@@ -118,11 +135,7 @@ class CheckpointStore:
 
     def save(self, state: dict[str, Any], *, run_id: str, seq: int) -> Path:
         """Seal ``state`` as checkpoint ``seq`` of ``run_id``; keeps the newest ``keep`` files."""
-        if seq < 0:
-            raise ConfigError(f"checkpoint seq must be non-negative, got {seq}")
-        rid = run_id.encode()
-        if not rid or len(rid) > 0xFFFF:
-            raise ConfigError("run_id must be 1 to 65535 bytes of UTF-8")
+        rid = self._check_ids(run_id, seq)
         raw = io.BytesIO()
         torch.save(state, raw)
         plaintext = raw.getbuffer()
@@ -138,12 +151,58 @@ class CheckpointStore:
         self._prune()
         return path
 
+    def save_device_state(self, blob: bytes | bytearray | memoryview, record: dict[str, Any], *, run_id: str,
+                          seq: int) -> Path:
+        """Seal the device's serialised state ``blob`` as it is (no second serialisation) with ``record``
+        (JSON: model digest, epoch, steps, ...) as checkpoint ``seq`` of ``run_id``."""
+        rid = self._check_ids(run_id, seq)
+        if len(blob) > _MAX_SEALED:
+            raise ConfigError(f"device state is {len(blob)} bytes; one sealed part holds at most {_MAX_SEALED} "
+                              f"(AES-GCM in cryptography takes < 2 GiB per message)")
+        meta = json.dumps(record, sort_keys=True).encode()
+        meta_nonce, state_nonce = os.urandom(12), os.urandom(12)
+        header = (_FIXED.pack(_MAGIC, DEVICE_STATE_VERSION, seq, len(rid)) + rid
+                  + _TAIL2.pack(len(meta) + _TAG_BYTES, meta_nonce, len(blob) + _TAG_BYTES, state_nonce))
+        out = bytearray(len(header) + len(meta) + len(blob) + 2 * _TAG_BYTES)
+        out[: len(header)] = header
+        view = memoryview(out)
+        aead = self._run_key(run_id)
+        at = len(header)
+        aead.encrypt_into(meta_nonce, meta, header, view[at: at + len(meta) + _TAG_BYTES])
+        at += len(meta) + _TAG_BYTES
+        aead.encrypt_into(state_nonce, blob, header, view[at:])  # straight into the file's buffer
+        path = self.path_for(seq)
+        write_atomic(path, cast(bytes, out))  # it writes through a memoryview: any buffer will do
+        self._prune()
+        return path
+
+    def load_device_state(self, path_or_seq: Path | int, *, run_id: str | None = None
+                          ) -> tuple[dict[str, Any], bytes | bytearray]:
+        """Verify and open a checkpoint written by ``save_device_state``: ``(record, device state bytes)``.
+        A version-1 checkpoint holding a ``device_state`` tensor (written before version 2) reads too."""
+        path, version, parts = self._open(path_or_seq, run_id)
+        if version == DEVICE_STATE_VERSION:
+            return json.loads(bytes(parts[0])), parts[1]
+        state = _unpickle(parts[0])
+        blob = state.pop("device_state", None)
+        if not isinstance(blob, torch.Tensor):
+            raise DataError(f"checkpoint {path} holds no device state")
+        return state, blob.numpy().tobytes()
+
+    def _check_ids(self, run_id: str, seq: int) -> bytes:
+        if seq < 0:
+            raise ConfigError(f"checkpoint seq must be non-negative, got {seq}")
+        rid = run_id.encode()
+        if not rid or len(rid) > 0xFFFF:
+            raise ConfigError("run_id must be 1 to 65535 bytes of UTF-8")
+        return rid
+
     def _prune(self) -> None:
         for _, old in self.checkpoints()[: -self.keep]:
             old.unlink(missing_ok=True)
 
     def load(self, path_or_seq: Path | int, *, run_id: str | None = None) -> dict[str, Any]:
-        """Verify and open a checkpoint.
+        """Verify and open a checkpoint (a version-2 one as its record plus ``device_state`` bytes).
 
         Args:
             path_or_seq: a file, or a sequence number in this store.
@@ -153,6 +212,13 @@ class CheckpointStore:
             DataError: missing or truncated file.
             TagError: the file was altered, sealed under another key, renamed, or belongs to another run.
         """
+        _, version, parts = self._open(path_or_seq, run_id)
+        if version == DEVICE_STATE_VERSION:
+            return {**json.loads(bytes(parts[0])), "device_state": parts[1]}
+        return _unpickle(parts[0])
+
+    def _open(self, path_or_seq: Path | int, run_id: str | None) -> tuple[Path, int, list[bytes | bytearray]]:
+        """Read, check and decrypt one file: (path, version, its plaintext parts)."""
         path = self.path_for(path_or_seq) if isinstance(path_or_seq, int) else Path(path_or_seq)
         try:
             blob = path.read_bytes()
@@ -163,29 +229,52 @@ class CheckpointStore:
         magic, version, seq, rid_len = _FIXED.unpack_from(blob)
         if magic != _MAGIC:
             raise TagError(f"{path} is not a sealed gputravel checkpoint (bad magic)")
-        if version != CHECKPOINT_VERSION:
-            raise DataError(f"checkpoint {path} has format version {version}, this build reads {CHECKPOINT_VERSION}")
-        header_len = _FIXED.size + rid_len + _TAIL.size
+        if version not in (CHECKPOINT_VERSION, DEVICE_STATE_VERSION):
+            raise DataError(f"checkpoint {path} has format version {version}, this build reads "
+                            f"{CHECKPOINT_VERSION} and {DEVICE_STATE_VERSION}")
+        tail = _TAIL if version == CHECKPOINT_VERSION else _TAIL2
+        header_len = _FIXED.size + rid_len + tail.size
         if len(blob) < header_len:
             raise DataError(f"checkpoint {path} is truncated ({len(blob)} bytes, header incomplete)")
-        ct_len, nonce = _TAIL.unpack_from(blob, _FIXED.size + rid_len)
+        if version == CHECKPOINT_VERSION:
+            ct_len, nonce = _TAIL.unpack_from(blob, _FIXED.size + rid_len)
+            sealed = [(ct_len, nonce)]
+        else:
+            meta_len, meta_nonce, state_len, state_nonce = _TAIL2.unpack_from(blob, _FIXED.size + rid_len)
+            sealed = [(meta_len, meta_nonce), (state_len, state_nonce)]
         body = memoryview(blob)[header_len:]
-        if len(body) < ct_len:
-            raise DataError(f"checkpoint {path} is truncated: {len(body)} of {ct_len} sealed bytes present")
-        if len(body) > ct_len:
-            raise TagError(f"checkpoint {path} has {len(body) - ct_len} unexpected trailing bytes")
+        want = sum(n for n, _ in sealed)
+        if len(body) < want:
+            raise DataError(f"checkpoint {path} is truncated: {len(body)} of {want} sealed bytes present")
+        if len(body) > want:
+            raise TagError(f"checkpoint {path} has {len(body) - want} unexpected trailing bytes")
         try:
             sealed_run = blob[_FIXED.size: _FIXED.size + rid_len].decode()
         except UnicodeDecodeError:
             raise TagError(f"checkpoint {path}: run id is not UTF-8 (altered header)") from None
-        try:
-            plaintext = self._run_key(sealed_run).decrypt(nonce, bytes(body), blob[:header_len])
-        except InvalidTag:
-            raise TagError(f"checkpoint {path} failed authentication (altered, or sealed under another key)") from None
+        aead = self._run_key(sealed_run)
+        header = blob[:header_len]
+        parts: list[bytes | bytearray] = []
+        at = 0
+        for n, nonce in sealed:
+            if n < _TAG_BYTES:
+                raise TagError(f"checkpoint {path} failed authentication (a sealed part shorter than its tag)")
+            out = bytearray(n - _TAG_BYTES)
+            try:
+                aead.decrypt_into(nonce, body[at: at + n], header, out)
+            except InvalidTag:
+                raise TagError(f"checkpoint {path} failed authentication (altered, or sealed under another key)"
+                               ) from None
+            parts.append(out)
+            at += n
         m = _NAME.match(path.name)
         if m and int(m.group(1)) != seq:
             raise TagError(f"checkpoint {path} was sealed as seq {seq}; the file was renamed")
         if run_id is not None and sealed_run != run_id:
             raise TagError(f"checkpoint {path} belongs to run {sealed_run!r}, not {run_id!r}")
-        state: dict[str, Any] = torch.load(io.BytesIO(plaintext), map_location="cpu", weights_only=True)
-        return state
+        return path, version, parts
+
+
+def _unpickle(plaintext: bytes | bytearray) -> dict[str, Any]:
+    state: dict[str, Any] = torch.load(io.BytesIO(plaintext), map_location="cpu", weights_only=True)
+    return state

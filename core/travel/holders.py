@@ -1,10 +1,17 @@
 """Holder links: how the engine reaches a holder's agent.
 
-One interface (``HolderLink``); ``FramedHolderLink`` speaks the framed protocol over any pair of
-asyncio streams and relays ciphertext chunks to the device's data port without opening them
-(the orchestrator never holds a key that opens them and never sees plaintext). ``LocalHolderLink``
-runs the agent as a local subprocess over stdin/stdout; the SSH deployer provides another link over
-the same interface.
+One interface (``HolderLink``: every member the engine uses) and one set of per-host states
+(``HolderState``). ``FramedHolderLink`` speaks the framed protocol over any pair of asyncio streams
+and relays ciphertext chunks to the device's data port as they are, without opening them.
+
+The orchestrator is trusted with the holders' keys (holders trust it; see the design's actors): it
+holds the session's master secret, from which the device derives every provisioning key, and for each
+hand-off it receives that hand-off's provisioning key from the device and forwards it to the holder
+inside the encrypted holder link (``Handoff``); on the conventional path it seals the holder's
+plaintext under that key itself. What it does not do is open the sealed chunks on the direct and
+channel paths, and a key is useless after its holder returns (the device closes the window and
+refuses its epoch). ``LocalHolderLink`` runs the agent as a local subprocess over stdin/stdout; the
+SSH deployer provides another link over the same interface.
 """
 
 from __future__ import annotations
@@ -16,15 +23,35 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from gputravel.core.errors import AgentError, DeviceError, GpuTravelError
+from gputravel.core.errors import AgentError, DeviceError, GpuTravelError, LinkLostError
 from gputravel.core.procs import die_with_parent
 from gputravel.core.protocol import TAG_LEN, DirectionKey, FrameError, FrameType, SendState, encode_frame
 from gputravel.core.protocol.frames import frame_head, read_frame_async
 
 STREAM_LIMIT = 64 * 1024 * 1024
+
+
+class HolderState(StrEnum):
+    """Per-host states of a holder link: connecting -> deploying -> verified -> ready -> provisioning ->
+    returned, or failed / offline; stopped when the run lets it go."""
+
+    CONNECTING = "connecting"
+    DEPLOYING = "deploying"
+    VERIFIED = "verified"
+    READY = "ready"
+    PROVISIONING = "provisioning"
+    RETURNED = "returned"
+    FAILED = "failed"
+    OFFLINE = "offline"
+    STOPPED = "stopped"
+
+
+#: (holder, state, detail): how a link reports its per-host state to the engine
+StateFn = Callable[[str, str, str], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,9 +120,16 @@ RejectFn = Callable[[int | None, str, str], None]
 
 
 class HolderLink(ABC):
+    """How the engine reaches one holder: start its agent, provision a hand-off, resume after a dropped
+    link, close; ``on_state`` reports its ``HolderState`` changes."""
+
     name: str
     #: "SEQ:HASH" of the ledger when the run lets the holder go: sent with the farewell, for its witness
     farewell_head: str | None = None
+    #: the engine's callback for per-host state changes (set by the engine when the link has none)
+    on_state: StateFn | None = None
+    #: how often a dropped link may be re-established within one hand-off (0: it cannot reconnect)
+    max_reconnects: int = 0
 
     @abstractmethod
     async def start(self) -> HolderInfo: ...
@@ -107,6 +141,10 @@ class HolderLink(ABC):
 
     @abstractmethod
     async def close(self) -> None: ...
+
+    async def reconnect(self) -> HolderInfo:
+        """Re-establish a dropped link and restart the agent (links with ``max_reconnects > 0``)."""
+        raise LinkLostError(self.name, "this link cannot reconnect")
 
     async def kill(self) -> None:
         """Fault injection: the agent dies."""
@@ -131,9 +169,9 @@ class FramedHolderLink(HolderLink):
         self.agent_pid: int | None = None
         #: per-host state (connecting -> ... -> ready -> provisioning -> returned / failed / offline) and the
         #: engine's callback for it: (holder, state, detail)
-        self.state = "offline"
+        self.state: str = HolderState.OFFLINE
         self.state_detail = ""
-        self.on_state: Callable[[str, str, str], None] | None = None
+        self.on_state = None
 
     def set_state(self, state: str, detail: str = "") -> None:
         self.state, self.state_detail = state, detail
@@ -351,7 +389,7 @@ class LocalHolderLink(FramedHolderLink):
         self.proc: asyncio.subprocess.Process | None = None
 
     async def start(self) -> HolderInfo:
-        self.set_state("connecting", "local subprocess")
+        self.set_state(HolderState.CONNECTING, "local subprocess")
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 self.python, "-m", "gputravel.agents.holder", "--name", self.name, "--data", str(self.data_dir),
@@ -365,23 +403,23 @@ class LocalHolderLink(FramedHolderLink):
         try:
             info = await self._hello()
         except GpuTravelError as exc:
-            self.set_state("failed", exc.reason)
+            self.set_state(HolderState.FAILED, exc.reason)
             await self.close()
             raise
-        self.set_state("ready", info.agent_sha256[:16])
+        self.set_state(HolderState.READY, info.agent_sha256[:16])
         return info
 
     async def provision(self, handoff: Handoff, *, device_socket: str, on_progress: ProgressFn | None = None,
                         on_reject: RejectFn | None = None,
                         data_endpoint: dict[str, Any] | None = None) -> ProvisionStats:
-        self.set_state("provisioning", f"epoch {handoff.epoch}")
+        self.set_state(HolderState.PROVISIONING, f"epoch {handoff.epoch}")
         try:
             stats = await super().provision(handoff, device_socket=device_socket, on_progress=on_progress,
                                             on_reject=on_reject, data_endpoint=data_endpoint)
         except GpuTravelError as exc:
-            self.set_state("failed", exc.reason)
+            self.set_state(HolderState.FAILED, exc.reason)
             raise
-        self.set_state("returned", f"epoch {handoff.epoch}")
+        self.set_state(HolderState.RETURNED, f"epoch {handoff.epoch}")
         return stats
 
     async def kill(self) -> None:
@@ -392,8 +430,8 @@ class LocalHolderLink(FramedHolderLink):
     async def close(self) -> None:
         if self.proc is None:
             return
-        if self.state not in ("failed", "offline"):
-            self.set_state("stopped")
+        if self.state not in (HolderState.FAILED, HolderState.OFFLINE):
+            self.set_state(HolderState.STOPPED)
         if self.proc.returncode is None:
             await self.stop()
             try:

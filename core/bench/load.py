@@ -1,0 +1,320 @@
+"""``bench load``'s study: many holders at once through the loopback SSH server.
+
+N holder accounts on an SSH server; every agent is deployed (connect, upload, verify the bundle hash,
+start) in parallel by the engine's set-up; then the visits run one after another on the one (emulated)
+GPU with a tiny model, one training step per visit and a few KiB of data per holder, so what is left is
+the protocol's own cost. Reported:
+
+* deploy: wall time from the first holder's connect to the last holder's HELLO (all in parallel);
+* protocol overhead per visit: ATTEST + HANDOFF + RETURN + VERIFY + SCRUB + the key update of ROTATE
+  (the visit records' ``phase_s``; the sealed checkpoint that ROTATE also writes is timed on its own
+  by the engine's probe hook and subtracted), i.e. everything but PROVISION and TRAIN;
+* the checkpoint time, and the ledger/event bookkeeping between phases, separately;
+* peak memory: resident set of the orchestrator, the device service, the SSH server and the agents
+  (every process under this one, sampled from /proc).
+
+The SSH server and its links come from the caller (``HolderFleet``): core knows nothing of SSH.
+Helpers here (data, /proc sampling, the probed engine) are shared with ``bench soak``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Protocol
+
+from gputravel.core import events as ev
+from gputravel.core.config import RunSettings
+from gputravel.core.machine import machine_info
+from gputravel.core.travel.engine import TravelEngine
+from gputravel.core.travel.holders import HolderLink, HolderState
+from gputravel.core.travel.probes import Timings
+
+#: Phases whose time is the protocol's own cost (PROVISION and TRAIN are the work itself).
+PROTOCOL_PHASES = ("ATTEST", "HANDOFF", "RETURN", "VERIFY", "SCRUB", "ROTATE")
+OVERHEAD_TARGET_MS = 50.0
+DEPLOY_TARGET_S = 10.0
+_WORDS = ("the quick brown fox jumps over a lazy dog while seven wise owls sing softly at night in the "
+          "old town by the river").split()
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+# --- data ----------------------------------------------------------------------------------------
+def write_holders(root: Path, n: int, nbytes: int, *, seed: int = 0) -> Path:
+    """``n`` holder folders ``h00``.. under ``root``, each one .txt file of about ``nbytes`` words."""
+    for i in range(n):
+        folder = root / f"h{i:02d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        rng = random.Random(seed * 1000 + i)
+        words: list[str] = []
+        size = 0
+        while size < nbytes:
+            w = rng.choice(_WORDS)
+            words.append(w)
+            size += len(w) + 1
+        (folder / "data.txt").write_text(" ".join(words)[:nbytes])
+    return root
+
+
+# --- memory --------------------------------------------------------------------------------------
+def rss(pid: int | None) -> int:
+    """Resident set size of ``pid`` in bytes (0 when it is gone)."""
+    if pid is None:
+        return 0
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def anon_rss(pid: int | None) -> int:
+    """The anonymous part of ``pid``'s resident set (heap, stacks; no mapped files or shared libraries) in
+    bytes, from ``RssAnon`` in /proc/PID/status (0 when it is gone): what a leak grows."""
+    if pid is None:
+        return 0
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return 0
+    return 0
+
+
+def _role(pid: int, root: int) -> str:
+    if pid == root:
+        return "orchestrator"
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ")
+    except OSError:
+        return "other"
+    if b"gputravel.core.device" in cmd:
+        return "device"
+    if b"gputravel.agents.holder" in cmd:
+        return "agents"
+    if b"gputravel.agents.sshserver" in cmd:
+        return "ssh_server"
+    return "other"
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and every live descendant (from /proc/*/stat)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, ()))
+    return out
+
+
+def memory_by_role(root: int | None = None) -> dict[str, int]:
+    """Resident bytes of this process tree, summed per role (shared pages count once per process)."""
+    root = os.getpid() if root is None else root
+    by: dict[str, int] = {}
+    for pid in process_tree(root):
+        role = _role(pid, root)
+        by[role] = by.get(role, 0) + rss(pid)
+    by["total"] = sum(by.values())
+    return by
+
+
+class MemorySampler:
+    """Samples ``memory_by_role`` in a thread; keeps each role's peak and the peak of the total."""
+
+    def __init__(self, interval: float = 0.1) -> None:
+        self.interval = interval
+        self.peak: dict[str, int] = {}
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="mem-sampler")
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def sample(self) -> dict[str, int]:
+        now = memory_by_role()
+        for role, n in now.items():
+            self.peak[role] = max(self.peak.get(role, 0), n)
+        self.samples += 1
+        return now
+
+    def __enter__(self) -> MemorySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def mib(n: float) -> float:
+    return round(n / 2**20, 1)
+
+
+# --- the engine, probed ----------------------------------------------------------------------------
+class LoadProbe(Timings):
+    """The engine's timings (its probe hook), read as per-visit costs."""
+
+    def visit_costs(self, report: dict[str, Any]) -> list[dict[str, float]]:
+        """Per completed visit: protocol overhead, checkpoint, bookkeeping, provisioning and training (s)."""
+        out = []
+        for v in report["visits"]:
+            if not str(v["outcome"]).startswith("done") or not v["phase_s"]:
+                continue
+            ph = v["phase_s"]
+            ckpt = self.checkpoint_s.get(v["visit"] + 1, 0.0)
+            per_phase = {p: ph.get(p, 0.0) for p in PROTOCOL_PHASES}
+            per_phase["ROTATE"] = max(0.0, per_phase["ROTATE"] - ckpt)  # the key update alone
+            wall = self.visit_wall_s.get(v["visit"], sum(ph.values()))
+            out.append({"visit": v["visit"], "overhead": sum(per_phase.values()), "checkpoint": ckpt,
+                        "provision": ph.get("PROVISION", 0.0), "train": ph.get("TRAIN", 0.0),
+                        "bookkeeping": max(0.0, wall - sum(ph.values())), "wall": wall,
+                        **{f"phase:{p}": s for p, s in per_phase.items()}})
+        return out
+
+
+def stats_ms(values: Iterable[float]) -> dict[str, float | None]:
+    xs = sorted(values)
+    if not xs:
+        return {"median": None, "mean": None, "p95": None, "max": None}
+    return {"median": round(statistics.median(xs) * 1e3, 2), "mean": round(statistics.fmean(xs) * 1e3, 2),
+            "p95": round(xs[min(len(xs) - 1, int(0.95 * len(xs)))] * 1e3, 2), "max": round(xs[-1] * 1e3, 2)}
+
+
+def cost_summary(costs: list[dict[str, float]]) -> dict[str, Any]:
+    return {
+        "protocol_overhead_ms": stats_ms(c["overhead"] for c in costs),
+        "overhead_by_phase_median_ms": {
+            p.lower() if p != "ROTATE" else "rotate_key_update": stats_ms(c[f"phase:{p}"] for c in costs)["median"]
+            for p in PROTOCOL_PHASES},
+        "checkpoint_ms": stats_ms(c["checkpoint"] for c in costs),
+        "bookkeeping_ms": stats_ms(c["bookkeeping"] for c in costs),
+        "provision_ms": stats_ms(c["provision"] for c in costs),
+        "train_ms": stats_ms(c["train"] for c in costs),
+        "visit_wall_ms": stats_ms(c["wall"] for c in costs),
+    }
+
+
+async def run_probed(settings: RunSettings, *, links: list[HolderLink] | None,
+                     sinks: Iterable[Callable[[ev.Event], None]] = (),
+                     on_engine: Callable[[TravelEngine], None] | None = None
+                     ) -> tuple[dict[str, Any], LoadProbe, TravelEngine]:
+    """``api.run`` with a ``LoadProbe`` on the engine's probe hook: (report, probe, engine)."""
+    from gputravel.core import api
+
+    engine = await asyncio.to_thread(api.build_engine, settings, links=links)
+    probe = LoadProbe()
+    engine.probes.append(probe)
+    engine.sinks.extend(sinks)
+    if on_engine is not None:
+        on_engine(engine)
+    try:
+        report = await engine.run()
+    finally:
+        await engine.aclose()
+    return report, probe, engine
+
+
+class HolderFleet(Protocol):
+    """Holders reached over SSH, started by the caller (the console wires the embedded SSH server)."""
+
+    def start(self) -> list[HolderLink]:
+        """Start the server (blocking); the links to its holders."""
+        ...
+
+    def stop(self) -> None: ...
+
+
+#: (holders as (name, data folder), a private work folder or None for a temporary one) -> their fleet
+FleetFactory = Callable[[list[tuple[str, Path]], Path | None], HolderFleet]
+
+
+# --- bench load ------------------------------------------------------------------------------------
+async def load(*, holders: int, rounds: int, holder_kib: int, steps_per_visit: int, workdir: Path,
+               fleet: FleetFactory, on_deployed: Callable[[], None] | None = None,
+               on_visit: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Run the study; ``on_deployed`` / ``on_visit`` tick once per holder ready and per visit ended."""
+    data = write_holders(workdir / "data", holders, holder_kib * 1024)
+    names = sorted(p.name for p in data.iterdir())
+    settings = RunSettings(holders=holders, rounds=rounds, steps_per_visit=steps_per_visit, batch_size=4, seq_len=32,
+                           chunk_kib=16, buffer_mib=max(0.0625, 2 * holder_kib / 1024), data_dir=data,
+                           out_dir=workdir / "run", transport="ssh", data_path="direct", model="tiny")
+
+    def sink(event: ev.Event) -> None:
+        if isinstance(event, ev.HolderStateChanged) and event.state == HolderState.READY:
+            if on_deployed is not None:
+                on_deployed()
+        elif isinstance(event, ev.VisitCompleted | ev.VisitFailed):
+            if on_visit is not None:
+                on_visit()
+
+    server = fleet([(n, data / n) for n in names], _private(workdir / "ssh"))
+    t0 = time.perf_counter()
+    with MemorySampler(0.1) as mem:
+        try:
+            t_srv = time.perf_counter()
+            links = await asyncio.to_thread(server.start)
+            server_s = time.perf_counter() - t_srv
+            report, probe, _engine = await run_probed(settings, links=links, sinks=[sink])
+        finally:
+            server.stop()
+        mem.sample()
+    total_s = time.perf_counter() - t0
+    costs = probe.visit_costs(report)
+    deploy_wall = probe.deploy_wall_s()
+    per_holder = [h.get("deploy_s") for h in report["holders"] if h.get("deploy_s") is not None]
+    summary = cost_summary(costs)
+    overhead_med = summary["protocol_overhead_ms"]["median"]
+    return {
+        "benchmark": "load",
+        "machine": machine_info(),
+        "settings": {"holders": holders, "rounds": rounds, "visits": len(report["visits"]),
+                     "steps_per_visit": steps_per_visit, "holder_kib": holder_kib, "model": settings.model,
+                     "transport": "ssh (embedded loopback server)", "data_path": settings.data_path,
+                     "buffer_kib": settings.buffer_bytes // 1024, "chunk_kib": settings.chunk_kib},
+        "deploy": {"wall_s": round(deploy_wall, 3) if deploy_wall is not None else None,
+                   "per_holder_s": {"median": round(statistics.median(per_holder), 3) if per_holder else None,
+                                    "max": round(max(per_holder), 3) if per_holder else None},
+                   "uploaded": sum(1 for h in report["holders"] if h.get("uploaded")),
+                   "ssh_server_start_s": round(server_s, 3), "target_s": DEPLOY_TARGET_S,
+                   "within_target": deploy_wall is not None and deploy_wall <= DEPLOY_TARGET_S},
+        "per_visit": {**summary, "target_overhead_ms": OVERHEAD_TARGET_MS,
+                      "within_target": overhead_med is not None and overhead_med <= OVERHEAD_TARGET_MS,
+                      "overhead_includes": "ATTEST (stats, attest, measure) + HANDOFF + RETURN (close window) + "
+                                           "VERIFY (measure) + SCRUB + ROTATE minus the sealed checkpoint",
+                      "bookkeeping_includes": "ledger rows and events between phases (outside phase_s)"},
+        "memory": {"peak_mib": {k: mib(v) for k, v in sorted(mem.peak.items())}, "samples": mem.samples,
+                   "note": "resident set sizes from /proc, summed per role (shared pages count once per process); "
+                           "other: short-lived deploy helpers on the holders (bundle hash and cryptography checks)"},
+        "outcomes": {"done": sum(1 for v in report["visits"] if v["outcome"] == "done"),
+                     "failed": report["failed_visits"]},
+        "ledger": {k: report["ledger"][k] for k in ("verified", "rows")},  # verified by the engine's report
+        "seconds": round(total_s, 2),
+    }
+
+
+def _private(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path

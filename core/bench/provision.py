@@ -1,0 +1,179 @@
+"""``bench provision``'s study: end-to-end provisioning throughput per data path.
+
+Each measurement is one real hand-off, made by the engine's own hand-off code
+(``gputravel.core.travel.handoff``): the emulated device service derives a window key, the holder's
+agent (deployed over the loopback SSH server, or a local subprocess) seals its data in chunks and the
+device authenticates and decrypts them straight into its buffer. Timed from HANDOFF to DONE. The
+single-core AES-256-GCM decrypt rate is measured in the same run, with the same chunk size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gputravel.core.bench.load import FleetFactory, HolderFleet
+from gputravel.core.device.client import DeviceClient
+from gputravel.core.errors import DataError
+from gputravel.core.machine import aes_gcm_rate, machine_info
+from gputravel.core.platform.emulated import EmulatedPlatform
+from gputravel.core.travel import handoff as ho
+from gputravel.core.travel.holders import HolderLink, LocalHolderLink
+
+__all__ = ["ABLATION", "PATHS", "ablation_study", "make_dataset", "measure_path", "memcpy_rate", "paths_study"]
+
+PATHS = ("direct", "direct-tcp", "ssh", "local", "conventional")
+
+#: The Fastrack-style ablation: (label, path, parallel_auth, overlap)
+ABLATION = (
+    ("travelling: direct + parallel auth + overlap", "direct", True, True),
+    ("travelling: direct + overlap (no parallel auth)", "direct", False, True),
+    ("travelling: direct only (serial receive/decrypt)", "direct", False, False),
+    ("travelling over the SSH channel (no direct path)", "ssh", True, True),
+    ("conventional: SSH + CPU re-encryption + device decrypt", "conventional", True, True),
+)
+
+#: (a task's label, how many hand-offs it makes) -> the function to call after each one
+ProgressFactory = Callable[[str, int], Callable[[], None]]
+
+
+def memcpy_rate(size: int, *, seconds: float = 0.3) -> float:
+    """Plain host memory copy rate (bytes/s): the floor any path is compared with."""
+    src = bytearray(os.urandom(1 << 20)) * (size >> 20 or 1)
+    dst = bytearray(len(src))
+    n = 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        memoryview(dst)[:] = src
+        n += 1
+    return n * len(src) / (time.perf_counter() - t0)
+
+
+def make_dataset(folder: Path, nbytes: int) -> None:
+    """A holder folder whose single .txt file holds ``nbytes`` of printable pseudo-random text."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "data.txt", "wb") as f:
+        left = nbytes
+        while left:
+            block = os.urandom(min(left, 1 << 22) // 2 + 1).hex().encode()[: min(left, 1 << 22)]
+            f.write(block)
+            left -= len(block)
+
+
+def _route(path: str) -> tuple[str, str]:
+    """A bench path as the engine's (data path, transport) pair, for ``handoff.data_endpoint``."""
+    if path == "direct":
+        return "direct", "local"  # the device's Unix socket
+    if path == "direct-tcp":
+        return "direct", "inventory"  # its TCP data port
+    return ("conventional" if path == "conventional" else "channel"), "local"
+
+
+async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdir: Path, fleet: FleetFactory,
+                       on_handoff: Callable[[], None] | None = None, parallel_auth: bool | None = None,
+                       overlap: bool | None = None, probe: dict[str, float] | None = None) -> list[float]:
+    """Seconds per hand-off of ``size`` bytes on ``path`` (direct | direct-tcp | ssh | local | conventional).
+
+    With ``probe``, also the AES-GCM rate measured inside the device process after the hand-offs
+    (``probe["device_aes_b_s"]``): it falls if anything in that process holds the GIL (issue 5's check
+    that the data path's process has no busy Python threads)."""
+    data = workdir / "holder" / "bench"
+    if not data.exists():
+        make_dataset(data, int(size / 0.9) + 64)  # the agent holds out 10% for validation
+    handle = EmulatedPlatform(workdir / "platform").start(buffer_bytes=size)
+    client = DeviceClient(handle.socket_path, anchors=handle.anchors)
+    server: HolderFleet | None = None
+    times: list[float] = []
+    data_path, transport = _route(path)
+    try:
+        await asyncio.to_thread(client.connect)
+        await asyncio.to_thread(client.set_data_path, parallel_auth=parallel_auth, overlap=overlap)
+        link: HolderLink
+        if path == "local":
+            link = LocalHolderLink("bench", data)
+        else:
+            server = fleet([("bench", data)], None)
+            link = (await asyncio.to_thread(server.start))[0]
+        info = await link.start()
+        if info.train_bytes < size:
+            raise DataError(f"dataset too small: {info.train_bytes} < {size}")
+        endpoint = ho.data_endpoint(handle, data_path=data_path, transport=transport)
+        for epoch in range(1, repeats + 1):
+            handoff, _ = await ho.open_window(client, epoch=epoch, skip=0, length=size, chunk_size=chunk,
+                                              train=(0, size), val=(0, 0), conventional=path == "conventional")
+            t0 = time.perf_counter()
+            await ho.provision(client, link, handoff, device_socket=handle.socket_path, endpoint=endpoint)
+            times.append(time.perf_counter() - t0)
+            ho.require_complete(await ho.close_window(client, handoff), size)
+            if on_handoff is not None:
+                on_handoff()
+        await link.close()
+        if probe is not None:
+            probe["device_aes_b_s"] = (await asyncio.to_thread(client.aes_rate, chunk=chunk)).bytes_per_s
+    finally:
+        if server is not None:
+            server.stop()
+        client.close()
+        handle.stop()
+    return times
+
+
+def paths_study(paths: list[str], *, size_mib: int, chunk_kib: int, repeats: int, workdir: Path,
+                fleet: FleetFactory, progress: ProgressFactory | None = None) -> dict[str, Any]:
+    """MB/s per data path, next to the single-core AES-GCM rate (standalone and inside the device)."""
+    size, chunk = size_mib << 20, chunk_kib << 10
+    aes = aes_gcm_rate(chunk)
+    in_device: list[float] = []
+    rows: list[dict[str, Any]] = []
+    for p in paths:
+        tick = progress(f"{p}: {repeats} × {size_mib} MiB", repeats) if progress else None
+        probe: dict[str, float] = {}
+        times = asyncio.run(measure_path(p, size=size, chunk=chunk, repeats=repeats, workdir=workdir, fleet=fleet,
+                                         on_handoff=tick, probe=probe))
+        in_device.append(probe["device_aes_b_s"])
+        med = statistics.median(times)
+        rows.append({"path": p, "size_mib": size_mib, "chunk_kib": chunk_kib, "repeats": repeats,
+                     "median_s": round(med, 6), "min_s": round(min(times), 6),
+                     "mb_s": round(size / med / 1e6, 1), "best_mb_s": round(size / min(times) / 1e6, 1),
+                     "fraction_of_aes_core": round(size / med / aes, 3)})
+    by = {r["path"]: r for r in rows}
+    device_aes = statistics.median(in_device)
+    result: dict[str, Any] = {
+        "benchmark": "provision", "machine": machine_info(), "aes_gcm_1core_mb_s": round(aes / 1e6, 1),
+        # the same measurement inside the device service's process: a busy Python thread there
+        # would hold the GIL between AES-GCM calls and pull this below the standalone rate
+        "aes_gcm_in_device_mb_s": round(device_aes / 1e6, 1),
+        "device_aes_vs_standalone": round(device_aes / aes, 3),
+        "rows": rows}
+    if "direct" in by and "ssh" in by:
+        result["direct_vs_ssh"] = round(by["direct"]["mb_s"] / by["ssh"]["mb_s"], 2)
+    return result
+
+
+def ablation_study(*, size_mib: int, chunk_kib: int, repeats: int, workdir: Path, fleet: FleetFactory,
+                   progress: ProgressFactory | None = None) -> dict[str, Any]:
+    """The Fastrack-style table: each optimisation on and off, the conventional path, a memory copy."""
+    size, chunk = size_mib << 20, chunk_kib << 10
+    rows: list[dict[str, Any]] = []
+    aes = aes_gcm_rate(chunk)
+    copy = memcpy_rate(size)
+    for label, p, par, ovl in ABLATION:
+        tick = progress(label, repeats) if progress else None
+        times = asyncio.run(measure_path(p, size=size, chunk=chunk, repeats=repeats, workdir=workdir, fleet=fleet,
+                                         on_handoff=tick, parallel_auth=par, overlap=ovl))
+        med = statistics.median(times)
+        rows.append({"config": label, "path": p, "parallel_auth": par, "overlap": ovl,
+                     "median_s": round(med, 6), "min_s": round(min(times), 6),
+                     "gb_s": round(size / med / 1e9, 3), "fraction_of_aes_core": round(size / med / aes, 3)})
+    base = next(r for r in rows if r["path"] == "conventional")
+    for r in rows:
+        r["speedup_vs_conventional"] = round(base["median_s"] / r["median_s"], 2)
+        r["time_saved_vs_conventional_pct"] = round(100 * (1 - r["median_s"] / base["median_s"]), 1)
+    return {"benchmark": "provision-ablation", "machine": machine_info(), "size_mib": size_mib,
+            "chunk_kib": chunk_kib, "repeats": repeats, "aes_gcm_1core_gb_s": round(aes / 1e9, 3),
+            "memcpy_gb_s": round(copy / 1e9, 3), "rows": rows}

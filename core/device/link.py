@@ -1,0 +1,149 @@
+"""The device link: what both ends of the orchestrator <-> device connection share.
+
+Torch-free (standard library, ``cryptography``, ``core.protocol``, ``core.handshake``), so the
+orchestrator's client never loads the device's training code. It holds:
+
+* ``send_frame``: one frame onto a socket (large payloads without a copy into the head);
+* ``session_context``: what the authenticated key exchange binds (the verifier's nonce and the exact
+  evidence it checked);
+* ``ControlChannel``: one side's sealed request/response state for one control epoch;
+* ``Op``: every operation a sealed request may name, the one vocabulary of the device's operation
+  table (``DeviceService.operations``) and the client's typed methods;
+* ``TrustAnchors``: what the orchestrator pins to trust a device.
+
+Wire format of a control exchange: the request is one ``SEALED`` frame whose plaintext is a
+``REQUEST`` frame ``{"op": OP, "args": {...}}`` plus a payload; the answer is one ``SEALED`` frame
+holding a ``RESPONSE`` frame ``{"ok": true, ...}`` (or ``{"ok": false, "code", "reason"}``) plus a
+payload. Each sealed frame takes the next sequence number of its direction. A later operation that
+moves model state in bounded pieces (a stream) fits the same channel unchanged: it sends or receives
+a sequence of sealed frames under consecutive sequence numbers inside one exchange (the client holds
+its lock for the whole exchange), each no larger than ``MAX_SEALED_PAYLOAD``.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from gputravel.core.errors import FrameError, GpuTravelError
+from gputravel.core.handshake import SessionSecrets
+from gputravel.core.protocol import (
+    MAX_PAYLOAD,
+    TAG_LEN,
+    Direction,
+    DirectionKey,
+    Frame,
+    FrameType,
+    RecvState,
+    SendState,
+    channel_key,
+    decode_frame,
+    encode_frame,
+)
+from gputravel.core.protocol.frames import frame_head
+
+if TYPE_CHECKING:
+    from cryptography import x509
+
+    from gputravel.core.attestation import Policy
+
+__all__ = ["MAX_SEALED_PAYLOAD", "ControlChannel", "Op", "TrustAnchors", "error_header", "send_frame",
+           "session_context"]
+
+#: The largest payload one sealed control frame may carry (its tag and inner frame head fit in the rest).
+MAX_SEALED_PAYLOAD = MAX_PAYLOAD - TAG_LEN - 1024
+
+
+class Op(StrEnum):
+    """The device's operations, by their wire names."""
+
+    ATTEST = "attest"
+    ROTATE = "rotate"
+    SHUTDOWN = "shutdown"
+    INFO = "info"
+    CONFIGURE = "configure"
+    MEASURE = "measure"
+    HANDOFF = "handoff"
+    CLOSE_WINDOW = "close_window"
+    WINDOW_STATUS = "window_status"
+    TRAIN = "train"
+    SCRUB = "scrub"
+    CHECKPOINT = "checkpoint"
+    RESTORE = "restore"
+    STATS = "stats"
+    AES_RATE = "aes_rate"
+    TAMPER = "tamper"
+    DIGEST = "digest"
+    SET_DATA_PATH = "set_data_path"
+
+
+@dataclass(frozen=True, slots=True)
+class TrustAnchors:
+    """What the orchestrator pins: the vendor root, the revocation list, the policy."""
+
+    root: x509.Certificate
+    crl: x509.CertificateRevocationList | None
+    policy: Policy
+
+
+def send_frame(sock: socket.socket, ftype: FrameType, header: dict[str, Any] | None = None,
+               payload: bytes | bytearray | memoryview = b"") -> None:
+    head = frame_head(ftype, header, len(payload))
+    if len(payload) <= 65536:
+        sock.sendall(head + bytes(payload))
+    else:
+        sock.sendall(head)
+        sock.sendall(payload)
+
+
+def session_context(nonce: bytes, evidence_digest: bytes) -> bytes:
+    """What the key exchange binds: the verifier's nonce and the digest of the exact evidence it checked."""
+    return b"gputravel-ctx-v1" + nonce + bytes(evidence_digest)
+
+
+def error_header(exc: BaseException) -> dict[str, Any]:
+    """A refusal as the device sends it: the typed error's code and reason (anything else is ``device``)."""
+    if isinstance(exc, GpuTravelError):
+        return {"ok": False, "code": exc.code, "reason": exc.reason}
+    return {"ok": False, "code": "device", "reason": f"{type(exc).__name__}: {exc}"}
+
+
+class ControlChannel:
+    """Sealed request/response state of one side of the control channel in one epoch."""
+
+    def __init__(self, send_key: DirectionKey, recv_key: DirectionKey, session_id: bytes) -> None:
+        self.send = SendState(send_key, session_id=session_id)
+        self.recv = RecvState(recv_key, session_id=session_id, window=1)
+        self.epoch = send_key.epoch
+
+    @classmethod
+    def for_orchestrator(cls, secrets: SessionSecrets, epoch: int) -> ControlChannel:
+        """The orchestrator's side: sends orchestrator -> device, opens device -> orchestrator."""
+        return cls(channel_key(secrets.master, secrets.session_id, epoch=epoch, direction=Direction.ORCH_TO_DEVICE),
+                   channel_key(secrets.master, secrets.session_id, epoch=epoch, direction=Direction.DEVICE_TO_ORCH),
+                   secrets.session_id)
+
+    @classmethod
+    def for_device(cls, secrets: SessionSecrets, epoch: int) -> ControlChannel:
+        """The device's side: the same two keys, the other way round."""
+        return cls(channel_key(secrets.master, secrets.session_id, epoch=epoch, direction=Direction.DEVICE_TO_ORCH),
+                   channel_key(secrets.master, secrets.session_id, epoch=epoch, direction=Direction.ORCH_TO_DEVICE),
+                   secrets.session_id)
+
+    def seal(self, ftype: FrameType, header: dict[str, Any],
+             payload: bytes | bytearray | memoryview) -> tuple[dict[str, Any], bytes]:
+        """(outer header, ciphertext) of one sealed frame holding ``ftype`` with ``header`` and ``payload``."""
+        inner = encode_frame(ftype, header, payload)
+        seq, ct = self.send.seal(inner, frame_type=FrameType.SEALED)
+        return {"e": self.epoch, "s": seq}, ct
+
+    def open(self, header: dict[str, Any], payload: bytes | bytearray | memoryview) -> Frame:
+        """Authenticate and decrypt one sealed frame; returns the inner frame."""
+        try:
+            epoch, seq = int(header["e"]), int(header["s"])
+        except (KeyError, TypeError, ValueError, OverflowError):  # OverflowError: JSON Infinity
+            raise FrameError("sealed frame header needs integer e and s") from None
+        inner = self.recv.open(payload, seq=seq, epoch=epoch, frame_type=FrameType.SEALED)
+        return decode_frame(inner)

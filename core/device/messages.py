@@ -1,0 +1,145 @@
+"""The device's answers, typed: one frozen dataclass per operation whose fields a caller reads.
+
+Torch-free and shared by both ends: the service builds each answer's header with ``to_wire()``, the
+client reads it back with ``from_wire()``; the field names are the wire names (unchanged).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Self
+
+__all__ = ["AesRate", "BufferDigest", "Configured", "DataPathConfig", "DeviceInfo", "DeviceState", "DeviceStats",
+           "HandoffGrant", "Measurement", "ScrubResult", "TrainResult", "WindowClosed", "WindowStatus"]
+
+
+class _Wire:
+    """``to_wire``/``from_wire`` for a dataclass whose field names are its header keys."""
+
+    __slots__ = ()
+
+    def to_wire(self) -> dict[str, Any]:
+        wire: dict[str, Any] = asdict(self)  # type: ignore[call-overload]  # every subclass is a dataclass
+        return wire
+
+    @classmethod
+    def from_wire(cls, head: dict[str, Any]) -> Self:
+        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        return cls(**{k: v for k, v in head.items() if k in names})
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo(_Wire):
+    device: str
+    device_name: str
+    buffer_bytes: int
+    cc_mode: str
+    platform: str
+    device_id: str
+    torch: str
+
+
+@dataclass(frozen=True, slots=True)
+class Configured(_Wire):
+    """The code region holds the program whose digest this is; the model has ``params`` parameters."""
+
+    code_digest: str
+    params: int
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement(_Wire):
+    """SHA-256 of the code region, of the model (weights and optimizer state), and of both."""
+
+    code: str
+    model: str
+    measurement: str
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffGrant(_Wire):
+    """A provisioning key for one window and one epoch (``repr`` never shows the key)."""
+
+    session_id: str
+    key_fingerprint: str
+    provisioning_key: dict[str, Any] = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowClosed(_Wire):
+    epoch: int
+    bytes: int
+    chunks: int
+    expected_chunks: int
+    contiguous: int
+    complete: bool
+    rejected: dict[str, int]
+    rejected_in_window: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class WindowStatus(_Wire):
+    open: bool
+    epoch: int | None = None
+    contiguous: int = 0
+    chunks: int = 0
+    bytes: int = 0
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self) if self.open else {"open": False}
+
+
+@dataclass(frozen=True, slots=True)
+class TrainResult(_Wire):
+    losses: list[float]
+    tokens: int
+    seconds: float
+    tokens_per_s: float
+    val_loss: float | None
+    model_digest: str
+
+
+@dataclass(frozen=True, slots=True)
+class ScrubResult(_Wire):
+    verified: bool
+    bytes: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceState(_Wire):
+    """The model's digest; with a checkpoint, the device's serialised state travels as the payload."""
+
+    model_digest: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceStats(_Wire):
+    counters: dict[str, int]
+    rejected: dict[str, int]
+    busy_s: float
+    rejected_by_epoch: dict[str, dict[str, int]]
+    memory_bytes: int
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class AesRate(_Wire):
+    bytes_per_s: float
+    chunk: int
+    threads: int
+
+
+@dataclass(frozen=True, slots=True)
+class BufferDigest(_Wire):
+    sha256: str
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class DataPathConfig(_Wire):
+    parallel_auth: bool
+    overlap: bool
+    workers: int
+    reason: str

@@ -1,0 +1,63 @@
+"""The run's audit: every fact is one call that writes its ledger row and emits its event together."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from gputravel.core import events as ev
+from gputravel.core.ledger import Ledger
+from gputravel.core.travel.control import EventSink
+from gputravel.core.travel.report import VisitRecord
+
+__all__ = ["ATTACK_CODES", "Audit"]
+
+#: Rejections that only a misbehaving holder causes with a valid key: writes outside its window, its key
+#: used after return or in another epoch, replays, frames the data port does not take (reading back).
+ATTACK_CODES = frozenset({"window", "stale-epoch", "replay", "frame"})
+
+
+class Audit:
+    """The hash-chained ledger and the event stream of one run.
+
+    ``record(event, kind, ...)`` is one fact: the ledger row is appended first (so whoever hears the
+    event can already read the row), then the event goes out. ``row`` is a fact with no event (plans,
+    retries, state commits) and ``emit`` an event with no row (progress, phase starts)."""
+
+    def __init__(self, ledger: Ledger, emit: EventSink) -> None:
+        self.ledger = ledger
+        self._emit = emit
+        self._rejections_seen: dict[tuple[str, str], int] = {}  # (epoch, code) -> count already audited
+
+    def record(self, event: ev.Event, kind: str, **row: Any) -> None:
+        self.ledger.append(kind=kind, **row)
+        self._emit(event)
+
+    def row(self, kind: str, **row: Any) -> None:
+        self.ledger.append(kind=kind, **row)
+
+    def emit(self, event: ev.Event) -> None:
+        self._emit(event)
+
+    def head(self) -> str | None:
+        """``"SEQ:HASH"`` of the ledger now (``None`` while empty), for the holders' witnesses."""
+        seq, digest = self.ledger.head()
+        return f"{seq}:{digest}" if seq else None
+
+    def rejections(self, by_epoch: dict[str, dict[str, int]], records: Iterable[VisitRecord]) -> None:
+        """Attribute the device's new rejections to the visit whose epoch they claimed; attacks get a row."""
+        seen = self._rejections_seen
+        by_visit = {r.epoch: r for r in records if r.epoch}
+        for epoch_s, counts in by_epoch.items():
+            rec = by_visit.get(int(epoch_s))
+            for code, n in counts.items():
+                new = n - seen.get((epoch_s, code), 0)
+                if new <= 0:
+                    continue
+                seen[(epoch_s, code)] = n
+                if rec is None or code not in ATTACK_CODES:
+                    continue
+                rec.attack[code] = rec.attack.get(code, 0) + new
+                self.row("attack-detected", holder=rec.plan.holder, epoch=rec.epoch, key_fp=rec.key_fingerprint,
+                         outcome=code, detail={"visit": rec.plan.index, "count": new,
+                                               "after_return": rec.outcome.startswith("done")})

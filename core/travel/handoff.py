@@ -1,0 +1,100 @@
+"""One hand-off, the code the engine and ``bench provision`` share: open a provisioning window on the
+device, let the holder provision it (resuming after a dropped link), close the window.
+
+The device derives a key for one window and one epoch (``open_window``); the holder's link carries it to
+the agent, whose sealed chunks reach the device's buffer (``provision``); closing the window kills the
+key and says what arrived (``close_window``, ``require_complete``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from gputravel.core.device.client import DeviceClient
+from gputravel.core.device.messages import WindowClosed, WindowStatus
+from gputravel.core.errors import DeviceError, LinkLostError, ProtocolError
+from gputravel.core.platform.base import DeviceHandle
+from gputravel.core.travel.holders import Handoff, HolderLink, ProgressFn, ProvisionStats, RejectFn
+
+__all__ = ["ResumeFn", "close_window", "data_endpoint", "open_window", "provision", "require_complete",
+           "sub_windows"]
+
+#: (the error, reconnect attempt, the device's window status): a dropped link is about to be resumed
+ResumeFn = Callable[[LinkLostError, int, WindowStatus], None]
+
+
+def sub_windows(length: int, *, chunk_size: int, key_chunk_budget: int) -> list[tuple[int, int]]:
+    """``(skip, length)`` pieces of a window so that no provisioning key seals more than
+    ``key_chunk_budget`` chunks."""
+    per_key = max(1, key_chunk_budget) * chunk_size
+    return [(skip, min(per_key, length - skip)) for skip in range(0, length, per_key)]
+
+
+def data_endpoint(handle: DeviceHandle, *, data_path: str, transport: str) -> dict[str, Any] | None:
+    """Where a holder sends sealed chunks on the direct path: the device's Unix socket for holders on
+    this host (local agents, the embedded SSH server), its TCP data port for inventory hosts (which an
+    SSH link reaches through a remote port forward unless the inventory says the network routes it).
+    ``None`` on the other paths (the chunks ride the holder link)."""
+    if data_path != "direct":
+        return None
+    if transport in ("local", "ssh"):
+        return {"path": handle.socket_path}
+    if handle.data_port is None:
+        raise DeviceError("the direct data path needs the device's data port, which this device has not opened")
+    return {"host": handle.data_host, "port": handle.data_port}
+
+
+async def open_window(client: DeviceClient, *, epoch: int, skip: int, length: int, chunk_size: int,
+                      train: tuple[int, int], val: tuple[int, int], conventional: bool = False,
+                      ledger_head: str | None = None) -> tuple[Handoff, str]:
+    """A provisioning key for bytes [skip, skip+length) of the buffer in ``epoch``: the ``Handoff`` the
+    holder gets, and the key's fingerprint."""
+    grant = await asyncio.to_thread(client.handoff, epoch=epoch, offset=skip, length=length, chunk_size=chunk_size)
+    handoff = Handoff(epoch=epoch, session_id=grant.session_id, key=grant.provisioning_key, window_offset=skip,
+                      chunk_size=chunk_size, train=train, val=val, skip=skip, length=length,
+                      conventional=conventional, ledger_head=ledger_head)
+    return handoff, grant.key_fingerprint
+
+
+async def provision(client: DeviceClient, link: HolderLink, handoff: Handoff, *, device_socket: str,
+                    endpoint: dict[str, Any] | None, on_progress: ProgressFn | None = None,
+                    on_reject: RejectFn | None = None, on_resume: ResumeFn | None = None) -> ProvisionStats:
+    """Provision; when the link to the holder drops (not the agent failing), reconnect and resume from
+    the device's last contiguous acknowledged chunk: nothing is sent twice into the buffer and nothing
+    is lost."""
+    attempt = 0
+    t0 = time.perf_counter()
+    while True:
+        try:
+            stats = await link.provision(handoff, device_socket=device_socket, on_progress=on_progress,
+                                         on_reject=on_reject, data_endpoint=endpoint)
+            if attempt:
+                stats.seconds = time.perf_counter() - t0
+            return stats
+        except LinkLostError as exc:
+            attempt += 1
+            if attempt > link.max_reconnects:
+                raise
+            status = await asyncio.to_thread(client.window_status)
+            if not status.open or status.epoch != handoff.epoch:
+                raise
+            if on_resume is not None:
+                on_resume(exc, attempt, status)
+            await link.reconnect()
+            handoff = replace(handoff, resume_from=status.contiguous)
+
+
+async def close_window(client: DeviceClient, handoff: Handoff) -> WindowClosed:
+    """The holder returned: its key dies; what the window received."""
+    return await asyncio.to_thread(client.close_window, epoch=handoff.epoch)
+
+
+def require_complete(closed: WindowClosed, expected: int) -> None:
+    """Every chunk of the window arrived, ``expected`` bytes in all, or ``ProtocolError``."""
+    if not closed.complete or closed.bytes != expected:
+        raise ProtocolError(f"holder returned with {closed.bytes} of {expected} bytes provisioned "
+                            f"under epoch {closed.epoch}")
