@@ -264,20 +264,30 @@ class SshHolderLink(FramedHolderLink):
         if self._closing or self.process is not process:
             return
         await asyncio.sleep(0.05)  # a dropping connection closes its channels first: tell which it was
-        if conn.is_closed():
+        self._mark_offline()
+
+    def _mark_offline(self) -> None:
+        """A holder that was waiting and lost its agent or session goes offline, saying which."""
+        if self.state not in (HolderState.READY, HolderState.RETURNED):
+            return
+        process = self.process
+        if self.conn is None or self.conn.is_closed():
             reason = "SSH connection lost while waiting"
+        elif process is None:
+            reason = "agent not running"
         else:
             sig = process.exit_signal
-            how = f"killed by {sig[0]}" if sig else f"exit status {process.exit_status}"
+            how = (f"killed by {sig[0]}" if sig else f"exit status {process.exit_status}"
+                   if process.exit_status is not None else "its channel closed")
             reason = f"agent exited while waiting ({how})"
-        if self.state in (HolderState.READY, HolderState.RETURNED):
-            self.set_state(HolderState.OFFLINE, reason)
+        self.set_state(HolderState.OFFLINE, reason)
 
     async def ensure_ready(self) -> HolderInfo:
         """This holder, verified-ready: reconnected with backoff (redeploying and re-verifying the agent's
         hash) when its agent or session died. Raises ``LinkLostError`` when it does not come back."""
         if self.ready and self.info is not None:
             return self.info
+        self._mark_offline()
         try:
             return await self.reconnect()
         except AgentError as exc:
@@ -306,8 +316,7 @@ class SshHolderLink(FramedHolderLink):
     async def provision(self, handoff: Handoff, *, device_socket: str, on_progress: ProgressFn | None = None,
                         on_reject: RejectFn | None = None, data_endpoint: dict[str, Any] | None = None) -> Any:
         if not self.ready:  # checked before the hand-off (and its key) is written anywhere
-            if self.state not in (HolderState.OFFLINE, HolderState.FAILED):
-                self.set_state(HolderState.OFFLINE, "agent not running")
+            self._mark_offline()
             raise LinkLostError(self.name, f"holder not verified-ready ({self.state}: {self.state_detail or '-'}); "
                                            f"no key released")
         self.set_state(HolderState.PROVISIONING, f"epoch {handoff.epoch}" +
@@ -367,7 +376,13 @@ class SshHolderLink(FramedHolderLink):
     async def kill(self) -> None:
         """Fault injection: kill the agent process on the holder; the SSH connection stays up."""
         if self.conn is not None and self.agent_pid:
+            process = self.process
             await _run(self.conn, self.spec, f"kill -9 {int(self.agent_pid)}")
+            if process is not None:  # dead when this returns: its channel closed
+                try:
+                    await asyncio.wait_for(process.wait_closed(), 5)
+                except (TimeoutError, OSError, asyncssh.Error):
+                    pass
 
     async def drop_connection(self) -> None:
         """Fault injection: the SSH connection drops (the agent is killed with it)."""

@@ -118,19 +118,19 @@ async def test_a_holder_whose_agent_does_not_come_back_gets_no_key_and_the_run_e
     out = tmp_path / "run"
     links = [SshHolderLink(s, max_reconnects=1) for s in ssh.specs]  # type: ignore[attr-defined]
     alice = links[0]
-    async with started(small(data, out), links) as engine:
-        def kill_and_tamper(e: TravelEngine) -> None:
+    async with started(small(data, out, fault="kill-agent@ATTEST:2"), links) as engine:
+        def tamper(e: TravelEngine) -> None:  # as alice's second visit begins (the fault plan then kills her agent)
             if e.current is None or e.current.plan.index != 2:
-                e.fault["ATTEST"] = kill_and_tamper  # not yet: wait for alice's second visit
+                e.fault["ATTEST"] = tamper
                 return
             (agent_dir,) = [d for d in (ssh.workdir / "homes" / "alice" / ".gputravel").glob("agent-*")
                             if ".part-" not in d.name]
             with open(agent_dir / "gputravel" / "agents" / "holder" / "agent.py", "a") as f:
                 f.write("\n# changed behind the orchestrator's back\n")
-            asyncio.ensure_future(alice.kill())
 
-        engine.fault["ATTEST"] = kill_and_tamper
+        engine.fault["ATTEST"] = tamper
         report = await engine.run()
+        keys_derived = (await asyncio.to_thread(engine.client.stats)).counters["handoffs"]
 
     outcomes = [(v["holder"], v["outcome"]) for v in report["visits"]]
     assert outcomes == [("alice", "done"), ("bob", "done"), ("alice", "failed"), ("bob", "done")]
@@ -141,5 +141,14 @@ async def test_a_holder_whose_agent_does_not_come_back_gets_no_key_and_the_run_e
     failed = [r for r in rows(out, "visit-failed") if r.holder == "alice"]
     assert failed and all(r.detail["visit"] == 2 for r in failed)
     assert "hash mismatch" in failed[-1].detail["error"]
+    assert {r.phase for r in failed} == {"HANDOFF"}  # failed before its window was opened
+    # no provisioning key for alice once she went offline: no HANDOFF row (which names the key) for her
+    # after it, and the device derived exactly one key per HANDOFF row
+    all_rows = rows(out)
+    off = next(i for i, r in enumerate(all_rows) if r.kind == "holder-state" and r.holder == "alice"
+               and r.outcome == "offline")
+    handoffs = [r for r in all_rows if r.kind == "phase" and r.phase == "HANDOFF"]
+    assert not [r for r in all_rows[off:] if r.kind == "phase" and r.phase == "HANDOFF" and r.holder == "alice"]
+    assert keys_derived == len(handoffs) == 3
     assert rows(out)[-1].kind == "run-completed" and rows(out)[-1].outcome == "partial"
     assert verify_ledger(out / "ledger.db").ok

@@ -376,7 +376,8 @@ class TravelEngine:
         return 0, {"device_id": result.device_id, "ok": result.ok}
 
     async def _handoff(self, v: _Visit) -> _Outcome:
-        """A provisioning key for this window and epoch only."""
+        """A provisioning key for this window and epoch only, for a holder that is verified-ready."""
+        await self._require_ready(v.link)
         v.handoff = await self._open_window(v.rec, v.subs[0])
         v.window_open = True
         return 0, {"window": [0, v.rec.plan.window_len], "part": v.rec.plan.part_id, "n_windows": len(v.subs)}
@@ -489,7 +490,9 @@ class TravelEngine:
         self.audit.emit(ev.PhaseStarted(time.time(), rec.plan.index, rec.plan.holder, str(phase), rec.epoch))
         self._fault_point(phase)
         if self.fault_plan is not None and self.fault_plan.matches(phase, rec.plan.index, rec.attempts):
-            self._arm_fault(self.fault_plan, rec)
+            killed = self._arm_fault(self.fault_plan, rec)
+            if killed is not None:  # an agent killed as the phase begins is dead before the phase goes on
+                await killed
         return time.perf_counter()
 
     def _done(self, rec: VisitRecord, phase: Phase, t0: float, *, nbytes: int = 0, outcome: str = "ok",
@@ -510,9 +513,11 @@ class TravelEngine:
         if action is not None:
             action(self)
 
-    def _arm_fault(self, plan: FaultPlan, rec: VisitRecord) -> None:
-        """Fault injection (crash study and tests): kill a process now or ``plan.delay`` s into the phase."""
+    def _arm_fault(self, plan: FaultPlan, rec: VisitRecord) -> asyncio.Future[None] | None:
+        """Fault injection (crash study and tests): kill a process now or ``plan.delay`` s into the phase;
+        an agent killed now is returned as the future of its death."""
         self.fault_plan = None  # once per run
+        killed: list[asyncio.Future[None]] = []
 
         def fire() -> None:
             if plan.target == "orchestrator":
@@ -520,14 +525,27 @@ class TravelEngine:
             elif plan.target == "device":
                 self.handle.kill()
             elif plan.target == "agent":
-                asyncio.ensure_future(self.links[rec.plan.holder].kill())
+                killed.append(asyncio.ensure_future(self.links[rec.plan.holder].kill()))
 
         if plan.delay <= 0:
             fire()
-        else:
-            asyncio.get_running_loop().call_later(plan.delay, fire)
+            return killed[0] if killed else None
+        asyncio.get_running_loop().call_later(plan.delay, fire)
+        return None
 
     # --- hand-off windows ---------------------------------------------------------------------------
+    async def _require_ready(self, link: HolderLink) -> None:
+        """No key to a holder that is not verified-ready: one whose agent or session died while it waited
+        is brought back first (the link marks it offline, reconnects with backoff and verifies the agent's
+        hash again); if it does not come back, the visit fails here, before any window is opened."""
+        if link.ready:
+            return
+        info = await link.ensure_ready()
+        if not link.ready:
+            raise LinkLostError(link.name, f"not verified-ready ({getattr(link, 'state', '?')}); no key released")
+        if info is not None:
+            self.infos[link.name] = info
+
     async def _open_window(self, rec: VisitRecord, sub: tuple[int, int]) -> Handoff:
         """A new epoch and a provisioning key for bytes [skip, skip+length) of the visit's window."""
         epoch = self.epoch + 1
