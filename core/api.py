@@ -55,20 +55,10 @@ def resume_settings(out_dir: Path, **overrides: Any) -> RunSettings:
     return RunSettings.from_dict(saved, out_dir=Path(out_dir), resume=True, **overrides)
 
 
-def saved_settings(settings: RunSettings) -> dict[str, Any]:
-    """What ``settings.json`` holds: the run's settings with absolute paths (a resume may start anywhere)."""
-    saved = {k: v for k, v in settings.to_dict().items() if k not in ("resume", "fault")}
-    for key in ("data_dir", "holders_file", "out_dir"):
-        if saved.get(key) is not None:
-            saved[key] = str(Path(saved[key]).expanduser().resolve())
-    return saved
-
-
 def build_engine(settings: RunSettings, *, links: Iterable[HolderLink] | None = None) -> TravelEngine:
     """Start the (emulated) device service and wire a run; the caller awaits ``engine.run()``."""
+    from gputravel.core.runfolder import saved_settings, verify_run_folder
     from gputravel.core.training.checkpoint import CheckpointStore, load_or_create_key
-
-    from gputravel.core.runfolder import verify_run_folder
 
     out = Path(settings.out_dir)
     if out.exists() and (out / "ledger.db").exists() and not settings.resume:

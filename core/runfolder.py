@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gputravel.core.config import RunSettings
 from gputravel.core.errors import ConfigError, GpuTravelError, IntegrityError, LedgerError
 from gputravel.core.ledger import canonical_json, read_rows, read_state, verify_ledger
 
@@ -78,20 +79,30 @@ def verify_run_folder(out: Path) -> RunFolderCheck:
     _check_state_against_chain(ledger, rows, state)
     seq = state.get("checkpoint_seq")
     if seq is not None:
-        sealed = _open_checkpoint(out, int(seq), str(state.get("run_id", "")))
-        head = sealed.get("ledger_head")
-        if head is not None:
-            recorded = (int(head[0]), str(head[1]))
-            again = verify_ledger(ledger, expect_head=recorded)
-            if not again.ok:
-                raise LedgerError(f"--resume refused: the ledger is not the one checkpoint {seq} was sealed "
-                                  f"with: {again.reason}")
+        run_id = str(state.get("run_id", ""))
+        sealed = _open_checkpoint(out, int(seq), run_id)
+        _check_sealed_head(ledger, int(seq), sealed)
+        newest = max((int(p.name[5:-4]) for p in ckpt_dir.glob("ckpt-*.gtc") if p.name[5:-4].isdigit()),
+                     default=int(seq))
+        if newest > int(seq):  # written before a kill cut its visit short, or rows were cut off the ledger
+            _check_sealed_head(ledger, newest, _open_checkpoint(out, newest, run_id))
         want = sealed.get("settings_sha256")
         if want is not None and want != settings_digest(saved):
             raise IntegrityError(f"--resume refused: {out / 'settings.json'} changed since the run started "
                                  f"(its digest differs from the one sealed in checkpoint {seq})")
     return RunFolderCheck(out, fresh=False, rows=result.rows, head_hash=result.head_hash,
                           checkpoint_seq=None if seq is None else int(seq))
+
+
+def _check_sealed_head(ledger: Path, seq: int, sealed: dict[str, Any]) -> None:
+    """The ledger head sealed into checkpoint ``seq`` is still in the chain: no rows cut off, none rewritten."""
+    head = sealed.get("ledger_head")
+    if head is None:
+        return  # a checkpoint written before heads were sealed
+    again = verify_ledger(ledger, expect_head=(int(head[0]), str(head[1])))
+    if not again.ok:
+        raise LedgerError(f"--resume refused: the ledger is not the one checkpoint {seq} was sealed with: "
+                          f"{again.reason}")
 
 
 def _read_settings(out: Path) -> dict[str, Any]:
@@ -129,6 +140,8 @@ def _check_state_against_chain(ledger: Path, rows: list[Any], state: dict[str, A
 
 
 def _open_checkpoint(out: Path, seq: int, run_id: str) -> dict[str, Any]:
+    """The sealed record of checkpoint ``seq`` (model digest, epoch, the ledger head and settings digest it
+    was sealed with), after its key and seal were checked."""
     from gputravel.core.training.checkpoint import CheckpointStore, _read_key
 
     key_path = out / "keys" / "checkpoint.key"
@@ -137,7 +150,25 @@ def _open_checkpoint(out: Path, seq: int, run_id: str) -> dict[str, Any]:
                              f"(a new key would not open it)")
     key = _read_key(key_path)  # InsecureKeyError (exit 2) for a key others can read
     try:
-        state: dict[str, Any] = CheckpointStore(out / "checkpoints", key).load(seq, run_id=run_id)
+        record, _ = CheckpointStore(out / "checkpoints", key).load_device_state(seq, run_id=run_id)
     except GpuTravelError as exc:
         raise IntegrityError(f"--resume refused: checkpoint {seq} does not verify: {exc.reason}") from None
-    return state
+    return dict(record)
+
+
+def saved_settings(settings: RunSettings) -> dict[str, Any]:
+    """What ``settings.json`` holds: the run's settings with absolute paths (a resume may start anywhere)."""
+    saved = {k: v for k, v in settings.to_dict().items() if k not in ("resume", "fault")}
+    for key in ("data_dir", "holders_file", "out_dir"):
+        if saved.get(key) is not None:
+            saved[key] = str(Path(saved[key]).expanduser().resolve())
+    return saved
+
+
+def sealed_settings_digest(out: Path) -> str | None:
+    """The digest of ``out/settings.json`` as the engine seals it into each checkpoint (None: no file)."""
+    try:
+        saved = json.loads((Path(out) / "settings.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return settings_digest(saved) if isinstance(saved, dict) else None

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import started, write_holder
+from helpers import started
 
 from gputravel.agents.deploy import HolderState, SshHolderLink
 from gputravel.agents.fleet import EmbeddedSshServer

@@ -208,20 +208,9 @@ class RunFolder:
 
 def fresh_settings(out: Path | None, **options: Any) -> tuple[RunSettings, RunFolder]:
     """The settings of a new run, validated before anything is created, and its (not yet created) folder."""
-    settings = RunSettings(out_dir=out or Path("runs") / "pending", **options)
-    validate_run_options(settings)
+    settings = RunSettings(out_dir=out or Path("runs") / "pending", **options)  # validates every option
     folder = RunFolder(resolve_out_dir(out, resume=False, create=False), link_latest=out is None)
     return replace(settings, out_dir=folder.out), folder
-
-
-def validate_run_options(settings: RunSettings) -> None:
-    """What :class:`RunSettings` does not check itself yet: each ``--break-before`` names a phase."""
-    from gputravel.core.travel.phases import VISIT_PHASES
-
-    names = [str(p) for p in VISIT_PHASES]
-    for b in settings.breakpoints:
-        if b not in names:
-            raise ConfigError(f"--break-before {b!r} is not a phase (one of {', '.join(names)})")
 
 
 def register(app: typer.Typer) -> None:

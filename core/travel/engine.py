@@ -39,6 +39,7 @@ from gputravel.core.errors import (
 from gputravel.core.ledger import Ledger
 from gputravel.core.platform.base import DeviceHandle
 from gputravel.core.procs import release_free_memory
+from gputravel.core.runfolder import sealed_settings_digest
 from gputravel.core.training.checkpoint import CheckpointStore
 from gputravel.core.travel import handoff as ho
 from gputravel.core.travel.audit import ATTACK_CODES, Audit
@@ -122,6 +123,7 @@ class TravelEngine:
         self.device_restarts = 0
         self.session_epoch_base = 0
         self.session_rekeys = 0
+        self.settings_sha256 = sealed_settings_digest(self.out_dir)
         #: the phase walk of one visit: each step returns its outcome (bytes, detail)
         self._steps: tuple[tuple[Phase, Callable[[_Visit], Awaitable[_Outcome]]], ...] = (
             (Phase.ATTEST, self._attest), (Phase.HANDOFF, self._handoff), (Phase.PROVISION, self._provision),
@@ -180,8 +182,12 @@ class TravelEngine:
         """Seal the device's state, serialised once on the device, as checkpoint ``seq``."""
         t0 = time.perf_counter()
         state = await asyncio.to_thread(self.client.checkpoint)
+        # sealed with the state: the ledger head and the settings this checkpoint continues, so a resume can
+        # prove that the ledger was neither cut nor rewritten and the settings not changed behind its back
+        seq_now, hash_now = self.ledger.head()
         record = {"model_digest": state.model_digest, "seq": seq, "epoch": self.epoch, "note": note,
-                  "steps": self.step_count}
+                  "steps": self.step_count, "ledger_head": [seq_now, hash_now] if seq_now else None,
+                  "settings_sha256": self.settings_sha256}
         await asyncio.to_thread(self.ckpt.save_device_state, state.blob, record, run_id=self.first_run_id, seq=seq)
         self.last_good_ckpt = seq
         self.expected_model = state.model_digest
@@ -297,8 +303,13 @@ class TravelEngine:
                                            "after": f"{rec.failed_phase}: {rec.error}"})
                     rec.reset_for_retry()
         except GpuTravelError as exc:
-            self.audit.record(ev.RunFailed(time.time(), self.run_id, str(exc), exc.code),
-                              "run-failed", outcome=exc.code, detail={"error": str(exc)})
+            self._final_row(str(exc), exc.code)
+            raise
+        except (asyncio.CancelledError, KeyboardInterrupt):  # Ctrl-C: committed progress stays resumable
+            self._final_row("cancelled (interrupted)", CancelledRunError.code)
+            raise
+        except Exception as exc:  # a bug: still a final row, then the traceback
+            self._final_row(f"{type(exc).__name__}: {exc}", "error")
             raise
         finally:
             await self._shutdown_links()
@@ -312,6 +323,16 @@ class TravelEngine:
                           "run-completed", outcome="ok" if not failed else "partial", duration_s=seconds,
                           detail={"visits": len(self.records), "failed": failed})
         return self.report(seconds=time.perf_counter() - t0)
+
+    def _final_row(self, error: str, code: str) -> None:
+        """Every way a run ends writes a final ledger row and a final event (``run-failed`` with the error's
+        code; ``run-completed`` on the way out of a finished run). A ledger that cannot take it any more
+        (``LedgerError``) does not hide the run's own error."""
+        try:
+            self.audit.record(ev.RunFailed(time.time(), self.run_id, error, code),
+                              "run-failed", outcome=code, detail={"error": error})
+        except GpuTravelError:
+            self.audit.emit(ev.RunFailed(time.time(), self.run_id, error, code))
 
     def report(self, *, seconds: float) -> dict[str, Any]:
         return build_report(self, seconds=seconds)
