@@ -215,8 +215,10 @@ class DeviceClient:
     def restore(self, blob: bytes | bytearray | memoryview) -> DeviceState:
         return DeviceState.from_wire(self.call(Op.RESTORE, blob)[0])
 
-    def stats(self) -> DeviceStats:
-        return DeviceStats.from_wire(self.call(Op.STATS)[0])
+    def stats(self, *, since: int = 0) -> DeviceStats:
+        """Counters; per-epoch rejections only for the epochs changed after ``since`` (a previous answer's
+        ``rejection_gen``)."""
+        return DeviceStats.from_wire(self.call(Op.STATS, since=since)[0])
 
     def aes_rate(self, *, chunk: int, seconds: float = 0.3) -> AesRate:
         return AesRate.from_wire(self.call(Op.AES_RATE, chunk=chunk, seconds=seconds)[0])

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gputravel.core.attestation import Policy, load_policy, provision_emulated
 from gputravel.core.device.link import TrustAnchors
-from gputravel.core.errors import DeviceError
+from gputravel.core.errors import ConfigError, DeviceError
 from gputravel.core.platform.base import DeviceHandle, PlatformInfo
 from gputravel.core.procs import die_with_parent
 
@@ -42,6 +42,7 @@ class EmulatedPlatform:
         return TrustAnchors(root=ca.root_cert, crl=ca.crl(), policy=self.policy or load_policy())
 
     def start(self, *, buffer_bytes: int, ready_timeout: float = 120.0) -> DeviceHandle:
+        check_torch_device(self.device)
         anchors = self.anchors()
         sock_dir = tempfile.mkdtemp(prefix="gputravel-dev-")  # short path: AF_UNIX limits it to 108 bytes
         os.chmod(sock_dir, 0o700)
@@ -76,9 +77,9 @@ class EmulatedPlatform:
                 proc.kill()
                 raise DeviceError(f"the device service did not start within {ready_timeout:.0f} s")
         if not any(line.startswith("READY") for line in lines):
-            err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
+            err = proc.stderr.read().decode(errors="replace")[-4000:] if proc.stderr else ""
             proc.kill()
-            raise DeviceError(f"the device service failed to start: {' '.join(lines)} {err}".strip())
+            raise DeviceError(f"the device service failed to start: {' '.join(lines)} {last_error_line(err)}".strip())
         threading.Thread(target=lambda: proc.stderr and proc.stderr.read(), daemon=True).start()
         import torch
 
@@ -94,3 +95,30 @@ class EmulatedPlatform:
         data_port = int(parts[2]) if len(parts) > 2 else None
         return DeviceHandle(socket_path=sock, anchors=anchors, info=info, process=proc, log=lines,
                             data_host=self.data_host, data_port=data_port)
+
+
+def check_torch_device(device: str | None) -> None:
+    """``--device`` names a torch device this machine has, or ``ConfigError`` in one line (checked before the
+    device service starts, so its traceback never becomes the message)."""
+    if not device:
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise ConfigError(f"--device {device!r} is not a torch device: {str(exc).splitlines()[0]}") from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = dev.index or 0
+        if index >= count:
+            raise ConfigError(f"--device {device}: this machine has {count} CUDA device(s)"
+                              + (f" (cuda:0 to cuda:{count - 1})" if count else ""))
+    elif dev.type not in ("cpu", "meta"):
+        raise ConfigError(f"--device {device}: the emulated GPU runs on cpu or cuda, not {dev.type}")
+
+
+def last_error_line(stderr: str) -> str:
+    """The one line of a child's stderr that says what went wrong (a traceback's last line), not the traceback."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    return lines[-1] if lines else ""

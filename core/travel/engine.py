@@ -124,6 +124,7 @@ class TravelEngine:
         self.session_epoch_base = 0
         self.session_rekeys = 0
         self.settings_sha256 = sealed_settings_digest(self.out_dir)
+        self._rejection_gen = 0  # the device's rejection generation audited so far
         #: the phase walk of one visit: each step returns its outcome (bytes, detail)
         self._steps: tuple[tuple[Phase, Callable[[_Visit], Awaitable[_Outcome]]], ...] = (
             (Phase.ATTEST, self._attest), (Phase.HANDOFF, self._handoff), (Phase.PROVISION, self._provision),
@@ -203,8 +204,14 @@ class TravelEngine:
         self.last_good_ckpt = seq
 
     async def _audit_from_device(self) -> None:
-        stats = await asyncio.to_thread(self.client.stats)
-        self.audit.rejections(stats.rejected_by_epoch, self.records)
+        """The device's rejections since the last audit, attributed to their visits (in pages: the device
+        answers at most a few dozen epochs at a time)."""
+        for _ in range(10_000):
+            stats = await asyncio.to_thread(self.client.stats, since=self._rejection_gen)
+            self.audit.rejections(stats.rejected_by_epoch, self.records)
+            self._rejection_gen = stats.rejection_gen
+            if not stats.more:
+                break
 
     # --- set-up -----------------------------------------------------------------------------------
     async def setup(self) -> None:
