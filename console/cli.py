@@ -41,13 +41,15 @@ def main() -> None:
     """Entry point: run the typer app, turning gputravel errors into documented exit codes."""
     try:
         code = app(standalone_mode=False)
+        if code == 130:  # typer turns Ctrl-C (KeyboardInterrupt) into exit code 130
+            fail("CancelledRunError", CTRL_C, 130)
         sys.exit(code if isinstance(code, int) else 0)
     except GpuTravelError as exc:
         fail(type(exc).__name__, exc.reason, exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):
-        fail("CancelledRunError", "cancelled (Ctrl-C)", 130)
+        fail("CancelledRunError", CTRL_C, 130)
     except Exception as exc:  # usage errors: click's, or the click that typer vendors (typer._click)
         if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
             if wants_json():
@@ -56,6 +58,9 @@ def main() -> None:
             exc.show()
             sys.exit(exc.exit_code)
         raise
+
+
+CTRL_C = "cancelled (Ctrl-C); what was committed is kept: `gputravel run --resume` continues a run"
 
 
 def wants_json(argv: list[str] | None = None) -> bool:

@@ -181,9 +181,11 @@ class RunFolder:
 
     def __init__(self, out: Path, *, runs: Path = Path("runs"), link_latest: bool = False) -> None:
         self.out = Path(out)
+        self.runs = runs
         self.latest = runs / "latest"
         self.link_latest = link_latest
         self.created = not self.out.exists()
+        self.runs_created = link_latest and not runs.exists()
         self.previous: str | None = None
 
     def claim(self) -> None:
@@ -204,6 +206,11 @@ class RunFolder:
             self.latest.unlink()
             if self.previous is not None:
                 self.latest.symlink_to(self.previous)
+        if self.runs_created:
+            try:
+                self.runs.rmdir()  # only when empty again
+            except OSError:
+                pass
 
 
 def fresh_settings(out: Path | None, **options: Any) -> tuple[RunSettings, RunFolder]:

@@ -288,6 +288,7 @@ class TravelEngine:
     async def run(self) -> dict[str, Any]:
         self.started = time.time()
         t0 = time.perf_counter()
+        ended: tuple[str, str] | None = None
         try:
             await self.setup()
             self.audit.emit(ev.RunStarted(time.time(), self.run_id, self.handle.info.to_dict(), tuple(self.links),
@@ -310,16 +311,18 @@ class TravelEngine:
                                            "after": f"{rec.failed_phase}: {rec.error}"})
                     rec.reset_for_retry()
         except GpuTravelError as exc:
-            self._final_row(str(exc), exc.code)
+            ended = (str(exc), exc.code)
             raise
         except (asyncio.CancelledError, KeyboardInterrupt):  # Ctrl-C: committed progress stays resumable
-            self._final_row("cancelled (interrupted)", CancelledRunError.code)
+            ended = ("cancelled (interrupted)", CancelledRunError.code)
             raise
         except Exception as exc:  # a bug: still a final row, then the traceback
-            self._final_row(f"{type(exc).__name__}: {exc}", "error")
+            ended = (f"{type(exc).__name__}: {exc}", "error")
             raise
         finally:
             await self._shutdown_links()
+            if ended is not None:  # after the holders' own last rows: the run's row is the final one
+                self._final_row(*ended)
         try:
             await self._audit_from_device()
         except GpuTravelError:
