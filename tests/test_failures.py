@@ -545,3 +545,12 @@ def test_stats_list_only_recent_epochs_so_their_header_stays_under_the_limit(
                                                                      "stale-epoch": 1, "frame": 1}}
     finally:
         client.close()
+
+
+def test_ledger_show_of_a_broken_ledger_names_the_break_and_exits_8(finished: Path, tmp_path: Path) -> None:
+    out = copy_run(finished, tmp_path / "run")
+    assert gputravel("ledger", "show", str(out / "ledger.db")).returncode == 0
+    _rewrite_row(out)
+    proc = gputravel("ledger", "show", str(out / "ledger.db"), "--json")
+    assert proc.returncode == 8 and "ledger broken" in proc.stderr and "row 5" in proc.stderr
+    assert len(json.loads(proc.stdout)) == len(rows(out))  # the rows are still there to read
