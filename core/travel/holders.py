@@ -435,8 +435,9 @@ class LocalHolderLink(FramedHolderLink):
 
     @property
     def ready(self) -> bool:
-        return (self.proc is not None and self.proc.returncode is None
-                and self.state in (HolderState.READY, HolderState.RETURNED))
+        """The agent answered HELLO, is still running and did not fail a transfer."""
+        return (self.proc is not None and self.proc.returncode is None and self.info is not None
+                and self.state not in (HolderState.FAILED, HolderState.STOPPED, HolderState.PROVISIONING))
 
     async def ensure_ready(self) -> HolderInfo | None:
         """A local agent that died while waiting is marked offline and started again."""
