@@ -27,6 +27,8 @@ from typing import Any
 
 import asyncssh
 
+from gputravel.core.procs import die_with_parent
+
 
 @dataclass(frozen=True, slots=True)
 class Account:
@@ -73,7 +75,8 @@ def _make_process_handler(accounts: dict[str, Account]) -> Any:
             return
         env = {"HOME": str(account.home), "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
         proc = subprocess.Popen(command, shell=True, cwd=account.home, env=env, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                preexec_fn=die_with_parent)  # ends with this server (which ends with its run)
         try:
             await process.redirect(stdin=proc.stdin, stdout=proc.stdout, stderr=proc.stderr)
             rc = await asyncio.get_running_loop().run_in_executor(None, proc.wait)

@@ -1,7 +1,7 @@
 """``gputravel-console``: the operator console.
 
 The app is the composition root: it owns one bridge (live engine or recording), renders the bridge's
-:class:`~gputravel.core.session.RunState` on the current screen, and turns keys, the ``:`` line and the
+:class:`~gputravel.console.view_model.RunState` on the current screen, and turns keys, the ``:`` line and the
 command palette into the bridge's controls. Engine work runs in workers; nothing here blocks the loop.
 """
 
@@ -30,8 +30,18 @@ from gputravel.console.commands.run import (
     TRANSPORT_DEFAULT,
     TRANSPORT_HELP,
     holder_settings,
+    parse_breakpoints,
     resolve_out_dir,
 )
+from gputravel.console.options import (
+    DataPathChoice,
+    PhaseChoice,
+    ThemeChoice,
+    TransportChoice,
+    quiet_flag_types,
+    version_callback,
+)
+from gputravel.console.run_folder import clear_running, mark_running
 from gputravel.console.screens.base import ConsoleScreen
 from gputravel.console.screens.bench import BenchRunner, BenchScreen
 from gputravel.console.screens.gpu import GpuScreen
@@ -49,8 +59,19 @@ from gputravel.themes import CSS_PATH, THEMES, theme_name
 __all__ = ["GpuTravelConsole", "main", "make_app"]
 
 SCREENS_IN_ORDER = ("travel", "holders", "training", "gpu", "bench", "ledger")
-#: Actions that change a run; refused in --readonly.
-CONTROL_ACTIONS = frozenset({"step", "toggle_pause", "toggle_break", "run", "cancel"})
+#: Actions that change a run (or start work on this machine); refused in --readonly.
+CONTROL_ACTIONS = frozenset({"step", "toggle_pause", "toggle_break", "run", "cancel", "run_bench"})
+#: Keys the footer leaves out, for the help overlay (the footer shows the rest).
+EXTRA_KEYS: tuple[tuple[str, str], ...] = (
+    ("1-6", "screens: " + ", ".join(SCREENS_IN_ORDER)),
+    ("[ ]", "replay: previous / next visit"),
+    ("home end", "replay: start / end of the recording"),
+    ("/", "filter this screen's table (travel, holders, bench, ledger)"),
+    ("o", "show / hide the operations log"),
+    ("f12", "save an SVG of the screen ($GPUTRAVEL_SCREENSHOT_DIR, else the current folder)"),
+    ("ctrl+p", "command palette"),
+    ("esc", "close the : line, clear a filter, close this help"),
+)
 
 
 class GpuTravelConsole(App[None]):
@@ -59,6 +80,9 @@ class GpuTravelConsole(App[None]):
     CSS_PATH = CSS_PATH
     TITLE = "gputravel"
     DEFAULT_MODE = "travel"
+    #: Compact layout below 110 columns and below 32 rows (nvitop's compact mode, for 80x24 terminals).
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]
     MODES = {"travel": TravelScreen, "holders": HoldersScreen, "training": TrainingScreen, "gpu": GpuScreen,
              "bench": BenchScreen, "ledger": LedgerScreen}
     BINDINGS = [
@@ -83,7 +107,8 @@ class GpuTravelConsole(App[None]):
     def __init__(self, *, engine_factory: Callable[[], Any] | None = None, replay: Recording | None = None,
                  theme: str = "dark", readonly: bool = False, record: Path | bool = True,
                  telemetry_interval: float = 1.0, sampler: Sampler | None = None,
-                 bench_runner: BenchRunner | None = None, follow: bool = False, replay_speed: float = 8.0) -> None:
+                 bench_runner: BenchRunner | None = None, follow: bool = False, replay_speed: float = 8.0,
+                 breakpoints: tuple[str, ...] = ()) -> None:
         super().__init__()
         if engine_factory is None and replay is None:
             raise ValueError("make_app needs an engine_factory or a recording to replay")
@@ -95,6 +120,9 @@ class GpuTravelConsole(App[None]):
                                else LiveBridge(self, engine_factory=engine_factory, sampler=sampler,  # type: ignore[arg-type]
                                                record=record))
         self.run_worker_handle: Worker[Any] | None = None
+        if isinstance(self.bridge, LiveBridge):  # --break-before: shown before the run starts, applied when built
+            for phase in breakpoints:
+                self.bridge.toggle_breakpoint(Phase(phase), post=False)
         for theme_obj in THEMES.values():
             self.register_theme(theme_obj)
         self.theme = theme_name(theme)
@@ -137,7 +165,7 @@ class GpuTravelConsole(App[None]):
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.state is WorkerState.ERROR and event.worker.error is not None:
-            self.notify(f"{event.worker.name}: {event.worker.error}", severity="error", timeout=8)
+            self.notify(f"{event.worker.name}: {event.worker.error}", severity="error", timeout=8, markup=False)
 
     # --- bridge messages ----------------------------------------------------------------------
     def on_bridge_state_changed(self, message: Bridge.StateChanged) -> None:
@@ -147,10 +175,10 @@ class GpuTravelConsole(App[None]):
         frame = self.bridge.take_frame()
         screen = self.current_screen()
         if isinstance(screen, GpuScreen) and frame is not None:
-            screen.show_telemetry(frame, self.bridge.history)
+            screen.show_telemetry(frame, self.bridge.history, last_devices=self.bridge.last_devices)
 
     def on_bridge_notice(self, message: Bridge.Notice) -> None:
-        self.notify(message.text, severity=message.severity, timeout=8)  # type: ignore[arg-type]
+        self.notify(message.text, severity=message.severity, timeout=8, markup=False)  # type: ignore[arg-type]
 
     def on_console_screen_shown(self, message: ConsoleScreen.Shown) -> None:
         self.render_state()
@@ -160,7 +188,8 @@ class GpuTravelConsole(App[None]):
         screen = self.current_screen()
         if isinstance(screen, ConsoleScreen) and screen.is_mounted:
             context = {"readonly": self.readonly, "ledger_path": self.bridge.ledger_path,
-                       "frame": self.bridge.latest_frame, "history": self.bridge.history}
+                       "frame": self.bridge.latest_frame, "history": self.bridge.history,
+                       "last_devices": self.bridge.last_devices}
             screen.show(self.bridge.state, badges=self.badges, context=context)
 
     def current_screen(self) -> Screen[Any] | None:
@@ -179,7 +208,7 @@ class GpuTravelConsole(App[None]):
         if action in CONTROL_ACTIONS and self.readonly:
             return False
         replay = isinstance(self.bridge, ReplayBridge)
-        if action == "toggle_break" and replay:
+        if action in ("toggle_break", "cancel") and replay:  # a recording has no run to break or cancel
             return False
         if action in ("jump_visit", "seek") and not replay:
             return False
@@ -228,17 +257,24 @@ class GpuTravelConsole(App[None]):
         self._start_run(stepping=False)
 
     def action_cancel(self) -> None:
-        if isinstance(self.bridge, LiveBridge) and not self.run_in_flight:
-            self.notify("no run in progress", timeout=2)
+        if isinstance(self.bridge, ReplayBridge):
+            self.notify("a replay has no run to cancel: p pauses, home goes back to the start", timeout=3)
+            return
+        if not self.run_in_flight:
+            ended = self.bridge.state.status
+            self.notify(f"no run in progress (the last one {ended})" if self.bridge.state.ended
+                        else "no run in progress", timeout=2)
             return
         self.bridge.cancel()
         self.notify("cancelling: the visit is aborted, the buffer scrubbed", timeout=3)
 
     def action_jump_visit(self, delta: int) -> None:
         if isinstance(self.bridge, ReplayBridge):
-            current = self.bridge.player.current_visit()
+            current = self.bridge.current_visit()
             self.bridge.playing = False
-            self.bridge.jump_visit(max(0, current + delta) if delta > 0 or current >= 0 else 0)
+            if delta < 0 and current >= 0 and not self.bridge.at_visit_start(current):
+                delta = 0  # from inside a visit, [ goes back to its start (as "previous" does in a player)
+            self.bridge.jump_visit(max(0, current + delta))
 
     def action_seek(self, where: str) -> None:
         if isinstance(self.bridge, ReplayBridge):
@@ -258,7 +294,13 @@ class GpuTravelConsole(App[None]):
         label = name or (screen.SCREEN_NAME if isinstance(screen, ConsoleScreen) else "help")
         folder = Path(os.environ.get("GPUTRAVEL_SCREENSHOT_DIR", "."))
         folder.mkdir(parents=True, exist_ok=True)
-        self.save_screenshot(filename=f"console-{label}.svg", path=str(folder))
+
+        def save() -> None:
+            saved = self.save_screenshot(filename=f"console-{label}.svg", path=str(folder))
+            self.notify(f"screenshot saved to {Path(saved).resolve()}", timeout=4, markup=False)
+
+        self.clear_notifications()  # the picture shows the screen, not the console's last notice
+        self.call_after_refresh(save)
 
     def action_toggle_log(self) -> None:
         self.screen.toggle_class("-hide-log")
@@ -277,7 +319,10 @@ class GpuTravelConsole(App[None]):
             keys.append((self.get_key_display(b), b.description or b.action))
         about = screen.HELP if isinstance(screen, ConsoleScreen) else ""
         name = screen.SCREEN_NAME if isinstance(screen, ConsoleScreen) else "console"
-        keys.append(("1-6", "screens: " + ", ".join(SCREENS_IN_ORDER)))
+        replay = isinstance(self.bridge, ReplayBridge)
+        shown = {k for k, _ in keys}
+        keys.extend((k, d) for k, d in EXTRA_KEYS
+                    if (replay or not d.startswith("replay")) and not set(k.split()) <= shown)
         self.push_screen(HelpScreen(title=f"{name} screen", about=about, keys=keys))
 
     def action_verify_ledger(self) -> None:
@@ -289,6 +334,9 @@ class GpuTravelConsole(App[None]):
             self.screen.verify()
 
     def action_run_bench(self, name: str) -> None:
+        if self.readonly:
+            self.notify("read-only console: benchmarks are not started from here", severity="warning")
+            return
         self.switch_mode("bench")
 
         def go() -> None:
@@ -311,39 +359,56 @@ class GpuTravelConsole(App[None]):
         if not words:
             return
         cmd, args = words[0].lower(), words[1:]
-        simple = {"run": "run", "step": "step", "cancel": "cancel", "help": "show_help", "quit": "quit",
-                  "q": "quit", "verify": "verify_ledger"}
-        if cmd in CONTROL_ACTIONS | {"pause", "resume", "break"} and self.readonly:
+        simple: dict[str, Callable[[], Any]] = {
+            "run": self.action_run, "step": self.action_step, "cancel": self.action_cancel,
+            "help": self.action_show_help, "verify": self.action_verify_ledger, "quit": self.exit, "q": self.exit}
+        if cmd in CONTROL_ACTIONS | {"pause", "resume", "break", "bench"} and self.readonly:
             self.notify("read-only console: no controls", severity="warning")
             return
         if cmd in simple:
-            self.run_action(simple[cmd])
+            simple[cmd]()
         elif cmd in ("pause", "resume"):
-            paused = self.bridge.state.status == "paused"
+            paused = self.bridge.state.status == "paused" or (isinstance(self.bridge, ReplayBridge)
+                                                               and not self.bridge.playing)
             if (cmd == "pause") != paused:
                 self.action_toggle_pause()
         elif cmd == "break":
-            self.action_toggle_breakpoint(args[0] if args else "HANDOFF")
+            if isinstance(self.bridge, ReplayBridge):
+                self.notify("breakpoints belong to a live run", severity="warning")
+            else:
+                self.action_toggle_breakpoint(args[0] if args else "HANDOFF")
         elif cmd in SCREENS_IN_ORDER:
             self.action_show_screen(cmd)
-        elif cmd == "bench" and args:
-            self.action_run_bench(args[0])
+        elif cmd == "bench":
+            if args:
+                self.action_run_bench(args[0])
+            else:
+                self.notify("bench NAME: provision, allreduce, travel, ddp, load, soak", severity="error")
         elif cmd == "screenshot":  # after the command line has closed, so it is not in the picture
             name = args[0] if args else ""
             self.set_timer(0.3, lambda: self.action_save_screenshot(name))
-        elif cmd == "theme" and args:
+        elif cmd == "theme":
             try:
-                self.theme = theme_name(args[0])
+                self.theme = theme_name(args[0] if args else "")
             except KeyError as exc:
-                self.notify(str(exc.args[0]), severity="error")
-        elif cmd == "jump" and args and isinstance(self.bridge, ReplayBridge):
-            if args[0] == "end":
-                self.action_seek("end")
-            elif args[0].isdigit():
-                self.bridge.playing = False
-                self.bridge.jump_visit(int(args[0]) - 1)
+                self.notify(str(exc.args[0]), severity="error", markup=False)
+        elif cmd == "jump":
+            self._jump(args)
         else:
-            self.notify(f"unknown command {line!r}: :help lists them", severity="error")
+            self.notify(f"unknown command {line!r}: :help lists the commands", severity="error", markup=False)
+
+    def _jump(self, args: list[str]) -> None:
+        if not isinstance(self.bridge, ReplayBridge):
+            self.notify("jump works in a replay (gputravel-console --replay FILE)", severity="warning")
+        elif args and args[0] == "end":
+            self.action_seek("end")
+        elif args and args[0] == "start":
+            self.action_seek("start")
+        elif args and args[0].isdigit() and int(args[0]) >= 1:
+            self.bridge.playing = False
+            self.bridge.jump_visit(int(args[0]) - 1)
+        else:
+            self.notify("jump VISIT (1-based), jump start or jump end", severity="error")
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
@@ -367,64 +432,97 @@ class GpuTravelConsole(App[None]):
 def make_app(*, engine_factory: Callable[[], Any] | None = None, replay: Recording | Path | None = None,
              theme: str = "dark", readonly: bool = False, record: Path | bool = True, telemetry_interval: float = 1.0,
              sampler: Sampler | None = None, bench_runner: BenchRunner | None = None,
-             follow: bool = False) -> GpuTravelConsole:
+             follow: bool = False, breakpoints: tuple[str, ...] = ()) -> GpuTravelConsole:
     """The app factory (tests pass a small engine factory or a recording)."""
     if isinstance(replay, Path):
         replay = load_recording(replay)
     return GpuTravelConsole(engine_factory=engine_factory, replay=replay, theme=theme, readonly=readonly,
                             record=record, telemetry_interval=telemetry_interval, sampler=sampler,
-                            bench_runner=bench_runner, follow=follow)
+                            bench_runner=bench_runner, follow=follow, breakpoints=breakpoints)
 
 
-cli = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+def next_out_dir(out: Path, n: int) -> Path:
+    """The folder of the ``n``-th run (1-based) of one console started with ``--out OUT``: OUT itself, then
+    OUT-2, OUT-3, ... beside it (a run folder holds one run)."""
+    if n <= 1:
+        return out
+    candidate = out.with_name(f"{out.name}-{n}")
+    while (candidate / "ledger.db").exists():
+        n += 1
+        candidate = out.with_name(f"{out.name}-{n}")
+    return candidate
+
+
+quiet_flag_types()
+cli = typer.Typer(add_completion=True, pretty_exceptions_enable=False)
+HOLDERS_PANEL, RUN_PANEL, VIEW_PANEL = "Holders and data path", "The run", "Screen, replay and recording"
 
 
 @cli.command()
 def console(
     data: Annotated[Path | None, typer.Option("--data", help="One subfolder per holder (default: the embedded "
-                                                            "Shakespeare corpus).")] = None,
-    out: Annotated[Path | None, typer.Option("--out", help="Run folder (default: a new runs/run-<time>).")] = None,
-    holders: Annotated[int, typer.Option(help="Number of holders.")] = 3,
-    rounds: Annotated[int, typer.Option(help="Rounds over all holders' data.")] = 1,
-    steps_per_visit: Annotated[int, typer.Option(help="Training steps per visit.")] = 20,
-    buffer_mib: Annotated[float, typer.Option(help="GPU data buffer (MiB).")] = 4.0,
-    chunk_kib: Annotated[int, typer.Option(help="Provisioning chunk size (KiB).")] = 1024,
-    break_before: Annotated[list[str], typer.Option("--break-before", help="Pause before this phase.")] = [],  # noqa: B006
-    holders_file: Annotated[Path | None, typer.Option("--holders-file", help=HOLDERS_FILE_HELP)] = None,
-    transport: Annotated[str, typer.Option(help=TRANSPORT_HELP)] = TRANSPORT_DEFAULT,
-    data_path: Annotated[str, typer.Option(help=DATA_PATH_HELP)] = DATA_PATH_DEFAULT,
-    data_host: Annotated[str, typer.Option("--data-host", help=DATA_HOST_HELP)] = DATA_HOST_DEFAULT,
-    theme: Annotated[str, typer.Option("--theme", help="dark, light or high-contrast.")] = "dark",
-    readonly: Annotated[bool, typer.Option("--readonly", help="Observer mode: no controls.")] = False,
-    replay: Annotated[Path | None, typer.Option("--replay", help="Play a recording instead of a live run.")] = None,
+                                                            "Shakespeare corpus).", rich_help_panel=HOLDERS_PANEL)] = None,
+    holders: Annotated[int, typer.Option(help="Number of holders.", rich_help_panel=HOLDERS_PANEL)] = 3,
+    holders_file: Annotated[Path | None, typer.Option("--holders-file", help=HOLDERS_FILE_HELP,
+                                                      rich_help_panel=HOLDERS_PANEL)] = None,
+    transport: Annotated[TransportChoice, typer.Option(help=TRANSPORT_HELP,
+                                                       rich_help_panel=HOLDERS_PANEL)] = TRANSPORT_DEFAULT,
+    data_path: Annotated[DataPathChoice, typer.Option(help=DATA_PATH_HELP,
+                                                      rich_help_panel=HOLDERS_PANEL)] = DATA_PATH_DEFAULT,
+    data_host: Annotated[str, typer.Option("--data-host", help=DATA_HOST_HELP,
+                                           rich_help_panel=HOLDERS_PANEL)] = DATA_HOST_DEFAULT,
+    out: Annotated[Path | None, typer.Option("--out", help="Run folder (default: a new runs/run-<time>); a "
+                                                           "second run in the same console goes to OUT-2, then "
+                                                           "OUT-3.", rich_help_panel=RUN_PANEL)] = None,
+    rounds: Annotated[int, typer.Option(help="Rounds over all holders' data.", rich_help_panel=RUN_PANEL)] = 1,
+    steps_per_visit: Annotated[int, typer.Option(help="Training steps per visit.", rich_help_panel=RUN_PANEL)] = 20,
+    buffer_mib: Annotated[float, typer.Option(help="GPU data buffer (MiB).", rich_help_panel=RUN_PANEL)] = 4.0,
+    chunk_kib: Annotated[int, typer.Option(help="Provisioning chunk size (KiB).", rich_help_panel=RUN_PANEL)] = 1024,
+    break_before: Annotated[list[PhaseChoice], typer.Option("--break-before", case_sensitive=False,
+                                                            metavar="<phase>", rich_help_panel=RUN_PANEL,
+                                                            help="Pause before this phase (repeatable): "
+                                                            "attest, handoff, provision, return, verify, train, "
+                                                            "scrub or rotate.")] = [],  # noqa: B006
+    theme: Annotated[ThemeChoice, typer.Option("--theme", help="Colour theme (ctrl+p offers the same).",
+                                               rich_help_panel=VIEW_PANEL)] = ThemeChoice.DARK,
+    readonly: Annotated[bool, typer.Option("--readonly", help="Observer mode: no controls, no benchmarks.",
+                                           rich_help_panel=VIEW_PANEL)] = False,
+    replay: Annotated[Path | None, typer.Option("--replay", help="Play a recording instead of a live run.",
+                                                rich_help_panel=VIEW_PANEL)] = None,
     follow: Annotated[bool, typer.Option("--follow", help="With --replay: follow a recording still being "
-                                                          "written (watch a run live).")] = False,
+                                                          "written (watch a run live).",
+                                         rich_help_panel=VIEW_PANEL)] = False,
     record: Annotated[Path | None, typer.Option("--record", help="Record to this file (default: "
-                                                                 "<out>/recording.db).")] = None,
-    no_record: Annotated[bool, typer.Option("--no-record", help="Do not record the run.")] = False,
-    interval: Annotated[float, typer.Option("--interval", min=0.1, help="Telemetry interval (s).")] = 1.0,
+                                                                 "<out>/recording.db).",
+                                                rich_help_panel=VIEW_PANEL)] = None,
+    no_record: Annotated[bool, typer.Option("--no-record", help="Do not record the run.",
+                                            rich_help_panel=VIEW_PANEL)] = False,
+    interval: Annotated[float, typer.Option("--interval", min=0.1, help="Telemetry interval (s).",
+                                            rich_help_panel=VIEW_PANEL)] = 1.0,
+    version: Annotated[bool, typer.Option("--version", callback=version_callback, is_eager=True,
+                                          help="Print the version and exit.")] = False,
 ) -> None:
     """The operator console: watch the GPU travel, step the protocol, audit the ledger."""
-    if theme not in THEMES:
-        raise typer.BadParameter(f"choose {', '.join(THEMES)}", param_hint="--theme")
     fleets: list[Any] = []  # the holder fleet (e.g. the embedded SSH server) of the run built last
+    breakpoints = parse_breakpoints(break_before)
 
     def close_fleets() -> None:
         while fleets:
             fleets.pop().close()
 
     if replay is not None:
-        app = make_app(replay=replay, theme=theme, readonly=readonly, follow=follow)
+        app = make_app(replay=replay, theme=theme.value, readonly=readonly, follow=follow)
     else:
         from gputravel.core.config import RunSettings
 
         settings: dict[str, Any] = dict(holders=holders, rounds=rounds, steps_per_visit=steps_per_visit,
                                         buffer_mib=buffer_mib, chunk_kib=chunk_kib, data_dir=data,
-                                        breakpoints=tuple(b.upper() for b in break_before),
+                                        breakpoints=breakpoints,
                                         **holder_settings(holders_file=holders_file, transport=transport,
                                                           data_path=data_path, data_host=data_host))
         RunSettings(**settings)  # bad options fail here, before the screen opens
-        out_dir = out
+        runs_built = 0
+        markers: list[Path] = []  # the pid file of the run built last
 
         def factory() -> Any:
             """Blocking (the bridge calls it off the loop): the holder fleet, as `gputravel run` builds it,
@@ -432,26 +530,34 @@ def console(
             from gputravel.console.fleet import Fleet
             from gputravel.core.api import build_engine
 
-            nonlocal out_dir
+            nonlocal runs_built
             close_fleets()  # a new run is built only once the previous one is over
-            target = resolve_out_dir(out_dir, resume=False)
-            out_dir = None  # a second run in the same console gets a fresh folder
-            run_settings = RunSettings(out_dir=target, **settings)
+            while markers:
+                clear_running(markers.pop())
+            runs_built += 1
+            target = (next_out_dir(out, runs_built) if out is not None
+                      else resolve_out_dir(None, resume=False))
+            run_settings = RunSettings(out_dir=target, **{**settings, "breakpoints": ()})
             fleet = Fleet(run_settings)
             fleets.append(fleet)
             try:
-                return build_engine(run_settings, links=fleet.links())
+                engine = build_engine(run_settings, links=fleet.links())
             except BaseException:
                 close_fleets()
                 raise
+            markers.append(mark_running(target, owner="gputravel-console"))
+            return engine
 
         rec: Path | bool = False if no_record else (record if record is not None else True)
-        app = make_app(engine_factory=factory, theme=theme, readonly=readonly, record=rec,
-                       telemetry_interval=interval)
+        app = make_app(engine_factory=factory, theme=theme.value, readonly=readonly, record=rec,
+                       telemetry_interval=interval, breakpoints=breakpoints)
     try:
         app.run()
     finally:
         close_fleets()
+        if replay is None:
+            while markers:
+                clear_running(markers.pop())
 
 
 def main() -> None:
@@ -459,7 +565,7 @@ def main() -> None:
     try:
         cli(standalone_mode=True)
     except GpuTravelError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(f"error: {exc}", err=True)  # plain text: no markup to eat "[bpe]"
         raise SystemExit(exc.exit_code) from None
 
 

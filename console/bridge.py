@@ -2,24 +2,30 @@
 
 :class:`LiveBridge` drives a real engine (through :class:`~gputravel.core.session.Session`) and samples
 telemetry; :class:`ReplayBridge` plays a recording with the same controls. Both fold events into one
-:class:`~gputravel.core.session.RunState` that the screens render, and both coalesce telemetry: a frame
+:class:`~gputravel.console.view_model.RunState` that the screens render, and both coalesce telemetry: a frame
 that arrives while the previous one has not been drawn replaces it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from textual.message import Message
 
+from gputravel.console.run_end import RunEnding, ending_code
+from gputravel.console.run_telemetry import interval_tracker
+from gputravel.console.view_model import TERMINAL_STATUSES, RunState
 from gputravel.core import events as ev
 from gputravel.core.errors import GpuTravelError
 from gputravel.core.recording import Player, RecordedItem, Recorder, Recording, load_recording
-from gputravel.core.session import RunState, Session
-from gputravel.core.telemetry import EmulatedSource, History, PhaseTracker, Sampler, TelemetryFrame
+from gputravel.core.session import Session
+from gputravel.core.telemetry import EmulatedSource, History, Sampler, TelemetryFrame
+from gputravel.core.travel.holders import HolderState
 from gputravel.core.travel.phases import Phase
 
 if TYPE_CHECKING:
@@ -56,8 +62,9 @@ class Bridge:
         self.app = app
         self.state = RunState()
         self.history = History()
-        self.tracker = PhaseTracker()
+        self.tracker = interval_tracker()
         self.latest_frame: TelemetryFrame | None = None
+        self.last_devices: TelemetryFrame | None = None  # the newest frame that had devices (kept after a run)
         self._frame_pending = False
 
     # --- state ------------------------------------------------------------------------------------
@@ -78,6 +85,8 @@ class Bridge:
     def offer_frame(self, frame: TelemetryFrame) -> None:
         self.history.push(frame)
         self.latest_frame = frame
+        if frame.devices:
+            self.last_devices = frame
         if not self._frame_pending:
             self._frame_pending = True
             self.app.post_message(self.TelemetryTicked())
@@ -145,14 +154,13 @@ class LiveBridge(Bridge):
 
     # --- the run (awaited inside the app's "visit" worker) ------------------------------------
     async def drive(self, *, stepping: bool = False) -> dict[str, Any] | None:
-        if self.session.finished:  # a finished run is kept on screen; a new one starts from scratch
-            old = self.session
-            self.session = Session(self.engine_factory)
-            self.session.breakpoints = set(old.breakpoints)
-            self.state = RunState(breakpoints=set(self.state.breakpoints))
-            self.tracker = PhaseTracker()
-            self._close_recorder()
+        """The whole run, however it ends: the state (and the recording) always get a final event, the
+        engine's own or one written here from the exception that ended the worker."""
+        if self.session.finished or self.state.status in ("failed", "cancelled"):
+            self._fresh_session()  # a finished run is kept on screen; a new one starts from scratch
         self._in_flight = True
+        ending = RunEnding()
+        error: BaseException | None = None
         try:
             if not self.session.built:
                 self.state.status = "starting"
@@ -160,7 +168,7 @@ class LiveBridge(Bridge):
                 engine = await asyncio.to_thread(self.session.build)
                 self.state.seed_holders(self.session.holder_names)
                 for name in self.session.holder_names:
-                    self.state.holders[name].state = "connecting"
+                    self.state.holders[name].state = HolderState.CONNECTING
                 self._open_recorder(engine)
                 self.post_state()
             engine = self.session.engine
@@ -172,21 +180,44 @@ class LiveBridge(Bridge):
             engine.sinks.append(self.tracker)
             if self.recorder is not None:
                 engine.sinks.append(self.recorder)
+            engine.sinks.append(ending)
             pump = asyncio.create_task(self._pump(queue))
             try:
                 self.report = await self.session.run()
                 return self.report
-            except GpuTravelError as exc:
-                if exc.code != "cancelled":
-                    self.notice(f"run failed: {exc}", "error")
-                return None
             finally:
                 await asyncio.sleep(0)
                 self._drain(queue)
                 pump.cancel()
+        except GpuTravelError as exc:
+            error = exc
+            if exc.code != "cancelled":
+                self.notice(f"run failed: {exc}", "error")
+            return None
+        except BaseException as exc:  # the worker's exception is the run's end: say so, then let it go on
+            error = exc
+            if not isinstance(exc, asyncio.CancelledError):
+                self.notice(f"run failed: {type(exc).__name__}: {exc}", "error")
+            raise
         finally:
             self._in_flight = False
+            made = ending.finish(error, recorder=self.recorder)
+            if made is not None and self.state.status not in TERMINAL_STATUSES:
+                self.fold((made,))
+            elif error is not None and self.state.status not in TERMINAL_STATUSES:
+                self.fold((ev.RunFailed(time.time(), self.state.run_id or "-", str(error) or type(error).__name__,
+                                        ending_code(error)),))
+            if error is not None and not self.session.finished:
+                await asyncio.to_thread(self.session.close)  # a run that never started still stops its device
             self.post_state()
+
+    def _fresh_session(self) -> None:
+        old = self.session
+        self.session = Session(self.engine_factory)
+        self.session.breakpoints = set(old.breakpoints)
+        self.state = RunState(breakpoints=set(self.state.breakpoints))
+        self.tracker = interval_tracker()
+        self._close_recorder()
 
     async def _pump(self, queue: asyncio.Queue[ev.Event]) -> None:
         while True:
@@ -231,8 +262,10 @@ class LiveBridge(Bridge):
             return
         path = Path(engine.out_dir) / "recording.db" if self.record is True else Path(self.record)
         settings = engine.settings.to_dict() if hasattr(engine.settings, "to_dict") else {}
-        self.recorder = Recorder(path, meta={"settings": settings, "ledger": str(Path(engine.out_dir) / "ledger.db"),
-                                             "holders": list(engine.links)})
+        self.recorder = Recorder(path, meta={"source": "gputravel-console", "settings": settings,
+                                             "ledger": str(Path(engine.out_dir) / "ledger.db"),
+                                             "holders": list(engine.links), "started_at": time.time(),
+                                             "pid": os.getpid()})
 
     def _close_recorder(self) -> None:
         if self.recorder is not None:
@@ -284,10 +317,11 @@ class LiveBridge(Bridge):
         self.state.set_paused(None)
         self.post_state()
 
-    def toggle_breakpoint(self, phase: Phase) -> bool:
+    def toggle_breakpoint(self, phase: Phase, *, post: bool = True) -> bool:
         on = self.session.toggle_breakpoint(phase)
         (self.state.breakpoints.add if on else self.state.breakpoints.discard)(str(phase))
-        self.post_state()
+        if post:
+            self.post_state()
         return on
 
     def cancel(self) -> None:
@@ -359,15 +393,25 @@ class ReplayBridge(Bridge):
         self.rebuild()
 
     def jump_visit(self, visit: int) -> None:
-        """Jump to the start of ``visit`` (0-based); a visit past the last one means the end."""
-        self.player.seek_visit(visit)
-        self.rebuild()
+        """Jump to the start of ``visit`` (0-based): its first phase (ATTEST) has begun, so the header names
+        that visit and ``]`` moves on from it; a visit past the last one means the end."""
+        starts = self.player.visit_starts()
+        self.seek(starts[visit] + 1 if 0 <= visit < len(starts) else len(self.player.items))
+
+    def at_visit_start(self, visit: int) -> bool:
+        """The cursor sits where :meth:`jump_visit` puts it for ``visit``."""
+        starts = self.player.visit_starts()
+        return 0 <= visit < len(starts) and self.player.position == starts[visit] + 1
+
+    def current_visit(self) -> int:
+        """The visit (0-based) the cursor is in; -1 before the first one starts."""
+        return sum(1 for s in self.player.visit_starts() if s < self.player.position) - 1
 
     def rebuild(self) -> None:
         self.state = RunState()
         self.history.clear()
-        self.tracker = PhaseTracker()
-        self.latest_frame = None
+        self.tracker = interval_tracker()
+        self.latest_frame = self.last_devices = None
         self._apply(self.player.played())
         self.post_state(reset=True)
 

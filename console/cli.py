@@ -15,17 +15,25 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from gputravel.console.options import quiet_flag_types, version_callback
 from gputravel.core.errors import GpuTravelError
 
-COMMAND_MODULES = ("run", "attest", "ledger", "data", "bench", "telemetry", "agents", "replay", "plan")
+COMMAND_MODULES = ("run", "attest", "ledger", "data", "bench", "telemetry", "agents", "replay", "plan", "runs")
 
+quiet_flag_types()
 app = typer.Typer(
     name="gputravel",
     help="Confidential collaborative training with a travelling confidential GPU.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, PowerShell)
     pretty_exceptions_enable=False,
 )
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=version_callback, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """Confidential collaborative training with a travelling confidential GPU."""
 
 for _name in COMMAND_MODULES:
     try:
@@ -76,7 +84,8 @@ def error_envelope(kind: str, message: str, exit_code: int) -> dict[str, object]
 def fail(kind: str, message: str, exit_code: int) -> NoReturn:
     """Report a failure (on stderr; under ``--json`` also as an envelope on stdout) and exit with its code.
     The message is printed literally: rich markup in it (``[x]``) is escaped, never interpreted."""
-    Console(stderr=True).print(f"[bold red]error[/]: {escape(kind)}: {escape(message)}", soft_wrap=True)
+    Console(stderr=True).print(f"[bold red]error[/]: {escape(kind)}: {escape(message)}", highlight=False,
+                               soft_wrap=True)
     if wants_json():
         sys.stdout.write(json.dumps(error_envelope(kind, message, exit_code)) + "\n")
         sys.stdout.flush()

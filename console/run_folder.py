@@ -1,47 +1,180 @@
-"""A run's folder as ``gputravel run`` claims it: only after the settings were validated, and given back
-when the run fails before its ledger exists."""
+"""A run as a folder (``runs/run-<time>``): what ran, whether it still runs, how it ended.
+
+A run folder holds ``settings.json`` (written by the engine), ``ledger.db`` and ``recording.db``; while a run
+goes, ``orchestrator.pid`` names the process that drives it (``gputravel run`` or ``gputravel-console``), so
+``gputravel runs stop`` can signal it. The status is read, never guessed: the pid file and a live process
+say ``running``; otherwise the recording's final event (``RunCompleted``/``RunFailed``) says how it ended; a
+run with neither died without a word (``died``). Cheap to import: no engine, no torch.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
-import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from gputravel.console.run_end import final_status
+from gputravel.console.view_model import RunState
+from gputravel.core.errors import ConfigError, GpuTravelError
+from gputravel.core.recording import load_recording
+
+__all__ = ["PID_FILE", "RUNS_DIR", "RunInfo", "clear_running", "find_run", "list_runs", "mark_running", "pid_alive",
+           "read_run", "running_marker"]
+
+RUNS_DIR = Path("runs")
+PID_FILE = "orchestrator.pid"
 
 
-class RunFolder:
-    """A run's folder, created only once the settings were validated, and taken back when the run fails
-    before its ledger exists (nothing to audit or resume): the folder is removed and ``runs/latest``
-    points where it pointed before. A run killed outright keeps its folder, which ``--resume`` then starts."""
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
 
-    def __init__(self, out: Path, *, runs: Path = Path("runs"), link_latest: bool = False) -> None:
-        self.out = Path(out)
-        self.runs = runs
-        self.latest = runs / "latest"
-        self.link_latest = link_latest
-        self.created = not self.out.exists()
-        self.runs_created = link_latest and not runs.exists()
-        self.previous: str | None = None
 
-    def claim(self) -> None:
-        self.out.mkdir(parents=True, exist_ok=True)
-        if self.link_latest:
-            if self.latest.is_symlink():
-                self.previous = os.readlink(self.latest)
-            if self.latest.is_symlink() or self.latest.exists():
-                self.latest.unlink()
-            self.latest.symlink_to(self.out.name)
+def mark_running(out_dir: Path, *, owner: str) -> Path:
+    """Write ``orchestrator.pid`` (this process drives the run in ``out_dir``)."""
+    path = Path(out_dir) / PID_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"pid": os.getpid(), "owner": owner, "started_at": time.time()}) + "\n")
+    return path
 
-    def release_if_empty(self) -> None:
-        """After a failed run: undo :meth:`claim` unless the run got as far as its ledger."""
-        if not self.created or (self.out / "ledger.db").exists():
-            return
-        shutil.rmtree(self.out, ignore_errors=True)
-        if self.link_latest and self.latest.is_symlink() and os.readlink(self.latest) == self.out.name:
-            self.latest.unlink()
-            if self.previous is not None:
-                self.latest.symlink_to(self.previous)
-        if self.runs_created:
-            try:
-                self.runs.rmdir()  # only when empty again
-            except OSError:
-                pass
+
+def clear_running(path: Path) -> None:
+    """Remove a pid file this process wrote (idempotent)."""
+    with contextlib.suppress(OSError, ValueError):
+        if json.loads(path.read_text()).get("pid") == os.getpid():
+            path.unlink()
+
+
+@contextlib.contextmanager
+def running_marker(out_dir: Path, *, owner: str) -> Iterator[Path]:
+    """``orchestrator.pid`` in the run folder for as long as the run goes (removed however it ends)."""
+    path = mark_running(out_dir, owner=owner)
+    try:
+        yield path
+    finally:
+        clear_running(path)
+
+
+@dataclass
+class RunInfo:
+    """One run folder, as ``gputravel runs`` reports it."""
+
+    name: str
+    path: Path
+    status: str  # running | completed | partial | failed | cancelled | died | not started
+    pid: int | None = None
+    owner: str | None = None
+    run_id: str | None = None
+    started_at: float | None = None
+    error: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    visits_planned: int = 0
+    visits_done: int = 0
+    visits_failed: int = 0
+    state: RunState | None = None
+
+    @property
+    def recording(self) -> Path:
+        return self.path / "recording.db"
+
+    @property
+    def ledger(self) -> Path:
+        return self.path / "ledger.db"
+
+    def to_dict(self, *, detail: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "path": str(self.path), "status": self.status, "pid": self.pid,
+                               "owner": self.owner, "run_id": self.run_id, "started_at": self.started_at,
+                               "error": self.error, "visits_planned": self.visits_planned,
+                               "visits_done": self.visits_done, "visits_failed": self.visits_failed,
+                               "holders": self.settings.get("holders"), "data_path": self.settings.get("data_path"),
+                               "recording": str(self.recording) if self.recording.exists() else None,
+                               "ledger": str(self.ledger) if self.ledger.exists() else None}
+        if detail:
+            out["settings"] = self.settings
+            out["summary"] = self.state.summary() if self.state is not None else None
+        return out
+
+
+def read_run(path: Path) -> RunInfo:
+    """What a run folder says about its run."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ConfigError(f"{path}: no such run folder")
+    info = RunInfo(name=path.name, path=path, status="not started")
+    with contextlib.suppress(OSError, ValueError):
+        info.settings = json.loads((path / "settings.json").read_text())
+    pid_file = path / PID_FILE
+    marker: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        marker = json.loads(pid_file.read_text())
+    alive = isinstance(marker.get("pid"), int) and pid_alive(int(marker["pid"]))
+    if alive:
+        info.pid, info.owner = int(marker["pid"]), marker.get("owner")
+        info.started_at = marker.get("started_at")
+    state = RunState()
+    final = None
+    if info.recording.exists():
+        try:
+            recording = load_recording(info.recording)
+        except GpuTravelError as exc:
+            info.error = str(exc)
+        else:
+            info.started_at = info.started_at or recording.meta.get("started_at")
+            for event in recording.events():
+                state.apply(event)
+                if event.kind in ("RunCompleted", "RunFailed"):
+                    final = event
+            info.started_at = info.started_at or (recording.items[0].t if recording.items else None)
+        info.state = state
+        info.run_id = state.run_id
+        info.visits_planned = state.visits_planned
+        info.visits_done = sum(1 for v in state.visits.values() if v.outcome == "done")
+        info.visits_failed = sum(1 for row in state.rows.values() if state.visits[row].outcome == "failed")
+        info.error = info.error or state.error
+    if alive:
+        info.status = "running"
+    elif final is not None:
+        info.status = final_status(final)
+    elif info.recording.exists() or info.ledger.exists():
+        info.status = "died"  # no process and no final event: it ended without saying how
+        info.error = info.error or "the run's process is gone and it wrote no final event"
+    if info.started_at is None:
+        with contextlib.suppress(OSError):
+            info.started_at = path.stat().st_mtime
+    return info
+
+
+def list_runs(root: Path = RUNS_DIR) -> list[RunInfo]:
+    """Every run folder under ``root`` (``runs/``), oldest first (``latest`` is a link, listed once)."""
+    if not root.is_dir():
+        return []
+    folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
+    return [read_run(p) for p in folders]
+
+
+def find_run(name: str, root: Path = RUNS_DIR) -> Path:
+    """``RUN`` as the CLI takes it: a folder path, a name under ``runs/`` (``run-20250101-120000``), a unique
+    prefix or suffix of one, or ``latest``."""
+    direct = Path(name)
+    if direct.is_dir() and ((direct / "settings.json").exists() or (direct / "recording.db").exists()):
+        return direct
+    if (root / name).is_dir():
+        return (root / name).resolve() if name == "latest" else root / name
+    if root.is_dir():
+        matches = sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()
+                         and (p.name.startswith(name) or p.name.endswith(name) or p.name == f"run-{name}"))
+        if len(matches) == 1:
+            return matches[0]
+        if len(matches) > 1:
+            raise ConfigError(f"run {name!r} is ambiguous: {', '.join(p.name for p in matches)}")
+    raise ConfigError(f"no run {name!r} under {root}/ (gputravel runs ls lists them)")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from gputravel.core.recording import Recorder
     from gputravel.core.session import Session
-    from gputravel.core.telemetry import Sampler
+    from gputravel.core.telemetry import PhaseTracker, Sampler
 
 #: Seconds between the telemetry samples a recorded run stores.
 TELEMETRY_INTERVAL_S = 1.0
@@ -26,7 +26,7 @@ class RunTelemetry:
 
     def __init__(self, session: Session, recorder: Recorder, *, interval: float = TELEMETRY_INTERVAL_S,
                  sampler: Sampler | None = None) -> None:
-        from gputravel.core.telemetry import EmulatedSource, PhaseTracker, Sampler
+        from gputravel.core.telemetry import EmulatedSource, Sampler
 
         self.session = session
         self.recorder = recorder
@@ -34,7 +34,7 @@ class RunTelemetry:
         self.sampler = sampler if sampler is not None else Sampler()
         if self.sampler.emulated is None:
             self.sampler.emulated = EmulatedSource()
-        self.tracker = PhaseTracker()  # an engine sink: tags each frame with the phase that runs
+        self.tracker = interval_tracker()  # an engine sink: tags each frame with the phase of its interval
         self.frames = 0
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -65,3 +65,41 @@ class RunTelemetry:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         await asyncio.to_thread(self.sampler.close)
+
+
+#: Phases that move data over the bus, most telling first: a sample whose interval saw one is tagged with it.
+DATA_PHASES = ("PROVISION", "RETURN", "HANDOFF")
+
+
+def interval_tracker() -> PhaseTracker:
+    """A phase tracker whose ``tag`` names the phase that ran during the sampling interval just ended, not
+    only the one running when the sample is taken: PCIe counters are averages over that interval, so a
+    transfer that ended a moment before the sample belongs to PROVISION, not to the TRAIN that follows."""
+    from gputravel.core import events as ev
+    from gputravel.core.telemetry import PhaseTracker
+
+    class IntervalPhaseTracker(PhaseTracker):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[tuple[str | None, str]] = []  # (holder, phase) started since the last tag
+
+        def __call__(self, event: ev.Event) -> None:
+            if isinstance(event, ev.PhaseStarted):
+                self.seen.append((event.holder, event.phase))
+            super().__call__(event)
+
+        @property
+        def tag(self) -> str | None:
+            seen, self.seen = self.seen, []
+            if self.phase is not None:
+                seen.append((self.holder, self.phase))
+            for wanted in DATA_PHASES:
+                for holder, phase in seen:
+                    if phase == wanted:
+                        return f"{holder} · {phase}" if holder else phase
+            if not seen:
+                return None
+            holder, phase = seen[-1]
+            return f"{holder} · {phase}" if holder else phase
+
+    return IntervalPhaseTracker()

@@ -75,7 +75,8 @@ def build_engine(settings: RunSettings, *, links: Iterable[HolderLink] | None = 
     store = CheckpointStore(out / "checkpoints", key)
     platform = EmulatedPlatform(out / "platform", device=settings.device, cc_mode=settings.cc_mode,
                                 allow_fault_injection=settings.allow_fault_injection,
-                                torch_threads=settings.torch_threads, data_host=settings.data_host)
+                                torch_threads=settings.torch_threads, data_host=settings.data_host,
+                                cipher_engine=settings.cipher_engine)
     handle = platform.start(buffer_bytes=settings.buffer_bytes)
     return TravelEngine(settings=settings, device=handle, links=list(links), out_dir=out, checkpoint_store=store,
                         make_program=_program_factory(settings),

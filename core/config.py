@@ -70,6 +70,10 @@ class RunSettings:
     #: device: decrypt chunk k while chunk k+1 is on the wire; None = auto (as above)
     overlap: bool | None = None
     auth_workers: int = 0  # 0: sized to the free cores
+    #: device: who opens provisioning chunks: "cpu" (cryptography), "gpu" (core.gpucipher kernels, opened in
+    #: device memory; in numba's simulator on a CPU-only machine), "auto" (gpu where the buffer is on CUDA and
+    #: numba-cuda sees the device)
+    cipher_engine: str = "auto"
     data_host: str = "127.0.0.1"  # address the device's TCP data port binds to (inventory holders, route "network")
     visit_attempts: int = 2  # a failed visit is redone (agent restarted, device recovered) up to this many times
     key_chunk_budget: int = 2**32  # chunks one provisioning key may seal; beyond it the window is split
@@ -93,6 +97,7 @@ class RunSettings:
             (self.transport in ("local", "ssh", "inventory"), "transport is local, ssh or inventory"),
             (self.data_path in ("channel", "direct", "conventional"), "data path is direct, channel (ssh) or conventional"),
             (self.visit_attempts >= 1, "visit-attempts must be >= 1"),
+            (self.cipher_engine in ("auto", "cpu", "gpu"), "cipher-engine is auto, cpu or gpu"),
         ]
         for ok, msg in checks:
             if not ok:

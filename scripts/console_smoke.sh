@@ -46,7 +46,7 @@ shot() {  # shot NAME: save the current screen as console-NAME.svg (:screenshot;
     if [ "$1" = help ]; then
         tmux send-keys -t "$SESSION" F12
     else
-        tmux send-keys -t "$SESSION" ":" && sleep 0.2
+        tmux send-keys -t "$SESSION" ":" && wait_for ":command" 10
         tmux send-keys -t "$SESSION" "screenshot $1" Enter
     fi
     for _ in $(seq 50); do [ -s "$WORK/shots/console-$1.svg" ] && return 0; sleep 0.1; done
@@ -86,7 +86,7 @@ tmux send-keys -t "$SESSION" p
 wait_for "COMPLETED" 300
 shot travel
 for pair in 2:holders 3:training 5:bench; do
-    tmux send-keys -t "$SESSION" "${pair%%:*}" && sleep 1
+    tmux send-keys -t "$SESSION" "${pair%%:*}" && wait_for " ${pair#*:} │" 10 && sleep 1
     shot "${pair#*:}"
 done
 tmux send-keys -t "$SESSION" 6 && wait_for "rows" 10 && tmux send-keys -t "$SESSION" v && wait_for "chain verified" 10

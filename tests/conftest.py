@@ -19,6 +19,20 @@ DOWNLOAD_CACHE_ENV = "GPUTRAVEL_TEST_DOWNLOAD_CACHE"
 REQUIRE_DOWNLOADS_ENV = "GPUTRAVEL_TEST_REQUIRE_DOWNLOADS"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``@pytest.mark.gpu`` tests need CUDA: skipped, saying so, where there is none."""
+    gpu = [item for item in items if "gpu" in item.keywords]
+    if not gpu:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (no CUDA device here)")
+    for item in gpu:
+        item.add_marker(skip)
+
+
 @pytest.fixture
 def no_leaked_processes() -> Iterator[None]:
     """Fails the test if a device service or agent it started outlives it (opt in per module)."""

@@ -96,13 +96,16 @@ class TappedAgent(Agent):
         super().__init__(*args, **kw)
         self.tap = Path(workdir) / f"tap-{self.name}.jsonl"
 
-    def _provision_loop(self, h, sender, send_chunk, direct, **kw):
-        def tapped(head, ct):
+    def _provision_loop(self, h, sender, out, direct, **kw):
+        send_chunk = out.send
+
+        def tapped(head, ct, slot):
             with open(self.tap, "a") as f:
                 f.write(json.dumps({"head": head, "ct": bytes(ct).hex()}) + "\n")
-            send_chunk(head, ct)
+            send_chunk(head, ct, slot)
 
-        super()._provision_loop(h, sender, tapped, direct, **kw)
+        out.send = tapped
+        super()._provision_loop(h, sender, out, direct, **kw)
 
 
 class MaliciousAgent(Agent):

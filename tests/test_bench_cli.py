@@ -28,6 +28,7 @@ from gputravel.agents.fleet import EmbeddedSshServer
 from gputravel.agents.holder import agent_sha256
 from gputravel.agents.inventory import HolderSpec
 from gputravel.core.errors import AgentError
+from gputravel.core.protocol.shmring import ring_supported
 
 MIB = 1 << 20
 WORDS = "the quick brown fox jumps over a lazy dog while cat and bird sat on the warm mat".split()
@@ -64,6 +65,12 @@ def test_bench_provision_reports_each_path_against_the_aes_core_rate_and_direct_
         assert row["fraction_of_aes_core"] >= 0
         assert near(row["fraction_of_aes_core"], row["mb_s"] / aes, rel=1e-3, abs_=6e-4)
     direct, ssh = r["rows"]
+    # per-stage seconds: the agent's (read/seal, wait) and the device's (open, staging wait, H2D)
+    for row in r["rows"]:
+        assert set(row["stages"]) == {"read_seal_s", "wait_s", "open_s", "staging_wait_s", "h2d_s"}
+        assert all(v >= 0 for v in row["stages"].values())
+        assert row["stages"]["read_seal_s"] > 0 and row["stages"]["open_s"] > 0
+    assert direct["shm_ring"] is ring_supported() and ssh["shm_ring"] is False  # same host: the ring
     assert near(r["direct_vs_ssh"], direct["mb_s"] / ssh["mb_s"], abs_=0.005 + 1e-9)
     assert near(r["direct_vs_ssh"], ssh["median_s"] / direct["median_s"], rel=0.02, abs_=0.01)
     # the AES-GCM rate measured inside the device process, next to the standalone one
@@ -305,3 +312,20 @@ async def test_agents_stop_ends_the_running_agent_of_each_holder(
         assert agent_pids(names[0]) == [], "stop left the agent running"
     finally:
         await link.close()
+
+
+def test_allreduce_table_keeps_variant_names_and_figures_whole_at_100_columns() -> None:
+    from rich.console import Console
+
+    from gputravel.console.commands.bench_allreduce import render
+
+    breakdown = {"crypto_s": 0.001, "wire_s": 0.002, "reduce_s": 0.003, "wait_s": 0.004}
+    rows = [{"world_size": 2, "size_mib": 4, "variant": v, "gather": g, "median_s": 0.01234, "min_s": 0.00987,
+             "ratio_vs_plain": 1.5, "gb_per_s": 1.25, "breakdown_s": breakdown}
+            for v, g in (("plain", None), ("secure_naive", "sealed"), ("secure_pipelined", "reseal"))]
+    console = Console(width=100, record=True, color_system=None)
+    render(console, {"rows": rows, "machine": {"cores": 2, "cpu": "test", "device": "cpu", "backend": "gloo",
+                                          "torch": "2", "gloo_tls": False}})
+    text = console.export_text()
+    assert "secure_pipelined" in text and "secure_naive" in text and "…" not in text
+    assert "12.34" in text and "9.87" in text

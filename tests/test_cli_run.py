@@ -102,3 +102,67 @@ def test_ledger_verify_passes_then_names_a_changed_row(
     assert broken.returncode == 8, broken.stdout + broken.stderr
     assert f"row {seq}" in broken.stderr
     assert "hash mismatch" in broken.stderr
+
+
+def test_finished_run_says_how_it_ended_and_runs_lists_it(
+        finished_run: tuple[Path, dict, subprocess.CompletedProcess[str]]) -> None:
+    from gputravel.core.recording import load_recording
+
+    out, report, _ = finished_run
+    recording = load_recording(out / "recording.db")
+    assert recording.meta["status"] == "completed"  # the recording says how the run ended
+    assert not (out / "orchestrator.pid").exists()  # the pid file lives only while the run goes
+    listed = gputravel("runs", "ls", "--runs-dir", str(out.parent), "--json")
+    assert listed.returncode == 0, listed.stderr
+    (run,) = [r for r in json.loads(listed.stdout)["runs"] if r["name"] == "out"]
+    assert (run["status"], run["visits_done"], run["visits_planned"]) == ("completed", 2, 2)
+    shown = gputravel("runs", "show", "out", "--runs-dir", str(out.parent), "--json")
+    assert shown.returncode == 0, shown.stderr
+    detail = json.loads(shown.stdout)
+    assert detail["run_id"] == report["run_id"] and detail["summary"]["status"] == "completed"
+    log = gputravel("runs", "log", str(out), "--json")
+    events = [json.loads(line) for line in log.stdout.splitlines()]
+    assert events[0]["kind"] == "DeviceAttested" or events[0]["kind"].startswith("Holder")
+    assert events[-1]["kind"] == "RunCompleted"
+
+
+def test_runs_stop_ends_a_running_run_and_its_recording_says_cancelled(tmp_path: Path) -> None:
+    import time
+
+    from gputravel.core.recording import load_recording
+
+    data = tmp_path / "data"
+    for seed, holder in enumerate(("north", "south")):
+        rng = random.Random(seed)
+        (data / holder).mkdir(parents=True)
+        (data / holder / "text.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(12_000)))
+    out = tmp_path / "runs" / "run-stopped"
+    env = {**os.environ, "COLUMNS": "200"}
+    proc = subprocess.Popen([sys.executable, "-m", "gputravel.console.cli", "run", "--data", str(data), "--holders",
+                             "2", "--rounds", "50", "--steps-per-visit", "2", "--batch-size", "4", "--seq-len", "32",
+                             "--chunk-kib", "16", "--buffer-mib", "0.25", "--out", str(out), "--transport", "local"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        for _ in range(600):  # until the run has started visiting
+            if (out / "recording.db").exists() and "PhaseStarted" in gputravel("runs", "log", str(out), "--json").stdout:
+                break
+            time.sleep(0.1)
+        running = gputravel("runs", "show", str(out), "--json")
+        assert json.loads(running.stdout)["status"] == "running"
+        assert json.loads(running.stdout)["pid"] == proc.pid
+        stop = gputravel("runs", "stop", "run-stopped", "--runs-dir", str(tmp_path / "runs"), "--json")
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert json.loads(stop.stdout)["stopped"] is True
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130  # CancelledRunError's exit code
+    recording = load_recording(out / "recording.db")
+    (last,) = [e for e in recording.events() if e.kind in ("RunCompleted", "RunFailed")]
+    assert last.kind == "RunFailed" and last.code == "cancelled"  # type: ignore[attr-defined]
+    assert recording.meta["status"] == "cancelled"
+    again = gputravel("runs", "stop", str(out), "--json")  # a JSON error, with the error's exit code
+    assert again.returncode == 2
+    assert json.loads(again.stdout)["error"]["code"] == "config"
+    assert "not running (cancelled)" in json.loads(again.stdout)["error"]["message"]

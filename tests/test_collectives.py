@@ -221,3 +221,28 @@ def test_emulated_identities_share_one_vendor_root() -> None:
         b, root_b, _ = emulated_identity(Path(d), rank=1)
     assert root_a == root_b and a.chain[-1] == root_a and b.device_id == "rank-1"
     assert a.fingerprint() != b.fingerprint()
+
+
+def test_nccl_with_more_ranks_than_gpus_is_a_config_error_before_any_rank_starts() -> None:
+    from gputravel.core.collectives.launch import check_backend
+    from gputravel.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="NCCL needs one GPU per rank.*gloo"):
+        check_backend("nccl", 2, gpus=1)
+    with pytest.raises(ConfigError, match="unknown backend"):
+        check_backend("mpi-ish", 2)
+    check_backend("nccl", 2, gpus=2)  # one GPU per rank: allowed
+    check_backend("gloo", 8, gpus=0)
+
+
+def test_bench_allreduce_nccl_on_too_few_gpus_exits_2_with_the_reason() -> None:
+    import subprocess
+    import sys
+
+    world = (torch.cuda.device_count() if torch.cuda.is_available() else 0) + 1
+    proc = subprocess.run([sys.executable, "-m", "gputravel.console.cli", "bench", "allreduce", "--backend", "nccl",
+                           "--world-size", str(world), "--size-mib", "1", "--repeats", "1", "--warmup", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-1500:]
+    assert "NCCL needs one GPU per rank" in proc.stderr and "gloo" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -242,3 +242,203 @@ async def test_bench_screen_runs_a_benchmark_in_a_worker_and_charts_it() -> None
         text = screen_text(app)
         assert "done provision: 2 rows, bars: mb_s" in text
         assert "plain" in text and "secure" in text and "█" in text
+
+
+# --- every way a run ends is shown ------------------------------------------------------------------------
+async def test_a_run_whose_device_dies_is_shown_ended_and_its_recording_says_so(data_root: Path,
+                                                                                  tmp_path: Path) -> None:
+    from gputravel.core.ledger import read_rows
+
+    base = factory_for(data_root, tmp_path)
+
+    def factory() -> Any:
+        engine = base()
+        engine.restart_device = None  # no recovery: the device's death ends the run
+        return engine
+
+    app = make_app(engine_factory=factory, telemetry_interval=0.2)
+    async with app.run_test(size=SIZE) as pilot:
+        bridge = live(app)
+        app.execute_command("break provision")
+        await pilot.press("r")
+        await until(pilot, lambda: bridge.state.paused_before == "PROVISION", what="pause before PROVISION")
+        engine = bridge.session.engine
+        assert engine is not None
+        engine.handle.kill()  # the device dies while the holder holds its key
+        await pilot.press("p")
+        await until(pilot, lambda: bridge.state.status == "failed" and not app.run_in_flight, what="the end")
+        text = screen_text(app)
+        assert "FAILED" in text and "RUNNING" not in text
+        assert "run failed (device)" in text
+        await pilot.press("c")  # nothing to cancel: says so, changes nothing
+        await pilot.pause()
+        assert bridge.state.status == "failed" and not app.run_in_flight
+        out = Path(bridge.session.out_dir)
+    recording = load_recording(out / "recording.db")
+    endings = [e.kind for e in recording.events() if e.kind in ("RunCompleted", "RunFailed")]
+    assert endings == ["RunFailed"]  # then only the agents' "stopped"
+    assert recording.meta["status"] == "failed" and "device" in recording.meta["error"]
+    rows = read_rows(out / "ledger.db")
+    ending = [r.kind for r in rows if r.kind.startswith("run-")]
+    assert ending == ["run-failed"]  # the ledger's final run row says how it ended (agents' "stopped" follow)
+    assert {r.kind for r in rows[rows.index(next(r for r in rows if r.kind == "run-failed")):]} <= {
+        "run-failed", "holder-state"}
+    handoffs = [r for r in rows if r.kind == "phase" and r.phase == "HANDOFF"]
+    assert [r.holder for r in handoffs] == ["alice"]  # no key was handed to anyone after the device died
+
+
+async def test_an_exception_the_engine_does_not_report_still_ends_the_run_on_screen_and_in_the_recording(
+        data_root: Path, tmp_path: Path) -> None:
+    def broken_start(links: dict[str, LocalHolderLink]) -> None:
+        async def start() -> None:
+            raise RuntimeError("the holder's host vanished")
+
+        links["bob"].start = start  # type: ignore[method-assign]
+
+    app = make_app(engine_factory=factory_for(data_root, tmp_path, tweak=broken_start), telemetry_interval=0.5)
+    async with app.run_test(size=SIZE) as pilot:
+        bridge = live(app)
+        await pilot.press("r")
+        await until(pilot, lambda: not app.run_in_flight and bridge.state.status != "starting", what="the end")
+        assert bridge.state.status == "failed" and bridge.state.error_code == "internal"
+        assert "RuntimeError: the holder's host vanished" in (bridge.state.error or "")
+        assert "FAILED" in screen_text(app)
+        out = Path(bridge.session.out_dir)
+        assert bridge.session.finished and not bridge.session.engine.handle.alive()  # type: ignore[union-attr]
+    recording = load_recording(out / "recording.db")
+    (last,) = [e for e in recording.events() if e.kind in ("RunCompleted", "RunFailed")]
+    assert last.kind == "RunFailed" and last.code == "internal"  # type: ignore[attr-defined]
+    assert recording.meta["status"] == "failed"
+
+
+# --- the : line ----------------------------------------------------------------------------------------------
+async def test_colon_run_step_pause_resume_break_and_cancel_drive_a_live_run(data_root: Path, tmp_path: Path) -> None:
+    app = make_app(engine_factory=factory_for(data_root, tmp_path), telemetry_interval=0.5, record=False)
+    async with app.run_test(size=SIZE) as pilot:
+        bridge = live(app)
+
+        async def colon(command: str) -> None:
+            await pilot.press("colon", *command, "enter")
+            await pilot.pause()
+
+        await colon("break handoff")
+        await colon("run")
+        await until(pilot, lambda: bridge.state.paused_before == "HANDOFF", what=":run to the breakpoint")
+        await colon("step")
+        await until(pilot, lambda: bridge.state.paused_before == "PROVISION", what=":step one phase")
+        assert bridge.state.last_phase == "HANDOFF"
+        await colon("break handoff")  # off again
+        assert "HANDOFF" not in bridge.state.breakpoints
+        done = bridge.state.phases_completed
+        app.execute_command("resume")  # and at once pause: the engine runs one more phase, then waits
+        app.execute_command("pause")
+        await until(pilot, lambda: bridge.state.phases_completed > done and bridge.state.paused_before is not None,
+                    what=":resume then :pause")
+        assert bridge.state.status == "paused"
+        await colon("cancel")
+        await until(pilot, lambda: bridge.state.status == "cancelled" and not app.run_in_flight, what=":cancel")
+
+
+async def test_colon_help_verify_screens_theme_screenshot_unknown_and_quit(tmp_path: Path, monkeypatch) -> None:
+    from gputravel.console.screens.ledger import LedgerScreen
+
+    monkeypatch.setenv("GPUTRAVEL_SCREENSHOT_DIR", str(tmp_path / "shots"))
+    app = make_app(engine_factory=never_built, record=False)
+    async with app.run_test(size=SIZE) as pilot:
+        async def colon(command: str) -> None:
+            await pilot.press("colon", *command, "enter")
+            await pilot.pause()
+
+        await colon("help")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        await colon("verify")
+        await pilot.pause()
+        assert isinstance(app.screen, LedgerScreen)
+        for name in ("travel", "holders", "training", "gpu", "bench", "ledger"):
+            await colon(name)
+            assert app.screen.SCREEN_NAME == name  # type: ignore[attr-defined]
+        await colon("theme light")
+        assert app.theme == "gputravel-light"
+        await colon("theme plaid")
+        assert app.theme == "gputravel-light" and any("plaid" in n.message for n in app._notifications)
+        await colon("screenshot ledger-test")
+        await until(pilot, lambda: (tmp_path / "shots" / "console-ledger-test.svg").exists(), timeout=5,
+                    what="the screenshot")
+        await until(pilot, lambda: any("screenshot saved to" in n.message for n in app._notifications),
+                    timeout=5, what="where the screenshot went")
+        await colon("frobnicate")
+        assert any("unknown command 'frobnicate': :help lists" in n.message for n in app._notifications)
+        await colon("q")
+    assert app.return_code == 0 and not app.is_running
+
+
+async def test_colon_quit_leaves_the_console() -> None:
+    app = make_app(engine_factory=never_built, record=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("colon", *"quit", "enter")
+        await pilot.pause()
+    assert not app.is_running
+
+
+async def test_the_command_line_shows_what_is_typed() -> None:
+    from gputravel.console.widgets.command_line import CommandLine
+
+    app = make_app(engine_factory=never_built, record=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("colon", *"break provision")
+        await pilot.pause()
+        line = app.screen.query_one(CommandLine)
+        assert line.has_focus and line.region.height == 1
+        rows = screen_text(app).splitlines()
+        assert any(row.strip() == "break provision" for row in rows[-3:]), rows[-3:]  # above the footer, readable
+
+
+async def test_readonly_console_starts_no_benchmark() -> None:
+    calls: list[str] = []
+
+    async def runner(name: str, on_line: Callable[[str], None]) -> Any:
+        calls.append(name)
+        return []
+
+    app = make_app(engine_factory=never_built, readonly=True, record=False, bench_runner=runner)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("5")
+        await pilot.pause()
+        await pilot.press("enter")
+        app.execute_command("bench provision")
+        await pilot.pause()
+        assert calls == [] and "read-only console" in screen_text(app)
+
+
+async def test_slash_filters_the_holders_table_and_escape_clears_it(data_root: Path, tmp_path: Path) -> None:
+    app = make_app(engine_factory=factory_for(data_root, tmp_path), telemetry_interval=0.5, record=False,
+                   breakpoints=("ATTEST",))
+    async with app.run_test(size=SIZE) as pilot:
+        bridge = live(app)
+        assert bridge.state.breakpoints == {"ATTEST"}  # --break-before shows before the run starts
+        await pilot.press("r")
+        await until(pilot, lambda: bridge.state.paused_before == "ATTEST", what="the holders to connect")
+        await pilot.press("2")
+        await pilot.pause()
+        table = app.screen.query_one("#holders-table")
+        assert table.row_count == 2  # type: ignore[attr-defined]
+        await pilot.press("slash", *"bob", "enter")
+        await pilot.pause()
+        assert table.row_count == 1 and "filter bob" in screen_text(app)  # type: ignore[attr-defined]
+        await pilot.press("escape")
+        await pilot.pause()
+        assert table.row_count == 2  # type: ignore[attr-defined]
+        await pilot.press("c")
+        await until(pilot, lambda: not app.run_in_flight, what="cancel")
+
+
+def test_a_second_run_in_one_console_goes_beside_out(tmp_path: Path) -> None:
+    from gputravel.console.app import next_out_dir
+
+    out = tmp_path / "mine"
+    assert next_out_dir(out, 1) == out
+    assert next_out_dir(out, 2) == tmp_path / "mine-2"
+    (tmp_path / "mine-2").mkdir()
+    (tmp_path / "mine-2" / "ledger.db").write_text("")  # taken: the next free one
+    assert next_out_dir(out, 2) == tmp_path / "mine-3"

@@ -108,8 +108,8 @@ def test_console_transport_local(captured: dict[str, Any], tmp_path: Path) -> No
 
 def test_console_refuses_a_bad_transport_before_opening(captured: dict[str, Any], tmp_path: Path) -> None:
     result = invoke("--out", str(tmp_path / "out"), "--transport", "carrier-pigeon")
-    assert result.exit_code != 0
-    assert "transport" in str(result.exception)
+    assert result.exit_code == 2  # a usage error: the choices are typed
+    assert "transport" in result.output and "carrier-pigeon" in result.output
     assert captured["apps"] == []
 
 
@@ -156,3 +156,100 @@ def test_bench_screen_launches_the_small_travel_study(monkeypatch: pytest.Monkey
     travel, provision = launched
     assert travel[-4:] == ("travel", "--buffer-mib", "4,20", "--json")
     assert provision[-2:] == ("provision", "--json")
+
+
+# --- conventions an operator expects --------------------------------------------------------------------------
+def test_version_and_completion_are_offered() -> None:
+    from gputravel.console import cli
+
+    version = CliRunner().invoke(cli.app, ["--version"])
+    assert version.exit_code == 0 and version.output.startswith("gputravel ")
+    helped = CliRunner().invoke(cli.app, ["--help"], env={"COLUMNS": "120"})
+    assert "--install-completion" in helped.output and "runs" in helped.output
+    assert invoke("--version").output.startswith("gputravel ")
+
+
+def test_run_help_is_grouped_in_panels_with_choices_and_no_bool_on_flags() -> None:
+    from gputravel.console import cli
+
+    text = CliRunner().invoke(cli.app, ["run", "--help"], env={"COLUMNS": "160"}).output
+    for panel in ("Holders", "Model and training", "Data path", "Control and faults", "Run folder and output"):
+        assert panel in text, panel
+    assert "<bool>" not in text
+    for choices in ("ssh|local", "direct|channel|ssh|conventional", "tiny|small|gpt2", "on|off|devtools"):
+        assert choices in text, choices
+
+
+def test_model_choice_names_the_engine_presets() -> None:
+    from gputravel.console.options import ModelPreset
+    from gputravel.core.training.model import PRESETS
+
+    assert [m.value for m in ModelPreset] == list(PRESETS)
+
+
+@pytest.mark.parametrize("command", [["run"], []])
+def test_a_typo_in_break_before_is_refused_by_run_and_console(command: list[str], captured: dict[str, Any],
+                                                               tmp_path: Path) -> None:
+    from gputravel.console import cli
+
+    args = [*command, "--break-before", "handof", "--out", str(tmp_path / "o")]
+    result = CliRunner().invoke(cli.app if command else console_app.cli, args)
+    assert result.exit_code == 2
+    assert "handof" in result.output and "handoff" in result.output  # names the phases it takes
+    assert captured["apps"] == [] and "settings" not in captured
+
+
+def test_console_takes_the_palette_themes_and_break_before_in_any_case(captured: dict[str, Any],
+                                                                     tmp_path: Path) -> None:
+    result = invoke("--out", str(tmp_path / "out"), "--no-record", "--theme", "high-contrast",
+                    "--break-before", "provision")
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    assert invoke("--theme", "plaid").exit_code == 2
+
+
+def test_runs_errors_are_json_with_the_errors_exit_code(tmp_path: Path) -> None:
+    from gputravel.console import cli
+
+    for args in (["runs", "show", "nope"], ["runs", "log", "nope"], ["runs", "stop", "nope"]):
+        result = CliRunner().invoke(cli.app, [*args, "--runs-dir", str(tmp_path), "--json"])
+        assert result.exit_code == 2, result.output
+        error = __import__("json").loads(result.output)["error"]
+        assert error == {"code": "config", "exit_code": 2, "kind": "ConfigError",
+                         "message": f"no run 'nope' under {tmp_path}/ (gputravel runs ls lists them)"}
+    empty = CliRunner().invoke(cli.app, ["runs", "ls", "--runs-dir", str(tmp_path), "--json"])
+    assert empty.exit_code == 0 and __import__("json").loads(empty.output)["runs"] == []
+
+
+def test_a_run_folder_without_process_or_final_event_reads_died(tmp_path: Path) -> None:
+    from gputravel.console import cli
+    from gputravel.core import events as ev
+    from gputravel.core.recording import Recorder
+
+    run = tmp_path / "run-1"
+    rec = Recorder(run / "recording.db", meta={})
+    rec(ev.RunStarted(1.0, "r1", {"kind": "emulated", "sim": True}, ("alice",), 1))
+    rec(ev.PhaseStarted(2.0, 0, "alice", "PROVISION", 1))
+    rec.close()
+    (run / "orchestrator.pid").write_text('{"pid": 999999999, "owner": "gputravel run"}')  # a process long gone
+    result = CliRunner().invoke(cli.app, ["runs", "ls", "--runs-dir", str(tmp_path), "--json"])
+    (info,) = __import__("json").loads(result.output)["runs"]
+    assert info["status"] == "died" and "no final event" in info["error"]
+
+
+def test_printed_errors_keep_their_brackets(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+                                            ) -> None:
+    import sys
+
+    from gputravel.console import cli
+    from gputravel.core.errors import DataError
+    from gputravel.core.training import corpus
+
+    def no_bpe(*a: Any, **kw: Any) -> Any:
+        raise DataError("the gpt2 tokenizer needs tiktoken: pip install 'gputravel[bpe]'")
+
+    monkeypatch.setattr(corpus, "fetch_corpus", no_bpe)
+    monkeypatch.setattr(sys, "argv", ["gputravel", "data", "fetch", "--tokenizer", "gpt2", "--json"])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    assert exit_.value.code == 2
+    assert "pip install 'gputravel[bpe]'" in capsys.readouterr().err  # rich did not eat "[bpe]"

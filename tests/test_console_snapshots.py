@@ -180,11 +180,12 @@ async def test_replay_space_steps_exactly_one_phase_and_jumps_by_visit(recording
         await pilot.pause()
         assert (app.bridge.state.phases_completed, app.bridge.state.last_phase) == (2, "HANDOFF")
         assert "GPU ◆ alice" in screen_text(app)
-        await pilot.press("right_square_bracket")  # to the start of visit 2
+        await pilot.press("right_square_bracket")  # to the start of visit 2: its ATTEST has begun
         await pilot.pause()
         state = app.bridge.state
-        assert [v.outcome for v in state.visits.values()] == ["done"]
-        assert state.current_holder == "alice" and state.phases_completed == 8
+        assert [v.outcome for v in state.visits.values()] == ["done", "running"]
+        assert state.current_holder == "bob" and state.current_visit == 1 and state.phases_completed == 8
+        assert "visit 2/3 bob" in screen_text(app)  # the header names the visit jumped to
         await pilot.press("space")
         await pilot.pause()
         assert app.bridge.state.current_visit == 1 and app.bridge.state.last_phase == "ATTEST"
@@ -193,13 +194,46 @@ async def test_replay_space_steps_exactly_one_phase_and_jumps_by_visit(recording
         assert app.bridge.state.events_seen == 0
 
 
+async def test_replay_brackets_walk_visit_by_visit_both_ways(recording: Path) -> None:
+    app = make_app(replay=load_recording(recording))
+    async with app.run_test(size=SIZE) as pilot:
+        seen = []
+        for _ in range(3):
+            await pilot.press("right_square_bracket")
+            await pilot.pause()
+            seen.append((app.bridge.state.current_visit, app.bridge.state.current_holder))
+        assert seen == [(0, "alice"), (1, "bob"), (2, "carol")]  # ] never sticks on a visit
+        await pilot.press("right_square_bracket")  # past the last visit: the end
+        await pilot.pause()
+        assert app.bridge.state.status == "completed"
+        for want in ("carol", "bob", "alice", "alice"):
+            await pilot.press("left_square_bracket")
+            await pilot.pause()
+            assert app.bridge.state.current_holder == want
+        text = screen_text(app)
+        assert "visit 1/3 alice" in text
+
+
+async def test_replay_refuses_cancel_and_break_quietly(recording: Path) -> None:
+    app = make_app(replay=load_recording(recording))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("c", "b")
+        await pilot.pause()
+        assert not app._notifications  # no toast about scrubbing a buffer that a recording does not have
+        assert "Cancel" not in screen_text(app).splitlines()[-1]
+        app.execute_command("cancel")
+        await pilot.pause()
+        assert any("a replay has no run to cancel" in n.message for n in app._notifications)
+
+
 async def test_replay_jump_command_and_playback_reach_the_end(recording: Path) -> None:
     app = make_app(replay=load_recording(recording))
     app.bridge.speed = 1000.0  # type: ignore[attr-defined]
     async with app.run_test(size=SIZE) as pilot:
         app.execute_command("jump 3")
         await pilot.pause()
-        assert app.bridge.state.visits.keys() == {0, 1}
+        assert [v.visit for v in app.bridge.state.visits.values()] == [0, 1, 2]
+        assert "visit 3/3 carol" in screen_text(app)  # the header shows the visit jumped to, not the one before
         await pilot.press("p")  # play
         for _ in range(200):
             await pilot.pause(0.02)
@@ -239,3 +273,45 @@ async def test_ledger_screen_names_the_row_that_breaks_the_chain(tmp_path: Path)
         assert screen.result is not None and screen.result.first_bad_seq == 5
         text = screen_text(app)
         assert "BROKEN at row 5" in text and "row 5 breaks the chain" in text
+
+
+@pytest.mark.parametrize("screen", ["travel", "holders", "gpu"])
+async def test_small_terminal_80x24_renders_the_compact_layout_as_the_snapshot(recording: Path, screen: str) -> None:
+    app = make_app(replay=load_recording(recording))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("end")
+        await pilot.press(str(("travel", "holders", "training", "gpu").index(screen) + 1))
+        await settle(pilot, app)
+        text = screen_text(app, mask={str(recording.parent): "<tmp>"})
+        lines = text.splitlines()
+        assert len(lines) == 24 and all(len(line) <= 80 for line in lines)
+        if screen == "travel":  # the timeline is on screen, every visit, and no detail line is broken in two
+            assert sum(1 for line in lines if line.lstrip().startswith(("1 ", "2 ", "3 "))) == 3
+            assert "devic\n" not in text
+        check_snapshot(f"{screen}-80x24", text)
+
+
+def failed_run(path: Path) -> Path:
+    """A run whose device died in PROVISION: the engine's RunFailed, then the agents stop."""
+    rec = Recorder(path, meta={"settings": {"holders": 1}})
+    rec(ev.RunStarted(1.0, "dead0001", {"kind": "emulated", "sim": True}, ("alice",), 1))
+    for i, phase in enumerate(("ATTEST", "HANDOFF", "PROVISION")):
+        rec(ev.PhaseStarted(2.0 + i, 0, "alice", phase, 1))
+        if phase != "PROVISION":
+            rec(ev.PhaseCompleted(2.5 + i, 0, "alice", phase, 1, 0.5, "ok", 0, "ab" * 8 if i else None))
+    rec(ev.RunFailed(6.0, "dead0001", "DeviceError: the device service died: broken pipe", "device"))
+    rec(ev.HolderStateChanged(6.1, "alice", "stopped", ""))
+    rec.close()
+    return path
+
+
+async def test_a_replayed_failed_run_ends_failed_not_running(tmp_path: Path) -> None:
+    app = make_app(replay=load_recording(failed_run(tmp_path / "dead.db")))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("end")
+        await pilot.pause()
+        state = app.bridge.state
+        assert state.status == "failed" and state.gpu_at == "orchestrator"
+        assert state.visit(0) is not None and state.visit(0).outcome == "failed"  # type: ignore[union-attr]
+        text = screen_text(app)
+        assert "FAILED" in text and "run failed (device)" in text and "RUNNING" not in text

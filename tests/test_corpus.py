@@ -112,7 +112,7 @@ def test_fetch_rebuilds_when_a_file_changed_and_for_another_split(tmp_path: Path
     fetch_corpus(dest, archive=archive, holders=2)
     names = sorted(p.name for p in dest.iterdir() if not p.name.startswith("."))
     assert names == ["holder-0-mixed", "holder-1-mixed"]
-    dealt = sorted(p.stem for p in dest.rglob("*.txt"))
+    dealt = sorted(f.stem for s in validate_data_dir(dest) for f in s.files)  # superseded .v-* are hidden
     assert dealt == ["hamlet", "henry_v", "john", "lear", "macbeth", "tempest", "twelfth_night"]
     assert sorted(p.stem for p in (dest / "holder-0-mixed").iterdir()) == ["hamlet", "john", "macbeth", "twelfth_night"]
 
@@ -290,3 +290,60 @@ def test_interrupted_fetch_is_finished_by_the_next_one(tmp_path: Path, monkeypat
     assert json.loads((dest / MARKER_NAME).read_text())["spec"] is None
     fetch_corpus(dest, archive=archive, holders=2)
     assert sorted(p.name for p in dest.iterdir() if not p.name.startswith(".")) == ["holder-0-mixed", "holder-1-mixed"]
+
+
+# --- a fetch never pulls the folders from under a run ----------------------------------------------
+def test_default_cache_is_keyed_by_the_request_so_another_split_leaves_a_runs_folders_alone(
+        tmp_path: Path, monkeypatch) -> None:
+    from gputravel.core.training import corpus
+
+    monkeypatch.setattr(corpus, "_default_root", lambda: tmp_path / "cache")
+    archive = _synthetic(tmp_path)
+    three = fetch_corpus(archive=archive)
+    assert three == tmp_path / "cache" / "corpus" / "byte-3"
+    before = {p: p.read_bytes() for p in three.rglob("*.txt")}
+    two = fetch_corpus(archive=archive, holders=2)  # `data fetch --holders 2` while a 3-holder run reads
+    assert two == tmp_path / "cache" / "corpus" / "byte-2" and two != three
+    assert {p: p.read_bytes() for p in three.rglob("*.txt")} == before
+    assert [s.name for s in validate_data_dir(three)] == ["holder-0-comedies", "holder-1-tragedies",
+                                                          "holder-2-histories"]
+
+
+def test_a_rebuild_swaps_whole_folders_while_a_reader_reads_them(tmp_path: Path) -> None:
+    import threading
+
+    archive = _synthetic(tmp_path)
+    dest = fetch_corpus(tmp_path / "c", archive=archive)
+    expected = {f"{s.name}/{f.name}": f.read_bytes() for s in validate_data_dir(dest) for f in s.files}
+    resolved = (dest / "holder-0-comedies").resolve()  # what an SSH agent is handed
+    held = open(dest / "holder-1-tragedies" / "hamlet.txt", "rb")  # a run's open file  # noqa: SIM115
+    seen: list[str] = []
+    stop = threading.Event()
+
+    def reader() -> None:  # what a run does: validate the folder, then read every file by path
+        while not stop.is_set():
+            try:
+                specs = validate_data_dir(dest)
+                got = {f"{s.name}/{f.name}": f.read_bytes() for s in specs for f in s.files}
+                if got != expected:
+                    seen.append(f"partial or changed: {sorted(set(expected) ^ set(got))}")
+            except (OSError, DataError) as exc:
+                seen.append(repr(exc))
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        for _ in range(15):  # a marker that no longer matches forces a full rebuild each time
+            marker = json.loads((dest / MARKER_NAME).read_text())
+            (dest / MARKER_NAME).write_text(json.dumps({**marker, "content_hash": "stale"}))
+            fetch_corpus(dest, archive=archive)
+            assert json.loads((dest / MARKER_NAME).read_text())["content_hash"] != "stale"
+    finally:
+        stop.set()
+        thread.join()
+    assert (dest / "holder-2-histories").is_symlink()
+    assert held.read() == expected["holder-1-tragedies/hamlet.txt"]  # opened before the swaps, still whole
+    held.close()
+    assert seen == []  # every read saw whole folders with the right files, never a half-built one
+    assert len(list(dest.glob(".v-*"))) == 3  # the version in use and the two superseded last
+    assert not resolved.exists()  # older versions are removed

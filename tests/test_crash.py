@@ -9,16 +9,20 @@ once, no hand-off epoch repeats, and the ledger verifies.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import live_processes
 
 from gputravel.core.ledger import read_rows, verify_ledger
 from gputravel.core.travel.phases import VISIT_PHASES
@@ -154,3 +158,66 @@ def test_device_and_agent_kill_sweep(data: Path, tmp_path: Path, reference: dict
         proc = run_with_fault(data, out, f"kill-{target}@{phase}:1+{delay}")
         assert proc.returncode == 0, proc.stderr[-2000:]
         check_end_state(out, json.loads(proc.stdout), reference)
+
+
+def _descendants(root: int) -> dict[int, str]:
+    """Every live descendant of ``root``: pid -> command line."""
+    procs = live_processes()
+    children: dict[int, list[int]] = {}
+    for p in procs:
+        children.setdefault(p.ppid, []).append(p.pid)
+    cmd = {p.pid: p.cmd for p in procs}
+    found: dict[int, str] = {}
+    todo = list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        found[pid] = cmd.get(pid, "?")
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def _alive(pids: dict[int, str]) -> dict[int, str]:
+    live = {p.pid: p.cmd for p in live_processes()}
+    return {pid: c for pid, c in pids.items() if live.get(pid) == c}  # same pid and command: not a reused pid
+
+
+def test_killed_orchestrator_leaves_no_child_behind(data: Path, tmp_path: Path) -> None:
+    """``kill -9`` of a real ``gputravel run`` (SSH transport: the embedded SSH server, agents under it, the
+    device service) while it is paused before the first hand-off: within seconds no process it started is
+    left (each child holds the orchestrator's pipes, and a device service on a real GPU holds its memory)."""
+    out = tmp_path / "run"
+    args = [a for a in ARGS if a not in ("--transport", "local")]
+    log = (tmp_path / "stdout").open("wb"), (tmp_path / "stderr").open("wb")
+    orch = subprocess.Popen([sys.executable, "-m", "gputravel.console.cli", "run", "--data", str(data), *args,
+                             "--transport", "ssh", "--out", str(out), "--break-before", "HANDOFF"],
+                            stdout=log[0], stderr=log[1], stdin=subprocess.DEVNULL, start_new_session=True)
+    kids: dict[int, str] = {}
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and orch.poll() is None:
+            kids = _descendants(orch.pid)
+            cmds = list(kids.values())
+            if any("gputravel.core.device" in c for c in cmds) and any("sshserver" in c for c in cmds) and \
+                    sum("gputravel.agents.holder" in c and "python" in c.split()[0] for c in cmds) >= 2:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"the run never had its device, SSH server and 2 agents up: rc={orch.poll()} "
+                        f"{(tmp_path / 'stderr').read_text()[-1500:]} children={kids}")
+        time.sleep(0.5)
+        kids = _descendants(orch.pid)
+        os.kill(orch.pid, signal.SIGKILL)
+        assert orch.wait(timeout=10) == -signal.SIGKILL
+        deadline = time.monotonic() + 10
+        while _alive(kids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _alive(kids) == {}, f"children outlived the killed orchestrator: {_alive(kids)}"
+    finally:
+        for f in log:
+            f.close()
+        if orch.poll() is None:
+            orch.kill()
+            orch.wait()
+        for pid in _alive(kids):  # clean up whatever this test started, by pid
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)

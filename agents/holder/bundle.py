@@ -20,6 +20,7 @@ BUNDLE_FILES: tuple[str, ...] = (
     "core/protocol/errors.py",
     "core/protocol/frames.py",
     "core/protocol/keys.py",
+    "core/protocol/shmring.py",
     "agents/__init__.py",
     "agents/holder/__init__.py",
     "agents/holder/__main__.py",

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import platformdirs
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from gputravel.core.attestation import (
@@ -26,6 +27,14 @@ def default_state_dir() -> Path:
     return Path(platformdirs.user_state_dir("gputravel")) / "emulated"
 
 
+def cipher_engine() -> dict[str, str]:
+    """Which engine a device service started here would seal/open the data path with (``auto``)."""
+    from gputravel.core.device.openers import describe_choice
+
+    label, reason = describe_choice("auto")
+    return {"label": label, "reason": reason}
+
+
 def result_json(result: AttestationResult, *, inject: str | None) -> dict[str, Any]:
     """The ``--json`` document (no key material: fingerprints only)."""
     body = result.to_dict()
@@ -41,6 +50,9 @@ def result_json(result: AttestationResult, *, inject: str | None) -> dict[str, A
         "injected": inject,
         "claims": body["claims"],
         "token": body["token"],
+        # who opens provisioning chunks (and seals secure ring hops) on this machine: "cpu (cryptography)",
+        # "gpu (cuda)"; `gputravel run --cipher-engine` overrides it
+        "cipher_engine": cipher_engine(),
     }
 
 
@@ -52,14 +64,16 @@ def render(console: Console, result: AttestationResult, *, inject: str | None) -
     table.add_column("detail", overflow="fold")
     for claim in result.claims:
         mark = "[green]✓[/]" if claim.ok else "[bold red]✗[/]"
-        table.add_row(claim.name, mark, claim.detail)
+        table.add_row(escape(claim.name), mark, escape(str(claim.detail)))
     console.print(table)
     if result.platform == PLATFORM_EMULATED:
         console.print("[bold black on yellow] SIM [/] platform: emulated (SIM) — no TDX/CC-mode H100 was used")
     else:
-        console.print(f"platform: {result.platform}")
+        console.print(f"platform: {escape(str(result.platform))}")
+    engine = cipher_engine()
+    console.print(f"data path cipher: [bold]{escape(engine['label'])}[/] ({escape(engine['reason'])})")
     if inject:
-        console.print(f"injected fault: [bold]{inject}[/]")
+        console.print(f"injected fault: [bold]{escape(str(inject))}[/]")
     if result.token is not None:
         console.print(f"token issued, valid for {result.token.expires_at - result.token.issued_at:.0f} s")
     verdict = "[bold green]PASS[/]" if result.ok else "[bold red]FAIL[/]"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -14,20 +15,36 @@ from gputravel.core.errors import ConfigError
 
 
 def render(console: Console, report: dict[str, Any]) -> None:
-    table = Table(title="Ring all-reduce: median per call (slowest rank)", title_justify="left")
-    for col in ("world", "MiB", "variant", "gather", "median ms", "min ms", "× plain", "GB/s",
-                "crypto", "wire", "reduce", "wait"):
-        table.add_column(col, justify="left" if col in ("variant", "gather") else "right")
+    table = Table(title="Ring all-reduce: median per call (slowest rank)", title_justify="left", box=box.SIMPLE_HEAD,
+                  padding=(0, 1), collapse_padding=True, pad_edge=False, show_edge=False)
+    cells = []
+    notes = []
     for r in report["rows"]:
+        if r.get("note"):  # e.g. secure_gpu without a CUDA device at a large size: skipped
+            notes.append(f"{r['variant']} at {r['size_mib']:g} MiB, world {r['world_size']}: {r['note']}")
+            cells.append([str(r["world_size"]), f"{r['size_mib']:g}", r["variant"], r["gather"] or "",
+                          *("-" for _ in range(8))])
+            continue
         b = r["breakdown_s"]
         ratio = r["ratio_vs_plain"]
-        style = "bold green" if r["variant"] == "secure_pipelined" else None
-        table.add_row(str(r["world_size"]), f"{r['size_mib']:g}", r["variant"], r["gather"] or "",
+        cells.append([str(r["world_size"]), f"{r['size_mib']:g}", r["variant"], r["gather"] or "",
                       f"{r['median_s'] * 1e3:.2f}", f"{r['min_s'] * 1e3:.2f}",
                       f"{ratio:.2f}" if ratio is not None else "-",
                       f"{r['gb_per_s']:.2f}" if r["gb_per_s"] else "-",
-                      *(f"{b[k] * 1e3:.1f}" for k in ("crypto_s", "wire_s", "reduce_s", "wait_s")), style=style)
+                      *(f"{b[k] * 1e3:.1f}" for k in ("crypto_s", "wire_s", "reduce_s", "wait_s"))])
+    for i, col in enumerate(("world", "MiB", "variant", "gather", "median ms", "min ms", "× plain", "GB/s",
+                             "crypto", "wire", "reduce", "wait")):
+        # variant names and figures are what a reader compares: never cut them; headers wrap instead
+        table.add_column(col, justify="left" if col in ("variant", "gather") else "right",
+                         min_width=max((len(row[i]) for row in cells), default=1))
+    for r, row in zip(report["rows"], cells, strict=True):
+        table.add_row(*row, style="bold green" if r["variant"] == "secure_pipelined" else None)
     console.print(table)
+    for note in notes:
+        console.print(note, soft_wrap=True)
+    engines = sorted({r["cipher_engine"] for r in report["rows"] if r.get("cipher_engine") and not r.get("note")})
+    if engines:
+        console.print(f"secure_gpu hops sealed and opened by: {', '.join(engines)}")
     console.print("breakdown: ms per call, summed over threads (pipelined parts overlap); "
                   "[bold black on yellow] SIM [/] device identities are emulated, the crypto is real")
     console.print(machine_line(report["machine"]))

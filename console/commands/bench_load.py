@@ -15,17 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gputravel.core.bench.load import (  # noqa: F401 - the helpers bench soak reads from here
-    OVERHEAD_TARGET_MS,
-    anon_rss,
-    cost_summary,
-    load,
-    mib,
-    rss,
-    run_probed,
-    stats_ms,
-    write_holders,
-)
+from gputravel.core.bench.load import load
 from gputravel.core.travel.holders import HolderLink
 
 

@@ -8,6 +8,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -15,12 +16,11 @@ from rich.progress import Progress
 from rich.table import Table
 
 from gputravel.console.commands.bench_load import ssh_fleet
-from gputravel.core.bench.provision import (  # noqa: F401 - make_dataset: bench travel reads it from here
-    PATHS,
-    ablation_study,
-    make_dataset,
-    paths_study,
-)
+from gputravel.console.options import CipherEngine
+from gputravel.core.bench.provision import PATHS, ablation_study, paths_study
+
+#: table column -> the report's stage key
+STAGE_COLUMNS = {"read+seal ms": "read_seal_s", "wait ms": "wait_s", "open ms": "open_s", "H2D ms": "h2d_s"}
 
 
 def _ticker(progress: Progress) -> Callable[[str, int], Callable[[], None]]:
@@ -33,16 +33,28 @@ def _ticker(progress: Progress) -> Callable[[str, int], Callable[[], None]]:
     return new_task
 
 
+def _run(study: Callable[..., dict[str, Any]], *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """One study in a temporary folder, over the loopback SSH fleet, with its progress bars on stderr."""
+    with tempfile.TemporaryDirectory(prefix="gputravel-bench-") as tmp, \
+            Progress(console=Console(stderr=True), transient=True) as progress:
+        return study(*args, workdir=Path(tmp), fleet=ssh_fleet, progress=_ticker(progress), **kwargs)
+
+
 def register(bench_app: typer.Typer) -> None:
     @bench_app.command("provision")
     def provision_cmd(
-        path: list[str] = typer.Option(["direct", "ssh"], "--path", help="direct, ssh (chunks inside the SSH "
-                                       "channel), local (agent subprocess over a pipe); repeatable."),
+        path: list[str] = typer.Option(["direct", "ssh"], "--path", help="direct (same host: the shared-memory "
+                                       "ring; shm names it), direct-socket (frames on the device's Unix socket), "
+                                       "direct-tcp (the TCP data port), ssh (chunks inside the SSH channel), "
+                                       "local (agent subprocess over a pipe), conventional; comma list or "
+                                       "repeated."),
         size_mib: int = typer.Option(64, "--size-mib", min=1, help="Bytes provisioned per hand-off (MiB)."),
         chunk_kib: int = typer.Option(1024, "--chunk-kib", min=1),
         repeats: int = typer.Option(3, "--repeats", min=1),
         ablate: bool = typer.Option(False, "--ablate", help="Fastrack-style table: each optimisation on/off, "
                                     "the conventional path and a plain memory copy."),
+        cipher_engine: CipherEngine = typer.Option(CipherEngine.AUTO, "--cipher-engine", help="Who opens the "
+                                                   "chunks on the device (as `gputravel run --cipher-engine`)."),
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
         """End-to-end provisioning MB/s per data path, next to the single-core AES-GCM rate."""
@@ -53,10 +65,8 @@ def register(bench_app: typer.Typer) -> None:
         for p in paths:
             if p not in PATHS:
                 raise typer.BadParameter(f"unknown path {p!r}; choose from {', '.join(PATHS)}")
-        with tempfile.TemporaryDirectory(prefix="gputravel-bench-") as tmp, \
-                Progress(console=Console(stderr=True), transient=True) as progress:
-            result = paths_study(paths, size_mib=size_mib, chunk_kib=chunk_kib, repeats=repeats, workdir=Path(tmp),
-                                 fleet=ssh_fleet, progress=_ticker(progress))
+        result = _run(paths_study, paths, size_mib=size_mib, chunk_kib=chunk_kib, repeats=repeats,
+                      cipher_engine=cipher_engine.value)
         rows = result["rows"]
         aes = result["aes_gcm_1core_mb_s"] * 1e6
         if as_json:
@@ -64,12 +74,15 @@ def register(bench_app: typer.Typer) -> None:
             return
         table = Table(title=f"provisioning {size_mib} MiB per hand-off, {chunk_kib} KiB chunks "
                             f"(AES-256-GCM 1 core: {aes / 1e6:,.0f} MB/s)")
-        for col in ("path", "median MB/s", "best MB/s", "of 1 AES core", "median s"):
-            table.add_column(col, justify="right" if col != "path" else "left")
+        for col in ("path", "median MB/s", "best MB/s", "of 1 AES core", "median s", *STAGE_COLUMNS, "opened by"):
+            table.add_column(col, justify="left" if col in ("path", "opened by") else "right")
         for r in rows:
+            st = r["stages"]
             table.add_row(r["path"], f"{r['mb_s']:,.0f}", f"{r['best_mb_s']:,.0f}",
-                          f"{r['fraction_of_aes_core']:.0%}", f"{r['median_s']:.3f}")
+                          f"{r['fraction_of_aes_core']:.0%}", f"{r['median_s']:.3f}",
+                          *(f"{st[k] * 1e3:.1f}" for k in STAGE_COLUMNS.values()), r.get("cipher_engine") or "?")
         Console().print(table)
+        Console().print("stage columns: ms per hand-off, summed over threads (stages overlap; the largest binds)")
         if "direct_vs_ssh" in result:
             Console().print(f"direct / ssh: {result['direct_vs_ssh']}x")
         share = result["device_aes_vs_standalone"]
@@ -81,10 +94,7 @@ def register(bench_app: typer.Typer) -> None:
 
 
 def _ablate(*, size_mib: int, chunk_kib: int, repeats: int, as_json: bool) -> None:
-    with tempfile.TemporaryDirectory(prefix="gputravel-bench-") as tmp, \
-            Progress(console=Console(stderr=True), transient=True) as progress:
-        result = ablation_study(size_mib=size_mib, chunk_kib=chunk_kib, repeats=repeats, workdir=Path(tmp),
-                                fleet=ssh_fleet, progress=_ticker(progress))
+    result = _run(ablation_study, size_mib=size_mib, chunk_kib=chunk_kib, repeats=repeats)
     rows = result["rows"]
     aes, copy = result["aes_gcm_1core_gb_s"] * 1e9, result["memcpy_gb_s"] * 1e9
     if as_json:

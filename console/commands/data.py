@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from gputravel.core.errors import GpuTravelError
@@ -30,7 +31,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _fail(exc: GpuTravelError) -> typer.Exit:
-    Console(stderr=True).print(f"[bold red]error[/]: {exc}", highlight=False)
+    Console(stderr=True).print(f"[bold red]error[/]: {escape(str(exc))}", highlight=False, soft_wrap=True)
     return typer.Exit(exc.exit_code)
 
 
@@ -57,7 +58,7 @@ def _render(root: Path, specs: list[HolderDataSpec], *, as_json: bool, title: st
 
 @data_app.command("fetch")
 def fetch(
-    dest: Annotated[Path | None, typer.Option(help="Output folder [default: user cache]/gputravel/corpus.")] = None,
+    dest: Annotated[Path | None, typer.Option(help="Output folder (default: the user cache folder, e.g. ~/.cache/gputravel/corpus).")] = None,
     holders: Annotated[int, typer.Option(min=1, help="Holder folders: 3 = by genre, else round-robin.")] = 3,
     tokenizer: Annotated[Tokenizer, typer.Option(help="byte: .txt files; gpt2: llm.c .bin shards.")] = Tokenizer.BYTE,
     archive: Annotated[Path | None, typer.Option(

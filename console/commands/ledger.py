@@ -85,7 +85,8 @@ def show(
     if as_json:
         typer.echo(json.dumps([row.to_dict() for row in rows], indent=2, ensure_ascii=False))
     else:
-        Console().print(_table(rows, path))
+        console = Console()
+        console.print(_table(rows, path, width=console.width))
     refuse_if_broken(path)
 
 
@@ -99,37 +100,45 @@ def refuse_if_broken(path: Path) -> None:
         raise typer.Exit(code=LedgerError.exit_code)
 
 
-def _table(rows: list[LedgerRow], path: Path) -> Table:
+def _table(rows: list[LedgerRow], path: Path, *, width: int = 200) -> Table:
+    """One line per row at any width: below 120 columns the time loses its date (the title keeps it) and
+    the key fingerprint shortens; below 100 the duration goes; long names end in an ellipsis, never wrap."""
+    narrow, tiny = width < 120, width < 100
+    day = datetime.fromtimestamp(rows[0].ts, tz=UTC).strftime("%Y-%m-%d") if rows and narrow else ""
     table = Table(
-        title=escape(f"{path} ({len(rows)} rows)"),
+        title=escape(f"{path} ({len(rows)} rows{', ' + day + ' UTC' if day else ''})"),
         title_justify="left",
         box=box.SIMPLE_HEAD,
         show_edge=False,
         pad_edge=False,
         collapse_padding=True,
     )
-    table.add_column("seq", justify="right", no_wrap=True)
-    table.add_column("time (UTC)", no_wrap=True)
-    for name in ("kind", "phase", "holder"):
-        table.add_column(name, min_width=5, overflow="fold")
-    table.add_column("epoch", justify="right", overflow="fold")
-    table.add_column("key fp", overflow="fold")
-    table.add_column("bytes", justify="right", no_wrap=True)
-    table.add_column("secs", justify="right", no_wrap=True)
-    table.add_column("outcome", min_width=5, overflow="fold")
+    table.add_column("seq", justify="right", no_wrap=True, min_width=max(3, len(str(rows[-1].seq)) if rows else 3))
+    table.add_column("time" if narrow else "time (UTC)", no_wrap=True, min_width=8)
+    table.add_column("kind", no_wrap=True, overflow="ellipsis", max_width=13 if narrow else None)
+    table.add_column("phase", no_wrap=True, overflow="ellipsis", min_width=5)
+    table.add_column("holder", no_wrap=True, overflow="ellipsis", max_width=12 if narrow else None)
+    table.add_column("ep", justify="right", no_wrap=True, min_width=2)
+    table.add_column("key fp", no_wrap=True, min_width=8 if narrow else 12)
+    table.add_column("bytes", justify="right", no_wrap=True, min_width=9)
+    if not tiny:
+        table.add_column("secs", justify="right", no_wrap=True, min_width=5)
+    table.add_column("outcome", no_wrap=True, overflow="ellipsis", max_width=12 if narrow else None)
     for row in rows:
-        table.add_row(
+        when = datetime.fromtimestamp(row.ts, tz=UTC)
+        cells = [
             str(row.seq),
-            datetime.fromtimestamp(row.ts, tz=UTC).strftime("%Y-%m-%d %H:%M:%S"),
+            when.strftime("%H:%M:%S" if narrow else "%Y-%m-%d %H:%M:%S"),
             escape(row.kind),
             _text(row.phase),
             _text(row.holder),
             _text(row.epoch),
-            _text(row.key_fp[:12] if row.key_fp else None),
+            _text(row.key_fp[: 8 if narrow else 12] if row.key_fp else None),
             _bytes(row.nbytes),
-            "-" if row.duration_s is None else f"{row.duration_s:.3f}",
+            *([] if tiny else ["-" if row.duration_s is None else f"{row.duration_s:.3f}"]),
             f"[green]{escape(row.outcome)}[/]" if row.outcome == "ok" else f"[red]{escape(row.outcome)}[/]",
-        )
+        ]
+        table.add_row(*cells)
     return table
 
 

@@ -10,8 +10,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from gputravel.console.view_model import RunState
 from gputravel.core.recording import load_recording
-from gputravel.core.session import RunState
 
 
 def register(app: typer.Typer) -> None:

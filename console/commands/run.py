@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
 import sys
 import time
 from dataclasses import replace
@@ -15,11 +18,21 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gputravel.console.run_folder import RunFolder
+from gputravel.console.options import (
+    CcMode,
+    CipherEngine,
+    DataPathChoice,
+    ModelPreset,
+    PhaseChoice,
+    TransportChoice,
+)
+from gputravel.console.run_claim import RunFolder
+from gputravel.console.run_end import RunEnding
+from gputravel.console.run_folder import running_marker
 from gputravel.console.run_telemetry import TELEMETRY_INTERVAL_S
 from gputravel.core import events as ev
 from gputravel.core.config import RunSettings
-from gputravel.core.errors import ConfigError
+from gputravel.core.errors import CancelledRunError, ConfigError
 
 #: Exit code when the run finished but some visits failed (each is in the report and the ledger).
 EXIT_PARTIAL = 9
@@ -27,13 +40,16 @@ EXIT_PARTIAL = 9
 # The holder options ``gputravel run`` and ``gputravel-console`` share: one default, one help text.
 # (This module imports the engine lazily, so the console can import these without loading torch.)
 HOLDERS_FILE_HELP = "Inventory (TOML) of SSH holders (sets the transport to inventory)."
-TRANSPORT_DEFAULT = "ssh"
+TRANSPORT_DEFAULT = TransportChoice.SSH
 TRANSPORT_HELP = ("ssh: agents deployed through a loopback SSH server (embedded default) or the --holders-file "
                   "hosts; local: agent subprocesses.")
-DATA_PATH_DEFAULT = "direct"
+DATA_PATH_DEFAULT = DataPathChoice.DIRECT
 DATA_PATH_HELP = ("direct: agents send sealed chunks straight to the device's data port; channel (or ssh): "
                   "chunks ride the holder link (SSH channel); conventional: plaintext over SSH, re-encrypted by "
                   "the orchestrator for the GPU's bounce buffer (the baseline without Travelling).")
+CIPHER_ENGINE_HELP = ("Who opens provisioning chunks: gpu (AES-GCM kernels open ciphertext inside device memory; "
+                      "in numba's simulator on a CPU-only machine, slow), cpu (cryptography on a host core), auto "
+                      "(gpu where the buffer is on CUDA and numba-cuda sees the device, else cpu).")
 DATA_HOST_DEFAULT = "127.0.0.1"
 DATA_HOST_HELP = ("Address the device's TCP data port binds to; inventory holders with data_route = \"network\" "
                   "connect to it, the default route forwards it through their SSH connection.")
@@ -42,8 +58,8 @@ DATA_HOST_HELP = ("Address the device's TCP data port binds to; inventory holder
 def holder_settings(*, holders_file: Path | None, transport: str, data_path: str,
                     data_host: str) -> dict[str, Any]:
     """The :class:`RunSettings` fields of the holder options (an inventory file means transport inventory)."""
-    return {"transport": "inventory" if holders_file else transport, "holders_file": holders_file,
-            "data_path": data_path, "data_host": data_host}
+    return {"transport": "inventory" if holders_file else str(transport), "holders_file": holders_file,
+            "data_path": str(data_path), "data_host": data_host}
 
 
 class RunView:
@@ -147,6 +163,8 @@ def render_report(console: Console, report: dict[str, Any]) -> None:
     if pv["mb_s"]:
         console.print(f"[bold]provisioning[/]: {pv['bytes'] / 2**20:.1f} MiB at {pv['mb_s']:.0f} MB/s "
                       f"(chunks {pv['chunk_kib']} KiB), rejected {pv['rejected'] or 'none'}")
+    if pv.get("cipher_engine"):
+        console.print(f"[bold]chunks opened by[/]: {pv['cipher_engine']} ({pv.get('cipher_engine_reason') or '?'})")
     console.print(f"[bold]ledger[/]: {lg['path']} · {'[green]verified[/]' if lg['verified'] else '[red]BROKEN[/]'} "
                   f"({lg['rows']} rows, head {lg['rows']}:{lg['head']})", soft_wrap=True)
 
@@ -180,42 +198,76 @@ def fresh_settings(out: Path | None, **options: Any) -> tuple[RunSettings, RunFo
     return replace(settings, out_dir=folder.out), folder
 
 
+HOLDERS_PANEL, MODEL_PANEL, DATA_PANEL, FAULTS_PANEL, OUTPUT_PANEL = ("Holders", "Model and training", "Data path",
+                                                                     "Control and faults", "Run folder and output")
+
+
+def parse_breakpoints(values: list[PhaseChoice] | list[str]) -> tuple[str, ...]:
+    """``--break-before`` values as phase names; a name that is no phase is a usage error naming them."""
+    out = []
+    for value in values:
+        try:
+            out.append(str(PhaseChoice(str(value).upper())))
+        except ValueError:
+            raise typer.BadParameter(f"{value!r} is no phase: choose {', '.join(p.value for p in PhaseChoice)}",
+                                     param_hint="--break-before") from None
+    return tuple(out)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("run")
     def run_cmd(
-        holders: int = typer.Option(3, help="Number of holders (embedded corpus: comedies, tragedies, histories)."),
-        rounds: int = typer.Option(2, help="Rounds over all holders' data."),
-        steps_per_visit: int = typer.Option(20, help="Training steps per visit."),
-        buffer_mib: float = typer.Option(4.0, help="GPU data buffer size (MiB); a bigger holder takes passes."),
-        data: Path | None = typer.Option(None, "--data", help="One subfolder per holder (.txt or llm.c .bin)."),
-        out: Path | None = typer.Option(None, "--out", help="Run folder: ledger, checkpoints, keys "
-                                        "(default: a new runs/run-<time>, linked as runs/latest)."),
-        resume: bool = typer.Option(False, "--resume", help="Continue the run in --out (default runs/latest) "
-                                    "from its last checkpoint and ledger."),
-        chunk_kib: int = typer.Option(1024, help="Provisioning chunk size (KiB)."),
-        model: str = typer.Option("tiny", help="Model preset: tiny, small, gpt2."),
-        batch_size: int = typer.Option(16),
-        seq_len: int = typer.Option(128),
-        lr: float = typer.Option(3e-3),
-        seed: int = typer.Option(1337),
-        device: str | None = typer.Option(None, help="torch device for the emulated GPU (default: cuda if present)."),
-        cc_mode: str = typer.Option("on", "--cc-mode", help="Mode the emulated GPU starts in: on, off or devtools "
-                                    "(devtools fails attestation, as a real device in that mode would)."),
-        break_before: list[str] = typer.Option([], "--break-before", help="Pause before this phase (repeatable)."),
-        holders_file: Path | None = typer.Option(None, "--holders-file", help=HOLDERS_FILE_HELP),
-        transport: str = typer.Option(TRANSPORT_DEFAULT, help=TRANSPORT_HELP),
-        data_path: str = typer.Option(DATA_PATH_DEFAULT, help=DATA_PATH_HELP),
-        data_host: str = typer.Option(DATA_HOST_DEFAULT, "--data-host", help=DATA_HOST_HELP),
-        visit_attempts: int = typer.Option(2, help="A failed visit is redone up to this many times in all."),
+        holders: int = typer.Option(3, help="Number of holders (embedded corpus: comedies, tragedies, histories).",
+                                    rich_help_panel=HOLDERS_PANEL),
+        holders_file: Path | None = typer.Option(None, "--holders-file", help=HOLDERS_FILE_HELP,
+                                                 rich_help_panel=HOLDERS_PANEL),
+        transport: TransportChoice = typer.Option(TRANSPORT_DEFAULT, help=TRANSPORT_HELP,
+                                                  rich_help_panel=HOLDERS_PANEL),
+        data: Path | None = typer.Option(None, "--data", help="One subfolder per holder (.txt or llm.c .bin).",
+                                         rich_help_panel=HOLDERS_PANEL),
+        model: ModelPreset = typer.Option(ModelPreset.TINY, help="Model preset.", rich_help_panel=MODEL_PANEL),
+        rounds: int = typer.Option(2, help="Rounds over all holders' data.", rich_help_panel=MODEL_PANEL),
+        steps_per_visit: int = typer.Option(20, help="Training steps per visit.", rich_help_panel=MODEL_PANEL),
+        batch_size: int = typer.Option(16, help="Sequences per training step.", rich_help_panel=MODEL_PANEL),
+        seq_len: int = typer.Option(128, help="Tokens per sequence.", rich_help_panel=MODEL_PANEL),
+        lr: float = typer.Option(3e-3, help="Learning rate (AdamW).", rich_help_panel=MODEL_PANEL),
+        seed: int = typer.Option(1337, help="Seed of the model and the batches.", rich_help_panel=MODEL_PANEL),
+        device: str | None = typer.Option(None, help="torch device for the emulated GPU (default: cuda if present).",
+                                          rich_help_panel=MODEL_PANEL),
+        data_path: DataPathChoice = typer.Option(DATA_PATH_DEFAULT, help=DATA_PATH_HELP, rich_help_panel=DATA_PANEL),
+        data_host: str = typer.Option(DATA_HOST_DEFAULT, "--data-host", help=DATA_HOST_HELP,
+                                      rich_help_panel=DATA_PANEL),
+        buffer_mib: float = typer.Option(4.0, help="GPU data buffer size (MiB); a bigger holder takes passes.",
+                                         rich_help_panel=DATA_PANEL),
+        chunk_kib: int = typer.Option(1024, help="Provisioning chunk size (KiB).", rich_help_panel=DATA_PANEL),
+        cipher_engine: CipherEngine = typer.Option(CipherEngine.AUTO, "--cipher-engine", help=CIPHER_ENGINE_HELP,
+                                                   rich_help_panel=DATA_PANEL),
+        cc_mode: CcMode = typer.Option(CcMode.ON, "--cc-mode", help="Mode the emulated GPU starts in (devtools "
+                                       "fails attestation, as a real device in that mode would).",
+                                       rich_help_panel=FAULTS_PANEL),
+        break_before: list[PhaseChoice] = typer.Option([], "--break-before", case_sensitive=False,
+                                                       help="Pause before this phase (repeatable).",
+                                                       rich_help_panel=FAULTS_PANEL),
+        visit_attempts: int = typer.Option(2, help="A failed visit is redone up to this many times in all.",
+                                           rich_help_panel=FAULTS_PANEL),
         fault: str | None = typer.Option(None, "--fault", hidden=True,
                                          help="Fault injection: kill-orchestrator|kill-device|kill-agent@PHASE:VISIT[+S]"),
+        out: Path | None = typer.Option(None, "--out", help="Run folder: ledger, checkpoints, keys "
+                                        "(default: a new runs/run-<time>, linked as runs/latest).",
+                                        rich_help_panel=OUTPUT_PANEL),
+        resume: bool = typer.Option(False, "--resume", help="Continue the run in --out (default runs/latest) "
+                                    "from its last checkpoint and ledger.", rich_help_panel=OUTPUT_PANEL),
         record: Path | None = typer.Option(None, "--record", help="Record events and GPU telemetry (NVML, or the "
                                            "emulated device's SIM counters) to this file for `gputravel replay` / "
-                                           "`gputravel-console --replay` (default: <out>/recording.db)."),
-        no_record: bool = typer.Option(False, "--no-record", help="Do not record the run."),
+                                           "`gputravel-console --replay` (default: <out>/recording.db).",
+                                           rich_help_panel=OUTPUT_PANEL),
+        no_record: bool = typer.Option(False, "--no-record", help="Do not record the run.",
+                                       rich_help_panel=OUTPUT_PANEL),
         telemetry_interval: float = typer.Option(TELEMETRY_INTERVAL_S, "--telemetry-interval", min=0.1,
-                                                 help="Seconds between the telemetry samples recorded."),
-        as_json: bool = typer.Option(False, "--json", help="Print the final report as JSON on stdout."),
+                                                 help="Seconds between the telemetry samples recorded.",
+                                                 rich_help_panel=OUTPUT_PANEL),
+        as_json: bool = typer.Option(False, "--json", help="Print the final report as JSON on stdout.",
+                                     rich_help_panel=OUTPUT_PANEL),
     ) -> None:
         """Run collaborative training: the GPU travels holder to holder."""
         if resume:
@@ -227,32 +279,37 @@ def register(app: typer.Typer) -> None:
         else:
             settings, folder = fresh_settings(
                 out, holders=holders, rounds=rounds, steps_per_visit=steps_per_visit, buffer_mib=buffer_mib,
-                data_dir=data, chunk_kib=chunk_kib, model=model, batch_size=batch_size, seq_len=seq_len, lr=lr,
-                seed=seed, device=device, cc_mode=cc_mode, breakpoints=tuple(b.upper() for b in break_before),
-                visit_attempts=visit_attempts, fault=fault,
-                **holder_settings(holders_file=holders_file, transport=transport, data_path=data_path,
-                                  data_host=data_host))
+                data_dir=data, chunk_kib=chunk_kib, model=model.value, batch_size=batch_size, seq_len=seq_len,
+                lr=lr, seed=seed, device=device, cc_mode=cc_mode.value, breakpoints=parse_breakpoints(break_before),
+                visit_attempts=visit_attempts, fault=fault, cipher_engine=cipher_engine.value,
+                **holder_settings(holders_file=holders_file, transport=transport.value,
+                                  data_path=data_path.value, data_host=data_host))
         console = Console(stderr=True) if as_json else Console()
         view = RunView(console)
-        sinks: list[Any] = [view]
+        ending = RunEnding()
+        sinks: list[Any] = [view, ending]
         recorder = None
-        from gputravel.console.fleet import run as fleet_run
-
         folder.claim()
         ok = False
+        error: BaseException | None = None
         try:
             if not no_record:
                 from gputravel.core.recording import Recorder
 
                 recorder = Recorder(record or Path(settings.out_dir) / "recording.db",
                                     meta={"source": "gputravel run", "settings": settings.to_dict(),
-                                          "ledger": str(Path(settings.out_dir) / "ledger.db")})
+                                          "ledger": str(Path(settings.out_dir) / "ledger.db"),
+                                          "started_at": time.time(), "pid": os.getpid()})
                 sinks.append(recorder)
-            with view.progress:
-                report = asyncio.run(fleet_run(settings, sinks=sinks, recorder=recorder,
-                                               telemetry_interval=telemetry_interval))
+            with running_marker(Path(settings.out_dir), owner="gputravel run"), view.progress:
+                report = asyncio.run(_run_until_stopped(settings, sinks=sinks, recorder=recorder,
+                                                        telemetry_interval=telemetry_interval))
             ok = True
+        except BaseException as exc:
+            error = exc
+            raise
         finally:
+            ending.finish(error, recorder=recorder)
             if recorder is not None:
                 recorder.close()
             if not ok:
@@ -263,3 +320,32 @@ def register(app: typer.Typer) -> None:
             render_report(console, report)
         if report["failed_visits"]:
             raise typer.Exit(EXIT_PARTIAL)
+
+
+async def _run_until_stopped(settings: RunSettings, **kw: Any) -> dict[str, Any]:
+    """The run, ended by SIGTERM (``gputravel runs stop``) as by the operator: the run's task is cancelled, the
+    device service and the agents are stopped, and the run's final event says ``cancelled``."""
+    from gputravel.console.fleet import run as fleet_run
+
+    task = asyncio.ensure_future(fleet_run(settings, **kw))
+    loop = asyncio.get_running_loop()
+    stopped = False
+
+    def stop() -> None:
+        nonlocal stopped
+        stopped = True
+        task.cancel()
+
+    try:
+        loop.add_signal_handler(signal.SIGTERM, stop)
+    except (NotImplementedError, RuntimeError):  # pragma: no cover - not the main thread, or no signals here
+        pass
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if stopped:
+            raise CancelledRunError("stopped by SIGTERM (gputravel runs stop)") from None
+        raise
+    finally:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGTERM)

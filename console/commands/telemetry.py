@@ -16,6 +16,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from gputravel.core.telemetry import NA, Sampler, TelemetryFrame
@@ -40,7 +41,7 @@ def render_frame(console: Console, frame: TelemetryFrame) -> None:
         console.print(f"[bold]NVML[/] driver {status.driver_version} · NVML {status.nvml_version} · "
                       f"{status.device_count} device(s)")
     else:
-        console.print(f"[bold]NVML[/] [yellow]not available[/]: {status.reason}")
+        console.print(f"[bold]NVML[/] [yellow]not available[/]: {escape(str(status.reason))}")
     if not frame.devices:
         console.print(f"[dim]{NO_DEVICES}[/]")
         return

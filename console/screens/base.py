@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
+from textual import on
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Vertical
 from textual.css.query import NoMatches
 from textual.message import Message
@@ -13,16 +15,19 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Footer
 
+from gputravel.console.view_model import RunState
 from gputravel.console.widgets.command_line import CommandLine
 from gputravel.console.widgets.ops_log import OpsLog
 from gputravel.console.widgets.status_bar import StatusBar, StatusSummary
-from gputravel.core.session import RunState
+from gputravel.console.widgets.table_filter import TableFilter
+from gputravel.console.widgets.text import fit
 
 
 def summarise(state: RunState, screen: str, badges: tuple[str, ...]) -> StatusSummary:
     visit = ""
     if state.current_visit is not None:
-        visit = f"visit {state.current_visit + 1}/{state.visits_planned or '?'} {state.current_holder or ''}".rstrip()
+        holder = fit(state.current_holder or "", 16)
+        visit = f"visit {state.current_visit + 1}/{state.visits_planned or '?'} {holder}".rstrip()
     phase = state.current_phase
     status = state.status
     if state.paused_before:
@@ -37,6 +42,10 @@ class ConsoleScreen(Screen[None]):
     SCREEN_NAME: ClassVar[str] = "screen"
     HELP: ClassVar[str] = ""
     AUTO_FOCUS = None  # keys reach the app's bindings until the operator focuses something
+    BINDINGS = [Binding("slash", "filter", "Filter", show=False),
+                Binding("escape", "clear_filter", "Clear filter", show=False)]
+    #: The text the screen's ``/`` filter keeps rows by ("" keeps all).
+    needle: str = ""
 
     class Shown(Message):
         """The screen became the current one and wants the latest state."""
@@ -55,6 +64,9 @@ class ConsoleScreen(Screen[None]):
     def on_screen_resume(self) -> None:
         self.post_message(self.Shown())
 
+    def on_resize(self) -> None:
+        self.post_message(self.Shown())  # layouts that depend on the width (e.g. the holders table) redraw
+
     def show(self, state: RunState, *, badges: tuple[str, ...] = (), context: dict[str, Any] | None = None) -> None:
         """Attributes down: the app hands every screen the state to draw. An update that arrives while the
         screen is composing or tearing down (its widgets not there) is skipped: the screen asks for the
@@ -71,3 +83,22 @@ class ConsoleScreen(Screen[None]):
 
     def open_command_line(self) -> None:
         self.query_one(CommandLine).open()
+
+    # --- the / filter (screens with a table compose a TableFilter) --------------------------
+    def action_filter(self) -> None:
+        found = self.query(TableFilter)
+        if not found:
+            self.notify(f"the {self.SCREEN_NAME} screen has no table to filter", timeout=2)
+            return
+        found.first().open()
+
+    def action_clear_filter(self) -> None:
+        for table_filter in self.query(TableFilter):
+            if table_filter.needle:
+                table_filter.action_clear()
+
+    @on(TableFilter.FilterChanged)
+    def _filter_changed(self, event: TableFilter.FilterChanged) -> None:
+        event.stop()
+        self.needle = event.needle
+        self.post_message(self.Shown())  # redraw with the filter applied

@@ -18,6 +18,7 @@ from textual.widgets.option_list import Option
 
 from gputravel.console.screens.base import ConsoleScreen
 from gputravel.console.widgets.bar_chart import BarChart
+from gputravel.console.widgets.table_filter import TableFilter, row_matches
 from gputravel.console.widgets.text import esc
 
 #: (name, what it measures); a name whose ``console/commands/bench_<name>.py`` is absent shows as missing.
@@ -112,6 +113,13 @@ class BenchScreen(ConsoleScreen):
     def __init__(self, runner: BenchRunner | None = None) -> None:
         super().__init__()
         self.runner: BenchRunner = runner or run_bench_subprocess
+        self.result_name: str | None = None
+        self.result: Any = None
+        self._filled_with = ""
+
+    def show_state(self, state: Any, context: dict[str, Any]) -> None:
+        if self.needle != self._filled_with and self.result_name is not None:
+            self.show_result(self.result_name, self.result)
 
     def on_mount(self) -> None:
         injected = getattr(self.app, "bench_runner", None)
@@ -127,6 +135,7 @@ class BenchScreen(ConsoleScreen):
             Vertical(Static("[$text-muted]select a benchmark, enter runs it[/]", id="bench-status"),
                      Static(id="bench-progress"), id="bench-side"),
             id="bench-top")
+        yield TableFilter(placeholder="filter result rows (enter keeps, escape clears)", id="bench-filter")
         yield DataTable(id="bench-table", zebra_stripes=True)
         yield BarChart(id="bench-chart")
 
@@ -149,6 +158,10 @@ class BenchScreen(ConsoleScreen):
         self.action_run_bench()
 
     def action_run_bench(self, name: str | None = None) -> None:
+        if getattr(self.app, "readonly", False):
+            self.query_one("#bench-status", Static).update(
+                "[$warning]read-only console: benchmarks are not started from here[/]")
+            return
         name = name or self.selected() or BENCHES[0][0]
         if self.runner is run_bench_subprocess and not bench_available(name):
             self.query_one("#bench-status", Static).update(
@@ -179,10 +192,12 @@ class BenchScreen(ConsoleScreen):
         self.show_result(name, result)
 
     def show_result(self, name: str, result: Any) -> None:
-        rows = result_rows(result)
+        self.result_name, self.result, self._filled_with = name, result, self.needle
+        every = result_rows(result)
+        columns = list(dict.fromkeys(k for r in every for k in r))
+        rows = [r for r in every if row_matches(self.needle, (_cell(r.get(c)) for c in columns))]
         table = self.query_one("#bench-table", DataTable)
         table.clear(columns=True)
-        columns = list(dict.fromkeys(k for r in rows for k in r))
         for col in columns:
             table.add_column(col, key=col)
         for r in rows:
@@ -191,7 +206,8 @@ class BenchScreen(ConsoleScreen):
         chart = self.query_one(BarChart)
         chart.unit = key
         chart.bars = bars
-        self.query_one("#bench-status", Static).update(f"[$success]done[/] {esc(name)}: {len(rows)} rows"
+        kept = f" ({len(rows)} match {esc(self.needle)}; escape clears)" if self.needle else ""
+        self.query_one("#bench-status", Static).update(f"[$success]done[/] {esc(name)}: {len(every)} rows{kept}"
                                                        + (f", bars: {esc(key)}" if key else ""))
 
 

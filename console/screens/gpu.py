@@ -11,9 +11,9 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from gputravel.console.screens.base import ConsoleScreen
+from gputravel.console.view_model import RunState
 from gputravel.console.widgets.gpu_card import GpuCard, GpuTrend
 from gputravel.console.widgets.text import esc
-from gputravel.core.session import RunState
 from gputravel.core.telemetry import History, TelemetryFrame
 
 
@@ -35,22 +35,27 @@ class GpuScreen(ConsoleScreen):
         yield Static("[$text-muted]waiting for telemetry…[/]", id="nvml-status")
         yield VerticalScroll(id="gpu-cards")
 
+    _state: RunState | None = None
+
     def show_state(self, state: RunState, context: dict[str, Any]) -> None:
+        self._state = state
         frame = context.get("frame")
         history = context.get("history")
         if frame is not None and history is not None and frame is not self._drawn:  # a new frame only
-            self._draw_telemetry(frame, history)
+            self._draw_telemetry(frame, history, context.get("last_devices"))
             self._drawn = frame
 
-    def show_telemetry(self, frame: TelemetryFrame, history: History) -> None:
+    def show_telemetry(self, frame: TelemetryFrame, history: History, *,
+                       last_devices: TelemetryFrame | None = None) -> None:
         """Draw a telemetry frame (skipped while the screen's widgets are not there, as in ``show``)."""
         try:
-            self._draw_telemetry(frame, history)
+            self._draw_telemetry(frame, history, last_devices)
             self._drawn = frame
         except NoMatches:
             pass
 
-    def _draw_telemetry(self, frame: TelemetryFrame, history: History) -> None:
+    def _draw_telemetry(self, frame: TelemetryFrame, history: History,
+                        last_devices: TelemetryFrame | None = None) -> None:
         status = frame.nvml
         if status.available:
             head = (f"[b]NVML[/b] [$success]available[/] · driver {esc(status.driver_version)} · "
@@ -60,14 +65,25 @@ class GpuScreen(ConsoleScreen):
         tag = f" · now [b]{esc(frame.phase)}[/b]" if frame.phase else ""
         self.query_one("#nvml-status", Static).update(f"{head}\n[b]source[/b] {esc(frame.source)}{tag}")
         box = self.query_one("#gpu-cards", VerticalScroll)
-        if not frame.devices:
-            if not box.query("#gpu-none"):
-                box.mount(Static("[$text-muted]no devices: the emulated GPU's SIM card appears once a run has "
-                                 "attested its device (r or space)[/]", id="gpu-none"))
+        state = self._state
+        live = {card_id(d.key) for d in frame.devices}
+        devices = frame.devices
+        if not devices and last_devices is not None and state is not None and state.ended:
+            devices = last_devices.devices  # the run is over: its device's last sample, marked as such
+        if not devices:
+            text = ("[$text-muted]no devices: the emulated GPU's SIM card appears once a run has attested its "
+                    "device (r or space)[/]")
+            if state is not None and state.ended and state.attested:
+                text = (f"[$text-muted]the run {esc(state.status)}: its device {esc(state.device_id or '')} was "
+                        "shut down with it; the card keeps its last sample[/]")
+            elif state is not None and state.attested:
+                text = "[$text-muted]waiting for the device's counters…[/]"
+            _note(box, text)
             return
-        for none in box.query("#gpu-none"):
-            none.remove()
-        for device in frame.devices:
+        if devices is frame.devices:
+            for none in box.query("#gpu-none"):
+                none.remove()
+        for device in devices:
             wid = card_id(device.key)
             found = box.query(f"#{wid}")
             card = found.first(GpuCard) if found else None
@@ -76,5 +92,33 @@ class GpuScreen(ConsoleScreen):
                 box.mount(card)
             card.trend = GpuTrend(
                 series={m: tuple(history.values(device.key, m)) for m in ("pcie_tx", "pcie_rx", "util")},
-                peaks={m: history.peak(device.key, m) for m in ("pcie_tx", "pcie_rx")})
+                peaks={m: history.peak(device.key, m) for m in ("pcie_tx", "pcie_rx")},
+                measured=_measured(state) if device.sim else "")
             card.snapshot = device
+            card.stale = wid not in live
+        if devices is not frame.devices and state is not None:
+            text = (f"[$text-muted]the run {esc(state.status)}: its device {esc(state.device_id or '')} was shut "
+                    "down with it; the card keeps its last sample[/]")
+            _note(box, text)
+
+
+def _note(box: VerticalScroll, text: str) -> None:
+    """The line above the cards that says why there is no live card."""
+    found = box.query("#gpu-none")
+    if found:
+        found.first(Static).update(text)
+    elif box.children:
+        box.mount(Static(text, id="gpu-none"), before=0)
+    else:
+        box.mount(Static(text, id="gpu-none"))
+
+
+def _measured(state: RunState | None) -> str:
+    """The provisioning rate the engine measured over the last visit's transfer (the PCIe counters are averages
+    over one sampling interval, so a short transfer reads far below it)."""
+    if state is None:
+        return ""
+    for v in reversed(state.visits.values()):
+        if v.mb_s:
+            return f"provisioned at {v.mb_s:,.0f} MB/s (visit {v.visit + 1}, {v.holder}), as the engine timed it"
+    return ""

@@ -5,11 +5,11 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
+from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from gputravel.console.widgets.command_line import COMMANDS
-from gputravel.console.widgets.text import esc
 
 
 class HelpScreen(ModalScreen[None]):
@@ -25,12 +25,13 @@ class HelpScreen(ModalScreen[None]):
         self.keys = keys
 
     def compose(self) -> ComposeResult:
-        keys = "\n".join(f"  [b $accent]{esc(k):<12}[/] {esc(d)}" for k, d in self.keys)
-        cmds = "\n".join(f"  [b]:{esc(c):<44}[/b] {esc(d)}" for c, d in COMMANDS.items())
-        text = (f"[b]{esc(self.title_text)}[/b]\n{esc(self.about)}\n\n[b]keys[/b]\n{keys}\n\n"
-                f"[b]commands[/b] (: opens the command line; ctrl+p the palette)\n{cmds}\n\n"
-                "[$text-muted]escape closes[/]")
-        yield VerticalScroll(Static(text, id="help-text"), id="help-box")
-
-
-
+        # assembled, not markup: a key such as "[" would open a tag in markup
+        parts: list[str | tuple[str, str] | Content] = [
+            (self.title_text, "bold"), "\n", self.about, "\n\n", ("keys", "bold"), "\n"]
+        for k, d in self.keys:
+            parts += ["  ", (f"{k:<12}", "bold $accent"), f" {d}\n"]
+        parts += ["\n", ("commands", "bold"), " (: opens the command line; ctrl+p the palette)\n"]
+        for c, d in COMMANDS.items():
+            parts += ["  ", (f":{c:<44}", "bold"), f" {d}\n"]
+        parts += ["\n", ("escape closes", "$text-muted")]
+        yield VerticalScroll(Static(Content.assemble(*parts), id="help-text"), id="help-box")

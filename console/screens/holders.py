@@ -7,76 +7,86 @@ from typing import Any
 
 from textual import on
 from textual.binding import Binding
-from textual.containers import Horizontal
 from textual.content import Content
 from textual.reactive import reactive
 from textual.widget import Widget
-from textual.widgets import DataTable, Input, Static
+from textual.widgets import DataTable, Static
 
 from gputravel.console.screens.base import ConsoleScreen
+from gputravel.console.view_model import HolderView, RunState
 from gputravel.console.widgets.ops_log import OpsLog
 from gputravel.console.widgets.route_map import STATE_TOKENS
+from gputravel.console.widgets.table_filter import TableFilter, row_matches
 from gputravel.console.widgets.text import bar, esc, fmt_bytes
-from gputravel.core.session import HolderView, RunState
 
-COLUMNS = (("holder", 18), ("state", 14), ("agent sha256", 12), ("data", 10), ("provisioning", 26),
+#: (label, width); the holder column is as wide as the longest name (up to 28), so no name is cut short.
+COLUMNS = (("holder", 0), ("state", 14), ("agent sha256", 12), ("data", 10), ("provisioning", 26),
            ("MB/s", 5), ("rejected", 10), ("visits", 6))
+#: Below 110 columns: no agent hash (the log names it), narrower columns.
+NARROW = frozenset({"agent sha256"})
+NARROW_WIDTHS = {"state": 12, "data": 9, "provisioning": 17, "rejected": 9}
 
 
-def holder_cells(h: HolderView) -> list[Content]:
+def holder_cells(h: HolderView, *, narrow: bool = False) -> dict[str, Content]:
     token = STATE_TOKENS.get(h.state, "$foreground")
     frac = h.provisioned / h.total if h.total else None
-    progress = (f"{bar(frac, 12, token='$primary')} {fmt_bytes(h.provisioned)}" if h.total
+    progress = (f"{bar(frac, 6 if narrow else 12, token='$primary')} {fmt_bytes(h.provisioned)}" if h.total
                 else "[$text-disabled]–[/]")
     rejected = ", ".join(f"{k} {v}" for k, v in sorted(h.rejected.items())) or "0"
     visits = f"{h.visits_done}" + (f" [$error]{h.visits_failed}✗[/]" if h.visits_failed else "")
-    cells = [f"[b]{esc(h.name)}[/b]", f"[{token}]{esc(h.state_label)}[/]", esc((h.agent_sha256 or "-")[:12]),
-             esc(fmt_bytes(h.data_bytes) if h.data_bytes else "-"), progress,
-             (f"{h.mb_s:.1f}" if h.mb_s < 10 else f"{h.mb_s:.0f}") if h.mb_s else "-", f"[$warning]{esc(rejected)}[/]" if h.rejected else "0", visits]
-    return [Content.from_markup(c) for c in cells]
+    mb_s = (f"{h.mb_s:.1f}" if h.mb_s < 10 else f"{h.mb_s:.0f}") if h.mb_s else "-"
+    cells = {"holder": f"[b]{esc(h.name)}[/b]", "state": f"[{token}]{esc(h.state_label)}[/]",
+             "agent sha256": esc((h.agent_sha256 or "-")[:12]),
+             "data": esc(fmt_bytes(h.data_bytes) if h.data_bytes else "-"), "provisioning": progress,
+             "MB/s": mb_s, "rejected": f"[$warning]{esc(rejected)}[/]" if h.rejected else "0", "visits": visits}
+    return {k: Content.from_markup(v) for k, v in cells.items()}
 
 
 class HoldersScreen(ConsoleScreen):
-    """Holders and their agents. ``/`` filters the log, ``f`` follows it (or freezes it)."""
+    """Holders and their agents. ``/`` filters the table and the log, ``f`` follows the log (or freezes it)."""
 
     SCREEN_NAME = "holders"
     AUTO_FOCUS = "#holders-table"
     HELP = ("One row per data holder: connecting → deploying → verified(hash) → ready → provisioning → returned, "
             "or failed / offline. The log below shows the selected holder's operations.")
     BINDINGS = [
-        Binding("slash", "filter", "Filter log"),
+        Binding("slash", "filter", "Filter"),
         Binding("f", "toggle_follow", "Follow"),
     ]
 
     follow: reactive[bool] = reactive(True)
 
     def compose_body(self) -> Iterable[Widget]:
+        yield TableFilter(placeholder="filter holders and their log (enter keeps, escape clears)",
+                          id="holders-filter")
         table: DataTable[Content] = DataTable(id="holders-table", cursor_type="row", zebra_stripes=True)
         yield table
-        yield Horizontal(Static(id="holder-log-title"), Input(placeholder="filter the log (enter)",
-                                                               id="holder-log-filter"), id="holder-log-bar")
+        yield Static(id="holder-log-title")
         yield OpsLog(id="holder-log")
 
     def on_mount(self) -> None:
-        table = self.query_one(DataTable)
-        for label, width in COLUMNS:
-            table.add_column(label, width=width, key=label)
+        self._layout: tuple[int, bool] | None = None
         self.query_one("#holder-log", OpsLog).border_title = "holder log"
 
-    def action_filter(self) -> None:
-        self.query_one("#holder-log-filter", Input).focus()
+    def _columns(self, table: DataTable[Content], names: list[str]) -> list[str]:
+        """(Re)build the columns when the longest name or the terminal's width class changed."""
+        narrow = self.size.width < 110
+        name_w = min(28, max([6, *(len(n) for n in names)]))
+        labels = [label for label, _ in COLUMNS if not (narrow and label in NARROW)]
+        if self._layout != (name_w, narrow):
+            self._layout = (name_w, narrow)
+            table.clear(columns=True)
+            for label, width in COLUMNS:
+                if label in labels:
+                    width = NARROW_WIDTHS.get(label, width) if narrow else width
+                    table.add_column(label, width=width or min(name_w, 16 if narrow else 28), key=label)
+        return labels
 
     def action_toggle_follow(self) -> None:
         self.follow = not self.follow
 
     def watch_follow(self, follow: bool) -> None:
         self.set_class(not follow, "-frozen")
-        self.post_message(self.Shown())
-
-    @on(Input.Submitted, "#holder-log-filter")
-    def _filtered(self, event: Input.Submitted) -> None:
-        event.stop()
-        self.set_focus(self.query_one(DataTable))
         self.post_message(self.Shown())
 
     @on(DataTable.RowHighlighted)
@@ -95,18 +105,27 @@ class HoldersScreen(ConsoleScreen):
 
     def show_state(self, state: RunState, context: dict[str, Any]) -> None:
         table = self.query_one(DataTable)
-        for h in state.holders.values():
-            cells = holder_cells(h)
+        needle = self.needle
+        labels = self._columns(table, list(state.holders))
+        narrow = "agent sha256" not in labels
+        shown = [h for h in state.holders.values()
+                 if row_matches(needle, (h.name, h.state_label, h.agent_sha256 or "", h.error or ""))]
+        if [str(k.value) for k in table.rows] != [h.name for h in shown]:
+            table.clear()
+        for h in shown:
+            cells = holder_cells(h, narrow=narrow)
             if h.name in table.rows:
-                for (label, _), cell in zip(COLUMNS, cells, strict=True):
-                    table.update_cell(h.name, label, cell)
+                for label in labels:
+                    table.update_cell(h.name, label, cells[label])
             else:
-                table.add_row(*cells, key=h.name)
+                table.add_row(*(cells[label] for label in labels), key=h.name)
         name = self.selected_holder()
-        needle = self.query_one("#holder-log-filter", Input).value.strip().lower()
         follow = "following" if self.follow else "frozen (f follows)"
         self.query_one("#holder-log-title", Static).update(
-            f"[b]log[/b] {esc(name or '-')} · {follow}" + (f" · filter [b]{esc(needle)}[/b]" if needle else ""))
-        if self.follow and name is not None and name in state.holders:
-            lines = [line for line in state.holders[name].log if needle in line.render().lower()]
+            f"[b]log[/b] {esc(name or '-')} · {follow}" + (f" · filter [b]{esc(needle)}[/b] (escape clears)"
+                                                          if needle else " · / filters"))
+        if self.follow:
+            lines = []
+            if name is not None and name in state.holders:
+                lines = [line for line in state.holders[name].log if row_matches(needle, (line.render(),))]
             self.query_one("#holder-log", OpsLog).lines = tuple(lines)

@@ -14,6 +14,7 @@ from textual.widget import Widget
 from textual.widgets import DataTable, Static
 
 from gputravel.console.screens.base import ConsoleScreen
+from gputravel.console.widgets.table_filter import TableFilter, row_matches
 from gputravel.console.widgets.text import esc
 from gputravel.core.errors import LedgerError
 from gputravel.core.ledger import LedgerRow, VerifyResult, read_rows, verify_ledger
@@ -35,9 +36,12 @@ class LedgerScreen(ConsoleScreen):
         self.path: Path | None = None
         self.rows: list[LedgerRow] = []
         self.result: VerifyResult | None = None
+        self._filled_with = ""
 
     def compose_body(self) -> Iterable[Widget]:
         yield Static("[$text-muted]no ledger yet: it is written as the run goes[/]", id="ledger-status")
+        yield TableFilter(placeholder="filter rows: kind, phase, holder, outcome, key (enter keeps, escape clears)",
+                          id="ledger-filter")
         yield DataTable(id="ledger-table", cursor_type="row", zebra_stripes=True)
         yield Static(id="ledger-detail")
 
@@ -51,6 +55,8 @@ class LedgerScreen(ConsoleScreen):
         if path is not None and (self.path != Path(path) or len(self.rows) < _ledger_hint(state)):
             self.path = Path(path)
             self.load()
+        elif self.needle != self._filled_with:
+            self._fill()
 
     def action_reload(self) -> None:
         self.load()
@@ -69,12 +75,18 @@ class LedgerScreen(ConsoleScreen):
             self.query_one("#ledger-status", Static).update(f"[$error]{esc(exc)}[/]")
             return
         self.rows = rows
+        self._fill()
+
+    def _fill(self) -> None:
+        """The table: every row the ``/`` filter keeps."""
         table = self.query_one(DataTable)
         table.clear()
-        for r in rows:
-            table.add_row(str(r.seq), r.kind, r.phase or "", r.holder or "", "" if r.epoch is None else str(r.epoch),
-                          (r.key_fp or "")[:8], "" if r.nbytes is None else f"{r.nbytes:,}", r.outcome, r.hash[:12],
-                          key=str(r.seq))
+        self._filled_with = self.needle
+        for r in self.rows:
+            cells = (str(r.seq), r.kind, r.phase or "", r.holder or "", "" if r.epoch is None else str(r.epoch),
+                     (r.key_fp or "")[:8], "" if r.nbytes is None else f"{r.nbytes:,}", r.outcome, r.hash[:12])
+            if row_matches(self.needle, cells):
+                table.add_row(*cells, key=str(r.seq))
         self._status()
 
     @work(exclusive=True, group="ledger-verify", exit_on_error=False)
@@ -92,6 +104,9 @@ class LedgerScreen(ConsoleScreen):
 
     def _status(self) -> None:
         text = f"[b]ledger[/b] {esc(self.path)} · {len(self.rows)} rows"
+        if self.needle:
+            shown = self.query_one(DataTable).row_count
+            text += f" · [b]{shown}[/b] match [b]{esc(self.needle)}[/b] (escape clears)"
         r = self.result
         if r is not None:
             if r.ok:

@@ -9,9 +9,9 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from gputravel.console.screens.base import ConsoleScreen
+from gputravel.console.view_model import RunState
 from gputravel.console.widgets.plot import BraillePlot, PlotSeries
 from gputravel.console.widgets.text import esc, spark
-from gputravel.core.session import RunState
 
 
 class TrainingScreen(ConsoleScreen):

@@ -10,10 +10,11 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from gputravel.console.screens.base import ConsoleScreen
+from gputravel.console.view_model import RunState, VisitView
 from gputravel.console.widgets.phase_timeline import PhaseTimeline, TimelineView, receipt
 from gputravel.console.widgets.route_map import RouteMap, RouteView
-from gputravel.console.widgets.text import esc
-from gputravel.core.session import RunState
+from gputravel.console.widgets.table_filter import TableFilter, row_matches
+from gputravel.console.widgets.text import esc, fit
 
 
 class TravelScreen(ConsoleScreen):
@@ -27,28 +28,32 @@ class TravelScreen(ConsoleScreen):
 
     def compose_body(self) -> Iterable[Widget]:
         yield Horizontal(RouteMap(id="route-map"), Static(id="visit-detail"), id="travel-top")
+        yield TableFilter(placeholder="filter visits by holder or outcome (enter keeps, escape clears)",
+                          id="timeline-filter")
         yield VerticalScroll(PhaseTimeline(id="phase-timeline"), id="timeline-scroll")
 
     def show_state(self, state: RunState, context: dict[str, Any]) -> None:
         holders = tuple((h.name, h.state_label) for h in state.holders.values())
         self.query_one(RouteMap).view = RouteView(holders=holders, gpu_at=state.gpu_at, phase=state.current_phase)
+        visits = tuple(v for v in state.visits.values()
+                       if row_matches(self.needle, (v.holder, v.outcome, v.failed_phase or "", f"#{v.visit + 1}")))
         self.query_one(PhaseTimeline).view = TimelineView(
-            visits=tuple(state.visits.values()), planned=state.visits_planned, paused_before=state.paused_before,
+            visits=visits, planned=state.visits_planned, paused_before=state.paused_before,
             breakpoints=frozenset(state.breakpoints))
         self.query_one("#visit-detail", Static).update(self._detail(state, context))
 
     @staticmethod
     def _detail(state: RunState, context: dict[str, Any]) -> str:
-        done = [v for v in state.visits.values() if v.outcome in ("done", "failed", "cancelled")]
+        done = [v for v in state.visits.values() if v.ended]
         last = done[-1] if done else None
         current = state.visit(state.current_visit)
         lines = [f"[b]run[/b] {esc(state.run_id or '-')}  [b]{esc(state.status)}[/b]  "
-                 f"{len(done)}/{state.visits_planned or '?'} visits",
+                 f"{state.visits_ended()}/{state.visits_planned or '?'} visits",
                  f"[b]device[/b] {esc(state.device_id or '-')}  attested "
                  f"{receipt(state.attested)}{'  [$warning]SIM[/]' if state.sim else ''}",
-                 f"[b]epoch[/b] {state.epoch}  [b]key[/b] {esc((state.key_fp or '-')[:16])}"]
+                 f"[b]epoch[/b] {state.epoch}  [b]key[/b] {_key(state, current)}"]
         if current is not None and current.outcome == "running":
-            lines.append(f"[b]now[/b] #{current.visit + 1} → {esc(current.holder[:16])} · "
+            lines.append(f"[b]now[/b] #{current.visit + 1} → {esc(fit(current.holder, 14))} · "
                          f"{esc(state.current_phase or 'between phases')}")
         if state.paused_before:
             lines.append(f"[b $warning]paused before {esc(state.paused_before)}[/] ({esc(state.pause_reason or 'step')})"
@@ -58,8 +63,19 @@ class TravelScreen(ConsoleScreen):
         bps = ", ".join(sorted(state.breakpoints)) or "none"
         lines.append(f"[b]breakpoints[/b] {esc(bps)}")
         if last is not None:
-            lines.append(f"[b]receipts[/b] #{last.visit + 1} {esc(last.holder[:14])}: integrity "
+            lines.append(f"[b]receipts[/b] #{last.visit + 1} {esc(fit(last.holder, 12))}: integrity "
                          f"{receipt(last.integrity_ok)} scrub {receipt(last.scrub_verified)}")
         if state.error:
-            lines.append(f"[$error]{esc(state.error)}[/]")
+            token = "$warning" if state.status == "cancelled" else "$error"
+            lines.append(f"[b {token}]run {esc(state.status)}[/] [{token}]({esc(state.error_code or '?')}): "
+                         f"{esc(state.error)}[/]")
         return "\n".join(lines)
+
+
+def _key(state: RunState, current: VisitView | None) -> str:
+    """The provisioning key the GPU carries, named with its visit (a visit before its HANDOFF has none yet)."""
+    if current is not None and current.outcome == "running" and current.key_fp is None:
+        return f"[$text-muted]- (visit {current.visit + 1}'s comes at HANDOFF)[/]"
+    if state.key_fp is None or state.key_visit is None:
+        return "-"
+    return f"{esc(state.key_fp[:16])} [$text-muted](visit {state.key_visit + 1})[/]"

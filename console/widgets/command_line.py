@@ -17,7 +17,7 @@ COMMANDS: dict[str, str] = {
     "travel|holders|training|gpu|bench|ledger": "switch screen (1-6)",
     "verify": "verify the audit ledger's hash chain",
     "bench NAME": "run a benchmark (gputravel bench NAME --json)",
-    "jump VISIT": "replay: jump to the start of a visit (1-based); 'jump end'",
+    "jump VISIT": "replay: jump to the start of a visit (1-based); 'jump start', 'jump end'",
     "theme NAME": "dark, light or high-contrast",
     "screenshot [NAME]": "save an SVG of the screen (f12)",
     "help": "key help (? or f1)",
@@ -30,11 +30,17 @@ class CommandLine(Input):
 
     DEFAULT_CSS = """
     CommandLine {
-        dock: bottom;
         display: none;
         height: 1;
         border: none;
         padding: 0 1;
+    }
+    CommandLine.-textual-compact {
+        padding: 0 1;
+    }
+    CommandLine:focus {
+        border: none;  /* Input:focus draws a tall border, which left one row of ▔ and hid the text */
+        height: 1;
     }
     CommandLine.-open {
         display: block;
@@ -55,7 +61,8 @@ class CommandLine(Input):
             self.command = command
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
-        super().__init__(placeholder=":command   (help lists them; escape closes)", id=id, classes=classes)
+        super().__init__(placeholder=":command   (help lists them; escape closes)", id=id, classes=classes,
+                         compact=True)
         self._history: list[str] = []
         self._cursor = 0
         self.can_focus = False  # only while open: a hidden input must not take the keys

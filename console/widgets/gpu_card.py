@@ -20,6 +20,7 @@ class GpuTrend:
 
     series: dict[str, tuple[float, ...]] = field(default_factory=dict)
     peaks: dict[str, Point | None] = field(default_factory=dict)
+    measured: str = ""  # the engine's own timing of the last transfer, shown under the sampled PCIe lines
 
 
 def _fraction(used: object, total: object) -> float | None:
@@ -36,11 +37,14 @@ class GpuCard(Widget):
         height: auto;
         width: 1fr;
         padding: 0 1;
+        text-wrap: nowrap;
+        text-overflow: ellipsis;
     }
     """
 
     snapshot: reactive[GpuSample | None] = reactive(None)
     trend: reactive[GpuTrend] = reactive(GpuTrend, always_update=True)
+    stale: reactive[bool] = reactive(False)  # the device is gone (shut down with its run): the last sample
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
@@ -50,12 +54,18 @@ class GpuCard(Widget):
         if snapshot is not None:
             self.border_title = esc(f"GPU {snapshot.index} · {snapshot.name}" + (" · SIM" if snapshot.sim else ""))
 
+    def watch_stale(self, stale: bool) -> None:
+        self.set_class(stale, "-stale")
+        self.border_subtitle = "last sample · device shut down" if stale else ""
+
     def _pcie(self, label: str, metric: str, current: object, width: int) -> str:
         values = self.trend.series.get(metric, ())
         peak = self.trend.peaks.get(metric)
         peak_text = ""
         if peak is not None and peak.value > 0:
-            peak_text = f"  peak {fmt_rate(peak.value)}" + (f" [$accent]({esc(peak.phase)})[/]" if peak.phase else "")
+            # a rate averaged over one sampling interval, tagged with the phase that moved the bytes
+            peak_text = f"  peak {fmt_rate(peak.value)} [$text-muted]avg[/]" + (
+                f" [$accent]({esc(peak.phase)})[/]" if peak.phase else "")
         line = spark(values, width) if values else "[$text-disabled]no history[/]"
         return f"{label:<8}[$primary]{line}[/] {fmt_rate(current):>10}{peak_text}"
 
@@ -64,6 +74,7 @@ class GpuCard(Widget):
         if s is None:
             return Content.from_markup("[$text-muted]waiting for the first sample…[/]")
         width = max(10, min(40, (self.content_size.width or 80) - 40))
+        spark_w = max(8, min(40, (self.content_size.width or 80) - 60))  # room for the peak and its phase
         util = None if s.util_gpu is NA else float(s.util_gpu) / 100.0  # type: ignore[arg-type]
         mem_frac = _fraction(s.mem_used, s.mem_total)
         badge = " [b reverse $warning] SIM [/]" if s.sim else ""
@@ -73,9 +84,11 @@ class GpuCard(Widget):
             f"memory  {bar(mem_frac, width)} {esc(fmt_bytes(s.mem_used))} / {esc(fmt_bytes(s.mem_total))}",
             f"power   {fmt_num(s.power_w, '.0f', ' W')} / {fmt_num(s.power_limit_w, '.0f', ' W')}   "
             f"temp {fmt_num(s.temp_c, '.0f', '°C')}   clocks SM {fmt_num(s.sm_clock_mhz)} / mem {fmt_num(s.mem_clock_mhz)} MHz",
-            self._pcie("PCIe TX", "pcie_tx", s.pcie_tx_bps, width),
-            self._pcie("PCIe RX", "pcie_rx", s.pcie_rx_bps, width),
+            self._pcie("PCIe TX", "pcie_tx", s.pcie_tx_bps, spark_w),
+            self._pcie("PCIe RX", "pcie_rx", s.pcie_rx_bps, spark_w),
         ]
+        if self.trend.measured:
+            lines.append(f"[$text-muted]        {esc(self.trend.measured)}[/]")
         cc = s.cc
         ready = "N/A" if cc.gpus_ready is NA else ("yes" if cc.gpus_ready else "no")
         cc_token = "$success" if cc.feature == "on" else "$warning" if cc.feature is not NA else "$text-muted"

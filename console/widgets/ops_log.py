@@ -7,8 +7,8 @@ from textual.content import Content
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from gputravel.console.view_model import OpLine
 from gputravel.console.widgets.text import esc
-from gputravel.core.session import OpLine
 
 LEVEL_TOKENS = {"warn": "$warning", "error": "$error"}
 

@@ -9,8 +9,8 @@ from textual.content import Content
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from gputravel.console.widgets.text import esc
-from gputravel.core.session import VisitView
+from gputravel.console.view_model import VisitView
+from gputravel.console.widgets.text import esc, fit
 from gputravel.core.travel.phases import VISIT_PHASES
 
 PHASE_SHORT = {"ATTEST": "ATT", "HANDOFF": "HND", "PROVISION": "PRV", "RETURN": "RET", "VERIFY": "VER",
@@ -50,8 +50,15 @@ class PhaseTimeline(Widget):
 
     def render(self) -> RenderResult:
         v = self.view
-        heads = "".join(f"{'[$error]●[/]' if str(p) in v.breakpoints else ' '}{PHASE_SHORT[str(p)]} " for p in VISIT_PHASES)
-        lines = [f"[b]{'#':>2}  {'holder':<18} {'ep':>3} {heads} {'key fp':<8}  int scr  outcome[/b]"]
+        compact = (self.content_size.width or 120) < 100  # 80-column terminals: narrower marks, no key column
+        name_w = min(24, max([6, *(len(x.holder) for x in v.visits)]))
+        if compact:
+            name_w = min(name_w, 10)
+        cell = 4 if compact else 5
+        heads = "".join(f"{'[$error]●[/]' if str(p) in v.breakpoints else ' '}{PHASE_SHORT[str(p)]}"
+                        + " " * (cell - 4) for p in VISIT_PHASES)
+        key_head = "" if compact else f" {'key fp':<8} "
+        lines = [f"[b]{'#':>2}  {'holder':<{name_w}} {'ep':>3} {heads}{key_head} int scr  outcome[/b]"]
         if not v.visits:
             lines.append(f"[$text-muted]    no visits yet ({v.planned or '?'} planned)[/]")
         running = [x for x in v.visits if x.outcome == "running"]
@@ -61,14 +68,16 @@ class PhaseTimeline(Widget):
                 status = visit.phases[str(phase)].status
                 paused_here = (status == "pending" and v.paused_before == str(phase) and bool(running)
                                and visit is running[-1])
-                marks.append("  [b $warning]‖[/]  " if paused_here else f"  {MARKS.get(status, '?')}  ")
+                mark = "[b $warning]‖[/]" if paused_here else MARKS.get(status, "?")
+                marks.append(f"  {mark} " + " " * (cell - 4))
             token = OUTCOME_TOKENS.get(visit.outcome, "$foreground")
             outcome = visit.outcome + (f" ({visit.failed_phase})" if visit.failed_phase else "")
             if visit.attempt > 1:
-                outcome += f" · attempt {visit.attempt}"
+                outcome += f" · attempt {visit.attempt}" if not compact else f" #{visit.attempt}"
+            key = "" if compact else f" {esc((visit.key_fp or '-')[:8]):<8} "
             lines.append(
-                f"{visit.visit + 1:>2}  {esc(visit.holder[:18]):<18} {visit.epoch:>3} {''.join(marks)} "
-                f"{esc((visit.key_fp or '-')[:8]):<8}   {receipt(visit.integrity_ok)}   {receipt(visit.scrub_verified)}  "
+                f"{visit.visit + 1:>2}  {esc(fit(visit.holder, name_w)):<{name_w}} {visit.epoch:>3} {''.join(marks)}"
+                f"{key}  {receipt(visit.integrity_ok)}   {receipt(visit.scrub_verified)}  "
                 f"[{token}]{esc(outcome)}[/]"
             )
         return Content.from_markup("\n".join(lines))

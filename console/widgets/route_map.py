@@ -9,7 +9,7 @@ from textual.content import Content
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from gputravel.console.widgets.text import esc
+from gputravel.console.widgets.text import esc, fit
 
 STATE_TOKENS = {"ready": "$success", "provisioning": "$accent", "returned": "$primary", "failed": "$error",
                 "offline": "$text-disabled", "connecting": "$text-muted", "deploying": "$text-muted"}
@@ -41,10 +41,13 @@ class RouteMap(Widget):
 
     def render(self) -> RenderResult:
         v = self.view
+        rows = list(v.holders) or [("(no holders yet)", "offline")]
+        if (self.content_size.width or 80) < 60:
+            return Content.from_markup(self._compact(v, rows, self.content_size.width or 32))
         home = v.gpu_at == "orchestrator"
         gpu = "[b reverse $accent] ◆ GPU [/]"
         left = ["┌──────────────┐", "│ orchestrator │", "│ model·ledger │", "└──────────────┘"]
-        rows = list(v.holders) or [("(no holders yet)", "offline")]
+        name_w = min(24, max(len(name) for name, _ in rows))
         lines = []
         for i in range(max(len(left), len(rows))):
             text = esc(left[i]) if i < len(left) else " " * len(left[0])
@@ -53,6 +56,22 @@ class RouteMap(Widget):
                 name, state = rows[i]
                 token = STATE_TOKENS.get(state.split("(")[0], "$foreground")
                 marker = f" {gpu}" if (not home and name == v.gpu_at) else ""
-                text += f" ──▶ [b]{esc(name[:18]):<18}[/b] [{token}]{esc(state[:20])}[/]{marker}"
+                text += f" ──▶ [b]{esc(fit(name, name_w)):<{name_w}}[/b] [{token}]{esc(state[:20])}[/]{marker}"
             lines.append(text)
         return Content.from_markup("\n".join(lines))
+
+    @staticmethod
+    def _compact(v: RouteView, rows: list[tuple[str, str]], width: int) -> str:
+        """Narrow terminals: one line for the orchestrator, one per holder, ◆ where the GPU is."""
+        home = v.gpu_at == "orchestrator"
+        gpu = "[b reverse $accent]◆[/]"
+        lines = [f"[b]orchestrator[/b] {gpu if home else ''}"]
+        state_w = 12
+        name_w = max(6, min(max(len(n) for n, _ in rows), width - state_w - 8))
+        for i, (name, state) in enumerate(rows):
+            token = STATE_TOKENS.get(state.split("(")[0], "$foreground")
+            branch = "└─▶" if i == len(rows) - 1 else "├─▶"
+            marker = f" {gpu}" if (not home and name == v.gpu_at) else ""
+            lines.append(f" {branch} [b]{esc(fit(name, name_w)):<{name_w}}[/b] "
+                         f"[{token}]{esc(fit(state.split('(')[0], state_w))}[/]{marker}")
+        return "\n".join(lines)

@@ -9,7 +9,7 @@ from textual.content import Content
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from gputravel.console.widgets.text import esc
+from gputravel.console.widgets.text import esc, fit
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,14 +48,18 @@ class StatusBar(Widget):
         s = self.summary
         if s is None:
             return Content("gputravel")
-        parts = [f"[b]{esc(s.screen)}[/b]", f"[b $accent]{esc(s.status.upper())}[/]"]
-        if s.run_id:
+        narrow = (self.content_size.width or 120) < 100  # 80 columns: the run id goes, the rest stays
+        status = s.status.upper()
+        if narrow and status.startswith("PAUSED BEFORE "):
+            status = "PAUSED@" + status.removeprefix("PAUSED BEFORE ")
+        parts = [f"[b]{esc(s.screen)}[/b]", f"[b $accent]{esc(status)}[/]"]
+        if s.run_id and not narrow:
             parts.append(f"run {esc(s.run_id)}")
         if s.visit:
-            parts.append(esc(s.visit))
-        parts.append(f"GPU ◆ [b]{esc(s.where)}[/b]")
+            parts.append(esc(" ".join(s.visit.split()[:2]) if narrow else s.visit))  # narrow: "visit 2/3"
+        parts.append(f"GPU ◆ [b]{esc(fit(s.where, 14) if narrow else s.where)}[/b]")
         if s.phase:
-            parts.append(f"phase [b]{esc(s.phase)}[/b]")
-        parts.append(f"epoch {s.epoch}")
+            parts.append(f"[b]{esc(s.phase)}[/b]" if narrow else f"phase [b]{esc(s.phase)}[/b]")
+        parts.append(f"ep {s.epoch}" if narrow else f"epoch {s.epoch}")
         badges = " ".join(f"[reverse $warning] {esc(b)} [/]" for b in s.badges)
         return Content.from_markup(" │ ".join(parts) + ("  " + badges if badges else ""))

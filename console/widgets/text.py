@@ -9,7 +9,7 @@ from textual.markup import escape
 
 from gputravel.core.telemetry.model import NA
 
-__all__ = ["bar", "esc", "fmt_bytes", "fmt_num", "fmt_pct", "fmt_rate", "level_token", "spark"]
+__all__ = ["bar", "esc", "fit", "fmt_bytes", "fmt_num", "fmt_pct", "fmt_rate", "level_token", "spark"]
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 
@@ -17,6 +17,13 @@ BLOCKS = "▁▂▃▄▅▆▇█"
 def esc(value: Any) -> str:
     """Any value as markup-safe text (``NA`` reads ``N/A``)."""
     return escape(str(value))
+
+
+def fit(text: str, width: int) -> str:
+    """``text`` in at most ``width`` cells: whole when it fits, else cut with an ellipsis (never silently)."""
+    if len(text) <= width:
+        return text
+    return text[: max(0, width - 1)] + "…" if width > 0 else ""
 
 
 def level_token(fraction: float) -> str:

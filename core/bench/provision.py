@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gputravel.core.bench.data import make_dataset
 from gputravel.core.bench.load import FleetFactory, HolderFleet
 from gputravel.core.device.client import DeviceClient
 from gputravel.core.errors import DataError
@@ -25,9 +26,16 @@ from gputravel.core.platform.emulated import EmulatedPlatform
 from gputravel.core.travel import handoff as ho
 from gputravel.core.travel.holders import HolderLink, LocalHolderLink
 
-__all__ = ["ABLATION", "PATHS", "ablation_study", "make_dataset", "measure_path", "memcpy_rate", "paths_study"]
+__all__ = ["ABLATION", "PATHS", "STAGES", "ablation_study", "measure_path", "memcpy_rate", "paths_study"]
 
-PATHS = ("direct", "direct-tcp", "ssh", "local", "conventional")
+#: direct: the engine's direct path for a holder on this host, i.e. the shared-memory ring (``shm`` names it
+#: explicitly and fails if no ring was used); direct-socket: the same host, chunks in frames on the device's
+#: Unix socket; direct-tcp: the TCP data port, as holders on other machines reach it
+PATHS = ("direct", "shm", "direct-socket", "direct-tcp", "ssh", "local", "conventional")
+#: the stages ``bench provision`` times: the agent's (read and seal, wait for acknowledgements) and the
+#: device's (open: authenticate and decrypt; staging_wait: for a free staging slot; h2d: host to device copy)
+STAGES = ("read_seal_s", "wait_s", "open_s", "staging_wait_s", "h2d_s")
+_DEVICE_STAGES = {"open_ns": "open_s", "staging_wait_ns": "staging_wait_s", "h2d_ns": "h2d_s"}
 
 #: The Fastrack-style ablation: (label, path, parallel_auth, overlap)
 ABLATION = (
@@ -54,21 +62,10 @@ def memcpy_rate(size: int, *, seconds: float = 0.3) -> float:
     return n * len(src) / (time.perf_counter() - t0)
 
 
-def make_dataset(folder: Path, nbytes: int) -> None:
-    """A holder folder whose single .txt file holds ``nbytes`` of printable pseudo-random text."""
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / "data.txt", "wb") as f:
-        left = nbytes
-        while left:
-            block = os.urandom(min(left, 1 << 22) // 2 + 1).hex().encode()[: min(left, 1 << 22)]
-            f.write(block)
-            left -= len(block)
-
-
 def _route(path: str) -> tuple[str, str]:
     """A bench path as the engine's (data path, transport) pair, for ``handoff.data_endpoint``."""
-    if path == "direct":
-        return "direct", "local"  # the device's Unix socket
+    if path in ("direct", "shm", "direct-socket"):
+        return "direct", "local"  # the device's Unix socket (with a ring unless direct-socket)
     if path == "direct-tcp":
         return "direct", "inventory"  # its TCP data port
     return ("conventional" if path == "conventional" else "channel"), "local"
@@ -76,16 +73,20 @@ def _route(path: str) -> tuple[str, str]:
 
 async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdir: Path, fleet: FleetFactory,
                        on_handoff: Callable[[], None] | None = None, parallel_auth: bool | None = None,
-                       overlap: bool | None = None, probe: dict[str, float] | None = None) -> list[float]:
+                       overlap: bool | None = None, probe: dict[str, Any] | None = None,
+                       stages: list[dict[str, float]] | None = None, cipher_engine: str = "auto") -> list[float]:
     """Seconds per hand-off of ``size`` bytes on ``path`` (direct | direct-tcp | ssh | local | conventional).
 
     With ``probe``, also the AES-GCM rate measured inside the device process after the hand-offs
     (``probe["device_aes_b_s"]``): it falls if anything in that process holds the GIL (issue 5's check
-    that the data path's process has no busy Python threads)."""
+    that the data path's process has no busy Python threads), and which engine opened the chunks
+    (``probe["cipher_engine"]``: "cpu (cryptography)", "gpu (cuda)", "gpu (simulator)"). With ``stages``, one
+    dict of seconds per stage (``STAGES``) per hand-off, and ``probe["rings"]``, hand-offs the device served
+    from a shared-memory ring."""
     data = workdir / "holder" / "bench"
     if not data.exists():
         make_dataset(data, int(size / 0.9) + 64)  # the agent holds out 10% for validation
-    handle = EmulatedPlatform(workdir / "platform").start(buffer_bytes=size)
+    handle = EmulatedPlatform(workdir / "platform", cipher_engine=cipher_engine).start(buffer_bytes=size)
     client = DeviceClient(handle.socket_path, anchors=handle.anchors)
     server: HolderFleet | None = None
     times: list[float] = []
@@ -93,6 +94,9 @@ async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdi
     try:
         await asyncio.to_thread(client.connect)
         await asyncio.to_thread(client.set_data_path, parallel_auth=parallel_auth, overlap=overlap)
+        engine = (await asyncio.to_thread(client.info)).cipher_engine
+        if probe is not None:
+            probe["cipher_engine"] = engine
         link: HolderLink
         if path == "local":
             link = LocalHolderLink("bench", data)
@@ -103,17 +107,30 @@ async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdi
         if info.train_bytes < size:
             raise DataError(f"dataset too small: {info.train_bytes} < {size}")
         endpoint = ho.data_endpoint(handle, data_path=data_path, transport=transport)
+        if endpoint is not None and path == "direct-socket":
+            endpoint = {**endpoint, "ring": False}
+        before = (await asyncio.to_thread(client.stats)).counters
         for epoch in range(1, repeats + 1):
             handoff, _ = await ho.open_window(client, epoch=epoch, skip=0, length=size, chunk_size=chunk,
                                               train=(0, size), val=(0, 0), conventional=path == "conventional")
             t0 = time.perf_counter()
-            await ho.provision(client, link, handoff, device_socket=handle.socket_path, endpoint=endpoint)
+            done = await ho.provision(client, link, handoff, device_socket=handle.socket_path, endpoint=endpoint)
             times.append(time.perf_counter() - t0)
             ho.require_complete(await ho.close_window(client, handoff), size)
+            if stages is not None:
+                after = (await asyncio.to_thread(client.stats)).counters
+                row = {k: float(done.stages.get(k, 0.0)) for k in ("read_seal_s", "wait_s")}
+                row.update({name: (after.get(k, 0) - before.get(k, 0)) / 1e9 for k, name in _DEVICE_STAGES.items()})
+                stages.append(row)
+                before = after
             if on_handoff is not None:
                 on_handoff()
         await link.close()
+        rings = int((await asyncio.to_thread(client.stats)).counters.get("rings_bound", 0))
+        if path == "shm" and rings < repeats:
+            raise DataError(f"the shm path made {rings} rings for {repeats} hand-offs: no shared-memory ring here")
         if probe is not None:
+            probe["rings"] = rings
             probe["device_aes_b_s"] = (await asyncio.to_thread(client.aes_rate, chunk=chunk)).bytes_per_s
     finally:
         if server is not None:
@@ -124,23 +141,31 @@ async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdi
 
 
 def paths_study(paths: list[str], *, size_mib: int, chunk_kib: int, repeats: int, workdir: Path,
-                fleet: FleetFactory, progress: ProgressFactory | None = None) -> dict[str, Any]:
-    """MB/s per data path, next to the single-core AES-GCM rate (standalone and inside the device)."""
+                fleet: FleetFactory, progress: ProgressFactory | None = None,
+                cipher_engine: str = "auto") -> dict[str, Any]:
+    """MB/s per data path, next to the single-core AES-GCM rate (standalone and inside the device);
+    ``cipher_engine`` (auto, cpu, gpu) is who opens the chunks on the device, named in every row."""
     size, chunk = size_mib << 20, chunk_kib << 10
     aes = aes_gcm_rate(chunk)
     in_device: list[float] = []
     rows: list[dict[str, Any]] = []
     for p in paths:
         tick = progress(f"{p}: {repeats} × {size_mib} MiB", repeats) if progress else None
-        probe: dict[str, float] = {}
+        probe: dict[str, Any] = {}
+        per: list[dict[str, float]] = []
         times = asyncio.run(measure_path(p, size=size, chunk=chunk, repeats=repeats, workdir=workdir, fleet=fleet,
-                                         on_handoff=tick, probe=probe))
+                                         on_handoff=tick, probe=probe, stages=per, cipher_engine=cipher_engine))
         in_device.append(probe["device_aes_b_s"])
         med = statistics.median(times)
         rows.append({"path": p, "size_mib": size_mib, "chunk_kib": chunk_kib, "repeats": repeats,
                      "median_s": round(med, 6), "min_s": round(min(times), 6),
                      "mb_s": round(size / med / 1e6, 1), "best_mb_s": round(size / min(times) / 1e6, 1),
-                     "fraction_of_aes_core": round(size / med / aes, 3)})
+                     "fraction_of_aes_core": round(size / med / aes, 3),
+                     "cipher_engine": probe.get("cipher_engine"),
+                     "shm_ring": probe.get("rings", 0) >= repeats,
+                     # seconds per hand-off in each stage (median over the hand-offs); stages overlap, so they
+                     # need not add up to median_s: the largest one is the stage that binds
+                     "stages": {k: round(statistics.median(r[k] for r in per), 6) for k in STAGES}})
     by = {r["path"]: r for r in rows}
     device_aes = statistics.median(in_device)
     result: dict[str, Any] = {
@@ -164,12 +189,14 @@ def ablation_study(*, size_mib: int, chunk_kib: int, repeats: int, workdir: Path
     copy = memcpy_rate(size)
     for label, p, par, ovl in ABLATION:
         tick = progress(label, repeats) if progress else None
+        seen: dict[str, Any] = {}
         times = asyncio.run(measure_path(p, size=size, chunk=chunk, repeats=repeats, workdir=workdir, fleet=fleet,
-                                         on_handoff=tick, parallel_auth=par, overlap=ovl))
+                                         on_handoff=tick, parallel_auth=par, overlap=ovl, probe=seen))
         med = statistics.median(times)
         rows.append({"config": label, "path": p, "parallel_auth": par, "overlap": ovl,
                      "median_s": round(med, 6), "min_s": round(min(times), 6),
-                     "gb_s": round(size / med / 1e9, 3), "fraction_of_aes_core": round(size / med / aes, 3)})
+                     "gb_s": round(size / med / 1e9, 3), "fraction_of_aes_core": round(size / med / aes, 3),
+                     "cipher_engine": seen.get("cipher_engine")})
     base = next(r for r in rows if r["path"] == "conventional")
     for r in rows:
         r["speedup_vs_conventional"] = round(base["median_s"] / r["median_s"], 2)

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from gputravel.core.collectives.crypto import HostCrypto, default_workers
 from gputravel.core.collectives.hook import SecureRingState, default_store, secure_ring_hook
 from gputravel.core.collectives.keys import emulated_identity, establish_ring_keys
-from gputravel.core.collectives.launch import WorkerContext, run_workers
+from gputravel.core.collectives.launch import WorkerContext, check_backend, run_workers
 from gputravel.core.collectives.models import MODELS
 from gputravel.core.collectives.ring import RingStats, SecureRing, Variant, available_variants
 from gputravel.core.errors import ConfigError
@@ -51,13 +51,18 @@ def parse_variants(text: str, *, hooks: bool = False) -> tuple[Variant, ...]:
             except ValueError:
                 raise ConfigError(f"unknown variant {name!r} (choose from {', '.join(x.value for x in Variant)})"
                                   ) from None
-            if v not in available_variants():
+            if v not in available_variants() and v is not Variant.SECURE_GPU:  # secure_gpu: simulator if no GPU
                 raise ConfigError(f"variant {v} is not available in this torch build")
             chosen.append(v)
     if Variant.PLAIN not in chosen:
         chosen.insert(0, Variant.PLAIN)
     if hooks:
         chosen = [v for v in chosen if v is not Variant.GLOO_TLS]
+        from gputravel.core.collectives.gpu_ring import gpu_cipher_on_cuda
+
+        if Variant.SECURE_GPU in chosen and not gpu_cipher_on_cuda():
+            raise ConfigError("secure_gpu in bench ddp needs a CUDA device for the GPU cipher: numba's simulator "
+                              "is far too slow for model gradients (bench allreduce runs it on tiny tensors)")
     return tuple(dict.fromkeys(chosen))
 
 
@@ -108,20 +113,23 @@ def allreduce_worker(ctx: WorkerContext, spec: AllReduceSpec, vendor_dir: str) -
     crypto = HostCrypto(workers=default_workers(ctx.world_size) if spec.workers is None else spec.workers)
     rings = {g: SecureRing(keys=keys, crypto=crypto, chunk_bytes=spec.chunk_bytes, sealed_gather=g == "sealed")
              for g in spec.gathers}
-    runs = [(v, g if v.secure else None) for v in spec.variants for g in (spec.gathers if v.secure else ("-",))]
+    gathered = [v for v in spec.variants if v.secure and v is not Variant.SECURE_GPU]  # secure_gpu: one mode
+    runs = [(v, g if v in gathered else None) for v in spec.variants for g in (spec.gathers if v in gathered else ("-",))]
     dtype = getattr(torch, spec.dtype)
     total, done = len(spec.sizes_mib) * (spec.warmup + spec.repeats), 0
-    rows = []
+    rows: list[dict[str, Any]] = []
     for mib in spec.sizes_mib:
         numel = max(1, int(mib * 2**20) // torch.empty(0, dtype=dtype).element_size())
         x = torch.randn(numel, generator=torch.Generator().manual_seed(ctx.rank)).to(_device(), dtype)
         y = torch.empty_like(x)
+        skipped = _gpu_skips(runs, numel * x.element_size())
+        size_runs = [r for r in runs if r not in skipped]
         times: dict[tuple[Variant, str | None], list[float]] = {r: [] for r in runs}
         before: dict[tuple[Variant, str | None], dict[str, float]] = {}
         for rep in range(spec.warmup + spec.repeats):
             if rep == spec.warmup:
                 before = {(v, g): rings[g or spec.gathers[0]].stats.get(v, RingStats()).as_dict() for v, g in runs}
-            for v, g in runs:
+            for v, g in size_runs:
                 y.copy_(x)
                 dist.barrier()
                 t0 = time.perf_counter()
@@ -133,6 +141,12 @@ def allreduce_worker(ctx: WorkerContext, spec: AllReduceSpec, vendor_dir: str) -
                 ctx.report({"done": done, "total": total, "size_mib": mib})
         plain = statistics.median(_slowest(ctx, times[(Variant.PLAIN, None)]))
         for v, g in runs:
+            if (v, g) in skipped:
+                rows.append({"world_size": ctx.world_size, "size_mib": mib, "variant": v.value, "gather": g,
+                             "repeats": 0, "median_s": None, "min_s": None, "ratio_vs_plain": None,
+                             "gb_per_s": None, "breakdown_s": None, "cipher_engine": "gpu (simulator)",
+                             "note": skipped[(v, g)]})
+                continue
             slow = _slowest(ctx, times[(v, g)])
             ring = rings[g or spec.gathers[0]]
             breakdown = _mean_stats(ctx, _delta(before[(v, g)], ring.stats.get(v, RingStats())), spec.repeats)
@@ -143,10 +157,29 @@ def allreduce_worker(ctx: WorkerContext, spec: AllReduceSpec, vendor_dir: str) -
                 "ratio_vs_plain": med / plain if plain > 0 else None,
                 "gb_per_s": (numel * x.element_size() / med / 1e9) if med > 0 else None,
                 "breakdown_s": breakdown,
+                **({"cipher_engine": _gpu_label()} if v is Variant.SECURE_GPU else {}),
             })
     for ring in rings.values():
         ring.close()
     return rows
+
+
+def _gpu_label() -> str:
+    from gputravel.core.gpucipher import backend
+
+    return f"gpu ({backend()})"
+
+
+def _gpu_skips(runs: Sequence[tuple[Variant, str | None]], nbytes: int) -> dict[tuple[Variant, str | None], str]:
+    """The ``secure_gpu`` runs left out at this size: where the GPU cipher is numba's simulator (no CUDA
+    device), only tensors up to ``SIM_MAX_BYTES`` run (about 3 s per 64 KiB sealed there)."""
+    from gputravel.core.collectives.gpu_ring import SIM_MAX_BYTES, gpu_cipher_on_cuda
+
+    if gpu_cipher_on_cuda() or nbytes <= SIM_MAX_BYTES:
+        return {}
+    note = (f"skipped: no CUDA device, the GPU cipher would run in numba's simulator (tensors up to "
+            f"{SIM_MAX_BYTES // 1024} KiB only)")
+    return {r: note for r in runs if r[0] is Variant.SECURE_GPU}
 
 
 def run_allreduce_bench(spec: AllReduceSpec, *, world_sizes: Sequence[int], backend: str = "gloo",
@@ -164,6 +197,8 @@ def _each_world(worker: Callable[..., list[dict[str, Any]]], spec: Any, world_si
                 on_progress: Callable[[int, dict[str, Any]], None] | None) -> list[dict[str, Any]]:
     """``worker(ctx, spec, vendor_dir)`` on ``world`` ranks for each world size (a fresh emulated vendor
     folder each); rank 0's rows, in order. Progress is reported per world size."""
+    for world in world_sizes:  # every world size checked before the first job starts
+        check_backend(backend, world)
     rows: list[dict[str, Any]] = []
     for i, world in enumerate(world_sizes):
         def progress(_rank: int, payload: dict[str, Any], i: int = i, world: int = world) -> None:

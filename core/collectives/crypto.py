@@ -76,12 +76,13 @@ class HopAad:
 
 
 class _HopState:
-    __slots__ = ("_aead", "prefix", "epoch", "session_id", "fingerprint", "counter")
+    __slots__ = ("_aead", "key", "prefix", "epoch", "session_id", "fingerprint", "counter")
 
     def __init__(self, key: DirectionKey, *, session_id: bytes) -> None:
         if len(session_id) != 16:
             raise ConfigError("a ring session id is 16 bytes")
         self._aead = AESGCM(key.key)
+        self.key = key  # the GPU cipher builds its own key schedule from it (gpu_ring)
         self.prefix = key.prefix
         self.epoch = key.epoch
         self.session_id = session_id

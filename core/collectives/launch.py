@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from gputravel.core.errors import WorkerError
+from gputravel.core.errors import ConfigError, WorkerError
 
-__all__ = ["WorkerContext", "WorkerError", "free_port", "run_workers"]
+__all__ = ["WorkerContext", "WorkerError", "check_backend", "free_port", "run_workers"]
+
+BACKENDS = ("gloo", "nccl")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +44,32 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def visible_gpus() -> int:
+    """CUDA devices this process may use (0 without CUDA); asks the driver without creating a context."""
+    try:
+        import torch
+
+        return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+    except (ImportError, RuntimeError):
+        return 0
+
+
+def check_backend(backend: str, world_size: int, *, gpus: int | None = None) -> None:
+    """Refuse a job that cannot start, before any rank is spawned: an unknown backend, or NCCL with more
+    ranks than visible GPUs (NCCL needs one GPU per rank; two ranks on one GPU die with "Duplicate GPU
+    detected" inside ``init_process_group``)."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
+    if world_size < 1:
+        raise ConfigError(f"world size must be at least 1, not {world_size}")
+    if backend == "nccl":
+        have = visible_gpus() if gpus is None else gpus
+        if world_size > have:
+            raise ConfigError(f"NCCL needs one GPU per rank: world size {world_size} but {have} visible GPU"
+                              f"{'' if have == 1 else 's'}; use --backend gloo (CPU tensors, any number of "
+                              "ranks) or fewer ranks")
+
+
 def _entry(rank: int, world: int, port: int, backend: str, timeout_s: float, threads: int,
            fn: Callable[..., Any], args: tuple[Any, ...], out: Any) -> None:
     import torch
@@ -51,9 +79,12 @@ def _entry(rank: int, world: int, port: int, backend: str, timeout_s: float, thr
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     try:
-        if backend == "nccl":
-            torch.cuda.set_device(rank % torch.cuda.device_count())
-        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+        device_id = None
+        if backend == "nccl":  # one GPU per rank, picked by LOCAL_RANK as under torchrun (checked before spawning)
+            device_id = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+            torch.cuda.set_device(device_id)
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s),
+                                device_id=device_id)
         try:
             result = fn(WorkerContext(rank, world, out), *args)
         finally:
@@ -73,7 +104,10 @@ def run_workers(
     threads: int = 1,
     on_progress: Callable[[int, Any], None] | None = None,
 ) -> list[Any]:
-    """Run ``fn(ctx, *args)`` on ``world_size`` spawned ranks and return their results by rank."""
+    """Run ``fn(ctx, *args)`` on ``world_size`` spawned ranks and return their results by rank.
+
+    Raises ``ConfigError`` before spawning when the backend cannot run ``world_size`` ranks here."""
+    check_backend(backend, world_size)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()

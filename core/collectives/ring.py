@@ -60,10 +60,11 @@ class Variant(StrEnum):
     SECURE_NAIVE = "secure_naive"  # per hop, serially: seal, send, receive, open, reduce (the TEE baseline)
     SECURE_PIPELINED = "secure_pipelined"  # chunked, crypto on a pool overlapping the wire
     GLOO_TLS = "gloo_tls"  # dist.all_reduce on gloo's TCP_TLS transport, where the build has it
+    SECURE_GPU = "secure_gpu"  # per hop: seal on the GPU, send ciphertext, open + reduce on the GPU (gpu_ring)
 
     @property
     def secure(self) -> bool:
-        return self in (Variant.SECURE_NAIVE, Variant.SECURE_PIPELINED)
+        return self in (Variant.SECURE_NAIVE, Variant.SECURE_PIPELINED, Variant.SECURE_GPU)
 
 
 @cache
@@ -86,8 +87,12 @@ def gloo_tls_available() -> bool:
 
 
 def available_variants() -> tuple[Variant, ...]:
-    """Every variant this build can run (``gloo_tls`` only where detected)."""
-    return tuple(v for v in Variant if v is not Variant.GLOO_TLS or gloo_tls_available())
+    """Every variant this build can run (``gloo_tls`` only where detected; ``secure_gpu`` only where the GPU
+    cipher has a CUDA device: elsewhere it runs in numba's simulator, for tests, when named)."""
+    from gputravel.core.collectives.gpu_ring import gpu_cipher_on_cuda
+
+    return tuple(v for v in Variant if (v is not Variant.GLOO_TLS or gloo_tls_available())
+                 and (v is not Variant.SECURE_GPU or gpu_cipher_on_cuda()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,7 +345,8 @@ class SecureRing:
     def _ring(self, tensor: torch.Tensor, variant: Variant, stats: RingStats) -> None:
         work = tensor if tensor.is_contiguous() else tensor.contiguous()
         host = work
-        staged = variant.secure and work.is_cuda  # crypto runs on host threads (see HostCrypto)
+        # crypto runs on host threads (see HostCrypto), except secure_gpu's, which runs where the tensor is
+        staged = variant.secure and work.is_cuda and variant is not Variant.SECURE_GPU
         if staged:
             host = torch.empty(work.shape, dtype=work.dtype, pin_memory=True)
             host.copy_(work)
@@ -385,6 +391,15 @@ class SecureRing:
         keys = self.keys
         if keys is None:
             raise ConfigError(f"variant {variant} needs ring keys (establish_ring_keys)")
+        if variant is Variant.SECURE_GPU:
+            from gputravel.core.collectives.gpu_ring import gpu_secure_all_reduce
+
+            try:
+                error = gpu_secure_all_reduce(self, flat, keys, stats)
+            finally:
+                self.iteration += 1
+            self._agree(flat, error)
+            return
         chunk = self.pipeline_chunk() if variant is Variant.SECURE_PIPELINED else None
         plan, bufs = self._plan(flat.numel(), flat.element_size(), chunk, secure=True,
                                 pin=torch.cuda.is_available() and self._wire.nccl)

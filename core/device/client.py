@@ -6,6 +6,7 @@ each send one sealed request named by an ``Op`` and read back a typed answer (``
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
@@ -216,9 +217,11 @@ class DeviceClient:
         return DeviceState.from_wire(self.call(Op.RESTORE, blob)[0])
 
     def stats(self, *, since: int = 0) -> DeviceStats:
-        """Counters; per-epoch rejections only for the epochs changed after ``since`` (a previous answer's
-        ``rejection_gen``)."""
-        return DeviceStats.from_wire(self.call(Op.STATS, since=since)[0])
+        """Counters; per-epoch rejections (in the payload) only for the epochs changed after ``since`` (a
+        previous answer's ``rejection_gen``)."""
+        head, payload = self.call(Op.STATS, since=since)
+        extra = json.loads(bytes(payload)) if payload else {}  # rejected_by_epoch rides in the payload
+        return DeviceStats.from_wire({**head, **(extra if isinstance(extra, dict) else {})})
 
     def aes_rate(self, *, chunk: int, seconds: float = 0.3) -> AesRate:
         return AesRate.from_wire(self.call(Op.AES_RATE, chunk=chunk, seconds=seconds)[0])

@@ -37,6 +37,8 @@ class DeviceInfo(_Wire):
     platform: str
     device_id: str
     torch: str
+    cipher_engine: str = ""  # who opens provisioning chunks: "cpu (cryptography)", "gpu (cuda)", "gpu (simulator)"
+    cipher_reason: str = ""  # why that engine ("auto: ...", "set explicitly")
 
 
 @dataclass(frozen=True, slots=True)

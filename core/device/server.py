@@ -8,33 +8,22 @@ full speed.
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
+from gputravel.core.device.dataplane import SlotSet
 from gputravel.core.device.link import ControlChannel, error_header, send_frame, session_context
 from gputravel.core.device.service import MAX_CHUNK, DeviceService, Reply
 from gputravel.core.errors import GpuTravelError, ProtocolError
-from gputravel.core.protocol import TAG_LEN, FrameError, FrameType, read_frame
+from gputravel.core.protocol import TAG_LEN, FrameError, FrameType, StaleEpochError, encode_frame, read_frame
 from gputravel.core.protocol.frames import read_frame_into
-
-
-class _GrowingBuffer:
-    """A receive buffer that grows to the largest payload seen (chunk size + tag), once."""
-
-    __slots__ = ("buf",)
-
-    def __init__(self) -> None:
-        self.buf = bytearray()
-
-    def get(self, n: int) -> bytearray:
-        if len(self.buf) < n:
-            self.buf = bytearray(n)
-        return self.buf
-
+from gputravel.core.protocol.shmring import RingReceiver, RingSpec, ring_supported, send_frame_with_fd
 
 #: Connections that have not authenticated yet (no session opened, no DATA_READY), at most, and how long
 #: one may take to get there: a peer that stalls or floods costs at most this many threads for this long.
@@ -241,102 +230,166 @@ class DeviceServer:
             svc.count_refused("stale-epoch")
             send_frame(conn, FrameType.ERROR, {"code": "stale-epoch", "reason": "no such session"})
             return
-        send_frame(conn, FrameType.DATA_READY, {"session": secrets.session_id.hex()})
+        session = secrets.session_id.hex()
+        # shared-memory rings only where the holder shares this host: on the Unix socket, when asked for
+        rings = conn.family == socket.AF_UNIX and ring_supported() and bool(first.header.get("rings"))
+        send_frame(conn, FrameType.DATA_READY, {"session": session, **({"rings": 1} if rings else {})})
         pending.authenticated()  # bound to the open session; each chunk is authenticated on its own
-        workers = int(svc.data_opts.get("workers", 0))
-        if workers:
-            self._data_pipelined(conn, stream, workers)
-        else:
-            self._data_serial(conn, stream)
+        slots = svc.plane.take_slots()  # this connection's receive buffers, reused from an earlier one
+        data = _DataConnection(svc, conn, stream, slots, session=session, rings=rings)
+        try:
+            data.serve()
+        finally:
+            data.close()
+            svc.plane.give_slots(slots)
 
-    def _non_chunk(self, conn: socket.socket, frame: Any, send: Any) -> bool:
+
+class _DataConnection:
+    """One data connection: sealed chunks in (in frames, or as slot ids of a shared-memory ring), ACK and
+    ERROR out. This thread keeps receiving while the service's decrypt workers (if any) open earlier
+    chunks; acknowledgements go out as chunks reach device memory, in any order."""
+
+    def __init__(self, svc: DeviceService, conn: socket.socket, stream: Any, slots: SlotSet, *, session: str,
+                 rings: bool) -> None:
+        self.svc, self.conn, self.stream, self.slots = svc, conn, stream, slots
+        self.session = session
+        self.rings = rings
+        self.receiver: RingReceiver | None = None
+        self._send_lock = threading.Lock()
+
+    def send(self, ftype: FrameType, header: dict[str, Any]) -> None:
+        with self._send_lock:
+            send_frame(self.conn, ftype, header)
+
+    def serve(self) -> None:
+        svc = self.svc
+        free: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for i in range(len(self.slots)):
+            free.put(i)
+        while True:
+            i = free.get()  # blocks while every buffer's chunk is still being opened: back-pressure
+            try:
+                frame = read_frame_into(self.stream, functools.partial(self.slots.get, i),
+                                        max_payload=MAX_CHUNK + TAG_LEN)
+            except FrameError as exc:
+                svc.count_rejection(exc.code)
+                self.send(FrameType.ERROR, error_header(exc))
+                return
+            if frame is None:
+                return
+            header = frame.header
+            if frame.type is FrameType.CHUNK and "slot" in header:
+                free.put(i)
+                self._ring_chunk(header, len(frame.payload))
+            elif frame.type is FrameType.CHUNK:
+                self._chunk(header, frame.payload, release=functools.partial(free.put, i), slot=None)
+            elif frame.type is FrameType.DATA_OPEN and "ring" in header:
+                free.put(i)
+                self._open_ring(header)
+            else:
+                free.put(i)
+                if not self._non_chunk(frame):
+                    return
+
+    def _reply(self, header: Any, slot: Any) -> Callable[[dict[str, Any] | None, BaseException | None], None]:
+        s = header.get("s") if isinstance(header, dict) else None
+        extra = {} if slot is None else {"slot": slot}
+
+        def reply(ack: dict[str, Any] | None, exc: BaseException | None) -> None:
+            try:
+                if exc is None:
+                    self.send(FrameType.ACK, {**(ack or {}), **extra})
+                else:
+                    self.send(FrameType.ERROR, {**error_header(exc), "s": s, **extra})
+            except OSError:
+                pass
+
+        return reply
+
+    def _chunk(self, header: Any, payload: Any, *, release: Callable[[], None], slot: Any) -> None:
+        reply = self._reply(header, slot)
+
+        def work() -> None:
+            try:
+                self.svc.submit_chunk(header, payload, reply)
+            finally:
+                release()
+
+        pool = self.svc.plane.pool
+        if pool is not None:
+            try:
+                pool.submit(work)
+                return
+            except RuntimeError:  # the pool was replaced (set_data_path) meanwhile: open it here
+                pass
+        work()
+
+    def _ring_chunk(self, header: dict[str, Any], payload_len: int) -> None:
+        """A chunk sealed into ring slot ``slot``: the slot and length are checked against the ring, then
+        the chunk is checked and opened exactly as one that came in a frame."""
+        slot = header.get("slot")
+        try:
+            if payload_len:
+                raise FrameError("a ring chunk's frame carries no payload (the chunk is in its slot)")
+            if self.receiver is None:
+                raise FrameError("no shared-memory ring is open on this connection")
+            chunk_header, ciphertext = self.receiver.take(header)
+        except ProtocolError as exc:
+            self.svc.count_rejection(exc.code, header.get("e"))
+            self._reply(header, slot)(None, exc)
+            return
+        self._chunk(chunk_header, ciphertext, release=lambda: None, slot=slot)
+
+    def _open_ring(self, header: dict[str, Any]) -> None:
+        """DATA_OPEN {session, ring: {epoch, slots, slot_bytes}}: a ring for this epoch, its descriptor
+        passed with the DATA_READY answer (SCM_RIGHTS)."""
+        spec_wire = header.get("ring")
+        claimed = spec_wire.get("epoch") if isinstance(spec_wire, dict) else None
+        try:
+            if not self.rings:
+                raise FrameError("shared-memory rings need the device's Unix socket and a connection opened "
+                                 "with rings")
+            if header.get("session") != self.session:
+                raise StaleEpochError("ring request for another session")
+            spec = RingSpec.from_wire(spec_wire)
+            old = self.receiver.ring if self.receiver is not None else None
+            ring, new = self.svc.open_ring(spec, old)
+        except ProtocolError as exc:
+            self.svc.count_rejection(exc.code, claimed)
+            self.send(FrameType.ERROR, {**error_header(exc), "ring": 1})
+            return
+        except OSError as exc:  # no memfd here after all: the agent falls back to frames
+            self.send(FrameType.ERROR, {"ok": False, "code": "device", "reason": f"no ring: {exc}", "ring": 1})
+            return
+        answer = encode_frame(FrameType.DATA_READY, {"session": self.session, "ring": spec.to_wire(),
+                                                     **({} if new else {"mapped": 1})})
+        with self._send_lock:
+            if new:  # the descriptor travels once per holder connection (again only for another shape)
+                send_frame_with_fd(self.conn, answer, ring.fileno())
+            else:
+                self.conn.sendall(answer)
+        if new and old is not None:
+            self.svc.plane.drop_ring(old)
+        self.receiver = RingReceiver(ring)
+
+    def close(self) -> None:
+        """The connection ended: its ring is zeroed and unmapped."""
+        if self.receiver is not None:
+            self.svc.plane.drop_ring(self.receiver.ring)
+            self.receiver = None
+
+    def _non_chunk(self, frame: Any) -> bool:
         """Handle a frame that is not a chunk; False ends the connection."""
         if frame.type is FrameType.PING:
-            send(FrameType.PONG, frame.header)
+            self.send(FrameType.PONG, frame.header)
             return True
         if frame.type is FrameType.BYE:
             return False
         # e.g. an attempt to read the buffer back: the data port only takes chunks in
-        self.service.count_rejection("frame", frame.header.get("e"))
-        send(FrameType.ERROR, {"code": "frame", "reason": f"unexpected {frame.type.name}", "s": frame.header.get("s")})
+        self.svc.count_rejection("frame", frame.header.get("e"))
+        self.send(FrameType.ERROR, {"code": "frame", "reason": f"unexpected {frame.type.name}",
+                                    "s": frame.header.get("s")})
         return True
-
-    def _data_serial(self, conn: socket.socket, stream: Any) -> None:
-        """Receive, authenticate+decrypt, acknowledge: one chunk at a time (both optimisations off).
-        One preallocated payload buffer: the kernel copies a chunk's ciphertext into it and AES-GCM
-        decrypts it from there straight into the device buffer."""
-        svc = self.service
-        payload = _GrowingBuffer()
-
-        def send(ftype: FrameType, header: dict[str, Any]) -> None:
-            send_frame(conn, ftype, header)
-
-        while True:
-            try:
-                frame = read_frame_into(stream, payload.get, max_payload=MAX_CHUNK + TAG_LEN)
-            except FrameError as exc:
-                svc.count_rejection(exc.code)
-                send_frame(conn, FrameType.ERROR, error_header(exc))
-                return
-            if frame is None:
-                return
-            if frame.type is FrameType.CHUNK:
-                try:
-                    ack = svc.accept_chunk(frame.header, frame.payload)
-                except ProtocolError as exc:
-                    send_frame(conn, FrameType.ERROR, {**error_header(exc), "s": frame.header.get("s")})
-                    continue
-                send_frame(conn, FrameType.ACK, ack)
-            elif not self._non_chunk(conn, frame, send):
-                return
-
-    def _data_pipelined(self, conn: socket.socket, stream: Any, workers: int) -> None:
-        """Overlap and parallel authentication: this thread keeps receiving chunk k+1, k+2, ... into a
-        ring of payload slots while a pool of ``workers`` threads authenticates and decrypts earlier
-        chunks straight into the buffer (AES-GCM releases the GIL, and this process runs no other busy
-        Python thread). Acknowledgements go out as chunks complete, in any order."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        svc = self.service
-        n_slots = 2 * workers + 2
-        slots = [_GrowingBuffer() for _ in range(n_slots)]
-        free: queue.Queue[int] = queue.Queue()
-        for i in range(n_slots):
-            free.put(i)
-        send_lock = threading.Lock()
-
-        def send(ftype: FrameType, header: dict[str, Any]) -> None:
-            with send_lock:
-                send_frame(conn, ftype, header)
-
-        def work(slot: int, header: dict[str, Any], payload: memoryview) -> None:
-            try:
-                ack = svc.accept_chunk(header, payload)
-                send(FrameType.ACK, ack)
-            except ProtocolError as exc:
-                send(FrameType.ERROR, {**error_header(exc), "s": header.get("s")})
-            except OSError:
-                pass
-            finally:
-                free.put(slot)
-
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="auth") as pool:
-            while True:
-                slot = free.get()
-                try:
-                    frame = read_frame_into(stream, slots[slot].get, max_payload=MAX_CHUNK + TAG_LEN)
-                except FrameError as exc:
-                    svc.count_rejection(exc.code)
-                    send(FrameType.ERROR, error_header(exc))
-                    return
-                if frame is None:
-                    return
-                if frame.type is FrameType.CHUNK:
-                    pool.submit(work, slot, frame.header, frame.payload)  # type: ignore[arg-type]
-                    continue
-                free.put(slot)
-                if not self._non_chunk(conn, frame, send):
-                    return
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -356,6 +409,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--allow-fault-injection", action="store_true")
     parser.add_argument("--data-host", default="127.0.0.1", help="address of the TCP data port ('' for none)")
     parser.add_argument("--data-port", type=int, default=0)
+    parser.add_argument("--cipher-engine", default="auto", choices=["auto", "cpu", "gpu"],
+                        help="who opens provisioning chunks: cryptography on the CPU, or the GPU cipher")
     ns = parser.parse_args(argv)
     if ns.threads:
         import torch
@@ -363,7 +418,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(ns.threads)
     try:
         service = load_service(ns.state_dir, buffer_bytes=ns.buffer_bytes, device=ns.device, cc_mode=ns.cc_mode,
-                               allow_fault_injection=ns.allow_fault_injection)
+                               allow_fault_injection=ns.allow_fault_injection, cipher_engine=ns.cipher_engine)
     except GpuTravelError as exc:
         print(f"ERROR {exc}", flush=True)
         sys.exit(exc.exit_code)

@@ -28,6 +28,7 @@ from gputravel.core.attestation import (
     emulated_measurements,
     make_evidence,
 )
+from gputravel.core.device.dataplane import AUTO_MIN_CORES, DataPlane, default_workers
 from gputravel.core.device.link import Op
 from gputravel.core.device.memory import Region, best_device
 from gputravel.core.device.messages import (
@@ -45,20 +46,22 @@ from gputravel.core.device.messages import (
     WindowClosed,
     WindowStatus,
 )
+from gputravel.core.device.openers import choose_opener
 from gputravel.core.errors import DeviceError, ProtocolError
 from gputravel.core.handshake import SessionSecrets, respond
 from gputravel.core.machine import aes_gcm_rate
 from gputravel.core.protocol import (
     TAG_LEN,
     Direction,
+    DirectionKey,
     FrameError,
-    FrameType,
     RecvState,
     ReplayError,
     StaleEpochError,
     WindowError,
     provisioning_key,
 )
+from gputravel.core.protocol.shmring import RingSpec, ShmRing
 
 MAX_CHUNK = 16 * 1024 * 1024
 #: epochs one ``stats`` answer lists at most (each up to ~150 bytes of counts: far under the header limit)
@@ -96,6 +99,7 @@ class ProvisionWindow:
     bytes_in: int = 0
     contig: int = 0
     tags: set[bytes] = field(default_factory=set)  # GCM tags of the accepted chunks (public, not key material)
+    key: DirectionKey | None = None  # for a chunk opener that needs the raw key (the GPU cipher)
 
     @property
     def n_chunks(self) -> int:
@@ -112,7 +116,10 @@ class DeviceService:
     """One emulated confidential GPU."""
 
     def __init__(self, *, identity: DeviceIdentity, buffer_bytes: int, device: str | None = None,
-                 cc_mode: CCMode = CCMode.ON, allow_fault_injection: bool = False) -> None:
+                 cc_mode: CCMode = CCMode.ON, allow_fault_injection: bool = False,
+                 staged: bool | None = None, cipher_engine: str = "auto") -> None:
+        """``staged`` opens chunks into staging slots then copies them (default: on CUDA only; on for a CPU
+        device in tests, which exercises the CUDA path's slot ring and completion step)."""
         if buffer_bytes <= 0:
             raise DeviceError("buffer size must be positive")
         self.identity = identity
@@ -121,7 +128,6 @@ class DeviceService:
         self.allow_fault_injection = allow_fault_injection
         self.code = Region("code", 0, self.device)
         self.buffer = Region("buffer", buffer_bytes, self.device)
-        self._host_view = self.buffer.tensor.numpy() if self.device.type == "cpu" else None
         self.trainer: Any = None
         self.secrets: SessionSecrets | None = None
         self.epoch = 0
@@ -129,6 +135,7 @@ class DeviceService:
         self.dead_epochs: set[int] = set()
         self.dead_tags: dict[int, set[bytes]] = {}
         self.lock = threading.Lock()
+        self._settled = threading.Condition(self.lock)  # notified whenever a chunk leaves a window's in-flight set
         self.rejected: Counter[str] = Counter()
         #: rejections attributed to the epoch (so the holder) whose key or window they claimed
         self.rejected_by_epoch: dict[int, Counter[str]] = {}
@@ -142,8 +149,11 @@ class DeviceService:
         self.busy_s = 0.0
         self._busy_since: float | None = None
         self.data_opts: dict[str, Any] = {"parallel_auth": False, "overlap": False, "workers": 0}
-        self._cuda_local = threading.local()
-        self._stages: list[torch.Tensor] = []
+        #: receive slots, decrypt workers, staging ring and copy stream, shared-memory rings: made once, reused
+        self.plane = DataPlane(self.buffer.tensor, staged=staged, stage_ns=self.counters)
+        #: who opens provisioning chunks: cryptography on a host core (through the data plane's slots), or the
+        #: GPU cipher, which takes the ciphertext into device memory as it is (core/device/openers.py)
+        self.opener = choose_opener(cipher_engine, self.buffer.tensor)
         self.measurements = emulated_measurements()
         #: the control channel's current epoch (the transport swaps its keys after a ROTATE reply)
         self.control_epoch = 0
@@ -175,6 +185,7 @@ class DeviceService:
             self.secrets = secrets
             self.epoch = 0
             self.window = None
+            self.plane.release_rings()  # every ring of the old session is zeroed and released with its keys
             self.dead_epochs.clear()
             self.dead_tags.clear()
             self.control_epoch = 0
@@ -233,7 +244,8 @@ class DeviceService:
     def op_info(self, *, payload: bytes) -> Reply:
         return Reply(DeviceInfo(device=str(self.device), device_name=self._device_name(),
                                 buffer_bytes=self.buffer.nbytes, cc_mode=str(self.cc_mode), platform="emulated",
-                                device_id=self.identity.device_id, torch=torch.__version__).to_wire())
+                                device_id=self.identity.device_id, torch=torch.__version__,
+                                cipher_engine=self.opener.label, cipher_reason=self.opener.reason).to_wire())
 
     def _device_name(self) -> str:
         if self.device.type == "cuda":
@@ -299,7 +311,7 @@ class DeviceService:
             if self.window is not None:
                 self._bury(self.window)
             self.window = ProvisionWindow(epoch, offset, length, chunk_size, key.fingerprint,
-                                          RecvState(key, session_id=s.session_id, window=4096))
+                                          RecvState(key, session_id=s.session_id, window=4096), key=key)
             self.epoch = epoch
             self._model_changed()  # a key is out: the measurement after its return hashes afresh
         self.counters["handoffs"] += 1
@@ -312,8 +324,12 @@ class DeviceService:
             w = self.window
             if w is None or w.epoch != epoch:
                 raise StaleEpochError(f"no open window for epoch {epoch}")
-            self.window = None
+            self.window = None  # no new chunk is admitted from here on
+            # chunks admitted before RETURN finish (their copies reach device memory) before the key dies
+            self._settled.wait_for(lambda: not w.inflight, timeout=60)
             self._bury(w)
+        self.plane.flush()  # the copy stream is idle: every acknowledged byte is in device memory
+        self.plane.release_rings(epoch)  # the holder's bounce slots: zeroed and released, like its key
         return Reply(WindowClosed(epoch=epoch, bytes=w.bytes_in, chunks=len(w.accepted), expected_chunks=w.n_chunks,
                                   contiguous=w.contiguous(), complete=len(w.accepted) == w.n_chunks,
                                   rejected=dict(self.rejected),
@@ -322,6 +338,8 @@ class DeviceService:
     def _bury(self, w: ProvisionWindow) -> None:
         """A window's key is dead; the tags of its chunks are kept a while to recognise replays."""
         self.dead_epochs.add(w.epoch)
+        self.opener.forget(w.fingerprint)
+        w.key = None
         self.dead_tags[w.epoch] = w.tags
         while len(self.dead_tags) > DEAD_TAG_EPOCHS:
             self.dead_tags.pop(next(iter(self.dead_tags)))
@@ -342,6 +360,7 @@ class DeviceService:
             if off < 0 or n < 0 or off + n > self.buffer.nbytes:
                 raise WindowError(f"range [{off}, {off + n}) is outside the buffer")
         self._model_changed()
+        self.plane.make_current_wait()  # training's stream waits for the provisioning copy stream
         res = trainer.train_on_window(self.buffer.tensor, train_off=train_off, train_len=train_len, fmt=fmt)
         val = trainer.eval_on_window(self.buffer.tensor, val_off=val_off, val_len=val_len, fmt=fmt) if val_len else None
         self.counters["train_steps"] += len(res.losses)
@@ -354,8 +373,8 @@ class DeviceService:
             raise DeviceError("cannot scrub while a provisioning window is open")
         t0 = time.perf_counter()
         ok = self.buffer.zero_and_check()
-        for stage in self._stages:
-            stage.zero_()
+        self.plane.scrub()  # the staging slots held plaintext on its way into device memory
+        self.opener.scrub()
         self.counters["scrubs"] += 1
         return Reply(ScrubResult(verified=ok, bytes=self.buffer.nbytes, seconds=time.perf_counter() - t0).to_wire())
 
@@ -381,18 +400,21 @@ class DeviceService:
         return int(mem)
 
     def op_stats(self, *, since: int = 0, payload: bytes) -> Reply:
-        """Counters, and the per-epoch rejection counts of the epochs changed after generation ``since`` (the
-        ``rejection_gen`` of the caller's last answer): at most ``STATS_EPOCHS`` of them, oldest change first,
-        with ``more`` set when others wait for the next call. The header stays small however long the run."""
+        """The counters in the header; the per-epoch rejection counts of the epochs changed after generation
+        ``since`` (the ``rejection_gen`` of the caller's last answer) as JSON in the payload: at most
+        ``STATS_EPOCHS`` of them, oldest change first, with ``more`` set when others wait for the next call.
+        An answer stays small however long the run, and each audit reads only what is new."""
         if type(since) is not int or since < 0:
             raise FrameError("stats: since must be a non-negative integer")
         changed = [(e, g) for e, g in self._epoch_gen.items() if g > since][:STATS_EPOCHS]
         more = sum(1 for g in self._epoch_gen.values() if g > since) > len(changed)
         upto = changed[-1][1] if more else self.rejection_gen
-        return Reply(DeviceStats(counters=dict(self.counters), rejected=dict(self.rejected), busy_s=self.busy_s,
-                                 rejected_by_epoch={str(e): dict(self.rejected_by_epoch[e]) for e, _ in changed},
-                                 memory_bytes=self._memory_bytes(), epoch=self.epoch, rejection_gen=upto,
-                                 more=more, refused=dict(self.refused)).to_wire())
+        wire = DeviceStats(counters=dict(self.counters), rejected=dict(self.rejected), busy_s=self.busy_s,
+                           rejected_by_epoch={str(e): dict(self.rejected_by_epoch[e]) for e, _ in changed},
+                           memory_bytes=self._memory_bytes(), epoch=self.epoch, rejection_gen=upto, more=more,
+                           refused=dict(self.refused)).to_wire()
+        by_epoch = wire.pop("rejected_by_epoch")
+        return Reply(wire, json.dumps({"rejected_by_epoch": by_epoch}, separators=(",", ":")).encode())
 
     def op_aes_rate(self, *, chunk: int, seconds: float = 0.3, payload: bytes) -> Reply:
         """AES-256-GCM decrypt rate measured inside this process (random key and data; nothing secret).
@@ -440,12 +462,70 @@ class DeviceService:
 
     # --- data path ---------------------------------------------------------------------------
     def accept_chunk(self, header: dict[str, Any], payload: bytes | bytearray | memoryview) -> dict[str, Any]:
-        """Authenticate and decrypt one chunk straight into the buffer window, or raise (counted)."""
+        """Authenticate and decrypt one chunk into the buffer window and return its ACK header once it is in
+        device memory, or raise (counted). The synchronous form of ``submit_chunk``."""
+        box: list[Any] = []
+        settled = threading.Event()
+
+        def reply(ack: dict[str, Any] | None, exc: BaseException | None) -> None:
+            box.append(ack if exc is None else exc)
+            settled.set()
+
+        self.submit_chunk(header, payload, reply)
+        settled.wait()
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]  # type: ignore[no-any-return]
+
+    def submit_chunk(self, header: dict[str, Any], payload: bytes | bytearray | memoryview,
+                     reply: Callable[[dict[str, Any] | None, BaseException | None], None]) -> None:
+        """Check one chunk against the open window, then open it into the buffer. ``reply(ack, None)`` is
+        called once the chunk is in device memory, ``reply(None, error)`` if it is refused (counted), exactly
+        once either way, maybe on another thread. Returns once ``payload`` is no longer read."""
         try:
-            return self._accept_chunk(header, payload)
+            w, epoch, seq, offset, length, key = self._admit(header, payload)
         except ProtocolError as exc:
             self.count_rejection(exc.code, header.get("e") if isinstance(header, dict) else None)
-            raise
+            reply(None, exc)
+            return
+        tag = bytes(payload[-TAG_LEN:])
+
+        def done(exc: BaseException | None) -> None:
+            ack: dict[str, Any] | None = None
+            with self.lock:
+                w.inflight.discard(seq)
+                if exc is None:
+                    try:
+                        w.recv.window.accept(seq)
+                    except ProtocolError as late:  # the window moved past it while it was being opened
+                        exc = late
+                    else:
+                        w.accepted.add(seq)
+                        w.tags.add(tag)
+                        w.bytes_in += length
+                        self.counters["chunks"] += 1
+                        self.counters["bytes_in"] += length
+                        ack = {"s": seq, "e": epoch, "contiguous": w.contiguous()}
+                self._settled.notify_all()
+            if exc is None:
+                reply(ack, None)
+                return
+            if not isinstance(exc, ProtocolError):
+                exc = DeviceError(f"opening chunk {seq} failed: {type(exc).__name__}: {exc}")
+            else:
+                self.count_rejection(exc.code, epoch)
+            reply(None, exc)
+
+        if self.opener.kind == "gpu" and key is not None:  # ciphertext to the device as it is, opened there
+            try:
+                self.opener.open(w.recv, key, payload, seq=seq, offset=offset, length=length)
+            except BaseException as exc:  # noqa: BLE001 - reported through done, exactly once
+                done(exc)
+            else:
+                done(None)
+            return
+        # The AEAD step runs outside the lock (it releases the GIL): chunks authenticate in parallel.
+        self.plane.open(w.recv, payload, seq=seq, offset=offset, length=length, chunk_size=w.chunk_size, done=done)
 
     def count_refused(self, code: str) -> None:
         """A connection refused before it authenticated (a garbage first frame, a stall past the hand-shake
@@ -472,7 +552,9 @@ class DeviceService:
             self._epoch_gen.pop(epoch, None)  # re-inserted: the dict stays in change order
             self._epoch_gen[epoch] = self.rejection_gen
 
-    def _accept_chunk(self, header: dict[str, Any], payload: bytes | bytearray | memoryview) -> dict[str, Any]:
+    def _admit(self, header: dict[str, Any], payload: bytes | bytearray | memoryview
+               ) -> tuple[ProvisionWindow, int, int, int, int, DirectionKey | None]:
+        """Every check before decryption; reserves the sequence number (``inflight``) on success."""
         fields: list[int] = []
         for name in ("e", "s", "o", "n"):
             value = header.get(name) if isinstance(header, dict) else None
@@ -501,75 +583,67 @@ class DeviceService:
                 raise ReplayError(f"sequence {seq} is already being authenticated")
             w.recv.precheck(seq=seq, epoch=epoch)
             w.inflight.add(seq)  # reserved: a duplicate cannot race this one into the same bytes
-        try:
-            # The AEAD step runs outside the lock (it releases the GIL): chunks authenticate in parallel.
-            if self._host_view is not None:
-                w.recv.decrypt_into(payload, self._host_view[offset: offset + length], seq=seq,
-                                    frame_type=FrameType.CHUNK, offset=offset, length=length)
-            else:
-                self._decrypt_to_cuda(w, payload, seq, offset, length)
-        except BaseException:
-            with self.lock:
-                w.inflight.discard(seq)
-            raise
+            key = w.key  # taken with the window live (burying it drops the key)
+        return w, epoch, seq, offset, length, key
+
+    #: rings one epoch may have (an honest agent asks for one per hand-off, again after a dropped link)
+    RINGS_PER_EPOCH = 4
+
+    def open_ring(self, spec: RingSpec, current: ShmRing | None = None) -> tuple[ShmRing, bool]:
+        """The shared-memory ring of the open window's holder (same host), bound to its epoch: ``current``
+        (the ring of the holder's connection) when it has the asked shape, else a new one. Slots fit one
+        chunk and its tag each. Refused (named) for any epoch but the open window's. Returns the ring and
+        whether it is new (its descriptor must be sent)."""
         with self.lock:
-            w.inflight.discard(seq)
-            w.recv.window.accept(seq)
-            w.accepted.add(seq)
-            w.tags.add(bytes(payload[-TAG_LEN:]))
-            w.bytes_in += length
-            self.counters["chunks"] += 1
-            self.counters["bytes_in"] += length
-            return {"s": seq, "e": epoch, "contiguous": w.contiguous()}
-
-    def _decrypt_to_cuda(self, w: ProvisionWindow, payload: Any, seq: int, offset: int, length: int) -> None:
-        """Decrypt into this thread's pinned staging buffer, then copy into device memory on this
-        thread's CUDA stream (the copy overlaps the other workers' decryption)."""
-        local = self._cuda_local
-        stage = getattr(local, "stage", None)
-        if stage is None or stage.numel() < w.chunk_size:
-            local.stage = stage = torch.empty(w.chunk_size, dtype=torch.uint8, pin_memory=True)
-            local.stream = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
-            with self.lock:
-                self._stages.append(stage)  # scrubbed with the buffer
-        view = stage[:length]
-        w.recv.decrypt_into(payload, view.numpy(), seq=seq, frame_type=FrameType.CHUNK, offset=offset, length=length)
-        with torch.cuda.stream(local.stream):
-            self.buffer.tensor[offset: offset + length].copy_(view, non_blocking=True)
-        local.stream.synchronize()
-
-    #: Below this many cores, overlap and parallel authentication are off by default: measured on the 2-core
-    #: build machines they made provisioning slower (the holder's agent and the device already keep both
-    #: cores busy, so a second decrypt thread only adds hand-offs between threads).
-    AUTO_MIN_CORES = 4
+            w = self.window
+            if w is None or spec.epoch != w.epoch:
+                raise StaleEpochError(f"ring for epoch {spec.epoch}: no window is open for it"
+                                      + (" (its key is dead)" if spec.epoch in self.dead_epochs else ""))
+            if spec.slot_bytes != w.chunk_size + TAG_LEN:
+                raise FrameError(f"ring slots of {spec.slot_bytes} bytes: this window's chunks need "
+                                 f"{w.chunk_size + TAG_LEN}")
+            if self.plane.rings_of(spec.epoch) >= self.RINGS_PER_EPOCH:
+                raise FrameError(f"epoch {spec.epoch} already has {self.RINGS_PER_EPOCH} rings")
+            new = current is None or current.closed or not current.same_shape(spec)
+            ring = ShmRing.create(spec) if new else current
+            assert ring is not None
+            self.plane.bind_ring(ring, spec.epoch)
+        self.counters["rings_bound"] += 1
+        if new:
+            self.counters["rings_made"] += 1
+        return ring, new
 
     def op_set_data_path(self, *, parallel_auth: bool | None = None, overlap: bool | None = None, workers: int = 0,
                          payload: bytes) -> Reply:
         """Switch the provisioning optimisations (for ablation): decryption on a worker pool, and
-        decryption overlapped with receiving. ``None`` chooses by the cores this device has."""
+        decryption overlapped with receiving. ``None`` chooses by the cores this device has
+        (``dataplane.default_workers``: measured, not ``cores - 1``)."""
         cores = os.cpu_count() or 2
-        auto = cores >= self.AUTO_MIN_CORES
+        auto_n = default_workers(cores)
+        auto = auto_n > 0
         reason = "set explicitly"
         if parallel_auth is None or overlap is None:
-            reason = (f"auto: {cores} cores" + ("" if auto else f" (< {self.AUTO_MIN_CORES}: measured slower here, "
-                                                                 "so off)"))
+            reason = (f"auto: {cores} cores" + (f", {auto_n} decrypt workers" if auto else
+                                                f" (< {AUTO_MIN_CORES}: measured slower here, so off)"))
         par = auto if parallel_auth is None else bool(parallel_auth)
         ovl = auto if overlap is None else bool(overlap)
-        free = max(1, cores - 1)
-        n = workers or (free if par else 1)
+        n = workers or ((auto_n or 2) if par else 1)
         config = DataPathConfig(parallel_auth=par, overlap=ovl or par, workers=n if (par or ovl) else 0, reason=reason)
         self.data_opts = config.to_wire()
+        self.plane.configure(workers=config.workers)
         return Reply(config.to_wire())
 
 
 def load_service(state_dir: Path, *, buffer_bytes: int, device: str | None = None, cc_mode: str = "on",
-                 allow_fault_injection: bool = False) -> DeviceService:
+                 allow_fault_injection: bool = False, staged: bool | None = None,
+                 cipher_engine: str = "auto") -> DeviceService:
     """Provision (or load) the emulated identity under ``state_dir`` and build the service."""
     from gputravel.core.attestation import provision_emulated
 
     _, identity = provision_emulated(state_dir)
     return DeviceService(identity=identity, buffer_bytes=buffer_bytes, device=device, cc_mode=CCMode(cc_mode),
-                         allow_fault_injection=allow_fault_injection)
+                         allow_fault_injection=allow_fault_injection, staged=staged,
+                         cipher_engine=cipher_engine)
 
 
 __all__ = ["DeviceService", "Handler", "ProvisionWindow", "Reply", "load_service"]

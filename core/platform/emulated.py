@@ -28,7 +28,7 @@ class EmulatedPlatform:
 
     def __init__(self, state_dir: Path, *, device: str | None = None, cc_mode: str = "on",
                  policy: Policy | None = None, allow_fault_injection: bool = False, torch_threads: int = 0,
-                 data_host: str = "127.0.0.1") -> None:
+                 data_host: str = "127.0.0.1", cipher_engine: str = "auto") -> None:
         self.state_dir = Path(state_dir)
         self.device = device
         self.cc_mode = cc_mode
@@ -36,6 +36,7 @@ class EmulatedPlatform:
         self.allow_fault_injection = allow_fault_injection
         self.torch_threads = torch_threads
         self.data_host = data_host
+        self.cipher_engine = cipher_engine
 
     def anchors(self) -> TrustAnchors:
         ca, _ = provision_emulated(self.state_dir)
@@ -55,6 +56,8 @@ class EmulatedPlatform:
             cmd += ["--threads", str(self.torch_threads)]
         if self.allow_fault_injection:
             cmd.append("--allow-fault-injection")
+        if self.cipher_engine != "auto":
+            cmd += ["--cipher-engine", self.cipher_engine]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                 preexec_fn=die_with_parent)
         assert proc.stdout is not None

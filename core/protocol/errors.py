@@ -1,12 +1,13 @@
 """The error tree. Every failure crossing a boundary is one of these, with a code and a reason.
 
 ``GpuTravelError`` is the root. Protocol errors live here (the holder agent imports them);
-the engine-level ones (attestation, integrity, agents, data, recordings, collectives) are defined
-here too so there is exactly one tree in one file, and re-exported from ``gputravel.core.errors``.
+the engine-level ones (attestation, integrity, agents, data, recordings, the visit state machine,
+collectives) are defined here too so there is exactly one tree in one file, and re-exported from
+``gputravel.core.errors``.
 
 Every class has a stable ``code`` (its key in ``ERRORS_BY_CODE``, and what crosses the wire) and an
 ``exit_code``: the CLI exits with it, and README's exit-code table names every class under its code
-(``tests/test_errors.py`` checks both).
+(``tests/test_cli_errors.py`` checks both).
 """
 
 from __future__ import annotations
@@ -155,6 +156,13 @@ class LedgerError(GpuTravelError):
     exit_code = 8
 
 
+class TransitionError(GpuTravelError):
+    """The engine asked its visit state machine for an illegal phase transition: a bug in gputravel, not bad input."""
+
+    code = "transition"
+    exit_code = 11
+
+
 class CancelledRunError(GpuTravelError):
     """The operator cancelled the run."""
 
@@ -197,8 +205,8 @@ ERRORS_BY_CODE: dict[str, type[GpuTravelError]] = {
     for cls in (
         GpuTravelError, ProtocolError, FrameError, TagError, ReplayError, StaleEpochError,
         WindowError, NonceExhaustedError, AttestationError, IntegrityError, AgentError, LinkLostError,
-        DeviceError, DataError, ConfigError, InsecureKeyError, RecordingError, LedgerError, CancelledRunError,
-        CollectiveAbortedError, CollectiveError, WorkerError,
+        DeviceError, DataError, ConfigError, InsecureKeyError, RecordingError, LedgerError, TransitionError,
+        CancelledRunError, CollectiveAbortedError, CollectiveError, WorkerError,
     )
 }
 
@@ -213,5 +221,6 @@ __all__ = [
     "ERRORS_BY_CODE", "AgentError", "AttestationError", "CancelledRunError", "CollectiveAbortedError",
     "CollectiveError", "ConfigError", "DataError", "DeviceError", "FrameError", "GpuTravelError",
     "InsecureKeyError", "IntegrityError", "LedgerError", "LinkLostError", "NonceExhaustedError", "ProtocolError",
-    "RecordingError", "ReplayError", "StaleEpochError", "TagError", "WindowError", "WorkerError", "error_from_code",
+    "RecordingError", "ReplayError", "StaleEpochError", "TagError", "TransitionError", "WindowError", "WorkerError",
+    "error_from_code",
 ]

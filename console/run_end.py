@@ -1,0 +1,80 @@
+"""How a run ended, always: the engine's final event, or one the console writes for it.
+
+The engine ends every run it can with ``RunCompleted`` or ``RunFailed``. Where it cannot (an exception that is
+not a :class:`GpuTravelError`, the worker cancelled, the engine never built), the console's run worker and
+``gputravel run`` write the ``RunFailed`` themselves, so neither the screen nor a recording is left saying
+"running" about a run that is over. A recording's meta gets ``status`` and ``error`` at the end either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from gputravel.core import events as ev
+from gputravel.core.errors import GpuTravelError
+
+if TYPE_CHECKING:
+    from gputravel.core.recording import Recorder
+
+__all__ = ["TERMINAL_EVENTS", "RunEnding", "ending_code", "final_status"]
+
+#: The events after which a run is over.
+TERMINAL_EVENTS = ("RunCompleted", "RunFailed")
+
+
+def ending_code(error: BaseException) -> str:
+    """The ``code`` a ``RunFailed`` carries for ``error``."""
+    if isinstance(error, GpuTravelError):
+        return error.code
+    if isinstance(error, asyncio.CancelledError | KeyboardInterrupt):
+        return "cancelled"
+    return "internal"
+
+
+def final_status(event: ev.Event) -> str:
+    """``completed``, ``partial`` (some visits failed), ``failed`` or ``cancelled``."""
+    if isinstance(event, ev.RunCompleted):
+        return "partial" if event.failed else "completed"
+    if isinstance(event, ev.RunFailed):
+        return "cancelled" if event.code == "cancelled" else "failed"
+    return "running"
+
+
+class RunEnding:
+    """An engine sink that watches for the run's final event; :meth:`finish` supplies one if it never came."""
+
+    def __init__(self) -> None:
+        self.run_id: str | None = None
+        self.final: ev.Event | None = None
+
+    def __call__(self, event: ev.Event) -> None:
+        if isinstance(event, ev.RunStarted | ev.RunCompleted | ev.RunFailed):
+            self.run_id = event.run_id
+        if event.kind in TERMINAL_EVENTS:
+            self.final = event
+
+    @property
+    def ended(self) -> bool:
+        return self.final is not None
+
+    def finish(self, error: BaseException | None, *, recorder: Recorder | None = None) -> ev.Event | None:
+        """After the run: the ``RunFailed`` written on the engine's behalf (None when the engine wrote its
+        own final event, or the run ended without error and without one), recorded if there is a recorder;
+        the recorder's meta then says how the run ended."""
+        made: ev.Event | None = None
+        if self.final is None and error is not None:
+            text = str(error) or type(error).__name__
+            if ending_code(error) == "internal":
+                text = f"{type(error).__name__}: {text}"
+            made = ev.RunFailed(time.time(), self.run_id or "-", text, ending_code(error))
+            self(made)
+            if recorder is not None:
+                recorder.record_event(made)
+        if recorder is not None and self.final is not None:
+            meta: dict[str, Any] = {"status": final_status(self.final), "ended_at": self.final.t}
+            if isinstance(self.final, ev.RunFailed):
+                meta["error"] = self.final.error
+            recorder.set_meta(meta)
+        return made

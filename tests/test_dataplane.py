@@ -1,0 +1,228 @@
+"""The device's data plane (``core/device/dataplane.py``) and the agent's long-lived resources.
+
+- The staged path (what CUDA runs: open into a ring of staging slots, copy, a completion step that acks
+  only once the bytes are in device memory) runs here on the CPU with the same code (``staged=True``),
+  with a real in-process device service, real AES-GCM and a real authenticated session.
+- ``@pytest.mark.gpu``: the same on a CUDA device (pinned slots, one copy stream, events); skipped
+  without CUDA.
+- A real holder agent, driven frame by frame over pipes against the real device service process: one
+  data connection, one ring and one set of send slots for all its hand-offs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gputravel.agents.holder import Agent, open_dataset
+from gputravel.core.attestation import provision_emulated
+from gputravel.core.device.client import DeviceClient
+from gputravel.core.device.service import DeviceService
+from gputravel.core.handshake import Initiator
+from gputravel.core.platform.emulated import EmulatedPlatform
+from gputravel.core.protocol import TAG_LEN, DirectionKey, FrameType, SendState, read_frame, write_frame
+from gputravel.core.protocol.errors import TagError
+from gputravel.core.protocol.shmring import ring_supported
+
+CHUNK = 4096
+
+
+def service(tmp_path: Path, *, device: str = "cpu", staged: bool | None = True) -> DeviceService:
+    _, identity = provision_emulated(tmp_path / "state")
+    svc = DeviceService(identity=identity, buffer_bytes=64 * 1024, device=device, staged=staged)
+    init = Initiator(context=b"dataplane-test")
+    svc.open_session(initiator_public=init.public_bytes(), context=b"dataplane-test")
+    return svc
+
+
+def handoff(svc: DeviceService, epoch: int, length: int) -> SendState:
+    head = svc.op_handoff(epoch=epoch, offset=0, length=length, chunk_size=CHUNK, payload=b"").header
+    key = DirectionKey.from_wire(head["provisioning_key"])
+    return SendState(key, session_id=bytes.fromhex(head["session_id"]))
+
+
+def seal(sender: SendState, data: bytes, seq: int) -> tuple[dict[str, Any], bytes]:
+    off = seq * CHUNK
+    n = min(CHUNK, len(data) - off)
+    out = bytearray(n + TAG_LEN)
+    assert sender.seal_into(data[off: off + n], out, frame_type=FrameType.CHUNK, offset=off, length=n) == seq
+    return {"e": sender.epoch, "s": seq, "o": off, "n": n}, bytes(out)
+
+
+def provision_staged(svc: DeviceService, epoch: int, data: bytes) -> list[bool]:
+    """Submit every chunk at once; returns, per ack, whether the chunk's bytes were already in device
+    memory when it was acknowledged."""
+    sender = handoff(svc, epoch, len(data))
+    in_memory: list[bool] = []
+    acked = threading.Semaphore(0)
+
+    def reply_for(off: int, n: int) -> Any:
+        def reply(ack: dict[str, Any] | None, exc: BaseException | None) -> None:
+            assert exc is None and ack is not None, exc
+            in_memory.append(bytes(svc.buffer.tensor[off: off + n].cpu().numpy()) == data[off: off + n])
+            acked.release()
+        return reply
+
+    n_chunks = -(-len(data) // CHUNK)
+    for seq in range(n_chunks):
+        head, ct = seal(sender, data, seq)
+        svc.submit_chunk(head, ct, reply_for(head["o"], head["n"]))
+    closed = svc.op_close_window(epoch=epoch, payload=b"").header  # waits for the copies
+    assert closed["complete"] is True and closed["bytes"] == len(data)
+    for _ in range(n_chunks):
+        assert acked.acquire(timeout=10)
+    return in_memory
+
+
+def test_the_staged_path_acks_only_once_a_chunk_is_in_device_memory_and_allocates_once(tmp_path: Path) -> None:
+    svc = service(tmp_path)
+    svc.op_set_data_path(parallel_auth=True, overlap=True, workers=2, payload=b"")
+    data = os.urandom(10 * CHUNK + 123)
+    for epoch in (1, 2, 3):
+        assert all(provision_staged(svc, epoch, data))
+        assert bytes(svc.buffer.tensor[: len(data)].numpy()) == data
+        svc.op_scrub(payload=b"")
+    counters = svc.counters
+    assert counters["alloc_staging"] == 1 and counters["alloc_pool"] == 1  # once per service, not per hand-off
+    assert counters["h2d_ns"] > 0 and counters["open_ns"] > 0 and counters["chunks"] == 33
+    staging = svc.plane._staging
+    assert staging is not None and all(not s.any() for s in staging.slots)  # scrubbed: no plaintext left
+
+
+def test_a_tampered_chunk_on_the_staged_path_frees_its_slot_and_leaves_memory_untouched(tmp_path: Path) -> None:
+    svc = service(tmp_path)
+    data = os.urandom(2 * CHUNK)
+    sender = handoff(svc, 1, len(data))
+    head, ct = seal(sender, data, 0)
+    bad = bytearray(ct)
+    bad[10] ^= 1
+    with pytest.raises(TagError):
+        svc.accept_chunk(head, bytes(bad))
+    assert svc.rejected["tag"] == 1 and not svc.buffer.tensor.any()
+    staging = svc.plane._staging
+    assert staging is not None and all(not s.any() for s in staging.slots)  # the bad tag zeroed its slot
+    # every slot is free again: as many chunks as slots go through without waiting
+    for seq in (0, 1):
+        assert svc.accept_chunk(*seal(SendState(sender_key(svc, 1), session_id=sender.session_id, start=seq),
+                                      data, seq))["s"] == seq
+    assert bytes(svc.buffer.tensor[: len(data)].numpy()) == data
+
+
+def sender_key(svc: DeviceService, epoch: int) -> DirectionKey:
+    w = svc.window
+    assert w is not None and w.epoch == epoch
+    from gputravel.core.protocol import Direction, provisioning_key
+
+    s = svc.secrets
+    assert s is not None
+    return provisioning_key(s.master, s.session_id, epoch=epoch, offset=w.offset, length=w.length,
+                            direction=Direction.HOLDER_TO_DEVICE)
+
+
+@pytest.mark.gpu
+def test_cuda_provisioning_goes_through_pinned_slots_one_copy_stream_and_events(tmp_path: Path) -> None:
+    svc = service(tmp_path, device="cuda", staged=None)
+    assert svc.plane.staged
+    data = os.urandom(12 * CHUNK + 7)
+    for epoch in (1, 2):
+        assert all(provision_staged(svc, epoch, data))
+        assert bytes(svc.buffer.tensor[: len(data)].cpu().numpy()) == data
+        svc.op_scrub(payload=b"")
+    staging = svc.plane._staging
+    assert staging is not None and all(s.is_pinned() for s in staging.slots)
+    assert svc.counters["alloc_staging"] == 1 and svc.counters["h2d_ns"] > 0
+
+
+# --- a real agent, its hand-offs driven over pipes -----------------------------------------------
+@pytest.fixture(scope="module")
+def device(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, DeviceClient]]:
+    handle = EmulatedPlatform(tmp_path_factory.mktemp("dp-state"), allow_fault_injection=True).start(
+        buffer_bytes=1 << 20)
+    client = DeviceClient(handle.socket_path, anchors=handle.anchors, timeout=30.0)
+    client.connect()
+    try:
+        yield handle, client
+    finally:
+        try:
+            client.call("shutdown")
+        finally:
+            client.close()
+            handle.stop()
+            shutil.rmtree(os.path.dirname(handle.socket_path), ignore_errors=True)
+
+
+class Driven:
+    """An in-process ``Agent`` on pipes; the test speaks the orchestrator's side."""
+
+    def __init__(self, data: Path) -> None:
+        self.ds = open_dataset(data, val_fraction=0.1)
+        r_in, w_in = os.pipe()
+        r_out, w_out = os.pipe()
+        self.agent = Agent("driven", self.ds, open(w_out, "wb"), open(r_in, "rb"))  # noqa: SIM115
+        self.to_agent, self.from_agent = open(w_in, "wb"), open(r_out, "rb")  # noqa: SIM115
+        self.thread = threading.Thread(target=self.agent.run, daemon=True)
+        self.thread.start()
+        hello = read_frame(self.from_agent)
+        assert hello is not None and hello.type is FrameType.HELLO
+
+    def handoff(self, header: dict[str, Any]) -> dict[str, Any]:
+        write_frame(self.to_agent, FrameType.HANDOFF, header)
+        self.to_agent.flush()
+        while True:
+            frame = read_frame(self.from_agent)
+            assert frame is not None
+            assert frame.type is not FrameType.ERROR, frame.header
+            if frame.type is FrameType.DONE:
+                return frame.header
+
+    def bye(self) -> None:
+        write_frame(self.to_agent, FrameType.BYE, {})
+        self.to_agent.flush()
+        self.thread.join(timeout=10)
+        assert not self.thread.is_alive()
+
+
+@pytest.mark.parametrize("ring", [True, False])
+def test_an_agent_keeps_one_connection_one_ring_and_one_set_of_slots_for_all_its_hand_offs(
+        device: tuple[Any, DeviceClient], tmp_path: Path, ring: bool) -> None:
+    if ring and not ring_supported():
+        pytest.skip("no memfd here")
+    handle, client = device
+    (tmp_path / "h").mkdir()
+    (tmp_path / "h" / "part.txt").write_bytes(os.urandom(300_000))
+    agent = Driven(tmp_path / "h")
+    length = 200_000
+    want = hashlib.sha256(agent.ds.train.read(0, length)).hexdigest()
+    made = client.stats().counters.get("rings_made", 0)
+    seen: set[tuple[int, int]] = set()
+    try:
+        for _ in range(3):
+            epoch = client.stats().epoch + 1
+            grant = client.handoff(epoch=epoch, offset=0, length=length, chunk_size=CHUNK * 4)
+            done = agent.handoff({"epoch": epoch, "session": grant.session_id, "key": grant.provisioning_key,
+                                  "window_offset": 0, "chunk_size": CHUNK * 4, "train": [0, length], "val": [0, 0],
+                                  "length": length,
+                                  "data_endpoint": {"path": handle.socket_path, **({} if ring else {"ring": False})}})
+            assert done["bytes"] == length and set(done["stages"]) == {"read_seal_s", "wait_s"}
+            closed = client.close_window(epoch=epoch)
+            assert closed.complete and closed.bytes == length
+            assert client.call("digest", offset=0, length=length)[0]["sha256"] == want
+            conn = agent.agent._data
+            assert conn is not None
+            seen.add((id(conn), id(conn.ring)))
+            client.scrub()
+        assert len(seen) == 1  # one data connection (and one ring) for every hand-off
+        counters = client.stats().counters
+        if ring:
+            assert counters["rings_made"] == made + 1
+        else:
+            assert agent.agent.slot_allocations == 1  # the send slots were allocated once
+    finally:
+        agent.bye()
