@@ -297,8 +297,8 @@ def test_resume_of_a_run_killed_in_its_first_seconds_starts_it(data: Path, tmp_p
 
 # --- 3. settings before anything; the JSON error; the final row ------------------------------------
 @pytest.mark.parametrize(("args", "words"), [
-    (["--break-before", "HANDOF"], "break-before 'HANDOF' is not a phase"),
-    (["--break-before", "NOPE"], "break-before 'NOPE' is not a phase"),
+    (["--break-before", "HANDOF"], "'HANDOF' is not one of"),  # a usage error (typer checks the choice)
+    (["--break-before", "NOPE"], "'NOPE' is not one of"),
     (["--lr", "nan"], "lr must be a finite number"),
     (["--lr", "inf"], "lr must be a finite number"),
     (["--lr", "1e9"], "lr must be in"),
@@ -313,7 +313,7 @@ def test_bad_settings_exit_2_before_any_run_folder_or_latest_link_exists(args: l
     (tmp_path / "runs" / "latest").symlink_to("run-earlier")
     proc = gputravel("run", "--data", str(data), "--holders", "2", *args, "--json", cwd=tmp_path)
     err = json_error(proc)
-    assert proc.returncode == 2 and err["type"] == "ConfigError" and words in err["message"], err
+    assert proc.returncode == 2 and err["type"] in ("ConfigError", "BadParameter") and words in err["message"], err
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["latest", "run-earlier"]
     assert os.readlink(tmp_path / "runs" / "latest") == "run-earlier"
 
@@ -554,3 +554,20 @@ def test_ledger_show_of_a_broken_ledger_names_the_break_and_exits_8(finished: Pa
     proc = gputravel("ledger", "show", str(out / "ledger.db"), "--json")
     assert proc.returncode == 8 and "ledger broken" in proc.stderr and "row 5" in proc.stderr
     assert len(json.loads(proc.stdout)) == len(rows(out))  # the rows are still there to read
+
+
+@pytest.mark.parametrize(("field", "value", "words"), [
+    ("breakpoints", ("HANDOF",), "break-before 'HANDOF' is not a phase"),
+    ("lr", float("nan"), "lr must be a finite number"),
+    ("buffer_mib", float("inf"), "buffer-mib must be a finite number"),
+    ("rounds", 10**20, "rounds must be in [1, 1,000,000]"),
+    ("holders", "3", "holders must be an integer"),
+    ("seed", 2**64, "seed must be in"),
+])
+def test_run_settings_refuse_what_no_caller_may_pass(field: str, value: Any, words: str) -> None:
+    """The console and the API build ``RunSettings`` too: the same checks, whoever calls."""
+    from gputravel.core.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        RunSettings(**{field: value})
+    assert words in info.value.reason
