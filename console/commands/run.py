@@ -15,6 +15,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -105,14 +106,14 @@ class RunView:
             self.console.print(f"  visit {event.visit + 1} [cyan]{event.holder}[/]: loss {event.losses[0]:.3f} → "
                                f"{last:.3f}{val}  ({event.tokens_per_s:,.0f} tok/s)")
         elif isinstance(event, ev.ChunkRejected):
-            self.console.print(f"  [yellow]chunk rejected[/] {event.holder} seq {event.seq}: {event.code} "
-                               f"({event.reason})")
+            self.console.print(f"  [yellow]chunk rejected[/] {escape(event.holder)} seq {event.seq}: {event.code} "
+                               f"({escape(event.reason)})")
         elif isinstance(event, ev.VisitCompleted):
             p.advance(self.run_task)
         elif isinstance(event, ev.VisitFailed):
             p.advance(self.run_task)
-            self.console.print(f"  [red]visit {event.visit + 1} {event.holder} failed[/] in {event.phase}: "
-                               f"{event.error}")
+            self.console.print(f"  [red]visit {event.visit + 1} {escape(event.holder)} failed[/] in {event.phase}: "
+                               f"{escape(event.error)}")
         elif isinstance(event, ev.RunPaused):
             self.console.print(f"[yellow]paused[/] ({event.reason}) before {event.next_phase}")
 

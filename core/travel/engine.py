@@ -317,7 +317,7 @@ class TravelEngine:
             ended = ("cancelled (interrupted)", CancelledRunError.code)
             raise
         except Exception as exc:  # a bug: still a final row, then the traceback
-            ended = (f"{type(exc).__name__}: {exc}", "error")
+            ended = (f"{type(exc).__name__}: {exc}", "internal")
             raise
         finally:
             await self._shutdown_links()
