@@ -49,9 +49,9 @@ def _program_factory(settings: RunSettings) -> Callable[..., dict[str, Any]]:
 
 def resume_settings(out_dir: Path, **overrides: Any) -> RunSettings:
     """The settings a run in ``out_dir`` started with (``--resume`` continues exactly that run)."""
-    from gputravel.core.runfolder import _read_settings
+    from gputravel.core.runfolder import read_settings
 
-    saved = _read_settings(Path(out_dir))
+    saved = read_settings(Path(out_dir))
     return RunSettings.from_dict(saved, out_dir=Path(out_dir), resume=True, **overrides)
 
 

@@ -34,6 +34,9 @@ from gputravel.core.config import RunSettings
 from gputravel.core.errors import ConfigError, GpuTravelError, IntegrityError, LedgerError
 from gputravel.core.ledger import canonical_json, read_rows, read_state, verify_ledger
 
+__all__ = ["RunFolderCheck", "read_settings", "saved_settings", "sealed_settings_digest", "settings_digest",
+           "verify_run_folder"]
+
 #: settings.json fields that are not part of what a run is (a resume may change them)
 UNSEALED_SETTINGS = frozenset({"resume", "fault", "out_dir"})
 
@@ -58,7 +61,7 @@ class RunFolderCheck:
 def verify_run_folder(out: Path) -> RunFolderCheck:
     """Check everything a resume of ``out`` builds on; raise the first failure (nothing is written)."""
     out = Path(out)
-    saved = _read_settings(out)
+    saved = read_settings(out)
     ledger = out / "ledger.db"
     ckpt_dir = out / "checkpoints"
     has_ckpts = ckpt_dir.is_dir() and any(p.name.endswith(".gtc") for p in ckpt_dir.iterdir())
@@ -105,7 +108,8 @@ def _check_sealed_head(ledger: Path, seq: int, sealed: dict[str, Any]) -> None:
                           f"{again.reason}")
 
 
-def _read_settings(out: Path) -> dict[str, Any]:
+def read_settings(out: Path) -> dict[str, Any]:
+    """``out/settings.json`` as a dict, or ``ConfigError`` saying what to do instead."""
     path = out / "settings.json"
     try:
         saved = json.loads(path.read_text())
