@@ -501,8 +501,21 @@ def console(
                                             rich_help_panel=VIEW_PANEL)] = 1.0,
     version: Annotated[bool, typer.Option("--version", callback=version_callback, is_eager=True,
                                           help="Print the version and exit.")] = False,
+    gpus: Annotated[int, typer.Option("--gpus", min=1, rich_help_panel=RUN_PANEL,
+                                      help="A fleet of N GPUs runs headless under torchrun; the console follows "
+                                           "GPU 0 (docs/fleet.md).")] = 1,
 ) -> None:
     """The operator console: watch the GPU travel, step the protocol, audit the ledger."""
+    if gpus > 1 and replay is None:
+        from gputravel.console.fleet_console import watch_fleet
+        from gputravel.core.config import RunSettings
+
+        watch_fleet(RunSettings(out_dir=resolve_out_dir(out, resume=False), holders=holders, rounds=rounds,
+                                steps_per_visit=steps_per_visit, buffer_mib=buffer_mib, chunk_kib=chunk_kib,
+                                data_dir=data, **holder_settings(holders_file=holders_file, transport=transport,
+                                                                 data_path=data_path, data_host=data_host)),
+                    gpus=gpus, make_app=make_app, theme=theme.value)
+        return
     fleets: list[Any] = []  # the holder fleet (e.g. the embedded SSH server) of the run built last
     breakpoints = parse_breakpoints(break_before)
 

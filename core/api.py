@@ -55,8 +55,13 @@ def resume_settings(out_dir: Path, **overrides: Any) -> RunSettings:
     return RunSettings.from_dict(saved, out_dir=Path(out_dir), resume=True, **overrides)
 
 
-def build_engine(settings: RunSettings, *, links: Iterable[HolderLink] | None = None) -> TravelEngine:
-    """Start the (emulated) device service and wire a run; the caller awaits ``engine.run()``."""
+def build_engine(settings: RunSettings, *, links: Iterable[HolderLink] | None = None,
+                 platform_type: Callable[..., EmulatedPlatform] = EmulatedPlatform,
+                 engine_type: Callable[..., TravelEngine] = TravelEngine, **engine_kw: Any) -> TravelEngine:
+    """Start the (emulated) device service and wire a run; the caller awaits ``engine.run()``.
+
+    ``platform_type`` and ``engine_type`` (with its extra ``engine_kw``) are where a fleet rank plugs in
+    its own device entry point and engine (``core/fleet``)."""
     from gputravel.core.runfolder import saved_settings, verify_run_folder
     from gputravel.core.training.checkpoint import CheckpointStore, load_or_create_key
 
@@ -73,14 +78,14 @@ def build_engine(settings: RunSettings, *, links: Iterable[HolderLink] | None = 
                  for name, path in resolve_holder_dirs(settings)]
     key = load_or_create_key(out / "keys" / "checkpoint.key")
     store = CheckpointStore(out / "checkpoints", key)
-    platform = EmulatedPlatform(out / "platform", device=settings.device, cc_mode=settings.cc_mode,
-                                allow_fault_injection=settings.allow_fault_injection,
-                                torch_threads=settings.torch_threads, data_host=settings.data_host,
-                                cipher_engine=settings.cipher_engine)
+    platform = platform_type(out / "platform", device=settings.device, cc_mode=settings.cc_mode,
+                             allow_fault_injection=settings.allow_fault_injection,
+                             torch_threads=settings.torch_threads, data_host=settings.data_host,
+                             cipher_engine=settings.cipher_engine)
     handle = platform.start(buffer_bytes=settings.buffer_bytes)
-    return TravelEngine(settings=settings, device=handle, links=list(links), out_dir=out, checkpoint_store=store,
-                        make_program=_program_factory(settings),
-                        restart_device=lambda: platform.start(buffer_bytes=settings.buffer_bytes))
+    return engine_type(settings=settings, device=handle, links=list(links), out_dir=out, checkpoint_store=store,
+                       make_program=_program_factory(settings),
+                       restart_device=lambda: platform.start(buffer_bytes=settings.buffer_bytes), **engine_kw)
 
 
 async def run(settings: RunSettings, *, sinks: Iterable[Callable[[Event], None]] = (),

@@ -41,7 +41,7 @@ from gputravel.core.protocol import (
     read_frame,
     write_frame,
 )
-from gputravel.core.protocol.errors import DataError, FrameError, GpuTravelError
+from gputravel.core.protocol.errors import AgentError, DataError, FrameError, GpuTravelError
 from gputravel.core.protocol.frames import frame_head
 from gputravel.core.protocol.shmring import (
     MAX_RING_BYTES,
@@ -209,19 +209,18 @@ def open_dataset(path: Path, *, val_fraction: float = 0.1) -> Dataset:
     return Dataset(fmt, train, held, len(segments))
 
 
-class SendFailed(GpuTravelError):
+class SendFailed(AgentError):
     """Writing a sealed chunk to its link failed (posted by the sender thread)."""
 
-    code = "agent"
+    def __init__(self, reason: str) -> None:
+        super().__init__("agent", reason)
 
 
-class DataLinkLost(GpuTravelError):
+class DataLinkLost(AgentError):
     """The data connection to the device dropped (posted by its reader; names the connection)."""
 
-    code = "agent"
-
     def __init__(self, reason: str, conn: _DataConn) -> None:
-        super().__init__(reason)
+        super().__init__("agent", reason)
         self.conn = conn
 
 

@@ -25,7 +25,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-BENCH_MODULES = ("provision", "travel", "allreduce", "ddp", "load", "soak", "gpu_aes")
+BENCH_MODULES = ("provision", "travel", "allreduce", "ddp", "load", "soak", "gpu_aes", "fleet")
 
 bench_app = typer.Typer(help="Benchmarks: JSON out, a rich table on screen, progress while running.",
                         no_args_is_help=True)

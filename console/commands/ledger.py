@@ -23,7 +23,8 @@ from gputravel.core.ledger import LedgerRow, parse_head, read_rows, verify_ledge
 
 ledger_app = typer.Typer(help="Verify and inspect the hash-chained audit ledger.", no_args_is_help=True)
 
-PathArg = Annotated[Path, typer.Argument(help="The ledger database (SQLite).", show_default=False)]
+PathArg = Annotated[Path, typer.Argument(help="The ledger database (SQLite); for verify also a fleet run's folder.",
+                                         show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
@@ -49,7 +50,12 @@ def verify(
         witnessed = witnessed_heads(witness) if witness is not None else []
     except LedgerError as exc:
         raise typer.BadParameter(str(exc), param_hint="--witness") from exc
-    result = verify_ledger(path, expect_head=expect, expect_heads=witnessed)
+    if path.is_dir() and (path / "fleet.json").exists():  # a fleet run: its ledger and every rank's
+        from gputravel.core.fleet.run import verify_fleet
+
+        result = verify_fleet(path)
+    else:
+        result = verify_ledger(path, expect_head=expect, expect_heads=witnessed)
     if as_json:
         typer.echo(json.dumps(asdict(result), indent=2))
     elif result.ok:

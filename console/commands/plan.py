@@ -82,6 +82,18 @@ def render(result: dict[str, Any], console: Console) -> None:
                       "fit mixes them.")
 
 
+def render_fleet(fleet: dict[str, Any], console: Console) -> None:
+    p, one = fleet["prediction"], fleet["one_gpu"]
+    console.print(f"[bold]fleet[/]: {p['gpus']} GPUs × {p['holders']} holders, {p['steps']} lock-step steps "
+                  f"({p['idle_slots']} idle slots): transfer {_secs(p['tx_s'])}, training {_secs(p['train_s'])}, "
+                  f"{fleet['variant']} all-reduce {_secs(p['allreduce_s'])} ({_pct(p['allreduce_pct'])}); "
+                  f"total {_secs(p['total_s'])} vs {_secs(one['total_s'])} on one GPU "
+                  f"({one['total_s'] / p['total_s']:.2f}x)" if p["total_s"] else "")
+    t = fleet["allreduce"]
+    console.print(f"all-reduce fit: {t['coef'][0] * 1e3:.2f} ms/step + {t['coef'][1] * 1e3:.2f} ms per ring step "
+                  f"over {t['n']} run(s), held-out error {_err(t['loo_error'])}")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("plan")
     def plan_cmd(
@@ -98,6 +110,12 @@ def register(app: typer.Typer) -> None:
         rounds: int = typer.Option(1, "--rounds"),
         recalibrate: bool = typer.Option(False, "--recalibrate", help="Measure a fresh calibration (no --from)."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
+        gpus: int = typer.Option(1, "--gpus", min=1, help="A fleet of N GPUs (docs/fleet.md): needs a 'bench fleet "
+                                 "--json' output among --from for the all-reduce."),
+        fleet_allreduce: str = typer.Option("secure_pipelined", "--fleet-allreduce",
+                                            help="The fleet's all-reduce to predict (its measured rows)."),
+        steps_per_visit: int = typer.Option(20, "--steps-per-visit", min=1,
+                                            help="A fleet's optimizer steps per lock-step step."),
     ) -> None:
         """Predict per-visit and whole-run transfer and training time for both data paths."""
         console = Console(stderr=True)
@@ -119,10 +137,13 @@ def register(app: typer.Typer) -> None:
             with travel_progress(console) as progress:
                 result = plan(sizes, buffer_mib=buffer_mib, from_files=from_files, gbps=gbps,
                               steps_per_mib=steps_per_mib, rounds=rounds, recalibrate=recalibrate, run=fleet.run,
-                              say=console.print, on_progress=progress)
+                              say=console.print, on_progress=progress, gpus=gpus,
+                              fleet_variant=fleet_allreduce, steps_per_visit=steps_per_visit)
         except ConfigError as exc:
             raise typer.BadParameter(exc.reason) from None
         if as_json:
             sys.stdout.write(json.dumps(result, indent=2) + "\n")
             return
         render(result, Console())
+        if "fleet" in result:
+            render_fleet(result["fleet"], Console())

@@ -48,6 +48,8 @@ DATA_PATH_DEFAULT = DataPathChoice.DIRECT
 DATA_PATH_HELP = ("direct: agents send sealed chunks straight to the device's data port; channel (or ssh): "
                   "chunks ride the holder link (SSH channel); conventional: plaintext over SSH, re-encrypted by "
                   "the orchestrator for the GPU's bounce buffer (the baseline without Travelling).")
+GPUS_HELP = ("Travelling GPUs: N > 1 runs a fleet, N devices each a rank of one torchrun job, gradients "
+             "all-reduced over the secure ring (docs/fleet.md).")
 CIPHER_ENGINE_HELP = ("Who opens provisioning chunks: gpu (AES-GCM kernels open ciphertext inside device memory; "
                       "in numba's simulator on a CPU-only machine, slow), cpu (cryptography on a host core), auto "
                       "(gpu where the buffer is on CUDA and numba-cuda sees the device, else cpu).")
@@ -138,7 +140,8 @@ def render_report(console: Console, report: dict[str, Any]) -> None:
     table = Table(title="visits", show_lines=False, pad_edge=False, box=None, header_style="bold",
                   collapse_padding=True)
     multi_part = any(v["part"] != "1/1" for v in report["visits"])
-    cols = ["#", "holder"] + (["part"] if multi_part else []) + ["ep", "key fp", "MiB", "MB/s", "train s",
+    fleet = "device" in (report["visits"] or [{}])[0]  # a fleet's visits name their GPU
+    cols = ["#"] + (["gpu", "step"] if fleet else []) + ["holder"] + (["part"] if multi_part else []) + ["ep", "key fp", "MiB", "MB/s", "train s",
                                                                  "loss", "val", "i s", "outcome"]
     for col in cols:
         table.add_column(col, no_wrap=True,
@@ -146,7 +149,8 @@ def render_report(console: Console, report: dict[str, Any]) -> None:
     for v in report["visits"]:
         loss = f"{v['loss_first']:.2f}→{v['loss_last']:.2f}" if v["loss_first"] is not None else "-"
         outcome = v["outcome"] if v["outcome"] != "failed" else f"[red]failed[/] ({v['failed_phase']})"
-        row = [str(v["visit"] + 1), v["holder"]] + ([v["part"]] if multi_part else []) + [
+        row = [str(v["visit"] + 1)] + ([str(v["gpu"]), str(v["step"])] if fleet else []) + [v["holder"]] + (
+            [v["part"]] if multi_part else []) + [
             str(v["epoch"]), (v["key_fingerprint"] or "-")[:8], f"{v['bytes'] / 2**20:.2f}",
             f"{v['provision_mb_s']:.0f}", f"{v['train_s']:.2f}", loss,
             f"{v['val_loss']:.3f}" if v["val_loss"] is not None else "-",
@@ -201,6 +205,7 @@ def fresh_settings(out: Path | None, **options: Any) -> tuple[RunSettings, RunFo
 
 HOLDERS_PANEL, MODEL_PANEL, DATA_PANEL, FAULTS_PANEL, OUTPUT_PANEL = ("Holders", "Model and training", "Data path",
                                                                      "Control and faults", "Run folder and output")
+FLEET_PANEL = "Fleet (--gpus N, torchrun)"
 
 
 def parse_breakpoints(values: list[PhaseChoice] | list[str]) -> tuple[str, ...]:
@@ -269,22 +274,46 @@ def register(app: typer.Typer) -> None:
                                                  rich_help_panel=OUTPUT_PANEL),
         as_json: bool = typer.Option(False, "--json", help="Print the final report as JSON on stdout.",
                                      rich_help_panel=OUTPUT_PANEL),
+        gpus: int = typer.Option(1, "--gpus", min=1, help=GPUS_HELP, rich_help_panel=FLEET_PANEL),
+        fleet_variant: str = typer.Option("secure_pipelined", "--fleet-allreduce", rich_help_panel=FLEET_PANEL,
+                                          help="The fleet's gradient all-reduce: secure_pipelined, secure_naive, "
+                                          "ring (plaintext) or plain."),
+        nnodes: int = typer.Option(1, "--nnodes", min=1, rich_help_panel=FLEET_PANEL,
+                                   help="torchrun: hosts of the fleet (--gpus is the total)."),
+        rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", rich_help_panel=FLEET_PANEL,
+                                                 help="torchrun: HOST:PORT of the c10d rendezvous."),
+        rdzv_id: str | None = typer.Option(None, "--rdzv-id", rich_help_panel=FLEET_PANEL,
+                                           help="torchrun: the job's rendezvous id."),
+        max_restarts: int = typer.Option(0, "--max-restarts", min=0, rich_help_panel=FLEET_PANEL,
+                                         help="torchrun: elastic restarts of the fleet's ranks (they resume)."),
     ) -> None:
-        """Run collaborative training: the GPU travels holder to holder."""
+        """Run collaborative training: the GPU travels holder to holder (--gpus N: a fleet, docs/fleet.md)."""
+        options: dict[str, Any] = dict(
+            holders=holders, rounds=rounds, steps_per_visit=steps_per_visit, buffer_mib=buffer_mib, data_dir=data,
+            chunk_kib=chunk_kib, model=model.value, batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed,
+            device=device, cc_mode=cc_mode.value, breakpoints=parse_breakpoints(break_before),
+            visit_attempts=visit_attempts, fault=fault, cipher_engine=cipher_engine.value,
+            **holder_settings(holders_file=holders_file, transport=transport.value, data_path=data_path.value,
+                              data_host=data_host))
+        fleet = gpus > 1 or nnodes > 1
         if resume:
             from gputravel.core.api import resume_settings
 
             out = resolve_out_dir(out, resume=True)
-            settings = resume_settings(out, fault=fault)
+            if fleet or (out / "fleet.json").exists():
+                settings = RunSettings(out_dir=out, resume=True, **options)
+            else:
+                settings = resume_settings(out, fault=fault)
             folder = RunFolder(out)
         else:
-            settings, folder = fresh_settings(
-                out, holders=holders, rounds=rounds, steps_per_visit=steps_per_visit, buffer_mib=buffer_mib,
-                data_dir=data, chunk_kib=chunk_kib, model=model.value, batch_size=batch_size, seq_len=seq_len,
-                lr=lr, seed=seed, device=device, cc_mode=cc_mode.value, breakpoints=parse_breakpoints(break_before),
-                visit_attempts=visit_attempts, fault=fault, cipher_engine=cipher_engine.value,
-                **holder_settings(holders_file=holders_file, transport=transport.value,
-                                  data_path=data_path.value, data_host=data_host))
+            settings, folder = fresh_settings(out, **options)  # validated before anything is created
+        if fleet or (resume and (out / "fleet.json").exists()):
+            from gputravel.console.commands.run_fleet import run_fleet
+
+            folder.claim()
+            run_fleet(settings, gpus=gpus, variant=fleet_variant, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
+                      rdzv_id=rdzv_id, max_restarts=max_restarts, as_json=as_json)
+            return
         console = Console(stderr=True) if as_json else Console()
         view = RunView(console)
         ending = RunEnding()

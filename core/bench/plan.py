@@ -96,13 +96,23 @@ def load_samples(files: Sequence[Path]) -> list[planner.Sample]:
     return samples
 
 
+def _load_fleet_samples(files: Sequence[Path]) -> list[planner.FleetSample]:
+    out: list[planner.FleetSample] = []
+    for f in files:
+        out.extend(planner.fleet_samples_from_report(json.loads(Path(f).read_text()), source=f"{Path(f).name}:"))
+    return out
+
+
 def plan(holder_bytes: list[int], *, buffer_mib: float, from_files: Sequence[Path] = (), gbps: float | None = None,
          steps_per_mib: float | None = None, rounds: int = 1, recalibrate: bool = False, run: RunFn,
-         say: Callable[[str], None] = _quiet, on_progress: ProgressFn | None = None) -> dict[str, Any]:
+         say: Callable[[str], None] = _quiet, on_progress: ProgressFn | None = None, gpus: int = 1,
+         fleet_variant: str = "secure_pipelined", steps_per_visit: int = 20) -> dict[str, Any]:
     """Fit the model on ``from_files`` (or the calibration) and predict a run over ``holder_bytes``;
-    returns the JSON-able result (``command: plan``). ``run`` is only used to measure a calibration."""
-    if from_files:
-        samples = load_samples(from_files)
+    returns the JSON-able result (``command: plan``). ``run`` is only used to measure a calibration.
+    With ``gpus > 1`` it also predicts the fleet's wall time; the all-reduce term is fitted on the
+    ``bench fleet --json`` documents among ``from_files`` (the other terms come from the travel runs)."""
+    samples = load_samples(from_files) if from_files else []
+    if samples:
         source = ", ".join(str(f) for f in from_files)
     else:
         doc, source = load_calibration(recalibrate=recalibrate, run=run, say=say, on_progress=on_progress)
@@ -110,5 +120,16 @@ def plan(holder_bytes: list[int], *, buffer_mib: float, from_files: Sequence[Pat
     model = planner.fit_model(samples)
     prediction = planner.predict(model, holder_bytes, buffer_bytes=int(buffer_mib * planner.MIB),
                                  steps_per_mib=steps_per_mib, rounds=rounds, gbps=gbps)
-    return {"command": "plan", "holder_bytes": holder_bytes, "buffer_mib": buffer_mib, "source": source,
-            "prediction": prediction, "model": model.to_dict()}
+    result = {"command": "plan", "holder_bytes": holder_bytes, "buffer_mib": buffer_mib, "source": source,
+              "prediction": prediction, "model": model.to_dict()}
+    if gpus > 1:
+        allreduce = planner.fit_allreduce(_load_fleet_samples(from_files), variant=fleet_variant)
+        result["fleet"] = {
+            "prediction": planner.predict_fleet(model, allreduce, holder_bytes, gpus=gpus,
+                                                buffer_bytes=int(buffer_mib * planner.MIB),
+                                                steps_per_visit=steps_per_visit, rounds=rounds),
+            "one_gpu": planner.predict_fleet(model, allreduce, holder_bytes, gpus=1,
+                                             buffer_bytes=int(buffer_mib * planner.MIB),
+                                             steps_per_visit=steps_per_visit, rounds=rounds),
+            "allreduce": allreduce.to_dict(), "variant": fleet_variant}
+    return result

@@ -139,6 +139,22 @@ def _link_context(prefix: str, src: int, dst: int, world: int, nonce_src: bytes,
                world.to_bytes(4, "big"), nonce_src, nonce_dst)
 
 
+def _linger_until_all_aborted(store: Store, key: str, *, world: int, seconds: float = 10.0) -> None:
+    """Every rank that gives up on the handshake counts itself out, then waits (bounded) for the others:
+    rank 0 hosts the store, and leaving first would cut a neighbour off before it read who failed (it
+    would then see a broken pipe instead of the named ``AttestationError``)."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    try:
+        count = int(store.add(key, 1))
+        while count < world and time.monotonic() < deadline:
+            time.sleep(0.02)
+            count = int(store.add(key, 0))
+    except Exception:  # noqa: BLE001 - the store itself may be gone; the named error is raised either way
+        return
+
+
 def establish_ring_keys(
     store: Store,
     *,
@@ -195,10 +211,15 @@ def establish_ring_keys(
             if kind not in posted:
                 put(kind, _ERR + exc.reason.encode())
         put("done", _ERR + exc.reason.encode())
+        _linger_until_all_aborted(store, f"{prefix}/aborted", world=world)
         raise
     put("done", b"OK")
-    for who in range(world):
-        get("done", who)
+    try:
+        for who in range(world):
+            get("done", who)
+    except AttestationError:  # another rank failed its handshake: leave together
+        _linger_until_all_aborted(store, f"{prefix}/aborted", world=world)
+        raise
 
     group_master, group_sid = group[:32], group[32:]
 

@@ -17,16 +17,10 @@ import traceback
 from types import ModuleType
 from typing import Any, Literal
 
-from gputravel.core.protocol.errors import GpuTravelError
+from gputravel.core.protocol.errors import GpuCipherError
 
 Backend = Literal["cuda", "simulator"]
 ENV_FORCE = "GPUTRAVEL_GPU_CIPHER"
-
-
-class GpuCipherError(GpuTravelError):
-    """The GPU cipher could not run: toolkit missing, bad key or nonce, or a buffer it cannot use."""
-
-    code = "gpu-cipher"
 
 
 def cuda_device_present() -> bool:

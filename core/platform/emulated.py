@@ -28,7 +28,8 @@ class EmulatedPlatform:
 
     def __init__(self, state_dir: Path, *, device: str | None = None, cc_mode: str = "on",
                  policy: Policy | None = None, allow_fault_injection: bool = False, torch_threads: int = 0,
-                 data_host: str = "127.0.0.1", cipher_engine: str = "auto") -> None:
+                 data_host: str = "127.0.0.1", cipher_engine: str = "auto", module: str = "gputravel.core.device",
+                 extra_args: tuple[str, ...] = ()) -> None:
         self.state_dir = Path(state_dir)
         self.device = device
         self.cc_mode = cc_mode
@@ -37,6 +38,8 @@ class EmulatedPlatform:
         self.torch_threads = torch_threads
         self.data_host = data_host
         self.cipher_engine = cipher_engine
+        self.module = module  # the device service's entry point (a fleet member's adds its operations)
+        self.extra_args = extra_args  # and its own options (the fleet's device id)
 
     def anchors(self) -> TrustAnchors:
         ca, _ = provision_emulated(self.state_dir)
@@ -48,7 +51,7 @@ class EmulatedPlatform:
         sock_dir = tempfile.mkdtemp(prefix="gputravel-dev-")  # short path: AF_UNIX limits it to 108 bytes
         os.chmod(sock_dir, 0o700)
         sock = os.path.join(sock_dir, "device.sock")
-        cmd = [sys.executable, "-m", "gputravel.core.device", "--socket", sock, "--state-dir", str(self.state_dir),
+        cmd = [sys.executable, "-m", self.module, *self.extra_args, "--socket", sock, "--state-dir", str(self.state_dir),
                "--buffer-bytes", str(buffer_bytes), "--cc-mode", self.cc_mode, "--data-host", self.data_host]
         if self.device:
             cmd += ["--device", self.device]

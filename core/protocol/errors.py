@@ -122,6 +122,19 @@ class DeviceError(GpuTravelError):
     exit_code = 7
 
 
+class GpuCipherError(DeviceError):
+    """The GPU cipher could not run: toolkit missing, bad key or nonce, or a buffer it cannot use."""
+
+    code = "gpu-cipher"
+
+
+class FleetDeviceLostError(DeviceError):
+    """A fleet's device died: it cannot rejoin the formed device group, so every rank stops at the step's
+    agreement with its last sealed checkpoint; ``--resume`` (or torchrun's elastic restart) continues."""
+
+    code = "fleet-device-lost"
+
+
 class DataError(GpuTravelError):
     """A dataset is missing, empty or malformed."""
 
@@ -205,8 +218,8 @@ ERRORS_BY_CODE: dict[str, type[GpuTravelError]] = {
     for cls in (
         GpuTravelError, ProtocolError, FrameError, TagError, ReplayError, StaleEpochError,
         WindowError, NonceExhaustedError, AttestationError, IntegrityError, AgentError, LinkLostError,
-        DeviceError, DataError, ConfigError, InsecureKeyError, RecordingError, LedgerError, TransitionError,
-        CancelledRunError, CollectiveAbortedError, CollectiveError, WorkerError,
+        DeviceError, FleetDeviceLostError, GpuCipherError, DataError, ConfigError, InsecureKeyError, RecordingError, LedgerError,
+        TransitionError, CancelledRunError, CollectiveAbortedError, CollectiveError, WorkerError,
     )
 }
 
@@ -219,7 +232,7 @@ def error_from_code(code: str, reason: str) -> GpuTravelError:
 
 __all__ = [
     "ERRORS_BY_CODE", "AgentError", "AttestationError", "CancelledRunError", "CollectiveAbortedError",
-    "CollectiveError", "ConfigError", "DataError", "DeviceError", "FrameError", "GpuTravelError",
+    "CollectiveError", "ConfigError", "DataError", "DeviceError", "FleetDeviceLostError", "FrameError", "GpuCipherError", "GpuTravelError",
     "InsecureKeyError", "IntegrityError", "LedgerError", "LinkLostError", "NonceExhaustedError", "ProtocolError",
     "RecordingError", "ReplayError", "StaleEpochError", "TagError", "TransitionError", "WindowError", "WorkerError",
     "error_from_code",

@@ -1,0 +1,175 @@
+"""A fleet member's device service: the emulated confidential GPU, plus the fleet's three operations.
+
+``fleet_join`` makes the device a rank of the device group (see :mod:`gputravel.core.fleet.ddp`),
+``fleet_train`` runs one lock-step step on its buffer with the gradient all-reduced over the sealed ring,
+``fleet_leave`` leaves the group. Everything else is the plain :class:`DeviceService`. Run it with
+``python -m gputravel.core.fleet.device`` (the same options as ``python -m gputravel.core.device``, plus
+``--device-id``: every device of a fleet has its own identity under the fleet's vendor root).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from cryptography import x509
+
+from gputravel.core.attestation import CCMode, DeviceIdentity, provision_emulated
+from gputravel.core.collectives.ring import RingFault
+from gputravel.core.device.server import DeviceServer
+from gputravel.core.device.service import DeviceService, Reply
+from gputravel.core.errors import (
+    CollectiveAbortedError,
+    ConfigError,
+    DeviceError,
+    GpuTravelError,
+    TagError,
+    WindowError,
+)
+from gputravel.core.fleet.ddp import FleetRing
+
+__all__ = ["FLEET_OPS", "FleetDeviceService", "main"]
+
+#: the fleet's operations, by their wire names
+FLEET_OPS = ("fleet_join", "fleet_train", "fleet_leave")
+
+
+class FleetDeviceService(DeviceService):
+    """One emulated confidential GPU that can be a rank of a fleet's device group."""
+
+    def __init__(self, *, identity: DeviceIdentity, buffer_bytes: int, **kw: Any) -> None:
+        super().__init__(identity=identity, buffer_bytes=buffer_bytes, **kw)
+        self.ring: FleetRing | None = None
+
+    def handle(self, op: str, args: dict[str, Any], payload: bytes) -> Reply:
+        """The fleet's operations here, every other one through the service's operation table."""
+        if op not in FLEET_OPS:
+            return super().handle(op, args, payload)
+        fn = getattr(self, f"op_{op}")
+        t0 = time.perf_counter()
+        self._busy_since = t0
+        try:
+            head: dict[str, Any] = fn(payload=payload, **args)
+        except TypeError as exc:
+            raise DeviceError(f"bad arguments for {op}: {exc}") from None
+        finally:
+            self._busy_since = None
+            self.busy_s += time.perf_counter() - t0
+        return Reply(head)
+
+    def op_fleet_join(self, *, host: str, port: int, prefix: str, rank: int, world: int, variant: str,
+                      backend: str | None = None, timeout_s: float = 300.0, fault: str | None = None,
+                      payload: bytes) -> dict[str, Any]:
+        """Join the device group on the job's c10d store; ``payload``: the vendor's CRL (PEM) or empty.
+        The ring's neighbours are verified against the vendor root this device was provisioned with.
+        ``fault`` (fault injection, only where enabled): ``flip@R`` / ``replay@R``, device R tampers with
+        the first hop it sends in every all-reduce (``replay``: from the second on)."""
+        if self.ring is not None:
+            raise DeviceError("this device is already in a fleet")
+        ring_fault = None
+        if fault:
+            if not self.allow_fault_injection:
+                raise DeviceError("fault injection is disabled on this device")
+            kind, _, who = fault.partition("@")
+            if not who.isdigit():
+                raise ConfigError(f"ring fault {fault!r} is flip@RANK or replay@RANK")
+            ring_fault = RingFault(kind, rank=int(who))
+        crl = None
+        if payload:
+            try:
+                crl = x509.load_pem_x509_crl(bytes(payload))
+            except ValueError as exc:
+                raise ConfigError(f"fleet_join: the revocation list does not parse: {exc}") from None
+        backend = backend or ("nccl" if self.device.type == "cuda" else "gloo")
+        try:
+            self.ring = FleetRing(trainer=self._need_trainer(), host=host, port=int(port), prefix=prefix,
+                                  rank=int(rank), world=int(world), identity=self.identity,
+                                  root=self.identity.chain[-1], crl=crl, variant=variant, backend=backend,
+                                  timeout_s=float(timeout_s), fault=ring_fault)
+        except GpuTravelError:
+            raise
+        except (RuntimeError, ValueError, OSError) as exc:
+            raise DeviceError(f"fleet_join: {type(exc).__name__}: {exc}") from None
+        self.counters["fleet_joins"] += 1
+        return {"rank": int(rank), "world": int(world), "backend": backend, "device_id": self.identity.device_id,
+                **self.ring.peers()}
+
+    def op_fleet_train(self, *, train_off: int, train_len: int, val_off: int, val_len: int, fmt: str,
+                       weight: float, total_weight: float, steps: int, seed: int,
+                       payload: bytes) -> dict[str, Any]:
+        """One lock-step step (see :meth:`FleetRing.train_step`); with weight 0 the buffer is not read."""
+        if self.ring is None:
+            raise DeviceError("fleet_train: this device is in no fleet (fleet_join first)")
+        if self.window is not None:
+            raise DeviceError("cannot train while a provisioning window is open")
+        for off, n in ((train_off, train_len), (val_off, val_len)):
+            if off < 0 or n < 0 or off + n > self.buffer.nbytes:
+                raise WindowError(f"range [{off}, {off + n}) is outside the buffer")
+        self._model_changed()
+        try:
+            res = self.ring.train_step(self.buffer.tensor, train_off=train_off, train_len=train_len,
+                                       val_off=val_off, val_len=val_len, fmt=fmt, weight=float(weight),
+                                       total_weight=float(total_weight), steps=int(steps), seed=int(seed))
+        except GpuTravelError:
+            raise
+        except RuntimeError as exc:  # the hook's error, raised by DDP in backward (the replica is put back)
+            raise _ring_error(str(exc)) from None
+        finally:
+            self._model_changed()
+        self.counters["train_steps"] += len(res.losses)
+        return {**res.to_wire(), "model_digest": self.model_digest()}
+
+    def op_fleet_leave(self, *, payload: bytes) -> dict[str, Any]:
+        if self.ring is not None:
+            self.ring.close()
+            self.ring = None
+        return {"left": True}
+
+
+def _ring_error(text: str) -> GpuTravelError:
+    """The ring's typed error back from DDP's RuntimeError (a rejected hop, or the abort it caused elsewhere)."""
+    for cls in (TagError, CollectiveAbortedError):
+        found = re.search(rf"{cls.__name__}: (.*?)(?: to Tensor)?$", text.splitlines()[0] if text else "")
+        if found:
+            return cls(f"{found.group(1)} (replica restored)")
+    return DeviceError(f"fleet all-reduce failed, replica restored: {text}".splitlines()[0][:500])
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m gputravel.core.fleet.device",
+                                     description="Run one fleet member's emulated confidential GPU.")
+    parser.add_argument("--socket", required=True)
+    parser.add_argument("--state-dir", required=True, type=Path)
+    parser.add_argument("--device-id", required=True, help="this device's identity (emu-gpu-R)")
+    parser.add_argument("--buffer-bytes", type=int, required=True)
+    parser.add_argument("--device", default=None, help="torch device (default: cuda if present, else cpu)")
+    parser.add_argument("--cc-mode", default="on", choices=["on", "off", "devtools"])
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch default)")
+    parser.add_argument("--allow-fault-injection", action="store_true")
+    parser.add_argument("--data-host", default="127.0.0.1", help="address of the TCP data port ('' for none)")
+    parser.add_argument("--data-port", type=int, default=0)
+    parser.add_argument("--cipher-engine", default="auto", choices=["auto", "cpu", "gpu"],
+                        help="who opens provisioning chunks: cryptography on the CPU, or the GPU cipher")
+    ns = parser.parse_args(argv)
+    if ns.threads:
+        import torch
+
+        torch.set_num_threads(ns.threads)
+    try:
+        _, identity = provision_emulated(ns.state_dir, device_id=ns.device_id)
+        service = FleetDeviceService(identity=identity, buffer_bytes=ns.buffer_bytes, device=ns.device,
+                                     cc_mode=CCMode(ns.cc_mode), allow_fault_injection=ns.allow_fault_injection,
+                                     cipher_engine=ns.cipher_engine)
+    except GpuTravelError as exc:
+        print(f"ERROR {exc}", flush=True)
+        sys.exit(exc.exit_code)
+    DeviceServer(service, ns.socket, data_host=ns.data_host or None, data_port=ns.data_port).serve_forever()
+
+
+if __name__ == "__main__":
+    main()

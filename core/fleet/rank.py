@@ -1,0 +1,443 @@
+"""One torchrun rank of a fleet: a worker that drives its own device through its share of the schedule.
+
+The worker is an orchestrator-side process (see docs/fleet.md). :class:`FleetEngine` is the travel engine
+with a lock-step run loop: the visit walk, visit control, recovery, audit and report are the engine's; the
+fleet adds the agreement before TRAIN (every rank's weight), TRAIN as one weighted step of the device
+group's DDP replicas (:mod:`gputravel.core.fleet.ddp`), a checkpoint per step on every rank, and the
+replicas' digest check after every step. :class:`WorkerGroup` is the workers' own process group (gloo,
+torchrun's ``env://``), which carries nothing but that control.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+from datetime import timedelta
+from typing import Any
+
+from gputravel.core import events as ev
+from gputravel.core.collectives.ring import Variant
+from gputravel.core.errors import (
+    CollectiveError,
+    ConfigError,
+    DataError,
+    DeviceError,
+    FleetDeviceLostError,
+    GpuTravelError,
+    ProtocolError,
+)
+from gputravel.core.fleet.ddp import sample_seed
+from gputravel.core.fleet.schedule import FleetPlan, FleetStep, plan_fleet
+from gputravel.core.ledger import Ledger
+from gputravel.core.procs import release_free_memory
+from gputravel.core.travel.audit import Audit
+from gputravel.core.travel.engine import TravelEngine
+from gputravel.core.travel.recovery import Recovery
+from gputravel.core.travel.report import VisitRecord
+from gputravel.core.travel.schedule import VisitPlan, plan_digest
+
+__all__ = ["FleetEngine", "FleetOptions", "WorkerGroup"]
+
+#: the all-reduce variants a fleet may run (the DDP hook's)
+FLEET_VARIANTS = (Variant.SECURE_PIPELINED, Variant.SECURE_NAIVE, Variant.RING, Variant.PLAIN)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FleetOptions:
+    """What a fleet adds to a run's settings."""
+
+    gpus: int = 1
+    #: the gradient all-reduce: secure_pipelined (default), secure_naive, ring (plaintext) or plain
+    variant: str = Variant.SECURE_PIPELINED.value
+    #: the device group's backend; None: nccl where the devices are CUDA, else gloo
+    backend: str | None = None
+    #: seconds a rank waits for the others (agreements, the ring) before the job fails
+    timeout_s: float = 900.0
+    #: fault injection (tests, demos; needs allow_fault_injection): ``flip@R``/``replay@R`` on the ring's hops
+    ring_fault: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.gpus < 1:
+            raise ConfigError("--gpus must be >= 1")
+        if self.variant not in {v.value for v in FLEET_VARIANTS}:
+            raise ConfigError(f"fleet all-reduce variant {self.variant!r} is not one of "
+                              f"{', '.join(v.value for v in FLEET_VARIANTS)}")
+        if self.backend not in (None, "gloo", "nccl"):
+            raise ConfigError("the device group's backend is gloo or nccl")
+        if self.timeout_s <= 0:
+            raise ConfigError("the fleet timeout must be positive")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FleetOptions:
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ConfigError(f"unknown fleet options: {', '.join(sorted(unknown))}")
+        return cls(**data)
+
+
+class WorkerGroup:
+    """The workers' process group (torchrun's env://, gloo): agreements and reports, no data."""
+
+    def __init__(self, *, timeout_s: float = 900.0) -> None:
+        import torch.distributed as dist
+
+        self._dist = dist
+        for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+            if name not in os.environ:
+                raise ConfigError(f"a fleet rank runs under torchrun ({name} is not set)")
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.store_host = os.environ["MASTER_ADDR"]
+        self.store_port = int(os.environ["MASTER_PORT"])
+        if not dist.is_initialized():
+            # torchrun's store outlives an elastic restart: a prefix per restart, so no rank of the new attempt
+            # reads an address the old attempt published (measured: connection refused to a dead rank's port)
+            timeout = timedelta(seconds=timeout_s)
+            base = dist.TCPStore(self.store_host, self.store_port, is_master=False,  # type: ignore[attr-defined]
+                                 timeout=timeout)
+            store = dist.PrefixStore(f"gputravel/workers/{self.restart}", base)  # type: ignore[attr-defined]
+            dist.init_process_group("gloo", store=store, rank=int(os.environ["RANK"]),
+                                    world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's ``value``, by rank (blocking: call it off the event loop)."""
+        out: list[Any] = [None] * self.world
+        try:
+            self._dist.all_gather_object(out, value)
+        except RuntimeError as exc:
+            raise CollectiveError(f"the fleet's worker group failed: {str(exc).splitlines()[0]}") from None
+        return out
+
+    async def agree(self, value: Any) -> list[Any]:
+        return await asyncio.to_thread(self.gather, value)
+
+    def close(self) -> None:
+        if self._dist.is_initialized():
+            self._dist.destroy_process_group()
+
+
+class FleetAudit(Audit):
+    """The engine's audit, each row naming the device (and GPU rank) it is about."""
+
+    def __init__(self, ledger: Ledger, emit: Callable[[ev.Event], None], *, gpu: int) -> None:
+        super().__init__(ledger, emit)
+        self.gpu = gpu
+        self.device: str | None = None
+
+    def _tag(self, row: dict[str, Any]) -> dict[str, Any]:
+        return {**row, "detail": {**(row.get("detail") or {}), "device": self.device, "gpu": self.gpu}}
+
+    def record(self, event: ev.Event, kind: str, **row: Any) -> None:
+        super().record(event, kind, **self._tag(row))
+
+    def row(self, kind: str, **row: Any) -> None:
+        super().row(kind, **self._tag(row))
+
+
+class FleetRecovery(Recovery):
+    """The engine's recovery, with two fleet rules: a dead device is lost for good (it cannot rejoin a formed
+    device group), and a failure after the step's all-reduce never rolls the replica back on its own."""
+
+    engine: FleetEngine
+
+    async def recover_device(self, rec: VisitRecord, exc: GpuTravelError) -> None:
+        e = self.engine
+        phase = str(e.phase) if e.phase else "?"
+        rec.outcome, rec.error, rec.failed_phase = "failed", f"device died: {exc.reason}", phase
+        e.audit.record(ev.VisitFailed(time.time(), rec.plan.index, rec.plan.holder, rec.epoch, phase, rec.error,
+                                      "fleet-device-lost"),
+                       "device-lost", phase=phase, holder=rec.plan.holder, epoch=rec.epoch,
+                       outcome="fleet-device-lost", detail={"visit": rec.plan.index, "error": rec.error,
+                                                            "last_checkpoint": e.last_good_ckpt})
+        raise FleetDeviceLostError(f"GPU {e.group.rank} ({e.tagged.device}) died in {phase}: {exc.reason}")
+
+    async def fail_visit(self, rec: VisitRecord, exc: GpuTravelError, window_open: bool) -> None:
+        if not self.engine.step_trained:
+            await super().fail_visit(rec, exc, window_open)
+            return
+        losses, rec.losses = rec.losses, []  # the update is the fleet's: keep this replica as it is
+        try:
+            await super().fail_visit(rec, exc, window_open)
+        finally:
+            rec.losses = losses
+
+
+class FleetEngine(TravelEngine):
+    """One rank's travel engine: its device, its holders' links, its share of the lock-step schedule."""
+
+    def __init__(self, *, fleet: FleetOptions, group: WorkerGroup, **kw: Any) -> None:
+        make_program = kw.pop("make_program")
+        super().__init__(make_program=self._fleet_program(make_program), **kw)
+        if fleet.gpus != group.world:
+            raise ConfigError(f"--gpus {fleet.gpus} but torchrun started {group.world} ranks")
+        self.fleet = fleet
+        self.group = group
+        self.tagged = FleetAudit(self.ledger, self.emit, gpu=group.rank)  # every row names the device
+        self.audit = self.tagged
+        self.recovery = FleetRecovery(self)
+        self.fleet_plan = FleetPlan(fleet.gpus, ())
+        self.my_steps: list[tuple[FleetStep, VisitPlan | None]] = []
+        self.step_index = -1
+        self.step_trained = False  # this step's all-reduce is done (its update is the fleet's)
+        self._agreed: list[dict[str, Any]] | None = None
+        self.join_info: dict[str, Any] = {}
+        self.steps_log: list[dict[str, Any]] = []  # per step: weights, digests equal (from the agreements)
+        self.allreduce_calls = 0
+        self.allreduce_s = 0.0
+        self.train_s = 0.0
+        self.tokens = 0
+        self.start_step = 0
+
+    def _fleet_program(self, make: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+        """The training program, with the fleet's optimizer-step count (steps x steps per visit)."""
+        def program(*, fmt: str, total_steps: int) -> dict[str, Any]:
+            steps = len(plan_fleet(self.plans, gpus=self.fleet.gpus).steps) * self.settings.steps_per_visit
+            return make(fmt=fmt, total_steps=steps)
+
+        return program
+
+    # --- set-up --------------------------------------------------------------------------------------
+    async def setup(self) -> None:
+        await super().setup()
+        self.tagged.device = str(self.attestation.get("device_id"))
+        self.fleet_plan = plan_fleet(self.plans, gpus=self.fleet.gpus)
+        self.my_steps = self.fleet_plan.for_gpu(self.group.rank)
+        mine = {v.index for _, v in self.my_steps if v is not None}
+        everyone: list[VisitRecord] = self.records
+        self.records = [r for r in everyone if r.plan.index in mine]
+        await self._join()
+
+    async def _restore_or_initial(self) -> None:
+        """As the engine's, counted in fleet steps: checkpoint ``s`` is the replica after ``s`` steps, and a
+        resumed fleet continues from the step every rank completed."""
+        fleet_digest = plan_fleet(self.plans, gpus=self.fleet.gpus).digest()
+        digest = plan_digest(self.plans)
+        state = self.ledger.state_items()
+        resume = self.settings.resume and state.get("fleet_digest")
+        if resume and state["fleet_digest"] != fleet_digest:
+            raise DataError("--resume: the holders' data, the settings or --gpus changed; the schedule differs")
+        done = int(state.get("fleet_steps_done", 0)) if resume else 0
+        everyone = await self.group.agree(done)
+        self.start_step = min(everyone)
+        if resume:
+            self.epoch = max(int(state.get("epoch", 0)), self.ledger.max_epoch())  # epochs are never reused
+            self.first_run_id = str(state.get("run_id", self.run_id))
+            await self.restore(self.start_step)
+            self.step_count = self.start_step * self.settings.steps_per_visit
+            self.audit.row("resumed", detail={"fleet_steps_done": self.start_step, "epoch": self.epoch,
+                                              "checkpoint_seq": self.start_step, "ranks_done": everyone})
+        else:
+            self.expected_model = (await asyncio.to_thread(self.client.measure)).model
+            await self.checkpoint(0, note="initial")
+            self.audit.row("planned", detail={"visits": len(self.plans), "plan_digest": digest,
+                                              "fleet_digest": fleet_digest, "gpus": self.fleet.gpus,
+                                              "my_visits": [r.plan.index for r in self.records]},
+                           state={"plan_digest": digest, "fleet_digest": fleet_digest, "visits_done": [],
+                                  "epoch": 0, "checkpoint_seq": 0, "fleet_steps_done": 0, "steps": 0,
+                                  "run_id": self.run_id})
+
+    async def _join(self) -> None:
+        """The device joins the device group; the CRL it checks its neighbours against is the pinned one."""
+        from cryptography.hazmat.primitives.serialization import Encoding
+
+        crl = self.handle.anchors.crl
+        pem = crl.public_bytes(Encoding.PEM) if crl is not None else b""
+        prefix = f"gputravel/devices/{self.group.restart}"  # one device group per (torchrun job, restart)
+        head, _ = await asyncio.to_thread(
+            self.client.call, "fleet_join", pem, host=self.group.store_host, port=self.group.store_port,
+            prefix=prefix, rank=self.group.rank, world=self.group.world, variant=self.fleet.variant,
+            backend=self.fleet.backend, timeout_s=self.fleet.timeout_s, fault=self.fleet.ring_fault)
+        self.join_info = dict(head)
+        self.audit.row("fleet-joined", outcome="ok", detail={
+            "rank": head["rank"], "world": head["world"], "backend": head["backend"], "variant": head["variant"],
+            "sealed": head["sealed"], "peers": head.get("peers", {}), "send_fp": head.get("send_fp"),
+            "recv_fp": head.get("recv_fp")})
+
+    # --- the run -------------------------------------------------------------------------------------
+    async def run(self) -> dict[str, Any]:
+        self.started = time.time()
+        t0 = time.perf_counter()
+        try:
+            await self.setup()
+            self.audit.emit(ev.RunStarted(time.time(), self.run_id, self.handle.info.to_dict(), tuple(self.links),
+                                          len(self.records)))
+            await self._compare_replicas(-1)
+            for step, plan in self.my_steps[self.start_step:]:
+                await self._step(step, plan)
+        except GpuTravelError as exc:
+            self.audit.record(ev.RunFailed(time.time(), self.run_id, str(exc), exc.code),
+                              "run-failed", outcome=exc.code, detail={"error": str(exc)})
+            raise
+        finally:
+            await self._shutdown_links()
+        try:
+            await self._audit_from_device()
+        except GpuTravelError:
+            pass
+        failed = sum(1 for r in self.records if r.outcome == "failed")
+        seconds = time.perf_counter() - t0
+        self.audit.record(ev.RunCompleted(time.time(), self.run_id, len(self.records), failed, seconds),
+                          "run-completed", outcome="ok" if not failed else "partial", duration_s=seconds,
+                          detail={"visits": len(self.records), "failed": failed})
+        return self.report(seconds=seconds)
+
+    async def _step(self, step: FleetStep, plan: VisitPlan | None) -> None:
+        """One lock-step step on this rank: its visit (or none), the agreement, TRAIN, the digest check."""
+        self.step_index, self.step_trained, self._agreed = step.index, False, None
+        lost: FleetDeviceLostError | None = None
+        rec = next((r for r in self.records if plan is not None and r.plan.index == plan.index), None)
+        if rec is not None and not rec.outcome.startswith("done"):
+            while True:
+                rec.attempts += 1
+                try:
+                    await self.visit(rec)
+                except FleetDeviceLostError as exc:
+                    lost = exc
+                    break
+                if rec.outcome != "failed" or rec.attempts >= self.settings.visit_attempts or self._agreed:
+                    break
+                self.audit.row("visit-retry", holder=rec.plan.holder, outcome="retry",
+                               detail={"visit": rec.plan.index, "attempt": rec.attempts + 1,
+                                       "after": f"{rec.failed_phase}: {rec.error}"})
+                rec.reset_for_retry()
+        if self._agreed is None:  # idle, failed before TRAIN, or lost: join the step with weight 0
+            agreed = await self._agree(weight=0.0, lost=lost is not None)
+            if lost is None and not self._lost(agreed) and sum(a["weight"] for a in agreed) > 0:
+                await self._zero_weight_train(step, agreed)
+        gone = lost is not None or bool(self._lost(self._agreed or []))
+        if not gone and self.last_good_ckpt != step.index + 1:  # every rank holds the replica after every step
+            await self.checkpoint(step.index + 1, note=f"fleet step {step.index}")
+            release_free_memory()
+        await self._compare_replicas(step.index, lost=lost)
+
+    def _lost(self, agreed: list[dict[str, Any]]) -> list[int]:
+        return [r for r, a in enumerate(agreed) if a["lost"]]
+
+    async def _agree(self, *, weight: float, lost: bool = False) -> list[dict[str, Any]]:
+        agreed: list[dict[str, Any]] = await self.group.agree({"weight": weight, "lost": lost})
+        self._agreed = agreed
+        return agreed
+
+    async def _train(self, v: Any) -> tuple[int, dict[str, Any]]:
+        """TRAIN in a fleet: agree on the weights, then one weighted step of every replica."""
+        rec, plan = v.rec, v.rec.plan
+        agreed = await self._agree(weight=1.0)
+        gone = self._lost(agreed)
+        if gone:
+            raise FleetDeviceLostError(f"GPU(s) {gone} lost: the fleet stops after this step")
+        res = await self._fleet_train(weight=1.0, agreed=agreed, train=(0, plan.train_len),
+                                      val=(plan.train_len, plan.val_len), fmt=self.infos[plan.holder].fmt)
+        rec.losses = [float(x) for x in res["losses"]]
+        rec.val_loss = res["val_loss"]
+        rec.train_s = float(res["seconds"])
+        rec.tokens_per_s = float(res["tokens_per_s"])
+        for loss in rec.losses:
+            self.step_count += 1
+            self.loss_history.append((self.step_count, loss))
+        if rec.val_loss is not None:
+            self.val_history.append((self.step_count, plan.holder, float(rec.val_loss)))
+        self.audit.emit(ev.TrainingStepped(time.time(), plan.index, plan.holder, self.step_count, tuple(rec.losses),
+                                           rec.val_loss, rec.tokens_per_s))
+        return 0, {"loss_first": rec.losses[0], "loss_last": rec.losses[-1], "val_loss": rec.val_loss,
+                   "steps": len(rec.losses), "fleet_step": self.step_index, "weights": [a["weight"] for a in agreed],
+                   "allreduce_calls": res["allreduce_calls"]}
+
+    async def _fleet_train(self, *, weight: float, agreed: list[dict[str, Any]], train: tuple[int, int],
+                           val: tuple[int, int], fmt: str) -> dict[str, Any]:
+        s = self.settings
+        head, _ = await asyncio.to_thread(
+            self.client.call, "fleet_train", train_off=train[0], train_len=train[1], val_off=val[0],
+            val_len=val[1], fmt=fmt, weight=weight, total_weight=sum(a["weight"] for a in agreed),
+            steps=s.steps_per_visit, seed=sample_seed(s.seed, self.group.rank, self.step_index))
+        self.step_trained = True
+        self.expected_model = head["model_digest"]
+        self.allreduce_calls += int(head["allreduce_calls"])
+        self.allreduce_s += float(head["allreduce_s"])
+        self.train_s += float(head["seconds"])
+        self.tokens += int(head["tokens"])
+        return dict(head)
+
+    async def _zero_weight_train(self, step: FleetStep, agreed: list[dict[str, Any]]) -> None:
+        """An idle rank (or one whose visit failed) takes part in the step's all-reduce with weight 0."""
+        fmt = next(iter(self.infos.values())).fmt
+        try:
+            head = await self._fleet_train(weight=0.0, agreed=agreed, train=(0, 0), val=(0, 0), fmt=fmt)
+        except (DeviceError, ProtocolError) as exc:  # the ring aborted on every rank; each replica was put back
+            self.audit.row("fleet-train-failed", outcome=exc.code, detail={"fleet_step": step.index,
+                                                                          "error": str(exc)})
+            return
+        self.step_count += self.settings.steps_per_visit
+        self.audit.row("fleet-idle-step", outcome="ok", duration_s=float(head["seconds"]),
+                       detail={"fleet_step": step.index, "weights": [a["weight"] for a in agreed],
+                               "allreduce_calls": head["allreduce_calls"], "model_digest": head["model_digest"]})
+
+    async def _rotate(self, v: Any) -> tuple[int, dict[str, Any]]:
+        """As the engine's, with the checkpoint named by the fleet step (every rank saves the same one)."""
+        rec = v.rec
+        await asyncio.to_thread(self.client.rotate)
+        await self.checkpoint(self.step_index + 1, note=f"fleet step {self.step_index}")
+        release_free_memory()
+        rec.outcome = "done"
+        self.audit.emit(ev.KeyRotated(time.time(), rec.epoch, rec.key_fingerprint or ""))
+        return 0, {"checkpoint_seq": self.step_index + 1}
+
+    async def _compare_replicas(self, index: int, *, lost: FleetDeviceLostError | None = None) -> None:
+        """After a step (``-1``: before the first) every rank's replica digest; a lost device stops all."""
+        if lost is None and self.handle.alive():
+            self.expected_model = (await asyncio.to_thread(self.client.measure)).model
+        mine = {"digest": self.expected_model, "lost": lost is not None,
+                "weight": (self._agreed or [{}])[self.group.rank].get("weight") if self._agreed else None}
+        everyone = await self.group.agree(mine)
+        gone = [r for r, a in enumerate(everyone) if a["lost"]]
+        digests = [a["digest"] for a in everyone if not a["lost"]]
+        equal = len(set(digests)) == 1
+        entry = {"step": index, "weights": [a["weight"] for a in everyone], "digests_equal": equal,
+                 "digest": digests[0] if equal and digests else None, "lost": gone}
+        if index >= 0:
+            self.steps_log.append(entry)
+            done = index + 1
+            self.audit.row("fleet-step", outcome="ok" if equal and not gone else "lost" if gone else "diverged",
+                           detail={**entry, "holders": list(self.fleet_plan.steps[index].holders)},
+                           state={"fleet_steps_done": done, "checkpoint_seq": done, "epoch": self.epoch,
+                                  "steps": self.step_count,
+                                  "visits_done": [r.plan.index for r in self.records if r.outcome.startswith("done")]}
+                           if not gone else None)
+        elif not equal:
+            raise DeviceError("the fleet's replicas differ before the first step (programs or checkpoints differ)")
+        if gone:
+            raise FleetDeviceLostError(f"GPU(s) {gone} lost for good in fleet step {index}; every rank's last "
+                                       f"checkpoint is step {self.last_good_ckpt}: resume with --resume")
+        if not equal:
+            raise DeviceError(f"the fleet's replicas diverged in step {index}")
+
+    async def aclose(self) -> None:
+        try:
+            if self.handle.alive() and self.client.secrets:
+                await asyncio.to_thread(self.client.call, "fleet_leave")
+        except (GpuTravelError, OSError):
+            pass
+        await super().aclose()
+
+    # --- report --------------------------------------------------------------------------------------
+    def report(self, *, seconds: float) -> dict[str, Any]:
+        """This rank's report (the engine's), each visit naming its device; rank 0 merges them."""
+        out = super().report(seconds=seconds)
+        step_of = {v.index: s.index for s in self.fleet_plan.steps for v in s.slots if v is not None}
+        for visit in out["visits"]:
+            visit.update(device=self.tagged.device, gpu=self.group.rank, step=step_of.get(visit["visit"]))
+        out["gpu"] = {"rank": self.group.rank, "device_id": self.tagged.device, "join": self.join_info,
+                      "epochs": self.epoch, "ledger_head": out["ledger"].get("head"),
+                      "ledger_rows": out["ledger"].get("rows"),
+                      "allreduce_calls": self.allreduce_calls, "allreduce_s": round(self.allreduce_s, 6),
+                      "train_s": round(self.train_s, 6), "tokens": self.tokens}
+        out["fleet_steps"] = self.steps_log
+        out["fleet_plan"] = self.fleet_plan.to_dict()
+        return out

@@ -1,0 +1,329 @@
+"""Running a fleet: the torchrun command line (launcher side) and one rank's run (worker side).
+
+``launch_fleet`` writes ``<out>/fleet.json`` and runs torchrun's elastic launcher
+(``python -m torch.distributed.run``, c10d rendezvous) over ``entry`` (a module whose ``main`` reads that
+file and awaits :func:`run_rank`). Rank 0 merges the ranks' reports into ``<out>/report.json`` and keeps
+the fleet ledger ``<out>/ledger.db``, which records every rank ledger's head.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from gputravel.core.config import RunSettings
+from gputravel.core.errors import ConfigError, FleetDeviceLostError, GpuTravelError, error_from_code
+from gputravel.core.events import Event
+from gputravel.core.fleet.platform import FleetPlatform, ensure_vendor
+from gputravel.core.fleet.rank import FleetEngine, FleetOptions, WorkerGroup
+from gputravel.core.ledger import Ledger, VerifyResult, read_rows, verify_ledger
+from gputravel.core.travel.holders import HolderLink
+
+__all__ = ["Rendezvous", "launch_fleet", "load_config", "merge_reports", "run_rank", "torchrun_command",
+           "verify_fleet"]
+
+ENTRY = "gputravel.console.fleet_rank"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rendezvous:
+    """torchrun's own options, passed through (single host by default)."""
+
+    nnodes: int = 1
+    rdzv_endpoint: str | None = None  # default: 127.0.0.1 and a free port
+    rdzv_id: str | None = None
+    max_restarts: int = 0
+
+    def __post_init__(self) -> None:
+        if self.nnodes < 1 or self.max_restarts < 0:
+            raise ConfigError("--nnodes must be >= 1 and --max-restarts >= 0")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def torchrun_command(config: Path, *, gpus: int, rdzv: Rendezvous, entry: str = ENTRY) -> list[str]:
+    """The torchrun command line of a fleet of ``gpus`` ranks over ``rdzv.nnodes`` hosts."""
+    if gpus % rdzv.nnodes:
+        raise ConfigError(f"--gpus {gpus} does not split evenly over --nnodes {rdzv.nnodes}")
+    endpoint = rdzv.rdzv_endpoint or f"127.0.0.1:{_free_port()}"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(rdzv.nnodes),
+           "--nproc-per-node", str(gpus // rdzv.nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+           "--max-restarts", str(rdzv.max_restarts)]
+    # a job id of its own: a job that lands on a port another job's store holds never mixes with it
+    cmd += ["--rdzv-id", rdzv.rdzv_id or f"gputravel-{uuid.uuid4().hex[:12]}"]
+    return [*cmd, "-m", entry, "--config", str(config)]
+
+
+def load_config(path: Path) -> tuple[RunSettings, FleetOptions]:
+    try:
+        data = json.loads(Path(path).read_text())
+        return RunSettings.from_dict(data["settings"]), FleetOptions.from_dict(data["fleet"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"fleet config {path}: {exc}") from None
+
+
+def launch_fleet(settings: RunSettings, fleet: FleetOptions, *, rdzv: Rendezvous = Rendezvous(),
+                 entry: str = ENTRY, env: dict[str, str] | None = None, quiet: bool = False) -> dict[str, Any]:
+    """Run the fleet under torchrun and return rank 0's merged report; a failed job raises the ranks'
+    typed error (each rank leaves ``<out>/rank-R/report.json`` with its error)."""
+    out = Path(settings.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = out / "fleet.json"
+    if not settings.resume or not config.exists():
+        config.write_text(json.dumps({"settings": settings.to_dict(), "fleet": fleet.to_dict()}, indent=2) + "\n")
+    else:  # --resume continues the fleet as it was configured (its settings, its GPU count)
+        saved = json.loads(config.read_text())
+        saved["settings"].update(resume=True, fault=settings.fault)
+        config.write_text(json.dumps(saved, indent=2) + "\n")
+        fleet = FleetOptions.from_dict(saved["fleet"])
+    report_path = out / "report.json"
+    if report_path.exists():
+        report_path.unlink()
+    child_env = {**os.environ, **(env or {})}
+    child_env.setdefault("OMP_NUM_THREADS", "1")
+    progress = None if quiet else _stderr_fd()  # the ranks' progress goes to our stderr (stdout stays the report's)
+    for attempt in (1, 2):
+        started = time.time()
+        cmd = torchrun_command(config, gpus=fleet.gpus, rdzv=rdzv, entry=entry)
+        proc = _run_torchrun(cmd, env=child_env, progress=progress)
+        if progress is None and not quiet:
+            sys.stderr.write(proc.stderr.decode(errors="replace"))
+        touched = [p for p in out.glob("rank-*/ledger.db") if p.stat().st_mtime >= started - 1]
+        # The rendezvous itself failed (no rank got as far as its ledger; e.g. the free port was taken in
+        # between): once more on a fresh port, when the endpoint was ours to choose.
+        if proc.returncode == 0 or touched or rdzv.rdzv_endpoint is not None or attempt == 2:
+            break
+    if report_path.exists():
+        report: dict[str, Any] = json.loads(report_path.read_text())
+        if report.get("error"):
+            raise error_from_code(report["error"]["code"], report["error"]["reason"])
+        return report
+    errors, local = [], []
+    for path in sorted(out.glob("rank-*/report.json")):
+        data = json.loads(path.read_text())
+        local.append(data)
+        if data.get("error"):
+            errors.append(data["error"])
+    if errors:
+        raise error_from_code(errors[0]["code"], errors[0]["reason"])
+    if proc.returncode == 0 and local:  # a host without rank 0: its ranks' own reports
+        return {"merged_elsewhere": True, "note": "rank 0 runs on another host and writes the fleet's report",
+                "ranks": [r.get("gpu") for r in local], "failed_visits": sum(r.get("failed_visits", 0) for r in local)}
+    tail = proc.stderr.decode(errors="replace")[-600:] if proc.stderr else ""
+    raise error_from_code("worker", f"the fleet's torchrun job exited with {proc.returncode} and no report {tail}")
+
+
+def _run_torchrun(cmd: list[str], *, env: dict[str, str], progress: int | None) -> subprocess.CompletedProcess[bytes]:
+    """Run torchrun to the end; interrupted (Ctrl-C, a caller's timeout), it gets SIGTERM first, so its agent
+    stops the ranks (and they their devices and agents) instead of leaving them orphaned."""
+    with subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
+                          stdout=progress if progress is not None else subprocess.PIPE,
+                          stderr=progress if progress is not None else subprocess.PIPE) as proc:
+        try:
+            out, err = proc.communicate()
+        except BaseException:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _stderr_fd() -> int | None:
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # a captured stream (tests): collect and forward
+        return None
+
+
+async def run_rank(settings: RunSettings, fleet: FleetOptions, *, links: Iterable[HolderLink] | None = None,
+                   sinks: Iterable[Callable[[Event], None]] = ()) -> dict[str, Any] | None:
+    """This torchrun rank's part: start its device, run its share, exchange reports; rank 0 returns the
+    merged report (and writes it and the fleet ledger)."""
+    import torch
+
+    from gputravel.core import api
+
+    group = WorkerGroup(timeout_s=fleet.timeout_s)
+    out = Path(settings.out_dir)
+    if group.rank == 0:
+        ensure_vendor(out / "vendor")
+    await group.agree("vendor")  # the vendor PKI exists before any device is certified under it
+    rank_dir = out / f"rank-{group.rank}"
+    resume = settings.resume or (group.restart > 0 and (rank_dir / "ledger.db").exists())
+    device = settings.device
+    if device is None and torch.cuda.is_available():
+        device = f"cuda:{group.local_rank}"  # one GPU per rank
+    # a fault plan is for the job's first attempt: an elastic restart resumes without it
+    rsettings = replace(settings, out_dir=rank_dir, device=device, resume=resume,
+                        fault=settings.fault if group.restart == 0 else None)
+    platform = partial(FleetPlatform, vendor_dir=out / "vendor", device_id=f"emu-gpu-{group.rank}")
+    error: GpuTravelError | None = None
+    report: dict[str, Any] | None = None
+    engine: FleetEngine | None = None
+    try:
+        built = await asyncio.to_thread(api.build_engine, rsettings, links=links, platform_type=platform,
+                                        engine_type=FleetEngine, fleet=fleet, group=group)
+        assert isinstance(built, FleetEngine)
+        engine = built
+        engine.sinks.extend(sinks)
+        report = await engine.run()
+    except GpuTravelError as exc:
+        error = exc
+    finally:
+        if engine is not None:
+            await engine.aclose()
+    mine = report if report is not None else {
+        "error": {"code": error.code if error else "error", "reason": error.reason if error else "?"},
+        "gpu": {"rank": group.rank, "device_id": engine.tagged.device if engine else None},
+        "ledger": {"path": str(rank_dir / "ledger.db")}}
+    (rank_dir / "report.json").write_text(json.dumps(mine, indent=2) + "\n")
+    if error is not None and not isinstance(error, FleetDeviceLostError):
+        raise error  # torchrun's agent stops the other ranks
+    reports = await group.agree(mine)
+    merged = None
+    if group.rank == 0:
+        merged = merge_reports(reports, out=out, fleet=fleet)
+        (out / "report.json").write_text(json.dumps(merged, indent=2) + "\n")
+    group.close()
+    if error is not None:
+        raise error
+    return merged
+
+
+def merge_reports(reports: list[dict[str, Any]], *, out: Path, fleet: FleetOptions) -> dict[str, Any]:
+    """One fleet report from the ranks' reports; writes the fleet ledger (``<out>/ledger.db``)."""
+    failed = [r for r in reports if r.get("error")]
+    if failed:  # a device lost for good: every rank stopped with it
+        err = failed[0]["error"]
+        heads = _write_fleet_ledger(out, reports, None)
+        return {"error": err, "fleet": {"gpus": fleet.gpus, "devices": [r.get("gpu") for r in reports]},
+                "ledger": heads, "checkpoints": [str(out / f"rank-{i}" / "checkpoints") for i in range(len(reports))]}
+    r0 = reports[0]
+    visits = sorted((v for r in reports for v in r["visits"]), key=lambda v: (v["step"], v["gpu"]))
+    gpus = [r["gpu"] for r in reports]
+    steps_log: list[dict[str, Any]] = r0.get("fleet_steps", [])
+    trained = [v for v in visits if v["loss_first"] is not None]
+    train_wall = max(g["train_s"] for g in gpus) or 0.0
+    tokens = sum(g["tokens"] for g in gpus)
+    plan = r0.get("fleet_plan", {})
+    fleet_obj = {
+        "gpus": fleet.gpus, "rounds": plan.get("rounds"), "steps": plan.get("steps"), "schedule": plan.get("table"),
+        "idle_slots": plan.get("idle_slots"), "backend": gpus[0]["join"].get("backend"),
+        "allreduce": {"variant": fleet.variant, "calls": sum(g["allreduce_calls"] for g in gpus),
+                      "seconds": round(sum(g["allreduce_s"] for g in gpus), 6),
+                      "calls_per_gpu": [g["allreduce_calls"] for g in gpus],
+                      "seconds_per_gpu": [g["allreduce_s"] for g in gpus],
+                      "sealed": bool(gpus[0]["join"].get("sealed"))},
+        "replica_digests_equal": bool(steps_log) and all(s["digests_equal"] for s in steps_log),
+        "step_log": steps_log,
+        "tokens": tokens, "train_s": round(train_wall, 6),
+        "tokens_per_s": round(tokens / train_wall, 1) if train_wall else None,
+        "devices": [{**g, "attestation": r["attestation"]} for g, r in zip(gpus, reports, strict=True)],
+    }
+    prov_bytes = sum(r["provisioning"]["bytes"] for r in reports)
+    prov_s = sum(r["provisioning"]["seconds"] for r in reports)
+    report = {
+        "run_id": r0["run_id"], "platform": r0["platform"],
+        "attestation": {"ok": all(r["attestation"]["ok"] for r in reports),
+                        "device_id": [r["attestation"]["device_id"] for r in reports]},
+        "holders": r0["holders"], "visits": visits,
+        "training": {**r0["training"],
+                     "loss_first": trained[0]["loss_first"] if trained else None,
+                     "loss_last": trained[-1]["loss_last"] if trained else None,
+                     "tokens_per_s": fleet_obj["tokens_per_s"],
+                     "model_digest": steps_log[-1]["digest"] if steps_log else r0["training"]["model_digest"],
+                     "loss_curve_by_gpu": [r["training"]["loss_curve"] for r in reports]},
+        "provisioning": {**r0["provisioning"], "bytes": prov_bytes, "seconds": round(prov_s, 6),
+                         "mb_s": round(prov_bytes / prov_s / 1e6, 2) if prov_s else None},
+        "fleet": fleet_obj,
+        "checkpoints": {"dirs": [r["checkpoints"]["dir"] for r in reports],
+                        "last_seq": [r["checkpoints"]["last_seq"] for r in reports]},
+        "failed_visits": sum(r["failed_visits"] for r in reports),
+        "retried_visits": sum(r["retried_visits"] for r in reports),
+        "attacks": [a for r in reports for a in r["attacks"]],
+        "device_restarts": 0, "session_rekeys": sum(r["session_rekeys"] for r in reports),
+        "control_rotations": sum(r["control_rotations"] for r in reports),
+        "seconds": max(r["seconds"] for r in reports),
+    }
+    report["ledger"] = _write_fleet_ledger(out, reports, report)
+    return report
+
+
+def _write_fleet_ledger(out: Path, reports: list[dict[str, Any]], report: dict[str, Any] | None) -> dict[str, Any]:
+    """Rank 0's fleet ledger: the devices, every step's weights and digest check, every rank ledger's head;
+    then every chain verified."""
+    ranks = []
+    for i, r in enumerate(reports):
+        path = Path(r.get("ledger", {}).get("path") or out / f"rank-{i}" / "ledger.db")
+        v = verify_ledger(path)
+        ranks.append({"gpu": i, "path": str(path), "verified": v.ok, "rows": v.rows, "head": v.head_hash,
+                      "reason": v.reason})
+    run_id = str(report["run_id"]) if report else None
+    with Ledger.open(out / "ledger.db", run_id=run_id) as ledger:
+        for r, entry in zip(reports, ranks, strict=True):
+            gpu = r.get("gpu") or {}
+            ledger.append(kind="fleet-device", outcome="ok" if entry["verified"] else "broken",
+                          detail={"gpu": entry["gpu"], "device": gpu.get("device_id"),
+                                  "epochs": gpu.get("epochs"), "ledger_head": f"{entry['rows']}:{entry['head']}",
+                                  "join": gpu.get("join", {})})
+        if report is not None:
+            for step in report["fleet"]["step_log"]:
+                ledger.append(kind="fleet-step", outcome="ok" if step["digests_equal"] else "diverged",
+                              detail={"step": step["step"], "weights": step["weights"], "digest": step["digest"],
+                                      "holders": report["fleet"]["schedule"][step["step"]]})
+            ledger.append(kind="fleet-completed", outcome="ok" if not report["failed_visits"] else "partial",
+                          detail={"gpus": report["fleet"]["gpus"], "allreduce": {
+                              k: report["fleet"]["allreduce"][k] for k in ("variant", "calls", "seconds")},
+                              "replica_digests_equal": report["fleet"]["replica_digests_equal"]})
+        else:
+            err = next(r["error"] for r in reports if r.get("error"))
+            ledger.append(kind="fleet-stopped", outcome=err["code"], detail={"error": err["reason"]})
+    v = verify_ledger(out / "ledger.db")
+    return {"path": str(out / "ledger.db"), "verified": v.ok and all(e["verified"] for e in ranks), "rows": v.rows,
+            "head": v.head_hash, "reason": v.reason, "fleet_verified": v.ok, "ranks": ranks}
+
+
+def verify_fleet(out: Path) -> VerifyResult:
+    """Prove a whole fleet run: the fleet ledger's chain, and every rank ledger's chain against every head the
+    fleet ledger recorded for it (so a rank ledger cut short or rewritten is found too)."""
+    out = Path(out)
+    fleet = verify_ledger(out / "ledger.db")
+    if not fleet.ok:
+        return VerifyResult(ok=False, rows=fleet.rows, head_hash=fleet.head_hash, first_bad_seq=fleet.first_bad_seq,
+                            reason=f"fleet ledger: {fleet.reason}")
+    heads: dict[int, set[tuple[int, str]]] = {}
+    for row in read_rows(out / "ledger.db"):
+        if row.kind == "fleet-device" and row.detail.get("ledger_head"):
+            seq, _, digest = str(row.detail["ledger_head"]).partition(":")
+            if seq.isdigit() and int(seq) > 0:
+                heads.setdefault(int(row.detail["gpu"]), set()).add((int(seq), digest))
+    rows = fleet.rows
+    for path in sorted(out.glob("rank-*/ledger.db")):
+        gpu = int(path.parent.name.removeprefix("rank-"))
+        result = verify_ledger(path, expect_heads=heads.get(gpu, ()))
+        rows += result.rows
+        if not result.ok:
+            return VerifyResult(ok=False, rows=rows, head_hash=fleet.head_hash, first_bad_seq=result.first_bad_seq,
+                                reason=f"{path.parent.name}/ledger.db: {result.reason}")
+        if gpu not in heads:
+            return VerifyResult(ok=False, rows=rows, head_hash=fleet.head_hash, first_bad_seq=None,
+                                reason=f"{path.parent.name}/ledger.db: the fleet ledger records no head for it")
+    return VerifyResult(ok=True, rows=fleet.rows, head_hash=fleet.head_hash, first_bad_seq=None, reason=None)
