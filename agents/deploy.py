@@ -23,7 +23,8 @@ import asyncssh
 
 from gputravel.agents.holder.bundle import bundle_contents, digest_files
 from gputravel.agents.inventory import HolderSpec
-from gputravel.core.errors import AgentError, GpuTravelError, LinkLostError
+from gputravel.core.errors import AgentError, ConfigError, GpuTravelError, LinkLostError
+from gputravel.core.protocol import FrameType
 from gputravel.core.travel.holders import (
     FramedHolderLink,
     Handoff,
@@ -109,6 +110,8 @@ async def connect(spec: HolderSpec) -> asyncssh.SSHClientConnection:
         raise AgentError(spec.name, f"host key not verified (refused, no key released): {exc.reason}") from None
     except asyncssh.PermissionDenied as exc:
         raise AgentError(spec.name, f"authentication failed: {exc.reason}") from None
+    except asyncssh.KeyImportError as exc:  # the inventory checks it; a spec built elsewhere may not have
+        raise ConfigError(f"{spec.name}: client_key {spec.client_key} is not a private key: {exc}") from None
     except TimeoutError:
         raise AgentError(spec.name, f"{spec.host}:{spec.port} unreachable: connect timeout") from None
     except (OSError, asyncssh.Error) as exc:
@@ -205,7 +208,8 @@ class SshHolderLink(FramedHolderLink):
         self.max_reconnects = max_reconnects
         self.history: list[tuple[float, str, str]] = []
         self._forward: asyncssh.SSHListener | None = None
-        self._watch: asyncio.Task | None = None
+        self._watch: asyncio.Task[None] | None = None
+        self._closing = False  # set while we close the agent ourselves: its exit is then no loss
 
     def set_state(self, state: str, detail: str = "") -> None:
         self.history.append((time.time(), state, detail))
@@ -234,7 +238,67 @@ class SshHolderLink(FramedHolderLink):
         self.info = HolderInfo(info.name, info.fmt, info.train_bytes, info.val_bytes, info.files, info.agent_sha256,
                                "ssh", detail)
         self.set_state(HolderState.READY, self.deploy_report.bundle_sha256[:16])
+        self._watch = asyncio.ensure_future(self._watch_agent(self.conn, self.process))
         return self.info
+
+    @property
+    def ready(self) -> bool:
+        """Verified-ready: the deployed bundle's hash checked, the agent that reported it still running on
+        a live connection, and no transfer under way. Only such a holder is handed a key."""
+        return (self.state in (HolderState.READY, HolderState.RETURNED) and self.conn is not None
+                and not self.conn.is_closed() and self.process is not None
+                and self.process.exit_status is None and self.process.exit_signal is None
+                and self._watch is not None and not self._watch.done())
+
+    async def _watch_agent(self, conn: asyncssh.SSHClientConnection, process: asyncssh.SSHClientProcess) -> None:
+        """While the holder waits between visits, its agent or its SSH session may die: mark it offline
+        (an event and a ledger row through ``on_state``) so that no key is handed to it until a reconnect
+        has verified a fresh agent. Failures during a transfer are ``provision``'s to report."""
+        lost = asyncio.ensure_future(conn.wait_closed())
+        exited = asyncio.ensure_future(process.wait_closed())
+        try:
+            await asyncio.wait({lost, exited}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+            exited.cancel()
+        if self._closing or self.process is not process:
+            return
+        await asyncio.sleep(0.05)  # a dropping connection closes its channels first: tell which it was
+        self._mark_offline()
+
+    def _mark_offline(self) -> None:
+        """A holder that was waiting and lost its agent or session goes offline, saying which."""
+        if self.state not in (HolderState.READY, HolderState.RETURNED):
+            return
+        process = self.process
+        if self.conn is None or self.conn.is_closed():
+            reason = "SSH connection lost while waiting"
+        elif process is None:
+            reason = "agent not running"
+        else:
+            sig = process.exit_signal
+            how = (f"killed by {sig[0]}" if sig else f"exit status {process.exit_status}"
+                   if process.exit_status is not None else "its channel closed")
+            reason = f"agent exited while waiting ({how})"
+        self.set_state(HolderState.OFFLINE, reason)
+
+    async def ensure_ready(self) -> HolderInfo:
+        """This holder, verified-ready: reconnected with backoff (redeploying and re-verifying the agent's
+        hash) when its agent or session died. Raises ``LinkLostError`` when it does not come back."""
+        if self.ready and self.info is not None:
+            return self.info
+        self._mark_offline()
+        try:
+            return await self.reconnect()
+        except AgentError as exc:
+            raise LinkLostError(self.name, f"offline, reconnect failed: {exc.reason}") from None
+
+    def _send(self, ftype: FrameType, header: dict[str, Any], payload: bytes = b"") -> None:
+        """A write on a channel that closed under us is the agent or its session gone: a named error."""
+        try:
+            super()._send(ftype, header, payload)
+        except (OSError, RuntimeError, asyncssh.Error) as exc:
+            raise AgentError(self.name, f"link failed: {exc or type(exc).__name__}") from None
 
     async def _start_agent(self) -> None:
         assert self.conn is not None and self.deploy_report is not None
@@ -251,6 +315,10 @@ class SshHolderLink(FramedHolderLink):
 
     async def provision(self, handoff: Handoff, *, device_socket: str, on_progress: ProgressFn | None = None,
                         on_reject: RejectFn | None = None, data_endpoint: dict[str, Any] | None = None) -> Any:
+        if not self.ready:  # checked before the hand-off (and its key) is written anywhere
+            self._mark_offline()
+            raise LinkLostError(self.name, f"holder not verified-ready ({self.state}: {self.state_detail or '-'}); "
+                                           f"no key released")
         self.set_state(HolderState.PROVISIONING, f"epoch {handoff.epoch}" +
                        (f", resuming at chunk {handoff.resume_from}" if handoff.resume_from else ""))
         try:
@@ -308,7 +376,13 @@ class SshHolderLink(FramedHolderLink):
     async def kill(self) -> None:
         """Fault injection: kill the agent process on the holder; the SSH connection stays up."""
         if self.conn is not None and self.agent_pid:
+            process = self.process
             await _run(self.conn, self.spec, f"kill -9 {int(self.agent_pid)}")
+            if process is not None:  # dead when this returns: its channel closed
+                try:
+                    await asyncio.wait_for(process.wait_closed(), 5)
+                except (TimeoutError, OSError, asyncssh.Error):
+                    pass
 
     async def drop_connection(self) -> None:
         """Fault injection: the SSH connection drops (the agent is killed with it)."""
@@ -316,6 +390,10 @@ class SshHolderLink(FramedHolderLink):
             self.conn.abort()
 
     async def _drop(self) -> None:
+        self._closing = True
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         if self._forward is not None:
             self._forward.close()
             self._forward = None
@@ -329,10 +407,15 @@ class SshHolderLink(FramedHolderLink):
             except (TimeoutError, OSError, asyncssh.Error):
                 pass
             self.conn = None
+        self._closing = False
 
     async def close(self) -> None:
+        self._closing = True
         if self.process is not None:
-            await self.stop()
+            try:
+                await self.stop()
+            except GpuTravelError:
+                pass  # the agent is already gone: nothing to say goodbye to
         await self._drop()
         if self.state not in (HolderState.FAILED, HolderState.OFFLINE):
             self.set_state(HolderState.STOPPED)

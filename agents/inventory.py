@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import asyncssh
+
 from gputravel.core.errors import ConfigError
 from gputravel.core.files import read_private
 
@@ -128,7 +130,8 @@ def parse_inventory(text: str, *, base: Path, source: str = "holders.toml") -> l
             raise ConfigError(f"{where}: duplicate holder name")
         seen.add(entry["name"])
         key_path = (base / entry["client_key"]).expanduser()
-        read_private(key_path, what=f"{where}: client_key")  # readable, and like ssh: no key others can read
+        key_bytes = read_private(key_path, what=f"{where}: client_key")  # readable; like ssh: no key others can read
+        check_client_key(key_bytes, key_path, where=where)
         known = None
         if entry["known_hosts"] is not None:
             _check_type(where, "known_hosts", entry["known_hosts"], str)
@@ -150,6 +153,15 @@ def parse_inventory(text: str, *, base: Path, source: str = "holders.toml") -> l
             keepalive_count_max=entry["keepalive_count_max"], remote_dir=entry["remote_dir"],
             val_fraction=float(entry["val_fraction"]), data_route=entry["data_route"]))
     return specs
+
+
+def check_client_key(data: bytes, path: Path, *, where: str) -> None:
+    """A ``client_key`` must be a private key asyncssh reads without a passphrase (none is ever asked for)."""
+    try:
+        asyncssh.import_private_key(data)
+    except (asyncssh.KeyImportError, ValueError, TypeError) as exc:
+        raise ConfigError(f"{where}: client_key {path} is not a private key without a passphrase "
+                          f"(OpenSSH or PEM): {exc}") from None
 
 
 def load_inventory(path: Path) -> list[HolderSpec]:

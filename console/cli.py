@@ -7,7 +7,9 @@ Errors from the engine are ``GpuTravelError`` subclasses; ``main`` maps them to 
 from __future__ import annotations
 
 import importlib
+import json
 import sys
+from typing import NoReturn
 
 import typer
 from rich.console import Console
@@ -47,19 +49,47 @@ def main() -> None:
     """Entry point: run the typer app, turning gputravel errors into documented exit codes."""
     try:
         code = app(standalone_mode=False)
+        if code == 130:  # typer turns Ctrl-C (KeyboardInterrupt) into exit code 130
+            fail("CancelledRunError", CTRL_C, 130)
         sys.exit(code if isinstance(code, int) else 0)
     except GpuTravelError as exc:
-        Console(stderr=True).print(f"[bold red]error[/]: {escape(str(exc))}", highlight=False, soft_wrap=True)
-        sys.exit(exc.exit_code)
+        fail(type(exc).__name__, exc.reason, exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except typer.Abort:
-        sys.exit(130)
+    except (typer.Abort, KeyboardInterrupt):
+        fail("CancelledRunError", CTRL_C, 130)
     except Exception as exc:  # usage errors: click's, or the click that typer vendors (typer._click)
         if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
+            if wants_json():
+                fail(type(exc).__name__, exc.format_message() if hasattr(exc, "format_message") else str(exc),
+                     exc.exit_code)
             exc.show()
             sys.exit(exc.exit_code)
         raise
+
+
+CTRL_C = "cancelled (Ctrl-C); what was committed is kept: `gputravel run --resume` continues a run"
+
+
+def wants_json(argv: list[str] | None = None) -> bool:
+    """Whether the command line asked for ``--json`` (the error then goes to stdout as JSON too)."""
+    return "--json" in (sys.argv[1:] if argv is None else argv)
+
+
+def error_envelope(kind: str, message: str, exit_code: int) -> dict[str, object]:
+    """What ``--json`` prints on stdout when a command fails, instead of a report or a traceback."""
+    return {"ok": False, "error": {"type": kind, "message": message, "exit_code": exit_code}}
+
+
+def fail(kind: str, message: str, exit_code: int) -> NoReturn:
+    """Report a failure (on stderr; under ``--json`` also as an envelope on stdout) and exit with its code.
+    The message is printed literally: rich markup in it (``[x]``) is escaped, never interpreted."""
+    Console(stderr=True).print(f"[bold red]error[/]: {escape(kind)}: {escape(message)}", highlight=False,
+                               soft_wrap=True)
+    if wants_json():
+        sys.stdout.write(json.dumps(error_envelope(kind, message, exit_code)) + "\n")
+        sys.stdout.flush()
+    sys.exit(exit_code)
 
 
 if __name__ == "__main__":

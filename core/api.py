@@ -49,13 +49,9 @@ def _program_factory(settings: RunSettings) -> Callable[..., dict[str, Any]]:
 
 def resume_settings(out_dir: Path, **overrides: Any) -> RunSettings:
     """The settings a run in ``out_dir`` started with (``--resume`` continues exactly that run)."""
-    path = Path(out_dir) / "settings.json"
-    try:
-        saved = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"--resume: {out_dir} holds no run to continue (no settings.json)") from None
-    except ValueError as exc:
-        raise ConfigError(f"--resume: {path} is not valid JSON: {exc}") from None
+    from gputravel.core.runfolder import read_settings
+
+    saved = read_settings(Path(out_dir))
     return RunSettings.from_dict(saved, out_dir=Path(out_dir), resume=True, **overrides)
 
 
@@ -66,17 +62,17 @@ def build_engine(settings: RunSettings, *, links: Iterable[HolderLink] | None = 
 
     ``platform_type`` and ``engine_type`` (with its extra ``engine_kw``) are where a fleet rank plugs in
     its own device entry point and engine (``core/fleet``)."""
+    from gputravel.core.runfolder import saved_settings, verify_run_folder
     from gputravel.core.training.checkpoint import CheckpointStore, load_or_create_key
 
     out = Path(settings.out_dir)
     if out.exists() and (out / "ledger.db").exists() and not settings.resume:
         raise ConfigError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
-    if settings.resume and not (out / "ledger.db").exists():
-        raise ConfigError(f"--resume: {out} holds no run to continue (no ledger.db)")
+    if settings.resume:
+        verify_run_folder(out)  # everything the resume builds on, before anything is started or appended
     out.mkdir(parents=True, exist_ok=True)
     if not settings.resume:
-        saved = {k: v for k, v in settings.to_dict().items() if k not in ("resume", "fault")}
-        (out / "settings.json").write_text(json.dumps(saved, indent=2) + "\n")
+        (out / "settings.json").write_text(json.dumps(saved_settings(settings), indent=2) + "\n")
     if links is None:
         links = [LocalHolderLink(name, path, val_fraction=settings.val_fraction)
                  for name, path in resolve_holder_dirs(settings)]

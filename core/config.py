@@ -2,11 +2,36 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gputravel.core.errors import ConfigError
+
+#: The stated limits of a run's numbers: beyond them a value is a typo or an attack on the orchestrator's
+#: memory (a plan of 10**20 rounds), refused with ``ConfigError`` before anything is created.
+LIMITS: dict[str, tuple[float, float]] = {
+    "holders": (1, 10_000),
+    "rounds": (1, 1_000_000),
+    "steps_per_visit": (1, 1_000_000),
+    "batch_size": (1, 65_536),
+    "seq_len": (8, 1_048_576),
+    "lr": (1e-12, 10.0),
+    "seed": (0, 2**63 - 1),
+    "torch_threads": (0, 4096),
+    "auth_workers": (0, 4096),
+    "visit_attempts": (1, 100),
+    "key_chunk_budget": (1, 2**32),
+    "epoch_limit": (1, 2**62),
+}
+_INT_FIELDS = ("holders", "rounds", "steps_per_visit", "chunk_kib", "batch_size", "seq_len", "seed",
+               "torch_threads", "auth_workers", "visit_attempts", "key_chunk_budget", "epoch_limit")
+_FLOAT_FIELDS = ("buffer_mib", "val_fraction", "val_share", "lr")
+
+
+def _num(x: float) -> str:
+    return f"{x:,}" if float(x).is_integer() else f"{x:g}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +83,7 @@ class RunSettings:
     def __post_init__(self) -> None:
         if self.data_path == "ssh":  # the name `bench provision` and the docs use for the channel path
             object.__setattr__(self, "data_path", "channel")
+        self._check_types()
         checks = [
             (self.holders >= 1, "holders must be >= 1"),
             (self.rounds >= 1, "rounds must be >= 1"),
@@ -76,6 +102,34 @@ class RunSettings:
         for ok, msg in checks:
             if not ok:
                 raise ConfigError(msg)
+        self._check_limits()
+
+    def _check_types(self) -> None:
+        """Every number is of its type and finite."""
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if name == "epoch_limit" and value is None:
+                continue
+            if type(value) is not int:
+                raise ConfigError(f"{name.replace('_', '-')} must be an integer, not {value!r}")
+        for name in _FLOAT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise ConfigError(f"{name.replace('_', '-')} must be a finite number, not {value!r}")
+
+    def _check_limits(self) -> None:
+        """Every number inside its stated limit (``LIMITS``), every breakpoint a phase: checked before
+        anything is created, so a typo never starts a run."""
+        for name, (lo, hi) in LIMITS.items():
+            value = getattr(self, name)
+            if value is not None and not lo <= value <= hi:
+                raise ConfigError(f"{name.replace('_', '-')} must be in [{_num(lo)}, {_num(hi)}], not {value!r}")
+        from gputravel.core.travel.phases import VISIT_PHASES
+
+        names = [str(p) for p in VISIT_PHASES]
+        for b in self.breakpoints:
+            if b not in names:
+                raise ConfigError(f"break-before {b!r} is not a phase (one of {', '.join(names)})")
 
     @property
     def buffer_bytes(self) -> int:

@@ -48,6 +48,7 @@ __all__ = [
     "canonical_json",
     "parse_head",
     "read_rows",
+    "read_state",
     "row_hash",
     "verify_ledger",
     "witnessed_heads",
@@ -510,6 +511,23 @@ def read_rows(
         return [_row_from_db(values) for values in reversed(connection.execute(query, params).fetchall())]
     except sqlite3.Error as exc:
         raise LedgerError(f"{path}: cannot read ledger: {exc}") from exc
+    finally:
+        connection.close()
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """The progress state next to the chain (``Ledger.state_items``), read-only.
+
+    Raises:
+        LedgerError: the file is missing, not a ledger, or a state value is not JSON.
+    """
+    path = Path(path)
+    connection = _connect_read_only(path)
+    try:
+        found = connection.execute("SELECT key, value FROM state ORDER BY key").fetchall()
+        return {str(key): json.loads(value) for key, value in found}
+    except (sqlite3.Error, ValueError) as exc:
+        raise LedgerError(f"{path}: cannot read the ledger state: {exc}") from exc
     finally:
         connection.close()
 

@@ -278,3 +278,22 @@ async def test_openssh_refuses_a_pin_of_another_host_key(openssh: OpenSsh) -> No
     stranger = openssh.specs["holder-b"].client_key  # B's key does not open A's account
     with pytest.raises(AgentError, match="authentication failed"):
         await asyncio.wait_for(connect(replace(openssh.specs["holder-a"], client_key=stranger)), 20)
+
+
+async def test_an_agent_killed_while_its_holder_waits_goes_offline_and_the_run_ends_0(openssh: OpenSsh,
+                                                                                       tmp_path: Path) -> None:
+    """Issue 15 on real OpenSSH: ``kill-agent@ATTEST:1`` kills holder-b's agent (its own user's process) before
+    its visit; the holder goes offline, is reconnected and re-verified before any key, and its visit is done."""
+    out = tmp_path / "run"
+    report = await fleet.run(small(out, openssh.inventory, fault="kill-agent@ATTEST:1", allow_fault_injection=True))
+
+    assert [(v["holder"], v["outcome"]) for v in report["visits"]] == [("holder-a", "done"), ("holder-b", "done")]
+    rows = read_rows(out / "ledger.db")
+    states = [r.outcome for r in rows if r.kind == "holder-state" and r.holder == "holder-b"]
+    off = states.index("offline")
+    assert states[off:off + 4] == ["offline", "connecting", "verified", "ready"]
+    handoffs = [i for i, r in enumerate(rows) if r.kind == "phase" and r.phase == "HANDOFF" and r.holder == "holder-b"]
+    offline_at = next(i for i, r in enumerate(rows) if r.kind == "holder-state" and r.holder == "holder-b"
+                      and r.outcome == "offline")
+    assert len(handoffs) == 1 and handoffs[0] > offline_at  # the key only went to the re-verified agent
+    assert rows[-1].kind == "run-completed" and rows[-1].outcome == "ok" and report["ledger"]["verified"]

@@ -250,10 +250,12 @@ def test_resume_refuses_a_readable_checkpoint_key(cli_run: dict[str, Any], perm:
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
     said = " ".join(proc.stderr.split())
     assert word in said and "checkpoint.key" in "".join(proc.stderr.split()) and "chmod 600" in said, said
-    assert proc.stdout == ""
+    error = json.loads(proc.stdout)["error"]  # --json: the error envelope, no report
+    assert (error["type"], error["exit_code"]) == ("InsecureKeyError", 2) and word in error["message"]
     assert len(read_rows(out / "ledger.db")) == rows_before  # refused before anything ran
     keys = needles(cli_run["keys"])
     scan(proc.stderr, "the refusal", keys)
+    scan(proc.stdout, "the refusal on stdout", keys)
 
 
 # --- 2. a failing run: exceptions, errors, rejections --------------------------------------------------

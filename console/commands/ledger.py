@@ -90,9 +90,20 @@ def show(
         raise typer.Exit(code=exc.exit_code) from exc
     if as_json:
         typer.echo(json.dumps([row.to_dict() for row in rows], indent=2, ensure_ascii=False))
-        return
-    console = Console()
-    console.print(_table(rows, path, width=console.width))
+    else:
+        console = Console()
+        console.print(_table(rows, path, width=console.width))
+    refuse_if_broken(path)
+
+
+def refuse_if_broken(path: Path) -> None:
+    """Rows are shown as they are, but a ledger whose chain does not verify is never passed off as a good
+    one: the break is named on stderr and the command exits 8 (as ``ledger verify`` does)."""
+    result = verify_ledger(path)
+    if not result.ok:
+        Console(stderr=True).print(f"[bold red]ledger broken[/]: {escape(result.reason or '')} "
+                                   f"(these rows cannot be trusted)", soft_wrap=True)
+        raise typer.Exit(code=LedgerError.exit_code)
 
 
 def _table(rows: list[LedgerRow], path: Path, *, width: int = 200) -> Table:

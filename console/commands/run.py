@@ -9,11 +9,13 @@ import os
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -25,6 +27,7 @@ from gputravel.console.options import (
     PhaseChoice,
     TransportChoice,
 )
+from gputravel.console.run_claim import RunFolder
 from gputravel.console.run_end import RunEnding
 from gputravel.console.run_folder import running_marker
 from gputravel.console.run_telemetry import TELEMETRY_INTERVAL_S
@@ -105,14 +108,14 @@ class RunView:
             self.console.print(f"  visit {event.visit + 1} [cyan]{event.holder}[/]: loss {event.losses[0]:.3f} → "
                                f"{last:.3f}{val}  ({event.tokens_per_s:,.0f} tok/s)")
         elif isinstance(event, ev.ChunkRejected):
-            self.console.print(f"  [yellow]chunk rejected[/] {event.holder} seq {event.seq}: {event.code} "
-                               f"({event.reason})")
+            self.console.print(f"  [yellow]chunk rejected[/] {escape(event.holder)} seq {event.seq}: {event.code} "
+                               f"({escape(event.reason)})")
         elif isinstance(event, ev.VisitCompleted):
             p.advance(self.run_task)
         elif isinstance(event, ev.VisitFailed):
             p.advance(self.run_task)
-            self.console.print(f"  [red]visit {event.visit + 1} {event.holder} failed[/] in {event.phase}: "
-                               f"{event.error}")
+            self.console.print(f"  [red]visit {event.visit + 1} {escape(event.holder)} failed[/] in {event.phase}: "
+                               f"{escape(event.error)}")
         elif isinstance(event, ev.RunPaused):
             self.console.print(f"[yellow]paused[/] ({event.reason}) before {event.next_phase}")
 
@@ -171,9 +174,10 @@ def render_report(console: Console, report: dict[str, Any]) -> None:
                   f"({lg['rows']} rows, head {lg['rows']}:{lg['head']})", soft_wrap=True)
 
 
-def resolve_out_dir(out: Path | None, *, resume: bool, runs: Path = Path("runs")) -> Path:
+def resolve_out_dir(out: Path | None, *, resume: bool, runs: Path = Path("runs"), create: bool = True) -> Path:
     """A fresh ``runs/run-<time>`` (linked as ``runs/latest``) unless ``--out`` names one;
-    ``--resume`` without ``--out`` continues ``runs/latest``."""
+    ``--resume`` without ``--out`` continues ``runs/latest``. With ``create=False`` the fresh folder is only
+    named: nothing is created and ``runs/latest`` stays (see :class:`RunFolder`)."""
     if out is not None:
         return out
     latest = runs / "latest"
@@ -181,18 +185,22 @@ def resolve_out_dir(out: Path | None, *, resume: bool, runs: Path = Path("runs")
         if not latest.exists():
             raise ConfigError("--resume without --out continues runs/latest, and there is none")
         return latest.resolve()
-    runs.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("run-%Y%m%d-%H%M%S")
     out = runs / stamp
     n = 1
     while out.exists():
         n += 1
         out = runs / f"{stamp}-{n}"
-    out.mkdir()
-    if latest.is_symlink() or latest.exists():
-        latest.unlink()
-    latest.symlink_to(out.name)
+    if create:
+        RunFolder(out, runs=runs, link_latest=True).claim()
     return out
+
+
+def fresh_settings(out: Path | None, **options: Any) -> tuple[RunSettings, RunFolder]:
+    """The settings of a new run, validated before anything is created, and its (not yet created) folder."""
+    settings = RunSettings(out_dir=out or Path("runs") / "pending", **options)  # validates every option
+    folder = RunFolder(resolve_out_dir(out, resume=False, create=False), link_latest=out is None)
+    return replace(settings, out_dir=folder.out), folder
 
 
 HOLDERS_PANEL, MODEL_PANEL, DATA_PANEL, FAULTS_PANEL, OUTPUT_PANEL = ("Holders", "Model and training", "Data path",
@@ -280,43 +288,53 @@ def register(app: typer.Typer) -> None:
                                          help="torchrun: elastic restarts of the fleet's ranks (they resume)."),
     ) -> None:
         """Run collaborative training: the GPU travels holder to holder (--gpus N: a fleet, docs/fleet.md)."""
-        breakpoints = parse_breakpoints(break_before)
-        out = resolve_out_dir(out, resume=resume)
-        settings = RunSettings(holders=holders, rounds=rounds, steps_per_visit=steps_per_visit, buffer_mib=buffer_mib,
-                               data_dir=data, out_dir=out, resume=resume, chunk_kib=chunk_kib, model=model.value,
-                               batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed, device=device,
-                               cc_mode=cc_mode.value, breakpoints=breakpoints,
-                               visit_attempts=visit_attempts, fault=fault, cipher_engine=cipher_engine.value,
-                               **holder_settings(holders_file=holders_file, transport=transport.value,
-                                                 data_path=data_path.value, data_host=data_host))
-        if gpus > 1 or nnodes > 1 or (resume and (out / "fleet.json").exists()):
-            from gputravel.console.commands.run_fleet import run_fleet
-
-            run_fleet(settings, gpus=gpus, variant=fleet_variant, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
-                      rdzv_id=rdzv_id, max_restarts=max_restarts, as_json=as_json)
-            return
+        options: dict[str, Any] = dict(
+            holders=holders, rounds=rounds, steps_per_visit=steps_per_visit, buffer_mib=buffer_mib, data_dir=data,
+            chunk_kib=chunk_kib, model=model.value, batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed,
+            device=device, cc_mode=cc_mode.value, breakpoints=parse_breakpoints(break_before),
+            visit_attempts=visit_attempts, fault=fault, cipher_engine=cipher_engine.value,
+            **holder_settings(holders_file=holders_file, transport=transport.value, data_path=data_path.value,
+                              data_host=data_host))
+        fleet = gpus > 1 or nnodes > 1
         if resume:
             from gputravel.core.api import resume_settings
 
-            settings = resume_settings(out, fault=fault)
+            out = resolve_out_dir(out, resume=True)
+            if fleet or (out / "fleet.json").exists():
+                settings = RunSettings(out_dir=out, resume=True, **options)
+            else:
+                settings = resume_settings(out, fault=fault)
+            folder = RunFolder(out)
+        else:
+            settings, folder = fresh_settings(out, **options)  # validated before anything is created
+        if fleet or (resume and (out / "fleet.json").exists()):
+            from gputravel.console.commands.run_fleet import run_fleet
+
+            folder.claim()
+            run_fleet(settings, gpus=gpus, variant=fleet_variant, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
+                      rdzv_id=rdzv_id, max_restarts=max_restarts, as_json=as_json)
+            return
         console = Console(stderr=True) if as_json else Console()
         view = RunView(console)
         ending = RunEnding()
         sinks: list[Any] = [view, ending]
         recorder = None
-        if not no_record:
-            from gputravel.core.recording import Recorder
-
-            recorder = Recorder(record or Path(settings.out_dir) / "recording.db",
-                                meta={"source": "gputravel run", "settings": settings.to_dict(),
-                                      "ledger": str(Path(settings.out_dir) / "ledger.db"), "started_at": time.time(),
-                                      "pid": os.getpid()})
-            sinks.append(recorder)
+        folder.claim()
+        ok = False
         error: BaseException | None = None
         try:
+            if not no_record:
+                from gputravel.core.recording import Recorder
+
+                recorder = Recorder(record or Path(settings.out_dir) / "recording.db",
+                                    meta={"source": "gputravel run", "settings": settings.to_dict(),
+                                          "ledger": str(Path(settings.out_dir) / "ledger.db"),
+                                          "started_at": time.time(), "pid": os.getpid()})
+                sinks.append(recorder)
             with running_marker(Path(settings.out_dir), owner="gputravel run"), view.progress:
                 report = asyncio.run(_run_until_stopped(settings, sinks=sinks, recorder=recorder,
                                                         telemetry_interval=telemetry_interval))
+            ok = True
         except BaseException as exc:
             error = exc
             raise
@@ -324,6 +342,8 @@ def register(app: typer.Typer) -> None:
             ending.finish(error, recorder=recorder)
             if recorder is not None:
                 recorder.close()
+            if not ok:
+                folder.release_if_empty()
         if as_json:
             sys.stdout.write(json.dumps(report, indent=2) + "\n")
         else:

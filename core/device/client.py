@@ -276,8 +276,10 @@ class DeviceClient:
             self.call(Op.RESTORE_CHUNK, sealed, attached=True, kind=kind)  # already sealed: not re-encrypted
         return DeviceState.from_wire(self.call(Op.RESTORE_END)[0])
 
-    def stats(self) -> DeviceStats:
-        head, payload = self.call(Op.STATS)
+    def stats(self, *, since: int = 0) -> DeviceStats:
+        """Counters; per-epoch rejections (in the payload) only for the epochs changed after ``since`` (a
+        previous answer's ``rejection_gen``)."""
+        head, payload = self.call(Op.STATS, since=since)
         extra = json.loads(bytes(payload)) if payload else {}  # rejected_by_epoch rides in the payload
         return DeviceStats.from_wire({**head, **(extra if isinstance(extra, dict) else {})})
 

@@ -161,9 +161,12 @@ class DeviceStats(_Wire):
     counters: dict[str, int]
     rejected: dict[str, int]
     busy_s: float
-    rejected_by_epoch: dict[str, dict[str, int]]
+    rejected_by_epoch: dict[str, dict[str, int]]  # only the epochs changed since the ``since`` asked for
     memory_bytes: int
     epoch: int
+    rejection_gen: int = 0  # pass it as ``since`` next time
+    more: bool = False  # more changed epochs than one answer lists: ask again
+    refused: dict[str, int] = field(default_factory=dict)  # connections refused before authenticating
 
 
 @dataclass(frozen=True, slots=True)

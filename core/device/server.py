@@ -25,10 +25,37 @@ from gputravel.core.protocol import TAG_LEN, FrameError, FrameType, StaleEpochEr
 from gputravel.core.protocol.frames import read_frame_into
 from gputravel.core.protocol.shmring import RingReceiver, RingSpec, ring_supported, send_frame_with_fd
 
+#: Connections that have not authenticated yet (no session opened, no DATA_READY), at most, and how long
+#: one may take to get there: a peer that stalls or floods costs at most this many threads for this long.
+MAX_PENDING = 32
+HANDSHAKE_TIMEOUT_S = 10.0
+
+
+class _Pending:
+    """One connection's place among the unauthenticated ones: released (and its time limit lifted) once it
+    authenticates, or when it ends."""
+
+    __slots__ = ("conn", "released", "sem")
+
+    def __init__(self, sem: threading.BoundedSemaphore, conn: socket.socket) -> None:
+        self.sem, self.conn, self.released = sem, conn, False
+
+    def authenticated(self) -> None:
+        if not self.released:
+            self.released = True
+            self.conn.settimeout(None)
+            self.sem.release()
+
+    def end(self) -> None:
+        if not self.released:
+            self.released = True
+            self.sem.release()
+
 
 class DeviceServer:
     def __init__(self, service: DeviceService, socket_path: str, *, data_host: str | None = "127.0.0.1",
-                 data_port: int = 0) -> None:
+                 data_port: int = 0, max_pending: int = MAX_PENDING,
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT_S) -> None:
         self.service = service
         self.socket_path = socket_path
         self.data_host = data_host
@@ -37,6 +64,19 @@ class DeviceServer:
         self._stop = threading.Event()
         self._control_busy = threading.Lock()
         self.sock: socket.socket | None = None
+        self.handshake_timeout = handshake_timeout
+        self._pending = threading.BoundedSemaphore(max_pending)
+
+    def _admit(self, conn: socket.socket, *, data_only: bool) -> None:
+        """A thread for a new connection if fewer than ``max_pending`` wait to authenticate; else it is
+        closed at once and counted (``busy``)."""
+        if not self._pending.acquire(blocking=False):
+            self.service.count_refused("busy")
+            conn.close()
+            return
+        conn.settimeout(self.handshake_timeout)
+        threading.Thread(target=self._handle, args=(conn, _Pending(self._pending, conn)),
+                         kwargs={"data_only": data_only}, daemon=True).start()
 
     def serve_forever(self) -> None:
         if os.path.exists(self.socket_path):
@@ -64,7 +104,7 @@ class DeviceServer:
                     conn, _ = self.sock.accept()
                 except OSError:
                     break
-                threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+                self._admit(conn, data_only=False)
         finally:
             self.close()
 
@@ -75,7 +115,7 @@ class DeviceServer:
             except OSError:
                 return
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=self._handle, args=(conn,), kwargs={"data_only": True}, daemon=True).start()
+            self._admit(conn, data_only=True)
 
     def close(self) -> None:
         self._stop.set()
@@ -92,49 +132,62 @@ class DeviceServer:
                 if os.path.exists(self.socket_path):
                     os.unlink(self.socket_path)
 
-    def _handle(self, conn: socket.socket, *, data_only: bool = False) -> None:
+    def _handle(self, conn: socket.socket, pending: _Pending, *, data_only: bool = False) -> None:
         conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         # small buffer: a large payload read bypasses it and lands straight in the slot
         stream: Any = conn.makefile("rb", buffering=1 << 16)
+        svc = self.service
+
+        def refuse(code: str, reason: str) -> None:
+            svc.count_refused(code)
+            send_frame(conn, FrameType.ERROR, {"code": code, "reason": reason})
+
         try:
             first = read_frame(stream)
             if first is None:
                 return
             if first.type is FrameType.ATTEST_REQUEST and data_only:
-                send_frame(conn, FrameType.ERROR, {"code": "frame", "reason": "the data port takes data connections only"})
+                refuse("frame", "the data port takes data connections only")
             elif first.type is FrameType.ATTEST_REQUEST:
                 if not self._control_busy.acquire(blocking=False):
+                    svc.count_refused("busy")
                     send_frame(conn, FrameType.ERROR, {"code": "device", "reason": "a control session is active"})
                     return
                 try:
-                    self._control(conn, stream, first)
+                    self._control(conn, stream, first, pending)
                 finally:
                     self._control_busy.release()
             elif first.type is FrameType.DATA_OPEN:
-                self._data(conn, stream, first)
+                self._data(conn, stream, first, pending)
             elif first.type is FrameType.PING and first.header.get("counters") and not data_only:
-                send_frame(conn, FrameType.PONG, self.service.public_counters())
+                send_frame(conn, FrameType.PONG, svc.public_counters())
             else:
-                send_frame(conn, FrameType.ERROR, {"code": "frame", "reason": f"unexpected {first.type.name}"})
+                refuse("frame", f"unexpected {first.type.name}")
+        except TimeoutError:  # stalled before authenticating: its thread and place are given back
+            if not pending.released:
+                svc.count_refused("timeout")
         except (OSError, ConnectionError):
             pass
         except GpuTravelError as exc:
+            if not pending.released:  # e.g. garbage as a first frame: counted like every rejection
+                svc.count_refused(exc.code)
             try:
                 send_frame(conn, FrameType.ERROR, error_header(exc))
             except OSError:
                 pass
         except (ValueError, KeyError, TypeError, OverflowError) as exc:  # a malformed handshake message
-            self.service.rejected["frame"] += 1
+            svc.rejected["frame"] += 1
             try:
                 send_frame(conn, FrameType.ERROR, {"ok": False, "code": "frame", "reason": f"malformed message: {exc}"})
             except OSError:
                 pass
         finally:
+            pending.end()
             stream.close()
             conn.close()
 
     # --- control -------------------------------------------------------------------------
-    def _control(self, conn: socket.socket, stream: Any, first: Any) -> None:
+    def _control(self, conn: socket.socket, stream: Any, first: Any, pending: _Pending) -> None:
         svc = self.service
         nonce = bytes.fromhex(str(first.header.get("nonce", "")))
         evidence = svc.evidence(nonce)
@@ -145,6 +198,7 @@ class DeviceServer:
         pub, sig, secrets = svc.open_session(initiator_public=bytes.fromhex(kex.header["public"]),
                                              context=session_context(nonce, evidence.digest()))
         send_frame(conn, FrameType.KEX_REPLY, {"public": pub.hex(), "signature": sig.hex()})
+        pending.authenticated()  # the session is open: no hand-shake time limit from here on
         chan = ControlChannel.for_device(secrets, 0)
         while True:
             frame = read_frame(stream)
@@ -170,16 +224,18 @@ class DeviceServer:
                 return
 
     # --- data ----------------------------------------------------------------------------
-    def _data(self, conn: socket.socket, stream: Any, first: Any) -> None:
+    def _data(self, conn: socket.socket, stream: Any, first: Any, pending: _Pending) -> None:
         svc = self.service
         secrets = svc.secrets
         if secrets is None or first.header.get("session") != secrets.session_id.hex():
+            svc.count_refused("stale-epoch")
             send_frame(conn, FrameType.ERROR, {"code": "stale-epoch", "reason": "no such session"})
             return
         session = secrets.session_id.hex()
         # shared-memory rings only where the holder shares this host: on the Unix socket, when asked for
         rings = conn.family == socket.AF_UNIX and ring_supported() and bool(first.header.get("rings"))
         send_frame(conn, FrameType.DATA_READY, {"session": session, **({"rings": 1} if rings else {})})
+        pending.authenticated()  # bound to the open session; each chunk is authenticated on its own
         slots = svc.plane.take_slots()  # this connection's receive buffers, reused from an earlier one
         data = _DataConnection(svc, conn, stream, slots, session=session, rings=rings)
         try:

@@ -65,6 +65,8 @@ from gputravel.core.protocol.shmring import RingSpec, ShmRing
 from gputravel.core.protocol.stream import StreamHeader, StreamOpener, StreamSealer, rechunk
 
 MAX_CHUNK = 16 * 1024 * 1024
+#: epochs one ``stats`` answer lists at most (each up to ~150 bytes of counts: far under the header limit)
+STATS_EPOCHS = 64
 #: closed windows whose accepted chunks' tags are remembered, so a captured chunk replayed later is named
 DEAD_TAG_EPOCHS = 64
 
@@ -161,6 +163,12 @@ class DeviceService:
         self.rejected: Counter[str] = Counter()
         #: rejections attributed to the epoch (so the holder) whose key or window they claimed
         self.rejected_by_epoch: dict[int, Counter[str]] = {}
+        #: generation of the last rejection attributed to an epoch, and each epoch's last change (in change
+        #: order): ``stats(since=)`` answers only the epochs changed since the caller's last audit
+        self.rejection_gen = 0
+        #: connections refused before they authenticated, by reason (chunks refused are ``rejected``)
+        self.refused: Counter[str] = Counter()
+        self._epoch_gen: dict[int, int] = {}
         self.counters: Counter[str] = Counter()
         self.busy_s = 0.0
         self._busy_since: float | None = None
@@ -244,7 +252,8 @@ class DeviceService:
         busy = self.busy_s + (time.perf_counter() - since if since is not None else 0.0)
         return {"counters": {k: int(v) for k, v in self.counters.items()}, "busy_s": busy,
                 "memory_bytes": self._memory_bytes(),
-                "epoch": self.epoch, "rejected": dict(self.rejected), "device": str(self.device)}
+                "epoch": self.epoch, "rejected": dict(self.rejected), "refused": dict(self.refused),
+                "device": str(self.device)}
 
     def op_attest(self, *, nonce: str, payload: bytes) -> Reply:
         """Fresh evidence over the verifier's nonce, inside the session."""
@@ -529,12 +538,20 @@ class DeviceService:
             mem += sum(p.numel() * p.element_size() for p in self.trainer.model.parameters())
         return int(mem)
 
-    def op_stats(self, *, payload: bytes) -> Reply:
-        """The counters in the header; ``rejected_by_epoch`` (one entry per epoch that ever saw a rejection,
-        so it grows with the run) as JSON in the payload, where the 16 KiB header limit does not bind."""
+    def op_stats(self, *, since: int = 0, payload: bytes) -> Reply:
+        """The counters in the header; the per-epoch rejection counts of the epochs changed after generation
+        ``since`` (the ``rejection_gen`` of the caller's last answer) as JSON in the payload: at most
+        ``STATS_EPOCHS`` of them, oldest change first, with ``more`` set when others wait for the next call.
+        An answer stays small however long the run, and each audit reads only what is new."""
+        if type(since) is not int or since < 0:
+            raise FrameError("stats: since must be a non-negative integer")
+        changed = [(e, g) for e, g in self._epoch_gen.items() if g > since][:STATS_EPOCHS]
+        more = sum(1 for g in self._epoch_gen.values() if g > since) > len(changed)
+        upto = changed[-1][1] if more else self.rejection_gen
         wire = DeviceStats(counters=dict(self.counters), rejected=dict(self.rejected), busy_s=self.busy_s,
-                           rejected_by_epoch={str(e): dict(c) for e, c in self.rejected_by_epoch.items()},
-                           memory_bytes=self._memory_bytes(), epoch=self.epoch).to_wire()
+                           rejected_by_epoch={str(e): dict(self.rejected_by_epoch[e]) for e, _ in changed},
+                           memory_bytes=self._memory_bytes(), epoch=self.epoch, rejection_gen=upto, more=more,
+                           refused=dict(self.refused)).to_wire()
         by_epoch = wire.pop("rejected_by_epoch")
         return Reply(wire, json.dumps({"rejected_by_epoch": by_epoch}, separators=(",", ":")).encode())
 
@@ -649,6 +666,12 @@ class DeviceService:
         # The AEAD step runs outside the lock (it releases the GIL): chunks authenticate in parallel.
         self.plane.open(w.recv, payload, seq=seq, offset=offset, length=length, chunk_size=w.chunk_size, done=done)
 
+    def count_refused(self, code: str) -> None:
+        """A connection refused before it authenticated (a garbage first frame, a stall past the hand-shake
+        timeout, one too many waiting, a session that does not exist): counted, attributed to no epoch."""
+        with self.lock:
+            self.refused[code] += 1
+
     def count_rejection(self, code: str, claimed_epoch: Any = None) -> None:
         """Count a rejection, attributed to the epoch it claimed when that epoch's key was ever handed
         out, else to the window open now (the connection's current holder)."""
@@ -664,6 +687,9 @@ class DeviceService:
             epoch = self.window.epoch
         if epoch is not None:
             self.rejected_by_epoch.setdefault(epoch, Counter())[code] += 1
+            self.rejection_gen += 1
+            self._epoch_gen.pop(epoch, None)  # re-inserted: the dict stays in change order
+            self._epoch_gen[epoch] = self.rejection_gen
 
     def _admit(self, header: dict[str, Any], payload: bytes | bytearray | memoryview
                ) -> tuple[ProvisionWindow, int, int, int, int, DirectionKey | None]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gputravel.core.attestation import Policy, load_policy, provision_emulated
 from gputravel.core.device.link import TrustAnchors
-from gputravel.core.errors import DeviceError
+from gputravel.core.errors import ConfigError, DeviceError
 from gputravel.core.platform.base import DeviceHandle, PlatformInfo, last_log_line
 from gputravel.core.procs import die_with_parent
 
@@ -48,6 +48,7 @@ class EmulatedPlatform:
         return TrustAnchors(root=ca.root_cert, crl=ca.crl(), policy=self.policy or load_policy())
 
     def start(self, *, buffer_bytes: int, ready_timeout: float = 120.0) -> DeviceHandle:
+        check_torch_device(self.device)
         anchors = self.anchors()
         sock_dir = tempfile.mkdtemp(prefix="gputravel-dev-")  # short path: AF_UNIX limits it to 108 bytes
         os.chmod(sock_dir, 0o700)
@@ -116,3 +117,25 @@ class EmulatedPlatform:
         fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0), 0o600)
         os.fchmod(fd, 0o600)
         return fd
+
+
+def check_torch_device(device: str | None) -> None:
+    """``--device`` names a torch device this machine has, or ``ConfigError`` in one line (checked before the
+    device service starts, so its traceback never becomes the message)."""
+    if not device:
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise ConfigError(f"--device {device!r} is not a torch device: {str(exc).splitlines()[0]}") from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = dev.index or 0
+        if index >= count:
+            raise ConfigError(f"--device {device}: this machine has {count} CUDA device(s)"
+                              + (f" (cuda:0 to cuda:{count - 1})" if count else ""))
+    elif dev.type not in ("cpu", "meta"):
+        raise ConfigError(f"--device {device}: the emulated GPU runs on cpu or cuda, not {dev.type}")
+

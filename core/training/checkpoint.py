@@ -33,6 +33,7 @@ naming the file and the chunk.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -86,6 +87,13 @@ STAGE_BYTES = DEFAULT_STREAM_CHUNK
 
 
 # --- keys --------------------------------------------------------------------------------------------
+def meta_mac(run_key: bytes, meta: Mapping[str, Any]) -> str:
+    """HMAC-SHA256 under the run's checkpoint key over the canonical JSON of a meta record (without its mac):
+    the ledger head and settings digest a resume checks cannot be edited in the file's plaintext record."""
+    body = json.dumps({k: v for k, v in meta.items() if k != "mac"}, sort_keys=True, separators=(",", ":"))
+    return hmac.new(run_key, b"gputravel/checkpoint-meta/v1|" + body.encode(), hashlib.sha256).hexdigest()
+
+
 def load_or_create_key(path: Path) -> bytes:
     """The 32-byte checkpoint key at ``path``, created (mode 0600) when missing.
 
@@ -445,8 +453,9 @@ class CheckpointWriter:
         if not self._ended:
             self.abort()
             raise DataError(f"checkpoint {self.path.name} has no end chunk: refusing to publish a partial stream")
-        raw = json.dumps({**dict(meta or {}), "tag_digest": self.tag_digest}, sort_keys=True,
-                         separators=(",", ":")).encode()
+        record = {**dict(meta or {}), "tag_digest": self.tag_digest}
+        record["mac"] = meta_mac(self.store.run_key(self.header.run_id), record)
+        raw = json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
         self._write(_RECORD.pack(REC_META, len(raw)) + raw)
         self._file.flush()
         os.fsync(self._file.fileno())
@@ -654,6 +663,18 @@ class CheckpointStore:
         """A checkpoint's plaintext meta record (what the orchestrator wrote: digests, epoch, steps)."""
         with self.open(path_or_seq) as f:
             return f.read_meta()
+
+    def verified_meta(self, path_or_seq: Path | int, *, run_id: str) -> dict[str, Any]:
+        """The meta record of a checkpoint of ``run_id`` after every chunk was opened and checked in order and
+        the record's MAC (under the run key) verified: what a resume builds on. Raises ``TagError`` /
+        ``DataError`` naming what failed."""
+        for _ in self.chunks(path_or_seq, run_id=run_id):
+            pass
+        meta = self.meta(path_or_seq)
+        want = meta.pop("mac", None)
+        if not isinstance(want, str) or not hmac.compare_digest(want, meta_mac(self.run_key(run_id), meta)):
+            raise TagError(f"checkpoint {path_or_seq}: its meta record does not verify (altered or unsealed)")
+        return meta
 
     # --- in-process sealing and opening (tests, tools; a run's device seals its own) ------------------
     def save(self, state: Any, *, run_id: str, seq: int, meta: Mapping[str, Any] | None = None,

@@ -465,7 +465,10 @@ def _check_utf8(path: Path) -> int:
 
 
 def _visible(path: Path) -> list[Path]:
-    return sorted(p for p in path.iterdir() if not p.name.startswith("."))
+    try:
+        return sorted(p for p in path.iterdir() if not p.name.startswith("."))
+    except OSError as exc:  # e.g. a holder folder this user may not read: named, exit 2, not a traceback
+        raise DataError(f"{path}: cannot read the folder ({exc.strerror or exc})") from None
 
 
 def validate_data_dir(path: Path) -> list[HolderDataSpec]:
@@ -514,7 +517,10 @@ def validate_data_dir(path: Path) -> list[HolderDataSpec]:
         else:
             tokens = 0
             for f in files:
-                count = len(read_llmc_shard(f))
+                try:
+                    count = len(read_llmc_shard(f))
+                except OSError as exc:
+                    raise DataError(f"{f}: cannot read ({exc.strerror or exc})") from None
                 if count == 0:
                     raise DataError(f"{f}: shard holds no tokens")
                 tokens += count

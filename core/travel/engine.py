@@ -39,6 +39,7 @@ from gputravel.core.errors import (
 from gputravel.core.ledger import Ledger
 from gputravel.core.platform.base import DeviceHandle
 from gputravel.core.procs import release_free_memory
+from gputravel.core.runfolder import sealed_settings_digest
 from gputravel.core.training.checkpoint import CheckpointStore
 from gputravel.core.travel import handoff as ho
 from gputravel.core.travel.audit import ATTACK_CODES, Audit
@@ -125,6 +126,8 @@ class TravelEngine:
         self.device_restarts = 0
         self.session_epoch_base = 0
         self.session_rekeys = 0
+        self.settings_sha256 = sealed_settings_digest(self.out_dir)
+        self._rejection_gen = 0  # the device's rejection generation audited so far
         #: the phase walk of one visit: each step returns its outcome (bytes, detail)
         self._steps: tuple[tuple[Phase, Callable[[_Visit], Awaitable[_Outcome]]], ...] = (
             (Phase.ATTEST, self._attest), (Phase.HANDOFF, self._handoff), (Phase.PROVISION, self._provision),
@@ -201,8 +204,14 @@ class TravelEngine:
                 done = self.client.checkpoint(key, header, add)
                 if done.tag_digest != writer.tag_digest:
                     raise IntegrityError(f"checkpoint {seq}: the chunks written differ from those the device sealed")
+                # with the state: the ledger head and the settings this checkpoint continues (the meta record is
+                # MACed under the run key), so a resume can prove the ledger was neither cut nor rewritten and
+                # the settings not changed behind its back
+                seq_now, hash_now = self.ledger.head()
                 writer.commit({"model_digest": done.model_digest, "seq": seq, "epoch": self.epoch, "note": note,
-                               "steps": self.step_count, "bytes": done.bytes, "chunks": done.chunks})
+                               "steps": self.step_count, "bytes": done.bytes, "chunks": done.chunks,
+                               "ledger_head": [seq_now, hash_now] if seq_now else None,
+                               "settings_sha256": self.settings_sha256})
             return done
 
         done = await asyncio.to_thread(stream)
@@ -233,8 +242,14 @@ class TravelEngine:
         self.last_good_ckpt = seq
 
     async def _audit_from_device(self) -> None:
-        stats = await asyncio.to_thread(self.client.stats)
-        self.audit.rejections(stats.rejected_by_epoch, self.records)
+        """The device's rejections since the last audit, attributed to their visits (in pages: the device
+        answers at most a few dozen epochs at a time)."""
+        for _ in range(10_000):
+            stats = await asyncio.to_thread(self.client.stats, since=self._rejection_gen)
+            self.audit.rejections(stats.rejected_by_epoch, self.records)
+            self._rejection_gen = stats.rejection_gen
+            if not stats.more:
+                break
 
     # --- set-up -----------------------------------------------------------------------------------
     async def setup(self) -> None:
@@ -313,6 +328,7 @@ class TravelEngine:
     async def run(self) -> dict[str, Any]:
         self.started = time.time()
         t0 = time.perf_counter()
+        ended: tuple[str, str] | None = None
         try:
             await self.setup()
             self.audit.emit(ev.RunStarted(time.time(), self.run_id, self.handle.info.to_dict(), tuple(self.links),
@@ -339,12 +355,18 @@ class TravelEngine:
             if last is not None and isinstance(exc, DeviceError):
                 # the device died: its own last words say why (the link only saw a reset or a broken pipe)
                 exc = DeviceError(f"{exc.reason}; the device service died: {last}")
-            self.audit.record(ev.RunFailed(time.time(), self.run_id, str(exc), exc.code),
-                              "run-failed", outcome=exc.code,
-                              detail={"error": str(exc), **({"device_last_error": last} if last else {})})
+            ended = (str(exc), exc.code)
             raise exc from None
+        except (asyncio.CancelledError, KeyboardInterrupt):  # Ctrl-C: committed progress stays resumable
+            ended = ("cancelled (interrupted)", CancelledRunError.code)
+            raise
+        except Exception as exc:  # a bug: still a final row, then the traceback
+            ended = (f"{type(exc).__name__}: {exc}", "internal")
+            raise
         finally:
             await self._shutdown_links()
+            if ended is not None:  # after the holders' own last rows: the run's row is the final one
+                self._final_row(*ended)
         try:
             await self._audit_from_device()
         except GpuTravelError:
@@ -361,6 +383,18 @@ class TravelEngine:
         if self.handle.alive():
             return None
         return self.handle.last_error() or f"exit status {self.handle.process.returncode if self.handle.process else '?'}"
+
+    def _final_row(self, error: str, code: str) -> None:
+        """Every way a run ends writes a final ledger row and a final event (``run-failed`` with the error's
+        code; ``run-completed`` on the way out of a finished run). A ledger that cannot take it any more
+        (``LedgerError``) does not hide the run's own error."""
+        last = self.device_last_error()
+        detail = {"error": error, **({"device_last_error": last} if last else {})}
+        try:
+            self.audit.record(ev.RunFailed(time.time(), self.run_id, error, code),
+                              "run-failed", outcome=code, detail=detail)
+        except GpuTravelError:
+            self.audit.emit(ev.RunFailed(time.time(), self.run_id, error, code))
 
     def report(self, *, seconds: float) -> dict[str, Any]:
         return build_report(self, seconds=seconds)
@@ -427,7 +461,8 @@ class TravelEngine:
         return 0, {"device_id": result.device_id, "ok": result.ok}
 
     async def _handoff(self, v: _Visit) -> _Outcome:
-        """A provisioning key for this window and epoch only."""
+        """A provisioning key for this window and epoch only, for a holder that is verified-ready."""
+        await self._require_ready(v.link)
         v.handoff = await self._open_window(v.rec, v.subs[0])
         v.window_open = True
         return 0, {"window": [0, v.rec.plan.window_len], "part": v.rec.plan.part_id, "n_windows": len(v.subs)}
@@ -543,7 +578,9 @@ class TravelEngine:
         self.audit.emit(ev.PhaseStarted(time.time(), rec.plan.index, rec.plan.holder, str(phase), rec.epoch))
         self._fault_point(phase)
         if self.fault_plan is not None and self.fault_plan.matches(phase, rec.plan.index, rec.attempts):
-            self._arm_fault(self.fault_plan, rec)
+            killed = self._arm_fault(self.fault_plan, rec)
+            if killed is not None:  # an agent killed as the phase begins is dead before the phase goes on
+                await killed
         return time.perf_counter()
 
     def _done(self, rec: VisitRecord, phase: Phase, t0: float, *, nbytes: int = 0, outcome: str = "ok",
@@ -564,23 +601,37 @@ class TravelEngine:
         if action is not None:
             action(self)
 
-    def _arm_fault(self, plan: FaultPlan, rec: VisitRecord) -> None:
-        """Fault injection (crash study and tests): kill a process now or ``plan.delay`` s into the phase."""
+    def _arm_fault(self, plan: FaultPlan, rec: VisitRecord) -> asyncio.Future[None] | None:
+        """Fault injection (crash study and tests): kill a process now or ``plan.delay`` s into the phase;
+        an agent killed now is returned as the future of its death."""
         self.fault_plan = None  # once per run
         if plan.delay <= 0:
-            self._fire_fault(plan, rec)
-        else:
-            asyncio.get_running_loop().call_later(plan.delay, self._fire_fault, plan, rec)
+            return self._fire_fault(plan, rec)
+        asyncio.get_running_loop().call_later(plan.delay, self._fire_fault, plan, rec)
+        return None
 
-    def _fire_fault(self, plan: FaultPlan, rec: VisitRecord | None) -> None:
+    def _fire_fault(self, plan: FaultPlan, rec: VisitRecord | None) -> asyncio.Future[None] | None:
         if plan.target == "orchestrator":
             os.kill(os.getpid(), signal.SIGKILL)
         elif plan.target == "device":
             self.handle.kill()
         elif plan.target == "agent" and rec is not None:
-            asyncio.ensure_future(self.links[rec.plan.holder].kill())
+            return asyncio.ensure_future(self.links[rec.plan.holder].kill())
+        return None
 
     # --- hand-off windows ---------------------------------------------------------------------------
+    async def _require_ready(self, link: HolderLink) -> None:
+        """No key to a holder that is not verified-ready: one whose agent or session died while it waited
+        is brought back first (the link marks it offline, reconnects with backoff and verifies the agent's
+        hash again); if it does not come back, the visit fails here, before any window is opened."""
+        if link.ready:
+            return
+        info = await link.ensure_ready()
+        if not link.ready:
+            raise LinkLostError(link.name, f"not verified-ready ({getattr(link, 'state', '?')}); no key released")
+        if info is not None:
+            self.infos[link.name] = info
+
     async def _open_window(self, rec: VisitRecord, sub: tuple[int, int]) -> Handoff:
         """A new epoch and a provisioning key for bytes [skip, skip+length) of the visit's window."""
         epoch = self.epoch + 1

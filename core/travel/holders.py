@@ -156,6 +156,17 @@ class HolderLink(ABC):
         """Re-establish a dropped link and restart the agent (links with ``max_reconnects > 0``)."""
         raise LinkLostError(self.name, "this link cannot reconnect")
 
+    @property
+    def ready(self) -> bool:
+        """Verified-ready: the agent this link verified is still there and waiting. The engine hands a key
+        (opens a provisioning window) only to a holder that is ready."""
+        return True
+
+    async def ensure_ready(self) -> HolderInfo | None:
+        """Bring a holder that is not :attr:`ready` back (restart, or reconnect with backoff and verify the
+        agent again), or raise ``AgentError``; the new agent's ``HolderInfo`` (None: nothing changed)."""
+        return None
+
     async def kill(self) -> None:
         """Fault injection: the agent dies."""
         raise NotImplementedError
@@ -433,6 +444,22 @@ class LocalHolderLink(FramedHolderLink):
             raise
         self.set_state(HolderState.RETURNED, f"epoch {handoff.epoch}")
         return stats
+
+    @property
+    def ready(self) -> bool:
+        """The agent answered HELLO, is still running and did not fail a transfer."""
+        return (self.proc is not None and self.proc.returncode is None and self.info is not None
+                and self.state not in (HolderState.FAILED, HolderState.STOPPED, HolderState.PROVISIONING))
+
+    async def ensure_ready(self) -> HolderInfo | None:
+        """A local agent that died while waiting is marked offline and started again."""
+        if self.ready:
+            return None
+        if self.state not in (HolderState.OFFLINE, HolderState.FAILED):
+            rc = self.proc.returncode if self.proc is not None else None
+            self.set_state(HolderState.OFFLINE, f"agent exited while waiting (status {rc})")
+        await self.close()
+        return await self.start()
 
     async def kill(self) -> None:
         if self.proc is not None and self.proc.returncode is None:

@@ -68,6 +68,7 @@ class Recovery:
         e.handle.stop()
         e.handle = await asyncio.to_thread(e.restart_device)
         e.client = e.new_client()
+        e._rejection_gen = 0  # a new device counts its rejections from the start
         result = await asyncio.to_thread(e.client.connect)
         await e.upload_program()
         await e.configure_data_path()

@@ -6,10 +6,13 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 
-from gputravel.core.errors import DataError
+from gputravel.core.errors import ConfigError, DataError
 from gputravel.core.travel.holders import HolderInfo
 
 UNIT = {"byte": 1, "u16": 2}
+
+#: The most visits one run's schedule may hold (it is built in memory, about 200 bytes a visit).
+MAX_PLANNED_VISITS = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +59,10 @@ def plan_visits(infos: list[HolderInfo], *, rounds: int, buffer_bytes: int, val_
             start = p * size
             parts.append((start, min(size, info.train_bytes - start)))
         per_holder.append((info, parts, val_len))
+    total = rounds * sum(len(parts) for _, parts, _ in per_holder)
+    if total > MAX_PLANNED_VISITS:
+        raise ConfigError(f"the schedule would hold {total:,} visits ({rounds:,} rounds); the limit is "
+                          f"{MAX_PLANNED_VISITS:,}: fewer --rounds or a bigger --buffer-mib")
     plans: list[VisitPlan] = []
     for r in range(rounds):
         for p in range(max(len(parts) for _, parts, _ in per_holder)):

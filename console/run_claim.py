@@ -1,0 +1,47 @@
+"""A run's folder as ``gputravel run`` claims it: only after the settings were validated, and given back
+when the run fails before its ledger exists (``RunFolder``; the folder's status lives in ``run_folder``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+
+class RunFolder:
+    """A run's folder, created only once the settings were validated, and taken back when the run fails
+    before its ledger exists (nothing to audit or resume): the folder is removed and ``runs/latest``
+    points where it pointed before. A run killed outright keeps its folder, which ``--resume`` then starts."""
+
+    def __init__(self, out: Path, *, runs: Path = Path("runs"), link_latest: bool = False) -> None:
+        self.out = Path(out)
+        self.runs = runs
+        self.latest = runs / "latest"
+        self.link_latest = link_latest
+        self.created = not self.out.exists()
+        self.runs_created = link_latest and not runs.exists()
+        self.previous: str | None = None
+
+    def claim(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        if self.link_latest:
+            if self.latest.is_symlink():
+                self.previous = os.readlink(self.latest)
+            if self.latest.is_symlink() or self.latest.exists():
+                self.latest.unlink()
+            self.latest.symlink_to(self.out.name)
+
+    def release_if_empty(self) -> None:
+        """After a failed run: undo :meth:`claim` unless the run got as far as its ledger."""
+        if not self.created or (self.out / "ledger.db").exists():
+            return
+        shutil.rmtree(self.out, ignore_errors=True)
+        if self.link_latest and self.latest.is_symlink() and os.readlink(self.latest) == self.out.name:
+            self.latest.unlink()
+            if self.previous is not None:
+                self.latest.symlink_to(self.previous)
+        if self.runs_created:
+            try:
+                self.runs.rmdir()  # only when empty again
+            except OSError:
+                pass
