@@ -9,17 +9,16 @@
 
 from __future__ import annotations
 
+import argparse
 import re
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from cryptography import x509
 
 from gputravel.core.attestation import CCMode, DeviceIdentity, provision_emulated
 from gputravel.core.collectives.ring import RingFault
-from gputravel.core.device.server import DeviceServer
+from gputravel.core.device.server import device_arg_parser, serve_from_args
 from gputravel.core.device.service import DeviceService, Reply
 from gputravel.core.errors import (
     CollectiveAbortedError,
@@ -139,36 +138,17 @@ def _ring_error(text: str) -> GpuTravelError:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m gputravel.core.fleet.device",
-                                     description="Run one fleet member's emulated confidential GPU.")
-    parser.add_argument("--socket", required=True)
-    parser.add_argument("--state-dir", required=True, type=Path)
+    parser = device_arg_parser("python -m gputravel.core.fleet.device",
+                               "Run one fleet member's emulated confidential GPU.")
     parser.add_argument("--device-id", required=True, help="this device's identity (emu-gpu-R)")
-    parser.add_argument("--buffer-bytes", type=int, required=True)
-    parser.add_argument("--device", default=None, help="torch device (default: cuda if present, else cpu)")
-    parser.add_argument("--cc-mode", default="on", choices=["on", "off", "devtools"])
-    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch default)")
-    parser.add_argument("--allow-fault-injection", action="store_true")
-    parser.add_argument("--data-host", default="127.0.0.1", help="address of the TCP data port ('' for none)")
-    parser.add_argument("--data-port", type=int, default=0)
-    parser.add_argument("--cipher-engine", default="auto", choices=["auto", "cpu", "gpu"],
-                        help="who opens provisioning chunks: cryptography on the CPU, or the GPU cipher")
-    ns = parser.parse_args(argv)
-    if ns.threads:
-        import torch
 
-        torch.set_num_threads(ns.threads)
-    try:
+    def build(ns: argparse.Namespace) -> FleetDeviceService:
         _, identity = provision_emulated(ns.state_dir, device_id=ns.device_id)
-        service = FleetDeviceService(identity=identity, buffer_bytes=ns.buffer_bytes, device=ns.device,
-                                     cc_mode=CCMode(ns.cc_mode), allow_fault_injection=ns.allow_fault_injection,
-                                     cipher_engine=ns.cipher_engine)
-    except GpuTravelError as exc:
-        print(f"ERROR {exc}", flush=True)
-        sys.exit(exc.exit_code)
-    DeviceServer(service, ns.socket, data_host=ns.data_host or None, data_port=ns.data_port).serve_forever()
+        return FleetDeviceService(identity=identity, buffer_bytes=ns.buffer_bytes, device=ns.device,
+                                  cc_mode=CCMode(ns.cc_mode), allow_fault_injection=ns.allow_fault_injection,
+                                  cipher_engine=ns.cipher_engine)
+
+    serve_from_args(parser.parse_args(argv), build)
 
 
 if __name__ == "__main__":
