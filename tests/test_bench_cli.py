@@ -81,7 +81,10 @@ def test_bench_provision_reports_each_path_against_the_aes_core_rate_and_direct_
 
 def test_bench_provision_refuses_zero_repeats_before_doing_any_work() -> None:
     res = gputravel("bench", "provision", "--path", "direct", "--size-mib", "1", "--repeats", "0", "--json")
-    assert res.returncode == 2 and res.stdout == ""
+    assert res.returncode == 2  # a usage error, refused before any work
+    # under --json the error is the JSON envelope on stdout (and a line on stderr), never a traceback
+    error = json.loads(res.stdout)["error"]
+    assert error["exit_code"] == 2 and "--repeats" in error["message"]
     assert "--repeats" in res.stderr and "Traceback" not in res.stderr
 
 
