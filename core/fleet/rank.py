@@ -263,31 +263,13 @@ class FleetEngine(TravelEngine):
 
     # --- the run -------------------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
-        self.started = time.time()
-        t0 = time.perf_counter()
-        try:
-            await self.setup()
-            self.audit.emit(ev.RunStarted(time.time(), self.run_id, self.handle.info.to_dict(), tuple(self.links),
-                                          len(self.records)))
-            await self._compare_replicas(-1)
-            for step, plan in self.my_steps[self.start_step:]:
-                await self._step(step, plan)
-        except GpuTravelError as exc:
-            self.audit.record(ev.RunFailed(time.time(), self.run_id, str(exc), exc.code),
-                              "run-failed", outcome=exc.code, detail={"error": str(exc)})
-            raise
-        finally:
-            await self._shutdown_links()
-        try:
-            await self._audit_from_device()
-        except GpuTravelError:
-            pass
-        failed = sum(1 for r in self.records if r.outcome == "failed")
-        seconds = time.perf_counter() - t0
-        self.audit.record(ev.RunCompleted(time.time(), self.run_id, len(self.records), failed, seconds),
-                          "run-completed", outcome="ok" if not failed else "partial", duration_s=seconds,
-                          detail={"visits": len(self.records), "failed": failed})
-        return self.report(seconds=seconds)
+        return await self.run_guarded(self._walk_steps, planned=len(self.records))
+
+    async def _walk_steps(self) -> None:
+        """This rank's lock-step steps from where the run stands (replicas compared before the first)."""
+        await self._compare_replicas(-1)
+        for step, plan in self.my_steps[self.start_step:]:
+            await self._step(step, plan)
 
     async def _step(self, step: FleetStep, plan: VisitPlan | None) -> None:
         """One lock-step step on this rank: its visit (or none), the agreement, TRAIN, the digest check."""

@@ -326,30 +326,40 @@ class TravelEngine:
 
     # --- the run ----------------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
+        return await self.run_guarded(self._walk_visits, planned=len(self.plans))
+
+    async def _walk_visits(self) -> None:
+        """Every visit not done yet, each retried by the policy (``visit_attempts``)."""
+        for rec in self.records:
+            if rec.outcome.startswith("done"):
+                continue
+            while True:
+                rec.attempts += 1
+                t_visit = time.perf_counter()
+                try:
+                    await self.visit(rec)
+                finally:
+                    for probe in self.probes:
+                        probe.on_visit(rec.plan.index, time.perf_counter() - t_visit)
+                if rec.outcome != "failed" or rec.attempts >= self.settings.visit_attempts:
+                    break
+                self.audit.row("visit-retry", holder=rec.plan.holder, outcome="retry",
+                               detail={"visit": rec.plan.index, "attempt": rec.attempts + 1,
+                                       "after": f"{rec.failed_phase}: {rec.error}"})
+                rec.reset_for_retry()
+
+    async def run_guarded(self, body: Callable[[], Awaitable[None]], *, planned: int) -> dict[str, Any]:
+        """Set up, run ``body`` (the walk: visits here, lock-step steps in a fleet), and end the run the one
+        way every run ends: a final ledger row and event for every ending (an error, Ctrl-C, a bug), the
+        holders let go first, then the device's audit, ``run-completed`` and the report."""
         self.started = time.time()
         t0 = time.perf_counter()
         ended: tuple[str, str] | None = None
         try:
             await self.setup()
             self.audit.emit(ev.RunStarted(time.time(), self.run_id, self.handle.info.to_dict(), tuple(self.links),
-                                          len(self.plans)))
-            for rec in self.records:
-                if rec.outcome.startswith("done"):
-                    continue
-                while True:
-                    rec.attempts += 1
-                    t_visit = time.perf_counter()
-                    try:
-                        await self.visit(rec)
-                    finally:
-                        for probe in self.probes:
-                            probe.on_visit(rec.plan.index, time.perf_counter() - t_visit)
-                    if rec.outcome != "failed" or rec.attempts >= self.settings.visit_attempts:
-                        break
-                    self.audit.row("visit-retry", holder=rec.plan.holder, outcome="retry",
-                                   detail={"visit": rec.plan.index, "attempt": rec.attempts + 1,
-                                           "after": f"{rec.failed_phase}: {rec.error}"})
-                    rec.reset_for_retry()
+                                          planned))
+            await body()
         except GpuTravelError as exc:
             last = self.device_last_error()
             if last is not None and isinstance(exc, DeviceError):
