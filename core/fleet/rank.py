@@ -263,7 +263,7 @@ class FleetEngine(TravelEngine):
 
     # --- the run -------------------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
-        return await self.run_guarded(self._walk_steps, planned=len(self.records))
+        return await self.run_guarded(self._walk_steps, planned=lambda: len(self.records))
 
     async def _walk_steps(self) -> None:
         """This rank's lock-step steps from where the run stands (replicas compared before the first)."""

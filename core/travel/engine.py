@@ -326,7 +326,7 @@ class TravelEngine:
 
     # --- the run ----------------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
-        return await self.run_guarded(self._walk_visits, planned=len(self.plans))
+        return await self.run_guarded(self._walk_visits, planned=lambda: len(self.plans))
 
     async def _walk_visits(self) -> None:
         """Every visit not done yet, each retried by the policy (``visit_attempts``)."""
@@ -348,17 +348,19 @@ class TravelEngine:
                                        "after": f"{rec.failed_phase}: {rec.error}"})
                 rec.reset_for_retry()
 
-    async def run_guarded(self, body: Callable[[], Awaitable[None]], *, planned: int) -> dict[str, Any]:
+    async def run_guarded(self, body: Callable[[], Awaitable[None]], *,
+                          planned: Callable[[], int]) -> dict[str, Any]:
         """Set up, run ``body`` (the walk: visits here, lock-step steps in a fleet), and end the run the one
         way every run ends: a final ledger row and event for every ending (an error, Ctrl-C, a bug), the
-        holders let go first, then the device's audit, ``run-completed`` and the report."""
+        holders let go first, then the device's audit, ``run-completed`` and the report. ``planned`` counts
+        the visits once set-up has planned them."""
         self.started = time.time()
         t0 = time.perf_counter()
         ended: tuple[str, str] | None = None
         try:
             await self.setup()
             self.audit.emit(ev.RunStarted(time.time(), self.run_id, self.handle.info.to_dict(), tuple(self.links),
-                                          planned))
+                                          planned()))
             await body()
         except GpuTravelError as exc:
             last = self.device_last_error()
