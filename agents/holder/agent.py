@@ -519,6 +519,8 @@ class Agent:
                 n = min(cs, total - lo)
                 slot = free.pop()
                 head: dict[str, Any] = {"e": epoch, "s": seq, "o": base + lo, "n": n}
+                if direct:  # the device may acknowledge in batches, and must flush them before this agent waits
+                    head["f"] = 1 if seq == n_chunks - 1 or not free else 0
                 if sender is None:  # conventional path: plaintext rides the (SSH-encrypted) link, read into its slot
                     ct = out.slots[slot][:n]
                     self._window_into(h, skip + lo, ct)
@@ -547,17 +549,22 @@ class Agent:
                     os.close(frame.fd)  # not asked for now
                 continue
             if frame.type is FrameType.ACK:
-                s = frame.header.get("s")
-                if type(s) is not int or s in acked or s >= seq:
-                    continue  # a duplicate, or an acknowledgement of nothing sent: ignored
-                acked.add(s)
-                if s in sealed:
-                    free.append(sealed.pop(s)[2])
-                if direct:  # progress for the orchestrator, at most every REPORT_EVERY_NS (its link is slow)
-                    unreported += 1
+                batch = frame.header.get("batch")  # the direct path's batched acknowledgements: a list of seqs
+                fresh = 0
+                last = -1
+                for s in batch if isinstance(batch, list) else (frame.header.get("s"),):
+                    if type(s) is not int or s in acked or s >= seq:
+                        continue  # a duplicate, or an acknowledgement of nothing sent: ignored
+                    acked.add(s)
+                    if s in sealed:
+                        free.append(sealed.pop(s)[2])
+                    fresh += 1
+                    last = max(last, s)
+                if direct and fresh:  # progress for the orchestrator, at most every REPORT_EVERY_NS (slow link)
+                    unreported += fresh
                     now = clock()
                     if now - reported_at >= REPORT_EVERY_NS or len(acked) == n_chunks:
-                        self.send(FrameType.ACK, {"s": s, "n": unreported})
+                        self.send(FrameType.ACK, {"s": last, "n": unreported})
                         unreported, reported_at = 0, now
             elif frame.type is FrameType.ERROR and frame.header.get("s") is not None:
                 if direct:
@@ -574,6 +581,8 @@ class Agent:
                                          code=str(frame.header.get("code")))
                 retransmits += 1
                 head, ct, slot = sealed[s]
+                if direct:
+                    head["f"] = 1  # the agent waits for this one's answer: no acknowledgement may be held back
                 out.send(head, ct, slot)
             elif frame.type is FrameType.BYE:
                 raise GpuTravelError("orchestrator ended the hand-off")

@@ -247,6 +247,10 @@ class DeviceServer:
             svc.plane.give_slots(slots)
 
 
+#: Most acknowledgements one data connection holds back before it sends them in one frame.
+ACK_BATCH = 8
+
+
 class _DataConnection:
     """One data connection: sealed chunks in (in frames, or as slot ids of a shared-memory ring), ACK and
     ERROR out. This thread keeps receiving while the service's decrypt workers (if any) open earlier
@@ -259,6 +263,14 @@ class _DataConnection:
         self.rings = rings
         self.receiver: RingReceiver | None = None
         self._send_lock = threading.Lock()
+        # Batched acknowledgements (an agent that marks its chunks with ``f`` allows them): up to ACK_BATCH
+        # held back, all sent once a chunk marked ``f: 1`` (the agent is about to wait) and every chunk before
+        # it are settled. One ACK frame then frees several of the agent's slots (one wake-up, not eight).
+        self._acks: list[tuple[int, Any]] = []
+        self._ack_epoch: Any = None
+        self._ack_contiguous = 0
+        self._batched_inflight = 0
+        self._flush_wanted = False
 
     def send(self, ftype: FrameType, header: dict[str, Any]) -> None:
         with self._send_lock:
@@ -309,8 +321,53 @@ class _DataConnection:
 
         return reply
 
+    def _batched_reply(self, header: dict[str, Any], slot: Any, flush: bool
+                       ) -> Callable[[dict[str, Any] | None, BaseException | None], None]:
+        """The answer to a chunk whose acknowledgement may wait for others (see ``_acks``); a refusal is
+        sent at once, after the acknowledgements held back."""
+        s = header.get("s")
+        with self._send_lock:
+            self._batched_inflight += 1
+            self._flush_wanted = self._flush_wanted or flush
+
+        def reply(ack: dict[str, Any] | None, exc: BaseException | None) -> None:
+            with self._send_lock:
+                self._batched_inflight -= 1
+                if exc is None and ack is not None:
+                    self._acks.append((int(ack["s"]), slot))
+                    self._ack_epoch = ack.get("e")
+                    self._ack_contiguous = max(self._ack_contiguous, int(ack.get("contiguous", 0)))
+                settled = self._batched_inflight == 0
+                try:
+                    if exc is not None or len(self._acks) >= ACK_BATCH or (self._flush_wanted and settled):
+                        self._send_acks()
+                    if exc is not None:
+                        send_frame(self.conn, FrameType.ERROR,
+                                   {**error_header(exc), "s": s, **({} if slot is None else {"slot": slot})})
+                except OSError:
+                    pass
+                if settled:
+                    self._flush_wanted = False
+
+        return reply
+
+    def _send_acks(self) -> None:
+        """Send the acknowledgements held back as one ACK frame (the send lock held)."""
+        if not self._acks:
+            return
+        acks, self._acks = self._acks, []
+        head: dict[str, Any] = {"batch": [s for s, _ in acks], "e": self._ack_epoch,
+                                "contiguous": self._ack_contiguous}
+        if acks[0][1] is not None:
+            head["slots"] = [k for _, k in acks]
+        send_frame(self.conn, FrameType.ACK, head)
+
     def _chunk(self, header: Any, payload: Any, *, release: Callable[[], None], slot: Any) -> None:
-        reply = self._reply(header, slot)
+        if isinstance(header, dict) and "f" in header:  # this agent takes batched acknowledgements
+            flush = header.pop("f") == 1
+            reply = self._batched_reply(header, slot, flush)
+        else:
+            reply = self._reply(header, slot)
 
         def work() -> None:
             try:
@@ -339,6 +396,11 @@ class _DataConnection:
             chunk_header, ciphertext = self.receiver.take(header)
         except ProtocolError as exc:
             self.svc.count_rejection(exc.code, header.get("e"))
+            with self._send_lock:  # whatever was held back goes first
+                try:
+                    self._send_acks()
+                except OSError:
+                    pass
             self._reply(header, slot)(None, exc)
             return
         self._chunk(chunk_header, ciphertext, release=lambda: None, slot=slot)
