@@ -24,6 +24,11 @@ from gputravel.console.widgets.text import fit
 
 
 def summarise(state: RunState, screen: str, badges: tuple[str, ...]) -> StatusSummary:
+    if state.fleet:  # every GPU where it is (0→alice 1→orch), the fleet's visits ended of planned
+        where = " ".join(f"{d.gpu}→{'orch' if d.at == 'orchestrator' else d.at}" for d in state.devices())
+        return StatusSummary(screen=screen, status=state.status, run_id=state.run_id, where=where or "-",
+                             epoch=state.epoch, visit=f"visits {state.visits_ended()}/{state.visits_planned or '?'}",
+                             badges=badges, fleet=True)
     visit = ""
     if state.current_visit is not None:
         holder = fit(state.current_holder or "", 16)
