@@ -332,6 +332,8 @@ class GpuTravelConsole(App[None]):
             seen.add(b.action)
             keys.append((self.get_key_display(b), b.description or b.action))
         about = screen.HELP if isinstance(screen, ConsoleScreen) else ""
+        if isinstance(screen, ConsoleScreen) and isinstance(self.bridge, FleetBridge) and screen.FLEET_HELP:
+            about = f"{about} {screen.FLEET_HELP}"
         name = screen.SCREEN_NAME if isinstance(screen, ConsoleScreen) else "console"
         replay = isinstance(self.bridge, ReplayBridge)
         shown = {k for k, _ in keys}

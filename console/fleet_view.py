@@ -135,9 +135,10 @@ class FleetBridge(ReplayBridge):
     @property
     def badges(self) -> tuple[str, ...]:
         mode = "▶" if self.playing else "‖"
-        where = "FOLLOW" if self.follow else "REPLAY"
-        return (*(("SIM",) if self.state.sim else ()), f"FLEET ×{self.fleet.gpus}",
-                f"{where} {mode} {self.player.position}/{len(self.player.items)}")
+        fleet = f"FLEET ×{self.fleet.gpus}" + (" SIM" if self.state.sim else "")
+        if self.follow:  # the position in a recording still being written says little
+            return fleet, f"FOLLOW {mode}"
+        return fleet, f"REPLAY {mode} {self.player.position}/{len(self.player.items)}"
 
     def _apply(self, items: Iterable[RecordedItem]) -> tuple[ev.Event, ...]:
         events: list[ev.Event] = []

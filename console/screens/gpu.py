@@ -36,8 +36,9 @@ class GpuScreen(ConsoleScreen):
     HELP = ("Cards follow nvitop: utilisation and memory bars, power, temperature, clocks, PCIe TX/RX history "
             "with its peak and the protocol phase it happened in, and the confidential-computing state. "
             "Without an NVIDIA driver the header says why; the emulated GPU's real counters show as SIM, first. "
-            "A fleet has one SIM card per GPU (device, epoch, where it is, what it provisioned), drawn from its "
-            "rank's recording. Scroll the cards with the mouse, or tab to them and use the arrows / page keys.")
+            "Many cards scroll: arrows or j/k a line, page up / page down a page, or the mouse wheel.")
+    FLEET_HELP = ("A fleet has one SIM card per GPU (its device, attestation, epoch, where it is, what it "
+                  "provisioned), drawn from its rank's recording, then NVML's cards while the fleet runs.")
 
     def compose_body(self) -> Iterable[Widget]:
         yield Static("[$text-muted]waiting for telemetry…[/]", id="nvml-status")

@@ -24,8 +24,10 @@ class TravelScreen(ConsoleScreen):
     HELP = ("The GPU travels orchestrator → holder → orchestrator once per visit. Each row of the timeline is a "
             "visit; each mark a phase (■ done, ▶ running, ‖ paused before, ✗ failed; ● a breakpoint). "
             "int/scr are the visit's receipts: code and model verified unchanged after the holder returned, "
-            "buffer scrubbed and read back as zero. A fleet (gputravel run --gpus N) has one ◆ per GPU on the "
-            "route and a gpu column in the timeline; it is driven by torchrun, so the console only watches it.")
+            "buffer scrubbed and read back as zero.")
+    FLEET_HELP = ("A fleet (gputravel run --gpus N) has one ◆ per GPU on the route (◆ GPU1; ◆1 in 80 columns), "
+                  "one line per GPU in the panel and a gpu column in the timeline. torchrun drives it; the console "
+                  "only watches.")
 
     def compose_body(self) -> Iterable[Widget]:
         yield Horizontal(RouteMap(id="route-map"), Static(id="visit-detail"), id="travel-top")

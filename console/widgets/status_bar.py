@@ -71,6 +71,6 @@ class StatusBar(Widget):
 
 
 def _short(badge: str) -> str:
-    """A badge in 80 columns: its words before " · ", and a follower without its position."""
+    """A badge in 80 columns: its words before " · "."""
     short = badge.split(" · ")[0]
-    return " ".join(short.split()[:2]) if short.startswith("FOLLOW") else short
+    return short
