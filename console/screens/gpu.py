@@ -76,10 +76,10 @@ class GpuScreen(ConsoleScreen):
         if context.get("frame") is None:
             where = ("NVML is sampled while a fleet runs, not in a replay" if not context.get("live_fleet")
                      else "waiting for telemetry…")
-            self.query_one("#nvml-status", Static).update(
-                f"[b]fleet[/b] {len(state.gpus)}/{state.fleet_size or len(state.gpus)} GPUs · one SIM card per "
-                f"device, from its rank's recording\n[$text-muted]{esc(where)}[/]")
+            self.query_one("#nvml-status", Static).update(f"{_fleet_head(state)}\n[$text-muted]{esc(where)}[/]")
         box = self.query_one("#gpu-cards", VerticalScroll)
+        for none in box.query("#gpu-none"):  # drawn by a telemetry tick that came before the first state
+            none.remove()
         previous: DeviceCard | None = None
         for view in state.devices():
             wid = f"device-card-{view.gpu}"
@@ -105,9 +105,12 @@ class GpuScreen(ConsoleScreen):
         else:
             head = f"[b]NVML[/b] [$warning]not available[/]: {esc(status.reason)}"
         tag = f" · now [b]{esc(frame.phase)}[/b]" if frame.phase else ""
-        self.query_one("#nvml-status", Static).update(f"{head}\n[b]source[/b] {esc(frame.source)}{tag}")
-        box = self.query_one("#gpu-cards", VerticalScroll)
         state = self._state
+        if state is not None and state.fleet:  # the fleet's cards first, then what NVML says of this machine
+            self.query_one("#nvml-status", Static).update(f"{_fleet_head(state)}\n{head}")
+        else:
+            self.query_one("#nvml-status", Static).update(f"{head}\n[b]source[/b] {esc(frame.source)}{tag}")
+        box = self.query_one("#gpu-cards", VerticalScroll)
         live = {card_id(d.key) for d in frame.devices}
         devices = frame.devices
         if not devices and last_devices is not None and state is not None and state.ended:
@@ -148,6 +151,11 @@ class GpuScreen(ConsoleScreen):
             text = (f"[$text-muted]the run {esc(state.status)}: its device {esc(state.device_id or '')} was shut "
                     "down with it; the card keeps its last sample[/]")
             _note(box, text)
+
+
+def _fleet_head(state: RunState) -> str:
+    return (f"[b]fleet[/b] {len(state.gpus)}/{state.fleet_size or len(state.gpus)} GPUs · one SIM card per device, "
+            "from its rank's recording")
 
 
 def _note(box: VerticalScroll, text: str) -> None:

@@ -44,6 +44,8 @@ class TravelScreen(ConsoleScreen):
                        if row_matches(self.needle, (v.holder, v.outcome, v.failed_phase or "", f"#{v.visit + 1}",
                                                     *((gpu_label(v.gpu), v.device or "") if v.gpu is not None
                                                       else ()))))
+        if state.fleet:  # the GPUs run their visits side by side: rows by visit, then attempt
+            visits = tuple(sorted(visits, key=lambda v: (v.visit, v.attempt)))
         self.query_one(PhaseTimeline).view = TimelineView(
             visits=visits, planned=state.visits_planned, paused_before=state.paused_before,
             breakpoints=frozenset(state.breakpoints))
@@ -108,7 +110,7 @@ def _device_line(d: DeviceView) -> str:
     where = "orchestrator" if d.at == "orchestrator" else d.at
     phase = f" · {esc(d.phase)}" if d.phase else ("" if d.status not in ("completed", "failed", "cancelled")
                                                      else f" · {esc(d.status)}")
-    return (f"[b]{esc(d.label)} ◆ {esc(fit(where, 14))}[/b]{phase} ep {d.epoch}  "
+    return (f"[b]{esc(d.label)} ◆ {esc(fit(where, 20))}[/b]{phase} ep {d.epoch}  "
             f"[$text-muted]{esc(d.device_id or '-')}[/] {receipt(d.attested)}")
 
 

@@ -33,9 +33,6 @@ class DeviceCard(Widget):
         text-wrap: nowrap;
         text-overflow: ellipsis;
     }
-    Screen.-short DeviceCard {
-        margin: 0;
-    }
     """
 
     view: reactive[DeviceView | None] = reactive(None, always_update=True, layout=True)

@@ -59,7 +59,12 @@ class StatusBar(Widget):
         if s.visit and not (narrow and s.fleet):  # a narrow fleet: its visits are on the travel screen
             parts.append(esc(" ".join(s.visit.split()[:2]) if narrow else s.visit))  # narrow: "visit 2/3"
         if s.fleet:  # a fleet: every GPU where it is; each device counts its own epochs (its card shows them)
-            parts.append(f"◆ [b]{esc(fit(s.where, 20))}[/b]" if narrow else f"GPUs ◆ [b]{esc(s.where)}[/b]")
+            if narrow:  # every GPU still shows: each holder's name cut to its share of ~22 columns
+                gpus = s.where.split()
+                where = " ".join(fit(g, max(6, 22 // max(1, len(gpus)))) for g in gpus)
+                parts.append(f"◆ [b]{esc(fit(where, 24))}[/b]")
+            else:
+                parts.append(f"GPUs ◆ [b]{esc(s.where)}[/b]")
         else:
             parts.append(f"GPU ◆ [b]{esc(fit(s.where, 14) if narrow else s.where)}[/b]")
         if s.phase:
