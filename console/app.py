@@ -211,7 +211,7 @@ class GpuTravelConsole(App[None]):
 
     @property
     def badges(self) -> tuple[str, ...]:
-        readonly = ()
+        readonly: tuple[str, ...] = ()
         if self.readonly:  # a fleet following its ranks: torchrun drives it, not these keys
             readonly = (("READ-ONLY · torchrun drives",) if isinstance(self.bridge, FleetBridge) and self.bridge.follow
                         else ("READ-ONLY",))
