@@ -37,7 +37,8 @@ class TravelScreen(ConsoleScreen):
 
     def show_state(self, state: RunState, context: dict[str, Any]) -> None:
         holders = tuple((h.name, h.state_label) for h in state.holders.values())
-        gpus = tuple((d.label, d.at) for d in state.devices())
+        at = {d.gpu: d.at for d in state.devices()}  # a fleet's GPUs; one without an event yet is at home
+        gpus = tuple((gpu_label(r), at.get(r, "orchestrator")) for r in sorted(set(range(state.fleet_size)) | set(at)))
         self.query_one(RouteMap).view = RouteView(holders=holders, gpu_at=state.gpu_at, phase=state.current_phase,
                                                   gpus=gpus)
         visits = tuple(v for v in state.visits.values()
