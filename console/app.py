@@ -33,6 +33,7 @@ from gputravel.console.commands.run import (
     parse_breakpoints,
     resolve_out_dir,
 )
+from gputravel.console.fleet_view import FleetBridge, FleetRecording, is_fleet_folder
 from gputravel.console.options import (
     DataPathChoice,
     PhaseChoice,
@@ -104,7 +105,8 @@ class GpuTravelConsole(App[None]):
         Binding("q", "quit", "Quit"),
     ]
 
-    def __init__(self, *, engine_factory: Callable[[], Any] | None = None, replay: Recording | None = None,
+    def __init__(self, *, engine_factory: Callable[[], Any] | None = None,
+                 replay: Recording | FleetRecording | None = None,
                  theme: str = "dark", readonly: bool = False, record: Path | bool = True,
                  telemetry_interval: float = 1.0, sampler: Sampler | None = None,
                  bench_runner: BenchRunner | None = None, follow: bool = False, replay_speed: float = 8.0,
@@ -116,9 +118,15 @@ class GpuTravelConsole(App[None]):
         self.telemetry_interval = telemetry_interval
         self.bench_runner = bench_runner
         self.theme_choice = theme
-        self.bridge: Bridge = (ReplayBridge(self, replay, follow=follow, speed=replay_speed) if replay is not None
-                               else LiveBridge(self, engine_factory=engine_factory, sampler=sampler,  # type: ignore[arg-type]
-                                               record=record))
+        self.bridge: Bridge
+        if isinstance(replay, FleetRecording):  # a fleet: its ranks' recordings merged; NVML while it runs
+            self.bridge = FleetBridge(self, replay, follow=follow, speed=replay_speed,
+                                      sampler=(sampler or Sampler()) if follow else None)
+        elif replay is not None:
+            self.bridge = ReplayBridge(self, replay, follow=follow, speed=replay_speed)
+        else:
+            self.bridge = LiveBridge(self, engine_factory=engine_factory, sampler=sampler,  # type: ignore[arg-type]
+                                     record=record)
         self.run_worker_handle: Worker[Any] | None = None
         if isinstance(self.bridge, LiveBridge):  # --break-before: shown before the run starts, applied when built
             for phase in breakpoints:
@@ -138,6 +146,8 @@ class GpuTravelConsole(App[None]):
             self.play_recording()
             if self.bridge.follow:
                 self.bridge.playing = True
+                if isinstance(self.bridge, FleetBridge):
+                    self.poll_telemetry()
         self.render_state()
 
     async def on_unmount(self) -> None:
@@ -155,7 +165,6 @@ class GpuTravelConsole(App[None]):
 
     @work(exclusive=True, group="telemetry-poll", exit_on_error=False)
     async def poll_telemetry(self) -> None:
-        assert isinstance(self.bridge, LiveBridge)
         await self.bridge.poll_telemetry(self.telemetry_interval)
 
     @work(exclusive=True, group="replay", exit_on_error=False)
@@ -189,7 +198,8 @@ class GpuTravelConsole(App[None]):
         if isinstance(screen, ConsoleScreen) and screen.is_mounted:
             context = {"readonly": self.readonly, "ledger_path": self.bridge.ledger_path,
                        "frame": self.bridge.latest_frame, "history": self.bridge.history,
-                       "last_devices": self.bridge.last_devices}
+                       "last_devices": self.bridge.last_devices,
+                       "live_fleet": isinstance(self.bridge, FleetBridge) and self.bridge.follow}
             screen.show(self.bridge.state, badges=self.badges, context=context)
 
     def current_screen(self) -> Screen[Any] | None:
@@ -201,7 +211,11 @@ class GpuTravelConsole(App[None]):
 
     @property
     def badges(self) -> tuple[str, ...]:
-        return (*self.bridge.badges, *(("READ-ONLY",) if self.readonly else ()))
+        readonly: tuple[str, ...] = ()
+        if self.readonly:  # a fleet following its ranks: torchrun drives it, not these keys
+            readonly = (("READ-ONLY · torchrun drives",) if isinstance(self.bridge, FleetBridge) and self.bridge.follow
+                        else ("READ-ONLY",))
+        return (*self.bridge.badges, *readonly)
 
     # --- controls -------------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -318,6 +332,8 @@ class GpuTravelConsole(App[None]):
             seen.add(b.action)
             keys.append((self.get_key_display(b), b.description or b.action))
         about = screen.HELP if isinstance(screen, ConsoleScreen) else ""
+        if isinstance(screen, ConsoleScreen) and isinstance(self.bridge, FleetBridge) and screen.FLEET_HELP:
+            about = f"{about} {screen.FLEET_HELP}"
         name = screen.SCREEN_NAME if isinstance(screen, ConsoleScreen) else "console"
         replay = isinstance(self.bridge, ReplayBridge)
         shown = {k for k, _ in keys}
@@ -429,13 +445,15 @@ class GpuTravelConsole(App[None]):
                                 lambda c=choice: setattr(self, "theme", theme_name(c)))  # type: ignore[misc]
 
 
-def make_app(*, engine_factory: Callable[[], Any] | None = None, replay: Recording | Path | None = None,
+def make_app(*, engine_factory: Callable[[], Any] | None = None,
+             replay: Recording | FleetRecording | Path | None = None,
              theme: str = "dark", readonly: bool = False, record: Path | bool = True, telemetry_interval: float = 1.0,
              sampler: Sampler | None = None, bench_runner: BenchRunner | None = None,
              follow: bool = False, breakpoints: tuple[str, ...] = ()) -> GpuTravelConsole:
-    """The app factory (tests pass a small engine factory or a recording)."""
+    """The app factory (tests pass a small engine factory or a recording). ``replay``: a recording, or a fleet
+    run folder (``gputravel run --gpus N --out DIR``: its ranks' recordings, merged)."""
     if isinstance(replay, Path):
-        replay = load_recording(replay)
+        replay = FleetRecording(replay, follow=follow) if is_fleet_folder(replay) else load_recording(replay)
     return GpuTravelConsole(engine_factory=engine_factory, replay=replay, theme=theme, readonly=readonly,
                             record=record, telemetry_interval=telemetry_interval, sampler=sampler,
                             bench_runner=bench_runner, follow=follow, breakpoints=breakpoints)
@@ -487,7 +505,8 @@ def console(
                                                rich_help_panel=VIEW_PANEL)] = ThemeChoice.DARK,
     readonly: Annotated[bool, typer.Option("--readonly", help="Observer mode: no controls, no benchmarks.",
                                            rich_help_panel=VIEW_PANEL)] = False,
-    replay: Annotated[Path | None, typer.Option("--replay", help="Play a recording instead of a live run.",
+    replay: Annotated[Path | None, typer.Option("--replay", help="Play a recording instead of a live run (a "
+                                                                 "fleet's run folder: all its GPUs).",
                                                 rich_help_panel=VIEW_PANEL)] = None,
     follow: Annotated[bool, typer.Option("--follow", help="With --replay: follow a recording still being "
                                                           "written (watch a run live).",
@@ -502,8 +521,8 @@ def console(
     version: Annotated[bool, typer.Option("--version", callback=version_callback, is_eager=True,
                                           help="Print the version and exit.")] = False,
     gpus: Annotated[int, typer.Option("--gpus", min=1, rich_help_panel=RUN_PANEL,
-                                      help="A fleet of N GPUs runs headless under torchrun; the console follows "
-                                           "GPU 0 (docs/fleet.md).")] = 1,
+                                      help="A fleet of N GPUs runs under torchrun; the console follows all "
+                                           "N, read-only (docs/fleet.md).")] = 1,
 ) -> None:
     """The operator console: watch the GPU travel, step the protocol, audit the ledger."""
     if gpus > 1 and replay is None:

@@ -120,6 +120,10 @@ class Bridge:
     def close(self) -> None:
         """Blocking clean-up at exit."""
 
+    async def poll_telemetry(self, interval: float) -> None:
+        """Sample telemetry every ``interval`` seconds (awaited inside the app's "telemetry-poll" worker); a
+        bridge with nothing to sample returns at once."""
+
     @property
     def ledger_path(self) -> Path | None:
         return None
@@ -407,8 +411,12 @@ class ReplayBridge(Bridge):
         """The visit (0-based) the cursor is in; -1 before the first one starts."""
         return sum(1 for s in self.player.visit_starts() if s < self.player.position) - 1
 
+    def new_state(self) -> RunState:
+        """The empty state a rebuild (a jump) folds the played items into."""
+        return RunState(breakpoints=set())
+
     def rebuild(self) -> None:
-        self.state = RunState()
+        self.state = self.new_state()
         self.history.clear()
         self.tracker = interval_tracker()
         self.latest_frame = self.last_devices = None

@@ -1,9 +1,8 @@
-"""``gputravel-console --gpus N``: a fleet runs headless under torchrun (its ranks are separate processes,
-so no in-process engine to drive); the console follows GPU 0's recording live, read-only.
-
-What the console does not show yet (docs/fleet.md): all N GPUs on one travel route and one GPU card per
-device need a bridge that merges the ranks' recordings (``<out>/rank-R/recording.db``); each one can be
-watched on its own with ``gputravel-console --replay <out>/rank-R/recording.db [--follow]``.
+"""``gputravel-console --gpus N``: a fleet runs under torchrun (its ranks are separate processes, so no
+in-process engine to drive); the console follows all N GPUs live, read-only, by merging the ranks'
+recordings (``<out>/rank-R/recording.db``, :mod:`gputravel.console.fleet_view`): N GPUs on the travel route,
+one card per device on the GPU screen. ``gputravel-console --replay <out>`` opens the same view on a finished
+fleet; ``--replay <out>/rank-R/recording.db`` one GPU's alone.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from gputravel.core.errors import DeviceError, GpuTravelError
 
 def watch_fleet(settings: RunSettings, *, gpus: int, make_app: Any, theme: str,
                 wait_s: float = 120.0) -> None:
-    """Start the fleet in the background, follow GPU 0 until the screen closes, then wait for the fleet."""
+    """Start the fleet in the background, follow its GPUs until the screen closes, then wait for the fleet."""
     from gputravel.core.fleet.rank import FleetOptions
     from gputravel.core.fleet.run import launch_fleet
 
@@ -35,13 +34,14 @@ def watch_fleet(settings: RunSettings, *, gpus: int, make_app: Any, theme: str,
 
     thread = threading.Thread(target=run, name="fleet", daemon=True)
     thread.start()
-    recording = Path(settings.out_dir) / "rank-0" / "recording.db"
+    out = Path(settings.out_dir)
+    recording = out / "rank-0" / "recording.db"
     deadline = time.monotonic() + wait_s
     while not recording.exists() and thread.is_alive() and time.monotonic() < deadline:
         time.sleep(0.2)
     if recording.exists():
-        time.sleep(0.5)  # its meta is written with the file
-        make_app(replay=recording, theme=theme, readonly=True, follow=True).run()
+        time.sleep(0.5)  # its meta is written with the file (a rank not there yet is picked up when it is)
+        make_app(replay=out, theme=theme, readonly=True, follow=True).run()
     typer.echo(f"the fleet of {gpus} GPUs goes on headless until it ends; report: {settings.out_dir}/report.json",
                err=True)
     thread.join()

@@ -15,7 +15,8 @@ from gputravel.core import events as ev
 from gputravel.core.travel.holders import HolderState
 from gputravel.core.travel.phases import VISIT_PHASES, Phase
 
-__all__ = ["HOLDER_STATES", "TERMINAL_STATUSES", "HolderView", "OpLine", "PhaseMark", "RunState", "VisitView"]
+__all__ = ["HOLDER_STATES", "TERMINAL_STATUSES", "DeviceView", "HolderView", "OpLine", "PhaseMark", "RunState",
+           "VisitView", "gpu_label"]
 
 #: The statuses of a run that is over (every way a run ends; ``partial`` is ``completed`` with failed visits).
 TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
@@ -24,6 +25,13 @@ TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
 HOLDER_STATES = tuple(s.value for s in HolderState if s is not HolderState.STOPPED)
 #: Phases during which the GPU is, logically, with the holder (it holds a key into the buffer window).
 AWAY_PHASES = frozenset({"HANDOFF", "PROVISION", "RETURN"})
+#: Events about a fleet rank's run as a whole: the fleet view folds them per GPU, then sums the GPUs up.
+RUN_EVENTS = frozenset({"DeviceAttested", "RunStarted", "RunCompleted", "RunFailed", "RunPaused", "RunResumed"})
+
+
+def gpu_label(gpu: int) -> str:
+    """How the console names a fleet's GPU (its torchrun rank): ``GPU0``, ``GPU1``, ..."""
+    return f"GPU{gpu}"
 
 
 @dataclass(slots=True)
@@ -89,6 +97,8 @@ class VisitView:
     val_loss: float | None = None
     tokens_per_s: float | None = None
     rejected: int = 0
+    gpu: int | None = None  # a fleet's visit: the GPU (torchrun rank) that made it
+    device: str | None = None  # ... and that GPU's device id
 
     @property
     def ended(self) -> bool:
@@ -96,6 +106,36 @@ class VisitView:
 
     def phases_done(self) -> int:
         return sum(1 for m in self.phases.values() if m.status == "ok")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceView:
+    """One GPU of a fleet, as its own events tell it (the GPU screen's card, the travel screen's marker)."""
+
+    gpu: int
+    device_id: str | None
+    status: str
+    attested: bool | None
+    sim: bool | None
+    at: str  # "orchestrator" or the holder that holds a key into its buffer
+    phase: str | None
+    epoch: int
+    key_fp: str | None
+    visit: int | None  # the visit (0-based) it is on or made last
+    holder: str | None
+    visits_done: int
+    visits_failed: int
+    visits_planned: int
+    provisioned_bytes: int  # ciphertext accepted into its buffer over the run
+    last_mb_s: float | None  # the engine's timing of its last transfer
+    last_transfer: str  # "visit 2, bob"
+    loss_last: float | None
+    tokens_per_s: float | None
+    error: str | None
+
+    @property
+    def label(self) -> str:
+        return gpu_label(self.gpu)
 
 
 @dataclass
@@ -135,6 +175,12 @@ class RunState:
     phases_completed: int = 0
     t0: float | None = None
     _t: float = 0.0
+    #: A fleet (``apply(event, gpu=R)``): each GPU's own run, folded from its events alone; this state is
+    #: their merge (holders, visits, log), its status and counts summed up from them.
+    gpus: dict[int, RunState] = field(default_factory=dict)
+    fleet_size: int = 0  # the GPUs the fleet has (some may not have written an event yet)
+    _gpu: int | None = None  # the GPU whose event is being folded
+    _fleet_loss: dict[int, list[float]] = field(default_factory=dict)
 
     # --- folding ------------------------------------------------------------------------------
     def seed_holders(self, names: list[str]) -> None:
@@ -149,6 +195,11 @@ class RunState:
     def log(self, t: float, source: str, text: str, level: str = "info") -> None:
         if self.t0 is None:
             self.t0 = t
+        if self._gpu is not None:  # a fleet: every line names its GPU
+            if source in self.holders:
+                text = f"{gpu_label(self._gpu)}: {text}"
+            else:
+                source = gpu_label(self._gpu) + ("" if source in ("orchestrator", "device") else f" {source}")
         line = OpLine(round(t - self.t0, 2), source, text, level)
         self.oplog.append(line)
         if source in self.holders:
@@ -164,7 +215,16 @@ class RunState:
             self.status = "paused"
             self.paused_before, self.pause_reason = phase, self.pause_reason or reason
 
-    def apply(self, event: ev.Event) -> None:
+    @property
+    def fleet(self) -> bool:
+        """This state merges a fleet's GPUs."""
+        return bool(self.gpus) or self.fleet_size > 0
+
+    def apply(self, event: ev.Event, gpu: int | None = None) -> None:
+        """Fold one event; ``gpu``: the fleet GPU (torchrun rank) whose recording it comes from."""
+        if gpu is not None:
+            self._apply_fleet(event, gpu)
+            return
         self.events_seen += 1
         self._t = event.t
         handler = getattr(self, f"_on_{event.kind}", None)
@@ -172,6 +232,96 @@ class RunState:
             handler(event)
         elif getattr(event, "holder", None):  # events this view does not know yet still reach the log
             self.log(event.t, str(getattr(event, "holder")), event.kind)  # noqa: B009
+
+    def _apply_fleet(self, event: ev.Event, gpu: int) -> None:
+        own = self.gpus.get(gpu)
+        if own is None:
+            own = self.gpus[gpu] = RunState()
+            self.gpus = dict(sorted(self.gpus.items()))
+        own.apply(event)
+        self._gpu = gpu
+        try:
+            if event.kind in RUN_EVENTS:  # about this GPU's run: logged here, summed up below
+                self.events_seen += 1
+                self._t = event.t
+                self._log_run_event(event, own)
+            else:
+                self.apply(event)
+        finally:
+            self._gpu = None
+        self._sum_up()
+
+    def _log_run_event(self, e: ev.Event, own: RunState) -> None:
+        if isinstance(e, ev.DeviceAttested):
+            self.log(e.t, "device", f"attested {e.device_id}: {'ok' if e.ok else 'FAILED'}"
+                     f"{' (SIM)' if e.sim else ''}", "info" if e.ok else "error")
+        elif isinstance(e, ev.RunStarted):
+            self.seed_holders(list(e.holders))
+            self.platform = self.platform or dict(e.platform)
+            self.log(e.t, "orchestrator", f"run {e.run_id} started: {e.visits_planned} visits over "
+                     f"{len(e.holders)} holders")
+        elif isinstance(e, ev.RunCompleted):
+            self.log(e.t, "orchestrator", f"run completed: {e.visits} visits, {e.failed} failed",
+                     "info" if not e.failed else "warn")
+        elif isinstance(e, ev.RunFailed):
+            self.log(e.t, "orchestrator", f"run {own.status}: {e.error}", "warn" if e.code == "cancelled" else "error")
+            visit = self.visit(own.current_visit)
+            if visit is not None and visit.outcome == "running":
+                visit.outcome = own.status
+                for mark in visit.phases.values():
+                    if mark.status == "running":
+                        mark.status = own.status
+        elif isinstance(e, ev.RunPaused):
+            self.log(e.t, "operator", f"paused ({e.reason}) before {e.next_phase}", "warn")
+
+    def _sum_up(self) -> None:
+        """The fleet's run from its GPUs': over when every GPU's is, failed when one failed."""
+        gpus = list(self.gpus.values())
+        first = gpus[0]
+        self.run_id = first.run_id
+        self.sim = any(g.sim for g in gpus) if any(g.sim is not None for g in gpus) else None
+        self.attested = None if any(g.attested is None for g in gpus) else all(g.attested for g in gpus)
+        ids = [g.device_id for g in gpus if g.device_id]
+        self.device_id = ", ".join(ids) if ids else None
+        self.visits_planned = sum(g.visits_planned for g in gpus)
+        self.epoch = max(g.epoch for g in gpus)
+        self.tokens_per_s = sum(g.tokens_per_s or 0.0 for g in gpus) or None
+        away = [g.gpu_at for g in gpus if g.gpu_at != "orchestrator"]
+        self.gpu_at = ", ".join(away) if away else "orchestrator"
+        everyone = len(gpus) >= max(self.fleet_size, 1)
+        statuses = {g.status for g in gpus}
+        if everyone and statuses <= TERMINAL_STATUSES:
+            self.status = ("failed" if "failed" in statuses else "cancelled" if "cancelled" in statuses
+                           else "completed")
+        elif statuses & {"running", "paused", "completed", "failed", "cancelled"}:
+            self.status = "running"
+        elif self.status == "idle":
+            self.status = "starting"
+        failed = next(((gpu, g) for gpu, g in self.gpus.items() if g.error), None)
+        self.error = f"{gpu_label(failed[0])}: {failed[1].error}" if failed else None
+        self.error_code = failed[1].error_code if failed else None
+
+    def devices(self) -> tuple[DeviceView, ...]:
+        """Each GPU of a fleet, in rank order (empty for a single GPU's run)."""
+        out = []
+        for gpu, own in self.gpus.items():
+            visits = list(own.visits.values())
+            last = next((v for v in reversed(visits) if v.mb_s), None)
+            current = own.visit(own.current_visit)
+            out.append(DeviceView(
+                gpu=gpu, device_id=own.device_id, status=own.status, attested=own.attested, sim=own.sim,
+                at=own.gpu_at, phase=own.current_phase, epoch=own.epoch, key_fp=own.key_fp,
+                visit=current.visit if current is not None else None,
+                holder=current.holder if current is not None else None,
+                visits_done=sum(1 for v in visits if v.outcome == "done"),
+                visits_failed=sum(1 for v in visits if v.outcome == "failed"),
+                visits_planned=own.visits_planned,
+                provisioned_bytes=sum(v.phases["PROVISION"].nbytes for v in visits),
+                last_mb_s=last.mb_s if last is not None else None,
+                last_transfer=f"visit {last.visit + 1}, {last.holder}" if last is not None else "",
+                loss_last=next((v.loss_last for v in reversed(visits) if v.loss_last is not None), None),
+                tokens_per_s=own.tokens_per_s, error=own.error))
+        return tuple(out)
 
     def _on_DeviceAttested(self, e: ev.DeviceAttested) -> None:
         if self.status == "idle":
@@ -218,6 +368,8 @@ class RunState:
             return last
         row = len(self.visits)
         self.visits[row] = VisitView(visit, holder, attempt=last.attempt + 1 if last is not None else 1)
+        if self._gpu is not None:
+            self.visits[row].gpu, self.visits[row].device = self._gpu, self.gpus[self._gpu].device_id
         self.rows[visit] = row
         if last is not None:
             self.log(self._t, "orchestrator", f"visit {visit + 1} ({holder}): attempt {last.attempt + 1}")
@@ -296,7 +448,12 @@ class RunState:
 
     def _on_TrainingStepped(self, e: ev.TrainingStepped) -> None:
         first = e.step - len(e.losses) + 1
-        self.loss.extend((first + i, float(x)) for i, x in enumerate(e.losses))
+        if self._gpu is not None:  # a fleet: the GPUs train one model in lock-step; a step's loss is their mean
+            for i, x in enumerate(e.losses):
+                self._fleet_loss.setdefault(first + i, []).append(float(x))
+            self.loss = [(step, sum(xs) / len(xs)) for step, xs in sorted(self._fleet_loss.items())]
+        else:
+            self.loss.extend((first + i, float(x)) for i, x in enumerate(e.losses))
         v = self._visit(e.visit, e.holder)
         v.loss_first = e.losses[0] if e.losses else None
         v.loss_last = e.losses[-1] if e.losses else None

@@ -22,10 +22,13 @@ from gputravel.console.screens.bench import BenchScreen
 from gputravel.console.screens.gpu import GpuScreen
 from gputravel.console.screens.help import HelpScreen
 from gputravel.console.screens.holders import HoldersScreen
+from gputravel.console.widgets.gpu_card import GpuCard
+from gputravel.core import events as ev
 from gputravel.core.api import build_engine, resolve_holder_dirs
 from gputravel.core.config import RunSettings
 from gputravel.core.ledger import verify_ledger
-from gputravel.core.recording import load_recording
+from gputravel.core.recording import Recorder, load_recording
+from gputravel.core.telemetry import CCState, GpuSample, NvmlStatus, TelemetryFrame
 from gputravel.core.travel.holders import LocalHolderLink
 from gputravel.core.travel.phases import Phase
 
@@ -73,6 +76,11 @@ async def until(pilot: Pilot[Any], cond: Callable[[], bool], *, timeout: float =
             return
         await pilot.pause(0.05)
     raise AssertionError(f"timed out waiting for {what or cond}")
+
+
+def sim_cards(app: GpuTravelConsole) -> list[GpuCard]:
+    """The GPU screen's cards of emulated devices (whatever NVML cards the machine adds)."""
+    return [c for c in app.screen.query(GpuCard) if c.snapshot is not None and c.snapshot.sim]
 
 
 def live(app: GpuTravelConsole) -> LiveBridge:
@@ -124,8 +132,13 @@ async def test_space_steps_one_phase_at_a_time_through_a_visit_and_q_quits(data_
         text = screen_text(app)
         assert "done" in text and "receipts #1 alice: integrity ✓ scrub ✓" in text
         await pilot.press("4")
-        await until(pilot, lambda: isinstance(app.screen, GpuScreen) and "SIM" in screen_text(app), what="gpu")
+        # the run's emulated device has a SIM card, the first one, also where NVML adds the machine's GPUs
+        await until(pilot, lambda: isinstance(app.screen, GpuScreen) and bool(sim_cards(app)), what="gpu")
+        cards = list(app.screen.query(GpuCard))
+        assert cards[0] is sim_cards(app)[0] and cards[0].snapshot is not None
+        assert cards[0].snapshot.uuid == bridge.state.device_id
         text = screen_text(app)
+        assert "SIM" in text  # the first card is the one on screen
         assert "NVML" in text and ("not available" in text or "available" in text)
         await pilot.press("3")
         await pilot.pause()
@@ -139,6 +152,35 @@ async def test_space_steps_one_phase_at_a_time_through_a_visit_and_q_quits(data_
         assert any(i.kind == "telemetry" for i in recording.items)
         await pilot.press("q")
     assert not bridge.session.engine.handle.alive()  # type: ignore[union-attr]
+
+
+async def test_sim_card_comes_first_where_nvml_shows_the_machines_gpu_too(tmp_path: Path) -> None:
+    """On a machine with a driver (an H100), NVML's card is sampled from the first tick and the run's SIM card
+    only once its device is attested: the SIM card still goes first, visible in 80x24 too."""
+    h100 = GpuSample(index=0, name="NVIDIA H100 80GB HBM3", uuid="GPU-5a1b0000-0000-0000-0000-000000000000",
+                     util_gpu=0.0, mem_used=600 * 2**20, mem_total=80 * 2**30, power_w=70.0, power_limit_w=700.0,
+                     temp_c=31.0, cc=CCState(feature="off"))
+    sim = GpuSample(index=0, name="CUDA (emulated GPU memory)", uuid="emu-gpu-0", sim=True, util_gpu=12.0,
+                    cc=CCState(feature="on", environment="sim"))
+    nvml = NvmlStatus(available=True, driver_version="550.54.15", device_count=1)
+    rec = Recorder(tmp_path / "recording.db", meta={"settings": {"holders": 1}})
+    rec.record_telemetry(TelemetryFrame(t=1000.0, source="nvml", nvml=nvml, devices=(h100,)))
+    rec(ev.DeviceAttested(1000.5, "emu-gpu-0", True, {"chain": True}, True))
+    rec.record_telemetry(TelemetryFrame(t=1001.0, source="nvml", nvml=nvml, devices=(h100, sim)))
+    rec.close()
+    for size in ((120, 40), (80, 24)):
+        app = make_app(replay=load_recording(tmp_path / "recording.db"))
+        async with app.run_test(size=size) as pilot:
+            await pilot.press("4", "end")
+            await until(pilot, lambda app=app: isinstance(app.screen, GpuScreen)  # type: ignore[misc]
+                        and len(app.screen.query(GpuCard)) == 2, what="both cards")
+            await pilot.pause()
+            cards = list(app.screen.query(GpuCard))
+            assert [c.snapshot.sim for c in cards if c.snapshot is not None] == [True, False]
+            console = Console(width=size[0], height=size[1], file=io.StringIO(), record=True, color_system=None)
+            console.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
+            text = console.export_text()
+            assert "GPU 0 · CUDA (emulated GPU memory) · SIM" in text and "emu-gpu-0" in text
 
 
 async def test_holder_table_shows_failed_after_an_agent_dies(data_root: Path, tmp_path: Path) -> None:

@@ -135,9 +135,9 @@ def test_a_device_lost_for_good_stops_the_fleet_resumably(data: Path, tmp_path: 
 
 
 @pytest.mark.slow
-def test_console_gpus_follows_gpu_0_while_the_fleet_runs(data: Path, tmp_path: Path) -> None:
+def test_console_gpus_follows_every_gpu_while_the_fleet_runs(data: Path, tmp_path: Path) -> None:
     from gputravel.console.fleet_console import watch_fleet
-    from gputravel.core.recording import load_recording
+    from gputravel.console.fleet_view import FleetRecording
 
     seen: list[dict[str, object]] = []
 
@@ -146,13 +146,13 @@ def test_console_gpus_follows_gpu_0_while_the_fleet_runs(data: Path, tmp_path: P
             seen.append(kw)
 
         def run(self) -> None:
-            recording = load_recording(Path(str(seen[-1]["replay"])))
-            seen.append({"gpu": recording.meta.get("gpu")})
+            fleet = FleetRecording(Path(str(seen[-1]["replay"])), follow=True)
+            seen.append({"gpus": fleet.gpus, "rank-0": 0 in fleet.rank_files()})
 
     settings = _settings(data, tmp_path / "c")
     watch_fleet(settings, gpus=2, make_app=_App, theme="dark")
     assert seen[0]["follow"] is True and seen[0]["readonly"] is True
-    assert str(seen[0]["replay"]).endswith("rank-0/recording.db") and seen[1] == {"gpu": 0}
+    assert seen[0]["replay"] == tmp_path / "c" and seen[1] == {"gpus": 2, "rank-0": True}
     assert json.loads((tmp_path / "c" / "report.json").read_text())["fleet"]["replica_digests_equal"] is True
 
 

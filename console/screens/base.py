@@ -24,6 +24,11 @@ from gputravel.console.widgets.text import fit
 
 
 def summarise(state: RunState, screen: str, badges: tuple[str, ...]) -> StatusSummary:
+    if state.fleet:  # every GPU where it is (0→alice 1→orch), the fleet's visits ended of planned
+        where = " ".join(f"{d.gpu}→{'orch' if d.at == 'orchestrator' else d.at}" for d in state.devices())
+        return StatusSummary(screen=screen, status=state.status, run_id=None, where=where or "-",  # a run id per GPU
+                             epoch=state.epoch, visit=f"visits {state.visits_ended()}/{state.visits_planned or '?'}",
+                             badges=badges, fleet=True)
     visit = ""
     if state.current_visit is not None:
         holder = fit(state.current_holder or "", 16)
@@ -41,6 +46,7 @@ class ConsoleScreen(Screen[None]):
 
     SCREEN_NAME: ClassVar[str] = "screen"
     HELP: ClassVar[str] = ""
+    FLEET_HELP: ClassVar[str] = ""  # added to HELP when the console shows a fleet
     AUTO_FOCUS = None  # keys reach the app's bindings until the operator focuses something
     BINDINGS = [Binding("slash", "filter", "Filter", show=False),
                 Binding("escape", "clear_filter", "Clear filter", show=False)]

@@ -1,10 +1,11 @@
-"""The GPU screen: one card per device (NVML), plus the emulated device's SIM card."""
+"""The GPU screen: the emulated device's SIM card (a fleet: one per GPU), then one card per NVML device."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
 
+from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.css.query import NoMatches
 from textual.widget import Widget
@@ -12,6 +13,7 @@ from textual.widgets import Static
 
 from gputravel.console.screens.base import ConsoleScreen
 from gputravel.console.view_model import RunState
+from gputravel.console.widgets.device_card import DeviceCard
 from gputravel.console.widgets.gpu_card import GpuCard, GpuTrend
 from gputravel.console.widgets.text import esc
 from gputravel.core.telemetry import History, TelemetryFrame
@@ -26,10 +28,17 @@ class GpuScreen(ConsoleScreen):
     """Live telemetry. N/A where the source cannot say; SIM where the device is emulated."""
 
     SCREEN_NAME = "gpu"
+    BINDINGS = [Binding("down,j", "scroll_cards(1)", "Scroll down", show=False),
+                Binding("up,k", "scroll_cards(-1)", "Scroll up", show=False),
+                Binding("pagedown", "scroll_cards(2)", "Page down", show=False),
+                Binding("pageup", "scroll_cards(-2)", "Page up", show=False)]
     _drawn: TelemetryFrame | None = None  # the frame on screen: a state change alone does not redraw it
     HELP = ("Cards follow nvitop: utilisation and memory bars, power, temperature, clocks, PCIe TX/RX history "
             "with its peak and the protocol phase it happened in, and the confidential-computing state. "
-            "Without an NVIDIA driver the header says why; the emulated GPU's real counters show as SIM.")
+            "Without an NVIDIA driver the header says why; the emulated GPU's real counters show as SIM, first. "
+            "Many cards scroll: arrows or j/k a line, page up / page down a page, or the mouse wheel.")
+    FLEET_HELP = ("A fleet has one SIM card per GPU (its device, attestation, epoch, where it is, what it "
+                  "provisioned), drawn from its rank's recording, then NVML's cards while the fleet runs.")
 
     def compose_body(self) -> Iterable[Widget]:
         yield Static("[$text-muted]waiting for telemetry…[/]", id="nvml-status")
@@ -39,6 +48,8 @@ class GpuScreen(ConsoleScreen):
 
     def show_state(self, state: RunState, context: dict[str, Any]) -> None:
         self._state = state
+        if state.fleet:
+            self._draw_fleet(state, context)
         frame = context.get("frame")
         history = context.get("history")
         if frame is not None and history is not None and frame is not self._drawn:  # a new frame only
@@ -54,6 +65,37 @@ class GpuScreen(ConsoleScreen):
         except NoMatches:
             pass
 
+    def action_scroll_cards(self, lines: int) -> None:
+        """Many cards (a fleet's GPUs, NVML's devices) scroll: arrows and j/k a line, page keys a page."""
+        box = self.query_one("#gpu-cards", VerticalScroll)
+        step = lines if abs(lines) == 1 else (1 if lines > 0 else -1) * max(1, box.size.height - 1)
+        box.scroll_to(y=max(0, box.scroll_y + step), animate=False)
+
+    def _draw_fleet(self, state: RunState, context: dict[str, Any]) -> None:
+        """One SIM card per GPU of a fleet, first, in rank order (from the ranks' events)."""
+        if context.get("frame") is None:
+            where = ("NVML is sampled while a fleet runs, not in a replay" if not context.get("live_fleet")
+                     else "waiting for telemetry…")
+            self.query_one("#nvml-status", Static).update(f"{_fleet_head(state)}\n[$text-muted]{esc(where)}[/]")
+        box = self.query_one("#gpu-cards", VerticalScroll)
+        for none in box.query("#gpu-none"):  # drawn by a telemetry tick that came before the first state
+            none.remove()
+        previous: DeviceCard | None = None
+        for view in state.devices():
+            wid = f"device-card-{view.gpu}"
+            found = box.query(f"#{wid}")
+            card = found.first(DeviceCard) if found else None
+            if card is None:
+                card = DeviceCard(id=wid)
+                if previous is not None:
+                    box.mount(card, after=previous)
+                elif box.children:
+                    box.mount(card, before=0)
+                else:
+                    box.mount(card)
+            card.view = view
+            previous = card
+
     def _draw_telemetry(self, frame: TelemetryFrame, history: History,
                         last_devices: TelemetryFrame | None = None) -> None:
         status = frame.nvml
@@ -63,13 +105,18 @@ class GpuScreen(ConsoleScreen):
         else:
             head = f"[b]NVML[/b] [$warning]not available[/]: {esc(status.reason)}"
         tag = f" · now [b]{esc(frame.phase)}[/b]" if frame.phase else ""
-        self.query_one("#nvml-status", Static).update(f"{head}\n[b]source[/b] {esc(frame.source)}{tag}")
-        box = self.query_one("#gpu-cards", VerticalScroll)
         state = self._state
+        if state is not None and state.fleet:  # the fleet's cards first, then what NVML says of this machine
+            self.query_one("#nvml-status", Static).update(f"{_fleet_head(state)}\n{head}")
+        else:
+            self.query_one("#nvml-status", Static).update(f"{head}\n[b]source[/b] {esc(frame.source)}{tag}")
+        box = self.query_one("#gpu-cards", VerticalScroll)
         live = {card_id(d.key) for d in frame.devices}
         devices = frame.devices
         if not devices and last_devices is not None and state is not None and state.ended:
             devices = last_devices.devices  # the run is over: its device's last sample, marked as such
+        if not devices and state is not None and state.fleet:
+            return  # a fleet's cards come from its events; NVML found no device (the header says why)
         if not devices:
             text = ("[$text-muted]no devices: the emulated GPU's SIM card appears once a run has attested its "
                     "device (r or space)[/]")
@@ -83,13 +130,17 @@ class GpuScreen(ConsoleScreen):
         if devices is frame.devices:
             for none in box.query("#gpu-none"):
                 none.remove()
-        for device in devices:
+        for device in sorted(devices, key=lambda d: not d.sim):  # the run's own (emulated) device first
             wid = card_id(device.key)
             found = box.query(f"#{wid}")
             card = found.first(GpuCard) if found else None
             if card is None:
                 card = GpuCard(id=wid)
-                box.mount(card)
+                hardware = [c for c in box.query(GpuCard) if c.snapshot is not None and not c.snapshot.sim]
+                if device.sim and hardware:  # NVML's cards came first: the SIM card goes above them
+                    box.mount(card, before=hardware[0])
+                else:
+                    box.mount(card)
             card.trend = GpuTrend(
                 series={m: tuple(history.values(device.key, m)) for m in ("pcie_tx", "pcie_rx", "util")},
                 peaks={m: history.peak(device.key, m) for m in ("pcie_tx", "pcie_rx")},
@@ -100,6 +151,11 @@ class GpuScreen(ConsoleScreen):
             text = (f"[$text-muted]the run {esc(state.status)}: its device {esc(state.device_id or '')} was shut "
                     "down with it; the card keeps its last sample[/]")
             _note(box, text)
+
+
+def _fleet_head(state: RunState) -> str:
+    return (f"[b]fleet[/b] {len(state.gpus)}/{state.fleet_size or len(state.gpus)} GPUs · one SIM card per device, "
+            "from its rank's recording")
 
 
 def _note(box: VerticalScroll, text: str) -> None:

@@ -10,7 +10,7 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from gputravel.console.screens.base import ConsoleScreen
-from gputravel.console.view_model import RunState, VisitView
+from gputravel.console.view_model import DeviceView, RunState, VisitView, gpu_label
 from gputravel.console.widgets.phase_timeline import PhaseTimeline, TimelineView, receipt
 from gputravel.console.widgets.route_map import RouteMap, RouteView
 from gputravel.console.widgets.table_filter import TableFilter, row_matches
@@ -25,6 +25,9 @@ class TravelScreen(ConsoleScreen):
             "visit; each mark a phase (■ done, ▶ running, ‖ paused before, ✗ failed; ● a breakpoint). "
             "int/scr are the visit's receipts: code and model verified unchanged after the holder returned, "
             "buffer scrubbed and read back as zero.")
+    FLEET_HELP = ("A fleet (gputravel run --gpus N) has one ◆ per GPU on the route (◆ GPU1; ◆1 in 80 columns), "
+                  "one line per GPU in the panel and a gpu column in the timeline. torchrun drives it; the console "
+                  "only watches.")
 
     def compose_body(self) -> Iterable[Widget]:
         yield Horizontal(RouteMap(id="route-map"), Static(id="visit-detail"), id="travel-top")
@@ -34,9 +37,16 @@ class TravelScreen(ConsoleScreen):
 
     def show_state(self, state: RunState, context: dict[str, Any]) -> None:
         holders = tuple((h.name, h.state_label) for h in state.holders.values())
-        self.query_one(RouteMap).view = RouteView(holders=holders, gpu_at=state.gpu_at, phase=state.current_phase)
+        at = {d.gpu: d.at for d in state.devices()}  # a fleet's GPUs; one without an event yet is at home
+        gpus = tuple((gpu_label(r), at.get(r, "orchestrator")) for r in sorted(set(range(state.fleet_size)) | set(at)))
+        self.query_one(RouteMap).view = RouteView(holders=holders, gpu_at=state.gpu_at, phase=state.current_phase,
+                                                  gpus=gpus)
         visits = tuple(v for v in state.visits.values()
-                       if row_matches(self.needle, (v.holder, v.outcome, v.failed_phase or "", f"#{v.visit + 1}")))
+                       if row_matches(self.needle, (v.holder, v.outcome, v.failed_phase or "", f"#{v.visit + 1}",
+                                                    *((gpu_label(v.gpu), v.device or "") if v.gpu is not None
+                                                      else ()))))
+        if state.fleet:  # the GPUs run their visits side by side: rows by visit, then attempt
+            visits = tuple(sorted(visits, key=lambda v: (v.visit, v.attempt)))
         self.query_one(PhaseTimeline).view = TimelineView(
             visits=visits, planned=state.visits_planned, paused_before=state.paused_before,
             breakpoints=frozenset(state.breakpoints))
@@ -44,6 +54,8 @@ class TravelScreen(ConsoleScreen):
 
     @staticmethod
     def _detail(state: RunState, context: dict[str, Any]) -> str:
+        if state.fleet:
+            return _fleet_detail(state, context)
         done = [v for v in state.visits.values() if v.ended]
         last = done[-1] if done else None
         current = state.visit(state.current_visit)
@@ -70,6 +82,37 @@ class TravelScreen(ConsoleScreen):
             lines.append(f"[b {token}]run {esc(state.status)}[/] [{token}]({esc(state.error_code or '?')}): "
                          f"{esc(state.error)}[/]")
         return "\n".join(lines)
+
+
+def _fleet_detail(state: RunState, context: dict[str, Any]) -> str:
+    """A fleet: the run summed up, then one line per GPU (its device, where it is, its phase and epoch)."""
+    devices = state.devices()
+    lines = [f"[b]fleet[/b] {len(devices)}/{state.fleet_size or len(devices)} GPUs  [b]{esc(state.status)}[/b]  "
+             f"{state.visits_ended()}/{state.visits_planned or '?'} visits"
+             + ("  [$warning]SIM[/]" if state.sim else "")]
+    for d in devices:
+        lines.append(_device_line(d))
+    if context.get("readonly"):
+        lines.append("[$text-muted]read-only: torchrun drives the fleet[/]")
+    done = [v for v in state.visits.values() if v.ended]
+    if done:
+        last = done[-1]
+        lines.append(f"[b]receipts[/b] #{last.visit + 1} {esc(fit(last.holder, 12))}: integrity "
+                     f"{receipt(last.integrity_ok)} scrub {receipt(last.scrub_verified)}")
+    if state.error:
+        token = "$warning" if state.status == "cancelled" else "$error"
+        lines.append(f"[b {token}]run {esc(state.status)}[/] [{token}]({esc(state.error_code or '?')}): "
+                     f"{esc(state.error)}[/]")
+    return "\n".join(lines)
+
+
+def _device_line(d: DeviceView) -> str:
+    """``GPU1 ◆ bob · PROVISION ep 2  emu-gpu-1 ✓``."""
+    where = "orchestrator" if d.at == "orchestrator" else d.at
+    phase = f" · {esc(d.phase)}" if d.phase else ("" if d.status not in ("completed", "failed", "cancelled")
+                                                     else f" · {esc(d.status)}")
+    return (f"[b]{esc(d.label)} ◆ {esc(fit(where, 20))}[/b]{phase} ep {d.epoch}  "
+            f"[$text-muted]{esc(d.device_id or '-')}[/] {receipt(d.attested)}")
 
 
 def _key(state: RunState, current: VisitView | None) -> str:

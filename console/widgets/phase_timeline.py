@@ -9,7 +9,7 @@ from textual.content import Content
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from gputravel.console.view_model import VisitView
+from gputravel.console.view_model import VisitView, gpu_label
 from gputravel.console.widgets.text import esc, fit
 from gputravel.core.travel.phases import VISIT_PHASES
 
@@ -33,7 +33,8 @@ class TimelineView:
 
 
 class PhaseTimeline(Widget):
-    """Every visit's phases: ■ done, ▶ running, ‖ paused before, ✗ failed; ● marks a breakpoint."""
+    """Every visit's phases: ■ done, ▶ running, ‖ paused before, ✗ failed; ● marks a breakpoint. A fleet's
+    visits name their GPU."""
 
     DEFAULT_CSS = """
     PhaseTimeline {
@@ -58,7 +59,9 @@ class PhaseTimeline(Widget):
         heads = "".join(f"{'[$error]●[/]' if str(p) in v.breakpoints else ' '}{PHASE_SHORT[str(p)]}"
                         + " " * (cell - 4) for p in VISIT_PHASES)
         key_head = "" if compact else f" {'key fp':<8} "
-        lines = [f"[b]{'#':>2}  {'holder':<{name_w}} {'ep':>3} {heads}{key_head} int scr  outcome[/b]"]
+        gpu_w = max([0, *(len(gpu_label(x.gpu)) for x in v.visits if x.gpu is not None)])  # a fleet's visits
+        gpu_head = f"{'gpu':<{gpu_w}} " if gpu_w else ""
+        lines = [f"[b]{'#':>2}  {gpu_head}{'holder':<{name_w}} {'ep':>3} {heads}{key_head} int scr  outcome[/b]"]
         if not v.visits:
             lines.append(f"[$text-muted]    no visits yet ({v.planned or '?'} planned)[/]")
         running = [x for x in v.visits if x.outcome == "running"]
@@ -75,8 +78,10 @@ class PhaseTimeline(Widget):
             if visit.attempt > 1:
                 outcome += f" · attempt {visit.attempt}" if not compact else f" #{visit.attempt}"
             key = "" if compact else f" {esc((visit.key_fp or '-')[:8]):<8} "
+            gpu = f"{gpu_label(visit.gpu) if visit.gpu is not None else '-':<{gpu_w}} " if gpu_w else ""
             lines.append(
-                f"{visit.visit + 1:>2}  {esc(fit(visit.holder, name_w)):<{name_w}} {visit.epoch:>3} {''.join(marks)}"
+                f"{visit.visit + 1:>2}  {gpu}{esc(fit(visit.holder, name_w)):<{name_w}} {visit.epoch:>3} "
+                f"{''.join(marks)}"
                 f"{key}  {receipt(visit.integrity_ok)}   {receipt(visit.scrub_verified)}  "
                 f"[{token}]{esc(outcome)}[/]"
             )

@@ -22,6 +22,7 @@ class StatusSummary:
     epoch: int = 0
     visit: str = ""
     badges: tuple[str, ...] = ()
+    fleet: bool = False  # ``where`` names every GPU of a fleet
 
 
 class StatusBar(Widget):
@@ -55,11 +56,26 @@ class StatusBar(Widget):
         parts = [f"[b]{esc(s.screen)}[/b]", f"[b $accent]{esc(status)}[/]"]
         if s.run_id and not narrow:
             parts.append(f"run {esc(s.run_id)}")
-        if s.visit:
+        if s.visit and not (narrow and s.fleet):  # a narrow fleet: its visits are on the travel screen
             parts.append(esc(" ".join(s.visit.split()[:2]) if narrow else s.visit))  # narrow: "visit 2/3"
-        parts.append(f"GPU ◆ [b]{esc(fit(s.where, 14) if narrow else s.where)}[/b]")
+        if s.fleet:  # a fleet: every GPU where it is; each device counts its own epochs (its card shows them)
+            if narrow:  # every GPU still shows: each holder's name cut to its share of ~22 columns
+                gpus = s.where.split()
+                where = " ".join(fit(g, max(6, 22 // max(1, len(gpus)))) for g in gpus)
+                parts.append(f"◆ [b]{esc(fit(where, 24))}[/b]")
+            else:
+                parts.append(f"GPUs ◆ [b]{esc(s.where)}[/b]")
+        else:
+            parts.append(f"GPU ◆ [b]{esc(fit(s.where, 14) if narrow else s.where)}[/b]")
         if s.phase:
             parts.append(f"[b]{esc(s.phase)}[/b]" if narrow else f"phase [b]{esc(s.phase)}[/b]")
-        parts.append(f"ep {s.epoch}" if narrow else f"epoch {s.epoch}")
-        badges = " ".join(f"[reverse $warning] {esc(b)} [/]" for b in s.badges)
+        if not s.fleet:
+            parts.append(f"ep {s.epoch}" if narrow else f"epoch {s.epoch}")
+        badges = " ".join(f"[reverse $warning] {esc(_short(b) if narrow else b)} [/]" for b in s.badges)
         return Content.from_markup(" │ ".join(parts) + ("  " + badges if badges else ""))
+
+
+def _short(badge: str) -> str:
+    """A badge in 80 columns: its words before " · "."""
+    short = badge.split(" · ")[0]
+    return short

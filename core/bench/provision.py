@@ -21,7 +21,7 @@ from gputravel.core.bench.data import make_dataset
 from gputravel.core.bench.load import FleetFactory, HolderFleet
 from gputravel.core.device.client import DeviceClient
 from gputravel.core.errors import DataError
-from gputravel.core.machine import aes_gcm_rate, machine_info
+from gputravel.core.machine import aes_gcm_pair_rate, aes_gcm_rate, machine_info
 from gputravel.core.platform.emulated import EmulatedPlatform
 from gputravel.core.travel import handoff as ho
 from gputravel.core.travel.holders import HolderLink, LocalHolderLink
@@ -147,6 +147,11 @@ def paths_study(paths: list[str], *, size_mib: int, chunk_kib: int, repeats: int
     ``cipher_engine`` (auto, cpu, gpu) is who opens the chunks on the device, named in every row."""
     size, chunk = size_mib << 20, chunk_kib << 10
     aes = aes_gcm_rate(chunk)
+    # the ceilings of this machine, measured before the paths: a plain copy of ``size`` bytes, and one
+    # seal pass and one open pass of ``size`` bytes running at once (no protocol between them)
+    copy = memcpy_rate(size)
+    pair = aes_gcm_pair_rate(size, chunk)
+    ceiling = min(pair.values())
     in_device: list[float] = []
     rows: list[dict[str, Any]] = []
     for p in paths:
@@ -161,6 +166,7 @@ def paths_study(paths: list[str], *, size_mib: int, chunk_kib: int, repeats: int
                      "median_s": round(med, 6), "min_s": round(min(times), 6),
                      "mb_s": round(size / med / 1e6, 1), "best_mb_s": round(size / min(times) / 1e6, 1),
                      "fraction_of_aes_core": round(size / med / aes, 3),
+                     "fraction_of_pair_ceiling": round(size / med / ceiling, 3),
                      "cipher_engine": probe.get("cipher_engine"),
                      "shm_ring": probe.get("rings", 0) >= repeats,
                      # seconds per hand-off in each stage (median over the hand-offs); stages overlap, so they
@@ -174,6 +180,12 @@ def paths_study(paths: list[str], *, size_mib: int, chunk_kib: int, repeats: int
         # would hold the GIL between AES-GCM calls and pull this below the standalone rate
         "aes_gcm_in_device_mb_s": round(device_aes / 1e6, 1),
         "device_aes_vs_standalone": round(device_aes / aes, 3),
+        # what binds a seal-then-open pipeline on this machine (docs/provisioning.md): the rate of one seal
+        # pass and one open pass of the same bytes run at once by two processes, and a plain memory copy
+        "aes_gcm_pair_mb_s": {"seal": round(pair["seal"] / 1e6, 1), "open": round(pair["open"] / 1e6, 1)},
+        "pair_ceiling_mb_s": round(ceiling / 1e6, 1),
+        "pair_ceiling_of_aes_core": round(ceiling / aes, 3),
+        "memcpy_mb_s": round(copy / 1e6, 1),
         "rows": rows}
     if "direct" in by and "ssh" in by:
         result["direct_vs_ssh"] = round(by["direct"]["mb_s"] / by["ssh"]["mb_s"], 2)

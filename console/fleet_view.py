@@ -1,0 +1,175 @@
+"""A fleet in the console: the N ranks' recordings of one ``gputravel run --gpus N`` merged into one view.
+
+Every rank of a fleet records its own events to ``<out>/rank-R/recording.db`` (``console/fleet_rank.py``).
+:class:`FleetRecording` reads them all and merges their items by time, each tagged with its GPU (the rank);
+:meth:`FleetRecording.more` reads what the ranks appended since (following a fleet that is still running).
+:class:`FleetBridge` plays the merge like a recording (step, play, jump), folding each event into the
+:class:`~gputravel.console.view_model.RunState` with its GPU, so the state keeps one run per GPU and their
+merge. A fleet is driven by torchrun, never by the console's keys: following one, the console is read-only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gputravel.console.bridge import ReplayBridge
+from gputravel.console.view_model import RunState
+from gputravel.core import events as ev
+from gputravel.core.errors import RecordingError
+from gputravel.core.recording import RECORDING_VERSION, RecordedItem, Recording, load_recording
+from gputravel.core.telemetry import Sampler
+
+if TYPE_CHECKING:
+    from textual.app import App
+
+__all__ = ["FleetBridge", "FleetItem", "FleetRecording", "is_fleet_folder"]
+
+_RANK_DIR = re.compile(r"^rank-(\d+)$")
+
+
+def is_fleet_folder(path: Path) -> bool:
+    """A fleet run folder: ``rank-R/recording.db`` in it, or the ``fleet.json`` its ranks are about to read."""
+    path = Path(path)
+    return path.is_dir() and ((path / "fleet.json").is_file() or any(path.glob("rank-*/recording.db")))
+
+
+@dataclass(frozen=True, slots=True)
+class FleetItem(RecordedItem):
+    """A recorded item of one rank, tagged with its GPU (the torchrun rank)."""
+
+    gpu: int = 0
+
+
+class FleetRecording:
+    """The recordings of one fleet run folder, merged by time.
+
+    ``follow``: the fleet is still running; a rank whose file is not there yet, or is being created, is read
+    when it is (else such a folder is refused with :class:`RecordingError`).
+    """
+
+    def __init__(self, out: Path, *, follow: bool = False) -> None:
+        self.path = Path(out)
+        if not self.path.is_dir():
+            raise RecordingError(f"{self.path}: no such fleet run folder")
+        self.follow = follow
+        self.last_seq: dict[int, int] = {}
+        self.metas: dict[int, dict[str, Any]] = {}
+        self.items: tuple[FleetItem, ...] = self.more()
+        if not self.metas and not follow:
+            raise RecordingError(f"{self.path}: no rank-R/recording.db in it (not a `gputravel run --gpus N` "
+                                 "folder)")
+
+    @property
+    def gpus(self) -> int:
+        """The fleet's size: as its ranks recorded it, else as its fleet.json says, else the ranks seen."""
+        sizes = [int(m["gpus"]) for m in self.metas.values() if isinstance(m.get("gpus"), int)]
+        if sizes:
+            return max(sizes)
+        try:
+            return int(json.loads((self.path / "fleet.json").read_text())["fleet"]["gpus"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return len(self.rank_files())
+
+    def rank_files(self) -> dict[int, Path]:
+        """``rank -> <out>/rank-R/recording.db`` for the ranks that have one, in rank order."""
+        found = {}
+        for path in self.path.glob("rank-*/recording.db"):
+            m = _RANK_DIR.match(path.parent.name)
+            if m:
+                found[int(m.group(1))] = path
+        return dict(sorted(found.items()))
+
+    def more(self) -> tuple[FleetItem, ...]:
+        """The items every rank appended since the last call, merged by time."""
+        new: list[FleetItem] = []
+        for rank, path in self.rank_files().items():
+            try:
+                rec = load_recording(path, since_seq=self.last_seq.get(rank, 0))
+            except RecordingError:
+                if self.follow:  # created but its meta not written yet: read it on the next call
+                    continue
+                raise
+            self.metas[rank] = rec.meta
+            if rec.items:
+                self.last_seq[rank] = rec.items[-1].seq
+            new.extend(FleetItem(i.seq, i.t, i.kind, i.name, i.body, gpu=rank) for i in rec.items)
+        new.sort(key=lambda i: (i.t, i.gpu, i.seq))
+        return tuple(new)
+
+    @property
+    def ledger(self) -> Path:
+        """The fleet ledger rank 0 keeps (joins, per-step weights and digests, every rank ledger's head)."""
+        return self.path / "ledger.db"
+
+    def recording(self) -> Recording:
+        """The merge as one recording (what the console's player walks)."""
+        meta = {"version": RECORDING_VERSION, "source": "gputravel run --gpus", "gpus": self.gpus,
+                "ledger": str(self.ledger), "ranks": {str(r): str(p) for r, p in self.rank_files().items()}}
+        return Recording(self.path, meta, self.items)
+
+
+class FleetBridge(ReplayBridge):
+    """Plays (or follows) a fleet's merged recordings: one run per GPU, and their merge."""
+
+    def __init__(self, app: App[Any], fleet: FleetRecording, *, speed: float = 8.0, follow: bool = False,
+                 sampler: Sampler | None = None) -> None:
+        super().__init__(app, fleet.recording(), speed=speed, follow=follow)
+        self.fleet = fleet
+        self.state = self.new_state()
+        #: NVML while following a running fleet (its devices' own counters live in the ranks' processes)
+        self.sampler = sampler
+
+    def new_state(self) -> RunState:
+        return RunState(fleet_size=self.fleet.gpus, breakpoints=set())
+
+    @property
+    def ledger_path(self) -> Path | None:
+        return self.fleet.ledger
+
+    @property
+    def badges(self) -> tuple[str, ...]:
+        mode = "▶" if self.playing else "‖"
+        fleet = f"FLEET ×{self.fleet.gpus}" + (" SIM" if self.state.sim else "")
+        if self.follow:  # the position in a recording still being written says little
+            return fleet, f"FOLLOW {mode}"
+        return fleet, f"REPLAY {mode} {self.player.position}/{len(self.player.items)}"
+
+    def _apply(self, items: Iterable[RecordedItem]) -> tuple[ev.Event, ...]:
+        events: list[ev.Event] = []
+        for item in items:
+            if item.kind != "event":
+                continue
+            event = item.event()
+            self.state.apply(event, gpu=item.gpu if isinstance(item, FleetItem) else 0)
+            self.tracker(event)
+            events.append(event)
+        return tuple(events)
+
+    def _follow_more(self) -> None:
+        try:
+            more = self.fleet.more()
+        except RecordingError:
+            return
+        if more:
+            self.player.extend(more)
+        if self.state.fleet_size < self.fleet.gpus:
+            self.state.fleet_size = self.fleet.gpus
+
+    async def poll_telemetry(self, interval: float) -> None:
+        """NVML only (a fleet's emulated devices are in the ranks' processes; their cards come from events)."""
+        if self.sampler is None:
+            return
+        while True:
+            frame = await asyncio.to_thread(self.sampler.collect, phase=self.tracker.tag)
+            self.offer_frame(frame)
+            await asyncio.sleep(interval)
+
+    def close(self) -> None:
+        if self.sampler is not None:
+            self.sampler.close()
