@@ -54,7 +54,12 @@ from gputravel.core.protocol.shmring import (
 AGENT_VERSION = "1"
 LLMC_MAGIC = 20240520
 LLMC_HEADER = 256 * 4
+#: chunks in flight on a socket (the TCP data port crosses machines: room for the bandwidth-delay product)
 MAX_IN_FLIGHT = 32
+#: slots of a shared-memory ring: few enough that the ring stays in the CPU's cache between the agent's
+#: seal and the device's open (8 MiB at 1 MiB chunks); measured on the 2-core build machine, 6-8 slots with
+#: acknowledgements in batches of half the ring beat 32 slots by about a fifth (docs/provisioning.md)
+RING_SLOTS = 8
 MAX_CHUNK = 16 * 1024 * 1024
 MAX_RETRANSMITS = 3
 #: on the direct path, acknowledgements are summed up for the orchestrator at most this often (and at the end):
@@ -434,7 +439,7 @@ class Agent:
                 conn = self._data_conn(endpoint, session)
                 conn.active = True
                 if conn.rings and sender is not None and endpoint.get("ring", True):
-                    slots = max(1, min(in_flight, MAX_RING_BYTES // (cs + TAG_LEN)))
+                    slots = max(1, min(in_flight, RING_SLOTS, MAX_RING_BYTES // (cs + TAG_LEN)))
                     ring = self._open_ring(conn, RingSpec(epoch, slots, cs + TAG_LEN))
             if ring is not None and conn is not None:
                 out = ChunkOut(conn.ring_slots, conn.notify)

@@ -247,8 +247,9 @@ class DeviceServer:
             svc.plane.give_slots(slots)
 
 
-#: Most acknowledgements one data connection holds back before it sends them in one frame.
-ACK_BATCH = 8
+#: Most acknowledgements one data connection holds back before it sends them in one frame (on a ring, at
+#: most half its slots, so the agent always has slots to seal into while the other half is acknowledged).
+ACK_BATCH = 4
 
 
 class _DataConnection:
@@ -271,6 +272,7 @@ class _DataConnection:
         self._ack_contiguous = 0
         self._batched_inflight = 0
         self._flush_wanted = False
+        self._ack_batch = ACK_BATCH
 
     def send(self, ftype: FrameType, header: dict[str, Any]) -> None:
         with self._send_lock:
@@ -339,7 +341,7 @@ class _DataConnection:
                     self._ack_contiguous = max(self._ack_contiguous, int(ack.get("contiguous", 0)))
                 settled = self._batched_inflight == 0
                 try:
-                    if exc is not None or len(self._acks) >= ACK_BATCH or (self._flush_wanted and settled):
+                    if exc is not None or len(self._acks) >= self._ack_batch or (self._flush_wanted and settled):
                         self._send_acks()
                     if exc is not None:
                         send_frame(self.conn, FrameType.ERROR,
@@ -436,6 +438,7 @@ class _DataConnection:
         if new and old is not None:
             self.svc.plane.drop_ring(old)
         self.receiver = RingReceiver(ring)
+        self._ack_batch = max(1, min(ACK_BATCH, spec.slots // 2))
 
     def close(self) -> None:
         """The connection ended: its ring is zeroed and unmapped."""
