@@ -125,6 +125,44 @@ def test_chunks_sealed_into_ring_slots_are_acknowledged_with_their_slot_and_land
     assert rig.rejected() == before
 
 
+def test_an_agent_that_marks_its_chunks_is_acknowledged_in_batches_and_fully_before_it_waits(rig: Rig) -> None:
+    """Chunks marked ``f`` (the holder agent does) may be acknowledged in batches of half the ring; a chunk
+    marked ``f: 1`` (the agent is about to wait) flushes every acknowledgement held back, and a refusal
+    goes out at once, after them."""
+    before = rig.rejected()
+    w = rig.handoff(offset=8192, length=256 * 7, chunk_size=256)
+    data = plaintext(w.length, seed=33)
+
+    def notify(seq: int, slot: int, *, flush: int, tamper: bool = False) -> None:
+        assert conn.ring is not None
+        head, ct = w.seal(seq, data)
+        conn.ring.slot(slot)[: len(ct)] = flip(ct, 3) if tamper else ct
+        conn.sock.sendall(encode_frame(FrameType.CHUNK, {**head, "slot": slot, "f": flush}))
+
+    with RingConn(rig, w, slots=4) as conn:  # 4 slots: batches of 2
+        for seq in range(4):  # the agent fills its ring, marking the last chunk before it waits
+            notify(seq, seq, flush=int(seq == 3))
+        acks = [conn.read(), conn.read()]
+        assert [a.type for a in acks] == [FrameType.ACK, FrameType.ACK]
+        assert [(a.header["batch"], a.header["slots"]) for a in acks] == [([0, 1], [0, 1]), ([2, 3], [2, 3])]
+        assert acks[-1].header["contiguous"] == 4
+        notify(4, 0, flush=1)  # one chunk, then the agent waits: acknowledged alone, at once
+        ack = conn.read()
+        assert (ack.type, ack.header["batch"], ack.header["slots"]) == (FrameType.ACK, [4], [0])
+        notify(5, 1, flush=0)  # held back (one of two) ...
+        notify(6, 2, flush=1, tamper=True)  # ... until this one is refused: the held acknowledgement first
+        ack, err = conn.read(), conn.read()
+        assert (ack.type, ack.header["batch"]) == (FrameType.ACK, [5])
+        assert (err.type, err.header["s"], err.header["slot"], err.header["code"]) == (FrameType.ERROR, 6, 2, "tag")
+        notify(6, 2, flush=1)  # resent from its slot, as the agent does
+        ack = conn.read()
+        assert (ack.type, ack.header["batch"], ack.header["contiguous"]) == (FrameType.ACK, [6], 7)
+    assert rig.digest(w.offset, w.length) == sha(data)
+    report = rig.close(w)
+    assert report["complete"] is True and report["bytes"] == w.length
+    assert rig.rejected() - before == Counter({"tag": 1})
+
+
 def _attack(kind: str, w: Window, data: bytes, rig: Rig) -> list[tuple[dict[str, Any], bytes]]:
     """The frames of one attack on window ``w``: a genuine chunk first where the attack needs one."""
     head, ct = w.seal(0, data)
