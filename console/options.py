@@ -12,6 +12,8 @@ from importlib import metadata
 import typer
 import typer.core
 
+from gputravel.core.travel.phases import VISIT_PHASES
+
 __all__ = ["CcMode", "DataPathChoice", "ModelPreset", "PhaseChoice", "ThemeChoice", "TransportChoice",
            "quiet_flag_types", "version_callback", "version_text"]
 
@@ -48,17 +50,8 @@ class ModelPreset(StrEnum):
     GPT2 = "gpt2"
 
 
-class PhaseChoice(StrEnum):
-    """The phases a breakpoint may stop before (case-insensitive on the command line)."""
-
-    ATTEST = "ATTEST"
-    HANDOFF = "HANDOFF"
-    PROVISION = "PROVISION"
-    RETURN = "RETURN"
-    VERIFY = "VERIFY"
-    TRAIN = "TRAIN"
-    SCRUB = "SCRUB"
-    ROTATE = "ROTATE"
+#: The phases a breakpoint may stop before (case-insensitive on the command line): the visit's own phases.
+PhaseChoice = StrEnum("PhaseChoice", {str(p): str(p) for p in VISIT_PHASES})  # type: ignore[misc]
 
 
 class ThemeChoice(StrEnum):
