@@ -74,14 +74,21 @@ class TravelScreen(ConsoleScreen):
             lines.append("[$text-muted]r run · space one phase · b break@HANDOFF[/]")
         bps = ", ".join(sorted(state.breakpoints)) or "none"
         lines.append(f"[b]breakpoints[/b] {esc(bps)}")
-        if last is not None:
-            lines.append(f"[b]receipts[/b] #{last.visit + 1} {esc(fit(last.holder, 12))}: integrity "
-                         f"{receipt(last.integrity_ok)} scrub {receipt(last.scrub_verified)}")
-        if state.error:
-            token = "$warning" if state.status == "cancelled" else "$error"
-            lines.append(f"[b {token}]run {esc(state.status)}[/] [{token}]({esc(state.error_code or '?')}): "
-                         f"{esc(state.error)}[/]")
+        lines.extend(_receipts_and_error(state, last))
         return "\n".join(lines)
+
+
+def _receipts_and_error(state: RunState, last: Any) -> list[str]:
+    """The last ended visit's receipts and the run's error, if any (a single run's panel and a fleet's)."""
+    lines = []
+    if last is not None:
+        lines.append(f"[b]receipts[/b] #{last.visit + 1} {esc(fit(last.holder, 12))}: integrity "
+                     f"{receipt(last.integrity_ok)} scrub {receipt(last.scrub_verified)}")
+    if state.error:
+        token = "$warning" if state.status == "cancelled" else "$error"
+        lines.append(f"[b {token}]run {esc(state.status)}[/] [{token}]({esc(state.error_code or '?')}): "
+                     f"{esc(state.error)}[/]")
+    return lines
 
 
 def _fleet_detail(state: RunState, context: dict[str, Any]) -> str:
@@ -95,14 +102,7 @@ def _fleet_detail(state: RunState, context: dict[str, Any]) -> str:
     if context.get("readonly"):
         lines.append("[$text-muted]read-only: torchrun drives the fleet[/]")
     done = [v for v in state.visits.values() if v.ended]
-    if done:
-        last = done[-1]
-        lines.append(f"[b]receipts[/b] #{last.visit + 1} {esc(fit(last.holder, 12))}: integrity "
-                     f"{receipt(last.integrity_ok)} scrub {receipt(last.scrub_verified)}")
-    if state.error:
-        token = "$warning" if state.status == "cancelled" else "$error"
-        lines.append(f"[b {token}]run {esc(state.status)}[/] [{token}]({esc(state.error_code or '?')}): "
-                     f"{esc(state.error)}[/]")
+    lines.extend(_receipts_and_error(state, done[-1] if done else None))
     return "\n".join(lines)
 
 
