@@ -51,14 +51,16 @@ def main(argv: list[str] | None = None) -> None:
     try:
         settings, fleet = load_config(ns.config)
         holders = Fleet(settings)
-        # each GPU's events, for `gputravel-console --replay <out>/rank-R/recording.db`
+        # each GPU's events and telemetry, for `gputravel-console --replay <out>/rank-R/recording.db`
         (Path(settings.out_dir) / f"rank-{rank}").mkdir(parents=True, exist_ok=True)
         recorder = Recorder(Path(settings.out_dir) / f"rank-{rank}" / "recording.db",
                             meta={"source": "gputravel run --gpus", "gpu": rank, "gpus": fleet.gpus,
                                   "ledger": str(Path(settings.out_dir) / f"rank-{rank}" / "ledger.db")})
         try:
             links = holders.links()
-            asyncio.run(run_rank(settings, fleet, links=links, sinks=[_Lines(rank), recorder]))
+            # and its device's telemetry, sampled once a second into the same recording
+            asyncio.run(run_rank(settings, fleet, links=links, sinks=[_Lines(rank), recorder],
+                                 telemetry=recorder.record_telemetry))
         finally:
             recorder.close()
             holders.close()

@@ -29,6 +29,17 @@ def _fraction(used: object, total: object) -> float | None:
     return float(used) / float(total)  # type: ignore[arg-type]
 
 
+def pcie_line(label: str, values: tuple[float, ...], peak: Point | None, current: object, width: int) -> str:
+    """One PCIe direction: its history as a sparkline, the current rate, the peak and the phase it ran in."""
+    peak_text = ""
+    if peak is not None and peak.value > 0:
+        # a rate averaged over one sampling interval, tagged with the phase that moved the bytes
+        peak_text = f"  peak {fmt_rate(peak.value)} [$text-muted]avg[/]" + (
+            f" [$accent]({esc(peak.phase)})[/]" if peak.phase else "")
+    line = spark(values, width) if values else "[$text-disabled]no history[/]"
+    return f"{label:<8}[$primary]{line}[/] {fmt_rate(current):>10}{peak_text}"
+
+
 class GpuCard(Widget):
     """One device. Set ``snapshot`` (a :class:`GpuSample`) and ``trend``; fields the source lacks read N/A."""
 
@@ -59,15 +70,7 @@ class GpuCard(Widget):
         self.border_subtitle = "last sample · device shut down" if stale else ""
 
     def _pcie(self, label: str, metric: str, current: object, width: int) -> str:
-        values = self.trend.series.get(metric, ())
-        peak = self.trend.peaks.get(metric)
-        peak_text = ""
-        if peak is not None and peak.value > 0:
-            # a rate averaged over one sampling interval, tagged with the phase that moved the bytes
-            peak_text = f"  peak {fmt_rate(peak.value)} [$text-muted]avg[/]" + (
-                f" [$accent]({esc(peak.phase)})[/]" if peak.phase else "")
-        line = spark(values, width) if values else "[$text-disabled]no history[/]"
-        return f"{label:<8}[$primary]{line}[/] {fmt_rate(current):>10}{peak_text}"
+        return pcie_line(label, self.trend.series.get(metric, ()), self.trend.peaks.get(metric), current, width)
 
     def render(self) -> RenderResult:
         s = self.snapshot

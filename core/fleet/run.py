@@ -28,6 +28,8 @@ from gputravel.core.events import Event
 from gputravel.core.fleet.platform import FleetPlatform, ensure_vendor
 from gputravel.core.fleet.rank import FleetEngine, FleetOptions, WorkerGroup
 from gputravel.core.ledger import Ledger, VerifyResult, read_rows, verify_ledger
+from gputravel.core.telemetry.model import TelemetryFrame
+from gputravel.core.telemetry.recorded import TELEMETRY_INTERVAL_S, TelemetryLoop, rank_sampler
 from gputravel.core.travel.holders import HolderLink
 
 __all__ = ["Rendezvous", "launch_fleet", "load_config", "merge_reports", "run_rank", "torchrun_command",
@@ -154,12 +156,17 @@ def _stderr_fd() -> int | None:
 
 
 async def run_rank(settings: RunSettings, fleet: FleetOptions, *, links: Iterable[HolderLink] | None = None,
-                   sinks: Iterable[Callable[[Event], None]] = ()) -> dict[str, Any] | None:
+                   sinks: Iterable[Callable[[Event], None]] = (),
+                   telemetry: Callable[[TelemetryFrame], None] | None = None,
+                   telemetry_interval: float = TELEMETRY_INTERVAL_S) -> dict[str, Any] | None:
     """This torchrun rank's part: start its device, run its share, exchange reports; rank 0 returns the
-    merged report (and writes it and the fleet ledger)."""
+    merged report (and writes it and the fleet ledger). ``telemetry``: where this rank's device's telemetry
+    frames go (its recording), one every ``telemetry_interval`` seconds while the rank runs, and a last one
+    with the final counters before the device stops."""
     import torch
 
     from gputravel.core import api
+    from gputravel.core.session import Session
 
     group = WorkerGroup(timeout_s=fleet.timeout_s)
     out = Path(settings.out_dir)
@@ -178,16 +185,25 @@ async def run_rank(settings: RunSettings, fleet: FleetOptions, *, links: Iterabl
     error: GpuTravelError | None = None
     report: dict[str, Any] | None = None
     engine: FleetEngine | None = None
+    sampling: TelemetryLoop | None = None
     try:
         built = await asyncio.to_thread(api.build_engine, rsettings, links=links, platform_type=platform,
                                         engine_type=FleetEngine, fleet=fleet, group=group)
         assert isinstance(built, FleetEngine)
         engine = built
         engine.sinks.extend(sinks)
+        if telemetry is not None:  # this rank's device (and its own CUDA device's NVML), as a single run does
+            feed = Session(lambda: built)
+            feed.build()
+            sampling = TelemetryLoop(feed, telemetry, interval=telemetry_interval, sampler=rank_sampler(device))
+            engine.sinks.append(sampling.tracker)
+            sampling.start(name=f"fleet-telemetry-{group.rank}")
         report = await engine.run()
     except GpuTravelError as exc:
         error = exc
     finally:
+        if sampling is not None:
+            await sampling.stop(final=report is not None)  # the final counters, while the device answers
         if engine is not None:
             await engine.aclose()
     mine = report if report is not None else {

@@ -7,7 +7,14 @@ is ``NA`` (prints ``N/A``), a machine without a driver says why in ``frame.nvml.
 from __future__ import annotations
 
 from gputravel.core.telemetry.emulated import EmulatedSource
-from gputravel.core.telemetry.history import METRICS, History, PhaseTracker, Point
+from gputravel.core.telemetry.history import (
+           DATA_PHASES,
+           METRICS,
+           History,
+           IntervalPhaseTracker,
+           PhaseTracker,
+           Point,
+)
 from gputravel.core.telemetry.model import (
            NA,
            CCState,
@@ -18,9 +25,11 @@ from gputravel.core.telemetry.model import (
            TelemetryFrame,
 )
 from gputravel.core.telemetry.nvml import NvmlSource, explain_init_error, nvml_query
+from gputravel.core.telemetry.recorded import TELEMETRY_INTERVAL_S, DeviceFeed, TelemetryLoop, rank_sampler
 from gputravel.core.telemetry.replay import ReplaySource
 from gputravel.core.telemetry.sampler import Sampler
 
-__all__ = ["METRICS", "NA", "CCState", "EmulatedSource", "GpuSample", "History", "NAType", "NvmlSource",
-           "NvmlStatus", "PhaseTracker", "Point", "ProcessSample", "ReplaySource", "Sampler", "TelemetryFrame",
-           "explain_init_error", "nvml_query"]
+__all__ = ["DATA_PHASES", "METRICS", "NA", "TELEMETRY_INTERVAL_S", "CCState", "DeviceFeed", "EmulatedSource",
+           "GpuSample", "History", "IntervalPhaseTracker", "NAType", "NvmlSource", "NvmlStatus", "PhaseTracker",
+           "Point", "ProcessSample", "ReplaySource", "Sampler", "TelemetryFrame", "TelemetryLoop",
+           "explain_init_error", "nvml_query", "rank_sampler"]

@@ -80,6 +80,7 @@ class EmulatedSource:
             mem_used=int(stats.get("memory_bytes", 0)),
             mem_total=NA,
             pcie_rx_bps=rx,
+            rx_bytes=bytes_in,
             cc=cc if not buffer_bytes else CCState(feature=cc.feature, environment="sim",
                                                     protected_mem_kib=int(buffer_bytes) // 1024),
             note=f"emulated on {self.info.get('device', '?')}; epoch {stats.get('epoch', '?')}",

@@ -12,7 +12,7 @@ from typing import Any
 from gputravel.core import events as ev
 from gputravel.core.telemetry.model import GpuSample, TelemetryFrame
 
-__all__ = ["METRICS", "History", "PhaseTracker", "Point"]
+__all__ = ["DATA_PHASES", "METRICS", "History", "IntervalPhaseTracker", "PhaseTracker", "Point"]
 
 #: Metrics kept per device: name -> GpuSample attribute.
 METRICS: dict[str, str] = {"util": "util_gpu", "mem": "mem_used", "pcie_tx": "pcie_tx_bps",
@@ -32,12 +32,14 @@ class History:
     def __init__(self, capacity: int = 240) -> None:
         self.capacity = capacity
         self._series: dict[tuple[str, str], deque[Point]] = {}
+        self._last: dict[str, tuple[float, str | None]] = {}  # device key -> (t, phase) of its last sample
 
     def push(self, frame: TelemetryFrame) -> None:
         for device in frame.devices:
             self.push_sample(device, t=frame.t, phase=frame.phase)
 
     def push_sample(self, sample: GpuSample, *, t: float, phase: str | None) -> None:
+        self._last[sample.key] = (t, phase)
         for metric, attr in METRICS.items():
             value = getattr(sample, attr)
             if isinstance(value, int | float) and not isinstance(value, bool):
@@ -59,8 +61,14 @@ class History:
             return None
         return max(series, key=lambda p: p.value)
 
+    def last(self, device: str) -> tuple[float, str | None] | None:
+        """When the device's last sample was taken and the phase it was in (kept even where every metric
+        of that sample read ``NA``); None before its first."""
+        return self._last.get(device)
+
     def clear(self) -> None:
         self._series.clear()
+        self._last.clear()
 
 
 class PhaseTracker:
@@ -86,3 +94,36 @@ class PhaseTracker:
 
     def to_dict(self) -> dict[str, Any]:
         return {"holder": self.holder, "phase": self.phase}
+
+
+#: Phases that move data over the bus, most telling first: a sample whose interval saw one is tagged with it.
+DATA_PHASES = ("PROVISION", "RETURN", "HANDOFF")
+
+
+class IntervalPhaseTracker(PhaseTracker):
+    """A phase tracker whose ``tag`` names the phase that ran during the sampling interval just ended, not
+    only the one running when the sample is taken: PCIe counters are averages over that interval, so a
+    transfer that ended a moment before the sample belongs to PROVISION, not to the TRAIN that follows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str | None, str]] = []  # (holder, phase) started since the last tag
+
+    def __call__(self, event: ev.Event) -> None:
+        if isinstance(event, ev.PhaseStarted):
+            self.seen.append((event.holder, event.phase))
+        super().__call__(event)
+
+    @property
+    def tag(self) -> str | None:
+        seen, self.seen = self.seen, []
+        if self.phase is not None:
+            seen.append((self.holder, self.phase))
+        for wanted in DATA_PHASES:
+            for holder, phase in seen:
+                if phase == wanted:
+                    return f"{holder} · {phase}" if holder else phase
+        if not seen:
+            return None
+        holder, phase = seen[-1]
+        return f"{holder} · {phase}" if holder else phase

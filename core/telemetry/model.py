@@ -114,6 +114,7 @@ class GpuSample:
     mem_clock_mhz: Num = NA
     pcie_tx_bps: Num = NA  # device -> host
     pcie_rx_bps: Num = NA  # host -> device
+    rx_bytes: Num = NA  # host -> device so far (SIM: ciphertext the device accepted into its memory)
     processes: tuple[ProcessSample, ...] = ()
     cc: CCState = field(default_factory=CCState)
     note: str | None = None  # why a SIM or degraded sample lacks fields

@@ -9,7 +9,7 @@ error either: :meth:`NvmlSource.open` returns an :class:`NvmlStatus` that says w
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
@@ -66,12 +66,15 @@ def _scaled(value: Any, factor: float) -> Any:
 
 
 class NvmlSource:
-    """Reads every device NVML sees. ``nvml`` is the bindings module (pynvml unless a test passes one)."""
+    """Reads every device NVML sees, or only those of ``indices`` (a fleet rank: its own device; ``()``:
+    none, while the status still says whether NVML answers). ``nvml`` is the bindings module (pynvml
+    unless a test passes one)."""
 
     name = "nvml"
 
-    def __init__(self, *, nvml: ModuleType | Any | None = None) -> None:
+    def __init__(self, *, nvml: ModuleType | Any | None = None, indices: Iterable[int] | None = None) -> None:
         self._nvml: Any = nvml if nvml is not None else pynvml
+        self.indices = None if indices is None else tuple(indices)
         self._lock = threading.Lock()
         self._open = False
         self._failed = False
@@ -121,8 +124,11 @@ class NvmlSource:
         """One snapshot per device (empty when NVML is unavailable)."""
         if not self.open().available:
             return ()
+        wanted = [i for i in range(self.status.device_count) if self.indices is None or i in self.indices]
+        if not wanted:
+            return ()
         cc_system = self._cc_system()
-        return tuple(self._device(i, cc_system) for i in range(self.status.device_count))
+        return tuple(self._device(i, cc_system) for i in wanted)
 
     def _cc_system(self) -> dict[str, Any]:
         state = nvml_query(self._fn("nvmlSystemGetConfComputeState"))
