@@ -6,6 +6,10 @@ Every rank of a fleet records its own events to ``<out>/rank-R/recording.db`` (`
 :class:`FleetBridge` plays the merge like a recording (step, play, jump), folding each event into the
 :class:`~gputravel.console.view_model.RunState` with its GPU, so the state keeps one run per GPU and their
 merge. A fleet is driven by torchrun, never by the console's keys: following one, the console is read-only.
+
+Each rank also records its own device's telemetry (``core/fleet/run.py``): the bridge keeps every GPU's
+newest frame, numbers its SIM sample by its GPU (``sim-R``), pushes it into the history with the phase its
+rank was in, and offers one merged frame (every GPU's SIM sample, then NVML's devices) to the GPU screen.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import asyncio
 import json
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +27,7 @@ from gputravel.console.view_model import RunState
 from gputravel.core import events as ev
 from gputravel.core.errors import RecordingError
 from gputravel.core.recording import RECORDING_VERSION, RecordedItem, Recording, load_recording
-from gputravel.core.telemetry import Sampler
+from gputravel.core.telemetry import Sampler, TelemetryFrame
 
 if TYPE_CHECKING:
     from textual.app import App
@@ -122,8 +126,10 @@ class FleetBridge(ReplayBridge):
         super().__init__(app, fleet.recording(), speed=speed, follow=follow)
         self.fleet = fleet
         self.state = self.new_state()
-        #: NVML while following a running fleet (its devices' own counters live in the ranks' processes)
+        #: NVML while following a running fleet (its devices' own counters come from the ranks' recordings)
         self.sampler = sampler
+        self.rank_frames: dict[int, TelemetryFrame] = {}  # each GPU's newest recorded frame, its SIM as sim-R
+        self.local_frame: TelemetryFrame | None = None  # this machine's NVML, sampled while following
 
     def new_state(self) -> RunState:
         return RunState(fleet_size=self.fleet.gpus, breakpoints=set())
@@ -143,6 +149,9 @@ class FleetBridge(ReplayBridge):
     def _apply(self, items: Iterable[RecordedItem]) -> tuple[ev.Event, ...]:
         events: list[ev.Event] = []
         for item in items:
+            if item.kind == "telemetry":
+                self.offer_rank_frame(item.gpu if isinstance(item, FleetItem) else 0, item.frame())
+                continue
             if item.kind != "event":
                 continue
             event = item.event()
@@ -161,8 +170,61 @@ class FleetBridge(ReplayBridge):
         if self.state.fleet_size < self.fleet.gpus:
             self.state.fleet_size = self.fleet.gpus
 
+    # --- telemetry: the ranks' recorded frames, merged --------------------------------------------
+    def offer_rank_frame(self, gpu: int, frame: TelemetryFrame) -> None:
+        """A frame GPU ``gpu``'s rank recorded: its SIM sample becomes ``sim-<gpu>`` (every rank's own device
+        is index 0 where it runs). Its NVML sample (the rank's own CUDA device) counts only in a replay:
+        following, this machine's NVML says the same of every device."""
+        devices = tuple(replace(d, index=gpu) if d.sim else d for d in frame.devices)
+        frame = frame.replace(devices=devices)
+        self.rank_frames[gpu] = frame
+        for device in devices:
+            if device.sim or self.sampler is None:
+                self.history.push_sample(device, t=frame.t, phase=frame.phase)
+        self._offer_merged()
+
+    def offer_frame(self, frame: TelemetryFrame) -> None:
+        """This machine's NVML (following a fleet), drawn after the GPUs' own SIM samples."""
+        self.local_frame = frame
+        self.history.push(frame)
+        self._offer_merged()
+
+    def merged_frame(self) -> TelemetryFrame | None:
+        """Every GPU's newest SIM sample in rank order, then NVML's devices: this machine's while following,
+        else those the ranks recorded (each rank only its own device). NVML's status likewise."""
+        ranks = [self.rank_frames[g] for g in sorted(self.rank_frames)]
+        if not ranks and self.local_frame is None:
+            return None
+        sims = tuple(d for f in ranks for d in f.devices if d.sim)
+        local = self.local_frame
+        if self.sampler is not None:  # following: this machine's NVML (its first tick may not be in yet)
+            nvml = tuple(d for d in local.devices if not d.sim) if local is not None else ()
+            status = local.nvml if local is not None else ranks[0].nvml
+        else:
+            seen = {d.key: d for f in ranks for d in f.devices if not d.sim}
+            nvml = tuple(seen[k] for k in sorted(seen))
+            status = next((f.nvml for f in ranks if f.nvml.available), ranks[0].nvml)
+        newest = max([f for f in (*ranks, local) if f is not None], key=lambda f: f.t)
+        return TelemetryFrame(t=newest.t, source="fleet" if self.follow else "replay", nvml=status,
+                              devices=sims + nvml, phase=newest.phase)
+
+    def _offer_merged(self) -> None:
+        merged = self.merged_frame()
+        if merged is None:
+            return
+        self.latest_frame = merged
+        if merged.devices:
+            self.last_devices = merged
+        if not self._frame_pending:  # coalesced, as Bridge.offer_frame does
+            self._frame_pending = True
+            self.app.post_message(self.TelemetryTicked())
+
+    def rebuild(self) -> None:
+        self.rank_frames = {}
+        super().rebuild()
+
     async def poll_telemetry(self, interval: float) -> None:
-        """NVML only (a fleet's emulated devices are in the ranks' processes; their cards come from events)."""
+        """This machine's NVML while following (each GPU's emulated device is sampled by its rank)."""
         if self.sampler is None:
             return
         while True:

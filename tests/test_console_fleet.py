@@ -26,12 +26,14 @@ from gputravel.console.view_model import RunState
 from gputravel.console.widgets.device_card import DeviceCard
 from gputravel.console.widgets.route_map import RouteMap
 from gputravel.console.widgets.status_bar import StatusBar
+from gputravel.console.widgets.text import fmt_bytes
 from gputravel.core.bench.data import make_dataset
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import RecordingError
 from gputravel.core.fleet.rank import FleetOptions
 from gputravel.core.fleet.run import launch_fleet
-from gputravel.core.recording import Recorder, load_recording
+from gputravel.core.recording import RecordedItem, Recorder, load_recording
+from gputravel.core.telemetry import NA
 
 HOLDERS = ("alice", "bob", "carol")
 
@@ -78,6 +80,18 @@ def where(state: RunState) -> dict[str, str]:
     return {d.label: d.at for d in state.devices()}
 
 
+def rank_reports(out: Path) -> dict[int, dict[str, Any]]:
+    return {r: json.loads((out / f"rank-{r}" / "report.json").read_text()) for r in (0, 1)}
+
+
+def write_again(recorder: Recorder, item: RecordedItem) -> None:
+    """One recorded item written again by the real Recorder (an event, or a telemetry frame)."""
+    if item.kind == "telemetry":
+        recorder.record_telemetry(item.frame())
+    else:
+        recorder(item.event())
+
+
 def test_the_ranks_recordings_merge_by_time_each_item_tagged_with_its_gpu(fleet: tuple[Path, dict]) -> None:
     out, _ = fleet
     assert is_fleet_folder(out) and not is_fleet_folder(out / "rank-0")
@@ -115,6 +129,28 @@ def test_merged_state_tags_every_visit_with_the_gpu_and_device_the_fleet_report_
         assert devices[dev["device_id"]].epoch == dev["epochs"] and devices[dev["device_id"]].attested is True
     assert sum(d.visits_done for d in devices.values()) == 3
     assert all(d.provisioned_bytes > 0 and d.last_mb_s for d in devices.values())
+
+
+def test_each_rank_records_telemetry_from_its_own_device_ending_with_its_reported_bytes(
+        fleet: tuple[Path, dict]) -> None:
+    out, report = fleet
+    ids = {d["rank"]: d["device_id"] for d in report["fleet"]["devices"]}
+    mine = rank_reports(out)
+    for rank in (0, 1):
+        frames = load_recording(out / f"rank-{rank}" / "recording.db").frames()
+        assert frames, f"rank {rank} recorded no telemetry"
+        sims = [d for f in frames for d in f.devices if d.sim]
+        assert sims and all(d.uuid in (NA, ids[rank]) for d in sims)  # NA: sampled before its attestation
+        last = frames[-1].devices
+        assert [d.uuid for d in last if d.sim] == [ids[rank]]
+        # the last sample is taken when the run is done, before the device stops: its final counters
+        assert [d.rx_bytes for d in last if d.sim] == [mine[rank]["provisioning"]["bytes"]]
+        nvml = [d for f in frames for d in f.devices if not d.sim]
+        if frames[-1].nvml.available:  # a rank samples only its own CUDA device (LOCAL_RANK = rank here)
+            assert {d.index for d in nvml} <= {rank}
+        else:  # no driver: "not available", with the reason, and no device
+            assert not nvml and "NVML" in (frames[-1].nvml.reason or "")
+    assert mine[0]["provisioning"]["bytes"] != mine[1]["provisioning"]["bytes"]  # two visits on GPU0, one on GPU1
 
 
 def test_fleet_is_over_only_when_every_gpu_is(fleet: tuple[Path, dict]) -> None:
@@ -179,6 +215,21 @@ async def test_gpu_screen_has_one_sim_card_per_device_and_they_scroll_in_80x24(f
         text = screen_text(app)
         assert "GPU0 · emu-gpu-0 · SIM" in text and "GPU1 · emu-gpu-1 · SIM" in text
         assert "fleet 2/2 GPUs" in text
+        mine = rank_reports(out)
+        for card in cards:  # each card: its own device's counters, as its rank's last frame has them
+            assert card.view is not None and card.counters is not None
+            gpu = card.view.gpu
+            last = load_recording(out / f"rank-{gpu}" / "recording.db").frames()[-1]
+            sample = card.counters.sample
+            assert sample.uuid == card.view.device_id and sample.rx_bytes == mine[gpu]["provisioning"]["bytes"]
+            assert card.counters.phase == last.phase and sample.mem_used == last.devices[0].mem_used
+            lines = card.render().plain.splitlines()
+            sampled = next(x for x in lines if x.startswith("sample "))
+            assert f"{fmt_bytes(sample.rx_bytes)} in" in sampled and f"{fmt_bytes(sample.mem_used)} in use" in sampled
+            assert (last.phase or "between phases") in sampled
+            assert any(x.startswith("PCIe RX ") for x in lines)
+        totals = [c.counters.sample.rx_bytes for c in cards if c.counters]
+        assert len(set(totals)) == 2  # two devices, two byte totals
     app = make_app(replay=out)
     async with app.run_test(size=(80, 24)) as pilot:  # the compact layout: one card shows, the other scrolls
         await pilot.press("end", "4")
@@ -225,7 +276,7 @@ async def test_following_a_running_fleet_is_read_only_and_picks_up_every_rank(fl
     recorders = {0: Recorder(follow / "rank-0" / "recording.db", meta=dict(ranks[0].meta))}
     half = len(ranks[0].items) // 2
     for item in ranks[0].items[:half]:
-        recorders[0](item.event())
+        write_again(recorders[0], item)
     app = make_app(replay=follow, readonly=True, follow=True)
     try:
         async with app.run_test(size=(120, 40)) as pilot:
@@ -237,7 +288,7 @@ async def test_following_a_running_fleet_is_read_only_and_picks_up_every_rank(fl
             recorders[1] = Recorder(follow / "rank-1" / "recording.db", meta=dict(ranks[1].meta))
             for rank, rec in ranks.items():
                 for item in rec.items[half if rank == 0 else 0:]:
-                    recorders[rank](item.event())
+                    write_again(recorders[rank], item)
             await until(pilot, lambda: bridge.state.status == "completed", what="the fleet's end")
             assert list(bridge.state.gpus) == [0, 1] and len(bridge.state.visits) == 3
             assert sum(isinstance(i, FleetItem) and i.gpu == 1 for i in bridge.player.items) == len(ranks[1].items)
@@ -245,6 +296,9 @@ async def test_following_a_running_fleet_is_read_only_and_picks_up_every_rank(fl
             assert bar is not None and "READ-ONLY · torchrun drives" in bar.badges
             assert "FOLLOW ▶" in bar.badges
             assert "READ-ONLY · torchrun drives" in screen_text(app)
+            last = {r: rec.frames()[-1] for r, rec in ranks.items()}  # each GPU's last frame, followed too
+            assert {g: f.devices[0].rx_bytes for g, f in bridge.rank_frames.items()} == {
+                r: f.devices[0].rx_bytes for r, f in last.items()}
     finally:
         for rec in recorders.values():
             rec.close()

@@ -3,6 +3,7 @@ no-driver path of this machine, the emulated source's rates, phase-tagged histor
 
 from __future__ import annotations
 
+import asyncio
 import json
 from types import SimpleNamespace
 from typing import Any
@@ -18,13 +19,17 @@ from gputravel.core.telemetry import (
     EmulatedSource,
     GpuSample,
     History,
+    IntervalPhaseTracker,
     NvmlSource,
     PhaseTracker,
     Sampler,
     TelemetryFrame,
+    TelemetryLoop,
     explain_init_error,
     nvml_query,
+    rank_sampler,
 )
+from gputravel.core.telemetry.recorded import nvml_index_of
 
 
 class FakeNvml:
@@ -247,3 +252,72 @@ def test_frames_round_trip_through_dicts() -> None:
     frame = TelemetryFrame(t=1.0, source="nvml", nvml=status, devices=(h100, a10), phase="alice · TRAIN")
     again = TelemetryFrame.from_dict(json.loads(json.dumps(frame.to_dict())))
     assert again == frame
+
+
+def test_a_fleet_rank_samples_only_its_own_nvml_device() -> None:
+    assert [d.index for d in NvmlSource(nvml=FakeNvml(), indices=(1,)).sample()] == [1]
+    none = NvmlSource(nvml=FakeNvml(), indices=())
+    assert none.sample() == () and none.status.available and none.status.device_count == 2
+    assert nvml_index_of(1, visible="3,5") == 5 and nvml_index_of(1, visible="") == 1
+    assert nvml_index_of(0, visible="GPU-8f3c") == 0  # UUIDs cannot be mapped without NVML: taken as is
+
+
+def test_a_cpu_rank_samples_no_nvml_device_and_says_why_without_a_driver() -> None:
+    sampler = rank_sampler("cpu")
+    frame = sampler.collect()
+    sampler.close()
+    assert not [d for d in frame.devices if not d.sim]
+    if not frame.nvml.available:
+        assert frame.nvml.reason and "NVML" in frame.nvml.reason
+
+
+def test_history_remembers_the_phase_of_each_devices_last_sample_even_without_values() -> None:
+    history = History()
+    history.push_sample(GpuSample(index=0, name="x", sim=True, mem_used=5), t=1.0, phase="bob · PROVISION")
+    history.push_sample(GpuSample(index=0, name="x", sim=True, note="not answering"), t=2.0, phase="bob · TRAIN")
+    assert history.last("sim-0") == (2.0, "bob · TRAIN") and history.last("sim-1") is None
+    assert history.values("sim-0", "mem") == [5.0]
+    history.clear()
+    assert history.last("sim-0") is None
+
+
+class Feed:
+    """A device as the loop follows it: real counters in a dict the test moves on."""
+
+    built = True
+    finished = False
+
+    def __init__(self) -> None:
+        self.counters = {"busy_s": 0.0, "counters": {"bytes_in": 0}, "memory_bytes": 1_000, "epoch": 1}
+
+    def device_stats(self) -> dict[str, Any]:
+        return dict(self.counters)
+
+    def device_info(self) -> dict[str, Any]:
+        return {"device_id": "emu-gpu-7"}
+
+
+async def test_telemetry_loop_records_a_frame_per_tick_and_a_final_one_on_request() -> None:
+    feed, frames = Feed(), []
+    loop = TelemetryLoop(feed, frames.append, interval=3600.0, sampler=rank_sampler("cpu"))
+    loop.tracker(ev.PhaseStarted(1.0, 0, "bob", "PROVISION", 1))
+    loop.start()
+    for _ in range(200):
+        if frames:
+            break
+        await asyncio.sleep(0.01)
+    feed.counters = {**feed.counters, "counters": {"bytes_in": 4096}}
+    await loop.stop(final=True)
+    assert loop.frames == len(frames) == 2
+    assert [f.phase for f in frames] == ["bob · PROVISION", "bob · PROVISION"]
+    assert [d.rx_bytes for f in frames for d in f.devices if d.sim] == [0, 4096]
+    assert all(d.uuid == "emu-gpu-7" for f in frames for d in f.devices if d.sim)
+
+
+def test_interval_tracker_tags_a_sample_with_the_data_phase_its_interval_saw() -> None:
+    tracker = IntervalPhaseTracker()
+    tracker(ev.PhaseStarted(1.0, 0, "bob", "PROVISION", 1))
+    tracker(ev.PhaseCompleted(1.5, 0, "bob", "PROVISION", 1, 0.5))
+    tracker(ev.PhaseStarted(1.6, 0, "bob", "TRAIN", 1))
+    assert tracker.tag == "bob · PROVISION"  # the transfer that ended inside the interval, not the TRAIN now
+    assert tracker.tag == "bob · TRAIN"

@@ -13,7 +13,7 @@ from textual.widgets import Static
 
 from gputravel.console.screens.base import ConsoleScreen
 from gputravel.console.view_model import RunState
-from gputravel.console.widgets.device_card import DeviceCard
+from gputravel.console.widgets.device_card import DeviceCard, DeviceCounters
 from gputravel.console.widgets.gpu_card import GpuCard, GpuTrend
 from gputravel.console.widgets.text import esc
 from gputravel.core.telemetry import History, TelemetryFrame
@@ -38,7 +38,9 @@ class GpuScreen(ConsoleScreen):
             "Without an NVIDIA driver the header says why; the emulated GPU's real counters show as SIM, first. "
             "Many cards scroll: arrows or j/k a line, page up / page down a page, or the mouse wheel.")
     FLEET_HELP = ("A fleet has one SIM card per GPU (its device, attestation, epoch, where it is, what it "
-                  "provisioned), drawn from its rank's recording, then NVML's cards while the fleet runs.")
+                  "provisioned; then its device's own counters as its rank sampled them: PCIe RX history, bytes "
+                  "in, memory in use, the phase of the last sample), drawn from its rank's recording, then "
+                  "NVML's cards: this machine's while the fleet runs, the ranks' own devices in a replay.")
 
     def compose_body(self) -> Iterable[Widget]:
         yield Static("[$text-muted]waiting for telemetry…[/]", id="nvml-status")
@@ -73,9 +75,11 @@ class GpuScreen(ConsoleScreen):
 
     def _draw_fleet(self, state: RunState, context: dict[str, Any]) -> None:
         """One SIM card per GPU of a fleet, first, in rank order (from the ranks' events)."""
-        if context.get("frame") is None:
-            where = ("NVML is sampled while a fleet runs, not in a replay" if not context.get("live_fleet")
-                     else "waiting for telemetry…")
+        frame = context.get("frame")
+        history = context.get("history")
+        if frame is None:
+            where = ("no telemetry played yet (each rank samples its device once a second)"
+                     if not context.get("live_fleet") else "waiting for telemetry…")
             self.query_one("#nvml-status", Static).update(f"{_fleet_head(state)}\n[$text-muted]{esc(where)}[/]")
         box = self.query_one("#gpu-cards", VerticalScroll)
         for none in box.query("#gpu-none"):  # drawn by a telemetry tick that came before the first state
@@ -94,6 +98,7 @@ class GpuScreen(ConsoleScreen):
                 else:
                     box.mount(card)
             card.view = view
+            card.counters = _counters(view.gpu, frame, history)
             previous = card
 
     def _draw_telemetry(self, frame: TelemetryFrame, history: History,
@@ -113,10 +118,17 @@ class GpuScreen(ConsoleScreen):
         box = self.query_one("#gpu-cards", VerticalScroll)
         live = {card_id(d.key) for d in frame.devices}
         devices = frame.devices
-        if not devices and last_devices is not None and state is not None and state.ended:
+        if state is not None and state.fleet:  # each GPU's SIM counters go on its own card; NVML's below
+            for card in box.query(DeviceCard):
+                if card.view is not None:
+                    card.counters = _counters(card.view.gpu, frame, history)
+            devices = tuple(d for d in devices if not d.sim)
+            if not devices:
+                return  # NVML found no device (the header says why)
+            live = {card_id(d.key) for d in devices}
+        elif not devices and last_devices is not None and state is not None and state.ended:
             devices = last_devices.devices  # the run is over: its device's last sample, marked as such
-        if not devices and state is not None and state.fleet:
-            return  # a fleet's cards come from its events; NVML found no device (the header says why)
+        kept = bool(devices) and devices is not frame.devices and not (state is not None and state.fleet)
         if not devices:
             text = ("[$text-muted]no devices: the emulated GPU's SIM card appears once a run has attested its "
                     "device (r or space)[/]")
@@ -127,7 +139,7 @@ class GpuScreen(ConsoleScreen):
                 text = "[$text-muted]waiting for the device's counters…[/]"
             _note(box, text)
             return
-        if devices is frame.devices:
+        if not kept:
             for none in box.query("#gpu-none"):
                 none.remove()
         for device in sorted(devices, key=lambda d: not d.sim):  # the run's own (emulated) device first
@@ -147,15 +159,27 @@ class GpuScreen(ConsoleScreen):
                 measured=_measured(state) if device.sim else "")
             card.snapshot = device
             card.stale = wid not in live
-        if devices is not frame.devices and state is not None:
+        if kept and state is not None:
             text = (f"[$text-muted]the run {esc(state.status)}: its device {esc(state.device_id or '')} was shut "
                     "down with it; the card keeps its last sample[/]")
             _note(box, text)
 
 
 def _fleet_head(state: RunState) -> str:
-    return (f"[b]fleet[/b] {len(state.gpus)}/{state.fleet_size or len(state.gpus)} GPUs · one SIM card per device, "
-            "from its rank's recording")
+    return (f"[b]fleet[/b] {len(state.gpus)}/{state.fleet_size or len(state.gpus)} GPUs · one SIM card per device: "
+            "its events and counters, from its rank's recording")
+
+
+def _counters(gpu: int, frame: TelemetryFrame | None, history: History | None) -> DeviceCounters | None:
+    """GPU ``gpu``'s own counters from the fleet's merged frame (its SIM sample is ``sim-<gpu>``)."""
+    if frame is None or history is None:
+        return None
+    sample = next((d for d in frame.devices if d.sim and d.index == gpu), None)
+    if sample is None:
+        return None
+    last = history.last(sample.key)
+    return DeviceCounters(sample=sample, rx=tuple(history.values(sample.key, "pcie_rx")),
+                          rx_peak=history.peak(sample.key, "pcie_rx"), phase=last[1] if last else None)
 
 
 def _note(box: VerticalScroll, text: str) -> None:

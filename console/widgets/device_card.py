@@ -1,10 +1,14 @@
-"""The SIM card of one fleet GPU: its device, attestation, epoch, where it is and what it moved, from its events.
+"""The SIM card of one fleet GPU: its device, attestation, epoch, where it is and what it moved, from its events;
+then its device's own counters, from the telemetry its rank sampled.
 
 A fleet's emulated devices live in the torchrun ranks' processes, so the console draws their cards from what
-each rank recorded (:class:`~gputravel.console.view_model.DeviceView`), not from counters it could sample.
+each rank recorded: its events (:class:`~gputravel.console.view_model.DeviceView`) and its device's telemetry
+frames (:class:`DeviceCounters`: the last SIM sample, its PCIe-equivalent history, the phase it was taken in).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from textual.app import RenderResult
 from textual.content import Content
@@ -12,15 +16,30 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from gputravel.console.view_model import DeviceView
+from gputravel.console.widgets.gpu_card import pcie_line
 from gputravel.console.widgets.phase_timeline import receipt
-from gputravel.console.widgets.text import bar, esc, fit, fmt_bytes
+from gputravel.console.widgets.text import bar, esc, fit, fmt_bytes, fmt_pct
+from gputravel.core.telemetry.history import Point
+from gputravel.core.telemetry.model import NA, GpuSample
 
 STATUS_TOKENS = {"completed": "$success", "failed": "$error", "cancelled": "$warning", "running": "$accent",
                  "paused": "$warning"}
 
 
+@dataclass(frozen=True, slots=True)
+class DeviceCounters:
+    """What a fleet GPU's rank sampled of its device: the last SIM sample, the PCIe RX (host to device)
+    history oldest first with its peak, and the phase the last sample's interval ran in."""
+
+    sample: GpuSample
+    rx: tuple[float, ...] = ()
+    rx_peak: Point | None = None
+    phase: str | None = None
+
+
 class DeviceCard(Widget):
-    """One GPU of a fleet. Set ``view`` (a :class:`DeviceView`)."""
+    """One GPU of a fleet. Set ``view`` (a :class:`DeviceView`) and, once its rank has sampled its device,
+    ``counters`` (a :class:`DeviceCounters`)."""
 
     DEFAULT_CSS = """
     DeviceCard {
@@ -36,6 +55,7 @@ class DeviceCard(Widget):
     """
 
     view: reactive[DeviceView | None] = reactive(None, always_update=True, layout=True)
+    counters: reactive[DeviceCounters | None] = reactive(None, layout=True)
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
@@ -73,4 +93,22 @@ class DeviceCard(Widget):
                          + (f" · {d.tokens_per_s:,.0f} tokens/s" if d.tokens_per_s else ""))
         if d.error:
             lines.append(f"[$error]{esc(d.error)}[/]")
+        lines.extend(self._counter_lines())
         return Content.from_markup("\n".join(lines))
+
+    def _counter_lines(self) -> list[str]:
+        """The device's own counters, as its rank sampled them (none before its first sample)."""
+        c = self.counters
+        if c is None:
+            return []
+        s = c.sample
+        spark_w = max(8, min(40, (self.content_size.width or 80) - 60))
+        # the phase the last sample's interval ran in (none: between phases, e.g. after the run ended)
+        phase = f"[b]{esc(c.phase)}[/b]" if c.phase else "[$text-muted]between phases[/]"
+        if s.mem_used is NA and s.rx_bytes is NA:  # not attested yet, or shut down: the sample says why
+            return [f"sample  {phase} · [$text-muted]{esc(s.note or 'no counters')}[/]"]
+        return [
+            pcie_line("PCIe RX", c.rx, c.rx_peak, s.pcie_rx_bps, spark_w),
+            f"sample  {phase} · {esc(fmt_bytes(s.rx_bytes))} in · {esc(fmt_bytes(s.mem_used))} in use · "
+            f"util {fmt_pct(s.util_gpu)}",
+        ]
