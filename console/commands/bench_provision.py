@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.progress import Progress
-from rich import box
 from rich.table import Table
 
 from gputravel.console.commands.bench_load import ssh_fleet

@@ -365,8 +365,9 @@ class TravelEngine:
         except GpuTravelError as exc:
             last = self.device_last_error()
             if last is not None and isinstance(exc, DeviceError):
-                # the device died: its own last words say why (the link only saw a reset or a broken pipe)
-                exc = DeviceError(f"{exc.reason}; the device service died: {last}")
+                # the device died: its own last words say why (the link only saw a reset or a broken pipe);
+                # the error keeps its class (a fleet's FleetDeviceLostError stays one: its ranks act on it)
+                exc = type(exc)(f"{exc.reason}; the device service died: {last}", code=exc.code)
             ended = (str(exc), exc.code)
             raise exc from None
         except (asyncio.CancelledError, KeyboardInterrupt):  # Ctrl-C: committed progress stays resumable
