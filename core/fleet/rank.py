@@ -317,19 +317,9 @@ class FleetEngine(TravelEngine):
             raise FleetDeviceLostError(f"GPU(s) {gone} lost: the fleet stops after this step")
         res = await self._fleet_train(weight=1.0, agreed=agreed, train=(0, plan.train_len),
                                       val=(plan.train_len, plan.val_len), fmt=self.infos[plan.holder].fmt)
-        rec.losses = [float(x) for x in res["losses"]]
-        rec.val_loss = res["val_loss"]
-        rec.train_s = float(res["seconds"])
-        rec.tokens_per_s = float(res["tokens_per_s"])
-        for loss in rec.losses:
-            self.step_count += 1
-            self.loss_history.append((self.step_count, loss))
-        if rec.val_loss is not None:
-            self.val_history.append((self.step_count, plan.holder, float(rec.val_loss)))
-        self.audit.emit(ev.TrainingStepped(time.time(), plan.index, plan.holder, self.step_count, tuple(rec.losses),
-                                           rec.val_loss, rec.tokens_per_s))
-        return 0, {"loss_first": rec.losses[0], "loss_last": rec.losses[-1], "val_loss": rec.val_loss,
-                   "steps": len(rec.losses), "fleet_step": self.step_index, "weights": [a["weight"] for a in agreed],
+        detail = self._trained(rec, losses=res["losses"], val_loss=res["val_loss"], seconds=res["seconds"],
+                               tokens_per_s=res["tokens_per_s"])
+        return 0, {**detail, "fleet_step": self.step_index, "weights": [a["weight"] for a in agreed],
                    "allreduce_calls": res["allreduce_calls"]}
 
     async def _fleet_train(self, *, weight: float, agreed: list[dict[str, Any]], train: tuple[int, int],

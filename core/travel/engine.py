@@ -17,7 +17,7 @@ import signal
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -543,14 +543,22 @@ class TravelEngine:
 
     async def _train(self, v: _Visit) -> _Outcome:
         """k steps on the buffer, validation on the held-out slice, on the device."""
-        rec, plan = v.rec, v.rec.plan
+        plan = v.rec.plan
         res = await asyncio.to_thread(self.client.train, train_off=0, train_len=plan.train_len,
                                       val_off=plan.train_len, val_len=plan.val_len, fmt=self.infos[plan.holder].fmt)
-        rec.losses = [float(x) for x in res.losses]
-        rec.val_loss = res.val_loss
-        rec.train_s = float(res.seconds)
-        rec.tokens_per_s = float(res.tokens_per_s)
         self.expected_model = res.model_digest
+        return 0, self._trained(v.rec, losses=res.losses, val_loss=res.val_loss, seconds=res.seconds,
+                                tokens_per_s=res.tokens_per_s)
+
+    def _trained(self, rec: VisitRecord, *, losses: Sequence[float], val_loss: float | None, seconds: float,
+                 tokens_per_s: float) -> dict[str, Any]:
+        """A TRAIN that ran (here, or as a fleet's weighted step): the visit's record, the run's loss
+        history, the TrainingStepped event, and the phase's detail."""
+        plan = rec.plan
+        rec.losses = [float(x) for x in losses]
+        rec.val_loss = val_loss
+        rec.train_s = float(seconds)
+        rec.tokens_per_s = float(tokens_per_s)
         for loss in rec.losses:
             self.step_count += 1
             self.loss_history.append((self.step_count, loss))
@@ -558,8 +566,8 @@ class TravelEngine:
             self.val_history.append((self.step_count, plan.holder, float(rec.val_loss)))
         self.audit.emit(ev.TrainingStepped(time.time(), plan.index, plan.holder, self.step_count, tuple(rec.losses),
                                            rec.val_loss, rec.tokens_per_s))
-        return 0, {"loss_first": rec.losses[0], "loss_last": rec.losses[-1], "val_loss": rec.val_loss,
-                   "steps": len(rec.losses)}
+        return {"loss_first": rec.losses[0], "loss_last": rec.losses[-1], "val_loss": rec.val_loss,
+                "steps": len(rec.losses)}
 
     async def _scrub(self, v: _Visit) -> _Outcome:
         """Zero the buffer and check it before anyone else gets a key."""
