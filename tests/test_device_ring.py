@@ -134,10 +134,7 @@ def test_an_agent_that_marks_its_chunks_is_acknowledged_in_batches_and_fully_bef
     data = plaintext(w.length, seed=33)
 
     def notify(seq: int, slot: int, *, flush: int, tamper: bool = False) -> None:
-        assert conn.ring is not None
-        head, ct = w.seal(seq, data)
-        conn.ring.slot(slot)[: len(ct)] = flip(ct, 3) if tamper else ct
-        conn.sock.sendall(encode_frame(FrameType.CHUNK, {**head, "slot": slot, "f": flush}))
+        _notify(conn, w, data, seq, slot, flush=flush, tamper=tamper)
 
     with RingConn(rig, w, slots=4) as conn:  # 4 slots: batches of 2
         for seq in range(4):  # the agent fills its ring, marking the last chunk before it waits
@@ -161,6 +158,32 @@ def test_an_agent_that_marks_its_chunks_is_acknowledged_in_batches_and_fully_bef
     report = rig.close(w)
     assert report["complete"] is True and report["bytes"] == w.length
     assert rig.rejected() - before == Counter({"tag": 1})
+
+
+def test_batched_acknowledgements_start_afresh_with_the_next_hand_off_on_the_same_connection(rig: Rig) -> None:
+    """A holder's data connection outlives its hand-offs: the next window's batches count its own chunks."""
+    first = rig.handoff(offset=0, length=256 * 4, chunk_size=256)
+    data = plaintext(first.length, seed=34)
+    with RingConn(rig, first, slots=4) as conn:
+        for seq in range(4):
+            _notify(conn, first, data, seq, seq, flush=int(seq == 3))
+        assert [conn.read().header["contiguous"] for _ in range(2)] == [2, 4]
+        rig.close(first)
+        second = rig.handoff(offset=0, length=256 * 2, chunk_size=256)
+        conn.bind(second, slots=4)
+        _notify(conn, second, data[:512], 0, 0, flush=1)
+        ack = conn.read()
+        assert (ack.header["batch"], ack.header["e"], ack.header["contiguous"]) == ([0], second.epoch, 1)
+        rig.close(second)
+
+
+def _notify(conn: RingConn, w: Window, data: bytes, seq: int, slot: int, *, flush: int,
+            tamper: bool = False) -> None:
+    """Seal chunk ``seq`` of ``w`` into ``slot`` as the holder agent does (``f`` marked), and notify it."""
+    assert conn.ring is not None
+    head, ct = w.seal(seq, data)
+    conn.ring.slot(slot)[: len(ct)] = flip(ct, 3) if tamper else ct
+    conn.sock.sendall(encode_frame(FrameType.CHUNK, {**head, "slot": slot, "f": flush}))
 
 
 def _attack(kind: str, w: Window, data: bytes, rig: Rig) -> list[tuple[dict[str, Any], bytes]]:

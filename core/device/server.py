@@ -266,7 +266,7 @@ class _DataConnection:
         self._send_lock = threading.Lock()
         # Batched acknowledgements (an agent that marks its chunks with ``f`` allows them): up to ACK_BATCH
         # held back, all sent once a chunk marked ``f: 1`` (the agent is about to wait) and every chunk before
-        # it are settled. One ACK frame then frees several of the agent's slots (one wake-up, not eight).
+        # it are settled. One ACK frame then frees several of the agent's slots (one wake-up, not one per chunk).
         self._acks: list[tuple[int, Any]] = []
         self._ack_epoch: Any = None
         self._ack_contiguous = 0
@@ -337,8 +337,11 @@ class _DataConnection:
                 self._batched_inflight -= 1
                 if exc is None and ack is not None:
                     self._acks.append((int(ack["s"]), slot))
-                    self._ack_epoch = ack.get("e")
-                    self._ack_contiguous = max(self._ack_contiguous, int(ack.get("contiguous", 0)))
+                    contiguous = int(ack.get("contiguous", 0))
+                    if ack.get("e") != self._ack_epoch:  # a new hand-off on this long-lived connection
+                        self._ack_epoch, self._ack_contiguous = ack.get("e"), contiguous
+                    else:  # workers may settle out of order: the furthest point reached
+                        self._ack_contiguous = max(self._ack_contiguous, contiguous)
                 settled = self._batched_inflight == 0
                 try:
                     if exc is not None or len(self._acks) >= self._ack_batch or (self._flush_wanted and settled):
