@@ -210,7 +210,8 @@ def test_an_agent_keeps_one_connection_one_ring_and_one_set_of_slots_for_all_its
                                   "window_offset": 0, "chunk_size": CHUNK * 4, "train": [0, length], "val": [0, 0],
                                   "length": length,
                                   "data_endpoint": {"path": handle.socket_path, **({} if ring else {"ring": False})}})
-            assert done["bytes"] == length and set(done["stages"]) == {"read_seal_s", "wait_s"}
+            assert done["bytes"] == length
+            assert set(done["stages"]) == {"setup_s", "data_s", "read_seal_s", "wait_s"}
             closed = client.close_window(epoch=epoch)
             assert closed.complete and closed.bytes == length
             assert client.call("digest", offset=0, length=length)[0]["sha256"] == want
@@ -224,5 +225,55 @@ def test_an_agent_keeps_one_connection_one_ring_and_one_set_of_slots_for_all_its
             assert counters["rings_made"] == made + 1
         else:
             assert agent.agent.slot_allocations == 1  # the send slots were allocated once
+    finally:
+        agent.bye()
+
+
+def test_a_refused_rebind_of_the_agents_ring_fails_that_hand_off_by_name_and_the_next_one_starts_afresh(
+        device: tuple[Any, DeviceClient], tmp_path: Path) -> None:
+    """From its second hand-off on, an agent does not wait for the device to answer the ring's bind (it seals
+    meanwhile). A bind the device refuses (here: an epoch with no open window) must still fail the hand-off by
+    name, every slot id already announced is refused and counted, and the agent's next hand-off starts on a
+    fresh connection and ring."""
+    if not ring_supported():
+        pytest.skip("no memfd here")
+    handle, client = device
+    (tmp_path / "h").mkdir()
+    (tmp_path / "h" / "part.txt").write_bytes(os.urandom(300_000))
+    agent = Driven(tmp_path / "h")
+    length, chunk = 200_000, CHUNK * 4
+
+    def header(epoch: int, grant: Any) -> dict[str, Any]:
+        return {"epoch": epoch, "session": grant.session_id, "key": grant.provisioning_key, "window_offset": 0,
+                "chunk_size": chunk, "train": [0, length], "val": [0, 0], "length": length,
+                "data_endpoint": {"path": handle.socket_path}}
+
+    try:
+        epoch = client.stats().epoch + 1
+        grant = client.handoff(epoch=epoch, offset=0, length=length, chunk_size=chunk)
+        agent.handoff(header(epoch, grant))  # maps the ring
+        assert client.close_window(epoch=epoch).complete
+        first = agent.agent._data
+        assert first is not None and first.ring is not None
+        before = client.stats()
+        # the next HANDOFF names an epoch the device opened no window for (the old key, relabelled)
+        write_frame(agent.to_agent, FrameType.HANDOFF, header(epoch + 1, grant))
+        agent.to_agent.flush()
+        answer = read_frame(agent.from_agent)
+        while answer is not None and answer.type is FrameType.ACK:
+            answer = read_frame(agent.from_agent)
+        assert answer is not None and answer.type is FrameType.ERROR
+        assert "refused this hand-off's ring" in answer.header["reason"] and answer.header["code"] == "stale-epoch"
+        assert agent.agent._data is None  # the connection (and its ring) went with the failed hand-off
+        after = client.stats()
+        assert after.counters.get("chunks", 0) == before.counters.get("chunks", 0)  # nothing reached the buffer
+        assert after.rejected.get("stale-epoch", 0) > before.rejected.get("stale-epoch", 0)
+        # the next hand-off: a new connection, a new ring, every byte in
+        epoch = after.epoch + 1
+        grant = client.handoff(epoch=epoch, offset=0, length=length, chunk_size=chunk)
+        done = agent.handoff(header(epoch, grant))
+        assert done["bytes"] == length and client.close_window(epoch=epoch).complete
+        assert agent.agent._data is not None and agent.agent._data is not first
+        assert client.stats().counters["rings_made"] == before.counters["rings_made"] + 1
     finally:
         agent.bye()

@@ -315,6 +315,13 @@ class Agent:
             write_frame(self.out, ftype, header, payload)
             self.out.flush()
 
+    def send_all(self, frames: list[tuple[FrameType, dict[str, Any]]]) -> None:
+        """Several header-only frames in one write to the link (one SSH packet where they fit)."""
+        with self._write_lock:
+            for ftype, header in frames:
+                write_frame(self.out, ftype, header)
+            self.out.flush()
+
     def _reader(self) -> None:
         try:
             while True:
@@ -338,9 +345,10 @@ class Agent:
                 if frame is None or isinstance(frame, Exception):
                     return 0 if frame is None else 4
                 if frame.type is FrameType.HANDOFF:
+                    received = time.perf_counter_ns()
                     self.keep_witness(frame.header)
                     try:
-                        self.provision(frame.header)
+                        self.provision(frame.header, received_ns=received)
                     except GpuTravelError as exc:
                         self.send(FrameType.ERROR, {"code": exc.code, "reason": exc.reason})
                 elif frame.type is FrameType.PING:
@@ -409,7 +417,9 @@ class Agent:
             self._data.close()
             self._data = None
 
-    def provision(self, h: dict[str, Any]) -> None:
+    def provision(self, h: dict[str, Any], *, received_ns: int | None = None) -> None:
+        """One hand-off: seal the window's chunks and send them (direct path, ring or frames, or this link);
+        ``received_ns`` (perf_counter_ns) is when the HANDOFF was read, for the set-up stage time."""
         plain = bool(h.get("plain"))  # the conventional path: no GPU key here; the link's own encryption only
         key = DirectionKey.from_wire(h["key"]) if not plain else None
         epoch = int(h["epoch"])
@@ -451,7 +461,7 @@ class Agent:
                 out = ChunkOut(self._slot_views(in_flight, cs + TAG_LEN),
                                lambda head, ct, _slot: self._sender.submit(self.send, FrameType.CHUNK, head, ct))
             self._provision_loop(h, sender, out, conn is not None, epoch=epoch, base=base, cs=cs, total=total,
-                                 n_chunks=n_chunks, start=start, skip=skip)
+                                 n_chunks=n_chunks, start=start, skip=skip, received_ns=received_ns)
         except BaseException:
             if conn is not None:  # a failed hand-off leaves nothing behind: a fresh connection next time
                 self._drop_data()
@@ -460,11 +470,23 @@ class Agent:
             self._sender.drain()  # no write may still read a slot when the next hand-off reuses it
             if conn is not None:
                 conn.active = False
+                if conn.awaiting is not None:  # a bind never answered: its answer must not meet the next one
+                    self._drop_data()
 
     def _open_ring(self, conn: _DataConn, spec: RingSpec) -> ShmRing | None:
         """Ask the device to bind this connection's ring to this epoch (it sends the ring's descriptor the
-        first time, or for another shape); None (chunks go in socket frames) if it declines."""
+        first time, or for another shape); None (chunks go in socket frames) if it declines.
+
+        A connection that already maps a ring of this shape does not wait for the answer: the device reads
+        this connection in order, so the bind is done before it reads the first chunk's slot id, and the
+        agent seals meanwhile (the round trip, about a quarter of a millisecond, leaves the hand-off's fixed
+        cost). The answer is checked when it comes (``_DataConn.confirm_ring``); a refusal fails the
+        hand-off, and the chunks already announced are refused by the device as for an unbound ring."""
         conn.request_ring(spec)
+        if conn.ring is not None and not conn.ring.closed and conn.ring.same_shape(spec):
+            conn.ring.bind(epoch=spec.epoch)
+            conn.awaiting = spec
+            return conn.ring
         while True:
             item = self._inbox.get()
             if isinstance(item, _RingOffer) and item.conn is conn:
@@ -503,7 +525,7 @@ class Agent:
 
     def _provision_loop(self, h: dict[str, Any], sender: SendState | None, out: ChunkOut, direct: bool, *,
                         epoch: int, base: int, cs: int, total: int, n_chunks: int, start: int,
-                        skip: int = 0) -> None:
+                        skip: int = 0, received_ns: int | None = None) -> None:
         # Each chunk is sealed straight from the file mapping into a free slot (encrypt_into: the one pass
         # over the bytes), then handed to the link: a sender thread writes it while the next one is sealed
         # (or, with a shared-memory ring, only the slot id crosses the socket). A chunk stays in its slot
@@ -516,7 +538,9 @@ class Agent:
         seq = start
         clock = time.perf_counter_ns
         seal_ns = wait_ns = 0
-        reported_at = clock() - REPORT_EVERY_NS  # the first acknowledgement is reported at once
+        reported_last = -1
+        begun = clock()
+        reported_at = begun - REPORT_EVERY_NS  # the first acknowledgement is reported at once, the last with DONE
         while len(acked) < n_chunks:
             while seq < n_chunks and free:
                 t0 = clock()
@@ -550,8 +574,7 @@ class Agent:
                 self._inbox.put(frame)  # the main loop must see the end of the link too, or it waits forever
                 raise GpuTravelError("link closed during provisioning")
             if isinstance(frame, _RingOffer):
-                if frame.fd >= 0:
-                    os.close(frame.fd)  # not asked for now
+                frame.conn.confirm_ring(frame)  # the answer to this hand-off's bind (or one not asked for)
                 continue
             if frame.type is FrameType.ACK:
                 batch = frame.header.get("batch")  # the direct path's batched acknowledgements: a list of seqs
@@ -568,9 +591,13 @@ class Agent:
                 if direct and fresh:  # progress for the orchestrator, at most every REPORT_EVERY_NS (slow link)
                     unreported += fresh
                     now = clock()
-                    if now - reported_at >= REPORT_EVERY_NS or len(acked) == n_chunks:
+                    if now - reported_at >= REPORT_EVERY_NS and len(acked) < n_chunks:
                         self.send(FrameType.ACK, {"s": last, "n": unreported})
                         unreported, reported_at = 0, now
+                    reported_last = last
+            elif frame.type is FrameType.ERROR and frame.header.get("ring"):  # the answer to a bind not waited for
+                raise GpuTravelError(f"the device refused this hand-off's ring: {frame.header.get('reason')}",
+                                     code=str(frame.header.get("code") or "agent"))
             elif frame.type is FrameType.ERROR and frame.header.get("s") is not None:
                 if direct:
                     self.send(FrameType.ERROR, frame.header)
@@ -593,10 +620,17 @@ class Agent:
                 raise GpuTravelError("orchestrator ended the hand-off")
             elif frame.type is FrameType.PING:
                 self.send(FrameType.PONG, frame.header)
-        # stage times for ``bench provision``: reading and sealing, and waiting for slots to be acknowledged
-        self.send(FrameType.DONE, {"epoch": epoch, "chunks": n_chunks - start, "bytes": total,
-                                   "retransmits": retransmits,
-                                   "stages": {"read_seal_s": seal_ns / 1e9, "wait_s": wait_ns / 1e9}})
+        # the last progress report and DONE leave in one write. Stage times for ``bench provision``: reading
+        # and sealing, waiting for slots to be acknowledged, and the data phase (first seal to last
+        # acknowledgement) within the agent's whole hand-off (HANDOFF read to DONE written)
+        now = clock()
+        done = {"epoch": epoch, "chunks": n_chunks - start, "bytes": total, "retransmits": retransmits,
+                "stages": {"read_seal_s": seal_ns / 1e9, "wait_s": wait_ns / 1e9,
+                           "setup_s": (begun - (received_ns or begun)) / 1e9, "data_s": (now - begun) / 1e9}}
+        frames: list[tuple[FrameType, dict[str, Any]]] = [(FrameType.DONE, done)]
+        if direct and unreported:
+            frames.insert(0, (FrameType.ACK, {"s": reported_last, "n": unreported}))
+        self.send_all(frames)
 
 
 @dataclass(frozen=True)
@@ -653,6 +687,8 @@ class _DataConn:
         #: this connection's shared-memory ring (mapped once, bound per hand-off) and its slot views
         self.ring: ShmRing | None = None
         self.ring_slots: list[memoryview] = []
+        #: a bind asked for and not yet answered (the agent seals meanwhile: ``Agent._open_ring``)
+        self.awaiting: RingSpec | None = None
         threading.Thread(target=self._reader, name="agent-data-reader", daemon=True).start()
 
     def _reader(self) -> None:
@@ -689,6 +725,26 @@ class _DataConn:
             self.ring_slots = []
             self.ring.close(zero=True)
             self.ring = None
+
+    def confirm_ring(self, offer: _RingOffer) -> None:
+        """The device's answer to a bind this connection did not wait for: it must bind the ring already
+        mapped, in the shape and epoch asked for; anything else fails the hand-off. Answers nobody waits
+        for (a descriptor included) are dropped."""
+        spec, self.awaiting = self.awaiting, None
+        if spec is None:
+            if offer.fd >= 0:
+                os.close(offer.fd)
+            return
+        if offer.fd >= 0:
+            os.close(offer.fd)
+            raise GpuTravelError("the device sent a new ring for a bind of the one this connection maps",
+                                 code="agent")
+        try:
+            offered = RingSpec.from_wire(offer.header.get("ring"))
+        except GpuTravelError as exc:
+            raise GpuTravelError(f"the device's ring is unusable: {exc.reason}", code="agent") from None
+        if offered != spec:
+            raise GpuTravelError(f"the device bound ring {offered}, not {spec}", code="agent")
 
     def request_ring(self, spec: RingSpec) -> None:
         with self._send_lock:

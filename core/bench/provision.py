@@ -21,7 +21,7 @@ from gputravel.core.bench.data import make_dataset
 from gputravel.core.bench.load import FleetFactory, HolderFleet
 from gputravel.core.device.client import DeviceClient
 from gputravel.core.errors import DataError
-from gputravel.core.machine import aes_gcm_pair_rate, aes_gcm_rate, machine_info
+from gputravel.core.machine import aes_gcm_pair_rate, aes_gcm_rate, machine_info, ring_pipeline_rate
 from gputravel.core.platform.emulated import EmulatedPlatform
 from gputravel.core.travel import handoff as ho
 from gputravel.core.travel.holders import HolderLink, LocalHolderLink
@@ -32,9 +32,12 @@ __all__ = ["ABLATION", "PATHS", "STAGES", "ablation_study", "measure_path", "mem
 #: explicitly and fails if no ring was used); direct-socket: the same host, chunks in frames on the device's
 #: Unix socket; direct-tcp: the TCP data port, as holders on other machines reach it
 PATHS = ("direct", "shm", "direct-socket", "direct-tcp", "ssh", "local", "conventional")
-#: the stages ``bench provision`` times: the agent's (read and seal, wait for acknowledgements) and the
-#: device's (open: authenticate and decrypt; staging_wait: for a free staging slot; h2d: host to device copy)
-STAGES = ("read_seal_s", "wait_s", "open_s", "staging_wait_s", "h2d_s")
+#: the stages ``bench provision`` times: the agent's (set-up: HANDOFF read to its first seal, the ring's bind
+#: included; data: first seal to last acknowledgement; within it, read and seal, and wait for
+#: acknowledgements) and the device's (open: authenticate and decrypt; staging_wait: for a free staging
+#: slot; h2d: host to device copy)
+STAGES = ("setup_s", "data_s", "read_seal_s", "wait_s", "open_s", "staging_wait_s", "h2d_s")
+_AGENT_STAGES = ("setup_s", "data_s", "read_seal_s", "wait_s")
 _DEVICE_STAGES = {"open_ns": "open_s", "staging_wait_ns": "staging_wait_s", "h2d_ns": "h2d_s"}
 
 #: The Fastrack-style ablation: (label, path, parallel_auth, overlap)
@@ -119,7 +122,7 @@ async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdi
             ho.require_complete(await ho.close_window(client, handoff), size)
             if stages is not None:
                 after = (await asyncio.to_thread(client.stats)).counters
-                row = {k: float(done.stages.get(k, 0.0)) for k in ("read_seal_s", "wait_s")}
+                row = {k: float(done.stages.get(k, 0.0)) for k in _AGENT_STAGES}
                 row.update({name: (after.get(k, 0) - before.get(k, 0)) / 1e9 for k, name in _DEVICE_STAGES.items()})
                 stages.append(row)
                 before = after
@@ -152,6 +155,7 @@ def paths_study(paths: list[str], *, size_mib: int, chunk_kib: int, repeats: int
     copy = memcpy_rate(size)
     pair = aes_gcm_pair_rate(size, chunk)
     ceiling = min(pair.values())
+    pipeline = ring_pipeline_rate(size, chunk)
     in_device: list[float] = []
     rows: list[dict[str, Any]] = []
     for p in paths:
@@ -162,11 +166,19 @@ def paths_study(paths: list[str], *, size_mib: int, chunk_kib: int, repeats: int
                                          on_handoff=tick, probe=probe, stages=per, cipher_engine=cipher_engine))
         in_device.append(probe["device_aes_b_s"])
         med = statistics.median(times)
+        data_s = statistics.median(r["data_s"] for r in per)
         rows.append({"path": p, "size_mib": size_mib, "chunk_kib": chunk_kib, "repeats": repeats,
                      "median_s": round(med, 6), "min_s": round(min(times), 6),
                      "mb_s": round(size / med / 1e6, 1), "best_mb_s": round(size / min(times) / 1e6, 1),
                      "fraction_of_aes_core": round(size / med / aes, 3),
                      "fraction_of_pair_ceiling": round(size / med / ceiling, 3),
+                     "fraction_of_ring_pipeline": round(size / med / pipeline["median"], 3),
+                     # the hand-off split in two: the data phase (the agent's first seal to its last
+                     # acknowledgement) and the fixed cost around it (HANDOFF and DONE over the holder's link,
+                     # the agent's set-up and the ring's bind), the median over the hand-offs
+                     "data_phase_s": round(data_s, 6),
+                     "data_phase_mb_s": round(size / data_s / 1e6, 1) if data_s > 0 else None,
+                     "fixed_s": round(statistics.median(t - r["data_s"] for t, r in zip(times, per, strict=True)), 6),
                      "cipher_engine": probe.get("cipher_engine"),
                      "shm_ring": probe.get("rings", 0) >= repeats,
                      # seconds per hand-off in each stage (median over the hand-offs); stages overlap, so they
@@ -186,6 +198,10 @@ def paths_study(paths: list[str], *, size_mib: int, chunk_kib: int, repeats: int
         "pair_ceiling_mb_s": round(ceiling / 1e6, 1),
         "pair_ceiling_of_aes_core": round(ceiling / aes, 3),
         "memcpy_mb_s": round(copy / 1e6, 1),
+        # a bare seal -> shared ring -> open pipeline between two processes, no protocol (best and median
+        # round): the most any same-host ring path reaches on this machine
+        "ring_pipeline_mb_s": {k: round(v / 1e6, 1) for k, v in pipeline.items()},
+        "ring_pipeline_of_aes_core": round(pipeline["best"] / aes, 3),
         "rows": rows}
     if "direct" in by and "ssh" in by:
         result["direct_vs_ssh"] = round(by["direct"]["mb_s"] / by["ssh"]["mb_s"], 2)
