@@ -290,6 +290,8 @@ class Agent:
         self._sender = _Sender(self._inbox)
         self._data: _DataConn | None = None
         self.slot_allocations = 0  # how many times the slots were (re)allocated: once per agent, not per hand-off
+        #: perf_counter_ns when the current HANDOFF was read (its set-up stage time starts there; 0: not yet)
+        self.handoff_read_ns = 0
 
     def keep_witness(self, h: dict[str, Any], *, at: str = "hand-off") -> None:
         """Append the audit ledger's head, as the orchestrator stated it at this hand-off, to the holder's own
@@ -345,10 +347,10 @@ class Agent:
                 if frame is None or isinstance(frame, Exception):
                     return 0 if frame is None else 4
                 if frame.type is FrameType.HANDOFF:
-                    received = time.perf_counter_ns()
+                    self.handoff_read_ns = time.perf_counter_ns()  # the set-up stage starts here
                     self.keep_witness(frame.header)
                     try:
-                        self.provision(frame.header, received_ns=received)
+                        self.provision(frame.header)
                     except GpuTravelError as exc:
                         self.send(FrameType.ERROR, {"code": exc.code, "reason": exc.reason})
                 elif frame.type is FrameType.PING:
@@ -417,9 +419,8 @@ class Agent:
             self._data.close()
             self._data = None
 
-    def provision(self, h: dict[str, Any], *, received_ns: int | None = None) -> None:
-        """One hand-off: seal the window's chunks and send them (direct path, ring or frames, or this link);
-        ``received_ns`` (perf_counter_ns) is when the HANDOFF was read, for the set-up stage time."""
+    def provision(self, h: dict[str, Any]) -> None:
+        """One hand-off: seal the window's chunks and send them (direct path, ring or frames, or this link)."""
         plain = bool(h.get("plain"))  # the conventional path: no GPU key here; the link's own encryption only
         key = DirectionKey.from_wire(h["key"]) if not plain else None
         epoch = int(h["epoch"])
@@ -461,7 +462,7 @@ class Agent:
                 out = ChunkOut(self._slot_views(in_flight, cs + TAG_LEN),
                                lambda head, ct, _slot: self._sender.submit(self.send, FrameType.CHUNK, head, ct))
             self._provision_loop(h, sender, out, conn is not None, epoch=epoch, base=base, cs=cs, total=total,
-                                 n_chunks=n_chunks, start=start, skip=skip, received_ns=received_ns)
+                                 n_chunks=n_chunks, start=start, skip=skip)
         except BaseException:
             if conn is not None:  # a failed hand-off leaves nothing behind: a fresh connection next time
                 self._drop_data()
@@ -525,7 +526,7 @@ class Agent:
 
     def _provision_loop(self, h: dict[str, Any], sender: SendState | None, out: ChunkOut, direct: bool, *,
                         epoch: int, base: int, cs: int, total: int, n_chunks: int, start: int,
-                        skip: int = 0, received_ns: int | None = None) -> None:
+                        skip: int = 0) -> None:
         # Each chunk is sealed straight from the file mapping into a free slot (encrypt_into: the one pass
         # over the bytes), then handed to the link: a sender thread writes it while the next one is sealed
         # (or, with a shared-memory ring, only the slot id crosses the socket). A chunk stays in its slot
@@ -626,7 +627,8 @@ class Agent:
         now = clock()
         done = {"epoch": epoch, "chunks": n_chunks - start, "bytes": total, "retransmits": retransmits,
                 "stages": {"read_seal_s": seal_ns / 1e9, "wait_s": wait_ns / 1e9,
-                           "setup_s": (begun - (received_ns or begun)) / 1e9, "data_s": (now - begun) / 1e9}}
+                           "setup_s": (begun - (self.handoff_read_ns or begun)) / 1e9,
+                           "data_s": (now - begun) / 1e9}}
         frames: list[tuple[FrameType, dict[str, Any]]] = [(FrameType.DONE, done)]
         if direct and unreported:
             frames.insert(0, (FrameType.ACK, {"s": reported_last, "n": unreported}))
