@@ -137,6 +137,7 @@ def ring_pipeline_rate(size: int, chunk: int, *, slots: int = 8, rounds: int = 1
     size = n * chunk
     ring = mmap.mmap(-1, slots * width)
     here, there = socket.socketpair()
+    here.settimeout(60)  # an opening process that hangs fails the measurement instead of the benchmark
     proc = ctx.Process(target=_pipeline_opener, args=(there, ring, size, chunk, slots, key), daemon=True)
     proc.start()
     there.close()

@@ -277,3 +277,40 @@ def test_a_refused_rebind_of_the_agents_ring_fails_that_hand_off_by_name_and_the
         assert client.stats().counters["rings_made"] == before.counters["rings_made"] + 1
     finally:
         agent.bye()
+
+
+def test_an_answer_to_a_bind_not_waited_for_must_bind_the_mapped_ring_in_the_shape_and_epoch_asked_for() -> None:
+    """``_DataConn.confirm_ring`` in isolation (a connection object with no socket: only its ``awaiting``
+    state is used): what an honest device never sends (a new descriptor, another epoch or shape) fails the
+    hand-off by name; an answer nobody waits for is dropped, its descriptor closed."""
+    from gputravel.agents.holder.agent import _DataConn, _RingOffer
+    from gputravel.core.errors import GpuTravelError
+    from gputravel.core.protocol.shmring import RingSpec
+
+    conn = _DataConn.__new__(_DataConn)  # no socket, no reader thread: confirm_ring reads only ``awaiting``
+    spec = RingSpec(7, 8, CHUNK + TAG_LEN)
+
+    def offer(wire: Any, fd: int = -1) -> _RingOffer:
+        return _RingOffer(conn, {"ring": wire}, fd)
+
+    conn.awaiting = spec
+    conn.confirm_ring(offer(spec.to_wire()))  # the bind asked for: accepted
+    assert conn.awaiting is None
+    for wrong, reason in ((RingSpec(6, 8, CHUNK + TAG_LEN).to_wire(), "not RingSpec"),
+                          (RingSpec(7, 4, CHUNK + TAG_LEN).to_wire(), "not RingSpec"),
+                          ({"epoch": "x"}, "unusable")):
+        conn.awaiting = spec
+        with pytest.raises(GpuTravelError, match=reason):
+            conn.confirm_ring(offer(wrong))
+        assert conn.awaiting is None  # one answer per bind: a second one is not awaited
+    for awaited in (spec, None):
+        conn.awaiting = awaited
+        r, w = os.pipe()
+        os.close(w)
+        if awaited is None:
+            conn.confirm_ring(offer(spec.to_wire(), fd=r))  # nobody waits: dropped
+        else:
+            with pytest.raises(GpuTravelError, match="new ring"):
+                conn.confirm_ring(offer(spec.to_wire(), fd=r))
+        with pytest.raises(OSError):
+            os.fstat(r)  # the descriptor was closed either way
