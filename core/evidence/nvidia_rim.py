@@ -135,6 +135,7 @@ def verify_rim(data: bytes, *, expected_version: str, kind: str | None = None, r
     schema_ok = bool(_swid_schema().validate(tree))
     out.add(f"{p}-schema-validated", schema_ok, schema_ok,
             "" if schema_ok else str(_swid_schema().error_log.last_error))
+    why: str | None
     try:
         certs = _certificates(tree)
     except ValueError as exc:
@@ -151,9 +152,12 @@ def verify_rim(data: bytes, *, expected_version: str, kind: str | None = None, r
         # the signature itself is checked at a time the leaf was valid; whether it is valid now is the chain claim
         when = at if leaf.not_valid_before_utc <= at <= leaf.not_valid_after_utc else leaf.not_valid_before_utc
         try:
-            signed = XMLVerifier().verify(
+            result = XMLVerifier().verify(
                 data, x509_cert=leaf.public_bytes(Encoding.PEM).decode(),
-                expect_config=SignatureConfiguration(verification_time=when)).signed_xml
+                expect_config=SignatureConfiguration(verification_time=when))
+            if isinstance(result, list):  # one Reference is expected (the default): a list never comes back
+                raise InvalidInput("more than one signed reference")
+            signed = result.signed_xml
         except (InvalidSignature, InvalidInput, ValueError) as exc:
             sig_why = str(exc)
         else:

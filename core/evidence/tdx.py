@@ -98,7 +98,7 @@ def verify_tdx_quote(quote: bytes, collateral_json: str | bytes, *, now: int | N
     except (ValueError, TypeError, RuntimeError) as exc:
         return _refused("quote-verified", str(exc).removeprefix("Verification failed: "), checks)
     checks["quote-verified"] = True
-    report = next(iter(body.get("report", {}).values()), {})
+    report: dict[str, Any] = next(iter(body.get("report", {}).values()), {})
     verdict = TdxVerdict(
         ok=True,
         tcb_status=str(body.get("status")),
