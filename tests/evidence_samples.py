@@ -8,10 +8,14 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+from conftest import download_cache
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+
+from gputravel.core.files import sha256_file
 
 NV_REQUIREMENT = "nv-local-gpu-verifier==2.7.3"
 NV_WHEEL = "nv_local_gpu_verifier-2.7.3-py3-none-any.whl"
@@ -107,3 +111,24 @@ def resign_rim(template: bytes, signer: TestRimSigner, *, version: str,
     signed = XMLSigner(signature_algorithm=SignatureMethod.ECDSA_SHA384, digest_algorithm="sha384").sign(
         tree, key=signer.key, cert=pem)
     return bytes(etree.tostring(signed, xml_declaration=True, encoding="utf-8"))
+
+
+@pytest.fixture(scope="session", name="nv_wheel")
+def nv_wheel_fixture() -> Path:
+    """The pinned wheel from the project's download cache, downloaded into it the first time (skip offline)."""
+    from gputravel.core.errors import DataError
+    from gputravel.core.training.tokens import pip_download
+
+    path = download_cache() / NV_WHEEL
+    if not (path.is_file() and sha256_file(path) == NV_WHEEL_SHA256):
+        try:
+            pip_download(NV_REQUIREMENT, NV_WHEEL_SHA256, path.parent)
+        except DataError as exc:
+            pytest.skip(f"{NV_REQUIREMENT} is not cached and could not be downloaded: {exc}")
+    assert sha256_file(path) == NV_WHEEL_SHA256
+    return path
+
+
+@pytest.fixture(scope="session", name="sample")
+def sample_fixture(nv_wheel: Path) -> NvidiaSample:
+    return read_sample(nv_wheel)

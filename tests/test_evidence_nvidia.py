@@ -11,19 +11,16 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import download_cache
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
-from evidence_samples import (
-    NV_REQUIREMENT,
-    NV_WHEEL,
-    NV_WHEEL_SHA256,
+from evidence_samples import (  # noqa: F401 (the *_fixture names are pytest fixtures)
     RIM_VALID_AT,
     SAMPLE_NONCE,
     NvidiaSample,
     make_rim_signer,
-    read_sample,
+    nv_wheel_fixture,
     resign_rim,
+    sample_fixture,
 )
 from typer.testing import CliRunner
 
@@ -31,32 +28,10 @@ from gputravel.core.evidence.nvidia_gpu import verify_gpu
 from gputravel.core.evidence.nvidia_rim import rim_root, verify_rim
 from gputravel.core.evidence.nvidia_spdm import device_root, parse_report, read_hex_or_raw
 from gputravel.core.evidence.policy import GpuPolicy
-from gputravel.core.files import sha256_file
 
 REPORT_ONLY = GpuPolicy(require_rims=False)
 P = "x-nvidia-gpu-attestation-report"
 DATA = Path(__file__).parent / "data"
-
-
-@pytest.fixture(scope="session")
-def nv_wheel() -> Path:
-    """The pinned wheel from the project's download cache, downloaded into it the first time (skip offline)."""
-    from gputravel.core.errors import DataError
-    from gputravel.core.training.tokens import pip_download
-
-    path = download_cache() / NV_WHEEL
-    if not (path.is_file() and sha256_file(path) == NV_WHEEL_SHA256):
-        try:
-            pip_download(NV_REQUIREMENT, NV_WHEEL_SHA256, path.parent)
-        except DataError as exc:
-            pytest.skip(f"{NV_REQUIREMENT} is not cached and could not be downloaded: {exc}")
-    assert sha256_file(path) == NV_WHEEL_SHA256
-    return path
-
-
-@pytest.fixture(scope="session")
-def sample(nv_wheel: Path) -> NvidiaSample:
-    return read_sample(nv_wheel)
 
 
 def _pems(chain: bytes) -> list[bytes]:
