@@ -50,6 +50,10 @@ def verify_gpu(report: bytes, cert_chain: bytes, nonce: bytes, *, rims: Sequence
     """Verify a GPU's GET_MEASUREMENTS evidence under ``nonce``, against the given RIM files; never raises."""
     policy = policy or GpuPolicy()
     at = at or dt.datetime.now(dt.UTC)
+    if device_root is None and policy.device_root is not None:
+        device_root = x509.load_pem_x509_certificate(policy.device_root.read_bytes())
+    if rim_root is None and policy.rim_root is not None:
+        rim_root = x509.load_pem_x509_certificate(policy.rim_root.read_bytes())
     claims, parsed = verify_report(report, cert_chain, nonce, root=device_root, at=at,
                                    expected_arch=policy.expected_arch)
     checked: list[Rim] = []

@@ -26,12 +26,15 @@ class GpuPolicy:
     expected_arch: tuple[str, ...] = ("HOPPER",)
     require_rims: bool = True
     accept_ocsp_not_checked: bool = True
+    device_root: Path | None = None  # None: NVIDIA's Device Identity CA (shipped); else a PEM file (the SIM root)
+    rim_root: Path | None = None  # None: NVIDIA's RIM root (shipped); else a PEM file
 
 
 @dataclass(frozen=True, slots=True)
 class TdxPolicy:
     allow_debug: bool = False
     tcb_status: tuple[str, ...] = ("UpToDate",)
+    root_ca: Path | None = None  # None: Intel's SGX root CA (inside dcap-qvl); else a DER or PEM file
     mr_td: tuple[str, ...] = ()
     rtmrs: tuple[tuple[str, ...], ...] = ((), (), (), ())
 
@@ -54,6 +57,18 @@ def _bool(section: str, key: str, value: Any) -> bool:
     return value
 
 
+def _root(section: str, key: str, value: Any, base: Path) -> Path | None:
+    """``"nvidia"``/``"intel"`` (the vendor's root) or a certificate file, relative to the policy file."""
+    if not isinstance(value, str) or not value:
+        raise PolicyError(f"[{section}] {key} must be a string: the vendor's name or a certificate file")
+    if value in ("nvidia", "intel"):
+        return None
+    path = (base / value).resolve()
+    if not path.is_file():
+        raise PolicyError(f"[{section}] {key}: no certificate file at {path}")
+    return path
+
+
 def load_evidence_policy(path: Path | None = None) -> EvidencePolicy:
     """Parse the policy file (default: the shipped one).
 
@@ -70,16 +85,19 @@ def load_evidence_policy(path: Path | None = None) -> EvidencePolicy:
     unknown = set(doc) - {"nvidia-gpu", "intel-tdx"}
     if unknown:
         raise PolicyError(f"{path}: unknown section(s) {sorted(unknown)}")
+    base = Path(path).resolve().parent
     g = dict(doc.get("nvidia-gpu", {}))
     t = dict(doc.get("intel-tdx", {}))
-    bad = (set(g) - {"expected_arch", "require_rims", "accept_ocsp_not_checked"}) | \
-          (set(t) - {"allow_debug", "tcb_status", "mr_td", "rtmr0", "rtmr1", "rtmr2", "rtmr3"})
+    bad = (set(g) - {"expected_arch", "require_rims", "accept_ocsp_not_checked", "device_root", "rim_root"}) | \
+          (set(t) - {"allow_debug", "tcb_status", "mr_td", "rtmr0", "rtmr1", "rtmr2", "rtmr3", "root_ca"})
     if bad:
         raise PolicyError(f"{path}: unknown key(s) {sorted(bad)}")
     gpu = GpuPolicy(
         expected_arch=_strs("nvidia-gpu", "expected_arch", g.get("expected_arch", ["HOPPER"])),
         require_rims=_bool("nvidia-gpu", "require_rims", g.get("require_rims", True)),
         accept_ocsp_not_checked=_bool("nvidia-gpu", "accept_ocsp_not_checked", g.get("accept_ocsp_not_checked", True)),
+        device_root=_root("nvidia-gpu", "device_root", g.get("device_root", "nvidia"), base),
+        rim_root=_root("nvidia-gpu", "rim_root", g.get("rim_root", "nvidia"), base),
     )
     statuses = _strs("intel-tdx", "tcb_status", t.get("tcb_status", ["UpToDate"]))
     if set(statuses) - set(TCB_STATUSES):
@@ -89,5 +107,6 @@ def load_evidence_policy(path: Path | None = None) -> EvidencePolicy:
         tcb_status=statuses,
         mr_td=_strs("intel-tdx", "mr_td", t.get("mr_td", []), lower=True),
         rtmrs=tuple(_strs("intel-tdx", f"rtmr{i}", t.get(f"rtmr{i}", []), lower=True) for i in range(4)),
+        root_ca=_root("intel-tdx", "root_ca", t.get("root_ca", "intel"), base),
     )
     return EvidencePolicy(gpu=gpu, tdx=tdx)

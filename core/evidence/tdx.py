@@ -89,6 +89,12 @@ def verify_tdx_quote(quote: bytes, collateral_json: str | bytes, *, now: int | N
         return _refused("collateral-parsed", f"collateral is not QuoteCollateralV3 JSON: {exc}", checks)
     checks["collateral-parsed"] = True
     at = int(time.time()) if now is None else int(now)
+    policy = policy or TdxPolicy()
+    if root_ca_der is None and policy.root_ca is not None:
+        try:
+            root_ca_der = _der_certificate(policy.root_ca.read_bytes())
+        except (OSError, ValueError) as exc:
+            return _refused("root-ca", f"{policy.root_ca}: not a certificate ({exc})", checks)
     try:
         if root_ca_der is None:
             verified = dcap_qvl.verify(quote, collateral, at)
@@ -109,7 +115,17 @@ def verify_tdx_quote(quote: bytes, collateral_json: str | bytes, *, now: int | N
         td_attributes=str(report.get("td_attributes", "")),
         checks=checks,
     )
-    return apply_tdx_policy(verdict, policy or TdxPolicy())
+    return apply_tdx_policy(verdict, policy)
+
+
+def _der_certificate(data: bytes) -> bytes:
+    """DER of a certificate given as DER or PEM."""
+    if b"-----BEGIN CERTIFICATE-----" in data:
+        from cryptography import x509
+        from cryptography.hazmat.primitives.serialization import Encoding
+
+        return x509.load_pem_x509_certificate(data).public_bytes(Encoding.DER)
+    return data
 
 
 def apply_tdx_policy(verdict: TdxVerdict, policy: TdxPolicy) -> TdxVerdict:
