@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 from pathlib import Path
@@ -11,8 +12,10 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from typer.testing import CliRunner
 
 from gputravel.core.evidence.nvidia_gpu import verify_gpu
-from gputravel.core.evidence.policy import GpuPolicy, load_evidence_policy
+from gputravel.core.evidence.policy import GpuPolicy, TdxPolicy, load_evidence_policy
 from gputravel.core.evidence.sim_gpu import SimGpu
+from gputravel.core.evidence.sim_tdx import SimTdx
+from gputravel.core.evidence.tdx import verify_tdx_quote
 
 P = "x-nvidia-gpu-attestation-report"
 
@@ -88,3 +91,72 @@ def test_a_policy_root_that_is_not_a_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(PolicyError, match="missing.crt"):
         load_evidence_policy(policy)
     assert GpuPolicy().device_root is None  # default: NVIDIA's, shipped
+
+
+# --- SIM TDX ----------------------------------------------------------------------------------------------------
+NOW = 1_800_000_000
+ISSUED = dt.datetime.fromtimestamp(NOW - 3600, dt.UTC)
+
+
+@pytest.fixture(scope="module")
+def sim_tdx() -> SimTdx:
+    return SimTdx.generate()
+
+
+def test_sim_tdx_quote_verifies_with_the_sim_root_and_binds_the_report_data(sim_tdx: SimTdx) -> None:
+    report_data = os.urandom(64)
+    verdict = verify_tdx_quote(sim_tdx.quote(report_data), sim_tdx.collateral(issued=ISSUED), now=NOW,
+                               root_ca_der=sim_tdx.pki.root_der)
+    assert verdict.ok, verdict.reason
+    assert verdict.tcb_status == "UpToDate"
+    assert verdict.report_data == report_data.hex()
+    assert verdict.mr_td == sim_tdx.mr_td.hex()
+
+
+def test_sim_tdx_quote_never_verifies_under_intels_root(sim_tdx: SimTdx) -> None:
+    verdict = verify_tdx_quote(sim_tdx.quote(bytes(64)), sim_tdx.collateral(issued=ISSUED), now=NOW)
+    assert not verdict.ok and verdict.failed == "quote-verified"
+
+
+def test_a_changed_report_data_byte_of_a_sim_quote_is_refused(sim_tdx: SimTdx) -> None:
+    quote = bytearray(sim_tdx.quote(bytes(64)))
+    quote[48 + 520] ^= 0x01
+    verdict = verify_tdx_quote(bytes(quote), sim_tdx.collateral(issued=ISSUED), now=NOW,
+                               root_ca_der=sim_tdx.pki.root_der)
+    assert not verdict.ok and verdict.failed == "quote-verified"
+
+
+def test_expired_sim_collateral_is_refused(sim_tdx: SimTdx) -> None:
+    verdict = verify_tdx_quote(sim_tdx.quote(bytes(64)), sim_tdx.collateral(issued=ISSUED, valid_days=1),
+                               now=NOW + 2 * 86400, root_ca_der=sim_tdx.pki.root_der)
+    assert not verdict.ok and verdict.failed == "quote-verified" and "expired" in verdict.reason.lower()
+
+
+def test_a_signed_debug_td_quote_is_refused_naming_td_not_debug(sim_tdx: SimTdx) -> None:
+    quote = sim_tdx.quote(bytes(64), debug=True)
+    verdict = verify_tdx_quote(quote, sim_tdx.collateral(issued=ISSUED), now=NOW, root_ca_der=sim_tdx.pki.root_der)
+    assert not verdict.ok and verdict.failed == "td-not-debug"
+    assert "ebug" in verdict.reason
+
+
+def test_an_mr_td_off_the_allow_list_is_refused(sim_tdx: SimTdx) -> None:
+    quote = sim_tdx.quote(bytes(64), mr_td=bytes(48))
+    policy = TdxPolicy(mr_td=(sim_tdx.mr_td.hex(),))
+    verdict = verify_tdx_quote(quote, sim_tdx.collateral(issued=ISSUED), now=NOW, root_ca_der=sim_tdx.pki.root_der,
+                               policy=policy)
+    assert verdict.checks["quote-verified"] is True and verdict.failed == "mr-td"
+
+
+def test_the_cli_pins_the_sim_tdx_root_from_the_policy_file(tmp_path: Path, sim_tdx: SimTdx) -> None:
+    from gputravel.console.cli import app
+
+    (tmp_path / "quote.bin").write_bytes(sim_tdx.quote(bytes(64)))
+    (tmp_path / "collateral.json").write_text(sim_tdx.collateral(issued=ISSUED))
+    (tmp_path / "sim-sgx-root.crt").write_bytes(sim_tdx.pki.root.public_bytes(Encoding.PEM))
+    (tmp_path / "sim.toml").write_text('[intel-tdx]\nroot_ca = "sim-sgx-root.crt"\n')
+    args = ["attest", "--tdx-quote", str(tmp_path / "quote.bin"), "--collateral", str(tmp_path / "collateral.json"),
+            "--at", str(NOW), "--json"]
+    out = CliRunner().invoke(app, [*args, "--policy", str(tmp_path / "sim.toml")])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["tcb_status"] == "UpToDate"
+    assert CliRunner().invoke(app, args).exit_code == 3  # the shipped policy pins Intel's root

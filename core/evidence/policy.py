@@ -32,7 +32,6 @@ class GpuPolicy:
 
 @dataclass(frozen=True, slots=True)
 class TdxPolicy:
-    allow_debug: bool = False
     tcb_status: tuple[str, ...] = ("UpToDate",)
     root_ca: Path | None = None  # None: Intel's SGX root CA (inside dcap-qvl); else a DER or PEM file
     mr_td: tuple[str, ...] = ()
@@ -89,7 +88,7 @@ def load_evidence_policy(path: Path | None = None) -> EvidencePolicy:
     g = dict(doc.get("nvidia-gpu", {}))
     t = dict(doc.get("intel-tdx", {}))
     bad = (set(g) - {"expected_arch", "require_rims", "accept_ocsp_not_checked", "device_root", "rim_root"}) | \
-          (set(t) - {"allow_debug", "tcb_status", "mr_td", "rtmr0", "rtmr1", "rtmr2", "rtmr3", "root_ca"})
+          (set(t) - {"tcb_status", "mr_td", "rtmr0", "rtmr1", "rtmr2", "rtmr3", "root_ca"})
     if bad:
         raise PolicyError(f"{path}: unknown key(s) {sorted(bad)}")
     gpu = GpuPolicy(
@@ -103,7 +102,6 @@ def load_evidence_policy(path: Path | None = None) -> EvidencePolicy:
     if set(statuses) - set(TCB_STATUSES):
         raise PolicyError(f"{path}: unknown TCB status(es) {sorted(set(statuses) - set(TCB_STATUSES))}")
     tdx = TdxPolicy(
-        allow_debug=_bool("intel-tdx", "allow_debug", t.get("allow_debug", False)),
         tcb_status=statuses,
         mr_td=_strs("intel-tdx", "mr_td", t.get("mr_td", []), lower=True),
         rtmrs=tuple(_strs("intel-tdx", f"rtmr{i}", t.get(f"rtmr{i}", []), lower=True) for i in range(4)),

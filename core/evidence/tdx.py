@@ -102,7 +102,11 @@ def verify_tdx_quote(quote: bytes, collateral_json: str | bytes, *, now: int | N
             verified = dcap_qvl.verify_with_root_ca(quote, collateral, root_ca_der, at)
         body = json.loads(verified.to_json())
     except (ValueError, TypeError, RuntimeError) as exc:
-        return _refused("quote-verified", str(exc).removeprefix("Verification failed: "), checks)
+        reason = str(exc).removeprefix("Verification failed: ")
+        if "debug mode" in reason.lower():  # dcap-qvl refuses debug TDs itself, after the signatures held
+            return _refused("td-not-debug", f"the TD is debuggable (dcap-qvl: {reason})", {**checks,
+                                                                                         "quote-verified": True})
+        return _refused("quote-verified", reason, checks)
     checks["quote-verified"] = True
     report: dict[str, Any] = next(iter(body.get("report", {}).values()), {})
     verdict = TdxVerdict(
@@ -129,14 +133,14 @@ def _der_certificate(data: bytes) -> bytes:
 
 
 def apply_tdx_policy(verdict: TdxVerdict, policy: TdxPolicy) -> TdxVerdict:
-    """The verdict with the policy's checks: debug, TCB status, MRTD and RTMR allow-lists (empty list = any)."""
+    """The verdict with the policy's checks: never debug, TCB status, MRTD and RTMR allow-lists (empty = any)."""
     checks = dict(verdict.checks)
 
     def refuse(claim: str, reason: str) -> TdxVerdict:
         return replace(verdict, ok=False, failed=claim, reason=reason, checks={**checks, claim: False})
 
-    if verdict.debug and not policy.allow_debug:
-        return refuse("td-not-debug", "the TD is debuggable (TD_ATTRIBUTES.DEBUG set); the policy refuses it")
+    if verdict.debug:
+        return refuse("td-not-debug", "the TD is debuggable (TD_ATTRIBUTES.DEBUG set): its memory is readable")
     checks["td-not-debug"] = True
     if verdict.tcb_status not in policy.tcb_status:
         return refuse("tcb-status", f"TCB status {verdict.tcb_status} is not one of {list(policy.tcb_status)}")
