@@ -160,3 +160,15 @@ def test_the_cli_pins_the_sim_tdx_root_from_the_policy_file(tmp_path: Path, sim_
     assert out.exit_code == 0, out.output
     assert json.loads(out.stdout)["tcb_status"] == "UpToDate"
     assert CliRunner().invoke(app, args).exit_code == 3  # the shipped policy pins Intel's root
+
+
+def test_bench_evidence_checks_every_sim_format_and_reports_json() -> None:
+    from gputravel.console.cli import app
+
+    out = CliRunner().invoke(app, ["bench", "evidence", "--rounds", "2", "--json"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    assert doc["sim"] is True
+    assert set(doc["timings"]) == {"gpu_report_per_visit", "gpu_report_and_chain", "gpu_with_rims",
+                                   "tdx_quote_and_collateral"}
+    assert doc["per_visit_ms"] > 0

@@ -39,6 +39,7 @@ __all__ = [
     "GpuReport",
     "MeasurementBlock",
     "check_chain",
+    "check_fresh_report",
     "compare_measurements",
     "device_root",
     "leaf_fwid",
@@ -382,6 +383,23 @@ def verify_report(raw: bytes, chain_pem: bytes, nonce: bytes, *, root: x509.Cert
     out.add("hwmodel", hwmodel, None, "common name of the certificate above the leaf")
     out.add("ueid", str(chain[0].serial_number) if chain else "", None, "serial number of the leaf certificate")
     return out, report
+
+
+def check_fresh_report(raw: bytes, leaf: x509.Certificate, nonce: bytes) -> tuple[str | None, GpuReport | None]:
+    """The per-visit part, once the chain (and its leaf) were checked for the run: parse, nonce, signature.
+
+    Returns ``(None, report)`` when they hold, else ``(failed claim name, report or None)``; never raises.
+    """
+    p = "x-nvidia-gpu-attestation-report"
+    try:
+        report = parse_report(read_hex_or_raw(raw))
+    except EvidenceFormatError:
+        return f"{p}-parsed", None
+    if report.nonce != nonce:
+        return f"{p}-nonce-match", report
+    if not signature_ok(report, leaf):
+        return f"{p}-signature-verified", report
+    return None, report
 
 
 def compare_measurements(report: GpuReport, golden: Mapping[int, Sequence[bytes]]) -> list[int]:
