@@ -172,3 +172,19 @@ def test_bench_evidence_checks_every_sim_format_and_reports_json() -> None:
     assert set(doc["timings"]) == {"gpu_report_per_visit", "gpu_report_and_chain", "gpu_with_rims",
                                    "tdx_quote_and_collateral"}
     assert doc["per_visit_ms"] > 0
+
+
+def test_a_chain_through_a_certificate_that_is_not_a_ca_is_refused() -> None:
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from gputravel.core.evidence.nvidia_spdm import check_chain
+    from gputravel.core.evidence.sim_gpu import _cert
+
+    root_key, mid_key, leaf_key = (ec.generate_private_key(ec.SECP384R1()) for _ in range(3))
+    root = _cert("SIM root", root_key, "SIM root", root_key, ca=True)
+    mid = _cert("SIM end entity", mid_key, "SIM root", root_key, ca=False)  # may not issue certificates
+    leaf = _cert("SIM leaf", leaf_key, "SIM end entity", mid_key, ca=False)
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    why = check_chain([leaf, mid, root], root, at=now, length=None)
+    assert why is not None and "not a CA" in why
+    assert check_chain([mid, root], root, at=now, length=None) is None

@@ -247,6 +247,12 @@ def check_chain(chain: Sequence[x509.Certificate], root: x509.Certificate, *, at
                 bc = None
             if bc is None or not bc.ca:
                 return f"certificate {pos + 1} ({issuer.subject.rfc4514_string()}) is not a CA"
+            try:
+                ku = issuer.extensions.get_extension_for_class(x509.KeyUsage).value
+            except x509.ExtensionNotFound:
+                ku = None
+            if ku is not None and not ku.key_cert_sign:
+                return f"certificate {pos + 1} ({issuer.subject.rfc4514_string()}) may not sign certificates"
         try:
             cert.verify_directly_issued_by(issuer)
         except (ValueError, TypeError, InvalidSignature) as exc:
