@@ -188,3 +188,39 @@ def test_a_chain_through_a_certificate_that_is_not_a_ca_is_refused() -> None:
     why = check_chain([leaf, mid, root], root, at=now, length=None)
     assert why is not None and "not a CA" in why
     assert check_chain([mid, root], root, at=now, length=None) is None
+
+
+def test_attest_sim_formats_keeps_its_sim_identities_and_verifies_both_formats(tmp_path: Path) -> None:
+    from gputravel.console.cli import app
+
+    state = tmp_path / "state"
+    first = CliRunner().invoke(app, ["attest", "--sim-formats", "--state-dir", str(state), "--json"])
+    assert first.exit_code == 0, first.output
+    doc = json.loads(first.stdout)
+    assert doc["ok"] is True and doc["platform"]["label"] == "SIM"
+    assert doc["nvidia-gpu"]["claims"]["measres"] == "success" and doc["intel-tdx"]["tcb_status"] == "UpToDate"
+    folder = state / "vendor-formats"
+    root = (folder / "gpu-root.crt").read_bytes()
+    assert (folder / "gpu-leaf.key").stat().st_mode & 0o077 == 0  # private keys: owner only
+    second = CliRunner().invoke(app, ["attest", "--sim-formats", "--state-dir", str(state), "--out",
+                                      str(tmp_path / "out"), "--json"])
+    assert second.exit_code == 0 and (folder / "gpu-root.crt").read_bytes() == root  # the same SIM identity
+    out = tmp_path / "out"
+    args = ["attest", "--evidence", str(out / "gpu-report.bin"), "--cert-chain", str(out / "gpu-chain.pem"),
+            "--nonce", (out / "nonce.txt").read_text().strip(), "--rim", str(out / "driver-rim.swidtag"),
+            "--rim", str(out / "vbios-rim.swidtag")]
+    assert CliRunner().invoke(app, [*args, "--policy", str(folder / "sim-evidence.toml")]).exit_code == 0
+    assert CliRunner().invoke(app, args).exit_code == 3  # NVIDIA's roots refuse SIM evidence
+
+
+def test_a_broken_sim_identity_folder_is_made_anew(tmp_path: Path) -> None:
+    from gputravel.core.evidence.sim_store import load_or_create
+
+    gpu, _, _ = load_or_create(tmp_path)
+    (tmp_path / "vendor-formats" / "gpu-leaf.key").write_text("not a key")
+    again, _, policy = load_or_create(tmp_path)
+    assert again.pki.device_root != gpu.pki.device_root
+    nonce = os.urandom(32)
+    verdict = verify_gpu(again.report(nonce), again.cert_chain_pem(), nonce, rims=list(again.rims()),
+                         policy=load_evidence_policy(policy).gpu)
+    assert verdict.ok, verdict.failed

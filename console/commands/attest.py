@@ -116,12 +116,28 @@ def attest(
     at: Annotated[
         int | None, typer.Option("--at", help="Verify as of this Unix time (default: now).")
     ] = None,
+    sim_formats: Annotated[
+        bool, typer.Option("--sim-formats", help="Make and verify the SIM platform's evidence in NVIDIA's and "
+                           "Intel's formats (SPDM + RIMs, TDX v4 quote + collateral) under the SIM roots.")
+    ] = False,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="With --sim-formats: write the SIM evidence files here.")
+    ] = None,
 ) -> None:
     """Attest the GPU: certificate chain, revocation, signature, nonce, measurements, CC mode.
 
     With --evidence or --tdx-quote, verify real-format evidence from files instead (offline; exit 0, or 3 naming
     the first claim that failed).
     """
+    if sim_formats:
+        from gputravel.console.commands.attest_evidence import attest_sim_formats
+
+        if evidence is not None or tdx_quote is not None or inject is not None:
+            raise DataError("--sim-formats makes its own evidence: no --evidence, --tdx-quote or --inject with it")
+        attest_sim_formats(state_dir=state_dir or default_state_dir(), out=out, json_out=json_out)
+        return
+    if out is not None:
+        raise DataError("--out goes with --sim-formats")
     if evidence is not None or tdx_quote is not None:
         from gputravel.console.commands.attest_evidence import attest_gpu_evidence, attest_tdx_quote
 

@@ -22,7 +22,7 @@ from rich.table import Table
 from gputravel.core.errors import AttestationError, ConfigError, DataError
 from gputravel.core.evidence.policy import EvidencePolicy, PolicyError, load_evidence_policy
 
-__all__ = ["attest_gpu_evidence", "attest_tdx_quote"]
+__all__ = ["attest_gpu_evidence", "attest_sim_formats", "attest_tdx_quote"]
 
 
 def _read(path: Path, what: str) -> bytes:
@@ -110,5 +110,65 @@ def attest_tdx_quote(*, quote: Path, collateral: Path | None, at: int | None, po
             table.add_row(name, "[green]✓[/]" if ok else "[bold red]✗[/]")
         console.print(table)
         console.print(f"verdict: {'[bold green]PASS[/]' if verdict.ok else '[bold red]FAIL[/]'}")
+
+    _finish(doc, json_out=json_out, console_render=render)
+
+
+def attest_sim_formats(*, state_dir: Path, out: Path | None, json_out: bool) -> None:
+    """The SIM platform's evidence in NVIDIA's and Intel's formats, made fresh and verified under the SIM roots."""
+    import hashlib
+    import os
+    import time
+
+    from gputravel.core.evidence.nvidia_gpu import verify_gpu
+    from gputravel.core.evidence.sim_store import load_or_create
+    from gputravel.core.evidence.tdx import verify_tdx_quote
+
+    gpu, tdx, policy_path = load_or_create(state_dir)
+    policy = _policy(policy_path)
+    nonce = os.urandom(32)
+    report_data = hashlib.sha512(b"gputravel SIM CVM|" + nonce).digest()
+    report, chain, rims = gpu.report(nonce), gpu.cert_chain_pem(), list(gpu.rims())
+    now = int(time.time())
+    quote = tdx.quote(report_data)
+    collateral = tdx.collateral(issued=dt.datetime.fromtimestamp(now - 3600, dt.UTC))
+    g = verify_gpu(report, chain, nonce, rims=rims, policy=policy.gpu)
+    t = verify_tdx_quote(quote, collateral, now=now, policy=policy.tdx)
+    files: dict[str, str] = {}
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        blobs = {"gpu-report.bin": report, "gpu-chain.pem": chain, "driver-rim.swidtag": rims[0],
+                 "vbios-rim.swidtag": rims[1], "tdx-quote.bin": quote, "tdx-collateral.json": collateral.encode(),
+                 "nonce.txt": nonce.hex().encode() + b"\n"}
+        for name, data in blobs.items():
+            (out / name).write_bytes(data)
+            files[name] = str(out / name)
+    failed = (f"nvidia-gpu: {g.failed.name}" if g.failed else None) or (f"intel-tdx: {t.failed}" if t.failed
+                                                                          else None)
+    doc: dict[str, Any] = {
+        "ok": g.ok and t.ok,
+        "platform": {"kind": "emulated", "sim": True, "label": "SIM"},
+        "policy": str(policy_path),
+        "nvidia-gpu": g.to_json(),
+        "intel-tdx": t.to_json(),
+        "files": files,
+        "failed_claim": failed,
+        "failed_reason": (g.failed.detail if g.failed else t.reason) if failed else None,
+    }
+
+    def render() -> None:
+        console = Console()
+        console.print("[bold black on yellow] SIM [/] vendor-format evidence of the emulated platform "
+                      "(no CC-mode H100, no TDX guest)")
+        console.print(f"GPU (SPDM 1.1, 5-certificate SIM chain, SIM RIMs): "
+                      f"{'[green]PASS[/]' if g.ok else '[bold red]FAIL[/]'}; measres "
+                      f"{escape(str(g.claims.values().get('measres')))}")
+        console.print(f"CVM (TDX v4 quote, SIM PCK chain, SIM collateral): "
+                      f"{'[green]PASS[/]' if t.ok else '[bold red]FAIL[/]'}; TCB {escape(str(t.tcb_status))}")
+        console.print(f"SIM roots pinned by {escape(str(policy_path))}")
+        if files:
+            console.print(f"files in {escape(str(out))}: gputravel attest --evidence gpu-report.bin --cert-chain "
+                          f"gpu-chain.pem --nonce $(cat nonce.txt) --rim driver-rim.swidtag --rim vbios-rim.swidtag "
+                          f"--policy {escape(str(policy_path))}")
 
     _finish(doc, json_out=json_out, console_render=render)
