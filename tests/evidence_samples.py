@@ -4,12 +4,13 @@ helper that re-signs one of NVIDIA's RIMs under a test root (for the paths NVIDI
 from __future__ import annotations
 
 import datetime as dt
+import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import download_cache
+from conftest import REQUIRE_DOWNLOADS_ENV, download_cache
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -124,7 +125,10 @@ def nv_wheel_fixture() -> Path:
         try:
             pip_download(NV_REQUIREMENT, NV_WHEEL_SHA256, path.parent)
         except DataError as exc:
-            pytest.skip(f"{NV_REQUIREMENT} is not cached and could not be downloaded: {exc}")
+            reason = f"{NV_REQUIREMENT} is not cached and could not be downloaded: {exc}"
+            if os.environ.get(REQUIRE_DOWNLOADS_ENV) == "1":
+                pytest.fail(reason)
+            pytest.skip(reason)
     assert sha256_file(path) == NV_WHEEL_SHA256
     return path
 
