@@ -106,6 +106,7 @@ class _RestoreStream:
     decoder: Any  # core.training.checkpoint.StateDecoder
     stage: bytearray
     t0: float
+    weights: bool = False  # a pretrained model (kind "weights"), not a checkpoint
 
 
 @dataclass(slots=True)
@@ -425,14 +426,15 @@ class DeviceService:
 
     # --- model state as streams of bounded sealed chunks (checkpoint out, restore in) ------------------
     @staticmethod
-    def _stream_args(header: Any, payload: bytes) -> tuple[bytes, StreamHeader]:
+    def _stream_args(header: Any, payload: bytes, kinds: tuple[str, ...] = ("checkpoint",)
+                     ) -> tuple[bytes, StreamHeader]:
         if len(payload) != 32:
             raise DeviceError(f"a checkpoint stream needs the run's 32-byte checkpoint key, got {len(payload)} bytes")
         if not isinstance(header, dict):
             raise FrameError("a checkpoint stream needs its header")
         hdr = StreamHeader.from_dict(header)
-        if hdr.kind != "checkpoint":
-            raise FrameError(f"a checkpoint stream has kind 'checkpoint', not {hdr.kind!r}")
+        if hdr.kind not in kinds:
+            raise FrameError(f"a stream here has kind {' or '.join(map(repr, kinds))}, not {hdr.kind!r}")
         return bytes(payload), hdr
 
     def op_checkpoint(self, *, header: dict[str, Any], payload: bytes) -> Reply:
@@ -480,11 +482,16 @@ class DeviceService:
         trainer = self._need_trainer()
         if self.window is not None:
             raise DeviceError("cannot restore while a provisioning window is open")
-        key, hdr = self._stream_args(header, payload)
+        key, hdr = self._stream_args(header, payload, ("checkpoint", "weights"))
+        weights = hdr.kind == "weights"  # pretrained weights (--init-from): the model alone, before any step
+        if weights and (trainer.step or trainer.optimizer.state):
+            raise DeviceError("pretrained weights load only into a model that has not trained")
         self._model_changed()
-        self._restore_stream = _RestoreStream(StreamOpener(key, hdr, what=f"checkpoint {hdr.seq} of {hdr.run_id}"),
-                                              StateDecoder(targets=trainer.state_dict(), device=self.device),
-                                              bytearray(hdr.chunk_size), time.perf_counter())
+        targets = {"model": trainer.model.state_dict()} if weights else trainer.state_dict()
+        what = f"weights for {hdr.run_id}" if weights else f"checkpoint {hdr.seq} of {hdr.run_id}"
+        self._restore_stream = _RestoreStream(StreamOpener(key, hdr, what=what),
+                                              StateDecoder(targets=targets, device=self.device),
+                                              bytearray(hdr.chunk_size), time.perf_counter(), weights)
         return Reply({"chunk_size": hdr.chunk_size})
 
     def _restore_failed(self) -> None:
@@ -516,7 +523,10 @@ class DeviceService:
             raise DeviceError("no restore stream is open")
         try:
             trailer = st.opener.finish()
-            self._need_trainer().load_state_dict(st.decoder.result())
+            if st.weights:
+                self._load_weights(st.decoder.result())
+            else:
+                self._need_trainer().load_state_dict(st.decoder.result())
         except BaseException:
             self._restore_failed()
             raise
@@ -530,6 +540,15 @@ class DeviceService:
                                  f"sealed {str(trailer.get('model_digest'))[:16]}")
         self.counters["restores"] += 1
         return Reply(DeviceState(model_digest=digest, digest_s=self.last_digest_s).to_wire())
+
+    def _load_weights(self, state: Any) -> None:
+        """A ``weights`` stream's state: the model's parameters alone, of this model's shape."""
+        trainer = self._need_trainer()
+        if not isinstance(state, dict) or state.get("format") != "weights" or not isinstance(state.get("model"), dict):
+            raise DeviceError("a weights stream holds {format: weights, config, model}")
+        if state.get("config") != trainer.config.to_dict():
+            raise DeviceError(f"weights of model {state.get('config')} differ from the program's {trainer.config.to_dict()}")
+        trainer.model.load_state_dict(state["model"])  # strict: every parameter, nothing else
 
     def _memory_bytes(self) -> int:
         """Device memory in use: buffer, code region, model parameters."""

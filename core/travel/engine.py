@@ -29,6 +29,7 @@ from gputravel.core.device.messages import WindowStatus
 from gputravel.core.errors import (
     AgentError,
     CancelledRunError,
+    ConfigError,
     DataError,
     DeviceError,
     GpuTravelError,
@@ -241,6 +242,26 @@ class TravelEngine:
         self.expected_model = restored.model_digest
         self.last_good_ckpt = seq
 
+    async def load_weights(self, path: Path) -> None:
+        """Pretrained weights (``--init-from``) into the device's model, before any step: read here, sealed under
+        the run key as a ``weights`` stream and opened by the device into its model; the model it then holds
+        must have the digest of exactly these weights."""
+        from gputravel.core.training.model import GPTConfig
+        from gputravel.core.training.weights import read_weights, sealed_weights
+
+        def upload() -> tuple[Any, str, dict[str, Any]]:
+            config, params = read_weights(path)
+            if config != GPTConfig.from_dict(dict(self.train_program["model"])):
+                raise ConfigError(f"--init-from {path}: model {config.to_dict()} differs from the program's")
+            key = self.ckpt.run_key(self.first_run_id)
+            header, records, want = sealed_weights(params, config, key=key, run_id=self.first_run_id)
+            return self.client.restore(key, header, records), want, config.to_dict()
+
+        state, want, config = await asyncio.to_thread(upload)
+        if state.model_digest != want:
+            raise IntegrityError(f"--init-from {path}: the device's model differs from the file's weights")
+        self.audit.row("weights-loaded", detail={"path": str(path), "model_digest": want, "model": config})
+
     async def _audit_from_device(self) -> None:
         """The device's rejections since the last audit, attributed to their visits (in pages: the device
         answers at most a few dozen epochs at a time)."""
@@ -318,6 +339,8 @@ class TravelEngine:
             self.step_count = int(state.get("steps", 0))
             self.audit.row("resumed", detail={"visits_done": sorted(done), "epoch": self.epoch, "checkpoint_seq": seq})
         else:
+            if self.settings.init_from is not None:
+                await self.load_weights(Path(self.settings.init_from))
             self.expected_model = (await asyncio.to_thread(self.client.measure)).model
             await self.checkpoint(0, note="initial")
             self.audit.row("planned", detail={"visits": len(self.plans), "plan_digest": digest},
