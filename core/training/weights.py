@@ -148,8 +148,9 @@ def _read_llmc(path: Path) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
     for name, n in zip(order, counts, strict=True):  # views of the one read: no copy before the fp32 cast
         params[name] = flat[pos: pos + n].view(shapes[name])
         pos += n
-    wte = params["transformer.wte.weight"][: config.vocab_size]
-    params["transformer.wte.weight"] = _pad_rows(wte, config.padded_vocab_size)
+    if vp != config.padded_vocab_size:  # another padding than the model's: the real rows, then zeros
+        wte = params["transformer.wte.weight"][: config.vocab_size]
+        params["transformer.wte.weight"] = _pad_rows(wte, config.padded_vocab_size)
     return config, {name: params[name].to(torch.float32).contiguous() for name in param_shapes(config)}
 
 
