@@ -30,6 +30,7 @@ from gputravel.core.attestation import (
 from gputravel.core.device.dataplane import AUTO_MIN_CORES, DataPlane, default_workers
 from gputravel.core.device.link import Op
 from gputravel.core.device.memory import Region, best_device
+from gputravel.core.device.modelmac import MAC_KEY_BYTES, model_mac
 from gputravel.core.device.messages import (
     AesRate,
     BufferDigest,
@@ -331,14 +332,32 @@ class DeviceService:
             raise DeviceError("the model is incomplete: a restore is open or failed part-way; restore a checkpoint")
         return trainer
 
-    def op_measure(self, *, payload: bytes) -> Reply:
-        self._need_trainer()
+    def op_measure(self, *, payload: bytes, digest: bool = True) -> Reply:
+        """The code region's SHA-256 and the model's: its SHA-256 digest (``digest``, memoised per model
+        generation) and, given a 32-byte key as the payload, its AES-GMAC under that key, computed here on the
+        model's own memory (core/device/modelmac.py). VERIFY asks for the MAC alone: cipher speed."""
+        trainer = self._need_trainer()
+        if not isinstance(digest, bool):
+            raise DeviceError(f"measure: digest is true or false, not {digest!r}")
+        if payload and len(payload) != MAC_KEY_BYTES:
+            raise DeviceError(f"a model MAC key is {MAC_KEY_BYTES} bytes, got {len(payload)}")
+        if not payload and not digest:
+            raise DeviceError("a measurement needs the model's digest or a MAC key")
         code = self.code.digest()
-        model = self.model_digest()
-        digest_s = self.last_digest_s
-        combined = hashlib.sha256(bytes.fromhex(code) + bytes.fromhex(model)).hexdigest()
+        model, digest_s = "", 0.0
+        if digest:
+            model = self.model_digest()
+            digest_s = self.last_digest_s
+        mac, mac_s, mac_engine = None, 0.0, None
+        if payload:
+            t0 = time.perf_counter()
+            mac, mac_engine = model_mac(trainer.model, trainer.optimizer, bytes(payload))
+            mac_s = time.perf_counter() - t0
+            self.counters["model_macs"] += 1
+        combined = hashlib.sha256(bytes.fromhex(code) + bytes.fromhex(model or mac or "")).hexdigest()
         self.counters["measurements"] += 1
-        return Reply(Measurement(code=code, model=model, measurement=combined, digest_s=digest_s).to_wire())
+        return Reply(Measurement(code=code, model=model, measurement=combined, digest_s=digest_s, mac=mac,
+                                 mac_s=mac_s, mac_engine=mac_engine).to_wire())
 
     def op_handoff(self, *, epoch: int, offset: int, length: int, chunk_size: int, payload: bytes) -> Reply:
         """Derive the provisioning key for one window and one epoch; any earlier key dies."""
