@@ -104,7 +104,8 @@ def model_mac(model: torch.nn.Module, optimizer: torch.optim.Optimizer, key: byt
             if stage is None:
                 stage = torch.empty(MAC_SLICE, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
             for pos in range(0, piece.numel(), _STAGE_BYTES):
-                stage[pos: pos + _STAGE_BYTES].copy_(piece[pos: pos + _STAGE_BYTES])
+                end = min(piece.numel(), pos + _STAGE_BYTES)
+                stage[pos: end].copy_(piece[pos: end])
             head += aes.encrypt(_nonce(index), b"", stage[: piece.numel()].numpy())
     tag = aes.encrypt(bytes(12), b"", bytes(head))
     return tag.hex(), "+".join(sorted(used)) or "cpu"
