@@ -97,7 +97,7 @@ def model_mac(model: torch.nn.Module, optimizer: torch.optim.Optimizer, key: byt
             index += 1
             piece = raw[k * MAC_SLICE: (k + 1) * MAC_SLICE]
             if how == "cpu":  # the tensor's own memory: no copy
-                head += aes.encrypt(_nonce(index), b"", piece.numpy())
+                head += aes.encrypt(_nonce(index), b"", _bytes_view(piece))
                 continue
             # staged: cryptography takes one AAD per call, so the slice is gathered in one host buffer
             # (``MAC_SLICE`` at most, reused), copied in bounded pieces
@@ -106,7 +106,7 @@ def model_mac(model: torch.nn.Module, optimizer: torch.optim.Optimizer, key: byt
             for pos in range(0, piece.numel(), _STAGE_BYTES):
                 end = min(piece.numel(), pos + _STAGE_BYTES)
                 stage[pos: end].copy_(piece[pos: end])
-            head += aes.encrypt(_nonce(index), b"", stage[: piece.numel()].numpy())
+            head += aes.encrypt(_nonce(index), b"", _bytes_view(stage[: piece.numel()]))
     tag = aes.encrypt(bytes(12), b"", bytes(head))
     return tag.hex(), "+".join(sorted(used)) or "cpu"
 
@@ -149,3 +149,9 @@ class _GpuMac:
         tags = self.engine.cuda.device_array(4 * count, dtype=np.uint32)
         self.engine.seal_device(plan, nonces, self._dummy, self._dummy, aad, tags)
         return bytes(tags.copy_to_host().astype("<u4").tobytes())
+
+
+def _bytes_view(t: torch.Tensor) -> memoryview:
+    """A byte view of a CPU ``uint8`` tensor's own memory (no copy)."""
+    arr: Any = t.numpy()
+    return memoryview(arr).cast("B")

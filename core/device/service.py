@@ -30,7 +30,6 @@ from gputravel.core.attestation import (
 from gputravel.core.device.dataplane import AUTO_MIN_CORES, DataPlane, default_workers
 from gputravel.core.device.link import Op
 from gputravel.core.device.memory import Region, best_device
-from gputravel.core.device.modelmac import MAC_KEY_BYTES, model_mac
 from gputravel.core.device.messages import (
     AesRate,
     BufferDigest,
@@ -47,6 +46,7 @@ from gputravel.core.device.messages import (
     WindowClosed,
     WindowStatus,
 )
+from gputravel.core.device.modelmac import MAC_KEY_BYTES, model_mac
 from gputravel.core.device.openers import choose_opener
 from gputravel.core.errors import DeviceError, IntegrityError, ProtocolError
 from gputravel.core.handshake import SessionSecrets, respond
