@@ -299,6 +299,8 @@ def register(app: typer.Typer) -> None:
             **holder_settings(holders_file=holders_file, transport=transport.value, data_path=data_path.value,
                               data_host=data_host))
         fleet = gpus > 1 or nnodes > 1
+        if fleet and init_from is not None:
+            raise ConfigError("--init-from loads one device's model; a fleet (--gpus, --nnodes) does not take it yet")
         if resume:
             from gputravel.core.api import resume_settings
 
