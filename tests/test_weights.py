@@ -357,3 +357,19 @@ def test_run_init_from_a_bad_file_exits_2_before_creating_the_run(tmp_path: Path
     proc = gputravel("export", str(tmp_path), "--format", "llmc", "--output", str(tmp_path / "x.bin"))
     assert proc.returncode == 2 and "no checkpoint key" in proc.stderr  # a folder that holds no run
 
+
+
+@pytest.mark.slow
+def test_gpt2_124m_exports_as_llmcs_gpt2_124m_bin_and_reads_back(tmp_path: Path) -> None:
+    """GPT-2 124M in llm.c's layout: header (1024, 50257, 12, 12, 768, 50304) and llm.c's 124,475,904
+    parameters, so the file has gpt2_124M.bin's size; reading it back gives the same tensors."""
+    from gputravel.core.training.model import preset
+
+    config = preset("gpt2")
+    params = {n: p.detach() for n, p in GPT(config).named_parameters()}
+    path = tmp_path / "gpt2_124M.bin"
+    write_llmc(path, config, params)
+    assert struct.unpack("<8i", path.read_bytes()[:32]) == (20240326, 3, 1024, 50257, 12, 12, 768, 50304)
+    assert path.stat().st_size == 1024 + 4 * 124_475_904
+    got, back = read_weights(path)
+    assert got == config and all(torch.equal(back[n], params[n]) for n in params)
