@@ -326,6 +326,8 @@ def test_export_then_init_from_continues_from_the_exported_model(tmp_path: Path)
         assert proc.returncode == 0, proc.stderr[-3000:]
         done = json.loads(proc.stdout)
         assert done["format"] == fmt and done["steps"] == 2 and done["bytes"] == outputs[fmt].stat().st_size
+    proc = gputravel("export", str(first), "--output", str(tmp_path / "no-such-dir" / "x.bin"))
+    assert proc.returncode == 2 and "cannot write" in proc.stderr
     _, exported = read_weights(outputs["llmc"])
     assert all(torch.equal(exported[n], trained[n]) for n in exported)  # the run's last model, bit for bit
 

@@ -139,6 +139,8 @@ class _GpuMac:
         n = raw.numel()
         if n == 0:
             return b""
+        if raw.is_cuda:  # torch's work on the tensor (training on its own stream) is done before numba reads it
+            torch.cuda.synchronize(raw.device)
         aligned = raw if raw.data_ptr() % 16 == 0 else raw.clone()  # the kernels read 16-byte aligned AAD
         aad = device_bytes(self.engine, aligned)
         offsets = [k * MAC_SLICE for k in range(count)]

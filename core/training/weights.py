@@ -379,7 +379,10 @@ def export_run(run_dir: Path, output: Path, *, fmt: str, dtype: str = "float32")
         params = {name: model[name] for name in param_shapes(config)}
     except (KeyError, TypeError) as exc:
         raise DataError(f"checkpoint {path} holds no GPT-2 model state ({exc})") from None
-    write_weights(output, config, params, fmt=fmt, dtype=dtype)
+    try:
+        write_weights(output, config, params, fmt=fmt, dtype=dtype)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {output}: {exc.strerror or exc}") from None
     return {"run": str(run_dir), "checkpoint": path.name, "seq": seq, "steps": int(state.get("step", 0)),
             "format": fmt, "dtype": dtype, "output": str(output), "bytes": Path(output).stat().st_size,
             "model": config.to_dict(), "params": sum(t.numel() for t in params.values())}
