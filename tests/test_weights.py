@@ -281,6 +281,23 @@ def test_a_weights_stream_with_a_flipped_byte_or_another_shape_is_refused(tmp_pa
         _upload(svc, bogus, seal_state(key, bogus, {}), key)
 
 
+def test_upload_weights_streams_the_file_into_the_device_and_refuses_another_programs_model(tmp_path: Path) -> None:
+    from gputravel.core.training.weights import upload_weights
+
+    m = model()
+    path = tmp_path / "w.bin"
+    llmc_write_model(m, path, "float32")
+    svc = _service(tmp_path)
+    key = os.urandom(32)
+    state, want, config = upload_weights(path, program_model=CONFIG.to_dict(), key=key, run_id="run-u",
+                                         restore=lambda k, h, r: _upload(svc, h, r, k))
+    assert state["model_digest"] == want and config == CONFIG.to_dict()
+    assert torch.equal(logits(svc.trainer.model), logits(m))
+    other = GPTConfig(block_size=32, vocab_size=300, n_layer=3, n_head=2, n_embd=32).to_dict()
+    with pytest.raises(ConfigError, match="differs from the program"):
+        upload_weights(path, program_model=other, key=key, run_id="run-u", restore=lambda k, h, r: None)
+
+
 def test_a_trained_model_refuses_pretrained_weights(tmp_path: Path) -> None:
     svc = _service(tmp_path)
     svc.trainer.step = 1

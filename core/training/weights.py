@@ -27,7 +27,7 @@ import hashlib
 import json
 import re
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ from gputravel.core.training.model import GPTConfig
 from gputravel.core.training.trainer import _hash_tensor
 
 __all__ = ["LLMC_MAGIC", "WEIGHTS_KIND", "detect_format", "export_run", "param_shapes", "params_digest", "read_config",
-           "read_weights", "sealed_weights", "write_llmc", "write_safetensors", "write_weights"]
+           "read_weights", "sealed_weights", "upload_weights", "write_llmc", "write_safetensors", "write_weights"]
 
 LLMC_MAGIC = 20240326
 LLMC_VERSIONS = {3: torch.float32, 5: torch.bfloat16}
@@ -346,6 +346,18 @@ def sealed_weights(params: Mapping[str, torch.Tensor], config: GPTConfig, *, key
     header = StreamHeader.new(kind=WEIGHTS_KIND, run_id=run_id, seq=0)
     state = {"format": WEIGHTS_KIND, "config": config.to_dict(), "model": model}
     return header, seal_state(key, header, state, trailer={"model_digest": digest}), digest
+
+
+def upload_weights(path: Path, *, program_model: Mapping[str, Any], key: bytes, run_id: str,
+                   restore: Callable[[bytes, StreamHeader, Iterator[tuple[int, memoryview]]], Any]
+                   ) -> tuple[Any, str, dict[str, Any]]:
+    """``--init-from``: read ``path``, check it is the program's model, and stream it sealed through ``restore``
+    (the device client's). Returns the device's answer, the digest its model must have, and the model."""
+    config, params = read_weights(path)
+    if config != GPTConfig.from_dict(dict(program_model)):
+        raise ConfigError(f"--init-from {path}: model {config.to_dict()} differs from the program's")
+    header, records, want = sealed_weights(params, config, key=key, run_id=run_id)
+    return restore(key, header, records), want, config.to_dict()
 
 
 # --- export: a run's last sealed checkpoint -> a public model file -----------------------------------------

@@ -31,7 +31,6 @@ from gputravel.core.device.modelmac import MAC_KEY_BYTES
 from gputravel.core.errors import (
     AgentError,
     CancelledRunError,
-    ConfigError,
     DataError,
     DeviceError,
     GpuTravelError,
@@ -268,18 +267,11 @@ class TravelEngine:
         """Pretrained weights (``--init-from``) into the device's model, before any step: read here, sealed under
         the run key as a ``weights`` stream and opened by the device into its model; the model it then holds
         must have the digest of exactly these weights."""
-        from gputravel.core.training.model import GPTConfig
-        from gputravel.core.training.weights import read_weights, sealed_weights
+        from gputravel.core.training.weights import upload_weights
 
-        def upload() -> tuple[Any, str, dict[str, Any]]:
-            config, params = read_weights(path)
-            if config != GPTConfig.from_dict(dict(self.train_program["model"])):
-                raise ConfigError(f"--init-from {path}: model {config.to_dict()} differs from the program's")
-            key = self.ckpt.run_key(self.first_run_id)
-            header, records, want = sealed_weights(params, config, key=key, run_id=self.first_run_id)
-            return self.client.restore(key, header, records), want, config.to_dict()
-
-        state, want, config = await asyncio.to_thread(upload)
+        state, want, config = await asyncio.to_thread(
+            upload_weights, path, program_model=self.train_program["model"],
+            key=self.ckpt.run_key(self.first_run_id), run_id=self.first_run_id, restore=self.client.restore)
         if state.model_digest != want:
             raise IntegrityError(f"--init-from {path}: the device's model differs from the file's weights")
         self.audit.row("weights-loaded", detail={"path": str(path), "model_digest": want, "model": config})
