@@ -339,7 +339,8 @@ def test_export_then_init_from_continues_from_the_exported_model(tmp_path: Path)
     outputs = {}
     for fmt in ("llmc", "safetensors"):
         outputs[fmt] = tmp_path / f"exported.{fmt}"
-        proc = gputravel("export", str(first), "--format", fmt, "--output", str(outputs[fmt]), "--json")
+        run = [str(first)] if fmt == "llmc" else ["first", "--runs-dir", str(tmp_path)]  # a folder, or a name
+        proc = gputravel("export", *run, "--format", fmt, "--output", str(outputs[fmt]), "--json")
         assert proc.returncode == 0, proc.stderr[-3000:]
         done = json.loads(proc.stdout)
         assert done["format"] == fmt and done["steps"] == 2 and done["bytes"] == outputs[fmt].stat().st_size
