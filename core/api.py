@@ -38,6 +38,13 @@ def _program_factory(settings: RunSettings) -> Callable[..., dict[str, Any]]:
 
     def make(*, fmt: str, total_steps: int) -> dict[str, Any]:
         model = preset_for_tokens(settings.model, vocab_size(fmt))
+        if settings.init_from is not None:  # pretrained weights: the file's shape, not the preset's
+            from gputravel.core.training.weights import read_config
+
+            model = read_config(settings.init_from)
+            if model.vocab_size < vocab_size(fmt):
+                raise ConfigError(f"--init-from {settings.init_from}: its vocabulary of {model.vocab_size} does "
+                                  f"not cover the holders' {fmt} tokens ({vocab_size(fmt)})")
         if settings.seq_len > model.block_size:
             raise ConfigError(f"seq-len {settings.seq_len} exceeds the model's block size {model.block_size}")
         train = TrainSettings(steps_per_visit=settings.steps_per_visit, batch_size=settings.batch_size,

@@ -202,8 +202,10 @@ class DeviceClient:
         """Upload the training program into the code region; the device builds the model from it."""
         return Configured.from_wire(self.call(Op.CONFIGURE, program)[0])
 
-    def measure(self) -> Measurement:
-        return Measurement.from_wire(self.call(Op.MEASURE)[0])
+    def measure(self, *, mac_key: bytes = b"", digest: bool = True) -> Measurement:
+        """The code and model measurement: the model's SHA-256 digest (``digest``) and, with a 32-byte
+        ``mac_key``, its AES-GMAC under that key (the key rides the sealed control channel)."""
+        return Measurement.from_wire(self.call(Op.MEASURE, mac_key, digest=digest)[0])
 
     def handoff(self, *, epoch: int, offset: int, length: int, chunk_size: int) -> HandoffGrant:
         """A provisioning key for bytes [offset, offset+length) of the buffer in ``epoch``."""
