@@ -41,7 +41,8 @@ from gputravel.core.api import build_engine
 from gputravel.core.config import RunSettings
 from gputravel.core.ledger import read_rows, verify_ledger
 from gputravel.core.procs import die_with_parent
-from gputravel.core.travel.holders import STREAM_LIMIT, LocalHolderLink
+from gputravel.core.travel.framed_link import STREAM_LIMIT
+from gputravel.core.travel.local_link import LocalHolderLink
 
 pytestmark = pytest.mark.usefixtures("no_leaked_processes")
 

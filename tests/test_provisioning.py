@@ -20,7 +20,9 @@ from gputravel.core.device.client import DeviceClient
 from gputravel.core.platform.emulated import EmulatedPlatform
 from gputravel.core.protocol import TAG_LEN, DirectionKey, FrameType, SendState, encode_frame, read_frame
 from gputravel.core.protocol.frames import frame_head
-from gputravel.core.travel.holders import Handoff, LocalHolderLink
+from gputravel.core.protocol.holderlink import ProvisioningKey
+from gputravel.core.travel.holders import Handoff
+from gputravel.core.travel.local_link import LocalHolderLink
 
 CHUNK = 8 * 1024
 WINDOW = 40 * CHUNK + 123  # a short last chunk too
@@ -55,8 +57,8 @@ async def device(tmp_path: Path, *, parallel_auth: bool, overlap: bool) -> Async
 
 def open_window(client: DeviceClient, epoch: int) -> Handoff:
     grant = client.handoff(epoch=epoch, offset=0, length=WINDOW, chunk_size=CHUNK)
-    return Handoff(epoch=epoch, session_id=grant.session_id, key=grant.provisioning_key, window_offset=0,
-                   chunk_size=CHUNK, train=(0, WINDOW), val=(0, 0))
+    return Handoff(epoch=epoch, session_id=grant.session_id, key=ProvisioningKey.from_wire(grant.provisioning_key),
+                   window_offset=0, chunk_size=CHUNK, train=(0, WINDOW), val=(0, 0))
 
 
 OPTIMISATIONS = [(True, True), (False, True), (False, False)]

@@ -47,7 +47,7 @@ from gputravel.core.protocol import Direction
 from gputravel.core.protocol.keys import channel_key
 from gputravel.core.travel import holders as holders_mod
 from gputravel.core.travel import recovery as recovery_mod
-from gputravel.core.travel.holders import LocalHolderLink
+from gputravel.core.travel.local_link import LocalHolderLink
 
 pytestmark = pytest.mark.usefixtures("no_leaked_processes")
 

@@ -42,6 +42,7 @@ from gputravel.core.config import RunSettings
 from gputravel.core.errors import AgentError, ConfigError, LinkLostError
 from gputravel.core.files import InsecureKeyError
 from gputravel.core.ledger import LedgerRow, parse_head, read_rows, verify_ledger
+from gputravel.core.protocol.holderlink import DataEndpoint, ProvisioningKey
 from gputravel.core.travel.engine import TravelEngine
 from gputravel.core.travel.holders import Handoff
 
@@ -477,14 +478,14 @@ async def test_keepalive_timeout_marks_the_holder_offline(ssh: Ssh) -> None:
     link = SshHolderLink(spec, max_reconnects=1)
     await link.start()
     assert link.state == HolderState.READY
-    handoff = Handoff(epoch=1, session_id="00" * 16, key={"key": "00" * 32}, window_offset=0, chunk_size=4096,
-                      train=(0, 4096), val=(0, 0))
+    handoff = Handoff(epoch=1, session_id="00" * 16, key=ProvisioningKey(bytes(32), bytes(4), 1, 3), window_offset=0,
+                      chunk_size=4096, train=(0, 4096), val=(0, 0))
     assert ssh.server.proc is not None
     os.kill(ssh.server.proc.pid, signal.SIGSTOP)  # the server stops answering, the TCP connection stays
     try:
         t0 = time.monotonic()
         with pytest.raises(LinkLostError, match="connection lost") as info:
-            await link.provision(handoff, device_socket="/nonexistent", data_endpoint={"path": "/nonexistent"})
+            await link.provision(handoff, device_socket="/nonexistent", data_endpoint=DataEndpoint(path="/nonexistent"))
         assert time.monotonic() - t0 < 10
         assert info.value.code == "link-lost"
         assert link.state == HolderState.OFFLINE

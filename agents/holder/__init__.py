@@ -8,7 +8,7 @@ rest of ``gputravel.agents``, and is never uploaded.
 
 from __future__ import annotations
 
-from gputravel.agents.holder.agent import AGENT_VERSION, Agent, Dataset, main, open_dataset
+from gputravel.agents.holder.agent import AGENT_VERSION, Agent, main
 from gputravel.agents.holder.bundle import (
     BUNDLE_FILES,
     agent_sha256,
@@ -16,6 +16,7 @@ from gputravel.agents.holder.bundle import (
     digest_files,
     package_root,
 )
+from gputravel.agents.holder.dataset import Dataset, open_dataset
 
 __all__ = ["AGENT_VERSION", "BUNDLE_FILES", "Agent", "Dataset", "agent_sha256", "bundle_contents", "digest_files",
            "main", "open_dataset", "package_root"]
