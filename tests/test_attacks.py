@@ -61,7 +61,6 @@ from pathlib import Path
 from gputravel.agents.holder import Agent, open_dataset
 from gputravel.core.protocol import FrameType, SendState, encode_frame, read_frame
 from gputravel.core.protocol.frames import frame_head
-from gputravel.core.protocol.keys import DirectionKey
 
 
 class DataConn:
@@ -121,13 +120,13 @@ class MaliciousAgent(Agent):
             f.write(json.dumps({"attack": what, "answer": answer}) + "\n")
 
     def provision(self, h):
-        key = DirectionKey.from_wire(h["key"])
-        session = bytes.fromhex(h["session"])
-        epoch, base, cs = int(h["epoch"]), int(h["window_offset"]), int(h["chunk_size"])
-        total = int(h["length"])
-        n_chunks = -(-total // cs)
-        endpoint = h["data_endpoint"]
-        conn = DataConn(endpoint, h["session"])
+        key = h.key  # the typed hand-off (core.protocol.holderlink.Handoff) and its ProvisioningKey
+        session = bytes.fromhex(h.session_id)
+        epoch, base, cs = h.epoch, h.window_offset, h.chunk_size
+        total = h.window_len
+        n_chunks = h.n_chunks
+        endpoint = h.data_endpoint.to_wire()
+        conn = DataConn(endpoint, h.session_id)
         # (a) a chunk sealed with the valid key, for bytes just past the end of the window
         evil = SendState(key, session_id=session, start=n_chunks + 1000)
         off, n = base + total, 64
@@ -135,7 +134,7 @@ class MaliciousAgent(Agent):
         self.log("write-outside-window", conn.send(FrameType.CHUNK, {"e": epoch, "s": seq, "o": off, "n": n}, ct))
         # (b) read the buffer back: the data port takes chunks in, nothing else
         self.log("read-back", conn.send(FrameType.REQUEST, {"e": epoch, "op": "read", "offset": base, "length": total}))
-        self.log("read-back", conn.send(FrameType.DATA_OPEN, {"e": epoch, "session": h["session"],
+        self.log("read-back", conn.send(FrameType.DATA_OPEN, {"e": epoch, "session": h.session_id,
                                                               "read": [base, total]}))
         # (d) replay a chunk captured from another holder's hand-off
         captured = [json.loads(line) for line in (self.workdir / "tap-alice.jsonl").read_text().splitlines()]
@@ -154,9 +153,9 @@ class MaliciousAgent(Agent):
         while not go.exists() and time.monotonic() < deadline:
             time.sleep(0.01)
         try:
-            conn = DataConn(h["data_endpoint"], h["session"])
+            conn = DataConn(h.data_endpoint.to_wire(), h.session_id)
             old = SendState(key, session_id=session)  # the nonce of chunk 0 again, other plaintext
-            n = min(cs, int(h["length"]))
+            n = min(cs, h.window_len)
             seq, ct = old.seal(b"\x00" * n, frame_type=FrameType.CHUNK, offset=base, length=n)
             self.log("reuse-after-return", conn.send(FrameType.CHUNK, {"e": epoch, "s": seq, "o": base, "n": n}, ct))
             conn.close()

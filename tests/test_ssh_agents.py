@@ -485,7 +485,8 @@ async def test_keepalive_timeout_marks_the_holder_offline(ssh: Ssh) -> None:
     try:
         t0 = time.monotonic()
         with pytest.raises(LinkLostError, match="connection lost") as info:
-            await link.provision(handoff, device_socket="/nonexistent", data_endpoint=DataEndpoint(path="/nonexistent"))
+            await link.provision(handoff, device_socket="/nonexistent",
+                                 data_endpoint=DataEndpoint(path="/nonexistent"))
         assert time.monotonic() - t0 < 10
         assert info.value.code == "link-lost"
         assert link.state == HolderState.OFFLINE
@@ -677,7 +678,7 @@ async def test_inventory_holders_reach_the_device_data_port_through_an_ssh_forwa
     links = links_from_specs(list(ssh.specs.values()))
     original = SshHolderLink._route
 
-    async def spy(self: SshHolderLink, endpoint: dict[str, Any] | None) -> dict[str, Any] | None:
+    async def spy(self: SshHolderLink, endpoint: DataEndpoint | None) -> DataEndpoint | None:
         routed = await original(self, endpoint)
         seen[self.name] = (endpoint, routed)
         return routed
@@ -689,13 +690,13 @@ async def test_inventory_holders_reach_the_device_data_port_through_an_ssh_forwa
     assert all(v["outcome"] == "done" for v in report["visits"])
     for name in ("alice", "bob"):
         asked, routed = seen[name]
-        assert asked["host"] == "127.0.0.1" and routed["host"] == "127.0.0.1"
-        assert routed["port"] != asked["port"]  # the holder-side end of the forward, not the device's port
+        assert asked.host == "127.0.0.1" and routed.host == "127.0.0.1"
+        assert routed.port != asked.port  # the holder-side end of the forward, not the device's port
 
 
 def test_a_network_data_route_passes_the_device_endpoint_through(ssh: Ssh) -> None:
     spec = replace(next(iter(ssh.specs.values())), data_route="network")
     link = SshHolderLink(spec)
-    endpoint = {"host": "10.1.2.3", "port": 4242}
+    endpoint = DataEndpoint(host="10.1.2.3", port=4242)
     assert asyncio.run(link._route(endpoint)) == endpoint
     assert asyncio.run(link._route({"path": "/x"})) == {"path": "/x"}
