@@ -317,3 +317,51 @@ def test_an_answer_to_a_bind_not_waited_for_must_bind_the_mapped_ring_in_the_sha
                 conn.confirm_ring(offer(spec.to_wire(), fd=r))
         with pytest.raises(OSError):
             os.fstat(r)  # the descriptor was closed either way
+
+
+def _nested_frame(ftype: FrameType, depth: int = 8000) -> bytes:
+    """A frame whose header nests ``depth`` lists (raw bytes: no JSON encoder writes one that deep)."""
+    from gputravel.core.protocol.frames import MAGIC, PREFIX, VERSION
+
+    header = b'{"e":' + b"[" * depth + b"]" * depth + b"}"
+    return PREFIX.pack(MAGIC, VERSION, int(ftype), len(header), 0) + header
+
+
+def test_a_deeply_nested_header_gets_an_error_reply_and_is_counted_by_the_device(
+        device: tuple[Any, DeviceClient], tmp_path: Path) -> None:
+    """Issue 24 item 5, on the device: 8,000 nested ``[`` as a first frame, and on an open data connection,
+    are each answered with a named ERROR (``frame``) and counted; the device keeps serving (no thread died
+    on a RecursionError: the next data connection and the control channel still work)."""
+    import socket
+
+    from gputravel.core.protocol import encode_frame
+
+    handle, client = device
+    before = client.stats()
+
+    def exchange(*frames: bytes) -> Any:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(20)
+            s.connect(handle.socket_path)
+            for raw in frames:
+                s.sendall(raw)
+            stream = s.makefile("rb")
+            answers = []
+            while (frame := read_frame(stream)) is not None:
+                answers.append(frame)
+            return answers
+
+    first = exchange(_nested_frame(FrameType.DATA_OPEN))  # before authenticating: refused
+    assert [(f.type, f.header["code"]) for f in first] == [(FrameType.ERROR, "frame")]
+    assert "nests 8000 levels deep" in first[0].header["reason"]
+    opened = encode_frame(FrameType.DATA_OPEN, {"session": client.secrets.session_id.hex()})  # type: ignore[union-attr]
+    later = exchange(opened, _nested_frame(FrameType.CHUNK))  # on an open data connection: rejected
+    assert [f.type for f in later] == [FrameType.DATA_READY, FrameType.ERROR]
+    assert later[1].header["code"] == "frame" and "nests" in later[1].header["reason"]
+    after = client.stats()
+    assert after.refused.get("frame", 0) == before.refused.get("frame", 0) + 1
+    assert after.rejected.get("frame", 0) == before.rejected.get("frame", 0) + 1
+    # still serving: a malformed DATA_OPEN (a session that is not hex) is refused by name too
+    bad = exchange(encode_frame(FrameType.DATA_OPEN, {"session": ["not", "hex"]}))
+    assert bad[0].type is FrameType.ERROR and bad[0].header["code"] == "frame"
+    assert client.stats().refused.get("frame", 0) == before.refused.get("frame", 0) + 2

@@ -699,4 +699,4 @@ def test_a_network_data_route_passes_the_device_endpoint_through(ssh: Ssh) -> No
     link = SshHolderLink(spec)
     endpoint = DataEndpoint(host="10.1.2.3", port=4242)
     assert asyncio.run(link._route(endpoint)) == endpoint
-    assert asyncio.run(link._route({"path": "/x"})) == {"path": "/x"}
+    assert asyncio.run(link._route(DataEndpoint(path="/x"))) == DataEndpoint(path="/x")

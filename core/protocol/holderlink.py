@@ -144,7 +144,12 @@ class ProvisioningKey(DirectionKey):
     @classmethod
     def of(cls, key: DirectionKey) -> ProvisioningKey:
         """The typed form of a key the device derived (``keys.provisioning_key``)."""
-        return cls(key.key, key.prefix, key.epoch, key.direction)
+        return cls(key.key, key.prefix, int(key.epoch), int(key.direction))
+
+    def to_wire(self) -> dict[str, object]:
+        """Hex form (travels only inside the sealed control channel and the encrypted holder link)."""
+        return {"key": self.key.hex(), "prefix": self.prefix.hex(), "epoch": int(self.epoch),
+                "direction": int(self.direction)}
 
     @classmethod
     def from_wire(cls, data: Any) -> ProvisioningKey:
