@@ -25,7 +25,7 @@ from gputravel.core.api import resolve_holder_dirs
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import AttestationError, CancelledRunError, ConfigError, DataError
 from gputravel.core.ledger import LedgerRow, read_rows, verify_ledger
-from gputravel.core.travel import holders as holders_mod
+from gputravel.core.travel import framed_link as holders_mod
 from gputravel.core.travel.local_link import LocalHolderLink
 from gputravel.core.travel.phases import Phase
 from gputravel.core.travel.probes import Timings
