@@ -84,7 +84,7 @@ async def test_full_run_trains_every_visit_and_never_records_a_key(data_root: Pa
     original = holders_mod.FramedHolderLink.provision
 
     async def recording(self: Any, handoff: Any, **kw: Any) -> Any:
-        keys.append(bytes.fromhex(handoff.key["key"]))
+        keys.append(handoff.key.key)  # the typed ProvisioningKey's bytes
         return await original(self, handoff, **kw)
 
     monkeypatch.setattr(holders_mod.FramedHolderLink, "provision", recording)
