@@ -14,7 +14,8 @@ from gputravel.core.events import Event
 from gputravel.core.ledger import VerifyResult, verify_ledger
 from gputravel.core.platform.emulated import EmulatedPlatform
 from gputravel.core.travel.engine import TravelEngine
-from gputravel.core.travel.holders import HolderLink, LocalHolderLink
+from gputravel.core.travel.holders import HolderLink
+from gputravel.core.travel.local_link import LocalHolderLink
 
 __all__ = ["RunSettings", "TravelEngine", "build_engine", "resume_settings", "run", "resolve_holder_dirs", "verify_ledger",
            "VerifyResult", "Event"]

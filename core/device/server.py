@@ -27,7 +27,8 @@ from gputravel.core.device.service import MAX_CHUNK, DeviceService, Reply
 from gputravel.core.errors import GpuTravelError, ProtocolError
 from gputravel.core.protocol import TAG_LEN, FrameError, FrameType, StaleEpochError, encode_frame, read_frame
 from gputravel.core.protocol.frames import read_frame_into
-from gputravel.core.protocol.shmring import RingReceiver, RingSpec, ring_supported, send_frame_with_fd
+from gputravel.core.protocol.holderlink import DataOpen, DataReady
+from gputravel.core.protocol.shmring import RingReceiver, ring_supported, send_frame_with_fd
 
 #: Connections that have not authenticated yet (no session opened, no DATA_READY), at most, per listener, and
 #: how long one may take in all to get there (a deadline for the whole hand-shake, not a per-read timeout):
@@ -298,14 +299,15 @@ class DeviceServer:
     def _data(self, conn: socket.socket, stream: Any, first: Any, pending: _Pending) -> None:
         svc = self.service
         secrets = svc.secrets
-        if secrets is None or first.header.get("session") != secrets.session_id.hex():
+        opening = DataOpen.from_wire(first.header)  # malformed: FrameError, refused and counted by _handle
+        if secrets is None or opening.session_id != secrets.session_id.hex():
             svc.count_refused("stale-epoch")
             send_frame(conn, FrameType.ERROR, {"code": "stale-epoch", "reason": "no such session"})
             return
         session = secrets.session_id.hex()
         # shared-memory rings only where the holder shares this host: on the Unix socket, when asked for
-        rings = conn.family == socket.AF_UNIX and ring_supported() and bool(first.header.get("rings"))
-        send_frame(conn, FrameType.DATA_READY, {"session": session, **({"rings": 1} if rings else {})})
+        rings = conn.family == socket.AF_UNIX and ring_supported() and opening.rings
+        send_frame(conn, FrameType.DATA_READY, DataReady(session, rings=rings).to_wire())
         pending.authenticated()  # bound to the open session; each chunk is authenticated on its own
         slots = svc.plane.take_slots()  # this connection's receive buffers, reused from an earlier one
         data = _DataConnection(svc, conn, stream, slots, session=session, rings=rings)
@@ -488,9 +490,12 @@ class _DataConnection:
             if not self.rings:
                 raise FrameError("shared-memory rings need the device's Unix socket and a connection opened "
                                  "with rings")
-            if header.get("session") != self.session:
+            request = DataOpen.from_wire(header)
+            if request.session_id != self.session:
                 raise StaleEpochError("ring request for another session")
-            spec = RingSpec.from_wire(spec_wire)
+            spec = request.ring
+            if spec is None:  # e.g. "ring": null
+                raise FrameError("a DATA_OPEN on an open data connection must name a ring")
             old = self.receiver.ring if self.receiver is not None else None
             ring, new = self.svc.open_ring(spec, old)
         except ProtocolError as exc:
@@ -500,8 +505,7 @@ class _DataConnection:
         except OSError as exc:  # no memfd here after all: the agent falls back to frames
             self.send(FrameType.ERROR, {"ok": False, "code": "device", "reason": f"no ring: {exc}", "ring": 1})
             return
-        answer = encode_frame(FrameType.DATA_READY, {"session": self.session, "ring": spec.to_wire(),
-                                                     **({} if new else {"mapped": 1})})
+        answer = encode_frame(FrameType.DATA_READY, DataReady(self.session, ring=spec, mapped=not new).to_wire())
         with self._send_lock:
             if new:  # the descriptor travels once per holder connection (again only for another shape)
                 send_frame_with_fd(self.conn, answer, ring.fileno())
