@@ -62,6 +62,8 @@ __all__ = ["GpuTravelConsole", "main", "make_app"]
 SCREENS_IN_ORDER = ("travel", "holders", "training", "gpu", "bench", "ledger")
 #: Actions that change a run (or start work on this machine); refused in --readonly.
 CONTROL_ACTIONS = frozenset({"step", "toggle_pause", "toggle_break", "run", "cancel", "run_bench"})
+#: Of those, the ones that only move the view of a recording (play, pause, step): a replay allows them always.
+VIEW_ACTIONS = frozenset({"step", "toggle_pause", "run"})
 #: Keys the footer leaves out, for the help overlay (the footer shows the rest).
 EXTRA_KEYS: tuple[tuple[str, str], ...] = (
     ("1-6", "screens: " + ", ".join(SCREENS_IN_ORDER)),
@@ -200,7 +202,7 @@ class GpuTravelConsole(App[None]):
                        "frame": self.bridge.latest_frame, "history": self.bridge.history,
                        "last_devices": self.bridge.last_devices,
                        "live_fleet": isinstance(self.bridge, FleetBridge) and self.bridge.follow}
-            screen.show(self.bridge.state, badges=self.badges, context=context)
+            screen.show(self.bridge.state, badges=self.badges, context=context, status=self.bridge.shown_status())
 
     def current_screen(self) -> Screen[Any] | None:
         """The screen on top, or None while a mode switch has not mounted one yet."""
@@ -219,9 +221,9 @@ class GpuTravelConsole(App[None]):
 
     # --- controls -------------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in CONTROL_ACTIONS and self.readonly:
-            return False
         replay = isinstance(self.bridge, ReplayBridge)
+        if action in CONTROL_ACTIONS and self.readonly and not (replay and action in VIEW_ACTIONS):
+            return False
         if action in ("toggle_break", "cancel") and replay:  # a recording has no run to break or cancel
             return False
         if action in ("jump_visit", "seek") and not replay:
@@ -292,8 +294,11 @@ class GpuTravelConsole(App[None]):
 
     def action_seek(self, where: str) -> None:
         if isinstance(self.bridge, ReplayBridge):
+            if where == "end":  # following: the live end, followed again
+                self.bridge.seek_end()
+                return
             self.bridge.playing = False
-            self.bridge.seek(0 if where == "start" else len(self.bridge.player.items))
+            self.bridge.seek(0)
 
     def action_show_screen(self, name: str) -> None:
         self.switch_mode(name)
@@ -378,7 +383,8 @@ class GpuTravelConsole(App[None]):
         simple: dict[str, Callable[[], Any]] = {
             "run": self.action_run, "step": self.action_step, "cancel": self.action_cancel,
             "help": self.action_show_help, "verify": self.action_verify_ledger, "quit": self.exit, "q": self.exit}
-        if cmd in CONTROL_ACTIONS | {"pause", "resume", "break", "bench"} and self.readonly:
+        view_only = isinstance(self.bridge, ReplayBridge) and cmd in {"run", "step", "pause", "resume"}
+        if cmd in CONTROL_ACTIONS | {"pause", "resume", "break", "bench", "cancel"} and self.readonly and not view_only:
             self.notify("read-only console: no controls", severity="warning")
             return
         if cmd in simple:

@@ -23,10 +23,12 @@ from gputravel.console.widgets.table_filter import TableFilter
 from gputravel.console.widgets.text import fit
 
 
-def summarise(state: RunState, screen: str, badges: tuple[str, ...]) -> StatusSummary:
+def summarise(state: RunState, screen: str, badges: tuple[str, ...], status: str | None = None) -> StatusSummary:
+    """The status bar's line; ``status``: the run's, where it is not the viewed state's (a recording's final
+    event while the view is elsewhere, CANCELLING... until the engine confirms)."""
     if state.fleet:  # every GPU where it is (0→alice 1→orch), the fleet's visits ended of planned
         where = " ".join(f"{d.gpu}→{'orch' if d.at == 'orchestrator' else d.at}" for d in state.devices())
-        return StatusSummary(screen=screen, status=state.status, run_id=None, where=where or "-",  # a run id per GPU
+        return StatusSummary(screen=screen, status=status or state.status, run_id=None, where=where or "-",  # a run id per GPU
                              epoch=state.epoch, visit=f"visits {state.visits_ended()}/{state.visits_planned or '?'}",
                              badges=badges, fleet=True)
     visit = ""
@@ -34,10 +36,10 @@ def summarise(state: RunState, screen: str, badges: tuple[str, ...]) -> StatusSu
         holder = fit(state.current_holder or "", 16)
         visit = f"visit {state.current_visit + 1}/{state.visits_planned or '?'} {holder}".rstrip()
     phase = state.current_phase
-    status = state.status
-    if state.paused_before:
-        status, phase = f"paused before {state.paused_before}", None
-    return StatusSummary(screen=screen, status=status, run_id=state.run_id, where=state.gpu_at, phase=phase,
+    shown = status or state.status
+    if state.paused_before and not status:
+        shown, phase = f"paused before {state.paused_before}", None
+    return StatusSummary(screen=screen, status=shown, run_id=state.run_id, where=state.gpu_at, phase=phase,
                          epoch=state.epoch, visit=visit, badges=badges)
 
 
@@ -73,12 +75,13 @@ class ConsoleScreen(Screen[None]):
     def on_resize(self) -> None:
         self.post_message(self.Shown())  # layouts that depend on the width (e.g. the holders table) redraw
 
-    def show(self, state: RunState, *, badges: tuple[str, ...] = (), context: dict[str, Any] | None = None) -> None:
+    def show(self, state: RunState, *, badges: tuple[str, ...] = (), context: dict[str, Any] | None = None,
+             status: str | None = None) -> None:
         """Attributes down: the app hands every screen the state to draw. An update that arrives while the
         screen is composing or tearing down (its widgets not there) is skipped: the screen asks for the
         state again when it is shown (``Shown``)."""
         try:
-            self.query_one(StatusBar).summary = summarise(state, self.SCREEN_NAME, badges)
+            self.query_one(StatusBar).summary = summarise(state, self.SCREEN_NAME, badges, status)
             self.query_one(OpsLog).lines = tuple(state.oplog)[-40:]
             self.show_state(state, context or {})
         except NoMatches:
