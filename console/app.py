@@ -45,6 +45,7 @@ from gputravel.console.options import (
 from gputravel.console.run_folder import clear_running, mark_running
 from gputravel.console.screens.base import ConsoleScreen
 from gputravel.console.screens.bench import BenchRunner, BenchScreen
+from gputravel.console.screens.confirm import ConfirmScreen
 from gputravel.console.screens.gpu import GpuScreen
 from gputravel.console.screens.help import HelpScreen
 from gputravel.console.screens.holders import HoldersScreen
@@ -221,6 +222,8 @@ class GpuTravelConsole(App[None]):
 
     # --- controls -------------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if isinstance(self.current_screen(), ConfirmScreen):  # a question is open: y or n, nothing else
+            return False
         replay = isinstance(self.bridge, ReplayBridge)
         if action in CONTROL_ACTIONS and self.readonly and not (replay and action in VIEW_ACTIONS):
             return False
@@ -281,8 +284,18 @@ class GpuTravelConsole(App[None]):
             self.notify(f"no run in progress (the last one {ended})" if self.bridge.state.ended
                         else "no run in progress", timeout=2)
             return
-        self.bridge.cancel()
-        self.notify("cancelling: the visit is aborted, the buffer scrubbed", timeout=3)
+        if isinstance(self.screen, ConfirmScreen):
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes and self.run_in_flight:
+                self.bridge.cancel()
+                self.notify("cancelling: the visit is aborted, the buffer scrubbed", timeout=3)
+            elif not yes:
+                self.notify("not cancelled: the run goes on", timeout=2)
+
+        self.push_screen(ConfirmScreen("Cancel the run?", "The visit is aborted, the buffer scrubbed, and the run "
+                                       "ends (it cannot be resumed)."), answered)
 
     def action_jump_visit(self, delta: int) -> None:
         if isinstance(self.bridge, ReplayBridge):

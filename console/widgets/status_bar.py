@@ -49,7 +49,13 @@ class StatusBar(Widget):
         s = self.summary
         if s is None:
             return Content("gputravel")
-        narrow = (self.content_size.width or 120) < 100  # 80 columns: the run id goes, the rest stays
+        width = self.content_size.width or 120
+        full = self._line(s, narrow=width < 100)  # 80 columns: the run id goes, the rest stays
+        if full.cell_length <= width:
+            return full
+        return self._line(s, narrow=True)  # wider, but the badges (FOLLOW, READ-ONLY) must still show
+
+    def _line(self, s: StatusSummary, *, narrow: bool) -> Content:
         status = s.status.upper()
         if narrow and status.startswith("PAUSED BEFORE "):
             status = "PAUSED@" + status.removeprefix("PAUSED BEFORE ")
