@@ -22,6 +22,7 @@ from gputravel.console.run_telemetry import interval_tracker
 from gputravel.console.view_model import RUN_EVENTS, TERMINAL_STATUSES, RunState
 from gputravel.core import events as ev
 from gputravel.core.errors import GpuTravelError
+from gputravel.core.ledger import read_rows
 from gputravel.core.recording import Player, RecordedItem, Recorder, Recording, load_recording
 from gputravel.core.session import Session
 from gputravel.core.telemetry import EmulatedSource, History, Sampler, TelemetryFrame
@@ -76,7 +77,34 @@ class Bridge:
         return batch
 
     def post_state(self, events: tuple[ev.Event, ...] = (), *, reset: bool = False) -> None:
+        if reset or any(e.kind in ("VisitFailed", "RunFailed") for e in events):
+            self.receipts_from_ledger()
         self.app.post_message(self.StateChanged(events, reset=reset))
+
+    def receipts_from_ledger(self) -> None:
+        """A failed or cancelled visit's scrub receipt as its ledger row has it (``visit-failed``,
+        ``visit-cancelled``: the abort scrubs the buffer and says whether it read back as zero; no event
+        carries that). The k-th failed attempt of a visit is the k-th such row of that visit."""
+        path = self.ledger_path
+        open_rows = [v for v in self.state.visits.values() if v.outcome in ("failed", "cancelled")
+                     and v.scrub_verified is None]
+        if path is None or not open_rows or self.state.fleet or not Path(path).is_file():
+            return
+        try:
+            rows = [r for r in read_rows(Path(path)) if r.kind in ("visit-failed", "visit-cancelled")]
+        except GpuTravelError:
+            return
+        by_visit: dict[int, list[Any]] = {}
+        for r in rows:
+            if isinstance(r.detail.get("visit"), int):
+                by_visit.setdefault(r.detail["visit"], []).append(r)
+        for visit in open_rows:
+            ended = [v for v in self.state.visits.values() if v.visit == visit.visit
+                     and v.outcome in ("failed", "cancelled")]
+            found = by_visit.get(visit.visit, [])
+            k = ended.index(visit)
+            if k < len(found) and isinstance(found[k].detail.get("scrub_verified"), bool):
+                visit.scrub_verified = found[k].detail["scrub_verified"]
 
     def notice(self, text: str, severity: str = "information") -> None:
         self.app.post_message(self.Notice(text, severity=severity))
@@ -228,6 +256,7 @@ class LiveBridge(Bridge):
                                         ending_code(error)),))
             if error is not None and not self.session.finished:
                 await asyncio.to_thread(self.session.close)  # a run that never started still stops its device
+            self.receipts_from_ledger()
             self.post_state()
 
     def _fresh_session(self) -> None:

@@ -139,7 +139,6 @@ class FleetBridge(ReplayBridge):
 
     @property
     def badges(self) -> tuple[str, ...]:
-        mode = "▶" if self.playing else "‖"
         fleet = f"FLEET ×{self.fleet.gpus}" + (" SIM" if self.state.sim else "")
         return fleet, self.position_badge()
 

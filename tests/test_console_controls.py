@@ -13,6 +13,7 @@ from gputravel.console.app import make_app
 from gputravel.console.screens.confirm import ConfirmScreen
 from gputravel.console.widgets.command_line import CommandLine, complete
 from gputravel.console.widgets.status_bar import StatusBar
+from gputravel.core.ledger import read_rows
 from tests.test_console import SIZE, data_root, factory_for, live, screen_text, until
 
 __all__ = ["data_root"]  # the module-scoped fixture, shared
@@ -82,3 +83,12 @@ async def test_cancel_and_pause_show_a_pending_state_until_the_engine_confirms(
         assert "CANCELLING..." in screen_text(app)
         await until(pilot, lambda: bridge.state.status == "cancelled" and not app.run_in_flight, what="cancelled")
         assert bridge.shown_status() is None and "CANCELLED" in screen_text(app)
+        # the cancelled visit's scrub receipt is its ledger row's (the abort scrubbed the buffer)
+        ledger = bridge.ledger_path
+        assert ledger is not None
+        row = next(r for r in read_rows(ledger) if r.kind == "visit-cancelled")
+        assert row.detail["visit"] == 0 and row.detail["scrub_verified"] is True
+        visit = bridge.state.visit(0)
+        assert visit is not None and visit.outcome == "cancelled" and visit.scrub_verified is True
+        line = next(t for t in screen_text(app).splitlines() if t.lstrip().startswith("1 "))
+        assert line.split()[-2:] == ["✓", "cancelled"], line  # the scr cell: ✓, not ·

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gputravel.console.app import GpuTravelConsole, make_app
 from gputravel.console.bridge import ReplayBridge
-from gputravel.core.recording import Recorder, RecordedItem, load_recording
+from gputravel.core.recording import RecordedItem, Recorder, load_recording
 from tests.test_console_snapshots import SIZE, screen_text, synthetic_run
 
 

@@ -50,17 +50,21 @@ class StatusBar(Widget):
         if s is None:
             return Content("gputravel")
         width = self.content_size.width or 120
-        full = self._line(s, narrow=width < 100)  # 80 columns: the run id goes, the rest stays
-        if full.cell_length <= width:
-            return full
-        return self._line(s, narrow=True)  # wider, but the badges (FOLLOW, READ-ONLY) must still show
+        # 80 columns: the run id goes, the rest stays; wider, what does not fit goes in the same order, so the
+        # badges (FOLLOW, READ-ONLY) always show
+        line = self._line(s, narrow=width < 100)
+        for narrow, run_id in ((False, False), (True, False)):
+            if line.cell_length <= width:
+                break
+            line = self._line(s, narrow=narrow, run_id=run_id)
+        return line
 
-    def _line(self, s: StatusSummary, *, narrow: bool) -> Content:
+    def _line(self, s: StatusSummary, *, narrow: bool, run_id: bool = True) -> Content:
         status = s.status.upper()
         if narrow and status.startswith("PAUSED BEFORE "):
             status = "PAUSED@" + status.removeprefix("PAUSED BEFORE ")
         parts = [f"[b]{esc(s.screen)}[/b]", f"[b $accent]{esc(status)}[/]"]
-        if s.run_id and not narrow:
+        if s.run_id and run_id and not narrow:
             parts.append(f"run {esc(s.run_id)}")
         if s.visit and not (narrow and s.fleet):  # a narrow fleet: its visits are on the travel screen
             parts.append(esc(" ".join(s.visit.split()[:2]) if narrow else s.visit))  # narrow: "visit 2/3"
