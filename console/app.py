@@ -183,7 +183,9 @@ class GpuTravelConsole(ConsoleCommands, App[None]):
             context = {"readonly": self.readonly, "ledger_path": self.bridge.ledger_path,
                        "frame": self.bridge.latest_frame, "history": self.bridge.history,
                        "last_devices": self.bridge.last_devices,
-                       "live_fleet": isinstance(self.bridge, FleetBridge) and self.bridge.follow}
+                       "live_fleet": isinstance(self.bridge, FleetBridge) and self.bridge.follow,
+                       "replay": isinstance(self.bridge, ReplayBridge),
+                       "follow": isinstance(self.bridge, ReplayBridge) and self.bridge.follow}
             screen.show(self.bridge.state, badges=self.badges, context=context, status=self.bridge.shown_status())
 
     def current_screen(self) -> Screen[Any] | None:
@@ -342,11 +344,13 @@ def make_app(*, engine_factory: Callable[[], Any] | None = None,
              replay: Recording | FleetRecording | Path | None = None,
              theme: str = "dark", readonly: bool = False, record: Path | bool = True, telemetry_interval: float = 1.0,
              sampler: Sampler | None = None, bench_runner: BenchRunner | None = None,
-             follow: bool = False, breakpoints: tuple[str, ...] = ()) -> GpuTravelConsole:
+             follow: bool = False, breakpoints: tuple[str, ...] = (), gpus: int = 0) -> GpuTravelConsole:
     """The app factory (tests pass a small engine factory or a recording). ``replay``: a recording, or a fleet
-    run folder (``gputravel run --gpus N --out DIR``: its ranks' recordings, merged)."""
+    run folder (``gputravel run --gpus N --out DIR``: its ranks' recordings, merged); ``gpus``: the fleet being
+    started there (followed before its ranks have written anything)."""
     if isinstance(replay, Path):
-        replay = FleetRecording(replay, follow=follow) if is_fleet_folder(replay) else load_recording(replay)
+        fleet = is_fleet_folder(replay) or (gpus > 1 and follow and replay.is_dir())
+        replay = FleetRecording(replay, follow=follow, gpus=gpus) if fleet else load_recording(replay)
     return GpuTravelConsole(engine_factory=engine_factory, replay=replay, theme=theme, readonly=readonly,
                             record=record, telemetry_interval=telemetry_interval, sampler=sampler,
                             bench_runner=bench_runner, follow=follow, breakpoints=breakpoints)

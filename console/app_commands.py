@@ -132,7 +132,9 @@ class ConsoleCommands:
             self.notify("jump VISIT (1-based), jump start or jump end", severity="error")
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
-        yield from super().get_system_commands(screen)
+        # Textual's own "Theme" offers every theme it knows; the console's ("Theme: NAME") only those --theme
+        # and :theme accept
+        yield from (c for c in super().get_system_commands(screen) if c.title != "Theme")  # type: ignore[misc]
         if not self.readonly:
             yield SystemCommand("Run", "Start the run (or resume it)", self.action_run)
             yield SystemCommand("Step one phase", "Run exactly one protocol phase, then pause", self.action_step)

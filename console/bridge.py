@@ -452,7 +452,9 @@ class ReplayBridge(Bridge):
             return self.meta_status
         if status == "paused" and self.end_state.paused_before:
             return f"paused before {self.end_state.paused_before}"
-        return str(status) if status not in ("idle",) else None
+        if status == "idle" and self.follow:
+            return "starting"  # following a run that has not written its first run event yet
+        return str(status) if status != "idle" else None
 
     def _apply(self, items: Iterable[RecordedItem]) -> tuple[ev.Event, ...]:
         events: list[ev.Event] = []

@@ -8,7 +8,6 @@ fleet; ``--replay <out>/rank-R/recording.db`` one GPU's alone.
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +17,7 @@ from gputravel.core.config import RunSettings
 from gputravel.core.errors import DeviceError, GpuTravelError
 
 
-def watch_fleet(settings: RunSettings, *, gpus: int, make_app: Any, theme: str,
-                wait_s: float = 120.0) -> None:
+def watch_fleet(settings: RunSettings, *, gpus: int, make_app: Any, theme: str) -> None:
     """Start the fleet in the background, follow its GPUs until the screen closes, then wait for the fleet."""
     from gputravel.core.fleet.rank import FleetOptions
     from gputravel.core.fleet.run import launch_fleet
@@ -33,15 +31,21 @@ def watch_fleet(settings: RunSettings, *, gpus: int, make_app: Any, theme: str,
             outcome["error"] = exc
 
     thread = threading.Thread(target=run, name="fleet", daemon=True)
-    thread.start()
     out = Path(settings.out_dir)
-    recording = out / "rank-0" / "recording.db"
-    deadline = time.monotonic() + wait_s
-    while not recording.exists() and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if recording.exists():
-        time.sleep(0.5)  # its meta is written with the file (a rank not there yet is picked up when it is)
-        make_app(replay=out, theme=theme, readonly=True, follow=True).run()
+    out.mkdir(parents=True, exist_ok=True)
+    # the screen opens at once (STARTING, the fleet's N GPUs at the orchestrator); each rank's recording is
+    # read when it appears, as a follow picks up any rank that starts late
+    app = make_app(replay=out, theme=theme, readonly=True, follow=True, gpus=gpus)
+
+    def tell_the_screen() -> None:
+        thread.join()
+        if "error" in outcome and app.is_running:
+            app.call_from_thread(app.notify, f"the fleet failed: {outcome['error']}", severity="error",
+                                 timeout=30, markup=False)
+
+    thread.start()
+    threading.Thread(target=tell_the_screen, name="fleet-watch", daemon=True).start()
+    app.run()
     typer.echo(f"the fleet of {gpus} GPUs goes on headless until it ends; report: {settings.out_dir}/report.json",
                err=True)
     thread.join()

@@ -57,11 +57,12 @@ class FleetRecording:
     when it is (else such a folder is refused with :class:`RecordingError`).
     """
 
-    def __init__(self, out: Path, *, follow: bool = False) -> None:
+    def __init__(self, out: Path, *, follow: bool = False, gpus: int = 0) -> None:
         self.path = Path(out)
         if not self.path.is_dir():
             raise RecordingError(f"{self.path}: no such fleet run folder")
         self.follow = follow
+        self.expected_gpus = gpus  # a fleet being started: its size before any rank has written
         self.last_seq: dict[int, int] = {}
         self.metas: dict[int, dict[str, Any]] = {}
         self.items: tuple[FleetItem, ...] = self.more()
@@ -78,7 +79,7 @@ class FleetRecording:
         try:
             return int(json.loads((self.path / "fleet.json").read_text())["fleet"]["gpus"])
         except (OSError, ValueError, KeyError, TypeError):
-            return len(self.rank_files())
+            return max(self.expected_gpus, len(self.rank_files()))
 
     def rank_files(self) -> dict[int, Path]:
         """``rank -> <out>/rank-R/recording.db`` for the ranks that have one, in rank order."""

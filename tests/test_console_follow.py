@@ -107,3 +107,40 @@ async def test_readonly_replay_footer_offers_only_keys_that_work(tmp_path: Path)
         app.execute_command("cancel")
         await pilot.pause()
         assert any("read-only" in n.message or "no run to cancel" in n.message for n in app._notifications)
+
+
+async def test_a_fleet_being_started_shows_its_gpus_before_any_rank_has_written(tmp_path: Path) -> None:
+    out = tmp_path / "fleet"
+    out.mkdir()
+    app = make_app(replay=out, readonly=True, follow=True, gpus=2)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        text = screen_text(app)
+        assert "STARTING" in text.splitlines()[0] and "FLEET ×2" in text
+        assert "◆0" in text and "◆1" in text  # both GPUs on the route, at the orchestrator
+
+
+def test_watch_fleet_opens_the_screen_before_the_fleet_writes_anything(tmp_path: Path, monkeypatch) -> None:
+    import threading
+
+    from gputravel.console.fleet_console import watch_fleet
+    from gputravel.core.config import RunSettings
+
+    gate = threading.Event()
+    monkeypatch.setattr("gputravel.core.fleet.run.launch_fleet",
+                        lambda settings, options, quiet: gate.wait(5) and {"fleet": {}})
+    opened: list[dict[str, object]] = []
+
+    class _App:
+        is_running = False
+
+        def __init__(self, **kw: object) -> None:
+            opened.append(kw)
+
+        def run(self) -> None:
+            opened.append({"ranks": sorted(p.name for p in (tmp_path / "f").glob("rank-*"))})
+            gate.set()
+
+    watch_fleet(RunSettings(out_dir=tmp_path / "f"), gpus=2, make_app=_App, theme="dark")
+    assert opened[0]["gpus"] == 2 and opened[0]["follow"] is True and opened[0]["readonly"] is True
+    assert opened[1] == {"ranks": []}  # the screen was up before the fleet had started a rank

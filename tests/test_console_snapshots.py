@@ -288,6 +288,8 @@ async def test_small_terminal_80x24_renders_the_compact_layout_as_the_snapshot(r
         text = screen_text(app, mask={str(recording.parent): "<tmp>"})
         lines = text.splitlines()
         assert len(lines) == 24 and all(len(line) <= 80 for line in lines)
+        assert "? Help" in lines[-1] and "q Quit" in lines[-1]  # the footer drops other keys first
+        assert "REPLAY ‖ 71/71" in lines[0]  # the status bar's badges are never cut
         if screen == "travel":  # the timeline is on screen, every visit, and no detail line is broken in two
             assert sum(1 for line in lines if line.lstrip().startswith(("1 ", "2 ", "3 "))) == 3
             assert "devic\n" not in text
@@ -318,3 +320,20 @@ async def test_a_replayed_failed_run_ends_failed_not_running(tmp_path: Path) -> 
         assert state.visit(0) is not None and state.visit(0).outcome == "failed"  # type: ignore[union-attr]
         text = screen_text(app)
         assert "FAILED" in text and "run failed (device)" in text and "RUNNING" not in text
+
+
+async def test_help_at_80x24_wraps_a_long_line_under_its_description_not_to_column_0(recording: Path) -> None:
+    app = make_app(replay=load_recording(recording))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("question_mark")
+        await settle(pilot, app)
+        app.screen.query_one("#help-box").scroll_to(y=12, animate=False)
+        await settle(pilot, app)
+        lines = screen_text(app).splitlines()
+        first = next(i for i, line in enumerate(lines) if "f12" in line)
+        key_col = lines[first].index("f12")
+        text_col = lines[first].index("save")
+        assert text_col > key_col + 3
+        more = lines[first + 1]  # the description's second line starts under its first, not under the key
+        assert more[key_col:text_col].strip() == "" and more[text_col:text_col + 1].strip(), (lines[first], more)
+        check_snapshot("help-80x24", "\n".join(lines) + "\n")

@@ -13,10 +13,10 @@ from textual.css.query import NoMatches
 from textual.message import Message
 from textual.screen import Screen
 from textual.widget import Widget
-from textual.widgets import Footer
 
 from gputravel.console.view_model import RunState
 from gputravel.console.widgets.command_line import CommandLine
+from gputravel.console.widgets.footer import ConsoleFooter
 from gputravel.console.widgets.ops_log import OpsLog
 from gputravel.console.widgets.status_bar import StatusBar, StatusSummary
 from gputravel.console.widgets.table_filter import TableFilter
@@ -33,7 +33,7 @@ def summarise(state: RunState, screen: str, badges: tuple[str, ...], status: str
                              badges=badges, fleet=True)
     visit = ""
     if state.current_visit is not None:
-        holder = fit(state.current_holder or "", 16)
+        holder = fit(state.current_holder or "", 28)  # the status bar drops what does not fit, by width
         visit = f"visit {state.current_visit + 1}/{state.visits_planned or '?'} {holder}".rstrip()
     phase = state.current_phase
     shown = status or state.status
@@ -41,6 +41,17 @@ def summarise(state: RunState, screen: str, badges: tuple[str, ...], status: str
         shown, phase = f"paused before {state.paused_before}", None
     return StatusSummary(screen=screen, status=shown, run_id=state.run_id, where=state.gpu_at, phase=phase,
                          epoch=state.epoch, visit=visit, badges=badges)
+
+
+def hint_for(context: dict[str, Any]) -> str:
+    """The keys the empty log suggests: only those that work here."""
+    if context.get("follow"):
+        return "the run has not written any yet (p pauses the view, end follows again)"
+    if context.get("replay"):
+        return "[b]p[/b] plays, [b]space[/b] steps one phase"
+    if context.get("readonly"):
+        return "read-only: the run is steered elsewhere"
+    return "[b]r[/b] runs, [b]space[/b] steps one phase"
 
 
 class ConsoleScreen(Screen[None]):
@@ -64,7 +75,7 @@ class ConsoleScreen(Screen[None]):
             yield from self.compose_body()
         yield OpsLog(id="ops-log")
         yield CommandLine(id="command-line")
-        yield Footer()
+        yield ConsoleFooter()
 
     def compose_body(self) -> Iterable[Widget]:
         return ()
@@ -82,7 +93,9 @@ class ConsoleScreen(Screen[None]):
         state again when it is shown (``Shown``)."""
         try:
             self.query_one(StatusBar).summary = summarise(state, self.SCREEN_NAME, badges, status)
-            self.query_one(OpsLog).lines = tuple(state.oplog)[-40:]
+            log = self.query_one(OpsLog)
+            log.hint = hint_for(context or {})
+            log.lines = tuple(state.oplog)[-40:]
             self.show_state(state, context or {})
         except NoMatches:
             pass

@@ -50,7 +50,8 @@ class TravelScreen(ConsoleScreen):
         self.query_one(PhaseTimeline).view = TimelineView(
             visits=visits, planned=state.visits_planned, paused_before=state.paused_before,
             breakpoints=frozenset(state.breakpoints))
-        self.query_one("#visit-detail", Static).update(self._detail(state, context))
+        wide = self.app.size.width >= 150  # the detail panel has room for a whole holder name
+        self.query_one("#visit-detail", Static).update(self._detail(state, {**context, "name_w": 28 if wide else 14}))
 
     @staticmethod
     def _detail(state: RunState, context: dict[str, Any]) -> str:
@@ -65,24 +66,27 @@ class TravelScreen(ConsoleScreen):
                  f"{receipt(state.attested)}{'  [$warning]SIM[/]' if state.sim else ''}",
                  f"[b]epoch[/b] {state.epoch}  [b]key[/b] {_key(state, current)}"]
         if current is not None and current.outcome == "running":
-            lines.append(f"[b]now[/b] #{current.visit + 1} → {esc(fit(current.holder, 14))} · "
+            lines.append(f"[b]now[/b] #{current.visit + 1} → {esc(fit(current.holder, context.get('name_w', 14)))} · "
                          f"{esc(state.current_phase or 'between phases')}")
-        if state.paused_before:
+        if context.get("replay"):  # a recording: only the view moves (no b, no c)
+            lines.append(f"[$text-muted]{'end: live · p follow' if context.get('follow') else 'p play'}"
+                         " · space one phase · [ ] visits[/]")
+        elif state.paused_before:
             lines.append(f"[b $warning]paused before {esc(state.paused_before)}[/] ({esc(state.pause_reason or 'step')})"
-                         " · space · p")
+                         + ("" if context.get("readonly") else " · space · p"))
         elif state.status in ("idle", "completed", "failed", "cancelled") and not context.get("readonly"):
             lines.append("[$text-muted]r run · space one phase · b break@HANDOFF[/]")
         bps = ", ".join(sorted(state.breakpoints)) or "none"
         lines.append(f"[b]breakpoints[/b] {esc(bps)}")
-        lines.extend(_receipts_and_error(state, last))
+        lines.extend(_receipts_and_error(state, last, context.get("name_w", 14) - 2))
         return "\n".join(lines)
 
 
-def _receipts_and_error(state: RunState, last: Any) -> list[str]:
+def _receipts_and_error(state: RunState, last: Any, name_w: int = 12) -> list[str]:
     """The last ended visit's receipts and the run's error, if any (a single run's panel and a fleet's)."""
     lines = []
     if last is not None:
-        lines.append(f"[b]receipts[/b] #{last.visit + 1} {esc(fit(last.holder, 12))}: integrity "
+        lines.append(f"[b]receipts[/b] #{last.visit + 1} {esc(fit(last.holder, name_w))}: integrity "
                      f"{receipt(last.integrity_ok)} scrub {receipt(last.scrub_verified)}")
     if state.error:
         token = "$warning" if state.status == "cancelled" else "$error"

@@ -76,7 +76,11 @@ class StatusBar(Widget):
             else:
                 parts.append(f"GPUs ◆ [b]{esc(s.where)}[/b]")
         else:
-            parts.append(f"GPU ◆ [b]{esc(fit(s.where, 14) if narrow else s.where)}[/b]")
+            if narrow:  # "◆ orch": the GPU's marker says what "GPU" did
+                where = "orch" if s.where == "orchestrator" else fit(s.where, 14)
+                parts.append(f"◆ [b]{esc(where)}[/b]")
+            else:
+                parts.append(f"GPU ◆ [b]{esc(s.where)}[/b]")
         if s.phase:
             parts.append(f"[b]{esc(s.phase)}[/b]" if narrow else f"phase [b]{esc(s.phase)}[/b]")
         if not s.fleet:
