@@ -144,3 +144,18 @@ def test_watch_fleet_opens_the_screen_before_the_fleet_writes_anything(tmp_path:
     watch_fleet(RunSettings(out_dir=tmp_path / "f"), gpus=2, make_app=_App, theme="dark")
     assert opened[0]["gpus"] == 2 and opened[0]["follow"] is True and opened[0]["readonly"] is True
     assert opened[1] == {"ranks": []}  # the screen was up before the fleet had started a rank
+
+
+async def test_a_fleet_summary_at_80_columns_shows_every_gpu_line_whole(tmp_path: Path) -> None:
+    for rank in (0, 1):
+        (tmp_path / f"rank-{rank}").mkdir()
+        synthetic_run(tmp_path / f"rank-{rank}" / "recording.db")
+    app = make_app(replay=tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("end")
+        await pilot.pause()
+        panel = [line.split("│", 1)[1] for line in screen_text(app).splitlines()[1:6] if "│" in line]
+        gpu_lines = [line for line in panel if line.strip().startswith("GPU")]
+        assert len(gpu_lines) == 2 and all("…" not in line and "✓" in line for line in gpu_lines), panel
+        receipts = next(line for line in panel if "receipts" in line)
+        assert "scr" in receipts and not receipts.rstrip().endswith("…"), panel
