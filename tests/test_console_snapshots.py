@@ -152,7 +152,9 @@ async def settle(pilot: object, app: GpuTravelConsole) -> None:
     await pilot.pause()  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("screen", ["travel", "holders", "training", "gpu", "bench", "ledger", "help"])
+# ids "<name>-screen": a bare "gpu" id is a keyword conftest reads as @pytest.mark.gpu (needs CUDA) and skips
+@pytest.mark.parametrize("screen", ["travel", "holders", "training", "gpu", "bench", "ledger", "help"],
+                         ids=lambda s: f"{s}-screen")
 async def test_screen_renders_the_recorded_run_as_the_snapshot(recording: Path, screen: str) -> None:
     app = make_app(replay=load_recording(recording))
     async with app.run_test(size=SIZE) as pilot:
@@ -278,7 +280,7 @@ async def test_ledger_screen_names_the_row_that_breaks_the_chain(tmp_path: Path)
         assert "BROKEN at row 5" in text and "row 5 breaks the chain" in text
 
 
-@pytest.mark.parametrize("screen", ["travel", "holders", "gpu"])
+@pytest.mark.parametrize("screen", ["travel", "holders", "gpu"], ids=lambda s: f"{s}-screen")
 async def test_small_terminal_80x24_renders_the_compact_layout_as_the_snapshot(recording: Path, screen: str) -> None:
     app = make_app(replay=load_recording(recording))
     async with app.run_test(size=(80, 24)) as pilot:
