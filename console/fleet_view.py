@@ -126,6 +126,7 @@ class FleetBridge(ReplayBridge):
                  sampler: Sampler | None = None) -> None:
         self.fleet = fleet  # before the replay's init: its states are a fleet's
         super().__init__(app, fleet.recording(), speed=speed, follow=follow)
+        self.state = self.new_state()
         #: NVML while following a running fleet (its devices' own counters come from the ranks' recordings)
         self.sampler = sampler
         self.rank_frames: dict[int, TelemetryFrame] = {}  # each GPU's newest recorded frame, its SIM as sim-R

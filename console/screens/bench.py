@@ -211,7 +211,8 @@ class BenchScreen(ConsoleScreen):
         table.clear(columns=True)
         for i, col in enumerate(view.columns):
             width = max([len(col), *(r[i].cell_len for r in view.rows if i < len(r))])  # all rows, kept or not
-            table.add_column(col, key=f"c{i}", width=width)
+            justify = view.justify[i] if i < len(view.justify) else "left"
+            table.add_column(Text(col, justify=justify), key=f"c{i}", width=width)  # type: ignore[arg-type]
         for r in rows:
             table.add_row(*r)
         self.query_one("#bench-notes", Static).update(Group(*view.notes) if view.notes else "")

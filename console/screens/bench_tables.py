@@ -77,10 +77,11 @@ def cli_renderables(name: str, result: Any) -> list[RenderableType]:
     return console.items
 
 
-def cell_text(cell: Any) -> Text:
-    if isinstance(cell, Text):
-        return cell
-    return Text.from_markup(cell) if isinstance(cell, str) else Text(str(cell))
+def cell_text(cell: Any, justify: Any = "left") -> Text:
+    text = cell.copy() if isinstance(cell, Text) else (Text.from_markup(cell) if isinstance(cell, str)
+                                                       else Text(str(cell)))
+    text.justify = justify
+    return text
 
 
 @dataclass
@@ -90,6 +91,7 @@ class BenchView:
     title: str = ""
     columns: list[str] = field(default_factory=list)
     rows: list[list[Text]] = field(default_factory=list)
+    justify: list[str] = field(default_factory=list)  # per column, as the CLI aligns it
     notes: list[RenderableType] = field(default_factory=list)
     bars: tuple[tuple[str, float], ...] = ()
     unit: str = ""
@@ -103,7 +105,9 @@ def bench_view(name: str, result: Any) -> BenchView | None:
         return None
     view = BenchView(title=str(table.title or ""), columns=[str(c.header) for c in table.columns])
     columns = [list(c.cells) for c in table.columns]
-    view.rows = [[cell_text(col[i]) for col in columns] for i in range(table.row_count)]
+    justify = [str(c.justify) for c in table.columns]  # figures right-aligned, as the CLI prints them
+    view.justify = justify
+    view.rows = [[cell_text(col[i], j) for col, j in zip(columns, justify, strict=True)] for i in range(table.row_count)]
     view.notes = [i for i in items if i is not table]
     headline = HEADLINES.get(name)
     if headline is not None:
