@@ -112,6 +112,8 @@ class GpuTravelConsole(ConsoleCommands, App[None]):
             self.bridge = LiveBridge(self, engine_factory=engine_factory, sampler=sampler,  # type: ignore[arg-type]
                                      record=record)
         self.run_worker_handle: Worker[Any] | None = None
+        #: called once the first screen is drawn (``--gpus N`` starts its fleet then)
+        self.when_ready: Callable[[], None] | None = None
         if isinstance(self.bridge, LiveBridge):  # --break-before: shown before the run starts, applied when built
             for phase in breakpoints:
                 self.bridge.toggle_breakpoint(Phase(phase), post=False)
@@ -133,6 +135,8 @@ class GpuTravelConsole(ConsoleCommands, App[None]):
                 if isinstance(self.bridge, FleetBridge):
                     self.poll_telemetry()
         self.render_state()
+        if self.when_ready is not None:
+            self.call_after_refresh(self.when_ready)
 
     async def on_unmount(self) -> None:
         import asyncio

@@ -19,12 +19,13 @@ from gputravel.core.errors import DeviceError, GpuTravelError
 
 def watch_fleet(settings: RunSettings, *, gpus: int, make_app: Any, theme: str) -> None:
     """Start the fleet in the background, follow its GPUs until the screen closes, then wait for the fleet."""
-    from gputravel.core.fleet.rank import FleetOptions
-    from gputravel.core.fleet.run import launch_fleet
-
     outcome: dict[str, Any] = {}
 
     def run() -> None:
+        # imported here, in the fleet's thread: it brings torch (seconds), the screen is up meanwhile
+        from gputravel.core.fleet.rank import FleetOptions
+        from gputravel.core.fleet.run import launch_fleet
+
         try:
             outcome["report"] = launch_fleet(settings, FleetOptions(gpus=gpus), quiet=True)
         except GpuTravelError as exc:
@@ -43,9 +44,20 @@ def watch_fleet(settings: RunSettings, *, gpus: int, make_app: Any, theme: str) 
             app.call_from_thread(app.notify, f"the fleet failed: {outcome['error']}", severity="error",
                                  timeout=30, markup=False)
 
-    thread.start()
-    threading.Thread(target=tell_the_screen, name="fleet-watch", daemon=True).start()
+    started = threading.Event()
+
+    def start_fleet() -> None:
+        if not started.is_set():
+            started.set()
+            thread.start()
+            threading.Thread(target=tell_the_screen, name="fleet-watch", daemon=True).start()
+
+    if hasattr(app, "when_ready"):  # once the first screen is drawn: torchrun's start (and torch's import in
+        app.when_ready = start_fleet  # this process) would hold the screen back otherwise
+    else:
+        start_fleet()
     app.run()
+    start_fleet()  # a screen closed before it was drawn: the fleet still runs, headless
     typer.echo(f"the fleet of {gpus} GPUs goes on headless until it ends; report: {settings.out_dir}/report.json",
                err=True)
     thread.join()

@@ -110,7 +110,7 @@ class CommandLine(Input):
         self.value = ""
         self.can_focus = True
         self.add_class("-open")
-        self.focus()
+        self.screen.set_focus(self)  # at once (focus() waits a tick): keys typed right after ':' land here
 
     def action_close(self) -> None:
         self.can_focus = False
