@@ -35,7 +35,7 @@ class HelpScreen(ModalScreen[None]):
         for k, d in self.keys:
             keys.add_row(k, d)
         commands = Table.grid(padding=(0, 1))
-        commands.add_column(no_wrap=True, style="bold")
+        commands.add_column(style="bold", max_width=22)  # the long one (the six screens) wraps in its column
         commands.add_column(ratio=1)
         for c, d in COMMANDS.items():
             commands.add_row(f":{c}", d)

@@ -105,7 +105,7 @@ def _fleet_detail(state: RunState, context: dict[str, Any]) -> str:
     lines = [f"[b]fleet[/b] {len(devices)}/{state.fleet_size or len(devices)} GPUs  [b]{esc(state.status)}[/b]  "
              f"{state.visits_ended()}/{state.visits_planned or '?'} visits"
              + ("  [$warning]SIM[/]" if state.sim else "")]
-    narrow = bool(context.get("narrow"))
+    narrow = bool(context.get("narrow")) or context.get("name_w", 14) < 28  # the long form wraps below 150
     for d in devices:
         lines.append(_device_line(d, narrow=narrow))
     if context.get("readonly") and not narrow:  # narrow: the status bar says READ-ONLY
