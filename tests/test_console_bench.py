@@ -99,3 +99,14 @@ async def test_a_kept_filter_never_cuts_a_cell(tmp_path: Path) -> None:
         await pilot.pause()
         text = screen_text(app)
         assert "53057940" in text and app.screen.query_one("#bench-table").row_count == 1, text
+
+
+def test_every_bench_has_its_cli_table_renderer_and_a_headline() -> None:
+    import importlib
+
+    from gputravel.console.screens.bench_tables import HEADLINES, RENDERERS
+
+    for name, _ in BENCHES:
+        module, func, _first = RENDERERS[name]
+        assert callable(getattr(importlib.import_module(f"gputravel.console.commands.{module}"), func)), name
+        assert name in HEADLINES
