@@ -52,16 +52,20 @@ async def run_bench_subprocess(name: str, on_line: Callable[[str], None]) -> Any
     (drawn to the pipe as to a terminal: ``TTY_COMPATIBLE``, ``TTY_INTERACTIVE``) as progress lines, stdout
     parsed as JSON."""
     env = {**os.environ, "TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1", "COLUMNS": "100"}
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "gputravel.console.cli", "bench", name,
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "gputravel.console.cli", "bench",
+                                                name.replace("_", "-"),  # gpu_aes is `bench gpu-aes`
                                                 *BENCH_ARGS.get(name, ()), "--json", env=env,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
+
+    seen: list[str] = []
 
     async def progress() -> None:
         assert proc.stderr is not None
         while chunk := await proc.stderr.read(4096):
             line = progress_line(chunk.decode(errors="replace"))
             if line:
+                seen.append(line)
                 on_line(line)
 
     reader = asyncio.create_task(progress())
@@ -73,8 +77,12 @@ async def run_bench_subprocess(name: str, on_line: Callable[[str], None]) -> Any
         raise
     finally:
         await asyncio.gather(reader, return_exceptions=True)
-    if code != 0:
-        raise RuntimeError(f"gputravel bench {name} exited {code}")
+    if code != 0:  # the CLI's own error (its JSON error object on stdout, else its last stderr line)
+        try:
+            reason = json.loads(out.decode())["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            reason = seen[-1] if seen else ""
+        raise RuntimeError(f"gputravel bench {name} exited {code}" + (f": {reason}" if reason else ""))
     return json.loads(out.decode() or "null")
 
 
