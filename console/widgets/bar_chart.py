@@ -32,7 +32,7 @@ class BarChart(Widget):
 
     def render(self) -> RenderResult:
         if not self.bars:
-            return Content.from_markup("[$text-muted]no results yet[/]")
+            return Content.from_markup("[$text-muted]nothing to chart yet[/]")
         label_w = min(28, max(len(label) for label, _ in self.bars))
         width = max(10, (self.content_size.width or 60) - label_w - 13)
         top = max((v for _, v in self.bars), default=0.0) or 1.0
