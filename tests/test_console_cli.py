@@ -155,7 +155,7 @@ def test_bench_screen_launches_the_small_travel_study(monkeypatch: pytest.Monkey
     asyncio.run(bench_screen.run_bench_subprocess("provision", lambda line: None))
     travel, provision = launched
     assert travel[-4:] == ("travel", "--buffer-mib", "4,20", "--json")
-    assert provision[-2:] == ("provision", "--json")
+    assert provision[-6:] == ("provision", "--size-mib", "16", "--repeats", "2", "--json")  # small, to watch
 
 
 # --- conventions an operator expects --------------------------------------------------------------------------
