@@ -73,7 +73,15 @@ class Bridge:
         for event in batch:
             self.state.apply(event)
             self.tracker(event)
+        self.toast(batch)
         return batch
+
+    def toast(self, batch: tuple[ev.Event, ...]) -> None:
+        """Events that deserve a toast as well as a log line: a loss spike."""
+        for e in batch:
+            if isinstance(e, ev.LossSpiked):
+                self.notice(f"loss spike: visit {e.visit + 1} {e.holder}, step {e.run_step}: {e.loss:.3f} > "
+                            f"{e.factor:g} x running mean {e.mean:.3f}", "warning")
 
     def post_state(self, events: tuple[ev.Event, ...] = (), *, reset: bool = False) -> None:
         self.app.post_message(self.StateChanged(events, reset=reset))
@@ -238,6 +246,7 @@ class LiveBridge(Bridge):
         batch = tuple(events)
         for event in batch:
             self.state.apply(event)
+        self.toast(batch)
         return batch
 
     def _drain(self, queue: asyncio.Queue[ev.Event]) -> None:
@@ -314,7 +323,7 @@ class LiveBridge(Bridge):
             self.post_state()
             return "resumed"
         self.session.pause()
-        return "pausing before the next phase"
+        return "pausing: after the current training step, else before the next phase"
 
     def resume(self) -> None:
         self.session.resume()

@@ -16,6 +16,7 @@ from textual.widget import Widget
 from textual.widgets import Footer
 
 from gputravel.console.view_model import RunState
+from gputravel.console.view_training import pending_label
 from gputravel.console.widgets.command_line import CommandLine
 from gputravel.console.widgets.ops_log import OpsLog
 from gputravel.console.widgets.status_bar import StatusBar, StatusSummary
@@ -37,6 +38,10 @@ def summarise(state: RunState, screen: str, badges: tuple[str, ...]) -> StatusSu
     status = state.status
     if state.paused_before:
         status, phase = f"paused before {state.paused_before}", None
+    if state.current_phase == "TRAIN" and state.train_progress:  # steps arrive while TRAIN runs
+        train = "TRAIN {}/{}".format(*state.train_progress)
+        status, phase = (f"paused in {train}", None) if state.paused_before else (status, train)
+    status = pending_label(state.pending) or status if not state.ended else status  # CANCELLING... / PAUSING...
     return StatusSummary(screen=screen, status=status, run_id=state.run_id, where=state.gpu_at, phase=phase,
                          epoch=state.epoch, visit=visit, badges=badges)
 

@@ -42,10 +42,11 @@ class SpikeWatch:
     """Flags a loss above ``factor`` times the running mean of the losses before it.
 
     The running mean is exponential (``alpha`` per step, about the last 20 steps) and is watched only
-    after ``warmup`` steps; a spike enters the mean like any loss, so a lasting level shift is flagged once.
+    after ``warmup`` steps. A spike enters the mean like any loss; the steps after it that stay above the line
+    belong to the same episode and are not flagged again (a blow-up is one flag, not one per step).
     """
 
-    __slots__ = ("alpha", "factor", "mean", "seen", "warmup")
+    __slots__ = ("alpha", "factor", "in_spike", "mean", "seen", "warmup")
 
     def __init__(self, *, factor: float = 1.75, alpha: float = 0.1, warmup: int = 5) -> None:
         if factor <= 1 or not 0 < alpha <= 1 or warmup < 1:
@@ -53,11 +54,13 @@ class SpikeWatch:
         self.factor, self.alpha, self.warmup = factor, alpha, warmup
         self.mean = 0.0
         self.seen = 0
+        self.in_spike = False
 
     def feed(self, loss: float) -> float | None:
         """Take one step's loss; the running mean before it when it is a spike, else None."""
         before = self.mean
-        spiked = self.seen >= self.warmup and before > 0 and loss > self.factor * before
+        above = self.seen >= self.warmup and before > 0 and loss > self.factor * before
+        spiked, self.in_spike = above and not self.in_spike, above
         self.seen += 1
         self.mean = loss if self.seen == 1 else before + self.alpha * (loss - before)
         return before if spiked else None
