@@ -238,3 +238,47 @@ def test_cli_flags_a_learning_rate_blow_up_in_its_output_and_recording(data_root
     spikes = [e for e in recorded if isinstance(e, ev.LossSpiked)]
     assert len(spikes) >= 1 and all(s.loss > s.factor * s.mean for s in spikes)
     assert Counter(type(e).__name__ for e in recorded)["TrainingStepped"] == 2
+
+
+# --- the console: steps as they come -------------------------------------------------------------
+def _screen_text(app: Any, size: tuple[int, int]) -> str:
+    import io
+
+    from rich.console import Console
+
+    console = Console(width=size[0], height=size[1], file=io.StringIO(), record=True, color_system=None)
+    console.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
+    return str(console.export_text())
+
+
+@pytest.mark.parametrize("size", [(120, 40), (80, 24)])
+async def test_training_screen_shows_steps_spikes_and_the_pending_cancel_during_train(tmp_path: Path,
+                                                                                      size: tuple[int, int]) -> None:
+    from gputravel.console.app import make_app
+    from gputravel.console.screens.training import TrainingScreen
+    from gputravel.core.recording import Recorder
+
+    rec = Recorder(tmp_path / "recording.db", meta={"settings": {"holders": 1}})
+    t = 1000.0
+    for event in (ev.RunStarted(t, "r1", {"kind": "emulated"}, ("alice",), 1),
+                  ev.PhaseStarted(t + 1, 0, "alice", "TRAIN", 1),
+                  ev.TrainingProgressed(t + 2, 0, "alice", 3, 8, 4.5, 1234.0, 3, (5.5, 5.0, 4.5)),
+                  ev.LossSpiked(t + 3, 0, "alice", 5, 12.0, 4.4, 1.75),
+                  ev.TrainingProgressed(t + 3, 0, "alice", 5, 8, 12.0, 1200.0, 5, (4.3, 12.0)),
+                  ev.ControlRequested(t + 4, "cancel", "TRAIN")):
+        rec(event)
+    rec.close()
+    app = make_app(replay=load_recording(tmp_path / "recording.db"))
+    async with app.run_test(size=size) as pilot:
+        await pilot.press("3", "end")
+        for _ in range(200):
+            if isinstance(app.screen, TrainingScreen) and app.bridge.state.pending == "cancel":
+                break
+            await pilot.pause(0.05)
+        await pilot.pause()
+        state = app.bridge.state
+        assert state.loss == [(1, 5.5), (2, 5.0), (3, 4.5), (4, 4.3), (5, 12.0)]
+        assert state.train_progress == (5, 8) and state.spikes == [(5, 12.0, 4.4)]
+        text = _screen_text(app, size)
+    assert "no training steps yet" not in text
+    assert "step 5/8" in text and "CANCELLING..." in text and "loss spikes: 1" in text
