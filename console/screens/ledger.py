@@ -126,8 +126,14 @@ class LedgerScreen(ConsoleScreen):
         bad = self.result is not None and self.result.first_bad_seq == seq
         head = f"[b $error]row {seq} breaks the chain[/]\n" if bad else ""
         self.query_one("#ledger-detail", Static).update(
-            head + f"[b]row {seq}[/b] prev {esc(row.prev_hash[:16])} → hash {esc(row.hash[:16])}\n"
+            head + f"[b]row {seq}[/b] prev {esc(row.prev_hash[:16])} → hash {esc(row.hash[:16])}{_visit_note(row)}\n"
             + esc(json.dumps(row.detail, sort_keys=True))[:400])
+
+
+def _visit_note(row: LedgerRow) -> str:
+    """People count visits from 1 (``visit 1`` is the first); the ledger's ``visit`` is the 0-based index."""
+    v = row.detail.get("visit")
+    return f" · [b]visit {v + 1}[/b] (the detail's visit {v} counts from 0)" if type(v) is int else ""
 
 
 def _ledger_hint(state: Any) -> int:
