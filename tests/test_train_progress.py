@@ -282,3 +282,43 @@ async def test_training_screen_shows_steps_spikes_and_the_pending_cancel_during_
         text = _screen_text(app, size)
     assert "no training steps yet" not in text
     assert "step 5/8" in text and "CANCELLING..." in text and "loss spikes: 1" in text
+
+
+def test_sigterm_mid_train_lands_within_a_slice_scrubs_and_records_the_cancelled_visit(data_root: Path,
+                                                                                     tmp_path: Path) -> None:
+    """``gputravel runs stop`` sends SIGTERM: with 100 000 steps per visit the run still ends after the slice
+    in flight (default slicing: 0.25 s of steps), the visit's buffer scrubbed, its ledger row and event say so."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from gputravel.core.errors import RecordingError
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "gputravel.console.cli", "run", "--data", str(data_root),
+                             "--holders", "2", "--rounds", "1", "--steps-per-visit", "100000", "--batch-size", "4",
+                             "--seq-len", "32", "--chunk-kib", "16", "--buffer-mib", "0.25", "--out", str(out),
+                             "--transport", "local"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "COLUMNS": "200"})
+    try:
+        for _ in range(1200):  # until TRAIN has reported progress
+            with contextlib.suppress(RecordingError):
+                if (out / "recording.db").exists() and any(isinstance(e, ev.TrainingProgressed)
+                                                           for e in load_recording(out / "recording.db").events()):
+                    break
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err  # CancelledRunError's exit code
+    events = load_recording(out / "recording.db").events()
+    (cancelled,) = [e for e in events if isinstance(e, ev.VisitCancelled)]
+    assert cancelled.phase == "TRAIN" and cancelled.scrub_verified is True
+    assert 0 < cancelled.steps < 100_000
+    row, = rows_of(out, "visit-cancelled")
+    assert row.detail["steps"] == cancelled.steps and row.detail["scrub_verified"] is True
+    assert rows_of(out, "run-failed")[-1].outcome == "cancelled"
+    assert verify_ledger(out / "ledger.db").ok
