@@ -315,7 +315,9 @@ def test_sigterm_mid_train_lands_within_a_slice_scrubs_and_records_the_cancelled
             proc.kill()
     assert proc.returncode == 130, err  # CancelledRunError's exit code
     events = load_recording(out / "recording.db").events()
+    (asked,) = [e for e in events if isinstance(e, ev.ControlRequested)]  # the pending CANCELLING... state
     (cancelled,) = [e for e in events if isinstance(e, ev.VisitCancelled)]
+    assert asked.action == "cancel" and events.index(asked) < events.index(cancelled)
     assert cancelled.phase == "TRAIN" and cancelled.scrub_verified is True
     assert 0 < cancelled.steps < 100_000
     row, = rows_of(out, "visit-cancelled")

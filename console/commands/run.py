@@ -382,6 +382,9 @@ async def _run_until_stopped(settings: RunSettings, **kw: Any) -> dict[str, Any]
 
     def stop() -> None:
         nonlocal stopped
+        if not stopped:  # the pending state, in the output and the recording: CANCELLING... until it lands
+            for sink in kw.get("sinks", ()):
+                sink(ev.ControlRequested(time.time(), "cancel", None))
         stopped = True
         task.cancel()
 
