@@ -324,3 +324,28 @@ def test_sigterm_mid_train_lands_within_a_slice_scrubs_and_records_the_cancelled
     assert row.detail["steps"] == cancelled.steps and row.detail["scrub_verified"] is True
     assert rows_of(out, "run-failed")[-1].outcome == "cancelled"
     assert verify_ledger(out / "ledger.db").ok
+
+
+def test_view_model_shows_the_pending_control_until_it_lands_and_a_cancelled_visits_scrub() -> None:
+    from gputravel.console.screens.base import summarise
+    from gputravel.console.view_model import RunState
+
+    state = RunState()
+    t = 1000.0
+    for event in (ev.RunStarted(t, "r1", {"kind": "emulated"}, ("alice",), 1),
+                  ev.PhaseStarted(t, 0, "alice", "TRAIN", 1),
+                  ev.TrainingProgressed(t, 0, "alice", 4, 12, 4.0, 900.0, 4, (5.0, 4.8, 4.5, 4.0)),
+                  ev.ControlRequested(t, "pause", "TRAIN")):
+        state.apply(event)
+    assert summarise(state, "training", ()).status == "pausing..."
+    assert summarise(state, "training", ()).phase == "TRAIN 4/12"
+    state.apply(ev.RunPaused(t, "paused", "TRAIN", "TRAIN 4/12"))
+    assert state.pending is None and summarise(state, "training", ()).status == "paused in TRAIN 4/12"
+    state.apply(ev.RunResumed(t))
+    state.apply(ev.ControlRequested(t, "cancel", "TRAIN"))
+    assert summarise(state, "training", ()).status == "cancelling..."
+    state.apply(ev.VisitCancelled(t, 0, "alice", 1, "TRAIN", 4, True))
+    state.apply(ev.RunFailed(t, "r1", "cancelled by the operator", "cancelled"))
+    visit = state.visit(0)
+    assert visit is not None and (visit.outcome, visit.scrub_verified) == ("cancelled", True)
+    assert state.pending is None and summarise(state, "training", ()).status == "cancelled"
