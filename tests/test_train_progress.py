@@ -280,8 +280,10 @@ async def test_training_screen_shows_steps_spikes_and_the_pending_cancel_during_
         assert state.loss == [(1, 5.5), (2, 5.0), (3, 4.5), (4, 4.3), (5, 12.0)]
         assert state.train_progress == (5, 8) and state.spikes == [(5, 12.0, 4.4)]
         text = _screen_text(app, size)
+        toasts = [n.message for n in app._notifications]
     assert "no training steps yet" not in text
     assert "step 5/8" in text and "CANCELLING..." in text and "loss spikes: 1" in text
+    assert any(m.startswith("loss spike: visit 1 alice, step 5: 12.000 > 1.75 x running mean") for m in toasts)
 
 
 def test_sigterm_mid_train_lands_within_a_slice_scrubs_and_records_the_cancelled_visit(data_root: Path,
