@@ -54,7 +54,7 @@ class FaultPlan:
 
 
 class Control:
-    """Pause / resume / step / breakpoints / cancel, checked between phases."""
+    """Pause / resume / step / breakpoints / cancel, checked between phases (and TRAIN's slices)."""
 
     def __init__(self, breakpoints: set[Phase] | None = None, *, on_request: EventSink | None = None) -> None:
         self.breakpoints: set[Phase] = set(breakpoints or ())
