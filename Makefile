@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint setup corpus clean
+.PHONY: demo test lint setup corpus clean gpu-check
 
 setup: $(STAMP)
 
@@ -33,6 +33,11 @@ lint: setup
 	# editable install's import hook)
 	mkdir -p build/mypy && ln -sfn "$(CURDIR)" build/mypy/gputravel
 	MYPYPATH=build/mypy $(VENV)/bin/mypy -p gputravel.core --strict
+
+# every check that needs a GPU (scripts/gpu_check.py) into gpu-report.json; without CUDA it writes
+# {"cuda": false, "reason": ...} and exits 0. GPU_CHECK_ARGS: e.g. --quick, --only tests,gpu_aes
+gpu-check: setup
+	$(PY) scripts/gpu_check.py --output gpu-report.json $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

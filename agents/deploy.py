@@ -25,8 +25,9 @@ from gputravel.agents.holder.bundle import bundle_contents, digest_files
 from gputravel.agents.inventory import HolderSpec
 from gputravel.core.errors import AgentError, ConfigError, GpuTravelError, LinkLostError
 from gputravel.core.protocol import FrameType
+from gputravel.core.protocol.holderlink import DataEndpoint
+from gputravel.core.travel.framed_link import FramedHolderLink
 from gputravel.core.travel.holders import (
-    FramedHolderLink,
     Handoff,
     HolderInfo,
     HolderState,
@@ -314,7 +315,7 @@ class SshHolderLink(FramedHolderLink):
         self.reader, self.writer = self.process.stdout, self.process.stdin
 
     async def provision(self, handoff: Handoff, *, device_socket: str, on_progress: ProgressFn | None = None,
-                        on_reject: RejectFn | None = None, data_endpoint: dict[str, Any] | None = None) -> Any:
+                        on_reject: RejectFn | None = None, data_endpoint: DataEndpoint | None = None) -> Any:
         if not self.ready:  # checked before the hand-off (and its key) is written anywhere
             self._mark_offline()
             raise LinkLostError(self.name, f"holder not verified-ready ({self.state}: {self.state_detail or '-'}); "
@@ -337,22 +338,22 @@ class SshHolderLink(FramedHolderLink):
         self.set_state(HolderState.RETURNED, f"epoch {handoff.epoch}")
         return stats
 
-    async def _route(self, endpoint: dict[str, Any] | None) -> dict[str, Any] | None:
+    async def _route(self, endpoint: DataEndpoint | None) -> DataEndpoint | None:
         """The device's TCP data port as this holder reaches it. With ``data_route = "forward"`` that is a
         remote port forward on this SSH connection (listening on the holder's loopback, opened once per
         connection): the chunks stay sealed under the GPU key end to end, SSH only carries them across a
         network the holder could not otherwise cross."""
-        if endpoint is None or "port" not in endpoint or self.spec.data_route != "forward":
+        if endpoint is None or endpoint.port is None or self.spec.data_route != "forward":
             return endpoint
         if self.conn is None:
             raise AgentError(self.name, "not connected")
         if self._forward is None:
             try:
-                self._forward = await self.conn.forward_remote_port("127.0.0.1", 0, str(endpoint["host"]),
-                                                                    int(endpoint["port"]))
+                self._forward = await self.conn.forward_remote_port("127.0.0.1", 0, str(endpoint.host),
+                                                                    endpoint.port)
             except (OSError, asyncssh.Error) as exc:
                 raise AgentError(self.name, f"cannot forward the device's data port through SSH: {exc}") from None
-        return {"host": "127.0.0.1", "port": self._forward.get_port()}
+        return DataEndpoint(host="127.0.0.1", port=self._forward.get_port())
 
     @property
     def can_reconnect(self) -> bool:

@@ -18,7 +18,8 @@ from rich.markup import escape
 from gputravel.console.options import quiet_flag_types, version_callback
 from gputravel.core.errors import GpuTravelError
 
-COMMAND_MODULES = ("run", "attest", "ledger", "data", "bench", "telemetry", "agents", "replay", "plan", "runs")
+COMMAND_MODULES = ("run", "attest", "ledger", "data", "bench", "telemetry", "agents", "replay", "plan", "runs",
+                   "export")
 
 quiet_flag_types()
 app = typer.Typer(

@@ -14,7 +14,8 @@ from gputravel.core.events import Event
 from gputravel.core.ledger import VerifyResult, verify_ledger
 from gputravel.core.platform.emulated import EmulatedPlatform
 from gputravel.core.travel.engine import TravelEngine
-from gputravel.core.travel.holders import HolderLink, LocalHolderLink
+from gputravel.core.travel.holders import HolderLink
+from gputravel.core.travel.local_link import LocalHolderLink
 
 __all__ = ["RunSettings", "TravelEngine", "build_engine", "resume_settings", "run", "resolve_holder_dirs", "verify_ledger",
            "VerifyResult", "Event"]
@@ -38,6 +39,13 @@ def _program_factory(settings: RunSettings) -> Callable[..., dict[str, Any]]:
 
     def make(*, fmt: str, total_steps: int) -> dict[str, Any]:
         model = preset_for_tokens(settings.model, vocab_size(fmt))
+        if settings.init_from is not None:  # pretrained weights: the file's shape, not the preset's
+            from gputravel.core.training.weights import read_config
+
+            model = read_config(settings.init_from)
+            if model.vocab_size < vocab_size(fmt):
+                raise ConfigError(f"--init-from {settings.init_from}: its vocabulary of {model.vocab_size} does "
+                                  f"not cover the holders' {fmt} tokens ({vocab_size(fmt)})")
         if settings.seq_len > model.block_size:
             raise ConfigError(f"seq-len {settings.seq_len} exceeds the model's block size {model.block_size}")
         train = TrainSettings(steps_per_visit=settings.steps_per_visit, batch_size=settings.batch_size,
@@ -80,12 +88,19 @@ def build_engine(settings: RunSettings, *, links: Iterable[HolderLink] | None = 
     store = CheckpointStore(out / "checkpoints", key)
     platform = platform_type(out / "platform", device=settings.device, cc_mode=settings.cc_mode,
                              allow_fault_injection=settings.allow_fault_injection,
-                             torch_threads=settings.torch_threads, data_host=settings.data_host,
+                             torch_threads=settings.torch_threads, data_host=tcp_data_host(settings),
                              cipher_engine=settings.cipher_engine, log_path=out / "device.log")
     handle = platform.start(buffer_bytes=settings.buffer_bytes)
     return engine_type(settings=settings, device=handle, links=list(links), out_dir=out, checkpoint_store=store,
                        make_program=_program_factory(settings),
                        restart_device=lambda: platform.start(buffer_bytes=settings.buffer_bytes), **engine_kw)
+
+
+def tcp_data_host(settings: RunSettings) -> str:
+    """The address the device's TCP data port binds to, or ``""`` for no TCP listener at all: only holders on
+    other hosts (an inventory on the direct path) need it; same-host holders reach the device's private Unix
+    socket, so a same-host run offers other local users no port to reach."""
+    return settings.data_host if settings.transport == "inventory" and settings.data_path == "direct" else ""
 
 
 async def run(settings: RunSettings, *, sinks: Iterable[Callable[[Event], None]] = (),

@@ -78,6 +78,9 @@ class RunSettings:
     visit_attempts: int = 2  # a failed visit is redone (agent restarted, device recovered) up to this many times
     key_chunk_budget: int = 2**32  # chunks one provisioning key may seal; beyond it the window is split
     epoch_limit: int | None = None  # epochs per session before a fresh attested session (re-key)
+    #: pretrained weights the model starts from (llm.c .bin or GPT-2 safetensors; docs/checkpoints.md): the
+    #: model's shape comes from the file, the weights reach the device as a sealed stream (core/training/weights.py)
+    init_from: Path | None = None
     fault: str | None = None  # fault injection: "kill-orchestrator|kill-device|kill-agent@PHASE:VISIT[+SECONDS]"
 
     def __post_init__(self) -> None:
@@ -146,7 +149,7 @@ class RunSettings:
         if unknown:
             raise ConfigError(f"unknown settings: {', '.join(sorted(unknown))}")
         d = {**data, **overrides}
-        for key in ("data_dir", "holders_file"):
+        for key in ("data_dir", "holders_file", "init_from"):
             if d.get(key) is not None:
                 d[key] = Path(d[key])
         d["out_dir"] = Path(d["out_dir"])
@@ -157,6 +160,7 @@ class RunSettings:
         d = asdict(self)
         d["data_dir"] = str(self.data_dir) if self.data_dir else None
         d["holders_file"] = str(self.holders_file) if self.holders_file else None
+        d["init_from"] = str(self.init_from) if self.init_from else None
         d["out_dir"] = str(self.out_dir)
         d["breakpoints"] = list(self.breakpoints)
         return d

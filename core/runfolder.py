@@ -165,7 +165,7 @@ def _open_checkpoint(out: Path, seq: int, run_id: str) -> dict[str, Any]:
 def saved_settings(settings: RunSettings) -> dict[str, Any]:
     """What ``settings.json`` holds: the run's settings with absolute paths (a resume may start anywhere)."""
     saved = {k: v for k, v in settings.to_dict().items() if k not in ("resume", "fault")}
-    for key in ("data_dir", "holders_file", "out_dir"):
+    for key in ("data_dir", "holders_file", "out_dir", "init_from"):
         if saved.get(key) is not None:
             saved[key] = str(Path(saved[key]).expanduser().resolve())
     return saved

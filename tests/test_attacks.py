@@ -15,6 +15,9 @@ HANDOFF), mallory:
     asking for a range) on the data connection,
 (d) replays a chunk of alice's, captured on the wire by a tap on alice's (honest) agent,
 
+(e) sends a chunk header nested 8,000 lists deep (a bounded decoder's named ``frame`` refusal, not a
+    dead device thread),
+
 then lets its genuine chunks through (its visit trains), and, after DONE and after the engine closed
 its window, (c) seals a fresh chunk under its dead key and sends it on a new data connection.
 
@@ -41,7 +44,8 @@ from gputravel.core.api import build_engine
 from gputravel.core.config import RunSettings
 from gputravel.core.ledger import read_rows, verify_ledger
 from gputravel.core.procs import die_with_parent
-from gputravel.core.travel.holders import STREAM_LIMIT, LocalHolderLink
+from gputravel.core.travel.framed_link import STREAM_LIMIT
+from gputravel.core.travel.local_link import LocalHolderLink
 
 pytestmark = pytest.mark.usefixtures("no_leaked_processes")
 
@@ -59,8 +63,13 @@ from pathlib import Path
 
 from gputravel.agents.holder import Agent, open_dataset
 from gputravel.core.protocol import FrameType, SendState, encode_frame, read_frame
-from gputravel.core.protocol.frames import frame_head
-from gputravel.core.protocol.keys import DirectionKey
+from gputravel.core.protocol.frames import MAGIC, PREFIX, VERSION, frame_head
+
+
+def nested_frame(ftype, depth=8000):
+    """A frame whose header nests ``depth`` lists: raw bytes (no JSON encoder writes one this deep)."""
+    header = b'{"e":' + b"[" * depth + b"]" * depth + b"}"
+    return PREFIX.pack(MAGIC, VERSION, int(ftype), len(header), 0) + header
 
 
 class DataConn:
@@ -75,7 +84,10 @@ class DataConn:
         assert ready["type"] == "DATA_READY", ready
 
     def send(self, ftype, header, payload=b""):
-        self.sock.sendall(frame_head(ftype, header, len(payload)) + bytes(payload))
+        return self.send_raw(frame_head(ftype, header, len(payload)) + bytes(payload))
+
+    def send_raw(self, raw):
+        self.sock.sendall(raw)
         frame = read_frame(self.stream)
         if frame is None:
             return {"type": "closed"}
@@ -120,13 +132,13 @@ class MaliciousAgent(Agent):
             f.write(json.dumps({"attack": what, "answer": answer}) + "\n")
 
     def provision(self, h):
-        key = DirectionKey.from_wire(h["key"])
-        session = bytes.fromhex(h["session"])
-        epoch, base, cs = int(h["epoch"]), int(h["window_offset"]), int(h["chunk_size"])
-        total = int(h["length"])
-        n_chunks = -(-total // cs)
-        endpoint = h["data_endpoint"]
-        conn = DataConn(endpoint, h["session"])
+        key = h.key  # the typed hand-off (core.protocol.holderlink.Handoff) and its ProvisioningKey
+        session = bytes.fromhex(h.session_id)
+        epoch, base, cs = h.epoch, h.window_offset, h.chunk_size
+        total = h.window_len
+        n_chunks = h.n_chunks
+        endpoint = h.data_endpoint.to_wire()
+        conn = DataConn(endpoint, h.session_id)
         # (a) a chunk sealed with the valid key, for bytes just past the end of the window
         evil = SendState(key, session_id=session, start=n_chunks + 1000)
         off, n = base + total, 64
@@ -134,12 +146,14 @@ class MaliciousAgent(Agent):
         self.log("write-outside-window", conn.send(FrameType.CHUNK, {"e": epoch, "s": seq, "o": off, "n": n}, ct))
         # (b) read the buffer back: the data port takes chunks in, nothing else
         self.log("read-back", conn.send(FrameType.REQUEST, {"e": epoch, "op": "read", "offset": base, "length": total}))
-        self.log("read-back", conn.send(FrameType.DATA_OPEN, {"e": epoch, "session": h["session"],
+        self.log("read-back", conn.send(FrameType.DATA_OPEN, {"e": epoch, "session": h.session_id,
                                                               "read": [base, total]}))
         # (d) replay a chunk captured from another holder's hand-off
         captured = [json.loads(line) for line in (self.workdir / "tap-alice.jsonl").read_text().splitlines()]
         c = captured[0]
         self.log("replay", conn.send(FrameType.CHUNK, c["head"], bytes.fromhex(c["ct"])))
+        # (e) a chunk header nested 8,000 lists deep (issue 24: it once killed the device's thread unanswered)
+        self.log("nested-header", conn.send_raw(nested_frame(FrameType.CHUNK)))
         conn.close()
         # the genuine hand-off: its own data arrives and trains
         super().provision(h)
@@ -153,9 +167,9 @@ class MaliciousAgent(Agent):
         while not go.exists() and time.monotonic() < deadline:
             time.sleep(0.01)
         try:
-            conn = DataConn(h["data_endpoint"], h["session"])
+            conn = DataConn(h.data_endpoint.to_wire(), h.session_id)
             old = SendState(key, session_id=session)  # the nonce of chunk 0 again, other plaintext
-            n = min(cs, int(h["length"]))
+            n = min(cs, h.window_len)
             seq, ct = old.seal(b"\x00" * n, frame_type=FrameType.CHUNK, offset=base, length=n)
             self.log("reuse-after-return", conn.send(FrameType.CHUNK, {"e": epoch, "s": seq, "o": base, "n": n}, ct))
             conn.close()
@@ -164,11 +178,23 @@ class MaliciousAgent(Agent):
         done.write_text("1")
 
 
+class NestingAgent(Agent):
+    """Answers its HANDOFF with a progress report whose header nests 8,000 lists deep, on its holder link:
+    the orchestrator's decoder must refuse it by name and charge this holder, not fail the run."""
+
+    def __init__(self, *args, workdir, **kw):
+        super().__init__(*args, **kw)
+
+    def provision(self, h):
+        self.link.out.write(nested_frame(FrameType.ACK))
+        self.link.out.flush()
+
+
 def main():
     role, name, data, workdir = sys.argv[1:5]
     out, inp = sys.stdout.buffer, sys.stdin.buffer
     sys.stdout = sys.stderr
-    cls = {"tapped": TappedAgent, "malicious": MaliciousAgent}[role]
+    cls = {"tapped": TappedAgent, "malicious": MaliciousAgent, "nesting": NestingAgent}[role]
     return cls(name, open_dataset(Path(data), val_fraction=0.1), out, inp, workdir=workdir).run()
 
 
@@ -245,7 +271,7 @@ async def test_malicious_holder_is_refused_named_in_the_ledger_and_marked_in_the
     answers = [(a["attack"], a["answer"].get("type"), a["answer"].get("header", {}).get("code")) for a in attempts]
     assert answers == [("write-outside-window", "ERROR", "window"), ("read-back", "ERROR", "frame"),
                        ("read-back", "ERROR", "frame"), ("replay", "ERROR", "replay"),
-                       ("reuse-after-return", "ERROR", "stale-epoch")], answers
+                       ("nested-header", "ERROR", "frame"), ("reuse-after-return", "ERROR", "stale-epoch")], answers
     assert all(a["answer"]["payload_len"] == 0 for a in attempts)  # nothing read back
 
     # the honest holders complete; mallory's genuine chunks arrived, so its visit trained too
@@ -254,19 +280,20 @@ async def test_malicious_holder_is_refused_named_in_the_ledger_and_marked_in_the
     assert not by_holder["alice"]["attack"] and not by_holder["bob"]["attack"]
     mallory = by_holder["mallory"]
     assert mallory["attack"] is True
-    assert mallory["attack_attempts"] == {"window": 1, "frame": 2, "replay": 1, "stale-epoch": 1}
+    assert mallory["attack_attempts"] == {"window": 1, "frame": 3, "replay": 1, "stale-epoch": 1}
     assert report["attacks"] == [{"visit": mallory["visit"], "holder": "mallory", "epoch": mallory["epoch"],
                                   "attempts": mallory["attack_attempts"]}]
 
     # ledger: one attack-detected row per code, against mallory's holder and epoch
     rows = [r for r in read_rows(out / "ledger.db") if r.kind == "attack-detected"]
     assert sorted((r.holder, r.epoch, r.outcome, r.detail["count"]) for r in rows) == sorted([
-        ("mallory", mallory["epoch"], "window", 1), ("mallory", mallory["epoch"], "frame", 2),
+        ("mallory", mallory["epoch"], "window", 1), ("mallory", mallory["epoch"], "frame", 3),
         ("mallory", mallory["epoch"], "replay", 1), ("mallory", mallory["epoch"], "stale-epoch", 1)])
     after_return = {r.outcome: r.detail["after_return"] for r in rows}
     assert after_return == {"window": False, "frame": False, "replay": False, "stale-epoch": True}
     assert all(r.key_fp == mallory["key_fingerprint"] for r in rows)
     assert verify_ledger(out / "ledger.db").ok
+    assert "Traceback" not in (out / "device.log").read_text()  # every attempt answered, none crashed a thread
 
     # no byte outside mallory's window was written: the rest of the buffer is still the scrubbed zeros,
     # and the window took exactly its own chunks
@@ -274,3 +301,36 @@ async def test_malicious_holder_is_refused_named_in_the_ledger_and_marked_in_the
     window_len = next(r for r in read_rows(out / "ledger.db") if r.kind == "phase" and r.phase == "PROVISION"
                       and r.holder == "mallory").nbytes
     assert mallory["bytes"] == window_len > 0  # what the device counted into the window: the plan, no more
+
+
+async def test_a_holder_sending_the_orchestrator_a_deeply_nested_header_fails_only_its_own_visit_by_name(
+        data: Path, tmp_path: Path) -> None:
+    """Issue 24 item 5, on the orchestrator: a header of 8,000 nested lists on the holder link once aborted
+    the whole run as an internal bug (``run-failed internal``, no holder named). Now the bounded decoder
+    refuses it as a ``FrameError``, the visit of the holder that sent it fails as an ``AgentError`` naming
+    it, and the other holder's visit and the run go on."""
+    work = tmp_path / "agents"
+    work.mkdir()
+    script = work / "agents.py"
+    script.write_text(AGENTS_SCRIPT)
+    out = tmp_path / "run"
+    settings = RunSettings(holders=2, rounds=1, steps_per_visit=1, batch_size=4, seq_len=32, chunk_kib=16,
+                           buffer_mib=0.125, data_dir=data, out_dir=out, transport="local", data_path="direct",
+                           visit_attempts=1)
+    links = [LocalHolderLink("alice", data / "alice"),
+             ScriptLink("mallory", data / "mallory", role="nesting", script=script, workdir=work)]
+    engine = await asyncio.to_thread(build_engine, settings, links=links)
+    try:
+        report = await engine.run()
+    finally:
+        await engine.aclose()
+
+    outcomes = {v["holder"]: v["outcome"] for v in report["visits"]}
+    assert outcomes == {"alice": "done", "mallory": "failed"}
+    rows = read_rows(out / "ledger.db")
+    failed = [r for r in rows if r.kind == "visit-failed"]
+    assert [(r.holder, r.outcome) for r in failed] == [("mallory", "agent")]
+    assert "mallory: sent a malformed frame" in failed[0].detail["error"]
+    assert "header nests deeper than the 32 levels allowed" in failed[0].detail["error"]
+    assert not [r for r in rows if r.kind == "run-failed" or r.outcome == "internal"]
+    assert verify_ledger(out / "ledger.db").ok

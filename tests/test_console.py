@@ -29,7 +29,7 @@ from gputravel.core.config import RunSettings
 from gputravel.core.ledger import verify_ledger
 from gputravel.core.recording import Recorder, load_recording
 from gputravel.core.telemetry import CCState, GpuSample, NvmlStatus, TelemetryFrame
-from gputravel.core.travel.holders import LocalHolderLink
+from gputravel.core.travel.local_link import LocalHolderLink
 from gputravel.core.travel.phases import Phase
 
 SIZE = (120, 40)

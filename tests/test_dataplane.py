@@ -257,7 +257,8 @@ def test_a_refused_rebind_of_the_agents_ring_fails_that_hand_off_by_name_and_the
         assert first is not None and first.ring is not None
         before = client.stats()
         # the next HANDOFF names an epoch the device opened no window for (the old key, relabelled)
-        write_frame(agent.to_agent, FrameType.HANDOFF, header(epoch + 1, grant))
+        relabelled = {**header(epoch + 1, grant), "key": {**grant.provisioning_key, "epoch": epoch + 1}}
+        write_frame(agent.to_agent, FrameType.HANDOFF, relabelled)
         agent.to_agent.flush()
         answer = read_frame(agent.from_agent)
         while answer is not None and answer.type is FrameType.ACK:
@@ -283,26 +284,28 @@ def test_an_answer_to_a_bind_not_waited_for_must_bind_the_mapped_ring_in_the_sha
     """``_DataConn.confirm_ring`` in isolation (a connection object with no socket: only its ``awaiting``
     state is used): what an honest device never sends (a new descriptor, another epoch or shape) fails the
     hand-off by name; an answer nobody waits for is dropped, its descriptor closed."""
-    from gputravel.agents.holder.agent import _DataConn, _RingOffer
-    from gputravel.core.errors import GpuTravelError
+    from gputravel.agents.holder.dataconn import DataConn, RingOffer
+    from gputravel.core.errors import FrameError, GpuTravelError
+    from gputravel.core.protocol.holderlink import DataReady
     from gputravel.core.protocol.shmring import RingSpec
 
-    conn = _DataConn.__new__(_DataConn)  # no socket, no reader thread: confirm_ring reads only ``awaiting``
+    conn = DataConn.__new__(DataConn)  # no socket, no reader thread: confirm_ring reads only ``awaiting``
     spec = RingSpec(7, 8, CHUNK + TAG_LEN)
 
-    def offer(wire: Any, fd: int = -1) -> _RingOffer:
-        return _RingOffer(conn, {"ring": wire}, fd)
+    def offer(wire: Any, fd: int = -1) -> RingOffer:
+        return RingOffer(conn, DataReady.from_wire({"session": "00", "ring": wire}), fd)
 
     conn.awaiting = spec
     conn.confirm_ring(offer(spec.to_wire()))  # the bind asked for: accepted
     assert conn.awaiting is None
     for wrong, reason in ((RingSpec(6, 8, CHUNK + TAG_LEN).to_wire(), "not RingSpec"),
-                          (RingSpec(7, 4, CHUNK + TAG_LEN).to_wire(), "not RingSpec"),
-                          ({"epoch": "x"}, "unusable")):
+                          (RingSpec(7, 4, CHUNK + TAG_LEN).to_wire(), "not RingSpec")):
         conn.awaiting = spec
         with pytest.raises(GpuTravelError, match=reason):
             conn.confirm_ring(offer(wrong))
         assert conn.awaiting is None  # one answer per bind: a second one is not awaited
+    with pytest.raises(FrameError, match="ring epoch must be an integer"):  # unusable: refused as it is read
+        offer({"epoch": "x", "slots": 8, "slot_bytes": CHUNK + TAG_LEN})
     for awaited in (spec, None):
         conn.awaiting = awaited
         r, w = os.pipe()
@@ -314,3 +317,51 @@ def test_an_answer_to_a_bind_not_waited_for_must_bind_the_mapped_ring_in_the_sha
                 conn.confirm_ring(offer(spec.to_wire(), fd=r))
         with pytest.raises(OSError):
             os.fstat(r)  # the descriptor was closed either way
+
+
+def _nested_frame(ftype: FrameType, depth: int = 8000) -> bytes:
+    """A frame whose header nests ``depth`` lists (raw bytes: no JSON encoder writes one that deep)."""
+    from gputravel.core.protocol.frames import MAGIC, PREFIX, VERSION
+
+    header = b'{"e":' + b"[" * depth + b"]" * depth + b"}"
+    return PREFIX.pack(MAGIC, VERSION, int(ftype), len(header), 0) + header
+
+
+def test_a_deeply_nested_header_gets_an_error_reply_and_is_counted_by_the_device(
+        device: tuple[Any, DeviceClient], tmp_path: Path) -> None:
+    """Issue 24 item 5, on the device: 8,000 nested ``[`` as a first frame, and on an open data connection,
+    are each answered with a named ERROR (``frame``) and counted; the device keeps serving (no thread died
+    on a RecursionError: the next data connection and the control channel still work)."""
+    import socket
+
+    from gputravel.core.protocol import encode_frame
+
+    handle, client = device
+    before = client.stats()
+
+    def exchange(*frames: bytes) -> Any:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(20)
+            s.connect(handle.socket_path)
+            for raw in frames:
+                s.sendall(raw)
+            stream = s.makefile("rb")
+            answers = []
+            while (frame := read_frame(stream)) is not None:
+                answers.append(frame)
+            return answers
+
+    first = exchange(_nested_frame(FrameType.DATA_OPEN))  # before authenticating: refused
+    assert [(f.type, f.header["code"]) for f in first] == [(FrameType.ERROR, "frame")]
+    assert "header nests deeper than the 32 levels allowed" in first[0].header["reason"]
+    opened = encode_frame(FrameType.DATA_OPEN, {"session": client.secrets.session_id.hex()})  # type: ignore[union-attr]
+    later = exchange(opened, _nested_frame(FrameType.CHUNK))  # on an open data connection: rejected
+    assert [f.type for f in later] == [FrameType.DATA_READY, FrameType.ERROR]
+    assert later[1].header["code"] == "frame" and "nests" in later[1].header["reason"]
+    after = client.stats()
+    assert after.refused.get("frame", 0) == before.refused.get("frame", 0) + 1
+    assert after.rejected.get("frame", 0) == before.rejected.get("frame", 0) + 1
+    # still serving: a malformed DATA_OPEN (a session that is not hex) is refused by name too
+    bad = exchange(encode_frame(FrameType.DATA_OPEN, {"session": ["not", "hex"]}))
+    assert bad[0].type is FrameType.ERROR and bad[0].header["code"] == "frame"
+    assert client.stats().refused.get("frame", 0) == before.refused.get("frame", 0) + 2

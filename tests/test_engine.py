@@ -25,8 +25,8 @@ from gputravel.core.api import resolve_holder_dirs
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import AttestationError, CancelledRunError, ConfigError, DataError
 from gputravel.core.ledger import LedgerRow, read_rows, verify_ledger
-from gputravel.core.travel import holders as holders_mod
-from gputravel.core.travel.holders import LocalHolderLink
+from gputravel.core.travel import framed_link as holders_mod
+from gputravel.core.travel.local_link import LocalHolderLink
 from gputravel.core.travel.phases import Phase
 from gputravel.core.travel.probes import Timings
 
@@ -84,7 +84,7 @@ async def test_full_run_trains_every_visit_and_never_records_a_key(data_root: Pa
     original = holders_mod.FramedHolderLink.provision
 
     async def recording(self: Any, handoff: Any, **kw: Any) -> Any:
-        keys.append(bytes.fromhex(handoff.key["key"]))
+        keys.append(handoff.key.key)  # the typed ProvisioningKey's bytes
         return await original(self, handoff, **kw)
 
     monkeypatch.setattr(holders_mod.FramedHolderLink, "provision", recording)
@@ -205,11 +205,12 @@ def test_cli_exits_9_when_some_visits_failed(data_root: Path, tmp_path: Path, mo
     assert report["failed_visits"] == 1 and report["ledger"]["verified"]
 
 
-async def test_each_visit_hashes_the_model_twice_and_checkpoints_hold_the_device_state_once_serialised(
+async def test_each_visit_hashes_the_model_once_macs_it_twice_and_checkpoints_hold_the_device_state_once_serialised(
         data_root: Path, tmp_path: Path) -> None:
-    """The device hashes the model once at set-up, then per visit only after the holder's key was out
-    (VERIFY) and after training; ATTEST and the checkpoint reuse those digests. A checkpoint holds the
-    chunks the device sealed (a trainer state), stored unopened."""
+    """The device hashes the model once at set-up, then per visit only after training; ATTEST and the
+    checkpoint reuse that digest. ATTEST takes the model's GMAC under a fresh key as the reference, VERIFY (after
+    the holder's key was out) only the GMAC under that key (issue 23 item 3). A checkpoint holds the chunks the
+    device sealed (a trainer state), stored unopened."""
     out = tmp_path / "run"
     timings = Timings()
     async with started(small(data_root, out)) as engine:
@@ -220,8 +221,12 @@ async def test_each_visit_hashes_the_model_twice_and_checkpoints_hold_the_device
         state = engine.ckpt.load(engine.last_good_ckpt, run_id=report["run_id"])
     visits = len(report["visits"])
     assert all(v["outcome"] == "done" for v in report["visits"])
-    assert counters["model_digests"] == 1 + 2 * visits
+    assert counters["model_digests"] == 1 + visits
+    assert counters["model_macs"] == 2 * visits
     assert counters["measurements"] == 1 + 2 * visits  # each ATTEST and VERIFY still measures
+    verified = rows_of(out, "phase")
+    verify_rows = [r for r in verified if r.phase == "VERIFY"]
+    assert len(verify_rows) == visits and all(r.detail["check"] == "mac" for r in verify_rows)
     assert record["model_digest"] == report["training"]["model_digest"] and record["seq"] == visits
     assert {"model", "optimizer", "step"} <= set(state) and state["step"] == report["training"]["steps"]
     # the probe saw every phase of every visit, the checkpoints and the holders' start

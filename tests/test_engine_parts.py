@@ -18,7 +18,7 @@ from helpers import write_holder
 from gputravel.core import api
 from gputravel.core.config import RunSettings
 from gputravel.core.ledger import read_rows, verify_ledger
-from gputravel.core.travel import holders as holders_mod
+from gputravel.core.travel import framed_link as holders_mod
 
 pytestmark = pytest.mark.usefixtures("no_leaked_processes")
 

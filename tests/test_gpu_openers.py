@@ -255,7 +255,9 @@ async def test_bench_provision_names_the_engine_that_opened_its_chunks(tmp_path:
 
 async def test_a_chunk_tampered_on_the_holder_link_is_caught_by_the_gpu_and_retransmitted(tmp_path: Path) -> None:
     from gputravel.agents.holder import open_dataset
-    from gputravel.core.travel.holders import Handoff, LocalHolderLink
+    from gputravel.core.protocol.holderlink import ProvisioningKey
+    from gputravel.core.travel.holders import Handoff
+    from gputravel.core.travel.local_link import LocalHolderLink
 
     folder = tmp_path / "holder"
     folder.mkdir()
@@ -269,8 +271,8 @@ async def test_a_chunk_tampered_on_the_holder_link_is_caught_by_the_gpu_and_retr
         await link.start()
         link.tamper_on_wire = {1, 4}
         grant = client.handoff(epoch=1, offset=0, length=WINDOW, chunk_size=CHUNK)
-        handoff = Handoff(epoch=1, session_id=grant.session_id, key=grant.provisioning_key, window_offset=0,
-                          chunk_size=CHUNK, train=(0, WINDOW), val=(0, 0))
+        handoff = Handoff(epoch=1, session_id=grant.session_id, key=ProvisioningKey.from_wire(grant.provisioning_key),
+                          window_offset=0, chunk_size=CHUNK, train=(0, WINDOW), val=(0, 0))
         stats = await link.provision(handoff, device_socket=handle.socket_path)  # the channel path
         assert stats.rejected["tag"] == 2 and stats.retransmits == 2
         closed = client.close_window(epoch=1)

@@ -246,3 +246,85 @@ def test_fuzzed_channel_accepts_each_genuine_chunk_once_and_nothing_forged(ops):
         assert seq not in accepted, "a chunk was accepted twice"
         assert out == bytes([idx % 256]) * 16
         accepted.add(seq)
+
+
+# --- bounded JSON: a peer's header cannot recurse the decoder to death (issue 24 item 5) -----------
+def nested_header_frame(depth: int = 8000, ftype: FrameType = FrameType.HELLO) -> bytes:
+    header = b"[" * depth + b"]" * depth
+    return PREFIX.pack(b"GT", 1, int(ftype), len(header), 0) + header
+
+
+def test_a_header_nested_8000_deep_is_a_frame_error_for_every_decoder_not_a_recursion_error() -> None:
+    import asyncio
+    import json
+
+    raw = nested_header_frame()
+    with pytest.raises(RecursionError):  # what every decoder did before: no ValueError, an internal bug
+        json.loads(raw[PREFIX.size:])
+    with pytest.raises(FrameError, match="header nests deeper than the 32 levels allowed"):
+        decode_frame(raw)
+    with pytest.raises(FrameError, match="header nests deeper than the 32 levels allowed"):
+        FrameDecoder().feed(raw)
+    with pytest.raises(FrameError, match="header nests deeper than the 32 levels allowed"):
+        read_frame(io.BytesIO(raw))
+
+    async def read_async() -> None:
+        from gputravel.core.protocol.frames import read_frame_async
+
+        reader = asyncio.StreamReader()
+        reader.feed_data(raw)
+        reader.feed_eof()
+        await read_frame_async(reader)
+
+    with pytest.raises(FrameError, match="header nests deeper than the 32 levels allowed"):
+        asyncio.run(read_async())
+
+
+def test_json_depth_is_counted_outside_strings_and_the_limit_is_exact() -> None:
+    from gputravel.core.protocol.wirejson import MAX_JSON_DEPTH, json_depth, loads_bounded
+
+    assert json_depth(b'{"a": "[[[[{{{{", "b": [1, {"c": [2]}], "d": "\\"[["}') == 4
+    assert loads_bounded(b'{"s": "' + b"[" * 10_000 + b'"}') == {"s": "[" * 10_000}  # brackets in a string
+    at_limit = b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH
+    assert json_depth(at_limit) == MAX_JSON_DEPTH and loads_bounded(at_limit) is not None
+    with pytest.raises(FrameError, match=f"nests deeper than the {MAX_JSON_DEPTH} levels allowed"):
+        loads_bounded(b"[" + at_limit + b"]")
+    with pytest.raises(FrameError, match="exceeds the 10-byte limit"):
+        loads_bounded(b'{"a": 12345}', max_bytes=10)
+    with pytest.raises(FrameError, match="not valid JSON"):
+        loads_bounded(b"\xff\xfe")
+    with pytest.raises(FrameError, match="not a JSON object"):
+        decode_frame(PREFIX.pack(b"GT", 1, int(FrameType.HELLO), 2, 0) + b"[]")
+
+
+def test_the_agent_ends_with_status_4_on_a_hostile_header_from_its_link(tmp_path: object) -> None:
+    """The agent decodes the orchestrator's bytes with the same bounds: a nested header ends it cleanly
+    (status 4), with no traceback from its reader thread."""
+    import threading
+    from pathlib import Path
+
+    from gputravel.agents.holder import Agent, open_dataset
+
+    folder = Path(str(tmp_path)) / "h"
+    folder.mkdir()
+    (folder / "a.txt").write_bytes(b"hello world " * 100)
+    r_in, w_in = os.pipe()
+    r_out, w_out = os.pipe()
+    with open(w_out, "wb") as out, open(r_in, "rb") as inp, open(w_in, "wb") as to_agent, \
+            open(r_out, "rb") as from_agent:
+        agent = Agent("h", open_dataset(folder), out, inp)
+        status: list[int] = []
+        errors: list[BaseException] = []
+        hook = threading.excepthook
+        threading.excepthook = lambda args: errors.append(args.exc_value)  # type: ignore[assignment,arg-type]
+        try:
+            t = threading.Thread(target=lambda: status.append(agent.run()))
+            t.start()
+            hello = read_frame(from_agent)
+            assert hello is not None and hello.type is FrameType.HELLO
+            to_agent.write(nested_header_frame(ftype=FrameType.HANDOFF))
+            to_agent.flush()
+            t.join(timeout=20)
+        finally:
+            threading.excepthook = hook
+        assert status == [4] and errors == []

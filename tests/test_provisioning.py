@@ -18,9 +18,11 @@ import pytest
 from gputravel.agents.holder import open_dataset
 from gputravel.core.device.client import DeviceClient
 from gputravel.core.platform.emulated import EmulatedPlatform
-from gputravel.core.protocol import TAG_LEN, DirectionKey, FrameType, SendState, encode_frame, read_frame
+from gputravel.core.protocol import TAG_LEN, FrameType, SendState, encode_frame, read_frame
 from gputravel.core.protocol.frames import frame_head
-from gputravel.core.travel.holders import Handoff, LocalHolderLink
+from gputravel.core.protocol.holderlink import DataEndpoint, ProvisioningKey
+from gputravel.core.travel.holders import Handoff
+from gputravel.core.travel.local_link import LocalHolderLink
 
 CHUNK = 8 * 1024
 WINDOW = 40 * CHUNK + 123  # a short last chunk too
@@ -55,8 +57,8 @@ async def device(tmp_path: Path, *, parallel_auth: bool, overlap: bool) -> Async
 
 def open_window(client: DeviceClient, epoch: int) -> Handoff:
     grant = client.handoff(epoch=epoch, offset=0, length=WINDOW, chunk_size=CHUNK)
-    return Handoff(epoch=epoch, session_id=grant.session_id, key=grant.provisioning_key, window_offset=0,
-                   chunk_size=CHUNK, train=(0, WINDOW), val=(0, 0))
+    return Handoff(epoch=epoch, session_id=grant.session_id, key=ProvisioningKey.from_wire(grant.provisioning_key),
+                   window_offset=0, chunk_size=CHUNK, train=(0, WINDOW), val=(0, 0))
 
 
 OPTIMISATIONS = [(True, True), (False, True), (False, False)]
@@ -73,7 +75,7 @@ async def test_each_path_delivers_the_holders_bytes_exactly(holder: Path, tmp_pa
             handoff = open_window(client, 1)
             if path == "conventional":
                 handoff = replace(handoff, conventional=True)
-            endpoint = {"path": handle.socket_path} if path == "direct" else None
+            endpoint = DataEndpoint(path=handle.socket_path) if path == "direct" else None
             await link.provision(handoff, device_socket=handle.socket_path, data_endpoint=endpoint)
             closed = client.close_window(epoch=1)
             assert closed.complete and closed.bytes == WINDOW and closed.chunks == 41
@@ -108,7 +110,8 @@ async def test_tampering_on_the_direct_path_is_caught_by_the_pipelined_device(tm
                                                                               overlap: bool) -> None:
     async with device(tmp_path, parallel_auth=parallel_auth, overlap=overlap) as (handle, client):
         handoff = open_window(client, 1)
-        sender = SendState(DirectionKey.from_wire(handoff.key), session_id=bytes.fromhex(handoff.session_id))
+        assert handoff.key is not None
+        sender = SendState(handoff.key, session_id=bytes.fromhex(handoff.session_id))
         plain = os.urandom(WINDOW)
         sock = socket.socket(socket.AF_UNIX)
         sock.connect(handle.socket_path)

@@ -42,6 +42,7 @@ from gputravel.core.config import RunSettings
 from gputravel.core.errors import AgentError, ConfigError, LinkLostError
 from gputravel.core.files import InsecureKeyError
 from gputravel.core.ledger import LedgerRow, parse_head, read_rows, verify_ledger
+from gputravel.core.protocol.holderlink import DataEndpoint, ProvisioningKey
 from gputravel.core.travel.engine import TravelEngine
 from gputravel.core.travel.holders import Handoff
 
@@ -477,14 +478,15 @@ async def test_keepalive_timeout_marks_the_holder_offline(ssh: Ssh) -> None:
     link = SshHolderLink(spec, max_reconnects=1)
     await link.start()
     assert link.state == HolderState.READY
-    handoff = Handoff(epoch=1, session_id="00" * 16, key={"key": "00" * 32}, window_offset=0, chunk_size=4096,
-                      train=(0, 4096), val=(0, 0))
+    handoff = Handoff(epoch=1, session_id="00" * 16, key=ProvisioningKey(bytes(32), bytes(4), 1, 3), window_offset=0,
+                      chunk_size=4096, train=(0, 4096), val=(0, 0))
     assert ssh.server.proc is not None
     os.kill(ssh.server.proc.pid, signal.SIGSTOP)  # the server stops answering, the TCP connection stays
     try:
         t0 = time.monotonic()
         with pytest.raises(LinkLostError, match="connection lost") as info:
-            await link.provision(handoff, device_socket="/nonexistent", data_endpoint={"path": "/nonexistent"})
+            await link.provision(handoff, device_socket="/nonexistent",
+                                 data_endpoint=DataEndpoint(path="/nonexistent"))
         assert time.monotonic() - t0 < 10
         assert info.value.code == "link-lost"
         assert link.state == HolderState.OFFLINE
@@ -676,7 +678,7 @@ async def test_inventory_holders_reach_the_device_data_port_through_an_ssh_forwa
     links = links_from_specs(list(ssh.specs.values()))
     original = SshHolderLink._route
 
-    async def spy(self: SshHolderLink, endpoint: dict[str, Any] | None) -> dict[str, Any] | None:
+    async def spy(self: SshHolderLink, endpoint: DataEndpoint | None) -> DataEndpoint | None:
         routed = await original(self, endpoint)
         seen[self.name] = (endpoint, routed)
         return routed
@@ -688,13 +690,13 @@ async def test_inventory_holders_reach_the_device_data_port_through_an_ssh_forwa
     assert all(v["outcome"] == "done" for v in report["visits"])
     for name in ("alice", "bob"):
         asked, routed = seen[name]
-        assert asked["host"] == "127.0.0.1" and routed["host"] == "127.0.0.1"
-        assert routed["port"] != asked["port"]  # the holder-side end of the forward, not the device's port
+        assert asked.host == "127.0.0.1" and routed.host == "127.0.0.1"
+        assert routed.port != asked.port  # the holder-side end of the forward, not the device's port
 
 
 def test_a_network_data_route_passes_the_device_endpoint_through(ssh: Ssh) -> None:
     spec = replace(next(iter(ssh.specs.values())), data_route="network")
     link = SshHolderLink(spec)
-    endpoint = {"host": "10.1.2.3", "port": 4242}
+    endpoint = DataEndpoint(host="10.1.2.3", port=4242)
     assert asyncio.run(link._route(endpoint)) == endpoint
-    assert asyncio.run(link._route({"path": "/x"})) == {"path": "/x"}
+    assert asyncio.run(link._route(DataEndpoint(path="/x"))) == DataEndpoint(path="/x")

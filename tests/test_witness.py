@@ -14,7 +14,7 @@ from gputravel.console.cli import app
 from gputravel.core import api
 from gputravel.core.config import RunSettings
 from gputravel.core.ledger import parse_head, read_rows, verify_ledger
-from gputravel.core.travel.holders import LocalHolderLink
+from gputravel.core.travel.local_link import LocalHolderLink
 
 runner = CliRunner()
 

@@ -19,14 +19,20 @@ BUNDLE_FILES: tuple[str, ...] = (
     "core/protocol/cipher.py",
     "core/protocol/errors.py",
     "core/protocol/frames.py",
+    "core/protocol/holderlink.py",
     "core/protocol/keys.py",
     "core/protocol/shmring.py",
     "core/protocol/stream.py",
+    "core/protocol/wirejson.py",
     "agents/__init__.py",
     "agents/holder/__init__.py",
     "agents/holder/__main__.py",
     "agents/holder/agent.py",
     "agents/holder/bundle.py",
+    "agents/holder/dataconn.py",
+    "agents/holder/dataset.py",
+    "agents/holder/link.py",
+    "agents/holder/provision.py",
 )
 
 

@@ -251,6 +251,9 @@ def register(app: typer.Typer) -> None:
         data: Path | None = typer.Option(None, "--data", help="One subfolder per holder (.txt or llm.c .bin).",
                                          rich_help_panel=HOLDERS_PANEL),
         model: ModelPreset = typer.Option(ModelPreset.TINY, help="Model preset.", rich_help_panel=MODEL_PANEL),
+        init_from: Path | None = typer.Option(None, "--init-from", rich_help_panel=MODEL_PANEL, help="Start from "
+                                              "pretrained weights: llm.c's .bin or GPT-2 safetensors (the model's "
+                                              "shape comes from the file)."),
         rounds: int = typer.Option(2, help="Rounds over all holders' data.", rich_help_panel=MODEL_PANEL),
         steps_per_visit: int = typer.Option(20, help="Training steps per visit.", rich_help_panel=MODEL_PANEL),
         batch_size: int = typer.Option(16, help="Sequences per training step.", rich_help_panel=MODEL_PANEL),
@@ -311,10 +314,12 @@ def register(app: typer.Typer) -> None:
             holders=holders, rounds=rounds, steps_per_visit=steps_per_visit, buffer_mib=buffer_mib, data_dir=data,
             chunk_kib=chunk_kib, model=model.value, batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed,
             device=device, cc_mode=cc_mode.value, breakpoints=parse_breakpoints(break_before),
-            visit_attempts=visit_attempts, fault=fault, cipher_engine=cipher_engine.value,
+            visit_attempts=visit_attempts, fault=fault, cipher_engine=cipher_engine.value, init_from=init_from,
             **holder_settings(holders_file=holders_file, transport=transport.value, data_path=data_path.value,
                               data_host=data_host))
         fleet = gpus > 1 or nnodes > 1
+        if fleet and init_from is not None:
+            raise ConfigError("--init-from loads one device's model; a fleet (--gpus, --nnodes) does not take it yet")
         if resume:
             from gputravel.core.api import resume_settings
 
@@ -325,6 +330,10 @@ def register(app: typer.Typer) -> None:
                 settings = resume_settings(out, fault=fault)
             folder = RunFolder(out)
         else:
+            if init_from is not None:  # a bad weights file is refused before anything is created
+                from gputravel.core.training.weights import read_config
+
+                read_config(init_from)
             settings, folder = fresh_settings(out, **options)  # validated before anything is created
         if fleet or (resume and (out / "fleet.json").exists()):
             from gputravel.console.commands.run_fleet import run_fleet

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from gputravel.core.attestation.pki import DeviceIdentity
-from gputravel.core.errors import AttestationError, ConfigError
+from gputravel.core.errors import AttestationError, ConfigError, FrameError
+from gputravel.core.protocol.wirejson import loads_bounded
 
 __all__ = [
     "EMULATED_DRIVER",
@@ -196,8 +197,8 @@ class Report:
 def _report_object(report: bytes) -> dict[str, Any]:
     """The report's JSON object, checked for its field set, canonical form and version."""
     try:
-        data = json.loads(report)
-    except (ValueError, UnicodeDecodeError):
+        data = loads_bounded(report, what="report")  # a peer's bytes: bounded in size and depth
+    except FrameError:
         raise AttestationError("report is not JSON") from None
     if not isinstance(data, dict):
         raise AttestationError("report is not a JSON object")

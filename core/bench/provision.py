@@ -14,6 +14,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,8 @@ from gputravel.core.errors import DataError
 from gputravel.core.machine import aes_gcm_pair_rate, aes_gcm_rate, machine_info, ring_pipeline_rate
 from gputravel.core.platform.emulated import EmulatedPlatform
 from gputravel.core.travel import handoff as ho
-from gputravel.core.travel.holders import HolderLink, LocalHolderLink
+from gputravel.core.travel.holders import HolderLink
+from gputravel.core.travel.local_link import LocalHolderLink
 
 __all__ = ["ABLATION", "PATHS", "STAGES", "ablation_study", "measure_path", "memcpy_rate", "paths_study"]
 
@@ -111,7 +113,7 @@ async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdi
             raise DataError(f"dataset too small: {info.train_bytes} < {size}")
         endpoint = ho.data_endpoint(handle, data_path=data_path, transport=transport)
         if endpoint is not None and path == "direct-socket":
-            endpoint = {**endpoint, "ring": False}
+            endpoint = replace(endpoint, ring=False)
         before = (await asyncio.to_thread(client.stats)).counters
         for epoch in range(1, repeats + 1):
             handoff, _ = await ho.open_window(client, epoch=epoch, skip=0, length=size, chunk_size=chunk,

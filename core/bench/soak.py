@@ -37,7 +37,7 @@ from gputravel.core.bench.travel import ProgressFn
 from gputravel.core.config import RunSettings
 from gputravel.core.machine import machine_info
 from gputravel.core.travel.engine import TravelEngine
-from gputravel.core.travel.holders import LocalHolderLink
+from gputravel.core.travel.local_link import LocalHolderLink
 
 __all__ = ["GROWTH_TARGET", "HOLDERS", "ROLES", "growth", "soak"]
 

@@ -6,7 +6,6 @@ each send one sealed request named by an ``Op`` and read back a typed answer (``
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import threading
@@ -41,7 +40,9 @@ from gputravel.core.device.messages import (
 from gputravel.core.errors import DeviceError, FrameError, GpuTravelError, error_from_code
 from gputravel.core.handshake import Initiator, SessionSecrets
 from gputravel.core.protocol import Frame, FrameType, read_frame
+from gputravel.core.protocol.frames import MAX_PAYLOAD
 from gputravel.core.protocol.stream import StreamHeader
+from gputravel.core.protocol.wirejson import loads_bounded
 
 __all__ = ["DeviceClient", "TrustAnchors", "read_counters"]
 
@@ -202,8 +203,10 @@ class DeviceClient:
         """Upload the training program into the code region; the device builds the model from it."""
         return Configured.from_wire(self.call(Op.CONFIGURE, program)[0])
 
-    def measure(self) -> Measurement:
-        return Measurement.from_wire(self.call(Op.MEASURE)[0])
+    def measure(self, *, mac_key: bytes = b"", digest: bool = True) -> Measurement:
+        """The code and model measurement: the model's SHA-256 digest (``digest``) and, with a 32-byte
+        ``mac_key``, its AES-GMAC under that key (the key rides the sealed control channel)."""
+        return Measurement.from_wire(self.call(Op.MEASURE, mac_key, digest=digest)[0])
 
     def handoff(self, *, epoch: int, offset: int, length: int, chunk_size: int) -> HandoffGrant:
         """A provisioning key for bytes [offset, offset+length) of the buffer in ``epoch``."""
@@ -284,7 +287,8 @@ class DeviceClient:
         """Counters; per-epoch rejections (in the payload) only for the epochs changed after ``since`` (a
         previous answer's ``rejection_gen``)."""
         head, payload = self.call(Op.STATS, since=since)
-        extra = json.loads(bytes(payload)) if payload else {}  # rejected_by_epoch rides in the payload
+        # rejected_by_epoch rides in the payload (bounded like every peer's JSON: a FrameError, never a RecursionError)
+        extra = loads_bounded(payload, max_bytes=MAX_PAYLOAD, what="stats payload") if payload else {}
         return DeviceStats.from_wire({**head, **(extra if isinstance(extra, dict) else {})})
 
     def aes_rate(self, *, chunk: int, seconds: float = 0.3) -> AesRate:

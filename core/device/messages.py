@@ -55,13 +55,18 @@ class Configured(_Wire):
 
 @dataclass(frozen=True, slots=True)
 class Measurement(_Wire):
-    """SHA-256 of the code region, of the model (weights and optimizer state), and of both."""
+    """SHA-256 of the code region, of the model (weights and optimizer state; "" when not asked for), and of
+    both; the model's AES-GMAC under the caller's key when one was given (core/device/modelmac.py)."""
 
     code: str
     model: str
     measurement: str
     #: seconds the device spent hashing the model for this answer (0 when its digest of this model was reused)
     digest_s: float = 0.0
+    mac: str | None = None
+    mac_s: float = 0.0
+    #: who computed the MAC: "cpu" (in place), "gpu" (the GPU cipher's GHASH), "staged" (host copies)
+    mac_engine: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,6 +46,7 @@ from gputravel.core.device.messages import (
     WindowClosed,
     WindowStatus,
 )
+from gputravel.core.device.modelmac import MAC_KEY_BYTES, model_mac
 from gputravel.core.device.openers import choose_opener
 from gputravel.core.errors import DeviceError, IntegrityError, ProtocolError
 from gputravel.core.handshake import SessionSecrets, respond
@@ -106,6 +107,7 @@ class _RestoreStream:
     decoder: Any  # core.training.checkpoint.StateDecoder
     stage: bytearray
     t0: float
+    weights: bool = False  # a pretrained model (kind "weights"), not a checkpoint
 
 
 @dataclass(slots=True)
@@ -330,14 +332,32 @@ class DeviceService:
             raise DeviceError("the model is incomplete: a restore is open or failed part-way; restore a checkpoint")
         return trainer
 
-    def op_measure(self, *, payload: bytes) -> Reply:
-        self._need_trainer()
+    def op_measure(self, *, payload: bytes, digest: bool = True) -> Reply:
+        """The code region's SHA-256 and the model's: its SHA-256 digest (``digest``, memoised per model
+        generation) and, given a 32-byte key as the payload, its AES-GMAC under that key, computed here on the
+        model's own memory (core/device/modelmac.py). VERIFY asks for the MAC alone: cipher speed."""
+        trainer = self._need_trainer()
+        if not isinstance(digest, bool):
+            raise DeviceError(f"measure: digest is true or false, not {digest!r}")
+        if payload and len(payload) != MAC_KEY_BYTES:
+            raise DeviceError(f"a model MAC key is {MAC_KEY_BYTES} bytes, got {len(payload)}")
+        if not payload and not digest:
+            raise DeviceError("a measurement needs the model's digest or a MAC key")
         code = self.code.digest()
-        model = self.model_digest()
-        digest_s = self.last_digest_s
-        combined = hashlib.sha256(bytes.fromhex(code) + bytes.fromhex(model)).hexdigest()
+        model, digest_s = "", 0.0
+        if digest:
+            model = self.model_digest()
+            digest_s = self.last_digest_s
+        mac, mac_s, mac_engine = None, 0.0, None
+        if payload:
+            t0 = time.perf_counter()
+            mac, mac_engine = model_mac(trainer.model, trainer.optimizer, bytes(payload))
+            mac_s = time.perf_counter() - t0
+            self.counters["model_macs"] += 1
+        combined = hashlib.sha256(bytes.fromhex(code) + bytes.fromhex(model or mac or "")).hexdigest()
         self.counters["measurements"] += 1
-        return Reply(Measurement(code=code, model=model, measurement=combined, digest_s=digest_s).to_wire())
+        return Reply(Measurement(code=code, model=model, measurement=combined, digest_s=digest_s, mac=mac,
+                                 mac_s=mac_s, mac_engine=mac_engine).to_wire())
 
     def op_handoff(self, *, epoch: int, offset: int, length: int, chunk_size: int, payload: bytes) -> Reply:
         """Derive the provisioning key for one window and one epoch; any earlier key dies."""
@@ -426,14 +446,15 @@ class DeviceService:
 
     # --- model state as streams of bounded sealed chunks (checkpoint out, restore in) ------------------
     @staticmethod
-    def _stream_args(header: Any, payload: bytes) -> tuple[bytes, StreamHeader]:
+    def _stream_args(header: Any, payload: bytes, kinds: tuple[str, ...] = ("checkpoint",)
+                     ) -> tuple[bytes, StreamHeader]:
         if len(payload) != 32:
             raise DeviceError(f"a checkpoint stream needs the run's 32-byte checkpoint key, got {len(payload)} bytes")
         if not isinstance(header, dict):
             raise FrameError("a checkpoint stream needs its header")
         hdr = StreamHeader.from_dict(header)
-        if hdr.kind != "checkpoint":
-            raise FrameError(f"a checkpoint stream has kind 'checkpoint', not {hdr.kind!r}")
+        if hdr.kind not in kinds:
+            raise FrameError(f"a stream here has kind {' or '.join(map(repr, kinds))}, not {hdr.kind!r}")
         return bytes(payload), hdr
 
     def op_checkpoint(self, *, header: dict[str, Any], payload: bytes) -> Reply:
@@ -481,11 +502,16 @@ class DeviceService:
         trainer = self._need_trainer()
         if self.window is not None:
             raise DeviceError("cannot restore while a provisioning window is open")
-        key, hdr = self._stream_args(header, payload)
+        key, hdr = self._stream_args(header, payload, ("checkpoint", "weights"))
+        weights = hdr.kind == "weights"  # pretrained weights (--init-from): the model alone, before any step
+        if weights and (trainer.step or trainer.optimizer.state):
+            raise DeviceError("pretrained weights load only into a model that has not trained")
         self._model_changed()
-        self._restore_stream = _RestoreStream(StreamOpener(key, hdr, what=f"checkpoint {hdr.seq} of {hdr.run_id}"),
-                                              StateDecoder(targets=trainer.state_dict(), device=self.device),
-                                              bytearray(hdr.chunk_size), time.perf_counter())
+        targets = {"model": trainer.model.state_dict()} if weights else trainer.state_dict()
+        what = f"weights for {hdr.run_id}" if weights else f"checkpoint {hdr.seq} of {hdr.run_id}"
+        self._restore_stream = _RestoreStream(StreamOpener(key, hdr, what=what),
+                                              StateDecoder(targets=targets, device=self.device),
+                                              bytearray(hdr.chunk_size), time.perf_counter(), weights)
         return Reply({"chunk_size": hdr.chunk_size})
 
     def _restore_failed(self) -> None:
@@ -517,7 +543,10 @@ class DeviceService:
             raise DeviceError("no restore stream is open")
         try:
             trailer = st.opener.finish()
-            self._need_trainer().load_state_dict(st.decoder.result())
+            if st.weights:
+                self._load_weights(st.decoder.result())
+            else:
+                self._need_trainer().load_state_dict(st.decoder.result())
         except BaseException:
             self._restore_failed()
             raise
@@ -531,6 +560,15 @@ class DeviceService:
                                  f"sealed {str(trailer.get('model_digest'))[:16]}")
         self.counters["restores"] += 1
         return Reply(DeviceState(model_digest=digest, digest_s=self.last_digest_s).to_wire())
+
+    def _load_weights(self, state: Any) -> None:
+        """A ``weights`` stream's state: the model's parameters alone, of this model's shape."""
+        trainer = self._need_trainer()
+        if not isinstance(state, dict) or state.get("format") != "weights" or not isinstance(state.get("model"), dict):
+            raise DeviceError("a weights stream holds {format: weights, config, model}")
+        if state.get("config") != trainer.config.to_dict():
+            raise DeviceError(f"weights of model {state.get('config')} differ from the program's {trainer.config.to_dict()}")
+        trainer.model.load_state_dict(state["model"])  # strict: every parameter, nothing else
 
     def _memory_bytes(self) -> int:
         """Device memory in use: buffer, code region, model parameters."""

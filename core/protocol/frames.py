@@ -5,7 +5,8 @@ Wire layout (big endian)::
     magic "GT" | version u8 | type u8 | header_len u16 | payload_len u32 | header (UTF-8 JSON object) | payload
 
 Decoding is strict: bad magic or version, an unknown type, a header or payload over the limits,
-a header that is not a JSON object, and a stream that ends inside a frame are all ``FrameError``.
+a header nested deeper than ``wirejson.MAX_JSON_DEPTH``, a header that is not a JSON object, and a
+stream that ends inside a frame are all ``FrameError``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from enum import IntEnum
 from typing import Any, BinaryIO
 
 from gputravel.core.protocol.errors import FrameError
+from gputravel.core.protocol.wirejson import loads_object
 
 MAGIC = b"GT"
 VERSION = 1
@@ -104,15 +106,10 @@ def _parse_prefix(prefix: bytes, max_payload: int) -> tuple[FrameType, int, int]
 
 
 def _parse_header(raw: bytes) -> dict[str, Any]:
+    """A peer's header: bounded in size and nesting (``wirejson``), a JSON object, or ``FrameError``."""
     if not raw:
         return {}
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise FrameError(f"header is not valid JSON: {exc}") from None
-    if not isinstance(header, dict):
-        raise FrameError("header is not a JSON object")
-    return header
+    return loads_object(raw, max_bytes=MAX_HEADER, what="header")
 
 
 def decode_frame(data: bytes | bytearray | memoryview, *, max_payload: int = MAX_PAYLOAD) -> Frame:

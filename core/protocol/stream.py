@@ -35,6 +35,7 @@ from gputravel.core.protocol.cipher import TAG_LEN
 from gputravel.core.protocol.errors import DataError, FrameError, TagError
 from gputravel.core.protocol.frames import MAX_PAYLOAD
 from gputravel.core.protocol.keys import KEY_LEN, PREFIX_LEN, hkdf
+from gputravel.core.protocol.wirejson import loads_bounded
 
 __all__ = [
     "DEFAULT_STREAM_CHUNK",
@@ -266,8 +267,8 @@ class StreamOpener:
 
     def _finish(self, raw: bytes) -> None:
         try:
-            trailer = json.loads(raw.decode())
-        except (UnicodeDecodeError, ValueError):
+            trailer = loads_bounded(raw, what="trailer")
+        except FrameError:
             raise TagError(f"{self.what}: end chunk holds no valid trailer") from None
         if not isinstance(trailer, dict) or trailer.get("bytes") != self.bytes or trailer.get("chunks") != self.index:
             raise TagError(f"{self.what}: end chunk counts {trailer!r} do not match the {self.index} chunks and "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import json
 import os
 import signal
@@ -27,6 +28,7 @@ from gputravel.core import events as ev
 from gputravel.core.config import RunSettings
 from gputravel.core.device.client import DeviceClient
 from gputravel.core.device.messages import WindowStatus
+from gputravel.core.device.modelmac import MAC_KEY_BYTES
 from gputravel.core.errors import (
     AgentError,
     CancelledRunError,
@@ -107,6 +109,9 @@ class TravelEngine:
         self.current: VisitRecord | None = None
         self.expected_code: str | None = None
         self.expected_model: str | None = None
+        #: the model MAC reference of the last full measurement: (the expected digest it was taken for, its
+        #: one-use key, its tag); VERIFY compares the device's MAC under that key with the tag
+        self._mac_ref: tuple[str, bytes, str] | None = None
         self.last_good_ckpt: int | None = None
         #: model digest of each checkpoint this run wrote, as the device reported it (and the ledger records)
         self.checkpoint_digests: dict[int, str] = {}
@@ -181,13 +186,30 @@ class TravelEngine:
                                          overlap=s.overlap, workers=s.auth_workers)
         self.device_info["data_path"] = {"path": s.data_path, **config.to_wire()}
 
-    async def check_measurement(self, when: str) -> None:
-        """The code and model regions are what the engine left there, or ``IntegrityError``."""
-        m = await asyncio.to_thread(self.client.measure)
-        bad = [name for name, got, want in (("code", m.code, self.expected_code), ("model", m.model, self.expected_model))
-               if got != want]
+    async def check_measurement(self, when: str, *, mac_only: bool = False) -> dict[str, Any]:
+        """The code and model regions are what the engine left there, or ``IntegrityError``.
+
+        A full check compares the model's SHA-256 digest with the one expected and takes the model's AES-GMAC
+        under a fresh key as the reference. ``mac_only`` (VERIFY: after a holder's key was out) asks the device
+        for the GMAC under that reference's key alone and compares tags: cipher speed, where the model lives
+        (core/device/modelmac.py). Without a reference for the expected model, it checks in full."""
+        ref = self._mac_ref if mac_only and self._mac_ref and self._mac_ref[0] == self.expected_model else None
+        if ref is not None:
+            key = ref[1]
+            m = await asyncio.to_thread(self.client.measure, mac_key=key, digest=False)
+            model_ok = m.mac is not None and hmac.compare_digest(m.mac, ref[2])
+        else:
+            key = os.urandom(MAC_KEY_BYTES)
+            m = await asyncio.to_thread(self.client.measure, mac_key=key)
+            model_ok = m.model == self.expected_model
+        bad = [name for name, ok in (("code", m.code == self.expected_code), ("model", model_ok)) if not ok]
         if bad:
+            self._mac_ref = None
             raise IntegrityError(f"measurement mismatch {when}: {', '.join(bad)} region changed")
+        if ref is None and m.mac is not None and self.expected_model is not None:
+            self._mac_ref = (self.expected_model, key, m.mac)
+        return {"check": "mac" if ref is not None else "digest", "mac_s": round(m.mac_s, 6),
+                "digest_s": round(m.digest_s, 6), "mac_engine": m.mac_engine}
 
     async def checkpoint(self, seq: int, *, note: str = "") -> None:
         """Checkpoint ``seq``: the device seals its state chunk by chunk under the run's checkpoint key; the
@@ -247,6 +269,19 @@ class TravelEngine:
             raise IntegrityError(f"checkpoint {seq} restored to a model whose digest differs")
         self.expected_model = restored.model_digest
         self.last_good_ckpt = seq
+
+    async def load_weights(self, path: Path) -> None:
+        """Pretrained weights (``--init-from``) into the device's model, before any step: read here, sealed under
+        the run key as a ``weights`` stream and opened by the device into its model; the model it then holds
+        must have the digest of exactly these weights."""
+        from gputravel.core.training.weights import upload_weights
+
+        state, want, config = await asyncio.to_thread(
+            upload_weights, path, program_model=self.train_program["model"],
+            key=self.ckpt.run_key(self.first_run_id), run_id=self.first_run_id, restore=self.client.restore)
+        if state.model_digest != want:
+            raise IntegrityError(f"--init-from {path}: the device's model differs from the file's weights")
+        self.audit.row("weights-loaded", detail={"path": str(path), "model_digest": want, "model": config})
 
     async def _audit_from_device(self) -> None:
         """The device's rejections since the last audit, attributed to their visits (in pages: the device
@@ -325,6 +360,8 @@ class TravelEngine:
             self.step_count = int(state.get("steps", 0))
             self.audit.row("resumed", detail={"visits_done": sorted(done), "epoch": self.epoch, "checkpoint_seq": seq})
         else:
+            if self.settings.init_from is not None:
+                await self.load_weights(Path(self.settings.init_from))
             self.expected_model = (await asyncio.to_thread(self.client.measure)).model
             await self.checkpoint(0, note="initial")
             self.audit.row("planned", detail={"visits": len(self.plans), "plan_digest": digest},
@@ -550,9 +587,9 @@ class TravelEngine:
 
     async def _verify(self, v: _Visit) -> _Outcome:
         """Nobody touched code or model while the holder held a key."""
-        await self.check_measurement("after return")
+        checked = await self.check_measurement("after return", mac_only=True)
         v.rec.integrity_ok = True
-        return 0, {"model": self.expected_model}
+        return 0, {"model": self.expected_model, **checked}
 
     async def _train(self, v: _Visit) -> _Outcome:
         """k steps on the buffer in slices (progress, spikes, control between steps), validation on the

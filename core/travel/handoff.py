@@ -12,13 +12,13 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
 from gputravel.core.device.client import DeviceClient
 from gputravel.core.device.messages import WindowClosed, WindowStatus
-from gputravel.core.errors import DeviceError, LinkLostError, ProtocolError
+from gputravel.core.errors import DeviceError, FrameError, LinkLostError, ProtocolError
 from gputravel.core.platform.base import DeviceHandle
-from gputravel.core.travel.holders import Handoff, HolderLink, ProgressFn, ProvisionStats, RejectFn
+from gputravel.core.protocol.holderlink import DataEndpoint, Handoff, ProvisioningKey
+from gputravel.core.travel.holders import HolderLink, ProgressFn, ProvisionStats, RejectFn
 
 __all__ = ["ResumeFn", "close_window", "data_endpoint", "open_window", "provision", "require_complete",
            "sub_windows"]
@@ -34,7 +34,7 @@ def sub_windows(length: int, *, chunk_size: int, key_chunk_budget: int) -> list[
     return [(skip, min(per_key, length - skip)) for skip in range(0, length, per_key)]
 
 
-def data_endpoint(handle: DeviceHandle, *, data_path: str, transport: str) -> dict[str, Any] | None:
+def data_endpoint(handle: DeviceHandle, *, data_path: str, transport: str) -> DataEndpoint | None:
     """Where a holder sends sealed chunks on the direct path: the device's Unix socket for holders on
     this host (local agents, the embedded SSH server), its TCP data port for inventory hosts (which an
     SSH link reaches through a remote port forward unless the inventory says the network routes it).
@@ -42,26 +42,37 @@ def data_endpoint(handle: DeviceHandle, *, data_path: str, transport: str) -> di
     if data_path != "direct":
         return None
     if transport in ("local", "ssh"):
-        return {"path": handle.socket_path}
+        return DataEndpoint(path=handle.socket_path)
     if handle.data_port is None:
         raise DeviceError("the direct data path needs the device's data port, which this device has not opened")
-    return {"host": handle.data_host, "port": handle.data_port}
+    return DataEndpoint(host=handle.data_host, port=handle.data_port)
 
 
 async def open_window(client: DeviceClient, *, epoch: int, skip: int, length: int, chunk_size: int,
                       train: tuple[int, int], val: tuple[int, int], conventional: bool = False,
                       ledger_head: str | None = None) -> tuple[Handoff, str]:
     """A provisioning key for bytes [skip, skip+length) of the buffer in ``epoch``: the ``Handoff`` the
-    holder gets, and the key's fingerprint."""
+    holder gets, and the key's fingerprint.
+
+    The key walks device -> orchestrator -> holder: ``DeviceService.op_handoff`` derives it, the sealed
+    control channel brings it here (``DeviceClient.handoff``'s ``HandoffGrant``), ``ProvisioningKey.from_wire``
+    types and checks it once, and the holder link forwards it inside the ``Handoff``."""
     grant = await asyncio.to_thread(client.handoff, epoch=epoch, offset=skip, length=length, chunk_size=chunk_size)
-    handoff = Handoff(epoch=epoch, session_id=grant.session_id, key=grant.provisioning_key, window_offset=skip,
+    try:
+        key = ProvisioningKey.from_wire(grant.provisioning_key)
+    except FrameError as exc:
+        raise DeviceError(f"the device's provisioning key is malformed: {exc.reason}") from None
+    if key.epoch != epoch or key.fingerprint != grant.key_fingerprint:
+        raise DeviceError(f"the device granted a key of epoch {key.epoch} ({key.fingerprint}) for epoch {epoch} "
+                          f"({grant.key_fingerprint})")
+    handoff = Handoff(epoch=epoch, session_id=grant.session_id, key=key, window_offset=skip,
                       chunk_size=chunk_size, train=train, val=val, skip=skip, length=length,
                       conventional=conventional, ledger_head=ledger_head)
     return handoff, grant.key_fingerprint
 
 
 async def provision(client: DeviceClient, link: HolderLink, handoff: Handoff, *, device_socket: str,
-                    endpoint: dict[str, Any] | None, on_progress: ProgressFn | None = None,
+                    endpoint: DataEndpoint | None, on_progress: ProgressFn | None = None,
                     on_reject: RejectFn | None = None, on_resume: ResumeFn | None = None) -> ProvisionStats:
     """Provision; when the link to the holder drops (not the agent failing), reconnect and resume from
     the device's last contiguous acknowledged chunk: nothing is sent twice into the buffer and nothing

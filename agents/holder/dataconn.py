@@ -1,0 +1,186 @@
+"""The direct path's data connection: the agent's own connection to the device's data port, kept for its
+session with that device, and the shared-memory ring it may map on it.
+
+On the device's Unix socket (same host) the connection can carry a shared-memory ring per hand-off (the
+ciphertext is sealed straight into the ring's slots; only slot ids cross the socket); on TCP (holders on
+other machines) chunks travel in frames. It speaks ``DataOpen`` and reads ``DataReady``
+(``core.protocol.holderlink``)."""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from gputravel.core.protocol import FrameType, encode_frame
+from gputravel.core.protocol.errors import AgentError, GpuTravelError
+from gputravel.core.protocol.frames import frame_head
+from gputravel.core.protocol.holderlink import DataEndpoint, DataOpen, DataReady
+from gputravel.core.protocol.shmring import RingSpec, ShmRing, recv_frame_with_fds, ring_supported
+
+__all__ = ["DataConn", "DataLinkLost", "RingOffer"]
+
+
+class DataLinkLost(AgentError):
+    """The data connection to the device dropped (posted by its reader; names the connection)."""
+
+    def __init__(self, reason: str, conn: DataConn) -> None:
+        super().__init__("agent", reason)
+        self.conn = conn
+
+
+@dataclass(frozen=True)
+class RingOffer:
+    """The device's DATA_READY for a ring request, with the ring's descriptor (owned by the receiver), or
+    ``fd`` -1 where the device binds the ring this connection already maps."""
+
+    conn: DataConn
+    ready: DataReady
+    fd: int
+
+
+class DataConn:
+    """One data connection from the agent to the device's data port, kept for the agent's session with
+    that device."""
+
+    def __init__(self, endpoint: DataEndpoint, session: bytes, inbox: queue.Queue[Any], *,
+                 key: tuple[DataEndpoint, bytes]) -> None:
+        self.key = key
+        self.session = session
+        self.unix = endpoint.path is not None
+        try:
+            if endpoint.path is not None:  # same host: the device's Unix socket
+                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self.sock.settimeout(30)
+                self.sock.connect(endpoint.path)
+            else:
+                self.sock = socket.create_connection((str(endpoint.host), int(endpoint.port or 0)), timeout=30)
+                self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+            want_rings = self.unix and ring_supported()
+            self.sock.sendall(encode_frame(FrameType.DATA_OPEN, DataOpen(session.hex(), rings=want_rings).to_wire()))
+            got = recv_frame_with_fds(self.sock)
+        except (OSError, GpuTravelError) as exc:
+            if hasattr(self, "sock"):
+                self.sock.close()
+            raise GpuTravelError(f"cannot reach the device data port {endpoint.to_wire()}: {exc}",
+                                 code="agent") from None
+        frame = got[0] if got else None
+        for fd in got[1] if got else ():
+            os.close(fd)
+        try:
+            if frame is None or frame.type is not FrameType.DATA_READY:
+                raise GpuTravelError(str(frame.header.get("reason")) if frame else "closed")
+            ready = DataReady.from_wire(frame.header)
+        except GpuTravelError as exc:
+            self.sock.close()
+            raise GpuTravelError(f"the device refused the data connection: {exc.reason}", code="agent") from None
+        self.sock.settimeout(None)
+        self.rings = want_rings and ready.rings  # the device offers rings on this connection
+        self.inbox = inbox
+        self.active = False  # a hand-off is using it: frames go to the inbox (between hand-offs they are dropped)
+        self.closing = False
+        self.dead = False
+        self._send_lock = threading.Lock()
+        #: this connection's shared-memory ring (mapped once, bound per hand-off) and its slot views
+        self.ring: ShmRing | None = None
+        self.ring_slots: list[memoryview] = []
+        #: a bind asked for and not yet answered (the agent seals meanwhile: ``Provisioner._open_ring``)
+        self.awaiting: RingSpec | None = None
+        threading.Thread(target=self._reader, name="agent-data-reader", daemon=True).start()
+
+    def _reader(self) -> None:
+        try:
+            while True:
+                got = recv_frame_with_fds(self.sock)
+                if got is None:
+                    break
+                frame, fds = got
+                if frame.type is FrameType.DATA_READY and "ring" in frame.header and self.active:
+                    try:
+                        offer = RingOffer(self, DataReady.from_wire(frame.header), fds[0] if fds else -1)
+                    except GpuTravelError:  # a malformed answer: the bind waiting for it fails on the ERROR
+                        for fd in fds:
+                            os.close(fd)
+                        self.inbox.put(GpuTravelError("the device's ring answer is malformed", code="agent"))
+                        continue
+                    self.inbox.put(offer)
+                    for fd in fds[1:]:
+                        os.close(fd)
+                    continue
+                for fd in fds:
+                    os.close(fd)
+                if self.active:
+                    self.inbox.put(frame)
+        except (GpuTravelError, OSError, ValueError):
+            pass
+        self.dead = True
+        if not self.closing and self.active:  # the device went away mid-transfer: fail the hand-off now
+            self.inbox.put(DataLinkLost("the device closed the data connection", self))
+
+    def set_ring(self, ring: ShmRing) -> None:
+        self._drop_ring()
+        self.ring = ring
+        self.ring_slots = [ring.slot(k) for k in range(ring.spec.slots)]
+
+    def _drop_ring(self) -> None:
+        if self.ring is not None:
+            for v in self.ring_slots:
+                v.release()
+            self.ring_slots = []
+            self.ring.close(zero=True)
+            self.ring = None
+
+    def confirm_ring(self, offer: RingOffer) -> None:
+        """The device's answer to a bind this connection did not wait for: it must bind the ring already
+        mapped, in the shape and epoch asked for; anything else fails the hand-off. Answers nobody waits
+        for (a descriptor included) are dropped."""
+        spec, self.awaiting = self.awaiting, None
+        if spec is None:
+            if offer.fd >= 0:
+                os.close(offer.fd)
+            return
+        if offer.fd >= 0:
+            os.close(offer.fd)
+            raise GpuTravelError("the device sent a new ring for a bind of the one this connection maps",
+                                 code="agent")
+        if offer.ready.ring != spec:
+            raise GpuTravelError(f"the device bound ring {offer.ready.ring}, not {spec}", code="agent")
+
+    def request_ring(self, spec: RingSpec) -> None:
+        with self._send_lock:
+            self.sock.sendall(encode_frame(FrameType.DATA_OPEN, DataOpen(self.session.hex(), ring=spec).to_wire()))
+
+    def send(self, head: dict[str, Any], payload: bytes | bytearray | memoryview) -> None:
+        """One chunk frame: header and payload in one ``sendmsg`` where the kernel takes it all."""
+        parts = [memoryview(frame_head(FrameType.CHUNK, head, len(payload))), memoryview(payload)]
+        with self._send_lock:
+            while parts:
+                sent = self.sock.sendmsg(parts)
+                while parts and sent >= len(parts[0]):
+                    sent -= len(parts[0])
+                    parts.pop(0)
+                if parts and sent:
+                    parts[0] = parts[0][sent:]
+
+    def notify(self, head: dict[str, Any], _ct: memoryview, slot: int) -> None:
+        """The chunk is sealed in ring slot ``slot``: only its header and the slot id cross the socket."""
+        with self._send_lock:
+            self.sock.sendall(frame_head(FrameType.CHUNK, {**head, "slot": slot}, 0))
+
+    def close(self) -> None:
+        self.closing = True
+        try:
+            with self._send_lock:
+                self.sock.sendall(encode_frame(FrameType.BYE, {}))
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        try:
+            self._drop_ring()
+        except BufferError:  # a slot view is still referenced (a failed hand-off's traceback): unmapped later
+            self.ring = None

@@ -1,0 +1,341 @@
+"""One hand-off on the agent's side: seal the window's chunks and send them, on the direct path (the
+agent's own data connection to the device, through a shared-memory ring or in socket frames) or over the
+holder link itself (the channel and conventional paths), with acknowledgements, retransmission of refused
+chunks and progress reports; ``Done`` at the end.
+
+Nothing is allocated per chunk or per hand-off: the send slots, the gather buffer, the sender thread and
+the data connection live as long as the agent."""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gputravel.agents.holder.dataconn import DataConn, DataLinkLost, RingOffer
+from gputravel.agents.holder.dataset import Dataset
+from gputravel.agents.holder.link import AgentLink, Message, Sender
+from gputravel.core.protocol import TAG_LEN, FrameType, SendState
+from gputravel.core.protocol.errors import DataError, FrameError, GpuTravelError
+from gputravel.core.protocol.holderlink import MAX_CHUNK, DataEndpoint, Done, Handoff, Progress, Refusal
+from gputravel.core.protocol.shmring import MAX_RING_BYTES, RingSpec, ShmRing
+
+__all__ = ["MAX_CHUNK", "MAX_IN_FLIGHT", "MAX_RETRANSMITS", "REPORT_EVERY_NS", "RING_SLOTS", "ChunkOut",
+           "Provisioner"]
+
+#: chunks in flight on a socket (the TCP data port crosses machines: room for the bandwidth-delay product)
+MAX_IN_FLIGHT = 32
+#: slots of a shared-memory ring: few enough that the ring stays in the CPU's cache between the agent's
+#: seal and the device's open (8 MiB at 1 MiB chunks); measured on the 2-core build machine, 6-8 slots with
+#: acknowledgements in batches of half the ring beat 32 slots by about a fifth (docs/provisioning.md)
+RING_SLOTS = 8
+MAX_RETRANSMITS = 3
+#: on the direct path, acknowledgements are summed up for the orchestrator at most this often (and at the end):
+#: each report crosses its link (an SSH channel), which costs more CPU than sealing a chunk
+REPORT_EVERY_NS = 50_000_000
+
+
+@dataclass
+class ChunkOut:
+    """Where one hand-off's sealed chunks go: the slots they are sealed into (slot ``k`` holds a chunk
+    until it is acknowledged or refused, so a refused one is resent as is) and ``send(head, ct, slot)``."""
+
+    slots: list[memoryview]
+    send: Callable[[dict[str, Any], memoryview, int], None]
+
+
+class Provisioner:
+    """The agent's provisioning machinery (``Agent`` adds the run loop): ``provision(handoff)`` seals and
+    sends one hand-off's window. Frames from the orchestrator and the data connection arrive in ``_inbox``."""
+
+    def __init__(self, name: str, data: Dataset, link: AgentLink) -> None:
+        self.name, self.data, self.link = name, data, link
+        self._inbox: queue.Queue[Any] = queue.Queue()
+        # Long-lived: the send slots (allocated on the first hand-off, regrown only for a larger chunk size),
+        # the gather buffer for a chunk that spans two files, the sender thread and the data connection.
+        self._slots: list[bytearray] = []
+        self._scratch = bytearray()
+        self._sender = Sender(self._inbox)
+        self._data: DataConn | None = None
+        self.slot_allocations = 0  # how many times the slots were (re)allocated: once per agent, not per hand-off
+        #: perf_counter_ns when the current HANDOFF was read (its set-up stage time starts there; 0: not yet)
+        self.handoff_read_ns = 0
+
+    def send(self, ftype: FrameType, header: dict[str, Any], payload: bytes | bytearray | memoryview = b"") -> None:
+        self.link.send(ftype, header, payload)
+
+    def send_msg(self, msg: Message) -> None:
+        self.link.send_msg(msg)
+
+    # --- the window's bytes -----------------------------------------------------------------------
+    def _window_into(self, h: Handoff, start: int, out: memoryview) -> None:
+        """Fill ``out`` with window bytes [start, start + len(out)): the train slice, then the val slice."""
+        t0, tn = h.train
+        v0, _vn = h.val
+        n = len(out)
+        done = 0
+        if start < tn:
+            take = min(n, tn - start)
+            self.data.train.readinto(t0 + start, out[:take])
+            start, done = start + take, take
+        if done < n:
+            self.data.val.readinto(v0 + start - tn, out[done:])
+
+    def _window_view(self, h: Handoff, start: int, n: int) -> memoryview:
+        """Window bytes [start, start + n) as a view of the file mapping where they lie in one file of one
+        slice (no copy), else gathered into the agent's one scratch buffer."""
+        t0, tn = h.train
+        v0, _vn = h.val
+        view = None
+        if start + n <= tn:
+            view = self.data.train.view(t0 + start, n)
+        elif start >= tn:
+            view = self.data.val.view(v0 + start - tn, n)
+        if view is not None:
+            return view
+        if len(self._scratch) < n:
+            self._scratch = bytearray(n)
+        out = memoryview(self._scratch)[:n]
+        self._window_into(h, start, out)
+        return out
+
+    def _slot_views(self, count: int, size: int) -> list[memoryview]:
+        """``count`` send slots of ``size`` bytes from the agent's long-lived pool."""
+        if self._slots and len(self._slots[0]) < size:
+            self._slots = []  # a larger chunk size than any before: the only time slots are replaced
+        if len(self._slots) < count:
+            self.slot_allocations += 1
+            self._slots += [bytearray(max(size, len(self._slots[0]) if self._slots else size))
+                            for _ in range(count - len(self._slots))]
+        return [memoryview(b)[:size] for b in self._slots[:count]]
+
+    # --- the data connection ----------------------------------------------------------------------
+    def _data_conn(self, endpoint: DataEndpoint, session: bytes) -> DataConn:
+        """The data connection for this device session: kept across hand-offs, reopened when the device,
+        its session or the endpoint changed, or the connection dropped."""
+        key = (endpoint, session)
+        conn = self._data
+        if conn is not None and (conn.key != key or conn.dead):
+            self._drop_data()
+            conn = None
+        if conn is None:
+            conn = self._data = DataConn(endpoint, session, self._inbox, key=key)
+        return conn
+
+    def _drop_data(self) -> None:
+        if self._data is not None:
+            self._data.close()
+            self._data = None
+
+    # --- one hand-off -----------------------------------------------------------------------------
+    def provision(self, h: Handoff) -> None:
+        """One hand-off: seal the window's chunks and send them (direct path, ring or frames, or this link).
+        ``h`` was validated by ``Handoff.from_wire`` (its window, chunk size, resume point and key)."""
+        if h.train[0] + h.train[1] > self.data.train.length or h.val[0] + h.val[1] > self.data.val.length:
+            raise DataError("hand-off asks for bytes beyond this holder's dataset")
+        self.data.train.check()
+        self.data.val.check()
+        key = None if h.conventional else h.key  # conventional path: no GPU key here; the link's own encryption only
+        if key is None and not h.conventional:
+            raise FrameError("HANDOFF carries no key")
+        session = bytes.fromhex(h.session_id)
+        cs, total, n_chunks, start = h.chunk_size, h.window_len, h.n_chunks, h.resume_from
+        sender = SendState(key, session_id=session, start=start) if key is not None else None
+        endpoint = h.data_endpoint
+        in_flight = min(MAX_IN_FLIGHT, n_chunks - start) or 1
+        conn = ring = None
+        out: ChunkOut | None = None
+        try:
+            if endpoint is not None:
+                conn = self._data_conn(endpoint, session)
+                conn.active = True
+                if conn.rings and sender is not None and endpoint.ring:
+                    slots = max(1, min(in_flight, RING_SLOTS, MAX_RING_BYTES // (cs + TAG_LEN)))
+                    ring = self._open_ring(conn, RingSpec(h.epoch, slots, cs + TAG_LEN))
+            if ring is not None and conn is not None:
+                out = ChunkOut(conn.ring_slots, conn.notify)
+            elif conn is not None:
+                c = conn
+                out = ChunkOut(self._slot_views(in_flight, cs + TAG_LEN),
+                               lambda head, ct, _slot: self._sender.submit(c.send, head, ct))
+            else:
+                out = ChunkOut(self._slot_views(in_flight, cs + TAG_LEN),
+                               lambda head, ct, _slot: self._sender.submit(self.send, FrameType.CHUNK, head, ct))
+            self._provision_loop(h, sender, out, conn is not None, epoch=h.epoch, base=h.window_offset, cs=cs,
+                                 total=total, n_chunks=n_chunks, start=start, skip=h.skip)
+        except BaseException:
+            if conn is not None:  # a failed hand-off leaves nothing behind: a fresh connection next time
+                self._drop_data()
+            raise
+        finally:
+            self._sender.drain()  # no write may still read a slot when the next hand-off reuses it
+            if conn is not None:
+                conn.active = False
+                if conn.awaiting is not None:  # a bind never answered: its answer must not meet the next one
+                    self._drop_data()
+
+    def _open_ring(self, conn: DataConn, spec: RingSpec) -> ShmRing | None:
+        """Ask the device to bind this connection's ring to this epoch (it sends the ring's descriptor the
+        first time, or for another shape); None (chunks go in socket frames) if it declines.
+
+        A connection that already maps a ring of this shape does not wait for the answer: the device reads
+        this connection in order, so the bind is done before it reads the first chunk's slot id, and the
+        agent seals meanwhile (the round trip, about a quarter of a millisecond, leaves the hand-off's fixed
+        cost). The answer is checked when it comes (``DataConn.confirm_ring``); a refusal fails the
+        hand-off, and the chunks already announced are refused by the device as for an unbound ring."""
+        conn.request_ring(spec)
+        if conn.ring is not None and not conn.ring.closed and conn.ring.same_shape(spec):
+            conn.ring.bind(epoch=spec.epoch)
+            conn.awaiting = spec
+            return conn.ring
+        while True:
+            item = self._inbox.get()
+            if isinstance(item, RingOffer) and item.conn is conn:
+                try:
+                    if item.ready.ring != spec:
+                        raise FrameError(f"the device offered ring {item.ready.ring}, not {spec}")
+                    if item.fd >= 0:
+                        conn.set_ring(ShmRing.attach(item.fd, spec))
+                    elif conn.ring is None or not conn.ring.same_shape(spec):
+                        raise FrameError("the device reuses a ring this connection does not have")
+                    assert conn.ring is not None
+                    conn.ring.bind(epoch=spec.epoch)
+                    return conn.ring
+                except GpuTravelError as exc:
+                    if item.fd >= 0 and conn.ring is None:
+                        os.close(item.fd)
+                    raise GpuTravelError(f"the device's ring is unusable: {exc.reason}", code="agent") from None
+            if isinstance(item, DataLinkLost):
+                if item.conn is conn:
+                    raise item
+                continue
+            if isinstance(item, GpuTravelError):
+                raise item
+            if item is None or isinstance(item, Exception):
+                self._inbox.put(item)
+                raise GpuTravelError("link closed during provisioning")
+            if item.type is FrameType.ERROR and item.header.get("ring"):
+                refusal = Refusal.from_wire(item.header)
+                print(f"gputravel agent {self.name}: no shared-memory ring ({refusal.reason}); "
+                      "chunks go over the socket", file=sys.stderr)
+                return None
+            if item.type is FrameType.PING:
+                self.send(FrameType.PONG, item.header)
+            elif item.type is FrameType.BYE:
+                raise GpuTravelError("orchestrator ended the hand-off")
+
+    def _provision_loop(self, h: Handoff, sender: SendState | None, out: ChunkOut, direct: bool, *,
+                        epoch: int, base: int, cs: int, total: int, n_chunks: int, start: int,
+                        skip: int = 0) -> None:
+        # Each chunk is sealed straight from the file mapping into a free slot (encrypt_into: the one pass
+        # over the bytes), then handed to the link: a sender thread writes it while the next one is sealed
+        # (or, with a shared-memory ring, only the slot id crosses the socket). A chunk stays in its slot
+        # until acknowledged; then the slot is reused. Nothing is allocated per chunk or per hand-off.
+        free = list(range(len(out.slots)))
+        sealed: dict[int, tuple[dict[str, Any], memoryview, int]] = {}
+        acked: set[int] = set(range(start))
+        retransmits = 0
+        unreported = 0
+        seq = start
+        clock = time.perf_counter_ns
+        seal_ns = wait_ns = 0
+        reported_last = -1
+        begun = clock()
+        reported_at = begun - REPORT_EVERY_NS  # the first acknowledgement is reported at once, the last with DONE
+        while len(acked) < n_chunks:
+            while seq < n_chunks and free:
+                t0 = clock()
+                lo = seq * cs
+                n = min(cs, total - lo)
+                slot = free.pop()
+                head: dict[str, Any] = {"e": epoch, "s": seq, "o": base + lo, "n": n}
+                if direct:  # the device may acknowledge in batches, and must flush them before this agent waits
+                    head["f"] = 1 if seq == n_chunks - 1 or not free else 0
+                if sender is None:  # conventional path: plaintext rides the (SSH-encrypted) link, read into its slot
+                    ct = out.slots[slot][:n]
+                    self._window_into(h, skip + lo, ct)
+                    head["plain"] = 1
+                else:
+                    ct = out.slots[slot][: n + TAG_LEN]
+                    got = sender.seal_into(self._window_view(h, skip + lo, n), ct, frame_type=FrameType.CHUNK,
+                                           offset=base + lo, length=n)
+                    assert got == seq
+                sealed[seq] = (head, ct, slot)
+                seal_ns += clock() - t0
+                out.send(head, ct, slot)
+                seq += 1
+            t0 = clock()
+            frame = self._inbox.get()
+            wait_ns += clock() - t0
+            if isinstance(frame, DataLinkLost) and frame.conn is not self._data:
+                continue  # a data connection of an earlier hand-off
+            if isinstance(frame, GpuTravelError):
+                raise frame
+            if frame is None or isinstance(frame, Exception):
+                self._inbox.put(frame)  # the main loop must see the end of the link too, or it waits forever
+                raise GpuTravelError("link closed during provisioning")
+            if isinstance(frame, RingOffer):
+                frame.conn.confirm_ring(frame)  # the answer to this hand-off's bind (or one not asked for)
+                continue
+            if frame.type is FrameType.ACK:
+                batch = frame.header.get("batch")  # the direct path's batched acknowledgements: a list of seqs
+                fresh = 0
+                last = -1
+                for s in batch if isinstance(batch, list) else (frame.header.get("s"),):
+                    if type(s) is not int or s in acked or s >= seq:
+                        continue  # a duplicate, or an acknowledgement of nothing sent: ignored
+                    acked.add(s)
+                    if s in sealed:
+                        free.append(sealed.pop(s)[2])
+                    fresh += 1
+                    last = max(last, s)
+                if direct and fresh:  # progress for the orchestrator, at most every REPORT_EVERY_NS (slow link)
+                    unreported += fresh
+                    now = clock()
+                    if now - reported_at >= REPORT_EVERY_NS and len(acked) < n_chunks:
+                        self.send_msg(Progress(last, unreported))
+                        unreported, reported_at = 0, now
+                    reported_last = last
+            elif frame.type is FrameType.ERROR:
+                refusal = Refusal.from_wire(frame.header)
+                if refusal.ring:  # the answer to a bind not waited for
+                    raise GpuTravelError(f"the device refused this hand-off's ring: {refusal.reason}",
+                                         code=refusal.code or "agent")
+                s = refusal.seq
+                if s is None:
+                    continue
+                if direct:
+                    self.send_msg(refusal)
+                if refusal.code == "replay":  # already in the buffer: an acknowledgement was lost
+                    if s in sealed:
+                        acked.add(s)
+                        free.append(sealed.pop(s)[2])
+                    continue
+                if s not in sealed or retransmits >= MAX_RETRANSMITS * n_chunks or refusal.code in (
+                        "stale-epoch", "window"):
+                    raise GpuTravelError(f"chunk {s} refused: {refusal.reason}", code=refusal.code)
+                retransmits += 1
+                head, ct, slot = sealed[s]
+                if direct:
+                    head["f"] = 1  # the agent waits for this one's answer: no acknowledgement may be held back
+                out.send(head, ct, slot)
+            elif frame.type is FrameType.BYE:
+                raise GpuTravelError("orchestrator ended the hand-off")
+            elif frame.type is FrameType.PING:
+                self.send(FrameType.PONG, frame.header)
+        # the last progress report and DONE leave in one write. Stage times for ``bench provision``: reading
+        # and sealing, waiting for slots to be acknowledged, and the data phase (first seal to last
+        # acknowledgement) within the agent's whole hand-off (HANDOFF read to DONE written)
+        now = clock()
+        done = Done(epoch=epoch, chunks=n_chunks - start, nbytes=total, retransmits=retransmits,
+                    stages={"read_seal_s": seal_ns / 1e9, "wait_s": wait_ns / 1e9,
+                            "setup_s": (begun - (self.handoff_read_ns or begun)) / 1e9,
+                            "data_s": (now - begun) / 1e9})
+        msgs: list[Message] = [done]
+        if direct and unreported:
+            msgs.insert(0, Progress(reported_last, unreported))
+        self.link.send_all(msgs)

@@ -1,0 +1,400 @@
+"""Pretrained GPT-2 weights in and out: llm.c's model file and Hugging Face safetensors.
+
+The project's GPT-2 (:mod:`core.training.model`) is llm.c's, so its parameter names are those of llm.c's
+``train_gpt2.py`` (``transformer.h.0.attn.c_attn.weight`` ...) and its ``nn.Linear`` weights are
+``(out, in)``. The two public formats:
+
+* **llm.c** (``gpt2_124M.bin``): a header of 256 little-endian int32 (magic 20240326, version 3 = fp32 or
+  5 = bf16, then maxT, V, L, NH, C, padded V), then every parameter in llm.c's order (``wte`` padded to
+  ``Vp`` rows, ``wpe``, then each per-layer tensor for all layers at once, ``ln_f``). The model's shape
+  comes from the header.
+* **safetensors** with the names of Hugging Face's ``GPT2LMHeadModel`` (``transformer.`` prefix optional,
+  as in the published ``gpt2`` checkpoint; ``lm_head.weight`` absent or equal to ``wte``, the causal-mask
+  buffers ``attn.bias``/``attn.masked_bias`` ignored). HF's ``Conv1D`` stores ``(in, out)``: every
+  ``c_attn``/``c_proj``/``c_fc`` weight is transposed on the way in and out. The vocabulary is unpadded
+  (50257 rows); the head count comes from the file's metadata (``n_head``, written by ``export``), a
+  ``config.json`` beside it, or ``n_embd // 64`` (every GPT-2 size has 64-wide heads).
+
+:func:`read_weights` gives the parameters under this project's names, fp32 and padded to the model's
+vocabulary (padded rows are never looked up; from HF they are zeros). :func:`sealed_weights` turns them into
+a sealed state stream of kind ``weights`` that the device opens straight into its model (the restore path):
+the weights are never trained, nor kept, in the orchestrator.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import struct
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gputravel.core.errors import ConfigError, DataError
+from gputravel.core.protocol.stream import StreamHeader
+from gputravel.core.training.checkpoint import seal_state
+from gputravel.core.training.model import GPTConfig
+from gputravel.core.training.trainer import _hash_tensor
+
+__all__ = ["LLMC_MAGIC", "WEIGHTS_KIND", "detect_format", "export_run", "param_shapes", "params_digest", "read_config",
+           "read_weights", "sealed_weights", "upload_weights", "write_llmc", "write_safetensors", "write_weights"]
+
+LLMC_MAGIC = 20240326
+LLMC_VERSIONS = {3: torch.float32, 5: torch.bfloat16}
+_LLMC_HEADER = 256 * 4
+#: the stream kind of a weights upload (a restore of the model alone; a checkpoint's kind is "checkpoint")
+WEIGHTS_KIND = "weights"
+FORMATS = ("llmc", "safetensors")
+#: the per-layer tensors in llm.c's order (llm.c writes each one for all layers before the next), which is
+#: also the model's own registration order (so ``named_parameters`` and the digest)
+_LAYER = ("ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
+          "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
+          "mlp.c_proj.weight", "mlp.c_proj.bias")
+_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+_HF_IGNORED = re.compile(r"^(transformer\.)?h\.\d+\.attn\.(bias|masked_bias)$")
+_HF_LAYER = re.compile(r"^h\.(\d+)\.(.+)$")
+
+
+def param_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """The model's parameters (``named_parameters`` order, tied ``lm_head`` left out) and their shapes."""
+    c, vp = config.n_embd, config.padded_vocab_size
+    per_layer = {"ln_1.weight": (c,), "ln_1.bias": (c,), "attn.c_attn.weight": (3 * c, c),
+                 "attn.c_attn.bias": (3 * c,), "attn.c_proj.weight": (c, c), "attn.c_proj.bias": (c,),
+                 "ln_2.weight": (c,), "ln_2.bias": (c,), "mlp.c_fc.weight": (4 * c, c), "mlp.c_fc.bias": (4 * c,),
+                 "mlp.c_proj.weight": (c, 4 * c), "mlp.c_proj.bias": (c,)}
+    shapes: dict[str, tuple[int, ...]] = {"transformer.wte.weight": (vp, c),
+                                          "transformer.wpe.weight": (config.block_size, c)}
+    for i in range(config.n_layer):
+        for name in _LAYER:
+            shapes[f"transformer.h.{i}.{name}"] = per_layer[name]
+    shapes["transformer.ln_f.weight"] = (c,)
+    shapes["transformer.ln_f.bias"] = (c,)
+    return shapes
+
+
+def _llmc_order(config: GPTConfig) -> list[str]:
+    names = ["transformer.wte.weight", "transformer.wpe.weight"]
+    names += [f"transformer.h.{i}.{name}" for name in _LAYER for i in range(config.n_layer)]
+    return names + ["transformer.ln_f.weight", "transformer.ln_f.bias"]
+
+
+def detect_format(path: Path) -> str:
+    """``llmc`` or ``safetensors``, from the file's first bytes; anything else is a ``DataError``."""
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            head = f.read(9)
+    except OSError as exc:
+        raise DataError(f"cannot read weights file {path}: {exc.strerror or exc}") from None
+    if len(head) >= 4 and struct.unpack("<i", head[:4])[0] == LLMC_MAGIC:
+        return "llmc"
+    if len(head) == 9 and head[8:9] == b"{" and 2 <= struct.unpack("<Q", head[:8])[0] < 100 << 20:
+        return "safetensors"
+    raise DataError(f"{path} is neither an llm.c model file (magic {LLMC_MAGIC}) nor safetensors "
+                    f"(first bytes {head[:8].hex() or 'none: empty file'})")
+
+
+# --- llm.c ---------------------------------------------------------------------------------------------
+def _llmc_header(path: Path) -> tuple[GPTConfig, int, torch.dtype]:
+    with Path(path).open("rb") as f:
+        raw = f.read(_LLMC_HEADER)
+    if len(raw) < _LLMC_HEADER:
+        raise DataError(f"llm.c model file {path} is truncated: {len(raw)} bytes, shorter than its "
+                        f"{_LLMC_HEADER}-byte header")
+    h = struct.unpack("<256i", raw)
+    if h[0] != LLMC_MAGIC:
+        raise DataError(f"{path} has magic {h[0]}, not llm.c's {LLMC_MAGIC}")
+    if h[1] not in LLMC_VERSIONS:
+        raise DataError(f"llm.c model file {path} has version {h[1]}; this reads 3 (fp32) and 5 (bf16)")
+    max_t, v, n_layer, n_head, c, vp = h[2:8]
+    try:
+        config = GPTConfig(block_size=max_t, vocab_size=v, n_layer=n_layer, n_head=n_head, n_embd=c)
+    except ConfigError as exc:
+        raise DataError(f"llm.c model file {path}: its header describes no valid model ({exc.reason})") from None
+    if vp < v:
+        raise DataError(f"llm.c model file {path}: padded vocabulary {vp} is smaller than the vocabulary {v}")
+    dtype = LLMC_VERSIONS[h[1]]
+    shapes = _llmc_shapes(config, vp)
+    want = _LLMC_HEADER + sum(int(np.prod(s)) for s in shapes.values()) * (4 if dtype == torch.float32 else 2)
+    size = Path(path).stat().st_size
+    if size != want:
+        what = "truncated" if size < want else "longer than its header says"
+        raise DataError(f"llm.c model file {path} is {what}: {size} bytes, the header's model takes {want}")
+    return config, vp, dtype
+
+
+def _llmc_shapes(config: GPTConfig, vp: int) -> dict[str, tuple[int, ...]]:
+    shapes = param_shapes(config)
+    shapes["transformer.wte.weight"] = (vp, config.n_embd)
+    return shapes
+
+
+def _read_llmc(path: Path) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
+    config, vp, dtype = _llmc_header(path)
+    shapes = _llmc_shapes(config, vp)
+    order = _llmc_order(config)
+    itemsize = 4 if dtype == torch.float32 else 2
+    counts = [int(np.prod(shapes[n])) for n in order]
+    raw = np.fromfile(path, dtype=np.float32 if itemsize == 4 else np.int16, offset=_LLMC_HEADER)
+    flat = torch.from_numpy(raw)
+    if dtype == torch.bfloat16:
+        flat = flat.view(torch.bfloat16)
+    params: dict[str, torch.Tensor] = {}
+    pos = 0
+    for name, n in zip(order, counts, strict=True):  # views of the one read: no copy before the fp32 cast
+        params[name] = flat[pos: pos + n].view(shapes[name])
+        pos += n
+    if vp != config.padded_vocab_size:  # another padding than the model's: the real rows, then zeros
+        wte = params["transformer.wte.weight"][: config.vocab_size]
+        params["transformer.wte.weight"] = _pad_rows(wte, config.padded_vocab_size)
+    return config, {name: params[name].to(torch.float32).contiguous() for name in param_shapes(config)}
+
+
+def _pad_rows(wte: torch.Tensor, rows: int) -> torch.Tensor:
+    if wte.shape[0] == rows:
+        return wte
+    out = torch.zeros((rows, wte.shape[1]), dtype=wte.dtype)
+    out[: wte.shape[0]] = wte
+    return out
+
+
+def write_llmc(path: Path, config: GPTConfig, params: Mapping[str, torch.Tensor], *, dtype: str = "float32") -> None:
+    """Write llm.c's model file (version 3 for ``float32``, 5 for ``bfloat16``), as ``train_gpt2.py``'s
+    ``write_model`` does, with the model's padded vocabulary."""
+    if dtype not in ("float32", "bfloat16"):
+        raise ConfigError(f"llm.c files are float32 or bfloat16, not {dtype!r}")
+    _check_params(config, params)
+    header = [0] * 256
+    header[:8] = [LLMC_MAGIC, 3 if dtype == "float32" else 5, config.block_size, config.vocab_size,
+                  config.n_layer, config.n_head, config.n_embd, config.padded_vocab_size]
+    with _atomic(path) as f:
+        f.write(struct.pack("<256i", *header))
+        for name in _llmc_order(config):
+            t = params[name].detach().to("cpu", torch.float32 if dtype == "float32" else torch.bfloat16)
+            if dtype == "bfloat16":
+                t = t.view(torch.int16)
+            f.write(t.contiguous().numpy().tobytes())
+
+
+# --- safetensors ---------------------------------------------------------------------------------------
+def _st_config(path: Path, tensors: Mapping[str, tuple[int, ...]], metadata: Mapping[str, str]) -> GPTConfig:
+    try:
+        vocab, c = tensors["wte.weight"]
+        block = tensors["wpe.weight"][0]
+    except (KeyError, ValueError):
+        raise DataError(f"safetensors file {path} has no GPT-2 wte.weight/wpe.weight of two dimensions") from None
+    layers = sorted({int(m.group(1)) for name in tensors if (m := _HF_LAYER.match(name))})
+    if layers != list(range(len(layers))):
+        raise DataError(f"safetensors file {path}: layers {layers} are not numbered 0..L-1")
+    n_head: Any = metadata.get("n_head")
+    beside = Path(path).parent / "config.json"
+    if n_head is None and beside.is_file():
+        try:
+            n_head = json.loads(beside.read_text()).get("n_head")
+        except (OSError, ValueError):
+            raise DataError(f"{beside} (beside {path}) is not readable JSON") from None
+    try:
+        n_head = int(n_head) if n_head is not None else max(1, c // 64)
+        return GPTConfig(block_size=block, vocab_size=vocab, n_layer=len(layers), n_head=n_head, n_embd=c)
+    except (ConfigError, ValueError) as exc:
+        raise DataError(f"safetensors file {path} describes no valid GPT-2: {exc}") from None
+
+
+def _read_safetensors(path: Path, *, shape_only: bool = False) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = dict(f.metadata() or {})
+            keys = [k for k in f.keys() if not _HF_IGNORED.match(k)]  # noqa: SIM118 (safe_open has no __iter__)
+            names = {k.removeprefix("transformer."): k for k in keys}
+            if len(names) != len(keys):
+                raise DataError(f"safetensors file {path} holds names both with and without 'transformer.'")
+            shapes = {n: tuple(f.get_slice(k).get_shape()) for n, k in names.items()}
+            config = _st_config(path, shapes, metadata)
+            want = {k.removeprefix("transformer."): s for k, s in param_shapes(config).items()}
+            want["wte.weight"] = (config.vocab_size, config.n_embd)
+            for name in _CONV1D_HF(config):
+                want[name] = want[name][::-1]
+            missing = sorted(set(want) - set(shapes))
+            extra = sorted(set(shapes) - set(want) - {"lm_head.weight"})
+            if missing or extra:
+                raise DataError(f"safetensors file {path} is not GPT2LMHeadModel's: missing {missing[:4]}, "
+                                f"unexpected {extra[:4]}")
+            bad = [f"{n} {shapes[n]} (want {s})" for n, s in want.items() if shapes[n] != s]
+            if bad:
+                raise DataError(f"safetensors file {path}: shapes differ from the model's: {', '.join(bad[:3])}")
+            params: dict[str, torch.Tensor] = {}
+            if shape_only:
+                return config, params
+            conv = set(_CONV1D_HF(config))
+            for name in want:
+                t = f.get_tensor(names[name]).to(torch.float32)
+                params["transformer." + name] = (t.t() if name in conv else t).contiguous()
+            if "lm_head.weight" in names:
+                head = f.get_tensor(names["lm_head.weight"]).to(torch.float32)
+                if head.shape != params["transformer.wte.weight"].shape or not torch.equal(
+                        head, params["transformer.wte.weight"]):
+                    raise DataError(f"safetensors file {path}: lm_head.weight is not tied to wte.weight "
+                                    "(this GPT-2 ties them)")
+    except SafetensorError as exc:
+        raise DataError(f"safetensors file {path} is unreadable: {exc}") from None
+    params["transformer.wte.weight"] = _pad_rows(params["transformer.wte.weight"], config.padded_vocab_size)
+    return config, params
+
+
+def _CONV1D_HF(config: GPTConfig) -> list[str]:  # noqa: N802 (a constant that depends on the layer count)
+    return [f"h.{i}.{name}" for i in range(config.n_layer) for name in _CONV1D]
+
+
+def write_safetensors(path: Path, config: GPTConfig, params: Mapping[str, torch.Tensor]) -> None:
+    """Write ``GPT2LMHeadModel``'s tensors (``transformer.`` names, Conv1D weights ``(in, out)``, the real
+    vocabulary; ``lm_head.weight`` left out as ``save_pretrained`` leaves out a tied tensor)."""
+    from safetensors.torch import save
+
+    _check_params(config, params)
+    conv = {"transformer." + n for n in _CONV1D_HF(config)}
+    out: dict[str, torch.Tensor] = {}
+    for name in param_shapes(config):
+        t = params[name].detach().to("cpu", torch.float32)
+        if name == "transformer.wte.weight":
+            t = t[: config.vocab_size]
+        out[name] = (t.t() if name in conv else t).contiguous()
+    meta = {"format": "pt", "n_head": str(config.n_head), "n_layer": str(config.n_layer),
+            "n_embd": str(config.n_embd), "n_positions": str(config.block_size), "vocab_size": str(config.vocab_size),
+            "producer": "gputravel export"}
+    with _atomic(path) as f:
+        f.write(save(out, metadata=meta))
+
+
+# --- both ----------------------------------------------------------------------------------------------
+def read_config(path: Path) -> GPTConfig:
+    """The model shape a weights file holds (llm.c: from the header alone)."""
+    path = Path(path)
+    if detect_format(path) == "llmc":
+        return _llmc_header(path)[0]
+    return _read_safetensors(path, shape_only=True)[0]
+
+
+def read_weights(path: Path) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
+    """The model shape and its parameters (this project's names, fp32, padded vocabulary, CPU)."""
+    path = Path(path)
+    fmt = detect_format(path)
+    return _read_llmc(path) if fmt == "llmc" else _read_safetensors(path)
+
+
+def write_weights(path: Path, config: GPTConfig, params: Mapping[str, torch.Tensor], *, fmt: str,
+                  dtype: str = "float32") -> None:
+    if fmt == "llmc":
+        write_llmc(path, config, params, dtype=dtype)
+    elif fmt == "safetensors":
+        if dtype != "float32":
+            raise ConfigError("safetensors export writes float32")
+        write_safetensors(path, config, params)
+    else:
+        raise ConfigError(f"unknown weights format {fmt!r}; choose one of {', '.join(FORMATS)}")
+
+
+def _check_params(config: GPTConfig, params: Mapping[str, torch.Tensor]) -> None:
+    for name, shape in param_shapes(config).items():
+        t = params.get(name)
+        if t is None or tuple(t.shape) != shape:
+            raise ConfigError(f"parameter {name} is {None if t is None else tuple(t.shape)}, the model's is {shape}")
+
+
+class _atomic:  # noqa: N801 (used as a context manager, like open)
+    """Write ``path`` through a temporary file in its folder, renamed over it only when complete."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.tmp = self.path.with_name(f".{self.path.name}.tmp")
+
+    def __enter__(self) -> Any:
+        self.f = self.tmp.open("wb")
+        return self.f
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.f.close()
+        if exc_type is None:
+            self.tmp.replace(self.path)
+        else:
+            self.tmp.unlink(missing_ok=True)
+
+
+def params_digest(params: Mapping[str, torch.Tensor], config: GPTConfig) -> str:
+    """The digest the device reports (``Trainer.model_digest``) for a model holding ``params`` that has not
+    trained yet (no optimizer state): SHA-256 over each parameter's label, dtype, shape and bytes."""
+    h = hashlib.sha256(b"gputravel/model-digest/v1\0")
+    for name in param_shapes(config):
+        _hash_tensor(h, f"param:{name}", params[name])
+    return h.hexdigest()
+
+
+def sealed_weights(params: Mapping[str, torch.Tensor], config: GPTConfig, *, key: bytes, run_id: str
+                   ) -> tuple[StreamHeader, Iterator[tuple[int, memoryview]], str]:
+    """A ``weights`` stream of ``params`` for the device's restore path: its header, its sealed records (data
+    chunks, then the end chunk, whose sealed trailer carries the digest the loaded model must have) and that
+    digest."""
+    _check_params(config, params)
+    model = {name: params[name] for name in param_shapes(config)}
+    model["lm_head.weight"] = model["transformer.wte.weight"]  # tied: one tensor, streamed once
+    digest = params_digest(params, config)
+    header = StreamHeader.new(kind=WEIGHTS_KIND, run_id=run_id, seq=0)
+    state = {"format": WEIGHTS_KIND, "config": config.to_dict(), "model": model}
+    return header, seal_state(key, header, state, trailer={"model_digest": digest}), digest
+
+
+def upload_weights(path: Path, *, program_model: Mapping[str, Any], key: bytes, run_id: str,
+                   restore: Callable[[bytes, StreamHeader, Iterator[tuple[int, memoryview]]], Any]
+                   ) -> tuple[Any, str, dict[str, Any]]:
+    """``--init-from``: read ``path``, check it is the program's model, and stream it sealed through ``restore``
+    (the device client's). Returns the device's answer, the digest its model must have, and the model."""
+    config, params = read_weights(path)
+    if config != GPTConfig.from_dict(dict(program_model)):
+        raise ConfigError(f"--init-from {path}: model {config.to_dict()} differs from the program's")
+    header, records, want = sealed_weights(params, config, key=key, run_id=run_id)
+    return restore(key, header, records), want, config.to_dict()
+
+
+# --- export: a run's last sealed checkpoint -> a public model file -----------------------------------------
+def export_run(run_dir: Path, output: Path, *, fmt: str, dtype: str = "float32") -> dict[str, Any]:
+    """Open ``run_dir``'s newest checkpoint with the run's key (``keys/checkpoint.key``) and write its model to
+    ``output`` as ``fmt`` (``llmc`` or ``safetensors``). Returns what was written.
+
+    The checkpoint is opened through a store over an empty temporary folder: a store over the run's own folder
+    would sweep the temporary file of a checkpoint the run may be writing right now."""
+    import tempfile
+
+    from gputravel.core.training.checkpoint import CheckpointStore, load_or_create_key
+
+    if fmt not in FORMATS:
+        raise ConfigError(f"unknown weights format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    run_dir = Path(run_dir)
+    key_path = run_dir / "keys" / "checkpoint.key"
+    if not key_path.is_file():
+        raise ConfigError(f"{run_dir} has no checkpoint key ({key_path}): its checkpoints cannot be opened")
+    found = sorted((int(p.name[5:-4]), p) for p in (run_dir / "checkpoints").glob("ckpt-*.gtc")
+                   if p.name[5:-4].isdigit())
+    if not found:
+        raise DataError(f"{run_dir} has no sealed checkpoint (checkpoints/ckpt-*.gtc) to export")
+    seq, path = found[-1]
+    key = load_or_create_key(key_path)  # exists: read, with its permission checks
+    with tempfile.TemporaryDirectory(prefix="gputravel-export-") as empty:
+        state = CheckpointStore(Path(empty), key).load(path)
+    try:
+        config = GPTConfig.from_dict(dict(state["config"]))
+        model = state["model"]
+        params = {name: model[name] for name in param_shapes(config)}
+    except (KeyError, TypeError) as exc:
+        raise DataError(f"checkpoint {path} holds no GPT-2 model state ({exc})") from None
+    try:
+        write_weights(output, config, params, fmt=fmt, dtype=dtype)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {output}: {exc.strerror or exc}") from None
+    return {"run": str(run_dir), "checkpoint": path.name, "seq": seq, "steps": int(state.get("step", 0)),
+            "format": fmt, "dtype": dtype, "output": str(output), "bytes": Path(output).stat().st_size,
+            "model": config.to_dict(), "params": sum(t.numel() for t in params.values())}

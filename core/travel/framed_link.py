@@ -1,0 +1,305 @@
+"""The orchestrator's end of a holder link: the framed protocol over a pair of asyncio streams.
+
+``FramedHolderLink`` speaks the typed messages of ``core.protocol.holderlink`` with an agent (its HELLO,
+each HANDOFF, the agent's progress, refusals and DONE, the farewell BYE). On the direct path only those
+travel here (the agent sends its sealed chunks to the device itself); on the channel and conventional
+paths it relays the agent's chunks to the device's data port as they are (``_BounceSealer`` seals the
+conventional path's plaintext under the hand-off's ``ProvisioningKey`` first).
+
+Every header the agent sends was decoded with ``wirejson``'s size and depth limits and is validated by
+its message's ``from_wire``: a malformed or hostile frame is an ``AgentError`` naming the holder (the
+visit fails and is charged to it), never an internal error of the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from gputravel.core.errors import AgentError, DeviceError, FrameError
+from gputravel.core.protocol import TAG_LEN, Frame, FrameType, SendState, encode_frame
+from gputravel.core.protocol.frames import frame_head, read_frame_async
+from gputravel.core.protocol.holderlink import (
+    Bye,
+    DataEndpoint,
+    DataOpen,
+    DataReady,
+    Done,
+    Handoff,
+    Hello,
+    Progress,
+    Refusal,
+)
+from gputravel.core.travel.holders import (
+    HolderInfo,
+    HolderLink,
+    HolderState,
+    ProgressFn,
+    ProvisionStats,
+    RejectFn,
+)
+
+__all__ = ["STREAM_LIMIT", "FramedHolderLink"]
+
+#: the largest frame read from an agent or from the device's data port (a chunk frame and its header)
+STREAM_LIMIT = 64 * 1024 * 1024
+
+_M = TypeVar("_M", Hello, Progress, Refusal, Done, DataReady)
+
+
+class FramedHolderLink(HolderLink):
+    """The framed protocol over asyncio streams, with a relay to the device's data port."""
+
+    transport = "stream"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: Any = None
+        self.info: HolderInfo | None = None
+        #: Fault injection (tests): sequence numbers whose first transmission is corrupted on the wire,
+        #: standing for a malicious host between holder and device.
+        self.tamper_on_wire: set[int] = set()
+        #: Fault injection (tests): kill the agent once this many chunks were acknowledged.
+        self.kill_after_chunks: int | None = None
+        self.agent_pid: int | None = None
+        #: per-host state (connecting -> ... -> ready -> provisioning -> returned / failed / offline) and the
+        #: engine's callback for it: (holder, state, detail)
+        self.state: str = HolderState.OFFLINE
+        self.state_detail = ""
+        self.on_state = None
+
+    def set_state(self, state: str, detail: str = "") -> None:
+        self.state, self.state_detail = state, detail
+        if self.on_state is not None:
+            self.on_state(self.name, state, detail)
+
+    async def _read(self) -> Frame:
+        assert self.reader is not None
+        try:
+            frame = await read_frame_async(self.reader, max_payload=STREAM_LIMIT)
+        except FrameError as exc:  # oversized, nested too deep, not JSON...: the agent's doing
+            raise AgentError(self.name, f"sent a malformed frame: {exc}") from None
+        except (ConnectionError, OSError) as exc:
+            raise AgentError(self.name, f"link failed: {exc}") from None
+        if frame is None:
+            raise AgentError(self.name, "the agent closed the link (died or was stopped)")
+        return frame
+
+    def _parse(self, cls: type[_M], frame: Frame) -> _M:
+        """The agent's message, validated; a malformed one is charged to this holder."""
+        try:
+            return cls.from_wire(frame.header)
+        except FrameError as exc:
+            raise AgentError(self.name, f"sent a malformed {frame.type.name}: {exc}") from None
+
+    def _failed(self, frame: Frame) -> AgentError:
+        """The agent's ERROR (the hand-off failed on its side) as the error to raise."""
+        refusal = self._parse(Refusal, frame)
+        return AgentError(self.name, f"{refusal.code}: {refusal.reason}")
+
+    def _send(self, ftype: FrameType, header: dict[str, Any], payload: bytes = b"") -> None:
+        self.writer.write(encode_frame(ftype, header, payload))
+
+    async def _drain(self) -> None:
+        """Flush to the agent; an agent that died under us is an ``AgentError`` (the visit is redone)."""
+        try:
+            await self.writer.drain()
+        except (OSError, RuntimeError, ConnectionError) as exc:
+            raise AgentError(self.name, f"link failed: {exc}") from None
+
+    async def _hello(self) -> HolderInfo:
+        frame = await self._read()
+        if frame.type is FrameType.ERROR:
+            raise self._failed(frame)
+        if frame.type is not FrameType.HELLO:
+            raise AgentError(self.name, f"expected HELLO, got {frame.type.name}")
+        hello = self._parse(Hello, frame)
+        self.info = HolderInfo.from_hello(self.name, hello, transport=self.transport)
+        self.agent_pid = hello.pid
+        return self.info
+
+    async def provision(self, handoff: Handoff, *, device_socket: str, on_progress: ProgressFn | None = None,
+                        on_reject: RejectFn | None = None,
+                        data_endpoint: DataEndpoint | None = None) -> ProvisionStats:
+        if data_endpoint is not None:
+            return await self._provision_direct(replace(handoff, data_endpoint=data_endpoint), on_progress,
+                                                on_reject)
+        stats = ProvisionStats()
+        t0 = time.perf_counter()
+        try:
+            dev_r, dev_w = await asyncio.open_unix_connection(device_socket, limit=STREAM_LIMIT)
+        except OSError as exc:
+            raise DeviceError(f"cannot open the device data port: {exc}") from None
+        try:
+            dev_w.write(encode_frame(FrameType.DATA_OPEN, DataOpen(handoff.session_id).to_wire()))
+            ready = await read_frame_async(dev_r, max_payload=STREAM_LIMIT)
+            if ready is None or ready.type is not FrameType.DATA_READY:
+                raise DeviceError(f"device refused the data connection: {ready.header if ready else 'closed'}")
+            try:
+                DataReady.from_wire(ready.header)
+            except FrameError as exc:
+                raise DeviceError(f"the device's DATA_READY is malformed: {exc}") from None
+            self._send(FrameType.HANDOFF, replace(handoff, data_endpoint=None).to_wire())
+            await self._drain()
+            down = asyncio.create_task(self._device_to_agent(dev_r, stats, on_progress, on_reject))
+            # its failure surfaces through _agent_to_device; when the agent side fails first, mark it seen
+            down.add_done_callback(lambda t: t.cancelled() or t.exception())
+            bounce = _BounceSealer(handoff) if handoff.conventional else None
+            try:
+                done = await self._agent_to_device(dev_w, down, bounce)
+            finally:
+                down.cancel()
+            stats.retransmits = done.retransmits
+            stats.stages = dict(done.stages)
+        finally:
+            try:
+                dev_w.write(encode_frame(FrameType.BYE, {}))
+                dev_w.close()
+            except (OSError, RuntimeError):
+                pass
+        stats.seconds = time.perf_counter() - t0
+        return stats
+
+    async def _provision_direct(self, handoff: Handoff, on_progress: ProgressFn | None,
+                                on_reject: RejectFn | None) -> ProvisionStats:
+        """The direct path: the agent sends its sealed chunks straight to the device's data port;
+        only the hand-off, progress, rejections and DONE travel on this link."""
+        stats = ProvisionStats()
+        t0 = time.perf_counter()
+        self._send(FrameType.HANDOFF, handoff.to_wire())
+        await self._drain()
+        while True:
+            frame = await self._read()
+            if frame.type is FrameType.ACK:
+                progress = self._parse(Progress, frame)
+                stats.chunks += progress.chunks
+                if on_progress:
+                    for _ in range(progress.chunks):
+                        on_progress(progress.seq)
+            elif frame.type is FrameType.ERROR:
+                refusal = self._parse(Refusal, frame)
+                if refusal.seq is None:
+                    raise AgentError(self.name, f"{refusal.code}: {refusal.reason}")
+                stats.rejected[refusal.code] += 1
+                if on_reject:
+                    on_reject(refusal.seq, refusal.code, refusal.reason)
+            elif frame.type is FrameType.DONE:
+                done = self._parse(Done, frame)
+                stats.retransmits = done.retransmits
+                stats.stages = dict(done.stages)
+                stats.seconds = time.perf_counter() - t0
+                return stats
+            elif frame.type is not FrameType.PONG:
+                raise AgentError(self.name, f"unexpected {frame.type.name} during provisioning")
+
+    async def _agent_to_device(self, dev_w: Any, down: asyncio.Task[None], bounce: _BounceSealer | None = None
+                               ) -> Done:
+        while True:
+            read = asyncio.ensure_future(self._read())
+            await asyncio.wait({read, down}, return_when=asyncio.FIRST_COMPLETED)
+            if not read.done():
+                read.cancel()
+                down.result()  # raises the device side's error
+                raise DeviceError("the device closed the data connection during provisioning")
+            frame = read.result()
+            if frame.type is FrameType.CHUNK:
+                payload = frame.payload
+                seq = frame.header.get("s")
+                if bounce is not None:  # conventional path: re-encrypt on the orchestrator's CPU
+                    frame.header, payload = bounce.seal(self.name, frame.header, payload)
+                if seq in self.tamper_on_wire:
+                    self.tamper_on_wire.discard(seq)
+                    payload = bytearray(payload)
+                    payload[len(payload) // 2] ^= 0x01
+                dev_w.write(frame_head(FrameType.CHUNK, frame.header, len(payload), max_payload=STREAM_LIMIT))
+                dev_w.write(payload)
+                await dev_w.drain()
+            elif frame.type is FrameType.DONE:
+                return self._parse(Done, frame)
+            elif frame.type is FrameType.ERROR:
+                raise self._failed(frame)
+            elif frame.type is FrameType.PONG:
+                continue
+            else:
+                raise AgentError(self.name, f"unexpected {frame.type.name} during provisioning")
+
+    async def _device_to_agent(self, dev_r: asyncio.StreamReader, stats: ProvisionStats,
+                               on_progress: ProgressFn | None, on_reject: RejectFn | None) -> None:
+        while True:
+            try:
+                frame = await read_frame_async(dev_r, max_payload=STREAM_LIMIT)
+            except FrameError as exc:
+                raise DeviceError(f"the device's data connection sent a malformed frame: {exc}") from None
+            if frame is None:
+                return
+            if frame.type is FrameType.ACK:
+                stats.chunks += 1
+                seq = frame.header.get("s")
+                if on_progress and type(seq) is int:
+                    on_progress(seq)
+            elif frame.type is FrameType.ERROR:
+                refusal = _device_refusal(frame.header)
+                stats.rejected[refusal.code] += 1
+                if on_reject:
+                    on_reject(refusal.seq, refusal.code, refusal.reason)
+            try:
+                self._send(frame.type, frame.header)
+                await self.writer.drain()
+            except (OSError, RuntimeError, ConnectionError) as exc:  # the agent died under us
+                raise AgentError(self.name, f"link failed: {exc}") from None
+            if self.kill_after_chunks is not None and stats.chunks >= self.kill_after_chunks:
+                self.kill_after_chunks = None
+                await self.kill()
+
+    async def stop(self) -> None:
+        if self.writer is not None:
+            try:
+                self._send(FrameType.BYE, Bye(self.farewell_head).to_wire())
+                await self.writer.drain()
+            except (OSError, RuntimeError, ConnectionError):
+                pass
+
+
+def _device_refusal(header: dict[str, Any]) -> Refusal:
+    """The device's refusal of a relayed chunk. Its ``s`` echoes the agent's chunk header, which a hostile
+    agent chose: a malformed one is the agent's (the refusal still counts, under no sequence number), never
+    an error of the device."""
+    try:
+        return Refusal.from_wire(header)
+    except FrameError:
+        return Refusal.from_wire({k: header.get(k) for k in ("code", "reason") if isinstance(header.get(k), str)})
+
+
+class _BounceSealer:
+    """The conventional path's CPU re-encryption: plaintext that arrived over the holder's secure link
+    is sealed again for the GPU (standing for the CC bounce buffer), in the orchestrator's CVM, under the
+    hand-off's ``ProvisioningKey`` (which on this path never leaves the orchestrator)."""
+
+    def __init__(self, handoff: Handoff) -> None:
+        if handoff.key is None:
+            raise AgentError("conventional", "a conventional hand-off needs its provisioning key here")
+        self.state = SendState(handoff.key, session_id=bytes.fromhex(handoff.session_id), start=handoff.resume_from)
+        #: recent ciphertexts by sequence: a retransmitted chunk is resent as sealed, never re-sealed
+        #: under a used nonce (bounded like the agent's in-flight window)
+        self.recent: dict[int, tuple[dict[str, Any], bytearray]] = {}
+
+    def seal(self, holder: str, header: dict[str, Any], plain: Any) -> tuple[dict[str, Any], bytearray]:
+        if not header.get("plain"):
+            raise AgentError(holder, "expected a plaintext chunk on the conventional path")
+        epoch, seq, offset, n = (header.get(k) for k in ("e", "s", "o", "n"))
+        if not all(type(v) is int and v >= 0 for v in (epoch, seq, offset, n)):
+            raise AgentError(holder, "sent a malformed CHUNK: e, s, o and n must be non-negative integers")
+        assert isinstance(seq, int) and isinstance(offset, int) and isinstance(n, int)
+        if seq in self.recent:
+            return self.recent[seq]
+        if seq != self.state.counter or len(plain) != n:
+            raise AgentError(holder, f"plaintext chunk {seq} out of order or of the wrong size")
+        out = bytearray(n + TAG_LEN)
+        self.state.seal_into(plain, out, frame_type=FrameType.CHUNK, offset=offset, length=n)
+        self.recent[seq] = ({"e": epoch, "s": seq, "o": offset, "n": n}, out)
+        if len(self.recent) > 256:
+            del self.recent[min(self.recent)]
+        return self.recent[seq]

@@ -1,0 +1,101 @@
+"""The holder agent as a local subprocess: ``python -m gputravel.agents.holder`` on stdin/stdout, spoken to
+through ``FramedHolderLink`` (the embedded default, ``--transport local``, tests and benches)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+from gputravel.core.errors import AgentError, GpuTravelError
+from gputravel.core.procs import die_with_parent
+from gputravel.core.protocol.holderlink import DataEndpoint, Handoff
+from gputravel.core.travel.framed_link import STREAM_LIMIT, FramedHolderLink
+from gputravel.core.travel.holders import HolderInfo, HolderState, ProgressFn, ProvisionStats, RejectFn
+
+__all__ = ["LocalHolderLink"]
+
+
+class LocalHolderLink(FramedHolderLink):
+    """The agent as a local subprocess on stdin/stdout (``python -m gputravel.agents.holder``)."""
+
+    transport = "local"
+
+    def __init__(self, name: str, data_dir: Path, *, val_fraction: float = 0.1, python: str | None = None,
+                 witness: Path | None = None) -> None:
+        super().__init__(name)
+        self.data_dir = Path(data_dir)
+        self.val_fraction = val_fraction
+        self.python = python or sys.executable
+        self.witness = witness  # the agent appends the ledger head of each hand-off here
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> HolderInfo:
+        self.set_state(HolderState.CONNECTING, "local subprocess")
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                self.python, "-m", "gputravel.agents.holder", "--name", self.name, "--data", str(self.data_dir),
+                "--val-fraction", str(self.val_fraction),
+                *(("--witness", str(self.witness)) if self.witness is not None else ()), stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, limit=STREAM_LIMIT,
+                preexec_fn=die_with_parent)
+        except OSError as exc:
+            raise AgentError(self.name, f"cannot start the agent: {exc}") from None
+        self.reader, self.writer = self.proc.stdout, self.proc.stdin
+        try:
+            info = await self._hello()
+        except GpuTravelError as exc:
+            self.set_state(HolderState.FAILED, exc.reason)
+            await self.close()
+            raise
+        self.set_state(HolderState.READY, info.agent_sha256[:16])
+        return info
+
+    async def provision(self, handoff: Handoff, *, device_socket: str, on_progress: ProgressFn | None = None,
+                        on_reject: RejectFn | None = None,
+                        data_endpoint: DataEndpoint | None = None) -> ProvisionStats:
+        self.set_state(HolderState.PROVISIONING, f"epoch {handoff.epoch}")
+        try:
+            stats = await super().provision(handoff, device_socket=device_socket, on_progress=on_progress,
+                                            on_reject=on_reject, data_endpoint=data_endpoint)
+        except GpuTravelError as exc:
+            self.set_state(HolderState.FAILED, exc.reason)
+            raise
+        self.set_state(HolderState.RETURNED, f"epoch {handoff.epoch}")
+        return stats
+
+    @property
+    def ready(self) -> bool:
+        """The agent answered HELLO, is still running and did not fail a transfer."""
+        return (self.proc is not None and self.proc.returncode is None and self.info is not None
+                and self.state not in (HolderState.FAILED, HolderState.STOPPED, HolderState.PROVISIONING))
+
+    async def ensure_ready(self) -> HolderInfo | None:
+        """A local agent that died while waiting is marked offline and started again."""
+        if self.ready:
+            return None
+        if self.state not in (HolderState.OFFLINE, HolderState.FAILED):
+            rc = self.proc.returncode if self.proc is not None else None
+            self.set_state(HolderState.OFFLINE, f"agent exited while waiting (status {rc})")
+        await self.close()
+        return await self.start()
+
+    async def kill(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+
+    async def close(self) -> None:
+        if self.proc is None:
+            return
+        if self.state not in (HolderState.FAILED, HolderState.OFFLINE):
+            self.set_state(HolderState.STOPPED)
+        if self.proc.returncode is None:
+            await self.stop()
+            try:
+                if self.writer is not None:
+                    self.writer.close()
+                await asyncio.wait_for(self.proc.wait(), 5)
+            except (TimeoutError, OSError, RuntimeError, ConnectionError):
+                self.proc.kill()
+                await self.proc.wait()
