@@ -74,7 +74,15 @@ class Bridge:
         for event in batch:
             self.state.apply(event)
             self.tracker(event)
+        self.toast(batch)
         return batch
+
+    def toast(self, batch: tuple[ev.Event, ...]) -> None:
+        """Events that deserve a toast as well as a log line: a loss spike."""
+        for e in batch:
+            if isinstance(e, ev.LossSpiked):
+                self.notice(f"loss spike: visit {e.visit + 1} {e.holder}, step {e.run_step}: {e.loss:.3f} > "
+                            f"{e.factor:g} x running mean {e.mean:.3f}", "warning")
 
     def post_state(self, events: tuple[ev.Event, ...] = (), *, reset: bool = False) -> None:
         if reset or any(e.kind in ("VisitFailed", "RunFailed") for e in events):
@@ -282,6 +290,7 @@ class LiveBridge(Bridge):
         batch = tuple(events)
         for event in batch:
             self.state.apply(event)
+        self.toast(batch)
         return batch
 
     def _drain(self, queue: asyncio.Queue[ev.Event]) -> None:
@@ -359,7 +368,7 @@ class LiveBridge(Bridge):
         if not self.state.paused_before:
             self.pending = "pausing"
             self.post_state()
-        return "pausing before the next phase"
+        return "pausing: after the current training step, else before the next phase"
 
     def resume(self) -> None:
         self.session.resume()

@@ -94,7 +94,7 @@ class RunView:
         elif isinstance(event, ev.PhaseStarted):
             if event.phase == "ATTEST":
                 p.reset(self.phase_task, total=self.PHASES)
-                p.reset(self.bytes_task, total=1)
+                p.reset(self.bytes_task, total=1, description="provisioning", info="")
             p.update(self.phase_task, description=f"visit {event.visit + 1} {event.holder} · {event.phase}",
                      info=f"epoch {event.epoch}")
         elif isinstance(event, ev.PhaseCompleted):
@@ -102,7 +102,25 @@ class RunView:
         elif isinstance(event, ev.ProvisionProgressed):
             p.update(self.bytes_task, total=event.total, completed=event.nbytes,
                      info=f"{event.nbytes / 2**20:.1f}/{event.total / 2**20:.1f} MiB")
+        elif isinstance(event, ev.TrainingProgressed):  # the third bar counts the visit's steps while TRAIN runs
+            p.update(self.phase_task, description=f"visit {event.visit + 1} {event.holder} · TRAIN "
+                                                  f"{event.step}/{event.steps}")
+            p.update(self.bytes_task, description="training steps", total=event.steps, completed=event.step,
+                     info=f"loss {event.loss:.3f} · {event.tokens_per_s:,.0f} tok/s")
+        elif isinstance(event, ev.LossSpiked):
+            self.console.print(f"  [yellow]loss spike[/] visit {event.visit + 1} {escape(event.holder)} step "
+                               f"{event.run_step}: {event.loss:.3f} > {event.factor:g} x running mean "
+                               f"{event.mean:.3f}")
+        elif isinstance(event, ev.ControlRequested):
+            self.console.print(f"[yellow]{'CANCELLING' if event.action == 'cancel' else 'PAUSING'}...[/] "
+                               f"(lands after the current step{f' of {event.phase}' if event.phase else ''})")
+        elif isinstance(event, ev.VisitCancelled):
+            self.console.print(f"  [yellow]visit {event.visit + 1} {escape(event.holder)} cancelled[/] in "
+                               f"{event.phase or '-'} after {event.steps} steps; buffer scrub "
+                               f"{'verified' if event.scrub_verified else '[red]NOT verified[/]'}")
         elif isinstance(event, ev.TrainingStepped):
+            p.update(self.bytes_task, description="training steps", total=len(event.losses),
+                     completed=len(event.losses), info="")
             last = event.losses[-1]
             val = f", val {event.val_loss:.3f}" if event.val_loss is not None else ""
             self.console.print(f"  visit {event.visit + 1} [cyan]{event.holder}[/]: loss {event.losses[0]:.3f} → "
@@ -117,7 +135,8 @@ class RunView:
             self.console.print(f"  [red]visit {event.visit + 1} {escape(event.holder)} failed[/] in {event.phase}: "
                                f"{escape(event.error)}")
         elif isinstance(event, ev.RunPaused):
-            self.console.print(f"[yellow]paused[/] ({event.reason}) before {event.next_phase}")
+            where = f"in {event.within}" if event.within else f"before {event.next_phase}"
+            self.console.print(f"[yellow]paused[/] ({event.reason}) {where}")
 
 
 def sparkline(values: list[float], *, width: int = 60) -> str:
@@ -372,6 +391,9 @@ async def _run_until_stopped(settings: RunSettings, **kw: Any) -> dict[str, Any]
 
     def stop() -> None:
         nonlocal stopped
+        if not stopped:  # the pending state, in the output and the recording: CANCELLING... until it lands
+            for sink in kw.get("sinks", ()):
+                sink(ev.ControlRequested(time.time(), "cancel", None))
         stopped = True
         task.cancel()
 

@@ -15,6 +15,7 @@ from textual.screen import Screen
 from textual.widget import Widget
 
 from gputravel.console.view_model import RunState
+from gputravel.console.view_training import pending_label
 from gputravel.console.widgets.command_line import CommandLine
 from gputravel.console.widgets.footer import ConsoleFooter
 from gputravel.console.widgets.ops_log import OpsLog
@@ -39,6 +40,14 @@ def summarise(state: RunState, screen: str, badges: tuple[str, ...], status: str
     shown = status or state.status
     if state.paused_before and not status:
         shown, phase = f"paused before {state.paused_before}", None
+    if state.current_phase == "TRAIN" and state.train_progress:  # steps arrive while TRAIN runs
+        train = "TRAIN {}/{}".format(*state.train_progress)
+        if state.paused_before and not status:
+            shown, phase = f"paused in {train}", None
+        else:
+            phase = train
+    if not status and not state.ended:  # CANCELLING... / PAUSING... from the recording's ControlRequested
+        shown = pending_label(state.pending) or shown
     return StatusSummary(screen=screen, status=shown, run_id=state.run_id, where=state.gpu_at, phase=phase,
                          epoch=state.epoch, visit=visit, badges=badges)
 

@@ -220,11 +220,15 @@ class DeviceClient:
         return WindowStatus.from_wire(self.call(Op.WINDOW_STATUS)[0])
 
     def train(self, *, train_off: int, train_len: int, val_off: int, val_len: int, fmt: str,
-              steps: int | None = None) -> TrainResult:
+              steps: int | None = None, budget_s: float | None = None) -> TrainResult:
+        """One slice of TRAIN: ``steps`` steps (default the program's steps per visit), cut short after
+        ``budget_s`` seconds (``done`` False: no validation, no digest)."""
         args: dict[str, Any] = {"train_off": train_off, "train_len": train_len, "val_off": val_off,
                                 "val_len": val_len, "fmt": fmt}
         if steps is not None:
             args["steps"] = steps
+        if budget_s is not None:
+            args["budget_s"] = budget_s
         head, payload = self.call(Op.TRAIN, **args)
         return TrainResult.from_wire_with_losses(head, payload)
 

@@ -415,8 +415,9 @@ class DeviceService:
                                   bytes=w.bytes_in).to_wire())
 
     def op_train(self, *, train_off: int, train_len: int, val_off: int, val_len: int, fmt: str,
-                 steps: int | None = None, payload: bytes) -> Reply:
-        trainer = self._need_whole_model()
+                 steps: int | None = None, budget_s: float | None = None, payload: bytes) -> Reply:
+        """A slice of TRAIN: ``steps``, cut short after ``budget_s``; a whole slice validates and hashes."""
+        trainer, buf = self._need_whole_model(), self.buffer.tensor
         if self.window is not None:
             raise DeviceError("cannot train while a provisioning window is open")
         for off, n in ((train_off, train_len), (val_off, val_len)):
@@ -424,13 +425,13 @@ class DeviceService:
                 raise WindowError(f"range [{off}, {off + n}) is outside the buffer")
         self._model_changed()
         self.plane.make_current_wait()  # training's stream waits for the provisioning copy stream
-        res = trainer.train_on_window(self.buffer.tensor, train_off=train_off, train_len=train_len, fmt=fmt)
-        val = trainer.eval_on_window(self.buffer.tensor, val_off=val_off, val_len=val_len, fmt=fmt) if val_len else None
+        res = trainer.train_on_window(buf, train_off=train_off, train_len=train_len, fmt=fmt, steps=steps,
+                                      budget_s=budget_s)
+        done = len(res.losses) == (steps or trainer.settings.steps_per_visit)
+        val = trainer.eval_on_window(buf, val_off=val_off, val_len=val_len, fmt=fmt) if done and val_len else None
         self.counters["train_steps"] += len(res.losses)
-        result = TrainResult(losses=res.losses, tokens=res.tokens, seconds=res.seconds,
-                             tokens_per_s=res.tokens_per_s, val_loss=val, model_digest=self.model_digest())
-        # the per-step losses ride in the payload (8 bytes a step), never in the bounded header: a visit of
-        # thousands of steps (bench travel's 512 MiB buffers) would overflow the 16 KiB header limit
+        result = TrainResult(losses=res.losses, tokens=res.tokens, seconds=res.seconds, tokens_per_s=res.tokens_per_s,
+                             val_loss=val, model_digest=self.model_digest() if done else "", done=done)
         return Reply(result.header_without_losses(), result.losses_payload())
 
     def op_scrub(self, *, payload: bytes) -> Reply:

@@ -10,6 +10,7 @@ row and event in one call), ``recovery`` (failed visits, dead devices and agents
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import json
@@ -44,6 +45,7 @@ from gputravel.core.procs import release_free_memory
 from gputravel.core.runfolder import sealed_settings_digest
 from gputravel.core.training.checkpoint import CheckpointStore
 from gputravel.core.travel import handoff as ho
+from gputravel.core.travel import training
 from gputravel.core.travel.audit import ATTACK_CODES, Audit
 from gputravel.core.travel.control import Control, EventSink, FaultPlan
 from gputravel.core.travel.holders import Handoff, HolderInfo, HolderLink
@@ -76,6 +78,8 @@ class TravelEngine:
 
     #: kept for readers of the engine: the rejection codes that count as an attack
     ATTACK_CODES = ATTACK_CODES
+    #: a visit interrupted by SIGTERM or Ctrl-C is cancelled as by the operator (scrub, ``visit-cancelled``)
+    scrub_when_interrupted = True
 
     def __init__(self, *, settings: RunSettings, device: DeviceHandle, links: list[HolderLink],
                  out_dir: Path, checkpoint_store: CheckpointStore,
@@ -88,7 +92,7 @@ class TravelEngine:
         self.ckpt = checkpoint_store
         self.make_program = make_program
         self.train_program: dict[str, Any] = {}
-        self.control = Control({Phase(b) for b in settings.breakpoints})
+        self.control = Control({Phase(b) for b in settings.breakpoints}, on_request=self.emit)
         self.subscribers: list[asyncio.Queue[ev.Event]] = []
         self.sinks: list[EventSink] = []
         #: timing hooks (``EngineProbe``): benchmarks attach theirs here
@@ -124,6 +128,9 @@ class TravelEngine:
         self.loss_history: list[tuple[int, float]] = []
         self.val_history: list[tuple[int, str, float]] = []
         self.step_count = 0
+        #: how TRAIN is cut into device requests, and the loss-spike watch over the run's steps
+        self.train_slices = training.SliceSettings()
+        self.spikes = training.SpikeWatch()
         #: fault injection (tests, the crash study): phase name -> action run when that phase begins
         self.fault: dict[str, Callable[[TravelEngine], Any]] = {}
         self.restart_device = restart_device
@@ -497,6 +504,12 @@ class TravelEngine:
         except CancelledRunError as exc:
             await self.recovery.cancel_visit(rec, exc, v.window_open)
             raise
+        except asyncio.CancelledError:  # SIGTERM (runs stop) or Ctrl-C: within a training slice, and scrubbed
+            if self.scrub_when_interrupted:
+                with contextlib.suppress(GpuTravelError, OSError):
+                    await self.recovery.cancel_visit(rec, CancelledRunError("interrupted (SIGTERM or Ctrl-C)"),
+                                                     v.window_open)
+            raise
         except (AgentError, ProtocolError, IntegrityError, DataError, DeviceError) as exc:
             if not self.handle.alive():
                 await self.recovery.recover_device(rec, exc)
@@ -579,32 +592,17 @@ class TravelEngine:
         return 0, {"model": self.expected_model, **checked}
 
     async def _train(self, v: _Visit) -> _Outcome:
-        """k steps on the buffer, validation on the held-out slice, on the device."""
-        plan = v.rec.plan
-        res = await asyncio.to_thread(self.client.train, train_off=0, train_len=plan.train_len,
-                                      val_off=plan.train_len, val_len=plan.val_len, fmt=self.infos[plan.holder].fmt)
-        self.expected_model = res.model_digest
-        return 0, self._trained(v.rec, losses=res.losses, val_loss=res.val_loss, seconds=res.seconds,
-                                tokens_per_s=res.tokens_per_s)
+        """k steps on the buffer in slices (progress, spikes, control between steps), validation on the
+        held-out slice, on the device (``training``)."""
+        return 0, await training.train_visit(self, v.rec)
 
     def _trained(self, rec: VisitRecord, *, losses: Sequence[float], val_loss: float | None, seconds: float,
                  tokens_per_s: float) -> dict[str, Any]:
-        """A TRAIN that ran (here, or as a fleet's weighted step): the visit's record, the run's loss
+        """A TRAIN that ran in one piece (a fleet's weighted step): the visit's record, the run's loss
         history, the TrainingStepped event, and the phase's detail."""
-        plan = rec.plan
-        rec.losses = [float(x) for x in losses]
-        rec.val_loss = val_loss
-        rec.train_s = float(seconds)
-        rec.tokens_per_s = float(tokens_per_s)
-        for loss in rec.losses:
-            self.step_count += 1
-            self.loss_history.append((self.step_count, loss))
-        if rec.val_loss is not None:
-            self.val_history.append((self.step_count, plan.holder, float(rec.val_loss)))
-        self.audit.emit(ev.TrainingStepped(time.time(), plan.index, plan.holder, self.step_count, tuple(rec.losses),
-                                           rec.val_loss, rec.tokens_per_s))
-        return {"loss_first": rec.losses[0], "loss_last": rec.losses[-1], "val_loss": rec.val_loss,
-                "steps": len(rec.losses)}
+        rec.losses = []
+        training.record_losses(self, rec, [float(x) for x in losses])
+        return training.finish_training(self, rec, val_loss=val_loss, seconds=seconds, tokens_per_s=tokens_per_s)
 
     async def _scrub(self, v: _Visit) -> _Outcome:
         """Zero the buffer and check it before anyone else gets a key."""
@@ -632,7 +630,7 @@ class TravelEngine:
         if self.phase is not None and self.phase not in (Phase.DONE,):
             check_transition(self.phase, phase)
         await self.control.gate(phase, self.emit)
-        self.phase = phase
+        self.phase = self.control.phase = phase
         self.audit.emit(ev.PhaseStarted(time.time(), rec.plan.index, rec.plan.holder, str(phase), rec.epoch))
         self._fault_point(phase)
         if self.fault_plan is not None and self.fault_plan.matches(phase, rec.plan.index, rec.attempts):

@@ -119,9 +119,13 @@ class Recovery:
         out = await self.abort_visit(rec, window_open, restore=False)
         rec.outcome, rec.error, rec.failed_phase = "cancelled", str(exc), phase
         e.phase = Phase.DONE
-        e.audit.row("visit-cancelled", phase=phase, holder=rec.plan.holder, epoch=rec.epoch,
-                    key_fp=rec.key_fingerprint, outcome=exc.code,
-                    detail={"visit": rec.plan.index, "error": str(exc), **out}, state={"epoch": e.epoch})
+        steps = len(rec.losses)  # optimizer steps this visit ran before the cancel landed (between two of them)
+        e.audit.record(ev.VisitCancelled(time.time(), rec.plan.index, rec.plan.holder, rec.epoch, phase, steps,
+                                         bool(out.get("scrub_verified"))),
+                       "visit-cancelled", phase=phase, holder=rec.plan.holder, epoch=rec.epoch,
+                       key_fp=rec.key_fingerprint, outcome=exc.code,
+                       detail={"visit": rec.plan.index, "error": str(exc), "steps": steps, **out},
+                       state={"epoch": e.epoch})
 
     async def fail_visit(self, rec: VisitRecord, exc: GpuTravelError, window_open: bool) -> None:
         e = self.engine
