@@ -81,12 +81,19 @@ def build_engine(settings: RunSettings, *, links: Iterable[HolderLink] | None = 
     store = CheckpointStore(out / "checkpoints", key)
     platform = platform_type(out / "platform", device=settings.device, cc_mode=settings.cc_mode,
                              allow_fault_injection=settings.allow_fault_injection,
-                             torch_threads=settings.torch_threads, data_host=settings.data_host,
+                             torch_threads=settings.torch_threads, data_host=tcp_data_host(settings),
                              cipher_engine=settings.cipher_engine, log_path=out / "device.log")
     handle = platform.start(buffer_bytes=settings.buffer_bytes)
     return engine_type(settings=settings, device=handle, links=list(links), out_dir=out, checkpoint_store=store,
                        make_program=_program_factory(settings),
                        restart_device=lambda: platform.start(buffer_bytes=settings.buffer_bytes), **engine_kw)
+
+
+def tcp_data_host(settings: RunSettings) -> str:
+    """The address the device's TCP data port binds to, or ``""`` for no TCP listener at all: only holders on
+    other hosts (an inventory on the direct path) need it; same-host holders reach the device's private Unix
+    socket, so a same-host run offers other local users no port to reach."""
+    return settings.data_host if settings.transport == "inventory" and settings.data_path == "direct" else ""
 
 
 async def run(settings: RunSettings, *, sinks: Iterable[Callable[[Event], None]] = (),

@@ -16,12 +16,12 @@ import torch.distributed as dist
 from gputravel.core.collectives.crypto import ALL_RANKS, HopAad, HopOpener, HopSealer, HostCrypto, Phase
 from gputravel.core.collectives.keys import emulated_identity, establish_ring_keys
 from gputravel.core.collectives.launch import WorkerContext, run_workers
+from gputravel.core.collectives.parts import RingPlan
 from gputravel.core.collectives.ring import (
     CollectiveAbortedError,
     RingFault,
     SecureRing,
     Variant,
-    _Plan,
     available_variants,
     gloo_tls_available,
 )
@@ -200,7 +200,7 @@ def test_gathered_aad_names_every_rank() -> None:
                                                        (4, 10_000, 1 << 20)])
 def test_plan_covers_every_element_once_and_the_ring_schedule_ends_with_every_segment(
         world: int, numel: int, chunk: int) -> None:
-    plan = _Plan.make(world=world, numel=numel, esize=4, chunk_bytes=chunk)
+    plan = RingPlan.make(world=world, numel=numel, esize=4, chunk_bytes=chunk)
     covered = [e for seg in plan.chunks for a, b in seg for e in range(a, b)]
     assert covered == list(range(numel))
     for rank in range(world):

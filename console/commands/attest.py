@@ -1,4 +1,5 @@
-"""``gputravel attest``: attest the (emulated) GPU and show every claim."""
+"""``gputravel attest``: attest the (emulated) GPU and show every claim; or, offline, verify real-format evidence
+(an NVIDIA GPU's SPDM report with ``--evidence``, an Intel TDX quote with ``--tdx-quote``: see attest_evidence)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from gputravel.core.attestation import (
     load_policy,
     run_emulated_attestation,
 )
-from gputravel.core.errors import AttestationError
+from gputravel.core.errors import AttestationError, DataError
 
 
 def default_state_dir() -> Path:
@@ -90,10 +91,69 @@ def attest(
         typer.Option("--state-dir", help="Emulated vendor PKI and device identity (default: user state dir)."),
     ] = None,
     policy: Annotated[
-        Path | None, typer.Option("--policy", help="Attestation policy TOML (default: the shipped one).")
+        Path | None, typer.Option("--policy", help="Attestation policy TOML (default: the shipped one; with "
+                                  "--evidence/--tdx-quote: the evidence policy, core/policy/evidence.toml).")
+    ] = None,
+    evidence: Annotated[
+        Path | None, typer.Option("--evidence", help="NVIDIA GPU attestation report (SPDM GET_MEASUREMENTS "
+                                  "request + response), raw or hex text: verify it offline.")
+    ] = None,
+    cert_chain: Annotated[
+        Path | None, typer.Option("--cert-chain", help="The GPU's PEM certificate chain, leaf first (with --evidence).")
+    ] = None,
+    nonce: Annotated[
+        str | None, typer.Option("--nonce", help="The 32-byte nonce the report must carry, hex (with --evidence).")
+    ] = None,
+    rim: Annotated[
+        list[Path] | None, typer.Option("--rim", help="NVIDIA-signed driver or VBIOS RIM (swidtag), repeatable.")
+    ] = None,
+    tdx_quote: Annotated[
+        Path | None, typer.Option("--tdx-quote", help="Intel TDX quote (version 4), raw: verify it offline.")
+    ] = None,
+    collateral: Annotated[
+        Path | None, typer.Option("--collateral", help="The quote's collateral, dcap-qvl QuoteCollateralV3 JSON.")
+    ] = None,
+    at: Annotated[
+        int | None, typer.Option("--at", help="Verify as of this Unix time (default: now).")
+    ] = None,
+    sim_formats: Annotated[
+        bool, typer.Option("--sim-formats", help="Make and verify the SIM platform's evidence in NVIDIA's and "
+                           "Intel's formats (SPDM + RIMs, TDX v4 quote + collateral) under the SIM roots.")
+    ] = False,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="With --sim-formats: write the SIM evidence files here.")
     ] = None,
 ) -> None:
-    """Attest the GPU: certificate chain, revocation, signature, nonce, measurements, CC mode."""
+    """Attest the GPU: certificate chain, revocation, signature, nonce, measurements, CC mode.
+
+    With --evidence or --tdx-quote, verify real-format evidence from files instead (offline; exit 0, or 3 naming
+    the first claim that failed).
+    """
+    if sim_formats:
+        from gputravel.console.commands.attest_evidence import attest_sim_formats
+
+        if evidence is not None or tdx_quote is not None or inject is not None:
+            raise DataError("--sim-formats makes its own evidence: no --evidence, --tdx-quote or --inject with it")
+        attest_sim_formats(state_dir=state_dir or default_state_dir(), out=out, json_out=json_out)
+        return
+    if out is not None:
+        raise DataError("--out goes with --sim-formats")
+    if evidence is not None or tdx_quote is not None:
+        from gputravel.console.commands.attest_evidence import attest_gpu_evidence, attest_tdx_quote
+
+        if evidence is not None and tdx_quote is not None:
+            raise DataError("give --evidence (GPU) or --tdx-quote (CVM), one at a time")
+        if inject is not None:
+            raise DataError("--inject applies to the emulated attestation only")
+        if evidence is not None:
+            attest_gpu_evidence(evidence=evidence, cert_chain=cert_chain, nonce=nonce, rims=rim or [], at=at,
+                                policy=policy, json_out=json_out)
+        else:
+            assert tdx_quote is not None
+            attest_tdx_quote(quote=tdx_quote, collateral=collateral, at=at, policy=policy, json_out=json_out)
+        return
+    if any(v is not None for v in (cert_chain, nonce, rim, collateral, at)):
+        raise DataError("--cert-chain, --nonce, --rim, --collateral and --at need --evidence or --tdx-quote")
     fault = inject.value if inject is not None else None
     result = run_emulated_attestation(
         state_dir or default_state_dir(),

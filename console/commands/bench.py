@@ -25,7 +25,8 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-BENCH_MODULES = ("provision", "travel", "allreduce", "ddp", "load", "soak", "gpu_aes", "fleet", "checkpoint", "train")
+BENCH_MODULES = ("provision", "travel", "allreduce", "ddp", "load", "soak", "gpu_aes", "fleet", "checkpoint", "train",
+                 "evidence")
 
 bench_app = typer.Typer(help="Benchmarks: JSON out, a rich table on screen, progress while running.",
                         no_args_is_help=True)

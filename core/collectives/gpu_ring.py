@@ -24,33 +24,23 @@ slow, so only for tiny tensors.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from gputravel.core.collectives.crypto import TAG_LEN, HopAad, Phase, _HopState
 from gputravel.core.collectives.keys import RingKeys
+from gputravel.core.collectives.parts import RingPlan, RingStats, RingView
+from gputravel.core.gpucipher.backend import gpu_cipher_on_cuda
 from gputravel.core.protocol import TagError, nonce
-
-if TYPE_CHECKING:
-    from gputravel.core.collectives.ring import RingStats, SecureRing
 
 __all__ = ["SIM_MAX_BYTES", "gpu_cipher_on_cuda", "gpu_secure_all_reduce"]
 
 #: Largest tensor ``bench allreduce`` runs ``secure_gpu`` on when the GPU cipher is the simulator
 #: (about 3 s per 64 KiB sealed there); larger sizes are skipped with a note.
 SIM_MAX_BYTES = 64 * 1024
-
-
-@functools.cache
-def gpu_cipher_on_cuda() -> bool:
-    """Whether the GPU cipher would run on a CUDA device here (numba-cuda installed, a device present)."""
-    from gputravel.core.gpucipher.backend import cuda_device_present
-
-    return importlib.util.find_spec("numba_cuda") is not None and cuda_device_present()
 
 
 @functools.lru_cache(maxsize=16)
@@ -135,13 +125,11 @@ class _Hop:
         return self.eng.open_add_f32_device(plan, words, self.dev(self.eng, msg), dst, aad_dev, tags)
 
 
-def gpu_secure_all_reduce(ring: SecureRing, flat: torch.Tensor, keys: RingKeys, stats: RingStats) -> TagError | None:
+def gpu_secure_all_reduce(ring: RingView, flat: torch.Tensor, keys: RingKeys, stats: RingStats) -> TagError | None:
     """One ``secure_gpu`` all-reduce of ``flat`` (in place); the first hop this rank rejected, if any."""
-    from gputravel.core.collectives.ring import _Plan
-
-    rank, world, wire = ring.rank, ring.world, ring._wire
+    rank, world, wire = ring.rank, ring.world, ring.wire
     esize = flat.element_size()
-    plan = _Plan.make(world=world, numel=flat.numel(), esize=esize, chunk_bytes=None)
+    plan = RingPlan.make(world=world, numel=flat.numel(), esize=esize, chunk_bytes=None)
     steps, maxc = 2 * world - 2, plan.maxc
     # the same reservations as the CPU secure ring's call, so the variants can share one ring's keys
     send_base = keys.send.reserve(steps * maxc)
@@ -220,7 +208,7 @@ def gpu_secure_all_reduce(ring: SecureRing, flat: torch.Tensor, keys: RingKeys, 
     return error
 
 
-def _inject(ring: SecureRing, phase: Phase, step: int, out: torch.Tensor) -> torch.Tensor:
+def _inject(ring: RingView, phase: Phase, step: int, out: torch.Tensor) -> torch.Tensor:
     """Fault injection (tests): a tampering host flips one ciphertext byte of the chosen hop."""
     fault = ring.fault
     if fault is None or fault.rank != ring.rank or fault.kind != "flip" or (fault.phase, fault.step) != (phase, step):

@@ -17,7 +17,6 @@ import os
 import time
 from collections import OrderedDict
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cache
 from typing import Any
@@ -35,6 +34,7 @@ from gputravel.core.collectives.crypto import (
     default_workers,
 )
 from gputravel.core.collectives.keys import RingKeys
+from gputravel.core.collectives.parts import RingFault, RingPlan, RingStats, Wire
 from gputravel.core.errors import CollectiveAbortedError, CollectiveError, ConfigError
 from gputravel.core.protocol import TagError
 
@@ -89,94 +89,10 @@ def gloo_tls_available() -> bool:
 def available_variants() -> tuple[Variant, ...]:
     """Every variant this build can run (``gloo_tls`` only where detected; ``secure_gpu`` only where the GPU
     cipher has a CUDA device: elsewhere it runs in numba's simulator, for tests, when named)."""
-    from gputravel.core.collectives.gpu_ring import gpu_cipher_on_cuda
+    from gputravel.core.gpucipher.backend import gpu_cipher_on_cuda
 
     return tuple(v for v in Variant if (v is not Variant.GLOO_TLS or gloo_tls_available())
                  and (v is not Variant.SECURE_GPU or gpu_cipher_on_cuda()))
-
-
-@dataclass(frozen=True, slots=True)
-class RingFault:
-    """Fault injection for tests and demos: rank ``rank`` corrupts the hop it sends at (phase, step, chunk).
-
-    ``flip`` flips one ciphertext byte (a tampering host); ``replay`` sends, from the second call on,
-    the ciphertext it sent for that hop in the first call (a replaying host).
-    """
-
-    kind: str
-    rank: int
-    phase: Phase = Phase.REDUCE_SCATTER
-    step: int = 0
-    chunk: int = 0
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("flip", "replay"):
-            raise ConfigError("fault kind is 'flip' or 'replay'")
-
-
-@dataclass(slots=True)
-class RingStats:
-    """Seconds by where they went, summed over calls. Crypto and reduce run on the pool, so the parts of a
-    pipelined variant overlap and may add up to more than ``wall_s``."""
-
-    calls: int = 0
-    wall_s: float = 0.0
-    crypto_s: float = 0.0  # sealing and opening (all threads)
-    reduce_s: float = 0.0  # adding received chunks (all threads)
-    wire_s: float = 0.0  # the issuing thread blocked on send/recv completion
-    wait_s: float = 0.0  # the issuing thread blocked on the crypto pool
-    bytes_sealed: int = 0
-    bytes_opened: int = 0
-
-    def reset(self) -> None:
-        for f in ("calls", "wall_s", "crypto_s", "reduce_s", "wire_s", "wait_s", "bytes_sealed", "bytes_opened"):
-            setattr(self, f, 0)
-
-    def as_dict(self) -> dict[str, float]:
-        return {f: getattr(self, f) for f in ("calls", "wall_s", "crypto_s", "reduce_s", "wire_s", "wait_s",
-                                              "bytes_sealed", "bytes_opened")}
-
-
-@dataclass(slots=True)
-class _Plan:
-    """Segments and chunks of one flat tensor, and the ciphertext layout of every hop (by global step)."""
-
-    world: int
-    numel: int
-    esize: int
-    seg_bounds: list[int]  # element bounds of the W segments
-    chunks: list[list[tuple[int, int]]]  # per segment: element ranges of its chunks
-    maxc: int
-    ct_offsets: list[list[int]] = field(default_factory=list)  # per global step: byte offset of each chunk's ct
-    ct_total: int = 0
-
-    @classmethod
-    def make(cls, *, world: int, numel: int, esize: int, chunk_bytes: int | None) -> _Plan:
-        bounds = [(i * numel) // world for i in range(world + 1)]
-        per = max(1, (chunk_bytes or (numel * esize + 1)) // esize)
-        chunks = []
-        for i in range(world):
-            a, b = bounds[i], bounds[i + 1]
-            chunks.append([(x, min(x + per, b)) for x in range(a, b, per)])
-        maxc = max(1, max(len(c) for c in chunks))
-        return cls(world, numel, esize, bounds, chunks, maxc)
-
-    def seg(self, g: int, rank: int, *, send: bool) -> int:
-        w = self.world
-        if g < w - 1:  # reduce-scatter step g
-            return (rank - g - (0 if send else 1)) % w
-        s = g - (w - 1)
-        return (rank + 1 - s - (0 if send else 1)) % w
-
-    def layout(self, rank: int, *, send: bool) -> tuple[list[list[int]], int]:
-        offsets, total = [], 0
-        for g in range(2 * self.world - 2):
-            row = []
-            for a, b in self.chunks[self.seg(g, rank, send=send)]:
-                row.append(total)
-                total += (b - a) * self.esize + TAG_LEN
-            offsets.append(row)
-        return offsets, total
 
 
 class _Buffers:
@@ -185,7 +101,7 @@ class _Buffers:
     __slots__ = ("send_off", "recv_off", "send", "recv", "send_np", "recv_np", "scratch", "scratch_np",
                  "saved")
 
-    def __init__(self, plan: _Plan, rank: int, *, pin: bool) -> None:
+    def __init__(self, plan: RingPlan, rank: int, *, pin: bool) -> None:
         self.send_off, send_total = plan.layout(rank, send=True)
         self.recv_off, recv_total = plan.layout(rank, send=False)
         self.send = torch.empty(send_total, dtype=torch.uint8, pin_memory=pin)
@@ -198,66 +114,11 @@ class _Buffers:
         self.saved: dict[tuple[int, int], bytes] = {}  # replay fault: first call's ciphertext
 
 
-class _Wire:
-    """Issues every point-to-point op from one thread, in one order on every rank.
-
-    gloo: ``isend``/``irecv`` with a tag per (step, chunk). NCCL: ciphertext is staged through device
-    uint8 buffers and each send is grouped with its receive (``batch_isend_irecv``).
-    """
-
-    __slots__ = ("group", "left", "right", "nccl", "device")
-
-    def __init__(self, group: dist.ProcessGroup | None, rank: int, world: int) -> None:
-        self.group = group
-        self.left = dist.get_global_rank(group, (rank - 1) % world) if group is not None else (rank - 1) % world
-        self.right = dist.get_global_rank(group, (rank + 1) % world) if group is not None else (rank + 1) % world
-        self.nccl = dist.get_backend(group) == "nccl"
-        self.device = torch.device("cuda", torch.cuda.current_device()) if self.nccl else torch.device("cpu")
-
-    def exchange(self, send: torch.Tensor | None, recv: torch.Tensor | None, tag: int) -> tuple[Any, Any]:
-        """Post a send to the right and a receive from the left; returns (send work, recv work)."""
-        if self.nccl:
-            return self._exchange_nccl(send, recv)
-        sw = dist.isend(send, self.right, group=self.group, tag=tag) if send is not None else None
-        rw = dist.irecv(recv, self.left, group=self.group, tag=tag) if recv is not None else None
-        return sw, rw
-
-    def _exchange_nccl(self, send: torch.Tensor | None, recv: torch.Tensor | None) -> tuple[Any, Any]:
-        ops, dev_recv = [], None
-        if send is not None:
-            dev_send = send if send.is_cuda else send.to(self.device, non_blocking=True)
-            ops.append(dist.P2POp(dist.isend, dev_send, self.right, self.group))
-        if recv is not None:
-            dev_recv = recv if recv.is_cuda else torch.empty_like(recv, device=self.device)
-            ops.append(dist.P2POp(dist.irecv, dev_recv, self.left, self.group))
-        works = dist.batch_isend_irecv(ops) if ops else []
-        sw = works[0] if send is not None and works else None
-        rw = works[-1] if recv is not None and works else None
-        if rw is not None and dev_recv is not None and not recv.is_cuda:  # type: ignore[union-attr]
-            return sw, _StagedRecv(rw, dev_recv, recv)  # type: ignore[arg-type]
-        return sw, rw
-
-
-class _StagedRecv:
-    """A receive into a device buffer that lands in a host buffer when waited on."""
-
-    __slots__ = ("work", "dev", "host")
-
-    def __init__(self, work: Any, dev: torch.Tensor, host: torch.Tensor) -> None:
-        self.work, self.dev, self.host = work, dev, host
-
-    def wait(self) -> bool:
-        self.work.wait()
-        self.host.copy_(self.dev)
-        torch.cuda.current_stream().synchronize()
-        return True
-
-
 class SecureRing:
     """All-reduce (sum, in place) over one process group with any ``Variant``."""
 
     __slots__ = ("group", "rank", "world", "keys", "crypto", "chunk_bytes", "sealed_gather", "fault",
-                 "stats", "iteration", "_wire", "_plans", "_tls_group")
+                 "stats", "iteration", "wire", "_plans", "_tls_group")
 
     def __init__(self, *, group: dist.ProcessGroup | None = None, keys: RingKeys | None,
                  crypto: HostCrypto | None = None, chunk_bytes: int | None = None,
@@ -278,8 +139,8 @@ class SecureRing:
         self.fault = fault  # fault injection (tests, demos); None in production
         self.stats: dict[Variant, RingStats] = {}  # per variant
         self.iteration = 0  # secure calls so far (in every AAD)
-        self._wire = _Wire(group, self.rank, self.world)
-        self._plans: OrderedDict[tuple[int, int, int | None], tuple[_Plan, _Buffers | None]] = OrderedDict()
+        self.wire = Wire(group, self.rank, self.world)
+        self._plans: OrderedDict[tuple[int, int, int | None], tuple[RingPlan, _Buffers | None]] = OrderedDict()
         self._tls_group: dist.ProcessGroup | None = None
 
     def close(self) -> None:
@@ -330,11 +191,11 @@ class SecureRing:
         return self._tls_group
 
     def _plan(self, numel: int, esize: int, chunk_bytes: int | None, *, secure: bool,
-              pin: bool) -> tuple[_Plan, _Buffers | None]:
+              pin: bool) -> tuple[RingPlan, _Buffers | None]:
         key = (numel, esize, chunk_bytes)
         hit = self._plans.get(key)
         if hit is None or (secure and hit[1] is None):
-            plan = _Plan.make(world=self.world, numel=numel, esize=esize, chunk_bytes=chunk_bytes)
+            plan = RingPlan.make(world=self.world, numel=numel, esize=esize, chunk_bytes=chunk_bytes)
             hit = (plan, _Buffers(plan, self.rank, pin=pin) if secure else None)
             self._plans[key] = hit
             while len(self._plans) > 8:
@@ -368,7 +229,7 @@ class SecureRing:
         b = plan.seg_bounds
         biggest = max(b[i + 1] - b[i] for i in range(self.world))
         scratch = torch.empty(biggest, dtype=flat.dtype, device=flat.device)
-        wire = self._wire
+        wire = self.wire
         for g in range(2 * self.world - 2):
             si, ri = plan.seg(g, self.rank, send=True), plan.seg(g, self.rank, send=False)
             send = flat[b[si]:b[si + 1]]
@@ -402,7 +263,7 @@ class SecureRing:
             return
         chunk = self.pipeline_chunk() if variant is Variant.SECURE_PIPELINED else None
         plan, bufs = self._plan(flat.numel(), flat.element_size(), chunk, secure=True,
-                                pin=torch.cuda.is_available() and self._wire.nccl)
+                                pin=torch.cuda.is_available() and self.wire.nccl)
         assert bufs is not None
         job = _SecureCall(self, plan, bufs, flat, keys, sealed=self.sealed_gather and self.world > 2,
                           stats=stats)
@@ -423,7 +284,7 @@ class SecureRing:
     def _agree(self, flat: torch.Tensor, error: TagError | None) -> None:
         """Every rank learns whether any rank rejected a hop; on a rejection no rank keeps its result."""
         flag = torch.tensor([self.rank + 1 if error is not None else 0], dtype=torch.int32,
-                            device=self._wire.device)
+                            device=self.wire.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         bad = int(flag.item())
         if bad:
@@ -437,7 +298,7 @@ class SecureRing:
 class _SecureCall:
     """One secure all-reduce: its schedule, sequence numbers, buffers and the first error seen."""
 
-    def __init__(self, ring: SecureRing, plan: _Plan, bufs: _Buffers, flat: torch.Tensor, keys: RingKeys, *,
+    def __init__(self, ring: SecureRing, plan: RingPlan, bufs: _Buffers, flat: torch.Tensor, keys: RingKeys, *,
                  sealed: bool, stats: RingStats) -> None:
         self.ring, self.plan, self.bufs, self.keys, self.stats = ring, plan, bufs, keys, stats
         self.rank, self.world = ring.rank, ring.world
@@ -585,7 +446,7 @@ class _SecureCall:
     # the two schedules
     def run_naive(self) -> None:
         """Per hop, serially, in this thread: seal, send, receive, open (+ reduce)."""
-        st, wire = self.stats, self.ring._wire
+        st, wire = self.stats, self.ring.wire
         for g in range(2 * self.world - 2):
             nsend, nrecv = self._counts(g)
             if nsend and not (self._gathered(g) and g > self.world - 1):
@@ -618,7 +479,7 @@ class _SecureCall:
     def run_pipelined(self) -> None:
         """Chunks: the pool seals chunk k+1 while chunk k is on the wire, and opens (+ reduces, + re-seals
         for the next step) each chunk as it lands; this thread only posts sends and receives."""
-        st, wire, pool = self.stats, self.ring._wire, self.ring.crypto
+        st, wire, pool = self.stats, self.ring.wire, self.ring.crypto
         steps, maxc = 2 * self.world - 2, self.plan.maxc
         nsend0, _ = self._counts(0)
         # With a pool, step 0's chunks are all queued now; inline, each is sealed just before it is sent.

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import functools
+import heapq
 import os
 import queue
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,31 +30,86 @@ from gputravel.core.protocol.frames import read_frame_into
 from gputravel.core.protocol.holderlink import DataOpen, DataReady
 from gputravel.core.protocol.shmring import RingReceiver, ring_supported, send_frame_with_fd
 
-#: Connections that have not authenticated yet (no session opened, no DATA_READY), at most, and how long
-#: one may take to get there: a peer that stalls or floods costs at most this many threads for this long.
+#: Connections that have not authenticated yet (no session opened, no DATA_READY), at most, per listener, and
+#: how long one may take in all to get there (a deadline for the whole hand-shake, not a per-read timeout):
+#: a peer that stalls, trickles or floods costs at most this many threads for this long, and only on the
+#: listener it reached. The Unix socket (0600, in a 0700 folder) is the orchestrator's and its same-host
+#: holders'; the TCP data port, which any local user can reach, has a budget of its own.
 MAX_PENDING = 32
 HANDSHAKE_TIMEOUT_S = 10.0
 
 
-class _Pending:
-    """One connection's place among the unauthenticated ones: released (and its time limit lifted) once it
-    authenticates, or when it ends."""
+class _Deadlines:
+    """One watchdog thread for every unauthenticated connection's deadline (no thread per connection): at its
+    deadline a connection still pending is shut down, so its handling thread's read returns at once."""
 
-    __slots__ = ("conn", "released", "sem")
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, _Pending]] = []
+        self._cond = threading.Condition()
+        self._count = 0
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._watch, name="handshake-deadlines", daemon=True)
+                self._thread.start()
+
+    def add(self, pending: _Pending, deadline_s: float) -> None:
+        self.start()
+        with self._cond:
+            self._count += 1
+            heapq.heappush(self._heap, (time.monotonic() + deadline_s, self._count, pending))
+            self._cond.notify()
+
+    def _watch(self) -> None:
+        while True:
+            with self._cond:
+                while not self._heap:
+                    self._cond.wait()
+                due, _, pending = self._heap[0]
+                wait = due - time.monotonic()
+                if wait > 0:
+                    self._cond.wait(wait)
+                    continue
+                heapq.heappop(self._heap)
+            pending.expire()
+
+
+class _Pending:
+    """One connection's place among a listener's unauthenticated ones: released (and its deadline lifted)
+    once it authenticates, or when it ends. At the deadline the connection is shut down (``expired``)."""
+
+    __slots__ = ("conn", "released", "sem", "expired", "_lock")
 
     def __init__(self, sem: threading.BoundedSemaphore, conn: socket.socket) -> None:
-        self.sem, self.conn, self.released = sem, conn, False
+        self.sem, self.conn, self.released, self.expired = sem, conn, False, False
+        self._lock = threading.Lock()
+
+    def expire(self) -> None:
+        with self._lock:
+            if self.released:
+                return
+            self.expired = True
+        try:
+            self.conn.shutdown(socket.SHUT_RDWR)  # the handling thread's read returns: it ends the connection
+        except OSError:
+            pass
 
     def authenticated(self) -> None:
-        if not self.released:
-            self.released = True
+        if self._release():
             self.conn.settimeout(None)
-            self.sem.release()
 
     def end(self) -> None:
-        if not self.released:
+        self._release()
+
+    def _release(self) -> bool:
+        with self._lock:
+            if self.released:
+                return False
             self.released = True
-            self.sem.release()
+        self.sem.release()
+        return True
 
 
 class DeviceServer:
@@ -68,20 +125,27 @@ class DeviceServer:
         self._control_busy = threading.Lock()
         self.sock: socket.socket | None = None
         self.handshake_timeout = handshake_timeout
-        self._pending = threading.BoundedSemaphore(max_pending)
+        # one budget per listener: strangers on the TCP port never take the places of the Unix socket's peers
+        self._pending_unix = threading.BoundedSemaphore(max_pending)
+        self._pending_tcp = threading.BoundedSemaphore(max_pending)
+        self._deadlines = _Deadlines()
 
     def _admit(self, conn: socket.socket, *, data_only: bool) -> None:
-        """A thread for a new connection if fewer than ``max_pending`` wait to authenticate; else it is
-        closed at once and counted (``busy``)."""
-        if not self._pending.acquire(blocking=False):
+        """A thread for a new connection if fewer than ``max_pending`` wait to authenticate on its listener;
+        else it is closed at once and counted (``busy``)."""
+        sem = self._pending_tcp if data_only else self._pending_unix
+        if not sem.acquire(blocking=False):
             self.service.count_refused("busy")
             conn.close()
             return
         conn.settimeout(self.handshake_timeout)
-        threading.Thread(target=self._handle, args=(conn, _Pending(self._pending, conn)),
-                         kwargs={"data_only": data_only}, daemon=True).start()
+        pending = _Pending(sem, conn)
+        self._deadlines.add(pending, self.handshake_timeout)
+        threading.Thread(target=self._handle, args=(conn, pending), kwargs={"data_only": data_only},
+                         daemon=True).start()
 
     def serve_forever(self) -> None:
+        self._deadlines.start()
         if os.path.exists(self.socket_path):
             os.unlink(self.socket_path)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -148,6 +212,8 @@ class DeviceServer:
         try:
             first = read_frame(stream)
             if first is None:
+                if pending.expired:
+                    svc.count_refused("timeout")
                 return
             if first.type is FrameType.ATTEST_REQUEST and data_only:
                 refuse("frame", "the data port takes data connections only")
@@ -170,9 +236,12 @@ class DeviceServer:
             if not pending.released:
                 svc.count_refused("timeout")
         except (OSError, ConnectionError):
-            pass
+            if pending.expired:
+                svc.count_refused("timeout")
         except GpuTravelError as exc:
-            if not pending.released:  # e.g. garbage as a first frame: counted like every rejection
+            if pending.expired:
+                svc.count_refused("timeout")
+            elif not pending.released:  # e.g. garbage as a first frame: counted like every rejection
                 svc.count_refused(exc.code)
             try:
                 send_frame(conn, FrameType.ERROR, error_header(exc))

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib.util
 import os
 import sys
 import threading
 import traceback
-from types import ModuleType
 from typing import Any, Literal
 
 from gputravel.core.protocol.errors import GpuCipherError
@@ -34,6 +34,12 @@ def cuda_device_present() -> bool:
         return bool(lib.cuInit(0) == 0 and lib.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0)
     except AttributeError:
         return False
+
+
+@functools.cache
+def gpu_cipher_on_cuda() -> bool:
+    """Whether the GPU cipher would run on a CUDA device here (numba-cuda installed, a device present)."""
+    return importlib.util.find_spec("numba_cuda") is not None and cuda_device_present()
 
 
 @functools.cache
@@ -94,15 +100,3 @@ def patch_simulator_shared_arrays() -> None:
 
     shared_cls.array = array
     shared_cls._gputravel_locked = True
-
-
-@functools.cache
-def kernels() -> ModuleType:
-    """The kernel module, imported after the backend is fixed."""
-    if backend() == "simulator":
-        patch_simulator_shared_arrays()
-    try:
-        from gputravel.core.gpucipher import kernels as module
-    except ImportError as exc:
-        raise GpuCipherError(f"the GPU cipher needs numba-cuda (pip install 'gputravel[gpu]'): {exc}") from exc
-    return module

@@ -11,14 +11,16 @@ same shape (every hand-off of a provisioning, every ring hop) upload only their 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from gputravel.core.gpucipher.backend import Backend, backend, kernels
+from gputravel.core.gpucipher.backend import Backend, backend, patch_simulator_shared_arrays
 from gputravel.core.gpucipher.reference import (
     aes_encrypt_block,
     expand_key_le,
@@ -68,6 +70,18 @@ def _cum(counts: I64) -> I64:
 def _check_aligned(name: str, offsets: I64) -> None:
     if len(offsets) and (np.any(offsets % 16) or np.any(offsets < 0)):
         raise GpuCipherError(f"{name} must be non-negative multiples of 16 bytes")
+
+
+@functools.cache
+def kernels() -> ModuleType:
+    """The kernel module, imported after the backend is fixed (``backend()`` runs first)."""
+    if backend() == "simulator":
+        patch_simulator_shared_arrays()
+    try:
+        from gputravel.core.gpucipher import kernels as module
+    except ImportError as exc:
+        raise GpuCipherError(f"the GPU cipher needs numba-cuda (pip install 'gputravel[gpu]'): {exc}") from exc
+    return module
 
 
 @dataclass(slots=True)

@@ -1,0 +1,174 @@
+"""``gputravel attest`` on real-format evidence, offline: an NVIDIA GPU's SPDM report or an Intel TDX quote.
+
+``--evidence FILE --cert-chain FILE --nonce HEX [--rim FILE ...]`` checks a GPU's GET_MEASUREMENTS report;
+``--tdx-quote FILE --collateral FILE [--at UNIX_TIME]`` checks a TD's quote. Exit 0 when every claim holds, 3
+(``AttestationError``) naming the first claim that failed; unreadable input is a ``DataError`` (2), a bad policy
+file a ``ConfigError`` (2).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from gputravel.core.errors import AttestationError, ConfigError, DataError
+from gputravel.core.evidence.policy import EvidencePolicy, PolicyError, load_evidence_policy
+
+__all__ = ["attest_gpu_evidence", "attest_sim_formats", "attest_tdx_quote"]
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read the {what} ({exc.strerror})") from exc
+
+
+def _policy(path: Path | None) -> EvidencePolicy:
+    try:
+        return load_evidence_policy(path)
+    except PolicyError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def _nonce(text: str) -> bytes:
+    clean = text.strip().removeprefix("0x")
+    if not re.fullmatch(r"[0-9a-fA-F]{64}", clean):
+        raise DataError(f"--nonce must be 32 bytes as 64 hex digits (got {len(clean)} characters)")
+    return bytes.fromhex(clean)
+
+
+def _finish(doc: dict[str, Any], *, json_out: bool, console_render: Any) -> None:
+    if json_out:
+        typer.echo(json.dumps(doc, indent=2, ensure_ascii=False))
+    else:
+        console_render()
+    if not doc["ok"]:
+        Console(stderr=True).print(
+            f"[bold red]attestation failed[/]: {escape(str(doc['failed_claim']))}: {escape(str(doc['failed_reason']))}",
+            highlight=False, soft_wrap=True)
+        raise typer.Exit(code=AttestationError.exit_code)
+
+
+def attest_gpu_evidence(*, evidence: Path, cert_chain: Path | None, nonce: str | None, rims: list[Path],
+                        at: int | None, policy: Path | None, json_out: bool) -> None:
+    """Verify an NVIDIA GPU's evidence files; print claims; exit 0 or 3."""
+    from gputravel.core.evidence.nvidia_gpu import verify_gpu
+
+    if cert_chain is None or nonce is None:
+        raise DataError("--evidence needs --cert-chain FILE and --nonce HEX (the nonce the report must carry)")
+    verdict = verify_gpu(
+        _read(evidence, "GPU attestation report"), _read(cert_chain, "certificate chain"), _nonce(nonce),
+        rims=[_read(r, "RIM") for r in rims], policy=_policy(policy).gpu,
+        at=dt.datetime.fromtimestamp(at, dt.UTC) if at is not None else None,
+    )
+    doc = verdict.to_json()
+
+    def render() -> None:
+        console = Console()
+        table = Table(title="NVIDIA GPU evidence (offline)", title_justify="left")
+        table.add_column("claim", style="bold", overflow="fold")
+        table.add_column("", justify="center")
+        table.add_column("value / detail", overflow="fold")
+        for claim in verdict.claims:
+            mark = {True: "[green]✓[/]", False: "[bold red]✗[/]", None: "[yellow]–[/]"}[claim.ok]
+            text = f"{claim.value}" + (f"  ({claim.detail})" if claim.detail else "")
+            table.add_row(escape(claim.name), mark, escape(text))
+        console.print(table)
+        console.print(f"verdict: {'[bold green]PASS[/]' if verdict.ok else '[bold red]FAIL[/]'}")
+
+    _finish(doc, json_out=json_out, console_render=render)
+
+
+def attest_tdx_quote(*, quote: Path, collateral: Path | None, at: int | None, policy: Path | None,
+                     json_out: bool) -> None:
+    """Verify an Intel TDX quote with its collateral file; print the verdict; exit 0 or 3."""
+    from gputravel.core.evidence.tdx import verify_tdx_quote
+
+    if collateral is None:
+        raise DataError("--tdx-quote needs --collateral FILE (QuoteCollateralV3 JSON; offline, no PCCS)")
+    verdict = verify_tdx_quote(_read(quote, "TDX quote"), _read(collateral, "collateral"), now=at,
+                               policy=_policy(policy).tdx)
+    doc = verdict.to_json()
+
+    def render() -> None:
+        console = Console()
+        table = Table(title="Intel TDX quote (offline)", title_justify="left")
+        table.add_column("field", style="bold")
+        table.add_column("value", overflow="fold")
+        for key in ("tcb_status", "advisory_ids", "mr_td", "rtmrs", "report_data", "debug"):
+            table.add_row(key, escape(str(doc[key])))
+        for name, ok in verdict.checks.items():
+            table.add_row(name, "[green]✓[/]" if ok else "[bold red]✗[/]")
+        console.print(table)
+        console.print(f"verdict: {'[bold green]PASS[/]' if verdict.ok else '[bold red]FAIL[/]'}")
+
+    _finish(doc, json_out=json_out, console_render=render)
+
+
+def attest_sim_formats(*, state_dir: Path, out: Path | None, json_out: bool) -> None:
+    """The SIM platform's evidence in NVIDIA's and Intel's formats, made fresh and verified under the SIM roots."""
+    import hashlib
+    import os
+    import time
+
+    from gputravel.core.evidence.nvidia_gpu import verify_gpu
+    from gputravel.core.evidence.sim_store import load_or_create
+    from gputravel.core.evidence.tdx import verify_tdx_quote
+
+    gpu, tdx, policy_path = load_or_create(state_dir)
+    policy = _policy(policy_path)
+    nonce = os.urandom(32)
+    report_data = hashlib.sha512(b"gputravel SIM CVM|" + nonce).digest()
+    report, chain, rims = gpu.report(nonce), gpu.cert_chain_pem(), list(gpu.rims())
+    now = int(time.time())
+    quote = tdx.quote(report_data)
+    collateral = tdx.collateral(issued=dt.datetime.fromtimestamp(now - 3600, dt.UTC))
+    g = verify_gpu(report, chain, nonce, rims=rims, policy=policy.gpu)
+    t = verify_tdx_quote(quote, collateral, now=now, policy=policy.tdx)
+    files: dict[str, str] = {}
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        blobs = {"gpu-report.bin": report, "gpu-chain.pem": chain, "driver-rim.swidtag": rims[0],
+                 "vbios-rim.swidtag": rims[1], "tdx-quote.bin": quote, "tdx-collateral.json": collateral.encode(),
+                 "nonce.txt": nonce.hex().encode() + b"\n"}
+        for name, data in blobs.items():
+            (out / name).write_bytes(data)
+            files[name] = str(out / name)
+    failed = (f"nvidia-gpu: {g.failed.name}" if g.failed else None) or (f"intel-tdx: {t.failed}" if t.failed
+                                                                          else None)
+    doc: dict[str, Any] = {
+        "ok": g.ok and t.ok,
+        "platform": {"kind": "emulated", "sim": True, "label": "SIM"},
+        "policy": str(policy_path),
+        "nvidia-gpu": g.to_json(),
+        "intel-tdx": t.to_json(),
+        "files": files,
+        "failed_claim": failed,
+        "failed_reason": (g.failed.detail if g.failed else t.reason) if failed else None,
+    }
+
+    def render() -> None:
+        console = Console()
+        console.print("[bold black on yellow] SIM [/] vendor-format evidence of the emulated platform "
+                      "(no CC-mode H100, no TDX guest)")
+        console.print(f"GPU (SPDM 1.1, 5-certificate SIM chain, SIM RIMs): "
+                      f"{'[green]PASS[/]' if g.ok else '[bold red]FAIL[/]'}; measres "
+                      f"{escape(str(g.claims.values().get('measres')))}")
+        console.print(f"CVM (TDX v4 quote, SIM PCK chain, SIM collateral): "
+                      f"{'[green]PASS[/]' if t.ok else '[bold red]FAIL[/]'}; TCB {escape(str(t.tcb_status))}")
+        console.print(f"SIM roots pinned by {escape(str(policy_path))}")
+        if files:
+            console.print(f"files in {escape(str(out))}: gputravel attest --evidence gpu-report.bin --cert-chain "
+                          f"gpu-chain.pem --nonce $(cat nonce.txt) --rim driver-rim.swidtag --rim vbios-rim.swidtag "
+                          f"--policy {escape(str(policy_path))}")
+
+    _finish(doc, json_out=json_out, console_render=render)

@@ -1,0 +1,41 @@
+"""``gputravel bench evidence``: the cost of checking GPU (SPDM + RIMs) and CVM (TDX quote) evidence, wired:
+options, the table or ``--json`` (the study: ``core.bench.evidence``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gputravel.core.bench import evidence
+
+
+def render(result: dict[str, Any], console: Console | None = None) -> None:
+    console = console or Console()
+    table = Table(title=f"bench evidence: {result['platform']} [SIM], {result['rounds']} rounds")
+    for col in ("check", "median ms", "p90 ms"):
+        table.add_column(col, justify="left" if col == "check" else "right")
+    for name, t in result["timings"].items():
+        table.add_row(name, f"{t['median_ms']:.2f}", f"{t['p90_ms']:.2f}")
+    console.print(table)
+    console.print(f"per visit (GPU report + TDX quote): {result['per_visit_ms']:.2f} ms "
+                  f"(target <= {result['per_visit_target_ms']} ms)")
+
+
+def register(bench_app: typer.Typer) -> None:
+    @bench_app.command("evidence")
+    def evidence_cmd(
+        rounds: int = typer.Option(50, "--rounds", min=1, help="Timed repetitions of each check."),
+        as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
+    ) -> None:
+        """Time the checks of SIM evidence in NVIDIA's and Intel's formats (same code as for real evidence)."""
+        with Console(stderr=True).status("checking SIM GPU and TDX evidence"):
+            result = evidence.study(rounds=rounds)
+        if as_json:
+            sys.stdout.write(json.dumps(result, indent=2) + "\n")
+            return
+        render(result)

@@ -1,0 +1,173 @@
+"""The ring's building blocks, shared by the CPU ring (``ring``) and the GPU-cipher ring (``gpu_ring``).
+
+``RingPlan`` cuts one flat tensor into segments and chunks and lays out every hop's ciphertext;
+``Wire`` issues the point-to-point ops; ``RingStats`` adds up where the seconds went; ``RingFault``
+injects a tampering or replaying host; ``RingView`` is what a variant's implementation reads of the ring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from gputravel.core.collectives.crypto import TAG_LEN, Phase
+from gputravel.core.errors import ConfigError
+
+__all__ = ["RingFault", "RingPlan", "RingStats", "RingView", "StagedRecv", "Wire"]
+
+
+@dataclass(frozen=True, slots=True)
+class RingFault:
+    """Fault injection for tests and demos: rank ``rank`` corrupts the hop it sends at (phase, step, chunk).
+
+    ``flip`` flips one ciphertext byte (a tampering host); ``replay`` sends, from the second call on,
+    the ciphertext it sent for that hop in the first call (a replaying host).
+    """
+
+    kind: str
+    rank: int
+    phase: Phase = Phase.REDUCE_SCATTER
+    step: int = 0
+    chunk: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("flip", "replay"):
+            raise ConfigError("fault kind is 'flip' or 'replay'")
+
+
+@dataclass(slots=True)
+class RingStats:
+    """Seconds by where they went, summed over calls. Crypto and reduce run on the pool, so the parts of a
+    pipelined variant overlap and may add up to more than ``wall_s``."""
+
+    calls: int = 0
+    wall_s: float = 0.0
+    crypto_s: float = 0.0  # sealing and opening (all threads)
+    reduce_s: float = 0.0  # adding received chunks (all threads)
+    wire_s: float = 0.0  # the issuing thread blocked on send/recv completion
+    wait_s: float = 0.0  # the issuing thread blocked on the crypto pool
+    bytes_sealed: int = 0
+    bytes_opened: int = 0
+
+    def reset(self) -> None:
+        for f in ("calls", "wall_s", "crypto_s", "reduce_s", "wire_s", "wait_s", "bytes_sealed", "bytes_opened"):
+            setattr(self, f, 0)
+
+    def as_dict(self) -> dict[str, float]:
+        return {f: getattr(self, f) for f in ("calls", "wall_s", "crypto_s", "reduce_s", "wire_s", "wait_s",
+                                              "bytes_sealed", "bytes_opened")}
+
+
+@dataclass(slots=True)
+class RingPlan:
+    """Segments and chunks of one flat tensor, and the ciphertext layout of every hop (by global step)."""
+
+    world: int
+    numel: int
+    esize: int
+    seg_bounds: list[int]  # element bounds of the W segments
+    chunks: list[list[tuple[int, int]]]  # per segment: element ranges of its chunks
+    maxc: int
+    ct_offsets: list[list[int]] = field(default_factory=list)  # per global step: byte offset of each chunk's ct
+    ct_total: int = 0
+
+    @classmethod
+    def make(cls, *, world: int, numel: int, esize: int, chunk_bytes: int | None) -> RingPlan:
+        bounds = [(i * numel) // world for i in range(world + 1)]
+        per = max(1, (chunk_bytes or (numel * esize + 1)) // esize)
+        chunks = []
+        for i in range(world):
+            a, b = bounds[i], bounds[i + 1]
+            chunks.append([(x, min(x + per, b)) for x in range(a, b, per)])
+        maxc = max(1, max(len(c) for c in chunks))
+        return cls(world, numel, esize, bounds, chunks, maxc)
+
+    def seg(self, g: int, rank: int, *, send: bool) -> int:
+        w = self.world
+        if g < w - 1:  # reduce-scatter step g
+            return (rank - g - (0 if send else 1)) % w
+        s = g - (w - 1)
+        return (rank + 1 - s - (0 if send else 1)) % w
+
+    def layout(self, rank: int, *, send: bool) -> tuple[list[list[int]], int]:
+        offsets, total = [], 0
+        for g in range(2 * self.world - 2):
+            row = []
+            for a, b in self.chunks[self.seg(g, rank, send=send)]:
+                row.append(total)
+                total += (b - a) * self.esize + TAG_LEN
+            offsets.append(row)
+        return offsets, total
+
+
+class Wire:
+    """Issues every point-to-point op from one thread, in one order on every rank.
+
+    gloo: ``isend``/``irecv`` with a tag per (step, chunk). NCCL: ciphertext is staged through device
+    uint8 buffers and each send is grouped with its receive (``batch_isend_irecv``).
+    """
+
+    __slots__ = ("group", "left", "right", "nccl", "device")
+
+    def __init__(self, group: dist.ProcessGroup | None, rank: int, world: int) -> None:
+        self.group = group
+        self.left = dist.get_global_rank(group, (rank - 1) % world) if group is not None else (rank - 1) % world
+        self.right = dist.get_global_rank(group, (rank + 1) % world) if group is not None else (rank + 1) % world
+        self.nccl = dist.get_backend(group) == "nccl"
+        self.device = torch.device("cuda", torch.cuda.current_device()) if self.nccl else torch.device("cpu")
+
+    def exchange(self, send: torch.Tensor | None, recv: torch.Tensor | None, tag: int) -> tuple[Any, Any]:
+        """Post a send to the right and a receive from the left; returns (send work, recv work)."""
+        if self.nccl:
+            return self._exchange_nccl(send, recv)
+        sw = dist.isend(send, self.right, group=self.group, tag=tag) if send is not None else None
+        rw = dist.irecv(recv, self.left, group=self.group, tag=tag) if recv is not None else None
+        return sw, rw
+
+    def _exchange_nccl(self, send: torch.Tensor | None, recv: torch.Tensor | None) -> tuple[Any, Any]:
+        ops, dev_recv = [], None
+        if send is not None:
+            dev_send = send if send.is_cuda else send.to(self.device, non_blocking=True)
+            ops.append(dist.P2POp(dist.isend, dev_send, self.right, self.group))
+        if recv is not None:
+            dev_recv = recv if recv.is_cuda else torch.empty_like(recv, device=self.device)
+            ops.append(dist.P2POp(dist.irecv, dev_recv, self.left, self.group))
+        works = dist.batch_isend_irecv(ops) if ops else []
+        sw = works[0] if send is not None and works else None
+        rw = works[-1] if recv is not None and works else None
+        if rw is not None and dev_recv is not None and not recv.is_cuda:  # type: ignore[union-attr]
+            return sw, StagedRecv(rw, dev_recv, recv)  # type: ignore[arg-type]
+        return sw, rw
+
+
+class StagedRecv:
+    """A receive into a device buffer that lands in a host buffer when waited on."""
+
+    __slots__ = ("work", "dev", "host")
+
+    def __init__(self, work: Any, dev: torch.Tensor, host: torch.Tensor) -> None:
+        self.work, self.dev, self.host = work, dev, host
+
+    def wait(self) -> bool:
+        self.work.wait()
+        self.host.copy_(self.dev)
+        torch.cuda.current_stream().synchronize()
+        return True
+
+
+class RingView(Protocol):
+    """What a variant implemented outside ``SecureRing`` reads of the ring it runs on."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world(self) -> int: ...
+    @property
+    def iteration(self) -> int: ...
+    @property
+    def fault(self) -> RingFault | None: ...
+    @property
+    def wire(self) -> Wire: ...

@@ -1,0 +1,182 @@
+"""NVIDIA reference-integrity manifests (RIMs): signed swidtag XML with the golden measurements of a driver or VBIOS.
+
+A RIM is an ISO/IEC 19770-2 SoftwareIdentity tag: ``Meta/@colloquialVersion`` names the driver ("550.90.07") or
+VBIOS ("96.00.9F.00.01") it describes, ``Payload/Resource`` elements carry one measurement each (``index`` from 0,
+``active``, ``alternatives`` and ``Hash0..HashN-1`` in the SHA-384 namespace), and an enveloped XML signature
+(``ds:Signature``) carries the signer's certificates, leaf first, up to "NVIDIA CoRIM signing Root CA" (pinned:
+:func:`rim_root`).
+
+Checks, each a claim named as NVIDIA's verifier names it (``x-nvidia-gpu-driver-rim-*`` or
+``x-nvidia-gpu-vbios-rim-*``): schema (the shipped XSDs), certificate chain to the pinned root at the verification
+time, XML signature (signxml, with the chain's leaf), version match with the report, measurements present. The
+golden values are read from what the signature covers (signxml's ``signed_xml``), never from the raw tree.
+Revocation (OCSP) is not checked offline; a claim says so.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
+from lxml import etree
+from signxml import InvalidInput, InvalidSignature, SignatureConfiguration, XMLVerifier  # type: ignore[attr-defined]
+
+from .claims import NOT_CHECKED, ClaimSet
+from .nvidia_spdm import CERTS_DIR, check_chain
+
+__all__ = ["Rim", "rim_kind", "rim_root", "rim_version", "verify_rim"]
+
+SCHEMA_DIR = Path(__file__).resolve().parent / "schema"
+SWID_NS = "http://standards.iso.org/iso/19770/-2/2015/schema.xsd"
+DSIG_NS = "http://www.w3.org/2000/09/xmldsig#"
+SHA384_NS = "http://www.w3.org/2001/04/xmlenc#sha384"
+_VBIOS_VERSION = re.compile(r"^[0-9a-f]{2}(\.[0-9a-f]{2}){4}$", re.I)
+_schema: etree.XMLSchema | None = None
+
+
+@dataclass(slots=True)
+class Rim:
+    """What one RIM says, once checked: its kind, version and active golden measurements (index -> values)."""
+
+    kind: str  # "driver" or "vbios"
+    version: str
+    golden: dict[int, tuple[bytes, ...]] = field(default_factory=dict)
+    ok: bool = False
+
+
+def rim_root() -> x509.Certificate:
+    """NVIDIA's RIM signing root as NVIDIA's verifier pins it (shipped in ``certs/``)."""
+    return x509.load_pem_x509_certificate((CERTS_DIR / "nvidia_rim_root.crt").read_bytes())
+
+
+def _swid_schema() -> etree.XMLSchema:
+    global _schema
+    if _schema is None:
+        parser = etree.XMLParser(resolve_entities=False, no_network=True)
+        _schema = etree.XMLSchema(etree.parse(str(SCHEMA_DIR / "swidSchema2015.xsd"), parser))
+    return _schema
+
+
+def rim_kind(version: str) -> str:
+    """``vbios`` for a five-part hex version (96.00.9F.00.01), else ``driver``."""
+    return "vbios" if _VBIOS_VERSION.match(version) else "driver"
+
+
+def rim_version(data: bytes) -> str:
+    """The ``colloquialVersion`` a RIM claims (unverified: to pick the report version to compare with)."""
+    try:
+        return _version(_parse(data))
+    except (etree.XMLSyntaxError, ValueError):
+        return ""
+
+
+def _parse(data: bytes) -> Any:
+    parser = etree.XMLParser(resolve_entities=False, no_network=True, huge_tree=False)
+    return etree.fromstring(data, parser)
+
+
+def _version(root: Any) -> str:
+    meta = root.find(f"{{{SWID_NS}}}Meta")
+    return str(meta.get("colloquialVersion", "")) if meta is not None else ""
+
+
+def _certificates(root: Any) -> list[x509.Certificate]:
+    return [x509.load_der_x509_certificate(base64.b64decode("".join((el.text or "").split())))
+            for el in root.iter(f"{{{DSIG_NS}}}X509Certificate")]
+
+
+def _golden(root: Any) -> dict[int, tuple[bytes, ...]]:
+    payload = root.find(f"{{{SWID_NS}}}Payload")
+    if payload is None:
+        raise ValueError("no Payload")
+    golden: dict[int, tuple[bytes, ...]] = {}
+    seen: set[int] = set()
+    for res in payload.iter(f"{{{SWID_NS}}}Resource"):
+        index = int(res.get("index"))
+        if index in seen:
+            raise ValueError(f"index {index} appears twice")
+        seen.add(index)
+        if res.get("active") == "False":
+            continue
+        n = int(res.get("alternatives", "1"))
+        size = int(res.get("size", "48"))
+        values = tuple(bytes.fromhex(res.get(f"{{{SHA384_NS}}}Hash{i}")) for i in range(n))
+        if any(len(v) != size for v in values):
+            raise ValueError(f"index {index}: a value is not {size} bytes")
+        golden[index] = values
+    return golden
+
+
+def verify_rim(data: bytes, *, expected_version: str, kind: str | None = None, root: x509.Certificate | None = None,
+               at: dt.datetime | None = None, claims: ClaimSet | None = None) -> tuple[ClaimSet, Rim | None]:
+    """Check one RIM against the version the report names; claims are added under the RIM's kind.
+
+    Returns the claims and, when the schema, chain and signature hold, the RIM (``ok`` only if the version
+    matches too); never raises on bad input.
+    """
+    out = claims if claims is not None else ClaimSet()
+    at = at or dt.datetime.now(dt.UTC)
+    try:
+        tree = _parse(data)
+        version = _version(tree)
+    except (etree.XMLSyntaxError, ValueError) as exc:
+        p = f"x-nvidia-gpu-{kind or 'driver'}-rim"
+        out.add(f"{p}-fetched", False, False, f"not XML: {exc}")
+        return out, None
+    kind = kind or rim_kind(version)
+    p = f"x-nvidia-gpu-{kind}-rim"
+    out.add(f"{p}-fetched", True, True, f"version {version or '?'} (from a file, offline)")
+    schema_ok = bool(_swid_schema().validate(tree))
+    out.add(f"{p}-schema-validated", schema_ok, schema_ok,
+            "" if schema_ok else str(_swid_schema().error_log.last_error))
+    why: str | None
+    try:
+        certs = _certificates(tree)
+    except ValueError as exc:
+        certs, why = [], f"a certificate does not parse: {exc}"
+    else:
+        # as NVIDIA's verifier: the tag's own top certificate is replaced by the pinned root
+        pinned = root or rim_root()
+        why = check_chain([*certs[:-1], pinned], pinned, at=at, length=None) if certs else "no certificates"
+    out.add(f"{p}-cert-validated", why is None, why is None, why or f"{len(certs)} certificates to the pinned root")
+    out.add(f"{p}-cert-ocsp-status", NOT_CHECKED, None, "revocation (OCSP) needs NVIDIA's OCSP service: offline")
+    signed = None
+    if certs:
+        leaf = certs[0]
+        # the signature itself is checked at a time the leaf was valid; whether it is valid now is the chain claim
+        when = at if leaf.not_valid_before_utc <= at <= leaf.not_valid_after_utc else leaf.not_valid_before_utc
+        try:
+            result = XMLVerifier().verify(
+                data, x509_cert=leaf.public_bytes(Encoding.PEM).decode(),
+                expect_config=SignatureConfiguration(verification_time=when))
+            if isinstance(result, list):  # one Reference is expected (the default): a list never comes back
+                raise InvalidInput("more than one signed reference")
+            signed = result.signed_xml
+        except (InvalidSignature, InvalidInput, ValueError) as exc:
+            sig_why = str(exc)
+        else:
+            sig_why = ""
+    else:
+        sig_why = "no signing certificate"
+    out.add(f"{p}-signature-verified", signed is not None, signed is not None, sig_why or "XML signature (signxml)")
+    version_ok = bool(expected_version) and version.lower() == expected_version.lower()
+    out.add(f"{p}-version-match", version_ok, version_ok, f"RIM {version or '?'}, report {expected_version or '?'}")
+    golden: dict[int, tuple[bytes, ...]] = {}
+    if signed is not None:
+        try:
+            golden = _golden(signed)
+        except (ValueError, TypeError) as exc:
+            out.add(f"{p}-measurements-available", False, False, str(exc))
+            return out, None
+    available = bool(golden)
+    out.add(f"{p}-measurements-available", available, available,
+            f"{len(golden)} active measurements" if available else "no signed measurements")
+    if signed is None or not schema_ok or why is not None:
+        return out, None
+    return out, Rim(kind=kind, version=version, golden=golden, ok=version_ok and available)

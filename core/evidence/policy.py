@@ -1,0 +1,110 @@
+"""The evidence policy (``core/policy/evidence.toml``): which unchecked claims are acceptable, allow-lists.
+
+Read with the standard library only (``tomllib``), so a holder can load it without the rest of core.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DEFAULT_POLICY_PATH", "EvidencePolicy", "GpuPolicy", "PolicyError", "TdxPolicy", "load_evidence_policy"]
+
+DEFAULT_POLICY_PATH = Path(__file__).resolve().parent.parent / "policy" / "evidence.toml"
+TCB_STATUSES = ("UpToDate", "SWHardeningNeeded", "ConfigurationNeeded", "ConfigurationAndSWHardeningNeeded",
+                "OutOfDate", "OutOfDateConfigurationNeeded", "Revoked")
+
+
+class PolicyError(ValueError):
+    """The policy file is missing, not TOML, or has an unknown key or a wrong type."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPolicy:
+    expected_arch: tuple[str, ...] = ("HOPPER",)
+    require_rims: bool = True
+    accept_ocsp_not_checked: bool = True
+    device_root: Path | None = None  # None: NVIDIA's Device Identity CA (shipped); else a PEM file (the SIM root)
+    rim_root: Path | None = None  # None: NVIDIA's RIM root (shipped); else a PEM file
+
+
+@dataclass(frozen=True, slots=True)
+class TdxPolicy:
+    tcb_status: tuple[str, ...] = ("UpToDate",)
+    root_ca: Path | None = None  # None: Intel's SGX root CA (inside dcap-qvl); else a DER or PEM file
+    mr_td: tuple[str, ...] = ()
+    rtmrs: tuple[tuple[str, ...], ...] = ((), (), (), ())
+
+
+@dataclass(frozen=True, slots=True)
+class EvidencePolicy:
+    gpu: GpuPolicy = field(default_factory=GpuPolicy)
+    tdx: TdxPolicy = field(default_factory=TdxPolicy)
+
+
+def _strs(section: str, key: str, value: Any, *, lower: bool = False) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise PolicyError(f"[{section}] {key} must be a list of strings")
+    return tuple(v.lower() for v in value) if lower else tuple(value)
+
+
+def _bool(section: str, key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise PolicyError(f"[{section}] {key} must be true or false")
+    return value
+
+
+def _root(section: str, key: str, value: Any, base: Path) -> Path | None:
+    """``"nvidia"``/``"intel"`` (the vendor's root) or a certificate file, relative to the policy file."""
+    if not isinstance(value, str) or not value:
+        raise PolicyError(f"[{section}] {key} must be a string: the vendor's name or a certificate file")
+    if value in ("nvidia", "intel"):
+        return None
+    path = (base / value).resolve()
+    if not path.is_file():
+        raise PolicyError(f"[{section}] {key}: no certificate file at {path}")
+    return path
+
+
+def load_evidence_policy(path: Path | None = None) -> EvidencePolicy:
+    """Parse the policy file (default: the shipped one).
+
+    Raises:
+        PolicyError: unreadable, not TOML, unknown section or key, wrong type, unknown TCB status.
+    """
+    path = path or DEFAULT_POLICY_PATH
+    try:
+        doc = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise PolicyError(f"{path}: cannot read ({exc.strerror})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"{path}: not TOML ({exc})") from exc
+    unknown = set(doc) - {"nvidia-gpu", "intel-tdx"}
+    if unknown:
+        raise PolicyError(f"{path}: unknown section(s) {sorted(unknown)}")
+    base = Path(path).resolve().parent
+    g = dict(doc.get("nvidia-gpu", {}))
+    t = dict(doc.get("intel-tdx", {}))
+    bad = (set(g) - {"expected_arch", "require_rims", "accept_ocsp_not_checked", "device_root", "rim_root"}) | \
+          (set(t) - {"tcb_status", "mr_td", "rtmr0", "rtmr1", "rtmr2", "rtmr3", "root_ca"})
+    if bad:
+        raise PolicyError(f"{path}: unknown key(s) {sorted(bad)}")
+    gpu = GpuPolicy(
+        expected_arch=_strs("nvidia-gpu", "expected_arch", g.get("expected_arch", ["HOPPER"])),
+        require_rims=_bool("nvidia-gpu", "require_rims", g.get("require_rims", True)),
+        accept_ocsp_not_checked=_bool("nvidia-gpu", "accept_ocsp_not_checked", g.get("accept_ocsp_not_checked", True)),
+        device_root=_root("nvidia-gpu", "device_root", g.get("device_root", "nvidia"), base),
+        rim_root=_root("nvidia-gpu", "rim_root", g.get("rim_root", "nvidia"), base),
+    )
+    statuses = _strs("intel-tdx", "tcb_status", t.get("tcb_status", ["UpToDate"]))
+    if set(statuses) - set(TCB_STATUSES):
+        raise PolicyError(f"{path}: unknown TCB status(es) {sorted(set(statuses) - set(TCB_STATUSES))}")
+    tdx = TdxPolicy(
+        tcb_status=statuses,
+        mr_td=_strs("intel-tdx", "mr_td", t.get("mr_td", []), lower=True),
+        rtmrs=tuple(_strs("intel-tdx", f"rtmr{i}", t.get(f"rtmr{i}", []), lower=True) for i in range(4)),
+        root_ca=_root("intel-tdx", "root_ca", t.get("root_ca", "intel"), base),
+    )
+    return EvidencePolicy(gpu=gpu, tdx=tdx)

@@ -1,0 +1,155 @@
+"""Intel TDX evidence: a version-4 quote verified with dcap-qvl against Intel's root (or a pinned other root), then
+the policy (debug TDs refused, allow-lists for MRTD, RTMRs and TCB status).
+
+dcap-qvl checks the quote's ECDSA signature chain (PCK certificate from the quote, PCK CRL, Intel's root CRL), the
+QE report and its identity, and the TCB info for the platform's FMSPC, all against the collateral at ``now``;
+collateral comes from a file (``QuoteCollateralV3`` JSON, offline) or a PCCS (online, not here). Cryptographic
+failures and expired or future collateral come back as the claim ``quote-verified`` with dcap-qvl's reason.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import dcap_qvl
+
+from .policy import TdxPolicy
+
+__all__ = ["TDX_DEBUG_BIT", "TdxVerdict", "apply_tdx_policy", "verify_tdx_quote"]
+
+TDX_DEBUG_BIT = 0  # TD_ATTRIBUTES bit 0: TUD.DEBUG
+QUOTE_VERSION = 4
+
+
+@dataclass(frozen=True, slots=True)
+class TdxVerdict:
+    """What a verified quote says and what the policy made of it; ``failed`` names the first failed claim."""
+
+    ok: bool
+    tcb_status: str | None = None
+    advisory_ids: tuple[str, ...] = ()
+    mr_td: str = ""
+    rtmrs: tuple[str, ...] = ()
+    report_data: str = ""
+    td_attributes: str = ""
+    failed: str | None = None
+    reason: str = ""
+    checks: dict[str, bool] = field(default_factory=dict)
+
+    @property
+    def debug(self) -> bool:
+        if not self.td_attributes:
+            return False
+        return bool(bytes.fromhex(self.td_attributes)[0] >> TDX_DEBUG_BIT & 1)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "platform": "intel-tdx",
+            "tcb_status": self.tcb_status,
+            "advisory_ids": list(self.advisory_ids),
+            "mr_td": self.mr_td,
+            "rtmrs": list(self.rtmrs),
+            "report_data": self.report_data,
+            "td_attributes": self.td_attributes,
+            "debug": self.debug,
+            "checks": self.checks,
+            "failed_claim": self.failed,
+            "failed_reason": self.reason or None,
+        }
+
+
+def _refused(claim: str, reason: str, checks: dict[str, bool]) -> TdxVerdict:
+    return TdxVerdict(ok=False, failed=claim, reason=reason, checks={**checks, claim: False})
+
+
+def verify_tdx_quote(quote: bytes, collateral_json: str | bytes, *, now: int | None = None,
+                     root_ca_der: bytes | None = None, policy: TdxPolicy | None = None) -> TdxVerdict:
+    """Verify a TDX v4 quote with its collateral at ``now`` (Unix seconds, default: now); never raises.
+
+    ``root_ca_der`` pins another root than Intel's (dcap-qvl's ``verify_with_root_ca``): the SIM platform's.
+    """
+    checks: dict[str, bool] = {}
+    try:
+        parsed = dcap_qvl.parse_quote(quote)
+        version = parsed.header.version
+    except (ValueError, TypeError) as exc:
+        return _refused("quote-parsed", f"not a quote: {exc}", checks)
+    if not parsed.is_tdx() or version != QUOTE_VERSION:
+        return _refused("quote-parsed", f"not a TDX version-4 quote (version {version}, "
+                        f"{'TDX' if parsed.is_tdx() else 'SGX'})", checks)
+    checks["quote-parsed"] = True
+    try:
+        text = collateral_json.decode("utf-8") if isinstance(collateral_json, bytes) else collateral_json
+        collateral = dcap_qvl.QuoteCollateralV3.from_json(text)
+    except (ValueError, TypeError, UnicodeDecodeError) as exc:
+        return _refused("collateral-parsed", f"collateral is not QuoteCollateralV3 JSON: {exc}", checks)
+    checks["collateral-parsed"] = True
+    at = int(time.time()) if now is None else int(now)
+    policy = policy or TdxPolicy()
+    if root_ca_der is None and policy.root_ca is not None:
+        try:
+            root_ca_der = _der_certificate(policy.root_ca.read_bytes())
+        except (OSError, ValueError) as exc:
+            return _refused("root-ca", f"{policy.root_ca}: not a certificate ({exc})", checks)
+    try:
+        if root_ca_der is None:
+            verified = dcap_qvl.verify(quote, collateral, at)
+        else:
+            verified = dcap_qvl.verify_with_root_ca(quote, collateral, root_ca_der, at)
+        body = json.loads(verified.to_json())
+    except (ValueError, TypeError, RuntimeError) as exc:
+        reason = str(exc).removeprefix("Verification failed: ")
+        if "debug mode" in reason.lower():  # dcap-qvl refuses debug TDs itself, after the signatures held
+            return _refused("td-not-debug", f"the TD is debuggable (dcap-qvl: {reason})", {**checks,
+                                                                                         "quote-verified": True})
+        return _refused("quote-verified", reason, checks)
+    checks["quote-verified"] = True
+    report: dict[str, Any] = next(iter(body.get("report", {}).values()), {})
+    verdict = TdxVerdict(
+        ok=True,
+        tcb_status=str(body.get("status")),
+        advisory_ids=tuple(body.get("advisory_ids", [])),
+        mr_td=str(report.get("mr_td", "")),
+        rtmrs=tuple(str(report.get(f"rt_mr{i}", "")) for i in range(4)),
+        report_data=str(report.get("report_data", "")),
+        td_attributes=str(report.get("td_attributes", "")),
+        checks=checks,
+    )
+    return apply_tdx_policy(verdict, policy)
+
+
+def _der_certificate(data: bytes) -> bytes:
+    """DER of a certificate given as DER or PEM."""
+    if b"-----BEGIN CERTIFICATE-----" in data:
+        from cryptography import x509
+        from cryptography.hazmat.primitives.serialization import Encoding
+
+        return x509.load_pem_x509_certificate(data).public_bytes(Encoding.DER)
+    return data
+
+
+def apply_tdx_policy(verdict: TdxVerdict, policy: TdxPolicy) -> TdxVerdict:
+    """The verdict with the policy's checks: never debug, TCB status, MRTD and RTMR allow-lists (empty = any)."""
+    checks = dict(verdict.checks)
+
+    def refuse(claim: str, reason: str) -> TdxVerdict:
+        return replace(verdict, ok=False, failed=claim, reason=reason, checks={**checks, claim: False})
+
+    if verdict.debug:
+        return refuse("td-not-debug", "the TD is debuggable (TD_ATTRIBUTES.DEBUG set): its memory is readable")
+    checks["td-not-debug"] = True
+    if verdict.tcb_status not in policy.tcb_status:
+        return refuse("tcb-status", f"TCB status {verdict.tcb_status} is not one of {list(policy.tcb_status)}")
+    checks["tcb-status"] = True
+    if policy.mr_td and verdict.mr_td.lower() not in policy.mr_td:
+        return refuse("mr-td", f"MRTD {verdict.mr_td[:16]}... is not in the policy's allow-list")
+    checks["mr-td"] = True
+    for i, allowed in enumerate(policy.rtmrs):
+        if allowed and verdict.rtmrs[i].lower() not in allowed:
+            return refuse(f"rtmr{i}", f"RTMR{i} {verdict.rtmrs[i][:16]}... is not in the policy's allow-list")
+        checks[f"rtmr{i}"] = True
+    return replace(verdict, checks=checks)
