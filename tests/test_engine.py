@@ -25,7 +25,7 @@ from gputravel.core.api import resolve_holder_dirs
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import AttestationError, CancelledRunError, ConfigError, DataError
 from gputravel.core.ledger import LedgerRow, read_rows, verify_ledger
-from gputravel.core.travel import holders as holders_mod
+from gputravel.core.travel import framed_link as holders_mod
 from gputravel.core.travel.local_link import LocalHolderLink
 from gputravel.core.travel.phases import Phase
 from gputravel.core.travel.probes import Timings
@@ -84,7 +84,7 @@ async def test_full_run_trains_every_visit_and_never_records_a_key(data_root: Pa
     original = holders_mod.FramedHolderLink.provision
 
     async def recording(self: Any, handoff: Any, **kw: Any) -> Any:
-        keys.append(bytes.fromhex(handoff.key["key"]))
+        keys.append(handoff.key.key)  # the typed ProvisioningKey's bytes
         return await original(self, handoff, **kw)
 
     monkeypatch.setattr(holders_mod.FramedHolderLink, "provision", recording)

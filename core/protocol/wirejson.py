@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from itertools import accumulate
 from typing import Any
 
@@ -34,6 +35,12 @@ _OPEN_CLOSE = bytes.maketrans(b"[{]}", b"\x01\x01\x02\x02")
 _NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
 
 
+def _depths(data: bytes) -> Iterator[int]:
+    """The nesting depth after each bracket outside JSON strings."""
+    steps = _STRING.sub(b"", data).translate(_OPEN_CLOSE, _NOT_BRACKETS)
+    return accumulate(1 if s == 1 else -1 for s in steps)
+
+
 def json_depth(raw: bytes | bytearray | memoryview) -> int:
     """The deepest nesting of ``[`` and ``{`` in ``raw`` outside JSON strings (0 for a scalar).
 
@@ -41,10 +48,7 @@ def json_depth(raw: bytes | bytearray | memoryview) -> int:
     data = bytes(raw)
     if data.count(b"[") + data.count(b"{") == 0:
         return 0
-    steps = _STRING.sub(b"", data).translate(_OPEN_CLOSE, _NOT_BRACKETS)
-    if not steps:
-        return 0
-    return max(0, max(accumulate(1 if s == 1 else -1 for s in steps)))
+    return max(0, max(_depths(data), default=0))
 
 
 def loads_bounded(raw: bytes | bytearray | memoryview, *, max_bytes: int = MAX_JSON_BYTES,
@@ -56,10 +60,9 @@ def loads_bounded(raw: bytes | bytearray | memoryview, *, max_bytes: int = MAX_J
         raise FrameError(f"{what} of {n} bytes exceeds the {max_bytes}-byte limit")
     data = bytes(raw)
     # cheap first: fewer brackets than the limit cannot nest deeper than it (C-speed counts, no scan)
-    if data.count(b"[") + data.count(b"{") > max_depth:
-        depth = json_depth(data)
-        if depth > max_depth:
-            raise FrameError(f"{what} nests {depth} levels deep, more than the {max_depth} allowed")
+    # else one pass over the brackets outside strings, which stops at the first level too deep
+    if data.count(b"[") + data.count(b"{") > max_depth and any(d > max_depth for d in _depths(data)):
+        raise FrameError(f"{what} nests deeper than the {max_depth} levels allowed")
     try:
         return json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
