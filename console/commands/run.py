@@ -365,9 +365,10 @@ def register(app: typer.Typer) -> None:
             render_report(console, report)
         refusals = report.get("holder_refusals") or []
         if report["failed_visits"] and refusals:  # a holder's own attestation refused: no key released
-            first = refusals[0]
-            raise AttestationError(f"holder {first['holder']} refused the attestation: {first['claim']} "
-                                   f"({len(refusals)} refusal(s); no key released)")
+            first = refusals[0]  # the report (stdout with --json) is complete: the error goes to stderr, exit 3
+            typer.echo(f"error: AttestationError: holder {first['holder']} refused the attestation: "
+                       f"{first['claim']} ({len(refusals)} refusal(s); no key released)", err=True)
+            raise typer.Exit(AttestationError.exit_code)
         if report["failed_visits"]:
             raise typer.Exit(EXIT_PARTIAL)
 

@@ -138,9 +138,12 @@ def attach(engine: TravelEngine) -> HolderAttestor:
             if claim is not None:
                 rec.holder_refusals.append(claim)
 
+    same_host = engine.settings.transport in ("local", "ssh")  # the embedded SSH server runs on this host
     for link in engine.links.values():
         if isinstance(link, FramedHolderLink):
             link.attestor, link.on_verdict = attestor, on_verdict
-        if isinstance(link, LocalHolderLink) and link.attest_files is None:
-            link.attest_files = holder_args(platform_dir)
+        # local agents and the embedded server's pin the SIM platform's files; an inventory host's agent pins
+        # its operator's own (``SshHolderLink.attest_files``) or does not attest
+        if (isinstance(link, LocalHolderLink) or same_host) and getattr(link, "attest_files", False) is None:
+            link.attest_files = holder_args(platform_dir)  # type: ignore[attr-defined]
     return attestor
