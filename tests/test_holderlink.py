@@ -147,3 +147,19 @@ def test_a_data_endpoint_is_a_socket_path_or_a_host_and_port() -> None:
     assert DataEndpoint.from_wire({"host": "10.0.0.1", "port": 9}).to_wire() == {"host": "10.0.0.1", "port": 9}
     with pytest.raises(FrameError, match="a socket path or a host and port"):
         DataEndpoint()
+
+
+def test_the_orchestrator_charges_a_hostile_chunk_header_to_the_holder_not_the_device() -> None:
+    """On the channel and conventional paths the orchestrator relays chunk headers the agent wrote: a
+    conventional chunk with a malformed header is an ``AgentError`` naming the holder, and the device's
+    refusal that echoes a hostile sequence number still counts as a refusal (not a device failure)."""
+    from gputravel.core.errors import AgentError
+    from gputravel.core.travel.framed_link import _BounceSealer, _device_refusal
+
+    sealer = _BounceSealer(handoff(conventional=True))  # the orchestrator's own hand-off keeps the key
+    with pytest.raises(AgentError, match="mallory: sent a malformed CHUNK"):
+        sealer.seal("mallory", {"plain": 1, "e": 5, "s": "0", "o": 0, "n": 4}, b"abcd")
+    head, ct = sealer.seal("mallory", {"plain": 1, "e": 5, "s": 0, "o": 0, "n": 4}, b"abcd")
+    assert head == {"e": 5, "s": 0, "o": 0, "n": 4} and len(ct) == 4 + 16
+    assert _device_refusal({"ok": False, "code": "frame", "reason": "bad", "s": "x"}) == Refusal("frame", "bad")
+    assert _device_refusal({"ok": False, "code": "tag", "reason": "t", "s": 3}) == Refusal("tag", "t", seq=3)

@@ -45,7 +45,7 @@ from gputravel.core.errors import GpuTravelError
 from gputravel.core.ledger import read_rows
 from gputravel.core.protocol import Direction
 from gputravel.core.protocol.keys import channel_key
-from gputravel.core.travel import holders as holders_mod
+from gputravel.core.travel import framed_link as holders_mod
 from gputravel.core.travel import recovery as recovery_mod
 from gputravel.core.travel.local_link import LocalHolderLink
 
@@ -62,7 +62,7 @@ from pathlib import Path
 
 from gputravel.core.device import client as dc
 from gputravel.core.travel import engine as eng
-from gputravel.core.travel import holders
+from gputravel.core.travel import framed_link as holders
 
 dump = Path(sys.argv[1])
 keys = {"sessions": [], "channel": [], "provisioning": []}
@@ -76,7 +76,7 @@ dc.DeviceClient._set_epoch = set_epoch
 
 _provision = holders.FramedHolderLink.provision
 async def provision(self, handoff, **kw):
-    keys["provisioning"].append(handoff.key["key"])
+    keys["provisioning"].append(handoff.key.key.hex())
     return await _provision(self, handoff, **kw)
 holders.FramedHolderLink.provision = provision
 
@@ -274,7 +274,7 @@ async def test_no_key_in_the_errors_of_a_failing_run(data: Path, tmp_path: Path,
     provision = holders_mod.FramedHolderLink.provision
 
     async def recording_provision(self: Any, handoff: Any, **kw: Any) -> Any:
-        provisioning.append(bytes.fromhex(handoff.key["key"]))
+        provisioning.append(handoff.key.key)
         try:
             return await provision(self, handoff, **kw)
         except BaseException as exc:

@@ -1,4 +1,8 @@
-"""What is deployed to a holder machine: the agent (``agent``) and its bundle (``bundle``).
+"""What is deployed to a holder machine: the agent and its bundle (``bundle``).
+
+The agent by concern: ``dataset`` (the holder's files, read by range), ``link`` (its end of the holder
+link), ``dataconn`` (the direct path's connection to the device and its shared-memory ring), ``provision``
+(one hand-off: seal, send, acknowledgements, retransmission) and ``agent`` (HELLO, the run loop, ``main``).
 
 Everything in this package is uploaded, hashed and run on the holder, beside ``gputravel.core.protocol``:
 standard library and ``cryptography`` only (an import contract and ``tests/test_import_rules.py`` hold it

@@ -283,10 +283,7 @@ class FramedHolderLink(HolderLink):
                 if on_progress and type(seq) is int:
                     on_progress(seq)
             elif frame.type is FrameType.ERROR:
-                try:
-                    refusal = Refusal.from_wire(frame.header)
-                except FrameError as exc:
-                    raise DeviceError(f"the device's refusal is malformed: {exc}") from None
+                refusal = _device_refusal(frame.header)
                 stats.rejected[refusal.code] += 1
                 if on_reject:
                     on_reject(refusal.seq, refusal.code, refusal.reason)
@@ -306,6 +303,16 @@ class FramedHolderLink(HolderLink):
                 await self.writer.drain()
             except (OSError, RuntimeError, ConnectionError):
                 pass
+
+
+def _device_refusal(header: dict[str, Any]) -> Refusal:
+    """The device's refusal of a relayed chunk. Its ``s`` echoes the agent's chunk header, which a hostile
+    agent chose: a malformed one is the agent's (the refusal still counts, under no sequence number), never
+    an error of the device."""
+    try:
+        return Refusal.from_wire(header)
+    except FrameError:
+        return Refusal.from_wire({k: header.get(k) for k in ("code", "reason") if isinstance(header.get(k), str)})
 
 
 class _BounceSealer:
