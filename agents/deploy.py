@@ -213,7 +213,8 @@ class SshHolderLink(FramedHolderLink):
         self._closing = False  # set while we close the agent ourselves: its exit is then no loss
         #: the agent attests (issue 22 item 5): its policy and golden-measurement files, paths on the holder's host
         #: (the engine sets the SIM platform's for the embedded server, which runs on this host)
-        self.attest_files: tuple[Path, Path] | None = None
+        self.attest_files: tuple[Path, Path] | None = (
+            (Path(spec.attest_policy), Path(spec.golden)) if spec.attest_policy and spec.golden else None)
 
     def set_state(self, state: str, detail: str = "") -> None:
         self.history.append((time.time(), state, detail))

@@ -1,12 +1,14 @@
 """The holder agent: runs in a data holder's confidential VM, next to its private dataset.
 
-Small and deployable: standard library, ``cryptography`` and ``gputravel.core.protocol`` only
-(``python -m gputravel.agents.holder`` runs ``main``).
+Small and deployable: standard library, ``cryptography`` and ``gputravel.core.protocol`` only; an attesting
+agent (``--attest-policy``, ``--golden``: ``attest``) adds ``dcap_qvl`` and the SPDM/TDX part of
+``core.evidence`` (``python -m gputravel.agents.holder`` runs ``main``).
 It speaks length-prefixed frames on stdin/stdout (locally, or through an SSH channel), in the typed
 vocabulary of ``core.protocol.holderlink``:
 
-    agent -> HELLO (Hello)
-    orch  -> HANDOFF (Handoff, with its ProvisioningKey)
+    agent -> HELLO (Hello; an attesting agent adds its nonce and key-exchange key)
+    orch  -> ATTEST (Attest: the CVM's TDX quote, the GPU's SPDM report)   agent -> VERDICT (Verdict)
+    orch  -> HANDOFF (Handoff, with its ProvisioningKey, wrapped for an attesting agent after an ok VERDICT)
     agent -> CHUNK {e, s, o, n} + AES-GCM(ciphertext||tag)   ... device -> ACK {s} / ERROR (Refusal)
              (direct path: the chunks go to the device on the agent's DataOpen connection; the agent
              reports Progress and forwards Refusals on this link)
@@ -29,9 +31,8 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
-from gputravel.agents.holder.attest import HolderAttestation
 from gputravel.agents.holder.bundle import agent_sha256
 from gputravel.agents.holder.dataconn import DataLinkLost
 from gputravel.agents.holder.dataset import Dataset, open_dataset
@@ -40,6 +41,9 @@ from gputravel.agents.holder.provision import Provisioner
 from gputravel.core.protocol import FrameType, write_frame
 from gputravel.core.protocol.errors import DataError, FrameError, GpuTravelError
 from gputravel.core.protocol.holderlink import Attest, Bye, Handoff, Hello, Refusal
+
+if TYPE_CHECKING:  # imported when the agent attests: a holder that does not needs no dcap_qvl
+    from gputravel.agents.holder.attest import HolderAttestation
 
 __all__ = ["AGENT_VERSION", "Agent", "main"]
 
@@ -157,6 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         if ns.attest_policy is not None:
             if ns.golden is None:
                 raise DataError("--attest-policy needs --golden (the GPU measurements this holder approved)")
+            try:
+                from gputravel.agents.holder.attest import HolderAttestation
+            except ImportError as exc:  # named, rather than a traceback the orchestrator never sees
+                raise DataError(f"this holder cannot attest: {exc} (install dcap-qvl and cryptography in "
+                                f"{sys.executable})") from None
             attestation = HolderAttestation.load(ns.attest_policy.expanduser(), ns.golden.expanduser())
     except GpuTravelError as exc:
         write_frame(out, FrameType.ERROR, Refusal(exc.code, exc.reason).to_wire())
