@@ -203,7 +203,7 @@ class DeviceService:
             Op.RESTORE: self.op_restore, Op.RESTORE_CHUNK: self.op_restore_chunk, Op.RESTORE_END: self.op_restore_end, Op.STATS: self.op_stats,
             Op.AES_RATE: self.op_aes_rate, Op.TAMPER: self.op_tamper, Op.DIGEST: self.op_digest,
             Op.SET_DATA_PATH: self.op_set_data_path,
-            Op.GPU_EVIDENCE: lambda *, payload, **kw: Reply(self.spdm.answer(**kw)),
+            Op.GPU_EVIDENCE: self.op_gpu_evidence,
         }
 
     # --- attestation and session ------------------------------------------------------------
@@ -262,6 +262,11 @@ class DeviceService:
     def op_attest(self, *, nonce: str, payload: bytes) -> Reply:
         """Fresh evidence over the verifier's nonce, inside the session."""
         return Reply({"evidence": self.evidence(bytes.fromhex(nonce)).to_dict()})
+
+    def op_gpu_evidence(self, *, nonce: str, chain: bool = False, tamper: str | None = None,
+                        payload: bytes) -> Reply:
+        """SPDM evidence in NVIDIA's format over a holder's nonce (SIM GPU; core/device/spdm.py)."""
+        return Reply(self.spdm.answer(nonce=nonce, chain=chain, tamper=tamper))
 
     def op_rotate(self, *, epoch: int, payload: bytes) -> Reply:
         """Key update of the control channel: the transport swaps keys after sending this answer."""
