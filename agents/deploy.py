@@ -15,7 +15,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from shlex import quote
 from typing import Any
 
@@ -211,6 +211,10 @@ class SshHolderLink(FramedHolderLink):
         self._forward: asyncssh.SSHListener | None = None
         self._watch: asyncio.Task[None] | None = None
         self._closing = False  # set while we close the agent ourselves: its exit is then no loss
+        #: the agent attests (issue 22 item 5): its policy and golden-measurement files, paths on the holder's host
+        #: (the engine sets the SIM platform's for the embedded server, which runs on this host)
+        self.attest_files: tuple[Path, Path] | None = (
+            (Path(spec.attest_policy), Path(spec.golden)) if spec.attest_policy and spec.golden else None)
 
     def set_state(self, state: str, detail: str = "") -> None:
         self.history.append((time.time(), state, detail))
@@ -307,6 +311,8 @@ class SshHolderLink(FramedHolderLink):
         cmd = (f"cd {quote(folder)} && exec env PYTHONPATH=. PYTHONDONTWRITEBYTECODE=1 {quote(self.spec.python)} "
                f"-m gputravel.agents.holder --name {quote(self.name)} --data {quote(self.spec.data)} "
                f"--val-fraction {self.spec.val_fraction} --witness {quote(WITNESS_PATH)}")
+        if self.attest_files is not None:
+            cmd += f" --attest-policy {quote(str(self.attest_files[0]))} --golden {quote(str(self.attest_files[1]))}"
         try:
             self.process = await self.conn.create_process(cmd, encoding=None, window=CHANNEL_WINDOW,
                                                           max_pktsize=CHANNEL_MAX_PKTSIZE)

@@ -46,6 +46,8 @@ OPTIONAL: dict[str, Any] = {
     "remote_dir": ".gputravel",
     "val_fraction": 0.1,
     "data_route": "forward",
+    "attest_policy": None,
+    "golden": None,
 }
 ALLOWED = set(REQUIRED) | set(OPTIONAL)
 
@@ -70,6 +72,10 @@ class HolderSpec:
     #: port forward on this holder's connection (works wherever SSH does), or "network" straight to the
     #: address the device's data port is bound to (``--data-host``, which the holder must be able to reach)
     data_route: str = "forward"
+    #: the holder attests the CVM and the GPU before each key (issue 22 item 5): its own evidence policy (pinned
+    #: roots) and approved golden measurements, paths on the holder's machine; None: it does not attest
+    attest_policy: str | None = None
+    golden: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "host": self.host, "port": self.port, "user": self.user,
@@ -144,6 +150,12 @@ def parse_inventory(text: str, *, base: Path, source: str = "holders.toml") -> l
                 raise ConfigError(f"{where}: known_hosts {known} does not exist")
         if entry["host_key"] is not None:
             _check_type(where, "host_key", entry["host_key"], str)
+        for key in ("attest_policy", "golden"):
+            if entry[key] is not None:
+                _check_type(where, key, entry[key], str)
+        if (entry["attest_policy"] is None) != (entry["golden"] is None):
+            raise ConfigError(f"{where}: attest_policy and golden go together (the holder's pinned roots and its "
+                              "approved GPU measurements)")
         if entry["host_key"] is None and known is None:
             raise ConfigError(f"{where}: needs 'host_key' or 'known_hosts' (host keys are never accepted blindly)")
         specs.append(HolderSpec(
@@ -151,7 +163,8 @@ def parse_inventory(text: str, *, base: Path, source: str = "holders.toml") -> l
             host_key=entry["host_key"], known_hosts=known, data=entry["data"], python=entry["python"],
             connect_timeout=float(entry["connect_timeout"]), keepalive_interval=float(entry["keepalive_interval"]),
             keepalive_count_max=entry["keepalive_count_max"], remote_dir=entry["remote_dir"],
-            val_fraction=float(entry["val_fraction"]), data_route=entry["data_route"]))
+            val_fraction=float(entry["val_fraction"]), data_route=entry["data_route"],
+            attest_policy=entry["attest_policy"], golden=entry["golden"]))
     return specs
 
 

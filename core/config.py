@@ -82,6 +82,9 @@ class RunSettings:
     #: model's shape comes from the file, the weights reach the device as a sealed stream (core/training/weights.py)
     init_from: Path | None = None
     fault: str | None = None  # fault injection: "kill-orchestrator|kill-device|kill-agent@PHASE:VISIT[+SECONDS]"
+    #: fault injection into what holders attest (``run --inject``): cvm-debug, cvm-report-data, gpu-measurement,
+    #: gpu-nonce; every holder must refuse (core/travel/holder_attest.py)
+    holder_inject: str | None = None
 
     def __post_init__(self) -> None:
         if self.data_path == "ssh":  # the name `bench provision` and the docs use for the channel path
@@ -101,6 +104,8 @@ class RunSettings:
             (self.data_path in ("channel", "direct", "conventional"), "data path is direct, channel (ssh) or conventional"),
             (self.visit_attempts >= 1, "visit-attempts must be >= 1"),
             (self.cipher_engine in ("auto", "cpu", "gpu"), "cipher-engine is auto, cpu or gpu"),
+            (self.holder_inject in (None, "cvm-debug", "cvm-report-data", "gpu-measurement", "gpu-nonce"),
+             "inject is cvm-debug, cvm-report-data, gpu-measurement or gpu-nonce"),
         ]
         for ok, msg in checks:
             if not ok:

@@ -10,6 +10,7 @@ import signal
 import sys
 import time
 from dataclasses import replace
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +34,19 @@ from gputravel.console.run_folder import running_marker
 from gputravel.console.run_telemetry import TELEMETRY_INTERVAL_S
 from gputravel.core import events as ev
 from gputravel.core.config import RunSettings
-from gputravel.core.errors import CancelledRunError, ConfigError
+from gputravel.core.errors import AttestationError, CancelledRunError, ConfigError
 
 #: Exit code when the run finished but some visits failed (each is in the report and the ledger).
 EXIT_PARTIAL = 9
+
+class HolderInjection(StrEnum):
+    """``run --inject``: what holders attest made wrong in one way (core/travel/holder_attest.py)."""
+
+    CVM_DEBUG = "cvm-debug"
+    CVM_REPORT_DATA = "cvm-report-data"
+    GPU_MEASUREMENT = "gpu-measurement"
+    GPU_NONCE = "gpu-nonce"
+
 
 # The holder options ``gputravel run`` and ``gputravel-console`` share: one default, one help text.
 # (This module imports the engine lazily, so the console can import these without loading torch.)
@@ -280,6 +290,10 @@ def register(app: typer.Typer) -> None:
                                            rich_help_panel=FAULTS_PANEL),
         fault: str | None = typer.Option(None, "--fault", hidden=True,
                                          help="Fault injection: kill-orchestrator|kill-device|kill-agent@PHASE:VISIT[+S]"),
+        inject: HolderInjection | None = typer.Option(
+            None, "--inject", help="Make what holders attest wrong in one way (the CVM's quote: cvm-debug, "
+            "cvm-report-data; the GPU's evidence: gpu-measurement, gpu-nonce): every holder refuses, no key is "
+            "released, exit 3.", rich_help_panel=FAULTS_PANEL),
         out: Path | None = typer.Option(None, "--out", help="Run folder: ledger, checkpoints, keys "
                                         "(default: a new runs/run-<time>, linked as runs/latest).",
                                         rich_help_panel=OUTPUT_PANEL),
@@ -315,6 +329,7 @@ def register(app: typer.Typer) -> None:
             chunk_kib=chunk_kib, model=model.value, batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed,
             device=device, cc_mode=cc_mode.value, breakpoints=parse_breakpoints(break_before),
             visit_attempts=visit_attempts, fault=fault, cipher_engine=cipher_engine.value, init_from=init_from,
+            holder_inject=inject.value if inject is not None else None,
             **holder_settings(holders_file=holders_file, transport=transport.value, data_path=data_path.value,
                               data_host=data_host))
         fleet = gpus > 1 or nnodes > 1
@@ -376,6 +391,12 @@ def register(app: typer.Typer) -> None:
             sys.stdout.write(json.dumps(report, indent=2) + "\n")
         else:
             render_report(console, report)
+        refusals = report.get("holder_refusals") or []
+        if report["failed_visits"] and refusals:  # a holder's own attestation refused: no key released
+            first = refusals[0]  # the report (stdout with --json) is complete: the error goes to stderr, exit 3
+            typer.echo(f"error: AttestationError: holder {first['holder']} refused the attestation: "
+                       f"{first['claim']} ({len(refusals)} refusal(s); no key released)", err=True)
+            raise typer.Exit(AttestationError.exit_code)
         if report["failed_visits"]:
             raise typer.Exit(EXIT_PARTIAL)
 

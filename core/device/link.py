@@ -86,6 +86,7 @@ class Op(StrEnum):
     TAMPER = "tamper"
     DIGEST = "digest"
     SET_DATA_PATH = "set_data_path"
+    GPU_EVIDENCE = "gpu_evidence"  # SPDM GET_MEASUREMENTS in NVIDIA's format over a caller's nonce (core/device/spdm.py)
 
 
 @dataclass(frozen=True, slots=True)

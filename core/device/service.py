@@ -48,6 +48,7 @@ from gputravel.core.device.messages import (
 )
 from gputravel.core.device.modelmac import MAC_KEY_BYTES, model_mac
 from gputravel.core.device.openers import choose_opener
+from gputravel.core.device.spdm import SpdmResponder
 from gputravel.core.errors import DeviceError, IntegrityError, ProtocolError
 from gputravel.core.handshake import SessionSecrets, respond
 from gputravel.core.machine import aes_gcm_rate
@@ -192,6 +193,8 @@ class DeviceService:
         self._ckpt_stream: _CheckpointStream | None = None
         self._restore_stream: _RestoreStream | None = None
         self._model_incomplete = False
+        #: the SIM GPU's SPDM responder (holders' own attestation, core/device/spdm.py)
+        self.spdm = SpdmResponder()
         #: the one operation table: every sealed request is dispatched here, by name
         self.operations: dict[Op, Handler] = {
             Op.ATTEST: self.op_attest, Op.ROTATE: self.op_rotate, Op.SHUTDOWN: self.op_shutdown,
@@ -202,6 +205,7 @@ class DeviceService:
             Op.RESTORE: self.op_restore, Op.RESTORE_CHUNK: self.op_restore_chunk, Op.RESTORE_END: self.op_restore_end, Op.STATS: self.op_stats,
             Op.AES_RATE: self.op_aes_rate, Op.TAMPER: self.op_tamper, Op.DIGEST: self.op_digest,
             Op.SET_DATA_PATH: self.op_set_data_path,
+            Op.GPU_EVIDENCE: self.op_gpu_evidence,
         }
 
     # --- attestation and session ------------------------------------------------------------
@@ -260,6 +264,11 @@ class DeviceService:
     def op_attest(self, *, nonce: str, payload: bytes) -> Reply:
         """Fresh evidence over the verifier's nonce, inside the session."""
         return Reply({"evidence": self.evidence(bytes.fromhex(nonce)).to_dict()})
+
+    def op_gpu_evidence(self, *, nonce: str, chain: bool = False, tamper: str | None = None,
+                        payload: bytes) -> Reply:
+        """SPDM evidence in NVIDIA's format over a holder's nonce (SIM GPU; core/device/spdm.py)."""
+        return Reply(self.spdm.answer(nonce=nonce, chain=chain, tamper=tamper))
 
     def op_rotate(self, *, epoch: int, payload: bytes) -> Reply:
         """Key update of the control channel: the transport swaps keys after sending this answer."""
@@ -819,9 +828,11 @@ def load_service(state_dir: Path, *, buffer_bytes: int, device: str | None = Non
     from gputravel.core.attestation import provision_emulated
 
     _, identity = provision_emulated(state_dir)
-    return DeviceService(identity=identity, buffer_bytes=buffer_bytes, device=device, cc_mode=CCMode(cc_mode),
-                         allow_fault_injection=allow_fault_injection, staged=staged,
-                         cipher_engine=cipher_engine)
+    service = DeviceService(identity=identity, buffer_bytes=buffer_bytes, device=device, cc_mode=CCMode(cc_mode),
+                            allow_fault_injection=allow_fault_injection, staged=staged,
+                            cipher_engine=cipher_engine)
+    service.spdm.state_dir = Path(state_dir)  # the SIM GPU's identity lives with the platform's
+    return service
 
 
 __all__ = ["DeviceService", "Handler", "ProvisionWindow", "Reply", "load_service"]

@@ -45,7 +45,7 @@ from gputravel.core.procs import release_free_memory
 from gputravel.core.runfolder import sealed_settings_digest
 from gputravel.core.training.checkpoint import CheckpointStore
 from gputravel.core.travel import handoff as ho
-from gputravel.core.travel import training
+from gputravel.core.travel import holder_attest, training
 from gputravel.core.travel.audit import ATTACK_CODES, Audit
 from gputravel.core.travel.control import Control, EventSink, FaultPlan
 from gputravel.core.travel.holders import Handoff, HolderInfo, HolderLink
@@ -304,6 +304,7 @@ class TravelEngine:
                                   "session_fp": self.client.secrets.fingerprint() if self.client.secrets else None})
         self.device_info = (await asyncio.to_thread(self.client.info)).to_wire()
         await self.configure_data_path()
+        await asyncio.to_thread(holder_attest.attach, self)  # holders verify the CVM and the GPU themselves
         # agents are deployed and started in parallel; holders keep their given order
         started = await asyncio.gather(*(self._start_link(link) for link in self.links.values()),
                                        return_exceptions=True)
