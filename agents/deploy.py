@@ -203,7 +203,7 @@ class SshHolderLink(FramedHolderLink):
         super().__init__(spec.name)
         self.spec = spec
         self.conn: asyncssh.SSHClientConnection | None = None
-        self.process: asyncssh.SSHClientProcess | None = None
+        self.process: asyncssh.SSHClientProcess[bytes] | None = None
         self.deploy_report: DeployReport | None = None
         self.on_state = on_state
         self.max_reconnects = max_reconnects
@@ -243,6 +243,7 @@ class SshHolderLink(FramedHolderLink):
         self.info = HolderInfo(info.name, info.fmt, info.train_bytes, info.val_bytes, info.files, info.agent_sha256,
                                "ssh", detail)
         self.set_state(HolderState.READY, self.deploy_report.bundle_sha256[:16])
+        assert self.conn is not None and self.process is not None  # set by the start above
         self._watch = asyncio.ensure_future(self._watch_agent(self.conn, self.process))
         return self.info
 
@@ -255,7 +256,7 @@ class SshHolderLink(FramedHolderLink):
                 and self.process.exit_status is None and self.process.exit_signal is None
                 and self._watch is not None and not self._watch.done())
 
-    async def _watch_agent(self, conn: asyncssh.SSHClientConnection, process: asyncssh.SSHClientProcess) -> None:
+    async def _watch_agent(self, conn: asyncssh.SSHClientConnection, process: asyncssh.SSHClientProcess[bytes]) -> None:
         """While the holder waits between visits, its agent or its SSH session may die: mark it offline
         (an event and a ledger row through ``on_state``) so that no key is handed to it until a reconnect
         has verified a fresh agent. Failures during a transfer are ``provision``'s to report."""

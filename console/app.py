@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 from textual import work
-from textual.app import App, ScreenStackError
+from textual.app import ScreenStackError
 from textual.binding import Binding
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
@@ -59,7 +59,7 @@ from gputravel.themes import CSS_PATH, THEMES, theme_name
 
 __all__ = ["GpuTravelConsole", "main", "make_app"]
 
-class GpuTravelConsole(ConsoleCommands, App[None]):
+class GpuTravelConsole(ConsoleCommands):
     """Watch the GPU travel, step the protocol, read the GPU's health, run benchmarks, audit the ledger."""
 
     CSS_PATH = CSS_PATH

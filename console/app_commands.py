@@ -7,7 +7,7 @@ import shlex
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from textual.app import SystemCommand
+from textual.app import App, SystemCommand
 from textual.screen import Screen
 
 from gputravel.console.bridge import LiveBridge, ReplayBridge
@@ -36,12 +36,24 @@ EXTRA_KEYS: tuple[tuple[str, str], ...] = (
 )
 
 
-class ConsoleCommands:
-    """The ``:`` line, the palette and ``?``: every control they offer is one of the app's actions (a mixin
-    of the app: ``self`` is the :class:`~gputravel.console.app.GpuTravelConsole`)."""
+class ConsoleCommands(App[None]):
+    """The ``:`` line, the palette and ``?``: every control they offer is one of the app's actions (the base
+    of :class:`~gputravel.console.app.GpuTravelConsole`, which defines the actions named here)."""
 
     bridge: Any
     readonly: bool
+    # the app's actions these commands call (defined by GpuTravelConsole)
+    action_step: Callable[[], None]
+    action_run: Callable[[], None]
+    action_cancel: Callable[[], None]
+    action_toggle_pause: Callable[[], None]
+    action_toggle_break: Callable[[], None]
+    action_toggle_breakpoint: Callable[[str], None]
+    action_seek: Callable[[str], None]
+    action_show_screen: Callable[[str], None]
+    action_save_screenshot: Callable[..., None]
+    action_verify_ledger: Callable[[], None]
+    action_run_bench: Callable[[str], None]
 
     def action_show_help(self) -> None:
         screen = self.screen
@@ -134,7 +146,7 @@ class ConsoleCommands:
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         # Textual's own "Theme" offers every theme it knows; the console's ("Theme: NAME") only those --theme
         # and :theme accept
-        yield from (c for c in super().get_system_commands(screen) if c.title != "Theme")  # type: ignore[misc]
+        yield from (c for c in super().get_system_commands(screen) if c.title != "Theme")
         if not self.readonly:
             yield SystemCommand("Run", "Start the run (or resume it)", self.action_run)
             yield SystemCommand("Step one phase", "Run exactly one protocol phase, then pause", self.action_step)
@@ -145,8 +157,8 @@ class ConsoleCommands:
             yield SystemCommand("Cancel run", "Abort the visit (the buffer is scrubbed) and stop", self.action_cancel)
         for name in SCREENS_IN_ORDER:
             yield SystemCommand(f"Screen: {name}", f"Show the {name} screen",
-                                lambda name=name: self.action_show_screen(name))  # type: ignore[misc]
+                                lambda name=name: self.action_show_screen(name))
         yield SystemCommand("Verify ledger", "Recompute the audit ledger's hash chain", self.action_verify_ledger)
         for choice in THEMES:
             yield SystemCommand(f"Theme: {choice}", f"Switch to the {choice} theme",
-                                lambda c=choice: setattr(self, "theme", theme_name(c)))  # type: ignore[misc]
+                                lambda c=choice: setattr(self, "theme", theme_name(c)))

@@ -220,11 +220,11 @@ class LiveBridge(Bridge):
             if not self.session.built:
                 self.state.status = "starting"
                 self.post_state()
-                engine = await asyncio.to_thread(self.session.build)
+                built = await asyncio.to_thread(self.session.build)
                 self.state.seed_holders(self.session.holder_names)
                 for name in self.session.holder_names:
                     self.state.holders[name].state = HolderState.CONNECTING
-                self._open_recorder(engine)
+                self._open_recorder(built)
                 self.post_state()
             engine = self.session.engine
             assert engine is not None

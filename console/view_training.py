@@ -8,12 +8,9 @@ run's first); events, ledger rows and JSON keep the 0-based index ``visit``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from gputravel.core import events as ev
-
-if TYPE_CHECKING:
-    from gputravel.console.view_model import RunState
 
 __all__ = ["TrainingFolds", "pending_label"]
 
@@ -26,24 +23,36 @@ def pending_label(pending: str | None) -> str | None:
 class TrainingFolds:
     """Event handlers (``_on_<Event>``) that :meth:`RunState.apply` dispatches to."""
 
-    __slots__ = ()
+    # RunState's fields these handlers fold into (declared here so the handlers type-check without importing it)
+    _gpu: int | None
+    loss: list[tuple[int, float]]
+    tokens_per_s: float | None
+    train_progress: tuple[int, int] | None
+    pending: str | None
+    spikes: list[tuple[int, float, float]]
 
-    def _on_TrainingProgressed(self: RunState, e: ev.TrainingProgressed) -> None:
+    def log(self, t: float, source: str, text: str, level: str = "info") -> None:
+        raise NotImplementedError
+
+    def _visit(self, visit: int, holder: str) -> Any:
+        raise NotImplementedError
+
+    def _on_TrainingProgressed(self, e: ev.TrainingProgressed) -> None:
         if self._gpu is None:
             self.loss.extend((e.run_step - len(e.losses) + 1 + i, float(x)) for i, x in enumerate(e.losses))
         self.train_progress, self.tokens_per_s = (e.step, e.steps), e.tokens_per_s
 
-    def _on_LossSpiked(self: RunState, e: ev.LossSpiked) -> None:
+    def _on_LossSpiked(self, e: ev.LossSpiked) -> None:
         self.spikes.append((e.run_step, e.loss, e.mean))
         self.log(e.t, "device", f"loss spike at step {e.run_step}: {e.loss:.3f} > {e.factor:g} x running mean "
                  f"{e.mean:.3f}", "warn")
 
-    def _on_ControlRequested(self: RunState, e: ev.ControlRequested) -> None:
+    def _on_ControlRequested(self, e: ev.ControlRequested) -> None:
         self.pending = e.action
         self.log(e.t, "operator", f"{e.action} asked{f' during {e.phase}' if e.phase else ''}: lands after the "
                  "current step", "warn")
 
-    def _on_VisitCancelled(self: RunState, e: ev.VisitCancelled) -> None:
+    def _on_VisitCancelled(self, e: ev.VisitCancelled) -> None:
         v = self._visit(e.visit, e.holder)
         v.outcome, v.failed_phase, v.scrub_verified = "cancelled", e.phase, e.scrub_verified
         for mark in v.phases.values():

@@ -69,7 +69,7 @@ class ConsoleScreen(Screen[None]):
     SCREEN_NAME: ClassVar[str] = "screen"
     HELP: ClassVar[str] = ""
     FLEET_HELP: ClassVar[str] = ""  # added to HELP when the console shows a fleet
-    AUTO_FOCUS = None  # keys reach the app's bindings until the operator focuses something
+    AUTO_FOCUS: ClassVar[str | None] = None  # keys reach the app's bindings until the operator focuses something
     BINDINGS = [Binding("slash", "filter", "Filter", show=False),
                 Binding("escape", "clear_filter", "Clear filter", show=False)]
     #: The text the screen's ``/`` filter keeps rows by ("" keeps all).

@@ -90,11 +90,11 @@ async def run_bench_subprocess(name: str, on_line: Callable[[str], None]) -> Any
 def result_rows(result: Any) -> list[dict[str, Any]]:
     """The rows of a benchmark's JSON: a list of objects, or the first such list inside it, or key/value pairs."""
     if isinstance(result, list) and all(isinstance(r, dict) for r in result):
-        return result
+        return list(result)
     if isinstance(result, dict):
         for key in ("results", "rows", "runs", "variants", "cases"):
             if isinstance(result.get(key), list) and all(isinstance(r, dict) for r in result[key]):
-                return result[key]
+                return list(result[key])
         for value in result.values():
             if isinstance(value, list) and value and all(isinstance(r, dict) for r in value):
                 return value

@@ -57,7 +57,7 @@ class CapturedConsole(Console):
         super().__init__(file=io.StringIO(), width=width, color_system=None)
         self.items: list[RenderableType] = []
 
-    def print(self, *objects: Any, **kwargs: Any) -> None:  # type: ignore[override]
+    def print(self, *objects: Any, **kwargs: Any) -> None:
         for obj in objects:
             self.items.append(Text.from_markup(obj) if isinstance(obj, str) else obj)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from textual import events
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.widgets import Footer
 from textual.widgets._footer import FooterKey
 
@@ -24,16 +25,16 @@ class ConsoleFooter(Footer):
         if not self._bindings_ready:
             return
         active = self.screen.active_bindings
-        seen: dict[str, tuple[object, bool, str]] = {}
+        seen: dict[str, tuple[Binding, bool, str]] = {}
         for _node, binding, enabled, tooltip in active.values():
             if binding.show and binding.action not in seen:
                 seen[binding.action] = (binding, enabled, tooltip)
         essential = [seen[a] for a in ESSENTIAL_ACTIONS if a in seen]
         others = [v for a, v in seen.items() if a not in ESSENTIAL_ACTIONS]
 
-        def width(entry: tuple[object, bool, str]) -> int:
+        def width(entry: tuple[Binding, bool, str]) -> int:
             binding = entry[0]
-            return len(self.app.get_key_display(binding)) + len(binding.description) + 3  # type: ignore[attr-defined]
+            return len(self.app.get_key_display(binding)) + len(binding.description) + 3
 
         room = (self.size.width or self.app.size.width) - PALETTE_WIDTH - sum(width(e) for e in essential)
         kept = []
@@ -45,8 +46,8 @@ class ConsoleFooter(Footer):
         shown = kept + essential
         self.styles.grid_size_columns = len(shown)
         for binding, enabled, tooltip in shown:
-            yield FooterKey(binding.key, self.app.get_key_display(binding), binding.description,  # type: ignore[attr-defined]
-                            binding.action, disabled=not enabled, tooltip=tooltip).data_bind(  # type: ignore[attr-defined]
+            yield FooterKey(binding.key, self.app.get_key_display(binding), binding.description,
+                            binding.action, disabled=not enabled, tooltip=tooltip).data_bind(
                                 compact=Footer.compact)
         if self.show_command_palette and self.app.ENABLE_COMMAND_PALETTE:
             try:

@@ -60,7 +60,7 @@ class FramedHolderLink(HolderLink):
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.reader: asyncio.StreamReader | None = None
+        self.reader: Any = None  # an asyncio.StreamReader, or asyncssh's reader of the agent's stdout
         self.writer: Any = None
         self.info: HolderInfo | None = None
         #: Fault injection (tests): sequence numbers whose first transmission is corrupted on the wire,
