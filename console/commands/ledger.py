@@ -19,7 +19,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from gputravel.core.errors import LedgerError
-from gputravel.core.ledger import LedgerRow, parse_head, read_rows, verify_ledger, witnessed_heads
+from gputravel.core.ledger import (
+    LedgerRow,
+    VerifyResult,
+    parse_head,
+    read_rows,
+    verify_ledger,
+    witnessed_heads,
+)
 
 ledger_app = typer.Typer(help="Verify and inspect the hash-chained audit ledger.", no_args_is_help=True)
 
@@ -56,21 +63,27 @@ def verify(
         result = verify_fleet(path)
     else:
         result = verify_ledger(path, expect_head=expect, expect_heads=witnessed)
+    if not result.ok:
+        raise broken(result, path)
     if as_json:
         typer.echo(json.dumps(asdict(result), indent=2))
-    elif result.ok:
-        checked = f", contains the recorded head {expect[0]}" if expect else ""
-        if witnessed:
-            checked += f", holds all {len(set(witnessed))} witnessed heads"
-        Console().print(f"[green]ledger intact[/]: {result.rows} rows, head "
-                        f"{f'{result.rows}:{result.head_hash}' if result.head_hash else 'none (empty)'}{checked}",
-                        soft_wrap=True)
-    else:
-        Console(stderr=True).print(f"[bold red]ledger broken[/]: {escape(result.reason or '')}", soft_wrap=True)
-        if result.head_hash is not None:
-            Console(stderr=True).print(f"last good row {result.rows}, hash {result.head_hash}", soft_wrap=True)
-    if not result.ok:
-        raise typer.Exit(code=LedgerError.exit_code)
+        return
+    checked = f", contains the recorded head {expect[0]}" if expect else ""
+    if witnessed:
+        checked += f", holds all {len(set(witnessed))} witnessed heads"
+    Console().print(f"[green]ledger intact[/]: {result.rows} rows, head "
+                    f"{f'{result.rows}:{result.head_hash}' if result.head_hash else 'none (empty)'}{checked}",
+                    soft_wrap=True)
+
+
+def broken(result: VerifyResult, path: Path) -> LedgerError:
+    """The error a broken chain is reported as (exit 8): the reason and the last good row; under ``--json``
+    the verification result's fields come with the error object."""
+    last = f"; last good row {result.rows}, hash {result.head_hash}" if result.head_hash is not None else ""
+    what = "ledger broken: " if path.exists() else ""
+    error = LedgerError(f"{what}{result.reason or 'unknown reason'}{last}")
+    error.detail = asdict(result)  # type: ignore[attr-defined]
+    return error
 
 
 @ledger_app.command("show")
@@ -83,27 +96,29 @@ def show(
     ] = None,
 ) -> None:
     """List the ledger's events (seq, time, kind, phase, holder, epoch, key fp, bytes, duration, outcome)."""
-    try:
-        rows = read_rows(path, holder=holder, limit=limit)
-    except LedgerError as exc:
-        Console(stderr=True).print(f"[bold red]error[/]: {escape(str(exc))}", soft_wrap=True)
-        raise typer.Exit(code=exc.exit_code) from exc
+    rows = read_rows(path, holder=holder, limit=limit)  # LedgerError: reported by the CLI, exit 8
+    error = refusal_if_broken(path)
     if as_json:
+        if error is not None:  # one JSON object: the error, with the rows as they are
+            error.detail = {"rows": [row.to_dict() for row in rows]}  # type: ignore[attr-defined]
+            raise error
         typer.echo(json.dumps([row.to_dict() for row in rows], indent=2, ensure_ascii=False))
-    else:
-        console = Console()
-        console.print(_table(rows, path, width=console.width))
-    refuse_if_broken(path)
+        return
+    console = Console()
+    console.print(_table(rows, path, width=console.width))
+    if error is not None:
+        raise error
 
 
-def refuse_if_broken(path: Path) -> None:
+def refusal_if_broken(path: Path) -> LedgerError | None:
     """Rows are shown as they are, but a ledger whose chain does not verify is never passed off as a good
-    one: the break is named on stderr and the command exits 8 (as ``ledger verify`` does)."""
+    one: the break is named and the command exits 8 (as ``ledger verify`` does)."""
     result = verify_ledger(path)
-    if not result.ok:
-        Console(stderr=True).print(f"[bold red]ledger broken[/]: {escape(result.reason or '')} "
-                                   f"(these rows cannot be trusted)", soft_wrap=True)
-        raise typer.Exit(code=LedgerError.exit_code)
+    if result.ok:
+        return None
+    error = broken(result, path)
+    error.reason += " (these rows cannot be trusted)"
+    return error
 
 
 def _table(rows: list[LedgerRow], path: Path, *, width: int = 200) -> Table:

@@ -1,8 +1,8 @@
 """``gputravel runs``: runs as things to list, inspect, follow and stop (``ls``, ``show``, ``log``, ``stop``).
 
 A run is a folder under ``runs/`` (see :mod:`gputravel.console.run_folder`). Every command takes ``--json``;
-with it, an error is a JSON object on stdout too (``{"error": {"code", "message", "exit_code"}}``), and the
-exit code is the error's documented one.
+with it, an error is the CLI's one JSON error object on stdout too (``console/cli_errors.py``), and the exit
+code is the error's documented one.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,7 +22,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gputravel.console.run_folder import RUNS_DIR, RunInfo, find_run, list_runs, pid_alive, read_run
-from gputravel.core.errors import ConfigError, GpuTravelError
+from gputravel.core.errors import ConfigError
 
 runs_app = typer.Typer(name="runs", help="Runs under runs/: list, show, follow the log, stop.", no_args_is_help=True)
 
@@ -40,18 +40,6 @@ def register(app: typer.Typer) -> None:
 
 def _json(obj: Any) -> None:
     typer.echo(json.dumps(obj, indent=2, default=str))
-
-
-def _guard(as_json: bool, body: Callable[[], None]) -> None:
-    """Run ``body``; with ``--json`` a gputravel error is printed as JSON and becomes its exit code."""
-    try:
-        body()
-    except GpuTravelError as exc:
-        if not as_json:
-            raise
-        _json({"error": {"code": exc.code, "message": exc.reason, "kind": type(exc).__name__,
-                         "exit_code": exc.exit_code}})
-        raise typer.Exit(exc.exit_code) from None
 
 
 def _when(t: float | None) -> str:
@@ -85,7 +73,7 @@ def ls_cmd(runs_dir: RunsDir = RUNS_DIR, as_json: AsJson = False) -> None:
                           str(r.pid or "-"))
         console.print(table)
 
-    _guard(as_json, body)
+    body()
 
 
 @runs_app.command("show")
@@ -122,7 +110,7 @@ def show_cmd(run: RunArg, runs_dir: RunsDir = RUNS_DIR, as_json: AsJson = False)
             console.print(table)
         console.print(f"[dim]{escape(str(info.ledger))} · {escape(str(info.recording))}[/]", highlight=False)
 
-    _guard(as_json, body)
+    body()
 
 
 def _lines(info: RunInfo, *, follow: bool, interval: float) -> Iterator[tuple[Any, Any]]:
@@ -181,7 +169,7 @@ def log_cmd(run: RunArg, follow: Annotated[bool, typer.Option("--follow", "-f", 
         if follow and not as_json:
             console.print(f"[dim]run {escape(info.name)}: {escape(read_run(info.path).status)}[/]")
 
-    _guard(as_json, body)
+    body()
 
 
 @runs_app.command("stop")
@@ -214,4 +202,4 @@ def stop_cmd(run: RunArg,
         if after.status == "running":
             raise typer.Exit(1)
 
-    _guard(as_json, body)
+    body()
