@@ -199,6 +199,10 @@ def resolve_out_dir(out: Path | None, *, resume: bool, runs: Path = Path("runs")
 def fresh_settings(out: Path | None, **options: Any) -> tuple[RunSettings, RunFolder]:
     """The settings of a new run, validated before anything is created, and its (not yet created) folder."""
     settings = RunSettings(out_dir=out or Path("runs") / "pending", **options)  # validates every option
+    if settings.holders_file is not None:  # the inventory too: types, ranges, keys (agents/inventory.py)
+        from gputravel.agents.inventory import load_inventory
+
+        load_inventory(settings.holders_file)
     folder = RunFolder(resolve_out_dir(out, resume=False, create=False), link_latest=out is None)
     return replace(settings, out_dir=folder.out), folder
 
