@@ -103,7 +103,7 @@ def _check_ranges(where: str, entry: dict[str, Any]) -> None:
         inside = (lo <= value if lo_ok else lo < value) and (value <= hi if hi_ok else value < hi)
         if not math.isfinite(value) or not inside:
             span = f"{'[' if lo_ok else '('}{lo:g}, {hi:g}{']' if hi_ok else ')'}"
-            raise ConfigError(f"{where}: '{key}' must be a finite number in {span}, not {value!r}")
+            raise ConfigError(f"{where}: {key} {value!r} out of range: '{key}' must be a finite number in {span}")
     for key in ("name", "host", "user", "client_key", "data", "python", "remote_dir"):
         value = entry[key]
         if not value.strip() or any(ord(c) < 32 or ord(c) == 127 for c in value):
