@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,10 +22,12 @@ from typing import Any
 from gputravel.console.run_end import final_status
 from gputravel.console.view_model import RunState
 from gputravel.core.errors import ConfigError, GpuTravelError
+from gputravel.core.files import write_atomic
+from gputravel.core.procs import ProcessIdentity, identity_matches, process_identity
 from gputravel.core.recording import load_recording
 
-__all__ = ["PID_FILE", "RUNS_DIR", "RunInfo", "clear_running", "find_run", "list_runs", "mark_running", "pid_alive",
-           "read_run", "running_marker"]
+__all__ = ["PID_FILE", "RUNS_DIR", "RunInfo", "clear_running", "driving_process", "find_run", "list_runs",
+           "mark_running", "pid_alive", "read_marker", "read_run", "running_marker", "signal_run"]
 
 RUNS_DIR = Path("runs")
 PID_FILE = "orchestrator.pid"
@@ -41,11 +44,30 @@ def pid_alive(pid: int) -> bool:
 
 
 def mark_running(out_dir: Path, *, owner: str) -> Path:
-    """Write ``orchestrator.pid`` (this process drives the run in ``out_dir``)."""
+    """Write ``orchestrator.pid`` (this process drives the run in ``out_dir``): its pid, start time and command
+    line as ``/proc`` says them, so ``runs stop`` signals this process and never one that reused the pid."""
     path = Path(out_dir) / PID_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"pid": os.getpid(), "owner": owner, "started_at": time.time()}) + "\n")
+    me = process_identity(os.getpid())
+    record = {**(me.to_dict() if me is not None else {"pid": os.getpid()}), "owner": owner, "started_at": time.time()}
+    write_atomic(path, (json.dumps(record) + "\n").encode(), mode=0o600)
     return path
+
+
+def read_marker(out_dir: Path) -> dict[str, Any]:
+    """``orchestrator.pid`` as a dict (empty: none, or unreadable)."""
+    with contextlib.suppress(OSError, ValueError):
+        marker = json.loads((Path(out_dir) / PID_FILE).read_text())
+        if isinstance(marker, dict):
+            return marker
+    return {}
+
+
+def driving_process(out_dir: Path) -> ProcessIdentity | None:
+    """The live process that ``orchestrator.pid`` names, if it is still that process (same pid, start time
+    and command line); None when it is gone, the pid now belongs to another process, or the file does not
+    say who wrote it."""
+    return identity_matches(read_marker(out_dir))
 
 
 def clear_running(path: Path) -> None:
@@ -63,6 +85,41 @@ def running_marker(out_dir: Path, *, owner: str) -> Iterator[Path]:
         yield path
     finally:
         clear_running(path)
+
+
+def signal_run(out_dir: Path, sig: int, *, name: str | None = None) -> int:
+    """Send ``sig`` to the process driving the run in ``out_dir`` and return its pid, only if it is the
+    process ``orchestrator.pid`` recorded (pid, start time, command line). The process is pinned first
+    (a pidfd), then checked, then signalled through the pidfd: a pid reused in between is never hit.
+
+    Raises:
+        ConfigError: no live process drives the run, or the pid now belongs to another process; nothing
+            was signalled.
+    """
+    out_dir = Path(out_dir)
+    name = name or out_dir.name
+    marker = read_marker(out_dir)
+    pid = marker.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        raise ConfigError(f"run {name} has no process to signal (no {PID_FILE}); nothing signalled")
+    fd: int | None = None
+    with contextlib.suppress(AttributeError, OSError):
+        fd = os.pidfd_open(pid)
+    try:
+        if identity_matches(marker) is None:
+            if process_identity(pid) is None:
+                raise ConfigError(f"run {name}: its process (pid {pid}) is gone; nothing signalled")
+            raise ConfigError(f"run {name}: {PID_FILE} names pid {pid}, but that pid is now another process "
+                              f"(its start time or command line differ from the run's record: the pid was "
+                              f"reused); nothing signalled")
+        if fd is not None:
+            signal.pidfd_send_signal(fd, sig)
+        else:  # pragma: no cover - a kernel without pidfds
+            os.kill(pid, sig)
+    finally:
+        if fd is not None:
+            os.close(fd)
+    return pid
 
 
 @dataclass
@@ -113,11 +170,8 @@ def read_run(path: Path) -> RunInfo:
     info = RunInfo(name=path.name, path=path, status="not started")
     with contextlib.suppress(OSError, ValueError):
         info.settings = json.loads((path / "settings.json").read_text())
-    pid_file = path / PID_FILE
-    marker: dict[str, Any] = {}
-    with contextlib.suppress(OSError, ValueError):
-        marker = json.loads(pid_file.read_text())
-    alive = isinstance(marker.get("pid"), int) and pid_alive(int(marker["pid"]))
+    marker = read_marker(path)
+    alive = driving_process(path) is not None
     if alive:
         info.pid, info.owner = int(marker["pid"]), marker.get("owner")
         info.started_at = marker.get("started_at")

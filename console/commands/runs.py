@@ -8,7 +8,6 @@ code is the error's documented one.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 from collections.abc import Iterator
@@ -21,7 +20,16 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gputravel.console.run_folder import RUNS_DIR, RunInfo, find_run, list_runs, pid_alive, read_run
+from gputravel.console.run_folder import (
+    RUNS_DIR,
+    RunInfo,
+    driving_process,
+    find_run,
+    list_runs,
+    read_marker,
+    read_run,
+    signal_run,
+)
 from gputravel.core.errors import ConfigError
 
 runs_app = typer.Typer(name="runs", help="Runs under runs/: list, show, follow the log, stop.", no_args_is_help=True)
@@ -144,7 +152,7 @@ def _lines(info: RunInfo, *, follow: bool, interval: float) -> Iterator[tuple[An
 
 
 def _still_running(info: RunInfo) -> bool:
-    return info.pid is not None and pid_alive(info.pid)
+    return driving_process(info.path) is not None
 
 
 @runs_app.command("log")
@@ -183,13 +191,15 @@ def stop_cmd(run: RunArg,
     def body() -> None:
         info = read_run(find_run(run, runs_dir))
         if info.status != "running" or info.pid is None:
+            if read_marker(info.path).get("pid") is not None and info.status in ("died", "not started"):
+                signal_run(info.path, signal.SIGTERM, name=info.name)  # names why nothing is signalled
             raise ConfigError(f"run {info.name} is not running ({info.status})")
         if info.owner == "gputravel-console" and not force:
             raise ConfigError(f"run {info.name} is driven by gputravel-console (pid {info.pid}): cancel it there "
                               "with c, or pass --force to end that console")
-        os.kill(info.pid, signal.SIGTERM)
+        signal_run(info.path, signal.SIGTERM, name=info.name)  # only the process the run recorded
         deadline = time.monotonic() + wait
-        while pid_alive(info.pid) and (info.path / "orchestrator.pid").exists() and time.monotonic() < deadline:
+        while driving_process(info.path) is not None and time.monotonic() < deadline:
             time.sleep(0.1)
         after = read_run(info.path)
         out = {"name": info.name, "pid": info.pid, "signal": "SIGTERM", "stopped": after.status != "running",
