@@ -7,6 +7,8 @@ import os
 import shutil
 from pathlib import Path
 
+from gputravel.core.files import keep_private, make_tree_private
+
 
 class RunFolder:
     """A run's folder, created only once the settings were validated, and taken back when the run fails
@@ -23,7 +25,12 @@ class RunFolder:
         self.previous: str | None = None
 
     def claim(self) -> None:
-        self.out.mkdir(parents=True, exist_ok=True)
+        """Create the folder (0700) and make this process write only private files from now on (umask 0077:
+        ledger.db, recording.db and SQLite's -wal/-shm, settings.json, logs, checkpoints: 0600); a folder that
+        already exists (``--out``, ``--resume``) is made private too."""
+        keep_private()
+        self.out.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_tree_private(self.out)
         if self.link_latest:
             if self.latest.is_symlink():
                 self.previous = os.readlink(self.latest)

@@ -22,7 +22,7 @@ from typing import Any
 from gputravel.console.run_end import final_status
 from gputravel.console.view_model import RunState
 from gputravel.core.errors import ConfigError, GpuTravelError
-from gputravel.core.files import write_atomic
+from gputravel.core.files import keep_private, make_tree_private, write_atomic
 from gputravel.core.procs import ProcessIdentity, identity_matches, process_identity
 from gputravel.core.recording import load_recording
 
@@ -47,7 +47,9 @@ def mark_running(out_dir: Path, *, owner: str) -> Path:
     """Write ``orchestrator.pid`` (this process drives the run in ``out_dir``): its pid, start time and command
     line as ``/proc`` says them, so ``runs stop`` signals this process and never one that reused the pid."""
     path = Path(out_dir) / PID_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
+    keep_private()  # a console's --out folder is not claimed through RunFolder: private from here on
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_tree_private(path.parent)
     me = process_identity(os.getpid())
     record = {**(me.to_dict() if me is not None else {"pid": os.getpid()}), "owner": owner, "started_at": time.time()}
     write_atomic(path, (json.dumps(record) + "\n").encode(), mode=0o600)

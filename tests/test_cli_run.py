@@ -6,6 +6,7 @@ import json
 import os
 import random
 import sqlite3
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ WORDS = "to be or not that is the question whether tis nobler in mind suffer sli
 def gputravel(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "200"}
     return subprocess.run([sys.executable, "-m", "gputravel.console.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+                          timeout=timeout, env=env, preexec_fn=lambda: os.umask(0o022))  # a usual umask
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +36,44 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, 
                      "--out", str(out), "--telemetry-interval", "0.2", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, json.loads(proc.stdout), proc
+
+
+def test_the_run_folder_and_everything_in_it_are_private(
+        finished_run: tuple[Path, dict, subprocess.CompletedProcess[str]]) -> None:
+    out = finished_run[0]
+    assert stat.S_IMODE(out.stat().st_mode) == 0o700
+    modes = {p.relative_to(out).as_posix(): stat.S_IMODE(p.lstat().st_mode) for p in out.rglob("*")
+             if not p.is_symlink()}
+    assert {"ledger.db", "recording.db", "settings.json"} <= set(modes)
+    wide = {name: oct(mode) for name, mode in modes.items() if mode & 0o077}
+    assert not wide, f"readable by others: {wide}"
+
+
+def test_the_ledgers_and_recordings_sqlite_side_files_are_private_while_open(tmp_path: Path) -> None:
+    code = """
+import os, stat, sys
+from pathlib import Path
+os.umask(0o022)
+from gputravel.console.run_claim import RunFolder
+from gputravel.core.ledger import Ledger
+from gputravel.core.recording import Recorder
+out = Path(sys.argv[1])
+RunFolder(out).claim()
+rec = Recorder(out / "recording.db", meta={})
+rec.set_meta({"x": 1})
+with Ledger.open(out / "ledger.db", run_id="r") as ledger:
+    ledger.append(kind="phase", phase="train", holder="a", epoch=1, key_fp=None, nbytes=1, duration_s=0.1,
+                  detail={}, state={})
+    for p in sorted(out.iterdir()):
+        print(p.name, oct(stat.S_IMODE(p.stat().st_mode)))
+"""
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    modes = dict(line.split() for line in proc.stdout.splitlines())
+    assert {"ledger.db-wal", "ledger.db-shm", "recording.db-wal"} <= set(modes), modes
+    assert set(modes.values()) == {"0o600"}, modes
+    assert stat.S_IMODE((tmp_path / "run").stat().st_mode) == 0o700
 
 
 def test_run_prints_a_json_report(finished_run: tuple[Path, dict, subprocess.CompletedProcess[str]]) -> None:
