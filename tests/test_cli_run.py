@@ -31,7 +31,8 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, 
         (data / holder).mkdir(parents=True)
         (data / holder / "text.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(12_000)))
     out = root / "out"
-    proc = gputravel("run", "--data", str(data), "--holders", "2", "--rounds", "1", "--steps-per-visit", "2",
+    # no --holders: it follows the --data folders (2 here; the default without --data is 3)
+    proc = gputravel("run", "--data", str(data), "--rounds", "1", "--steps-per-visit", "2",
                      "--batch-size", "4", "--seq-len", "32", "--chunk-kib", "16", "--buffer-mib", "0.25",
                      "--out", str(out), "--telemetry-interval", "0.2", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -74,6 +75,14 @@ with Ledger.open(out / "ledger.db", run_id="r") as ledger:
     assert {"ledger.db-wal", "ledger.db-shm", "recording.db-wal"} <= set(modes), modes
     assert set(modes.values()) == {"0o600"}, modes
     assert stat.S_IMODE((tmp_path / "run").stat().st_mode) == 0o700
+
+
+def test_holders_follow_the_data_folders_and_the_report_ends_with_the_whole_head(
+        finished_run: tuple[Path, dict, subprocess.CompletedProcess[str]]) -> None:
+    out, report, _ = finished_run
+    assert sorted(h["name"] for h in report["holders"]) == ["north", "south"]
+    assert report["ledger"]["head"] and len(report["ledger"]["head"]) == 64
+    assert json.loads((out / "status.json").read_text())["status"] == "completed"
 
 
 def test_run_prints_a_json_report(finished_run: tuple[Path, dict, subprocess.CompletedProcess[str]]) -> None:

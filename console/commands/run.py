@@ -59,6 +59,16 @@ DATA_HOST_HELP = ("Address the device's TCP data port binds to; inventory holder
                   "connect to it, the default route forwards it through their SSH connection.")
 
 
+def default_holders(data: Path | None) -> int:
+    """``--holders`` left out: one holder per ``--data`` subfolder (3 without ``--data``: the embedded corpus)."""
+    if data is None:
+        return 3
+    try:
+        return max(1, sum(1 for p in Path(data).iterdir() if p.is_dir() and not p.name.startswith(".")))
+    except OSError:
+        return 1  # the data folder's own error comes when it is read (DataError, exit 2)
+
+
 def holder_settings(*, holders_file: Path | None, transport: str, data_path: str,
                     data_host: str) -> dict[str, Any]:
     """The :class:`RunSettings` fields of the holder options (an inventory file means transport inventory)."""
@@ -171,8 +181,11 @@ def render_report(console: Console, report: dict[str, Any]) -> None:
                       f"(chunks {pv['chunk_kib']} KiB), rejected {pv['rejected'] or 'none'}")
     if pv.get("cipher_engine"):
         console.print(f"[bold]chunks opened by[/]: {pv['cipher_engine']} ({pv.get('cipher_engine_reason') or '?'})")
-    console.print(f"[bold]ledger[/]: {lg['path']} · {'[green]verified[/]' if lg['verified'] else '[red]BROKEN[/]'} "
-                  f"({lg['rows']} rows, head {lg['rows']}:{lg['head']})", soft_wrap=True)
+    console.print(f"[bold]ledger[/]: {escape(str(lg['path']))} · "
+                  f"{'[green]verified[/]' if lg['verified'] else '[red]BROKEN[/]'} ({lg['rows']} rows); head "
+                  f"(`gputravel ledger verify RUN --head ...` checks it later):", soft_wrap=True)
+    # the head alone on its line (73 columns for a 64-digit hash), never wrapped or styled: a terminal copies it
+    console.print(f"{lg['rows']}:{lg['head']}", soft_wrap=True, highlight=False, markup=False)
 
 
 def resolve_out_dir(out: Path | None, *, resume: bool, runs: Path = Path("runs"), create: bool = True) -> Path:
@@ -228,8 +241,9 @@ def parse_breakpoints(values: list[PhaseChoice] | list[str]) -> tuple[str, ...]:
 def register(app: typer.Typer) -> None:
     @app.command("run")
     def run_cmd(
-        holders: int = typer.Option(3, help="Number of holders (embedded corpus: comedies, tragedies, histories).",
-                                    rich_help_panel=HOLDERS_PANEL),
+        holders: int | None = typer.Option(None, help="Number of holders (default: one per --data subfolder; "
+                                           "without --data 3, the embedded corpus's comedies, tragedies, "
+                                           "histories).", show_default=False, rich_help_panel=HOLDERS_PANEL),
         holders_file: Path | None = typer.Option(None, "--holders-file", help=HOLDERS_FILE_HELP,
                                                  rich_help_panel=HOLDERS_PANEL),
         transport: TransportChoice = typer.Option(TRANSPORT_DEFAULT, help=TRANSPORT_HELP,
@@ -294,7 +308,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run collaborative training: the GPU travels holder to holder (--gpus N: a fleet, docs/fleet.md)."""
         options: dict[str, Any] = dict(
-            holders=holders, rounds=rounds, steps_per_visit=steps_per_visit, buffer_mib=buffer_mib, data_dir=data,
+            holders=holders if holders is not None else default_holders(data), rounds=rounds, steps_per_visit=steps_per_visit, buffer_mib=buffer_mib, data_dir=data,
             chunk_kib=chunk_kib, model=model.value, batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed,
             device=device, cc_mode=cc_mode.value, breakpoints=parse_breakpoints(break_before),
             visit_attempts=visit_attempts, fault=fault, cipher_engine=cipher_engine.value,
@@ -317,14 +331,16 @@ def register(app: typer.Typer) -> None:
 
             folder.claim()
             try:
-                run_fleet(settings, gpus=gpus, variant=fleet_variant, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
-                          rdzv_id=rdzv_id, max_restarts=max_restarts, as_json=as_json)
+                with running_marker(folder.out, owner="gputravel run --gpus"):
+                    run_fleet(settings, gpus=gpus, variant=fleet_variant, nnodes=nnodes,
+                              rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, max_restarts=max_restarts,
+                              as_json=as_json)
             finally:
                 make_tree_private(folder.out)
             return
         console = Console(stderr=True) if as_json else Console()
         view = RunView(console)
-        ending = RunEnding()
+        ending = RunEnding(Path(settings.out_dir))  # writes status.json when the run pauses and ends
         sinks: list[Any] = [view, ending]
         recorder = None
         folder.claim()

@@ -20,6 +20,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gputravel.console.run_address import RUN_ADDRESS_HELP
+from gputravel.console.run_end import FINAL_STATUSES, read_status
 from gputravel.console.run_folder import (
     RUNS_DIR,
     RunInfo,
@@ -36,9 +38,8 @@ runs_app = typer.Typer(name="runs", help="Runs under runs/: list, show, follow t
 
 RunsDir = Annotated[Path, typer.Option("--runs-dir", help="Folder that holds the run folders.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON (errors too).")]
-RunArg = Annotated[str, typer.Argument(help="A run: its folder name under runs/ (a unique prefix or suffix "
-                                            "will do), a folder path, or latest.", show_default=False)]
-STATUS_STYLE = {"running": "bold cyan", "completed": "green", "partial": "yellow", "failed": "bold red",
+RunArg = Annotated[str, typer.Argument(help=RUN_ADDRESS_HELP, metavar="RUN", show_default=False)]
+STATUS_STYLE = {"running": "bold cyan", "paused": "yellow", "completed": "green", "partial": "yellow", "failed": "bold red",
                 "cancelled": "yellow", "died": "bold red", "not started": "dim"}
 
 
@@ -121,38 +122,44 @@ def show_cmd(run: RunArg, runs_dir: RunsDir = RUNS_DIR, as_json: AsJson = False)
     body()
 
 
-def _lines(info: RunInfo, *, follow: bool, interval: float) -> Iterator[tuple[Any, Any]]:
-    """(event, OpLine or None) pairs of the run's recording; with ``follow``, until the run is over."""
+def _lines(info: RunInfo, *, follow: bool, interval: float) -> Iterator[tuple[int | None, Any, Any]]:
+    """(fleet GPU or None, event, new OpLines) of the run's recordings (a fleet's: every rank's, merged in
+    time order); with ``follow``, until the run is over."""
+    from gputravel.console.run_address import RunAddress
     from gputravel.console.view_model import RunState
     from gputravel.core.recording import load_recording
 
-    if not info.recording.exists():
+    address = RunAddress(str(info.path), info.path)
+    if not address.recordings():
         if not follow:
             raise ConfigError(f"{info.path} has no recording (the run was started with --no-record)")
-        while not info.recording.exists():
+        while not address.recordings():
             if not _still_running(info):
                 raise ConfigError(f"{info.path} has no recording and its run is not running")
             time.sleep(interval)
     state = RunState()
-    seq = 0
+    seqs: dict[Path, int] = {}
     while True:
-        recording = load_recording(info.recording, since_seq=seq)
-        for item in recording.items:
-            seq = item.seq
-            if item.kind != "event":
-                continue
-            event = item.event()
+        fresh: list[tuple[float, int, int, int | None, Any]] = []
+        for gpu, path in address.recordings():
+            recording = load_recording(path, since_seq=seqs.get(path, 0))
+            for item in recording.items:
+                seqs[path] = item.seq
+                if item.kind == "event":
+                    fresh.append((item.t, -1 if gpu is None else gpu, item.seq, gpu, item.event()))
+        fresh.sort(key=lambda x: x[:3])
+        for *_, gpu, event in fresh:
             before = len(state.oplog)
-            state.apply(event)
+            state.apply(event, gpu=gpu)
             new = list(state.oplog)[before:] if len(state.oplog) > before else []
-            yield event, new
-        if not follow or state.ended or not _still_running(info):
+            yield gpu, event, new
+        if not follow or (state.ended and not address.fleet) or not _still_running(info):
             return
         time.sleep(interval)
 
 
 def _still_running(info: RunInfo) -> bool:
-    return driving_process(info.path) is not None
+    return driving_process(info.path) is not None and read_status(info.path).get("status") not in FINAL_STATUSES
 
 
 @runs_app.command("log")
@@ -167,9 +174,9 @@ def log_cmd(run: RunArg, follow: Annotated[bool, typer.Option("--follow", "-f", 
     def body() -> None:
         info = read_run(find_run(run, runs_dir))
         console = Console(highlight=False)
-        for event, lines in _lines(info, follow=follow, interval=interval):
+        for gpu, event, lines in _lines(info, follow=follow, interval=interval):
             if as_json:
-                typer.echo(json.dumps(event.to_dict(), default=str))
+                typer.echo(json.dumps({**event.to_dict(), **({} if gpu is None else {"gpu": gpu})}, default=str))
                 continue
             for line in lines:
                 style = {"warn": "yellow", "error": "red"}.get(line.level, "")
