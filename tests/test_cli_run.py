@@ -214,3 +214,55 @@ def test_runs_stop_ends_a_running_run_and_its_recording_says_cancelled(tmp_path:
     assert again.returncode == 2
     assert json.loads(again.stdout)["error"]["code"] == "config"
     assert "not running (cancelled)" in json.loads(again.stdout)["error"]["message"]
+
+
+def test_a_headless_breakpoint_says_how_to_continue_and_runs_resume_and_step_continue_it(tmp_path: Path) -> None:
+    import time
+
+    data = tmp_path / "data"
+    for seed, holder in enumerate(("north", "south")):
+        rng = random.Random(seed)
+        (data / holder).mkdir(parents=True)
+        (data / holder / "text.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(12_000)))
+    out = tmp_path / "runs" / "run-break"
+    env = {**os.environ, "COLUMNS": "300", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "gputravel.console.cli", "run", "--data", str(data), "--rounds",
+                             "1", "--steps-per-visit", "2", "--batch-size", "4", "--seq-len", "32", "--chunk-kib",
+                             "16", "--buffer-mib", "0.25", "--out", str(out), "--transport", "local",
+                             "--break-before", "train"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
+    runs = ("--runs-dir", str(tmp_path / "runs"))
+
+    def status() -> str:
+        shown = gputravel("runs", "show", "run-break", *runs, "--json")
+        return str(json.loads(shown.stdout)["status"]) if shown.returncode == 0 else "?"
+
+    def until_paused() -> None:
+        for _ in range(600):
+            if status() == "paused" or proc.poll() is not None:
+                return
+            time.sleep(0.1)
+
+    try:
+        until_paused()  # before the first visit's TRAIN
+        assert status() == "paused" and proc.poll() is None
+        step = gputravel("runs", "step", "run-break", *runs, "--json")
+        assert step.returncode == 0, step.stdout + step.stderr
+        assert json.loads(step.stdout)["action"] == "step"
+        for _ in range(4):  # the second visit's TRAIN breakpoint, and then the end
+            until_paused()
+            if proc.poll() is not None:
+                break
+            resumed = gputravel("runs", "resume", "run-break", *runs, "--json")
+            assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+            time.sleep(0.5)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output[-2000:]
+    assert "paused (breakpoint) before TRAIN" in output
+    assert "gputravel runs resume run-break" in output and "gputravel runs step run-break" in output
+    assert status() == "completed"
+    gone = gputravel("runs", "resume", "run-break", *runs, "--json")
+    assert gone.returncode == 2 and "not running (completed)" in json.loads(gone.stdout)["error"]["message"]

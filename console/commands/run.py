@@ -82,8 +82,9 @@ class RunView:
 
     PHASES = 8
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, *, run_name: str | None = None) -> None:
         self.console = console
+        self.run_name = run_name  # for the hint a pause prints
         self.progress = Progress(TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console,
                                  transient=False)
@@ -129,6 +130,18 @@ class RunView:
                                f"{escape(event.error)}")
         elif isinstance(event, ev.RunPaused):
             self.console.print(f"[yellow]paused[/] ({event.reason}) before {event.next_phase}")
+            if self.run_name is not None:
+                self.console.print(continue_hint(self.run_name), highlight=False)
+
+
+#: the signals a headless run continues on: resume (to the next breakpoint) and step (one phase)
+RESUME_SIGNAL, STEP_SIGNAL = signal.SIGUSR1, signal.SIGUSR2
+
+
+def continue_hint(run_name: str) -> str:
+    """What a headless pause says: how to go on."""
+    return (f"  continue: gputravel runs resume {run_name} (to the next breakpoint), gputravel runs step "
+            f"{run_name} (one phase), or kill -USR1 {os.getpid()}; stop: gputravel runs stop {run_name}")
 
 
 def sparkline(values: list[float], *, width: int = 60) -> str:
@@ -339,7 +352,7 @@ def register(app: typer.Typer) -> None:
                 make_tree_private(folder.out)
             return
         console = Console(stderr=True) if as_json else Console()
-        view = RunView(console)
+        view = RunView(console, run_name=Path(settings.out_dir).name)
         ending = RunEnding(Path(settings.out_dir))  # writes status.json when the run pauses and ends
         sinks: list[Any] = [view, ending]
         recorder = None
@@ -383,7 +396,8 @@ async def _run_until_stopped(settings: RunSettings, **kw: Any) -> dict[str, Any]
     device service and the agents are stopped, and the run's final event says ``cancelled``."""
     from gputravel.console.fleet import run as fleet_run
 
-    task = asyncio.ensure_future(fleet_run(settings, **kw))
+    controls: list[Any] = []  # the engine's Control, once built
+    task = asyncio.ensure_future(fleet_run(settings, on_control=controls.append, **kw))
     loop = asyncio.get_running_loop()
     stopped = False
 
@@ -392,10 +406,18 @@ async def _run_until_stopped(settings: RunSettings, **kw: Any) -> dict[str, Any]
         stopped = True
         task.cancel()
 
-    try:
-        loop.add_signal_handler(signal.SIGTERM, stop)
-    except (NotImplementedError, RuntimeError):  # pragma: no cover - not the main thread, or no signals here
-        pass
+    def resume() -> None:  # `gputravel runs resume RUN`: on to the next breakpoint
+        for control in controls:
+            control.resume()
+
+    def step() -> None:  # `gputravel runs step RUN`: one phase, then paused again
+        for control in controls:
+            control.step()
+
+    handlers = ((signal.SIGTERM, stop), (RESUME_SIGNAL, resume), (STEP_SIGNAL, step))
+    for signum, handler in handlers:
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread, or no signals here
+            loop.add_signal_handler(signum, handler)
     try:
         return await task
     except asyncio.CancelledError:
@@ -403,5 +425,6 @@ async def _run_until_stopped(settings: RunSettings, **kw: Any) -> dict[str, Any]
             raise CancelledRunError("stopped by SIGTERM (gputravel runs stop)") from None
         raise
     finally:
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.remove_signal_handler(signal.SIGTERM)
+        for signum, _ in handlers:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(signum)

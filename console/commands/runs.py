@@ -1,4 +1,5 @@
-"""``gputravel runs``: runs as things to list, inspect, follow and stop (``ls``, ``show``, ``log``, ``stop``).
+"""``gputravel runs``: runs as things to list, inspect, follow, stop and continue (``ls``, ``show``, ``log``,
+``stop``, ``resume``, ``step``).
 
 A run is a folder under ``runs/`` (see :mod:`gputravel.console.run_folder`). Every command takes ``--json``;
 with it, an error is the CLI's one JSON error object on stdout too (``console/cli_errors.py``), and the exit
@@ -34,7 +35,8 @@ from gputravel.console.run_folder import (
 )
 from gputravel.core.errors import ConfigError
 
-runs_app = typer.Typer(name="runs", help="Runs under runs/: list, show, follow the log, stop.", no_args_is_help=True)
+runs_app = typer.Typer(name="runs", help="Runs under runs/: list, show, follow the log, stop, resume or step a "
+                       "paused one.", no_args_is_help=True)
 
 RunsDir = Annotated[Path, typer.Option("--runs-dir", help="Folder that holds the run folders.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON (errors too).")]
@@ -220,3 +222,36 @@ def stop_cmd(run: RunArg,
             raise typer.Exit(1)
 
     body()
+
+
+def _continue(run: str, runs_dir: Path, *, step: bool, as_json: bool) -> None:
+    """Signal a paused headless run to go on: the whole way to its next breakpoint, or one phase."""
+    from gputravel.console.commands.run import RESUME_SIGNAL, STEP_SIGNAL
+
+    info = read_run(find_run(run, runs_dir))
+    if info.status not in ("paused", "running") or info.pid is None:
+        raise ConfigError(f"run {info.name} is not running ({info.status}): nothing to continue")
+    if info.owner != "gputravel run":
+        raise ConfigError(f"run {info.name} is driven by {info.owner or 'another process'} (pid {info.pid}): "
+                          "continue it there (the console: space or n)")
+    sig = STEP_SIGNAL if step else RESUME_SIGNAL
+    pid = signal_run(info.path, sig, name=info.name)  # only the process the run recorded
+    out = {"name": info.name, "pid": pid, "signal": signal.Signals(sig).name, "action": "step" if step else "resume",
+           "was": info.status}
+    if as_json:
+        _json(out)
+    else:
+        Console(highlight=False).print(f"run {escape(info.name)}: {out['action']} ({out['signal']} to pid {pid}); "
+                                       f"was {escape(info.status)}")
+
+
+@runs_app.command("resume")
+def resume_cmd(run: RunArg, runs_dir: RunsDir = RUNS_DIR, as_json: AsJson = False) -> None:
+    """Continue a paused headless run (gputravel run --break-before) to its next breakpoint (SIGUSR1)."""
+    _continue(run, runs_dir, step=False, as_json=as_json)
+
+
+@runs_app.command("step")
+def step_cmd(run: RunArg, runs_dir: RunsDir = RUNS_DIR, as_json: AsJson = False) -> None:
+    """Run one more phase of a paused headless run, then pause again (SIGUSR2)."""
+    _continue(run, runs_dir, step=True, as_json=as_json)
