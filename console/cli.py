@@ -1,6 +1,7 @@
 """The ``gputravel`` command line (headless batch mode).
 
-Each command lives in its own module under ``console/commands`` and exposes ``register(app)``.
+Each command lives in its own module under ``console/commands`` and exposes ``register(app)``; a module is
+imported only when its command runs (:class:`LazyCommandGroup`), so commands that need no model start fast.
 Errors from the engine are ``GpuTravelError`` subclasses; ``main`` maps them to exit codes.
 """
 
@@ -8,8 +9,10 @@ from __future__ import annotations
 
 import importlib
 import sys
+from typing import Any
 
 import typer
+import typer.main
 
 from gputravel.console.cli_errors import (
     CTRL_C,
@@ -26,10 +29,37 @@ __all__ = ["app", "error_envelope", "fail", "main", "wants_json"]
 
 COMMAND_MODULES = ("run", "attest", "ledger", "data", "bench", "telemetry", "agents", "replay", "plan", "runs")
 
+
+class LazyCommandGroup(ErrorReportingGroup):
+    """The root group: each command's module (``console/commands/<name>.py``, which exposes ``register(app)``
+    and adds the command of its own name) is imported only when that command runs or help lists it, so
+    ``gputravel --version`` and ``gputravel runs ls`` import no torch (a bench module does)."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return [*(n for n in COMMAND_MODULES if self.get_command(ctx, n) is not None),
+                *(n for n in self.commands if n not in COMMAND_MODULES)]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name not in self.commands and cmd_name in COMMAND_MODULES:
+            self._load(cmd_name)
+        return self.commands.get(cmd_name)
+
+    def _load(self, name: str) -> None:
+        try:
+            module = importlib.import_module(f"gputravel.console.commands.{name}")
+        except ModuleNotFoundError as exc:  # a command module not written yet must not break the others
+            if exc.name != f"gputravel.console.commands.{name}":
+                raise
+            return
+        holder = typer.Typer()
+        module.register(holder)
+        self.commands.update(typer.main.get_group(holder).commands)
+
+
 quiet_flag_types()
 app = typer.Typer(
     name="gputravel",
-    cls=ErrorReportingGroup,  # every command's errors are reported there, one shape (console/cli_errors.py)
+    cls=LazyCommandGroup,  # commands load lazily; their errors are reported in one place (console/cli_errors.py)
     help="Confidential collaborative training with a travelling confidential GPU.",
     no_args_is_help=True,
     add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, PowerShell)
@@ -41,15 +71,6 @@ app = typer.Typer(
 def _root(version: bool = typer.Option(False, "--version", callback=version_callback, is_eager=True,
                                        help="Print the version and exit.")) -> None:
     """Confidential collaborative training with a travelling confidential GPU."""
-
-for _name in COMMAND_MODULES:
-    try:
-        _module = importlib.import_module(f"gputravel.console.commands.{_name}")
-    except ModuleNotFoundError as exc:  # a command module not written yet must not break the others
-        if exc.name != f"gputravel.console.commands.{_name}":
-            raise
-        continue
-    _module.register(app)
 
 
 def main() -> None:

@@ -120,7 +120,7 @@ def _params(command: click.Command) -> dict[str, click.Parameter]:
 def test_console_and_run_share_option_names_defaults_and_help() -> None:
     from gputravel.console import cli
 
-    run_cmd = typer.main.get_command(cli.app).commands["run"]  # type: ignore[attr-defined]
+    run_cmd = typer.main.get_command(cli.app).get_command(None, "run")  # type: ignore[attr-defined]
     console_cmd = typer.main.get_command(console_app.cli)
     ours, theirs = _params(console_cmd), _params(run_cmd)
     assert set(ours) == set(theirs) == set(SHARED_OPTIONS)
