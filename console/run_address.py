@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gputravel.core.errors import ConfigError
+from gputravel.core.errors import ConfigError, RecordingError
 
-__all__ = ["RUNS_DIR", "RUN_ADDRESS_HELP", "RunAddress", "is_run_folder", "resolve_run"]
+__all__ = ["RUNS_DIR", "RUN_ADDRESS_HELP", "RunAddress", "is_run_folder", "replay_target", "resolve_run"]
 
 RUNS_DIR = Path("runs")
 RUN_ADDRESS_HELP = ("A run: its name as `gputravel runs ls` prints it (an unambiguous prefix will do), latest, "
@@ -96,3 +96,16 @@ def resolve_run(address: str | Path, root: Path = RUNS_DIR) -> RunAddress:
     if direct.exists():
         raise ConfigError(f"{given}: not a run folder, fleet folder, recording or ledger")
     raise ConfigError(f"no run {given!r} under {root}/ (gputravel runs ls lists them)")
+
+
+def replay_target(address: str | Path, root: Path = RUNS_DIR) -> Path:
+    """What ``gputravel-console --replay`` plays for ``address``: a fleet folder as it is (its ranks' recordings,
+    merged), otherwise the run's recording file."""
+    found = resolve_run(address, root)
+    if found.fleet and found.file is None:
+        assert found.folder is not None
+        return found.folder
+    recordings = found.recordings()
+    if not recordings:
+        raise RecordingError(f"{address}: no recording to replay (the run was started with --no-record)")
+    return recordings[0][1]

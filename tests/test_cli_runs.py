@@ -184,3 +184,28 @@ def test_verify_head_takes_an_unambiguous_prefix(runs: Path) -> None:
     assert too_short.exit_code == 2 and "16 hex digits" in too_short.output
     elsewhere = cli("ledger", "verify", "latest", "--head", "f" * 20, "--json", cwd=runs)
     assert elsewhere.exit_code == 8 and "no row's hash starts with" in json.loads(elsewhere.stdout)["error"]["message"]
+
+
+def test_the_console_replays_any_run_address(runs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gputravel.console import app as console_app
+
+    played: list[Any] = []
+
+    class Played:
+        def run(self) -> None:
+            pass
+
+    def fake_make_app(**kw: Any) -> Played:
+        played.append(kw["replay"])
+        return Played()
+
+    monkeypatch.setattr(console_app, "make_app", fake_make_app)
+    monkeypatch.chdir(runs)
+    for address, want in (("latest", "runs/run-20260102-100000/recording.db"),
+                          ("run-20260101", "runs/run-20260101-100000/recording.db"),
+                          ("fleet", "runs/fleet-20260103"), ("runs/run-20260101-100000", None)):
+        result = CliRunner().invoke(console_app.cli, ["--replay", address])
+        assert result.exit_code == 0, (address, result.output)
+        if want is not None:
+            assert Path(played[-1]).resolve() == (runs / want).resolve(), address
+    assert CliRunner().invoke(console_app.cli, ["--replay", "nothing-here"]).exit_code != 0
