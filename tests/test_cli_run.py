@@ -266,3 +266,23 @@ def test_a_headless_breakpoint_says_how_to_continue_and_runs_resume_and_step_con
     assert status() == "completed"
     gone = gputravel("runs", "resume", "run-break", *runs, "--json")
     assert gone.returncode == 2 and "not running (completed)" in json.loads(gone.stdout)["error"]["message"]
+
+
+def test_a_completed_fleet_says_completed_and_is_addressed_by_its_name(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    for seed, holder in enumerate(("north", "south")):
+        rng = random.Random(seed)
+        (data / holder).mkdir(parents=True)
+        (data / holder / "text.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(12_000)))
+    out = tmp_path / "runs" / "fleet-run"
+    proc = gputravel("run", "--gpus", "2", "--data", str(data), "--rounds", "1", "--steps-per-visit", "2",
+                     "--batch-size", "4", "--seq-len", "32", "--chunk-kib", "16", "--buffer-mib", "0.25",
+                     "--transport", "local", "--out", str(out), "--json", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((out / "status.json").read_text())["status"] == "completed"
+    runs = ("--runs-dir", str(tmp_path / "runs"))
+    shown = json.loads(gputravel("runs", "show", "fleet", *runs, "--json").stdout)
+    assert (shown["status"], shown["fleet"], shown["visits_done"]) == ("completed", True, 2)
+    log = gputravel("runs", "log", "fleet", *runs, "--json")
+    assert log.returncode == 0 and {json.loads(line)["gpu"] for line in log.stdout.splitlines()} == {0, 1}
+    assert stat.S_IMODE(out.stat().st_mode) == 0o700
