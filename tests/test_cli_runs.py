@@ -19,6 +19,15 @@ from gputravel.core.ledger import Ledger
 from gputravel.core.recording import Recorder
 
 
+@pytest.fixture(autouse=True)
+def _umask_kept() -> Any:
+    """mark_running makes this process's umask private (0077): give the rest of the session its own back."""
+    before = os.umask(0o022)
+    os.umask(before)
+    yield
+    os.umask(before)
+
+
 def cli(*args: str, cwd: Path | None = None) -> Any:
     here = os.getcwd()
     if cwd is not None:

@@ -26,10 +26,13 @@ def register(app: typer.Typer) -> None:
         """Print a recorded run: every event and telemetry frame, and the state it ends in."""
         from gputravel.console.run_address import resolve_run
         from gputravel.console.view_model import RunState
-        from gputravel.core.errors import RecordingError
+        from gputravel.core.errors import ConfigError, RecordingError
         from gputravel.core.recording import load_recording
 
-        address = resolve_run(run)
+        try:
+            address = resolve_run(run)
+        except ConfigError as exc:  # what replay cannot read is a recording error, as a missing file always was
+            raise RecordingError(f"{run}: no such recording or run ({exc.reason})") from None
         sources = address.recordings()
         if not sources:
             raise RecordingError(f"{run}: no recording (the run was started with --no-record)")

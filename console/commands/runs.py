@@ -64,64 +64,56 @@ def _status(info: RunInfo) -> str:
 
 @runs_app.command("ls")
 def ls_cmd(runs_dir: RunsDir = RUNS_DIR, as_json: AsJson = False) -> None:
-    """List the runs: status (running, completed, partial, failed, cancelled, died), visits, start."""
-
-    def body() -> None:
-        runs = list_runs(runs_dir)
-        if as_json:
-            _json({"runs_dir": str(runs_dir), "runs": [r.to_dict() for r in runs]})
-            return
-        console = Console()
-        if not runs:
-            console.print(f"no runs under {escape(str(runs_dir))}/ (gputravel run starts one)", highlight=False)
-            return
-        table = Table(box=None, header_style="bold", pad_edge=False)
-        for col in ("run", "status", "visits", "holders", "started", "pid"):
-            table.add_column(col, no_wrap=True, justify="right" if col in ("visits", "holders", "pid") else "left")
-        for r in runs:
-            visits = f"{r.visits_done}/{r.visits_planned or '?'}" + (f" ({r.visits_failed}✗)" if r.visits_failed else "")
-            table.add_row(escape(r.name), _status(r), visits, str(r.settings.get("holders", "?")), _when(r.started_at),
-                          str(r.pid or "-"))
-        console.print(table)
-
-    body()
+    """List the runs: status (running, paused, completed, partial, failed, cancelled, died), visits, start."""
+    runs = list_runs(runs_dir)
+    if as_json:
+        _json({"runs_dir": str(runs_dir), "runs": [r.to_dict() for r in runs]})
+        return
+    console = Console()
+    if not runs:
+        console.print(f"no runs under {escape(str(runs_dir))}/ (gputravel run starts one)", highlight=False)
+        return
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for col in ("run", "status", "visits", "holders", "started", "pid"):
+        table.add_column(col, no_wrap=True, justify="right" if col in ("visits", "holders", "pid") else "left")
+    for r in runs:
+        visits = f"{r.visits_done}/{r.visits_planned or '?'}" + (f" ({r.visits_failed}✗)" if r.visits_failed else "")
+        table.add_row(escape(r.name), _status(r), visits, str(r.settings.get("holders", "?")), _when(r.started_at),
+                      str(r.pid or "-"))
+    console.print(table)
 
 
 @runs_app.command("show")
 def show_cmd(run: RunArg, runs_dir: RunsDir = RUNS_DIR, as_json: AsJson = False) -> None:
     """One run: status, settings, visits and how it ended."""
-
-    def body() -> None:
-        info = read_run(find_run(run, runs_dir))
-        if as_json:
-            _json(info.to_dict(detail=True))
-            return
-        console = Console()
-        console.print(f"[bold]{escape(info.name)}[/] {_status(info)}  run {escape(info.run_id or '-')}  "
-                      f"{escape(str(info.path))}", highlight=False)
-        if info.pid:
-            console.print(f"pid {info.pid} ({escape(info.owner or '?')}) since {_when(info.started_at)}")
-        if info.error:
-            console.print(f"[red]error[/]: {escape(info.error)}", highlight=False)
-        s = info.settings
-        if s:
-            console.print(f"settings: {s.get('holders')} holders, {s.get('rounds')} rounds, model {s.get('model')}, "
-                          f"data path {s.get('data_path')}, transport {s.get('transport')}, buffer {s.get('buffer_mib')} "
-                          "MiB", highlight=False)
-        state = info.state
-        if state is not None and state.visits:
-            table = Table(box=None, header_style="bold", pad_edge=False)
-            for col in ("#", "holder", "try", "ep", "outcome", "loss", "val"):
-                table.add_column(col, no_wrap=col != "outcome", overflow="fold")
-            for v in state.visits.values():
-                outcome = v.outcome + (f" in {v.failed_phase}: {v.error}" if v.failed_phase else "")
-                table.add_row(str(v.visit + 1), escape(v.holder), str(v.attempt), str(v.epoch), escape(outcome),
-                              f"{v.loss_last:.3f}" if v.loss_last is not None else "-",
-                              f"{v.val_loss:.3f}" if v.val_loss is not None else "-")
-            console.print(table)
-        console.print(f"[dim]{escape(str(info.ledger))} · {escape(str(info.recording))}[/]", highlight=False)
-
-    body()
+    info = read_run(find_run(run, runs_dir))
+    if as_json:
+        _json(info.to_dict(detail=True))
+        return
+    console = Console()
+    console.print(f"[bold]{escape(info.name)}[/] {_status(info)}  run {escape(info.run_id or '-')}  "
+                  f"{escape(str(info.path))}", highlight=False)
+    if info.pid:
+        console.print(f"pid {info.pid} ({escape(info.owner or '?')}) since {_when(info.started_at)}")
+    if info.error:
+        console.print(f"[red]error[/]: {escape(info.error)}", highlight=False)
+    s = info.settings
+    if s:
+        console.print(f"settings: {s.get('holders')} holders, {s.get('rounds')} rounds, model {s.get('model')}, "
+                      f"data path {s.get('data_path')}, transport {s.get('transport')}, buffer {s.get('buffer_mib')} "
+                      "MiB", highlight=False)
+    state = info.state
+    if state is not None and state.visits:
+        table = Table(box=None, header_style="bold", pad_edge=False)
+        for col in ("#", "holder", "try", "ep", "outcome", "loss", "val"):
+            table.add_column(col, no_wrap=col != "outcome", overflow="fold")
+        for v in state.visits.values():
+            outcome = v.outcome + (f" in {v.failed_phase}: {v.error}" if v.failed_phase else "")
+            table.add_row(str(v.visit + 1), escape(v.holder), str(v.attempt), str(v.epoch), escape(outcome),
+                          f"{v.loss_last:.3f}" if v.loss_last is not None else "-",
+                          f"{v.val_loss:.3f}" if v.val_loss is not None else "-")
+        console.print(table)
+    console.print(f"[dim]{escape(str(info.ledger))} · {escape(str(info.recording))}[/]", highlight=False)
 
 
 def _lines(info: RunInfo, *, follow: bool, interval: float) -> Iterator[tuple[int | None, Any, Any]]:
@@ -172,21 +164,17 @@ def log_cmd(run: RunArg, follow: Annotated[bool, typer.Option("--follow", "-f", 
             as_json: Annotated[bool, typer.Option("--json", help="One JSON event per line (errors as JSON).")] = False,
             ) -> None:
     """The run's operations log (from its recording); --follow keeps reading until the run ends."""
-
-    def body() -> None:
-        info = read_run(find_run(run, runs_dir))
-        console = Console(highlight=False)
-        for gpu, event, lines in _lines(info, follow=follow, interval=interval):
-            if as_json:
-                typer.echo(json.dumps({**event.to_dict(), **({} if gpu is None else {"gpu": gpu})}, default=str))
-                continue
-            for line in lines:
-                style = {"warn": "yellow", "error": "red"}.get(line.level, "")
-                console.print(f"[{style}]{escape(line.render())}[/]" if style else escape(line.render()))
-        if follow and not as_json:
-            console.print(f"[dim]run {escape(info.name)}: {escape(read_run(info.path).status)}[/]")
-
-    body()
+    info = read_run(find_run(run, runs_dir))
+    console = Console(highlight=False)
+    for gpu, event, lines in _lines(info, follow=follow, interval=interval):
+        if as_json:
+            typer.echo(json.dumps({**event.to_dict(), **({} if gpu is None else {"gpu": gpu})}, default=str))
+            continue
+        for line in lines:
+            style = {"warn": "yellow", "error": "red"}.get(line.level, "")
+            console.print(f"[{style}]{escape(line.render())}[/]" if style else escape(line.render()))
+    if follow and not as_json:
+        console.print(f"[dim]run {escape(info.name)}: {escape(read_run(info.path).status)}[/]")
 
 
 @runs_app.command("stop")
@@ -196,32 +184,28 @@ def stop_cmd(run: RunArg,
              wait: Annotated[float, typer.Option(min=0, help="Seconds to wait for the run to end.")] = 30.0,
              runs_dir: RunsDir = RUNS_DIR, as_json: AsJson = False) -> None:
     """Stop a running run: SIGTERM to its orchestrator, which cancels the run, scrubs and shuts the device down."""
-
-    def body() -> None:
-        info = read_run(find_run(run, runs_dir))
-        if info.status != "running" or info.pid is None:
-            if read_marker(info.path).get("pid") is not None and info.status in ("died", "not started"):
-                signal_run(info.path, signal.SIGTERM, name=info.name)  # names why nothing is signalled
-            raise ConfigError(f"run {info.name} is not running ({info.status})")
-        if info.owner == "gputravel-console" and not force:
-            raise ConfigError(f"run {info.name} is driven by gputravel-console (pid {info.pid}): cancel it there "
-                              "with c, or pass --force to end that console")
-        signal_run(info.path, signal.SIGTERM, name=info.name)  # only the process the run recorded
-        deadline = time.monotonic() + wait
-        while driving_process(info.path) is not None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        after = read_run(info.path)
-        out = {"name": info.name, "pid": info.pid, "signal": "SIGTERM", "stopped": after.status != "running",
-               "status": after.status}
-        if as_json:
-            _json(out)
-        else:
-            Console(highlight=False).print(f"run {escape(info.name)}: SIGTERM sent to pid {info.pid}; now "
-                                           f"{escape(after.status)}")
-        if after.status == "running":
-            raise typer.Exit(1)
-
-    body()
+    info = read_run(find_run(run, runs_dir))
+    if info.status != "running" or info.pid is None:
+        if read_marker(info.path).get("pid") is not None and info.status in ("died", "not started"):
+            signal_run(info.path, signal.SIGTERM, name=info.name)  # names why nothing is signalled
+        raise ConfigError(f"run {info.name} is not running ({info.status})")
+    if info.owner == "gputravel-console" and not force:
+        raise ConfigError(f"run {info.name} is driven by gputravel-console (pid {info.pid}): cancel it there "
+                          "with c, or pass --force to end that console")
+    signal_run(info.path, signal.SIGTERM, name=info.name)  # only the process the run recorded
+    deadline = time.monotonic() + wait
+    while driving_process(info.path) is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    after = read_run(info.path)
+    out = {"name": info.name, "pid": info.pid, "signal": "SIGTERM", "stopped": after.status != "running",
+           "status": after.status}
+    if as_json:
+        _json(out)
+    else:
+        Console(highlight=False).print(f"run {escape(info.name)}: SIGTERM sent to pid {info.pid}; now "
+                                       f"{escape(after.status)}")
+    if after.status == "running":
+        raise typer.Exit(1)
 
 
 def _continue(run: str, runs_dir: Path, *, step: bool, as_json: bool) -> None:
