@@ -7,7 +7,15 @@ import os
 import shutil
 from pathlib import Path
 
+from gputravel.console.run_address import is_run_folder
 from gputravel.core.files import keep_private, make_tree_private
+
+
+def _empty_folder(path: Path) -> bool:
+    try:
+        return path.is_dir() and not any(path.iterdir())
+    except OSError:
+        return False
 
 
 class RunFolder:
@@ -23,20 +31,29 @@ class RunFolder:
         self.created = not self.out.exists()
         self.runs_created = link_latest and not runs.exists()
         self.previous: str | None = None
+        self.ours = self.created
 
     def claim(self) -> None:
         """Create the folder (0700) and make this process write only private files from now on (umask 0077:
         ledger.db, recording.db and SQLite's -wal/-shm, settings.json, logs, checkpoints: 0600); a folder that
-        already exists (``--out``, ``--resume``) is made private too."""
+        already exists and is a run's (``--resume``) or empty (``--out``) is made private too."""
         keep_private()
+        self.ours = self.created or is_run_folder(self.out) or _empty_folder(self.out)  # never a user's folder
         self.out.mkdir(mode=0o700, parents=True, exist_ok=True)
-        make_tree_private(self.out)
+        self.tighten()
         if self.link_latest:
             if self.latest.is_symlink():
                 self.previous = os.readlink(self.latest)
             if self.latest.is_symlink() or self.latest.exists():
                 self.latest.unlink()
             self.latest.symlink_to(self.out.name)
+
+    def tighten(self) -> None:
+        """Group and other bits off the run folder and everything in it, if the folder is the run's (created
+        for it, or a run folder already): an ``--out`` naming some other folder of the user's is left as it is
+        (the run's own files there are private through the umask)."""
+        if self.ours and self.out.exists():
+            make_tree_private(self.out)
 
     def release_if_empty(self) -> None:
         """After a failed run: undo :meth:`claim` unless the run got as far as its ledger."""

@@ -116,8 +116,9 @@ def keep_private() -> int:
 
 
 def make_tree_private(root: Path) -> None:
-    """Folders under ``root`` (itself included) 0700 and files 0600: a run folder made before runs were private,
-    or by a process with a wider umask. Symlinks are not followed; other users' files are left alone."""
+    """Take group and other bits off ``root`` and everything under it (a folder 0755 becomes 0700, a file 0644
+    0600; the owner's bits stay): a run folder made before runs were private, or what a part wrote with its
+    own mode. Symlinks are not followed; other users' files are left alone."""
     root = Path(root)
     uid = os.getuid() if hasattr(os, "getuid") else None
     for entry in [root, *root.rglob("*")]:
@@ -127,9 +128,9 @@ def make_tree_private(root: Path) -> None:
             continue
         if stat.S_ISLNK(st.st_mode) or (uid is not None and st.st_uid != uid):
             continue
-        want = 0o700 if stat.S_ISDIR(st.st_mode) else 0o600
-        if stat.S_IMODE(st.st_mode) & ~want:
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & 0o077:
             try:
-                os.chmod(entry, stat.S_IMODE(st.st_mode) & want, follow_symlinks=False)
+                os.chmod(entry, mode & ~0o077, follow_symlinks=False)
             except (OSError, NotImplementedError):
                 continue

@@ -218,3 +218,36 @@ def test_the_console_replays_any_run_address(runs: Path, monkeypatch: pytest.Mon
         if want is not None:
             assert Path(played[-1]).resolve() == (runs / want).resolve(), address
     assert CliRunner().invoke(console_app.cli, ["--replay", "nothing-here"]).exit_code != 0
+
+
+# --- 24.9: private run folders, never a user's own folder ---------------------------------------------------
+def test_an_out_folder_of_the_users_own_is_never_tightened(tmp_path: Path) -> None:
+    import stat
+
+    from gputravel.console.run_claim import RunFolder
+
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o755)
+    tool = mine / "tool.sh"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    folder = RunFolder(mine)
+    folder.claim()
+    folder.tighten()
+    assert stat.S_IMODE(mine.stat().st_mode) == 0o755 and stat.S_IMODE(tool.stat().st_mode) == 0o755
+
+
+def test_a_run_folder_loses_only_group_and_other_bits(tmp_path: Path) -> None:
+    import stat
+
+    from gputravel.console.run_claim import RunFolder
+
+    run = tmp_path / "run-old"
+    run.mkdir(mode=0o755)
+    (run / "settings.json").write_text("{}")
+    (run / "settings.json").chmod(0o644)
+    (run / "hook").write_text("#!/bin/sh\n")
+    (run / "hook").chmod(0o755)
+    RunFolder(run).claim()  # --resume of a folder from before runs were private
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (run, run / "settings.json", run / "hook")}
+    assert modes == {"run-old": 0o700, "settings.json": 0o600, "hook": 0o700}

@@ -34,7 +34,6 @@ from gputravel.console.run_telemetry import TELEMETRY_INTERVAL_S
 from gputravel.core import events as ev
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import CancelledRunError, ConfigError
-from gputravel.core.files import make_tree_private
 
 #: Exit code when the run finished but some visits failed (each is in the report and the ledger).
 EXIT_PARTIAL = 9
@@ -349,7 +348,7 @@ def register(app: typer.Typer) -> None:
                               rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, max_restarts=max_restarts,
                               as_json=as_json)
             finally:
-                make_tree_private(folder.out)
+                folder.tighten()
             return
         console = Console(stderr=True) if as_json else Console()
         view = RunView(console, run_name=Path(settings.out_dir).name)
@@ -381,8 +380,7 @@ def register(app: typer.Typer) -> None:
                 recorder.close()
             if not ok:
                 folder.release_if_empty()
-            if folder.out.exists():  # what a part wrote with its own mode (public certificates): 0600 too
-                make_tree_private(folder.out)
+            folder.tighten()  # what a part wrote with its own mode (public certificates): 0600 too
         if as_json:
             sys.stdout.write(json.dumps(report, indent=2) + "\n")
         else:
