@@ -185,7 +185,7 @@ def stop_cmd(run: RunArg,
              runs_dir: RunsDir = RUNS_DIR, as_json: AsJson = False) -> None:
     """Stop a running run: SIGTERM to its orchestrator, which cancels the run, scrubs and shuts the device down."""
     info = read_run(find_run(run, runs_dir))
-    if info.status != "running" or info.pid is None:
+    if info.status not in ("running", "paused") or info.pid is None:
         if read_marker(info.path).get("pid") is not None and info.status in ("died", "not started"):
             signal_run(info.path, signal.SIGTERM, name=info.name)  # names why nothing is signalled
         raise ConfigError(f"run {info.name} is not running ({info.status})")
@@ -197,14 +197,14 @@ def stop_cmd(run: RunArg,
     while driving_process(info.path) is not None and time.monotonic() < deadline:
         time.sleep(0.1)
     after = read_run(info.path)
-    out = {"name": info.name, "pid": info.pid, "signal": "SIGTERM", "stopped": after.status != "running",
+    out = {"name": info.name, "pid": info.pid, "signal": "SIGTERM", "stopped": after.status not in ("running", "paused"),
            "status": after.status}
     if as_json:
         _json(out)
     else:
         Console(highlight=False).print(f"run {escape(info.name)}: SIGTERM sent to pid {info.pid}; now "
                                        f"{escape(after.status)}")
-    if after.status == "running":
+    if after.status in ("running", "paused"):
         raise typer.Exit(1)
 
 
