@@ -88,3 +88,21 @@ def test_the_installed_cli_prints_the_object_once_and_the_message_on_stderr(tmp_
     doc = envelope(proc.stdout, 2)
     assert doc["error"]["type"] == "DataError" and "not a folder" in doc["error"]["message"]
     assert "DataError" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_agents_that_cannot_be_reached_are_the_one_error_object_with_every_holder(tmp_path: Path) -> None:
+    import asyncssh
+
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    key.write_private_key(str(tmp_path / "client"))
+    (tmp_path / "client").chmod(0o600)
+    pub = key.export_public_key().decode().strip()
+    (tmp_path / "holders.toml").write_text(
+        f'[[holder]]\nname = "alice"\nhost = "127.0.0.1"\nport = 1\nuser = "u"\nclient_key = "client"\n'
+        f'data = "/srv/a"\nhost_key = "{pub}"\nconnect_timeout = 5\n')
+    result = CliRunner().invoke(app, ["agents", "status", "--holders-file", str(tmp_path / "holders.toml"),
+                                      "--json"])
+    assert result.exit_code == 6, result.output
+    doc = envelope(result.stdout, 6)
+    assert doc["error"]["type"] == "AgentError" and "alice" in doc["error"]["message"]
+    assert [h["state"] for h in doc["holders"]] == ["offline"]
