@@ -106,3 +106,18 @@ def test_agents_that_cannot_be_reached_are_the_one_error_object_with_every_holde
     doc = envelope(result.stdout, 6)
     assert doc["error"]["type"] == "AgentError" and "alice" in doc["error"]["message"]
     assert [h["state"] for h in doc["holders"]] == ["offline"]
+
+
+def test_a_bench_study_where_every_run_failed_is_the_one_error_object_with_its_rows(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from gputravel.core.bench import travel
+
+    def every_run_failed(buffers: Any, **kw: Any) -> dict[str, Any]:
+        return {"rows": [{"buffer_mib": b, "status": "failed", "reason": "device died"} for b in buffers]}
+
+    monkeypatch.setattr(travel, "study", every_run_failed)
+    result = CliRunner().invoke(app, ["bench", "travel", "--buffer-mib", "1,2", "--json"])
+    assert result.exit_code == 1, result.output
+    doc = envelope(result.stdout, 1)
+    assert doc["error"]["type"] == "GpuTravelError" and "every run of the study failed" in doc["error"]["message"]
+    assert [r["status"] for r in doc["rows"]] == ["failed", "failed"]
