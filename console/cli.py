@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import traceback
 from typing import Any
 
 import typer
@@ -91,6 +92,9 @@ def main() -> None:
                      exc.exit_code)
             exc.show()
             sys.exit(exc.exit_code)
+        if wants_json():  # a bug: its traceback on stderr, and still the one JSON error object on stdout
+            traceback.print_exc()
+            fail(type(exc).__name__, f"internal error (a bug in gputravel): {exc}", 1)
         raise
 
 

@@ -121,3 +121,15 @@ def test_a_bench_study_where_every_run_failed_is_the_one_error_object_with_its_r
     doc = envelope(result.stdout, 1)
     assert doc["error"]["type"] == "GpuTravelError" and "every run of the study failed" in doc["error"]["message"]
     assert [r["status"] for r in doc["rows"]] == ["failed", "failed"]
+
+
+def test_a_bug_under_json_still_prints_the_one_error_object_and_its_traceback(tmp_path: Path) -> None:
+    code = ("import sys; from gputravel.console.commands import runs; "
+            "runs.list_runs = lambda *a, **k: 1 / 0; "
+            "sys.argv = ['gputravel', 'runs', 'ls', '--json']; "
+            "from gputravel.console import cli; cli.main()")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 1
+    doc = envelope(proc.stdout, 1)
+    assert doc["error"]["type"] == "ZeroDivisionError" and "a bug in gputravel" in doc["error"]["message"]
+    assert "Traceback" in proc.stderr
