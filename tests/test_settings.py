@@ -89,3 +89,18 @@ def test_a_negative_connect_timeout_exits_2_with_the_json_error_and_no_run_folde
     assert "connect_timeout" in doc["error"]["message"]
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("model", 5), ("device", ""), ("resume", "yes"), ("parallel_auth", 1), ("data_host", "a\nb"),
+    ("breakpoints", "TRAIN"),
+])
+def test_settings_of_the_wrong_type_are_named_config_errors(field: str, value: Any) -> None:
+    with pytest.raises(ConfigError, match=field.replace("_", "-").replace("breakpoints", "break-before")):
+        RunSettings(**{field: value})
+
+
+def test_a_settings_json_of_the_wrong_types_is_refused_by_name() -> None:
+    saved = RunSettings().to_dict()
+    with pytest.raises(ConfigError, match="cc-mode must be a string"):
+        RunSettings.from_dict({**saved, "cc_mode": ["on"]})
