@@ -56,7 +56,7 @@ def verify(
         raise typer.BadParameter(str(exc), param_hint="--witness") from exc
     address = ledger_address(path)
     if address.fleet and address.file is None:  # a fleet run: its ledger and every rank's
-        from gputravel.core.fleet.run import verify_fleet
+        from gputravel.core.fleet.verify import verify_fleet
 
         assert address.folder is not None
         expect = None
