@@ -23,7 +23,7 @@ from gputravel.console.run_address import RUNS_DIR, RunAddress, is_run_folder, r
 from gputravel.console.run_end import FINAL_STATUSES, clear_status, final_status, read_status
 from gputravel.console.view_model import RunState
 from gputravel.core.errors import ConfigError, GpuTravelError
-from gputravel.core.files import keep_private, make_tree_private, write_atomic
+from gputravel.core.files import close_folder, keep_private, write_atomic
 from gputravel.core.procs import ProcessIdentity, identity_matches, process_identity
 from gputravel.core.recording import load_recording
 
@@ -49,8 +49,8 @@ def mark_running(out_dir: Path, *, owner: str) -> Path:
     path = Path(out_dir) / PID_FILE
     keep_private()  # a console's --out folder is not claimed through RunFolder: private from here on
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if is_run_folder(path.parent):  # the engine wrote its settings there: the run's own folder
-        make_tree_private(path.parent)
+    if is_run_folder(path.parent):  # the run's own folder: closed to others (its files keep their modes,
+        close_folder(path.parent)   # so a key others could read is still refused, never quietly fixed)
     me = process_identity(os.getpid())
     record = {**(me.to_dict() if me is not None else {"pid": os.getpid()}), "owner": owner, "started_at": time.time()}
     write_atomic(path, (json.dumps(record) + "\n").encode(), mode=0o600)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from gputravel.core.errors import ConfigError, InsecureKeyError
 
-__all__ = ["PRIVATE_UMASK", "InsecureKeyError", "check_private", "fsync_dir", "keep_private", "make_tree_private",
-           "read_private", "write_atomic"]
+__all__ = ["PRIVATE_UMASK", "InsecureKeyError", "check_private", "close_folder", "fsync_dir", "keep_private",
+           "make_tree_private", "read_private", "write_atomic"]
 
 #: the umask of a process that writes a run: folders 0700, files 0600 (SQLite's -wal/-shm included)
 PRIVATE_UMASK = 0o077
@@ -113,6 +113,16 @@ def keep_private() -> int:
     old = os.umask(PRIVATE_UMASK)
     os.umask(old | PRIVATE_UMASK)
     return old
+
+
+def close_folder(folder: Path) -> None:
+    """Group and other bits off ``folder`` itself (0755 becomes 0700): nobody else reaches what is in it."""
+    try:
+        mode = stat.S_IMODE(os.stat(folder).st_mode)
+        if mode & 0o077:
+            os.chmod(folder, mode & ~0o077)
+    except OSError:
+        pass
 
 
 def make_tree_private(root: Path) -> None:

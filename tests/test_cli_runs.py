@@ -237,17 +237,36 @@ def test_an_out_folder_of_the_users_own_is_never_tightened(tmp_path: Path) -> No
     assert stat.S_IMODE(mine.stat().st_mode) == 0o755 and stat.S_IMODE(tool.stat().st_mode) == 0o755
 
 
-def test_a_run_folder_loses_only_group_and_other_bits(tmp_path: Path) -> None:
+def test_an_existing_run_folder_is_closed_but_a_readable_key_in_it_is_not_quietly_fixed(tmp_path: Path) -> None:
     import stat
 
     from gputravel.console.run_claim import RunFolder
 
     run = tmp_path / "run-old"
-    run.mkdir(mode=0o755)
+    (run / "keys").mkdir(parents=True)
+    run.chmod(0o755)
     (run / "settings.json").write_text("{}")
-    (run / "settings.json").chmod(0o644)
+    (run / "keys" / "checkpoint.key").write_bytes(b"k" * 32)
+    (run / "keys" / "checkpoint.key").chmod(0o644)
+    folder = RunFolder(run)
+    folder.claim()  # --resume of a folder from before runs were private
+    folder.tighten()
+    assert stat.S_IMODE(run.stat().st_mode) == 0o700  # nobody else reaches anything in it
+    assert stat.S_IMODE((run / "keys" / "checkpoint.key").stat().st_mode) == 0o644  # refused by the resume
+
+
+def test_a_folder_made_for_the_run_loses_group_and_other_bits_everywhere(tmp_path: Path) -> None:
+    import stat
+
+    from gputravel.console.run_claim import RunFolder
+
+    run = tmp_path / "run-new"
+    folder = RunFolder(run)
+    folder.claim()
+    (run / "cert.pem").write_text("public")
+    (run / "cert.pem").chmod(0o644)
     (run / "hook").write_text("#!/bin/sh\n")
     (run / "hook").chmod(0o755)
-    RunFolder(run).claim()  # --resume of a folder from before runs were private
-    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (run, run / "settings.json", run / "hook")}
-    assert modes == {"run-old": 0o700, "settings.json": 0o600, "hook": 0o700}
+    folder.tighten()  # as the run does when it ends
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (run, run / "cert.pem", run / "hook")}
+    assert modes == {"run-new": 0o700, "cert.pem": 0o600, "hook": 0o700}
