@@ -24,6 +24,7 @@ with ``InsecureKeyError`` naming the file: ``chmod 600`` it.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +91,32 @@ def _check_type(where: str, key: str, value: Any, kind: type | tuple[type, ...])
         raise ConfigError(f"{where}: '{key}' must be {names}, got {type(value).__name__}")
 
 
+#: numeric fields: (lowest, highest, whether each bound is allowed itself); every value must also be finite
+RANGES: dict[str, tuple[float, float, bool, bool]] = {
+    "port": (1, 65535, True, True),
+    "connect_timeout": (0, 3600, False, True),  # seconds; asyncssh refuses a negative one only once it connects
+    "keepalive_interval": (0, 86_400, True, True),  # 0: no keepalives
+    "keepalive_count_max": (1, 1000, True, True),
+    "val_fraction": (0, 0.5, False, False),  # as a run's --val-fraction
+}
+
+
+def _check_ranges(where: str, entry: dict[str, Any]) -> None:
+    """Every number finite and inside its range, every name and path a non-empty line without control
+    characters: checked when the inventory is read, before a run creates anything."""
+    for key, (lo, hi, lo_ok, hi_ok) in RANGES.items():
+        value = entry[key]
+        inside = (lo <= value if lo_ok else lo < value) and (value <= hi if hi_ok else value < hi)
+        if not math.isfinite(value) or not inside:
+            span = f"{'[' if lo_ok else '('}{lo:g}, {hi:g}{']' if hi_ok else ')'}"
+            raise ConfigError(f"{where}: {key} {value!r} out of range: '{key}' must be a finite number in {span}")
+    for key in ("name", "host", "user", "client_key", "data", "python", "remote_dir"):
+        value = entry[key]
+        if not value.strip() or any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise ConfigError(f"{where}: '{key}' must be a non-empty line without control characters, "
+                              f"not {value!r}")
+
+
 def parse_inventory(text: str, *, base: Path, source: str = "holders.toml") -> list[HolderSpec]:
     """Parse and validate an inventory; every problem is a ``ConfigError`` naming the field."""
     try:
@@ -130,8 +157,7 @@ def parse_inventory(text: str, *, base: Path, source: str = "holders.toml") -> l
             _check_type(where, key, entry[key], (int, float))
         if entry["data_route"] not in ("forward", "network"):
             raise ConfigError(f"{where}: data_route must be 'forward' or 'network', not {entry['data_route']!r}")
-        if not 0 < entry["port"] < 65536:
-            raise ConfigError(f"{where}: port {entry['port']} out of range")
+        _check_ranges(where, entry)
         if entry["name"] in seen:
             raise ConfigError(f"{where}: duplicate holder name")
         seen.add(entry["name"])

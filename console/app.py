@@ -406,8 +406,9 @@ def console(
                                                rich_help_panel=VIEW_PANEL)] = ThemeChoice.DARK,
     readonly: Annotated[bool, typer.Option("--readonly", help="Observer mode: no controls, no benchmarks.",
                                            rich_help_panel=VIEW_PANEL)] = False,
-    replay: Annotated[Path | None, typer.Option("--replay", help="Play a recording instead of a live run (a "
-                                                                 "fleet's run folder: all its GPUs).",
+    replay: Annotated[Path | None, typer.Option("--replay", help="Play a recording instead of a live run: a "
+                                                                 "recording file, a run or fleet folder (all its "
+                                                                 "GPUs), a run name or latest.",
                                                 rich_help_panel=VIEW_PANEL)] = None,
     follow: Annotated[bool, typer.Option("--follow", help="With --replay: follow a recording still being "
                                                           "written (watch a run live).",
@@ -443,8 +444,10 @@ def console(
         while fleets:
             fleets.pop().close()
 
-    if replay is not None:
-        app = make_app(replay=replay, theme=theme.value, readonly=readonly, follow=follow)
+    if replay is not None:  # any run address: a recording, a run or fleet folder, a name, latest
+        from gputravel.console.run_address import replay_target
+
+        app = make_app(replay=replay_target(replay), theme=theme.value, readonly=readonly, follow=follow)
     else:
         from gputravel.core.config import RunSettings
 

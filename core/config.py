@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,10 @@ LIMITS: dict[str, tuple[float, float]] = {
 _INT_FIELDS = ("holders", "rounds", "steps_per_visit", "chunk_kib", "batch_size", "seq_len", "seed",
                "torch_threads", "auth_workers", "visit_attempts", "key_chunk_budget", "epoch_limit")
 _FLOAT_FIELDS = ("buffer_mib", "val_fraction", "val_share", "lr")
+_STR_FIELDS = ("model", "cc_mode", "transport", "data_path", "cipher_engine", "data_host")
+_OPTIONAL_STR_FIELDS = ("device", "fault")
+_BOOL_FIELDS = ("resume", "allow_fault_injection")
+_OPTIONAL_BOOL_FIELDS = ("parallel_auth", "overlap")
 
 
 def _num(x: float) -> str:
@@ -124,6 +129,26 @@ class RunSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
                 raise ConfigError(f"{name.replace('_', '-')} must be a finite number, not {value!r}")
+        for name in (*_STR_FIELDS, *_OPTIONAL_STR_FIELDS):
+            value = getattr(self, name)
+            if not (isinstance(value, str) or (value is None and name in _OPTIONAL_STR_FIELDS)):
+                raise ConfigError(f"{name.replace('_', '-')} must be a string, not {value!r}")
+            if isinstance(value, str) and (not value or any(ord(c) < 32 for c in value)):
+                raise ConfigError(f"{name.replace('_', '-')} must be a non-empty line, not {value!r}")
+        for name in (*_BOOL_FIELDS, *_OPTIONAL_BOOL_FIELDS):
+            value = getattr(self, name)
+            if not (isinstance(value, bool) or (value is None and name in _OPTIONAL_BOOL_FIELDS)):
+                raise ConfigError(f"{name.replace('_', '-')} must be true or false, not {value!r}")
+        for name in ("data_dir", "holders_file", "out_dir"):
+            value = getattr(self, name)
+            if isinstance(value, str | os.PathLike) and not isinstance(value, Path):
+                object.__setattr__(self, name, value := Path(value))
+            if not (isinstance(value, Path) or (value is None and name != "out_dir")):
+                raise ConfigError(f"{name.replace('_', '-')} must be a path, not {value!r}")
+        if isinstance(self.breakpoints, list):
+            object.__setattr__(self, "breakpoints", tuple(self.breakpoints))
+        if not isinstance(self.breakpoints, tuple) or not all(isinstance(b, str) for b in self.breakpoints):
+            raise ConfigError(f"break-before must be phase names, not {self.breakpoints!r}")
 
     def _check_limits(self) -> None:
         """Every number inside its stated limit (``LIMITS``), every breakpoint a phase: checked before

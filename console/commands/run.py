@@ -68,6 +68,16 @@ DATA_HOST_HELP = ("Address the device's TCP data port binds to; inventory holder
                   "connect to it, the default route forwards it through their SSH connection.")
 
 
+def default_holders(data: Path | None) -> int:
+    """``--holders`` left out: one holder per ``--data`` subfolder (3 without ``--data``: the embedded corpus)."""
+    if data is None:
+        return 3
+    try:
+        return max(1, sum(1 for p in Path(data).iterdir() if p.is_dir() and not p.name.startswith(".")))
+    except OSError:
+        return 1  # the data folder's own error comes when it is read (DataError, exit 2)
+
+
 def holder_settings(*, holders_file: Path | None, transport: str, data_path: str,
                     data_host: str) -> dict[str, Any]:
     """The :class:`RunSettings` fields of the holder options (an inventory file means transport inventory)."""
@@ -81,8 +91,9 @@ class RunView:
 
     PHASES = 8
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, *, run_name: str | None = None) -> None:
         self.console = console
+        self.run_name = run_name  # for the hint a pause prints
         self.progress = Progress(TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console,
                                  transient=False)
@@ -147,6 +158,18 @@ class RunView:
         elif isinstance(event, ev.RunPaused):
             where = f"in {event.within}" if event.within else f"before {event.next_phase}"
             self.console.print(f"[yellow]paused[/] ({event.reason}) {where}")
+            if self.run_name is not None:
+                self.console.print(continue_hint(self.run_name), highlight=False)
+
+
+#: the signals a headless run continues on: resume (to the next breakpoint) and step (one phase)
+RESUME_SIGNAL, STEP_SIGNAL = signal.SIGUSR1, signal.SIGUSR2
+
+
+def continue_hint(run_name: str) -> str:
+    """What a headless pause says: how to go on."""
+    return (f"  continue: gputravel runs resume {run_name} (to the next breakpoint), gputravel runs step "
+            f"{run_name} (one phase), or kill -USR1 {os.getpid()}; stop: gputravel runs stop {run_name}")
 
 
 def sparkline(values: list[float], *, width: int = 60) -> str:
@@ -199,8 +222,11 @@ def render_report(console: Console, report: dict[str, Any]) -> None:
                       f"(chunks {pv['chunk_kib']} KiB), rejected {pv['rejected'] or 'none'}")
     if pv.get("cipher_engine"):
         console.print(f"[bold]chunks opened by[/]: {pv['cipher_engine']} ({pv.get('cipher_engine_reason') or '?'})")
-    console.print(f"[bold]ledger[/]: {lg['path']} · {'[green]verified[/]' if lg['verified'] else '[red]BROKEN[/]'} "
-                  f"({lg['rows']} rows, head {lg['rows']}:{lg['head']})", soft_wrap=True)
+    console.print(f"[bold]ledger[/]: {escape(str(lg['path']))} · "
+                  f"{'[green]verified[/]' if lg['verified'] else '[red]BROKEN[/]'} ({lg['rows']} rows); head "
+                  f"(`gputravel ledger verify RUN --head ...` checks it later):", soft_wrap=True)
+    # the head alone on its line (73 columns for a 64-digit hash), never wrapped or styled: a terminal copies it
+    console.print(f"{lg['rows']}:{lg['head']}", soft_wrap=True, highlight=False, markup=False)
 
 
 def resolve_out_dir(out: Path | None, *, resume: bool, runs: Path = Path("runs"), create: bool = True) -> Path:
@@ -228,6 +254,10 @@ def resolve_out_dir(out: Path | None, *, resume: bool, runs: Path = Path("runs")
 def fresh_settings(out: Path | None, **options: Any) -> tuple[RunSettings, RunFolder]:
     """The settings of a new run, validated before anything is created, and its (not yet created) folder."""
     settings = RunSettings(out_dir=out or Path("runs") / "pending", **options)  # validates every option
+    if settings.holders_file is not None:  # the inventory too: types, ranges, keys (agents/inventory.py)
+        from gputravel.agents.inventory import load_inventory
+
+        load_inventory(settings.holders_file)
     folder = RunFolder(resolve_out_dir(out, resume=False, create=False), link_latest=out is None)
     return replace(settings, out_dir=folder.out), folder
 
@@ -252,8 +282,9 @@ def parse_breakpoints(values: list[PhaseChoice] | list[str]) -> tuple[str, ...]:
 def register(app: typer.Typer) -> None:
     @app.command("run")
     def run_cmd(
-        holders: int = typer.Option(3, help="Number of holders (embedded corpus: comedies, tragedies, histories).",
-                                    rich_help_panel=HOLDERS_PANEL),
+        holders: int | None = typer.Option(None, help="Number of holders (default: one per --data subfolder; "
+                                           "without --data 3, the embedded corpus's comedies, tragedies, "
+                                           "histories).", show_default=False, rich_help_panel=HOLDERS_PANEL),
         holders_file: Path | None = typer.Option(None, "--holders-file", help=HOLDERS_FILE_HELP,
                                                  rich_help_panel=HOLDERS_PANEL),
         transport: TransportChoice = typer.Option(TRANSPORT_DEFAULT, help=TRANSPORT_HELP,
@@ -325,7 +356,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run collaborative training: the GPU travels holder to holder (--gpus N: a fleet, docs/fleet.md)."""
         options: dict[str, Any] = dict(
-            holders=holders, rounds=rounds, steps_per_visit=steps_per_visit, buffer_mib=buffer_mib, data_dir=data,
+            holders=holders if holders is not None else default_holders(data), rounds=rounds, steps_per_visit=steps_per_visit, buffer_mib=buffer_mib, data_dir=data,
             chunk_kib=chunk_kib, model=model.value, batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed,
             device=device, cc_mode=cc_mode.value, breakpoints=parse_breakpoints(break_before),
             visit_attempts=visit_attempts, fault=fault, cipher_engine=cipher_engine.value, init_from=init_from,
@@ -354,12 +385,17 @@ def register(app: typer.Typer) -> None:
             from gputravel.console.commands.run_fleet import run_fleet
 
             folder.claim()
-            run_fleet(settings, gpus=gpus, variant=fleet_variant, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
-                      rdzv_id=rdzv_id, max_restarts=max_restarts, as_json=as_json)
+            try:
+                with running_marker(folder.out, owner="gputravel run --gpus"):
+                    run_fleet(settings, gpus=gpus, variant=fleet_variant, nnodes=nnodes,
+                              rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, max_restarts=max_restarts,
+                              as_json=as_json)
+            finally:
+                folder.tighten()
             return
         console = Console(stderr=True) if as_json else Console()
-        view = RunView(console)
-        ending = RunEnding()
+        view = RunView(console, run_name=Path(settings.out_dir).name)
+        ending = RunEnding(Path(settings.out_dir))  # writes status.json when the run pauses and ends
         sinks: list[Any] = [view, ending]
         recorder = None
         folder.claim()
@@ -387,6 +423,7 @@ def register(app: typer.Typer) -> None:
                 recorder.close()
             if not ok:
                 folder.release_if_empty()
+            folder.tighten()  # what a part wrote with its own mode (public certificates): 0600 too
         if as_json:
             sys.stdout.write(json.dumps(report, indent=2) + "\n")
         else:
@@ -406,7 +443,8 @@ async def _run_until_stopped(settings: RunSettings, **kw: Any) -> dict[str, Any]
     device service and the agents are stopped, and the run's final event says ``cancelled``."""
     from gputravel.console.fleet import run as fleet_run
 
-    task = asyncio.ensure_future(fleet_run(settings, **kw))
+    controls: list[Any] = []  # the engine's Control, once built
+    task = asyncio.ensure_future(fleet_run(settings, on_control=controls.append, **kw))
     loop = asyncio.get_running_loop()
     stopped = False
 
@@ -418,10 +456,18 @@ async def _run_until_stopped(settings: RunSettings, **kw: Any) -> dict[str, Any]
         stopped = True
         task.cancel()
 
-    try:
-        loop.add_signal_handler(signal.SIGTERM, stop)
-    except (NotImplementedError, RuntimeError):  # pragma: no cover - not the main thread, or no signals here
-        pass
+    def resume() -> None:  # `gputravel runs resume RUN`: on to the next breakpoint
+        for control in controls:
+            control.resume()
+
+    def step() -> None:  # `gputravel runs step RUN`: one phase, then paused again
+        for control in controls:
+            control.step()
+
+    handlers = ((signal.SIGTERM, stop), (RESUME_SIGNAL, resume), (STEP_SIGNAL, step))
+    for signum, handler in handlers:
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread, or no signals here
+            loop.add_signal_handler(signum, handler)
     try:
         return await task
     except asyncio.CancelledError:
@@ -429,5 +475,6 @@ async def _run_until_stopped(settings: RunSettings, **kw: Any) -> dict[str, Any]
             raise CancelledRunError("stopped by SIGTERM (gputravel runs stop)") from None
         raise
     finally:
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.remove_signal_handler(signal.SIGTERM)
+        for signum, _ in handlers:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(signum)
