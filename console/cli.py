@@ -87,12 +87,13 @@ def main() -> None:
     except (typer.Abort, KeyboardInterrupt):
         fail("CancelledRunError", CTRL_C, 130)
     except Exception as exc:  # usage errors: click's, or the click that typer vendors (typer._click)
-        if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
+        show, code = getattr(exc, "show", None), getattr(exc, "exit_code", None)
+        if callable(show) and isinstance(code, int):
             if wants_json() and not getattr(exc, REPORTED, False):
-                fail(type(exc).__name__, exc.format_message() if hasattr(exc, "format_message") else str(exc),
-                     exc.exit_code)
-            exc.show()
-            sys.exit(exc.exit_code)
+                message = getattr(exc, "format_message", None)
+                fail(type(exc).__name__, message() if callable(message) else str(exc), code)
+            show()
+            sys.exit(code)
         if wants_json():  # a bug: its traceback on stderr, and still the one JSON error object on stdout
             traceback.print_exc()
             fail(type(exc).__name__, f"internal error (a bug in gputravel): {exc}", 1)

@@ -97,7 +97,7 @@ class ErrorReportingGroup(typer.core.TyperGroup):
             if (as_json and callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int)
                     and not getattr(exc, REPORTED, False)):
                 message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
-                sys.stdout.write(json.dumps(error_envelope(type(exc).__name__, message, exc.exit_code,
+                sys.stdout.write(json.dumps(error_envelope(type(exc).__name__, message, getattr(exc, "exit_code"),  # noqa: B009
                                                            code="usage")) + "\n")
                 sys.stdout.flush()
                 setattr(exc, REPORTED, True)

@@ -61,19 +61,19 @@ def verify(
         assert address.folder is not None
         expect = None
         result = verify_fleet(address.folder)
-        path = address.folder
+        where = address.folder
     else:
-        path = address.ledger
+        where = address.ledger
         try:
-            expect = head_from_text(head, path) if head is not None else None
+            expect = head_from_text(head, where) if head is not None else None
         except LedgerError as exc:
             raise typer.BadParameter(exc.reason, param_hint="--head") from exc
         if head is not None and expect is None:
             raise LedgerError(f"ledger broken: no row's hash starts with {head.strip()} (the recorded head): rows "
                               f"were cut off the end or the chain was rewritten")
-        result = verify_ledger(path, expect_head=expect, expect_heads=witnessed)
+        result = verify_ledger(where, expect_head=expect, expect_heads=witnessed)
     if not result.ok:
-        raise broken(result, path)
+        raise broken(result, where)
     if as_json:
         typer.echo(json.dumps(asdict(result), indent=2))
         return
@@ -146,9 +146,9 @@ def show(
     ] = None,
 ) -> None:
     """List the ledger's events (seq, time, kind, phase, holder, epoch, key fp, bytes, duration, outcome)."""
-    path = ledger_address(path).ledger
-    rows = read_rows(path, holder=holder, limit=limit)  # LedgerError: reported by the CLI, exit 8
-    error = refusal_if_broken(path)
+    ledger = ledger_address(path).ledger
+    rows = read_rows(ledger, holder=holder, limit=limit)  # LedgerError: reported by the CLI, exit 8
+    error = refusal_if_broken(ledger)
     if as_json:
         if error is not None:  # one JSON object: the error, with the rows as they are
             error.detail = {"rows": [row.to_dict() for row in rows]}  # type: ignore[attr-defined]
@@ -156,7 +156,7 @@ def show(
         typer.echo(json.dumps([row.to_dict() for row in rows], indent=2, ensure_ascii=False))
         return
     console = Console()
-    console.print(_table(rows, path, width=console.width))
+    console.print(_table(rows, ledger, width=console.width))
     if error is not None:
         raise error
 

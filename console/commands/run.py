@@ -381,7 +381,7 @@ def register(app: typer.Typer) -> None:
 
                 read_config(init_from)
             settings, folder = fresh_settings(out, **options)  # validated before anything is created
-        if fleet or (resume and (out / "fleet.json").exists()):
+        if fleet or (resume and (Path(settings.out_dir) / "fleet.json").exists()):
             from gputravel.console.commands.run_fleet import run_fleet
 
             folder.claim()
