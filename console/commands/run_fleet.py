@@ -28,7 +28,7 @@ def render_fleet(console: Console, report: dict[str, Any]) -> None:
 
 def run_fleet(settings: RunSettings, *, gpus: int, variant: str, nnodes: int, rdzv_endpoint: str | None,
               rdzv_id: str | None, max_restarts: int, as_json: bool) -> None:
-    from gputravel.console.commands.run import EXIT_PARTIAL, render_report
+    from gputravel.console.run_report import EXIT_PARTIAL, render_report
     from gputravel.core.fleet.rank import FleetOptions
     from gputravel.core.fleet.run import Rendezvous, launch_fleet
 
