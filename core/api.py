@@ -63,7 +63,7 @@ def build_engine(settings: RunSettings, *, links: Iterable[HolderLink] | None = 
     ``platform_type`` and ``engine_type`` (with its extra ``engine_kw``) are where a fleet rank plugs in
     its own device entry point and engine (``core/fleet``)."""
     from gputravel.core.runfolder import saved_settings, verify_run_folder
-    from gputravel.core.training.checkpoint import CheckpointStore, load_or_create_key
+    from gputravel.core.training.store import CheckpointStore, load_or_create_key
 
     out = Path(settings.out_dir)
     if out.exists() and (out / "ledger.db").exists() and not settings.resume:

@@ -40,7 +40,7 @@ from gputravel.core.ledger import Ledger
 from gputravel.core.platform.base import DeviceHandle
 from gputravel.core.procs import release_free_memory
 from gputravel.core.runfolder import sealed_settings_digest
-from gputravel.core.training.checkpoint import CheckpointStore
+from gputravel.core.training.store import CheckpointStore
 from gputravel.core.travel import handoff as ho
 from gputravel.core.travel.audit import ATTACK_CODES, Audit
 from gputravel.core.travel.control import Control, EventSink, FaultPlan
