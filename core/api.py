@@ -77,7 +77,7 @@ def build_engine(settings: RunSettings, *, links: Iterable[HolderLink] | None = 
         links = [LocalHolderLink(name, path, val_fraction=settings.val_fraction)
                  for name, path in resolve_holder_dirs(settings)]
     key = load_or_create_key(out / "keys" / "checkpoint.key")
-    store = CheckpointStore(out / "checkpoints", key)
+    store = CheckpointStore(out / "checkpoints", key, keep=settings.keep_checkpoints)
     platform = platform_type(out / "platform", device=settings.device, cc_mode=settings.cc_mode,
                              allow_fault_injection=settings.allow_fault_injection,
                              torch_threads=settings.torch_threads, data_host=settings.data_host,

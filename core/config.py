@@ -24,9 +24,12 @@ LIMITS: dict[str, tuple[float, float]] = {
     "visit_attempts": (1, 100),
     "key_chunk_budget": (1, 2**32),
     "epoch_limit": (1, 2**62),
+    "checkpoint_every": (1, 1_000_000),
+    "keep_checkpoints": (1, 1_000_000),
 }
 _INT_FIELDS = ("holders", "rounds", "steps_per_visit", "chunk_kib", "batch_size", "seq_len", "seed",
-               "torch_threads", "auth_workers", "visit_attempts", "key_chunk_budget", "epoch_limit")
+               "torch_threads", "auth_workers", "visit_attempts", "key_chunk_budget", "epoch_limit",
+               "checkpoint_every", "keep_checkpoints")
 _FLOAT_FIELDS = ("buffer_mib", "val_fraction", "val_share", "lr")
 
 
@@ -78,6 +81,10 @@ class RunSettings:
     visit_attempts: int = 2  # a failed visit is redone (agent restarted, device recovered) up to this many times
     key_chunk_budget: int = 2**32  # chunks one provisioning key may seal; beyond it the window is split
     epoch_limit: int | None = None  # epochs per session before a fresh attested session (re-key)
+    #: a visit's checkpoint is written in the background; every N-th visit (and the last) checkpoints, and a
+    #: visit is committed (resumable) once the checkpoint holding it is durable
+    checkpoint_every: int = 1
+    keep_checkpoints: int = 2  # sealed checkpoints kept in the run folder (never the one the ledger names)
     fault: str | None = None  # fault injection: "kill-orchestrator|kill-device|kill-agent@PHASE:VISIT[+SECONDS]"
 
     def __post_init__(self) -> None:

@@ -256,6 +256,11 @@ def register(app: typer.Typer) -> None:
                                                        rich_help_panel=FAULTS_PANEL),
         visit_attempts: int = typer.Option(2, help="A failed visit is redone up to this many times in all.",
                                            rich_help_panel=FAULTS_PANEL),
+        checkpoint_every: int = typer.Option(1, "--checkpoint-every", min=1, rich_help_panel=OUTPUT_PANEL,
+                                             help="Checkpoint every N visits (and the last), in the background; a "
+                                             "visit is resumable once its checkpoint is durable."),
+        keep_checkpoints: int = typer.Option(2, "--keep-checkpoints", min=1, rich_help_panel=OUTPUT_PANEL,
+                                             help="Sealed checkpoints kept in the run folder."),
         fault: str | None = typer.Option(None, "--fault", hidden=True,
                                          help="Fault injection: kill-orchestrator|kill-device|kill-agent@PHASE:VISIT[+S]"),
         out: Path | None = typer.Option(None, "--out", help="Run folder: ledger, checkpoints, keys "
@@ -293,6 +298,7 @@ def register(app: typer.Typer) -> None:
             chunk_kib=chunk_kib, model=model.value, batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed,
             device=device, cc_mode=cc_mode.value, breakpoints=parse_breakpoints(break_before),
             visit_attempts=visit_attempts, fault=fault, cipher_engine=cipher_engine.value,
+            checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
             **holder_settings(holders_file=holders_file, transport=transport.value, data_path=data_path.value,
                               data_host=data_host))
         fleet = gpus > 1 or nnodes > 1

@@ -54,12 +54,13 @@ class RingCheckpoint:
         self.ring, self.header, self.chunks, self.snapshot_s = ring, header, chunks, snapshot_s
         self.received = 0
 
-    def drain(self, sink: Callable[[int, memoryview], None], *, timeout: float = 600.0) -> None:
+    def drain(self, sink: Callable[[int, memoryview], None], *, timeout: float = 600.0,
+              alive: Callable[[], bool] | None = None) -> None:
         """Hand every sealed chunk, in order, to ``sink(kind, sealed)`` (a view of the ring's slot, valid
         during the call); a failure here (the sink's, or a bad slot) tells the device to stop."""
         try:
             for i in range(self.received, self.chunks):
-                kind, sealed = self.ring.get(i, timeout=timeout)
+                kind, sealed = self.ring.get(i, timeout=timeout, alive=alive)
                 if (kind == 1) != (i == self.chunks - 1) or len(sealed) > self.header.max_sealed:
                     raise FrameError(f"the device sealed a bad checkpoint chunk {i} (kind {kind}, {len(sealed)} bytes)")
                 try:

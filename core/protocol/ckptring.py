@@ -148,7 +148,8 @@ class CheckpointRing:
         if self._map is not None:
             struct.pack_into("<I", self._map, 16, 1)
 
-    def _wait(self, ready: Callable[[int, int], bool], what: str, timeout: float) -> None:
+    def _wait(self, ready: Callable[[int, int], bool], what: str, timeout: float,
+              alive: Callable[[], bool] | None = None) -> None:
         """Poll the head until ``ready(consumed, produced)``: sleeps from 50 us up to 0.5 ms between looks, so a
         waiting side costs next to no CPU (the device may be training beside it)."""
         deadline = time.monotonic() + timeout
@@ -161,6 +162,8 @@ class CheckpointRing:
                 return
             if time.monotonic() > deadline:
                 raise RingAborted(f"checkpoint ring: no progress for {timeout:.0f} s waiting for {what}")
+            if alive is not None and pause >= 5e-4 and not alive():
+                raise RingAborted(f"checkpoint ring: the other side is gone (waiting for {what})")
             time.sleep(pause)
             pause = min(pause * 2, 5e-4)
 
@@ -180,9 +183,11 @@ class CheckpointRing:
         return n
 
     # --- the orchestrator: consume ------------------------------------------------------------------------
-    def get(self, i: int, *, timeout: float = 600.0) -> tuple[int, memoryview]:
-        """Chunk ``i`` once the device published it: ``(kind, sealed view)``, valid until :meth:`done`."""
-        self._wait(lambda _c, produced: produced > i, f"chunk {i}", timeout)
+    def get(self, i: int, *, timeout: float = 600.0, alive: Callable[[], bool] | None = None
+            ) -> tuple[int, memoryview]:
+        """Chunk ``i`` once the device published it: ``(kind, sealed view)``, valid until :meth:`done`.
+        ``alive`` (checked while waiting) says whether the device still lives."""
+        self._wait(lambda _c, produced: produced > i, f"chunk {i}", timeout, alive)
         lo = self._slot(i)
         assert self._map is not None
         kind, n = _SLOT_HEAD.unpack_from(self._map, lo)

@@ -363,6 +363,11 @@ class CheckpointStore(_store.CheckpointStore):
     """The torch-free store, plus sealing and opening a state in this process (tests, tools; a run's
     device seals its own)."""
 
+    @classmethod
+    def over(cls, store: _store.CheckpointStore) -> CheckpointStore:
+        """The same folder and key as ``store`` (a run's torch-free store), able to open states here."""
+        return cls(store.directory, store._key, keep=store.keep)
+
     def save(self, state: Any, *, run_id: str, seq: int, meta: Mapping[str, Any] | None = None,
              chunk_size: int = DEFAULT_STREAM_CHUNK) -> Path:
         """Seal ``state`` as checkpoint ``seq`` of ``run_id``, chunk by chunk; keeps the newest ``keep`` files."""
