@@ -52,18 +52,41 @@ class Checkpointer:
         self.pending: _Pending | None = None
         #: visits done since the last durable checkpoint, oldest first (committed with the next one)
         self.uncommitted: list[VisitRecord] = []
+        #: of those, the ones no checkpoint holds yet (the next one started will)
+        self.unclaimed: list[VisitRecord] = []
         self.background_s = 0.0  # seconds checkpoints spent in the background (off the critical path)
         self._committed: set[int] = set()  # visits whose rows a checkpoint's commit wrote
+        self.final_wait_s = 0.0
+
+    def done(self, rec: VisitRecord) -> None:
+        """``rec`` is done: it is committed with the next checkpoint begun (and once that is durable)."""
+        self.uncommitted.append(rec)
+        self.unclaimed.append(rec)
+
+    def claim(self) -> list[VisitRecord]:
+        """The visits the checkpoint about to begin holds."""
+        claimed, self.unclaimed = self.unclaimed, []
+        return claimed
 
     def owns(self, rec: VisitRecord) -> bool:
         """Whether ``rec`` is committed by a checkpoint (so its row is written when that one is durable)."""
         return rec in self.uncommitted or rec.plan.index in self._committed
 
     async def finish(self) -> None:
-        """The run's end: the checkpoint in flight, and one for any visit done since, durable before it ends."""
+        """The run's end: the checkpoint in flight, and one for any visit done since, durable before it ends.
+        The wait (``final_wait_s``) is protocol time after the last visit's phases."""
+        t0 = time.perf_counter()
         await self.settle()
-        if self.uncommitted:
-            await self.write(self.uncommitted[-1].plan.index + 1, visits=list(self.uncommitted))
+        if self.unclaimed:
+            await self.write(self.unclaimed[-1].plan.index + 1, visits=self.claim())
+        self.final_wait_s += time.perf_counter() - t0
+
+    def summary(self) -> dict[str, Any]:
+        """For the run's report: the cadence, what was kept, and the time spent in the background and waiting."""
+        e = self.engine
+        return {"every": e.settings.checkpoint_every, "keep": e.ckpt.keep,
+                "kept": [seq for seq, _ in e.ckpt.checkpoints()], "background_s": round(self.background_s, 6),
+                "final_wait_s": round(self.final_wait_s, 6), "last": e.last_checkpoint}
 
     # --- writing ------------------------------------------------------------------------------------
     async def write(self, seq: int, *, note: str = "", visits: list[VisitRecord] | None = None,
@@ -174,12 +197,12 @@ class Checkpointer:
         """The model went back to the last durable checkpoint: the visits done since are undone (their
         training history rolled back, newest first) and will be redone. Returns them."""
         e = self.engine
-        undone = list(self.uncommitted)
+        undone = [r for r in self.uncommitted if r.outcome.startswith("done")]  # a failed one was undone already
         for rec in reversed(undone):
             e.recovery.rollback_training(rec)
             rec.failed_phase, rec.error = "ROTATE", "its checkpoint was lost or rolled back; redone"
             rec.reset_for_retry()
             e.audit.row("visit-undone", holder=rec.plan.holder, epoch=rec.epoch, outcome="redo",
                         detail={"visit": rec.plan.index, "restored_checkpoint": e.last_good_ckpt})
-        self.uncommitted = []
+        self.uncommitted, self.unclaimed = [], []
         return undone

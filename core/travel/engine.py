@@ -391,7 +391,9 @@ class TravelEngine:
             self.audit.emit(ev.RunFailed(time.time(), self.run_id, error, code))
 
     def report(self, *, seconds: float) -> dict[str, Any]:
-        return build_report(self, seconds=seconds)
+        rep = build_report(self, seconds=seconds)
+        rep["checkpoints"] = {**rep.get("checkpoints", {}), **self.ckpts.summary()}
+        return rep
 
     async def _shutdown_links(self) -> None:
         head = self.audit.head()
@@ -568,13 +570,12 @@ class TravelEngine:
         await asyncio.to_thread(self.client.rotate)
         rec.outcome = "done"
         detail: dict[str, Any] = {}
-        covered = [*self.ckpts.uncommitted, rec]
-        if rec is self.records[-1] or len(covered) >= max(1, self.settings.checkpoint_every):
+        self.ckpts.done(rec)  # committed when the checkpoint holding it is durable
+        if rec is self.records[-1] or len(self.ckpts.unclaimed) >= max(1, self.settings.checkpoint_every):
             seq = rec.plan.index + 1
-            await self.ckpts.write(seq, visits=covered, background=True)
+            await self.ckpts.write(seq, visits=self.ckpts.claim(), background=True)
             release_free_memory()  # the previous checkpoint's megabytes are freed: keep the heap flat
             detail = {"checkpoint_seq": seq, "background": True, "previous_checkpoint": self.last_checkpoint}
-        self.ckpts.uncommitted.append(rec)  # committed when its checkpoint is durable
         self.audit.emit(ev.KeyRotated(time.time(), rec.epoch, rec.key_fingerprint or ""))
         return 0, detail
 
