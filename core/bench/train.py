@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -108,10 +109,15 @@ def study(*, workdir: Path, run: RunFn, model: str = "tiny", holders: int = 2, r
     threads_before = torch.get_num_threads()
 
     def plain_run() -> dict[str, Any]:
+        # on a worker thread, as the device service trains (on its control connection's thread): with several
+        # torch threads on a loaded machine, a loop on the main thread measured 3-5x slower than the same loop
+        # on a worker thread (the OpenMP team the main thread built at import), which made the comparison one
+        # of threads, not of the protocol
         if torch_threads:
             torch.set_num_threads(torch_threads)
         try:
-            return plain_loop(config, train, steps=total_steps, device=dev, tokens=sample)
+            with ThreadPoolExecutor(1, thread_name_prefix="plain-loop") as pool:
+                return pool.submit(plain_loop, config, train, steps=total_steps, device=dev, tokens=sample).result()
         finally:
             torch.set_num_threads(threads_before)
 
