@@ -6,6 +6,7 @@ each send one sealed request named by an ``Op`` and read back a typed answer (``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -273,9 +274,11 @@ class DeviceClient:
             pending = self.checkpoint_begin(key, header)
             try:
                 pending.drain(sink)
-            finally:
-                done = self.checkpoint_end(pending)
-            return done
+            except BaseException:
+                with contextlib.suppress(Exception):  # the device's account; the drain's error is the one told
+                    self.checkpoint_end(pending)
+                raise
+            return self.checkpoint_end(pending)
         return self._checkpoint_attached(key, header, sink)
 
     def checkpoint_begin(self, key: bytes, header: StreamHeader, *, snapshot: bool = False) -> RingCheckpoint:

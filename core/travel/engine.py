@@ -575,7 +575,8 @@ class TravelEngine:
             seq = rec.plan.index + 1
             await self.ckpts.write(seq, visits=self.ckpts.claim(), background=True)
             release_free_memory()  # the previous checkpoint's megabytes are freed: keep the heap flat
-            detail = {"checkpoint_seq": seq, "background": True, "previous_checkpoint": self.last_checkpoint}
+            detail = {"checkpoint_seq": seq, "background": True, "model_digest": self.expected_model,
+                      "previous_checkpoint": self.last_checkpoint}
         self.audit.emit(ev.KeyRotated(time.time(), rec.epoch, rec.key_fingerprint or ""))
         return 0, detail
 
