@@ -129,3 +129,20 @@ def test_a_ring_slot_claiming_more_than_it_holds_is_refused() -> None:
             ring.get(0)
     finally:
         ring.close()
+
+
+def test_consecutive_snapshots_reuse_their_buffers_and_each_keeps_its_own_model(device: DeviceClient,
+                                                                                 tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "c", os.urandom(32), keep=5)
+    paths, digests = [], []
+    for seq in (1, 2):
+        digests.append(device.measure().model)
+        header = store.new_header(run_id="r", seq=seq, chunk_size=4096)
+        with store.writer(header) as w:
+            pending = device.checkpoint_begin(store.run_key("r"), header, snapshot=True)
+            device.train(train_off=0, train_len=4096, val_off=0, val_len=0, fmt="byte")  # changes the live model
+            pending.drain(w.add)
+            assert device.checkpoint_end(pending).model_digest == digests[-1]
+            paths.append(w.commit({}))
+    assert digests[0] != digests[1]
+    assert [_restore(store, device, p) for p in paths] == digests

@@ -115,6 +115,7 @@ class CheckpointOps:
     _ckpt_stream: _CheckpointStream | None
     _restore_stream: _RestoreStream | None
     _ring_stream: _RingStream | None
+    _snapshot_bufs: list[Any]
     _model_incomplete: bool
 
     if TYPE_CHECKING:
@@ -169,8 +170,8 @@ class CheckpointOps:
             mapped = CheckpointRing.attach(ring)
             t0 = time.perf_counter()
             try:
-                if snapshot:
-                    state = snapshot_state(state)
+                if snapshot:  # into the previous snapshot's buffers (kept: the device's staging memory)
+                    state = snapshot_state(state, reuse=self._snapshot_bufs)
             except BaseException:
                 mapped.close()
                 raise

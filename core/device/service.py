@@ -152,6 +152,7 @@ class DeviceService(CheckpointOps):
         self._ckpt_stream = None
         self._restore_stream = None
         self._ring_stream = None
+        self._snapshot_bufs: list[Any] = []  # a background checkpoint's copy of the state, reused
         self._model_incomplete = False
         #: the one operation table: every sealed request is dispatched here, by name
         self.operations: dict[Op, Handler] = {

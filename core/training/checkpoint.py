@@ -120,11 +120,24 @@ def _manifest(state: Any) -> tuple[bytes, list[torch.Tensor]]:
     return _STATE_HEAD.pack(_STATE_MAGIC, len(raw)) + raw, tensors
 
 
-def snapshot_state(state: Any) -> Any:
+def snapshot_state(state: Any, *, reuse: list[torch.Tensor] | None = None) -> Any:
     """A copy of ``state`` whose tensors are copies in the same memory (device memory on a GPU): what a
     background checkpoint seals while training goes on with the live tensors. A tensor shared by two names
-    stays shared in the copy (written once)."""
+    stays shared in the copy (written once). ``reuse``: the buffers of the previous snapshot, copied into
+    where shape, dtype and device match (no fresh allocation, no page faults on every checkpoint); it is
+    refilled with this snapshot's buffers."""
     copies: dict[tuple[Any, ...], torch.Tensor] = {}
+    old = list(reuse or [])
+    made: list[torch.Tensor] = []
+
+    def copy(t: torch.Tensor) -> torch.Tensor:
+        i = len(made)
+        if i < len(old) and old[i].shape == t.shape and old[i].dtype == t.dtype and old[i].device == t.device:
+            out = old[i].copy_(t)
+        else:
+            out = t.clone(memory_format=torch.contiguous_format)
+        made.append(out)
+        return out
 
     def walk(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
@@ -134,7 +147,7 @@ def snapshot_state(state: Any) -> Any:
             if ident[0] == 0 or t.numel() == 0:
                 return t.clone()
             if ident not in copies:
-                copies[ident] = t.clone(memory_format=torch.contiguous_format)
+                copies[ident] = copy(t)
             return copies[ident]
         if isinstance(x, dict):
             return {k: walk(v) for k, v in x.items()}
@@ -145,7 +158,10 @@ def snapshot_state(state: Any) -> Any:
         return x
 
     with torch.no_grad():
-        return walk(state)
+        snap = walk(state)
+    if reuse is not None:
+        reuse[:] = made
+    return snap
 
 
 def state_size(state: Any) -> int:
