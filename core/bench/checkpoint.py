@@ -191,6 +191,9 @@ def study(*, model: str = "gpt2", workdir: Path | None = None, device: str | Non
         "disk_write_mb_s": round(disk_mb_s, 1),
         "rounds": len(seal_times), "seal_mb_s_each": [round(state / t / MB, 1) for t in seal_times],
         "disk_write_mb_s_each": [round(x, 1) for x in disk_rates],
+        # each round's seal + write against the plain write just before it (the same page-cache state)
+        "seal_pct_of_disk_write_each": [round(100.0 * state / t / MB / d, 1) if d > 0 else None
+                                        for t, d in zip(seal_times, disk_rates, strict=True)],
         "seal_pct_of_disk_write": round(100.0 * seal_mb_s / disk_mb_s, 1) if disk_mb_s > 0 else None,
         "seal_pct_of_aes_1core": round(100.0 * seal_mb_s * MB / aes, 2),
         "orchestrator_peak_rss_over_baseline_bytes": orch,

@@ -84,7 +84,7 @@ class DeviceClient:
     #: checkpoint-chunk requests kept in flight, so the device seals the next chunk while this side writes
     PIPELINE = 3
     #: slots of a checkpoint ring: the device seals up to this many chunks ahead of the writes
-    RING_SLOTS = 8
+    RING_SLOTS = 4
 
     def __init__(self, socket_path: str, *, anchors: TrustAnchors, timeout: float = 600.0) -> None:
         self.socket_path = socket_path
