@@ -84,8 +84,8 @@ class CheckpointRing:
         self.shape = shape
         self.path = path
         self._fd = fd
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-        self._map: mmap.mmap | None = mmap.mmap(fd, shape.nbytes, flags, mmap.PROT_READ | mmap.PROT_WRITE)
+        # pages come as the slots are first written (no MAP_POPULATE): a small state touches only what it uses
+        self._map: mmap.mmap | None = mmap.mmap(fd, shape.nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self._view = memoryview(self._map)
 
     @classmethod
