@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from gputravel.core.attestation import AttestationResult, Evidence, code_measurement, verify_evidence
+from gputravel.core.device.ckptring import CheckpointRing, ring_supported
 from gputravel.core.device.link import (
     ControlChannel,
     Op,
@@ -42,7 +43,6 @@ from gputravel.core.device.messages import (
 from gputravel.core.errors import DeviceError, FrameError, GpuTravelError, error_from_code
 from gputravel.core.handshake import Initiator, SessionSecrets
 from gputravel.core.protocol import Frame, FrameType, read_frame
-from gputravel.core.protocol.ckptring import CheckpointRing, ring_supported
 from gputravel.core.protocol.stream import StreamHeader
 
 __all__ = ["DeviceClient", "RingCheckpoint", "TrustAnchors", "read_counters"]
