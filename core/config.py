@@ -25,9 +25,12 @@ LIMITS: dict[str, tuple[float, float]] = {
     "visit_attempts": (1, 100),
     "key_chunk_budget": (1, 2**32),
     "epoch_limit": (1, 2**62),
+    "checkpoint_every": (1, 1_000_000),
+    "keep_checkpoints": (1, 1_000_000),
 }
 _INT_FIELDS = ("holders", "rounds", "steps_per_visit", "chunk_kib", "batch_size", "seq_len", "seed",
-               "torch_threads", "auth_workers", "visit_attempts", "key_chunk_budget", "epoch_limit")
+               "torch_threads", "auth_workers", "visit_attempts", "key_chunk_budget", "epoch_limit",
+               "checkpoint_every", "keep_checkpoints")
 _FLOAT_FIELDS = ("buffer_mib", "val_fraction", "val_share", "lr")
 _STR_FIELDS = ("model", "cc_mode", "transport", "data_path", "cipher_engine", "data_host")
 _OPTIONAL_STR_FIELDS = ("device", "fault")
@@ -86,6 +89,10 @@ class RunSettings:
     #: pretrained weights the model starts from (llm.c .bin or GPT-2 safetensors; docs/checkpoints.md): the
     #: model's shape comes from the file, the weights reach the device as a sealed stream (core/training/weights.py)
     init_from: Path | None = None
+    #: a visit's checkpoint is written in the background; every N-th visit (and the last) checkpoints, and a
+    #: visit is committed (resumable) once the checkpoint holding it is durable
+    checkpoint_every: int = 1
+    keep_checkpoints: int = 2  # sealed checkpoints kept in the run folder (never the one the ledger names)
     fault: str | None = None  # fault injection: "kill-orchestrator|kill-device|kill-agent@PHASE:VISIT[+SECONDS]"
     #: fault injection into what holders attest (``run --inject``): cvm-debug, cvm-report-data, gpu-measurement,
     #: gpu-nonce; every holder must refuse (core/travel/holder_attest.py)

@@ -261,6 +261,11 @@ def register(app: typer.Typer) -> None:
                                                        rich_help_panel=FAULTS_PANEL),
         visit_attempts: int = typer.Option(2, help="A failed visit is redone up to this many times in all.",
                                            rich_help_panel=FAULTS_PANEL),
+        checkpoint_every: int = typer.Option(1, "--checkpoint-every", min=1, rich_help_panel=OUTPUT_PANEL,
+                                             help="Checkpoint every N visits (and the last), in the background; a "
+                                             "visit is resumable once its checkpoint is durable."),
+        keep_checkpoints: int = typer.Option(2, "--keep-checkpoints", min=1, rich_help_panel=OUTPUT_PANEL,
+                                             help="Sealed checkpoints kept in the run folder."),
         fault: str | None = typer.Option(None, "--fault", hidden=True,
                                          help="Fault injection: kill-orchestrator|kill-device|kill-agent@PHASE:VISIT[+S]"),
         inject: HolderInjection | None = typer.Option(
@@ -303,6 +308,7 @@ def register(app: typer.Typer) -> None:
             device=device, cc_mode=cc_mode.value, breakpoints=parse_breakpoints(break_before),
             visit_attempts=visit_attempts, fault=fault, cipher_engine=cipher_engine.value, init_from=init_from,
             holder_inject=inject.value if inject is not None else None,
+            checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
             **holder_settings(holders_file=holders_file, transport=transport.value, data_path=data_path.value,
                               data_host=data_host))
         fleet = gpus > 1 or nnodes > 1

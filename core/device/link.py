@@ -78,6 +78,7 @@ class Op(StrEnum):
     SCRUB = "scrub"
     CHECKPOINT = "checkpoint"
     CHECKPOINT_NEXT = "checkpoint_next"
+    CHECKPOINT_END = "checkpoint_end"
     RESTORE = "restore"
     RESTORE_CHUNK = "restore_chunk"
     RESTORE_END = "restore_end"

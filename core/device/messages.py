@@ -162,6 +162,8 @@ class StreamEnded(_Wire):
     chunks: int
     seconds: float
     digest_s: float = 0.0
+    seal_s: float = 0.0  # the device's seal alone (the state's pieces and AES-GCM: CPU time), not its waits
+    snapshot_s: float = 0.0  # copying the state in device memory first (a background checkpoint)
 
 
 @dataclass(frozen=True, slots=True)
