@@ -366,9 +366,17 @@ class TravelEngine:
                                detail={"visit": rec.plan.index, "attempt": rec.attempts + 1,
                                        "after": f"{rec.failed_phase}: {rec.error}"})
                 rec.reset_for_retry()
-            if not rec.outcome.startswith("done"):
+                if self._undone_before(rec, given_up):
+                    break  # an earlier visit was undone (its checkpoint died with the device): it is redone first
+            if not rec.outcome.startswith("done") and not self._undone_before(rec, given_up):
                 given_up.add(rec.plan.index)
         await self.ckpts.finish()
+
+    def _undone_before(self, rec: VisitRecord, given_up: set[int]) -> bool:
+        """Whether a visit before ``rec`` is no longer done (undone by ``Checkpointer.rewind``): visits are
+        walked in order, so it goes before ``rec``'s next attempt, as in a run that never lost it."""
+        return any(not r.outcome.startswith("done") and r.plan.index not in given_up
+                   for r in self.records if r.plan.index < rec.plan.index)
 
     async def run_guarded(self, body: Callable[[], Awaitable[None]], *,
                           planned: Callable[[], int]) -> dict[str, Any]:
