@@ -22,22 +22,17 @@ corpus: setup
 demo: corpus
 	$(VENV)/bin/gputravel run
 
-test: setup
-	$(VENV)/bin/lint-imports
+test: setup lint
 	$(PY) -m pytest -q -p no:cacheprovider
 
+# The gate before the tests: style (ruff), the import contracts (import-linter) and types (mypy --strict over
+# all three packages). mypy sees the repository root as the gputravel package through a link (it cannot follow
+# the editable install's import hook).
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
-	# mypy sees the repository root as the gputravel package through a link (it cannot follow the
-	# editable install's import hook)
 	mkdir -p build/mypy && ln -sfn "$(CURDIR)" build/mypy/gputravel
-	MYPYPATH=build/mypy $(VENV)/bin/mypy -p gputravel.core --strict
-
-# every check that needs a GPU (scripts/gpu_check.py) into gpu-report.json; without CUDA it writes
-# {"cuda": false, "reason": ...} and exits 0. GPU_CHECK_ARGS: e.g. --quick, --only tests,gpu_aes
-gpu-check: setup
-	$(PY) scripts/gpu_check.py --output gpu-report.json $(GPU_CHECK_ARGS)
+	MYPYPATH=build/mypy $(VENV)/bin/mypy -p gputravel.core -p gputravel.agents -p gputravel.console --strict
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
