@@ -21,7 +21,15 @@ from gputravel.agents.holder.dataset import Dataset
 from gputravel.agents.holder.link import AgentLink, Message, Sender
 from gputravel.core.protocol import TAG_LEN, FrameType, SendState
 from gputravel.core.protocol.errors import DataError, FrameError, GpuTravelError
-from gputravel.core.protocol.holderlink import MAX_CHUNK, DataEndpoint, Done, Handoff, Progress, Refusal
+from gputravel.core.protocol.holderlink import (
+    MAX_CHUNK,
+    Admission,
+    DataEndpoint,
+    Done,
+    Handoff,
+    Progress,
+    Refusal,
+)
 from gputravel.core.protocol.shmring import MAX_RING_BYTES, RingSpec, ShmRing
 
 __all__ = ["MAX_CHUNK", "MAX_IN_FLIGHT", "MAX_RETRANSMITS", "REPORT_EVERY_NS", "RING_SLOTS", "ChunkOut",
@@ -114,16 +122,14 @@ class Provisioner:
         return [memoryview(b)[:size] for b in self._slots[:count]]
 
     # --- the data connection ----------------------------------------------------------------------
-    def _data_conn(self, endpoint: DataEndpoint, session: bytes) -> DataConn:
-        """The data connection for this device session: kept across hand-offs, reopened when the device,
-        its session or the endpoint changed, or the connection dropped."""
-        key = (endpoint, session)
-        conn = self._data
-        if conn is not None and (conn.key != key or conn.dead):
-            self._drop_data()
-            conn = None
-        if conn is None:
-            conn = self._data = DataConn(endpoint, session, self._inbox, key=key)
+    def _data_conn(self, endpoint: DataEndpoint, h: Handoff, ring: RingSpec | None) -> DataConn:
+        """A data connection for this hand-off's window, admitted with a MAC under its key (the device
+        admits a connection for one window and closes it at that window's RETURN, so none is kept)."""
+        self._drop_data()
+        session = bytes.fromhex(h.session_id)
+        assert h.key is not None
+        admit = Admission.make(h.key.key, session_id=session, epoch=h.epoch, holder=self.name)
+        conn = self._data = DataConn(endpoint, session, self._inbox, key=(endpoint, session), admit=admit, ring=ring)
         return conn
 
     def _drop_data(self) -> None:
@@ -151,11 +157,13 @@ class Provisioner:
         out: ChunkOut | None = None
         try:
             if endpoint is not None:
-                conn = self._data_conn(endpoint, session)
-                conn.active = True
-                if conn.rings and sender is not None and endpoint.ring:
+                spec = None
+                if sender is not None and endpoint.ring:
                     slots = max(1, min(in_flight, RING_SLOTS, MAX_RING_BYTES // (cs + TAG_LEN)))
-                    ring = self._open_ring(conn, RingSpec(h.epoch, slots, cs + TAG_LEN))
+                    spec = RingSpec(h.epoch, slots, cs + TAG_LEN)
+                conn = self._data_conn(endpoint, h, spec)
+                conn.active = True
+                ring = conn.ring  # asked for with the admission: granted in its answer, or frames
             if ring is not None and conn is not None:
                 out = ChunkOut(conn.ring_slots, conn.notify)
             elif conn is not None:
@@ -175,8 +183,7 @@ class Provisioner:
             self._sender.drain()  # no write may still read a slot when the next hand-off reuses it
             if conn is not None:
                 conn.active = False
-                if conn.awaiting is not None:  # a bind never answered: its answer must not meet the next one
-                    self._drop_data()
+                self._drop_data()  # admitted for this window only (the device closes it at RETURN anyway)
 
     def _open_ring(self, conn: DataConn, spec: RingSpec) -> ShmRing | None:
         """Ask the device to bind this connection's ring to this epoch (it sends the ring's descriptor the

@@ -13,8 +13,9 @@ Two links speak it. The *holder link* (orchestrator <-> agent, stdin/stdout or a
 
 and the *data connection* (agent -> device's data port, the direct path)::
 
-    agent -> DATA_OPEN   DataOpen   open a connection for the device's session (asking for rings), or
-                                    bind a shared-memory ring to a hand-off's epoch
+    agent -> DATA_OPEN   DataOpen   open a connection for one hand-off's window, admitted by its
+                                    Admission (a MAC under the window's key; asking for rings and its
+                                    first ring), or bind a shared-memory ring to that window's epoch
     device -> DATA_READY DataReady  the answer (the ring's descriptor rides along, SCM_RIGHTS)
 
 Each message has ``to_wire()`` (its frame header) and a validating ``from_wire(header)`` that raises
@@ -32,6 +33,7 @@ orchestrator inside the sealed control channel (``HandoffGrant``), carried in th
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -39,10 +41,18 @@ from typing import Any, ClassVar
 from gputravel.core.protocol.cipher import Direction
 from gputravel.core.protocol.errors import FrameError
 from gputravel.core.protocol.frames import FrameType
-from gputravel.core.protocol.keys import KEY_LEN, PREFIX_LEN, DirectionKey
+from gputravel.core.protocol.keys import (
+    ADMIT_MAC_LEN,
+    ADMIT_NONCE_LEN,
+    KEY_LEN,
+    PREFIX_LEN,
+    DirectionKey,
+    admission_key,
+    admission_mac,
+)
 from gputravel.core.protocol.shmring import RingSpec
 
-__all__ = ["MAX_CHUNK", "Bye", "DataEndpoint", "DataOpen", "DataReady", "Done", "Handoff", "Hello", "Progress",
+__all__ = ["MAX_CHUNK", "Admission", "Bye", "DataEndpoint", "DataOpen", "DataReady", "Done", "Handoff", "Hello", "Progress",
            "ProvisioningKey", "Refusal", "TOKEN_FORMATS"]
 
 #: The largest chunk a hand-off may ask for (the device's limit too).
@@ -409,12 +419,13 @@ class Bye:
 class DataOpen:
     """DATA_OPEN: the first frame of a data connection (``session``; ``rings``: the agent can map
     shared-memory rings), or, on an open connection, a request to bind a ring of shape ``ring`` to a
-    hand-off's epoch. A future admission credential is one more optional field here."""
+    hand-off's epoch. ``admit`` (the first DATA_OPEN's): who speaks, for which window (``Admission``)."""
 
     FRAME: ClassVar[FrameType] = FrameType.DATA_OPEN
     session_id: str  # hex (wire name "session")
     rings: bool = False
     ring: RingSpec | None = None
+    admit: Admission | None = None
 
     def to_wire(self) -> dict[str, Any]:
         h: dict[str, Any] = {"session": self.session_id}
@@ -422,12 +433,44 @@ class DataOpen:
             h["rings"] = 1
         if self.ring is not None:
             h["ring"] = self.ring.to_wire()
+        if self.admit is not None:
+            h["admit"] = self.admit.to_wire()
         return h
 
     @classmethod
     def from_wire(cls, h: Mapping[str, Any]) -> DataOpen:
         w = "DATA_OPEN"
-        return cls(session_id=_hex(h, w, "session"), rings=_flag(h, w, "rings"), ring=_ring(h, w))
+        admit = h.get("admit") if isinstance(h, Mapping) else None
+        return cls(session_id=_hex(h, w, "session"), rings=_flag(h, w, "rings"), ring=_ring(h, w),
+                   admit=None if admit is None else Admission.from_wire(admit))
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A data connection's credential (in its first DATA_OPEN): it speaks for ``holder`` in the window of
+    ``epoch``. ``mac`` is ``keys.admission_mac`` under that window's admission key over a fresh ``nonce``
+    (the device admits a nonce once per window), the session, the epoch and the holder's name."""
+
+    epoch: int
+    holder: str
+    nonce: str  # hex, ADMIT_NONCE_LEN bytes
+    mac: str  # hex, ADMIT_MAC_LEN bytes
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "holder": self.holder, "nonce": self.nonce, "mac": self.mac}
+
+    @classmethod
+    def from_wire(cls, h: Mapping[str, Any]) -> Admission:
+        w = "DATA_OPEN admit"
+        return cls(epoch=_int(h, w, "epoch", lo=1), holder=_str(h, w, "holder", max_len=256),
+                   nonce=_hex(h, w, "nonce", nbytes=ADMIT_NONCE_LEN), mac=_hex(h, w, "mac", nbytes=ADMIT_MAC_LEN))
+
+    @classmethod
+    def make(cls, key: bytes, *, session_id: bytes, epoch: int, holder: str) -> Admission:
+        """The credential for a new connection: ``key`` is the window's provisioning key (its bytes)."""
+        nonce = os.urandom(ADMIT_NONCE_LEN)
+        mac = admission_mac(admission_key(key), nonce=nonce, session_id=session_id, epoch=epoch, holder=holder)
+        return cls(epoch, holder, nonce.hex(), mac.hex())
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,122 @@
+"""Data connections admitted per holder and window (issue 24): who is speaking, and how much it may hold.
+
+A data connection's first DATA_OPEN carries an ``Admission``: the holder's name, the window's epoch, a
+fresh nonce and an HMAC-SHA256 under the window's admission key (HKDF of its provisioning key, label
+``keys.ADMIT_LABEL``) over (nonce, session, epoch, holder). Only the holder of that window has the key, so
+an admitted connection speaks for that (holder, epoch), and every refusal on it is charged there. A
+connection that has not been admitted (no credential, a wrong MAC, a nonce already used in this window, a
+window that is not open) proves nothing about who sent it: it is refused, counted as anonymous and never
+charged to a holder.
+
+Budgets per admitted window (small, named): ``MAX_CONNECTIONS_PER_WINDOW`` connections at once and
+``MAX_RINGS_PER_WINDOW`` shared-memory rings; bytes in flight follow from them (each connection reads into
+its own few receive slots, so a window holds at most connections x slots x chunk size). An exhausted budget
+is refused and charged to that window only: the other holders' windows have their own.
+
+At RETURN (``close_window``) every connection of the window is shut down (its thread ends, its ring is
+zeroed and unmapped); the agent opens a fresh connection for its next hand-off.
+"""
+
+from __future__ import annotations
+
+import hmac
+import socket
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from gputravel.core.protocol.errors import ProtocolError, StaleEpochError
+from gputravel.core.protocol.holderlink import Admission
+from gputravel.core.protocol.keys import admission_key, admission_mac
+
+__all__ = ["MAX_CONNECTIONS_PER_WINDOW", "MAX_RINGS_PER_WINDOW", "AdmissionRefused", "Admissions"]
+
+#: data connections one holder's window may have open at once (an honest agent opens one per hand-off)
+MAX_CONNECTIONS_PER_WINDOW = 2
+#: shared-memory rings one window may have bound (an honest agent maps one)
+MAX_RINGS_PER_WINDOW = 2
+
+
+class AdmissionRefused(Exception):
+    """A connection not admitted: ``error`` goes back to the peer; ``charge`` is the epoch to charge, or
+    None (anonymous: nothing proves who sent it)."""
+
+    def __init__(self, error: ProtocolError, charge: int | None) -> None:
+        super().__init__(error.reason)
+        self.error, self.charge = error, charge
+
+
+@dataclass
+class _Window:
+    epoch: int
+    holder: str
+    nonces: set[bytes] = field(default_factory=set)
+    conns: set[socket.socket] = field(default_factory=set)
+    closed: bool = False
+
+
+class Admissions:
+    """The admitted data connections of the device's windows (one per epoch; only the open one admits)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._windows: dict[int, _Window] = {}
+
+    def admit(self, svc: Any, admit: Admission, conn: socket.socket) -> None:
+        """Admit ``conn`` for ``admit.epoch`` or raise ``AdmissionRefused``. ``svc``: the device service
+        (its open window holds the key)."""
+        with svc.lock:
+            w, secrets = svc.window, svc.secrets
+            key = w.key.key if w is not None and w.key is not None and w.epoch == admit.epoch else None
+        if key is None or secrets is None:
+            raise AdmissionRefused(StaleEpochError(f"no open window for epoch {admit.epoch}"), None)
+        want = admission_mac(admission_key(key), nonce=bytes.fromhex(admit.nonce), session_id=secrets.session_id,
+                             epoch=admit.epoch, holder=admit.holder)
+        if not hmac.compare_digest(want, bytes.fromhex(admit.mac)):
+            raise AdmissionRefused(ProtocolError("the admission MAC does not verify", code="admission"), None)
+        nonce = bytes.fromhex(admit.nonce)
+        with self._lock:
+            for e in [e for e, win in self._windows.items() if e != admit.epoch and not win.conns]:
+                del self._windows[e]  # windows replaced without RETURN, nothing left of them
+            win = self._windows.setdefault(admit.epoch, _Window(admit.epoch, admit.holder))
+            if nonce in win.nonces:  # a captured credential replayed: whoever replays it is not known
+                raise AdmissionRefused(ProtocolError("this admission was used before", code="admission"), None)
+            if win.closed:
+                raise AdmissionRefused(StaleEpochError(f"the window of epoch {admit.epoch} is closed"), None)
+            win.nonces.add(nonce)
+            if admit.holder != win.holder:
+                raise AdmissionRefused(ProtocolError(f"window {admit.epoch} is {win.holder!r}'s",
+                                                     code="admission"), admit.epoch)
+            if len(win.conns) >= MAX_CONNECTIONS_PER_WINDOW:
+                raise AdmissionRefused(ProtocolError(
+                    f"window {admit.epoch} already has {MAX_CONNECTIONS_PER_WINDOW} data connections",
+                    code="budget"), admit.epoch)
+            win.conns.add(conn)
+
+    def leave(self, epoch: int, conn: socket.socket) -> None:
+        """The connection ended."""
+        with self._lock:
+            win = self._windows.get(epoch)
+            if win is not None:
+                win.conns.discard(conn)
+
+    def connections(self, epoch: int | None = None) -> int:
+        with self._lock:
+            return sum(len(w.conns) for e, w in self._windows.items() if epoch is None or e == epoch)
+
+    def close_window(self, epoch: int | None = None) -> int:
+        """RETURN: shut down every connection of ``epoch`` (every window's when None); how many. Their
+        threads end and unmap their rings; the window admits nothing more."""
+        with self._lock:
+            wins = list(self._windows.values()) if epoch is None else [
+                self._windows.setdefault(epoch, _Window(epoch, ""))]
+            conns = []
+            for win in wins:
+                win.closed = True
+                conns += list(win.conns)
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        return len(conns)
