@@ -35,6 +35,8 @@ __all__ = ["MAX_CONNECTIONS_PER_WINDOW", "MAX_RINGS_PER_WINDOW", "AdmissionRefus
 MAX_CONNECTIONS_PER_WINDOW = 2
 #: shared-memory rings one window may have bound (an honest agent maps one)
 MAX_RINGS_PER_WINDOW = 2
+#: closed windows whose admission key (never the AEAD key) is kept, to charge a dead key's reuse to its holder
+KEEP_CLOSED = 8
 
 
 class AdmissionRefused(Exception):
@@ -50,6 +52,7 @@ class AdmissionRefused(Exception):
 class _Window:
     epoch: int
     holder: str
+    akey: bytes | None
     nonces: set[bytes] = field(default_factory=set)
     conns: set[socket.socket] = field(default_factory=set)
     closed: bool = False
@@ -64,26 +67,32 @@ class Admissions:
 
     def admit(self, svc: Any, admit: Admission, conn: socket.socket) -> None:
         """Admit ``conn`` for ``admit.epoch`` or raise ``AdmissionRefused``. ``svc``: the device service
-        (its open window holds the key)."""
+        (its open window holds the key). A valid credential for a window closed since (its admission key is
+        kept for the last ``KEEP_CLOSED`` windows) is refused as ``stale-epoch`` and charged to that window:
+        only its holder could have made it."""
         with svc.lock:
             w, secrets = svc.window, svc.secrets
             key = w.key.key if w is not None and w.key is not None and w.epoch == admit.epoch else None
-        if key is None or secrets is None:
+        with self._lock:
+            known = self._windows.get(admit.epoch)
+        akey = admission_key(key) if key is not None else (known.akey if known is not None else None)
+        if akey is None or secrets is None:
             raise AdmissionRefused(StaleEpochError(f"no open window for epoch {admit.epoch}"), None)
-        want = admission_mac(admission_key(key), nonce=bytes.fromhex(admit.nonce), session_id=secrets.session_id,
-                             epoch=admit.epoch, holder=admit.holder)
+        nonce = bytes.fromhex(admit.nonce)
+        want = admission_mac(akey, nonce=nonce, session_id=secrets.session_id, epoch=admit.epoch, holder=admit.holder)
         if not hmac.compare_digest(want, bytes.fromhex(admit.mac)):
             raise AdmissionRefused(ProtocolError("the admission MAC does not verify", code="admission"), None)
-        nonce = bytes.fromhex(admit.nonce)
         with self._lock:
-            for e in [e for e, win in self._windows.items() if e != admit.epoch and not win.conns]:
-                del self._windows[e]  # windows replaced without RETURN, nothing left of them
-            win = self._windows.setdefault(admit.epoch, _Window(admit.epoch, admit.holder))
+            win = self._windows.get(admit.epoch)
+            if win is None:
+                win = self._windows[admit.epoch] = _Window(admit.epoch, admit.holder, akey)
+                self._prune()
             if nonce in win.nonces:  # a captured credential replayed: whoever replays it is not known
                 raise AdmissionRefused(ProtocolError("this admission was used before", code="admission"), None)
-            if win.closed:
-                raise AdmissionRefused(StaleEpochError(f"the window of epoch {admit.epoch} is closed"), None)
             win.nonces.add(nonce)
+            if win.closed or key is None:
+                raise AdmissionRefused(StaleEpochError(f"the window of epoch {admit.epoch} is closed: its key is "
+                                                       "dead"), admit.epoch)
             if admit.holder != win.holder:
                 raise AdmissionRefused(ProtocolError(f"window {admit.epoch} is {win.holder!r}'s",
                                                      code="admission"), admit.epoch)
@@ -92,6 +101,12 @@ class Admissions:
                     f"window {admit.epoch} already has {MAX_CONNECTIONS_PER_WINDOW} data connections",
                     code="budget"), admit.epoch)
             win.conns.add(conn)
+
+    def _prune(self) -> None:
+        """Forget the oldest windows with no connection left beyond ``KEEP_CLOSED`` (the lock held)."""
+        idle = [e for e, win in self._windows.items() if not win.conns]
+        for e in sorted(idle)[:max(0, len(idle) - KEEP_CLOSED)]:
+            del self._windows[e]
 
     def leave(self, epoch: int, conn: socket.socket) -> None:
         """The connection ended."""
@@ -109,7 +124,7 @@ class Admissions:
         threads end and unmap their rings; the window admits nothing more."""
         with self._lock:
             wins = list(self._windows.values()) if epoch is None else [
-                self._windows.setdefault(epoch, _Window(epoch, ""))]
+                self._windows.setdefault(epoch, _Window(epoch, "", None))]
             conns = []
             for win in wins:
                 win.closed = True
