@@ -1,5 +1,6 @@
 """The device's unauthenticated connections: one place each in its listener's budget, one deadline for
-the whole hand-shake (a watchdog thread shuts the connection down at it), released once it authenticates."""
+the whole hand-shake (a watchdog thread shuts the connection down at it), released once it authenticates;
+when a listener's places are all taken, the oldest unauthenticated connection gives its place up."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import heapq
 import socket
 import threading
 import time
+from collections import OrderedDict
 
-__all__ = ["Deadlines", "Pending"]
+__all__ = ["Budget", "Deadlines", "Pending"]
 
 
 class Deadlines:
@@ -48,21 +50,65 @@ class Deadlines:
             pending.expire()
 
 
+class Budget:
+    """One listener's places for unauthenticated connections. When every place is taken, a new connection
+    takes the place of the oldest one, which is shut down (``evicted``): a stranger holding places open
+    cannot keep a holder out, whose connection authenticates within a round trip of arriving."""
+
+    def __init__(self, places: int) -> None:
+        self.places = places
+        self._lock = threading.Lock()
+        self._live: OrderedDict[int, Pending] = OrderedDict()
+
+    def enter(self, conn: socket.socket) -> Pending:
+        pending = Pending(self, conn)
+        with self._lock:
+            oldest = self._live.popitem(last=False)[1] if len(self._live) >= self.places else None
+            self._live[id(pending)] = pending
+        if oldest is not None:
+            oldest.evict()
+        return pending
+
+    def leave(self, pending: Pending) -> None:
+        with self._lock:
+            self._live.pop(id(pending), None)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._live)
+
+
 class Pending:
     """One connection's place among a listener's unauthenticated ones: released (and its deadline lifted)
-    once it authenticates, or when it ends. At the deadline the connection is shut down (``expired``)."""
+    once it authenticates, or when it ends. At the deadline, or when a newer connection takes its place,
+    the connection is shut down (``expired``; ``evicted`` for the latter)."""
 
-    __slots__ = ("conn", "released", "sem", "expired", "_lock")
+    __slots__ = ("conn", "released", "budget", "expired", "evicted", "_lock")
 
-    def __init__(self, sem: threading.BoundedSemaphore, conn: socket.socket) -> None:
-        self.sem, self.conn, self.released, self.expired = sem, conn, False, False
+    def __init__(self, budget: Budget, conn: socket.socket) -> None:
+        self.budget, self.conn, self.released, self.expired, self.evicted = budget, conn, False, False, False
         self._lock = threading.Lock()
+
+    @property
+    def reason(self) -> str:
+        """Why it was cut off: ``evicted`` (its place was taken) or ``timeout`` (its deadline passed)."""
+        return "evicted" if self.evicted else "timeout"
 
     def expire(self) -> None:
         with self._lock:
             if self.released:
                 return
             self.expired = True
+        self._shut()
+
+    def evict(self) -> None:
+        with self._lock:
+            if self.released:
+                return
+            self.released = self.expired = self.evicted = True  # its place is already the newcomer's
+        self._shut()
+
+    def _shut(self) -> None:
         try:
             self.conn.shutdown(socket.SHUT_RDWR)  # the handling thread's read returns: it ends the connection
         except OSError:
@@ -80,5 +126,5 @@ class Pending:
             if self.released:
                 return False
             self.released = True
-        self.sem.release()
+        self.budget.leave(self)
         return True

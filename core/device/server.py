@@ -22,6 +22,7 @@ from typing import Any
 from gputravel.core.device.admission import MAX_RINGS_PER_WINDOW, AdmissionRefused
 from gputravel.core.device.dataplane import SlotSet
 from gputravel.core.device.link import ControlChannel, error_header, send_frame, send_sealed, session_context
+from gputravel.core.device.pending import Budget as _Budget
 from gputravel.core.device.pending import Deadlines as _Deadlines
 from gputravel.core.device.pending import Pending as _Pending
 from gputravel.core.device.service import MAX_CHUNK, DeviceService, Reply
@@ -35,7 +36,9 @@ from gputravel.core.protocol.shmring import RingReceiver, ring_supported, send_f
 #: how long one may take in all to get there (a deadline for the whole hand-shake, not a per-read timeout):
 #: a peer that stalls, trickles or floods costs at most this many threads for this long, and only on the
 #: listener it reached. The Unix socket (0600, in a 0700 folder) is the orchestrator's and its same-host
-#: holders'; the TCP data port, which any local user can reach, has a budget of its own.
+#: holders'; the TCP data port, which any local user can reach, has a budget of its own. A full budget
+#: takes a newcomer all the same and shuts its oldest connection (``evicted``): strangers that hold every
+#: place open cannot keep out a holder, whose connection is admitted within a round trip.
 MAX_PENDING = 32
 HANDSHAKE_TIMEOUT_S = 10.0
 
@@ -54,20 +57,15 @@ class DeviceServer:
         self.sock: socket.socket | None = None
         self.handshake_timeout = handshake_timeout
         # one budget per listener: strangers on the TCP port never take the places of the Unix socket's peers
-        self._pending_unix = threading.BoundedSemaphore(max_pending)
-        self._pending_tcp = threading.BoundedSemaphore(max_pending)
+        self._pending_unix = _Budget(max_pending)
+        self._pending_tcp = _Budget(max_pending)
         self._deadlines = _Deadlines()
 
     def _admit(self, conn: socket.socket, *, data_only: bool) -> None:
-        """A thread for a new connection if fewer than ``max_pending`` wait to authenticate on its listener;
-        else it is closed at once and counted (``busy``)."""
-        sem = self._pending_tcp if data_only else self._pending_unix
-        if not sem.acquire(blocking=False):
-            self.service.count_refused("busy")
-            conn.close()
-            return
+        """A thread for a new connection, in its listener's budget of ``max_pending`` unauthenticated ones
+        (when full, the oldest one gives up its place and is counted ``evicted``)."""
         conn.settimeout(self.handshake_timeout)
-        pending = _Pending(sem, conn)
+        pending = (self._pending_tcp if data_only else self._pending_unix).enter(conn)
         self._deadlines.add(pending, self.handshake_timeout)
         threading.Thread(target=self._handle, args=(conn, pending), kwargs={"data_only": data_only},
                          daemon=True).start()
@@ -141,7 +139,7 @@ class DeviceServer:
             first = read_frame(stream)
             if first is None:
                 if pending.expired:
-                    svc.count_refused("timeout")
+                    svc.count_refused(pending.reason)
                 return
             if first.type is FrameType.ATTEST_REQUEST and data_only:
                 refuse("frame", "the data port takes data connections only")
@@ -161,14 +159,14 @@ class DeviceServer:
             else:
                 refuse("frame", f"unexpected {first.type.name}")
         except TimeoutError:  # stalled before authenticating: its thread and place are given back
-            if not pending.released:
-                svc.count_refused("timeout")
+            if not pending.released or pending.expired:
+                svc.count_refused(pending.reason)
         except (OSError, ConnectionError):
             if pending.expired:
-                svc.count_refused("timeout")
+                svc.count_refused(pending.reason)
         except GpuTravelError as exc:
             if pending.expired:
-                svc.count_refused("timeout")
+                svc.count_refused(pending.reason)
             elif not pending.released:  # e.g. garbage as a first frame: counted like every rejection
                 svc.count_refused(exc.code)
             try:
