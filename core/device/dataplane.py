@@ -38,7 +38,7 @@ import torch
 
 from gputravel.core.device.admission import Admissions
 from gputravel.core.protocol import FrameType, RecvState
-from gputravel.core.protocol.shmring import ShmRing
+from gputravel.core.protocol.shmring import RingSpec, ShmRing
 
 #: Called exactly once per chunk: None once its plaintext is in device memory, else the error.
 DoneFn = Callable[[BaseException | None], None]
@@ -49,6 +49,8 @@ __all__ = ["DataPlane", "DoneFn", "HostOpener", "SlotSet", "default_workers"]
 #: machines, a worker thread only added hand-offs between threads while the holder's agent keeps the
 #: other core busy sealing. From 4 cores: 2 workers, from 8: 4 (the issue's scaling target), never more.
 AUTO_MIN_CORES = 4
+#: fresh rings made ahead for the next window (each goes to one connection, and is unmapped after it)
+SPARE_RINGS = 1
 
 
 def default_workers(cores: int | None = None) -> int:
@@ -256,6 +258,11 @@ class DataPlane:
         self._rings_lock = threading.Lock()
         #: the data connections admitted per holder window (core/device/admission.py)
         self.admissions = Admissions()
+        #: fresh rings made ahead (at RETURN, off the hand-off's path) for the next window's connection;
+        #: each is given to one connection only and never reused after it (no ring passes between holders)
+        self._spares: list[ShmRing] = []
+        self._last_shape: RingSpec | None = None
+        self._closed = False
 
     def add_ns(self, stage: str, ns: int) -> None:
         with self._stats_lock:  # workers and the completion thread add at once
@@ -356,9 +363,35 @@ class DataPlane:
 
     def close_window(self, epoch: int) -> None:
         """RETURN: the window's rings are zeroed and released, its data connections shut down (their
-        threads then unmap the rings: ``drop_ring``)."""
+        threads then unmap the rings: ``drop_ring``); a fresh ring is made for the next window meanwhile."""
         self.release_rings(epoch)
         self.admissions.close_window(epoch)
+        shape = self._last_shape
+        if shape is not None:
+            threading.Thread(target=self._make_spare, args=(shape,), name="ring-spare", daemon=True).start()
+
+    def new_ring(self, spec: RingSpec) -> ShmRing:
+        """A fresh ring of ``spec``'s shape: one made ahead at the last RETURN if it has this shape (creating
+        and populating 8 MiB of shared memory costs milliseconds), else made now."""
+        with self._rings_lock:
+            self._last_shape = spec
+            spare = next((r for r in self._spares if r.same_shape(spec)), None)
+            if spare is not None:
+                self._spares.remove(spare)
+        self.allocations["alloc_rings"] += spare is None
+        return spare if spare is not None else ShmRing.create(spec)
+
+    def _make_spare(self, spec: RingSpec) -> None:
+        try:
+            ring = ShmRing.create(spec)
+        except OSError:
+            return
+        with self._rings_lock:
+            stale = [r for r in self._spares if not r.same_shape(spec)]
+            keep = not self._closed and len(self._spares) - len(stale) < SPARE_RINGS
+            self._spares = [r for r in self._spares if r not in stale] + ([ring] if keep else [])
+        for r in stale + ([] if keep else [ring]):
+            r.close(zero=False)  # never handed out: nothing was written into it
 
     def drop_ring(self, ring: ShmRing) -> None:
         """The holder's connection ended: unmap its ring (zeroed first)."""
@@ -381,6 +414,11 @@ class DataPlane:
     def close(self) -> None:
         self.release_rings()
         self.admissions.close_window()
+        with self._rings_lock:
+            self._closed = True
+            spares, self._spares = self._spares, []
+        for r in spares:
+            r.close(zero=False)
         if self._staging is not None:
             self._staging.close()
         if self.pool is not None:

@@ -778,7 +778,7 @@ class DeviceService:
             if self.plane.rings_of(spec.epoch) >= self.RINGS_PER_EPOCH:
                 raise FrameError(f"epoch {spec.epoch} already has {self.RINGS_PER_EPOCH} rings")
             new = current is None or current.closed or not current.same_shape(spec)
-            ring = ShmRing.create(spec) if new else current
+            ring = self.plane.new_ring(spec) if new else current
             assert ring is not None
             self.plane.bind_ring(ring, spec.epoch)
         self.counters["rings_bound"] += 1
