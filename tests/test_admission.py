@@ -18,7 +18,11 @@ from typing import Any
 
 import pytest
 
-from gputravel.core.device.admission import MAX_CONNECTIONS_PER_WINDOW, MAX_RINGS_PER_WINDOW
+from gputravel.core.device.admission import (
+    MAX_CONNECTIONS_PER_WINDOW,
+    MAX_IDLE_CONNECTIONS,
+    MAX_RINGS_PER_WINDOW,
+)
 from gputravel.core.protocol import TAG_LEN, FrameType, SendState, encode_frame
 from gputravel.core.protocol.holderlink import Admission
 from gputravel.core.protocol.keys import DirectionKey
@@ -212,7 +216,7 @@ def test_a_holder_over_its_budget_is_refused_and_the_next_holders_window_complet
                                                      "ring": RingSpec(epoch, 3, CHUNK + TAG_LEN).to_wire()})
     assert reshape.header["code"] == "budget"
     assert device.charged() == {epoch: {"budget": 4}}  # charged to the greedy holder's window only
-    device.close(epoch)  # RETURN: its connections are closed
+    device.close(epoch)  # RETURN: its connections are admitted for nothing
     for c in greedy:
         c.close()
     # the next holder's window: its own budget, every chunk in
@@ -233,24 +237,36 @@ def _open_fds() -> int:
 
 
 @pytest.mark.skipif(not ring_supported() or not os.path.isdir("/proc/self/fd"), reason="no memfd or /proc here")
-def test_return_unmaps_the_windows_rings_and_closes_its_connections_and_50_attempts_leave_nothing(
+def test_return_releases_the_windows_rings_and_admits_its_connections_for_nothing_and_50_attempts_leave_nothing(
         device: Device) -> None:
+    """RETURN zeroes and unbinds the window's rings and admits its connections for nothing (what they send
+    then is anonymous); idle connections are bounded (the oldest shut down); 50 windows and 50 unadmitted
+    attempts leave no descriptor, ring or admission behind."""
     svc = device.service
 
-    def one_window() -> None:
+    def one_window(*, keep: bool = False) -> Raw:
         epoch, key, session = device.handoff()
-        conn = Raw(device, opening(session, key, epoch, rings=1, ring=RingSpec(epoch, 2, CHUNK + TAG_LEN).to_wire()))
+        spec = RingSpec(epoch, 2, CHUNK + TAG_LEN)
+        conn = Raw(device, opening(session, key, epoch, rings=1, ring=spec.to_wire()))
         assert conn.first.type is FrameType.DATA_READY and svc.plane.rings_of(epoch) == 1
-        ring = ShmRing.attach(conn.fds.pop(), RingSpec(epoch, 2, CHUNK + TAG_LEN))
+        ring = ShmRing.attach(conn.fds.pop(), spec)
         assert svc.plane.admissions.connections(epoch) == 1
+        head, ct = sealed(key, session, 0)
+        ring.slot(0)[: len(ct)] = ct
+        assert conn.send(FrameType.CHUNK, {**head, "slot": 0}).type is FrameType.ACK
         device.close(epoch)
-        assert svc.plane.rings_of(epoch) == 0  # released at RETURN
-        assert recv_frame_with_fds(conn.sock) is None  # the device closed the window's connection
+        assert svc.plane.rings_of(epoch) == 0 and not any(ring.slot(0))  # released and zeroed at RETURN
+        assert svc.plane.admissions.connections(epoch) == 0
+        late = conn.send(FrameType.CHUNK, {**head, "s": 1, "o": CHUNK, "slot": 0})
+        assert late.type is FrameType.ERROR and late.header["code"] == "stale-epoch"
+        assert epoch not in device.charged()  # admitted for no window: anonymous
         ring.close(zero=False)
-        conn.close()
-        assert _wait_for(lambda: svc.plane.admissions.connections() == 0 and not svc.plane.rings)
+        if not keep:
+            conn.close()  # the agent goes away: the device's thread ends and unmaps the ring
+        return conn
 
     one_window()  # warm: slot sets and threads made once
+    assert _wait_for(lambda: svc.plane.admissions.idle() == 0)
     before = _open_fds()
     for _ in range(50):
         one_window()
@@ -258,5 +274,12 @@ def test_return_unmaps_the_windows_rings_and_closes_its_connections_and_50_attem
     for _ in range(50):  # and 50 that are never admitted
         Raw(device, opening(session)).close()
     assert _wait_for(lambda: _open_fds() <= before + 1), (before, _open_fds())
-    assert not svc.plane.rings and svc.plane.admissions.connections() == 0
+    assert not svc.plane.rings and svc.plane.admissions.connections() == 0 and svc.plane.admissions.idle() == 0
     assert len(svc.plane.admissions._windows) <= 9  # closed windows remembered: a bounded few
+    device.close(device.epoch)
+    # connections kept open between windows: at most MAX_IDLE_CONNECTIONS wait, the oldest are shut down
+    kept = [one_window(keep=True) for _ in range(MAX_IDLE_CONNECTIONS + 3)]
+    assert svc.plane.admissions.idle() == MAX_IDLE_CONNECTIONS
+    assert all(recv_frame_with_fds(c.sock) is None for c in kept[:3])
+    for c in kept:
+        c.close()

@@ -72,8 +72,13 @@ class RingConn:
         self.ring: ShmRing | None = None
         self.bind(w, slots=slots)
 
-    def request(self, spec: RingSpec) -> tuple[Frame, list[int]]:
-        self.sock.sendall(encode_frame(FrameType.DATA_OPEN, {"session": self.session, "ring": spec.to_wire()}))
+    def request(self, spec: RingSpec, w: Window | None = None) -> tuple[Frame, list[int]]:
+        """Ask for a ring (``w``: admitted for that window in the same frame, as for a holder's next window)."""
+        head = {"session": self.session, "ring": spec.to_wire()}
+        if w is not None:
+            head["admit"] = Admission.make(w.key.key, session_id=w.session_id, epoch=w.epoch,
+                                           holder="holder").to_wire()
+        self.sock.sendall(encode_frame(FrameType.DATA_OPEN, head))
         got = recv_frame_with_fds(self.sock)
         assert got is not None
         return got
@@ -81,7 +86,7 @@ class RingConn:
     def bind(self, w: Window, *, slots: int = 4) -> Frame:
         """Ask for the ring of ``w``'s epoch; map it if the device sent a descriptor."""
         spec = RingSpec(w.epoch, slots, w.chunk_size + TAG_LEN)
-        frame, fds = self.request(spec)
+        frame, fds = self.request(spec, w)
         assert frame.type is FrameType.DATA_READY, frame
         if fds:
             if self.ring is not None:
@@ -162,9 +167,9 @@ def test_an_agent_that_marks_its_chunks_is_acknowledged_in_batches_and_fully_bef
     assert rig.rejected() - before == Counter({"tag": 1})
 
 
-def test_return_closes_the_windows_connection_and_the_next_hand_off_starts_afresh(rig: Rig) -> None:
-    """A data connection is admitted for one window: RETURN closes it; the next window's connection (its ring
-    asked for with its admission) counts its own chunks."""
+def test_batched_acknowledgements_start_afresh_with_the_next_hand_off_on_the_same_connection(rig: Rig) -> None:
+    """A holder's data connection outlives its hand-offs (admitted again for each window): the next window's
+    batches count its own chunks."""
     first = rig.handoff(offset=0, length=256 * 4, chunk_size=256)
     data = plaintext(first.length, seed=34)
     with RingConn(rig, first, slots=4) as conn:
@@ -172,9 +177,8 @@ def test_return_closes_the_windows_connection_and_the_next_hand_off_starts_afres
             _notify(conn, first, data, seq, seq, flush=int(seq == 3))
         assert [conn.read().header["contiguous"] for _ in range(2)] == [2, 4]
         rig.close(first)
-        assert recv_frame_with_fds(conn.sock) is None  # closed by the device at RETURN
-    second = rig.handoff(offset=0, length=256 * 2, chunk_size=256)
-    with RingConn(rig, second, slots=4) as conn:
+        second = rig.handoff(offset=0, length=256 * 2, chunk_size=256)
+        conn.bind(second, slots=4)
         _notify(conn, second, data[:512], 0, 0, flush=1)
         ack = conn.read()
         assert (ack.header["batch"], ack.header["e"], ack.header["contiguous"]) == ([0], second.epoch, 1)
@@ -234,7 +238,8 @@ def test_hostile_chunks_written_into_the_ring_are_refused_and_counted_exactly_as
     assert counted["ring"] == counted["socket"] == Counter({code: 1})
 
 
-def test_return_zeroes_the_ring_and_closes_its_connection(rig: Rig) -> None:
+def test_return_zeroes_the_ring_and_a_later_notification_is_refused_as_stale_and_charged_to_nobody(
+        rig: Rig) -> None:
     w = rig.handoff(offset=0, length=512, chunk_size=256)
     data = plaintext(w.length, seed=31)
     with RingConn(rig, w) as conn:
@@ -242,8 +247,27 @@ def test_return_zeroes_the_ring_and_closes_its_connection(rig: Rig) -> None:
         assert conn.ring is not None and any(conn.ring.slot(1))
         rig.close(w)  # RETURN
         assert not any(conn.ring.slot(1)) and not any(conn.ring.slot(0))  # zeroed for the holder too
-        assert recv_frame_with_fds(conn.sock) is None  # and the window's connection is closed
-    assert rig.client.stats().counters.get("rings_made", 0) >= 1
+        before = rig.rejected()
+        answer = conn.put(1, *w.seal(1, data))
+        assert answer.type is FrameType.ERROR and answer.header["code"] == "stale-epoch", answer
+        assert answer.header["slot"] == 1 and rig.rejected() - before == Counter({"stale-epoch": 1})
+        by_epoch = rig.client.stats(since=0).rejected_by_epoch
+        assert str(w.epoch) not in by_epoch  # admitted for no window after RETURN: anonymous
+
+
+def test_the_next_hand_off_binds_the_same_ring_and_no_descriptor_travels_again(rig: Rig) -> None:
+    first = rig.handoff(offset=0, length=512, chunk_size=256)
+    made = rig.client.stats().counters.get("rings_made", 0)
+    with RingConn(rig, first) as conn:
+        rig.close(first)
+        second = rig.handoff(offset=0, length=512, chunk_size=256)
+        again = conn.bind(second)  # admitted for the new window in the same frame
+        assert again.header.get("mapped") == 1  # the ring this connection maps, bound to the new epoch
+        data = plaintext(second.length, seed=32)
+        assert conn.put(0, *second.seal(0, data)).type is FrameType.ACK
+        counters = rig.client.stats().counters
+        assert counters["rings_made"] == made + 1 and counters["rings_bound"] >= 2
+        rig.close(second)
 
 
 def test_a_first_data_open_with_a_ring_gets_it_in_the_admission_answer(rig: Rig) -> None:

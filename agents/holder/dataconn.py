@@ -1,7 +1,8 @@
-"""The direct path's data connection: the agent's own connection to the device's data port for one
-hand-off, admitted for that window (``Admission``: a MAC under the window's key, core/device/admission.py),
-and the shared-memory ring it may map on it (asked for in the same DATA_OPEN: one round trip). The device
-closes it at the window's RETURN; the agent closes it once its hand-off is done.
+"""The direct path's data connection: the agent's own connection to the device's data port, kept for its
+session with that device, admitted for each hand-off's window (``Admission``: a MAC under the window's
+key, core/device/admission.py; the device admits it for nothing at the window's RETURN), and the
+shared-memory ring it may map on it (asked for with the first admission: one round trip; bound again with
+each later one, without waiting).
 
 On the device's Unix socket (same host) the connection can carry a shared-memory ring per hand-off (the
 ciphertext is sealed straight into the ring's slots; only slot ids cross the socket); on TCP (holders on
@@ -162,9 +163,16 @@ class DataConn:
         if offer.ready.ring != spec:
             raise GpuTravelError(f"the device bound ring {offer.ready.ring}, not {spec}", code="agent")
 
-    def request_ring(self, spec: RingSpec) -> None:
+    def request_ring(self, spec: RingSpec, admit: Admission | None = None) -> None:
+        """Bind a ring to this window (``admit``: admitted for the next window with it, in the same frame)."""
         with self._send_lock:
-            self.sock.sendall(encode_frame(FrameType.DATA_OPEN, DataOpen(self.session.hex(), ring=spec).to_wire()))
+            self.sock.sendall(encode_frame(FrameType.DATA_OPEN,
+                                           DataOpen(self.session.hex(), ring=spec, admit=admit).to_wire()))
+
+    def readmit(self, admit: Admission) -> None:
+        """Admitted for the next window (no ring): not waited for; a refusal fails the hand-off."""
+        with self._send_lock:
+            self.sock.sendall(encode_frame(FrameType.DATA_OPEN, DataOpen(self.session.hex(), admit=admit).to_wire()))
 
     def send(self, head: dict[str, Any], payload: bytes | bytearray | memoryview) -> None:
         """One chunk frame: header and payload in one ``sendmsg`` where the kernel takes it all."""

@@ -13,8 +13,12 @@ Budgets per admitted window (small, named): ``MAX_CONNECTIONS_PER_WINDOW`` conne
 its own few receive slots, so a window holds at most connections x slots x chunk size). An exhausted budget
 is refused and charged to that window only: the other holders' windows have their own.
 
-At RETURN (``close_window``) every connection of the window is shut down (its thread ends, its ring is
-zeroed and unmapped); the agent opens a fresh connection for its next hand-off.
+At RETURN (``close_window``) every connection of the window is admitted for nothing any more (its ring is
+zeroed and unbound by the data plane): what it sends is refused as anonymous until it is admitted again
+with the next window's key (a DATA_OPEN with an ``Admission`` on the open connection, no round trip of its
+own). At most ``MAX_IDLE_CONNECTIONS`` such connections wait for their agent's next hand-off; beyond, the
+oldest is shut down (its thread ends and unmaps its ring). Only a holder can make one (each needed a
+window's key), and each window admits ``MAX_CONNECTIONS_PER_WINDOW``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from __future__ import annotations
 import hmac
 import socket
 import threading
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,12 +35,15 @@ from gputravel.core.protocol.errors import ProtocolError, StaleEpochError
 from gputravel.core.protocol.holderlink import Admission
 from gputravel.core.protocol.keys import admission_key, admission_mac
 
-__all__ = ["MAX_CONNECTIONS_PER_WINDOW", "MAX_RINGS_PER_WINDOW", "AdmissionRefused", "Admissions"]
+__all__ = ["MAX_CONNECTIONS_PER_WINDOW", "MAX_IDLE_CONNECTIONS", "MAX_RINGS_PER_WINDOW", "AdmissionRefused", "Admissions"]
 
 #: data connections one holder's window may have open at once (an honest agent opens one per hand-off)
 MAX_CONNECTIONS_PER_WINDOW = 2
 #: shared-memory rings one window may have bound (an honest agent maps one)
 MAX_RINGS_PER_WINDOW = 2
+#: connections admitted for no open window (de-admitted at their window's RETURN, kept by their agent for
+#: its next window) at most; beyond, the oldest is shut down
+MAX_IDLE_CONNECTIONS = 16
 #: closed windows whose admission key (never the AEAD key) is kept, to charge a dead key's reuse to its holder
 KEEP_CLOSED = 8
 
@@ -54,7 +63,7 @@ class _Window:
     holder: str
     akey: bytes | None
     nonces: set[bytes] = field(default_factory=set)
-    conns: set[socket.socket] = field(default_factory=set)
+    conns: dict[socket.socket, Callable[[], None]] = field(default_factory=dict)
     closed: bool = False
 
 
@@ -64,8 +73,9 @@ class Admissions:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._windows: dict[int, _Window] = {}
+        self._idle: OrderedDict[socket.socket, None] = OrderedDict()
 
-    def admit(self, svc: Any, admit: Admission, conn: socket.socket) -> None:
+    def admit(self, svc: Any, admit: Admission, conn: socket.socket, on_return: Callable[[], None]) -> None:
         """Admit ``conn`` for ``admit.epoch`` or raise ``AdmissionRefused``. ``svc``: the device service
         (its open window holds the key). A valid credential for a window closed since (its admission key is
         kept for the last ``KEEP_CLOSED`` windows) is refused as ``stale-epoch`` and charged to that window:
@@ -100,7 +110,10 @@ class Admissions:
                 raise AdmissionRefused(ProtocolError(
                     f"window {admit.epoch} already has {MAX_CONNECTIONS_PER_WINDOW} data connections",
                     code="budget"), admit.epoch)
-            win.conns.add(conn)
+            for other in self._windows.values():  # a connection speaks for one window at a time
+                other.conns.pop(conn, None)
+            self._idle.pop(conn, None)
+            win.conns[conn] = on_return
 
     def _prune(self) -> None:
         """Forget the oldest windows with no connection left beyond ``KEEP_CLOSED`` (the lock held)."""
@@ -108,30 +121,50 @@ class Admissions:
         for e in sorted(idle)[:max(0, len(idle) - KEEP_CLOSED)]:
             del self._windows[e]
 
-    def leave(self, epoch: int, conn: socket.socket) -> None:
+    def leave(self, conn: socket.socket) -> None:
         """The connection ended."""
         with self._lock:
-            win = self._windows.get(epoch)
-            if win is not None:
-                win.conns.discard(conn)
+            for win in self._windows.values():
+                win.conns.pop(conn, None)
+            self._idle.pop(conn, None)
 
     def connections(self, epoch: int | None = None) -> int:
+        """Admitted connections (of ``epoch``, or of every window)."""
         with self._lock:
             return sum(len(w.conns) for e, w in self._windows.items() if epoch is None or e == epoch)
 
+    def idle(self) -> int:
+        """Connections admitted for no open window (waiting for their agent's next hand-off)."""
+        with self._lock:
+            return len(self._idle)
+
     def close_window(self, epoch: int | None = None) -> int:
-        """RETURN: shut down every connection of ``epoch`` (every window's when None); how many. Their
-        threads end and unmap their rings; the window admits nothing more."""
+        """RETURN: every connection of ``epoch`` is admitted for nothing from here on (``on_return``; it
+        must be admitted again, with the next window's key, to send anything), the oldest idle ones beyond
+        ``MAX_IDLE_CONNECTIONS`` are shut down; with ``epoch`` None (the device closes) every connection is
+        shut down. Returns how many connections the window had."""
         with self._lock:
             wins = list(self._windows.values()) if epoch is None else [
                 self._windows.setdefault(epoch, _Window(epoch, "", None))]
-            conns = []
+            returned: list[tuple[socket.socket, Callable[[], None]]] = []
             for win in wins:
                 win.closed = True
-                conns += list(win.conns)
-        for c in conns:
+                returned += list(win.conns.items())
+                win.conns.clear()
+            shut: list[socket.socket] = []
+            if epoch is None:
+                shut = [c for c, _ in returned] + list(self._idle)
+                self._idle.clear()
+            else:
+                for c, _ in returned:
+                    self._idle[c] = None
+                while len(self._idle) > MAX_IDLE_CONNECTIONS:
+                    shut.append(self._idle.popitem(last=False)[0])
+        for _, on_return in returned:
+            on_return()
+        for c in shut:
             try:
                 c.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        return len(conns)
+        return len(returned)

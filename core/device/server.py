@@ -238,33 +238,31 @@ class DeviceServer:
             send_frame(conn, FrameType.ERROR, {"code": "admission",
                                                "reason": "a data connection must be admitted for a window"})
             return
-        epoch = opening.admit.epoch
+        # shared-memory rings only where the holder shares this host: on the Unix socket, when asked for
+        rings = conn.family == socket.AF_UNIX and ring_supported() and opening.rings
+        slots = svc.plane.take_slots()  # this connection's receive buffers, reused from an earlier one
+        data = _DataConnection(svc, conn, stream, slots, session=session, rings=rings)
         try:
-            svc.plane.admissions.admit(svc, opening.admit, conn)
-        except AdmissionRefused as refused:
-            if refused.charge is None:
-                svc.count_refused("anonymous")
-            else:
-                svc.count_rejection(refused.error.code, refused.charge)
-            send_frame(conn, FrameType.ERROR, error_header(refused.error))
-            return
-        try:
-            # shared-memory rings only where the holder shares this host: on the Unix socket, when asked for
-            rings = conn.family == socket.AF_UNIX and ring_supported() and opening.rings
-            pending.authenticated()  # admitted: it speaks for this (holder, epoch) until RETURN
-            slots = svc.plane.take_slots()  # this connection's receive buffers, reused from an earlier one
-            data = _DataConnection(svc, conn, stream, slots, session=session, rings=rings, epoch=epoch)
             try:
-                if opening.ring is not None and rings:  # the first ring rides with the admission: one round trip
-                    data._open_ring(first.header, ready_rings=True)
+                svc.plane.admissions.admit(svc, opening.admit, conn, data.deadmit)
+            except AdmissionRefused as refused:
+                if refused.charge is None:
+                    svc.count_refused("anonymous")
                 else:
-                    send_frame(conn, FrameType.DATA_READY, DataReady(session, rings=rings).to_wire())
-                data.serve()
-            finally:
-                data.close()
-                svc.plane.give_slots(slots)
+                    svc.count_rejection(refused.error.code, refused.charge)
+                send_frame(conn, FrameType.ERROR, error_header(refused.error))
+                return
+            data.epoch = opening.admit.epoch
+            pending.authenticated()  # admitted: it speaks for this (holder, epoch) until RETURN
+            if opening.ring is not None and rings:  # the first ring rides with the admission: one round trip
+                data._open_ring(first.header, ready_rings=True)
+            else:
+                send_frame(conn, FrameType.DATA_READY, DataReady(session, rings=rings).to_wire())
+            data.serve()
         finally:
-            svc.plane.admissions.leave(epoch, conn)
+            svc.plane.admissions.leave(conn)
+            data.close()
+            svc.plane.give_slots(slots)
 
 
 #: Most acknowledgements one data connection holds back before it sends them in one frame (on a ring, at
@@ -278,10 +276,12 @@ class _DataConnection:
     chunks; acknowledgements go out as chunks reach device memory, in any order."""
 
     def __init__(self, svc: DeviceService, conn: socket.socket, stream: Any, slots: SlotSet, *, session: str,
-                 rings: bool, epoch: int) -> None:
+                 rings: bool) -> None:
         self.svc, self.conn, self.stream, self.slots = svc, conn, stream, slots
         self.session = session
-        self.epoch = epoch  # the admitted window: every refusal here is charged to it (its holder)
+        #: the admitted window: every refusal here is charged to it (its holder); None once it returned
+        #: (refusals then are anonymous) until the connection is admitted for the holder's next window
+        self.epoch: int | None = None
         self.rings = rings
         self.receiver: RingReceiver | None = None
         self._send_lock = threading.Lock()
@@ -321,6 +321,9 @@ class _DataConnection:
                 self._ring_chunk(header, len(frame.payload))
             elif frame.type is FrameType.CHUNK:
                 self._chunk(header, frame.payload, release=functools.partial(free.put, i), slot=None)
+            elif frame.type is FrameType.DATA_OPEN and "admit" in header:
+                free.put(i)
+                self._readmit(header)
             elif frame.type is FrameType.DATA_OPEN and "ring" in header:
                 free.put(i)
                 self._open_ring(header)
@@ -454,12 +457,12 @@ class _DataConnection:
             spec = request.ring
             if spec is None:  # e.g. "ring": null
                 raise FrameError("a DATA_OPEN on an open data connection must name a ring")
-            if spec.epoch != self.epoch:
-                raise StaleEpochError(f"this connection is admitted for epoch {self.epoch}, not {spec.epoch}")
+            epoch = self.epoch
+            if epoch is None or spec.epoch != epoch:
+                raise StaleEpochError(f"this connection is admitted for epoch {epoch}, not {spec.epoch}")
             old = self.receiver.ring if self.receiver is not None else None
-            if (old is None or not old.same_shape(spec)) and \
-                    self.svc.plane.rings_of(self.epoch) >= MAX_RINGS_PER_WINDOW:
-                raise ProtocolError(f"window {self.epoch} already has {MAX_RINGS_PER_WINDOW} rings", code="budget")
+            if (old is None or not old.same_shape(spec)) and self.svc.plane.rings_of(epoch) >= MAX_RINGS_PER_WINDOW:
+                raise ProtocolError(f"window {epoch} already has {MAX_RINGS_PER_WINDOW} rings", code="budget")
             ring, new = self.svc.open_ring(spec, old)
         except ProtocolError as exc:
             self.svc.count_rejection(exc.code, self.epoch)
@@ -485,6 +488,37 @@ class _DataConnection:
             self.svc.plane.drop_ring(old)
         self.receiver = RingReceiver(ring)
         self._ack_batch = max(1, min(ACK_BATCH, spec.slots // 2))
+
+    def deadmit(self) -> None:
+        """Its window returned (``Admissions.close_window``): admitted for nothing until admitted again."""
+        self.epoch = None
+
+    def _readmit(self, header: dict[str, Any]) -> None:
+        """DATA_OPEN {session, admit[, ring]} on an open connection: admitted for the holder's next window
+        (and its ring bound to it: the one this connection maps, if of the same shape). Refused (anonymous
+        unless the credential proves its window): ERROR with ``ring`` set, which fails the agent's hand-off."""
+        svc = self.svc
+        try:
+            request = DataOpen.from_wire(header)
+            if request.session_id != self.session or request.admit is None:
+                raise AdmissionRefused(StaleEpochError("admission for another session"), None)
+            svc.plane.admissions.admit(svc, request.admit, self.conn, self.deadmit)
+        except FrameError as exc:
+            svc.count_rejection(exc.code, self.epoch)
+            self.send(FrameType.ERROR, {**error_header(exc), "ring": 1})
+            return
+        except AdmissionRefused as refused:
+            if refused.charge is None:
+                svc.count_refused("anonymous")
+            else:
+                svc.count_rejection(refused.error.code, refused.charge)
+            self.send(FrameType.ERROR, {**error_header(refused.error), "ring": 1})
+            return
+        self.epoch = request.admit.epoch
+        if request.ring is not None:
+            self._open_ring(header)
+        else:
+            self.send(FrameType.DATA_READY, DataReady(self.session, rings=self.rings).to_wire())
 
     def close(self) -> None:
         """The connection ended: its ring is zeroed and unmapped."""
