@@ -10,8 +10,8 @@ chunk or per hand-off:
   thread), or 2-4 threads where there are cores for them (chosen by measurement, see ``default_workers``);
 - shared-memory rings (same-host holders): one per holder data connection, bound to the epoch of each
   hand-off (``bind_ring``), zeroed and released when its window closes (``release_rings``, RETURN),
-  unmapped when the connection ends (``drop_ring``), which RETURN forces (``close_window``: the window's
-  admitted connections are shut down, see core/device/admission.py);
+  unmapped when the connection ends (``drop_ring``); at RETURN (``close_window``) the window's connections
+  are admitted for nothing until admitted again for their holder's next window (core/device/admission.py);
 - staging (CUDA, or on request for tests on CPU): a ring of pinned host slots and one copy stream. A
   chunk is opened into a free slot, copied with ``copy_(non_blocking=True)`` and an ``Event`` recorded
   after it; a completion thread waits for the events in order, frees each slot and only then reports the
@@ -38,7 +38,7 @@ import torch
 
 from gputravel.core.device.admission import Admissions
 from gputravel.core.protocol import FrameType, RecvState
-from gputravel.core.protocol.shmring import RingSpec, ShmRing
+from gputravel.core.protocol.shmring import ShmRing
 
 #: Called exactly once per chunk: None once its plaintext is in device memory, else the error.
 DoneFn = Callable[[BaseException | None], None]
@@ -49,8 +49,6 @@ __all__ = ["DataPlane", "DoneFn", "HostOpener", "SlotSet", "default_workers"]
 #: machines, a worker thread only added hand-offs between threads while the holder's agent keeps the
 #: other core busy sealing. From 4 cores: 2 workers, from 8: 4 (the issue's scaling target), never more.
 AUTO_MIN_CORES = 4
-#: fresh rings made ahead for the next window (each goes to one connection, and is unmapped after it)
-SPARE_RINGS = 1
 
 
 def default_workers(cores: int | None = None) -> int:
@@ -258,11 +256,6 @@ class DataPlane:
         self._rings_lock = threading.Lock()
         #: the data connections admitted per holder window (core/device/admission.py)
         self.admissions = Admissions()
-        #: fresh rings made ahead (at RETURN, off the hand-off's path) for the next window's connection;
-        #: each is given to one connection only and never reused after it (no ring passes between holders)
-        self._spares: list[ShmRing] = []
-        self._last_shape: RingSpec | None = None
-        self._closed = False
 
     def add_ns(self, stage: str, ns: int) -> None:
         with self._stats_lock:  # workers and the completion thread add at once
@@ -362,36 +355,10 @@ class DataPlane:
         return len(releasing)
 
     def close_window(self, epoch: int) -> None:
-        """RETURN: the window's rings are zeroed and released, its data connections shut down (their
-        threads then unmap the rings: ``drop_ring``); a fresh ring is made for the next window meanwhile."""
+        """RETURN: the window's rings are zeroed and released, its data connections admitted for nothing
+        (core/device/admission.py: each must be admitted again, with the next window's key)."""
         self.release_rings(epoch)
         self.admissions.close_window(epoch)
-        shape = self._last_shape
-        if shape is not None:
-            threading.Thread(target=self._make_spare, args=(shape,), name="ring-spare", daemon=True).start()
-
-    def new_ring(self, spec: RingSpec) -> ShmRing:
-        """A fresh ring of ``spec``'s shape: one made ahead at the last RETURN if it has this shape (creating
-        and populating 8 MiB of shared memory costs milliseconds), else made now."""
-        with self._rings_lock:
-            self._last_shape = spec
-            spare = next((r for r in self._spares if r.same_shape(spec)), None)
-            if spare is not None:
-                self._spares.remove(spare)
-        self.allocations["alloc_rings"] += spare is None
-        return spare if spare is not None else ShmRing.create(spec)
-
-    def _make_spare(self, spec: RingSpec) -> None:
-        try:
-            ring = ShmRing.create(spec)
-        except OSError:
-            return
-        with self._rings_lock:
-            stale = [r for r in self._spares if not r.same_shape(spec)]
-            keep = not self._closed and len(self._spares) - len(stale) < SPARE_RINGS
-            self._spares = [r for r in self._spares if r not in stale] + ([ring] if keep else [])
-        for r in stale + ([] if keep else [ring]):
-            r.close(zero=False)  # never handed out: nothing was written into it
 
     def drop_ring(self, ring: ShmRing) -> None:
         """The holder's connection ended: unmap its ring (zeroed first)."""
@@ -414,11 +381,6 @@ class DataPlane:
     def close(self) -> None:
         self.release_rings()
         self.admissions.close_window()
-        with self._rings_lock:
-            self._closed = True
-            spares, self._spares = self._spares, []
-        for r in spares:
-            r.close(zero=False)
         if self._staging is not None:
             self._staging.close()
         if self.pool is not None:

@@ -392,7 +392,7 @@ class DeviceService:
             self._settled.wait_for(lambda: not w.inflight, timeout=60)
             self._bury(w)
         self.plane.flush()  # the copy stream is idle: every acknowledged byte is in device memory
-        self.plane.close_window(epoch)  # its rings zeroed and released, its data connections closed
+        self.plane.close_window(epoch)  # its rings zeroed and released, its data connections admitted for nothing
         return Reply(WindowClosed(epoch=epoch, bytes=w.bytes_in, chunks=len(w.accepted), expected_chunks=w.n_chunks,
                                   contiguous=w.contiguous(), complete=len(w.accepted) == w.n_chunks,
                                   rejected=dict(self.rejected),
@@ -778,7 +778,7 @@ class DeviceService:
             if self.plane.rings_of(spec.epoch) >= self.RINGS_PER_EPOCH:
                 raise FrameError(f"epoch {spec.epoch} already has {self.RINGS_PER_EPOCH} rings")
             new = current is None or current.closed or not current.same_shape(spec)
-            ring = self.plane.new_ring(spec) if new else current
+            ring = ShmRing.create(spec) if new else current
             assert ring is not None
             self.plane.bind_ring(ring, spec.epoch)
         self.counters["rings_bound"] += 1
