@@ -15,7 +15,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from shlex import quote
 from typing import Any
 
@@ -203,7 +203,7 @@ class SshHolderLink(FramedHolderLink):
         super().__init__(spec.name)
         self.spec = spec
         self.conn: asyncssh.SSHClientConnection | None = None
-        self.process: asyncssh.SSHClientProcess | None = None
+        self.process: asyncssh.SSHClientProcess[bytes] | None = None
         self.deploy_report: DeployReport | None = None
         self.on_state = on_state
         self.max_reconnects = max_reconnects
@@ -211,6 +211,10 @@ class SshHolderLink(FramedHolderLink):
         self._forward: asyncssh.SSHListener | None = None
         self._watch: asyncio.Task[None] | None = None
         self._closing = False  # set while we close the agent ourselves: its exit is then no loss
+        #: the agent attests (issue 22 item 5): its policy and golden-measurement files, paths on the holder's host
+        #: (the engine sets the SIM platform's for the embedded server, which runs on this host)
+        self.attest_files: tuple[Path, Path] | None = (
+            (Path(spec.attest_policy), Path(spec.golden)) if spec.attest_policy and spec.golden else None)
 
     def set_state(self, state: str, detail: str = "") -> None:
         self.history.append((time.time(), state, detail))
@@ -239,6 +243,7 @@ class SshHolderLink(FramedHolderLink):
         self.info = HolderInfo(info.name, info.fmt, info.train_bytes, info.val_bytes, info.files, info.agent_sha256,
                                "ssh", detail)
         self.set_state(HolderState.READY, self.deploy_report.bundle_sha256[:16])
+        assert self.conn is not None and self.process is not None  # set by the start above
         self._watch = asyncio.ensure_future(self._watch_agent(self.conn, self.process))
         return self.info
 
@@ -251,7 +256,7 @@ class SshHolderLink(FramedHolderLink):
                 and self.process.exit_status is None and self.process.exit_signal is None
                 and self._watch is not None and not self._watch.done())
 
-    async def _watch_agent(self, conn: asyncssh.SSHClientConnection, process: asyncssh.SSHClientProcess) -> None:
+    async def _watch_agent(self, conn: asyncssh.SSHClientConnection, process: asyncssh.SSHClientProcess[bytes]) -> None:
         """While the holder waits between visits, its agent or its SSH session may die: mark it offline
         (an event and a ledger row through ``on_state``) so that no key is handed to it until a reconnect
         has verified a fresh agent. Failures during a transfer are ``provision``'s to report."""
@@ -307,6 +312,8 @@ class SshHolderLink(FramedHolderLink):
         cmd = (f"cd {quote(folder)} && exec env PYTHONPATH=. PYTHONDONTWRITEBYTECODE=1 {quote(self.spec.python)} "
                f"-m gputravel.agents.holder --name {quote(self.name)} --data {quote(self.spec.data)} "
                f"--val-fraction {self.spec.val_fraction} --witness {quote(WITNESS_PATH)}")
+        if self.attest_files is not None:
+            cmd += f" --attest-policy {quote(str(self.attest_files[0]))} --golden {quote(str(self.attest_files[1]))}"
         try:
             self.process = await self.conn.create_process(cmd, encoding=None, window=CHANNEL_WINDOW,
                                                           max_pktsize=CHANNEL_MAX_PKTSIZE)

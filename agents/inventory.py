@@ -24,6 +24,7 @@ with ``InsecureKeyError`` naming the file: ``chmod 600`` it.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,8 @@ OPTIONAL: dict[str, Any] = {
     "remote_dir": ".gputravel",
     "val_fraction": 0.1,
     "data_route": "forward",
+    "attest_policy": None,
+    "golden": None,
 }
 ALLOWED = set(REQUIRED) | set(OPTIONAL)
 
@@ -70,6 +73,10 @@ class HolderSpec:
     #: port forward on this holder's connection (works wherever SSH does), or "network" straight to the
     #: address the device's data port is bound to (``--data-host``, which the holder must be able to reach)
     data_route: str = "forward"
+    #: the holder attests the CVM and the GPU before each key (issue 22 item 5): its own evidence policy (pinned
+    #: roots) and approved golden measurements, paths on the holder's machine; None: it does not attest
+    attest_policy: str | None = None
+    golden: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "host": self.host, "port": self.port, "user": self.user,
@@ -82,6 +89,32 @@ def _check_type(where: str, key: str, value: Any, kind: type | tuple[type, ...])
     if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
         raise ConfigError(f"{where}: '{key}' must be {names}, got {type(value).__name__}")
+
+
+#: numeric fields: (lowest, highest, whether each bound is allowed itself); every value must also be finite
+RANGES: dict[str, tuple[float, float, bool, bool]] = {
+    "port": (1, 65535, True, True),
+    "connect_timeout": (0, 3600, False, True),  # seconds; asyncssh refuses a negative one only once it connects
+    "keepalive_interval": (0, 86_400, True, True),  # 0: no keepalives
+    "keepalive_count_max": (1, 1000, True, True),
+    "val_fraction": (0, 0.5, False, False),  # as a run's --val-fraction
+}
+
+
+def _check_ranges(where: str, entry: dict[str, Any]) -> None:
+    """Every number finite and inside its range, every name and path a non-empty line without control
+    characters: checked when the inventory is read, before a run creates anything."""
+    for key, (lo, hi, lo_ok, hi_ok) in RANGES.items():
+        value = entry[key]
+        inside = (lo <= value if lo_ok else lo < value) and (value <= hi if hi_ok else value < hi)
+        if not math.isfinite(value) or not inside:
+            span = f"{'[' if lo_ok else '('}{lo:g}, {hi:g}{']' if hi_ok else ')'}"
+            raise ConfigError(f"{where}: {key} {value!r} out of range: '{key}' must be a finite number in {span}")
+    for key in ("name", "host", "user", "client_key", "data", "python", "remote_dir"):
+        value = entry[key]
+        if not value.strip() or any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise ConfigError(f"{where}: '{key}' must be a non-empty line without control characters, "
+                              f"not {value!r}")
 
 
 def parse_inventory(text: str, *, base: Path, source: str = "holders.toml") -> list[HolderSpec]:
@@ -124,8 +157,7 @@ def parse_inventory(text: str, *, base: Path, source: str = "holders.toml") -> l
             _check_type(where, key, entry[key], (int, float))
         if entry["data_route"] not in ("forward", "network"):
             raise ConfigError(f"{where}: data_route must be 'forward' or 'network', not {entry['data_route']!r}")
-        if not 0 < entry["port"] < 65536:
-            raise ConfigError(f"{where}: port {entry['port']} out of range")
+        _check_ranges(where, entry)
         if entry["name"] in seen:
             raise ConfigError(f"{where}: duplicate holder name")
         seen.add(entry["name"])
@@ -144,6 +176,12 @@ def parse_inventory(text: str, *, base: Path, source: str = "holders.toml") -> l
                 raise ConfigError(f"{where}: known_hosts {known} does not exist")
         if entry["host_key"] is not None:
             _check_type(where, "host_key", entry["host_key"], str)
+        for key in ("attest_policy", "golden"):
+            if entry[key] is not None:
+                _check_type(where, key, entry[key], str)
+        if (entry["attest_policy"] is None) != (entry["golden"] is None):
+            raise ConfigError(f"{where}: attest_policy and golden go together (the holder's pinned roots and its "
+                              "approved GPU measurements)")
         if entry["host_key"] is None and known is None:
             raise ConfigError(f"{where}: needs 'host_key' or 'known_hosts' (host keys are never accepted blindly)")
         specs.append(HolderSpec(
@@ -151,7 +189,8 @@ def parse_inventory(text: str, *, base: Path, source: str = "holders.toml") -> l
             host_key=entry["host_key"], known_hosts=known, data=entry["data"], python=entry["python"],
             connect_timeout=float(entry["connect_timeout"]), keepalive_interval=float(entry["keepalive_interval"]),
             keepalive_count_max=entry["keepalive_count_max"], remote_dir=entry["remote_dir"],
-            val_fraction=float(entry["val_fraction"]), data_route=entry["data_route"]))
+            val_fraction=float(entry["val_fraction"]), data_route=entry["data_route"],
+            attest_policy=entry["attest_policy"], golden=entry["golden"]))
     return specs
 
 

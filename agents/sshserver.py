@@ -66,7 +66,7 @@ class _Server(asyncssh.SSHServer):
 
 
 def _make_process_handler(accounts: dict[str, Account]) -> Any:
-    async def handle(process: asyncssh.SSHServerProcess) -> None:
+    async def handle(process: asyncssh.SSHServerProcess[bytes]) -> None:
         account = accounts[process.get_extra_info("username")]
         command = process.command
         if not command:
@@ -94,7 +94,7 @@ def _make_process_handler(accounts: dict[str, Account]) -> Any:
 
 
 def _sftp_factory(accounts: dict[str, Account]) -> Any:
-    def make(chan: asyncssh.SSHServerChannel) -> asyncssh.SFTPServer:
+    def make(chan: asyncssh.SSHServerChannel[bytes]) -> asyncssh.SFTPServer:
         account = accounts[chan.get_extra_info("username")]
         return asyncssh.SFTPServer(chan, chroot=str(account.home).encode())
 

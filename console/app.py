@@ -8,18 +8,18 @@ command palette into the bridge's controls. Engine work runs in workers; nothing
 from __future__ import annotations
 
 import os
-import shlex
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from textual import work
-from textual.app import App, ScreenStackError, SystemCommand
+from textual.app import ScreenStackError
 from textual.binding import Binding
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
+from gputravel.console.app_commands import CONTROL_ACTIONS, SCREENS_IN_ORDER, VIEW_ACTIONS, ConsoleCommands
 from gputravel.console.bridge import Bridge, LiveBridge, ReplayBridge
 from gputravel.console.commands.run import (
     DATA_HOST_DEFAULT,
@@ -45,8 +45,8 @@ from gputravel.console.options import (
 from gputravel.console.run_folder import clear_running, mark_running
 from gputravel.console.screens.base import ConsoleScreen
 from gputravel.console.screens.bench import BenchRunner, BenchScreen
+from gputravel.console.screens.confirm import ConfirmScreen
 from gputravel.console.screens.gpu import GpuScreen
-from gputravel.console.screens.help import HelpScreen
 from gputravel.console.screens.holders import HoldersScreen
 from gputravel.console.screens.ledger import LedgerScreen
 from gputravel.console.screens.training import TrainingScreen
@@ -59,23 +59,7 @@ from gputravel.themes import CSS_PATH, THEMES, theme_name
 
 __all__ = ["GpuTravelConsole", "main", "make_app"]
 
-SCREENS_IN_ORDER = ("travel", "holders", "training", "gpu", "bench", "ledger")
-#: Actions that change a run (or start work on this machine); refused in --readonly.
-CONTROL_ACTIONS = frozenset({"step", "toggle_pause", "toggle_break", "run", "cancel", "run_bench"})
-#: Keys the footer leaves out, for the help overlay (the footer shows the rest).
-EXTRA_KEYS: tuple[tuple[str, str], ...] = (
-    ("1-6", "screens: " + ", ".join(SCREENS_IN_ORDER)),
-    ("[ ]", "replay: previous / next visit"),
-    ("home end", "replay: start / end of the recording"),
-    ("/", "filter this screen's table (travel, holders, bench, ledger)"),
-    ("o", "show / hide the operations log"),
-    ("f12", "save an SVG of the screen ($GPUTRAVEL_SCREENSHOT_DIR, else the current folder)"),
-    ("ctrl+p", "command palette"),
-    ("esc", "close the : line, clear a filter, close this help"),
-)
-
-
-class GpuTravelConsole(App[None]):
+class GpuTravelConsole(ConsoleCommands):
     """Watch the GPU travel, step the protocol, read the GPU's health, run benchmarks, audit the ledger."""
 
     CSS_PATH = CSS_PATH
@@ -128,6 +112,8 @@ class GpuTravelConsole(App[None]):
             self.bridge = LiveBridge(self, engine_factory=engine_factory, sampler=sampler,  # type: ignore[arg-type]
                                      record=record)
         self.run_worker_handle: Worker[Any] | None = None
+        #: called once the first screen is drawn (``--gpus N`` starts its fleet then)
+        self.when_ready: Callable[[], None] | None = None
         if isinstance(self.bridge, LiveBridge):  # --break-before: shown before the run starts, applied when built
             for phase in breakpoints:
                 self.bridge.toggle_breakpoint(Phase(phase), post=False)
@@ -149,6 +135,8 @@ class GpuTravelConsole(App[None]):
                 if isinstance(self.bridge, FleetBridge):
                     self.poll_telemetry()
         self.render_state()
+        if self.when_ready is not None:
+            self.call_after_refresh(self.when_ready)
 
     async def on_unmount(self) -> None:
         import asyncio
@@ -199,8 +187,10 @@ class GpuTravelConsole(App[None]):
             context = {"readonly": self.readonly, "ledger_path": self.bridge.ledger_path,
                        "frame": self.bridge.latest_frame, "history": self.bridge.history,
                        "last_devices": self.bridge.last_devices,
-                       "live_fleet": isinstance(self.bridge, FleetBridge) and self.bridge.follow}
-            screen.show(self.bridge.state, badges=self.badges, context=context)
+                       "live_fleet": isinstance(self.bridge, FleetBridge) and self.bridge.follow,
+                       "replay": isinstance(self.bridge, ReplayBridge),
+                       "follow": isinstance(self.bridge, ReplayBridge) and self.bridge.follow}
+            screen.show(self.bridge.state, badges=self.badges, context=context, status=self.bridge.shown_status())
 
     def current_screen(self) -> Screen[Any] | None:
         """The screen on top, or None while a mode switch has not mounted one yet."""
@@ -219,9 +209,11 @@ class GpuTravelConsole(App[None]):
 
     # --- controls -------------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in CONTROL_ACTIONS and self.readonly:
+        if isinstance(self.current_screen(), ConfirmScreen):  # a question is open: y or n, nothing else
             return False
         replay = isinstance(self.bridge, ReplayBridge)
+        if action in CONTROL_ACTIONS and self.readonly and not (replay and action in VIEW_ACTIONS):
+            return False
         if action in ("toggle_break", "cancel") and replay:  # a recording has no run to break or cancel
             return False
         if action in ("jump_visit", "seek") and not replay:
@@ -279,8 +271,18 @@ class GpuTravelConsole(App[None]):
             self.notify(f"no run in progress (the last one {ended})" if self.bridge.state.ended
                         else "no run in progress", timeout=2)
             return
-        self.bridge.cancel()
-        self.notify("cancelling: the visit is aborted, the buffer scrubbed", timeout=3)
+        if isinstance(self.screen, ConfirmScreen):
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes and self.run_in_flight:
+                self.bridge.cancel()
+                self.notify("cancelling: the visit is aborted, the buffer scrubbed", timeout=3)
+            elif not yes:
+                self.notify("not cancelled: the run goes on", timeout=2)
+
+        self.push_screen(ConfirmScreen("Cancel the run?", "The visit is aborted, the buffer scrubbed, and the run "
+                                       "ends (it cannot be resumed)."), answered)
 
     def action_jump_visit(self, delta: int) -> None:
         if isinstance(self.bridge, ReplayBridge):
@@ -292,8 +294,11 @@ class GpuTravelConsole(App[None]):
 
     def action_seek(self, where: str) -> None:
         if isinstance(self.bridge, ReplayBridge):
+            if where == "end":  # following: the live end, followed again
+                self.bridge.seek_end()
+                return
             self.bridge.playing = False
-            self.bridge.seek(0 if where == "start" else len(self.bridge.player.items))
+            self.bridge.seek(0)
 
     def action_show_screen(self, name: str) -> None:
         self.switch_mode(name)
@@ -319,28 +324,6 @@ class GpuTravelConsole(App[None]):
     def action_toggle_log(self) -> None:
         self.screen.toggle_class("-hide-log")
 
-    def action_show_help(self) -> None:
-        screen = self.screen
-        if isinstance(screen, HelpScreen):
-            return
-        keys: list[tuple[str, str]] = []
-        seen: set[str] = set()
-        for _key, active in self.active_bindings.items():
-            b = active.binding
-            if b.action in seen or not active.enabled or not b.show:
-                continue
-            seen.add(b.action)
-            keys.append((self.get_key_display(b), b.description or b.action))
-        about = screen.HELP if isinstance(screen, ConsoleScreen) else ""
-        if isinstance(screen, ConsoleScreen) and isinstance(self.bridge, FleetBridge) and screen.FLEET_HELP:
-            about = f"{about} {screen.FLEET_HELP}"
-        name = screen.SCREEN_NAME if isinstance(screen, ConsoleScreen) else "console"
-        replay = isinstance(self.bridge, ReplayBridge)
-        shown = {k for k, _ in keys}
-        keys.extend((k, d) for k, d in EXTRA_KEYS
-                    if (replay or not d.startswith("replay")) and not set(k.split()) <= shown)
-        self.push_screen(HelpScreen(title=f"{name} screen", about=about, keys=keys))
-
     def action_verify_ledger(self) -> None:
         self.switch_mode("ledger")
         self.call_after_refresh(self._verify_on_ledger)
@@ -361,99 +344,17 @@ class GpuTravelConsole(App[None]):
 
         self.call_after_refresh(go)
 
-    # --- the : line and the palette -----------------------------------------------------------
-    def on_command_line_command_entered(self, message: Any) -> None:
-        self.execute_command(message.command)
-
-    def execute_command(self, line: str) -> None:
-        """Run one ``:`` command (see ``widgets.command_line.COMMANDS``)."""
-        try:
-            words = shlex.split(line)
-        except ValueError as exc:
-            self.notify(str(exc), severity="error")
-            return
-        if not words:
-            return
-        cmd, args = words[0].lower(), words[1:]
-        simple: dict[str, Callable[[], Any]] = {
-            "run": self.action_run, "step": self.action_step, "cancel": self.action_cancel,
-            "help": self.action_show_help, "verify": self.action_verify_ledger, "quit": self.exit, "q": self.exit}
-        if cmd in CONTROL_ACTIONS | {"pause", "resume", "break", "bench"} and self.readonly:
-            self.notify("read-only console: no controls", severity="warning")
-            return
-        if cmd in simple:
-            simple[cmd]()
-        elif cmd in ("pause", "resume"):
-            paused = self.bridge.state.status == "paused" or (isinstance(self.bridge, ReplayBridge)
-                                                               and not self.bridge.playing)
-            if (cmd == "pause") != paused:
-                self.action_toggle_pause()
-        elif cmd == "break":
-            if isinstance(self.bridge, ReplayBridge):
-                self.notify("breakpoints belong to a live run", severity="warning")
-            else:
-                self.action_toggle_breakpoint(args[0] if args else "HANDOFF")
-        elif cmd in SCREENS_IN_ORDER:
-            self.action_show_screen(cmd)
-        elif cmd == "bench":
-            if args:
-                self.action_run_bench(args[0])
-            else:
-                self.notify("bench NAME: provision, allreduce, travel, ddp, load, soak", severity="error")
-        elif cmd == "screenshot":  # after the command line has closed, so it is not in the picture
-            name = args[0] if args else ""
-            self.set_timer(0.3, lambda: self.action_save_screenshot(name))
-        elif cmd == "theme":
-            try:
-                self.theme = theme_name(args[0] if args else "")
-            except KeyError as exc:
-                self.notify(str(exc.args[0]), severity="error", markup=False)
-        elif cmd == "jump":
-            self._jump(args)
-        else:
-            self.notify(f"unknown command {line!r}: :help lists the commands", severity="error", markup=False)
-
-    def _jump(self, args: list[str]) -> None:
-        if not isinstance(self.bridge, ReplayBridge):
-            self.notify("jump works in a replay (gputravel-console --replay FILE)", severity="warning")
-        elif args and args[0] == "end":
-            self.action_seek("end")
-        elif args and args[0] == "start":
-            self.action_seek("start")
-        elif args and args[0].isdigit() and int(args[0]) >= 1:
-            self.bridge.playing = False
-            self.bridge.jump_visit(int(args[0]) - 1)
-        else:
-            self.notify("jump VISIT (1-based), jump start or jump end", severity="error")
-
-    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
-        yield from super().get_system_commands(screen)
-        if not self.readonly:
-            yield SystemCommand("Run", "Start the run (or resume it)", self.action_run)
-            yield SystemCommand("Step one phase", "Run exactly one protocol phase, then pause", self.action_step)
-            yield SystemCommand("Pause / resume", "Pause before the next phase, or resume", self.action_toggle_pause)
-            if isinstance(self.bridge, LiveBridge):
-                yield SystemCommand("Break before HANDOFF", "Toggle the breakpoint before the hand-off",
-                                    self.action_toggle_break)
-            yield SystemCommand("Cancel run", "Abort the visit (the buffer is scrubbed) and stop", self.action_cancel)
-        for name in SCREENS_IN_ORDER:
-            yield SystemCommand(f"Screen: {name}", f"Show the {name} screen",
-                                lambda name=name: self.action_show_screen(name))  # type: ignore[misc]
-        yield SystemCommand("Verify ledger", "Recompute the audit ledger's hash chain", self.action_verify_ledger)
-        for choice in THEMES:
-            yield SystemCommand(f"Theme: {choice}", f"Switch to the {choice} theme",
-                                lambda c=choice: setattr(self, "theme", theme_name(c)))  # type: ignore[misc]
-
-
 def make_app(*, engine_factory: Callable[[], Any] | None = None,
              replay: Recording | FleetRecording | Path | None = None,
              theme: str = "dark", readonly: bool = False, record: Path | bool = True, telemetry_interval: float = 1.0,
              sampler: Sampler | None = None, bench_runner: BenchRunner | None = None,
-             follow: bool = False, breakpoints: tuple[str, ...] = ()) -> GpuTravelConsole:
+             follow: bool = False, breakpoints: tuple[str, ...] = (), gpus: int = 0) -> GpuTravelConsole:
     """The app factory (tests pass a small engine factory or a recording). ``replay``: a recording, or a fleet
-    run folder (``gputravel run --gpus N --out DIR``: its ranks' recordings, merged)."""
+    run folder (``gputravel run --gpus N --out DIR``: its ranks' recordings, merged); ``gpus``: the fleet being
+    started there (followed before its ranks have written anything)."""
     if isinstance(replay, Path):
-        replay = FleetRecording(replay, follow=follow) if is_fleet_folder(replay) else load_recording(replay)
+        fleet = is_fleet_folder(replay) or (gpus > 1 and follow and replay.is_dir())
+        replay = FleetRecording(replay, follow=follow, gpus=gpus) if fleet else load_recording(replay)
     return GpuTravelConsole(engine_factory=engine_factory, replay=replay, theme=theme, readonly=readonly,
                             record=record, telemetry_interval=telemetry_interval, sampler=sampler,
                             bench_runner=bench_runner, follow=follow, breakpoints=breakpoints)
@@ -505,8 +406,9 @@ def console(
                                                rich_help_panel=VIEW_PANEL)] = ThemeChoice.DARK,
     readonly: Annotated[bool, typer.Option("--readonly", help="Observer mode: no controls, no benchmarks.",
                                            rich_help_panel=VIEW_PANEL)] = False,
-    replay: Annotated[Path | None, typer.Option("--replay", help="Play a recording instead of a live run (a "
-                                                                 "fleet's run folder: all its GPUs).",
+    replay: Annotated[Path | None, typer.Option("--replay", help="Play a recording instead of a live run: a "
+                                                                 "recording file, a run or fleet folder (all its "
+                                                                 "GPUs), a run name or latest.",
                                                 rich_help_panel=VIEW_PANEL)] = None,
     follow: Annotated[bool, typer.Option("--follow", help="With --replay: follow a recording still being "
                                                           "written (watch a run live).",
@@ -542,8 +444,10 @@ def console(
         while fleets:
             fleets.pop().close()
 
-    if replay is not None:
-        app = make_app(replay=replay, theme=theme.value, readonly=readonly, follow=follow)
+    if replay is not None:  # any run address: a recording, a run or fleet folder, a name, latest
+        from gputravel.console.run_address import replay_target
+
+        app = make_app(replay=replay_target(replay), theme=theme.value, readonly=readonly, follow=follow)
     else:
         from gputravel.core.config import RunSettings
 

@@ -19,9 +19,10 @@ from textual.message import Message
 
 from gputravel.console.run_end import RunEnding, ending_code
 from gputravel.console.run_telemetry import interval_tracker
-from gputravel.console.view_model import TERMINAL_STATUSES, RunState
+from gputravel.console.view_model import RUN_EVENTS, TERMINAL_STATUSES, RunState
 from gputravel.core import events as ev
 from gputravel.core.errors import GpuTravelError
+from gputravel.core.ledger import read_rows
 from gputravel.core.recording import Player, RecordedItem, Recorder, Recording, load_recording
 from gputravel.core.session import Session
 from gputravel.core.telemetry import EmulatedSource, History, Sampler, TelemetryFrame
@@ -73,10 +74,45 @@ class Bridge:
         for event in batch:
             self.state.apply(event)
             self.tracker(event)
+        self.toast(batch)
         return batch
 
+    def toast(self, batch: tuple[ev.Event, ...]) -> None:
+        """Events that deserve a toast as well as a log line: a loss spike."""
+        for e in batch:
+            if isinstance(e, ev.LossSpiked):
+                self.notice(f"loss spike: visit {e.visit + 1} {e.holder}, step {e.run_step}: {e.loss:.3f} > "
+                            f"{e.factor:g} x running mean {e.mean:.3f}", "warning")
+
     def post_state(self, events: tuple[ev.Event, ...] = (), *, reset: bool = False) -> None:
+        if reset or any(e.kind in ("VisitFailed", "RunFailed") for e in events):
+            self.receipts_from_ledger()
         self.app.post_message(self.StateChanged(events, reset=reset))
+
+    def receipts_from_ledger(self) -> None:
+        """A failed or cancelled visit's scrub receipt as its ledger row has it (``visit-failed``,
+        ``visit-cancelled``: the abort scrubs the buffer and says whether it read back as zero; no event
+        carries that). The k-th failed attempt of a visit is the k-th such row of that visit."""
+        path = self.ledger_path
+        open_rows = [v for v in self.state.visits.values() if v.outcome in ("failed", "cancelled")
+                     and v.scrub_verified is None]
+        if path is None or not open_rows or self.state.fleet or not Path(path).is_file():
+            return
+        try:
+            rows = [r for r in read_rows(Path(path)) if r.kind in ("visit-failed", "visit-cancelled")]
+        except GpuTravelError:
+            return
+        by_visit: dict[int, list[Any]] = {}
+        for r in rows:
+            if isinstance(r.detail.get("visit"), int):
+                by_visit.setdefault(r.detail["visit"], []).append(r)
+        for visit in open_rows:
+            ended = [v for v in self.state.visits.values() if v.visit == visit.visit
+                     and v.outcome in ("failed", "cancelled")]
+            found = by_visit.get(visit.visit, [])
+            k = ended.index(visit)
+            if k < len(found) and isinstance(found[k].detail.get("scrub_verified"), bool):
+                visit.scrub_verified = found[k].detail["scrub_verified"]
 
     def notice(self, text: str, severity: str = "information") -> None:
         self.app.post_message(self.Notice(text, severity=severity))
@@ -103,6 +139,10 @@ class Bridge:
     @property
     def running(self) -> bool:
         return False
+
+    def shown_status(self) -> str | None:
+        """The status the status bar shows when it is not the viewed state's own (None: the state's)."""
+        return None
 
     def step(self) -> bool:
         """Run one phase; False when the app must start a run first."""
@@ -146,10 +186,20 @@ class LiveBridge(Bridge):
         self.recorder: Recorder | None = None
         self.report: dict[str, Any] | None = None
         self._in_flight = False
+        #: "cancelling" / "pausing": asked for, not yet confirmed by the engine (the status bar says so)
+        self.pending: str | None = None
 
     @property
     def running(self) -> bool:
         return self._in_flight
+
+    def shown_status(self) -> str | None:
+        """CANCELLING... / PAUSING... from the request until the engine confirms it (a final event, a pause)."""
+        if self.pending == "cancelling" and (self.state.ended or not self._in_flight):
+            self.pending = None
+        elif self.pending == "pausing" and (self.state.paused_before or self.state.ended or not self._in_flight):
+            self.pending = None
+        return f"{self.pending}..." if self.pending else None
 
     @property
     def ledger_path(self) -> Path | None:
@@ -163,17 +213,18 @@ class LiveBridge(Bridge):
         if self.session.finished or self.state.status in ("failed", "cancelled"):
             self._fresh_session()  # a finished run is kept on screen; a new one starts from scratch
         self._in_flight = True
+        self.pending = None
         ending = RunEnding()
         error: BaseException | None = None
         try:
             if not self.session.built:
                 self.state.status = "starting"
                 self.post_state()
-                engine = await asyncio.to_thread(self.session.build)
+                built = await asyncio.to_thread(self.session.build)
                 self.state.seed_holders(self.session.holder_names)
                 for name in self.session.holder_names:
                     self.state.holders[name].state = HolderState.CONNECTING
-                self._open_recorder(engine)
+                self._open_recorder(built)
                 self.post_state()
             engine = self.session.engine
             assert engine is not None
@@ -213,6 +264,7 @@ class LiveBridge(Bridge):
                                         ending_code(error)),))
             if error is not None and not self.session.finished:
                 await asyncio.to_thread(self.session.close)  # a run that never started still stops its device
+            self.receipts_from_ledger()
             self.post_state()
 
     def _fresh_session(self) -> None:
@@ -238,6 +290,7 @@ class LiveBridge(Bridge):
         batch = tuple(events)
         for event in batch:
             self.state.apply(event)
+        self.toast(batch)
         return batch
 
     def _drain(self, queue: asyncio.Queue[ev.Event]) -> None:
@@ -309,15 +362,18 @@ class LiveBridge(Bridge):
             return "no run in progress: r runs, space steps"
         engine = self.session.engine
         if engine is not None and engine.control.paused:
-            self.session.resume()
-            self.state.set_paused(None)
-            self.post_state()
+            self.resume()
             return "resumed"
         self.session.pause()
-        return "pausing before the next phase"
+        if not self.state.paused_before:
+            self.pending = "pausing"
+            self.post_state()
+        return "pausing: after the current training step, else before the next phase"
 
     def resume(self) -> None:
         self.session.resume()
+        if self.pending == "pausing":
+            self.pending = None
         self.state.set_paused(None)
         self.post_state()
 
@@ -330,6 +386,9 @@ class LiveBridge(Bridge):
 
     def cancel(self) -> None:
         self.session.cancel()
+        if self._in_flight and not self.state.ended:
+            self.pending = "cancelling"
+            self.post_state()
 
     def close(self) -> None:
         self.session.close()
@@ -338,7 +397,13 @@ class LiveBridge(Bridge):
 
 
 class ReplayBridge(Bridge):
-    """Plays a recording: step one phase, play / pause, jump to a visit or to either end."""
+    """Plays a recording: step one phase, play / pause, jump to a visit or to either end.
+
+    Every control here moves the view only (a recording has no run to steer), so all of them work in
+    ``--readonly`` too. Following a recording still being written, ``end`` (and ``]`` past the last visit, and
+    ``p`` / ``space`` that reach the end) go back to the live end and keep following; what has been written is
+    read also while the view is paused, so the run's status (:meth:`shown_status`) is the recording's newest,
+    never the paused view's."""
 
     def __init__(self, app: App[Any], recording: Recording, *, speed: float = 8.0, follow: bool = False) -> None:
         super().__init__(app)
@@ -347,6 +412,10 @@ class ReplayBridge(Bridge):
         self.speed = speed
         self.follow = follow
         self.state.breakpoints = set()
+        #: the run as the whole recording tells it so far (run-level events only): its status is the truth
+        self.end_state = self.new_state()
+        self.meta_status: str | None = None
+        self._fold_end(self.player.items)
 
     @property
     def ledger_path(self) -> Path | None:
@@ -358,9 +427,43 @@ class ReplayBridge(Bridge):
         return self.playing
 
     @property
+    def at_end(self) -> bool:
+        return self.player.position >= len(self.player.items)
+
+    @property
     def badges(self) -> tuple[str, ...]:
+        return (*super().badges, self.position_badge())
+
+    def position_badge(self) -> str:
+        """``REPLAY ▶ 12/40``; following, ``FOLLOW ▶`` at the live end (a position there says little) or
+        ``FOLLOW ‖ 12/40`` where the view was paused or moved back."""
         mode = "▶" if self.playing else "‖"
-        return (*super().badges, f"REPLAY {mode} {self.player.position}/{len(self.player.items)}")
+        where = f"{self.player.position}/{len(self.player.items)}"
+        if self.follow:
+            return f"FOLLOW {mode}" if self.playing else f"FOLLOW {mode} {where}"
+        return f"REPLAY {mode} {where}"
+
+    def _fold_end(self, items: Iterable[RecordedItem]) -> None:
+        for item in items:
+            if item.kind == "event" and item.name in RUN_EVENTS:
+                self._fold_end_event(item)
+
+    def _fold_end_event(self, item: RecordedItem) -> None:
+        self.end_state.apply(item.event())
+
+    def shown_status(self) -> str | None:
+        """The run's status from the recording's newest run event (its final one once written); else, for a
+        recording the run could not end (no final event), the status its meta holds."""
+        status = self.end_state.status
+        if status in TERMINAL_STATUSES:
+            return str(status)
+        if self.meta_status in TERMINAL_STATUSES | {"partial"}:
+            return self.meta_status
+        if status == "paused" and self.end_state.paused_before:
+            return f"paused before {self.end_state.paused_before}"
+        if status == "idle" and self.follow:
+            return "starting"  # following a run that has not written its first run event yet
+        return str(status) if status != "idle" else None
 
     def _apply(self, items: Iterable[RecordedItem]) -> tuple[ev.Event, ...]:
         events: list[ev.Event] = []
@@ -373,12 +476,18 @@ class ReplayBridge(Bridge):
 
     def step(self) -> bool:
         self.playing = False
+        if self.follow and self.at_end:
+            self.follow_more()
         self.post_state(self._apply(self.player.step_phase()))
+        if self.follow and self.at_end:
+            self.playing = True  # stepped up to the live end: follow again
         return True
 
     def toggle_pause(self) -> str:
         self.playing = not self.playing
         self.post_state()
+        if self.follow:
+            return "following" if self.playing else "paused (the run goes on: end or p follows it again)"
         return "playing" if self.playing else "paused"
 
     def toggle_breakpoint(self, phase: Phase) -> bool:
@@ -396,11 +505,23 @@ class ReplayBridge(Bridge):
         self.player.seek(position)
         self.rebuild()
 
+    def seek_end(self) -> None:
+        """To the end: of a finished recording, or (following) the live end, and keep following it."""
+        if self.follow:
+            self.follow_more()
+        self.seek(len(self.player.items))
+        self.playing = self.follow
+        self.post_state()
+
     def jump_visit(self, visit: int) -> None:
         """Jump to the start of ``visit`` (0-based): its first phase (ATTEST) has begun, so the header names
-        that visit and ``]`` moves on from it; a visit past the last one means the end."""
+        that visit and ``]`` moves on from it; a visit past the last one means the end (following: the live
+        end, followed again)."""
         starts = self.player.visit_starts()
-        self.seek(starts[visit] + 1 if 0 <= visit < len(starts) else len(self.player.items))
+        if 0 <= visit < len(starts):
+            self.seek(starts[visit] + 1)
+        else:
+            self.seek_end()
 
     def at_visit_start(self, visit: int) -> bool:
         """The cursor sits where :meth:`jump_visit` puts it for ``visit``."""
@@ -424,17 +545,24 @@ class ReplayBridge(Bridge):
         self.post_state(reset=True)
 
     async def play(self) -> None:
-        """Awaited inside the app's "replay" worker: advance while playing, pacing by the recorded times."""
+        """Awaited inside the app's "replay" worker: advance while playing, pacing by the recorded times;
+        following, read what the run appended every half second, also while the view is paused."""
         last_t: float | None = None
+        next_read = 0.0
+        loop = asyncio.get_running_loop()
         while True:
+            if self.follow and loop.time() >= next_read:
+                next_read = loop.time() + 0.5
+                before = self.shown_status()
+                if self.follow_more() or self.shown_status() != before:
+                    self.post_state()
             if not self.playing:
                 await asyncio.sleep(0.05)
                 continue
             item = self.player.next()
             if item is None:
                 if self.follow:
-                    self._follow_more()
-                    await asyncio.sleep(0.5)
+                    await asyncio.sleep(0.1)
                     continue
                 self.playing = False
                 self.post_state()
@@ -445,11 +573,16 @@ class ReplayBridge(Bridge):
                 await asyncio.sleep(gap)
             self.post_state(self._apply([item]))
 
-    def _follow_more(self) -> None:
+    def follow_more(self) -> bool:
+        """Read what the run appended since (following); True when there was something."""
         last = self.player.items[-1].seq if self.player.items else 0
         try:
-            more = load_recording(self.player.recording.path, since_seq=last).items
+            rec = load_recording(self.player.recording.path, since_seq=last)
         except GpuTravelError:
-            return
-        if more:
-            self.player.extend(more)
+            return False
+        status = rec.meta.get("status")
+        self.meta_status = status if isinstance(status, str) else None
+        if rec.items:
+            self.player.extend(rec.items)
+            self._fold_end(rec.items)
+        return bool(rec.items)

@@ -41,18 +41,27 @@ class Fleet:
 
 
 async def run(settings: RunSettings, *, sinks: Iterable[Callable[[Event], None]] = (),
-              recorder: Recorder | None = None, telemetry_interval: float = TELEMETRY_INTERVAL_S) -> dict[str, Any]:
+              recorder: Recorder | None = None, telemetry_interval: float = TELEMETRY_INTERVAL_S,
+              on_control: Callable[[Any], None] | None = None) -> dict[str, Any]:
     """One run with its holder fleet; with a ``recorder``, GPU telemetry is sampled into the same
-    recording for as long as the run goes."""
+    recording for as long as the run goes. ``on_control`` gets the engine's ``Control`` (pause, resume,
+    step) once the engine is built (``gputravel run`` continues a breakpoint on a signal with it)."""
     import asyncio
 
     fleet = Fleet(settings)
     try:
         links = await asyncio.to_thread(fleet.links)
         if recorder is None:
-            report = await api.run(settings, sinks=sinks, links=links)
+            engine = await asyncio.to_thread(api.build_engine, settings, links=links)  # api.run, with a control
+            engine.sinks.extend(sinks)
+            if on_control is not None:
+                on_control(engine.control)
+            try:
+                report = await engine.run()
+            finally:
+                await engine.aclose()
         else:
-            report = await _run_recorded(settings, links, sinks, recorder, telemetry_interval)
+            report = await _run_recorded(settings, links, sinks, recorder, telemetry_interval, on_control)
         if fleet.server is not None:
             report["ssh_server"] = {"host": "127.0.0.1", "port": fleet.server.port, "embedded": True,
                                     "host_key": fleet.server.host_public.split()[0] + " (fresh, pinned)"}
@@ -63,7 +72,7 @@ async def run(settings: RunSettings, *, sinks: Iterable[Callable[[Event], None]]
 
 async def _run_recorded(settings: RunSettings, links: list[HolderLink] | None,
                         sinks: Iterable[Callable[[Event], None]], recorder: Recorder,
-                        interval: float) -> dict[str, Any]:
+                        interval: float, on_control: Callable[[Any], None] | None = None) -> dict[str, Any]:
     import asyncio
 
     from gputravel.core.session import Session
@@ -73,6 +82,8 @@ async def _run_recorded(settings: RunSettings, links: list[HolderLink] | None,
     telemetry: RunTelemetry | None = None
     try:
         engine.sinks.extend(sinks)
+        if on_control is not None:
+            on_control(engine.control)
         recorder.set_meta({"holders": list(engine.links), "telemetry_interval_s": interval})
         telemetry = RunTelemetry(session, recorder, interval=interval)
         engine.sinks.append(telemetry.tracker)

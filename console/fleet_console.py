@@ -8,7 +8,6 @@ fleet; ``--replay <out>/rank-R/recording.db`` one GPU's alone.
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,30 +17,47 @@ from gputravel.core.config import RunSettings
 from gputravel.core.errors import DeviceError, GpuTravelError
 
 
-def watch_fleet(settings: RunSettings, *, gpus: int, make_app: Any, theme: str,
-                wait_s: float = 120.0) -> None:
+def watch_fleet(settings: RunSettings, *, gpus: int, make_app: Any, theme: str) -> None:
     """Start the fleet in the background, follow its GPUs until the screen closes, then wait for the fleet."""
-    from gputravel.core.fleet.rank import FleetOptions
-    from gputravel.core.fleet.run import launch_fleet
-
     outcome: dict[str, Any] = {}
 
     def run() -> None:
+        # imported here, in the fleet's thread: it brings torch (seconds), the screen is up meanwhile
+        from gputravel.core.fleet.rank import FleetOptions
+        from gputravel.core.fleet.run import launch_fleet
+
         try:
             outcome["report"] = launch_fleet(settings, FleetOptions(gpus=gpus), quiet=True)
         except GpuTravelError as exc:
             outcome["error"] = exc
 
     thread = threading.Thread(target=run, name="fleet", daemon=True)
-    thread.start()
     out = Path(settings.out_dir)
-    recording = out / "rank-0" / "recording.db"
-    deadline = time.monotonic() + wait_s
-    while not recording.exists() and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if recording.exists():
-        time.sleep(0.5)  # its meta is written with the file (a rank not there yet is picked up when it is)
-        make_app(replay=out, theme=theme, readonly=True, follow=True).run()
+    out.mkdir(parents=True, exist_ok=True)
+    # the screen opens at once (STARTING, the fleet's N GPUs at the orchestrator); each rank's recording is
+    # read when it appears, as a follow picks up any rank that starts late
+    app = make_app(replay=out, theme=theme, readonly=True, follow=True, gpus=gpus)
+
+    def tell_the_screen() -> None:
+        thread.join()
+        if "error" in outcome and app.is_running:
+            app.call_from_thread(app.notify, f"the fleet failed: {outcome['error']}", severity="error",
+                                 timeout=30, markup=False)
+
+    started = threading.Event()
+
+    def start_fleet() -> None:
+        if not started.is_set():
+            started.set()
+            thread.start()
+            threading.Thread(target=tell_the_screen, name="fleet-watch", daemon=True).start()
+
+    if hasattr(app, "when_ready"):  # once the first screen is drawn: torchrun's start (and torch's import in
+        app.when_ready = start_fleet  # this process) would hold the screen back otherwise
+    else:
+        start_fleet()
+    app.run()
+    start_fleet()  # a screen closed before it was drawn: the fleet still runs, headless
     typer.echo(f"the fleet of {gpus} GPUs goes on headless until it ends; report: {settings.out_dir}/report.json",
                err=True)
     thread.join()

@@ -57,11 +57,12 @@ class FleetRecording:
     when it is (else such a folder is refused with :class:`RecordingError`).
     """
 
-    def __init__(self, out: Path, *, follow: bool = False) -> None:
+    def __init__(self, out: Path, *, follow: bool = False, gpus: int = 0) -> None:
         self.path = Path(out)
         if not self.path.is_dir():
             raise RecordingError(f"{self.path}: no such fleet run folder")
         self.follow = follow
+        self.expected_gpus = gpus  # a fleet being started: its size before any rank has written
         self.last_seq: dict[int, int] = {}
         self.metas: dict[int, dict[str, Any]] = {}
         self.items: tuple[FleetItem, ...] = self.more()
@@ -78,7 +79,7 @@ class FleetRecording:
         try:
             return int(json.loads((self.path / "fleet.json").read_text())["fleet"]["gpus"])
         except (OSError, ValueError, KeyError, TypeError):
-            return len(self.rank_files())
+            return max(self.expected_gpus, len(self.rank_files()))
 
     def rank_files(self) -> dict[int, Path]:
         """``rank -> <out>/rank-R/recording.db`` for the ranks that have one, in rank order."""
@@ -123,8 +124,8 @@ class FleetBridge(ReplayBridge):
 
     def __init__(self, app: App[Any], fleet: FleetRecording, *, speed: float = 8.0, follow: bool = False,
                  sampler: Sampler | None = None) -> None:
+        self.fleet = fleet  # before the replay's init: its states are a fleet's
         super().__init__(app, fleet.recording(), speed=speed, follow=follow)
-        self.fleet = fleet
         self.state = self.new_state()
         #: NVML while following a running fleet (its devices' own counters come from the ranks' recordings)
         self.sampler = sampler
@@ -140,11 +141,11 @@ class FleetBridge(ReplayBridge):
 
     @property
     def badges(self) -> tuple[str, ...]:
-        mode = "▶" if self.playing else "‖"
         fleet = f"FLEET ×{self.fleet.gpus}" + (" SIM" if self.state.sim else "")
-        if self.follow:  # the position in a recording still being written says little
-            return fleet, f"FOLLOW {mode}"
-        return fleet, f"REPLAY {mode} {self.player.position}/{len(self.player.items)}"
+        return fleet, self.position_badge()
+
+    def _fold_end_event(self, item: RecordedItem) -> None:
+        self.end_state.apply(item.event(), gpu=item.gpu if isinstance(item, FleetItem) else 0)
 
     def _apply(self, items: Iterable[RecordedItem]) -> tuple[ev.Event, ...]:
         events: list[ev.Event] = []
@@ -160,15 +161,18 @@ class FleetBridge(ReplayBridge):
             events.append(event)
         return tuple(events)
 
-    def _follow_more(self) -> None:
+    def follow_more(self) -> bool:
         try:
             more = self.fleet.more()
         except RecordingError:
-            return
+            return False
         if more:
             self.player.extend(more)
-        if self.state.fleet_size < self.fleet.gpus:
-            self.state.fleet_size = self.fleet.gpus
+            self._fold_end(more)
+        for state in (self.state, self.end_state):
+            if state.fleet_size < self.fleet.gpus:
+                state.fleet_size = self.fleet.gpus
+        return bool(more)
 
     # --- telemetry: the ranks' recorded frames, merged --------------------------------------------
     def offer_rank_frame(self, gpu: int, frame: TelemetryFrame) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from importlib import metadata
+from typing import Any
 
 import typer
 import typer.core
@@ -84,7 +85,7 @@ def quiet_flag_types() -> None:
         return
     original = option.display_type_rich
 
-    def display_type_rich(self: typer.core.TyperOption, ctx: typer.core._click.Context) -> str | None:
+    def display_type_rich(self: typer.core.TyperOption, ctx: Any) -> str | None:
         if self.is_flag and self.metavar is None:
             return None
         return original(self, ctx)

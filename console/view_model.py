@@ -11,6 +11,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from gputravel.console.view_training import TrainingFolds
 from gputravel.core import events as ev
 from gputravel.core.travel.holders import HolderState
 from gputravel.core.travel.phases import VISIT_PHASES, Phase
@@ -139,7 +140,7 @@ class DeviceView:
 
 
 @dataclass
-class RunState:
+class RunState(TrainingFolds):
     """What an operator sees, folded from events by :meth:`apply`."""
 
     status: str = "idle"  # idle | starting | running | paused | completed | failed | cancelled
@@ -167,6 +168,9 @@ class RunState:
     loss: list[tuple[int, float]] = field(default_factory=list)
     val: list[tuple[int, str, float]] = field(default_factory=list)
     tokens_per_s: float | None = None
+    train_progress: tuple[int, int] | None = None  # (step k, of K) of the TRAIN now running
+    pending: str | None = None  # "cancel" | "pause": asked, not landed yet (CANCELLING... / PAUSING...)
+    spikes: list[tuple[int, float, float]] = field(default_factory=list)  # (run step, loss, running mean)
     rejected_total: Counter[str] = field(default_factory=Counter)
     oplog: deque[OpLine] = field(default_factory=lambda: deque(maxlen=1000))
     error: str | None = None
@@ -208,6 +212,7 @@ class RunState:
     def set_paused(self, phase: str | None, reason: str = "step") -> None:
         """The control state the engine is in (it emits no event when a step ends)."""
         if phase is None:
+            self.pending = None if self.pending == "pause" else self.pending  # resumed before the pause landed
             if self.status == "paused":
                 self.status = "running"
             self.paused_before = self.pause_reason = None
@@ -452,8 +457,10 @@ class RunState:
             for i, x in enumerate(e.losses):
                 self._fleet_loss.setdefault(first + i, []).append(float(x))
             self.loss = [(step, sum(xs) / len(xs)) for step, xs in sorted(self._fleet_loss.items())]
-        else:
+        else:  # the steps a TrainingProgressed already showed give way to the phase's own
+            self.loss = [pt for pt in self.loss if pt[0] < first] if self.loss and self.loss[-1][0] >= first else self.loss
             self.loss.extend((first + i, float(x)) for i, x in enumerate(e.losses))
+        self.train_progress = None
         v = self._visit(e.visit, e.holder)
         v.loss_first = e.losses[0] if e.losses else None
         v.loss_last = e.losses[-1] if e.losses else None
@@ -491,16 +498,17 @@ class RunState:
         self.log(e.t, e.holder, f"visit {e.visit + 1} failed in {e.phase}: {e.error} [{e.code}]", "error")
 
     def _on_RunPaused(self, e: ev.RunPaused) -> None:
-        self.status = "paused"
+        self.status, self.pending = "paused", None
         self.paused_before, self.pause_reason = e.next_phase, e.reason
-        self.log(e.t, "operator", f"paused ({e.reason}) before {e.next_phase}", "warn")
+        self.log(e.t, "operator", f"paused ({e.reason}) {f'in {e.within}' if e.within else f'before {e.next_phase}'}",
+                 "warn")
 
     def _on_RunResumed(self, e: ev.RunResumed) -> None:
         self.set_paused(None)
         self.log(e.t, "operator", "resumed")
 
     def _on_RunCompleted(self, e: ev.RunCompleted) -> None:
-        self.status = "completed"
+        self.status, self.pending = "completed", None
         self.current_phase = self.paused_before = None
         self.gpu_at = "orchestrator"
         self.log(e.t, "orchestrator", f"run completed: {e.visits} visits, {e.failed} failed",
@@ -508,6 +516,7 @@ class RunState:
 
     def _on_RunFailed(self, e: ev.RunFailed) -> None:
         self.status = "cancelled" if e.code == "cancelled" else "failed"
+        self.pending = self.train_progress = None
         self.error, self.error_code = e.error, e.code
         self.current_phase = self.paused_before = None
         self.gpu_at = "orchestrator"  # the visit is aborted: no holder keeps a key into the buffer

@@ -71,7 +71,7 @@ def build_engine(settings: RunSettings, *, links: Iterable[HolderLink] | None = 
     ``platform_type`` and ``engine_type`` (with its extra ``engine_kw``) are where a fleet rank plugs in
     its own device entry point and engine (``core/fleet``)."""
     from gputravel.core.runfolder import saved_settings, verify_run_folder
-    from gputravel.core.training.checkpoint import CheckpointStore, load_or_create_key
+    from gputravel.core.training.store import CheckpointStore, load_or_create_key
 
     out = Path(settings.out_dir)
     if out.exists() and (out / "ledger.db").exists() and not settings.resume:
@@ -85,7 +85,7 @@ def build_engine(settings: RunSettings, *, links: Iterable[HolderLink] | None = 
         links = [LocalHolderLink(name, path, val_fraction=settings.val_fraction)
                  for name, path in resolve_holder_dirs(settings)]
     key = load_or_create_key(out / "keys" / "checkpoint.key")
-    store = CheckpointStore(out / "checkpoints", key)
+    store = CheckpointStore(out / "checkpoints", key, keep=settings.keep_checkpoints)
     platform = platform_type(out / "platform", device=settings.device, cc_mode=settings.cc_mode,
                              allow_fault_injection=settings.allow_fault_injection,
                              torch_threads=settings.torch_threads, data_host=tcp_data_host(settings),

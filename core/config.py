@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,17 @@ LIMITS: dict[str, tuple[float, float]] = {
     "visit_attempts": (1, 100),
     "key_chunk_budget": (1, 2**32),
     "epoch_limit": (1, 2**62),
+    "checkpoint_every": (1, 1_000_000),
+    "keep_checkpoints": (1, 1_000_000),
 }
 _INT_FIELDS = ("holders", "rounds", "steps_per_visit", "chunk_kib", "batch_size", "seq_len", "seed",
-               "torch_threads", "auth_workers", "visit_attempts", "key_chunk_budget", "epoch_limit")
+               "torch_threads", "auth_workers", "visit_attempts", "key_chunk_budget", "epoch_limit",
+               "checkpoint_every", "keep_checkpoints")
 _FLOAT_FIELDS = ("buffer_mib", "val_fraction", "val_share", "lr")
+_STR_FIELDS = ("model", "cc_mode", "transport", "data_path", "cipher_engine", "data_host")
+_OPTIONAL_STR_FIELDS = ("device", "fault")
+_BOOL_FIELDS = ("resume", "allow_fault_injection")
+_OPTIONAL_BOOL_FIELDS = ("parallel_auth", "overlap")
 
 
 def _num(x: float) -> str:
@@ -81,7 +89,14 @@ class RunSettings:
     #: pretrained weights the model starts from (llm.c .bin or GPT-2 safetensors; docs/checkpoints.md): the
     #: model's shape comes from the file, the weights reach the device as a sealed stream (core/training/weights.py)
     init_from: Path | None = None
+    #: a visit's checkpoint is written in the background; every N-th visit (and the last) checkpoints, and a
+    #: visit is committed (resumable) once the checkpoint holding it is durable
+    checkpoint_every: int = 1
+    keep_checkpoints: int = 2  # sealed checkpoints kept in the run folder (never the one the ledger names)
     fault: str | None = None  # fault injection: "kill-orchestrator|kill-device|kill-agent@PHASE:VISIT[+SECONDS]"
+    #: fault injection into what holders attest (``run --inject``): cvm-debug, cvm-report-data, gpu-measurement,
+    #: gpu-nonce; every holder must refuse (core/travel/holder_attest.py)
+    holder_inject: str | None = None
 
     def __post_init__(self) -> None:
         if self.data_path == "ssh":  # the name `bench provision` and the docs use for the channel path
@@ -101,6 +116,8 @@ class RunSettings:
             (self.data_path in ("channel", "direct", "conventional"), "data path is direct, channel (ssh) or conventional"),
             (self.visit_attempts >= 1, "visit-attempts must be >= 1"),
             (self.cipher_engine in ("auto", "cpu", "gpu"), "cipher-engine is auto, cpu or gpu"),
+            (self.holder_inject in (None, "cvm-debug", "cvm-report-data", "gpu-measurement", "gpu-nonce"),
+             "inject is cvm-debug, cvm-report-data, gpu-measurement or gpu-nonce"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -119,6 +136,26 @@ class RunSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
                 raise ConfigError(f"{name.replace('_', '-')} must be a finite number, not {value!r}")
+        for name in (*_STR_FIELDS, *_OPTIONAL_STR_FIELDS):
+            value = getattr(self, name)
+            if not (isinstance(value, str) or (value is None and name in _OPTIONAL_STR_FIELDS)):
+                raise ConfigError(f"{name.replace('_', '-')} must be a string, not {value!r}")
+            if isinstance(value, str) and (not value or any(ord(c) < 32 for c in value)):
+                raise ConfigError(f"{name.replace('_', '-')} must be a non-empty line, not {value!r}")
+        for name in (*_BOOL_FIELDS, *_OPTIONAL_BOOL_FIELDS):
+            value = getattr(self, name)
+            if not (isinstance(value, bool) or (value is None and name in _OPTIONAL_BOOL_FIELDS)):
+                raise ConfigError(f"{name.replace('_', '-')} must be true or false, not {value!r}")
+        for name in ("data_dir", "holders_file", "out_dir"):
+            value = getattr(self, name)
+            if isinstance(value, str | os.PathLike) and not isinstance(value, Path):
+                object.__setattr__(self, name, value := Path(value))
+            if not (isinstance(value, Path) or (value is None and name != "out_dir")):
+                raise ConfigError(f"{name.replace('_', '-')} must be a path, not {value!r}")
+        if isinstance(self.breakpoints, list):
+            object.__setattr__(self, "breakpoints", tuple(self.breakpoints))
+        if not isinstance(self.breakpoints, tuple) or not all(isinstance(b, str) for b in self.breakpoints):
+            raise ConfigError(f"break-before must be phase names, not {self.breakpoints!r}")
 
     def _check_limits(self) -> None:
         """Every number inside its stated limit (``LIMITS``), every breakpoint a phase: checked before

@@ -118,6 +118,44 @@ class TrainingStepped(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class TrainingProgressed(Event):
+    """Steps of a TRAIN that is still running: ``step`` of the visit's ``steps`` are done (1-based count);
+    ``losses`` are those of the steps since the last progress event, the last of them ``loss``; ``run_step``
+    is the run's step counter after them. ``TrainingStepped`` still closes the phase with every loss."""
+
+    visit: int
+    holder: str
+    step: int
+    steps: int
+    loss: float
+    tokens_per_s: float
+    run_step: int = 0
+    losses: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LossSpiked(Event):
+    """A step's loss above ``factor`` times the running mean of the losses before it (``mean``)."""
+
+    visit: int
+    holder: str
+    run_step: int
+    loss: float
+    mean: float
+    factor: float
+
+
+@dataclass(frozen=True, slots=True)
+class ControlRequested(Event):
+    """The operator asked to ``cancel`` or ``pause``; it lands between optimizer steps (or phases, or
+    provisioning chunks): until ``RunPaused`` or the cancelled visit's end, the run shows CANCELLING... or
+    PAUSING...; ``phase`` is the phase running when it was asked."""
+
+    action: str
+    phase: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class VisitCompleted(Event):
     visit: int
     holder: str
@@ -136,9 +174,24 @@ class VisitFailed(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class VisitCancelled(Event):
+    """The operator's cancel (or SIGTERM) landed in ``phase`` after ``steps`` optimizer steps; the partial
+    buffer was scrubbed (``scrub_verified``)."""
+
+    visit: int
+    holder: str
+    epoch: int
+    phase: str | None
+    steps: int
+    scrub_verified: bool
+
+
+@dataclass(frozen=True, slots=True)
 class RunPaused(Event):
     reason: str
     next_phase: str | None
+    #: where inside ``next_phase`` it paused, when it paused mid-phase (``"TRAIN 3/8"``: after step 3 of 8)
+    within: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

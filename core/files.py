@@ -10,7 +10,11 @@ from pathlib import Path
 
 from gputravel.core.errors import ConfigError, InsecureKeyError
 
-__all__ = ["InsecureKeyError", "check_private", "fsync_dir", "read_private", "write_atomic"]
+__all__ = ["PRIVATE_UMASK", "InsecureKeyError", "check_private", "close_folder", "fsync_dir", "keep_private",
+           "make_tree_private", "read_private", "write_atomic"]
+
+#: the umask of a process that writes a run: folders 0700, files 0600 (SQLite's -wal/-shm included)
+PRIVATE_UMASK = 0o077
 
 
 def _refuse_unless_private(st: os.stat_result, path: Path, what: str) -> None:
@@ -100,3 +104,43 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def keep_private() -> int:
+    """From now on this process creates nothing others can read (umask 0077): the run folder, its ledger and
+    recording with SQLite's -wal/-shm files (created with the database's mode), settings and logs, and
+    whatever the device service and agents it starts write there. Returns the previous umask."""
+    old = os.umask(PRIVATE_UMASK)
+    os.umask(old | PRIVATE_UMASK)
+    return old
+
+
+def close_folder(folder: Path) -> None:
+    """Group and other bits off ``folder`` itself (0755 becomes 0700): nobody else reaches what is in it."""
+    try:
+        mode = stat.S_IMODE(os.stat(folder).st_mode)
+        if mode & 0o077:
+            os.chmod(folder, mode & ~0o077)
+    except OSError:
+        pass
+
+
+def make_tree_private(root: Path) -> None:
+    """Take group and other bits off ``root`` and everything under it (a folder 0755 becomes 0700, a file 0644
+    0600; the owner's bits stay): a run folder made before runs were private, or what a part wrote with its
+    own mode. Symlinks are not followed; other users' files are left alone."""
+    root = Path(root)
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    for entry in [root, *root.rglob("*")]:
+        try:
+            st = os.lstat(entry)
+        except OSError:
+            continue
+        if stat.S_ISLNK(st.st_mode) or (uid is not None and st.st_uid != uid):
+            continue
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & 0o077:
+            try:
+                os.chmod(entry, mode & ~0o077, follow_symlinks=False)
+            except (OSError, NotImplementedError):
+                continue

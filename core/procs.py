@@ -1,4 +1,4 @@
-"""Child processes of the orchestrator."""
+"""Child processes of the orchestrator, and who a process is (``/proc``)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import ctypes
 import os
 import signal
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
@@ -68,3 +69,52 @@ def release_free_memory() -> bool:
         return False
     trim(0)  # type: ignore[operator]
     return True
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessIdentity:
+    """Who a pid is, as far as the kernel says (``/proc``): the pid, when the process started (clock ticks
+    after boot, field 22 of ``/proc/<pid>/stat``) and its command line. A pid the kernel reuses after the
+    process died gets another start time, so pid + start time name one process for as long as the machine
+    runs; the command line is checked too."""
+
+    pid: int
+    start_ticks: int
+    cmdline: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pid": self.pid, "start_ticks": self.start_ticks, "cmdline": list(self.cmdline)}
+
+
+def process_identity(pid: int) -> ProcessIdentity | None:
+    """The identity of the live process ``pid`` (None: gone, a zombie, unreadable, or no ``/proc`` here)."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode("utf-8", "replace")
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) ": state is field 3, starttime field 22
+    if len(fields) < 20 or fields[0] in ("Z", "X"):
+        return None
+    try:
+        start = int(fields[19])
+    except ValueError:
+        return None
+    args = tuple(a.decode("utf-8", "replace") for a in raw.split(b"\0")[:-1]) if raw else ()
+    return ProcessIdentity(pid, start, args)
+
+
+def identity_matches(record: dict[str, Any]) -> ProcessIdentity | None:
+    """The live process a record (``{"pid", "start_ticks", "cmdline"}``) names, or None when that pid is gone
+    or is now another process (other start time or command line), or the record does not say who it was."""
+    pid, start, cmdline = record.get("pid"), record.get("start_ticks"), record.get("cmdline")
+    if not isinstance(pid, int) or not isinstance(start, int) or not isinstance(cmdline, list):
+        return None
+    now = process_identity(pid)
+    if now is None or now.start_ticks != start or list(now.cmdline) != cmdline:
+        return None
+    return now

@@ -146,7 +146,7 @@ def _check_state_against_chain(ledger: Path, rows: list[Any], state: dict[str, A
 def _open_checkpoint(out: Path, seq: int, run_id: str) -> dict[str, Any]:
     """The sealed record of checkpoint ``seq`` (model digest, epoch, the ledger head and settings digest it
     was sealed with), after its key and seal were checked."""
-    from gputravel.core.training.checkpoint import CheckpointStore, _read_key
+    from gputravel.core.training.store import CheckpointStore, _read_key
 
     key_path = out / "keys" / "checkpoint.key"
     if not key_path.exists():

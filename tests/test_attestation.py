@@ -386,9 +386,10 @@ def test_cli_attest_refuses_a_world_readable_identity_key(tmp_path: Path) -> Non
 
     out = CliRunner().invoke(app, ["attest", "--json", "--state-dir", str(tmp_path)])
 
-    # main() prints it as "error: InsecureKeyError: ..." and exits with ConfigError's code (2)
-    assert isinstance(out.exception, InsecureKeyError) and "chmod 600" in str(out.exception)
-    assert out.exception.exit_code == 2
+    # the CLI reports it as "error: InsecureKeyError: ..." (the JSON error object under --json), exit 2
+    assert out.exit_code == InsecureKeyError.exit_code == 2
+    error = json.loads(out.stdout)["error"]
+    assert error["type"] == "InsecureKeyError" and "chmod 600" in error["message"]
 
 
 def test_result_dict_and_reprs_hold_no_private_key_material(pki: Pki) -> None:
@@ -427,7 +428,7 @@ def test_cli_attest_with_bad_policy_is_a_config_error(tmp_path: Path) -> None:
 
     out = CliRunner().invoke(app, ["attest", "--state-dir", str(tmp_path / "s"), "--policy", str(bad)])
 
-    assert isinstance(out.exception, ConfigError)
+    assert out.exit_code == ConfigError.exit_code and "ConfigError" in out.output
 
 
 # --- one check per claim ------------------------------------------------------------------------------------

@@ -256,7 +256,8 @@ def agent_pids(name: str) -> list[int]:
 def agents_json(action: str, inventory: Path) -> tuple[int, list[dict[str, Any]]]:
     res = gputravel("agents", action, "--holders-file", str(inventory), "--json", timeout=90)
     assert res.stdout.strip(), f"exit {res.returncode}, no output; stderr: {res.stderr[-3000:]}"
-    return res.returncode, json.loads(res.stdout)
+    doc = json.loads(res.stdout)  # a failure is the one JSON error object, the holders' rows in it
+    return res.returncode, doc["holders"] if isinstance(doc, dict) and doc.get("ok") is False else doc
 
 
 async def test_agents_status_then_deploy_then_status_report_the_verified_bundle(

@@ -178,12 +178,32 @@ def test_truncated_checkpoint_is_a_clear_data_error(tmp_path: Path) -> None:
         store.load(path)
 
 
-def test_store_keeps_the_last_three(tmp_path: Path) -> None:
+def test_store_keeps_the_last_two_by_default_and_as_many_as_asked(tmp_path: Path) -> None:
     store = _store(tmp_path)
     for seq in range(5):
         store.save({"seq": seq}, run_id="r", seq=seq)
-    assert [s for s, _ in store.checkpoints()] == [2, 3, 4]
+    assert [s for s, _ in store.checkpoints()] == [3, 4]
     assert store.load(4)["seq"] == 4
+    three = _store(tmp_path / "three", keep=3)
+    for seq in range(5):
+        three.save({"seq": seq}, run_id="r", seq=seq)
+    assert [s for s, _ in three.checkpoints()] == [2, 3, 4]
+
+
+def test_prune_never_removes_the_checkpoint_the_ledger_names(tmp_path: Path) -> None:
+    store = _store(tmp_path, keep=1)
+    header = store.new_header(run_id="r", seq=0)
+    for seq in range(3):
+        header = store.new_header(run_id="r", seq=seq)
+        with store.writer(header) as w:
+            from gputravel.core.training.checkpoint import seal_state
+
+            for kind, sealed in seal_state(store.run_key("r"), header, {"seq": seq}):
+                w.add(kind, sealed)
+            w.commit({}, prune=False)  # a run prunes only once its ledger names the new one
+    assert [s for s, _ in store.checkpoints()] == [0, 1, 2]
+    store.prune(protect=1)
+    assert [s for s, _ in store.checkpoints()] == [1, 2]
 
 
 def test_key_is_created_private_and_reused(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ import json
 import os
 import random
 import sqlite3
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ WORDS = "to be or not that is the question whether tis nobler in mind suffer sli
 def gputravel(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "200"}
     return subprocess.run([sys.executable, "-m", "gputravel.console.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+                          timeout=timeout, env=env, preexec_fn=lambda: os.umask(0o022))  # a usual umask
 
 
 @pytest.fixture(scope="module")
@@ -30,11 +31,58 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, 
         (data / holder).mkdir(parents=True)
         (data / holder / "text.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(12_000)))
     out = root / "out"
-    proc = gputravel("run", "--data", str(data), "--holders", "2", "--rounds", "1", "--steps-per-visit", "2",
+    # no --holders: it follows the --data folders (2 here; the default without --data is 3)
+    proc = gputravel("run", "--data", str(data), "--rounds", "1", "--steps-per-visit", "2",
                      "--batch-size", "4", "--seq-len", "32", "--chunk-kib", "16", "--buffer-mib", "0.25",
                      "--out", str(out), "--telemetry-interval", "0.2", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, json.loads(proc.stdout), proc
+
+
+def test_the_run_folder_and_everything_in_it_are_private(
+        finished_run: tuple[Path, dict, subprocess.CompletedProcess[str]]) -> None:
+    out = finished_run[0]
+    assert stat.S_IMODE(out.stat().st_mode) == 0o700
+    modes = {p.relative_to(out).as_posix(): stat.S_IMODE(p.lstat().st_mode) for p in out.rglob("*")
+             if not p.is_symlink()}
+    assert {"ledger.db", "recording.db", "settings.json"} <= set(modes)
+    wide = {name: oct(mode) for name, mode in modes.items() if mode & 0o077}
+    assert not wide, f"readable by others: {wide}"
+
+
+def test_the_ledgers_and_recordings_sqlite_side_files_are_private_while_open(tmp_path: Path) -> None:
+    code = """
+import os, stat, sys
+from pathlib import Path
+os.umask(0o022)
+from gputravel.console.run_claim import RunFolder
+from gputravel.core.ledger import Ledger
+from gputravel.core.recording import Recorder
+out = Path(sys.argv[1])
+RunFolder(out).claim()
+rec = Recorder(out / "recording.db", meta={})
+rec.set_meta({"x": 1})
+with Ledger.open(out / "ledger.db", run_id="r") as ledger:
+    ledger.append(kind="phase", phase="train", holder="a", epoch=1, key_fp=None, nbytes=1, duration_s=0.1,
+                  detail={}, state={})
+    for p in sorted(out.iterdir()):
+        print(p.name, oct(stat.S_IMODE(p.stat().st_mode)))
+"""
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    modes = dict(line.split() for line in proc.stdout.splitlines())
+    assert {"ledger.db-wal", "ledger.db-shm", "recording.db-wal"} <= set(modes), modes
+    assert set(modes.values()) == {"0o600"}, modes
+    assert stat.S_IMODE((tmp_path / "run").stat().st_mode) == 0o700
+
+
+def test_holders_follow_the_data_folders_and_the_report_ends_with_the_whole_head(
+        finished_run: tuple[Path, dict, subprocess.CompletedProcess[str]]) -> None:
+    out, report, _ = finished_run
+    assert sorted(h["name"] for h in report["holders"]) == ["north", "south"]
+    assert report["ledger"]["head"] and len(report["ledger"]["head"]) == 64
+    assert json.loads((out / "status.json").read_text())["status"] == "completed"
 
 
 def test_run_prints_a_json_report(finished_run: tuple[Path, dict, subprocess.CompletedProcess[str]]) -> None:
@@ -166,3 +214,75 @@ def test_runs_stop_ends_a_running_run_and_its_recording_says_cancelled(tmp_path:
     assert again.returncode == 2
     assert json.loads(again.stdout)["error"]["code"] == "config"
     assert "not running (cancelled)" in json.loads(again.stdout)["error"]["message"]
+
+
+def test_a_headless_breakpoint_says_how_to_continue_and_runs_resume_and_step_continue_it(tmp_path: Path) -> None:
+    import time
+
+    data = tmp_path / "data"
+    for seed, holder in enumerate(("north", "south")):
+        rng = random.Random(seed)
+        (data / holder).mkdir(parents=True)
+        (data / holder / "text.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(12_000)))
+    out = tmp_path / "runs" / "run-break"
+    env = {**os.environ, "COLUMNS": "300", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "gputravel.console.cli", "run", "--data", str(data), "--rounds",
+                             "1", "--steps-per-visit", "2", "--batch-size", "4", "--seq-len", "32", "--chunk-kib",
+                             "16", "--buffer-mib", "0.25", "--out", str(out), "--transport", "local",
+                             "--break-before", "train"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
+    runs = ("--runs-dir", str(tmp_path / "runs"))
+
+    def status() -> str:
+        shown = gputravel("runs", "show", "run-break", *runs, "--json")
+        return str(json.loads(shown.stdout)["status"]) if shown.returncode == 0 else "?"
+
+    def until_paused() -> None:
+        for _ in range(600):
+            if status() == "paused" or proc.poll() is not None:
+                return
+            time.sleep(0.1)
+
+    try:
+        until_paused()  # before the first visit's TRAIN
+        assert status() == "paused" and proc.poll() is None
+        step = gputravel("runs", "step", "run-break", *runs, "--json")
+        assert step.returncode == 0, step.stdout + step.stderr
+        assert json.loads(step.stdout)["action"] == "step"
+        for _ in range(4):  # the second visit's TRAIN breakpoint, and then the end
+            until_paused()
+            if proc.poll() is not None:
+                break
+            resumed = gputravel("runs", "resume", "run-break", *runs, "--json")
+            assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+            time.sleep(0.5)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output[-2000:]
+    assert "paused (breakpoint) before TRAIN" in output
+    assert "gputravel runs resume run-break" in output and "gputravel runs step run-break" in output
+    assert status() == "completed"
+    gone = gputravel("runs", "resume", "run-break", *runs, "--json")
+    assert gone.returncode == 2 and "not running (completed)" in json.loads(gone.stdout)["error"]["message"]
+
+
+def test_a_completed_fleet_says_completed_and_is_addressed_by_its_name(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    for seed, holder in enumerate(("north", "south")):
+        rng = random.Random(seed)
+        (data / holder).mkdir(parents=True)
+        (data / holder / "text.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(12_000)))
+    out = tmp_path / "runs" / "fleet-run"
+    proc = gputravel("run", "--gpus", "2", "--data", str(data), "--rounds", "1", "--steps-per-visit", "2",
+                     "--batch-size", "4", "--seq-len", "32", "--chunk-kib", "16", "--buffer-mib", "0.25",
+                     "--transport", "local", "--out", str(out), "--json", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((out / "status.json").read_text())["status"] == "completed"
+    runs = ("--runs-dir", str(tmp_path / "runs"))
+    shown = json.loads(gputravel("runs", "show", "fleet", *runs, "--json").stdout)
+    assert (shown["status"], shown["fleet"], shown["visits_done"]) == ("completed", True, 2)
+    log = gputravel("runs", "log", "fleet", *runs, "--json")
+    assert log.returncode == 0 and {json.loads(line)["gpu"] for line in log.stdout.splitlines()} == {0, 1}
+    assert stat.S_IMODE(out.stat().st_mode) == 0o700

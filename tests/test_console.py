@@ -105,7 +105,7 @@ async def test_break_before_handoff_then_run_stops_before_handoff_and_cancel_end
         assert bridge.state.phases_completed == 1
         text = screen_text(app)
         assert "PAUSED BEFORE HANDOFF" in text and "paused before HANDOFF (breakpoint)" in text and "‖" in text
-        await pilot.press("c")
+        await pilot.press("c", "y")  # c asks first; y confirms
         await until(pilot, lambda: bridge.state.status == "cancelled" and not app.run_in_flight, what="cancelled")
         assert bridge.session.finished and not engine.handle.alive()
         assert "CANCELLED" in screen_text(app)
@@ -378,6 +378,7 @@ async def test_colon_run_step_pause_resume_break_and_cancel_drive_a_live_run(dat
                     what=":resume then :pause")
         assert bridge.state.status == "paused"
         await colon("cancel")
+        await pilot.press("y")
         await until(pilot, lambda: bridge.state.status == "cancelled" and not app.run_in_flight, what=":cancel")
 
 
@@ -471,7 +472,7 @@ async def test_slash_filters_the_holders_table_and_escape_clears_it(data_root: P
         await pilot.press("escape")
         await pilot.pause()
         assert table.row_count == 2  # type: ignore[attr-defined]
-        await pilot.press("c")
+        await pilot.press("c", "y")
         await until(pilot, lambda: not app.run_in_flight, what="cancel")
 
 

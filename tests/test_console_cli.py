@@ -120,7 +120,7 @@ def _params(command: click.Command) -> dict[str, click.Parameter]:
 def test_console_and_run_share_option_names_defaults_and_help() -> None:
     from gputravel.console import cli
 
-    run_cmd = typer.main.get_command(cli.app).commands["run"]  # type: ignore[attr-defined]
+    run_cmd = typer.main.get_command(cli.app).get_command(None, "run")  # type: ignore[attr-defined]
     console_cmd = typer.main.get_command(console_app.cli)
     ours, theirs = _params(console_cmd), _params(run_cmd)
     assert set(ours) == set(theirs) == set(SHARED_OPTIONS)
@@ -155,7 +155,7 @@ def test_bench_screen_launches_the_small_travel_study(monkeypatch: pytest.Monkey
     asyncio.run(bench_screen.run_bench_subprocess("provision", lambda line: None))
     travel, provision = launched
     assert travel[-4:] == ("travel", "--buffer-mib", "4,20", "--json")
-    assert provision[-2:] == ("provision", "--json")
+    assert provision[-6:] == ("provision", "--size-mib", "16", "--repeats", "2", "--json")  # small, to watch
 
 
 # --- conventions an operator expects --------------------------------------------------------------------------
@@ -213,8 +213,8 @@ def test_runs_errors_are_json_with_the_errors_exit_code(tmp_path: Path) -> None:
     for args in (["runs", "show", "nope"], ["runs", "log", "nope"], ["runs", "stop", "nope"]):
         result = CliRunner().invoke(cli.app, [*args, "--runs-dir", str(tmp_path), "--json"])
         assert result.exit_code == 2, result.output
-        error = __import__("json").loads(result.output)["error"]
-        assert error == {"code": "config", "exit_code": 2, "kind": "ConfigError",
+        error = __import__("json").loads(result.stdout)["error"]
+        assert error == {"code": "config", "exit_code": 2, "type": "ConfigError",
                          "message": f"no run 'nope' under {tmp_path}/ (gputravel runs ls lists them)"}
     empty = CliRunner().invoke(cli.app, ["runs", "ls", "--runs-dir", str(tmp_path), "--json"])
     assert empty.exit_code == 0 and __import__("json").loads(empty.output)["runs"] == []

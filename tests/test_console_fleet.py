@@ -250,7 +250,7 @@ async def test_gpu_screen_has_one_sim_card_per_device_and_they_scroll_in_80x24(f
         await pilot.press("1")
         await pilot.pause()
         text = screen_text(app)
-        assert "◆0" in text and "◆1" in text and "GPU0 ◆ orchestrator" in text
+        assert "◆0" in text and "◆1" in text and "GPU0 ◆ orch" in text  # 80 columns: the short form
 
 
 async def test_replay_of_one_rank_still_opens_that_gpu_alone(fleet: tuple[Path, dict]) -> None:
@@ -282,7 +282,9 @@ async def test_following_a_running_fleet_is_read_only_and_picks_up_every_rank(fl
         async with app.run_test(size=(120, 40)) as pilot:
             bridge = app.bridge
             assert isinstance(bridge, FleetBridge) and bridge.follow
-            assert app.check_action("step", ()) is False and app.check_action("toggle_pause", ()) is False
+            # the view moves (pause, step: issue 25.1); the fleet is torchrun's: no cancel, no breakpoint
+            assert app.check_action("step", ()) is True and app.check_action("toggle_pause", ()) is True
+            assert app.check_action("cancel", ()) is False and app.check_action("toggle_break", ()) is False
             await until(pilot, lambda: bridge.player.position == half, what="rank 0's first half")
             assert list(bridge.state.gpus) == [0] and bridge.state.status != "completed"
             recorders[1] = Recorder(follow / "rank-1" / "recording.db", meta=dict(ranks[1].meta))

@@ -152,7 +152,9 @@ async def settle(pilot: object, app: GpuTravelConsole) -> None:
     await pilot.pause()  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("screen", ["travel", "holders", "training", "gpu", "bench", "ledger", "help"])
+# ids "<name>-screen": a bare "gpu" id is a keyword conftest reads as @pytest.mark.gpu (needs CUDA) and skips
+@pytest.mark.parametrize("screen", ["travel", "holders", "training", "gpu", "bench", "ledger", "help"],
+                         ids=lambda s: f"{s}-screen")
 async def test_screen_renders_the_recorded_run_as_the_snapshot(recording: Path, screen: str) -> None:
     app = make_app(replay=load_recording(recording))
     async with app.run_test(size=SIZE) as pilot:
@@ -244,14 +246,17 @@ async def test_replay_jump_command_and_playback_reach_the_end(recording: Path) -
         assert "REPLAY" in screen_text(app)
 
 
-async def test_readonly_replay_hides_the_controls(recording: Path) -> None:
+async def test_readonly_replay_hides_the_controls_but_not_the_view_keys(recording: Path) -> None:
     app = make_app(replay=load_recording(recording), readonly=True)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("space")
+        await pilot.press("c", "b")
         await pilot.pause()
-        assert app.bridge.state.events_seen == 0  # space is not bound in observer mode
+        assert app.bridge.state.events_seen == 0 and not app._notifications  # nothing to steer
+        await pilot.press("space")  # stepping a recording moves the view only: allowed to an observer
+        await pilot.pause()
+        assert app.bridge.state.phases_completed == 1
         text = screen_text(app)
-        assert "READ-ONLY" in text and "Step" not in text.splitlines()[-1]
+        assert "READ-ONLY" in text and "Cancel" not in text.splitlines()[-1]
 
 
 async def test_ledger_screen_names_the_row_that_breaks_the_chain(tmp_path: Path) -> None:
@@ -275,7 +280,7 @@ async def test_ledger_screen_names_the_row_that_breaks_the_chain(tmp_path: Path)
         assert "BROKEN at row 5" in text and "row 5 breaks the chain" in text
 
 
-@pytest.mark.parametrize("screen", ["travel", "holders", "gpu"])
+@pytest.mark.parametrize("screen", ["travel", "holders", "gpu"], ids=lambda s: f"{s}-screen")
 async def test_small_terminal_80x24_renders_the_compact_layout_as_the_snapshot(recording: Path, screen: str) -> None:
     app = make_app(replay=load_recording(recording))
     async with app.run_test(size=(80, 24)) as pilot:
@@ -285,6 +290,8 @@ async def test_small_terminal_80x24_renders_the_compact_layout_as_the_snapshot(r
         text = screen_text(app, mask={str(recording.parent): "<tmp>"})
         lines = text.splitlines()
         assert len(lines) == 24 and all(len(line) <= 80 for line in lines)
+        assert "? Help" in lines[-1] and "q Quit" in lines[-1]  # the footer drops other keys first
+        assert "REPLAY ‖ 71/71" in lines[0]  # the status bar's badges are never cut
         if screen == "travel":  # the timeline is on screen, every visit, and no detail line is broken in two
             assert sum(1 for line in lines if line.lstrip().startswith(("1 ", "2 ", "3 "))) == 3
             assert "devic\n" not in text
@@ -315,3 +322,20 @@ async def test_a_replayed_failed_run_ends_failed_not_running(tmp_path: Path) -> 
         assert state.visit(0) is not None and state.visit(0).outcome == "failed"  # type: ignore[union-attr]
         text = screen_text(app)
         assert "FAILED" in text and "run failed (device)" in text and "RUNNING" not in text
+
+
+async def test_help_at_80x24_wraps_a_long_line_under_its_description_not_to_column_0(recording: Path) -> None:
+    app = make_app(replay=load_recording(recording))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("question_mark")
+        await settle(pilot, app)
+        app.screen.query_one("#help-box").scroll_to(y=12, animate=False)
+        await settle(pilot, app)
+        lines = screen_text(app).splitlines()
+        first = next(i for i, line in enumerate(lines) if "f12" in line)
+        key_col = lines[first].index("f12")
+        text_col = lines[first].index("save")
+        assert text_col > key_col + 3
+        more = lines[first + 1]  # the description's second line starts under its first, not under the key
+        assert more[key_col:text_col].strip() == "" and more[text_col:text_col + 1].strip(), (lines[first], more)
+        check_snapshot("help-80x24", "\n".join(lines) + "\n")

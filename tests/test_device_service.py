@@ -500,13 +500,14 @@ def test_truncated_frame_is_counted_and_the_service_survives(rig: Rig) -> None:
 
 
 # --- 9. data connection for another session -----------------------------------------------------------
-@pytest.mark.parametrize("session", ["00" * 16, "not-hex", None])
-def test_data_open_with_a_wrong_session_is_refused(rig: Rig, session: str | None) -> None:
+@pytest.mark.parametrize(("session", "code"), [("00" * 16, "stale-epoch"), ("not-hex", "frame"), (None, "frame")])
+def test_data_open_with_a_wrong_session_is_refused(rig: Rig, session: str | None, code: str) -> None:
+    """Another session's id is a stale one; a session field that is no id at all is a malformed DATA_OPEN."""
     before = rig.rejected()
     conn = DataConn(rig, session, expect_ready=False)
     try:
         assert conn.first is not None and conn.first.type is FrameType.ERROR, conn.first
-        assert conn.first.header["code"] == "stale-epoch"
+        assert conn.first.header["code"] == code
         assert conn.read() is None
     finally:
         conn.close()

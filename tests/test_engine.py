@@ -25,6 +25,7 @@ from gputravel.core.api import resolve_holder_dirs
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import AttestationError, CancelledRunError, ConfigError, DataError
 from gputravel.core.ledger import LedgerRow, read_rows, verify_ledger
+from gputravel.core.training.checkpoint import CheckpointStore
 from gputravel.core.travel import framed_link as holders_mod
 from gputravel.core.travel.local_link import LocalHolderLink
 from gputravel.core.travel.phases import Phase
@@ -218,7 +219,7 @@ async def test_each_visit_hashes_the_model_once_macs_it_twice_and_checkpoints_ho
         report = await engine.run()
         counters = (await asyncio.to_thread(engine.client.stats)).counters
         record = engine.ckpt.meta(engine.last_good_ckpt)
-        state = engine.ckpt.load(engine.last_good_ckpt, run_id=report["run_id"])
+        state = CheckpointStore.over(engine.ckpt).load(engine.last_good_ckpt, run_id=report["run_id"])
     visits = len(report["visits"])
     assert all(v["outcome"] == "done" for v in report["visits"])
     assert counters["model_digests"] == 1 + visits

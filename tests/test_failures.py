@@ -554,7 +554,8 @@ def test_ledger_show_of_a_broken_ledger_names_the_break_and_exits_8(finished: Pa
     _rewrite_row(out)
     proc = gputravel("ledger", "show", str(out / "ledger.db"), "--json")
     assert proc.returncode == 8 and "ledger broken" in proc.stderr and "row 5" in proc.stderr
-    assert len(json.loads(proc.stdout)) == len(rows(out))  # the rows are still there to read
+    doc = json.loads(proc.stdout)  # one JSON error object, the rows still there to read in it
+    assert doc["error"]["type"] == "LedgerError" and len(doc["rows"]) == len(rows(out))
 
 
 @pytest.mark.parametrize(("field", "value", "words"), [

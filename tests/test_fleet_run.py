@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -145,8 +146,12 @@ def test_console_gpus_follows_every_gpu_while_the_fleet_runs(data: Path, tmp_pat
         def __init__(self, **kw: object) -> None:
             seen.append(kw)
 
-        def run(self) -> None:
-            fleet = FleetRecording(Path(str(seen[-1]["replay"])), follow=True)
+        def run(self) -> None:  # opened at once (issue 25.10); a follower picks the ranks up as they start
+            fleet = FleetRecording(Path(str(seen[-1]["replay"])), follow=True, gpus=2)
+            for _ in range(1200):
+                if 0 in fleet.rank_files():
+                    break
+                time.sleep(0.1)
             seen.append({"gpus": fleet.gpus, "rank-0": 0 in fleet.rank_files()})
 
     settings = _settings(data, tmp_path / "c")

@@ -45,6 +45,7 @@ from gputravel.core.errors import GpuTravelError
 from gputravel.core.ledger import read_rows
 from gputravel.core.protocol import Direction
 from gputravel.core.protocol.keys import channel_key
+from gputravel.core.training.checkpoint import CheckpointStore
 from gputravel.core.travel import framed_link as holders_mod
 from gputravel.core.travel import recovery as recovery_mod
 from gputravel.core.travel.local_link import LocalHolderLink
@@ -336,7 +337,7 @@ async def test_no_key_in_the_errors_of_a_failing_run(data: Path, tmp_path: Path,
     blob[-40] ^= 1
     path.write_bytes(bytes(blob))
     try:
-        engine.ckpt.load(seq, run_id=report["run_id"])
+        CheckpointStore.over(engine.ckpt).load(seq, run_id=report["run_id"])
     except GpuTravelError as exc:
         errors.append(exc)
 

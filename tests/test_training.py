@@ -236,3 +236,32 @@ def test_learning_rate_schedule_warms_up_then_decays_to_ten_percent() -> None:
     assert s.lr_at(19) == pytest.approx(0.1, abs=0.02)
     assert s.lr_at(100) == pytest.approx(0.1)
     assert TrainSettings(lr=1.0, warmup_steps=0).lr_at(1000) == 1.0
+
+
+# --- TRAIN in slices ------------------------------------------------------------------------------
+def test_training_in_slices_ends_bit_identical_to_one_piece() -> None:
+    settings = replace(FAST, steps_per_visit=6)
+    whole, sliced = Trainer(MICRO, settings, "cpu"), Trainer(MICRO, settings, "cpu")
+    one = whole.train_on_window(_buf(TEXT), train_off=0, train_len=len(TEXT), fmt="byte")
+    parts = [sliced.train_on_window(_buf(TEXT), train_off=0, train_len=len(TEXT), fmt="byte", steps=n)
+             for n in (1, 2, 3)]
+    assert [x for p in parts for x in p.losses] == one.losses
+    assert [len(p.losses) for p in parts] == [1, 2, 3] and [p.tokens for p in parts] == [64, 128, 192]
+    assert sliced.step == whole.step == 6
+    assert sliced.model_digest() == whole.model_digest()
+
+
+def test_time_budget_cuts_a_slice_after_its_first_step() -> None:
+    trainer = Trainer(MICRO, replace(FAST, steps_per_visit=50), "cpu")
+    res = trainer.train_on_window(_buf(TEXT), train_off=0, train_len=len(TEXT), fmt="byte", budget_s=1e-9)
+    assert len(res.losses) == 1 and trainer.step == 1  # at least one step, never more once the budget is spent
+    res = trainer.train_on_window(_buf(TEXT), train_off=0, train_len=len(TEXT), fmt="byte", steps=4, budget_s=60)
+    assert len(res.losses) == 4 and trainer.step == 5
+
+
+@pytest.mark.parametrize("kw", [{"steps": 0}, {"steps": -1}, {"budget_s": 0.0}, {"budget_s": -1.0}])
+def test_empty_training_slice_is_a_config_error(kw: dict[str, float]) -> None:
+    trainer = Trainer(MICRO, FAST, "cpu")
+    with pytest.raises(ConfigError, match="training slice"):
+        trainer.train_on_window(_buf(TEXT), train_off=0, train_len=len(TEXT), fmt="byte", **kw)  # type: ignore[arg-type]
+    assert trainer.step == 0

@@ -1,12 +1,14 @@
 """The holder agent: runs in a data holder's confidential VM, next to its private dataset.
 
-Small and deployable: standard library, ``cryptography`` and ``gputravel.core.protocol`` only
-(``python -m gputravel.agents.holder`` runs ``main``).
+Small and deployable: standard library, ``cryptography`` and ``gputravel.core.protocol`` only; an attesting
+agent (``--attest-policy``, ``--golden``: ``attest``) adds ``dcap_qvl`` and the SPDM/TDX part of
+``core.evidence`` (``python -m gputravel.agents.holder`` runs ``main``).
 It speaks length-prefixed frames on stdin/stdout (locally, or through an SSH channel), in the typed
 vocabulary of ``core.protocol.holderlink``:
 
-    agent -> HELLO (Hello)
-    orch  -> HANDOFF (Handoff, with its ProvisioningKey)
+    agent -> HELLO (Hello; an attesting agent adds its nonce and key-exchange key)
+    orch  -> ATTEST (Attest: the CVM's TDX quote, the GPU's SPDM report)   agent -> VERDICT (Verdict)
+    orch  -> HANDOFF (Handoff, with its ProvisioningKey, wrapped for an attesting agent after an ok VERDICT)
     agent -> CHUNK {e, s, o, n} + AES-GCM(ciphertext||tag)   ... device -> ACK {s} / ERROR (Refusal)
              (direct path: the chunks go to the device on the agent's DataOpen connection; the agent
              reports Progress and forwards Refusals on this link)
@@ -29,7 +31,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from gputravel.agents.holder.bundle import agent_sha256
 from gputravel.agents.holder.dataconn import DataLinkLost
@@ -37,8 +39,11 @@ from gputravel.agents.holder.dataset import Dataset, open_dataset
 from gputravel.agents.holder.link import AgentLink, SendFailed
 from gputravel.agents.holder.provision import Provisioner
 from gputravel.core.protocol import FrameType, write_frame
-from gputravel.core.protocol.errors import DataError, GpuTravelError
-from gputravel.core.protocol.holderlink import Bye, Handoff, Hello, Refusal
+from gputravel.core.protocol.errors import DataError, FrameError, GpuTravelError
+from gputravel.core.protocol.holderlink import Attest, Bye, Handoff, Hello, Refusal
+
+if TYPE_CHECKING:  # imported when the agent attests: a holder that does not needs no dcap_qvl
+    from gputravel.agents.holder.attest import HolderAttestation
 
 __all__ = ["AGENT_VERSION", "Agent", "main"]
 
@@ -49,9 +54,11 @@ class Agent(Provisioner):
     """Says HELLO, then provisions each HANDOFF until BYE or the end of the link."""
 
     def __init__(self, name: str, data: Dataset, out: BinaryIO, inp: BinaryIO, *,
-                 witness: Path | None = None) -> None:
+                 witness: Path | None = None, attestation: HolderAttestation | None = None) -> None:
         super().__init__(name, data, AgentLink(out, inp))
         self.witness = witness
+        #: an attesting agent (``--attest-policy``) takes a key only after its own ok verdict on ATTEST
+        self.attestation = attestation
 
     def keep_witness(self, msg: Handoff | Bye, *, at: str = "hand-off") -> None:
         """Append the audit ledger's head, as the orchestrator stated it at this hand-off, to the holder's own
@@ -74,9 +81,11 @@ class Agent(Provisioner):
             print(f"gputravel agent {self.name}: cannot write the witness {self.witness}: {exc}", file=sys.stderr)
 
     def hello(self) -> Hello:
+        att = self.attestation
         return Hello(name=self.name, version=AGENT_VERSION, fmt=self.data.fmt, train_bytes=self.data.train.length,
                      val_bytes=self.data.val.length, files=self.data.files, agent_sha256=agent_sha256(),
-                     pid=os.getpid())
+                     pid=os.getpid(), nonce=att.nonce.hex() if att else None,
+                     link_pub=att.link_key.public.hex() if att else None)
 
     def run(self) -> int:
         self.send_msg(self.hello())
@@ -92,10 +101,14 @@ class Agent(Provisioner):
                     self.handoff_read_ns = time.perf_counter_ns()  # the set-up stage starts here
                     try:
                         handoff = Handoff.from_wire(frame.header)  # validated once; the key is typed from here
+                        if self.attestation is not None:  # refused unless attested: the key is never used
+                            handoff = self.attestation.accept(handoff)
                         self.keep_witness(handoff)
                         self.provision(handoff)
                     except GpuTravelError as exc:
                         self.send_msg(Refusal(exc.code, exc.reason))
+                elif frame.type is FrameType.ATTEST:
+                    self.attest(frame.header, frame.payload)
                 elif frame.type is FrameType.PING:
                     self.send(FrameType.PONG, frame.header)
                 elif frame.type is FrameType.BYE:
@@ -109,6 +122,22 @@ class Agent(Provisioner):
             self._drop_data()
 
 
+    def attest(self, header: dict[str, object], payload: bytes | bytearray | memoryview) -> None:
+        """Verify the CVM and the GPU for the next hand-off and send the verdict (a refusal names the claim)."""
+        if self.attestation is None:
+            self.send_msg(Refusal("attestation", "this agent does not attest (no --attest-policy)"))
+            return
+        try:
+            verdict = self.attestation.verify(Attest.from_frame(header, payload))
+        except FrameError as exc:
+            self.send_msg(Refusal(exc.code, exc.reason))
+            return
+        if not verdict.ok:
+            print(f"gputravel agent {self.name}: attestation refused ({verdict.failed_claim}); no key taken",
+                  file=sys.stderr)
+        self.send_msg(verdict)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gputravel-agent", description="gputravel holder agent (stdio framing)")
     parser.add_argument("--name", required=True)
@@ -116,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--val-fraction", type=float, default=0.1)
     parser.add_argument("--witness", type=Path, default=None,
                         help="append the ledger head stated at each hand-off to this file (~ expands)")
+    parser.add_argument("--attest-policy", type=Path, default=None,
+                        help="attest the CVM and the GPU before each key: evidence policy pinning the roots")
+    parser.add_argument("--golden", type=Path, default=None,
+                        help="the GPU's golden measurements this holder approved (JSON; with --attest-policy)")
     ns = parser.parse_args(argv)
     out, inp = sys.stdout.buffer, sys.stdin.buffer
     sys.stdout = sys.stderr  # nothing but frames may reach the real stdout
@@ -124,8 +157,19 @@ def main(argv: list[str] | None = None) -> int:
             data = open_dataset(ns.data, val_fraction=ns.val_fraction)
         except OSError as exc:  # e.g. another holder's folder: permission denied, named rather than a traceback
             raise DataError(f"{exc.filename or ns.data}: cannot read the dataset: {exc.strerror or exc}") from None
+        attestation = None
+        if ns.attest_policy is not None:
+            if ns.golden is None:
+                raise DataError("--attest-policy needs --golden (the GPU measurements this holder approved)")
+            try:
+                from gputravel.agents.holder.attest import HolderAttestation
+            except ImportError as exc:  # named, rather than a traceback the orchestrator never sees
+                raise DataError(f"this holder cannot attest: {exc} (install dcap-qvl and cryptography in "
+                                f"{sys.executable})") from None
+            attestation = HolderAttestation.load(ns.attest_policy.expanduser(), ns.golden.expanduser())
     except GpuTravelError as exc:
         write_frame(out, FrameType.ERROR, Refusal(exc.code, exc.reason).to_wire())
         out.flush()
         return 2
-    return Agent(ns.name, data, out, inp, witness=ns.witness.expanduser() if ns.witness else None).run()
+    return Agent(ns.name, data, out, inp, witness=ns.witness.expanduser() if ns.witness else None,
+                 attestation=attestation).run()

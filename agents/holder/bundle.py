@@ -9,8 +9,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-#: The files of the agent bundle, relative to the ``gputravel`` package root: this package (the agent)
-#: and the protocol it speaks, nothing else. Every ``.py`` file of ``agents/holder/`` is here: the holder
+#: The files of the agent bundle, relative to the ``gputravel`` package root: this package (the agent),
+#: the protocol it speaks, and the SPDM/TDX part of ``core.evidence`` it attests with (issue 22 item 5; no
+#: RIM/XML part: the holder's golden measurements are its operator's), nothing else. Every ``.py`` file of ``agents/holder/`` is here: the holder
 #: recomputes the hash over every ``.py`` file it was sent (``deploy.REMOTE_HASH_SCRIPT``).
 BUNDLE_FILES: tuple[str, ...] = (
     "__init__.py",
@@ -21,13 +22,21 @@ BUNDLE_FILES: tuple[str, ...] = (
     "core/protocol/frames.py",
     "core/protocol/holderlink.py",
     "core/protocol/keys.py",
+    "core/protocol/keywrap.py",
     "core/protocol/shmring.py",
     "core/protocol/stream.py",
     "core/protocol/wirejson.py",
+    "core/evidence/__init__.py",
+    "core/evidence/claims.py",
+    "core/evidence/holder_check.py",
+    "core/evidence/nvidia_spdm.py",
+    "core/evidence/policy.py",
+    "core/evidence/tdx.py",
     "agents/__init__.py",
     "agents/holder/__init__.py",
     "agents/holder/__main__.py",
     "agents/holder/agent.py",
+    "agents/holder/attest.py",
     "agents/holder/bundle.py",
     "agents/holder/dataconn.py",
     "agents/holder/dataset.py",

@@ -88,8 +88,14 @@ def _make_command(action: str, doc: str) -> Any:
     def command(holders_file: Path = typer.Option(..., "--holders-file", help="Inventory (TOML)."),
                 as_json: bool = typer.Option(False, "--json")) -> None:
         rows = asyncio.run(_for_each(holders_file, action))
-        _render(rows, as_json)
         code = _exit_code(rows)
+        if code and as_json:  # the one JSON error object, the holders' rows in it
+            bad = [r for r in rows if r["state"] not in ("verified", "stopped")]
+            error = AgentError(bad[0]["holder"], f"{bad[0]['state']}: {bad[0].get('reason') or '-'} "
+                                                 f"({len(bad)} of {len(rows)} holders not {action}ed)")
+            error.detail = {"holders": rows}  # type: ignore[attr-defined]
+            raise error
+        _render(rows, as_json)
         if code:
             raise typer.Exit(code)
 

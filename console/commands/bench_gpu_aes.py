@@ -74,9 +74,18 @@ def register(bench_app: typer.Typer) -> None:
         with console.status("gpu-aes") as status:
             report = run(sizes=size_list, batch_bytes=batch_mib * MIB, repeats=repeats, all_vectors=all_vectors,
                          progress=lambda msg: status.update(msg))
+        failed = report["vectors_passed"] != report["vectors_total"] or not report["interop_ok"]
+        if failed and as_json:  # the one JSON error object, the report in it
+            from gputravel.core.errors import GpuTravelError
+
+            error = GpuTravelError(f"the GPU cipher failed its checks: {report['vectors_passed']} of "
+                                   f"{report['vectors_total']} known-answer vectors, interop "
+                                   f"{'ok' if report['interop_ok'] else 'FAILED'}")
+            error.detail = report  # type: ignore[attr-defined]
+            raise error
         if as_json:
             sys.stdout.write(json.dumps(report, indent=2) + "\n")
         else:
             render(Console(), report)
-        if report["vectors_passed"] != report["vectors_total"] or not report["interop_ok"]:
+        if failed:
             raise typer.Exit(1)

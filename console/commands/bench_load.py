@@ -40,7 +40,7 @@ def ssh_fleet(holders: list[tuple[str, Path]], workdir: Path | None) -> SshFleet
     return SshFleet(holders, workdir)
 
 
-def render_load(result: dict[str, Any]) -> None:
+def render_load(result: dict[str, Any], console: Console | None = None) -> None:
     s, d, pv, m = result["settings"], result["deploy"], result["per_visit"], result["memory"]
     table = Table(title=f"bench load: {s['holders']} holders × {s['rounds']} rounds over loopback SSH "
                         f"({s['visits']} visits, {result['seconds']:.1f} s)")
@@ -61,7 +61,7 @@ def render_load(result: dict[str, Any]) -> None:
     for role, v in m["peak_mib"].items():
         table.add_row(f"peak RSS: {role}", f"{v:,.1f} MiB", "")
     table.add_row("ledger", "verified" if result["ledger"]["verified"] else "BROKEN", "")
-    Console().print(table)
+    (console or Console()).print(table)
 
 
 def register(bench_app: typer.Typer) -> None:

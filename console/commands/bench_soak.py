@@ -25,7 +25,7 @@ def soak_progress(console: Console) -> StudyProgress:
                          TimeElapsedColumn(), TimeRemainingColumn(), console=console)
 
 
-def render_soak(result: dict[str, Any]) -> None:
+def render_soak(result: dict[str, Any], console: Console | None = None) -> None:
     s, m, o = result["settings"], result["memory"], result["overhead"]
     table = Table(title=f"bench soak: {s['visits']} visits, {s['holders']} holders, tiny model "
                         f"({result['seconds']:.0f} s, {result['visits_per_s']} visits/s)")
@@ -48,7 +48,7 @@ def render_soak(result: dict[str, Any]) -> None:
                   + " ms", "")
     table.add_row("ledger", f"{'verified' if result['ledger']['verified'] else 'BROKEN'} "
                   f"({result['ledger']['rows']:,} rows)", "")
-    Console().print(table)
+    (console or Console()).print(table)
 
 
 def register(bench_app: typer.Typer) -> None:

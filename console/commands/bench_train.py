@@ -41,6 +41,7 @@ def register(bench_app: typer.Typer) -> None:
     def train_cmd(
         model: str = typer.Option("tiny", "--model", help="tiny, small or gpt2."),
         holders: int = typer.Option(2, "--holders"),
+        rounds: int = typer.Option(1, "--rounds", help="Rounds: each holder is visited this many times."),
         steps: int = typer.Option(10, "--steps", help="Training steps per visit (one round)."),
         batch_size: int = typer.Option(4, "--batch-size"),
         seq_len: int = typer.Option(64, "--seq-len"),
@@ -59,7 +60,8 @@ def register(bench_app: typer.Typer) -> None:
                 StudyProgress(TextColumn("{task.description:<24}"), BarColumn(), TimeElapsedColumn(),
                               console=Console(stderr=True)) as progress:
             try:
-                result = train.study(workdir=Path(tmp), run=fleet.run, model=model, holders=holders, steps=steps,
+                result = train.study(workdir=Path(tmp), run=fleet.run, model=model, holders=holders, rounds=rounds,
+                                     steps=steps,
                                      batch_size=batch_size, seq_len=seq_len, dataset_mib=dataset_mib,
                                      device=device, torch_threads=torch_threads, transport=transport,
                                      on_progress=progress)

@@ -18,7 +18,7 @@ from rich.table import Table
 from gputravel.console.commands.bench import StudyProgress
 from gputravel.core import planner
 from gputravel.core.bench import travel
-from gputravel.core.errors import ConfigError
+from gputravel.core.errors import ConfigError, GpuTravelError
 
 
 def travel_progress(console: Console) -> StudyProgress:
@@ -101,11 +101,16 @@ def register(bench_app: typer.Typer) -> None:
                                       conventional_fixes=conventional_fixes, on_progress=progress)
             except ConfigError as exc:
                 raise typer.BadParameter(exc.reason) from None
+        statuses = {r["status"] for r in result["rows"]}
+        if "failed" in statuses and "ok" not in statuses:  # nothing was measured: say so in the exit status
+            if as_json:  # the one JSON error object, the study's result in it
+                error = GpuTravelError("every run of the study failed (see each row's reason)")
+                error.detail = result  # type: ignore[attr-defined]
+                raise error
+            render(result)
+            Console(stderr=True).print("[red]every run of the study failed[/] (see each row's reason)")
+            raise typer.Exit(1)
         if as_json:
             sys.stdout.write(json.dumps(result, indent=2) + "\n")
         else:
             render(result)
-        statuses = {r["status"] for r in result["rows"]}
-        if "failed" in statuses and "ok" not in statuses:  # nothing was measured: say so in the exit status
-            Console(stderr=True).print("[red]every run of the study failed[/] (see each row's reason)")
-            raise typer.Exit(1)

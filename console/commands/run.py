@@ -10,6 +10,7 @@ import signal
 import sys
 import time
 from dataclasses import replace
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,6 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from gputravel.console.options import (
     CcMode,
@@ -30,13 +30,22 @@ from gputravel.console.options import (
 from gputravel.console.run_claim import RunFolder
 from gputravel.console.run_end import RunEnding
 from gputravel.console.run_folder import running_marker
+from gputravel.console.run_report import EXIT_PARTIAL, render_report
 from gputravel.console.run_telemetry import TELEMETRY_INTERVAL_S
 from gputravel.core import events as ev
 from gputravel.core.config import RunSettings
-from gputravel.core.errors import CancelledRunError, ConfigError
+from gputravel.core.errors import AttestationError, CancelledRunError, ConfigError
 
 #: Exit code when the run finished but some visits failed (each is in the report and the ledger).
-EXIT_PARTIAL = 9
+
+class HolderInjection(StrEnum):
+    """``run --inject``: what holders attest made wrong in one way (core/travel/holder_attest.py)."""
+
+    CVM_DEBUG = "cvm-debug"
+    CVM_REPORT_DATA = "cvm-report-data"
+    GPU_MEASUREMENT = "gpu-measurement"
+    GPU_NONCE = "gpu-nonce"
+
 
 # The holder options ``gputravel run`` and ``gputravel-console`` share: one default, one help text.
 # (This module imports the engine lazily, so the console can import these without loading torch.)
@@ -58,6 +67,16 @@ DATA_HOST_HELP = ("Address the device's TCP data port binds to; inventory holder
                   "connect to it, the default route forwards it through their SSH connection.")
 
 
+def default_holders(data: Path | None) -> int:
+    """``--holders`` left out: one holder per ``--data`` subfolder (3 without ``--data``: the embedded corpus)."""
+    if data is None:
+        return 3
+    try:
+        return max(1, sum(1 for p in Path(data).iterdir() if p.is_dir() and not p.name.startswith(".")))
+    except OSError:
+        return 1  # the data folder's own error comes when it is read (DataError, exit 2)
+
+
 def holder_settings(*, holders_file: Path | None, transport: str, data_path: str,
                     data_host: str) -> dict[str, Any]:
     """The :class:`RunSettings` fields of the holder options (an inventory file means transport inventory)."""
@@ -71,8 +90,9 @@ class RunView:
 
     PHASES = 8
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, *, run_name: str | None = None) -> None:
         self.console = console
+        self.run_name = run_name  # for the hint a pause prints
         self.progress = Progress(TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console,
                                  transient=False)
@@ -94,7 +114,7 @@ class RunView:
         elif isinstance(event, ev.PhaseStarted):
             if event.phase == "ATTEST":
                 p.reset(self.phase_task, total=self.PHASES)
-                p.reset(self.bytes_task, total=1)
+                p.reset(self.bytes_task, total=1, description="provisioning", info="")
             p.update(self.phase_task, description=f"visit {event.visit + 1} {event.holder} · {event.phase}",
                      info=f"epoch {event.epoch}")
         elif isinstance(event, ev.PhaseCompleted):
@@ -102,7 +122,25 @@ class RunView:
         elif isinstance(event, ev.ProvisionProgressed):
             p.update(self.bytes_task, total=event.total, completed=event.nbytes,
                      info=f"{event.nbytes / 2**20:.1f}/{event.total / 2**20:.1f} MiB")
+        elif isinstance(event, ev.TrainingProgressed):  # the third bar counts the visit's steps while TRAIN runs
+            p.update(self.phase_task, description=f"visit {event.visit + 1} {event.holder} · TRAIN "
+                                                  f"{event.step}/{event.steps}")
+            p.update(self.bytes_task, description="training steps", total=event.steps, completed=event.step,
+                     info=f"loss {event.loss:.3f} · {event.tokens_per_s:,.0f} tok/s")
+        elif isinstance(event, ev.LossSpiked):
+            self.console.print(f"  [yellow]loss spike[/] visit {event.visit + 1} {escape(event.holder)} step "
+                               f"{event.run_step}: {event.loss:.3f} > {event.factor:g} x running mean "
+                               f"{event.mean:.3f}")
+        elif isinstance(event, ev.ControlRequested):
+            self.console.print(f"[yellow]{'CANCELLING' if event.action == 'cancel' else 'PAUSING'}...[/] "
+                               f"(lands after the current step{f' of {event.phase}' if event.phase else ''})")
+        elif isinstance(event, ev.VisitCancelled):
+            self.console.print(f"  [yellow]visit {event.visit + 1} {escape(event.holder)} cancelled[/] in "
+                               f"{event.phase or '-'} after {event.steps} steps; buffer scrub "
+                               f"{'verified' if event.scrub_verified else '[red]NOT verified[/]'}")
         elif isinstance(event, ev.TrainingStepped):
+            p.update(self.bytes_task, description="training steps", total=len(event.losses),
+                     completed=len(event.losses), info="")
             last = event.losses[-1]
             val = f", val {event.val_loss:.3f}" if event.val_loss is not None else ""
             self.console.print(f"  visit {event.visit + 1} [cyan]{event.holder}[/]: loss {event.losses[0]:.3f} → "
@@ -117,61 +155,20 @@ class RunView:
             self.console.print(f"  [red]visit {event.visit + 1} {escape(event.holder)} failed[/] in {event.phase}: "
                                f"{escape(event.error)}")
         elif isinstance(event, ev.RunPaused):
-            self.console.print(f"[yellow]paused[/] ({event.reason}) before {event.next_phase}")
+            where = f"in {event.within}" if event.within else f"before {event.next_phase}"
+            self.console.print(f"[yellow]paused[/] ({event.reason}) {where}")
+            if self.run_name is not None:
+                self.console.print(continue_hint(self.run_name), highlight=False)
 
 
-def sparkline(values: list[float], *, width: int = 60) -> str:
-    """A one-line plot: ``values`` averaged into ``width`` buckets, drawn with block characters."""
-    if not values:
-        return ""
-    blocks = "▁▂▃▄▅▆▇█"
-    n = min(width, len(values))
-    buckets = [values[i * len(values) // n: (i + 1) * len(values) // n] for i in range(n)]
-    means = [sum(b) / len(b) for b in buckets if b]
-    lo, hi = min(means), max(means)
-    span = (hi - lo) or 1.0
-    return "".join(blocks[min(7, int((m - lo) / span * 7.999))] for m in means)
+#: the signals a headless run continues on: resume (to the next breakpoint) and step (one phase)
+RESUME_SIGNAL, STEP_SIGNAL = signal.SIGUSR1, signal.SIGUSR2
 
 
-def render_report(console: Console, report: dict[str, Any]) -> None:
-    plat = report["platform"]
-    console.print(f"\n[bold]platform[/]: {plat['kind']}{' [yellow](SIM)[/]' if plat.get('sim') else ''} · "
-                  f"{plat['device']}")
-    table = Table(title="visits", show_lines=False, pad_edge=False, box=None, header_style="bold",
-                  collapse_padding=True)
-    multi_part = any(v["part"] != "1/1" for v in report["visits"])
-    fleet = "device" in (report["visits"] or [{}])[0]  # a fleet's visits name their GPU
-    cols = ["#"] + (["gpu", "step"] if fleet else []) + ["holder"] + (["part"] if multi_part else []) + ["ep", "key fp", "MiB", "MB/s", "train s",
-                                                                 "loss", "val", "i s", "outcome"]
-    for col in cols:
-        table.add_column(col, no_wrap=True,
-                         justify="right" if col in ("#", "ep", "MiB", "MB/s", "train s", "val") else "left")
-    for v in report["visits"]:
-        loss = f"{v['loss_first']:.2f}→{v['loss_last']:.2f}" if v["loss_first"] is not None else "-"
-        outcome = v["outcome"] if v["outcome"] != "failed" else f"[red]failed[/] ({v['failed_phase']})"
-        row = [str(v["visit"] + 1)] + ([str(v["gpu"]), str(v["step"])] if fleet else []) + [v["holder"]] + (
-            [v["part"]] if multi_part else []) + [
-            str(v["epoch"]), (v["key_fingerprint"] or "-")[:8], f"{v['bytes'] / 2**20:.2f}",
-            f"{v['provision_mb_s']:.0f}", f"{v['train_s']:.2f}", loss,
-            f"{v['val_loss']:.3f}" if v["val_loss"] is not None else "-",
-            ("✓" if v["integrity_ok"] else "✗") + ("✓" if v["scrub_verified"] else "✗"), outcome]
-        table.add_row(*row)
-    console.print(table)
-    console.print("[dim]i s: integrity verified after return, buffer scrub verified[/]")
-    tr, pv, lg = report["training"], report["provisioning"], report["ledger"]
-    if tr["loss_first"] is not None:
-        console.print(f"[bold]training[/]: {tr['steps']} steps, loss {tr['loss_first']:.3f} → {tr['loss_last']:.3f}, "
-                      f"val {tr['val_loss'] if tr['val_loss'] is None else round(tr['val_loss'], 3)}")
-    if tr.get("loss_curve"):
-        console.print(f"[bold]loss[/]     {sparkline(tr['loss_curve'], width=60)}  "
-                      f"({min(tr['loss_curve']):.2f}..{max(tr['loss_curve']):.2f} over {len(tr['loss_curve'])} steps)")
-    if pv["mb_s"]:
-        console.print(f"[bold]provisioning[/]: {pv['bytes'] / 2**20:.1f} MiB at {pv['mb_s']:.0f} MB/s "
-                      f"(chunks {pv['chunk_kib']} KiB), rejected {pv['rejected'] or 'none'}")
-    if pv.get("cipher_engine"):
-        console.print(f"[bold]chunks opened by[/]: {pv['cipher_engine']} ({pv.get('cipher_engine_reason') or '?'})")
-    console.print(f"[bold]ledger[/]: {lg['path']} · {'[green]verified[/]' if lg['verified'] else '[red]BROKEN[/]'} "
-                  f"({lg['rows']} rows, head {lg['rows']}:{lg['head']})", soft_wrap=True)
+def continue_hint(run_name: str) -> str:
+    """What a headless pause says: how to go on."""
+    return (f"  continue: gputravel runs resume {run_name} (to the next breakpoint), gputravel runs step "
+            f"{run_name} (one phase), or kill -USR1 {os.getpid()}; stop: gputravel runs stop {run_name}")
 
 
 def resolve_out_dir(out: Path | None, *, resume: bool, runs: Path = Path("runs"), create: bool = True) -> Path:
@@ -199,6 +196,10 @@ def resolve_out_dir(out: Path | None, *, resume: bool, runs: Path = Path("runs")
 def fresh_settings(out: Path | None, **options: Any) -> tuple[RunSettings, RunFolder]:
     """The settings of a new run, validated before anything is created, and its (not yet created) folder."""
     settings = RunSettings(out_dir=out or Path("runs") / "pending", **options)  # validates every option
+    if settings.holders_file is not None:  # the inventory too: types, ranges, keys (agents/inventory.py)
+        from gputravel.agents.inventory import load_inventory
+
+        load_inventory(settings.holders_file)
     folder = RunFolder(resolve_out_dir(out, resume=False, create=False), link_latest=out is None)
     return replace(settings, out_dir=folder.out), folder
 
@@ -223,8 +224,9 @@ def parse_breakpoints(values: list[PhaseChoice] | list[str]) -> tuple[str, ...]:
 def register(app: typer.Typer) -> None:
     @app.command("run")
     def run_cmd(
-        holders: int = typer.Option(3, help="Number of holders (embedded corpus: comedies, tragedies, histories).",
-                                    rich_help_panel=HOLDERS_PANEL),
+        holders: int | None = typer.Option(None, help="Number of holders (default: one per --data subfolder; "
+                                           "without --data 3, the embedded corpus's comedies, tragedies, "
+                                           "histories).", show_default=False, rich_help_panel=HOLDERS_PANEL),
         holders_file: Path | None = typer.Option(None, "--holders-file", help=HOLDERS_FILE_HELP,
                                                  rich_help_panel=HOLDERS_PANEL),
         transport: TransportChoice = typer.Option(TRANSPORT_DEFAULT, help=TRANSPORT_HELP,
@@ -259,8 +261,17 @@ def register(app: typer.Typer) -> None:
                                                        rich_help_panel=FAULTS_PANEL),
         visit_attempts: int = typer.Option(2, help="A failed visit is redone up to this many times in all.",
                                            rich_help_panel=FAULTS_PANEL),
+        checkpoint_every: int = typer.Option(1, "--checkpoint-every", min=1, rich_help_panel=OUTPUT_PANEL,
+                                             help="Checkpoint every N visits (and the last), in the background; a "
+                                             "visit is resumable once its checkpoint is durable."),
+        keep_checkpoints: int = typer.Option(2, "--keep-checkpoints", min=1, rich_help_panel=OUTPUT_PANEL,
+                                             help="Sealed checkpoints kept in the run folder."),
         fault: str | None = typer.Option(None, "--fault", hidden=True,
                                          help="Fault injection: kill-orchestrator|kill-device|kill-agent@PHASE:VISIT[+S]"),
+        inject: HolderInjection | None = typer.Option(
+            None, "--inject", help="Make what holders attest wrong in one way (the CVM's quote: cvm-debug, "
+            "cvm-report-data; the GPU's evidence: gpu-measurement, gpu-nonce): every holder refuses, no key is "
+            "released, exit 3.", rich_help_panel=FAULTS_PANEL),
         out: Path | None = typer.Option(None, "--out", help="Run folder: ledger, checkpoints, keys "
                                         "(default: a new runs/run-<time>, linked as runs/latest).",
                                         rich_help_panel=OUTPUT_PANEL),
@@ -292,10 +303,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run collaborative training: the GPU travels holder to holder (--gpus N: a fleet, docs/fleet.md)."""
         options: dict[str, Any] = dict(
-            holders=holders, rounds=rounds, steps_per_visit=steps_per_visit, buffer_mib=buffer_mib, data_dir=data,
+            holders=holders if holders is not None else default_holders(data), rounds=rounds, steps_per_visit=steps_per_visit, buffer_mib=buffer_mib, data_dir=data,
             chunk_kib=chunk_kib, model=model.value, batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed,
             device=device, cc_mode=cc_mode.value, breakpoints=parse_breakpoints(break_before),
             visit_attempts=visit_attempts, fault=fault, cipher_engine=cipher_engine.value, init_from=init_from,
+            holder_inject=inject.value if inject is not None else None,
+            checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
             **holder_settings(holders_file=holders_file, transport=transport.value, data_path=data_path.value,
                               data_host=data_host))
         fleet = gpus > 1 or nnodes > 1
@@ -316,16 +329,21 @@ def register(app: typer.Typer) -> None:
 
                 read_config(init_from)
             settings, folder = fresh_settings(out, **options)  # validated before anything is created
-        if fleet or (resume and (out / "fleet.json").exists()):
+        if fleet or (resume and (Path(settings.out_dir) / "fleet.json").exists()):
             from gputravel.console.commands.run_fleet import run_fleet
 
             folder.claim()
-            run_fleet(settings, gpus=gpus, variant=fleet_variant, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
-                      rdzv_id=rdzv_id, max_restarts=max_restarts, as_json=as_json)
+            try:
+                with running_marker(folder.out, owner="gputravel run --gpus"):
+                    run_fleet(settings, gpus=gpus, variant=fleet_variant, nnodes=nnodes,
+                              rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, max_restarts=max_restarts,
+                              as_json=as_json)
+            finally:
+                folder.tighten()
             return
         console = Console(stderr=True) if as_json else Console()
-        view = RunView(console)
-        ending = RunEnding()
+        view = RunView(console, run_name=Path(settings.out_dir).name)
+        ending = RunEnding(Path(settings.out_dir))  # writes status.json when the run pauses and ends
         sinks: list[Any] = [view, ending]
         recorder = None
         folder.claim()
@@ -353,10 +371,17 @@ def register(app: typer.Typer) -> None:
                 recorder.close()
             if not ok:
                 folder.release_if_empty()
+            folder.tighten()  # what a part wrote with its own mode (public certificates): 0600 too
         if as_json:
             sys.stdout.write(json.dumps(report, indent=2) + "\n")
         else:
             render_report(console, report)
+        refusals = report.get("holder_refusals") or []
+        if report["failed_visits"] and refusals:  # a holder's own attestation refused: no key released
+            first = refusals[0]  # the report (stdout with --json) is complete: the error goes to stderr, exit 3
+            typer.echo(f"error: AttestationError: holder {first['holder']} refused the attestation: "
+                       f"{first['claim']} ({len(refusals)} refusal(s); no key released)", err=True)
+            raise typer.Exit(AttestationError.exit_code)
         if report["failed_visits"]:
             raise typer.Exit(EXIT_PARTIAL)
 
@@ -366,19 +391,31 @@ async def _run_until_stopped(settings: RunSettings, **kw: Any) -> dict[str, Any]
     device service and the agents are stopped, and the run's final event says ``cancelled``."""
     from gputravel.console.fleet import run as fleet_run
 
-    task = asyncio.ensure_future(fleet_run(settings, **kw))
+    controls: list[Any] = []  # the engine's Control, once built
+    task = asyncio.ensure_future(fleet_run(settings, on_control=controls.append, **kw))
     loop = asyncio.get_running_loop()
     stopped = False
 
     def stop() -> None:
         nonlocal stopped
+        if not stopped:  # the pending state, in the output and the recording: CANCELLING... until it lands
+            for sink in kw.get("sinks", ()):
+                sink(ev.ControlRequested(time.time(), "cancel", None))
         stopped = True
         task.cancel()
 
-    try:
-        loop.add_signal_handler(signal.SIGTERM, stop)
-    except (NotImplementedError, RuntimeError):  # pragma: no cover - not the main thread, or no signals here
-        pass
+    def resume() -> None:  # `gputravel runs resume RUN`: on to the next breakpoint
+        for control in controls:
+            control.resume()
+
+    def step() -> None:  # `gputravel runs step RUN`: one phase, then paused again
+        for control in controls:
+            control.step()
+
+    handlers = ((signal.SIGTERM, stop), (RESUME_SIGNAL, resume), (STEP_SIGNAL, step))
+    for signum, handler in handlers:
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread, or no signals here
+            loop.add_signal_handler(signum, handler)
     try:
         return await task
     except asyncio.CancelledError:
@@ -386,5 +423,6 @@ async def _run_until_stopped(settings: RunSettings, **kw: Any) -> dict[str, Any]
             raise CancelledRunError("stopped by SIGTERM (gputravel runs stop)") from None
         raise
     finally:
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.remove_signal_handler(signal.SIGTERM)
+        for signum, _ in handlers:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(signum)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import typer
 from rich.console import Console
 
+from gputravel.console.run_end import ending_code, write_status
 from gputravel.core.config import RunSettings
 
 
@@ -26,7 +28,7 @@ def render_fleet(console: Console, report: dict[str, Any]) -> None:
 
 def run_fleet(settings: RunSettings, *, gpus: int, variant: str, nnodes: int, rdzv_endpoint: str | None,
               rdzv_id: str | None, max_restarts: int, as_json: bool) -> None:
-    from gputravel.console.commands.run import EXIT_PARTIAL, render_report
+    from gputravel.console.run_report import EXIT_PARTIAL, render_report
     from gputravel.core.fleet.rank import FleetOptions
     from gputravel.core.fleet.run import Rendezvous, launch_fleet
 
@@ -34,7 +36,15 @@ def run_fleet(settings: RunSettings, *, gpus: int, variant: str, nnodes: int, rd
     rdzv = Rendezvous(nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, max_restarts=max_restarts)
     console = Console(stderr=True) if as_json else Console()
     console.print(f"[bold]fleet[/] of {gpus} GPUs under torchrun ({nnodes} host(s)); ranks report below")
-    report = launch_fleet(settings, fleet, rdzv=rdzv)
+    try:
+        report = launch_fleet(settings, fleet, rdzv=rdzv)
+    except BaseException as exc:  # the fleet's own word on how it ended: status.json, as a single run's
+        write_status(Path(settings.out_dir), "cancelled" if ending_code(exc) == "cancelled" else "failed",
+                     error=str(exc) or type(exc).__name__, code=ending_code(exc))
+        raise
+    if not report.get("merged_elsewhere"):
+        write_status(Path(settings.out_dir), "partial" if report.get("failed_visits") else "completed",
+                     run_id=report.get("run_id"))
     if as_json:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
     elif report.get("merged_elsewhere"):

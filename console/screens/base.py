@@ -13,32 +13,54 @@ from textual.css.query import NoMatches
 from textual.message import Message
 from textual.screen import Screen
 from textual.widget import Widget
-from textual.widgets import Footer
 
 from gputravel.console.view_model import RunState
+from gputravel.console.view_training import pending_label
 from gputravel.console.widgets.command_line import CommandLine
+from gputravel.console.widgets.footer import ConsoleFooter
 from gputravel.console.widgets.ops_log import OpsLog
 from gputravel.console.widgets.status_bar import StatusBar, StatusSummary
 from gputravel.console.widgets.table_filter import TableFilter
 from gputravel.console.widgets.text import fit
 
 
-def summarise(state: RunState, screen: str, badges: tuple[str, ...]) -> StatusSummary:
+def summarise(state: RunState, screen: str, badges: tuple[str, ...], status: str | None = None) -> StatusSummary:
+    """The status bar's line; ``status``: the run's, where it is not the viewed state's (a recording's final
+    event while the view is elsewhere, CANCELLING... until the engine confirms)."""
     if state.fleet:  # every GPU where it is (0→alice 1→orch), the fleet's visits ended of planned
         where = " ".join(f"{d.gpu}→{'orch' if d.at == 'orchestrator' else d.at}" for d in state.devices())
-        return StatusSummary(screen=screen, status=state.status, run_id=None, where=where or "-",  # a run id per GPU
+        return StatusSummary(screen=screen, status=status or state.status, run_id=None, where=where or "-",  # a run id per GPU
                              epoch=state.epoch, visit=f"visits {state.visits_ended()}/{state.visits_planned or '?'}",
                              badges=badges, fleet=True)
     visit = ""
     if state.current_visit is not None:
-        holder = fit(state.current_holder or "", 16)
+        holder = fit(state.current_holder or "", 28)  # the status bar drops what does not fit, by width
         visit = f"visit {state.current_visit + 1}/{state.visits_planned or '?'} {holder}".rstrip()
     phase = state.current_phase
-    status = state.status
-    if state.paused_before:
-        status, phase = f"paused before {state.paused_before}", None
-    return StatusSummary(screen=screen, status=status, run_id=state.run_id, where=state.gpu_at, phase=phase,
+    shown = status or state.status
+    if state.paused_before and not status:
+        shown, phase = f"paused before {state.paused_before}", None
+    if state.current_phase == "TRAIN" and state.train_progress:  # steps arrive while TRAIN runs
+        train = "TRAIN {}/{}".format(*state.train_progress)
+        if state.paused_before and not status:
+            shown, phase = f"paused in {train}", None
+        else:
+            phase = train
+    if not status and not state.ended:  # CANCELLING... / PAUSING... from the recording's ControlRequested
+        shown = pending_label(state.pending) or shown
+    return StatusSummary(screen=screen, status=shown, run_id=state.run_id, where=state.gpu_at, phase=phase,
                          epoch=state.epoch, visit=visit, badges=badges)
+
+
+def hint_for(context: dict[str, Any]) -> str:
+    """The keys the empty log suggests: only those that work here."""
+    if context.get("follow"):
+        return "the run has not written any yet (p pauses the view, end follows again)"
+    if context.get("replay"):
+        return "[b]p[/b] plays, [b]space[/b] steps one phase"
+    if context.get("readonly"):
+        return "read-only: the run is steered elsewhere"
+    return "[b]r[/b] runs, [b]space[/b] steps one phase"
 
 
 class ConsoleScreen(Screen[None]):
@@ -47,7 +69,7 @@ class ConsoleScreen(Screen[None]):
     SCREEN_NAME: ClassVar[str] = "screen"
     HELP: ClassVar[str] = ""
     FLEET_HELP: ClassVar[str] = ""  # added to HELP when the console shows a fleet
-    AUTO_FOCUS = None  # keys reach the app's bindings until the operator focuses something
+    AUTO_FOCUS: ClassVar[str | None] = None  # keys reach the app's bindings until the operator focuses something
     BINDINGS = [Binding("slash", "filter", "Filter", show=False),
                 Binding("escape", "clear_filter", "Clear filter", show=False)]
     #: The text the screen's ``/`` filter keeps rows by ("" keeps all).
@@ -62,7 +84,7 @@ class ConsoleScreen(Screen[None]):
             yield from self.compose_body()
         yield OpsLog(id="ops-log")
         yield CommandLine(id="command-line")
-        yield Footer()
+        yield ConsoleFooter()
 
     def compose_body(self) -> Iterable[Widget]:
         return ()
@@ -73,13 +95,16 @@ class ConsoleScreen(Screen[None]):
     def on_resize(self) -> None:
         self.post_message(self.Shown())  # layouts that depend on the width (e.g. the holders table) redraw
 
-    def show(self, state: RunState, *, badges: tuple[str, ...] = (), context: dict[str, Any] | None = None) -> None:
+    def show(self, state: RunState, *, badges: tuple[str, ...] = (), context: dict[str, Any] | None = None,
+             status: str | None = None) -> None:
         """Attributes down: the app hands every screen the state to draw. An update that arrives while the
         screen is composing or tearing down (its widgets not there) is skipped: the screen asks for the
         state again when it is shown (``Shown``)."""
         try:
-            self.query_one(StatusBar).summary = summarise(state, self.SCREEN_NAME, badges)
-            self.query_one(OpsLog).lines = tuple(state.oplog)[-40:]
+            self.query_one(StatusBar).summary = summarise(state, self.SCREEN_NAME, badges, status)
+            log = self.query_one(OpsLog)
+            log.hint = hint_for(context or {})
+            log.lines = tuple(state.oplog)[-40:]
             self.show_state(state, context or {})
         except NoMatches:
             pass

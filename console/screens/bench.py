@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import os
 import sys
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from rich.console import Group
+from rich.text import Text
 from textual import on, work
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -17,23 +20,24 @@ from textual.widgets import DataTable, OptionList, Static
 from textual.widgets.option_list import Option
 
 from gputravel.console.screens.base import ConsoleScreen
+from gputravel.console.screens.bench_tables import BENCHES, BenchView, bench_view, progress_line
 from gputravel.console.widgets.bar_chart import BarChart
 from gputravel.console.widgets.table_filter import TableFilter, row_matches
 from gputravel.console.widgets.text import esc
 
-#: (name, what it measures); a name whose ``console/commands/bench_<name>.py`` is absent shows as missing.
-BENCHES: tuple[tuple[str, str], ...] = (
-    ("provision", "holder → GPU provisioning: SSH channel vs direct, chunk sizes"),
-    ("allreduce", "plain vs secure ring all-reduce variants"),
-    ("travel", "travelling vs conventional transfer at 4 and 20 MiB buffers: training and transfer time "
-               "per run (4 runs; the full study: gputravel bench travel)"),
-    ("ddp", "DDP with the secure communication hook"),
-    ("load", "many holders at once"),
-    ("soak", "a long run: leaks and drift"),
-)
-#: Options the console passes to ``gputravel bench NAME``: a configuration small enough to watch. The
-#: travel study's default (buffers 4, 20, 100, 500 MiB and uncapped) runs far longer than a console session.
-BENCH_ARGS: dict[str, tuple[str, ...]] = {"travel": ("--buffer-mib", "4,20")}
+#: Options the console passes to ``gputravel bench NAME``: a configuration small enough to watch (the CLI's
+#: defaults are studies that run far longer than a console session; ``gputravel bench NAME`` runs those).
+BENCH_ARGS: dict[str, tuple[str, ...]] = {
+    "provision": ("--size-mib", "16", "--repeats", "2"),
+    "allreduce": ("--size-mib", "1,4", "--repeats", "5"),
+    "travel": ("--buffer-mib", "4,20"),
+    "ddp": ("--iters", "5"),
+    "load": ("--holders", "4", "--rounds", "1"),
+    "soak": ("--visits", "20"),
+    "gpu_aes": ("--repeats", "3"),
+    "fleet": ("--gpus", "2"),
+    "evidence": ("--rounds", "10"),
+}
 #: Columns preferred for the bar chart, best first.
 BAR_KEYS = ("speedup", "mb_s", "gb_s", "throughput", "throughput_mb_s", "tokens_per_s", "ms", "seconds", "s")
 
@@ -45,17 +49,25 @@ def bench_available(name: str) -> bool:
 
 
 async def run_bench_subprocess(name: str, on_line: Callable[[str], None]) -> Any:
-    """``gputravel bench NAME --json`` (plus ``BENCH_ARGS[NAME]``) in a child process: stderr lines as progress,
-    stdout parsed as JSON."""
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "gputravel.console.cli", "bench", name,
-                                                *BENCH_ARGS.get(name, ()), "--json",
+    """``gputravel bench NAME --json`` (plus ``BENCH_ARGS[NAME]``) in a child process: its rich progress bars
+    (drawn to the pipe as to a terminal: ``TTY_COMPATIBLE``, ``TTY_INTERACTIVE``) as progress lines, stdout
+    parsed as JSON."""
+    env = {**os.environ, "TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1", "COLUMNS": "100"}
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "gputravel.console.cli", "bench",
+                                                name.replace("_", "-"),  # gpu_aes is `bench gpu-aes`
+                                                *BENCH_ARGS.get(name, ()), "--json", env=env,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
 
+    seen: list[str] = []
+
     async def progress() -> None:
         assert proc.stderr is not None
-        async for raw in proc.stderr:
-            on_line(raw.decode(errors="replace").rstrip())
+        while chunk := await proc.stderr.read(4096):
+            line = progress_line(chunk.decode(errors="replace"))
+            if line:
+                seen.append(line)
+                on_line(line)
 
     reader = asyncio.create_task(progress())
     try:
@@ -66,19 +78,23 @@ async def run_bench_subprocess(name: str, on_line: Callable[[str], None]) -> Any
         raise
     finally:
         await asyncio.gather(reader, return_exceptions=True)
-    if code != 0:
-        raise RuntimeError(f"gputravel bench {name} exited {code}")
+    if code != 0:  # the CLI's own error (its JSON error object on stdout, else its last stderr line)
+        try:
+            reason = json.loads(out.decode())["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            reason = seen[-1] if seen else ""
+        raise RuntimeError(f"gputravel bench {name} exited {code}" + (f": {reason}" if reason else ""))
     return json.loads(out.decode() or "null")
 
 
 def result_rows(result: Any) -> list[dict[str, Any]]:
     """The rows of a benchmark's JSON: a list of objects, or the first such list inside it, or key/value pairs."""
     if isinstance(result, list) and all(isinstance(r, dict) for r in result):
-        return result
+        return list(result)
     if isinstance(result, dict):
         for key in ("results", "rows", "runs", "variants", "cases"):
             if isinstance(result.get(key), list) and all(isinstance(r, dict) for r in result[key]):
-                return result[key]
+                return list(result[key])
         for value in result.values():
             if isinstance(value, list) and value and all(isinstance(r, dict) for r in value):
                 return value
@@ -105,9 +121,10 @@ class BenchScreen(ConsoleScreen):
 
     SCREEN_NAME = "bench"
     AUTO_FOCUS = "#bench-list"
-    HELP = ("Benchmarks run as `gputravel bench NAME --json` in a child process (the console stays live); "
-            "travel runs a small configuration (--buffer-mib 4,20). Their JSON becomes a table and a bar chart "
-            "of the headline column.")
+    HELP = ("Benchmarks run as `gputravel bench NAME --json` in a child process (the console stays live), in a "
+            "small configuration (BENCH_ARGS; `gputravel bench NAME` runs the full study); the progress line is the "
+            "CLI's own bar. The result shows as the CLI's table, its notes, and a chart of the bench's headline "
+            "figure; / keeps the rows that match (every cell whole).")
     BINDINGS = [Binding("enter", "run_bench", "Run bench"), Binding("x", "stop_bench", "Stop bench")]
 
     def __init__(self, runner: BenchRunner | None = None) -> None:
@@ -122,6 +139,7 @@ class BenchScreen(ConsoleScreen):
             self.show_result(self.result_name, self.result)
 
     def on_mount(self) -> None:
+        self.add_class("-hide-log")  # the run's log says nothing of a benchmark: room for the table (o shows it)
         injected = getattr(self.app, "bench_runner", None)
         if injected is not None:
             self.runner = injected
@@ -137,6 +155,7 @@ class BenchScreen(ConsoleScreen):
             id="bench-top")
         yield TableFilter(placeholder="filter result rows (enter keeps, escape clears)", id="bench-filter")
         yield DataTable(id="bench-table", zebra_stripes=True)
+        yield Static(id="bench-notes")
         yield BarChart(id="bench-chart")
 
     def selected(self) -> str | None:
@@ -181,7 +200,7 @@ class BenchScreen(ConsoleScreen):
 
         def on_line(line: str) -> None:
             lines.append(line)
-            progress.update("[$text-muted]" + esc("\n".join(lines[-4:])) + "[/]")
+            progress.update("[$text-muted]" + esc(lines[-1]) + "[/]")
 
         status.update(f"[b $accent]running[/] {esc(name)}…")
         try:
@@ -192,28 +211,44 @@ class BenchScreen(ConsoleScreen):
         self.show_result(name, result)
 
     def show_result(self, name: str, result: Any) -> None:
+        """The CLI's table for this bench (every cell whole; ``/`` keeps rows, never cuts a cell), its notes,
+        and a chart of its headline figure; a result of another shape as a generic table."""
         self.result_name, self.result, self._filled_with = name, result, self.needle
-        every = result_rows(result)
-        columns = list(dict.fromkeys(k for r in every for k in r))
-        rows = [r for r in every if row_matches(self.needle, (_cell(r.get(c)) for c in columns))]
+        view = bench_view(name, result) or generic_view(result)
+        rows = [r for r in view.rows if row_matches(self.needle, (c.plain for c in r))]
         table = self.query_one("#bench-table", DataTable)
         table.clear(columns=True)
-        for col in columns:
-            table.add_column(col, key=col)
+        for i, col in enumerate(view.columns):
+            width = max([len(col), *(r[i].cell_len for r in view.rows if i < len(r))])  # all rows, kept or not
+            justify = view.justify[i] if i < len(view.justify) else "left"
+            table.add_column(Text(col, justify=justify), key=f"c{i}", width=width)  # type: ignore[arg-type]
         for r in rows:
-            table.add_row(*[_cell(r.get(c)) for c in columns])
-        bars, key = chart_of(rows)
+            table.add_row(*r)
+        self.query_one("#bench-notes", Static).update(Group(*view.notes) if view.notes else "")
         chart = self.query_one(BarChart)
-        chart.unit = key
-        chart.bars = bars
+        chart.unit = view.unit
+        chart.bars = view.bars
         kept = f" ({len(rows)} match {esc(self.needle)}; escape clears)" if self.needle else ""
-        self.query_one("#bench-status", Static).update(f"[$success]done[/] {esc(name)}: {len(every)} rows{kept}"
-                                                       + (f", bars: {esc(key)}" if key else ""))
+        self.query_one("#bench-progress", Static).update("")
+        self.query_one("#bench-status", Static).update(
+            f"[$success]done[/] {esc(name)}: {len(view.rows)} rows{kept}"
+            + (f", bars: {esc(view.unit)}" if view.unit else "") + (f"\n[b]{esc(view.title)}[/b]" if view.title else ""))
+
+
+def generic_view(result: Any) -> BenchView:
+    """A result no CLI table knows: its rows as they come, the best numeric column charted."""
+    every = result_rows(result)
+    columns = list(dict.fromkeys(k for r in every for k in r))
+    bars, key = chart_of(every)
+    return BenchView(columns=columns, rows=[[Text(_cell(r.get(c))) for c in columns] for r in every],
+                     bars=bars, unit=key)
 
 
 def _cell(value: Any) -> str:
     if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, dict | list):
-        return json.dumps(value)[:40]
+        return f"{value:.0f}" if abs(value) >= 1e4 else f"{value:.4g}"  # a large figure whole, never 5.306e+07
+    if isinstance(value, dict):  # whole, never a JSON text cut to a width (53057940 read as 53057)
+        return " ".join(f"{k}={_cell(v)}" for k, v in value.items())
+    if isinstance(value, list):
+        return ",".join(_cell(v) for v in value)
     return "" if value is None else str(value)

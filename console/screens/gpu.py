@@ -145,20 +145,20 @@ class GpuScreen(ConsoleScreen):
         for device in sorted(devices, key=lambda d: not d.sim):  # the run's own (emulated) device first
             wid = card_id(device.key)
             found = box.query(f"#{wid}")
-            card = found.first(GpuCard) if found else None
-            if card is None:
-                card = GpuCard(id=wid)
+            existing = found.first(GpuCard) if found else None
+            gpu_card = existing if existing is not None else GpuCard(id=wid)
+            if existing is None:
                 hardware = [c for c in box.query(GpuCard) if c.snapshot is not None and not c.snapshot.sim]
                 if device.sim and hardware:  # NVML's cards came first: the SIM card goes above them
-                    box.mount(card, before=hardware[0])
+                    box.mount(gpu_card, before=hardware[0])
                 else:
-                    box.mount(card)
-            card.trend = GpuTrend(
+                    box.mount(gpu_card)
+            gpu_card.trend = GpuTrend(
                 series={m: tuple(history.values(device.key, m)) for m in ("pcie_tx", "pcie_rx", "util")},
                 peaks={m: history.peak(device.key, m) for m in ("pcie_tx", "pcie_rx")},
                 measured=_measured(state) if device.sim else "")
-            card.snapshot = device
-            card.stale = wid not in live
+            gpu_card.snapshot = device
+            gpu_card.stale = wid not in live
         if kept and state is not None:
             text = (f"[$text-muted]the run {esc(state.status)}: its device {esc(state.device_id or '')} was shut "
                     "down with it; the card keeps its last sample[/]")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rich.table import Table
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
@@ -25,13 +27,25 @@ class HelpScreen(ModalScreen[None]):
         self.keys = keys
 
     def compose(self) -> ComposeResult:
-        # assembled, not markup: a key such as "[" would open a tag in markup
-        parts: list[str | tuple[str, str] | Content] = [
-            (self.title_text, "bold"), "\n", self.about, "\n\n", ("keys", "bold"), "\n"]
+        # two-column grids: a long description wraps under itself, never back to column 0
+        accent = self.app.current_theme.accent or "cyan"
+        keys = Table.grid(padding=(0, 1))
+        keys.add_column(no_wrap=True, style=f"bold {accent}")
+        keys.add_column(ratio=1)
         for k, d in self.keys:
-            parts += ["  ", (f"{k:<12}", "bold $accent"), f" {d}\n"]
-        parts += ["\n", ("commands", "bold"), " (: opens the command line; ctrl+p the palette)\n"]
+            keys.add_row(k, d)
+        commands = Table.grid(padding=(0, 1))
+        commands.add_column(style="bold", max_width=22)  # the long one (the six screens) wraps in its column
+        commands.add_column(ratio=1)
         for c, d in COMMANDS.items():
-            parts += ["  ", (f":{c:<44}", "bold"), f" {d}\n"]
-        parts += ["\n", ("escape closes", "$text-muted")]
-        yield VerticalScroll(Static(Content.assemble(*parts), id="help-text"), id="help-box")
+            commands.add_row(f":{c}", d)
+        yield VerticalScroll(
+            Static(Text(self.title_text, style="bold"), classes="help-head"),
+            Static(Text(self.about), classes="help-about"),
+            Static(Text("keys", style="bold"), classes="help-head"),
+            Static(keys, id="help-keys"),
+            Static(Text.assemble(("commands", "bold"), " (: opens the command line, tab completes; ctrl+p the "
+                                 "palette)"), classes="help-head"),
+            Static(commands, id="help-commands"),
+            Static(Content.assemble(("escape closes", "$text-muted")), classes="help-head"),
+            id="help-box")

@@ -19,7 +19,14 @@ from gputravel.console.widgets.text import esc
 from gputravel.core.errors import LedgerError
 from gputravel.core.ledger import LedgerRow, VerifyResult, read_rows, verify_ledger
 
-COLUMNS = ("seq", "kind", "phase", "holder", "epoch", "key fp", "bytes", "outcome", "hash")
+COLUMNS = ("seq", "kind", "visit", "phase", "holder", "epoch", "key fp", "bytes", "outcome", "hash")
+
+
+def visit_label(detail: dict[str, Any]) -> str:
+    """A row's visit as the console numbers visits everywhere: from 1 (the ledger's ``detail.visit`` is the
+    0-based index: ``visit`` 0 is the console's visit 1)."""
+    visit = detail.get("visit")
+    return str(visit + 1) if isinstance(visit, int) and not isinstance(visit, bool) else ""
 
 
 class LedgerScreen(ConsoleScreen):
@@ -83,7 +90,8 @@ class LedgerScreen(ConsoleScreen):
         table.clear()
         self._filled_with = self.needle
         for r in self.rows:
-            cells = (str(r.seq), r.kind, r.phase or "", r.holder or "", "" if r.epoch is None else str(r.epoch),
+            cells = (str(r.seq), r.kind, visit_label(r.detail), r.phase or "", r.holder or "",
+                     "" if r.epoch is None else str(r.epoch),
                      (r.key_fp or "")[:8], "" if r.nbytes is None else f"{r.nbytes:,}", r.outcome, r.hash[:12])
             if row_matches(self.needle, cells):
                 table.add_row(*cells, key=str(r.seq))
@@ -126,7 +134,9 @@ class LedgerScreen(ConsoleScreen):
         bad = self.result is not None and self.result.first_bad_seq == seq
         head = f"[b $error]row {seq} breaks the chain[/]\n" if bad else ""
         self.query_one("#ledger-detail", Static).update(
-            head + f"[b]row {seq}[/b] prev {esc(row.prev_hash[:16])} → hash {esc(row.hash[:16])}\n"
+            head + f"[b]row {seq}[/b] prev {esc(row.prev_hash[:16])} → hash {esc(row.hash[:16])}"
+            + (f" · visit {visit_label(row.detail)} (detail.visit {row.detail['visit']} counts from 0)\n"
+               if visit_label(row.detail) else "\n")
             + esc(json.dumps(row.detail, sort_keys=True))[:400])
 
 

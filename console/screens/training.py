@@ -10,6 +10,7 @@ from textual.widgets import Static
 
 from gputravel.console.screens.base import ConsoleScreen
 from gputravel.console.view_model import RunState
+from gputravel.console.view_training import pending_label
 from gputravel.console.widgets.plot import BraillePlot, PlotSeries
 from gputravel.console.widgets.text import esc, spark
 
@@ -19,7 +20,8 @@ class TrainingScreen(ConsoleScreen):
 
     SCREEN_NAME = "training"
     HELP = ("Training loss of every step (each visit trains k steps on one holder's buffer) and the validation "
-            "loss on the held-out slice of each visit, plotted over the global step.")
+            "loss on the held-out slice of each visit, plotted over the global step. Steps arrive while TRAIN "
+            "runs (step k/K); a loss above 1.75x its running mean is flagged as a spike.")
 
     def compose_body(self) -> Iterable[Widget]:
         yield Static(id="training-summary")
@@ -38,8 +40,19 @@ class TrainingScreen(ConsoleScreen):
             tps = f"{state.tokens_per_s:,.0f}" if state.tokens_per_s else "-"
             summary = (f"[b]steps[/b] {state.loss[-1][0]}   [b]loss[/b] {first:.3f} → {last:.3f}   "
                        f"[b]val[/b] {val}   [b]tokens/s[/b] {tps}")
+        elif state.current_phase == "TRAIN":
+            summary = "[$text-muted]training: the first steps are on their way[/]"
         else:
             summary = "[$text-muted]no training steps yet[/]"
+        if state.train_progress is not None:  # a TRAIN is running: this visit's step k of K
+            k, n = state.train_progress
+            summary += f"\n[b]TRAIN[/b] visit {(state.current_visit or 0) + 1}: step {k}/{n}"
+        if state.pending:
+            summary += f"   [b $warning]{esc(pending_label(state.pending) or '').upper()}[/]"
+        if state.spikes:
+            step, loss, mean = state.spikes[-1]
+            summary += (f"\n[$warning]loss spikes: {len(state.spikes)}[/] (last at step {step}: {loss:.3f}, "
+                        f"running mean {mean:.3f})")
         self.query_one("#training-summary", Static).update(summary)
         by_holder: dict[str, list[float]] = {}
         for _, holder, v in state.val:

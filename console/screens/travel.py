@@ -50,7 +50,10 @@ class TravelScreen(ConsoleScreen):
         self.query_one(PhaseTimeline).view = TimelineView(
             visits=visits, planned=state.visits_planned, paused_before=state.paused_before,
             breakpoints=frozenset(state.breakpoints))
-        self.query_one("#visit-detail", Static).update(self._detail(state, context))
+        wide = self.app.size.width >= 150  # the detail panel has room for a whole holder name
+        narrow = self.app.size.width < 110  # ... or ~44 columns (80x24): every line in its short form
+        self.query_one("#visit-detail", Static).update(
+            self._detail(state, {**context, "name_w": 28 if wide else 14, "narrow": narrow}))
 
     @staticmethod
     def _detail(state: RunState, context: dict[str, Any]) -> str:
@@ -65,25 +68,30 @@ class TravelScreen(ConsoleScreen):
                  f"{receipt(state.attested)}{'  [$warning]SIM[/]' if state.sim else ''}",
                  f"[b]epoch[/b] {state.epoch}  [b]key[/b] {_key(state, current)}"]
         if current is not None and current.outcome == "running":
-            lines.append(f"[b]now[/b] #{current.visit + 1} → {esc(fit(current.holder, 14))} · "
+            lines.append(f"[b]now[/b] #{current.visit + 1} → {esc(fit(current.holder, context.get('name_w', 14)))} · "
                          f"{esc(state.current_phase or 'between phases')}")
-        if state.paused_before:
+        if context.get("replay"):  # a recording: only the view moves (no b, no c)
+            lines.append(f"[$text-muted]{'end: live · p follow' if context.get('follow') else 'p play'}"
+                         " · space one phase · [ ] visits[/]")
+        elif state.paused_before:
             lines.append(f"[b $warning]paused before {esc(state.paused_before)}[/] ({esc(state.pause_reason or 'step')})"
-                         " · space · p")
+                         + ("" if context.get("readonly") else " · space · p"))
         elif state.status in ("idle", "completed", "failed", "cancelled") and not context.get("readonly"):
             lines.append("[$text-muted]r run · space one phase · b break@HANDOFF[/]")
         bps = ", ".join(sorted(state.breakpoints)) or "none"
         lines.append(f"[b]breakpoints[/b] {esc(bps)}")
-        lines.extend(_receipts_and_error(state, last))
+        lines.extend(_receipts_and_error(state, last, context.get("name_w", 14) - 2,
+                                         narrow=bool(context.get("narrow"))))
         return "\n".join(lines)
 
 
-def _receipts_and_error(state: RunState, last: Any) -> list[str]:
+def _receipts_and_error(state: RunState, last: Any, name_w: int = 12, *, narrow: bool = False) -> list[str]:
     """The last ended visit's receipts and the run's error, if any (a single run's panel and a fleet's)."""
     lines = []
     if last is not None:
-        lines.append(f"[b]receipts[/b] #{last.visit + 1} {esc(fit(last.holder, 12))}: integrity "
-                     f"{receipt(last.integrity_ok)} scrub {receipt(last.scrub_verified)}")
+        integrity, scrub = ("int", "scr") if narrow else ("integrity", "scrub")
+        lines.append(f"[b]receipts[/b] #{last.visit + 1} {esc(fit(last.holder, name_w))}: {integrity} "
+                     f"{receipt(last.integrity_ok)} {scrub} {receipt(last.scrub_verified)}")
     if state.error:
         token = "$warning" if state.status == "cancelled" else "$error"
         lines.append(f"[b {token}]run {esc(state.status)}[/] [{token}]({esc(state.error_code or '?')}): "
@@ -97,20 +105,26 @@ def _fleet_detail(state: RunState, context: dict[str, Any]) -> str:
     lines = [f"[b]fleet[/b] {len(devices)}/{state.fleet_size or len(devices)} GPUs  [b]{esc(state.status)}[/b]  "
              f"{state.visits_ended()}/{state.visits_planned or '?'} visits"
              + ("  [$warning]SIM[/]" if state.sim else "")]
+    narrow = bool(context.get("narrow")) or context.get("name_w", 14) < 28  # the long form wraps below 150
     for d in devices:
-        lines.append(_device_line(d))
-    if context.get("readonly"):
+        lines.append(_device_line(d, narrow=narrow))
+    if context.get("readonly") and not narrow:  # narrow: the status bar says READ-ONLY
         lines.append("[$text-muted]read-only: torchrun drives the fleet[/]")
     done = [v for v in state.visits.values() if v.ended]
-    lines.extend(_receipts_and_error(state, done[-1] if done else None))
+    lines.extend(_receipts_and_error(state, done[-1] if done else None, context.get("name_w", 14) - 2,
+                                     narrow=narrow))
     return "\n".join(lines)
 
 
-def _device_line(d: DeviceView) -> str:
-    """``GPU1 ◆ bob · PROVISION ep 2  emu-gpu-1 ✓``."""
+def _device_line(d: DeviceView, *, narrow: bool = False) -> str:
+    """``GPU1 ◆ bob · PROVISION ep 2  emu-gpu-1 ✓``; narrow (80 columns): ``GPU1 ◆ bob · PROVISION ep2 ✓``
+    (the device id is on the GPU screen's card)."""
     where = "orchestrator" if d.at == "orchestrator" else d.at
     phase = f" · {esc(d.phase)}" if d.phase else ("" if d.status not in ("completed", "failed", "cancelled")
                                                      else f" · {esc(d.status)}")
+    if narrow:
+        where = "orch" if where == "orchestrator" else fit(where, 12)
+        return f"[b]{esc(d.label)} ◆ {esc(where)}[/b]{phase} ep{d.epoch} {receipt(d.attested)}"
     return (f"[b]{esc(d.label)} ◆ {esc(fit(where, 20))}[/b]{phase} ep {d.epoch}  "
             f"[$text-muted]{esc(d.device_id or '-')}[/] {receipt(d.attested)}")
 

@@ -11,7 +11,7 @@ from textual.widget import Widget
 
 from gputravel.console.widgets.text import bar, esc, fmt_bytes, fmt_num, fmt_pct, fmt_rate, spark
 from gputravel.core.telemetry.history import Point
-from gputravel.core.telemetry.model import NA, GpuSample
+from gputravel.core.telemetry.model import NA, GpuSample, NAType
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +97,7 @@ class GpuCard(Widget):
         cc_token = "$success" if cc.feature == "on" else "$warning" if cc.feature is not NA else "$text-muted"
         lines.append(f"CC      [{cc_token}]{esc(cc.feature)}[/] · devtools {esc(cc.devtools)} · env "
                      f"{esc(cc.environment)} · GPUs ready {ready} · protected "
-                     f"{esc(fmt_bytes(cc.protected_mem_kib if cc.protected_mem_kib is NA else cc.protected_mem_kib * 1024))}")
+                     f"{esc(fmt_bytes(NA if isinstance(cc.protected_mem_kib, NAType) else cc.protected_mem_kib * 1024))}")
         if s.processes:
             procs = ", ".join(f"{p.pid} {esc(p.name)} {esc(fmt_bytes(p.used_bytes))}" for p in s.processes[:4])
             lines.append(f"procs   {procs}")

@@ -34,6 +34,8 @@ class OpsLog(Widget):
     """
 
     lines: reactive[tuple[OpLine, ...]] = reactive((), always_update=True)
+    #: what the empty log suggests: keys that work in this console (a replay, a read-only one offers fewer)
+    hint: reactive[str] = reactive("[b]r[/b] runs, [b]space[/b] steps one phase")
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
@@ -43,5 +45,5 @@ class OpsLog(Widget):
         visible = max(1, self.content_size.height or 6)
         tail = self.lines[-visible:]
         if not tail:
-            return Content.from_markup("[$text-muted]no operations yet: [b]r[/b] runs, [b]space[/b] steps one phase[/]")
+            return Content.from_markup(f"[$text-muted]no operations yet{': ' + self.hint if self.hint else ''}[/]")
         return Content.from_markup(render_lines(tail))

@@ -29,13 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from gputravel.core.bench.travel import machine_info
+from gputravel.core.device.ckptring import ring_supported
 from gputravel.core.device.client import DeviceClient
 from gputravel.core.errors import ConfigError, IntegrityError
 from gputravel.core.machine import aes_gcm_rate
 from gputravel.core.platform.emulated import EmulatedPlatform
 from gputravel.core.protocol.stream import DEFAULT_STREAM_CHUNK, MAX_STREAM_CHUNK
-from gputravel.core.training.checkpoint import CheckpointStore
 from gputravel.core.training.model import preset_for_tokens
+from gputravel.core.training.store import CheckpointStore
 from gputravel.core.training.tokens import vocab_size
 from gputravel.core.training.trainer import TrainSettings
 
@@ -71,7 +72,7 @@ def reset_peak(pid: int | str = "self") -> bool:
 def disk_write_rate(path: Path, nbytes: int, chunk: int) -> float:
     """MB/s of writing ``nbytes`` of random data in ``chunk``-byte writes to ``path`` and fsyncing it (the
     file system the checkpoints go to, the same size): the ceiling of any seal + write."""
-    block = os.urandom(chunk)
+    block = memoryview(os.urandom(chunk))  # sliced without a copy
     t0 = time.perf_counter()
     with open(path, "wb", buffering=0) as f:
         left = nbytes
@@ -105,7 +106,8 @@ class _Peaks:
 
 
 def study(*, model: str = "gpt2", workdir: Path | None = None, device: str | None = None,
-          chunk_size: int = DEFAULT_STREAM_CHUNK, torch_threads: int = 0) -> dict[str, Any]:
+          chunk_size: int = DEFAULT_STREAM_CHUNK, torch_threads: int = 0, ring: bool | None = None,
+          rounds: int = 3) -> dict[str, Any]:
     """Run the study; returns the JSON-able result (``benchmark: checkpoint``)."""
     if not 4096 <= chunk_size <= MAX_STREAM_CHUNK:
         raise ConfigError(f"chunk size must be in 4096..{MAX_STREAM_CHUNK}")
@@ -127,18 +129,32 @@ def study(*, model: str = "gpt2", workdir: Path | None = None, device: str | Non
             aes = aes_gcm_rate(4 << 20, seconds=0.5)
             store = CheckpointStore(root / "checkpoints", os.urandom(32))
             key = store.run_key("bench")
-            header = store.new_header(run_id="bench", seq=1, chunk_size=chunk_size)
-
-            with _Peaks(handle.pid) as seal_peaks:
-                t0 = time.perf_counter()
-                with store.writer(header) as writer:
-                    done = client.checkpoint(key, header, writer.add)
-                    if done.tag_digest != writer.tag_digest:
-                        raise IntegrityError("the chunks written differ from those the device sealed")
-                    t_commit = time.perf_counter()
-                    path = writer.commit({"model_digest": done.model_digest})
-                    commit_s = time.perf_counter() - t_commit
-                seal_s = time.perf_counter() - t0
+            # Rounds of (plain write + fsync of about as many bytes, then seal + write + fsync), the same file
+            # system: each step starts from the memory the previous step's file gave back, so neither side
+            # finds the page cache emptier; the best of each (the others' noise on a shared machine is
+            # only ever added) makes the comparison
+            probe_bytes = min(configured.params * 12, 2 << 30)  # weights and two AdamW moments
+            disk_rates: list[float] = []
+            seal_times: list[float] = []
+            for r in range(max(1, rounds)):
+                disk_rates.append(disk_write_rate(root / "disk-probe", probe_bytes, chunk_size))
+                header = store.new_header(run_id="bench", seq=r + 1, chunk_size=chunk_size)
+                with _Peaks(handle.pid) as peaks:
+                    t0 = time.perf_counter()
+                    with store.writer(header) as writer:
+                        done = client.checkpoint(key, header, writer.add, ring=ring)
+                        if done.tag_digest != writer.tag_digest:
+                            raise IntegrityError("the chunks written differ from those the device sealed")
+                        t_commit = time.perf_counter()
+                        path = writer.commit({"model_digest": done.model_digest})
+                        commit_s = time.perf_counter() - t_commit
+                    seal_times.append(time.perf_counter() - t0)
+                if r == 0:
+                    seal_peaks = peaks
+                if r + 1 < max(1, rounds):
+                    path.unlink()
+            seal_s = min(seal_times)
+            disk_mb_s = max(disk_rates)
             file_bytes = path.stat().st_size
 
             with _Peaks(handle.pid) as restore_peaks:
@@ -149,12 +165,12 @@ def study(*, model: str = "gpt2", workdir: Path | None = None, device: str | Non
             if restored.model_digest != done.model_digest:
                 raise IntegrityError("the restored model's digest differs from the sealed one")
             path.unlink()
-            disk_mb_s = disk_write_rate(root / "disk-probe", min(done.bytes, 2 << 30), chunk_size)
             client.shutdown()
         finally:
             client.close()
             handle.stop()
     state = done.bytes
+    ring = ring_supported() if ring is None else ring
     seal_mb_s = state / seal_s / MB
     orch = seal_peaks.over["orchestrator"]
     return {
@@ -164,11 +180,20 @@ def study(*, model: str = "gpt2", workdir: Path | None = None, device: str | Non
                 "state": "model + AdamW moments + step + sampler state, after one training step"},
         "state_bytes": state, "file_bytes": file_bytes, "chunks": done.chunks,
         "seal_s": round(seal_s, 6), "seal_mb_s": round(seal_mb_s, 1),
-        "fsync_rename_s": round(commit_s, 6), "device_seal_s": round(done.seconds, 6),
+        "fsync_rename_s": round(commit_s, 6), "device_stream_s": round(done.seconds, 6),
+        "device_seal_s": round(done.seal_s, 6),
+        "device_seal_mb_s": round(state / done.seal_s / MB, 1) if done.seal_s > 0 else None,
+        "device_seal_pct_of_aes_1core": round(100.0 * state / done.seal_s / aes, 1) if done.seal_s > 0 else None,
+        "transport": "shared-memory ring" if ring else "attached chunks on the control link",
         "restore_s": round(restore_s, 6), "restore_mb_s": round(state / restore_s / MB, 1),
         "device_digest_s": round(done.digest_s, 6), "restore_digest_s": round(restored.digest_s, 6),
         "aes_gcm_1core_mb_s": round(aes / MB, 1),
         "disk_write_mb_s": round(disk_mb_s, 1),
+        "rounds": len(seal_times), "seal_mb_s_each": [round(state / t / MB, 1) for t in seal_times],
+        "disk_write_mb_s_each": [round(x, 1) for x in disk_rates],
+        # each round's seal + write against the plain write just before it (the same page-cache state)
+        "seal_pct_of_disk_write_each": [round(100.0 * state / t / MB / d, 1) if d > 0 else None
+                                        for t, d in zip(seal_times, disk_rates, strict=True)],
         "seal_pct_of_disk_write": round(100.0 * seal_mb_s / disk_mb_s, 1) if disk_mb_s > 0 else None,
         "seal_pct_of_aes_1core": round(100.0 * seal_mb_s * MB / aes, 2),
         "orchestrator_peak_rss_over_baseline_bytes": orch,
@@ -176,6 +201,7 @@ def study(*, model: str = "gpt2", workdir: Path | None = None, device: str | Non
         "restore_orchestrator_peak_rss_over_baseline_bytes": restore_peaks.over["orchestrator"],
         "restore_device_peak_rss_over_baseline_bytes": restore_peaks.over["device"],
         "orchestrator_peak_pct_of_state": round(100.0 * orch / state, 2) if orch is not None else None,
-        "targets": {"seal_pct_of_aes_1core": ">= 50", "orchestrator_peak_pct_of_state": "<= 25"},
+        "targets": {"seal_pct_of_disk_write": ">= 90", "device_seal_pct_of_aes_1core": ">= 50",
+                    "orchestrator_peak_pct_of_state": "<= 25"},
         "model_digest": done.model_digest,
     }

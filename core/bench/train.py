@@ -2,10 +2,11 @@
 
 One study, two measurements of the same job in the same process tree, one after the other:
 
-* ``protocol``: a real ``gputravel run`` (the RunFn: the console's fleet) with ``--holders`` holders and one
-  round, ``--steps`` steps per visit. Its tokens per second are the tokens trained divided by the time of
-  all the visits' phases (attestation, hand-off, provisioning, verification, training, scrub, rotation with
-  its sealed checkpoint): training as the protocol delivers it. ``train_phase_tokens_per_s`` divides by the
+* ``protocol``: a real ``gputravel run`` (the RunFn: the console's fleet) with ``--holders`` holders and
+  ``--rounds`` rounds, ``--steps`` steps per visit. Its tokens per second are the tokens trained divided by
+  the time of all the visits' phases (attestation, hand-off, provisioning, verification, training, scrub,
+  rotation with its checkpoint's snapshot) and the wait after the last visit until its checkpoint is
+  durable (checkpoints are written in the background): training as the protocol delivers it. ``train_phase_tokens_per_s`` divides by the
   device's TRAIN time only (the steps themselves, measured on the device).
 * ``plain``: a plain torch loop (no protocol, no device service) training the same model (same preset,
   vocabulary, initialisation seed) with the same optimizer, batch and sequence length, on the same torch
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -79,12 +81,12 @@ def plain_loop(config: GPTConfig, settings: TrainSettings, *, steps: int, device
             "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None}
 
 
-def study(*, workdir: Path, run: RunFn, model: str = "tiny", holders: int = 2, steps: int = 10,
+def study(*, workdir: Path, run: RunFn, model: str = "tiny", holders: int = 2, rounds: int = 1, steps: int = 10,
           batch_size: int = 4, seq_len: int = 64, dataset_mib: float = 1.0, device: str | None = None,
           torch_threads: int = 0, transport: str = "local", on_progress: ProgressFn | None = None) -> dict[str, Any]:
     """Run the study; returns the JSON-able result (``benchmark: train``)."""
-    if holders < 1 or steps < 1 or batch_size < 1 or seq_len < 8:
-        raise ConfigError("holders, steps and batch-size must be >= 1 and seq-len >= 8")
+    if holders < 1 or rounds < 1 or steps < 1 or batch_size < 1 or seq_len < 8:
+        raise ConfigError("holders, rounds, steps and batch-size must be >= 1 and seq-len >= 8")
     if not dataset_mib > 0:
         raise ConfigError("dataset-mib must be > 0")
     progress = on_progress or (lambda description, done, total: None)
@@ -100,17 +102,22 @@ def study(*, workdir: Path, run: RunFn, model: str = "tiny", holders: int = 2, s
 
     # --- the plain loop: the same model, optimizer, batch and steps, here; once before and once after the
     # protocol run, so drift in the machine's load over the study shows (and averages) instead of biasing it
-    total_steps = holders * steps  # one round: one visit per holder (checked against the run below)
+    total_steps = holders * rounds * steps  # one visit per holder and round (checked against the run below)
     train = TrainSettings(steps_per_visit=steps, batch_size=batch_size, seq_len=seq_len, total_steps=total_steps)
     raw = (data / "h00" / "data.txt").read_bytes()
     sample = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(torch.int64)
     threads_before = torch.get_num_threads()
 
     def plain_run() -> dict[str, Any]:
+        # on a worker thread, as the device service trains (on its control connection's thread): with several
+        # torch threads on a loaded machine, a loop on the main thread measured 3-5x slower than the same loop
+        # on a worker thread (the OpenMP team the main thread built at import), which made the comparison one
+        # of threads, not of the protocol
         if torch_threads:
             torch.set_num_threads(torch_threads)
         try:
-            return plain_loop(config, train, steps=total_steps, device=dev, tokens=sample)
+            with ThreadPoolExecutor(1, thread_name_prefix="plain-loop") as pool:
+                return pool.submit(plain_loop, config, train, steps=total_steps, device=dev, tokens=sample).result()
         finally:
             torch.set_num_threads(threads_before)
 
@@ -118,7 +125,7 @@ def study(*, workdir: Path, run: RunFn, model: str = "tiny", holders: int = 2, s
     plain_before = plain_run()
     # --- the protocol: one gputravel run
     progress("gputravel run", 1, 3)
-    settings = RunSettings(holders=holders, rounds=1, steps_per_visit=steps, buffer_mib=max(1.0, dataset_mib * 1.25),
+    settings = RunSettings(holders=holders, rounds=rounds, steps_per_visit=steps, buffer_mib=max(1.0, dataset_mib * 1.25),
                            data_dir=data, out_dir=workdir / "run", model=model, batch_size=batch_size,
                            seq_len=seq_len, device=device, torch_threads=torch_threads, transport=transport)
     t0 = time.perf_counter()
@@ -130,13 +137,18 @@ def study(*, workdir: Path, run: RunFn, model: str = "tiny", holders: int = 2, s
         raise ConfigError(f"the protocol run did not complete its visits: "
                           f"{[v.get('outcome') for v in report['visits']]}")
     tokens = len(visits) * steps * batch_size * seq_len
-    visits_s = sum(sum(float(x) for x in v.get("phase_s", {}).values()) for v in visits)
+    # the visits' phases, and the wait after the last one for its checkpoint to be durable (checkpoints are
+    # written in the background while the next visit goes on; the run ends only when the last is durable)
+    final_wait_s = float(report.get("checkpoints", {}).get("final_wait_s", 0.0))
+    visits_s = sum(sum(float(x) for x in v.get("phase_s", {}).values()) for v in visits) + final_wait_s
     train_s = sum(float(v["train_s"]) for v in visits)
     protocol = {"visits": len(visits), "steps": len(visits) * steps, "tokens": tokens,
                 "visits_s": round(visits_s, 6), "train_s": round(train_s, 6),
                 "tokens_per_s": round(tokens / visits_s, 2) if visits_s > 0 else None,
                 "train_phase_tokens_per_s": round(tokens / train_s, 2) if train_s > 0 else None,
                 "setup_s": round(max(0.0, run_wall - visits_s), 3),
+                "final_checkpoint_wait_s": round(final_wait_s, 6),
+                "checkpoint_background_s": report.get("checkpoints", {}).get("background_s"),
                 "phase_s": {p: round(sum(float(v.get("phase_s", {}).get(p, 0.0)) for v in visits), 6)
                             for p in visits[0].get("phase_s", {})},
                 "loss_first": report.get("training", {}).get("loss_first"),
@@ -155,7 +167,7 @@ def study(*, workdir: Path, run: RunFn, model: str = "tiny", holders: int = 2, s
              if protocol["tokens_per_s"] and plain["tokens_per_s"] else None)
     return {"benchmark": "train", "machine": machine_info(),
             "job": {"model": model, "model_params": report.get("training", {}).get("model_params"),
-                    "config": config.to_dict(), "holders": holders, "steps_per_visit": steps,
+                    "config": config.to_dict(), "holders": holders, "rounds": rounds, "steps_per_visit": steps,
                     "batch_size": batch_size, "seq_len": seq_len, "tokens_per_step": batch_size * seq_len,
                     "device": dev, "torch_threads": torch_threads or threads_before, "transport": transport,
                     "dataset_mib_per_holder": dataset_mib},

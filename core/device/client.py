@@ -6,6 +6,7 @@ each send one sealed request named by an ``Op`` and read back a typed answer (``
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -13,6 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from gputravel.core.attestation import AttestationResult, Evidence, code_measurement, verify_evidence
+from gputravel.core.device.ckptring import CheckpointRing, ring_supported
 from gputravel.core.device.link import (
     ControlChannel,
     Op,
@@ -44,7 +46,37 @@ from gputravel.core.protocol.frames import MAX_PAYLOAD
 from gputravel.core.protocol.stream import StreamHeader
 from gputravel.core.protocol.wirejson import loads_bounded
 
-__all__ = ["DeviceClient", "TrustAnchors", "read_counters"]
+__all__ = ["DeviceClient", "RingCheckpoint", "TrustAnchors", "read_counters"]
+
+
+class RingCheckpoint:
+    """A checkpoint the device seals into a shared-memory ring; this side drains it (no control link)."""
+
+    def __init__(self, ring: CheckpointRing, header: StreamHeader, *, chunks: int, snapshot_s: float) -> None:
+        self.ring, self.header, self.chunks, self.snapshot_s = ring, header, chunks, snapshot_s
+        self.received = 0
+
+    def drain(self, sink: Callable[[int, memoryview], None], *, timeout: float = 600.0,
+              alive: Callable[[], bool] | None = None) -> None:
+        """Hand every sealed chunk, in order, to ``sink(kind, sealed)`` (a view of the ring's slot, valid
+        during the call); a failure here (the sink's, or a bad slot) tells the device to stop."""
+        try:
+            for i in range(self.received, self.chunks):
+                kind, sealed = self.ring.get(i, timeout=timeout, alive=alive)
+                if (kind == 1) != (i == self.chunks - 1) or len(sealed) > self.header.max_sealed:
+                    raise FrameError(f"the device sealed a bad checkpoint chunk {i} (kind {kind}, {len(sealed)} bytes)")
+                try:
+                    sink(kind, sealed)
+                finally:
+                    sealed.release()
+                self.ring.done(i)
+                self.received = i + 1
+        except BaseException:
+            self.ring.abort()
+            raise
+
+    def abort(self) -> None:
+        self.ring.abort()
 
 
 class DeviceClient:
@@ -52,6 +84,8 @@ class DeviceClient:
 
     #: checkpoint-chunk requests kept in flight, so the device seals the next chunk while this side writes
     PIPELINE = 3
+    #: slots of a checkpoint ring: the device seals up to this many chunks ahead of the writes
+    RING_SLOTS = 4
 
     def __init__(self, socket_path: str, *, anchors: TrustAnchors, timeout: float = 600.0) -> None:
         self.socket_path = socket_path
@@ -220,22 +254,63 @@ class DeviceClient:
         return WindowStatus.from_wire(self.call(Op.WINDOW_STATUS)[0])
 
     def train(self, *, train_off: int, train_len: int, val_off: int, val_len: int, fmt: str,
-              steps: int | None = None) -> TrainResult:
+              steps: int | None = None, budget_s: float | None = None) -> TrainResult:
+        """One slice of TRAIN: ``steps`` steps (default the program's steps per visit), cut short after
+        ``budget_s`` seconds (``done`` False: no validation, no digest)."""
         args: dict[str, Any] = {"train_off": train_off, "train_len": train_len, "val_off": val_off,
                                 "val_len": val_len, "fmt": fmt}
         if steps is not None:
             args["steps"] = steps
+        if budget_s is not None:
+            args["budget_s"] = budget_s
         head, payload = self.call(Op.TRAIN, **args)
         return TrainResult.from_wire_with_losses(head, payload)
 
     def scrub(self) -> ScrubResult:
         return ScrubResult.from_wire(self.call(Op.SCRUB)[0])
 
-    def checkpoint(self, key: bytes, header: StreamHeader,
-                   sink: Callable[[int, memoryview], None]) -> StreamEnded:
+    def checkpoint(self, key: bytes, header: StreamHeader, sink: Callable[[int, memoryview], None], *,
+                   ring: bool | None = None) -> StreamEnded:
         """Stream a checkpoint: the device seals its state chunk by chunk under the run's checkpoint ``key``
         and ``header``; each sealed chunk goes to ``sink(kind, sealed)`` unopened (kind 0 data, 1 the end
-        chunk). No frame carries more than one bounded chunk, and no side holds the whole state serialised."""
+        chunk). No side holds the whole state serialised. Through a shared-memory ring where this host
+        can make one (``ring`` None or True), else as chunks attached to control answers (``ring=False``)."""
+        if ring is None:
+            ring = ring_supported()
+        if ring:
+            pending = self.checkpoint_begin(key, header)
+            try:
+                pending.drain(sink)
+            except BaseException:
+                with contextlib.suppress(Exception):  # the device's account; the drain's error is the one told
+                    self.checkpoint_end(pending)
+                raise
+            return self.checkpoint_end(pending)
+        return self._checkpoint_attached(key, header, sink)
+
+    def checkpoint_begin(self, key: bytes, header: StreamHeader, *, snapshot: bool = False) -> RingCheckpoint:
+        """Open a checkpoint through a new shared-memory ring: the device seals on a thread of its own (of a
+        copy of its state in its own memory with ``snapshot``: then training may go on at once). Drain it
+        with :meth:`RingCheckpoint.drain` (any thread: the control link is not used), then call
+        :meth:`checkpoint_end`, which answers what the device sealed."""
+        ring = CheckpointRing.create(slots=self.RING_SLOTS, slot_bytes=header.max_sealed)
+        try:
+            begun, _ = self.call(Op.CHECKPOINT, key, header=header.to_dict(), ring=ring.to_wire(), snapshot=snapshot)
+        except BaseException:
+            ring.close()
+            raise
+        return RingCheckpoint(ring, header, chunks=int(begun["chunks"]), snapshot_s=float(begun.get("snapshot_s", 0)))
+
+    def checkpoint_end(self, pending: RingCheckpoint) -> StreamEnded:
+        """The device's account of a ring checkpoint (once its thread is done): a refusal if it failed."""
+        try:
+            head, _ = self.call(Op.CHECKPOINT_END)
+        finally:
+            pending.ring.close()
+        return StreamEnded.from_wire(head)
+
+    def _checkpoint_attached(self, key: bytes, header: StreamHeader,
+                             sink: Callable[[int, memoryview], None]) -> StreamEnded:
         begun, _ = self.call(Op.CHECKPOINT, key, header=header.to_dict())
         n = int(begun["chunks"])  # data chunks and the end chunk
         if self._chan is not None and self._chan.send.counter + n + 2 >= self.nonce_budget:

@@ -78,6 +78,7 @@ class Op(StrEnum):
     SCRUB = "scrub"
     CHECKPOINT = "checkpoint"
     CHECKPOINT_NEXT = "checkpoint_next"
+    CHECKPOINT_END = "checkpoint_end"
     RESTORE = "restore"
     RESTORE_CHUNK = "restore_chunk"
     RESTORE_END = "restore_end"
@@ -86,6 +87,7 @@ class Op(StrEnum):
     TAMPER = "tamper"
     DIGEST = "digest"
     SET_DATA_PATH = "set_data_path"
+    GPU_EVIDENCE = "gpu_evidence"  # SPDM GET_MEASUREMENTS in NVIDIA's format over a caller's nonce (core/device/spdm.py)
 
 
 @dataclass(frozen=True, slots=True)

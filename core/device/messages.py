@@ -110,6 +110,9 @@ class TrainResult(_Wire):
     tokens_per_s: float
     val_loss: float | None
     model_digest: str
+    #: the slice ran every step it was asked for (then it validated and hashed); False: cut short by its time
+    #: budget, no validation, no digest (``""``)
+    done: bool = True
 
     def header_without_losses(self) -> dict[str, Any]:
         """The wire header; the losses travel as :meth:`losses_payload`, never in the header."""
@@ -159,6 +162,8 @@ class StreamEnded(_Wire):
     chunks: int
     seconds: float
     digest_s: float = 0.0
+    seal_s: float = 0.0  # the device's seal alone (the state's pieces and AES-GCM: CPU time), not its waits
+    snapshot_s: float = 0.0  # copying the state in device memory first (a background checkpoint)
 
 
 @dataclass(frozen=True, slots=True)

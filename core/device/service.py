@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from gputravel.core.attestation import (
     emulated_measurements,
     make_evidence,
 )
+from gputravel.core.device.ckpt_ops import CheckpointOps
 from gputravel.core.device.dataplane import AUTO_MIN_CORES, DataPlane, default_workers
 from gputravel.core.device.link import Op
 from gputravel.core.device.memory import Region, best_device
@@ -36,19 +37,19 @@ from gputravel.core.device.messages import (
     Configured,
     DataPathConfig,
     DeviceInfo,
-    DeviceState,
     DeviceStats,
     HandoffGrant,
     Measurement,
     ScrubResult,
-    StreamEnded,
     TrainResult,
     WindowClosed,
     WindowStatus,
 )
 from gputravel.core.device.modelmac import MAC_KEY_BYTES, model_mac
 from gputravel.core.device.openers import choose_opener
-from gputravel.core.errors import DeviceError, IntegrityError, ProtocolError
+from gputravel.core.device.reply import Handler, Reply
+from gputravel.core.device.spdm import SpdmResponder
+from gputravel.core.errors import DeviceError, ProtocolError
 from gputravel.core.handshake import SessionSecrets, respond
 from gputravel.core.machine import aes_gcm_rate
 from gputravel.core.protocol import (
@@ -63,51 +64,12 @@ from gputravel.core.protocol import (
     provisioning_key,
 )
 from gputravel.core.protocol.shmring import RingSpec, ShmRing
-from gputravel.core.protocol.stream import StreamHeader, StreamOpener, StreamSealer, rechunk
 
 MAX_CHUNK = 16 * 1024 * 1024
 #: epochs one ``stats`` answer lists at most (each up to ~150 bytes of counts: far under the header limit)
 STATS_EPOCHS = 64
 #: closed windows whose accepted chunks' tags are remembered, so a captured chunk replayed later is named
 DEAD_TAG_EPOCHS = 64
-
-
-@dataclass(frozen=True, slots=True)
-class Reply:
-    """One operation's answer: the response header and payload, and what the transport does after sending
-    it (``rekey_to``: swap the control channel to that epoch; ``stop``: close the service)."""
-
-    header: dict[str, Any]
-    payload: bytes | bytearray | memoryview = b""
-    rekey_to: int | None = None
-    stop: bool = False
-    #: the payload is already sealed under a key of its own (a checkpoint chunk): the control channel binds
-    #: its tag and sends it as it is, without encrypting it again
-    attached: bool = False
-
-
-Handler = Callable[..., Reply]
-
-
-@dataclass(slots=True)
-class _CheckpointStream:
-    """An open checkpoint stream: its sealer, the state's bounded pieces still to seal, one reused output."""
-
-    sealer: StreamSealer
-    pieces: Iterator[memoryview]
-    out: bytearray
-    digest: str
-    digest_s: float
-    t0: float
-
-
-@dataclass(slots=True)
-class _RestoreStream:
-    opener: StreamOpener
-    decoder: Any  # core.training.checkpoint.StateDecoder
-    stage: bytearray
-    t0: float
-    weights: bool = False  # a pretrained model (kind "weights"), not a checkpoint
 
 
 @dataclass(slots=True)
@@ -138,7 +100,7 @@ class ProvisionWindow:
         return self.contig
 
 
-class DeviceService:
+class DeviceService(CheckpointOps):
     """One emulated confidential GPU."""
 
     def __init__(self, *, identity: DeviceIdentity, buffer_bytes: int, device: str | None = None,
@@ -189,9 +151,13 @@ class DeviceService:
         self._model_gen = 0
         self._digest_memo: tuple[int, str] | None = None
         self.last_digest_s = 0.0
-        self._ckpt_stream: _CheckpointStream | None = None
-        self._restore_stream: _RestoreStream | None = None
+        self._ckpt_stream = None
+        self._restore_stream = None
+        self._ring_stream = None
+        self._snapshot_bufs: list[Any] = []  # a background checkpoint's copy of the state, reused
         self._model_incomplete = False
+        #: the SIM GPU's SPDM responder (holders' own attestation, core/device/spdm.py)
+        self.spdm = SpdmResponder()
         #: the one operation table: every sealed request is dispatched here, by name
         self.operations: dict[Op, Handler] = {
             Op.ATTEST: self.op_attest, Op.ROTATE: self.op_rotate, Op.SHUTDOWN: self.op_shutdown,
@@ -199,9 +165,11 @@ class DeviceService:
             Op.HANDOFF: self.op_handoff, Op.CLOSE_WINDOW: self.op_close_window,
             Op.WINDOW_STATUS: self.op_window_status, Op.TRAIN: self.op_train, Op.SCRUB: self.op_scrub,
             Op.CHECKPOINT: self.op_checkpoint, Op.CHECKPOINT_NEXT: self.op_checkpoint_next,
+            Op.CHECKPOINT_END: self.op_checkpoint_end,
             Op.RESTORE: self.op_restore, Op.RESTORE_CHUNK: self.op_restore_chunk, Op.RESTORE_END: self.op_restore_end, Op.STATS: self.op_stats,
             Op.AES_RATE: self.op_aes_rate, Op.TAMPER: self.op_tamper, Op.DIGEST: self.op_digest,
             Op.SET_DATA_PATH: self.op_set_data_path,
+            Op.GPU_EVIDENCE: self.op_gpu_evidence,
         }
 
     # --- attestation and session ------------------------------------------------------------
@@ -260,6 +228,11 @@ class DeviceService:
     def op_attest(self, *, nonce: str, payload: bytes) -> Reply:
         """Fresh evidence over the verifier's nonce, inside the session."""
         return Reply({"evidence": self.evidence(bytes.fromhex(nonce)).to_dict()})
+
+    def op_gpu_evidence(self, *, nonce: str, chain: bool = False, tamper: str | None = None,
+                        payload: bytes) -> Reply:
+        """SPDM evidence in NVIDIA's format over a holder's nonce (SIM GPU; core/device/spdm.py)."""
+        return Reply(self.spdm.answer(nonce=nonce, chain=chain, tamper=tamper))
 
     def op_rotate(self, *, epoch: int, payload: bytes) -> Reply:
         """Key update of the control channel: the transport swaps keys after sending this answer."""
@@ -328,6 +301,7 @@ class DeviceService:
 
     def _need_whole_model(self) -> Any:
         trainer = self._need_trainer()
+        self._settle_live_checkpoint()  # a checkpoint sealing the live state finishes before the model changes
         if self._restore_stream is not None or self._model_incomplete:
             raise DeviceError("the model is incomplete: a restore is open or failed part-way; restore a checkpoint")
         return trainer
@@ -415,8 +389,9 @@ class DeviceService:
                                   bytes=w.bytes_in).to_wire())
 
     def op_train(self, *, train_off: int, train_len: int, val_off: int, val_len: int, fmt: str,
-                 steps: int | None = None, payload: bytes) -> Reply:
-        trainer = self._need_whole_model()
+                 steps: int | None = None, budget_s: float | None = None, payload: bytes) -> Reply:
+        """A slice of TRAIN: ``steps``, cut short after ``budget_s``; a whole slice validates and hashes."""
+        trainer, buf = self._need_whole_model(), self.buffer.tensor
         if self.window is not None:
             raise DeviceError("cannot train while a provisioning window is open")
         for off, n in ((train_off, train_len), (val_off, val_len)):
@@ -424,13 +399,13 @@ class DeviceService:
                 raise WindowError(f"range [{off}, {off + n}) is outside the buffer")
         self._model_changed()
         self.plane.make_current_wait()  # training's stream waits for the provisioning copy stream
-        res = trainer.train_on_window(self.buffer.tensor, train_off=train_off, train_len=train_len, fmt=fmt)
-        val = trainer.eval_on_window(self.buffer.tensor, val_off=val_off, val_len=val_len, fmt=fmt) if val_len else None
+        res = trainer.train_on_window(buf, train_off=train_off, train_len=train_len, fmt=fmt, steps=steps,
+                                      budget_s=budget_s)
+        done = len(res.losses) == (steps or trainer.settings.steps_per_visit)
+        val = trainer.eval_on_window(buf, val_off=val_off, val_len=val_len, fmt=fmt) if done and val_len else None
         self.counters["train_steps"] += len(res.losses)
-        result = TrainResult(losses=res.losses, tokens=res.tokens, seconds=res.seconds,
-                             tokens_per_s=res.tokens_per_s, val_loss=val, model_digest=self.model_digest())
-        # the per-step losses ride in the payload (8 bytes a step), never in the bounded header: a visit of
-        # thousands of steps (bench travel's 512 MiB buffers) would overflow the 16 KiB header limit
+        result = TrainResult(losses=res.losses, tokens=res.tokens, seconds=res.seconds, tokens_per_s=res.tokens_per_s,
+                             val_loss=val, model_digest=self.model_digest() if done else "", done=done)
         return Reply(result.header_without_losses(), result.losses_payload())
 
     def op_scrub(self, *, payload: bytes) -> Reply:
@@ -442,132 +417,6 @@ class DeviceService:
         self.opener.scrub()
         self.counters["scrubs"] += 1
         return Reply(ScrubResult(verified=ok, bytes=self.buffer.nbytes, seconds=time.perf_counter() - t0).to_wire())
-
-    # --- model state as streams of bounded sealed chunks (checkpoint out, restore in) ------------------
-    @staticmethod
-    def _stream_args(header: Any, payload: bytes, kinds: tuple[str, ...] = ("checkpoint",)
-                     ) -> tuple[bytes, StreamHeader]:
-        if len(payload) != 32:
-            raise DeviceError(f"a checkpoint stream needs the run's 32-byte checkpoint key, got {len(payload)} bytes")
-        if not isinstance(header, dict):
-            raise FrameError("a checkpoint stream needs its header")
-        hdr = StreamHeader.from_dict(header)
-        if hdr.kind not in kinds:
-            raise FrameError(f"a stream here has kind {' or '.join(map(repr, kinds))}, not {hdr.kind!r}")
-        return bytes(payload), hdr
-
-    def op_checkpoint(self, *, header: dict[str, Any], payload: bytes) -> Reply:
-        """Open a checkpoint stream: the device seals its own state, chunk by chunk, under the run's checkpoint
-        key (the payload) and ``header``; ``checkpoint_next`` hands out one sealed chunk per call. The model
-        digest (of this model generation, hashed at most once) rides sealed in the end chunk's trailer."""
-        from gputravel.core.training.checkpoint import state_pieces, state_size
-
-        trainer = self._need_whole_model()
-        key, hdr = self._stream_args(header, payload)
-        digest = self.model_digest()
-        digest_s = self.last_digest_s
-        sealer = StreamSealer(key, hdr)
-        state = trainer.state_dict()
-        n_data = -(-state_size(state) // hdr.chunk_size)
-        pieces = rechunk(state_pieces(state), hdr.chunk_size)
-        self._ckpt_stream = _CheckpointStream(sealer, pieces, bytearray(hdr.sealed_size(hdr.chunk_size)), digest,
-                                              digest_s, time.perf_counter())
-        self.counters["checkpoints"] += 1
-        return Reply({"chunk_size": hdr.chunk_size, "chunks": n_data + 1, "model_digest": digest, "digest_s": digest_s})
-
-    def op_checkpoint_next(self, *, payload: bytes) -> Reply:
-        """The next sealed chunk of the open checkpoint stream (``kind`` 0), or its end chunk (``kind`` 1, ``done``)."""
-        st = self._ckpt_stream
-        if st is None:
-            raise DeviceError("no checkpoint stream is open (none was begun, or the model changed since)")
-        chunk = next(st.pieces, None)
-        if chunk is not None:
-            n = st.sealer.seal_into(chunk, st.out)
-            self.counters["bytes_out"] += n
-            return Reply({"kind": 0, "done": False}, memoryview(st.out)[:n], attached=True)
-        sealed = st.sealer.end({"model_digest": st.digest})
-        self._ckpt_stream = None
-        done = StreamEnded(model_digest=st.digest, tag_digest=st.sealer.tag_digest, bytes=st.sealer.bytes,
-                           chunks=st.sealer.index, seconds=time.perf_counter() - st.t0, digest_s=st.digest_s)
-        return Reply({"kind": 1, "done": True, **done.to_wire()}, sealed, attached=True)
-
-    def op_restore(self, *, header: dict[str, Any], payload: bytes) -> Reply:
-        """Open a restore stream: ``restore_chunk`` feeds the sealed chunks in order, each opened and written
-        straight into the live model and optimizer tensors; ``restore_end`` checks the end chunk and the digest.
-        A restore that fails part-way leaves the model incomplete: training and checkpoints are refused until a
-        restore succeeds."""
-        from gputravel.core.training.checkpoint import StateDecoder
-
-        trainer = self._need_trainer()
-        if self.window is not None:
-            raise DeviceError("cannot restore while a provisioning window is open")
-        key, hdr = self._stream_args(header, payload, ("checkpoint", "weights"))
-        weights = hdr.kind == "weights"  # pretrained weights (--init-from): the model alone, before any step
-        if weights and (trainer.step or trainer.optimizer.state):
-            raise DeviceError("pretrained weights load only into a model that has not trained")
-        self._model_changed()
-        targets = {"model": trainer.model.state_dict()} if weights else trainer.state_dict()
-        what = f"weights for {hdr.run_id}" if weights else f"checkpoint {hdr.seq} of {hdr.run_id}"
-        self._restore_stream = _RestoreStream(StreamOpener(key, hdr, what=what),
-                                              StateDecoder(targets=targets, device=self.device),
-                                              bytearray(hdr.chunk_size), time.perf_counter(), weights)
-        return Reply({"chunk_size": hdr.chunk_size})
-
-    def _restore_failed(self) -> None:
-        self._restore_stream = None
-        self._model_incomplete = True
-        self._model_changed()
-
-    def op_restore_chunk(self, *, kind: int, payload: bytes) -> Reply:
-        st = self._restore_stream
-        if st is None:
-            raise DeviceError("no restore stream is open")
-        try:
-            if kind == 0:
-                n = st.opener.open_into(payload, st.stage)
-                st.decoder.feed(memoryview(st.stage)[:n])
-            elif kind == 1:
-                st.opener.open(payload, final=True)
-            else:
-                raise FrameError(f"unknown stream chunk kind {kind!r}")
-        except BaseException:
-            self._restore_failed()
-            raise
-        self.counters["bytes_in"] += len(payload)
-        return Reply({"index": st.opener.index})
-
-    def op_restore_end(self, *, payload: bytes) -> Reply:
-        st = self._restore_stream
-        if st is None:
-            raise DeviceError("no restore stream is open")
-        try:
-            trailer = st.opener.finish()
-            if st.weights:
-                self._load_weights(st.decoder.result())
-            else:
-                self._need_trainer().load_state_dict(st.decoder.result())
-        except BaseException:
-            self._restore_failed()
-            raise
-        self._restore_stream = None
-        self._model_incomplete = False
-        self._model_changed()
-        digest = self.model_digest()
-        if trailer.get("model_digest") != digest:
-            self._model_incomplete = True
-            raise IntegrityError(f"checkpoint restored to a model whose digest {digest[:16]} differs from the "
-                                 f"sealed {str(trailer.get('model_digest'))[:16]}")
-        self.counters["restores"] += 1
-        return Reply(DeviceState(model_digest=digest, digest_s=self.last_digest_s).to_wire())
-
-    def _load_weights(self, state: Any) -> None:
-        """A ``weights`` stream's state: the model's parameters alone, of this model's shape."""
-        trainer = self._need_trainer()
-        if not isinstance(state, dict) or state.get("format") != "weights" or not isinstance(state.get("model"), dict):
-            raise DeviceError("a weights stream holds {format: weights, config, model}")
-        if state.get("config") != trainer.config.to_dict():
-            raise DeviceError(f"weights of model {state.get('config')} differ from the program's {trainer.config.to_dict()}")
-        trainer.model.load_state_dict(state["model"])  # strict: every parameter, nothing else
 
     def _memory_bytes(self) -> int:
         """Device memory in use: buffer, code region, model parameters."""
@@ -814,9 +663,11 @@ def load_service(state_dir: Path, *, buffer_bytes: int, device: str | None = Non
     from gputravel.core.attestation import provision_emulated
 
     _, identity = provision_emulated(state_dir)
-    return DeviceService(identity=identity, buffer_bytes=buffer_bytes, device=device, cc_mode=CCMode(cc_mode),
-                         allow_fault_injection=allow_fault_injection, staged=staged,
-                         cipher_engine=cipher_engine)
+    service = DeviceService(identity=identity, buffer_bytes=buffer_bytes, device=device, cc_mode=CCMode(cc_mode),
+                            allow_fault_injection=allow_fault_injection, staged=staged,
+                            cipher_engine=cipher_engine)
+    service.spdm.state_dir = Path(state_dir)  # the SIM GPU's identity lives with the platform's
+    return service
 
 
 __all__ = ["DeviceService", "Handler", "ProvisionWindow", "Reply", "load_service"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 from cryptography import x509
@@ -144,9 +145,11 @@ def main(argv: list[str] | None = None) -> None:
 
     def build(ns: argparse.Namespace) -> FleetDeviceService:
         _, identity = provision_emulated(ns.state_dir, device_id=ns.device_id)
-        return FleetDeviceService(identity=identity, buffer_bytes=ns.buffer_bytes, device=ns.device,
-                                  cc_mode=CCMode(ns.cc_mode), allow_fault_injection=ns.allow_fault_injection,
-                                  cipher_engine=ns.cipher_engine)
+        service = FleetDeviceService(identity=identity, buffer_bytes=ns.buffer_bytes, device=ns.device,
+                                     cc_mode=CCMode(ns.cc_mode), allow_fault_injection=ns.allow_fault_injection,
+                                     cipher_engine=ns.cipher_engine)
+        service.spdm.state_dir = Path(ns.state_dir)  # the SIM GPU's identity the holders pin lives with the platform's
+        return service
 
     serve_from_args(parser.parse_args(argv), build)
 

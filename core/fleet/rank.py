@@ -173,6 +173,8 @@ class FleetRecovery(Recovery):
 class FleetEngine(TravelEngine):
     """One rank's travel engine: its device, its holders' links, its share of the lock-step schedule."""
 
+    scrub_when_interrupted = False  # a rank interrupted mid all-reduce may wait on its peers: end at once
+
     def __init__(self, *, fleet: FleetOptions, group: WorkerGroup, **kw: Any) -> None:
         make_program = kw.pop("make_program")
         super().__init__(make_program=self._fleet_program(make_program), **kw)

@@ -27,7 +27,8 @@ from gputravel.core.errors import ConfigError, FleetDeviceLostError, GpuTravelEr
 from gputravel.core.events import Event
 from gputravel.core.fleet.platform import FleetPlatform, ensure_vendor
 from gputravel.core.fleet.rank import FleetEngine, FleetOptions, WorkerGroup
-from gputravel.core.ledger import Ledger, VerifyResult, read_rows, verify_ledger
+from gputravel.core.fleet.verify import verify_fleet
+from gputravel.core.ledger import Ledger, verify_ledger
 from gputravel.core.telemetry.model import TelemetryFrame
 from gputravel.core.telemetry.recorded import TELEMETRY_INTERVAL_S, TelemetryLoop, rank_sampler
 from gputravel.core.travel.holders import HolderLink
@@ -315,31 +316,3 @@ def _write_fleet_ledger(out: Path, reports: list[dict[str, Any]], report: dict[s
     v = verify_ledger(out / "ledger.db")
     return {"path": str(out / "ledger.db"), "verified": v.ok and all(e["verified"] for e in ranks), "rows": v.rows,
             "head": v.head_hash, "reason": v.reason, "fleet_verified": v.ok, "ranks": ranks}
-
-
-def verify_fleet(out: Path) -> VerifyResult:
-    """Prove a whole fleet run: the fleet ledger's chain, and every rank ledger's chain against every head the
-    fleet ledger recorded for it (so a rank ledger cut short or rewritten is found too)."""
-    out = Path(out)
-    fleet = verify_ledger(out / "ledger.db")
-    if not fleet.ok:
-        return VerifyResult(ok=False, rows=fleet.rows, head_hash=fleet.head_hash, first_bad_seq=fleet.first_bad_seq,
-                            reason=f"fleet ledger: {fleet.reason}")
-    heads: dict[int, set[tuple[int, str]]] = {}
-    for row in read_rows(out / "ledger.db"):
-        if row.kind == "fleet-device" and row.detail.get("ledger_head"):
-            seq, _, digest = str(row.detail["ledger_head"]).partition(":")
-            if seq.isdigit() and int(seq) > 0:
-                heads.setdefault(int(row.detail["gpu"]), set()).add((int(seq), digest))
-    rows = fleet.rows
-    for path in sorted(out.glob("rank-*/ledger.db")):
-        gpu = int(path.parent.name.removeprefix("rank-"))
-        result = verify_ledger(path, expect_heads=heads.get(gpu, ()))
-        rows += result.rows
-        if not result.ok:
-            return VerifyResult(ok=False, rows=rows, head_hash=fleet.head_hash, first_bad_seq=result.first_bad_seq,
-                                reason=f"{path.parent.name}/ledger.db: {result.reason}")
-        if gpu not in heads:
-            return VerifyResult(ok=False, rows=rows, head_hash=fleet.head_hash, first_bad_seq=None,
-                                reason=f"{path.parent.name}/ledger.db: the fleet ledger records no head for it")
-    return VerifyResult(ok=True, rows=fleet.rows, head_hash=fleet.head_hash, first_bad_seq=None, reason=None)

@@ -44,6 +44,8 @@ class FrameType(IntEnum):
     BYE = 7
     PING = 8
     PONG = 9
+    ATTEST = 10  # orchestrator -> agent: the CVM's quote and the GPU's evidence for this hand-off
+    VERDICT = 11  # agent -> orchestrator: what the holder made of them
     # device link (orchestrator <-> device service)
     ATTEST_REQUEST = 16
     EVIDENCE = 17

@@ -3,7 +3,12 @@ exchange about a hand-off, as frozen typed messages.
 
 Two links speak it. The *holder link* (orchestrator <-> agent, stdin/stdout or an SSH channel)::
 
-    agent -> HELLO     Hello        who the agent is, what data it holds, the hash of its own bundle
+    agent -> HELLO     Hello        who the agent is, what data it holds, the hash of its own bundle (an
+                                    attesting agent adds its first nonce and its key-exchange key)
+    orch  -> ATTEST    Attest       the orchestrator CVM's TDX quote and the GPU's SPDM evidence for one
+                                    hand-off, under the holder's nonce bound to the window's key
+    agent -> VERDICT   Verdict      the holder's verdict on them (and its nonce for the next hand-off);
+                                    only after an ok verdict does the HANDOFF carry the key (wrapped)
     orch  -> HANDOFF   Handoff      one window of one epoch, with its ProvisioningKey (never on the
                                     conventional path) and, on the direct path, the device's DataEndpoint
     agent -> ACK       Progress     chunks the device acknowledged since the last report (direct path)
@@ -52,8 +57,8 @@ from gputravel.core.protocol.keys import (
 )
 from gputravel.core.protocol.shmring import RingSpec
 
-__all__ = ["MAX_CHUNK", "Admission", "Bye", "DataEndpoint", "DataOpen", "DataReady", "Done", "Handoff", "Hello", "Progress",
-           "ProvisioningKey", "Refusal", "TOKEN_FORMATS"]
+__all__ = ["MAX_CHUNK", "Admission", "Attest", "Bye", "DataEndpoint", "DataOpen", "DataReady", "Done", "Handoff",
+           "Hello", "Progress", "ProvisioningKey", "Refusal", "TOKEN_FORMATS", "Verdict"]
 
 #: The largest chunk a hand-off may ask for (the device's limit too).
 MAX_CHUNK = 16 * 1024 * 1024
@@ -190,6 +195,9 @@ class Hello:
     files: int
     agent_sha256: str
     pid: int | None = None
+    #: an attesting agent: its first nonce (hex, 32 bytes) and its X25519 key-exchange key (hex, 32 bytes)
+    nonce: str | None = None
+    link_pub: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         h: dict[str, Any] = {"name": self.name, "version": self.version, "format": self.fmt,
@@ -197,6 +205,8 @@ class Hello:
                              "agent_sha256": self.agent_sha256}
         if self.pid is not None:
             h["pid"] = self.pid
+        if self.nonce is not None and self.link_pub is not None:
+            h["nonce"], h["link_pub"] = self.nonce, self.link_pub
         return h
 
     @classmethod
@@ -208,7 +218,9 @@ class Hello:
         return cls(name=_str(h, w, "name", default=""), version=_str(h, w, "version", default=""), fmt=fmt,
                    train_bytes=_int(h, w, "train_bytes"), val_bytes=_int(h, w, "val_bytes"),
                    files=_int(h, w, "files", hi=1 << 31), agent_sha256=_hex(h, w, "agent_sha256", nbytes=32),
-                   pid=_int(h, w, "pid", hi=1 << 31, default=None))
+                   pid=_int(h, w, "pid", hi=1 << 31, default=None),
+                   nonce=_hex(h, w, "nonce", nbytes=32, default=None),
+                   link_pub=_hex(h, w, "link_pub", nbytes=32, default=None))
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,6 +351,9 @@ class Handoff:
     conventional: bool = False  # wire name "plain"
     ledger_head: str | None = None  # "SEQ:HASH" of the audit ledger at this hand-off, for the holder's witness
     data_endpoint: DataEndpoint | None = None
+    #: to an attesting holder the key travels wrapped (``core.protocol.keywrap``), hex; ``key`` is then None
+    wrapped_key: str | None = None
+    key_fp: str | None = None  # the wrapped key's fingerprint (the one the holder's verdict was for)
 
     @property
     def window_len(self) -> int:
@@ -355,6 +370,8 @@ class Handoff:
                              "resume_from": self.resume_from, "skip": self.skip, "length": self.window_len}
         if self.conventional:
             h["plain"] = True  # no GPU key leaves the orchestrator on the conventional path
+        elif self.wrapped_key is not None:
+            h["wrapped_key"], h["key_fp"] = self.wrapped_key, self.key_fp
         elif self.key is not None:
             h["key"] = self.key.to_wire()
         if self.data_endpoint is not None:
@@ -369,7 +386,9 @@ class Handoff:
         conventional = _flag(h, w, "plain")
         if conventional and h.get("key") is not None:
             raise FrameError(f"{w} carries a key on the conventional path")
-        key = None if conventional else ProvisioningKey.from_wire(_get(h, w, "key", _MISSING))
+        wrapped = None if conventional else _hex(h, w, "wrapped_key", default=None)
+        key_fp = _str(h, w, "key_fp", default=None, max_len=64) if wrapped is not None else None
+        key = None if conventional or wrapped is not None else ProvisioningKey.from_wire(_get(h, w, "key", _MISSING))
         epoch = _int(h, w, "epoch")
         if key is not None and key.epoch != epoch:
             raise FrameError(f"{w} of epoch {epoch} carries a key of epoch {key.epoch}")
@@ -381,7 +400,8 @@ class Handoff:
                                                                                              default=0),
                       skip=_int(h, w, "skip", default=0), length=_int(h, w, "length", default=None),
                       conventional=conventional, ledger_head=_str(h, w, "ledger_head", default=None),
-                      data_endpoint=None if endpoint is None else DataEndpoint.from_wire(endpoint))
+                      data_endpoint=None if endpoint is None else DataEndpoint.from_wire(endpoint),
+                      wrapped_key=wrapped, key_fp=key_fp)
         handoff.check()
         return handoff
 
@@ -395,7 +415,7 @@ class Handoff:
             raise FrameError(f"HANDOFF resumes at chunk {self.resume_from} of {self.n_chunks}")
 
     def __repr__(self) -> str:  # never the key
-        fp = self.key.fingerprint if self.key is not None else "-"
+        fp = self.key.fingerprint if self.key is not None else self.key_fp or "-"
         return f"Handoff(epoch={self.epoch}, window={self.window_offset}+{self.window_len}, key={fp})"
 
 
@@ -412,6 +432,104 @@ class Bye:
     @classmethod
     def from_wire(cls, h: Mapping[str, Any]) -> Bye:
         return cls(ledger_head=_str(h, "BYE", "ledger_head", default=None))
+
+
+# --- holder attestation (issue 22 item 5) -------------------------------------------------------------
+_ATTEST_PARTS = ("quote", "collateral", "gpu_report", "gpu_chain")
+_MAX_EVIDENCE = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Attest:
+    """ATTEST: what a holder verifies before it takes a hand-off's key. The header names the run, the epoch,
+    the key's fingerprint and the CVM's key-exchange key (``link_pub``, hex); the payload carries the TDX quote,
+    its collateral (JSON), the GPU's SPDM report and its PEM chain, their sizes in the header."""
+
+    FRAME: ClassVar[FrameType] = FrameType.ATTEST
+    run_id: str
+    epoch: int
+    key_fp: str
+    link_pub: str
+    quote: bytes
+    collateral: bytes
+    gpu_report: bytes
+    gpu_chain: bytes
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"run": self.run_id, "epoch": self.epoch, "key_fp": self.key_fp, "link_pub": self.link_pub,
+                "sizes": [len(getattr(self, k)) for k in _ATTEST_PARTS]}
+
+    def payload(self) -> bytes:
+        return b"".join(getattr(self, k) for k in _ATTEST_PARTS)
+
+    @classmethod
+    def from_frame(cls, h: Mapping[str, Any], payload: bytes | bytearray | memoryview) -> Attest:
+        w = "ATTEST"
+        sizes = _get(h, w, "sizes", _MISSING)
+        if (not isinstance(sizes, list) or len(sizes) != len(_ATTEST_PARTS)
+                or not all(type(n) is int and 0 <= n <= _MAX_EVIDENCE for n in sizes) or sum(sizes) != len(payload)):
+            raise FrameError(f"{w} sizes do not describe its {len(payload)}-byte payload")
+        raw, parts, at = bytes(payload), [], 0
+        for n in sizes:
+            parts.append(raw[at:at + n])
+            at += n
+        return cls(_str(h, w, "run", max_len=128), _int(h, w, "epoch"), _str(h, w, "key_fp", max_len=64),
+                   _hex(h, w, "link_pub", nbytes=32), *parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """VERDICT: the holder's own verdict on an ATTEST (``report()`` is the run report's
+    ``visits[].holder_attestation``), with its fresh nonce for the next hand-off (``next_nonce``)."""
+
+    FRAME: ClassVar[FrameType] = FrameType.VERDICT
+    epoch: int
+    ok: bool
+    cvm: Mapping[str, Any]  # {"ok", "tcb_status", "failed"}
+    gpu: Mapping[str, Any]  # {"ok", "nonce", "claims_failed"}
+    ms: float
+    next_nonce: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "ok": self.ok, "cvm": dict(self.cvm), "gpu": dict(self.gpu), "ms": self.ms,
+                "next_nonce": self.next_nonce}
+
+    @property
+    def failed_claim(self) -> str | None:
+        """The first claim that failed (CVM first), or None."""
+        if not self.cvm.get("ok"):
+            return str(self.cvm.get("failed") or "cvm")
+        if not self.gpu.get("ok"):
+            failed = self.gpu.get("claims_failed") or ["gpu"]
+            return str(failed[0])
+        return None
+
+    def report(self) -> dict[str, Any]:
+        return {"cvm": {"ok": bool(self.cvm.get("ok")), "tcb_status": self.cvm.get("tcb_status")},
+                "gpu": {"ok": bool(self.gpu.get("ok")), "nonce": self.gpu.get("nonce"),
+                        "claims_failed": list(self.gpu.get("claims_failed") or [])},
+                "ms": self.ms, "failed_claim": self.failed_claim}
+
+    @classmethod
+    def from_wire(cls, h: Mapping[str, Any]) -> Verdict:
+        w = "VERDICT"
+        cvm, gpu = _get(h, w, "cvm", _MISSING), _get(h, w, "gpu", _MISSING)
+        if not isinstance(cvm, Mapping) or not isinstance(gpu, Mapping):
+            raise FrameError(f"{w} cvm and gpu must be objects")
+        failed = gpu.get("claims_failed") or []
+        if not isinstance(failed, list) or len(failed) > 64 or not all(isinstance(c, str) and len(c) < 128
+                                                                       for c in failed):
+            raise FrameError(f"{w} gpu claims_failed must be a list of claim names")
+        ms = _get(h, w, "ms", 0.0)
+        if type(ms) not in (int, float) or not math.isfinite(ms) or ms < 0:
+            raise FrameError(f"{w} ms must be a non-negative number")
+        ok = _flag(h, w, "ok")
+        cvm_v = {"ok": _flag(cvm, w, "ok"), "tcb_status": _str(cvm, w, "tcb_status", default=None, max_len=64),
+                 "failed": _str(cvm, w, "failed", default=None, max_len=128)}
+        gpu_v = {"ok": _flag(gpu, w, "ok"), "nonce": _hex(gpu, w, "nonce", nbytes=32, default=None),
+                 "claims_failed": failed}
+        return cls(epoch=_int(h, w, "epoch"), ok=ok and bool(cvm_v["ok"]) and bool(gpu_v["ok"]), cvm=cvm_v,
+                   gpu=gpu_v, ms=float(ms), next_nonce=_hex(h, w, "next_nonce", nbytes=32))
 
 
 # --- data connection: agent <-> device ---------------------------------------------------------------

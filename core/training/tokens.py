@@ -26,12 +26,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-
 from gputravel.core.errors import DataError
 
 if TYPE_CHECKING:  # pragma: no cover
     import tiktoken
+    import torch
 
 __all__ = [
     "EOT_TOKEN",
@@ -76,6 +75,7 @@ def vocab_size(fmt: TokenFormat | str) -> int:
 
 
 def _check_buffer(buf: torch.Tensor, fmt: TokenFormat) -> None:
+    import torch  # here, not at the top: `gputravel data check` reads a data folder without torch
     if buf.dtype != torch.uint8 or buf.dim() != 1:
         raise DataError(f"a data buffer must be a 1-D torch.uint8 tensor, got {buf.dtype} with shape "
                         f"{tuple(buf.shape)}")
@@ -90,6 +90,7 @@ def token_view(buf: torch.Tensor, fmt: TokenFormat | str) -> torch.Tensor:
     A ``u16`` window that starts at an odd byte offset cannot be reinterpreted in place; it is then
     assembled from its bytes (one copy, still compact).
     """
+    import torch
     fmt = TokenFormat(fmt)
     _check_buffer(buf, fmt)
     if fmt is TokenFormat.BYTE:
@@ -108,6 +109,7 @@ def tokens_from_buffer(buf: torch.Tensor, fmt: TokenFormat | str) -> torch.Tenso
     Raises:
         DataError: the buffer is not 1-D ``uint8`` or its length is not a whole number of tokens.
     """
+    import torch
     return token_view(buf, fmt).to(torch.int64)
 
 
@@ -116,6 +118,7 @@ def gather_tokens(buf: torch.Tensor, fmt: TokenFormat | str, index: torch.Tensor
 
     Used by the trainer to cut batches without converting a whole (possibly huge) window to ``int64``.
     """
+    import torch
     fmt = TokenFormat(fmt)
     _check_buffer(buf, fmt)
     if fmt is TokenFormat.BYTE:

@@ -128,13 +128,20 @@ class Trainer:
             raise ConfigError(f"{fmt.value} tokens need a vocabulary of {vocab_size(fmt)}, the model has "
                               f"{self.config.vocab_size}")
 
-    def train_on_window(self, buf: torch.Tensor, *, train_off: int, train_len: int,
-                        fmt: TokenFormat | str) -> VisitTrainResult:
-        """Run ``steps_per_visit`` steps on random sequences from ``buf[train_off : train_off + train_len]``.
+    def train_on_window(self, buf: torch.Tensor, *, train_off: int, train_len: int, fmt: TokenFormat | str,
+                        steps: int | None = None, budget_s: float | None = None) -> VisitTrainResult:
+        """Run ``steps`` (default ``steps_per_visit``) steps on random sequences from
+        ``buf[train_off : train_off + train_len]``; with ``budget_s``, stop after the first step that ends
+        ``budget_s`` seconds or more after the start (at least one step runs). A visit's TRAIN is one or more
+        such slices; the batches, learning rates and weights are the same however it is sliced.
 
         Raises:
+            ConfigError: ``steps`` or ``budget_s`` is not positive.
             DataError: the window is outside the buffer, not whole tokens, or shorter than ``seq_len + 1`` tokens.
         """
+        if (steps is not None and (type(steps) is not int or steps < 1)) or (budget_s is not None and
+                                                                            not float(budget_s) > 0):
+            raise ConfigError(f"a training slice needs steps >= 1 and budget_s > 0, got {steps!r}, {budget_s!r}")
         fmt = TokenFormat(fmt)
         self._check_vocab(fmt)
         window = self._window(buf, train_off, train_len, fmt, "training")
@@ -148,7 +155,9 @@ class Trainer:
         losses: list[float] = []
         self._sync()
         t0 = time.perf_counter()
-        for _ in range(s.steps_per_visit):
+        wanted = s.steps_per_visit if steps is None else steps
+        deadline = None if budget_s is None else t0 + budget_s
+        for _ in range(wanted):
             starts = torch.randint(0, n_tokens - s.seq_len, (s.batch_size, 1), generator=self.generator)
             chunk = gather_tokens(window, fmt, starts.to(window.device) + span)
             x, y = chunk[:, :-1], chunk[:, 1:]
@@ -163,10 +172,12 @@ class Trainer:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
             self.optimizer.step()
             self.step += 1
-            losses.append(float(loss.item()))
+            losses.append(float(loss.item()))  # .item() waits for the step: the clock below is the step's
+            if deadline is not None and time.perf_counter() >= deadline:
+                break
         self._sync()
         seconds = time.perf_counter() - t0
-        tokens = s.steps_per_visit * s.batch_size * s.seq_len
+        tokens = len(losses) * s.batch_size * s.seq_len
         return VisitTrainResult(losses=losses, tokens=tokens, seconds=seconds,
                                 tokens_per_s=tokens / seconds if seconds > 0 else float("inf"))
 

@@ -1,4 +1,9 @@
-"""Operator control between phases (pause, resume, step, breakpoints, cancel) and the fault plan."""
+"""Operator control (pause, resume, step, breakpoints, cancel) and the fault plan.
+
+Cancel and pause are checked between phases (:meth:`Control.gate`) and, inside TRAIN, between training slices
+(:meth:`Control.between_steps`): a slice is one optimizer step, or the steps that fit in its time budget when
+steps are shorter. Asking is a ``ControlRequested`` event at once (the pending CANCELLING... / PAUSING...
+state); landing is ``RunPaused`` or the cancelled visit's end."""
 
 from __future__ import annotations
 
@@ -49,10 +54,13 @@ class FaultPlan:
 
 
 class Control:
-    """Pause / resume / step / breakpoints / cancel, checked between phases."""
+    """Pause / resume / step / breakpoints / cancel, checked between phases (and TRAIN's slices)."""
 
-    def __init__(self, breakpoints: set[Phase] | None = None) -> None:
+    def __init__(self, breakpoints: set[Phase] | None = None, *, on_request: EventSink | None = None) -> None:
         self.breakpoints: set[Phase] = set(breakpoints or ())
+        #: where ``ControlRequested`` goes (the engine's emit), and the phase it names (the engine sets it)
+        self.on_request = on_request
+        self.phase: Phase | None = None
         self._running = asyncio.Event()
         self._running.set()
         self._steps = 0  # phases allowed while paused
@@ -65,7 +73,10 @@ class Control:
         return not self._running.is_set()
 
     def pause(self) -> None:
+        if not self.paused or self._stepped:  # not yet paused (a stepped phase runs unpaused): now pending
+            self._request("pause")
         self._steps = 0
+        self._stepped = False  # an explicit pause: it lands mid-phase too, even in a stepped phase
         self._running.clear()
 
     def resume(self) -> None:
@@ -78,8 +89,35 @@ class Control:
         self._running.set()
 
     def cancel(self) -> None:
+        if not self.cancelled:
+            self._request("cancel")
         self.cancelled = True
         self._running.set()
+
+    def _request(self, action: str) -> None:
+        if self.on_request is not None:
+            self.on_request(ev.ControlRequested(time.time(), action, str(self.phase) if self.phase else None))
+
+    async def between_steps(self, phase: Phase, emit: EventSink, *, where: str) -> None:
+        """Inside a phase, between optimizer steps: honour cancel and an explicit pause (``RunPaused`` with
+        ``next_phase`` ``phase``, reason ``paused``, ``where`` e.g. ``"TRAIN 3/8"`` in the log); breakpoints and
+        step stay between phases (a stepped phase runs to its end)."""
+        if self.cancelled:
+            raise CancelledRunError("cancelled by the operator")
+        if not self.paused or self._stepped:
+            return
+        self.paused_at = phase
+        emit(ev.RunPaused(time.time(), "paused", str(phase), where))
+        await self._running.wait()
+        self.paused_at = None
+        emit(ev.RunResumed(time.time()))
+        if self.cancelled:
+            raise CancelledRunError("cancelled by the operator")
+        if self._steps:  # stepped from a mid-phase pause: the rest of this phase is the step
+            self._steps -= 1
+            if self._steps == 0:
+                self._running.clear()
+                self._stepped = True
 
     def toggle_breakpoint(self, phase: Phase) -> bool:
         if phase in self.breakpoints:

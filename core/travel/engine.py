@@ -10,6 +10,7 @@ row and event in one call), ``recovery`` (failed visits, dead devices and agents
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import json
@@ -42,9 +43,11 @@ from gputravel.core.ledger import Ledger
 from gputravel.core.platform.base import DeviceHandle
 from gputravel.core.procs import release_free_memory
 from gputravel.core.runfolder import sealed_settings_digest
-from gputravel.core.training.checkpoint import CheckpointStore
+from gputravel.core.training.store import CheckpointStore
 from gputravel.core.travel import handoff as ho
+from gputravel.core.travel import holder_attest, training
 from gputravel.core.travel.audit import ATTACK_CODES, Audit
+from gputravel.core.travel.checkpoints import Checkpointer
 from gputravel.core.travel.control import Control, EventSink, FaultPlan
 from gputravel.core.travel.holders import Handoff, HolderInfo, HolderLink
 from gputravel.core.travel.phases import Phase, check_transition
@@ -76,6 +79,8 @@ class TravelEngine:
 
     #: kept for readers of the engine: the rejection codes that count as an attack
     ATTACK_CODES = ATTACK_CODES
+    #: a visit interrupted by SIGTERM or Ctrl-C is cancelled as by the operator (scrub, ``visit-cancelled``)
+    scrub_when_interrupted = True
 
     def __init__(self, *, settings: RunSettings, device: DeviceHandle, links: list[HolderLink],
                  out_dir: Path, checkpoint_store: CheckpointStore,
@@ -88,7 +93,7 @@ class TravelEngine:
         self.ckpt = checkpoint_store
         self.make_program = make_program
         self.train_program: dict[str, Any] = {}
-        self.control = Control({Phase(b) for b in settings.breakpoints})
+        self.control = Control({Phase(b) for b in settings.breakpoints}, on_request=self.emit)
         self.subscribers: list[asyncio.Queue[ev.Event]] = []
         self.sinks: list[EventSink] = []
         #: timing hooks (``EngineProbe``): benchmarks attach theirs here
@@ -118,12 +123,16 @@ class TravelEngine:
         self.ledger = Ledger.open(self.out_dir / "ledger.db", run_id=run_id or uuid.uuid4().hex[:12])
         self.audit = Audit(self.ledger, lambda event: self.emit(event))
         self.recovery = Recovery(self)
+        self.ckpts = Checkpointer(self)
         self.run_id = self.ledger.run_id
         self.first_run_id = self.run_id  # checkpoints are bound to the run that started them
         self.started = 0.0
         self.loss_history: list[tuple[int, float]] = []
         self.val_history: list[tuple[int, str, float]] = []
         self.step_count = 0
+        #: how TRAIN is cut into device requests, and the loss-spike watch over the run's steps
+        self.train_slices = training.SliceSettings()
+        self.spikes = training.SpikeWatch()
         #: fault injection (tests, the crash study): phase name -> action run when that phase begins
         self.fault: dict[str, Callable[[TravelEngine], Any]] = {}
         self.restart_device = restart_device
@@ -205,50 +214,17 @@ class TravelEngine:
                 "digest_s": round(m.digest_s, 6), "mac_engine": m.mac_engine}
 
     async def checkpoint(self, seq: int, *, note: str = "") -> None:
-        """Checkpoint ``seq``: the device seals its state chunk by chunk under the run's checkpoint key; the
-        chunks go to a temporary file unopened, which becomes the checkpoint only once the device's tag digest
-        matches what was written (then fsync and rename: a kill mid-way keeps the previous checkpoint)."""
-        t0 = time.perf_counter()
-        header = self.ckpt.new_header(run_id=self.first_run_id, seq=seq)
-        key = self.ckpt.run_key(self.first_run_id)
-
-        plan, visit = self.fault_plan, seq - 1
-        armed = plan is not None and plan.matches("CHECKPOINT", visit, 1)
-
-        def stream() -> Any:
-            with self.ckpt.writer(header) as writer:
-                def add(kind: int, sealed: memoryview) -> None:
-                    writer.add(kind, sealed)
-                    if armed and writer.chunks == 1 and plan is not None:  # fault injection: die mid-write
-                        self.fault_plan = None
-                        self._fire_fault(plan, None)
-
-                done = self.client.checkpoint(key, header, add)
-                if done.tag_digest != writer.tag_digest:
-                    raise IntegrityError(f"checkpoint {seq}: the chunks written differ from those the device sealed")
-                # with the state: the ledger head and the settings this checkpoint continues (the meta record is
-                # MACed under the run key), so a resume can prove the ledger was neither cut nor rewritten and
-                # the settings not changed behind its back
-                seq_now, hash_now = self.ledger.head()
-                writer.commit({"model_digest": done.model_digest, "seq": seq, "epoch": self.epoch, "note": note,
-                               "steps": self.step_count, "bytes": done.bytes, "chunks": done.chunks,
-                               "ledger_head": [seq_now, hash_now] if seq_now else None,
-                               "settings_sha256": self.settings_sha256})
-            return done
-
-        done = await asyncio.to_thread(stream)
-        self.last_good_ckpt = seq
-        self.expected_model = done.model_digest
-        self.checkpoint_digests[seq] = done.model_digest
-        self.last_checkpoint = {"seq": seq, "bytes": done.bytes, "chunks": done.chunks,
-                                "seconds": round(time.perf_counter() - t0, 6), "digest_s": round(done.digest_s, 6),
-                                "model_digest": done.model_digest}
-        for probe in self.probes:
-            probe.on_checkpoint(seq, time.perf_counter() - t0)
+        """Checkpoint ``seq`` now, durable on return (set-up, a fleet step): the device seals its state into a
+        shared-memory ring, the chunks go to a temporary file unopened, which becomes the checkpoint only once
+        the device's tag digest matches what was written (then fsync and rename: a kill mid-way keeps the
+        previous checkpoint). A visit's ROTATE checkpoints in the background instead (``core.travel.checkpoints``)."""
+        await self.ckpts.write(seq, note=note)
+        self.expected_model = self.checkpoint_digests[seq]
 
     async def restore(self, seq: int) -> None:
         """Stream checkpoint ``seq``'s sealed chunks into the device; the model it then holds must have the digest
         this run recorded for that checkpoint (the ledger's, else the file's meta record)."""
+        await self.ckpts.settle()  # the checkpoint in flight first: it may be the one restored
         key = self.ckpt.run_key(self.first_run_id)
 
         def stream() -> tuple[Any, dict[str, Any]]:
@@ -297,6 +273,7 @@ class TravelEngine:
                                   "session_fp": self.client.secrets.fingerprint() if self.client.secrets else None})
         self.device_info = (await asyncio.to_thread(self.client.info)).to_wire()
         await self.configure_data_path()
+        await asyncio.to_thread(holder_attest.attach, self)  # holders verify the CVM and the GPU themselves
         # agents are deployed and started in parallel; holders keep their given order
         started = await asyncio.gather(*(self._start_link(link) for link in self.links.values()),
                                        return_exceptions=True)
@@ -366,10 +343,15 @@ class TravelEngine:
         return await self.run_guarded(self._walk_visits, planned=lambda: len(self.plans))
 
     async def _walk_visits(self) -> None:
-        """Every visit not done yet, each retried by the policy (``visit_attempts``)."""
-        for rec in self.records:
-            if rec.outcome.startswith("done"):
-                continue
+        """Every visit not done yet, in order, each retried by the policy (``visit_attempts``); a visit undone
+        because its checkpoint was lost or rolled back (``Checkpointer.rewind``) is walked again. The run
+        ends once its last checkpoint is durable."""
+        given_up: set[int] = set()
+        while True:
+            rec = next((r for r in self.records if not r.outcome.startswith("done") and r.plan.index not in given_up),
+                       None)
+            if rec is None:
+                break
             while True:
                 rec.attempts += 1
                 t_visit = time.perf_counter()
@@ -384,6 +366,9 @@ class TravelEngine:
                                detail={"visit": rec.plan.index, "attempt": rec.attempts + 1,
                                        "after": f"{rec.failed_phase}: {rec.error}"})
                 rec.reset_for_retry()
+            if not rec.outcome.startswith("done"):
+                given_up.add(rec.plan.index)
+        await self.ckpts.finish()
 
     async def run_guarded(self, body: Callable[[], Awaitable[None]], *,
                           planned: Callable[[], int]) -> dict[str, Any]:
@@ -414,6 +399,9 @@ class TravelEngine:
             ended = (f"{type(exc).__name__}: {exc}", "internal")
             raise
         finally:
+            if ended is not None:  # a checkpoint in flight becomes durable (and commits its visits) if it can
+                with contextlib.suppress(BaseException):
+                    await self.ckpts.drop()
             await self._shutdown_links()
             if ended is not None:  # after the holders' own last rows: the run's row is the final one
                 self._final_row(*ended)
@@ -447,7 +435,9 @@ class TravelEngine:
             self.audit.emit(ev.RunFailed(time.time(), self.run_id, error, code))
 
     def report(self, *, seconds: float) -> dict[str, Any]:
-        return build_report(self, seconds=seconds)
+        rep = build_report(self, seconds=seconds)
+        rep["checkpoints"] = {**rep.get("checkpoints", {}), **self.ckpts.summary()}
+        return rep
 
     async def _shutdown_links(self) -> None:
         head = self.audit.head()
@@ -485,17 +475,25 @@ class TravelEngine:
                 t = await self._enter(rec, phase)
                 nbytes, detail = await step(v)
                 self._done(rec, phase, t, nbytes=nbytes, detail=detail)
-            self.audit.row("visit-completed", holder=plan.holder, epoch=rec.epoch, key_fp=rec.key_fingerprint,
-                           nbytes=rec.bytes, duration_s=sum(rec.phase_s.values()), outcome="ok",
-                           detail={"visit": plan.index, "part": plan.part_id},
-                           state={"visits_done": [r.plan.index for r in self.records if r.outcome.startswith("done")],
-                                  "epoch": self.epoch, "checkpoint_seq": plan.index + 1,
-                                  "checkpoint_digest": self.checkpoint_digests.get(plan.index + 1),
-                                  "steps": self.step_count})
+            if not self.ckpts.owns(rec):  # committed here (a fleet step's checkpoint), else when it is durable
+                self.audit.row("visit-completed", holder=plan.holder, epoch=rec.epoch, key_fp=rec.key_fingerprint,
+                               nbytes=rec.bytes, duration_s=sum(rec.phase_s.values()), outcome="ok",
+                               detail={"visit": plan.index, "part": plan.part_id},
+                               state={"visits_done": [r.plan.index for r in self.records
+                                                      if r.outcome.startswith("done")],
+                                      "epoch": self.epoch, "checkpoint_seq": plan.index + 1,
+                                      "checkpoint_digest": self.checkpoint_digests.get(plan.index + 1),
+                                      "steps": self.step_count})
             self.phase = Phase.DONE
             self.audit.emit(ev.VisitCompleted(time.time(), plan.index, plan.holder, rec.epoch, rec.to_dict()))
         except CancelledRunError as exc:
             await self.recovery.cancel_visit(rec, exc, v.window_open)
+            raise
+        except asyncio.CancelledError:  # SIGTERM (runs stop) or Ctrl-C: within a training slice, and scrubbed
+            if self.scrub_when_interrupted:
+                with contextlib.suppress(GpuTravelError, OSError):
+                    await self.recovery.cancel_visit(rec, CancelledRunError("interrupted (SIGTERM or Ctrl-C)"),
+                                                     v.window_open)
             raise
         except (AgentError, ProtocolError, IntegrityError, DataError, DeviceError) as exc:
             if not self.handle.alive():
@@ -579,32 +577,17 @@ class TravelEngine:
         return 0, {"model": self.expected_model, **checked}
 
     async def _train(self, v: _Visit) -> _Outcome:
-        """k steps on the buffer, validation on the held-out slice, on the device."""
-        plan = v.rec.plan
-        res = await asyncio.to_thread(self.client.train, train_off=0, train_len=plan.train_len,
-                                      val_off=plan.train_len, val_len=plan.val_len, fmt=self.infos[plan.holder].fmt)
-        self.expected_model = res.model_digest
-        return 0, self._trained(v.rec, losses=res.losses, val_loss=res.val_loss, seconds=res.seconds,
-                                tokens_per_s=res.tokens_per_s)
+        """k steps on the buffer in slices (progress, spikes, control between steps), validation on the
+        held-out slice, on the device (``training``)."""
+        return 0, await training.train_visit(self, v.rec)
 
     def _trained(self, rec: VisitRecord, *, losses: Sequence[float], val_loss: float | None, seconds: float,
                  tokens_per_s: float) -> dict[str, Any]:
-        """A TRAIN that ran (here, or as a fleet's weighted step): the visit's record, the run's loss
+        """A TRAIN that ran in one piece (a fleet's weighted step): the visit's record, the run's loss
         history, the TrainingStepped event, and the phase's detail."""
-        plan = rec.plan
-        rec.losses = [float(x) for x in losses]
-        rec.val_loss = val_loss
-        rec.train_s = float(seconds)
-        rec.tokens_per_s = float(tokens_per_s)
-        for loss in rec.losses:
-            self.step_count += 1
-            self.loss_history.append((self.step_count, loss))
-        if rec.val_loss is not None:
-            self.val_history.append((self.step_count, plan.holder, float(rec.val_loss)))
-        self.audit.emit(ev.TrainingStepped(time.time(), plan.index, plan.holder, self.step_count, tuple(rec.losses),
-                                           rec.val_loss, rec.tokens_per_s))
-        return {"loss_first": rec.losses[0], "loss_last": rec.losses[-1], "val_loss": rec.val_loss,
-                "steps": len(rec.losses)}
+        rec.losses = []
+        training.record_losses(self, rec, [float(x) for x in losses])
+        return training.finish_training(self, rec, val_loss=val_loss, seconds=seconds, tokens_per_s=tokens_per_s)
 
     async def _scrub(self, v: _Visit) -> _Outcome:
         """Zero the buffer and check it before anyone else gets a key."""
@@ -615,24 +598,29 @@ class TravelEngine:
         return scrub.bytes, {}
 
     async def _rotate(self, v: _Visit) -> _Outcome:
-        """New control-channel epoch; sealed checkpoint; the visit is done (committed by its ledger row)."""
+        """New control-channel epoch; the visit is done, and committed once the checkpoint holding it is
+        durable: every ``checkpoint_every``-th visit (and the last) starts one, in the background (the device
+        snapshots its state and this phase waits only for that)."""
         rec = v.rec
         await asyncio.to_thread(self.client.rotate)
-        await self.checkpoint(rec.plan.index + 1)
-        release_free_memory()  # the checkpoint's megabytes are freed: keep the heap flat over long runs
         rec.outcome = "done"
+        detail: dict[str, Any] = {}
+        self.ckpts.done(rec)  # committed when the checkpoint holding it is durable
+        if rec is self.records[-1] or len(self.ckpts.unclaimed) >= max(1, self.settings.checkpoint_every):
+            seq = rec.plan.index + 1
+            await self.ckpts.write(seq, visits=self.ckpts.claim(), background=True)
+            release_free_memory()  # the previous checkpoint's megabytes are freed: keep the heap flat
+            detail = {"checkpoint_seq": seq, "background": True, "model_digest": self.expected_model,
+                      "previous_checkpoint": self.last_checkpoint}
         self.audit.emit(ev.KeyRotated(time.time(), rec.epoch, rec.key_fingerprint or ""))
-        c = self.last_checkpoint
-        return int(c.get("bytes", 0)), {"checkpoint_seq": rec.plan.index + 1, "checkpoint_bytes": c.get("bytes"),
-                                        "checkpoint_chunks": c.get("chunks"), "checkpoint_s": c.get("seconds"),
-                                        "model_digest": c.get("model_digest"), "digest_s": c.get("digest_s")}
+        return 0, detail
 
     # --- between phases -----------------------------------------------------------------------------
     async def _enter(self, rec: VisitRecord, phase: Phase) -> float:
         if self.phase is not None and self.phase not in (Phase.DONE,):
             check_transition(self.phase, phase)
         await self.control.gate(phase, self.emit)
-        self.phase = phase
+        self.phase = self.control.phase = phase
         self.audit.emit(ev.PhaseStarted(time.time(), rec.plan.index, rec.plan.holder, str(phase), rec.epoch))
         self._fault_point(phase)
         if self.fault_plan is not None and self.fault_plan.matches(phase, rec.plan.index, rec.attempts):

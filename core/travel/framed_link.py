@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -23,6 +24,7 @@ from gputravel.core.protocol import TAG_LEN, Frame, FrameType, SendState, encode
 from gputravel.core.protocol.frames import frame_head, read_frame_async
 from gputravel.core.protocol.holderlink import (
     Admission,
+    Attest,
     Bye,
     DataEndpoint,
     DataOpen,
@@ -32,7 +34,9 @@ from gputravel.core.protocol.holderlink import (
     Hello,
     Progress,
     Refusal,
+    Verdict,
 )
+from gputravel.core.travel.holder_attest import HolderAttestor, HolderRefusedError
 from gputravel.core.travel.holders import (
     HolderInfo,
     HolderLink,
@@ -47,7 +51,7 @@ __all__ = ["STREAM_LIMIT", "FramedHolderLink"]
 #: the largest frame read from an agent or from the device's data port (a chunk frame and its header)
 STREAM_LIMIT = 64 * 1024 * 1024
 
-_M = TypeVar("_M", Hello, Progress, Refusal, Done, DataReady)
+_M = TypeVar("_M", Hello, Progress, Refusal, Done, DataReady, Verdict)
 
 
 class FramedHolderLink(HolderLink):
@@ -57,7 +61,7 @@ class FramedHolderLink(HolderLink):
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.reader: asyncio.StreamReader | None = None
+        self.reader: Any = None  # an asyncio.StreamReader, or asyncssh's reader of the agent's stdout
         self.writer: Any = None
         self.info: HolderInfo | None = None
         #: Fault injection (tests): sequence numbers whose first transmission is corrupted on the wire,
@@ -71,6 +75,13 @@ class FramedHolderLink(HolderLink):
         self.state: str = HolderState.OFFLINE
         self.state_detail = ""
         self.on_state = None
+        #: holders' own attestation (issue 22 item 5): the run's attestor, set by the engine; the agent's nonce
+        #: for its next hand-off and its key-exchange key (from HELLO, then each VERDICT; None: it does not
+        #: attest); ``on_verdict(holder, verdict)``: the engine's ledger row and report field
+        self.attestor: HolderAttestor | None = None
+        self.holder_nonce: bytes | None = None
+        self.holder_pub: bytes | None = None
+        self.on_verdict: Callable[[str, Verdict], None] | None = None
 
     def set_state(self, state: str, detail: str = "") -> None:
         self.state, self.state_detail = state, detail
@@ -120,7 +131,37 @@ class FramedHolderLink(HolderLink):
         hello = self._parse(Hello, frame)
         self.info = HolderInfo.from_hello(self.name, hello, transport=self.transport)
         self.agent_pid = hello.pid
+        self.holder_nonce = bytes.fromhex(hello.nonce) if hello.nonce else None
+        self.holder_pub = bytes.fromhex(hello.link_pub) if hello.link_pub else None
         return self.info
+
+    async def _attested(self, handoff: Handoff) -> Handoff:
+        """The hand-off as it may go to this agent. An attesting agent first gets ATTEST (the CVM's quote, the
+        GPU's evidence under its nonce) and answers VERDICT; only an ok verdict lets the key go, wrapped for it.
+        A refusal raises ``HolderRefusedError``: nothing of the key was sent."""
+        if self.attestor is None or self.holder_nonce is None or self.holder_pub is None:
+            return handoff
+        msg: Attest = await self.attestor.attest(handoff, self.holder_nonce)
+        self.holder_nonce = None  # spent, whatever happens next
+        self._send(FrameType.ATTEST, msg.to_wire(), msg.payload())
+        await self._drain()
+        while True:
+            frame = await self._read()
+            if frame.type is FrameType.VERDICT:
+                break
+            if frame.type is FrameType.ERROR:
+                raise self._failed(frame)
+            if frame.type is not FrameType.PONG:
+                raise AgentError(self.name, f"expected VERDICT, got {frame.type.name}")
+        verdict = self._parse(Verdict, frame)
+        self.holder_nonce = bytes.fromhex(verdict.next_nonce)
+        if verdict.epoch != handoff.epoch:
+            raise AgentError(self.name, f"VERDICT for epoch {verdict.epoch}, not {handoff.epoch}")
+        if self.on_verdict is not None:
+            self.on_verdict(self.name, verdict)
+        if not verdict.ok:
+            raise HolderRefusedError(self.name, verdict)
+        return self.attestor.seal_key(handoff, self.holder_pub)
 
     async def provision(self, handoff: Handoff, *, device_socket: str, on_progress: ProgressFn | None = None,
                         on_reject: RejectFn | None = None,
@@ -146,7 +187,8 @@ class FramedHolderLink(HolderLink):
                 DataReady.from_wire(ready.header)
             except FrameError as exc:
                 raise DeviceError(f"the device's DATA_READY is malformed: {exc}") from None
-            self._send(FrameType.HANDOFF, replace(handoff, data_endpoint=None).to_wire())
+            outgoing = await self._attested(replace(handoff, data_endpoint=None))
+            self._send(FrameType.HANDOFF, outgoing.to_wire())
             await self._drain()
             down = asyncio.create_task(self._device_to_agent(dev_r, stats, on_progress, on_reject))
             # its failure surfaces through _agent_to_device; when the agent side fails first, mark it seen
@@ -173,7 +215,7 @@ class FramedHolderLink(HolderLink):
         only the hand-off, progress, rejections and DONE travel on this link."""
         stats = ProvisionStats()
         t0 = time.perf_counter()
-        self._send(FrameType.HANDOFF, handoff.to_wire())
+        self._send(FrameType.HANDOFF, (await self._attested(handoff)).to_wire())
         await self._drain()
         while True:
             frame = await self._read()

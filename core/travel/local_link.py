@@ -28,6 +28,8 @@ class LocalHolderLink(FramedHolderLink):
         self.val_fraction = val_fraction
         self.python = python or sys.executable
         self.witness = witness  # the agent appends the ledger head of each hand-off here
+        #: the agent attests (``--attest-policy``, ``--golden``): set by the engine on the SIM platform
+        self.attest_files: tuple[Path, Path] | None = None
         self.proc: asyncio.subprocess.Process | None = None
 
     async def start(self) -> HolderInfo:
@@ -36,7 +38,9 @@ class LocalHolderLink(FramedHolderLink):
             self.proc = await asyncio.create_subprocess_exec(
                 self.python, "-m", "gputravel.agents.holder", "--name", self.name, "--data", str(self.data_dir),
                 "--val-fraction", str(self.val_fraction),
-                *(("--witness", str(self.witness)) if self.witness is not None else ()), stdin=asyncio.subprocess.PIPE,
+                *(("--witness", str(self.witness)) if self.witness is not None else ()),
+                *(("--attest-policy", str(self.attest_files[0]), "--golden", str(self.attest_files[1]))
+                  if self.attest_files is not None else ()), stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, limit=STREAM_LIMIT,
                 preexec_fn=die_with_parent)
         except OSError as exc:

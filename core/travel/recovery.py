@@ -30,6 +30,7 @@ class Recovery:
     async def rekey_session(self, *, reason: str) -> None:
         """A fresh attested session (new ECDH, new master): every key of the old one is dead."""
         e = self.engine
+        await e.ckpts.settle()  # its end is asked over this session
         old_fp = e.client.secrets.fingerprint() if e.client.secrets else None
         e.client.close()
         e.client = e.new_client()
@@ -64,6 +65,7 @@ class Recovery:
             raise DeviceError(f"the device service died: {reason}") from None
         e.device_restarts += 1
         self.rollback_training(rec)
+        lost = await e.ckpts.drop()  # a checkpoint in flight died with the device's snapshot
         e.client.close()
         e.handle.stop()
         e.handle = await asyncio.to_thread(e.restart_device)
@@ -74,11 +76,14 @@ class Recovery:
         await e.configure_data_path()
         if e.last_good_ckpt is not None:
             await e.restore(e.last_good_ckpt)
+        redo = e.ckpts.rewind()  # visits the restored model does not hold are walked again
         e.epoch = max(e.epoch, rec.epoch)
         e.audit.record(ev.VisitFailed(time.time(), rec.plan.index, rec.plan.holder, rec.epoch, phase, rec.error,
                                       "device"),
                        "device-restarted", phase=phase, holder=rec.plan.holder, epoch=rec.epoch, outcome="device",
                        detail={"visit": rec.plan.index, "error": rec.error, "restored_checkpoint": e.last_good_ckpt,
+                               "redo": [r.plan.index for r in redo],
+                               **({"lost_checkpoint": str(lost)} if lost is not None else {}),
                                "device_id": result.device_id,
                                "session_fp": e.client.secrets.fingerprint() if e.client.secrets else None},
                        state={"epoch": e.epoch})
@@ -106,8 +111,11 @@ class Recovery:
         rec.scrub_verified = bool(scrub.verified)
         out["scrub_verified"] = rec.scrub_verified
         if restore and e.last_good_ckpt is not None:
-            await e.restore(e.last_good_ckpt)
+            await e.restore(e.last_good_ckpt)  # after the checkpoint in flight (it may be the one restored)
             out["restored_checkpoint"] = e.last_good_ckpt
+            redo = e.ckpts.rewind()  # visits since it (--checkpoint-every > 1) are walked again
+            if redo:
+                out["redo"] = [r.plan.index for r in redo]
         await asyncio.to_thread(e.client.rotate)
         e.epoch = max(e.epoch, rec.epoch)
         return out
@@ -119,9 +127,13 @@ class Recovery:
         out = await self.abort_visit(rec, window_open, restore=False)
         rec.outcome, rec.error, rec.failed_phase = "cancelled", str(exc), phase
         e.phase = Phase.DONE
-        e.audit.row("visit-cancelled", phase=phase, holder=rec.plan.holder, epoch=rec.epoch,
-                    key_fp=rec.key_fingerprint, outcome=exc.code,
-                    detail={"visit": rec.plan.index, "error": str(exc), **out}, state={"epoch": e.epoch})
+        steps = len(rec.losses)  # optimizer steps this visit ran before the cancel landed (between two of them)
+        e.audit.record(ev.VisitCancelled(time.time(), rec.plan.index, rec.plan.holder, rec.epoch, phase, steps,
+                                         bool(out.get("scrub_verified"))),
+                       "visit-cancelled", phase=phase, holder=rec.plan.holder, epoch=rec.epoch,
+                       key_fp=rec.key_fingerprint, outcome=exc.code,
+                       detail={"visit": rec.plan.index, "error": str(exc), "steps": steps, **out},
+                       state={"epoch": e.epoch})
 
     async def fail_visit(self, rec: VisitRecord, exc: GpuTravelError, window_open: bool) -> None:
         e = self.engine

@@ -37,6 +37,11 @@ class VisitRecord:
     attempts: int = 0
     failures: list[str] = field(default_factory=list)
     attack: dict[str, int] = field(default_factory=dict)
+    #: the holder's own verdict on the CVM and the GPU for this visit (``Verdict.report()``; None: the holder
+    #: does not attest); with several keys a visit, the last one, ``ms`` summed
+    holder_attestation: dict[str, Any] | None = None
+    #: the claims holders refused this visit on, every attempt (a refused visit took no key)
+    holder_refusals: list[str] = field(default_factory=list)
 
     def reset_for_retry(self) -> None:
         self.failures.append(f"{self.failed_phase}: {self.error}")
@@ -46,6 +51,7 @@ class VisitRecord:
         self.provision_s = self.train_s = self.tokens_per_s = 0.0
         self.integrity_ok = self.scrub_verified = False
         self.losses, self.rejected, self.phase_s = [], {}, {}
+        self.holder_attestation = None
         self.outcome = "pending"
 
     def to_dict(self) -> dict[str, Any]:
@@ -62,7 +68,8 @@ class VisitRecord:
                 "failed_phase": self.failed_phase, "rejected": self.rejected, "retransmits": self.retransmits,
                 "attempts": self.attempts, "earlier_failures": self.failures,
                 "attack": bool(self.attack), "attack_attempts": self.attack,
-                "phase_s": {k: round(v, 6) for k, v in self.phase_s.items()}}
+                "phase_s": {k: round(v, 6) for k, v in self.phase_s.items()},
+                "holder_attestation": self.holder_attestation}
 
 
 def build_report(engine: TravelEngine, *, seconds: float) -> dict[str, Any]:
@@ -105,6 +112,8 @@ def build_report(engine: TravelEngine, *, seconds: float) -> dict[str, Any]:
         "checkpoints": {"dir": str(engine.ckpt.directory), "last_seq": engine.last_good_ckpt},
         "failed_visits": sum(1 for r in engine.records if r.outcome == "failed"),
         "retried_visits": sum(1 for r in engine.records if r.failures),
+        "holder_refusals": [{"visit": r.plan.index, "holder": r.plan.holder, "claim": c}
+                            for r in engine.records for c in r.holder_refusals],
         "attacks": [{"visit": r.plan.index, "holder": r.plan.holder, "epoch": r.epoch, "attempts": r.attack}
                     for r in engine.records if r.attack],
         "device_restarts": engine.device_restarts,

@@ -1,0 +1,81 @@
+"""The holder's own attestation (issue 22 item 5): before it takes a provisioning key, the agent verifies the
+orchestrator CVM's TDX quote (its report data must bind the CVM's key-exchange key and the run) and the GPU's
+SPDM evidence for this hand-off under a fresh nonce of its own, bound to the window's key.
+
+The agent's nonce travels ahead (in HELLO, then in each VERDICT for the next hand-off), so no extra round trip
+is needed for it: ATTEST -> VERDICT is the one round trip, and the key comes only after an ok VERDICT, wrapped
+for this agent under the attested key exchange (``core.protocol.keywrap``). A HANDOFF whose key was not attested
+(a plain key, another epoch or fingerprint, a failed verdict) is refused: no key is used, no data leaves.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from gputravel.core.evidence.holder_check import HolderVerifier
+from gputravel.core.protocol.cipher import Direction
+from gputravel.core.protocol.errors import FrameError, GpuTravelError
+from gputravel.core.protocol.holderlink import Attest, Handoff, ProvisioningKey, Verdict
+from gputravel.core.protocol.keys import KEY_LEN
+from gputravel.core.protocol.keywrap import LinkKey, cvm_report_data, spdm_nonce, unwrap_key
+
+__all__ = ["HolderAttestation"]
+
+
+class HolderAttestation:
+    """One agent's attestation state: its verifier, its key-exchange key, its current nonce, the last verdict."""
+
+    def __init__(self, verifier: HolderVerifier) -> None:
+        self.verifier = verifier
+        self.link_key = LinkKey()
+        self.nonce = os.urandom(32)
+        #: (epoch, key fingerprint, run id, the CVM's key-exchange key) of the last ok verdict; None: nothing attested
+        self.attested: tuple[int, str, str, bytes] | None = None
+
+    @classmethod
+    def load(cls, policy: Path, golden: Path) -> HolderAttestation:
+        try:
+            return cls(HolderVerifier.load(policy, golden))
+        except ValueError as exc:  # PolicyError is a ValueError too
+            raise GpuTravelError(f"cannot load the holder's attestation policy: {exc}", code="config") from None
+
+    def verify(self, msg: Attest) -> Verdict:
+        """The holder's verdict on one ATTEST; the nonce is spent whatever the outcome."""
+        t0 = time.perf_counter()
+        nonce, self.nonce = self.nonce, os.urandom(32)
+        self.attested = None
+        link_pub = bytes.fromhex(msg.link_pub)
+        cvm = self.verifier.check_cvm(msg.quote, msg.collateral, cvm_report_data(link_pub, msg.run_id))
+        gpu = self.verifier.check_gpu(msg.gpu_report, msg.gpu_chain, spdm_nonce(nonce, msg.key_fp, msg.epoch))
+        ok = bool(cvm["ok"] and gpu["ok"])
+        if ok:
+            self.attested = (msg.epoch, msg.key_fp, msg.run_id, link_pub)
+        return Verdict(epoch=msg.epoch, ok=ok, cvm=cvm, gpu=gpu, ms=round((time.perf_counter() - t0) * 1e3, 3),
+                       next_nonce=self.nonce.hex())
+
+    def accept(self, h: Handoff) -> Handoff:
+        """The hand-off with its key unwrapped, if (and only if) this agent attested it; else ``GpuTravelError``
+        (code ``attestation``) and the key is never looked at."""
+        att, self.attested = self.attested, None  # one verdict, one hand-off
+        if att is None:
+            raise GpuTravelError("no attested evidence for this hand-off: the key is refused", code="attestation")
+        epoch, key_fp, run_id, link_pub = att
+        if h.epoch != epoch:
+            raise GpuTravelError(f"hand-off of epoch {h.epoch}, attested epoch {epoch}: refused", code="attestation")
+        if h.conventional:
+            return h
+        if h.wrapped_key is None or h.key_fp != key_fp:
+            raise GpuTravelError("the hand-off's key is not the attested one (or not wrapped for this holder)",
+                                 code="attestation")
+        try:
+            secret = unwrap_key(self.link_key, link_pub, run_id.encode(), h.wrapped_key, epoch=epoch,
+                                fingerprint=key_fp)
+        except FrameError as exc:
+            raise GpuTravelError(exc.reason, code="attestation") from None
+        key = ProvisioningKey(secret[:KEY_LEN], secret[KEY_LEN:], epoch, int(Direction.HOLDER_TO_DEVICE))
+        if key.fingerprint != key_fp:
+            raise GpuTravelError("the unwrapped key's fingerprint is not the attested one", code="attestation")
+        return replace(h, key=key, wrapped_key=None)

@@ -1,0 +1,111 @@
+"""One run address for every command that takes a run: ``runs *``, ``replay``, ``ledger verify|show`` and
+``gputravel-console --replay``.
+
+An address is any of: a run folder, a fleet folder (``fleet.json``; its ranks' recordings under ``rank-N/``), a
+recording or ledger file, a run name as ``gputravel runs ls`` prints it (or an unambiguous prefix or suffix of
+one), or ``latest``. :func:`resolve_run` turns it into a :class:`RunAddress`; nothing else parses one. Cheap to
+import: no engine, no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gputravel.core.errors import ConfigError, RecordingError
+
+__all__ = ["RUNS_DIR", "RUN_ADDRESS_HELP", "RunAddress", "is_run_folder", "replay_target", "resolve_run"]
+
+RUNS_DIR = Path("runs")
+RUN_ADDRESS_HELP = ("A run: its name as `gputravel runs ls` prints it (an unambiguous prefix will do), latest, "
+                    "a run or fleet folder, or a recording file.")
+#: any of these in a folder makes it a run folder
+RUN_FOLDER_FILES = ("settings.json", "recording.db", "ledger.db", "fleet.json", "orchestrator.pid", "status.json")
+
+
+def is_run_folder(path: Path) -> bool:
+    try:
+        return path.is_dir() and any((path / name).exists() for name in RUN_FOLDER_FILES)
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class RunAddress:
+    """Where a run lives: its folder (None for a lone recording or ledger file) and the file it was named by."""
+
+    given: str
+    folder: Path | None
+    file: Path | None = None  # the recording or ledger file the address named directly
+
+    @property
+    def name(self) -> str:
+        return self.folder.name if self.folder is not None else (self.file.name if self.file else self.given)
+
+    @property
+    def fleet(self) -> bool:
+        return self.folder is not None and (self.folder / "fleet.json").exists()
+
+    def recordings(self) -> list[tuple[int | None, Path]]:
+        """The run's recordings as (fleet GPU or None, path): a fleet's one per rank, in rank order."""
+        if self.file is not None and self.file.name != "ledger.db":
+            return [(None, self.file)]
+        if self.folder is None:
+            return []
+        if self.fleet:
+            ranks = sorted((int(p.parent.name.removeprefix("rank-")), p) for p in self.folder.glob("rank-*/recording.db")
+                           if p.parent.name.removeprefix("rank-").isdigit())
+            return [(gpu, p) for gpu, p in ranks]
+        own = self.folder / "recording.db"
+        return [(None, own)] if own.exists() else []
+
+    @property
+    def ledger(self) -> Path:
+        """The ledger to verify or show: the named file, else the folder's ``ledger.db`` (a fleet's own)."""
+        if self.file is not None and self.file.name == "ledger.db" or self.folder is None:
+            return self.file if self.file is not None else Path(self.given)
+        return self.folder / "ledger.db"
+
+
+def resolve_run(address: str | Path, root: Path = RUNS_DIR) -> RunAddress:
+    """The run ``address`` names (see the module's docstring).
+
+    Raises:
+        ConfigError: nothing by that address, or a name prefix that fits several runs (they are named).
+    """
+    given = str(address)
+    direct = Path(address).expanduser()
+    if direct.is_file():
+        parent = direct.parent
+        return RunAddress(given, parent if is_run_folder(parent) else None, direct)
+    if is_run_folder(direct):
+        return RunAddress(given, direct.resolve() if direct.is_symlink() else direct)
+    root = Path(root)
+    named = root / given
+    if "/" not in given and is_run_folder(named):
+        return RunAddress(given, named.resolve() if named.is_symlink() else named)
+    if given == "latest":
+        raise ConfigError(f"no latest run under {root}/ (gputravel run starts one)")
+    if "/" not in given and given and root.is_dir():
+        matches = sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()
+                         and (p.name.startswith(given) or p.name.endswith(given) or p.name == f"run-{given}"))
+        if len(matches) == 1:
+            return RunAddress(given, matches[0])
+        if len(matches) > 1:
+            raise ConfigError(f"run {given!r} is ambiguous: {', '.join(p.name for p in matches)}")
+    if direct.exists():
+        raise ConfigError(f"{given}: not a run folder, fleet folder, recording or ledger")
+    raise ConfigError(f"no run {given!r} under {root}/ (gputravel runs ls lists them)")
+
+
+def replay_target(address: str | Path, root: Path = RUNS_DIR) -> Path:
+    """What ``gputravel-console --replay`` plays for ``address``: a fleet folder as it is (its ranks' recordings,
+    merged), otherwise the run's recording file."""
+    found = resolve_run(address, root)
+    if found.fleet and found.file is None:
+        assert found.folder is not None
+        return found.folder
+    recordings = found.recordings()
+    if not recordings:
+        raise RecordingError(f"{address}: no recording to replay (the run was started with --no-record)")
+    return recordings[0][1]

@@ -1,0 +1,80 @@
+"""The key exchange between a holder and the orchestrator's CVM: how a provisioning key reaches an
+attesting holder (issue 22 item 5).
+
+Each side has an X25519 key: the orchestrator one per run (its public half is bound into the CVM's TDX quote:
+``report_data = cvm_report_data(public, run_id)``), the agent one per process (its public half rides in
+HELLO). A provisioning key travels to an attesting holder wrapped under HKDF-SHA256(X25519(...)) with
+AES-256-GCM, its epoch and fingerprint as associated data: only the holder of the CVM's attested private key
+could have wrapped it, and only this agent can unwrap it. Standard library and ``cryptography`` only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from gputravel.core.protocol.errors import FrameError
+
+__all__ = ["LinkKey", "cvm_report_data", "spdm_nonce", "unwrap_key", "wrap_key"]
+
+_WRAP_INFO = b"gputravel-holder-key-wrap-v1"
+_NONCE_LEN = 12
+
+
+def cvm_report_data(link_public: bytes, run_id: str) -> bytes:
+    """The 64 bytes of TDX report data that bind the CVM's key-exchange key and the run."""
+    return hashlib.sha512(b"gputravel-cvm-report-data-v1\0" + link_public + b"\0" + run_id.encode()).digest()
+
+
+def spdm_nonce(holder_nonce: bytes, key_fingerprint: str, epoch: int) -> bytes:
+    """The 32-byte SPDM request nonce of one hand-off: the holder's fresh nonce bound to the window's key."""
+    return hashlib.sha256(b"gputravel-holder-spdm-v1\0" + holder_nonce + key_fingerprint.encode()
+                          + epoch.to_bytes(8, "big")).digest()
+
+
+class LinkKey:
+    """One side's X25519 key for the key exchange."""
+
+    def __init__(self) -> None:
+        self._key = X25519PrivateKey.generate()
+        self.public = self._key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+    def _aead(self, peer_public: bytes, context: bytes) -> AESGCM:
+        try:
+            peer = X25519PublicKey.from_public_bytes(peer_public)
+        except ValueError:
+            raise FrameError("the peer's key-exchange key is not an X25519 public key") from None
+        shared = self._key.exchange(peer)
+        key = HKDF(hashes.SHA256(), 32, salt=None, info=_WRAP_INFO + b"\0" + context).derive(shared)
+        return AESGCM(key)
+
+
+def _aad(epoch: int, fingerprint: str) -> bytes:
+    return epoch.to_bytes(8, "big") + fingerprint.encode()
+
+
+def wrap_key(own: LinkKey, peer_public: bytes, context: bytes, secret: bytes, *, epoch: int,
+             fingerprint: str) -> str:
+    """``secret`` (the key and its nonce prefix) sealed for ``peer_public``; hex of nonce || ciphertext."""
+    nonce = os.urandom(_NONCE_LEN)
+    return (nonce + own._aead(peer_public, context).encrypt(nonce, secret, _aad(epoch, fingerprint))).hex()
+
+
+def unwrap_key(own: LinkKey, peer_public: bytes, context: bytes, wrapped_hex: str, *, epoch: int,
+               fingerprint: str) -> bytes:
+    """The secret ``wrap_key`` sealed, or ``FrameError`` when it was not sealed by ``peer_public`` for us."""
+    try:
+        raw = bytes.fromhex(wrapped_hex)
+    except ValueError:
+        raise FrameError("the wrapped key is not hex") from None
+    try:
+        return own._aead(peer_public, context).decrypt(raw[:_NONCE_LEN], raw[_NONCE_LEN:], _aad(epoch, fingerprint))
+    except (InvalidTag, ValueError):
+        raise FrameError("the wrapped key does not open under the attested CVM's key exchange") from None

@@ -1,0 +1,212 @@
+"""Checkpoints off the critical path: the device snapshots its state and seals it in the background while
+the next visit goes on; a visit is committed (its ``visit-completed`` row, the resume point) only once the
+checkpoint holding it is durable.
+
+The way asynchronous checkpointing does it (PyTorch DCP's ``async_save``, CheckFreq): snapshot, then
+persist in the background. At ROTATE the device copies its state in its own memory (``snapshot``: device
+memory on a GPU) and seals that copy on a thread of its own into a shared-memory ring, which a thread here
+drains into the checkpoint's temporary file; the ROTATE phase waits only for the copy. When the ring is
+drained the file is fsynced, the device's account of the stream is asked for over the control link
+(``checkpoint_end``: the tag digest, checked against the tags written), the meta record is written, the
+file renamed into place; then the visits it holds get their ``visit-completed`` rows, which move the
+ledger's resume point, and only then are old checkpoints pruned (the last ``keep``, never the one the
+ledger names).
+
+One checkpoint is in flight at a time: the next ROTATE, a restore, a failed visit and the run's end all
+wait for it first (``settle``). ``--checkpoint-every N`` checkpoints every N-th visit (and the last), so a
+checkpoint may hold several visits; if one is lost (the device died with its snapshot) or the model is
+restored from an older one, the visits it held are undone and redone (``rewind``), so resume semantics
+stay exact: no visit is repeated or skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gputravel.core.errors import GpuTravelError, IntegrityError
+from gputravel.core.travel.report import VisitRecord
+
+if TYPE_CHECKING:
+    from gputravel.core.travel.engine import TravelEngine
+
+__all__ = ["Checkpointer"]
+
+
+@dataclass
+class _Pending:
+    seq: int
+    visits: list[VisitRecord]
+    state: dict[str, Any]
+    task: asyncio.Task[None]
+    t0: float = field(default_factory=time.perf_counter)
+
+
+class Checkpointer:
+    """The engine's checkpoints: written at once (set-up, a fleet) or in the background (a visit's ROTATE)."""
+
+    def __init__(self, engine: TravelEngine) -> None:
+        self.engine = engine
+        self.pending: _Pending | None = None
+        #: visits done since the last durable checkpoint, oldest first (committed with the next one)
+        self.uncommitted: list[VisitRecord] = []
+        #: of those, the ones no checkpoint holds yet (the next one started will)
+        self.unclaimed: list[VisitRecord] = []
+        self.background_s = 0.0  # seconds checkpoints spent in the background (off the critical path)
+        self._committed: set[int] = set()  # visits whose rows a checkpoint's commit wrote
+        self.final_wait_s = 0.0
+
+    def done(self, rec: VisitRecord) -> None:
+        """``rec`` is done: it is committed with the next checkpoint begun (and once that is durable)."""
+        self.uncommitted.append(rec)
+        self.unclaimed.append(rec)
+
+    def claim(self) -> list[VisitRecord]:
+        """The visits the checkpoint about to begin holds."""
+        claimed, self.unclaimed = self.unclaimed, []
+        return claimed
+
+    def owns(self, rec: VisitRecord) -> bool:
+        """Whether ``rec`` is committed by a checkpoint (so its row is written when that one is durable)."""
+        return rec in self.uncommitted or rec.plan.index in self._committed
+
+    async def finish(self) -> None:
+        """The run's end: the checkpoint in flight, and one for any visit done since, durable before it ends.
+        The wait (``final_wait_s``) is protocol time after the last visit's phases."""
+        t0 = time.perf_counter()
+        await self.settle()
+        if self.unclaimed:
+            await self.write(self.unclaimed[-1].plan.index + 1, visits=self.claim())
+        self.final_wait_s += time.perf_counter() - t0
+
+    def summary(self) -> dict[str, Any]:
+        """For the run's report: the cadence, what was kept, and the time spent in the background and waiting."""
+        e = self.engine
+        return {"every": e.settings.checkpoint_every, "keep": e.ckpt.keep,
+                "kept": [seq for seq, _ in e.ckpt.checkpoints()], "background_s": round(self.background_s, 6),
+                "final_wait_s": round(self.final_wait_s, 6), "last": e.last_checkpoint}
+
+    # --- writing ------------------------------------------------------------------------------------
+    async def write(self, seq: int, *, note: str = "", visits: list[VisitRecord] | None = None,
+                    background: bool = False) -> None:
+        """Checkpoint ``seq`` of the device's state now; with ``background``, return once the device holds its
+        snapshot (the rest goes on while the caller does). ``visits`` are committed when it is durable."""
+        e = self.engine
+        await self.settle()
+        t0 = time.perf_counter()
+        header = e.ckpt.new_header(run_id=e.first_run_id, seq=seq)
+        key = e.ckpt.run_key(e.first_run_id)
+        writer = e.ckpt.writer(header)
+        try:
+            pending = await asyncio.to_thread(e.client.checkpoint_begin, key, header, snapshot=background)
+        except BaseException:
+            writer.abort()
+            raise
+        state = {"steps": e.step_count, "epoch": e.epoch, "note": note}
+        covered = list(visits or [])
+        task = asyncio.ensure_future(self._persist(seq, writer, pending, state, covered, t0))
+        self.pending = _Pending(seq, covered, state, task, t0)
+        if not background:
+            await self.settle()
+
+    async def _persist(self, seq: int, writer: Any, pending: Any, state: dict[str, Any],
+                       covered: list[VisitRecord], t0: float) -> None:
+        e = self.engine
+        plan, visit = e.fault_plan, seq - 1
+        armed = plan is not None and plan.matches("CHECKPOINT", visit, 1)
+
+        def add(kind: int, sealed: memoryview) -> None:
+            writer.add(kind, sealed)
+            if armed and writer.chunks == 1 and plan is not None:  # fault injection: die mid-write
+                e.fault_plan = None
+                e._fire_fault(plan, None)
+
+        def drain() -> None:
+            pending.drain(add, alive=e.handle.alive)
+            writer.sync()  # the bulk reaches the disk here, off the control link
+
+        try:
+            try:
+                await asyncio.to_thread(drain)
+            except BaseException:
+                with contextlib.suppress(Exception):  # the device's account; the drain's error is the one told
+                    await asyncio.to_thread(e.client.checkpoint_end, pending)
+                raise
+            done = await asyncio.to_thread(e.client.checkpoint_end, pending)
+            if done.tag_digest != writer.tag_digest:
+                raise IntegrityError(f"checkpoint {seq}: the chunks written differ from those the device sealed")
+            # with the state: the ledger head and the settings this checkpoint continues (the meta record is
+            # MACed under the run key), so a resume can prove the ledger was neither cut nor rewritten and
+            # the settings not changed behind its back
+            seq_now, hash_now = e.ledger.head()
+            meta = {"model_digest": done.model_digest, "seq": seq, "epoch": state["epoch"], "note": state["note"],
+                    "steps": state["steps"], "bytes": done.bytes, "chunks": done.chunks,
+                    "ledger_head": [seq_now, hash_now] if seq_now else None, "settings_sha256": e.settings_sha256}
+            await asyncio.to_thread(writer.commit, meta, prune=False)
+        except BaseException:
+            writer.abort()
+            raise
+        seconds = time.perf_counter() - t0
+        e.last_good_ckpt = seq
+        e.checkpoint_digests[seq] = done.model_digest
+        e.last_checkpoint = {"seq": seq, "bytes": done.bytes, "chunks": done.chunks, "seconds": round(seconds, 6),
+                             "digest_s": round(done.digest_s, 6), "model_digest": done.model_digest,
+                             "snapshot_s": round(done.snapshot_s, 6), "seal_s": round(done.seal_s, 6)}
+        for probe in e.probes:
+            probe.on_checkpoint(seq, seconds)
+        self._commit(seq, covered, state)
+
+    def _commit(self, seq: int, covered: list[VisitRecord], state: dict[str, Any]) -> None:
+        """The checkpoint is durable: its visits are committed (their rows move the resume point), then the
+        checkpoints beyond the last ``keep`` go (never the one the ledger now names)."""
+        e = self.engine
+        for i, rec in enumerate(covered):
+            last = i == len(covered) - 1
+            done = sorted({r.plan.index for r in e.records if r.outcome.startswith("done") and r not in self.uncommitted}
+                          | {r.plan.index for r in covered})
+            e.audit.row("visit-completed", holder=rec.plan.holder, epoch=rec.epoch, key_fp=rec.key_fingerprint,
+                        nbytes=rec.bytes, duration_s=sum(rec.phase_s.values()), outcome="ok",
+                        detail={"visit": rec.plan.index, "part": rec.plan.part_id, "checkpoint_seq": seq},
+                        state=None if not last else {
+                            "visits_done": done, "epoch": max(e.epoch, int(state["epoch"])), "checkpoint_seq": seq,
+                            "checkpoint_digest": e.checkpoint_digests.get(seq), "steps": state["steps"]})
+        self.uncommitted = [r for r in self.uncommitted if r not in covered]
+        self._committed.update(r.plan.index for r in covered)
+        e.ckpt.prune(protect=seq)
+
+    async def settle(self) -> None:
+        """Wait for the checkpoint in flight (if any); its failure is raised here."""
+        p = self.pending
+        if p is None:
+            return
+        try:
+            await asyncio.shield(p.task)
+        finally:
+            if p.task.done():
+                self.pending = None
+                self.background_s += time.perf_counter() - p.t0
+
+    async def drop(self) -> BaseException | None:
+        """The device died: the checkpoint in flight (if any) is lost with its snapshot; returns why."""
+        try:
+            await self.settle()
+        except (GpuTravelError, OSError) as exc:
+            return exc
+        return None
+
+    def rewind(self) -> list[VisitRecord]:
+        """The model went back to the last durable checkpoint: the visits done since are undone (their
+        training history rolled back, newest first) and will be redone. Returns them."""
+        e = self.engine
+        undone = [r for r in self.uncommitted if r.outcome.startswith("done")]  # a failed one was undone already
+        for rec in reversed(undone):
+            e.recovery.rollback_training(rec)
+            rec.failed_phase, rec.error = "ROTATE", "its checkpoint was lost or rolled back; redone"
+            rec.reset_for_retry()
+            e.audit.row("visit-undone", holder=rec.plan.holder, epoch=rec.epoch, outcome="redo",
+                        detail={"visit": rec.plan.index, "restored_checkpoint": e.last_good_ckpt})
+        self.uncommitted, self.unclaimed = [], []
+        return undone

@@ -1,0 +1,149 @@
+"""The orchestrator's side of the holders' own attestation (issue 22 item 5).
+
+Before a hand-off's key goes to an attesting agent (its HELLO carried a nonce and a key-exchange key), its link
+sends ATTEST: the orchestrator CVM's TDX quote with collateral (made once a run: the report data binds the
+CVM's X25519 key-exchange key and the run id, ``keywrap.cvm_report_data``) and the GPU's SPDM report for this
+hand-off, which the device signs over ``keywrap.spdm_nonce(holder nonce, key fingerprint, epoch)``. The agent
+answers VERDICT; only an ok verdict lets the HANDOFF go, its key wrapped for that agent under the attested key
+exchange. A refusal is ``HolderRefusedError`` (an ``AgentError``: the visit fails, no key byte left).
+
+SIM: the CVM is the emulated platform's SIM TDX guest (``core.evidence.sim_tdx``, identities in
+``<platform>/vendor-formats/``), the GPU the device's SIM SPDM responder (``core/device/spdm.py``). ``inject``
+(``gputravel run --inject``) makes the evidence wrong in one named way; every holder must refuse it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gputravel.core.device.client import DeviceClient
+from gputravel.core.device.link import Op
+from gputravel.core.errors import AgentError
+from gputravel.core.protocol.holderlink import Attest, Handoff, Verdict
+from gputravel.core.protocol.keywrap import LinkKey, cvm_report_data, spdm_nonce, wrap_key
+
+if TYPE_CHECKING:
+    from gputravel.core.travel.engine import TravelEngine
+
+__all__ = ["INJECTIONS", "HolderAttestor", "HolderRefusedError", "SimCvm", "attach", "holder_args"]
+
+INJECTIONS = ("cvm-debug", "cvm-report-data", "gpu-measurement", "gpu-nonce")
+
+
+class HolderRefusedError(AgentError):
+    """A holder's own attestation refused the CVM or the GPU: it took no key."""
+
+    def __init__(self, holder: str, verdict: Verdict) -> None:
+        super().__init__(holder, f"holder attestation refused: {verdict.failed_claim} (no key released)")
+        self.verdict = verdict
+
+
+@dataclass(slots=True)
+class SimCvm:
+    """The orchestrator's CVM, SIM: TDX quotes from the platform's SIM TDX guest."""
+
+    tdx: Any  # core.evidence.sim_tdx.SimTdx
+
+    @classmethod
+    def load(cls, platform_dir: Path) -> SimCvm:
+        from gputravel.core.evidence import sim_store
+
+        return cls(sim_store.load_or_create(platform_dir)[1])
+
+    def evidence(self, report_data: bytes, *, debug: bool = False) -> tuple[bytes, bytes]:
+        """(quote, collateral JSON) issued now."""
+        issued = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(minutes=5)
+        return self.tdx.quote(report_data, debug=debug), self.tdx.collateral(issued=issued).encode()
+
+
+def holder_args(platform_dir: Path) -> tuple[Path, Path]:
+    """What a local attesting agent pins on the SIM platform: the SIM evidence policy and the SIM GPU's golden
+    measurements (both written by ``sim_store``; a real holder's operator writes its own)."""
+    folder = Path(platform_dir) / "vendor-formats"
+    return folder / "sim-evidence.toml", folder / "gpu.json"
+
+
+class HolderAttestor:
+    """One run's CVM identity (X25519 key, quote, collateral) and the per-hand-off GPU evidence."""
+
+    def __init__(self, *, run_id: str, cvm: SimCvm, client: Callable[[], DeviceClient],
+                 inject: str | None = None) -> None:
+        if inject is not None and inject not in INJECTIONS:
+            raise ValueError(f"unknown holder injection {inject!r}")
+        self.run_id = run_id
+        self.inject = inject
+        self.client = client
+        self.link_key = LinkKey()
+        bound = os.urandom(32) if inject == "cvm-report-data" else self.link_key.public  # another key: unbound
+        self.quote, self.collateral = cvm.evidence(cvm_report_data(bound, run_id), debug=inject == "cvm-debug")
+        self._chain: bytes | None = None
+
+    def _gpu(self, nonce: bytes) -> tuple[bytes, bytes]:
+        """The GPU's SPDM report over ``nonce`` (and its chain, asked once a run)."""
+        args: dict[str, Any] = {"nonce": nonce.hex(), "chain": self._chain is None}
+        if self.inject == "gpu-measurement":
+            args["tamper"] = "measurement"
+        head, _ = self.client().call(Op.GPU_EVIDENCE, **args)
+        if self._chain is None:
+            self._chain = str(head["chain"]).encode()
+        return bytes.fromhex(str(head["report"])), self._chain
+
+    async def attest(self, handoff: Handoff, holder_nonce: bytes) -> Attest:
+        """ATTEST for one hand-off to a holder whose current nonce is ``holder_nonce``."""
+        fp = handoff.key.fingerprint if handoff.key is not None else ""
+        nonce = spdm_nonce(holder_nonce, fp, handoff.epoch)
+        if self.inject == "gpu-nonce":  # evidence for another request (a replayed or misbound report)
+            nonce = os.urandom(32)
+        report, chain = await asyncio.to_thread(self._gpu, nonce)
+        return Attest(self.run_id, handoff.epoch, fp, self.link_key.public.hex(), self.quote, self.collateral,
+                      report, chain)
+
+    def seal_key(self, handoff: Handoff, holder_pub: bytes) -> Handoff:
+        """The hand-off as it goes to an attested holder: its key wrapped for it, never in the clear."""
+        if handoff.key is None or handoff.conventional:
+            return handoff
+        key = handoff.key
+        wrapped = wrap_key(self.link_key, holder_pub, self.run_id.encode(), key.key + key.prefix,
+                           epoch=handoff.epoch, fingerprint=key.fingerprint)
+        return replace(handoff, key=None, wrapped_key=wrapped, key_fp=key.fingerprint)
+
+
+def attach(engine: TravelEngine) -> HolderAttestor:
+    """Wire a run's holder attestation (before its agents start): the SIM CVM of the engine's platform folder,
+    the attestor on every framed link, local agents started attesting, each verdict in the ledger and report."""
+    from gputravel.core.travel.framed_link import FramedHolderLink
+    from gputravel.core.travel.local_link import LocalHolderLink
+
+    platform_dir = engine.out_dir / "platform"
+    attestor = HolderAttestor(run_id=engine.run_id, cvm=SimCvm.load(platform_dir), client=lambda: engine.client,
+                              inject=engine.settings.holder_inject)
+
+    def on_verdict(holder: str, verdict: Verdict) -> None:
+        claim = verdict.failed_claim
+        report = verdict.report()
+        engine.audit.row("holder-attestation", phase="PROVISION", holder=holder, epoch=verdict.epoch,
+                         outcome="ok" if verdict.ok else "refused", duration_s=verdict.ms / 1e3,
+                         detail={"claim": claim, **report})
+        rec = engine.current
+        if rec is not None and rec.plan.holder == holder:
+            if rec.holder_attestation is not None and rec.holder_attestation.get("ms") is not None:
+                report["ms"] = round(report["ms"] + rec.holder_attestation["ms"], 3)  # several keys a visit
+            rec.holder_attestation = report
+            if claim is not None:
+                rec.holder_refusals.append(claim)
+
+    same_host = engine.settings.transport in ("local", "ssh")  # the embedded SSH server runs on this host
+    for link in engine.links.values():
+        if isinstance(link, FramedHolderLink):
+            link.attestor, link.on_verdict = attestor, on_verdict
+        # local agents and the embedded server's pin the SIM platform's files; an inventory host's agent pins
+        # its operator's own (``SshHolderLink.attest_files``) or does not attest
+        if (isinstance(link, LocalHolderLink) or same_host) and getattr(link, "attest_files", False) is None:
+            link.attest_files = holder_args(platform_dir)  # type: ignore[attr-defined]
+    return attestor

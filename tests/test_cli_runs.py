@@ -1,0 +1,272 @@
+"""``gputravel runs``, ``replay`` and ``ledger``: the truth about every run from one place (``status.json``, the
+recorded process, the recording, a fleet's report) and one run address everywhere (issue 25.3, 25.4, 25.9)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from gputravel.console.cli import app
+from gputravel.console.run_end import RunEnding, read_status
+from gputravel.console.run_folder import mark_running
+from gputravel.core import events as ev
+from gputravel.core.ledger import Ledger
+from gputravel.core.recording import Recorder
+
+
+@pytest.fixture(autouse=True)
+def _umask_kept() -> Any:
+    """mark_running makes this process's umask private (0077): give the rest of the session its own back."""
+    before = os.umask(0o022)
+    os.umask(before)
+    yield
+    os.umask(before)
+
+
+def cli(*args: str, cwd: Path | None = None) -> Any:
+    here = os.getcwd()
+    if cwd is not None:
+        os.chdir(cwd)
+    try:
+        return CliRunner().invoke(app, list(args))
+    finally:
+        os.chdir(here)
+
+
+def _record(path: Path, events: list[ev.Event]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rec = Recorder(path, meta={})
+    for event in events:
+        rec(event)
+    rec.close()
+
+
+def _visit(run_id: str, t0: float, holder: str, *, end: ev.Event | None, visit: int = 0) -> list[ev.Event]:
+    out: list[ev.Event] = [ev.RunStarted(t0, run_id, {"kind": "emulated", "sim": True}, (holder,), 1),
+                           ev.PhaseStarted(t0 + 1, visit, holder, "PROVISION", 1),
+                           ev.VisitCompleted(t0 + 2, visit, holder, 1, {})]
+    return out + ([end] if end is not None else [])
+
+
+def _status(root: Path, name: str) -> str:
+    result = cli("runs", "show", name, "--runs-dir", str(root), "--json")
+    assert result.exit_code == 0, result.output
+    return str(json.loads(result.stdout)["status"])
+
+
+def _ledger(path: Path) -> None:
+    with Ledger.open(path, run_id="r") as ledger:
+        for i in range(3):
+            ledger.append(kind="phase", phase="train", holder="a", epoch=i, key_fp=None, nbytes=i, duration_s=0.1,
+                          detail={}, state={})
+
+
+# --- 25.3: truthful status ----------------------------------------------------------------------------------
+def test_a_finished_run_whose_console_is_still_open_is_not_running(tmp_path: Path) -> None:
+    run = tmp_path / "run-a"
+    _record(run / "recording.db", _visit("r1", 1.0, "alice", end=ev.RunCompleted(4.0, "r1", 1, 0, 3.0)))
+    mark_running(run, owner="gputravel-console")  # this (live) process still holds the folder
+    assert _status(tmp_path, "run-a") == "completed"
+
+
+def test_a_paused_run_reads_paused_while_its_process_lives(tmp_path: Path) -> None:
+    run = tmp_path / "run-p"
+    _record(run / "recording.db", [*_visit("r2", 1.0, "alice", end=None), ev.RunPaused(3.0, "break", "TRAIN")])
+    mark_running(run, owner="gputravel run")
+    assert _status(tmp_path, "run-p") == "paused"
+
+
+def test_the_run_writes_its_status_when_it_pauses_goes_on_and_ends(tmp_path: Path) -> None:
+    ending = RunEnding(tmp_path)
+    ending(ev.RunStarted(1.0, "r3", {}, ("alice",), 1))
+    ending(ev.RunPaused(2.0, "break", "TRAIN"))
+    assert read_status(tmp_path)["status"] == "paused"
+    ending(ev.RunResumed(3.0))
+    assert read_status(tmp_path) == {}
+    ending(ev.RunFailed(4.0, "r3", "stopped", "cancelled"))
+    assert read_status(tmp_path)["status"] == "cancelled" and read_status(tmp_path)["final"] is True
+    # and it is what `runs` says, with or without a recording
+    assert _status(tmp_path.parent, tmp_path.name) == "cancelled"
+
+
+def test_a_completed_fleet_reads_completed_with_every_ranks_visits(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet-1"
+    fleet.mkdir()
+    (fleet / "fleet.json").write_text(json.dumps({"settings": {"holders": 2}, "fleet": {"gpus": 2}}))
+    _ledger(fleet / "ledger.db")
+    for gpu, holder in enumerate(("north", "south")):
+        _record(fleet / f"rank-{gpu}" / "recording.db",
+                _visit("f1", 1.0 + gpu, holder, end=ev.RunCompleted(5.0 + gpu, "f1", 1, 0, 4.0), visit=gpu))
+    (fleet / "report.json").write_text(json.dumps({"run_id": "f1", "failed_visits": 0}))
+    shown = json.loads(cli("runs", "show", "fleet-1", "--runs-dir", str(tmp_path), "--json").stdout)
+    assert (shown["status"], shown["fleet"], shown["visits_done"]) == ("completed", True, 2)
+
+
+def test_a_fleet_whose_report_names_an_error_reads_failed(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet-2"
+    fleet.mkdir()
+    (fleet / "fleet.json").write_text(json.dumps({"settings": {}, "fleet": {}}))
+    (fleet / "report.json").write_text(json.dumps({"error": {"code": "fleet-device-lost", "reason": "gpu 1"}}))
+    assert _status(tmp_path, "fleet-2") == "failed"
+
+
+# --- 25.4: one run address ----------------------------------------------------------------------------------
+@pytest.fixture
+def runs(tmp_path: Path) -> Path:
+    root = tmp_path / "runs"
+    _record(root / "run-20260101-100000" / "recording.db",
+            _visit("old", 1.0, "alice", end=ev.RunCompleted(4.0, "old", 1, 0, 3.0)))
+    _record(root / "run-20260102-100000" / "recording.db",
+            _visit("new", 1.0, "bob", end=ev.RunCompleted(4.0, "new", 1, 0, 3.0)))
+    _ledger(root / "run-20260102-100000" / "ledger.db")
+    fleet = root / "fleet-20260103"
+    fleet.mkdir()
+    (fleet / "fleet.json").write_text(json.dumps({"settings": {}, "fleet": {}}))
+    _ledger(fleet / "ledger.db")
+    for gpu, holder in enumerate(("north", "south")):
+        _record(fleet / f"rank-{gpu}" / "recording.db",
+                _visit("fl", 1.0 + gpu, holder, end=ev.RunCompleted(5.0 + gpu, "fl", 1, 0, 4.0)))
+        _ledger(fleet / f"rank-{gpu}" / "ledger.db")
+    (root / "latest").symlink_to("run-20260102-100000")
+    return tmp_path
+
+
+@pytest.mark.parametrize(("address", "run_id"), [
+    ("latest", "new"), ("run-20260101", "old"), ("run-20260102-100000", "new"),
+    ("runs/run-20260101-100000", "old"), ("runs/run-20260101-100000/recording.db", "old"),
+])
+def test_every_run_command_takes_the_same_addresses(runs: Path, address: str, run_id: str) -> None:
+    shown = cli("runs", "show", address, "--json", cwd=runs)
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout)["run_id"] == run_id
+    replayed = cli("replay", address, "--json", cwd=runs)
+    assert replayed.exit_code == 0, replayed.output
+    assert json.loads(replayed.stdout)["summary"]["run_id"] == run_id
+    log = cli("runs", "log", address, "--json", cwd=runs)
+    assert log.exit_code == 0 and json.loads(log.stdout.splitlines()[0])["run_id"] == run_id
+
+
+def test_a_fleet_folder_is_logged_replayed_and_verified_by_its_name(runs: Path) -> None:
+    log = cli("runs", "log", "fleet", "--json", cwd=runs)
+    assert log.exit_code == 0, log.output
+    assert {json.loads(line).get("gpu") for line in log.stdout.splitlines()} == {0, 1}
+    replayed = cli("replay", "runs/fleet-20260103", "--json", cwd=runs)
+    assert replayed.exit_code == 0, replayed.output
+    assert json.loads(replayed.stdout)["fleet"] is True
+    assert len([e for e in json.loads(replayed.stdout)["events"] if e["kind"] == "RunCompleted"]) == 2
+    verified = cli("ledger", "verify", "fleet", cwd=runs)  # the fleet's check: its ledger and every rank's
+    assert "the fleet ledger records no head" in verified.output  # (these ranks never joined a real fleet)
+    assert cli("ledger", "show", "latest", "--json", cwd=runs).exit_code == 0
+
+
+def test_an_ambiguous_prefix_is_refused_naming_the_runs(runs: Path) -> None:
+    result = cli("runs", "show", "run-2026", "--json", cwd=runs)
+    assert result.exit_code == 2
+    message = json.loads(result.stdout)["error"]["message"]
+    assert "ambiguous" in message and "run-20260101-100000" in message and "run-20260102-100000" in message
+
+
+# --- 25.9: the ledger head, whole and by prefix ---------------------------------------------------------------
+def test_the_head_is_printed_alone_on_its_line_within_80_columns(runs: Path, monkeypatch: pytest.MonkeyPatch
+                                                                  ) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    result = cli("ledger", "verify", "latest", cwd=runs)
+    assert result.exit_code == 0, result.output
+    head = result.stdout.strip().splitlines()[-1]
+    seq, digest = head.split(":")
+    assert seq == "3" and len(digest) == 64 and len(head) <= 80
+
+
+def test_verify_head_takes_an_unambiguous_prefix(runs: Path) -> None:
+    head = cli("ledger", "verify", "latest", cwd=runs).stdout.strip().splitlines()[-1]
+    seq, digest = head.split(":")
+    for given in (f"{seq}:{digest[:16]}", digest[:20], head):
+        result = cli("ledger", "verify", "latest", "--head", given, cwd=runs)
+        assert result.exit_code == 0, (given, result.output)
+        assert "contains the recorded head 3" in result.stdout
+    too_short = cli("ledger", "verify", "latest", "--head", digest[:8], cwd=runs)
+    assert too_short.exit_code == 2 and "16 hex digits" in too_short.output
+    elsewhere = cli("ledger", "verify", "latest", "--head", "f" * 20, "--json", cwd=runs)
+    assert elsewhere.exit_code == 8 and "no row's hash starts with" in json.loads(elsewhere.stdout)["error"]["message"]
+
+
+def test_the_console_replays_any_run_address(runs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gputravel.console import app as console_app
+
+    played: list[Any] = []
+
+    class Played:
+        def run(self) -> None:
+            pass
+
+    def fake_make_app(**kw: Any) -> Played:
+        played.append(kw["replay"])
+        return Played()
+
+    monkeypatch.setattr(console_app, "make_app", fake_make_app)
+    monkeypatch.chdir(runs)
+    for address, want in (("latest", "runs/run-20260102-100000/recording.db"),
+                          ("run-20260101", "runs/run-20260101-100000/recording.db"),
+                          ("fleet", "runs/fleet-20260103"), ("runs/run-20260101-100000", None)):
+        result = CliRunner().invoke(console_app.cli, ["--replay", address])
+        assert result.exit_code == 0, (address, result.output)
+        if want is not None:
+            assert Path(played[-1]).resolve() == (runs / want).resolve(), address
+    assert CliRunner().invoke(console_app.cli, ["--replay", "nothing-here"]).exit_code != 0
+
+
+# --- 24.9: private run folders, never a user's own folder ---------------------------------------------------
+def test_an_out_folder_of_the_users_own_is_never_tightened(tmp_path: Path) -> None:
+    import stat
+
+    from gputravel.console.run_claim import RunFolder
+
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o755)
+    tool = mine / "tool.sh"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    folder = RunFolder(mine)
+    folder.claim()
+    folder.tighten()
+    assert stat.S_IMODE(mine.stat().st_mode) == 0o755 and stat.S_IMODE(tool.stat().st_mode) == 0o755
+
+
+def test_an_existing_run_folder_is_closed_but_a_readable_key_in_it_is_not_quietly_fixed(tmp_path: Path) -> None:
+    import stat
+
+    from gputravel.console.run_claim import RunFolder
+
+    run = tmp_path / "run-old"
+    (run / "keys").mkdir(parents=True)
+    run.chmod(0o755)
+    (run / "settings.json").write_text("{}")
+    (run / "keys" / "checkpoint.key").write_bytes(b"k" * 32)
+    (run / "keys" / "checkpoint.key").chmod(0o644)
+    folder = RunFolder(run)
+    folder.claim()  # --resume of a folder from before runs were private
+    folder.tighten()
+    assert stat.S_IMODE(run.stat().st_mode) == 0o700  # nobody else reaches anything in it
+    assert stat.S_IMODE((run / "keys" / "checkpoint.key").stat().st_mode) == 0o644  # refused by the resume
+
+
+def test_a_folder_made_for_the_run_loses_group_and_other_bits_everywhere(tmp_path: Path) -> None:
+    import stat
+
+    from gputravel.console.run_claim import RunFolder
+
+    run = tmp_path / "run-new"
+    folder = RunFolder(run)
+    folder.claim()
+    (run / "cert.pem").write_text("public")
+    (run / "cert.pem").chmod(0o644)
+    (run / "hook").write_text("#!/bin/sh\n")
+    (run / "hook").chmod(0o755)
+    folder.tighten()  # as the run does when it ends
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (run, run / "cert.pem", run / "hook")}
+    assert modes == {"run-new": 0o700, "cert.pem": 0o600, "hook": 0o700}
