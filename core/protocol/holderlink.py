@@ -38,23 +38,15 @@ orchestrator inside the sealed control channel (``HandoffGrant``), carried in th
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from gputravel.core.protocol.admission import Admission
 from gputravel.core.protocol.cipher import Direction
 from gputravel.core.protocol.errors import FrameError
 from gputravel.core.protocol.frames import FrameType
-from gputravel.core.protocol.keys import (
-    ADMIT_MAC_LEN,
-    ADMIT_NONCE_LEN,
-    KEY_LEN,
-    PREFIX_LEN,
-    DirectionKey,
-    admission_key,
-    admission_mac,
-)
+from gputravel.core.protocol.keys import KEY_LEN, PREFIX_LEN, DirectionKey
 from gputravel.core.protocol.shmring import RingSpec
 
 __all__ = ["MAX_CHUNK", "Admission", "Attest", "Bye", "DataEndpoint", "DataOpen", "DataReady", "Done", "Handoff",
@@ -561,34 +553,6 @@ class DataOpen:
         admit = h.get("admit") if isinstance(h, Mapping) else None
         return cls(session_id=_hex(h, w, "session"), rings=_flag(h, w, "rings"), ring=_ring(h, w),
                    admit=None if admit is None else Admission.from_wire(admit))
-
-
-@dataclass(frozen=True, slots=True)
-class Admission:
-    """A data connection's credential (in its first DATA_OPEN): it speaks for ``holder`` in the window of
-    ``epoch``. ``mac`` is ``keys.admission_mac`` under that window's admission key over a fresh ``nonce``
-    (the device admits a nonce once per window), the session, the epoch and the holder's name."""
-
-    epoch: int
-    holder: str
-    nonce: str  # hex, ADMIT_NONCE_LEN bytes
-    mac: str  # hex, ADMIT_MAC_LEN bytes
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "holder": self.holder, "nonce": self.nonce, "mac": self.mac}
-
-    @classmethod
-    def from_wire(cls, h: Mapping[str, Any]) -> Admission:
-        w = "DATA_OPEN admit"
-        return cls(epoch=_int(h, w, "epoch", lo=1), holder=_str(h, w, "holder", max_len=256),
-                   nonce=_hex(h, w, "nonce", nbytes=ADMIT_NONCE_LEN), mac=_hex(h, w, "mac", nbytes=ADMIT_MAC_LEN))
-
-    @classmethod
-    def make(cls, key: bytes, *, session_id: bytes, epoch: int, holder: str) -> Admission:
-        """The credential for a new connection: ``key`` is the window's provisioning key (its bytes)."""
-        nonce = os.urandom(ADMIT_NONCE_LEN)
-        mac = admission_mac(admission_key(key), nonce=nonce, session_id=session_id, epoch=epoch, holder=holder)
-        return cls(epoch, holder, nonce.hex(), mac.hex())
 
 
 @dataclass(frozen=True, slots=True)
