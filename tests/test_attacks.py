@@ -64,6 +64,7 @@ from pathlib import Path
 from gputravel.agents.holder import Agent, open_dataset
 from gputravel.core.protocol import FrameType, SendState, encode_frame, read_frame
 from gputravel.core.protocol.frames import MAGIC, PREFIX, VERSION, frame_head
+from gputravel.core.protocol.holderlink import Admission
 
 
 def nested_frame(ftype, depth=8000):
@@ -75,13 +76,14 @@ def nested_frame(ftype, depth=8000):
 class DataConn:
     """A raw data connection to the device (the direct path), one request and its answer at a time."""
 
-    def __init__(self, endpoint, session_hex):
+    def __init__(self, endpoint, h, holder):
+        """Admitted for the window of HANDOFF ``h`` with its key, as ``holder`` (``ready``: the answer)."""
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(20)
         self.sock.connect(endpoint["path"])
         self.stream = self.sock.makefile("rb")
-        ready = self.send(FrameType.DATA_OPEN, {"session": session_hex})
-        assert ready["type"] == "DATA_READY", ready
+        admit = Admission.make(h.key.key, session_id=bytes.fromhex(h.session_id), epoch=h.epoch, holder=holder)
+        self.ready = self.send(FrameType.DATA_OPEN, {"session": h.session_id, "admit": admit.to_wire()})
 
     def send(self, ftype, header, payload=b""):
         return self.send_raw(frame_head(ftype, header, len(payload)) + bytes(payload))
@@ -138,7 +140,8 @@ class MaliciousAgent(Agent):
         total = h.window_len
         n_chunks = h.n_chunks
         endpoint = h.data_endpoint.to_wire()
-        conn = DataConn(endpoint, h.session_id)
+        conn = DataConn(endpoint, h, self.name)
+        assert conn.ready["type"] == "DATA_READY", conn.ready
         # (a) a chunk sealed with the valid key, for bytes just past the end of the window
         evil = SendState(key, session_id=session, start=n_chunks + 1000)
         off, n = base + total, 64
@@ -167,11 +170,10 @@ class MaliciousAgent(Agent):
         while not go.exists() and time.monotonic() < deadline:
             time.sleep(0.01)
         try:
-            conn = DataConn(h.data_endpoint.to_wire(), h.session_id)
-            old = SendState(key, session_id=session)  # the nonce of chunk 0 again, other plaintext
-            n = min(cs, h.window_len)
-            seq, ct = old.seal(b"\x00" * n, frame_type=FrameType.CHUNK, offset=base, length=n)
-            self.log("reuse-after-return", conn.send(FrameType.CHUNK, {"e": epoch, "s": seq, "o": base, "n": n}, ct))
+            # a connection for the dead window: its admission (a valid MAC under the dead key) is refused
+            # as stale-epoch and charged to mallory's window (only its holder could make it)
+            conn = DataConn(h.data_endpoint.to_wire(), h, self.name)
+            self.log("reuse-after-return", conn.ready)
             conn.close()
         except Exception as exc:  # reported to the test through the log
             self.log("reuse-after-return", {"type": "exception", "error": repr(exc)})

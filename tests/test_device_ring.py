@@ -27,6 +27,7 @@ from test_device_service import (
 
 from gputravel.core.platform.emulated import EmulatedPlatform
 from gputravel.core.protocol import TAG_LEN, Frame, FrameType, encode_frame
+from gputravel.core.protocol.holderlink import Admission
 from gputravel.core.protocol.shmring import RingSpec, ShmRing, recv_frame_with_fds, ring_supported
 
 pytestmark = pytest.mark.skipif(not ring_supported(), reason="needs Linux memfd_create with sealing")
@@ -64,14 +65,20 @@ class RingConn:
         self.sock.settimeout(10.0)
         self.sock.connect(rig.handle.socket_path)
         self.session = rig.client.session_id.hex()
-        self.sock.sendall(encode_frame(FrameType.DATA_OPEN, {"session": self.session, "rings": 1}))
+        admit = Admission.make(w.key.key, session_id=w.session_id, epoch=w.epoch, holder="holder").to_wire()
+        self.sock.sendall(encode_frame(FrameType.DATA_OPEN, {"session": self.session, "rings": 1, "admit": admit}))
         ready = recv_frame_with_fds(self.sock)
         assert ready is not None and ready[0].type is FrameType.DATA_READY and ready[0].header.get("rings") == 1
         self.ring: ShmRing | None = None
         self.bind(w, slots=slots)
 
-    def request(self, spec: RingSpec) -> tuple[Frame, list[int]]:
-        self.sock.sendall(encode_frame(FrameType.DATA_OPEN, {"session": self.session, "ring": spec.to_wire()}))
+    def request(self, spec: RingSpec, w: Window | None = None) -> tuple[Frame, list[int]]:
+        """Ask for a ring (``w``: admitted for that window in the same frame, as for a holder's next window)."""
+        head = {"session": self.session, "ring": spec.to_wire()}
+        if w is not None:
+            head["admit"] = Admission.make(w.key.key, session_id=w.session_id, epoch=w.epoch,
+                                           holder="holder").to_wire()
+        self.sock.sendall(encode_frame(FrameType.DATA_OPEN, head))
         got = recv_frame_with_fds(self.sock)
         assert got is not None
         return got
@@ -79,7 +86,7 @@ class RingConn:
     def bind(self, w: Window, *, slots: int = 4) -> Frame:
         """Ask for the ring of ``w``'s epoch; map it if the device sent a descriptor."""
         spec = RingSpec(w.epoch, slots, w.chunk_size + TAG_LEN)
-        frame, fds = self.request(spec)
+        frame, fds = self.request(spec, w)
         assert frame.type is FrameType.DATA_READY, frame
         if fds:
             if self.ring is not None:
@@ -161,7 +168,8 @@ def test_an_agent_that_marks_its_chunks_is_acknowledged_in_batches_and_fully_bef
 
 
 def test_batched_acknowledgements_start_afresh_with_the_next_hand_off_on_the_same_connection(rig: Rig) -> None:
-    """A holder's data connection outlives its hand-offs: the next window's batches count its own chunks."""
+    """A holder's data connection outlives its hand-offs (admitted again for each window): the next window's
+    batches count its own chunks."""
     first = rig.handoff(offset=0, length=256 * 4, chunk_size=256)
     data = plaintext(first.length, seed=34)
     with RingConn(rig, first, slots=4) as conn:
@@ -230,7 +238,8 @@ def test_hostile_chunks_written_into_the_ring_are_refused_and_counted_exactly_as
     assert counted["ring"] == counted["socket"] == Counter({code: 1})
 
 
-def test_return_zeroes_the_ring_and_a_later_notification_is_refused_as_stale(rig: Rig) -> None:
+def test_return_zeroes_the_ring_and_a_later_notification_is_refused_as_stale_and_charged_to_nobody(
+        rig: Rig) -> None:
     w = rig.handoff(offset=0, length=512, chunk_size=256)
     data = plaintext(w.length, seed=31)
     with RingConn(rig, w) as conn:
@@ -242,6 +251,8 @@ def test_return_zeroes_the_ring_and_a_later_notification_is_refused_as_stale(rig
         answer = conn.put(1, *w.seal(1, data))
         assert answer.type is FrameType.ERROR and answer.header["code"] == "stale-epoch", answer
         assert answer.header["slot"] == 1 and rig.rejected() - before == Counter({"stale-epoch": 1})
+        by_epoch = rig.client.stats(since=0).rejected_by_epoch
+        assert str(w.epoch) not in by_epoch  # admitted for no window after RETURN: anonymous
 
 
 def test_the_next_hand_off_binds_the_same_ring_and_no_descriptor_travels_again(rig: Rig) -> None:
@@ -250,13 +261,37 @@ def test_the_next_hand_off_binds_the_same_ring_and_no_descriptor_travels_again(r
     with RingConn(rig, first) as conn:
         rig.close(first)
         second = rig.handoff(offset=0, length=512, chunk_size=256)
-        again = conn.bind(second)
+        again = conn.bind(second)  # admitted for the new window in the same frame
         assert again.header.get("mapped") == 1  # the ring this connection maps, bound to the new epoch
         data = plaintext(second.length, seed=32)
         assert conn.put(0, *second.seal(0, data)).type is FrameType.ACK
         counters = rig.client.stats().counters
         assert counters["rings_made"] == made + 1 and counters["rings_bound"] >= 2
         rig.close(second)
+
+
+def test_a_first_data_open_with_a_ring_gets_it_in_the_admission_answer(rig: Rig) -> None:
+    """One round trip: the ring asked for with the admission comes back with DATA_READY (its descriptor)."""
+    w = rig.handoff(offset=0, length=512, chunk_size=256)
+    spec = RingSpec(w.epoch, 4, 256 + TAG_LEN)
+    admit = Admission.make(w.key.key, session_id=w.session_id, epoch=w.epoch, holder="holder").to_wire()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(rig.handle.socket_path)
+        sock.sendall(encode_frame(FrameType.DATA_OPEN, {"session": rig.client.session_id.hex(), "rings": 1,
+                                                        "ring": spec.to_wire(), "admit": admit}))
+        got = recv_frame_with_fds(sock)
+        assert got is not None and got[0].type is FrameType.DATA_READY and len(got[1]) == 1
+        assert RingSpec.from_wire(got[0].header["ring"]) == spec
+        ring = ShmRing.attach(got[1][0], spec)
+        data = plaintext(w.length, seed=32)
+        head, ct = w.seal(0, data)
+        ring.slot(2)[: len(ct)] = ct
+        sock.sendall(encode_frame(FrameType.CHUNK, {**head, "slot": 2}))
+        ack = recv_frame_with_fds(sock)
+        assert ack is not None and ack[0].type is FrameType.ACK and ack[0].header["slot"] == 2
+        ring.close(zero=False)
+    rig.close(w)
 
 
 def test_a_ring_for_an_epoch_without_an_open_window_is_refused_by_name_and_counted(rig: Rig) -> None:
@@ -275,8 +310,10 @@ def test_a_ring_for_an_epoch_without_an_open_window_is_refused_by_name_and_count
 def test_rings_are_never_offered_on_the_tcp_data_port(rig: Rig) -> None:
     assert rig.handle.data_port is not None
     w = rig.handoff(offset=0, length=512, chunk_size=256)
+    admit = Admission.make(w.key.key, session_id=w.session_id, epoch=w.epoch, holder="holder").to_wire()
     with socket.create_connection((rig.handle.data_host, rig.handle.data_port), timeout=10) as sock:
-        sock.sendall(encode_frame(FrameType.DATA_OPEN, {"session": rig.client.session_id.hex(), "rings": 1}))
+        sock.sendall(encode_frame(FrameType.DATA_OPEN, {"session": rig.client.session_id.hex(), "rings": 1,
+                                                        "admit": admit}))
         ready = recv_frame_with_fds(sock)
         assert ready is not None and ready[0].type is FrameType.DATA_READY and "rings" not in ready[0].header
         sock.sendall(encode_frame(FrameType.DATA_OPEN, {"session": rig.client.session_id.hex(),

@@ -40,6 +40,7 @@ from gputravel.core.protocol import (
     read_frame,
 )
 from gputravel.core.protocol.frames import MAGIC, MAX_HEADER, PREFIX, VERSION
+from gputravel.core.protocol.holderlink import Admission
 from gputravel.core.training.model import preset
 from gputravel.core.training.trainer import TrainSettings
 
@@ -98,6 +99,8 @@ class Rig:
     handle: DeviceHandle
     client: DeviceClient
     epoch: int = 0
+    #: the window handed off last: a data connection is admitted for it (a MAC under its key)
+    current: Window | None = None
 
     def call(self, op: str, payload: bytes = b"", **args: Any) -> dict[str, Any]:
         """The raw wire answer (its header), for the checks on what the device sends."""
@@ -116,8 +119,9 @@ class Rig:
     def handoff(self, offset: int, length: int, chunk_size: int, epoch: int | None = None) -> Window:
         epoch = self.next_epoch() if epoch is None else epoch
         grant = self.client.handoff(epoch=epoch, offset=offset, length=length, chunk_size=chunk_size)
-        return Window(epoch, offset, length, chunk_size, DirectionKey.from_wire(grant.provisioning_key),
-                      bytes.fromhex(grant.session_id))
+        self.current = Window(epoch, offset, length, chunk_size, DirectionKey.from_wire(grant.provisioning_key),
+                              bytes.fromhex(grant.session_id))
+        return self.current
 
     def close(self, w: Window) -> dict[str, Any]:
         return self.call("close_window", epoch=w.epoch)
@@ -187,15 +191,22 @@ def _no_window_left_open(rig: Rig) -> Iterator[None]:
 
 # --- the data path, by hand ----------------------------------------------------------------------
 class DataConn:
-    """A raw data connection: DATA_OPEN{session} -> DATA_READY, then frames answered one by one."""
+    """A raw data connection: DATA_OPEN{session, admit} -> DATA_READY, then frames answered one by one.
+    It is admitted for ``window`` (default: the rig's last hand-off), as the holder of that window."""
 
-    def __init__(self, rig: Rig, session: str | None = "current", *, expect_ready: bool = True) -> None:
+    def __init__(self, rig: Rig, session: str | None = "current", *, expect_ready: bool = True,
+                 window: Window | None = None) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(10.0)
         self.sock.connect(rig.handle.socket_path)
         self.stream = self.sock.makefile("rb")
         sid = rig.client.session_id.hex() if session == "current" else session
-        self.sock.sendall(encode_frame(FrameType.DATA_OPEN, {} if sid is None else {"session": sid}))
+        w = window or rig.current
+        head: dict[str, Any] = {} if sid is None else {"session": sid}
+        if w is not None and sid is not None:
+            head["admit"] = Admission.make(w.key.key, session_id=w.session_id, epoch=w.epoch,
+                                           holder="holder").to_wire()
+        self.sock.sendall(encode_frame(FrameType.DATA_OPEN, head))
         self.first = read_frame(self.stream)
         if expect_ready:
             assert self.first is not None and self.first.type is FrameType.DATA_READY, self.first
@@ -386,14 +397,22 @@ def test_a_closed_epochs_key_is_dead(rig: Rig) -> None:
             rig.close(old)
         with pytest.raises(StaleEpochError):  # an epoch is never reopened
             rig.handoff(offset=20480, length=512, chunk_size=128, epoch=old.epoch)
+        refused = DataConn(rig, window=old, expect_ready=False)  # a new connection for the dead window
+        assert refused.first is not None and refused.first.header["code"] == "stale-epoch"
+        refused.close()
 
         new = rig.handoff(offset=20480, length=512, chunk_size=128)
         assert new.epoch == old.epoch + 1 and new.key.fingerprint != old.key.fingerprint
+        conn.expect_error(*old.seal(1, data), "stale-epoch")  # not admitted for the new window: refused
+        readmit = Admission.make(new.key.key, session_id=new.session_id, epoch=new.epoch, holder="holder")
+        assert conn.send(FrameType.DATA_OPEN, {"session": new.session_id.hex(),
+                                               "admit": readmit.to_wire()}).type is FrameType.DATA_READY
         conn.expect_error(*old.seal(1, data), "stale-epoch")  # the old key, honestly labelled
         conn.expect_error(*old.seal(1, data, claim_epoch=new.epoch), "tag")  # the old key, claiming E+1
         relabelled = replace(old.key, epoch=new.epoch)  # the old key material with E+1 in its AAD
         conn.expect_error(*new.seal(1, data, key=relabelled), "tag")
-        assert rig.rejected() - before == Counter({"stale-epoch": 2, "tag": 2})
+        # (the new connection for the dead window is charged to it too: its credential proves its holder)
+        assert rig.rejected() - before == Counter({"stale-epoch": 4, "tag": 2})
 
         fresh = plaintext(new.length, seed=8)
         for seq in range(new.n_chunks):  # nothing was consumed in the new window
@@ -442,6 +461,7 @@ def test_writes_outside_the_window_are_refused(rig: Rig) -> None:
 
 # --- 8. oversized and truncated frames --------------------------------------------------------------
 def test_oversized_frame_is_refused_and_the_connection_closes(rig: Rig) -> None:
+    rig.handoff(offset=28672, length=256, chunk_size=128)  # the connections are admitted for it
     before = rig.rejected()
     for prefix in (PREFIX.pack(MAGIC, VERSION, int(FrameType.CHUNK), 2, MAX_PAYLOAD + 1),
                    PREFIX.pack(MAGIC, VERSION, int(FrameType.CHUNK), MAX_HEADER + 1, 16)):

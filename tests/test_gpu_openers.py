@@ -34,6 +34,7 @@ from gputravel.core.protocol import (
     read_frame,
 )
 from gputravel.core.protocol.frames import frame_head
+from gputravel.core.protocol.holderlink import Admission
 from gputravel.core.travel.phases import Phase
 from gputravel.core.travel.probes import EngineProbe
 from tests.helpers import write_holder
@@ -162,7 +163,8 @@ def test_the_device_opens_on_the_gpu_and_counts_a_forged_chunk(tmp_path: Path) -
         sock = socket.socket(socket.AF_UNIX)
         sock.connect(handle.socket_path)
         stream = sock.makefile("rb")
-        sock.sendall(encode_frame(FrameType.DATA_OPEN, {"session": grant.session_id}))
+        admit = Admission.make(k.key, session_id=bytes.fromhex(grant.session_id), epoch=1, holder="h").to_wire()
+        sock.sendall(encode_frame(FrameType.DATA_OPEN, {"session": grant.session_id, "admit": admit}))
         assert read_frame(stream).type is FrameType.DATA_READY  # type: ignore[union-attr]
         bad = bytearray(sealed[2][1])
         bad[-1] ^= 0x80  # the tag

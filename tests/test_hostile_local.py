@@ -89,8 +89,9 @@ def test_a_same_host_run_listens_on_no_tcp_port() -> None:
 
 def test_strangers_on_the_tcp_port_never_take_the_unix_sockets_places(
         device: tuple[Any, Any, str, Any]) -> None:
-    """40 idle connections from another local user fill the data port's budget (4) and are refused beyond it;
-    the orchestrator's control session on the Unix socket opens all the same, while they still stall."""
+    """40 idle connections from another local user overflow the data port's budget (4): each newcomer takes
+    the oldest one's place (``evicted``); the orchestrator's control session on the Unix socket opens all
+    the same, while they still stall."""
     service, server, _sock, new_client = device
     port = server.tcp.getsockname()[1]
     attacker = subprocess.Popen([sys.executable, "-c", ATTACKER, str(port), "40", "20"], stdout=subprocess.PIPE,
@@ -100,7 +101,8 @@ def test_strangers_on_the_tcp_port_never_take_the_unix_sockets_places(
         assert len(line) == 2 and int(line[1]) >= 4
         if os.getuid() == 0:
             assert int(line[0]) == NOBODY
-        assert _wait_for(lambda: service.refused["busy"] >= 36)
+        assert _wait_for(lambda: service.refused["evicted"] >= 36)
+        assert len(server._pending_tcp) <= 4 and len(server._pending_unix) == 0
         client = new_client()
         try:
             assert client.connect().ok  # the device still serves its genuine peer on the Unix socket
@@ -131,3 +133,43 @@ def test_a_trickling_peer_is_cut_off_at_the_handshake_deadline_not_kept_alive_by
     assert cut_off, "the device kept a trickling, unauthenticated connection open past its deadline"
     assert _wait_for(lambda: service.refused["timeout"] >= 1)
     assert service.refused["timeout"] == 1
+
+
+def test_strangers_filling_the_tcp_ports_places_cannot_keep_an_admitted_holder_out(
+        device: tuple[Any, Any, str, Any]) -> None:
+    """Another local user holds more connections open on the TCP data port than it has places (40 > 4); a
+    holder's data connection, which is admitted in its first round trip, still gets in and its chunk lands,
+    and nothing the strangers did is charged to the holder's window."""
+    from gputravel.core.protocol import TAG_LEN, FrameType, SendState, encode_frame, read_frame
+    from gputravel.core.protocol.holderlink import Admission
+    from gputravel.core.protocol.keys import DirectionKey
+
+    service, server, _sock, new_client = device
+    port = server.tcp.getsockname()[1]
+    client = new_client()
+    client.connect()
+    attacker = subprocess.Popen([sys.executable, "-c", ATTACKER, str(port), "40", "20"], stdout=subprocess.PIPE,
+                                text=True)
+    try:
+        assert attacker.stdout is not None and attacker.stdout.readline()
+        assert _wait_for(lambda: service.refused["evicted"] >= 30), dict(service.refused)
+        grant = client.handoff(epoch=1, offset=0, length=256, chunk_size=256)
+        key, session = DirectionKey.from_wire(grant.provisioning_key), bytes.fromhex(grant.session_id)
+        admit = Admission.make(key.key, session_id=session, epoch=1, holder="alice").to_wire()
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(encode_frame(FrameType.DATA_OPEN, {"session": session.hex(), "admit": admit}))
+            stream = s.makefile("rb")
+            ready = read_frame(stream)
+            assert ready is not None and ready.type is FrameType.DATA_READY, ready
+            out = bytearray(256 + TAG_LEN)
+            SendState(key, session_id=session).seal_into(os.urandom(256), out, frame_type=FrameType.CHUNK,
+                                                         offset=0, length=256)
+            s.sendall(encode_frame(FrameType.CHUNK, {"e": 1, "s": 0, "o": 0, "n": 256}, bytes(out)))
+            ack = read_frame(stream)
+            assert ack is not None and ack.type is FrameType.ACK, ack
+        assert client.close_window(epoch=1).complete
+        assert service.rejected_by_epoch == {}
+    finally:
+        attacker.kill()
+        attacker.wait(10)
+        client.close()

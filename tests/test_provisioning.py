@@ -20,7 +20,7 @@ from gputravel.core.device.client import DeviceClient
 from gputravel.core.platform.emulated import EmulatedPlatform
 from gputravel.core.protocol import TAG_LEN, FrameType, SendState, encode_frame, read_frame
 from gputravel.core.protocol.frames import frame_head
-from gputravel.core.protocol.holderlink import DataEndpoint, ProvisioningKey
+from gputravel.core.protocol.holderlink import Admission, DataEndpoint, ProvisioningKey
 from gputravel.core.travel.holders import Handoff
 from gputravel.core.travel.local_link import LocalHolderLink
 
@@ -116,7 +116,9 @@ async def test_tampering_on_the_direct_path_is_caught_by_the_pipelined_device(tm
         sock = socket.socket(socket.AF_UNIX)
         sock.connect(handle.socket_path)
         stream = sock.makefile("rb")
-        sock.sendall(encode_frame(FrameType.DATA_OPEN, {"session": handoff.session_id}))
+        admit = Admission.make(handoff.key.key, session_id=bytes.fromhex(handoff.session_id), epoch=handoff.epoch,
+                               holder="h").to_wire()
+        sock.sendall(encode_frame(FrameType.DATA_OPEN, {"session": handoff.session_id, "admit": admit}))
         assert read_frame(stream).type is FrameType.DATA_READY  # type: ignore[union-attr]
         sealed = []
         for seq in range(41):

@@ -17,6 +17,7 @@ BUNDLE_FILES: tuple[str, ...] = (
     "__init__.py",
     "core/__init__.py",
     "core/protocol/__init__.py",
+    "core/protocol/admission.py",
     "core/protocol/cipher.py",
     "core/protocol/errors.py",
     "core/protocol/frames.py",

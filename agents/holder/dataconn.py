@@ -1,5 +1,8 @@
 """The direct path's data connection: the agent's own connection to the device's data port, kept for its
-session with that device, and the shared-memory ring it may map on it.
+session with that device, admitted for each hand-off's window (``Admission``: a MAC under the window's
+key, core/device/admission.py; the device admits it for nothing at the window's RETURN), and the
+shared-memory ring it may map on it (asked for with the first admission: one round trip; bound again with
+each later one, without waiting).
 
 On the device's Unix socket (same host) the connection can carry a shared-memory ring per hand-off (the
 ciphertext is sealed straight into the ring's slots; only slot ids cross the socket); on TCP (holders on
@@ -18,7 +21,7 @@ from typing import Any
 from gputravel.core.protocol import FrameType, encode_frame
 from gputravel.core.protocol.errors import AgentError, GpuTravelError
 from gputravel.core.protocol.frames import frame_head
-from gputravel.core.protocol.holderlink import DataEndpoint, DataOpen, DataReady
+from gputravel.core.protocol.holderlink import Admission, DataEndpoint, DataOpen, DataReady
 from gputravel.core.protocol.shmring import RingSpec, ShmRing, recv_frame_with_fds, ring_supported
 
 __all__ = ["DataConn", "DataLinkLost", "RingOffer"]
@@ -47,10 +50,14 @@ class DataConn:
     that device."""
 
     def __init__(self, endpoint: DataEndpoint, session: bytes, inbox: queue.Queue[Any], *,
-                 key: tuple[DataEndpoint, bytes]) -> None:
+                 key: tuple[DataEndpoint, bytes], admit: Admission | None = None, ring: RingSpec | None = None) -> None:
+        """Connect and be admitted (``admit``: the hand-off's credential); ``ring``: the first ring to ask for
+        with it (same host), mapped here when the device grants it (``self.ring``), else chunks go in frames."""
         self.key = key
         self.session = session
         self.unix = endpoint.path is not None
+        self.ring: ShmRing | None = None
+        self.ring_slots: list[memoryview] = []
         try:
             if endpoint.path is not None:  # same host: the device's Unix socket
                 self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -61,7 +68,8 @@ class DataConn:
                 self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
             want_rings = self.unix and ring_supported()
-            self.sock.sendall(encode_frame(FrameType.DATA_OPEN, DataOpen(session.hex(), rings=want_rings).to_wire()))
+            opening = DataOpen(session.hex(), rings=want_rings, ring=ring if want_rings else None, admit=admit)
+            self.sock.sendall(encode_frame(FrameType.DATA_OPEN, opening.to_wire()))
             got = recv_frame_with_fds(self.sock)
         except (OSError, GpuTravelError) as exc:
             if hasattr(self, "sock"):
@@ -69,15 +77,23 @@ class DataConn:
             raise GpuTravelError(f"cannot reach the device data port {endpoint.to_wire()}: {exc}",
                                  code="agent") from None
         frame = got[0] if got else None
-        for fd in got[1] if got else ():
-            os.close(fd)
+        fds = list(got[1]) if got else []
         try:
             if frame is None or frame.type is not FrameType.DATA_READY:
                 raise GpuTravelError(str(frame.header.get("reason")) if frame else "closed")
             ready = DataReady.from_wire(frame.header)
+            if ready.ring is not None and fds and want_rings and ring is not None:
+                if ready.ring != ring:
+                    raise GpuTravelError(f"the device offered ring {ready.ring}, not {ring}")
+                self.set_ring(ShmRing.attach(fds.pop(0), ring))
+                self.ring.bind(epoch=ring.epoch)  # type: ignore[union-attr]
         except GpuTravelError as exc:
+            for fd in fds:
+                os.close(fd)
             self.sock.close()
             raise GpuTravelError(f"the device refused the data connection: {exc.reason}", code="agent") from None
+        for fd in fds:
+            os.close(fd)
         self.sock.settimeout(None)
         self.rings = want_rings and ready.rings  # the device offers rings on this connection
         self.inbox = inbox
@@ -85,9 +101,6 @@ class DataConn:
         self.closing = False
         self.dead = False
         self._send_lock = threading.Lock()
-        #: this connection's shared-memory ring (mapped once, bound per hand-off) and its slot views
-        self.ring: ShmRing | None = None
-        self.ring_slots: list[memoryview] = []
         #: a bind asked for and not yet answered (the agent seals meanwhile: ``Provisioner._open_ring``)
         self.awaiting: RingSpec | None = None
         threading.Thread(target=self._reader, name="agent-data-reader", daemon=True).start()
@@ -150,9 +163,16 @@ class DataConn:
         if offer.ready.ring != spec:
             raise GpuTravelError(f"the device bound ring {offer.ready.ring}, not {spec}", code="agent")
 
-    def request_ring(self, spec: RingSpec) -> None:
+    def request_ring(self, spec: RingSpec, admit: Admission | None = None) -> None:
+        """Bind a ring to this window (``admit``: admitted for the next window with it, in the same frame)."""
         with self._send_lock:
-            self.sock.sendall(encode_frame(FrameType.DATA_OPEN, DataOpen(self.session.hex(), ring=spec).to_wire()))
+            self.sock.sendall(encode_frame(FrameType.DATA_OPEN,
+                                           DataOpen(self.session.hex(), ring=spec, admit=admit).to_wire()))
+
+    def readmit(self, admit: Admission) -> None:
+        """Admitted for the next window (no ring): not waited for; a refusal fails the hand-off."""
+        with self._send_lock:
+            self.sock.sendall(encode_frame(FrameType.DATA_OPEN, DataOpen(self.session.hex(), admit=admit).to_wire()))
 
     def send(self, head: dict[str, Any], payload: bytes | bytearray | memoryview) -> None:
         """One chunk frame: header and payload in one ``sendmsg`` where the kernel takes it all."""

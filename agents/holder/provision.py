@@ -21,7 +21,15 @@ from gputravel.agents.holder.dataset import Dataset
 from gputravel.agents.holder.link import AgentLink, Message, Sender
 from gputravel.core.protocol import TAG_LEN, FrameType, SendState
 from gputravel.core.protocol.errors import DataError, FrameError, GpuTravelError
-from gputravel.core.protocol.holderlink import MAX_CHUNK, DataEndpoint, Done, Handoff, Progress, Refusal
+from gputravel.core.protocol.holderlink import (
+    MAX_CHUNK,
+    Admission,
+    DataEndpoint,
+    Done,
+    Handoff,
+    Progress,
+    Refusal,
+)
 from gputravel.core.protocol.shmring import MAX_RING_BYTES, RingSpec, ShmRing
 
 __all__ = ["MAX_CHUNK", "MAX_IN_FLIGHT", "MAX_RETRANSMITS", "REPORT_EVERY_NS", "RING_SLOTS", "ChunkOut",
@@ -114,17 +122,28 @@ class Provisioner:
         return [memoryview(b)[:size] for b in self._slots[:count]]
 
     # --- the data connection ----------------------------------------------------------------------
-    def _data_conn(self, endpoint: DataEndpoint, session: bytes) -> DataConn:
-        """The data connection for this device session: kept across hand-offs, reopened when the device,
-        its session or the endpoint changed, or the connection dropped."""
+    def _data_conn(self, endpoint: DataEndpoint, h: Handoff, ring: RingSpec | None) -> tuple[DataConn, ShmRing | None]:
+        """The data connection for this hand-off's window, admitted with a MAC under its key, and its ring
+        (or None: chunks go in frames). The connection is kept across hand-offs with the same device session:
+        the device admits it for nothing at RETURN, so each hand-off admits it again for its own window (no
+        round trip: the device reads the connection in order); a new one gets its ring with its admission."""
+        session = bytes.fromhex(h.session_id)
+        assert h.key is not None
+        admit = Admission.make(h.key.key, session_id=session, epoch=h.epoch, holder=self.name)
         key = (endpoint, session)
         conn = self._data
         if conn is not None and (conn.key != key or conn.dead):
             self._drop_data()
             conn = None
         if conn is None:
-            conn = self._data = DataConn(endpoint, session, self._inbox, key=key)
-        return conn
+            conn = self._data = DataConn(endpoint, session, self._inbox, key=key, admit=admit, ring=ring)
+            conn.active = True
+            return conn, conn.ring
+        conn.active = True
+        if ring is not None and conn.rings:
+            return conn, self._open_ring(conn, ring, admit)
+        conn.readmit(admit)
+        return conn, None
 
     def _drop_data(self) -> None:
         if self._data is not None:
@@ -151,11 +170,11 @@ class Provisioner:
         out: ChunkOut | None = None
         try:
             if endpoint is not None:
-                conn = self._data_conn(endpoint, session)
-                conn.active = True
-                if conn.rings and sender is not None and endpoint.ring:
+                spec = None
+                if sender is not None and endpoint.ring:
                     slots = max(1, min(in_flight, RING_SLOTS, MAX_RING_BYTES // (cs + TAG_LEN)))
-                    ring = self._open_ring(conn, RingSpec(h.epoch, slots, cs + TAG_LEN))
+                    spec = RingSpec(h.epoch, slots, cs + TAG_LEN)
+                conn, ring = self._data_conn(endpoint, h, spec)
             if ring is not None and conn is not None:
                 out = ChunkOut(conn.ring_slots, conn.notify)
             elif conn is not None:
@@ -178,7 +197,7 @@ class Provisioner:
                 if conn.awaiting is not None:  # a bind never answered: its answer must not meet the next one
                     self._drop_data()
 
-    def _open_ring(self, conn: DataConn, spec: RingSpec) -> ShmRing | None:
+    def _open_ring(self, conn: DataConn, spec: RingSpec, admit: Admission) -> ShmRing | None:
         """Ask the device to bind this connection's ring to this epoch (it sends the ring's descriptor the
         first time, or for another shape); None (chunks go in socket frames) if it declines.
 
@@ -187,7 +206,7 @@ class Provisioner:
         agent seals meanwhile (the round trip, about a quarter of a millisecond, leaves the hand-off's fixed
         cost). The answer is checked when it comes (``DataConn.confirm_ring``); a refusal fails the
         hand-off, and the chunks already announced are refused by the device as for an unbound ring."""
-        conn.request_ring(spec)
+        conn.request_ring(spec, admit)
         if conn.ring is not None and not conn.ring.closed and conn.ring.same_shape(spec):
             conn.ring.bind(epoch=spec.epoch)
             conn.awaiting = spec
@@ -220,6 +239,9 @@ class Provisioner:
                 raise GpuTravelError("link closed during provisioning")
             if item.type is FrameType.ERROR and item.header.get("ring"):
                 refusal = Refusal.from_wire(item.header)
+                if refusal.code in ("admission", "stale-epoch", "budget"):
+                    raise GpuTravelError(f"the device refused this hand-off's data connection: {refusal.reason}",
+                                         code=refusal.code)
                 print(f"gputravel agent {self.name}: no shared-memory ring ({refusal.reason}); "
                       "chunks go over the socket", file=sys.stderr)
                 return None

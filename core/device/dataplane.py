@@ -10,7 +10,8 @@ chunk or per hand-off:
   thread), or 2-4 threads where there are cores for them (chosen by measurement, see ``default_workers``);
 - shared-memory rings (same-host holders): one per holder data connection, bound to the epoch of each
   hand-off (``bind_ring``), zeroed and released when its window closes (``release_rings``, RETURN),
-  unmapped when the connection ends (``drop_ring``);
+  unmapped when the connection ends (``drop_ring``); at RETURN (``close_window``) the window's connections
+  are admitted for nothing until admitted again for their holder's next window (core/device/admission.py);
 - staging (CUDA, or on request for tests on CPU): a ring of pinned host slots and one copy stream. A
   chunk is opened into a free slot, copied with ``copy_(non_blocking=True)`` and an ``Event`` recorded
   after it; a completion thread waits for the events in order, frees each slot and only then reports the
@@ -35,6 +36,7 @@ from typing import Any, Protocol
 
 import torch
 
+from gputravel.core.device.admission import Admissions
 from gputravel.core.protocol import FrameType, RecvState
 from gputravel.core.protocol.shmring import ShmRing
 
@@ -252,6 +254,8 @@ class DataPlane:
         self._staging_lock = threading.Lock()
         self.rings: dict[int, list[ShmRing]] = {}
         self._rings_lock = threading.Lock()
+        #: the data connections admitted per holder window (core/device/admission.py)
+        self.admissions = Admissions()
 
     def add_ns(self, stage: str, ns: int) -> None:
         with self._stats_lock:  # workers and the completion thread add at once
@@ -350,6 +354,12 @@ class DataPlane:
             r.release()
         return len(releasing)
 
+    def close_window(self, epoch: int) -> None:
+        """RETURN: the window's rings are zeroed and released, its data connections admitted for nothing
+        (core/device/admission.py: each must be admitted again, with the next window's key)."""
+        self.release_rings(epoch)
+        self.admissions.close_window(epoch)
+
     def drop_ring(self, ring: ShmRing) -> None:
         """The holder's connection ended: unmap its ring (zeroed first)."""
         with self._rings_lock:
@@ -370,6 +380,7 @@ class DataPlane:
 
     def close(self) -> None:
         self.release_rings()
+        self.admissions.close_window()
         if self._staging is not None:
             self._staging.close()
         if self.pool is not None:

@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import argparse
 import functools
-import heapq
 import os
 import queue
 import socket
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gputravel.core.device.admission import MAX_RINGS_PER_WINDOW, AdmissionRefused
 from gputravel.core.device.dataplane import SlotSet
 from gputravel.core.device.link import ControlChannel, error_header, send_frame, send_sealed, session_context
+from gputravel.core.device.pending import Budget as _Budget
+from gputravel.core.device.pending import Deadlines as _Deadlines
+from gputravel.core.device.pending import Pending as _Pending
 from gputravel.core.device.service import MAX_CHUNK, DeviceService, Reply
 from gputravel.core.errors import GpuTravelError, ProtocolError
 from gputravel.core.protocol import TAG_LEN, FrameError, FrameType, StaleEpochError, encode_frame, read_frame
@@ -34,82 +36,11 @@ from gputravel.core.protocol.shmring import RingReceiver, ring_supported, send_f
 #: how long one may take in all to get there (a deadline for the whole hand-shake, not a per-read timeout):
 #: a peer that stalls, trickles or floods costs at most this many threads for this long, and only on the
 #: listener it reached. The Unix socket (0600, in a 0700 folder) is the orchestrator's and its same-host
-#: holders'; the TCP data port, which any local user can reach, has a budget of its own.
+#: holders'; the TCP data port, which any local user can reach, has a budget of its own. A full budget
+#: takes a newcomer all the same and shuts its oldest connection (``evicted``): strangers that hold every
+#: place open cannot keep out a holder, whose connection is admitted within a round trip.
 MAX_PENDING = 32
 HANDSHAKE_TIMEOUT_S = 10.0
-
-
-class _Deadlines:
-    """One watchdog thread for every unauthenticated connection's deadline (no thread per connection): at its
-    deadline a connection still pending is shut down, so its handling thread's read returns at once."""
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, int, _Pending]] = []
-        self._cond = threading.Condition()
-        self._count = 0
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        with self._cond:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._watch, name="handshake-deadlines", daemon=True)
-                self._thread.start()
-
-    def add(self, pending: _Pending, deadline_s: float) -> None:
-        self.start()
-        with self._cond:
-            self._count += 1
-            heapq.heappush(self._heap, (time.monotonic() + deadline_s, self._count, pending))
-            self._cond.notify()
-
-    def _watch(self) -> None:
-        while True:
-            with self._cond:
-                while not self._heap:
-                    self._cond.wait()
-                due, _, pending = self._heap[0]
-                wait = due - time.monotonic()
-                if wait > 0:
-                    self._cond.wait(wait)
-                    continue
-                heapq.heappop(self._heap)
-            pending.expire()
-
-
-class _Pending:
-    """One connection's place among a listener's unauthenticated ones: released (and its deadline lifted)
-    once it authenticates, or when it ends. At the deadline the connection is shut down (``expired``)."""
-
-    __slots__ = ("conn", "released", "sem", "expired", "_lock")
-
-    def __init__(self, sem: threading.BoundedSemaphore, conn: socket.socket) -> None:
-        self.sem, self.conn, self.released, self.expired = sem, conn, False, False
-        self._lock = threading.Lock()
-
-    def expire(self) -> None:
-        with self._lock:
-            if self.released:
-                return
-            self.expired = True
-        try:
-            self.conn.shutdown(socket.SHUT_RDWR)  # the handling thread's read returns: it ends the connection
-        except OSError:
-            pass
-
-    def authenticated(self) -> None:
-        if self._release():
-            self.conn.settimeout(None)
-
-    def end(self) -> None:
-        self._release()
-
-    def _release(self) -> bool:
-        with self._lock:
-            if self.released:
-                return False
-            self.released = True
-        self.sem.release()
-        return True
 
 
 class DeviceServer:
@@ -126,20 +57,15 @@ class DeviceServer:
         self.sock: socket.socket | None = None
         self.handshake_timeout = handshake_timeout
         # one budget per listener: strangers on the TCP port never take the places of the Unix socket's peers
-        self._pending_unix = threading.BoundedSemaphore(max_pending)
-        self._pending_tcp = threading.BoundedSemaphore(max_pending)
+        self._pending_unix = _Budget(max_pending)
+        self._pending_tcp = _Budget(max_pending)
         self._deadlines = _Deadlines()
 
     def _admit(self, conn: socket.socket, *, data_only: bool) -> None:
-        """A thread for a new connection if fewer than ``max_pending`` wait to authenticate on its listener;
-        else it is closed at once and counted (``busy``)."""
-        sem = self._pending_tcp if data_only else self._pending_unix
-        if not sem.acquire(blocking=False):
-            self.service.count_refused("busy")
-            conn.close()
-            return
+        """A thread for a new connection, in its listener's budget of ``max_pending`` unauthenticated ones
+        (when full, the oldest one gives up its place and is counted ``evicted``)."""
         conn.settimeout(self.handshake_timeout)
-        pending = _Pending(sem, conn)
+        pending = (self._pending_tcp if data_only else self._pending_unix).enter(conn)
         self._deadlines.add(pending, self.handshake_timeout)
         threading.Thread(target=self._handle, args=(conn, pending), kwargs={"data_only": data_only},
                          daemon=True).start()
@@ -213,7 +139,7 @@ class DeviceServer:
             first = read_frame(stream)
             if first is None:
                 if pending.expired:
-                    svc.count_refused("timeout")
+                    svc.count_refused(pending.reason)
                 return
             if first.type is FrameType.ATTEST_REQUEST and data_only:
                 refuse("frame", "the data port takes data connections only")
@@ -233,14 +159,14 @@ class DeviceServer:
             else:
                 refuse("frame", f"unexpected {first.type.name}")
         except TimeoutError:  # stalled before authenticating: its thread and place are given back
-            if not pending.released:
-                svc.count_refused("timeout")
+            if not pending.released or pending.expired:
+                svc.count_refused(pending.reason)
         except (OSError, ConnectionError):
             if pending.expired:
-                svc.count_refused("timeout")
+                svc.count_refused(pending.reason)
         except GpuTravelError as exc:
             if pending.expired:
-                svc.count_refused("timeout")
+                svc.count_refused(pending.reason)
             elif not pending.released:  # e.g. garbage as a first frame: counted like every rejection
                 svc.count_refused(exc.code)
             try:
@@ -297,6 +223,8 @@ class DeviceServer:
 
     # --- data ----------------------------------------------------------------------------
     def _data(self, conn: socket.socket, stream: Any, first: Any, pending: _Pending) -> None:
+        """A data connection: admitted for one holder's window by its first DATA_OPEN (``Admission``), or
+        refused and counted as anonymous (core/device/admission.py)."""
         svc = self.service
         secrets = svc.secrets
         opening = DataOpen.from_wire(first.header)  # malformed: FrameError, refused and counted by _handle
@@ -305,15 +233,34 @@ class DeviceServer:
             send_frame(conn, FrameType.ERROR, {"code": "stale-epoch", "reason": "no such session"})
             return
         session = secrets.session_id.hex()
+        if opening.admit is None:
+            svc.count_refused("anonymous")
+            send_frame(conn, FrameType.ERROR, {"code": "admission",
+                                               "reason": "a data connection must be admitted for a window"})
+            return
         # shared-memory rings only where the holder shares this host: on the Unix socket, when asked for
         rings = conn.family == socket.AF_UNIX and ring_supported() and opening.rings
-        send_frame(conn, FrameType.DATA_READY, DataReady(session, rings=rings).to_wire())
-        pending.authenticated()  # bound to the open session; each chunk is authenticated on its own
         slots = svc.plane.take_slots()  # this connection's receive buffers, reused from an earlier one
         data = _DataConnection(svc, conn, stream, slots, session=session, rings=rings)
         try:
+            try:
+                svc.plane.admissions.admit(svc, opening.admit, conn, data.deadmit)
+            except AdmissionRefused as refused:
+                if refused.charge is None:
+                    svc.count_refused("anonymous")
+                else:
+                    svc.count_rejection(refused.error.code, refused.charge)
+                send_frame(conn, FrameType.ERROR, error_header(refused.error))
+                return
+            data.epoch = opening.admit.epoch
+            pending.authenticated()  # admitted: it speaks for this (holder, epoch) until RETURN
+            if opening.ring is not None and rings:  # the first ring rides with the admission: one round trip
+                data._open_ring(first.header, ready_rings=True)
+            else:
+                send_frame(conn, FrameType.DATA_READY, DataReady(session, rings=rings).to_wire())
             data.serve()
         finally:
+            svc.plane.admissions.leave(conn)
             data.close()
             svc.plane.give_slots(slots)
 
@@ -332,6 +279,9 @@ class _DataConnection:
                  rings: bool) -> None:
         self.svc, self.conn, self.stream, self.slots = svc, conn, stream, slots
         self.session = session
+        #: the admitted window: every refusal here is charged to it (its holder); None once it returned
+        #: (refusals then are anonymous) until the connection is admitted for the holder's next window
+        self.epoch: int | None = None
         self.rings = rings
         self.receiver: RingReceiver | None = None
         self._send_lock = threading.Lock()
@@ -360,7 +310,7 @@ class _DataConnection:
                 frame = read_frame_into(self.stream, functools.partial(self.slots.get, i),
                                         max_payload=MAX_CHUNK + TAG_LEN)
             except FrameError as exc:
-                svc.count_rejection(exc.code)
+                svc.count_rejection(exc.code, self.epoch)
                 self.send(FrameType.ERROR, error_header(exc))
                 return
             if frame is None:
@@ -371,6 +321,9 @@ class _DataConnection:
                 self._ring_chunk(header, len(frame.payload))
             elif frame.type is FrameType.CHUNK:
                 self._chunk(header, frame.payload, release=functools.partial(free.put, i), slot=None)
+            elif frame.type is FrameType.DATA_OPEN and "admit" in header:
+                free.put(i)
+                self._readmit(header)
             elif frame.type is FrameType.DATA_OPEN and "ring" in header:
                 free.put(i)
                 self._open_ring(header)
@@ -444,10 +397,18 @@ class _DataConnection:
             reply = self._batched_reply(header, slot, flush)
         else:
             reply = self._reply(header, slot)
+        claimed = header.get("e") if isinstance(header, dict) else None
+        w = self.svc.window
+        if type(claimed) is int and claimed != self.epoch and w is not None and claimed == w.epoch:
+            # another holder's open window: never written through this connection (charged to its own)
+            self.svc.count_rejection("stale-epoch", self.epoch)
+            release()
+            reply(None, StaleEpochError(f"this connection is admitted for epoch {self.epoch}, not {claimed}"))
+            return
 
         def work() -> None:
             try:
-                self.svc.submit_chunk(header, payload, reply)
+                self.svc.submit_chunk(header, payload, reply, charge=self.epoch)
             finally:
                 release()
 
@@ -471,7 +432,7 @@ class _DataConnection:
                 raise FrameError("no shared-memory ring is open on this connection")
             chunk_header, ciphertext = self.receiver.take(header)
         except ProtocolError as exc:
-            self.svc.count_rejection(exc.code, header.get("e"))
+            self.svc.count_rejection(exc.code, self.epoch)
             with self._send_lock:  # whatever was held back goes first
                 try:
                     self._send_acks()
@@ -481,11 +442,11 @@ class _DataConnection:
             return
         self._chunk(chunk_header, ciphertext, release=lambda: None, slot=slot)
 
-    def _open_ring(self, header: dict[str, Any]) -> None:
-        """DATA_OPEN {session, ring: {epoch, slots, slot_bytes}}: a ring for this epoch, its descriptor
-        passed with the DATA_READY answer (SCM_RIGHTS)."""
-        spec_wire = header.get("ring")
-        claimed = spec_wire.get("epoch") if isinstance(spec_wire, dict) else None
+    def _open_ring(self, header: dict[str, Any], *, ready_rings: bool = False) -> None:
+        """DATA_OPEN {session, ring: {epoch, slots, slot_bytes}}: a ring for this connection's window, its
+        descriptor passed with the DATA_READY answer (SCM_RIGHTS). ``ready_rings``: the connection's first
+        DATA_OPEN (its DATA_READY says rings are offered; a refused ring is then answered with a DATA_READY
+        without one, and the agent sends in frames)."""
         try:
             if not self.rings:
                 raise FrameError("shared-memory rings need the device's Unix socket and a connection opened "
@@ -496,16 +457,28 @@ class _DataConnection:
             spec = request.ring
             if spec is None:  # e.g. "ring": null
                 raise FrameError("a DATA_OPEN on an open data connection must name a ring")
+            epoch = self.epoch
+            if epoch is None or spec.epoch != epoch:
+                raise StaleEpochError(f"this connection is admitted for epoch {epoch}, not {spec.epoch}")
             old = self.receiver.ring if self.receiver is not None else None
+            if (old is None or not old.same_shape(spec)) and self.svc.plane.rings_of(epoch) >= MAX_RINGS_PER_WINDOW:
+                raise ProtocolError(f"window {epoch} already has {MAX_RINGS_PER_WINDOW} rings", code="budget")
             ring, new = self.svc.open_ring(spec, old)
         except ProtocolError as exc:
-            self.svc.count_rejection(exc.code, claimed)
-            self.send(FrameType.ERROR, {**error_header(exc), "ring": 1})
+            self.svc.count_rejection(exc.code, self.epoch)
+            if ready_rings:
+                self.send(FrameType.DATA_READY, DataReady(self.session, rings=True).to_wire())
+            else:
+                self.send(FrameType.ERROR, {**error_header(exc), "ring": 1})
             return
         except OSError as exc:  # no memfd here after all: the agent falls back to frames
-            self.send(FrameType.ERROR, {"ok": False, "code": "device", "reason": f"no ring: {exc}", "ring": 1})
+            if ready_rings:
+                self.send(FrameType.DATA_READY, DataReady(self.session, rings=True).to_wire())
+            else:
+                self.send(FrameType.ERROR, {"ok": False, "code": "device", "reason": f"no ring: {exc}", "ring": 1})
             return
-        answer = encode_frame(FrameType.DATA_READY, DataReady(self.session, ring=spec, mapped=not new).to_wire())
+        answer = encode_frame(FrameType.DATA_READY, DataReady(self.session, rings=ready_rings or self.rings,
+                                                              ring=spec, mapped=not new).to_wire())
         with self._send_lock:
             if new:  # the descriptor travels once per holder connection (again only for another shape)
                 send_frame_with_fd(self.conn, answer, ring.fileno())
@@ -515,6 +488,37 @@ class _DataConnection:
             self.svc.plane.drop_ring(old)
         self.receiver = RingReceiver(ring)
         self._ack_batch = max(1, min(ACK_BATCH, spec.slots // 2))
+
+    def deadmit(self) -> None:
+        """Its window returned (``Admissions.close_window``): admitted for nothing until admitted again."""
+        self.epoch = None
+
+    def _readmit(self, header: dict[str, Any]) -> None:
+        """DATA_OPEN {session, admit[, ring]} on an open connection: admitted for the holder's next window
+        (and its ring bound to it: the one this connection maps, if of the same shape). Refused (anonymous
+        unless the credential proves its window): ERROR with ``ring`` set, which fails the agent's hand-off."""
+        svc = self.svc
+        try:
+            request = DataOpen.from_wire(header)
+            if request.session_id != self.session or request.admit is None:
+                raise AdmissionRefused(StaleEpochError("admission for another session"), None)
+            svc.plane.admissions.admit(svc, request.admit, self.conn, self.deadmit)
+        except FrameError as exc:
+            svc.count_rejection(exc.code, self.epoch)
+            self.send(FrameType.ERROR, {**error_header(exc), "ring": 1})
+            return
+        except AdmissionRefused as refused:
+            if refused.charge is None:
+                svc.count_refused("anonymous")
+            else:
+                svc.count_rejection(refused.error.code, refused.charge)
+            self.send(FrameType.ERROR, {**error_header(refused.error), "ring": 1})
+            return
+        self.epoch = request.admit.epoch
+        if request.ring is not None:
+            self._open_ring(header)
+        else:
+            self.send(FrameType.DATA_READY, DataReady(self.session, rings=self.rings).to_wire())
 
     def close(self) -> None:
         """The connection ended: its ring is zeroed and unmapped."""
@@ -530,7 +534,7 @@ class _DataConnection:
         if frame.type is FrameType.BYE:
             return False
         # e.g. an attempt to read the buffer back: the data port only takes chunks in
-        self.svc.count_rejection("frame", frame.header.get("e"))
+        self.svc.count_rejection("frame", self.epoch)
         self.send(FrameType.ERROR, {"code": "frame", "reason": f"unexpected {frame.type.name}",
                                     "s": frame.header.get("s")})
         return True

@@ -366,7 +366,7 @@ class DeviceService(CheckpointOps):
             self._settled.wait_for(lambda: not w.inflight, timeout=60)
             self._bury(w)
         self.plane.flush()  # the copy stream is idle: every acknowledged byte is in device memory
-        self.plane.release_rings(epoch)  # the holder's bounce slots: zeroed and released, like its key
+        self.plane.close_window(epoch)  # its rings zeroed and released, its data connections admitted for nothing
         return Reply(WindowClosed(epoch=epoch, bytes=w.bytes_in, chunks=len(w.accepted), expected_chunks=w.n_chunks,
                                   contiguous=w.contiguous(), complete=len(w.accepted) == w.n_chunks,
                                   rejected=dict(self.rejected),
@@ -487,7 +487,8 @@ class DeviceService(CheckpointOps):
         return Reply(BufferDigest(sha256=hashlib.sha256(data).hexdigest(), offset=offset, length=length).to_wire())
 
     # --- data path ---------------------------------------------------------------------------
-    def accept_chunk(self, header: dict[str, Any], payload: bytes | bytearray | memoryview) -> dict[str, Any]:
+    def accept_chunk(self, header: dict[str, Any], payload: bytes | bytearray | memoryview, *,
+                     charge: int | None = None) -> dict[str, Any]:
         """Authenticate and decrypt one chunk into the buffer window and return its ACK header once it is in
         device memory, or raise (counted). The synchronous form of ``submit_chunk``."""
         box: list[Any] = []
@@ -497,21 +498,22 @@ class DeviceService(CheckpointOps):
             box.append(ack if exc is None else exc)
             settled.set()
 
-        self.submit_chunk(header, payload, reply)
+        self.submit_chunk(header, payload, reply, charge=charge)
         settled.wait()
         if isinstance(box[0], BaseException):
             raise box[0]
         return box[0]  # type: ignore[no-any-return]
 
     def submit_chunk(self, header: dict[str, Any], payload: bytes | bytearray | memoryview,
-                     reply: Callable[[dict[str, Any] | None, BaseException | None], None]) -> None:
+                     reply: Callable[[dict[str, Any] | None, BaseException | None], None], *,
+                     charge: int | None = None) -> None:
         """Check one chunk against the open window, then open it into the buffer. ``reply(ack, None)`` is
         called once the chunk is in device memory, ``reply(None, error)`` if it is refused (counted), exactly
         once either way, maybe on another thread. Returns once ``payload`` is no longer read."""
         try:
             w, epoch, seq, offset, length, key = self._admit(header, payload)
         except ProtocolError as exc:
-            self.count_rejection(exc.code, header.get("e") if isinstance(header, dict) else None)
+            self.count_rejection(exc.code, charge)
             reply(None, exc)
             return
         tag = bytes(payload[-TAG_LEN:])
@@ -539,7 +541,7 @@ class DeviceService(CheckpointOps):
             if not isinstance(exc, ProtocolError):
                 exc = DeviceError(f"opening chunk {seq} failed: {type(exc).__name__}: {exc}")
             else:
-                self.count_rejection(exc.code, epoch)
+                self.count_rejection(exc.code, charge)
             reply(None, exc)
 
         if self.opener.kind == "gpu" and key is not None:  # ciphertext to the device as it is, opened there
@@ -559,24 +561,18 @@ class DeviceService(CheckpointOps):
         with self.lock:
             self.refused[code] += 1
 
-    def count_rejection(self, code: str, claimed_epoch: Any = None) -> None:
-        """Count a rejection, attributed to the epoch it claimed when that epoch's key was ever handed
-        out, else to the window open now (the connection's current holder)."""
+    def count_rejection(self, code: str, charge: Any = None) -> None:
+        """Count a rejection, charged to epoch ``charge`` (the window an admitted data connection speaks for,
+        so its holder) when given; else anonymous (``rejected_anonymous``): never blamed on a holder."""
         self.rejected[code] += 1
-        epoch: int | None = None
-        if code == "replay" and self.window is not None:
-            # a copy of an accepted chunk: whoever holds the window now sent it (the claimed epoch is the victim's)
-            epoch = self.window.epoch
-        elif isinstance(claimed_epoch, int) and not isinstance(claimed_epoch, bool) and (
-                claimed_epoch in self.dead_epochs or (self.window and claimed_epoch == self.window.epoch)):
-            epoch = claimed_epoch
-        elif self.window is not None:
-            epoch = self.window.epoch
-        if epoch is not None:
-            self.rejected_by_epoch.setdefault(epoch, Counter())[code] += 1
-            self.rejection_gen += 1
-            self._epoch_gen.pop(epoch, None)  # re-inserted: the dict stays in change order
-            self._epoch_gen[epoch] = self.rejection_gen
+        epoch = charge if isinstance(charge, int) and not isinstance(charge, bool) else None
+        if epoch is None:
+            self.counters["rejected_anonymous"] += 1
+            return
+        self.rejected_by_epoch.setdefault(epoch, Counter())[code] += 1
+        self.rejection_gen += 1
+        self._epoch_gen.pop(epoch, None)  # re-inserted: the dict stays in change order
+        self._epoch_gen[epoch] = self.rejection_gen
 
     def _admit(self, header: dict[str, Any], payload: bytes | bytearray | memoryview
                ) -> tuple[ProvisionWindow, int, int, int, int, DirectionKey | None]:

@@ -18,8 +18,9 @@ Two links speak it. The *holder link* (orchestrator <-> agent, stdin/stdout or a
 
 and the *data connection* (agent -> device's data port, the direct path)::
 
-    agent -> DATA_OPEN   DataOpen   open a connection for the device's session (asking for rings), or
-                                    bind a shared-memory ring to a hand-off's epoch
+    agent -> DATA_OPEN   DataOpen   open a connection for one hand-off's window, admitted by its
+                                    Admission (a MAC under the window's key; asking for rings and its
+                                    first ring), or bind a shared-memory ring to that window's epoch
     device -> DATA_READY DataReady  the answer (the ring's descriptor rides along, SCM_RIGHTS)
 
 Each message has ``to_wire()`` (its frame header) and a validating ``from_wire(header)`` that raises
@@ -41,14 +42,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from gputravel.core.protocol.admission import Admission
 from gputravel.core.protocol.cipher import Direction
 from gputravel.core.protocol.errors import FrameError
 from gputravel.core.protocol.frames import FrameType
 from gputravel.core.protocol.keys import KEY_LEN, PREFIX_LEN, DirectionKey
 from gputravel.core.protocol.shmring import RingSpec
 
-__all__ = ["MAX_CHUNK", "Attest", "Bye", "DataEndpoint", "DataOpen", "DataReady", "Done", "Handoff", "Hello", "Progress",
-           "ProvisioningKey", "Refusal", "TOKEN_FORMATS", "Verdict"]
+__all__ = ["MAX_CHUNK", "Admission", "Attest", "Bye", "DataEndpoint", "DataOpen", "DataReady", "Done", "Handoff",
+           "Hello", "Progress", "ProvisioningKey", "Refusal", "TOKEN_FORMATS", "Verdict"]
 
 #: The largest chunk a hand-off may ask for (the device's limit too).
 MAX_CHUNK = 16 * 1024 * 1024
@@ -527,12 +529,13 @@ class Verdict:
 class DataOpen:
     """DATA_OPEN: the first frame of a data connection (``session``; ``rings``: the agent can map
     shared-memory rings), or, on an open connection, a request to bind a ring of shape ``ring`` to a
-    hand-off's epoch. A future admission credential is one more optional field here."""
+    hand-off's epoch. ``admit`` (the first DATA_OPEN's): who speaks, for which window (``Admission``)."""
 
     FRAME: ClassVar[FrameType] = FrameType.DATA_OPEN
     session_id: str  # hex (wire name "session")
     rings: bool = False
     ring: RingSpec | None = None
+    admit: Admission | None = None
 
     def to_wire(self) -> dict[str, Any]:
         h: dict[str, Any] = {"session": self.session_id}
@@ -540,12 +543,16 @@ class DataOpen:
             h["rings"] = 1
         if self.ring is not None:
             h["ring"] = self.ring.to_wire()
+        if self.admit is not None:
+            h["admit"] = self.admit.to_wire()
         return h
 
     @classmethod
     def from_wire(cls, h: Mapping[str, Any]) -> DataOpen:
         w = "DATA_OPEN"
-        return cls(session_id=_hex(h, w, "session"), rings=_flag(h, w, "rings"), ring=_ring(h, w))
+        admit = h.get("admit") if isinstance(h, Mapping) else None
+        return cls(session_id=_hex(h, w, "session"), rings=_flag(h, w, "rings"), ring=_ring(h, w),
+                   admit=None if admit is None else Admission.from_wire(admit))
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,3 +75,25 @@ def provisioning_key(master: bytes, session_id: bytes, *, epoch: int, offset: in
     """The key a holder gets for one hand-off: bound to the epoch and to the buffer window."""
     key, prefix = _derive(master, b"provision", session_id, (epoch, offset, length))
     return DirectionKey(key, prefix, epoch, direction)
+
+
+#: the HKDF label of a data connection's admission key (its own label: the MAC key is never the AEAD key)
+ADMIT_LABEL = b"gputravel data-admit v1"
+ADMIT_NONCE_LEN = 16
+ADMIT_MAC_LEN = 32
+
+
+def admission_key(provisioning: bytes) -> bytes:
+    """The key that admits a data connection for one window: HKDF of that window's provisioning key."""
+    return hkdf(provisioning, info=ADMIT_LABEL)
+
+
+def admission_mac(key: bytes, *, nonce: bytes, session_id: bytes, epoch: int, holder: str) -> bytes:
+    """HMAC-SHA256 under ``admission_key`` over (nonce, session, epoch, holder name): proves the speaker
+    holds this window's key, for this connection (``nonce``: fresh, never admitted twice in a window)."""
+    import hmac
+
+    name = holder.encode()
+    msg = (b"admit|" + struct.pack(">H", len(nonce)) + nonce + struct.pack(">H", len(session_id)) + session_id
+           + struct.pack(">QH", epoch, len(name)) + name)
+    return hmac.new(key, msg, hashlib.sha256).digest()

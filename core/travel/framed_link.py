@@ -23,6 +23,7 @@ from gputravel.core.errors import AgentError, DeviceError, FrameError
 from gputravel.core.protocol import TAG_LEN, Frame, FrameType, SendState, encode_frame
 from gputravel.core.protocol.frames import frame_head, read_frame_async
 from gputravel.core.protocol.holderlink import (
+    Admission,
     Attest,
     Bye,
     DataEndpoint,
@@ -175,7 +176,10 @@ class FramedHolderLink(HolderLink):
         except OSError as exc:
             raise DeviceError(f"cannot open the device data port: {exc}") from None
         try:
-            dev_w.write(encode_frame(FrameType.DATA_OPEN, DataOpen(handoff.session_id).to_wire()))
+            # the relay speaks for this holder's window: admitted with a MAC under the window's key
+            admit = None if handoff.key is None else Admission.make(
+                handoff.key.key, session_id=bytes.fromhex(handoff.session_id), epoch=handoff.epoch, holder=self.name)
+            dev_w.write(encode_frame(FrameType.DATA_OPEN, DataOpen(handoff.session_id, admit=admit).to_wire()))
             ready = await read_frame_async(dev_r, max_payload=STREAM_LIMIT)
             if ready is None or ready.type is not FrameType.DATA_READY:
                 raise DeviceError(f"device refused the data connection: {ready.header if ready else 'closed'}")
