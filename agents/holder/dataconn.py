@@ -85,8 +85,9 @@ class DataConn:
             if ready.ring is not None and fds and want_rings and ring is not None:
                 if ready.ring != ring:
                     raise GpuTravelError(f"the device offered ring {ready.ring}, not {ring}")
-                self.set_ring(ShmRing.attach(fds.pop(0), ring))
-                self.ring.bind(epoch=ring.epoch)  # type: ignore[union-attr]
+                attached = ShmRing.attach(fds.pop(0), ring)
+                self.set_ring(attached)
+                attached.bind(epoch=ring.epoch)
         except GpuTravelError as exc:
             for fd in fds:
                 os.close(fd)
