@@ -47,7 +47,7 @@ async def run_on_screen(app: GpuTravelConsole, pilot: Any, bench: str) -> None:
 
 
 def test_the_screen_offers_every_bench_the_cli_offers() -> None:
-    assert {name for name, _ in BENCHES} == set(BENCH_MODULES) and len(BENCHES) == 11
+    assert {name for name, _ in BENCHES} == set(BENCH_MODULES) and len(BENCHES) == 12
 
 
 def test_allreduce_chart_plots_time_per_variant_not_world_size() -> None:

@@ -133,7 +133,7 @@ def test_device_killed_mid_run_is_restarted_from_the_sealed_checkpoint(data: Pat
     # durable, its snapshot died too, and that visit is undone and redone as well (never committed twice)
     undone = [r.detail["visit"] for r in rows if r.kind == "visit-undone"]
     assert report["device_restarts"] == 1 and report["retried_visits"] == 1 + len(undone)
-    assert undone in ([], [0]) and not (undone and fault.endswith(":0+0.05"))
+    assert undone in ([], [0])  # a kill that lands after TRAIN:0 ended (fast steps) may undo visit 0 too
     assert [v["outcome"] for v in report["visits"]] == ["done", "done"]
     check_end_state(out, report, reference)
     restarted = [r for r in rows if r.kind == "device-restarted"]

@@ -231,10 +231,14 @@ def import_circles() -> list[frozenset[str]]:
             if len(group) > 1:
                 found.append(frozenset(group))
 
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
-    for module in sorted(adj):
-        if module not in index:
-            visit(module)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10_000))
+    try:
+        for module in sorted(adj):
+            if module not in index:
+                visit(module)
+    finally:
+        sys.setrecursionlimit(limit)  # other tests rely on the default (json's RecursionError)
     return found
 
 

@@ -6,6 +6,7 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -35,11 +36,16 @@ def register(bench_app: typer.Typer) -> None:
         if as_json:
             sys.stdout.write(json.dumps(result, indent=2) + "\n")
             return
-        table = Table(title=f"bench hostile: {connections} connections per listener, {visits} × {size_mib} MiB "
-                            f"on {path}")
-        table.add_column("measure")
-        table.add_column("value", justify="right")
-        for k in ("quiet_mb_s", "hostile_mb_s", "ratio", "visits_completed", "misattributed_rejections"):
-            table.add_row(k, str(result[k]))
-        table.add_row("refused before admission", json.dumps(result["hostile"]["refused_before_admission"]))
-        Console().print(table)
+        render(result)
+
+
+def render(result: dict[str, Any], console: Console | None = None) -> None:
+    """The table ``bench hostile`` prints (the console's bench screen shows the same)."""
+    table = Table(title=f"bench hostile: {result['connections']} connections per listener, {result['visits']} × "
+                        f"{result['size_mib']} MiB on {result['path']}")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    for k in ("quiet_mb_s", "hostile_mb_s", "ratio", "visits_completed", "misattributed_rejections"):
+        table.add_row(k, str(result[k]))
+    table.add_row("refused before admission", json.dumps(result["hostile"]["refused_before_admission"]))
+    (console or Console()).print(table)

@@ -37,6 +37,7 @@ BENCH_ARGS: dict[str, tuple[str, ...]] = {
     "gpu_aes": ("--repeats", "3"),
     "fleet": ("--gpus", "2"),
     "evidence": ("--rounds", "10"),
+    "hostile": ("--size-mib", "16", "--visits", "3"),
 }
 #: Columns preferred for the bar chart, best first.
 BAR_KEYS = ("speedup", "mb_s", "gb_s", "throughput", "throughput_mb_s", "tokens_per_s", "ms", "seconds", "s")

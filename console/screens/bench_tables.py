@@ -37,6 +37,7 @@ BENCHES: tuple[tuple[str, str], ...] = (
     ("checkpoint", "sealed checkpoint: seal + write and restore MB/s, peak memory"),
     ("train", "the protocol's training loop against a plain torch loop: tokens/s"),
     ("evidence", "checking GPU (SPDM + RIMs) and CVM (TDX quote) evidence: ms per check"),
+    ("hostile", "provisioning with 40 hostile local connections on every device port, against a quiet run"),
 )
 
 #: (module, function, result first?) of each bench's CLI table.
@@ -46,7 +47,7 @@ RENDERERS: dict[str, tuple[str, str, bool]] = {
     "load": ("bench_load", "render_load", True), "soak": ("bench_soak", "render_soak", True),
     "gpu_aes": ("bench_gpu_aes", "render", False), "fleet": ("bench_fleet", "render", True),
     "checkpoint": ("bench_checkpoint", "render", True), "train": ("bench_train", "render", True),
-    "evidence": ("bench_evidence", "render", True),
+    "evidence": ("bench_evidence", "render", True), "hostile": ("bench_hostile", "render", True),
 }
 
 
@@ -192,10 +193,14 @@ def _evidence(r: dict[str, Any]) -> Bars:
     return tuple((name, float(t["median_ms"])) for name, t in r["timings"].items()), "median ms"
 
 
+def _hostile(r: dict[str, Any]) -> Bars:
+    return (("quiet", float(r["quiet_mb_s"])), ("hostile", float(r["hostile_mb_s"]))), "MB/s"
+
+
 HEADLINES: dict[str, Callable[[dict[str, Any]], Bars]] = {
     "provision": _provision, "allreduce": _allreduce, "ddp": _ddp, "travel": _travel, "load": _load,
     "soak": _soak, "gpu_aes": _gpu_aes, "fleet": _fleet, "checkpoint": _checkpoint, "train": _train,
-    "evidence": _evidence,
+    "evidence": _evidence, "hostile": _hostile,
 }
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
