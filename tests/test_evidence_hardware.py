@@ -107,3 +107,27 @@ def test_a_non_tdx_tsm_provider_is_refused(tmp_path: Path) -> None:
 def test_outside_a_tdx_guest_configfs_tsm_is_missing_and_says_so(tmp_path: Path) -> None:
     with pytest.raises(AttestationError, match="configfs-tsm"):
         tdx_quote_from_configfs(bytes(64), root=tmp_path / "no-such-configfs")
+
+
+def test_the_device_answers_holders_with_the_drivers_evidence_where_cc_mode_is_on(sample: NvidiaSample) -> None:
+    """The device's ``gpu_evidence`` operation on a CC-mode GPU: the driver's report and chain (NVIDIA's recorded
+    sample in NVML's structures), not the SIM GPU's; it verifies against NVIDIA's root; no tampering there."""
+    from gputravel.core.device.spdm import SpdmResponder
+    from gputravel.core.errors import DeviceError
+
+    responder = SpdmResponder(nvml=RecordedNvml(sample))
+    answer = responder.answer(nonce=SAMPLE_NONCE.hex(), chain=True)
+    assert answer["sim"] is False
+    verdict = verify_gpu(bytes.fromhex(answer["report"]), answer["chain"].encode(), SAMPLE_NONCE,
+                         policy=GpuPolicy(require_rims=False))
+    assert verdict.ok, verdict.failed
+    with pytest.raises(DeviceError, match="SIM GPU only"):
+        responder.answer(nonce=SAMPLE_NONCE.hex(), tamper="measurement")
+
+
+def test_outside_cc_mode_the_device_answers_with_the_sim_gpu(sample: NvidiaSample) -> None:
+    from gputravel.core.device.spdm import SpdmResponder
+
+    responder = SpdmResponder(nvml=False)  # what detection leaves where NVML says CC mode is not on
+    assert responder.hardware() is None
+    assert responder.answer(nonce=SAMPLE_NONCE.hex())["sim"] is True
