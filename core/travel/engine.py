@@ -370,7 +370,12 @@ class TravelEngine:
                     break  # an earlier visit was undone (its checkpoint died with the device): it is redone first
             if not rec.outcome.startswith("done") and not self._undone_before(rec, given_up):
                 given_up.add(rec.plan.index)
-        await self.ckpts.finish()
+        try:
+            await self.ckpts.finish()
+        except DeviceError as exc:  # the device died writing the last checkpoint: restart, redo what it lost
+            if not await self.recovery.recover_device_between_visits(exc):
+                raise
+            await self._walk_visits()
 
     def _undone_before(self, rec: VisitRecord, given_up: set[int]) -> bool:
         """Whether a visit before ``rec`` is no longer done (undone by ``Checkpointer.rewind``): visits are

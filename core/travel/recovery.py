@@ -63,20 +63,8 @@ class Recovery:
         e.phase = Phase.FAILED
         if e.restart_device is None or e.device_restarts >= 3:
             raise DeviceError(f"the device service died: {reason}") from None
-        e.device_restarts += 1
         self.rollback_training(rec)
-        lost = await e.ckpts.drop()  # a checkpoint in flight died with the device's snapshot
-        e.client.close()
-        e.handle.stop()
-        e.handle = await asyncio.to_thread(e.restart_device)
-        e.client = e.new_client()
-        e._rejection_gen = 0  # a new device counts its rejections from the start
-        result = await asyncio.to_thread(e.client.connect)
-        await e.upload_program()
-        await e.configure_data_path()
-        if e.last_good_ckpt is not None:
-            await e.restore(e.last_good_ckpt)
-        redo = e.ckpts.rewind()  # visits the restored model does not hold are walked again
+        lost, result, redo = await self._restart_device()
         e.epoch = max(e.epoch, rec.epoch)
         e.audit.record(ev.VisitFailed(time.time(), rec.plan.index, rec.plan.holder, rec.epoch, phase, rec.error,
                                       "device"),
@@ -89,6 +77,45 @@ class Recovery:
                        state={"epoch": e.epoch})
         e.phase = Phase.DONE
         await self.restart_agent(rec.plan.holder)  # agents mid-transfer to the dead device, for the redo
+
+    async def recover_device_between_visits(self, exc: GpuTravelError) -> bool:
+        """The device died between visits (writing the run's last checkpoint in the background): restart it
+        as ``recover_device`` does; the visits its lost snapshot held are undone and walked again. False when
+        no restart is possible (the caller raises)."""
+        e = self.engine
+        if e.restart_device is None or e.device_restarts >= 3:
+            return False
+        last = e.device_last_error()
+        lost, result, redo = await self._restart_device()
+        e.audit.row("device-restarted", outcome="device",
+                    detail={"visit": None, "error": f"{exc.reason}" + (f" (device: {last})" if last else ""),
+                            "restored_checkpoint": e.last_good_ckpt, "redo": [r.plan.index for r in redo],
+                            **({"lost_checkpoint": str(lost)} if lost is not None else {}),
+                            "device_id": result.device_id,
+                            "session_fp": e.client.secrets.fingerprint() if e.client.secrets else None},
+                    state={"epoch": e.epoch})
+        return True
+
+    async def _restart_device(self) -> tuple[BaseException | None, Any, list[VisitRecord]]:
+        """A new device for a dead one: attested, a fresh session, the program, the last durable checkpoint;
+        returns why the checkpoint in flight was lost, the new session's answer and the visits undone."""
+        e = self.engine
+        restart = e.restart_device
+        assert restart is not None  # the callers check it
+        e.device_restarts += 1
+        lost = await e.ckpts.drop()  # a checkpoint in flight died with the device's snapshot
+        e.client.close()
+        e.handle.stop()
+        e.handle = await asyncio.to_thread(restart)
+        e.client = e.new_client()
+        e._rejection_gen = 0  # a new device counts its rejections from the start
+        result = await asyncio.to_thread(e.client.connect)
+        await e.upload_program()
+        await e.configure_data_path()
+        if e.last_good_ckpt is not None:
+            await e.restore(e.last_good_ckpt)
+        redo = e.ckpts.rewind()  # visits the restored model does not hold are walked again
+        return lost, result, redo
 
     def rollback_training(self, rec: VisitRecord) -> None:
         """A visit that trained and then failed is undone (the model is restored from the checkpoint)."""
