@@ -26,6 +26,7 @@ from typing import Any
 
 from gputravel.core import events as ev
 from gputravel.core.config import RunSettings
+from gputravel.core.device.ckptring import RingAborted
 from gputravel.core.device.client import DeviceClient
 from gputravel.core.device.messages import WindowStatus
 from gputravel.core.device.modelmac import MAC_KEY_BYTES
@@ -372,7 +373,7 @@ class TravelEngine:
                 given_up.add(rec.plan.index)
         try:
             await self.ckpts.finish()
-        except DeviceError as exc:  # the device died writing the last checkpoint: restart, redo what it lost
+        except (DeviceError, RingAborted) as exc:  # the device died writing the last checkpoint: restart, redo
             if not await self.recovery.recover_device_between_visits(exc):
                 raise
             await self._walk_visits()
