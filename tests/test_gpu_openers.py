@@ -18,8 +18,8 @@ import torch
 
 from gputravel.core import api
 from gputravel.core.config import RunSettings
-from gputravel.core.device.client import DeviceClient
 from gputravel.core.device.openers import CPU_LABEL, CpuOpener, GpuOpener, choose_opener, describe_choice
+from gputravel.core.deviceclient.client import DeviceClient
 from gputravel.core.errors import ConfigError
 from gputravel.core.platform.emulated import EmulatedPlatform
 from gputravel.core.protocol import (
@@ -151,7 +151,7 @@ def test_the_device_opens_on_the_gpu_and_counts_a_forged_chunk(tmp_path: Path) -
         client.set_data_path(parallel_auth=True, overlap=True, workers=3)  # several chunks in flight
         before = client.digest(offset=0, length=WINDOW).sha256
         grant = client.handoff(epoch=1, offset=0, length=WINDOW, chunk_size=CHUNK)
-        k = DirectionKey.from_wire(grant.provisioning_key)
+        k = grant.provisioning_key
         plain = os.urandom(WINDOW)
         sender = SendState(k, session_id=bytes.fromhex(grant.session_id))
         sealed = []
@@ -257,7 +257,6 @@ async def test_bench_provision_names_the_engine_that_opened_its_chunks(tmp_path:
 
 async def test_a_chunk_tampered_on_the_holder_link_is_caught_by_the_gpu_and_retransmitted(tmp_path: Path) -> None:
     from gputravel.agents.holder import open_dataset
-    from gputravel.core.protocol.holderlink import ProvisioningKey
     from gputravel.core.travel.holders import Handoff
     from gputravel.core.travel.local_link import LocalHolderLink
 
@@ -273,7 +272,7 @@ async def test_a_chunk_tampered_on_the_holder_link_is_caught_by_the_gpu_and_retr
         await link.start()
         link.tamper_on_wire = {1, 4}
         grant = client.handoff(epoch=1, offset=0, length=WINDOW, chunk_size=CHUNK)
-        handoff = Handoff(epoch=1, session_id=grant.session_id, key=ProvisioningKey.from_wire(grant.provisioning_key),
+        handoff = Handoff(epoch=1, session_id=grant.session_id, key=grant.provisioning_key,
                           window_offset=0, chunk_size=CHUNK, train=(0, WINDOW), val=(0, 0))
         stats = await link.provision(handoff, device_socket=handle.socket_path)  # the channel path
         assert stats.rejected["tag"] == 2 and stats.retransmits == 2
