@@ -107,9 +107,9 @@ class DeviceService(ChunkIntake, CheckpointOps):
         self.data_opts: dict[str, Any] = {"parallel_auth": False, "overlap": False, "workers": 0}
         #: receive slots, decrypt workers, staging ring and copy stream, shared-memory rings: made once, reused
         self.plane = DataPlane(self.buffer.tensor, staged=staged, stage_ns=self.counters)
-        #: who opens provisioning chunks: cryptography on a host core (through the data plane's slots), or the
-        #: GPU cipher, which takes the ciphertext into device memory as it is (core/device/openers.py)
-        self.opener = choose_opener(cipher_engine, self.buffer.tensor)
+        #: who opens provisioning chunks, one strategy (core/device/openers.py): cryptography on a host core
+        #: (through the data plane's slots), or the GPU cipher, which takes the ciphertext in as it is
+        self.opener = choose_opener(cipher_engine, self.plane)
         self.measurements = emulated_measurements()
         #: the control channel's current epoch (the transport swaps its keys after a ROTATE reply)
         self.control_epoch = 0
