@@ -1,7 +1,8 @@
 """The orchestrator's side of the device link: attest, open a session, then one typed method per operation.
 
-Speaks only the wire protocol (no torch, nothing of ``core.device``): ``DeviceClient.measure()``, ``.handoff(...)``, ``.train(...)``, ...
-each send one sealed request named by an ``Op`` and read back a typed answer (``core.protocol.deviceanswers``).
+Speaks only the wire protocol (no torch, nothing of ``core.device``): ``DeviceClient.measure()``,
+``.handoff(...)``, ``.train(...)``, ... each send one sealed request named by an ``Op``
+(``core.protocol.devicelink``) and read back a typed answer (``core.protocol.deviceanswers``).
 """
 
 from __future__ import annotations
