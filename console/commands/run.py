@@ -158,7 +158,7 @@ class RunView:
             where = f"in {event.within}" if event.within else f"before {event.next_phase}"
             self.console.print(f"[yellow]paused[/] ({event.reason}) {where}")
             if self.run_name is not None:
-                self.console.print(continue_hint(self.run_name), highlight=False)
+                self.console.print(continue_hint(self.run_name), highlight=False, soft_wrap=True)
 
 
 #: the signals a headless run continues on: resume (to the next breakpoint) and step (one phase)
@@ -166,9 +166,12 @@ RESUME_SIGNAL, STEP_SIGNAL = signal.SIGUSR1, signal.SIGUSR2
 
 
 def continue_hint(run_name: str) -> str:
-    """What a headless pause says: how to go on."""
-    return (f"  continue: gputravel runs resume {run_name} (to the next breakpoint), gputravel runs step "
-            f"{run_name} (one phase), or kill -USR1 {os.getpid()}; stop: gputravel runs stop {run_name}")
+    """What a headless pause says: how to go on, one whole command a line (never wrapped inside one at 80
+    columns)."""
+    return (f"  continue: gputravel runs resume {run_name}  (to the next breakpoint)\n"
+            f"            gputravel runs step {run_name}    (one phase)\n"
+            f"            kill -USR1 {os.getpid()}\n"
+            f"  stop:     gputravel runs stop {run_name}")
 
 
 def resolve_out_dir(out: Path | None, *, resume: bool, runs: Path = Path("runs"), create: bool = True) -> Path:
