@@ -118,3 +118,22 @@ def _drain(q: asyncio.Queue[ev.Event]) -> list[ev.Event]:
     while not q.empty():
         items.append(q.get_nowait())
     return items
+
+
+def test_the_console_says_a_cancel_in_provision_lands_at_the_next_chunk_and_no_steps_ran() -> None:
+    from gputravel.console.screens.base import summarise
+    from gputravel.console.view_model import RunState
+
+    state = RunState()
+    t = 1000.0
+    for event in (ev.RunStarted(t, "r1", {"kind": "emulated"}, ("alice",), 1),
+                  ev.PhaseStarted(t, 0, "alice", "PROVISION", 1),
+                  ev.ControlRequested(t, "cancel", "PROVISION")):
+        state.apply(event)
+    assert summarise(state, "travel", ()).status == "cancelling..."
+    assert state.oplog[-1].text == "cancel asked during PROVISION: lands at the next chunk"
+    state.apply(ev.VisitCancelled(t, 0, "alice", 1, "PROVISION", 0, True))
+    assert state.oplog[-1].text == "visit 1 cancelled in PROVISION; scrub verified"  # no "after 0 steps"
+    state.apply(ev.RunFailed(t, "r1", "cancelled by the operator", "cancelled"))
+    visit = state.visit(0)
+    assert visit is not None and (visit.outcome, visit.scrub_verified) == ("cancelled", True)

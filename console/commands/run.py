@@ -28,7 +28,7 @@ from gputravel.console.options import (
     TransportChoice,
 )
 from gputravel.console.run_claim import RunFolder
-from gputravel.console.run_end import RunEnding
+from gputravel.console.run_end import RunEnding, control_lands
 from gputravel.console.run_folder import running_marker
 from gputravel.console.run_report import EXIT_PARTIAL, render_report
 from gputravel.console.run_telemetry import TELEMETRY_INTERVAL_S
@@ -133,10 +133,12 @@ class RunView:
                                f"{event.mean:.3f}")
         elif isinstance(event, ev.ControlRequested):
             self.console.print(f"[yellow]{'CANCELLING' if event.action == 'cancel' else 'PAUSING'}...[/] "
-                               f"(lands after the current step{f' of {event.phase}' if event.phase else ''})")
+                               f"({f'{event.phase}: ' if event.phase else ''}lands "
+                               f"{control_lands(event.action, event.phase)})")
         elif isinstance(event, ev.VisitCancelled):
             self.console.print(f"  [yellow]visit {event.visit + 1} {escape(event.holder)} cancelled[/] in "
-                               f"{event.phase or '-'} after {event.steps} steps; buffer scrub "
+                               f"{event.phase or '-'}{f' after {event.steps} steps' if event.phase == 'TRAIN' else ''}"
+                               f"; buffer scrub "
                                f"{'verified' if event.scrub_verified else '[red]NOT verified[/]'}")
         elif isinstance(event, ev.TrainingStepped):
             p.update(self.bytes_task, description="training steps", total=len(event.losses),
