@@ -181,3 +181,26 @@ async def test_a_follow_opens_at_the_live_end_not_at_the_start_of_the_run(tmp_pa
         await pilot.press("home")
         await pilot.pause()
         assert bridge.player.position == 0 and bridge.state.current_visit is None
+
+
+async def test_at_80_columns_the_status_bar_keeps_the_replay_position_whole() -> None:
+    """80x24 in TRAIN of a replay: the epoch (and then the visit) make room, the REPLAY 466/752 badge is
+    never cut (the travel panel shows the epoch and the visit)."""
+    from textual.app import App, ComposeResult
+
+    from gputravel.console.widgets.status_bar import StatusBar, StatusSummary
+
+    class Bar(App[None]):
+        def compose(self) -> ComposeResult:
+            yield StatusBar()
+
+    app = Bar()
+    async with app.run_test(size=(80, 24)) as pilot:
+        bar = app.query_one(StatusBar)
+        bar.summary = StatusSummary("travel", "completed", run_id="97b3321fdc59", where="orchestrator",
+                                    phase="TRAIN 99/300", epoch=3, visit="visit 3/3 holder-2-histories",
+                                    badges=("SIM", "REPLAY ‖ 466/752"))
+        await pilot.pause()
+        line = bar.render().plain  # type: ignore[union-attr]
+        assert line.endswith("REPLAY ‖ 466/752 ") and len(line) <= bar.content_size.width
+        assert "TRAIN 99/300" in line and "3/3" in line and "ep 3" not in line
