@@ -129,6 +129,8 @@ class GpuTravelConsole(ConsoleCommands):
             self.poll_telemetry()
             self.set_interval(0.1, self.bridge.sync_control, name="control-sync")
         elif isinstance(self.bridge, ReplayBridge):
+            if self.bridge.follow:  # like tail -f: the live end at once, not the run's history replayed
+                self.bridge.seek_end()  # (Home and [ go back into it)
             self.play_recording()
             if self.bridge.follow:
                 self.bridge.playing = True

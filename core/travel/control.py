@@ -2,8 +2,11 @@
 
 Cancel and pause are checked between phases (:meth:`Control.gate`) and, inside TRAIN, between training slices
 (:meth:`Control.between_steps`): a slice is one optimizer step, or the steps that fit in its time budget when
-steps are shorter. Asking is a ``ControlRequested`` event at once (the pending CANCELLING... / PAUSING...
-state); landing is ``RunPaused`` or the cancelled visit's end."""
+steps are shorter. Inside PROVISION a cancel is checked at every acknowledged chunk
+(:meth:`Control.check_cancelled`, from the engine's progress callback), and a pause between the window's keys
+(``between_steps``: a paused provisioning never holds a holder's key open), else at the phase's end.
+Asking is a ``ControlRequested`` event at once (the pending CANCELLING... / PAUSING... state); landing is
+``RunPaused`` or the cancelled visit's end."""
 
 from __future__ import annotations
 
@@ -93,6 +96,12 @@ class Control:
             self._request("cancel")
         self.cancelled = True
         self._running.set()
+
+    def check_cancelled(self) -> None:
+        """Raise ``CancelledRunError`` when a cancel is pending: a synchronous check for callbacks inside a
+        phase (each acknowledged provisioning chunk), where awaiting a pause is not possible."""
+        if self.cancelled:
+            raise CancelledRunError("cancelled by the operator")
 
     def _request(self, action: str) -> None:
         if self.on_request is not None:

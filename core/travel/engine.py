@@ -537,6 +537,7 @@ class TravelEngine:
         acked = [0]
 
         def progress(_seq: int) -> None:
+            self.control.check_cancelled()  # a cancel lands between two acknowledged chunks
             acked[0] += 1
             if acked[0] == n_chunks or acked[0] % 4 == 0:
                 done = min(plan.window_len, acked[0] * chunk_size)
@@ -562,6 +563,8 @@ class TravelEngine:
         for i, sub in enumerate(v.subs):
             if i:  # the previous key's nonce budget is spent: close its window, hand over the next key
                 await self._close_window(rec, v.handoff, sub_total=v.subs[i - 1][1])
+                await self.control.between_steps(Phase.PROVISION, self.emit,
+                                                 where=f"PROVISION key {i}/{len(v.subs)}")
                 v.handoff = await self._open_window(rec, sub)
             stats = await ho.provision(self.client, v.link, v.handoff, device_socket=self.handle.socket_path,
                                        endpoint=ho.data_endpoint(self.handle, data_path=self.settings.data_path,
