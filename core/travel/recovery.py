@@ -62,16 +62,17 @@ class Recovery:
         d = self.device
         last = d.last_error()
         reason = f"{exc.reason} (device: {last})" if last else exc.reason
-        phase = self._failed(rec, f"device died: {reason}")
+        error = f"device died: {reason}"
+        phase = self._failed(rec, error)
         if not d.can_restart:
             raise DeviceError(f"the device service died: {reason}") from None
         self.log.rollback(rec)
         lost, result, redo = await self._restart_device()
         d.epoch = max(d.epoch, rec.epoch)
-        self.audit.record(ev.VisitFailed(time.time(), rec.plan.index, rec.plan.holder, rec.epoch, phase, rec.error,
+        self.audit.record(ev.VisitFailed(time.time(), rec.plan.index, rec.plan.holder, rec.epoch, phase, error,
                                          "device"),
                           "device-restarted", phase=phase, holder=rec.plan.holder, epoch=rec.epoch, outcome="device",
-                          detail=self._restarted(rec.plan.index, rec.error, lost, result, redo), state={"epoch": d.epoch})
+                          detail=self._restarted(rec.plan.index, error, lost, result, redo), state={"epoch": d.epoch})
         self.walk.phase = Phase.DONE
         await self.restart_agent(rec.plan.holder)  # agents mid-transfer to the dead device, for the redo
 
