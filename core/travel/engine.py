@@ -19,7 +19,6 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,6 @@ from gputravel.core import events as ev
 from gputravel.core.config import RunSettings
 from gputravel.core.device.ckptring import RingAborted
 from gputravel.core.device.client import DeviceClient
-from gputravel.core.device.messages import WindowStatus
 from gputravel.core.errors import (
     AgentError,
     CancelledRunError,
@@ -35,7 +33,6 @@ from gputravel.core.errors import (
     DeviceError,
     GpuTravelError,
     IntegrityError,
-    LinkLostError,
     ProtocolError,
 )
 from gputravel.core.ledger import Ledger
@@ -43,7 +40,6 @@ from gputravel.core.platform.base import DeviceHandle
 from gputravel.core.procs import release_free_memory
 from gputravel.core.runfolder import sealed_settings_digest
 from gputravel.core.training.store import CheckpointStore
-from gputravel.core.travel import handoff as ho
 from gputravel.core.travel.audit import ATTACK_CODES, Audit
 from gputravel.core.travel.bus import EventBus, EventSink
 from gputravel.core.travel.checkpoints import Checkpointer
@@ -51,7 +47,7 @@ from gputravel.core.travel.control import Control, FaultPlan, Faults
 from gputravel.core.travel.device_session import DeviceSession
 from gputravel.core.travel.forward import Forward
 from gputravel.core.travel.holder_setup import attach as attach_holder_attestation
-from gputravel.core.travel.holders import Handoff, HolderInfo, HolderLink
+from gputravel.core.travel.holders import HolderInfo, HolderLink
 from gputravel.core.travel.phases import Phase, check_transition
 from gputravel.core.travel.probes import EngineProbe
 from gputravel.core.travel.recovery import Recovery
@@ -60,23 +56,9 @@ from gputravel.core.travel.schedule import UNIT, VisitPlan, plan_digest, plan_vi
 from gputravel.core.travel.training import SlicedTrain, SliceSettings, TrainStep
 from gputravel.core.travel.training_log import SpikeWatch, TrainingLog
 from gputravel.core.travel.visits import Itinerary, VisitRecord
+from gputravel.core.travel.windows import HandoffWindows, Outcome, Visit
 
 __all__ = ["Control", "EngineProbe", "FaultPlan", "TravelEngine", "VisitRecord"]
-
-
-@dataclass(slots=True)
-class _Visit:
-    """What one visit's phases hand each other."""
-
-    rec: VisitRecord
-    link: HolderLink
-    subs: list[tuple[int, int]]
-    handoff: Handoff | None = None
-    window_open: bool = False
-
-
-#: one phase's outcome for its PhaseCompleted event and ledger row: (bytes, detail)
-_Outcome = tuple[int, dict[str, Any]]
 
 
 class TravelEngine:
@@ -110,6 +92,7 @@ class TravelEngine:
     first_run_id = Forward[str]("ckpts", "run_id")
     sinks = Forward[list[EventSink]]("bus")
     probes = Forward[list[EngineProbe]]("bus")
+    rejected_total = Forward[Counter[str]]("windows", "rejected")
 
     def __init__(self, *, settings: RunSettings, device: DeviceHandle, links: list[HolderLink],
                  out_dir: Path, checkpoint_store: CheckpointStore,
@@ -129,7 +112,6 @@ class TravelEngine:
         self.infos: dict[str, HolderInfo] = {}
         self.plans: list[VisitPlan] = []
         self.walk = Itinerary()
-        self.rejected_total: Counter[str] = Counter()
         self.ledger = Ledger.open(self.out_dir / "ledger.db", run_id=run_id or uuid.uuid4().hex[:12])
         self.run_id = self.ledger.run_id
         self.audit = Audit(self.ledger, lambda event: self.emit(event))
@@ -146,15 +128,19 @@ class TravelEngine:
                                   settings_sha256=sealed_settings_digest(self.out_dir))
         self.recovery = Recovery(device=self.device, ckpts=self.ckpts, log=self.log, audit=self.audit,
                                  walk=self.walk, links=self.links, infos=self.infos)
+        self.windows = HandoffWindows(device=self.device, audit=self.audit, walk=self.walk, settings=settings,
+                                      infos=self.infos,
+                                      rekey=lambda reason: self.recovery.rekey_session(reason=reason))
         #: how TRAIN is cut into device requests (the default TRAIN's), and how a visit trains: the strategy
         #: ``train_step`` builds over the run's parts (a fleet rank supplies its own)
         self.train_slices = SliceSettings()
         self.trainer: TrainStep = train_step(device=self.device, log=self.log, control=self.control,
                                              emit=self.audit.emit, steps=settings.steps_per_visit)
         #: the phase walk of one visit: each step returns its outcome (bytes, detail)
-        self._steps: tuple[tuple[Phase, Callable[[_Visit], Awaitable[_Outcome]]], ...] = (
-            (Phase.ATTEST, self._attest), (Phase.HANDOFF, self._handoff), (Phase.PROVISION, self._provision),
-            (Phase.RETURN, self._return), (Phase.VERIFY, self._verify), (Phase.TRAIN, self._train),
+        self._steps: tuple[tuple[Phase, Callable[[Visit], Awaitable[Outcome]]], ...] = (
+            (Phase.ATTEST, self._attest), (Phase.HANDOFF, self.windows.handoff),
+            (Phase.PROVISION, self.windows.provision), (Phase.RETURN, self.windows.return_),
+            (Phase.VERIFY, self._verify), (Phase.TRAIN, self._train),
             (Phase.SCRUB, self._scrub), (Phase.ROTATE, self._rotate))
 
     # --- events ------------------------------------------------------------------------------
@@ -371,7 +357,7 @@ class TravelEngine:
         ckpts = {"dir": str(self.ckpts.store.directory), "last_seq": self.ckpts.last_good, **self.ckpts.summary()}
         return build_report(run_id=self.run_id, out_dir=self.out_dir, chunk_kib=self.settings.chunk_kib,
                             handle=self.device.handle, device=self.device, log=self.log, walk=self.walk,
-                            infos=self.infos, rejected=self.rejected_total, checkpoints=ckpts, seconds=seconds)
+                            infos=self.infos, rejected=self.windows.rejected, checkpoints=ckpts, seconds=seconds)
 
     async def _shutdown_links(self) -> None:
         head = self.audit.head()
@@ -395,9 +381,7 @@ class TravelEngine:
         rec.epoch = self.device.epoch + 1
         rec.key_fingerprint = None
         self.walk.phase = None
-        v = _Visit(rec, self.links[plan.holder],
-                   ho.sub_windows(plan.window_len, chunk_size=self.settings.chunk_size,
-                                  key_chunk_budget=self.settings.key_chunk_budget))
+        v = self.windows.start(rec, self.links[plan.holder])
         try:
             for phase, step in self._steps:
                 t = await self._enter(rec, phase)
@@ -429,90 +413,26 @@ class TravelEngine:
                 return
             await self.recovery.fail_visit(rec, exc, v.window_open)
 
-    async def _attest(self, v: _Visit) -> _Outcome:
+    async def _attest(self, v: Visit) -> Outcome:
         """Fresh evidence, and the code and model are what we left there."""
         await self._audit_from_device()
         result = await asyncio.to_thread(self.device.client.attest)
         await self.device.check_measurement("before hand-off")
         return 0, {"device_id": result.device_id, "ok": result.ok}
 
-    async def _handoff(self, v: _Visit) -> _Outcome:
-        """A provisioning key for this window and epoch only, for a holder that is verified-ready."""
-        await self._require_ready(v.link)
-        v.handoff = await self._open_window(v.rec, v.subs[0])
-        v.window_open = True
-        return 0, {"window": [0, v.rec.plan.window_len], "part": v.rec.plan.part_id, "n_windows": len(v.subs)}
-
-    async def _provision(self, v: _Visit) -> _Outcome:
-        """Ciphertext from the holder straight into the buffer window, one key per sub-window."""
-        rec, plan = v.rec, v.rec.plan
-        chunk_size = self.settings.chunk_size
-        n_chunks = -(-plan.window_len // chunk_size)
-        acked = [0]
-
-        def progress(_seq: int) -> None:
-            acked[0] += 1
-            if acked[0] == n_chunks or acked[0] % 4 == 0:
-                done = min(plan.window_len, acked[0] * chunk_size)
-                self.audit.emit(ev.ProvisionProgressed(time.time(), plan.index, plan.holder, rec.epoch, done,
-                                                       plan.window_len))
-
-        def rejected(seq: int | None, code: str, reason: str) -> None:
-            self.rejected_total[code] += 1
-            rec.rejected[code] = rec.rejected.get(code, 0) + 1
-            epoch = self.device.epoch
-            self.audit.record(ev.ChunkRejected(time.time(), plan.index, plan.holder, epoch, seq, code, reason),
-                              "chunk-rejected", phase="PROVISION", holder=plan.holder, epoch=epoch,
-                              outcome=code, detail={"seq": seq, "reason": reason})
-
-        def resumed(exc: LinkLostError, attempt: int, status: WindowStatus) -> None:
-            self.audit.record(ev.ProvisionResumed(time.time(), plan.index, plan.holder, rec.epoch,
-                                                  status.contiguous, attempt),
-                              "provision-interrupted", phase="PROVISION", holder=plan.holder, epoch=rec.epoch,
-                              key_fp=rec.key_fingerprint, nbytes=status.bytes, outcome="link-lost",
-                              detail={"error": exc.reason, "resume_from": status.contiguous, "attempt": attempt})
-
-        total_s = 0.0
-        assert v.handoff is not None
-        for i, sub in enumerate(v.subs):
-            if i:  # the previous key's nonce budget is spent: close its window, hand over the next key
-                await self._close_window(rec, v.handoff, sub_total=v.subs[i - 1][1])
-                v.handoff = await self._open_window(rec, sub)
-            handle = self.device.handle
-            stats = await ho.provision(self.device.client, v.link, v.handoff, device_socket=handle.socket_path,
-                                       endpoint=ho.data_endpoint(handle, data_path=self.settings.data_path,
-                                                                 transport=self.settings.transport),
-                                       on_progress=progress, on_reject=rejected, on_resume=resumed)
-            total_s += stats.seconds
-            rec.retransmits += stats.retransmits
-        rec.provision_s = total_s
-        return plan.window_len, {"mb_s": round(plan.window_len / max(total_s, 1e-9) / 1e6, 2),
-                                 "retransmits": rec.retransmits}
-
-    async def _return(self, v: _Visit) -> _Outcome:
-        """The holder's key dies."""
-        rec = v.rec
-        assert v.handoff is not None
-        await self._close_window(rec, v.handoff, sub_total=v.subs[-1][1])
-        v.window_open = False
-        v.handoff = None
-        if rec.bytes != rec.plan.window_len:
-            raise ProtocolError(f"holder returned with {rec.bytes} of {rec.plan.window_len} bytes provisioned")
-        return rec.bytes, {"chunks": rec.chunks}
-
-    async def _verify(self, v: _Visit) -> _Outcome:
+    async def _verify(self, v: Visit) -> Outcome:
         """Nobody touched code or model while the holder held a key."""
         checked = await self.device.check_measurement("after return", mac_only=True)
         v.rec.integrity_ok = True
         return 0, {"model": self.device.expected_model, **checked}
 
-    async def _train(self, v: _Visit) -> _Outcome:
+    async def _train(self, v: Visit) -> Outcome:
         """k steps on the buffer, as the run's ``TrainStep`` trains (sliced on one device: progress, spikes and
         control between slices, validation on the held-out slice; ``core.travel.training``)."""
         fmt = self.infos[v.rec.plan.holder].fmt
         return 0, await self.trainer.train(v.rec, fmt=fmt, cut=self.train_slices)
 
-    async def _scrub(self, v: _Visit) -> _Outcome:
+    async def _scrub(self, v: Visit) -> Outcome:
         """Zero the buffer and check it before anyone else gets a key."""
         scrub = await asyncio.to_thread(self.device.client.scrub)
         v.rec.scrub_verified = bool(scrub.verified)
@@ -520,7 +440,7 @@ class TravelEngine:
             raise DeviceError("the buffer did not read back as zero after the scrub")
         return scrub.bytes, {}
 
-    async def _rotate(self, v: _Visit) -> _Outcome:
+    async def _rotate(self, v: Visit) -> Outcome:
         """New control-channel epoch; the visit is done, and committed once the checkpoint holding it is
         durable: every ``checkpoint_every``-th visit (and the last) starts one, in the background (the device
         snapshots its state and this phase waits only for that)."""
@@ -569,43 +489,3 @@ class TravelEngine:
         action = self.fault.pop(str(phase), None)
         if action is not None:
             action(self)
-
-    # --- hand-off windows ---------------------------------------------------------------------------
-    async def _require_ready(self, link: HolderLink) -> None:
-        """No key to a holder that is not verified-ready: one whose agent or session died while it waited
-        is brought back first (the link marks it offline, reconnects with backoff and verifies the agent's
-        hash again); if it does not come back, the visit fails here, before any window is opened."""
-        if link.ready:
-            return
-        info = await link.ensure_ready()
-        if not link.ready:
-            raise LinkLostError(link.name, f"not verified-ready ({getattr(link, 'state', '?')}); no key released")
-        if info is not None:
-            self.infos[link.name] = info
-
-    async def _open_window(self, rec: VisitRecord, sub: tuple[int, int]) -> Handoff:
-        """A new epoch and a provisioning key for bytes [skip, skip+length) of the visit's window."""
-        epoch = self.device.epoch + 1
-        limit = self.settings.epoch_limit
-        if limit and epoch - self.device.epoch_base > limit:
-            await self.recovery.rekey_session(reason=f"epoch limit {limit} reached")
-        skip, length = sub
-        plan = rec.plan
-        handoff, key_fp = await ho.open_window(
-            self.device.client, epoch=epoch, skip=skip, length=length, chunk_size=self.settings.chunk_size,
-            train=(plan.train_start, plan.train_len), val=(plan.val_start, plan.val_len),
-            conventional=self.settings.data_path == "conventional", ledger_head=None)
-        self.device.epoch = epoch
-        if not rec.key_fingerprint:
-            rec.epoch, rec.key_fingerprint = epoch, key_fp
-        else:
-            self.audit.row("key-handed-over", phase="PROVISION", holder=rec.plan.holder, epoch=epoch, key_fp=key_fp,
-                           nbytes=length, detail={"visit": rec.plan.index, "skip": skip})
-        return replace(handoff, ledger_head=self.audit.head())  # the head after this hand-off's own rows
-
-    async def _close_window(self, rec: VisitRecord, handoff: Handoff, *, sub_total: int) -> None:
-        closed = await ho.close_window(self.device.client, handoff)
-        self.audit.rejections({str(handoff.epoch): closed.rejected_in_window}, self.walk.records)
-        rec.bytes += closed.bytes
-        rec.chunks += closed.chunks
-        ho.require_complete(closed, sub_total)
