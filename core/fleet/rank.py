@@ -33,11 +33,12 @@ from gputravel.core.errors import (
 from gputravel.core.fleet.ddp import sample_seed
 from gputravel.core.fleet.schedule import FleetPlan, FleetStep, plan_fleet
 from gputravel.core.procs import release_free_memory
+from gputravel.core.travel.checkpoints import Checkpointer
 from gputravel.core.travel.device_session import DeviceSession
 from gputravel.core.travel.engine import TravelEngine
 from gputravel.core.travel.recovery import Recovery
 from gputravel.core.travel.schedule import VisitPlan, plan_digest
-from gputravel.core.travel.training import SliceSettings
+from gputravel.core.travel.training import SliceSettings, TrainStep
 from gputravel.core.travel.training_log import TrainingLog
 from gputravel.core.travel.visits import VisitRecord
 
@@ -188,6 +189,23 @@ class FleetTrain:
         return dict(head)
 
 
+class StepCommit:
+    """A fleet rank's ROTATE (its ``VisitCommit``): the checkpoint is named by the fleet step and written at
+    once (every rank saves the same one)."""
+
+    def __init__(self, ckpts: Checkpointer, trainer: TrainStep) -> None:
+        assert isinstance(trainer, FleetTrain)
+        self.ckpts = ckpts
+        self.step = trainer
+
+    async def rotated(self, rec: VisitRecord) -> dict[str, Any]:
+        index = self.step.step_index
+        await self.ckpts.checkpoint(index + 1, note=f"fleet step {index}")
+        release_free_memory()
+        rec.outcome = "done"
+        return {"checkpoint_seq": index + 1}
+
+
 class FleetRecovery(Recovery):
     """The engine's recovery, with two fleet rules: a dead device is lost for good (it cannot rejoin a formed
     device group), and a failure after the step's all-reduce never rolls the replica back on its own."""
@@ -227,7 +245,8 @@ class FleetEngine(TravelEngine):
         make_program = kw.pop("make_program")
         settings = kw["settings"]
         super().__init__(make_program=self._fleet_program(make_program),
-                         train_step=partial(FleetTrain, group=group, seed=settings.seed), **kw)
+                         train_step=partial(FleetTrain, group=group, seed=settings.seed), commit=StepCommit,
+                         **kw)
         if fleet.gpus != group.world:
             raise ConfigError(f"--gpus {fleet.gpus} but torchrun started {group.world} ranks")
         self.fleet = fleet
@@ -366,17 +385,6 @@ class FleetEngine(TravelEngine):
         self.audit.row("fleet-idle-step", outcome="ok", duration_s=float(head["seconds"]),
                        detail={"fleet_step": step.index, "weights": [a["weight"] for a in agreed],
                                "allreduce_calls": head["allreduce_calls"], "model_digest": head["model_digest"]})
-
-    async def _rotate(self, v: Any) -> tuple[int, dict[str, Any]]:
-        """As the engine's, with the checkpoint named by the fleet step (every rank saves the same one)."""
-        rec = v.rec
-        index = self.step.step_index
-        await asyncio.to_thread(self.device.client.rotate)
-        await self.ckpts.checkpoint(index + 1, note=f"fleet step {index}")
-        release_free_memory()
-        rec.outcome = "done"
-        self.audit.emit(ev.KeyRotated(time.time(), rec.epoch, rec.key_fingerprint or ""))
-        return 0, {"checkpoint_seq": index + 1}
 
     async def _compare_replicas(self, index: int, *, lost: FleetDeviceLostError | None = None) -> None:
         """After a step (``-1``: before the first) every rank's replica digest; a lost device stops all."""

@@ -25,9 +25,10 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from gputravel.core.errors import GpuTravelError, IntegrityError
+from gputravel.core.procs import release_free_memory
 from gputravel.core.training.store import CheckpointStore
 from gputravel.core.travel.audit import Audit
 from gputravel.core.travel.control import Faults
@@ -36,7 +37,7 @@ from gputravel.core.travel.probes import EngineProbe
 from gputravel.core.travel.training_log import TrainingLog
 from gputravel.core.travel.visits import Itinerary, VisitRecord
 
-__all__ = ["Checkpointer"]
+__all__ = ["BackgroundCommit", "Checkpointer", "VisitCommit"]
 
 
 @dataclass
@@ -240,3 +241,32 @@ class Checkpointer:
                            detail={"visit": rec.plan.index, "restored_checkpoint": self.last_good})
         self.uncommitted, self.unclaimed = [], []
         return undone
+
+
+class VisitCommit(Protocol):
+    """How ROTATE ends a visit (a strategy the engine is given): marks it done and checkpoints as the run's
+    cadence says; returns the phase's detail. ``BackgroundCommit`` on one device; a fleet rank checkpoints
+    every step at once (``core.fleet.rank.StepCommit``)."""
+
+    async def rotated(self, rec: VisitRecord) -> dict[str, Any]: ...
+
+
+class BackgroundCommit:
+    """One device's ROTATE: the visit is done, and committed once the checkpoint holding it is durable: every
+    ``checkpoint_every``-th visit (and the last) starts one, in the background (the device snapshots its
+    state and the phase waits only for that)."""
+
+    def __init__(self, ckpts: Checkpointer, trainer: object = None) -> None:
+        self.ckpts = ckpts
+
+    async def rotated(self, rec: VisitRecord) -> dict[str, Any]:
+        c = self.ckpts
+        rec.outcome = "done"
+        c.done(rec)  # committed when the checkpoint holding it is durable
+        if rec is c.walk.records[-1] or len(c.unclaimed) >= max(1, c.every):
+            seq = rec.plan.index + 1
+            await c.write(seq, visits=c.claim(), background=True)
+            release_free_memory()  # the previous checkpoint's megabytes are freed: keep the heap flat
+            return {"checkpoint_seq": seq, "background": True, "model_digest": c.device.expected_model,
+                    "previous_checkpoint": c.last}
+        return {}

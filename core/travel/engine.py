@@ -37,12 +37,11 @@ from gputravel.core.errors import (
 )
 from gputravel.core.ledger import Ledger
 from gputravel.core.platform.base import DeviceHandle
-from gputravel.core.procs import release_free_memory
 from gputravel.core.runfolder import sealed_settings_digest
 from gputravel.core.training.store import CheckpointStore
 from gputravel.core.travel.audit import ATTACK_CODES, Audit
 from gputravel.core.travel.bus import EventBus, EventSink
-from gputravel.core.travel.checkpoints import Checkpointer
+from gputravel.core.travel.checkpoints import BackgroundCommit, Checkpointer, VisitCommit
 from gputravel.core.travel.control import Control, FaultPlan, Faults
 from gputravel.core.travel.device_session import DeviceSession
 from gputravel.core.travel.forward import Forward
@@ -98,7 +97,8 @@ class TravelEngine:
                  out_dir: Path, checkpoint_store: CheckpointStore,
                  make_program: Callable[..., dict[str, Any]], run_id: str | None = None,
                  restart_device: Callable[[], DeviceHandle] | None = None,
-                 train_step: Callable[..., TrainStep] = SlicedTrain) -> None:
+                 train_step: Callable[..., TrainStep] = SlicedTrain,
+                 commit: Callable[[Checkpointer, TrainStep], VisitCommit] = BackgroundCommit) -> None:
         self.settings = settings
         self.links = {link.name: link for link in links}
         self.out_dir = Path(out_dir)
@@ -136,6 +136,8 @@ class TravelEngine:
         self.train_slices = SliceSettings()
         self.trainer: TrainStep = train_step(device=self.device, log=self.log, control=self.control,
                                              emit=self.audit.emit, steps=settings.steps_per_visit)
+        #: how ROTATE commits a visit (checkpoint cadence): a fleet rank supplies its own
+        self.commit = commit(self.ckpts, self.trainer)
         #: the phase walk of one visit: each step returns its outcome (bytes, detail)
         self._steps: tuple[tuple[Phase, Callable[[Visit], Awaitable[Outcome]]], ...] = (
             (Phase.ATTEST, self._attest), (Phase.HANDOFF, self.windows.handoff),
@@ -441,20 +443,11 @@ class TravelEngine:
         return scrub.bytes, {}
 
     async def _rotate(self, v: Visit) -> Outcome:
-        """New control-channel epoch; the visit is done, and committed once the checkpoint holding it is
-        durable: every ``checkpoint_every``-th visit (and the last) starts one, in the background (the device
-        snapshots its state and this phase waits only for that)."""
+        """New control-channel epoch; the visit is done and committed as the run's ``VisitCommit`` says
+        (``core.travel.checkpoints``: in the background every ``checkpoint_every``-th visit on one device)."""
         rec = v.rec
         await asyncio.to_thread(self.device.client.rotate)
-        rec.outcome = "done"
-        detail: dict[str, Any] = {}
-        self.ckpts.done(rec)  # committed when the checkpoint holding it is durable
-        if rec is self.walk.records[-1] or len(self.ckpts.unclaimed) >= max(1, self.settings.checkpoint_every):
-            seq = rec.plan.index + 1
-            await self.ckpts.write(seq, visits=self.ckpts.claim(), background=True)
-            release_free_memory()  # the previous checkpoint's megabytes are freed: keep the heap flat
-            detail = {"checkpoint_seq": seq, "background": True, "model_digest": self.device.expected_model,
-                      "previous_checkpoint": self.ckpts.last}
+        detail = await self.commit.rotated(rec)
         self.audit.emit(ev.KeyRotated(time.time(), rec.epoch, rec.key_fingerprint or ""))
         return 0, detail
 
