@@ -23,9 +23,9 @@ from typing import Any
 from gputravel.core.attestation import AttestationResult
 from gputravel.core.config import RunSettings
 from gputravel.core.deviceclient.client import DeviceClient
-from gputravel.core.protocol.devicelink import MAC_KEY_BYTES
 from gputravel.core.errors import DeviceError, GpuTravelError, IntegrityError
 from gputravel.core.platform.base import DeviceHandle
+from gputravel.core.protocol.devicelink import MAC_KEY_BYTES
 from gputravel.core.training.store import CheckpointStore
 
 __all__ = ["DeviceSession"]

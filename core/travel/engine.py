@@ -24,7 +24,6 @@ from typing import Any
 
 from gputravel.core import events as ev
 from gputravel.core.config import RunSettings
-from gputravel.core.protocol.ckptring import RingAborted
 from gputravel.core.deviceclient.client import DeviceClient
 from gputravel.core.errors import (
     AgentError,
@@ -37,6 +36,7 @@ from gputravel.core.errors import (
 )
 from gputravel.core.ledger import Ledger
 from gputravel.core.platform.base import DeviceHandle
+from gputravel.core.protocol.ckptring import RingAborted
 from gputravel.core.runfolder import sealed_settings_digest
 from gputravel.core.training.store import CheckpointStore
 from gputravel.core.travel.audit import ATTACK_CODES, Audit
