@@ -16,6 +16,12 @@ from gputravel.core.api import build_engine
 from gputravel.core.config import RunSettings
 from gputravel.core.travel.engine import TravelEngine
 
+#: The tests folder, the repository root, and the shared files beside the test folders.
+TESTS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = TESTS_DIR.parent
+DATA_DIR = TESTS_DIR / "data"
+SNAPSHOTS_DIR = TESTS_DIR / "snapshots"
+
 
 @dataclass(frozen=True)
 class Proc:

@@ -12,7 +12,7 @@ from pathlib import Path
 from gputravel.console.app import GpuTravelConsole, make_app
 from gputravel.console.bridge import ReplayBridge
 from gputravel.core.recording import RecordedItem, Recorder, load_recording
-from tests.test_console_snapshots import SIZE, screen_text, synthetic_run
+from tests.console.tui.test_console_snapshots import SIZE, screen_text, synthetic_run
 
 
 def copy_items(rec: Recorder, items: tuple[RecordedItem, ...]) -> None:

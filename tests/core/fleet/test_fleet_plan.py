@@ -10,7 +10,7 @@ import pytest
 from gputravel.core import planner
 from gputravel.core.bench.fleet import _efficiency, _sealed_vs_plain, row_from_report
 from gputravel.core.errors import ConfigError
-from tests.test_planner import RUNS, synthetic_travel
+from tests.core.test_planner import RUNS, synthetic_travel
 
 E0, E1 = 0.001, 0.02  # all-reduce: s per optimizer step, s per ring-weighted step
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
 
 

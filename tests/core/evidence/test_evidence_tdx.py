@@ -9,13 +9,14 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import DATA_DIR
 from typer.testing import CliRunner
 
 from gputravel.core.evidence.nvidia_spdm import device_root
 from gputravel.core.evidence.policy import PolicyError, TdxPolicy, load_evidence_policy
 from gputravel.core.evidence.tdx import apply_tdx_policy, verify_tdx_quote
 
-DATA = Path(__file__).parent / "data" / "intel-tdx"
+DATA = DATA_DIR / "intel-tdx"
 QUOTE = (DATA / "tdx_quote").read_bytes()
 COLLATERAL = (DATA / "tdx_quote_collateral.json").read_bytes()
 AT = 1750331763  # the TCB info's issueDate + 1 h (tests/data/intel-tdx/README.md)

@@ -13,14 +13,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from helpers import SNAPSHOTS_DIR
+
 from gputravel.console.app import GpuTravelConsole, make_app
 from gputravel.console.commands.bench import BENCH_MODULES
 from gputravel.console.screens.bench import BenchScreen
 from gputravel.console.screens.bench_tables import BENCHES, bench_view, progress_line
 from gputravel.console.widgets.bar_chart import BarChart
-from tests.test_console_snapshots import check_snapshot, screen_text
+from tests.console.tui.test_console_snapshots import check_snapshot, screen_text
 
-ALLREDUCE = json.loads((Path(__file__).parent / "snapshots" / "console" / "bench-allreduce.json").read_text())
+ALLREDUCE = json.loads((SNAPSHOTS_DIR / "console" / "bench-allreduce.json").read_text())
 
 
 def never_built() -> Any:

@@ -13,6 +13,7 @@ from evidence_samples import (  # noqa: F401 (the *_fixture names are pytest fix
     nv_wheel_fixture,
     sample_fixture,
 )
+from helpers import DATA_DIR
 
 from gputravel.core.attestation.hardware_evidence import (
     gpu_evidence_from_nvml,
@@ -26,7 +27,7 @@ from gputravel.core.evidence.nvidia_spdm import read_hex_or_raw
 from gputravel.core.evidence.policy import GpuPolicy
 from gputravel.core.evidence.tdx import verify_tdx_quote
 
-TDX = Path(__file__).parent / "data" / "intel-tdx"
+TDX = DATA_DIR / "intel-tdx"
 
 
 class RecordedNvml:

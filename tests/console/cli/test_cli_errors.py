@@ -7,9 +7,9 @@ import pkgutil
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from helpers import REPO_ROOT
 
 from gputravel.core.errors import (
     AgentError,
@@ -62,7 +62,7 @@ def _every_error_class() -> list[type[GpuTravelError]]:
 
 def _readme_exit_codes() -> dict[int, str]:
     """README's exit-code table: code -> the meaning column."""
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    text = (REPO_ROOT / "README.md").read_text()
     table = text[text.index("### Exit codes"):].split("\n\n")[1]
     rows = {}
     for line in table.splitlines():

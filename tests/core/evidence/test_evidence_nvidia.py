@@ -22,6 +22,7 @@ from evidence_samples import (  # noqa: F401 (the *_fixture names are pytest fix
     resign_rim,
     sample_fixture,
 )
+from helpers import DATA_DIR
 from typer.testing import CliRunner
 
 from gputravel.core.evidence.nvidia_gpu import verify_gpu
@@ -31,7 +32,7 @@ from gputravel.core.evidence.policy import GpuPolicy
 
 REPORT_ONLY = GpuPolicy(require_rims=False)
 P = "x-nvidia-gpu-attestation-report"
-DATA = Path(__file__).parent / "data"
+DATA = DATA_DIR
 
 
 def _pems(chain: bytes) -> list[bytes]:

@@ -14,7 +14,7 @@ from gputravel.console.screens.confirm import ConfirmScreen
 from gputravel.console.widgets.command_line import CommandLine, complete
 from gputravel.console.widgets.status_bar import StatusBar
 from gputravel.core.ledger import read_rows
-from tests.test_console import SIZE, data_root, factory_for, live, screen_text, until
+from tests.console.tui.test_console import SIZE, data_root, factory_for, live, screen_text, until
 
 __all__ = ["data_root"]  # the module-scoped fixture, shared
 

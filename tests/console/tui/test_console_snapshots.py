@@ -2,7 +2,7 @@
 
 The recording is synthetic and fixed (event times, fingerprints, losses, a ledger with fixed
 timestamps), so a screen renders the same on every machine; no wall-clock value reaches a snapshot.
-Regenerate the goldens after an intended change with ``GPUTRAVEL_UPDATE_SNAPSHOTS=1 pytest tests/test_console_snapshots.py``
+Regenerate the goldens after an intended change with ``GPUTRAVEL_UPDATE_SNAPSHOTS=1 pytest tests/console/tui/test_console_snapshots.py``
 and review the diff.
 """
 
@@ -14,6 +14,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from helpers import SNAPSHOTS_DIR
 from rich.console import Console
 
 from gputravel.console.app import GpuTravelConsole, make_app
@@ -24,7 +25,7 @@ from gputravel.core.recording import Recorder, load_recording
 from gputravel.core.telemetry import CCState, GpuSample, NvmlStatus, TelemetryFrame
 from gputravel.core.travel.phases import VISIT_PHASES
 
-SNAPSHOTS = Path(__file__).parent / "snapshots" / "console"
+SNAPSHOTS = SNAPSHOTS_DIR / "console"
 UPDATE = os.environ.get("GPUTRAVEL_UPDATE_SNAPSHOTS") == "1"
 SIZE = (120, 40)
 NO_NVML = NvmlStatus(available=False, reason="NVML library not found (libnvidia-ml.so.1): no NVIDIA driver on "
