@@ -1,6 +1,6 @@
-"""A torchrun worker for tests/test_fleet_ddp.py: each rank is a device's replica in a FleetRing.
+"""A torchrun worker for tests/core/fleet/test_fleet_ddp.py: each rank is a device's replica in a FleetRing.
 
-Usage: python -m torch.distributed.run ... tests/fleet_ddp_worker.py OUT_DIR VARIANT
+Usage: python -m torch.distributed.run ... tests/core/fleet/fleet_ddp_worker.py OUT_DIR VARIANT
 Each rank trains 3 lock-step steps (rank 1 idle in step 1) and writes OUT_DIR/rank-R.json with the model
 digest after every step, and OUT_DIR/rank-R.pt with its final parameters.
 """

@@ -96,7 +96,7 @@ def test_a_failing_holder_is_handled_and_the_step_still_reduces(data: Path, tmp_
     assert not broken.ok and (broken.reason or "").startswith("rank-1/ledger.db")
 
 
-@pytest.mark.slow  # tests/test_fleet_ddp.py proves the same on the device side in the default suite
+@pytest.mark.slow  # tests/core/fleet/test_fleet_ddp.py proves the same on the device side in the default suite
 def test_plain_all_reduce_with_the_same_seed_trains_the_same(data: Path, secure: dict, tmp_path: Path) -> None:
     plain = launch_fleet(_settings(data, tmp_path / "p"), FleetOptions(gpus=2, variant="plain", timeout_s=120),
                          quiet=True)

@@ -262,7 +262,7 @@ def test_kernels_compile_to_ptx_for_an_h100_with_nvvm() -> None:
 
 
 def test_importing_the_kernel_module_first_still_picks_the_simulator_without_cuda() -> None:
-    """A module walk (tests/test_cli_errors.py imports every module) may import the kernels before anyone
+    """A module walk (tests/console/cli/test_cli_errors.py imports every module) may import the kernels before anyone
     asked for a backend: the simulator flag must be fixed before numba.cuda loads, or every later GPU cipher
     call in that process looks for a CUDA driver."""
     code = ("import os\nos.environ.pop('NUMBA_ENABLE_CUDASIM', None)\nos.environ.pop('GPUTRAVEL_GPU_CIPHER', None)\n"

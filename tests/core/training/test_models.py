@@ -156,7 +156,7 @@ def test_a_device_that_fails_to_start_names_its_last_error_line(tmp_path: Path) 
     log = tmp_path / "device.log"
     with pytest.raises(DeviceError) as info:
         # (a --device the machine lacks is refused before the service starts: a ConfigError, see
-        # tests/test_failures.py; an option the service itself refuses makes it die at start)
+        # tests/core/travel/test_failures.py; an option the service itself refuses makes it die at start)
         EmulatedPlatform(tmp_path / "platform", cipher_engine="bogus", log_path=log).start(buffer_bytes=4096)
     assert (log.stat().st_mode & 0o777) == 0o600
     last = [ln for ln in log.read_text().splitlines() if ln.strip()][-1].strip()

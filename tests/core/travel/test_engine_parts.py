@@ -1,6 +1,6 @@
 """A holder whose data does not fit the GPU buffer is provisioned in parts: a real engine run.
 
-tests/test_planner.py checks the schedule on paper; this runs it: the real device service, real agents on the
+tests/core/test_planner.py checks the schedule on paper; this runs it: the real device service, real agents on the
 local transport, a tiny model, and a 32 KiB buffer so one holder takes three parts and the other two, over two
 rounds. Everything is checked from what the run leaves behind (report, ledger) plus the hand-offs the holders
 were given.
