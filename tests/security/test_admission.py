@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from helpers import ServeDevice, wait_for
 
 from gputravel.core.device.admission import (
     MAX_CONNECTIONS_PER_WINDOW,
@@ -29,13 +28,6 @@ from gputravel.core.protocol.keys import DirectionKey
 from gputravel.core.protocol.shmring import RingSpec, ShmRing, recv_frame_with_fds, ring_supported
 
 CHUNK = 256
-
-
-def _wait_for(what: Any, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not what() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return bool(what())
 
 
 class Device:
@@ -58,27 +50,14 @@ class Device:
 
 
 @pytest.fixture
-def device(tmp_path: Any) -> Iterator[Device]:
-    from gputravel.core.device.client import DeviceClient
-    from gputravel.core.device.server import DeviceServer
-    from gputravel.core.device.service import load_service
-    from gputravel.core.platform.emulated import EmulatedPlatform
-
-    state = tmp_path / "state"
-    service = load_service(state, buffer_bytes=1 << 16)
-    sock = str(tmp_path / "d.sock")
-    server = DeviceServer(service, sock, data_host="127.0.0.1", max_pending=8, handshake_timeout=2.0)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    assert _wait_for(lambda: os.path.exists(sock) and server.tcp is not None, 30)
-    client = DeviceClient(sock, anchors=EmulatedPlatform(state).anchors())
+def device(serve_device: ServeDevice) -> Iterator[Device]:
+    d = serve_device(data_host="127.0.0.1", max_pending=8, handshake_timeout=2.0)
+    client = d.new_client()
     client.connect()
     try:
-        yield Device(service, server, sock, client)
+        yield Device(d.service, d.server, d.sock, client)
     finally:
         client.close()
-        server.close()
-        thread.join(5)
 
 
 class Raw:
@@ -266,14 +245,14 @@ def test_return_releases_the_windows_rings_and_admits_its_connections_for_nothin
         return conn
 
     one_window()  # warm: slot sets and threads made once
-    assert _wait_for(lambda: svc.plane.admissions.idle() == 0)
+    assert wait_for(lambda: svc.plane.admissions.idle() == 0)
     before = _open_fds()
     for _ in range(50):
         one_window()
     _, key, session = device.handoff()
     for _ in range(50):  # and 50 that are never admitted
         Raw(device, opening(session)).close()
-    assert _wait_for(lambda: _open_fds() <= before + 1), (before, _open_fds())
+    assert wait_for(lambda: _open_fds() <= before + 1), (before, _open_fds())
     assert not svc.plane.rings and svc.plane.admissions.connections() == 0 and svc.plane.admissions.idle() == 0
     assert len(svc.plane.admissions._windows) <= 9  # closed windows remembered: a bounded few
     device.close(device.epoch)

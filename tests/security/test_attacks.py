@@ -31,13 +31,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import random
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import HolderData
 
 from gputravel.core import events as ev
 from gputravel.core.api import build_engine
@@ -223,13 +223,8 @@ class ScriptLink(LocalHolderLink):
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("attackdata")
-    for i, name in enumerate(("alice", "bob", "mallory")):
-        rng = random.Random(100 + i)
-        (root / name).mkdir()
-        (root / name / "part.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(6000)))
-    return root
+def data(holder_data: HolderData) -> Path:
+    return holder_data({"alice": 100, "bob": 101, "mallory": 102}, WORDS, 6000, name="attackdata", newline=False)
 
 
 async def test_malicious_holder_is_refused_named_in_the_ledger_and_marked_in_the_report(data: Path,

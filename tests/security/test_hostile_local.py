@@ -18,13 +18,11 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import ServeDevice, wait_for
 
 from gputravel.core.api import tcp_data_host
 from gputravel.core.config import RunSettings
@@ -32,35 +30,12 @@ from gputravel.core.config import RunSettings
 NOBODY = 65534
 
 
-def _wait_for(what: Any, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not what() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return bool(what())
-
-
 @pytest.fixture
-def device(tmp_path: Path) -> Iterator[tuple[Any, Any, str, Any]]:
+def device(serve_device: ServeDevice) -> tuple[Any, Any, str, Any]:
     """A real device service (real sockets, real keys) in this process, listening on its Unix socket and on a
     TCP data port, with small bounds: 4 connections may wait to authenticate per listener, for ``deadline``."""
-    from gputravel.core.device.client import DeviceClient
-    from gputravel.core.device.server import DeviceServer
-    from gputravel.core.device.service import load_service
-    from gputravel.core.platform.emulated import EmulatedPlatform
-
-    state = tmp_path / "state"
-    service = load_service(state, buffer_bytes=1 << 16)
-    sock = str(tmp_path / "d.sock")
-    server = DeviceServer(service, sock, data_host="127.0.0.1", max_pending=4, handshake_timeout=0.6)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    assert _wait_for(lambda: os.path.exists(sock) and server.tcp is not None, 30)
-    anchors = EmulatedPlatform(state).anchors()
-    try:
-        yield service, server, sock, lambda: DeviceClient(sock, anchors=anchors)
-    finally:
-        server.close()
-        thread.join(5)
+    d = serve_device(data_host="127.0.0.1", max_pending=4, handshake_timeout=0.6)
+    return d.service, d.server, d.sock, d.new_client
 
 
 ATTACKER = r"""
@@ -101,7 +76,7 @@ def test_strangers_on_the_tcp_port_never_take_the_unix_sockets_places(
         assert len(line) == 2 and int(line[1]) >= 4
         if os.getuid() == 0:
             assert int(line[0]) == NOBODY
-        assert _wait_for(lambda: service.refused["evicted"] >= 36)
+        assert wait_for(lambda: service.refused["evicted"] >= 36)
         assert len(server._pending_tcp) <= 4 and len(server._pending_unix) == 0
         client = new_client()
         try:
@@ -131,7 +106,7 @@ def test_a_trickling_peer_is_cut_off_at_the_handshake_deadline_not_kept_alive_by
                 break
             time.sleep(0.1)
     assert cut_off, "the device kept a trickling, unauthenticated connection open past its deadline"
-    assert _wait_for(lambda: service.refused["timeout"] >= 1)
+    assert wait_for(lambda: service.refused["timeout"] >= 1)
     assert service.refused["timeout"] == 1
 
 
@@ -152,7 +127,7 @@ def test_strangers_filling_the_tcp_ports_places_cannot_keep_an_admitted_holder_o
                                 text=True)
     try:
         assert attacker.stdout is not None and attacker.stdout.readline()
-        assert _wait_for(lambda: service.refused["evicted"] >= 30), dict(service.refused)
+        assert wait_for(lambda: service.refused["evicted"] >= 30), dict(service.refused)
         grant = client.handoff(epoch=1, offset=0, length=256, chunk_size=256)
         key, session = DirectionKey.from_wire(grant.provisioning_key), bytes.fromhex(grant.session_id)
         admit = Admission.make(key.key, session_id=session, epoch=1, holder="alice").to_wire()

@@ -7,32 +7,25 @@ unconstrained run's bit for bit, and every key use must stay inside its budget.
 from __future__ import annotations
 
 import asyncio
-import random
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import HolderData, small_settings
 
 from gputravel.core import api
-from gputravel.core.config import RunSettings
 from gputravel.core.ledger import read_rows, verify_ledger
 
 WORDS = "seven wise owls sing softly over the quiet town while a lazy dog sleeps".split()
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("limits")
-    for i, name in enumerate(("alice", "bob")):
-        rng = random.Random(10 + i)
-        (root / name).mkdir()
-        (root / name / "part.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(15000)))
-    return root
+def data(holder_data: HolderData) -> Path:
+    return holder_data({"alice": 10, "bob": 11}, WORDS, 15_000, name="limits", newline=False)
 
 
 async def run(data: Path, out: Path, *, nonce_budget: int | None = None, **kw: Any) -> dict[str, Any]:
-    settings = RunSettings(holders=2, rounds=1, steps_per_visit=2, batch_size=4, seq_len=32, chunk_kib=16,
-                           buffer_mib=0.25, data_dir=data, out_dir=out, **kw)
+    settings = small_settings(data, out, **kw)
     engine = await asyncio.to_thread(api.build_engine, settings)
     if nonce_budget:
         engine.client.nonce_budget = nonce_budget

@@ -24,7 +24,6 @@ import asyncio
 import base64
 import json
 import os
-import random
 import stat
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from helpers import HolderData
 
 from gputravel.core import events as ev
 from gputravel.core.api import build_engine, resolve_holder_dirs
@@ -163,13 +163,8 @@ def mode(p: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("secretdata")
-    for i, name in enumerate(("alice", "bob")):
-        rng = random.Random(40 + i)
-        (root / name).mkdir()
-        (root / name / "part.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(12000)))
-    return root
+def data(holder_data: HolderData) -> Path:
+    return holder_data({"alice": 40, "bob": 41}, WORDS, 12_000, name="secretdata", newline=False)
 
 
 def gputravel(*args: str, instrument: Path | None = None, timeout: float = 180) -> subprocess.CompletedProcess[str]:

@@ -7,14 +7,13 @@ Live tests run the real engine on tiny data (two holders of ~60 KB, 16 KiB chunk
 from __future__ import annotations
 
 import io
-import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import HolderData, small_settings, until
 from rich.console import Console
-from textual.pilot import Pilot
 
 from gputravel.console.app import GpuTravelConsole, make_app
 from gputravel.console.bridge import LiveBridge
@@ -25,7 +24,6 @@ from gputravel.console.screens.holders import HoldersScreen
 from gputravel.console.widgets.gpu_card import GpuCard
 from gputravel.core import events as ev
 from gputravel.core.api import build_engine, resolve_holder_dirs
-from gputravel.core.config import RunSettings
 from gputravel.core.ledger import verify_ledger
 from gputravel.core.recording import Recorder, load_recording
 from gputravel.core.telemetry import CCState, GpuSample, NvmlStatus, TelemetryFrame
@@ -33,17 +31,11 @@ from gputravel.core.travel.local_link import LocalHolderLink
 from gputravel.core.travel.phases import Phase
 
 SIZE = (120, 40)
-WORDS = "the quick brown fox jumps over a lazy dog while cat and bird sat on the warm mat".split()
 
 
 @pytest.fixture(scope="module")
-def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("holders")
-    for seed, name in enumerate(("alice", "bob")):
-        rng = random.Random(seed)
-        (root / name).mkdir()
-        (root / name / "part.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(13_000)) + "\n")
-    return root
+def data_root(holder_data: HolderData) -> Path:
+    return holder_data({"alice": 0, "bob": 1}, n_words=13_000, name="holders")
 
 
 def factory_for(data_root: Path, tmp_path: Path, *, tweak: Callable[[dict[str, LocalHolderLink]], None] | None = None
@@ -51,10 +43,9 @@ def factory_for(data_root: Path, tmp_path: Path, *, tweak: Callable[[dict[str, L
     runs = iter(range(100))
 
     def factory() -> Any:
-        settings = RunSettings(holders=2, rounds=1, steps_per_visit=2, batch_size=4, seq_len=32, chunk_kib=16,
-                               buffer_mib=0.25, data_dir=data_root, out_dir=tmp_path / f"run-{next(runs)}",
-                               # a tweak's link hooks (kill after N chunks) count chunks in the link's relay
-                               data_path="direct" if tweak is None else "channel")
+        settings = small_settings(data_root, tmp_path / f"run-{next(runs)}",
+                                  # a tweak's link hooks (kill after N chunks) count chunks in the link's relay
+                                  data_path="direct" if tweak is None else "channel")
         links = {name: LocalHolderLink(name, path, val_fraction=settings.val_fraction)
                  for name, path in resolve_holder_dirs(settings)}
         if tweak is not None:
@@ -68,14 +59,6 @@ def screen_text(app: GpuTravelConsole) -> str:
     console = Console(width=SIZE[0], height=SIZE[1], file=io.StringIO(), record=True, color_system=None)
     console.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
     return console.export_text()
-
-
-async def until(pilot: Pilot[Any], cond: Callable[[], bool], *, timeout: float = 60.0, what: str = "") -> None:
-    for _ in range(int(timeout / 0.05)):
-        if cond():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError(f"timed out waiting for {what or cond}")
 
 
 def sim_cards(app: GpuTravelConsole) -> list[GpuCard]:

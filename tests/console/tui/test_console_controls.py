@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from helpers import until
+
 from gputravel.console.app import make_app
 from gputravel.console.screens.confirm import ConfirmScreen
 from gputravel.console.widgets.command_line import CommandLine, complete
 from gputravel.console.widgets.status_bar import StatusBar
 from gputravel.core.ledger import read_rows
-from tests.console.tui.test_console import SIZE, data_root, factory_for, live, screen_text, until
+from tests.console.tui.test_console import SIZE, data_root, factory_for, live, screen_text
 
 __all__ = ["data_root"]  # the module-scoped fixture, shared
 

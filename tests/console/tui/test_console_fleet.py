@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import until
 from rich.console import Console
 from textual.containers import VerticalScroll
-from textual.pilot import Pilot
 
 from gputravel.console.app import GpuTravelConsole, make_app
 from gputravel.console.bridge import ReplayBridge
@@ -57,14 +57,6 @@ def screen_text(app: GpuTravelConsole) -> str:
     console = Console(width=width, height=height, file=io.StringIO(), record=True, color_system=None)
     console.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
     return console.export_text()
-
-
-async def until(pilot: Pilot[Any], cond: Callable[[], bool], *, what: str, timeout: float = 30.0) -> None:
-    for _ in range(int(timeout / 0.05)):
-        if cond():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def seek_until(bridge: ReplayBridge, cond: Callable[[RunState], bool]) -> int:

@@ -10,11 +10,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from helpers import device_process
 
 from gputravel.core.device.ckptring import CheckpointRing, ring_supported
 from gputravel.core.device.client import DeviceClient
 from gputravel.core.errors import DataError, DeviceError, FrameError
-from gputravel.core.platform.emulated import EmulatedPlatform
 from gputravel.core.training.model import preset
 from gputravel.core.training.store import CheckpointStore
 from gputravel.core.training.trainer import TrainSettings
@@ -30,19 +30,10 @@ def _program() -> bytes:
 
 @pytest.fixture(scope="module")
 def device(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DeviceClient]:
-    handle = EmulatedPlatform(tmp_path_factory.mktemp("ring-device")).start(buffer_bytes=64 * 1024)
-    client = DeviceClient(handle.socket_path, anchors=handle.anchors, timeout=60.0)
-    try:
-        client.connect()
-        client.configure(_program())
-        client.train(train_off=0, train_len=4096, val_off=0, val_len=0, fmt="byte")
-        yield client
-    finally:
-        try:
-            client.shutdown()
-        finally:
-            client.close()
-            handle.stop()
+    with device_process(tmp_path_factory.mktemp("ring-device"), buffer_bytes=64 * 1024, timeout=60.0) as dev:
+        dev.client.configure(_program())
+        dev.client.train(train_off=0, train_len=4096, val_off=0, val_len=0, fmt="byte")
+        yield dev.client
 
 
 def _write(store: CheckpointStore, client: DeviceClient, seq: int, *, ring: bool) -> tuple[Path, str]:

@@ -13,20 +13,19 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import device_process
 
 from gputravel.agents.holder import Agent, open_dataset
 from gputravel.core.attestation import provision_emulated
 from gputravel.core.device.client import DeviceClient
 from gputravel.core.device.service import DeviceService
 from gputravel.core.handshake import Initiator
-from gputravel.core.platform.emulated import EmulatedPlatform
 from gputravel.core.protocol import TAG_LEN, DirectionKey, FrameType, SendState, read_frame, write_frame
 from gputravel.core.protocol.errors import TagError
 from gputravel.core.protocol.shmring import ring_supported
@@ -143,19 +142,8 @@ def test_cuda_provisioning_goes_through_pinned_slots_one_copy_stream_and_events(
 # --- a real agent, its hand-offs driven over pipes -----------------------------------------------
 @pytest.fixture(scope="module")
 def device(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, DeviceClient]]:
-    handle = EmulatedPlatform(tmp_path_factory.mktemp("dp-state"), allow_fault_injection=True).start(
-        buffer_bytes=1 << 20)
-    client = DeviceClient(handle.socket_path, anchors=handle.anchors, timeout=30.0)
-    client.connect()
-    try:
-        yield handle, client
-    finally:
-        try:
-            client.call("shutdown")
-        finally:
-            client.close()
-            handle.stop()
-            shutil.rmtree(os.path.dirname(handle.socket_path), ignore_errors=True)
+    with device_process(tmp_path_factory.mktemp("dp-state"), buffer_bytes=1 << 20, allow_fault_injection=True) as dev:
+        yield dev.handle, dev.client
 
 
 class Driven:

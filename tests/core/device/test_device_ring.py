@@ -12,20 +12,18 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from helpers import device_process
 from test_device_service import (
     BUFFER,
     DataConn,
     Rig,
     Window,
     _program,
-    connect_client,
     flip,
     plaintext,
     sha,
-    stop_service,
 )
 
-from gputravel.core.platform.emulated import EmulatedPlatform
 from gputravel.core.protocol import TAG_LEN, Frame, FrameType, encode_frame
 from gputravel.core.protocol.holderlink import Admission
 from gputravel.core.protocol.shmring import RingSpec, ShmRing, recv_frame_with_fds, ring_supported
@@ -36,15 +34,11 @@ pytestmark = pytest.mark.skipif(not ring_supported(), reason="needs Linux memfd_
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     """This module's own device service (fault injection on, for the digest op)."""
-    handle = EmulatedPlatform(tmp_path_factory.mktemp("ring-device"), allow_fault_injection=True).start(
-        buffer_bytes=BUFFER)
-    holder: list[Rig] = []
-    try:
-        holder.append(Rig(handle, connect_client(handle)))
-        holder[0].call("configure", _program())
-        yield holder[0]
-    finally:
-        stop_service(handle, holder[0].client if holder else None)
+    with device_process(tmp_path_factory.mktemp("ring-device"), buffer_bytes=BUFFER,
+                        allow_fault_injection=True) as dev:
+        rig = Rig(dev.handle, dev.client)
+        rig.call("configure", _program())
+        yield rig
 
 
 @pytest.fixture(autouse=True)

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
-import shutil
 import socket
 import time
 from collections import Counter
@@ -22,13 +20,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
+from helpers import device_process
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gputravel.core.device.client import DeviceClient
 from gputravel.core.errors import DeviceError, StaleEpochError, WindowError
 from gputravel.core.platform.base import DeviceHandle
-from gputravel.core.platform.emulated import EmulatedPlatform
 from gputravel.core.protocol import (
     MAX_PAYLOAD,
     TAG_LEN,
@@ -155,31 +153,14 @@ def connect_client(handle: DeviceHandle, *, retry_s: float = 0.0) -> DeviceClien
             time.sleep(0.05)
 
 
-def stop_service(handle: DeviceHandle, client: DeviceClient | None) -> None:
-    try:
-        if client is not None and client.secrets is not None:
-            client.shutdown()
-    except Exception:  # noqa: BLE001 - teardown goes on whatever the service says
-        pass
-    finally:
-        if client is not None:
-            client.close()
-        handle.stop()
-        shutil.rmtree(os.path.dirname(handle.socket_path), ignore_errors=True)
-    assert not handle.alive()
-
-
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
-    handle = EmulatedPlatform(tmp_path_factory.mktemp("device-state"), allow_fault_injection=True).start(
-        buffer_bytes=BUFFER)
-    holder: list[Rig] = []
-    try:
-        holder.append(Rig(handle, connect_client(handle)))
-        holder[0].client.configure(_program())
-        yield holder[0]
-    finally:
-        stop_service(handle, holder[0].client if holder else None)
+    with device_process(tmp_path_factory.mktemp("device-state"), buffer_bytes=BUFFER,
+                        allow_fault_injection=True) as dev:
+        rig = Rig(dev.handle, dev.client)
+        rig.client.configure(_program())
+        yield rig
+        dev.client = rig.client  # the session the tests left open (one opens a new one) shuts the device down
 
 
 @pytest.fixture(autouse=True)
@@ -588,10 +569,8 @@ def test_tamper_model_changes_the_measured_model_digest(rig: Rig) -> None:
 
 
 def test_tamper_and_digest_are_refused_without_fault_injection(tmp_path_factory: pytest.TempPathFactory) -> None:
-    handle = EmulatedPlatform(tmp_path_factory.mktemp("plain-device")).start(buffer_bytes=4096)
-    client: DeviceClient | None = None
-    try:
-        client = connect_client(handle)
+    with device_process(tmp_path_factory.mktemp("plain-device"), buffer_bytes=4096) as dev:
+        client = dev.client
         client.call("configure", _program())
         measured = client.call("measure")[0]
         for op, args in (("tamper", {"region": "model"}), ("tamper", {"region": "code"}),
@@ -602,8 +581,6 @@ def test_tamper_and_digest_are_refused_without_fault_injection(tmp_path_factory:
         assert {k: again[k] for k in ("code", "model", "measurement")} == \
             {k: measured[k] for k in ("code", "model", "measurement")}
         assert again["digest_s"] >= 0.0  # the time the device spent hashing (0: this generation's digest reused)
-    finally:
-        stop_service(handle, client)
 
 
 # --- 12. scrub ---------------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import live_processes
+from helpers import HolderData, live_processes
 
 from gputravel.core.ledger import read_rows, verify_ledger
 from gputravel.core.travel.phases import VISIT_PHASES
@@ -39,13 +39,8 @@ def gputravel(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[s
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("crashdata")
-    for i, name in enumerate(("alice", "bob")):
-        rng = random.Random(i)
-        (root / name).mkdir()
-        (root / name / "part.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(16000)))
-    return root
+def data(holder_data: HolderData) -> Path:
+    return holder_data({"alice": 0, "bob": 1}, WORDS, 16_000, name="crashdata", newline=False)
 
 
 @pytest.fixture(scope="module")

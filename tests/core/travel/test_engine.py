@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import started, write_holder
+from helpers import WORDS, small_settings, started, write_holder
 
 from gputravel.console import cli
 from gputravel.core import api
@@ -33,24 +33,12 @@ from gputravel.core.travel.probes import Timings
 
 pytestmark = pytest.mark.usefixtures("no_leaked_processes")
 
-WORDS = "the quick brown fox jumps over a lazy dog while cat and bird sat on the warm mat".split()
 
 
 # --- fixtures and helpers ------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Two holders, ~85 KB of repetitive text each: one 0.25 MiB buffer pass, 6 chunks of 16 KiB."""
-    root = tmp_path_factory.mktemp("data")
-    write_holder(root / "alice", 1, WORDS)
-    write_holder(root / "bob", 2, WORDS)
-    return root
-
-
+# data_root (conftest.py): two holders, ~85 KB of repetitive text each: one 0.25 MiB buffer pass, 6 chunks of 16 KiB.
 def small(data: Path, out: Path, **kw: Any) -> RunSettings:
-    base: dict[str, Any] = dict(holders=2, rounds=1, steps_per_visit=2, batch_size=4, seq_len=32, chunk_kib=16,
-                                buffer_mib=0.25, data_dir=data, out_dir=out, allow_fault_injection=True)
-    base.update(kw)
-    return RunSettings(**base)
+    return small_settings(data, out, **{"allow_fault_injection": True, **kw})
 
 
 def local_links(settings: RunSettings) -> dict[str, LocalHolderLink]:

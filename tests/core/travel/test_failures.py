@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import shutil
 import signal
 import sqlite3
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import started
+from helpers import HolderData, ServeDevice, small_settings, started, wait_for
 
 from gputravel.agents.deploy import HolderState, SshHolderLink
 from gputravel.agents.fleet import EmbeddedSshServer
@@ -56,13 +55,8 @@ def json_error(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("data")
-    for seed, holder in enumerate(("alice", "bob")):
-        rng = random.Random(seed)
-        (root / holder).mkdir()
-        (root / holder / "text.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(12_000)))
-    return root
+def data(holder_data: HolderData) -> Path:
+    return holder_data({"alice": 0, "bob": 1}, WORDS, 12_000, file="text.txt", newline=False)
 
 
 # --- 1. an agent or its SSH session dies while the holder waits ------------------------------------
@@ -101,11 +95,7 @@ def ssh(data: Path, tmp_path: Path) -> Iterator[EmbeddedSshServer]:
 
 
 def small(data: Path, out: Path, **kw: Any) -> RunSettings:
-    base: dict[str, Any] = dict(holders=2, rounds=2, steps_per_visit=2, batch_size=4, seq_len=32, chunk_kib=16,
-                                buffer_mib=0.25, data_dir=data, out_dir=out, allow_fault_injection=True,
-                                transport="ssh")
-    base.update(kw)
-    return RunSettings(**base)
+    return small_settings(data, out, **{"rounds": 2, "allow_fault_injection": True, "transport": "ssh", **kw})
 
 
 def witness_handoffs(ssh: EmbeddedSshServer, holder: str) -> int:
@@ -435,37 +425,11 @@ def test_a_schedule_past_the_stated_limit_is_refused_before_it_is_built() -> Non
 
 # --- 6. the device service bounds unauthenticated connections; stats stay small ---------------------
 @pytest.fixture
-def device(tmp_path: Path) -> Iterator[tuple[Any, Any, str, Any]]:
+def device(serve_device: ServeDevice) -> tuple[Any, Any, str, Any]:
     """A real device service (real sockets, real keys) served in this process with small bounds:
     4 connections may wait to authenticate, for 0.5 s each."""
-    import threading
-
-    from gputravel.core.device.client import DeviceClient
-    from gputravel.core.device.server import DeviceServer
-    from gputravel.core.device.service import load_service
-    from gputravel.core.platform.emulated import EmulatedPlatform
-
-    state = tmp_path / "state"
-    service = load_service(state, buffer_bytes=1 << 16)
-    sock = str(tmp_path / "d.sock")
-    server = DeviceServer(service, sock, data_host=None, max_pending=4, handshake_timeout=0.5)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not os.path.exists(sock) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    anchors = EmulatedPlatform(state).anchors()
-    try:
-        yield service, server, sock, lambda: DeviceClient(sock, anchors=anchors)
-    finally:
-        server.close()
-        thread.join(5)
-
-
-def _wait_for(what: Any, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not what() and time.monotonic() < deadline:
-        time.sleep(0.02)
+    d = serve_device(max_pending=4, handshake_timeout=0.5)
+    return d.service, d.server, d.sock, d.new_client
 
 
 def test_stalled_and_garbage_connections_are_bounded_counted_and_the_device_keeps_serving(
@@ -481,13 +445,13 @@ def test_stalled_and_garbage_connections_are_bounded_counted_and_the_device_keep
         s.connect(sock)
         stalled.append(s)
     try:
-        _wait_for(lambda: service.refused["evicted"] >= 16)
+        wait_for(lambda: service.refused["evicted"] >= 16)
         assert service.refused["evicted"] == 16  # only 4 wait at a time: each newcomer evicts the oldest
-        _wait_for(lambda: threading.active_count() - threads_before <= 4)
+        wait_for(lambda: threading.active_count() - threads_before <= 4)
         assert threading.active_count() - threads_before <= 4
-        _wait_for(lambda: service.refused["timeout"] >= 4)
+        wait_for(lambda: service.refused["timeout"] >= 4)
         assert service.refused["timeout"] == 4  # the 4 that waited were cut off at the hand-shake limit
-        _wait_for(lambda: threading.active_count() <= threads_before)
+        wait_for(lambda: threading.active_count() <= threads_before)
         assert threading.active_count() <= threads_before  # every thread given back
     finally:
         for s in stalled:

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import write_holder
 
 from gputravel.agents.holder.attest import HolderAttestation
 from gputravel.console import cli
@@ -29,7 +28,6 @@ from gputravel.core.travel.holder_attest import INJECTIONS, HolderAttestor, SimC
 
 pytestmark = pytest.mark.usefixtures("no_leaked_processes")
 
-WORDS = "the quick brown fox jumps over a lazy dog while cat and bird sat on the warm mat".split()
 #: the claim each injection must be refused on
 REFUSED_ON = {"cvm-debug": "td-not-debug", "cvm-report-data": "report-data-binding", "gpu-measurement": "measres",
               "gpu-nonce": "x-nvidia-gpu-attestation-report-nonce-match"}
@@ -161,14 +159,7 @@ def test_wire_forms_validate() -> None:
 
 
 # --- runs ------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("data")
-    write_holder(root / "alice", 1, WORDS)
-    write_holder(root / "bob", 2, WORDS)
-    return root
-
-
+# data_root: conftest.py (alice and bob)
 def _run_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     monkeypatch.setattr(sys, "argv", ["gputravel", *args])
     with pytest.raises(SystemExit) as info:

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import device_process
 
 from gputravel.agents.holder import open_dataset
 from gputravel.core.device.client import DeviceClient
-from gputravel.core.platform.emulated import EmulatedPlatform
 from gputravel.core.protocol import TAG_LEN, FrameType, SendState, encode_frame, read_frame
 from gputravel.core.protocol.frames import frame_head
 from gputravel.core.protocol.holderlink import Admission, DataEndpoint, ProvisioningKey
@@ -43,16 +43,13 @@ def expected_digest(holder: Path) -> str:
 
 @asynccontextmanager
 async def device(tmp_path: Path, *, parallel_auth: bool, overlap: bool) -> AsyncIterator[tuple[Any, DeviceClient]]:
-    handle = EmulatedPlatform(tmp_path / "platform", allow_fault_injection=True).start(buffer_bytes=WINDOW + 4096)
-    client = DeviceClient(handle.socket_path, anchors=handle.anchors)
-    try:
+    with device_process(tmp_path / "platform", buffer_bytes=WINDOW + 4096, connect=False, timeout=600.0,
+                        allow_fault_injection=True) as dev:
+        client = dev.client
         await asyncio.to_thread(client.connect)
         config = await asyncio.to_thread(client.set_data_path, parallel_auth=parallel_auth, overlap=overlap)
         assert config.parallel_auth == parallel_auth
-        yield handle, client
-    finally:
-        client.close()
-        handle.stop()
+        yield dev.handle, client
 
 
 def open_window(client: DeviceClient, epoch: int) -> Handoff:

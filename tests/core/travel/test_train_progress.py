@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import started, write_holder
+from helpers import small_settings, started
 
 from gputravel.console import cli
 from gputravel.core import events as ev
@@ -27,22 +27,9 @@ from gputravel.core.travel.training import SliceSettings, SpikeWatch
 
 pytestmark = pytest.mark.usefixtures("no_leaked_processes")
 
-WORDS = "the quick brown fox jumps over a lazy dog while cat and bird sat on the warm mat".split()
-
-
-@pytest.fixture(scope="module")
-def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("data")
-    write_holder(root / "alice", 1, WORDS)
-    write_holder(root / "bob", 2, WORDS)
-    return root
-
-
 def small(data: Path, out: Path, **kw: Any) -> RunSettings:
-    base: dict[str, Any] = dict(holders=2, rounds=1, steps_per_visit=12, batch_size=4, seq_len=32, chunk_kib=16,
-                                buffer_mib=0.25, data_dir=data, out_dir=out)
-    base.update(kw)
-    return RunSettings(**base)
+    """The small run with twelve steps a visit (``data_root``: conftest.py)."""
+    return small_settings(data, out, **{"steps_per_visit": 12, **kw})
 
 
 def rows_of(out: Path, kind: str) -> list[LedgerRow]:
