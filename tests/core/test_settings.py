@@ -79,6 +79,7 @@ def test_inventory_numbers_must_be_finite_and_in_range(tmp_path: Path, line: str
         load_inventory(tmp_path / "holders.toml")
 
 
+@pytest.mark.process
 def test_a_negative_connect_timeout_exits_2_with_the_json_error_and_no_run_folder(tmp_path: Path) -> None:
     _inventory(tmp_path, "connect_timeout = -1")
     proc = subprocess.run([sys.executable, "-m", "gputravel.console.cli", "run", "--holders-file", "holders.toml",

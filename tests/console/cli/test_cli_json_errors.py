@@ -81,6 +81,7 @@ def test_a_broken_chain_under_json_is_one_object_with_the_verification_and_the_r
     assert [r["seq"] for r in doc["rows"]] == [1, 2, 3, 4] and "cannot be trusted" in doc["error"]["message"]
 
 
+@pytest.mark.process
 def test_the_installed_cli_prints_the_object_once_and_the_message_on_stderr(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "gputravel.console.cli", "data", "check", str(tmp_path / "x"),
                            "--json"], capture_output=True, text=True, timeout=120)
@@ -123,6 +124,7 @@ def test_a_bench_study_where_every_run_failed_is_the_one_error_object_with_its_r
     assert [r["status"] for r in doc["rows"]] == ["failed", "failed"]
 
 
+@pytest.mark.process
 def test_a_bug_under_json_still_prints_the_one_error_object_and_its_traceback(tmp_path: Path) -> None:
     code = ("import sys; from gputravel.console.commands import runs; "
             "runs.list_runs = lambda *a, **k: 1 / 0; "

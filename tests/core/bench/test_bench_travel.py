@@ -14,6 +14,7 @@ from gputravel.core.bench import travel as bt
 FIELDS = ("buffer_mib", "path", "train_s", "tx_s", "tx_pct", "visits", "bytes", "mb_s", "steps", "status", "reason")
 
 
+@pytest.mark.process
 def test_tiny_study_rows_for_both_paths_and_a_skipped_size() -> None:
     from gputravel.console import cli
 
@@ -86,6 +87,7 @@ def test_bad_buffer_sizes_are_usage_errors(value: str) -> None:
     assert result.exit_code == 2, result.output
 
 
+@pytest.mark.process
 def test_a_study_whose_runs_all_fail_exits_non_zero_with_the_reasons() -> None:
     from gputravel.console import cli
 

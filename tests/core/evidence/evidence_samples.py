@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import REQUIRE_DOWNLOADS_ENV, download_cache
+from conftest import REQUIRE_DOWNLOADS_ENV, download_cache, pinned_download
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -123,7 +123,8 @@ def nv_wheel_fixture() -> Path:
     path = download_cache() / NV_WHEEL
     if not (path.is_file() and sha256_file(path) == NV_WHEEL_SHA256):
         try:
-            pip_download(NV_REQUIREMENT, NV_WHEEL_SHA256, path.parent)
+            with pinned_download():
+                pip_download(NV_REQUIREMENT, NV_WHEEL_SHA256, path.parent)
         except DataError as exc:
             reason = f"{NV_REQUIREMENT} is not cached and could not be downloaded: {exc}"
             if os.environ.get(REQUIRE_DOWNLOADS_ENV) == "1":

@@ -207,6 +207,7 @@ def test_bad_inputs_raise_named_errors() -> None:
                          np.zeros(64, np.uint8), lengths=[20, 20])
 
 
+@pytest.mark.process
 def test_bench_gpu_aes_reports_vectors_interop_and_no_rates_in_the_simulator() -> None:
     res = subprocess.run([sys.executable, "-m", "gputravel.console.cli", "bench", "gpu-aes", "--json", "--sizes",
                           "64K,1M", "--batch-mib", "4"], capture_output=True, text=True, timeout=600)
@@ -250,6 +251,7 @@ for name, sig in sigs.items():
 """
 
 
+@pytest.mark.process
 def test_kernels_compile_to_ptx_for_an_h100_with_nvvm() -> None:
     """The simulator checks the kernels' arithmetic; this checks that numba's CUDA target types and
     compiles the very same source for sm_90 (NVVM from the ``gpu`` extra), with no register spills."""
@@ -261,6 +263,7 @@ def test_kernels_compile_to_ptx_for_an_h100_with_nvvm() -> None:
         "ctr_kernel", "ghash_join_kernel", "ghash_segments_kernel", "tag_kernel"]
 
 
+@pytest.mark.process
 def test_importing_the_kernel_module_first_still_picks_the_simulator_without_cuda() -> None:
     """A module walk (tests/console/cli/test_cli_errors.py imports every module) may import the kernels before anyone
     asked for a backend: the simulator flag must be fixed before numba.cuda loads, or every later GPU cipher

@@ -327,6 +327,7 @@ def _checkpoint_model(out: Path, seq: int | None = None) -> dict[str, torch.Tens
     return {k: v for k, v in state["model"].items() if k != "lm_head.weight"}
 
 
+@pytest.mark.process
 def test_export_then_init_from_continues_from_the_exported_model(tmp_path: Path) -> None:
     from tests.helpers import write_holder
 
@@ -366,6 +367,7 @@ def test_export_then_init_from_continues_from_the_exported_model(tmp_path: Path)
     real_rows_equal(_checkpoint_model(third, 0), trained, 256)
 
 
+@pytest.mark.process
 def test_run_init_from_a_bad_file_exits_2_before_creating_the_run(tmp_path: Path) -> None:
     bad = tmp_path / "bad.bin"
     bad.write_bytes(struct.pack("<i", 20240326) + b"\0" * 50)
