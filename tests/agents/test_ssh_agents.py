@@ -271,11 +271,11 @@ async def test_wrong_client_key_is_an_authentication_failure(ssh: Ssh, tmp_path:
 
 
 async def test_unreachable_host_fails_fast_with_a_named_error(ssh: Ssh) -> None:
-    link = SshHolderLink(replace(ssh.specs["alice"], port=free_port(), connect_timeout=3.0))
+    link = SshHolderLink(replace(ssh.specs["alice"], port=free_port(), connect_timeout=30.0))
     t0 = time.monotonic()
     with pytest.raises(AgentError, match="unreachable") as info:
         await link.start()
-    assert time.monotonic() - t0 < 3
+    assert time.monotonic() - t0 < 30  # refused at once, never waiting out the connect timeout (however loaded)
     assert info.value.host == "alice" and link.state == HolderState.FAILED
     assert "127.0.0.1" in link.state_detail
 

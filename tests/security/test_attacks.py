@@ -37,11 +37,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import HolderData
+from helpers import HolderData, small_settings
 
 from gputravel.core import events as ev
 from gputravel.core.api import build_engine
-from gputravel.core.config import RunSettings
 from gputravel.core.ledger import read_rows, verify_ledger
 from gputravel.core.procs import die_with_parent
 from gputravel.core.travel.framed_link import STREAM_LIMIT
@@ -234,9 +233,8 @@ async def test_malicious_holder_is_refused_named_in_the_ledger_and_marked_in_the
     script = work / "agents.py"
     script.write_text(AGENTS_SCRIPT)
     out = tmp_path / "run"
-    settings = RunSettings(holders=3, rounds=1, steps_per_visit=1, batch_size=4, seq_len=32, chunk_kib=16,
-                           buffer_mib=0.125, data_dir=data, out_dir=out, transport="local", data_path="direct",
-                           allow_fault_injection=True, visit_attempts=1)
+    settings = small_settings(data, out, holders=3, steps_per_visit=1, buffer_mib=0.125, transport="local",
+                              data_path="direct", allow_fault_injection=True, visit_attempts=1)
     links = [ScriptLink("alice", data / "alice", role="tapped", script=script, workdir=work),
              LocalHolderLink("bob", data / "bob"),
              ScriptLink("mallory", data / "mallory", role="malicious", script=script, workdir=work)]
@@ -311,9 +309,8 @@ async def test_a_holder_sending_the_orchestrator_a_deeply_nested_header_fails_on
     script = work / "agents.py"
     script.write_text(AGENTS_SCRIPT)
     out = tmp_path / "run"
-    settings = RunSettings(holders=2, rounds=1, steps_per_visit=1, batch_size=4, seq_len=32, chunk_kib=16,
-                           buffer_mib=0.125, data_dir=data, out_dir=out, transport="local", data_path="direct",
-                           visit_attempts=1)
+    settings = small_settings(data, out, steps_per_visit=1, buffer_mib=0.125, transport="local", data_path="direct",
+                              visit_attempts=1)
     links = [LocalHolderLink("alice", data / "alice"),
              ScriptLink("mallory", data / "mallory", role="nesting", script=script, workdir=work)]
     engine = await asyncio.to_thread(build_engine, settings, links=links)

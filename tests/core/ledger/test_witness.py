@@ -7,12 +7,11 @@ import json
 import sqlite3
 from pathlib import Path
 
-from helpers import write_holder
+from helpers import small_settings, write_holder
 from typer.testing import CliRunner
 
 from gputravel.console.cli import app
 from gputravel.core import api
-from gputravel.core.config import RunSettings
 from gputravel.core.ledger import parse_head, read_rows, verify_ledger
 from gputravel.core.travel.local_link import LocalHolderLink
 
@@ -26,8 +25,7 @@ async def test_each_hand_off_leaves_the_ledger_head_with_the_holder_and_a_cut_le
     write_holder(data / "alice", 1, words)
     write_holder(data / "bob", 2, words)
     out = tmp_path / "run"
-    settings = RunSettings(holders=2, rounds=2, steps_per_visit=1, batch_size=4, seq_len=32, chunk_kib=16,
-                           buffer_mib=0.25, data_dir=data, out_dir=out, transport="local")
+    settings = small_settings(data, out, rounds=2, steps_per_visit=1, transport="local")
     witness = {name: tmp_path / "holders" / name / "witness.jsonl" for name in ("alice", "bob")}
     links = [LocalHolderLink(name, data / name, val_fraction=settings.val_fraction, witness=witness[name])
              for name in ("alice", "bob")]
@@ -70,8 +68,7 @@ async def test_the_farewell_head_covers_the_last_visit(tmp_path: Path) -> None:
     data = tmp_path / "data"
     write_holder(data / "alice", 3, "only the last visit of a run is covered by the farewell head".split())
     out = tmp_path / "run"
-    settings = RunSettings(holders=1, rounds=1, steps_per_visit=1, batch_size=4, seq_len=32, chunk_kib=16,
-                           buffer_mib=0.25, data_dir=data, out_dir=out, transport="local")
+    settings = small_settings(data, out, holders=1, steps_per_visit=1, transport="local")
     path = tmp_path / "alice-witness.jsonl"
     await api.run(settings, links=[LocalHolderLink("alice", data / "alice", witness=path)])
     handoff, end = [json.loads(line) for line in path.read_text().splitlines()]
