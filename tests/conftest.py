@@ -74,8 +74,7 @@ _guard_paused: list[bool] = []
 
 @contextlib.contextmanager
 def pinned_download() -> Iterator[None]:
-    """Lets a pinned-download fixture run ``pip download`` in the fast tier (once a session, on a cold cache):
-    the one process the guard lets through."""
+    """Lets a pinned-download fixture run ``pip download`` in the fast tier (once a session, on a cold cache)."""
     _guard_paused.append(True)
     try:
         yield
@@ -83,17 +82,19 @@ def pinned_download() -> Iterator[None]:
         _guard_paused.pop()
 
 
+#: Probes libraries run to learn about the machine, which the guard lets through: ``ctypes.util.find_library``
+#: (asyncssh and numba call it on import) runs ldconfig or the C compiler, ``platform.processor()`` runs uname.
+SYSTEM_PROBES = frozenset({"ldconfig", "gcc", "cc", "ld", "objdump", "uname"})
+
+
+def _is_probe(argv: Any) -> bool:
+    first = argv if isinstance(argv, (str, bytes, os.PathLike)) else next(iter(argv), "")
+    return os.path.basename(os.fsdecode(first).split()[0] if first else "") in SYSTEM_PROBES
+
+
 class ProcessStarted(BaseException):
     """Raised where a test outside the ``process`` marker starts a process while the fast tier runs (a
     BaseException, so the code under test cannot swallow it)."""
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """Machine facts that Python reads with a process (``uname -p`` for ``platform.processor()``, which
-    core/machine.py asks) are read once here, so no test starts one for them."""
-    import platform
-
-    platform.processor()
 
 
 def _fast_tier(config: pytest.Config) -> bool:
@@ -101,39 +102,39 @@ def _fast_tier(config: pytest.Config) -> bool:
     return "not process" in (config.getoption("markexpr") or "")
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
-    """In the fast tier, a test that starts a process (fork, spawn, exec) fails, naming what it started: mark
-    it ``process``. This keeps the fast tier fast and the marker true."""
-    if not _fast_tier(item.config) or item.get_closest_marker("process") is not None:
-        return (yield)
+def _spawn_points() -> list[tuple[Any, str, str]]:
+    """Where a process starts: (owner, attribute, what the failure calls it)."""
     import multiprocessing.util
     import subprocess
 
-    started: list[str] = []
+    points: list[tuple[Any, str, str]] = [(subprocess.Popen, "_execute_child", "subprocess"),
+                                          (multiprocessing.util, "spawnv_passfds", "multiprocessing spawn")]
+    points += [(os, name, f"os.{name}") for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp")
+               if hasattr(os, name)]
+    return points
 
-    def refuse(what: str) -> Callable[..., Any]:
-        original = {"subprocess": subprocess.Popen._execute_child,
-                    "multiprocessing spawn": multiprocessing.util.spawnv_passfds}.get(what) or getattr(os, what[3:])
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """In the fast tier, a test that starts a process (fork, spawn, exec), in its fixtures or its body, fails
+    naming what it started: mark it ``process``. This keeps the fast tier fast and the marker true."""
+    if not _fast_tier(item.config) or item.get_closest_marker("process") is not None:
+        return (yield)
+    started = item.stash[_STARTED] = []
+
+    def refuse(original: Callable[..., Any], what: str) -> Callable[..., Any]:
         def refused(*args: Any, **kwargs: Any) -> Any:
-            if _guard_paused:
+            if _guard_paused or (what == "subprocess" and _is_probe(args[1])):
                 return original(*args, **kwargs)
-            shown = what
-            if what == "subprocess" and len(args) > 1:
-                shown = f"subprocess {args[1]!r}"[:200]
+            shown = f"{what} {args[1]!r}"[:200] if what == "subprocess" else what  # args[1]: Popen's argv
             started.append(shown)
             raise ProcessStarted(f"{item.nodeid} started a process ({shown}) but is not marked "
                                  "@pytest.mark.process")
         return refused
 
-    item.stash[_STARTED] = started
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(subprocess.Popen, "_execute_child", refuse("subprocess"))
-        mp.setattr(multiprocessing.util, "spawnv_passfds", refuse("multiprocessing spawn"))
-        for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp"):
-            if hasattr(os, name):
-                mp.setattr(os, name, refuse(f"os.{name}"))
+        for owner, attr, what in _spawn_points():
+            mp.setattr(owner, attr, refuse(getattr(owner, attr), what))
         return (yield)
 
 
