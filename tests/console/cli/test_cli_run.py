@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import sqlite3
 import stat
 import subprocess
@@ -12,8 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import write_holders
 
 WORDS = "to be or not that is the question whether tis nobler in mind suffer slings arrows".split()
+NORTH_SOUTH = {"north": 0, "south": 1}  # the two holders' seeds
 
 
 def gputravel(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -26,10 +27,7 @@ def gputravel(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[s
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, subprocess.CompletedProcess[str]]:
     root = tmp_path_factory.mktemp("cli")
     data = root / "data"
-    for seed, holder in enumerate(("north", "south")):
-        rng = random.Random(seed)
-        (data / holder).mkdir(parents=True)
-        (data / holder / "text.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(12_000)))
+    write_holders(data, NORTH_SOUTH, WORDS, 12_000, file="text.txt", newline=False)
     out = root / "out"
     # no --holders: it follows the --data folders (2 here; the default without --data is 3)
     proc = gputravel("run", "--data", str(data), "--rounds", "1", "--steps-per-visit", "2",
@@ -180,10 +178,7 @@ def test_runs_stop_ends_a_running_run_and_its_recording_says_cancelled(tmp_path:
     from gputravel.core.recording import load_recording
 
     data = tmp_path / "data"
-    for seed, holder in enumerate(("north", "south")):
-        rng = random.Random(seed)
-        (data / holder).mkdir(parents=True)
-        (data / holder / "text.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(12_000)))
+    write_holders(data, NORTH_SOUTH, WORDS, 12_000, file="text.txt", newline=False)
     out = tmp_path / "runs" / "run-stopped"
     env = {**os.environ, "COLUMNS": "200"}
     proc = subprocess.Popen([sys.executable, "-m", "gputravel.console.cli", "run", "--data", str(data), "--holders",
@@ -220,10 +215,7 @@ def test_a_headless_breakpoint_says_how_to_continue_and_runs_resume_and_step_con
     import time
 
     data = tmp_path / "data"
-    for seed, holder in enumerate(("north", "south")):
-        rng = random.Random(seed)
-        (data / holder).mkdir(parents=True)
-        (data / holder / "text.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(12_000)))
+    write_holders(data, NORTH_SOUTH, WORDS, 12_000, file="text.txt", newline=False)
     out = tmp_path / "runs" / "run-break"
     env = {**os.environ, "COLUMNS": "300", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "gputravel.console.cli", "run", "--data", str(data), "--rounds",
@@ -270,10 +262,7 @@ def test_a_headless_breakpoint_says_how_to_continue_and_runs_resume_and_step_con
 
 def test_a_completed_fleet_says_completed_and_is_addressed_by_its_name(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    for seed, holder in enumerate(("north", "south")):
-        rng = random.Random(seed)
-        (data / holder).mkdir(parents=True)
-        (data / holder / "text.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(12_000)))
+    write_holders(data, NORTH_SOUTH, WORDS, 12_000, file="text.txt", newline=False)
     out = tmp_path / "runs" / "fleet-run"
     proc = gputravel("run", "--gpus", "2", "--data", str(data), "--rounds", "1", "--steps-per-visit", "2",
                      "--batch-size", "4", "--seq-len", "32", "--chunk-kib", "16", "--buffer-mib", "0.25",
