@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint setup corpus clean gpu-check
+.PHONY: demo test test-fast test-slow lint setup corpus clean gpu-check
 
 setup: $(STAMP)
 
@@ -22,8 +22,17 @@ corpus: setup
 demo: corpus
 	$(VENV)/bin/gputravel run
 
+# The gate (lint), then the default suite, then the slow set (gpt2 end to end, torchrun restarts, every CAVP record).
 test: setup lint
 	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -m slow
+
+# The fast tier: no test that starts a process (device service, agents, SSH, ranks, the CLI) and none of the slow set.
+test-fast: setup
+	$(PY) -m pytest -q -p no:cacheprovider -m 'not process and not slow'
+
+test-slow: setup
+	$(PY) -m pytest -q -p no:cacheprovider -m slow
 
 # The gate before the tests: style (ruff), the import contracts (import-linter) and types (mypy --strict over
 # all three packages). mypy sees the repository root as the gputravel package through a link (it cannot follow

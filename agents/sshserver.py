@@ -8,7 +8,7 @@ as it would through a holder's OpenSSH server.
 What it does not give: isolation between holders. Every account's commands run as the orchestrator's
 own user (one uid), so on this server one holder's agent could read another holder's data folder. Only
 SFTP is confined to the account's home. Separation between holders comes from real accounts: the
-OpenSSH tests (``tests/test_openssh.py``) run two holders as two system users, each unable to read the
+OpenSSH tests (``tests/agents/test_openssh.py``) run two holders as two system users, each unable to read the
 other's files, and a real deployment puts each holder on its own machine.
 
     python -m gputravel.agents.sshserver CONFIG.json      # prints "READY <port>"

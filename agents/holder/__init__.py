@@ -5,7 +5,7 @@ link), ``dataconn`` (the direct path's connection to the device and its shared-m
 (one hand-off: seal, send, acknowledgements, retransmission) and ``agent`` (HELLO, the run loop, ``main``).
 
 Everything in this package is uploaded, hashed and run on the holder, beside ``gputravel.core.protocol``:
-standard library and ``cryptography`` only (an import contract and ``tests/test_import_rules.py`` hold it
+standard library and ``cryptography`` only (an import contract and ``tests/agents/test_import_rules.py`` hold it
 so). The orchestrator's side (SSH deployment, the fleet, the inventory, the embedded SSH server) is the
 rest of ``gputravel.agents``, and is never uploaded.
 """

@@ -7,7 +7,7 @@ collectives) are defined here too so there is exactly one tree in one file, and 
 
 Every class has a stable ``code`` (its key in ``ERRORS_BY_CODE``, and what crosses the wire) and an
 ``exit_code``: the CLI exits with it, and README's exit-code table names every class under its code
-(``tests/test_cli_errors.py`` checks both).
+(``tests/console/cli/test_cli_errors.py`` checks both).
 """
 
 from __future__ import annotations

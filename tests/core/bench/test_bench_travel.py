@@ -1,0 +1,100 @@
+"""``gputravel bench travel``: a tiny study in-process; the fields of its rows; sizes that cannot run are skipped
+with a reason. No timed assertions: only that times are measured (positive) and add up."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from gputravel.core.bench import travel as bt
+
+FIELDS = ("buffer_mib", "path", "train_s", "tx_s", "tx_pct", "visits", "bytes", "mb_s", "steps", "status", "reason")
+
+
+@pytest.mark.process
+def test_tiny_study_rows_for_both_paths_and_a_skipped_size() -> None:
+    from gputravel.console import cli
+
+    result = CliRunner().invoke(cli.app, ["bench", "travel", "--buffer-mib", "0.25,0.5,10000000", "--dataset-mib",
+                                          "0.5", "--holders", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["benchmark"] == "travel"
+    assert out["job"]["holder_mib"] == 0.5 and out["job"]["steps_per_mib"] > 0 and out["job"]["model"] == "tiny"
+    assert {"cores", "mem_available_mib"} <= set(out["machine"])
+    rows = out["rows"]
+    for r in rows:
+        assert set(FIELDS) <= set(r)
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert {(r["buffer_mib"], r["path"]) for r in ok} == {(b, p) for b in (0.25, 0.5)
+                                                           for p in ("travelling", "conventional")}
+    for r in ok:
+        assert r["train_s"] > 0 and r["tx_s"] > 0 and r["bytes"] > 0 and r["mb_s"] > 0
+        assert r["tx_pct"] == pytest.approx(100 * r["tx_s"] / (r["tx_s"] + r["train_s"]), rel=1e-3)
+    by = {(r["buffer_mib"], r["path"]): r for r in ok}
+    for b in (0.25, 0.5):  # the same job on both paths: the same bytes, visits and steps
+        t, c = by[(b, "travelling")], by[(b, "conventional")]
+        assert (t["bytes"], t["visits"], t["steps"]) == (c["bytes"], c["visits"], c["steps"])
+        assert t["data_path"] == "direct" and c["data_path"] == "conventional"
+        assert str(b) in out["ratios"]
+    assert by[(0.25, "travelling")]["visits"] > by[(0.5, "travelling")]["visits"]
+    assert by[(0.25, "travelling")]["bytes"] == by[(0.5, "travelling")]["bytes"]  # one pass over the same data
+    skipped = [r for r in rows if r["status"] == "skipped"]
+    assert {r["path"] for r in skipped} == {"travelling", "conventional"}
+    for r in skipped:
+        assert r["buffer_mib"] == 10000000 and r["reason"] and r["tx_s"] is None
+
+
+def test_skip_reasons() -> None:
+    assert bt.skip_reason(4, max_mib=None, available=8 << 30) is None
+    assert "--max-mib" in str(bt.skip_reason(100, max_mib=50, available=8 << 30))
+    assert "memory" in str(bt.skip_reason(4096, max_mib=None, available=8 << 30))
+    assert "limit" in str(bt.skip_reason(1e7, max_mib=None, available=1 << 60))
+    assert bt.mem_available() > 0
+
+
+def _report(visits: list[dict[str, Any]], steps: int) -> dict[str, Any]:
+    return {"visits": visits, "training": {"steps": steps, "model_params": 10}, "failed_visits": 0}
+
+
+def test_row_and_ratio_arithmetic() -> None:
+    def visit(tx: float, train: float) -> dict[str, Any]:
+        return {"outcome": "done", "provision_s": tx, "train_s": train, "bytes": 1_000_000,
+                "phase_s": {"ATTEST": 0.01, "PROVISION": tx, "TRAIN": train + 0.01, "ROTATE": 0.02}}
+
+    base = {"buffer_mib": 4.0, "buffer_bytes": 4 << 20}
+    t = bt.row_from_report(_report([visit(0.01, 1.0), visit(0.01, 1.0)], 8), {**base, "path": "travelling"}, 3.0)
+    c = bt.row_from_report(_report([visit(0.05, 1.0), visit(0.05, 1.0)], 8), {**base, "path": "conventional"}, 3.0)
+    assert t["tx_s"] == pytest.approx(0.02) and t["train_s"] == pytest.approx(2.0)
+    assert t["tx_pct"] == pytest.approx(100 * 0.02 / 2.02, rel=1e-3) and t["mb_s"] == pytest.approx(100.0)
+    assert t["protocol_s"] == pytest.approx(2 * 0.04, abs=1e-6) and t["status"] == "ok"
+    r = bt.ratios([t, c])
+    assert r["4.0"]["tx_conventional_over_travelling"] == pytest.approx(5.0)
+    failed = bt.row_from_report({**_report([visit(0.01, 1.0), {**visit(0.01, 0.0), "outcome": "failed"}], 4),
+                                  "failed_visits": 1}, {**base, "path": "travelling"}, 1.0)
+    assert failed["status"] == "failed" and failed["visits"] == 1
+    assert bt.label(None) == "uncapped" and bt.label(1e7) == "10000000" and bt.label(0.25) == "0.25"
+
+
+@pytest.mark.parametrize("value", ["0", "x", "4,,20", "-1"])
+def test_bad_buffer_sizes_are_usage_errors(value: str) -> None:
+    from gputravel.console import cli
+
+    result = CliRunner().invoke(cli.app, ["bench", "travel", "--buffer-mib", value, "--json"])
+    assert result.exit_code == 2, result.output
+
+
+@pytest.mark.process
+def test_a_study_whose_runs_all_fail_exits_non_zero_with_the_reasons() -> None:
+    from gputravel.console import cli
+
+    result = CliRunner().invoke(cli.app, ["bench", "travel", "--buffer-mib", "0.25", "--dataset-mib", "0.5",
+                                          "--holders", "1", "--model", "no-such-model", "--transport", "local",
+                                          "--json"])
+    assert result.exit_code == 1, result.output
+    rows = json.loads(result.stdout)["rows"]
+    assert [r["status"] for r in rows] == ["failed", "failed"]
+    assert all("no-such-model" in r["reason"] for r in rows)

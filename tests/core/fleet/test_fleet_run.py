@@ -1,0 +1,186 @@
+"""A fleet run end to end at N = 2: two torchrun ranks (gloo), each driving its own device service, three
+local holders (H = 3 is not a multiple of N: one GPU idles in each round's last step)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from gputravel.core.bench.data import make_holders
+from gputravel.core.config import RunSettings
+from gputravel.core.errors import ConfigError, FleetDeviceLostError
+from gputravel.core.fleet.rank import FleetOptions
+from gputravel.core.fleet.run import Rendezvous, launch_fleet, torchrun_command, verify_fleet
+from gputravel.core.ledger import read_rows, verify_ledger
+
+
+def _settings(data: Path, out: Path, **kw: object) -> RunSettings:
+    base: dict[str, object] = dict(holders=3, rounds=1, steps_per_visit=2, buffer_mib=0.125, data_dir=data,
+                                   out_dir=out, batch_size=4, seq_len=32, chunk_kib=32, torch_threads=1,
+                                   transport="local", visit_attempts=1, allow_fault_injection=True)
+    base.update(kw)
+    return RunSettings(**base)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_holders(tmp_path_factory.mktemp("holders"), 3, 40_000)
+
+
+@pytest.fixture(scope="module")
+def secure(data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return launch_fleet(_settings(data, tmp_path_factory.mktemp("secure")), FleetOptions(gpus=2, timeout_s=120),
+                        quiet=True)
+
+
+def test_replicas_stay_identical_after_every_step(secure: dict) -> None:
+    fleet = secure["fleet"]
+    assert fleet["gpus"] == 2 and fleet["rounds"] == 1 and fleet["steps"] == 2
+    assert fleet["replica_digests_equal"] is True
+    assert [s["digests_equal"] for s in fleet["step_log"]] == [True, True]
+    assert len({s["digest"] for s in fleet["step_log"]}) == 2  # the model moved in both steps
+    assert sorted(fleet["step_log"][1]["weights"]) == [0.0, 1.0]  # H=3, N=2: one GPU idles (weight 0)
+
+
+def test_every_visit_names_its_device_and_each_device_its_own_epochs(secure: dict) -> None:
+    visits = secure["visits"]
+    assert len(visits) == 3 and all(v["outcome"] == "done" for v in visits)
+    assert {v["device"] for v in visits} == {"emu-gpu-0", "emu-gpu-1"}
+    for device in ("emu-gpu-0", "emu-gpu-1"):
+        epochs = [v["epoch"] for v in visits if v["device"] == device]
+        assert epochs == list(range(1, len(epochs) + 1))  # each device counts its own epochs from 1
+    step0 = [v["holder"] for v in visits if v["step"] == 0]
+    assert len(step0) == len(set(step0)) == 2  # two GPUs, two different holders
+
+
+def test_allreduce_is_sealed_and_counted(secure: dict) -> None:
+    ar = secure["fleet"]["allreduce"]
+    assert ar["variant"] == "secure_pipelined" and ar["sealed"] is True
+    assert ar["calls"] >= 2 * 2 * 2  # 2 GPUs x 2 steps x 2 optimizer steps, at least a bucket each
+    assert ar["seconds"] > 0
+    peers = [d["join"]["peers"] for d in secure["fleet"]["devices"]]
+    assert peers[0]["right"].startswith("emu-gpu-1:") and peers[1]["left"].startswith("emu-gpu-0:")
+
+
+def test_ledgers_carry_the_device_and_verify(secure: dict) -> None:
+    assert secure["ledger"]["verified"] is True
+    assert verify_ledger(Path(secure["ledger"]["path"])).ok
+    for rank in secure["ledger"]["ranks"]:
+        rows = list(read_rows(Path(rank["path"])))
+        tagged = [r for r in rows if r.kind in ("phase", "fleet-step", "fleet-joined")]
+        assert tagged and all(r.detail["device"] == f"emu-gpu-{rank['gpu']}" for r in tagged)
+    fleet_rows = list(read_rows(Path(secure["ledger"]["path"])))
+    heads = [r.detail["ledger_head"] for r in fleet_rows if r.kind == "fleet-device"]
+    assert heads == [f"{r['rows']}:{r['head']}" for r in secure["ledger"]["ranks"]]
+
+
+def test_a_failing_holder_is_handled_and_the_step_still_reduces(data: Path, tmp_path: Path) -> None:
+    report = launch_fleet(_settings(data, tmp_path / "f", fault="kill-agent@PROVISION:1"),
+                          FleetOptions(gpus=2, timeout_s=120), quiet=True)
+    failed = [v for v in report["visits"] if v["outcome"] == "failed"]
+    assert [(v["visit"], v["failed_phase"]) for v in failed] == [(1, "PROVISION")]
+    assert report["failed_visits"] == 1
+    step0 = report["fleet"]["step_log"][0]
+    assert sorted(step0["weights"]) == [0.0, 1.0]  # reduced over the rank that trained
+    assert report["fleet"]["replica_digests_equal"] is True
+    assert report["ledger"]["verified"] is True
+    out = tmp_path / "f"
+    assert verify_fleet(out).ok  # `gputravel ledger verify <out>`: the fleet ledger and every rank's
+    with sqlite3.connect(out / "rank-1" / "ledger.db") as db:
+        db.execute("UPDATE events SET outcome = 'tampered' WHERE seq = 3")
+    broken = verify_fleet(out)
+    assert not broken.ok and (broken.reason or "").startswith("rank-1/ledger.db")
+
+
+@pytest.mark.slow  # tests/core/fleet/test_fleet_ddp.py proves the same on the device side in the default suite
+def test_plain_all_reduce_with_the_same_seed_trains_the_same(data: Path, secure: dict, tmp_path: Path) -> None:
+    plain = launch_fleet(_settings(data, tmp_path / "p"), FleetOptions(gpus=2, variant="plain", timeout_s=120),
+                         quiet=True)
+    assert plain["fleet"]["allreduce"]["sealed"] is False
+    a = [v["loss_last"] for v in secure["visits"]]
+    b = [v["loss_last"] for v in plain["visits"]]
+    assert a == pytest.approx(b, rel=1e-4)
+
+
+def test_torchrun_command_passes_rendezvous_options_through(tmp_path: Path) -> None:
+    cmd = torchrun_command(tmp_path / "fleet.json", gpus=4,
+                           rdzv=Rendezvous(nnodes=2, rdzv_endpoint="10.0.0.1:29400", rdzv_id="f7", max_restarts=1))
+    assert cmd[1:3] == ["-m", "torch.distributed.run"]
+    text = " ".join(cmd)
+    for part in ("--nnodes 2", "--nproc-per-node 2", "--rdzv-backend c10d", "--rdzv-endpoint 10.0.0.1:29400",
+                 "--rdzv-id f7", "--max-restarts 1", "-m gputravel.console.fleet_rank"):
+        assert part in text
+    with pytest.raises(ConfigError):
+        torchrun_command(tmp_path / "fleet.json", gpus=3, rdzv=Rendezvous(nnodes=2))
+    with pytest.raises(ConfigError):
+        FleetOptions(gpus=2, variant="gloo_tls")
+    assert json.loads(json.dumps(FleetOptions(gpus=2).to_dict()))["gpus"] == 2
+
+
+@pytest.mark.slow
+def test_a_device_lost_for_good_stops_the_fleet_resumably(data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "lost"
+    with pytest.raises(FleetDeviceLostError):
+        launch_fleet(_settings(data, out, fault="kill-device@TRAIN:1"), FleetOptions(gpus=2, timeout_s=120),
+                     quiet=True)
+    stopped = json.loads((out / "report.json").read_text())
+    assert stopped["error"]["code"] == "fleet-device-lost"
+    assert stopped["ledger"]["verified"] is True  # every rank's chain, and the fleet's, still prove the run
+    resumed = launch_fleet(_settings(data, out, resume=True), FleetOptions(gpus=2, timeout_s=120), quiet=True)
+    assert resumed["fleet"]["replica_digests_equal"] is True
+    assert {v["visit"] for v in resumed["visits"] if v["outcome"] == "done"} == {0, 1, 2}
+
+
+@pytest.mark.slow
+def test_console_gpus_follows_every_gpu_while_the_fleet_runs(data: Path, tmp_path: Path) -> None:
+    from gputravel.console.fleet_console import watch_fleet
+    from gputravel.console.fleet_view import FleetRecording
+
+    seen: list[dict[str, object]] = []
+
+    class _App:
+        def __init__(self, **kw: object) -> None:
+            seen.append(kw)
+
+        def run(self) -> None:  # opened at once (issue 25.10); a follower picks the ranks up as they start
+            fleet = FleetRecording(Path(str(seen[-1]["replay"])), follow=True, gpus=2)
+            for _ in range(1200):
+                if 0 in fleet.rank_files():
+                    break
+                time.sleep(0.1)
+            seen.append({"gpus": fleet.gpus, "rank-0": 0 in fleet.rank_files()})
+
+    settings = _settings(data, tmp_path / "c")
+    watch_fleet(settings, gpus=2, make_app=_App, theme="dark")
+    assert seen[0]["follow"] is True and seen[0]["readonly"] is True
+    assert seen[0]["replay"] == tmp_path / "c" and seen[1] == {"gpus": 2, "rank-0": True}
+    assert json.loads((tmp_path / "c" / "report.json").read_text())["fleet"]["replica_digests_equal"] is True
+
+
+def test_a_tampered_ring_hop_fails_the_step_on_every_rank_and_replicas_stay_equal(data: Path,
+                                                                                 tmp_path: Path) -> None:
+    report = launch_fleet(_settings(data, tmp_path / "t"), FleetOptions(gpus=2, timeout_s=120, ring_fault="flip@0"),
+                          quiet=True)
+    visits = report["visits"]
+    assert all(v["outcome"] == "failed" and v["failed_phase"] == "TRAIN" for v in visits)
+    assert {(v["error"] or "").split(":")[0] for v in visits} <= {"TagError", "CollectiveAbortedError"}
+    assert any((v["error"] or "").startswith("TagError") for v in visits)  # the receiver of the flipped hop
+    assert report["fleet"]["replica_digests_equal"] is True  # every replica was put back, together
+    assert len({s["digest"] for s in report["fleet"]["step_log"]}) == 1  # and never moved
+    assert report["ledger"]["verified"] is True
+
+
+@pytest.mark.slow
+def test_torchrun_elastic_restart_brings_a_killed_rank_back_and_the_fleet_resumes(data: Path,
+                                                                                  tmp_path: Path) -> None:
+    report = launch_fleet(_settings(data, tmp_path / "e", fault="kill-orchestrator@TRAIN:1"),
+                          FleetOptions(gpus=2, timeout_s=120), rdzv=Rendezvous(max_restarts=1), quiet=True)
+    assert report["fleet"]["replica_digests_equal"] is True
+    assert sorted(v["visit"] for v in report["visits"] if v["outcome"] == "done") == [0, 1, 2]
+    assert report["ledger"]["verified"] is True
+    rows = list(read_rows(tmp_path / "e" / "rank-1" / "ledger.db"))
+    assert any(r.kind == "resumed" for r in rows)  # rank 1's second life continued its first one's ledger
