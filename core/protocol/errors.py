@@ -169,6 +169,21 @@ class LedgerError(GpuTravelError):
     exit_code = 8
 
 
+class StorageError(GpuTravelError):
+    """The run folder refused a write of the run's durable state (its ledger, recording or a checkpoint):
+    the run stops; what was committed before stays, and ``--resume`` continues once the cause is gone."""
+
+    code = "storage"
+    exit_code = 12
+
+
+class DiskFullError(StorageError):
+    """The disk (or quota) holding the run folder is full: no space for the ledger, recording or a checkpoint.
+    What was committed stays; free space and ``gputravel run --resume`` continues."""
+
+    code = "disk-full"
+
+
 class TransitionError(GpuTravelError):
     """The engine asked its visit state machine for an illegal phase transition: a bug in gputravel, not bad input."""
 
@@ -219,7 +234,7 @@ ERRORS_BY_CODE: dict[str, type[GpuTravelError]] = {
         GpuTravelError, ProtocolError, FrameError, TagError, ReplayError, StaleEpochError,
         WindowError, NonceExhaustedError, AttestationError, IntegrityError, AgentError, LinkLostError,
         DeviceError, FleetDeviceLostError, GpuCipherError, DataError, ConfigError, InsecureKeyError, RecordingError, LedgerError,
-        TransitionError, CancelledRunError, CollectiveAbortedError, CollectiveError, WorkerError,
+        StorageError, DiskFullError, TransitionError, CancelledRunError, CollectiveAbortedError, CollectiveError, WorkerError,
     )
 }
 
@@ -232,8 +247,8 @@ def error_from_code(code: str, reason: str) -> GpuTravelError:
 
 __all__ = [
     "ERRORS_BY_CODE", "AgentError", "AttestationError", "CancelledRunError", "CollectiveAbortedError",
-    "CollectiveError", "ConfigError", "DataError", "DeviceError", "FleetDeviceLostError", "FrameError", "GpuCipherError", "GpuTravelError",
+    "CollectiveError", "ConfigError", "DataError", "DeviceError", "DiskFullError", "FleetDeviceLostError", "FrameError", "GpuCipherError", "GpuTravelError",
     "InsecureKeyError", "IntegrityError", "LedgerError", "LinkLostError", "NonceExhaustedError", "ProtocolError",
-    "RecordingError", "ReplayError", "StaleEpochError", "TagError", "TransitionError", "WindowError", "WorkerError",
+    "RecordingError", "ReplayError", "StaleEpochError", "StorageError", "TagError", "TransitionError", "WindowError", "WorkerError",
     "error_from_code",
 ]
