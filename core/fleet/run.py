@@ -25,6 +25,7 @@ from typing import Any
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import ConfigError, FleetDeviceLostError, GpuTravelError, error_from_code
 from gputravel.core.events import Event
+from gputravel.core.fleet.auth import fleet_key
 from gputravel.core.fleet.platform import FleetPlatform, ensure_vendor
 from gputravel.core.fleet.rank import FleetEngine, FleetOptions, WorkerGroup
 from gputravel.core.fleet.verify import verify_fleet
@@ -86,12 +87,14 @@ def launch_fleet(settings: RunSettings, fleet: FleetOptions, *, rdzv: Rendezvous
     typed error (each rank leaves ``<out>/rank-R/report.json`` with its error)."""
     out = Path(settings.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    fleet_key(out, create=True)  # what the ranks authenticate their messages with (never through the store)
     config = out / "fleet.json"
     if not settings.resume or not config.exists():
         config.write_text(json.dumps({"settings": settings.to_dict(), "fleet": fleet.to_dict()}, indent=2) + "\n")
     else:  # --resume continues the fleet as it was configured (its settings, its GPU count)
         saved = json.loads(config.read_text())
         saved["settings"].update(resume=True, fault=settings.fault)
+        saved["fleet"]["ring_fault"] = fleet.ring_fault  # a fault is for the attempt it was given to, as fault is
         config.write_text(json.dumps(saved, indent=2) + "\n")
         fleet = FleetOptions.from_dict(saved["fleet"])
     report_path = out / "report.json"
@@ -169,8 +172,8 @@ async def run_rank(settings: RunSettings, fleet: FleetOptions, *, links: Iterabl
     from gputravel.core import api
     from gputravel.core.session import Session
 
-    group = WorkerGroup(timeout_s=fleet.timeout_s)
     out = Path(settings.out_dir)
+    group = WorkerGroup(key=fleet_key(out), timeout_s=fleet.timeout_s)
     if group.rank == 0:
         ensure_vendor(out / "vendor")
     await group.agree("vendor")  # the vendor PKI exists before any device is certified under it

@@ -1,0 +1,243 @@
+"""An attacker on a fleet's store, a diverging replica, a rank killed mid-round (issue 24, "Fleet").
+
+torchrun's c10d store takes any client: the attacker here is a raw ``TCPStore`` client on the store the
+ranks use (a real one, on 127.0.0.1), writing the keys the fleet reads. What it can do is stop the fleet
+(every refusal is a named error); what it cannot do is get a key, a message or a device accepted:
+
+* the ring's key agreement (``core/collectives/keys.py``) refuses a replayed handshake message, a group key
+  it did not seal, and, once pinned to the devices the workers attested, another genuine device answering
+  for a rank (without the pin that device would be accepted: the test shows both);
+* the workers' group (``WorkerGroup``) refuses a rank that does not hold the fleet key, and every altered,
+  replayed or relabelled message (``FleetAuthError``, counted);
+* a replica that drifts from the others stops every rank with ``ReplicaDivergedError`` and the step is not
+  committed; a rank killed mid-round stops the others with a named error (no hang) and ``--resume`` finishes.
+
+Ranks of the handshake run as threads with their own store clients; the worker group and whole fleets run
+as real processes (torchrun for the fleets: slow).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+from gputravel.core.attestation import DeviceIdentity, VendorCA
+from gputravel.core.collectives.keys import RingKeys, establish_ring_keys
+from gputravel.core.errors import AttestationError, FleetAuthError, GpuTravelError
+from gputravel.core.fleet.auth import fleet_key, open_message, seal_message
+
+TIMEOUT = timedelta(seconds=20)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture()
+def store() -> Any:
+    """A real c10d TCPStore on 127.0.0.1 (the fleet's rendezvous store), hosted by the test."""
+    master = dist.TCPStore("127.0.0.1", _free_port(), is_master=True, timeout=TIMEOUT)  # type: ignore[attr-defined]
+    yield master
+
+
+def client(master: Any) -> Any:
+    """Another connection to the same store: a rank's, or the attacker's (the store cannot tell them apart)."""
+    return dist.TCPStore("127.0.0.1", master.port, is_master=False, timeout=TIMEOUT)  # type: ignore[attr-defined]
+
+
+class Vendor:
+    def __init__(self) -> None:
+        self.ca = VendorCA.generate()
+        self.devices = [self.ca.issue_device(f"emu-gpu-{r}") for r in range(2)]
+
+    @staticmethod
+    def name(identity: DeviceIdentity) -> str:
+        return f"{identity.device_id}:{identity.fingerprint()}"
+
+
+def run_ranks(master: Any, jobs: dict[int, Callable[[Any], Any]]) -> dict[int, Any]:
+    """Each job on its own thread and store client; returns what each returned or raised."""
+    results: dict[int, Any] = {}
+
+    def go(rank: int, job: Callable[[Any], Any]) -> None:
+        try:
+            results[rank] = job(client(master))
+        except Exception as exc:  # noqa: BLE001 - the test looks at it
+            results[rank] = exc
+
+    threads = [threading.Thread(target=go, args=(r, j), daemon=True) for r, j in jobs.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    return results
+
+
+def handshake(vendor: Vendor, rank: int, *, identity: DeviceIdentity | None = None, prefix: str,
+              expected: list[str] | None = None) -> Callable[[Any], RingKeys]:
+    def job(s: Any) -> RingKeys:
+        return establish_ring_keys(s, rank=rank, world=2, identity=identity or vendor.devices[rank],
+                                   root=vendor.ca.root, crl=vendor.ca.crl(), prefix=prefix, timeout=TIMEOUT,
+                                   expected=expected)
+    return job
+
+
+# --- the ring's key agreement against a store attacker --------------------------------------------------
+def test_honest_pinned_ring_agrees_and_names_the_attested_devices(store: Any) -> None:
+    vendor = Vendor()
+    names = [vendor.name(d) for d in vendor.devices]
+    got = run_ranks(store, {r: handshake(vendor, r, prefix="p/honest", expected=names) for r in range(2)})
+    assert all(isinstance(k, RingKeys) for k in got.values()), got
+    assert got[0].peers["right"] == names[1] and got[1].peers["left"] == names[0]
+    assert got[0].send.fingerprint == got[1].recv.fingerprint  # one link key, agreed by both
+
+
+def test_another_genuine_device_answering_for_rank_0_is_refused_once_the_ring_is_pinned(store: Any) -> None:
+    """The attacker holds a device certified by the same vendor (any genuine GPU) and runs rank 0's side of
+    the handshake on the store. Unpinned, rank 1 accepts it (its evidence verifies); pinned to the device
+    rank 0's orchestrator attested, rank 1 refuses it by name."""
+    vendor = Vendor()
+    rogue = vendor.ca.issue_device("rogue-gpu")
+    names = [vendor.name(d) for d in vendor.devices]
+    unpinned = run_ranks(store, {0: handshake(vendor, 0, identity=rogue, prefix="p/unpinned"),
+                                 1: handshake(vendor, 1, prefix="p/unpinned")})
+    assert isinstance(unpinned[1], RingKeys) and unpinned[1].peers["left"].startswith("rogue-gpu:")
+    pinned = run_ranks(store, {0: handshake(vendor, 0, identity=rogue, prefix="p/pinned"),
+                               1: handshake(vendor, 1, prefix="p/pinned", expected=names)})
+    assert isinstance(pinned[1], AttestationError), pinned
+    assert "rank 0 answered as device rogue-gpu:" in pinned[1].reason and names[0] in pinned[1].reason
+    assert isinstance(pinned[0], AttestationError)  # the rogue learns it was refused; no key for anyone
+
+
+def test_a_replayed_handshake_message_injected_into_the_store_is_refused(store: Any) -> None:
+    """The attacker recorded rank 0's nonce and init message of an earlier ring (genuine evidence of the real
+    device) and writes them under the new ring's keys before rank 0 does: rank 1's fresh nonce is not in
+    that evidence, so it is refused."""
+    vendor = Vendor()
+    names = [vendor.name(d) for d in vendor.devices]
+    spy = client(store)
+    first = run_ranks(store, {r: handshake(vendor, r, prefix="p/old", expected=names) for r in range(2)})
+    assert all(isinstance(k, RingKeys) for k in first.values())
+    for kind in ("nonce", "init"):
+        spy.set(f"p/new/{kind}/0", spy.get(f"p/old/{kind}/0"))  # injected before rank 0 speaks
+    got = run_ranks(store, {1: handshake(vendor, 1, prefix="p/new", expected=names)})
+    assert isinstance(got[1], AttestationError), got
+    assert "evidence of rank 0 does not verify" in got[1].reason and "nonce" in got[1].reason
+    assert spy.get("p/new/done/1").startswith(b"ERR:")  # and it says so on the store, for every rank
+
+
+class _SlowGroupKey:
+    """Rank 0's store client, slow to publish the group key (so the attacker's value is read first)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def set(self, key: str, value: bytes) -> None:
+        if "/group/" in key:
+            time.sleep(1.0)
+        self.inner.set(key, value)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_group_key_injected_into_the_store_does_not_authenticate(store: Any) -> None:
+    """The attacker writes its own ring-wide group key where rank 1 reads rank 0's: it is sealed under no
+    link key of this ring, so rank 1 refuses it and no rank gets keys."""
+    vendor = Vendor()
+    names = [vendor.name(d) for d in vendor.devices]
+    client(store).set("p/group/group/0", os.urandom(64))
+    got = run_ranks(store, {0: lambda s: handshake(vendor, 0, prefix="p/group", expected=names)(_SlowGroupKey(s)),
+                            1: handshake(vendor, 1, prefix="p/group", expected=names)})
+    assert isinstance(got[1], AttestationError) and "group key from rank 0 does not authenticate" in got[1].reason
+    assert isinstance(got[0], AttestationError)  # rank 0 leaves with the named error, not a hang
+
+
+# --- the workers' group ------------------------------------------------------------------------------------
+def test_worker_messages_that_are_injected_altered_replayed_or_relabelled_are_refused() -> None:
+    key, other = os.urandom(32), os.urandom(32)
+    ctx = "restart=0 world=2 exchange=3"
+    sealed = seal_message(key, context=ctx, sender=1, obj={"weight": 1.0, "lost": False})
+    assert open_message(key, sealed, context=ctx, sender=1) == {"weight": 1.0, "lost": False}
+    altered = bytearray(sealed)
+    altered[2] ^= 1
+    cases = {
+        "injected without the key": seal_message(other, context=ctx, sender=1, obj={"weight": 9.0, "lost": False}),
+        "altered": bytes(altered),
+        "truncated": sealed[:-1],
+        "garbage": b"\x80" * 10,
+    }
+    for what, data in cases.items():
+        with pytest.raises(FleetAuthError):
+            open_message(key, data, context=ctx, sender=1)
+        assert what
+    with pytest.raises(FleetAuthError):  # replayed into a later exchange
+        open_message(key, sealed, context="restart=0 world=2 exchange=4", sender=1)
+    with pytest.raises(FleetAuthError):  # relabelled as another rank's
+        open_message(key, sealed, context=ctx, sender=0)
+
+
+def test_the_fleet_key_is_private_and_made_once(tmp_path: Path) -> None:
+    key = fleet_key(tmp_path, create=True)
+    assert fleet_key(tmp_path, create=True) == key == fleet_key(tmp_path)
+    assert (tmp_path / "fleet.key").stat().st_mode & 0o777 == 0o600
+    os.chmod(tmp_path / "fleet.key", 0o644)
+    with pytest.raises(GpuTravelError, match="world-readable"):
+        fleet_key(tmp_path)
+
+
+_WORKER = """
+import json, sys
+from gputravel.core.errors import GpuTravelError
+from gputravel.core.fleet.rank import WorkerGroup
+group = WorkerGroup(key=bytes.fromhex(sys.argv[1]), timeout_s=30)
+try:
+    got = group.gather({"rank": group.rank, "digest": "d" * 64})
+    print(json.dumps({"ok": got, "refused": group.refused}))
+except GpuTravelError as exc:
+    print(json.dumps({"error": type(exc).__name__, "reason": exc.reason, "refused": group.refused}))
+"""
+
+
+def _workers(store: Any, keys: list[bytes]) -> list[dict[str, Any]]:
+    procs = []
+    for rank, key in enumerate(keys):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "OMP_NUM_THREADS": "1"}
+        procs.append(subprocess.Popen([sys.executable, "-c", _WORKER, key.hex()], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=90)
+        assert p.returncode == 0, err[-2000:]
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    return outs
+
+
+def test_a_rank_without_the_fleet_key_is_refused_by_the_worker_group(store: Any) -> None:
+    """Two real worker processes on the store: with the fleet key they agree; a stranger standing in for
+    rank 1 (it found the store and took rank 1's place, but has no fleet key) gets nothing accepted: rank 0
+    refuses its message with FleetAuthError and counts it."""
+    key = os.urandom(32)
+    honest = _workers(store, [key, key])
+    assert [m["rank"] for m in honest[0]["ok"]] == [0, 1] and honest[0]["refused"] == 0
+    fresh = dist.TCPStore("127.0.0.1", _free_port(), is_master=True, timeout=TIMEOUT)  # type: ignore[attr-defined]
+    stranger = _workers(fresh, [key, os.urandom(32)])
+    assert stranger[0]["error"] == "FleetAuthError" and "rank 1" in stranger[0]["reason"]
+    assert stranger[0]["refused"] == 1
+    assert stranger[1]["error"] == "FleetAuthError"  # the stranger cannot read rank 0's either
