@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from gputravel.core.attestation import DeviceIdentity, VendorCA
 from gputravel.core.collectives.keys import RingKeys, establish_ring_keys
-from gputravel.core.errors import AttestationError, FleetAuthError, GpuTravelError
+from gputravel.core.errors import AttestationError, FleetAuthError, GpuTravelError, WorkerError
 from gputravel.core.fleet.auth import fleet_key, open_message, seal_message
 
 TIMEOUT = timedelta(seconds=20)
@@ -241,3 +241,93 @@ def test_a_rank_without_the_fleet_key_is_refused_by_the_worker_group(store: Any)
     assert stranger[0]["error"] == "FleetAuthError" and "rank 1" in stranger[0]["reason"]
     assert stranger[0]["refused"] == 1
     assert stranger[1]["error"] == "FleetAuthError"  # the stranger cannot read rank 0's either
+
+
+# --- whole fleets under torchrun (slow) -------------------------------------------------------------------
+def _fleet_settings(data: Path, out: Path, **kw: object) -> Any:
+    from gputravel.core.config import RunSettings
+
+    base: dict[str, object] = dict(holders=3, rounds=1, steps_per_visit=2, buffer_mib=0.125, data_dir=data,
+                                   out_dir=out, batch_size=4, seq_len=32, chunk_kib=32, torch_threads=1,
+                                   transport="local", visit_attempts=1, allow_fault_injection=True)
+    base.update(kw)
+    return RunSettings(**base)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def fleet_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from gputravel.core.bench.data import make_holders
+
+    return make_holders(tmp_path_factory.mktemp("holders"), 3, 40_000)
+
+
+@pytest.fixture(scope="module")
+def fleet_reference(fleet_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from gputravel.core.fleet.rank import FleetOptions
+    from gputravel.core.fleet.run import launch_fleet
+
+    report: dict[str, Any] = launch_fleet(_fleet_settings(fleet_data, tmp_path_factory.mktemp("ref") / "f"),
+                                          FleetOptions(gpus=2, timeout_s=120), quiet=True)
+    return report
+
+
+def _check_resumed(report: dict[str, Any], reference: dict[str, Any]) -> None:
+    assert report["fleet"]["replica_digests_equal"] is True
+    assert sorted(v["visit"] for v in report["visits"] if v["outcome"] == "done") == [0, 1, 2]
+    assert report["ledger"]["verified"] is True
+    assert report["training"]["model_digest"] == reference["training"]["model_digest"]
+
+
+@pytest.mark.slow
+def test_a_diverging_replica_stops_every_rank_uncommitted_and_resume_reaches_the_reference(
+        fleet_data: Path, tmp_path: Path, fleet_reference: dict[str, Any]) -> None:
+    """GPU 1's replica drifts after its step (fault injection: one parameter moved on that device alone):
+    the digest check after the step stops every rank with ReplicaDivergedError naming both digests, every
+    ledger still verifies, the step is recorded ``diverged`` and not committed; ``--resume`` redoes it from
+    the last equal checkpoint and ends with the uninterrupted fleet's model."""
+    from gputravel.core.errors import ReplicaDivergedError
+    from gputravel.core.fleet.rank import FleetOptions
+    from gputravel.core.fleet.run import launch_fleet
+    from gputravel.core.ledger import read_rows, verify_ledger
+
+    out = tmp_path / "d"
+    with pytest.raises(ReplicaDivergedError, match="diverged in step 0"):
+        launch_fleet(_fleet_settings(fleet_data, out), FleetOptions(gpus=2, timeout_s=120, ring_fault="drift@1"),
+                     quiet=True)
+    for rank in (0, 1):
+        ledger = out / f"rank-{rank}" / "ledger.db"
+        assert verify_ledger(ledger).ok
+        steps = [r for r in read_rows(ledger) if r.kind == "fleet-step"]
+        assert [(r.detail["step"], r.outcome) for r in steps] == [(0, "diverged")]
+        stopped = json.loads((out / f"rank-{rank}" / "report.json").read_text())
+        assert stopped["error"]["code"] == "replica-diverged"
+    resumed = launch_fleet(_fleet_settings(fleet_data, out, resume=True), FleetOptions(gpus=2, timeout_s=120),
+                           quiet=True)
+    _check_resumed(resumed, fleet_reference)
+
+
+@pytest.mark.slow
+def test_a_rank_killed_mid_round_stops_the_other_with_a_named_error_and_resume_finishes(
+        fleet_data: Path, tmp_path: Path, fleet_reference: dict[str, Any]) -> None:
+    """Rank 1's worker is SIGKILLed at its TRAIN in round 0 with no elastic restart: the launcher ends
+    (no hang) with a named error (not internal), each rank's ledger verifies and holds its initial sealed
+    checkpoint, and ``--resume`` finishes the fleet with the uninterrupted one's model."""
+    from gputravel.core.fleet.rank import FleetOptions
+    from gputravel.core.fleet.run import launch_fleet
+    from gputravel.core.ledger import verify_ledger
+
+    out = tmp_path / "k"
+    t0 = time.monotonic()
+    with pytest.raises(GpuTravelError) as caught:
+        launch_fleet(_fleet_settings(fleet_data, out, fault="kill-orchestrator@TRAIN:1"),
+                     FleetOptions(gpus=2, timeout_s=120), quiet=True)
+    assert time.monotonic() - t0 < 120, "the surviving rank waited out the fleet's timeout"
+    # torchrun stopped the surviving rank (SIGTERM) once rank 1 died: the job's failure, named, exit 10
+    assert isinstance(caught.value, WorkerError) and caught.value.exit_code == 10, caught.value
+    assert "torchrun job exited" in caught.value.reason
+    for rank in (0, 1):
+        assert verify_ledger(out / f"rank-{rank}" / "ledger.db").ok
+        assert (out / f"rank-{rank}" / "checkpoints" / "ckpt-000000.gtc").exists()
+    resumed = launch_fleet(_fleet_settings(fleet_data, out, resume=True), FleetOptions(gpus=2, timeout_s=120),
+                           quiet=True)
+    _check_resumed(resumed, fleet_reference)

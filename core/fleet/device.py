@@ -122,15 +122,15 @@ class FleetDeviceService(DeviceService):
             res = self.ring.train_step(self.buffer.tensor, train_off=train_off, train_len=train_len,
                                        val_off=val_off, val_len=val_len, fmt=fmt, weight=float(weight),
                                        total_weight=float(total_weight), steps=int(steps), seed=int(seed))
-        except GpuTravelError:
-            raise
-        except RuntimeError as exc:  # the hook's error, raised by DDP in backward (the replica is put back)
-            raise _ring_error(str(exc)) from None
             if self.drift:  # fault injection: one parameter moves on this device alone
                 import torch
 
                 with torch.no_grad():
                     next(self._need_trainer().model.parameters()).view(-1)[0] += 1e-3
+        except GpuTravelError:
+            raise
+        except RuntimeError as exc:  # the hook's error, raised by DDP in backward (the replica is put back)
+            raise _ring_error(str(exc)) from None
         finally:
             self._model_changed()
         self.counters["train_steps"] += len(res.losses)

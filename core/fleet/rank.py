@@ -431,7 +431,7 @@ class FleetEngine(TravelEngine):
                          "steps": self.step_count,
                          "visits_done": [r.plan.index for r in self.records if r.outcome.startswith("done")]}
             else:  # diverged: the step is not the fleet's; a resume redoes it from the step before
-                state = {"fleet_steps_done": index}
+                state = {"fleet_steps_done": index, "checkpoint_seq": index}
             self.audit.row("fleet-step", outcome="ok" if equal and not gone else "lost" if gone else "diverged",
                            detail={**entry, "holders": list(self.fleet_plan.steps[index].holders)}, state=state)
         elif not equal:

@@ -98,8 +98,8 @@ def launch_fleet(settings: RunSettings, fleet: FleetOptions, *, rdzv: Rendezvous
         config.write_text(json.dumps(saved, indent=2) + "\n")
         fleet = FleetOptions.from_dict(saved["fleet"])
     report_path = out / "report.json"
-    if report_path.exists():
-        report_path.unlink()
+    for stale in [report_path, *out.glob("rank-*/report.json")]:  # an earlier attempt's: never this one's
+        stale.unlink(missing_ok=True)
     child_env = {**os.environ, **(env or {})}
     child_env.setdefault("OMP_NUM_THREADS", "1")
     progress = None if quiet else _stderr_fd()  # the ranks' progress goes to our stderr (stdout stays the report's)
