@@ -331,3 +331,74 @@ def test_a_rank_killed_mid_round_stops_the_other_with_a_named_error_and_resume_f
     resumed = launch_fleet(_fleet_settings(fleet_data, out, resume=True), FleetOptions(gpus=2, timeout_s=120),
                            quiet=True)
     _check_resumed(resumed, fleet_reference)
+
+
+@pytest.mark.slow
+def test_a_raw_store_client_writing_the_ring_keys_of_a_running_fleet_gets_nothing_accepted(
+        fleet_data: Path, tmp_path: Path) -> None:
+    """The attacker connects a raw TCPStore client to the running fleet's store (torchrun's agent store; it
+    reads the port from a rank's environment, as a process of the same user can) and keeps writing
+    its own values under every key of the devices' ring handshake (nonces, ephemeral keys and evidence,
+    responses, the group key). The ranks read them: the handshake refuses each (the evidence does not verify
+    or the group key does not authenticate), the fleet stops with the named AttestationError (exit 3), every
+    rank's ledger verifies, and no ring key was agreed, so no hop was ever sealed under a key the attacker
+    chose."""
+    from gputravel.core.fleet.rank import FleetOptions
+    from gputravel.core.fleet.run import Rendezvous, launch_fleet
+    from gputravel.core.ledger import read_rows, verify_ledger
+
+    port = _free_port()
+    stop = threading.Event()
+    written = [0]
+    ring = "gputravel/devices/0/gputravel/ring/0-1/0"
+    keys = [f"{ring}/{kind}/{r}" for kind in ("nonce", "init", "resp", "group") for r in (0, 1)]
+
+    def store_port() -> int | None:
+        """The workers' store (torchrun's agent store, MASTER_PORT), read from a rank's environment."""
+        for proc in Path("/proc").iterdir():
+            try:
+                cmd = (proc / "cmdline").read_bytes()
+                if b"gputravel.console.fleet_rank" not in cmd or str(out).encode() not in cmd:
+                    continue
+                env = dict(v.split(b"=", 1) for v in (proc / "environ").read_bytes().split(b"\0") if b"=" in v)
+                return int(env[b"MASTER_PORT"])
+            except (OSError, KeyError, ValueError):
+                continue
+        return None
+
+    def attacker() -> None:
+        attacker_store = None
+        while not stop.is_set() and attacker_store is None:
+            try:
+                found = store_port()
+                if found is None:
+                    time.sleep(0.02)
+                    continue
+                attacker_store = dist.TCPStore("127.0.0.1", found, is_master=False,  # type: ignore[attr-defined]
+                                               timeout=timedelta(seconds=2))
+            except Exception:  # noqa: BLE001 - the store is not up yet
+                time.sleep(0.05)
+        while not stop.is_set() and attacker_store is not None:
+            for key in keys:
+                try:
+                    attacker_store.set(key, os.urandom(96))
+                    written[0] += 1
+                except Exception:  # noqa: BLE001 - the store went away with the job
+                    return
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=attacker, daemon=True)
+    thread.start()
+    out = tmp_path / "s"
+    try:
+        with pytest.raises(AttestationError, match="ring handshake"):
+            launch_fleet(_fleet_settings(fleet_data, out), FleetOptions(gpus=2, timeout_s=120),
+                         rdzv=Rendezvous(rdzv_endpoint=f"127.0.0.1:{port}"), quiet=True)
+    finally:
+        stop.set()
+        thread.join(10)
+    assert written[0] > 0, "the attacker never reached the store"
+    for rank in (0, 1):
+        ledger = out / f"rank-{rank}" / "ledger.db"
+        assert verify_ledger(ledger).ok
+        assert not [r for r in read_rows(ledger) if r.kind == "fleet-joined"]  # no ring was formed
