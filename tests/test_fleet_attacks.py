@@ -325,6 +325,7 @@ def test_a_rank_killed_mid_round_stops_the_other_with_a_named_error_and_resume_f
     # torchrun stopped the surviving rank (SIGTERM) once rank 1 died: the job's failure, named, exit 10
     assert isinstance(caught.value, WorkerError) and caught.value.exit_code == 10, caught.value
     assert "torchrun job exited" in caught.value.reason
+    assert "rank 1 failed first (killed by signal 9)" in caught.value.reason
     for rank in (0, 1):
         assert verify_ledger(out / f"rank-{rank}" / "ledger.db").ok
         assert (out / f"rank-{rank}" / "checkpoints" / "ckpt-000000.gtc").exists()

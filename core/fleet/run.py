@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -130,8 +131,15 @@ def launch_fleet(settings: RunSettings, fleet: FleetOptions, *, rdzv: Rendezvous
     if proc.returncode == 0 and local:  # a host without rank 0: its ranks' own reports
         return {"merged_elsewhere": True, "note": "rank 0 runs on another host and writes the fleet's report",
                 "ranks": [r.get("gpu") for r in local], "failed_visits": sum(r.get("failed_visits", 0) for r in local)}
-    tail = proc.stderr.decode(errors="replace")[-600:] if proc.stderr else ""
-    raise error_from_code("worker", f"the fleet's torchrun job exited with {proc.returncode} and no report {tail}")
+    text = proc.stderr.decode(errors="replace") if proc.stderr else ""
+    root = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", text, re.DOTALL)
+    first = ""
+    if root:  # torchrun names the rank that failed first (a kill: a negative exit code, the signal)
+        code = int(root.group(2))
+        how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        first = f"; rank {root.group(1)} failed first ({how}), torchrun stopped the others"
+    raise error_from_code("worker", f"the fleet's torchrun job exited with {proc.returncode} and no report{first} "
+                                    f"{text[-600:]}")
 
 
 def _run_torchrun(cmd: list[str], *, env: dict[str, str], progress: int | None) -> subprocess.CompletedProcess[bytes]:
