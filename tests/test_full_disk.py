@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import gputravel_children
 
 from gputravel.core import events as ev
 from gputravel.core.api import RunSettings, run
@@ -176,6 +177,7 @@ def test_a_full_disk_under_the_ledger_stops_the_run_keeps_the_chain_and_resume_f
         assert isinstance(caught.value, StorageError) and caught.value.exit_code == 12
         assert "ledger" in caught.value.reason and "visit-completed" in caught.value.reason
         check_stopped_clean(out, committed={0})
+        assert gputravel_children() == [], "the holders' agents outlived the failed run"
         rows = list(read_rows(out / "ledger.db"))
         assert rows[-1].kind == "phase" and rows[-1].phase == "ROTATE" and rows[-1].detail["visit"] == 1
         fillers[0].unlink()

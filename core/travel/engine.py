@@ -39,6 +39,7 @@ from gputravel.core.errors import (
     IntegrityError,
     LinkLostError,
     ProtocolError,
+    StorageError,
 )
 from gputravel.core.ledger import Ledger
 from gputravel.core.platform.base import DeviceHandle
@@ -163,8 +164,11 @@ class TravelEngine:
 
     def on_holder_state(self, holder: str, state: str, detail: str) -> None:
         """Per-host states from the holder links, as events and ledger rows."""
-        self.audit.record(ev.HolderStateChanged(time.time(), holder, state, detail),
-                          "holder-state", holder=holder, outcome=state, detail={"detail": detail})
+        event = ev.HolderStateChanged(time.time(), holder, state, detail)
+        try:
+            self.audit.record(event, "holder-state", holder=holder, outcome=state, detail={"detail": detail})
+        except StorageError:  # a full disk: the link goes on (it may be stopping its agent); the run's own
+            self.audit.emit(event)  # next row meets the same error where the run can stop on it
 
     # --- the device ------------------------------------------------------------------------------
     def new_client(self) -> DeviceClient:
