@@ -3,15 +3,35 @@ files (keys) only when no one else can read them."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
 from pathlib import Path
 
-from gputravel.core.errors import ConfigError, InsecureKeyError
+from gputravel.core.errors import ConfigError, DiskFullError, InsecureKeyError, StorageError
 
 __all__ = ["PRIVATE_UMASK", "InsecureKeyError", "check_private", "close_folder", "fsync_dir", "keep_private",
-           "make_tree_private", "read_private", "write_atomic"]
+           "make_tree_private", "read_private", "storage_error", "write_atomic"]
+
+#: errnos that mean "no space": the disk is full, or the user's quota is
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+_SQLITE_FULL = 13  # sqlite3.SQLITE_FULL: "database or disk is full" (the extended code's low byte)
+
+
+def storage_error(exc: BaseException, what: str) -> StorageError:
+    """``exc``, an ``OSError`` or ``sqlite3.Error`` met while writing ``what`` (the ledger, the recording, a
+    checkpoint), as the run's named error: ``DiskFullError`` for no space (ENOSPC, EDQUOT, SQLite's
+    SQLITE_FULL), else ``StorageError``. Raise it ``from exc``."""
+    full = (isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS) or (
+        (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF == _SQLITE_FULL)
+    reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    if full:
+        return DiskFullError(f"{what}: no space left ({reason}); what was committed is kept: free space, then "
+                             "`gputravel run --resume` continues")
+    return StorageError(f"{what}: write failed ({reason}); what was committed is kept: `gputravel run --resume` "
+                        "continues once it can write")
+
 
 #: the umask of a process that writes a run: folders 0700, files 0600 (SQLite's -wal/-shm included)
 PRIVATE_UMASK = 0o077

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from gputravel.core import events as ev
-from gputravel.core.errors import RecordingError
+from gputravel.core.errors import RecordingError, StorageError
+from gputravel.core.files import storage_error
 from gputravel.core.telemetry.model import TelemetryFrame
 
 __all__ = ["RECORDING_VERSION", "RecordedItem", "Recorder", "Recording", "Player", "RecordingError",
@@ -95,7 +96,11 @@ class RecordedItem:
 
 
 class Recorder:
-    """Appends events and telemetry to a recording; safe to call from the loop and from threads."""
+    """Appends events and telemetry to a recording; safe to call from the loop and from threads.
+
+    A write the disk refuses (full: ``DiskFullError``; else ``StorageError``) ends the recording: it is
+    raised once, from the next event recorded (so from the engine's sink, which stops the run with it;
+    a telemetry tick only notes it), and everything after is dropped. What was written stays readable."""
 
     def __init__(self, path: Path, *, meta: dict[str, Any] | None = None) -> None:
         self.path = Path(path)
@@ -112,33 +117,50 @@ class Recorder:
         self._lock = threading.Lock()
         self._closed = False
         self.items = 0
+        #: the write the disk refused (the recording stopped there), and whether it was raised yet
+        self.failed: StorageError | None = None
+        self._failure_told = False
         self.set_meta({"version": RECORDING_VERSION, **(meta or {})})
 
     def set_meta(self, meta: dict[str, Any]) -> None:
         with self._lock:
-            if self._closed:
+            if self._closed or self.failed is not None:
                 return
-            self._db.executemany("INSERT INTO meta (key, value) VALUES (?, ?) "
-                                 "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                                 [(k, json.dumps(v, default=_json_default)) for k, v in meta.items()])
+            try:
+                self._db.executemany("INSERT INTO meta (key, value) VALUES (?, ?) "
+                                     "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                                     [(k, json.dumps(v, default=_json_default)) for k, v in meta.items()])
+            except sqlite3.Error as exc:
+                self.failed = storage_error(exc, f"recording {self.path}")
+                self._failure_told = True
+                raise self.failed from exc
 
-    def _append(self, t: float, kind: str, name: str, body: dict[str, Any]) -> None:
+    def _append(self, t: float, kind: str, name: str, body: dict[str, Any], *, tell: bool) -> None:
         text = json.dumps(body, default=_json_default, allow_nan=False)
         with self._lock:
             if self._closed:
                 return
-            self._db.execute("INSERT INTO items (t, kind, name, body) VALUES (?, ?, ?, ?)", (t, kind, name, text))
-            self.items += 1
+            if self.failed is None:
+                try:
+                    self._db.execute("INSERT INTO items (t, kind, name, body) VALUES (?, ?, ?, ?)",
+                                     (t, kind, name, text))
+                    self.items += 1
+                    return
+                except sqlite3.Error as exc:
+                    self.failed = storage_error(exc, f"recording {self.path}")
+            if tell and not self._failure_told:
+                self._failure_told = True
+                raise self.failed
 
     def __call__(self, event: ev.Event) -> None:
         """An engine sink."""
         self.record_event(event)
 
     def record_event(self, event: ev.Event) -> None:
-        self._append(event.t, "event", event.kind, event.to_dict())
+        self._append(event.t, "event", event.kind, event.to_dict(), tell=True)
 
     def record_telemetry(self, frame: TelemetryFrame) -> None:
-        self._append(frame.t, "telemetry", frame.source, frame.to_dict())
+        self._append(frame.t, "telemetry", frame.source, frame.to_dict(), tell=False)
 
     def close(self) -> None:
         with self._lock:

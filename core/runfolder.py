@@ -134,6 +134,12 @@ def _check_state_against_chain(ledger: Path, rows: list[Any], state: dict[str, A
         raise LedgerError(f"--resume refused: {ledger}: the progress state lists visits "
                           f"{sorted(state.get('visits_done', []))} done, the chained rows {done}")
     want_seq = max((v + 1 for v in done), default=0)
+    if "fleet_digest" in state:  # a fleet rank counts checkpoints in lock-step steps: its last step agreed "ok"
+        agreed = [int(r.detail["step"]) for r in rows if r.kind == "fleet-step" and r.outcome == "ok"]
+        want_seq = agreed[-1] + 1 if agreed else 0
+        if int(state.get("fleet_steps_done", 0)) != want_seq:
+            raise LedgerError(f"--resume refused: {ledger}: the progress state says {state.get('fleet_steps_done')} "
+                              f"fleet steps done, the chained rows {want_seq}")
     if state.get("checkpoint_seq") not in (None, want_seq):
         raise LedgerError(f"--resume refused: {ledger}: the progress state names checkpoint "
                           f"{state.get('checkpoint_seq')}, the chained rows {want_seq}")

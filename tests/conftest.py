@@ -63,7 +63,8 @@ PROCESS_MODULES = frozenset({
     "test_crash.py", "test_engine.py", "test_engine_parts.py", "test_failures.py", "test_holder_attestation.py",
     "test_provisioning.py", "test_train_progress.py", "test_provision_control.py", "test_device_code.py",
     # security: a malicious agent, key hunting over whole runs, nonce limits over runs, another local user
-    "test_attacks.py", "test_secrets.py", "test_limits.py", "test_hostile_local.py",
+    "test_attacks.py", "test_secrets.py", "test_limits.py", "test_hostile_local.py", "test_full_disk.py",
+    "test_fleet_attacks.py", "test_hostile_run.py",
     # scripts: make gpu-check's script
     "test_gpu_check.py",
 })

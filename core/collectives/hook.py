@@ -77,6 +77,7 @@ class SecureRingState:
         async_comm: bool = True,
         fault: RingFault | None = None,
         timeout: timedelta = timedelta(seconds=120),
+        expected_peers: list[str] | None = None,
     ) -> None:
         """Secure variants need keys: pass ``keys``, or ``identity`` + ``root`` (+ ``crl``) of this rank's
         device, or (SIM) ``vendor_dir``, a folder all ranks share, for emulated identities."""
@@ -104,7 +105,7 @@ class SecureRingState:
             ranks = "-".join(str(r) for r in dist.get_process_group_ranks(process_group or dist.group.WORLD))
             keys = establish_ring_keys(store, rank=rank, world=self.world_size, identity=identity, root=root,
                                        crl=crl, policy=policy, prefix=f"gputravel/ring/{ranks}/{next(_SETUPS)}",
-                                       timeout=timeout)
+                                       timeout=timeout, expected=expected_peers)
         self.ring = SecureRing(group=process_group, keys=keys, chunk_bytes=chunk_bytes, sealed_gather=sealed_gather,
                                crypto=HostCrypto(workers=default_workers(_local_world(self.world_size))
                                                  if workers is None else workers),

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -167,12 +167,18 @@ def establish_ring_keys(
     prefix: str = "gputravel/ring/0",
     epoch: int = 0,
     timeout: timedelta = timedelta(seconds=60),
+    expected: Sequence[str] | None = None,
 ) -> RingKeys:
     """Run the neighbour handshakes of one ring and derive this rank's keys.
 
     ``prefix`` must be unique per ring set-up within ``store``. Raises ``AttestationError`` when a
     neighbour's evidence or signature does not verify (the neighbour is told, and raises too).
+    ``expected`` (a fleet: every rank's ``"device_id:key fingerprint"``, as its own orchestrator attested
+    it and told the others over an authenticated channel, never the store) pins each rank to its device:
+    evidence that verifies but comes from another device (another genuine GPU on the store) is refused too.
     """
+    if expected is not None and len(expected) != world:
+        raise ConfigError(f"expected names {len(expected)} devices for a ring of {world}")
     if not 0 <= rank < world:
         raise ConfigError(f"rank {rank} outside world {world}")
     policy = load_policy() if policy is None else policy
@@ -193,7 +199,11 @@ def establish_ring_keys(
         if not result.ok or result.device_public_key is None:
             reasons = "; ".join(f"{c.name}: {c.detail}" for c in result.failed)
             raise AttestationError(f"ring handshake: evidence of rank {who} does not verify: {reasons}")
-        return result.device_public_key, f"{result.device_id}:{result.device_key_fingerprint}"
+        name = f"{result.device_id}:{result.device_key_fingerprint}"
+        if expected is not None and name != expected[who]:
+            raise AttestationError(f"ring handshake: rank {who} answered as device {name}, not as the device its "
+                                   f"orchestrator attested ({expected[who]}): refused")
+        return result.device_public_key, name
 
     posted: set[str] = set()
 

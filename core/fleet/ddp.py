@@ -67,7 +67,8 @@ class FleetRing:
                  identity: DeviceIdentity, root: x509.Certificate,
                  crl: x509.CertificateRevocationList | None = None, policy: Policy | None = None,
                  variant: Variant | str = Variant.SECURE_PIPELINED, backend: str = "gloo",
-                 timeout_s: float = 300.0, fault: RingFault | None = None) -> None:
+                 timeout_s: float = 300.0, fault: RingFault | None = None,
+                 expected_peers: list[str] | None = None) -> None:
         if dist.is_initialized():
             raise CollectiveError("this device is already in a device group")
         if not 0 <= rank < world:
@@ -84,7 +85,8 @@ class FleetRing:
         self.trainer = trainer
         try:
             self.state = SecureRingState(variant=self.variant, identity=identity, root=root, crl=crl, policy=policy,
-                                         store=self.store, timeout=timeout, fault=fault)
+                                         store=self.store, timeout=timeout, fault=fault,
+                                         expected_peers=expected_peers)
             # no initial broadcast (it would carry parameters in plaintext): replicas start equal by seed
             self.ddp = DistributedDataParallel(trainer.model, init_sync=False, broadcast_buffers=False)
             self.ddp.register_comm_hook(self.state, secure_ring_hook)

@@ -43,6 +43,7 @@ class FleetDeviceService(DeviceService):
     def __init__(self, *, identity: DeviceIdentity, buffer_bytes: int, **kw: Any) -> None:
         super().__init__(identity=identity, buffer_bytes=buffer_bytes, **kw)
         self.ring: FleetRing | None = None
+        self.drift = False  # fault injection: this replica drifts after every step (a diverging replica)
 
     def handle(self, op: str, args: dict[str, Any], payload: bytes) -> Reply:
         """The fleet's operations here, every other one through the service's operation table."""
@@ -62,11 +63,13 @@ class FleetDeviceService(DeviceService):
 
     def op_fleet_join(self, *, host: str, port: int, prefix: str, rank: int, world: int, variant: str,
                       backend: str | None = None, timeout_s: float = 300.0, fault: str | None = None,
-                      payload: bytes) -> dict[str, Any]:
+                      expected: list[str] | None = None, payload: bytes) -> dict[str, Any]:
         """Join the device group on the job's c10d store; ``payload``: the vendor's CRL (PEM) or empty.
         The ring's neighbours are verified against the vendor root this device was provisioned with.
         ``fault`` (fault injection, only where enabled): ``flip@R`` / ``replay@R``, device R tampers with
-        the first hop it sends in every all-reduce (``replay``: from the second on)."""
+        the first hop it sends in every all-reduce (``replay``: from the second on); ``drift@R``, device R's
+        replica drifts from the others' after every step (a diverging replica). ``expected``: every rank's
+        device (``"device_id:key fingerprint"``) as the workers attested them; a ring neighbour must be it."""
         if self.ring is not None:
             raise DeviceError("this device is already in a fleet")
         ring_fault = None
@@ -75,8 +78,14 @@ class FleetDeviceService(DeviceService):
                 raise DeviceError("fault injection is disabled on this device")
             kind, _, who = fault.partition("@")
             if not who.isdigit():
-                raise ConfigError(f"ring fault {fault!r} is flip@RANK or replay@RANK")
-            ring_fault = RingFault(kind, rank=int(who))
+                raise ConfigError(f"ring fault {fault!r} is flip@RANK, replay@RANK or drift@RANK")
+            if kind == "drift":
+                self.drift = int(who) == int(rank)
+            else:
+                ring_fault = RingFault(kind, rank=int(who))
+        if expected is not None and (not isinstance(expected, list) or len(expected) != int(world)
+                                     or not all(isinstance(e, str) for e in expected)):
+            raise ConfigError("fleet_join: expected names one device per rank")
         crl = None
         if payload:
             try:
@@ -88,7 +97,7 @@ class FleetDeviceService(DeviceService):
             self.ring = FleetRing(trainer=self._need_trainer(), host=host, port=int(port), prefix=prefix,
                                   rank=int(rank), world=int(world), identity=self.identity,
                                   root=self.identity.chain[-1], crl=crl, variant=variant, backend=backend,
-                                  timeout_s=float(timeout_s), fault=ring_fault)
+                                  timeout_s=float(timeout_s), fault=ring_fault, expected_peers=expected)
         except GpuTravelError:
             raise
         except (RuntimeError, ValueError, OSError) as exc:
@@ -113,6 +122,11 @@ class FleetDeviceService(DeviceService):
             res = self.ring.train_step(self.buffer.tensor, train_off=train_off, train_len=train_len,
                                        val_off=val_off, val_len=val_len, fmt=fmt, weight=float(weight),
                                        total_weight=float(total_weight), steps=int(steps), seed=int(seed))
+            if self.drift:  # fault injection: one parameter moves on this device alone
+                import torch
+
+                with torch.no_grad():
+                    next(self._need_trainer().model.parameters()).view(-1)[0] += 1e-3
         except GpuTravelError:
             raise
         except RuntimeError as exc:  # the hook's error, raised by DDP in backward (the replica is put back)

@@ -26,9 +26,11 @@ from gputravel.core.errors import (
     ConfigError,
     DataError,
     DeviceError,
+    FleetAuthError,
     FleetDeviceLostError,
     GpuTravelError,
     ProtocolError,
+    ReplicaDivergedError,
 )
 from gputravel.core.fleet.ddp import sample_seed
 from gputravel.core.fleet.schedule import FleetPlan, FleetStep, plan_fleet
@@ -85,12 +87,20 @@ class FleetOptions:
 
 
 class WorkerGroup:
-    """The workers' process group (torchrun's env://, gloo): agreements and reports, no data."""
+    """The workers' process group (torchrun's env://, gloo): agreements and reports, no data.
 
-    def __init__(self, *, timeout_s: float = 900.0) -> None:
+    torchrun's store and gloo's pairing take any client, so every message is sealed under the fleet key
+    (:mod:`gputravel.core.fleet.auth`: JSON and an HMAC over the restart, the world, the exchange's index
+    and the sender); one that does not open is refused (``FleetAuthError``, counted in ``refused``). No
+    pickle crosses the group."""
+
+    def __init__(self, *, key: bytes, timeout_s: float = 900.0) -> None:
         import torch.distributed as dist
 
         self._dist = dist
+        self._key = key
+        self._calls = 0
+        self.refused = 0  # messages that did not authenticate
         for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             if name not in os.environ:
                 raise ConfigError(f"a fleet rank runs under torchrun ({name} is not set)")
@@ -111,13 +121,43 @@ class WorkerGroup:
         self.world = dist.get_world_size()
 
     def gather(self, value: Any) -> list[Any]:
-        """Every rank's ``value``, by rank (blocking: call it off the event loop)."""
-        out: list[Any] = [None] * self.world
+        """Every rank's ``value`` (JSON), by rank, each authenticated (blocking: call it off the event loop).
+
+        Raises:
+            FleetAuthError: a rank's message does not authenticate (injected, altered, replayed, relabelled).
+            CollectiveError: the group itself failed.
+        """
+        import torch
+
+        from gputravel.core.fleet.auth import MAX_MESSAGE_BYTES, open_message, seal_message
+
+        self._calls += 1
+        context = f"restart={self.restart} world={self.world} exchange={self._calls}"
+        mine = seal_message(self._key, context=context, sender=self.rank, obj=value)
         try:
-            self._dist.all_gather_object(out, value)
+            sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
+            self._dist.all_gather(sizes, torch.tensor([len(mine)], dtype=torch.int64))
+            lengths = [int(t.item()) for t in sizes]
+            bad = [r for r, n in enumerate(lengths) if not 0 < n <= MAX_MESSAGE_BYTES]
+            if bad:
+                self.refused += len(bad)
+                raise FleetAuthError(f"rank(s) {bad} announced a message of {[lengths[r] for r in bad]} bytes: "
+                                     "not a sealed fleet message; refused")
+            width = max(lengths)
+            out = [torch.empty(width, dtype=torch.uint8) for _ in range(self.world)]
+            padded = torch.zeros(width, dtype=torch.uint8)
+            padded[: len(mine)] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
+            self._dist.all_gather(out, padded)
         except RuntimeError as exc:
             raise CollectiveError(f"the fleet's worker group failed: {str(exc).splitlines()[0]}") from None
-        return out
+        values = []
+        for r, (t, n) in enumerate(zip(out, lengths, strict=True)):
+            try:
+                values.append(open_message(self._key, t[:n].numpy().tobytes(), context=context, sender=r))
+            except FleetAuthError:
+                self.refused += 1
+                raise
+        return values
 
     async def agree(self, value: Any) -> list[Any]:
         return await asyncio.to_thread(self.gather, value)
@@ -322,10 +362,15 @@ class FleetEngine(TravelEngine):
         crl = self.device.handle.anchors.crl
         pem = crl.public_bytes(Encoding.PEM) if crl is not None else b""
         prefix = f"gputravel/devices/{self.group.restart}"  # one device group per (torchrun job, restart)
+        # every rank's device as its own worker attested it, over the authenticated worker group (never the
+        # store): each device's ring neighbours must be exactly these
+        mine = f"{self.attestation.get('device_id')}:{self.attestation.get('device_key_fingerprint')}"
+        expected = [str(name) for name in await self.group.agree(mine)]
         head, _ = await asyncio.to_thread(
             self.device.client.call, "fleet_join", pem, host=self.group.store_host, port=self.group.store_port,
             prefix=prefix, rank=self.group.rank, world=self.group.world, variant=self.fleet.variant,
-            backend=self.fleet.backend, timeout_s=self.fleet.timeout_s, fault=self.fleet.ring_fault)
+            backend=self.fleet.backend, timeout_s=self.fleet.timeout_s, fault=self.fleet.ring_fault,
+            expected=expected)
         self.join_info = dict(head)
         self.audit.row("fleet-joined", outcome="ok", detail={
             "rank": head["rank"], "world": head["world"], "backend": head["backend"], "variant": head["variant"],
@@ -402,20 +447,27 @@ class FleetEngine(TravelEngine):
         if index >= 0:
             self.steps_log.append(entry)
             done = index + 1
+            state: dict[str, Any] | None = None
+            if gone:
+                pass  # nothing moves: every rank's last checkpoint is the last completed step
+            elif equal:
+                state = {"fleet_steps_done": done, "checkpoint_seq": done, "epoch": self.device.epoch,
+                         "steps": self.log.step_count,
+                         "visits_done": [r.plan.index for r in self.walk.records if r.outcome.startswith("done")]}
+            else:  # diverged: the step is not the fleet's; a resume redoes it from the step before
+                state = {"fleet_steps_done": index, "checkpoint_seq": index}
             self.audit.row("fleet-step", outcome="ok" if equal and not gone else "lost" if gone else "diverged",
-                           detail={**entry, "holders": list(self.fleet_plan.steps[index].holders)},
-                           state={"fleet_steps_done": done, "checkpoint_seq": done, "epoch": self.device.epoch,
-                                  "steps": self.log.step_count,
-                                  "visits_done": [r.plan.index for r in self.walk.records
-                                                  if r.outcome.startswith("done")]}
-                           if not gone else None)
+                           detail={**entry, "holders": list(self.fleet_plan.steps[index].holders)}, state=state)
         elif not equal:
-            raise DeviceError("the fleet's replicas differ before the first step (programs or checkpoints differ)")
+            raise ReplicaDivergedError("the fleet's replicas differ before the first step (programs or checkpoints "
+                                       "differ)")
         if gone:
             raise FleetDeviceLostError(f"GPU(s) {gone} lost for good in fleet step {index}; every rank's last "
                                        f"checkpoint is step {self.ckpts.last_good}: resume with --resume")
         if not equal:
-            raise DeviceError(f"the fleet's replicas diverged in step {index}")
+            by_rank = ", ".join(f"GPU {r}: {str(a['digest'])[:16]}" for r, a in enumerate(everyone))
+            raise ReplicaDivergedError(f"the fleet's replicas diverged in step {index} ({by_rank}); the step is "
+                                       f"not committed: --resume continues from step {index}")
 
     async def aclose(self) -> None:
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from typing import Any
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import ConfigError, FleetDeviceLostError, GpuTravelError, error_from_code
 from gputravel.core.events import Event
+from gputravel.core.fleet.auth import fleet_key
 from gputravel.core.fleet.platform import FleetPlatform, ensure_vendor
 from gputravel.core.fleet.rank import FleetEngine, FleetOptions, WorkerGroup
 from gputravel.core.fleet.verify import verify_fleet
@@ -86,17 +88,19 @@ def launch_fleet(settings: RunSettings, fleet: FleetOptions, *, rdzv: Rendezvous
     typed error (each rank leaves ``<out>/rank-R/report.json`` with its error)."""
     out = Path(settings.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    fleet_key(out, create=True)  # what the ranks authenticate their messages with (never through the store)
     config = out / "fleet.json"
     if not settings.resume or not config.exists():
         config.write_text(json.dumps({"settings": settings.to_dict(), "fleet": fleet.to_dict()}, indent=2) + "\n")
     else:  # --resume continues the fleet as it was configured (its settings, its GPU count)
         saved = json.loads(config.read_text())
         saved["settings"].update(resume=True, fault=settings.fault)
+        saved["fleet"]["ring_fault"] = fleet.ring_fault  # a fault is for the attempt it was given to, as fault is
         config.write_text(json.dumps(saved, indent=2) + "\n")
         fleet = FleetOptions.from_dict(saved["fleet"])
     report_path = out / "report.json"
-    if report_path.exists():
-        report_path.unlink()
+    for stale in [report_path, *out.glob("rank-*/report.json")]:  # an earlier attempt's: never this one's
+        stale.unlink(missing_ok=True)
     child_env = {**os.environ, **(env or {})}
     child_env.setdefault("OMP_NUM_THREADS", "1")
     progress = None if quiet else _stderr_fd()  # the ranks' progress goes to our stderr (stdout stays the report's)
@@ -127,8 +131,15 @@ def launch_fleet(settings: RunSettings, fleet: FleetOptions, *, rdzv: Rendezvous
     if proc.returncode == 0 and local:  # a host without rank 0: its ranks' own reports
         return {"merged_elsewhere": True, "note": "rank 0 runs on another host and writes the fleet's report",
                 "ranks": [r.get("gpu") for r in local], "failed_visits": sum(r.get("failed_visits", 0) for r in local)}
-    tail = proc.stderr.decode(errors="replace")[-600:] if proc.stderr else ""
-    raise error_from_code("worker", f"the fleet's torchrun job exited with {proc.returncode} and no report {tail}")
+    text = proc.stderr.decode(errors="replace") if proc.stderr else ""
+    root = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", text, re.DOTALL)
+    first = ""
+    if root:  # torchrun names the rank that failed first (a kill: a negative exit code, the signal)
+        code = int(root.group(2))
+        how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        first = f"; rank {root.group(1)} failed first ({how}), torchrun stopped the others"
+    raise error_from_code("worker", f"the fleet's torchrun job exited with {proc.returncode} and no report{first} "
+                                    f"{text[-600:]}")
 
 
 def _run_torchrun(cmd: list[str], *, env: dict[str, str], progress: int | None) -> subprocess.CompletedProcess[bytes]:
@@ -169,8 +180,8 @@ async def run_rank(settings: RunSettings, fleet: FleetOptions, *, links: Iterabl
     from gputravel.core import api
     from gputravel.core.session import Session
 
-    group = WorkerGroup(timeout_s=fleet.timeout_s)
     out = Path(settings.out_dir)
+    group = WorkerGroup(key=fleet_key(out), timeout_s=fleet.timeout_s)
     if group.rank == 0:
         ensure_vendor(out / "vendor")
     await group.agree("vendor")  # the vendor PKI exists before any device is certified under it

@@ -13,6 +13,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from gputravel.core.errors import LedgerError
+from gputravel.core.files import storage_error
 from gputravel.core.ledger.rows import (
     _COLUMNS,
     _PAGE,
@@ -96,6 +97,9 @@ class Ledger:
             LedgerError: a field has the wrong type, ``detail`` looks like key material or is not plain
                 JSON, a ``state`` value is not JSON, or the database refused the write. Nothing is
                 written in any of these cases.
+            DiskFullError: no space for the row (SQLite's SQLITE_FULL, ENOSPC); ``StorageError``: another
+                I/O failure of the write. The transaction is rolled back: the chain ends at the last row
+                committed, and appending goes on once space is back.
         """
         kind_text = _opt_text(kind, "kind")
         outcome_text = _opt_text(outcome, "outcome")
@@ -159,6 +163,8 @@ class Ledger:
                         db.execute("ROLLBACK")
                     raise
             except sqlite3.Error as exc:
+                if _storage_failure(exc):
+                    raise storage_error(exc, f"ledger {self.path}: append of {kind_text!r}") from exc
                 raise LedgerError(f"ledger {self.path}: append failed: {exc}") from exc
         return LedgerRow(
             **{name: fields[name] for name in HASHED_FIELDS if name != "detail"},
@@ -234,6 +240,15 @@ class Ledger:
     def _check_open(self) -> None:
         if self._closed:
             raise LedgerError(f"ledger {self.path} is closed")
+
+
+#: SQLite's primary result codes that mean the storage under the ledger failed, not the ledger itself:
+#: SQLITE_IOERR (10), SQLITE_FULL (13), SQLITE_CANTOPEN (14, a -wal/-shm that cannot be created)
+_STORAGE_CODES = frozenset({10, 13, 14})
+
+
+def _storage_failure(exc: sqlite3.Error) -> bool:
+    return (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF in _STORAGE_CODES
 
 
 def _state_json(name: str, value: Any) -> str:

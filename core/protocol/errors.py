@@ -78,6 +78,13 @@ class NonceExhaustedError(ProtocolError):
     code = "nonce-exhausted"
 
 
+class FleetAuthError(ProtocolError):
+    """A message between a fleet's ranks (the worker group, over torchrun's unauthenticated store and gloo)
+    does not authenticate under the fleet's key: injected, altered, replayed or relabelled. Refused, never used."""
+
+    code = "fleet-auth"
+
+
 # --- engine level ---------------------------------------------------------------------------
 class AttestationError(GpuTravelError):
     """The device's evidence did not verify (chain, revocation, nonce, measurements or mode)."""
@@ -169,6 +176,28 @@ class LedgerError(GpuTravelError):
     exit_code = 8
 
 
+class StorageError(GpuTravelError):
+    """The run folder refused a write of the run's durable state (its ledger, recording or a checkpoint):
+    the run stops; what was committed before stays, and ``--resume`` continues once the cause is gone."""
+
+    code = "storage"
+    exit_code = 12
+
+
+class DiskFullError(StorageError):
+    """The disk (or quota) holding the run folder is full: no space for the ledger, recording or a checkpoint.
+    What was committed stays; free space and ``gputravel run --resume`` continues."""
+
+    code = "disk-full"
+
+
+class ReplicaDivergedError(IntegrityError):
+    """A fleet's replicas differ after a step (a device's model is not the fleet's): every rank stops; the
+    step is not committed, so ``--resume`` continues from the last step whose replicas were equal."""
+
+    code = "replica-diverged"
+
+
 class TransitionError(GpuTravelError):
     """The engine asked its visit state machine for an illegal phase transition: a bug in gputravel, not bad input."""
 
@@ -217,9 +246,9 @@ ERRORS_BY_CODE: dict[str, type[GpuTravelError]] = {
     cls.code: cls
     for cls in (
         GpuTravelError, ProtocolError, FrameError, TagError, ReplayError, StaleEpochError,
-        WindowError, NonceExhaustedError, AttestationError, IntegrityError, AgentError, LinkLostError,
+        WindowError, NonceExhaustedError, FleetAuthError, AttestationError, IntegrityError, AgentError, LinkLostError,
         DeviceError, FleetDeviceLostError, GpuCipherError, DataError, ConfigError, InsecureKeyError, RecordingError, LedgerError,
-        TransitionError, CancelledRunError, CollectiveAbortedError, CollectiveError, WorkerError,
+        StorageError, DiskFullError, ReplicaDivergedError, TransitionError, CancelledRunError, CollectiveAbortedError, CollectiveError, WorkerError,
     )
 }
 
@@ -232,8 +261,8 @@ def error_from_code(code: str, reason: str) -> GpuTravelError:
 
 __all__ = [
     "ERRORS_BY_CODE", "AgentError", "AttestationError", "CancelledRunError", "CollectiveAbortedError",
-    "CollectiveError", "ConfigError", "DataError", "DeviceError", "FleetDeviceLostError", "FrameError", "GpuCipherError", "GpuTravelError",
+    "CollectiveError", "ConfigError", "DataError", "DeviceError", "DiskFullError", "FleetAuthError", "FleetDeviceLostError", "FrameError", "GpuCipherError", "GpuTravelError",
     "InsecureKeyError", "IntegrityError", "LedgerError", "LinkLostError", "NonceExhaustedError", "ProtocolError",
-    "RecordingError", "ReplayError", "StaleEpochError", "TagError", "TransitionError", "WindowError", "WorkerError",
+    "RecordingError", "ReplayError", "ReplicaDivergedError", "StaleEpochError", "StorageError", "TagError", "TransitionError", "WindowError", "WorkerError",
     "error_from_code",
 ]

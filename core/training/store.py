@@ -21,6 +21,7 @@ naming the file and the chunk.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -35,7 +36,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from gputravel.core.errors import ConfigError, DataError, FrameError, TagError
-from gputravel.core.files import fsync_dir, read_private
+from gputravel.core.files import fsync_dir, read_private, storage_error
 from gputravel.core.protocol.cipher import TAG_LEN
 from gputravel.core.protocol.stream import DEFAULT_STREAM_CHUNK, StreamHeader, StreamOpener
 
@@ -124,10 +125,25 @@ class CheckpointWriter:
         self.chunks = 0
         self._ended = False
         self._tags: list[bytes] = []
-        fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
-        self._file: BinaryIO | None = os.fdopen(fd, "wb", buffering=0)
+        self._file: BinaryIO | None = None
         raw = json.dumps({"stream": header.to_dict()}, sort_keys=True, separators=(",", ":")).encode()
-        self._write(_FILE_HEAD.pack(_MAGIC, CHECKPOINT_VERSION, len(raw)) + raw)
+        try:
+            with self._io():
+                fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
+                self._file = os.fdopen(fd, "wb", buffering=0)
+                self._write(_FILE_HEAD.pack(_MAGIC, CHECKPOINT_VERSION, len(raw)) + raw)
+        except BaseException:
+            self.abort()
+            raise
+
+    @contextlib.contextmanager
+    def _io(self) -> Iterator[None]:
+        """The disk refusing a write (full: ``DiskFullError``, else ``StorageError``) is the run's named error;
+        the caller aborts, which removes the temporary file: the checkpoints before are untouched."""
+        try:
+            yield
+        except OSError as exc:
+            raise storage_error(exc, f"checkpoint {self.path.name} in {self.store.directory}") from exc
 
     def __enter__(self) -> CheckpointWriter:
         return self
@@ -153,10 +169,11 @@ class CheckpointWriter:
             raise FrameError(f"sealed chunk of {len(sealed)} bytes does not fit the stream's chunk size")
         head = _RECORD.pack(kind, len(sealed))
         assert self._file is not None
-        n = os.writev(self._file.fileno(), (head, sealed))  # one call, no copy of the chunk
-        if n < len(head) + len(sealed):  # a short write (a signal, a full disk): the rest, in order
-            rest = memoryview(head + bytes(sealed))[n:] if n < len(head) else memoryview(sealed)[n - len(head):]
-            self._write(rest)
+        with self._io():
+            n = os.writev(self._file.fileno(), (head, sealed))  # one call, no copy of the chunk
+            if n < len(head) + len(sealed):  # a short write (a signal, a full disk): the rest, in order
+                rest = memoryview(head + bytes(sealed))[n:] if n < len(head) else memoryview(sealed)[n - len(head):]
+                self._write(rest)
         self._tags.append(bytes(memoryview(sealed)[-TAG_LEN:]))
         self.bytes += len(sealed)
         self.chunks += 1
@@ -173,7 +190,8 @@ class CheckpointWriter:
         """fsync what was written so far (a background checkpoint syncs its chunks before the commit, whose
         own fsync then has only the meta record to write)."""
         if self._file is not None:
-            os.fsync(self._file.fileno())
+            with self._io():
+                os.fsync(self._file.fileno())
 
     def commit(self, meta: Mapping[str, Any] | None = None, *, prune: bool = True) -> Path:
         """Write the meta record, fsync, rename into place, fsync the folder, prune old checkpoints (unless
@@ -186,22 +204,25 @@ class CheckpointWriter:
         record = {**dict(meta or {}), "tag_digest": self.tag_digest}
         record["mac"] = meta_mac(self.store.run_key(self.header.run_id), record)
         raw = json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
-        self._write(_RECORD.pack(REC_META, len(raw)) + raw)
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        self._file = None
-        os.replace(self.tmp, self.path)
-        fsync_dir(self.store.directory)
+        with self._io():
+            self._write(_RECORD.pack(REC_META, len(raw)) + raw)
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            self._file = None
+            os.replace(self.tmp, self.path)
+            fsync_dir(self.store.directory)
         if prune:
             self.store.prune()
         return self.path
 
     def abort(self) -> None:
         if self._file is not None:
-            self._file.close()
+            with contextlib.suppress(OSError):
+                self._file.close()
             self._file = None
-        self.tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.tmp.unlink(missing_ok=True)
 
 
 class CheckpointFile:

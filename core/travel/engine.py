@@ -33,6 +33,7 @@ from gputravel.core.errors import (
     GpuTravelError,
     IntegrityError,
     ProtocolError,
+    StorageError,
 )
 from gputravel.core.ledger import Ledger
 from gputravel.core.platform.base import DeviceHandle
@@ -155,8 +156,11 @@ class TravelEngine:
 
     def on_holder_state(self, holder: str, state: str, detail: str) -> None:
         """Per-host states from the holder links, as events and ledger rows."""
-        self.audit.record(ev.HolderStateChanged(time.time(), holder, state, detail),
-                          "holder-state", holder=holder, outcome=state, detail={"detail": detail})
+        event = ev.HolderStateChanged(time.time(), holder, state, detail)
+        try:
+            self.audit.record(event, "holder-state", holder=holder, outcome=state, detail={"detail": detail})
+        except StorageError:  # a full disk: the link goes on (it may be stopping its agent); the run's own
+            self.audit.emit(event)  # next row meets the same error where the run can stop on it
 
     async def _audit_from_device(self) -> None:
         """The device's rejections since the last audit, attributed to their visits."""
