@@ -437,12 +437,12 @@ def console(
                                                                  data_path=data_path, data_host=data_host)),
                     gpus=gpus, make_app=make_app, theme=theme.value)
         return
-    fleets: list[Any] = []  # the holder fleet (e.g. the embedded SSH server) of the run built last
+    holder_sets: list[Any] = []  # the holders (e.g. the embedded SSH server) of the run built last
     breakpoints = parse_breakpoints(break_before)
 
-    def close_fleets() -> None:
-        while fleets:
-            fleets.pop().close()
+    def close_holders() -> None:
+        while holder_sets:
+            holder_sets.pop().close()
 
     if replay is not None:  # any run address: a recording, a run or fleet folder, a name, latest
         from gputravel.console.run_address import replay_target
@@ -461,25 +461,26 @@ def console(
         markers: list[Path] = []  # the pid file of the run built last
 
         def factory() -> Any:
-            """Blocking (the bridge calls it off the loop): the holder fleet, as `gputravel run` builds it,
-            then the engine."""
-            from gputravel.console.fleet import Fleet
-            from gputravel.core.api import build_engine
+            """Blocking (the bridge calls it off the loop): the holders, as `gputravel run` composes them,
+            then the engine (``core.compose`` through ``core.api``)."""
+            from gputravel.console import holders as holder_module
+            from gputravel.console.entries import ENTRIES
+            from gputravel.core import api
 
             nonlocal runs_built
-            close_fleets()  # a new run is built only once the previous one is over
+            close_holders()  # a new run is built only once the previous one is over
             while markers:
                 clear_running(markers.pop())
             runs_built += 1
             target = (next_out_dir(out, runs_built) if out is not None
                       else resolve_out_dir(None, resume=False))
             run_settings = RunSettings(out_dir=target, **{**settings, "breakpoints": ()})
-            fleet = Fleet(run_settings)
-            fleets.append(fleet)
+            holder_set = holder_module.HolderSet(run_settings)
+            holder_sets.append(holder_set)
             try:
-                engine = build_engine(run_settings, links=fleet.links())
+                engine = api.build_engine(run_settings, links=holder_set.links(), entries=ENTRIES)
             except BaseException:
-                close_fleets()
+                close_holders()
                 raise
             markers.append(mark_running(target, owner="gputravel-console"))
             return engine
@@ -490,7 +491,7 @@ def console(
     try:
         app.run()
     finally:
-        close_fleets()
+        close_holders()
         if replay is None:
             while markers:
                 clear_running(markers.pop())

@@ -23,11 +23,11 @@ def watch_fleet(settings: RunSettings, *, gpus: int, make_app: Any, theme: str) 
 
     def run() -> None:
         # imported here, in the fleet's thread: it brings torch (seconds), the screen is up meanwhile
+        from gputravel.console.entries import launch_gpus
         from gputravel.core.fleet.rank import FleetOptions
-        from gputravel.core.fleet.run import launch_fleet
 
         try:
-            outcome["report"] = launch_fleet(settings, FleetOptions(gpus=gpus), quiet=True)
+            outcome["report"] = launch_gpus(settings, FleetOptions(gpus=gpus), quiet=True)
         except GpuTravelError as exc:
             outcome["error"] = exc
 

@@ -1,8 +1,8 @@
 """One torchrun rank of ``gputravel run --gpus N``: ``python -m gputravel.console.fleet_rank --config FILE``.
 
-torchrun starts N of these (see docs/fleet.md); each composes its holders' links like ``gputravel run``
-(the embedded loopback SSH server, an inventory, or local agents) and awaits
-:func:`gputravel.core.fleet.run.run_rank`. Progress goes to stderr, one line per fact, prefixed by the GPU.
+torchrun starts N of these (see docs/fleet.md; the module is ``console.entries.GPU_RANK``); each composes its
+holders' links like ``gputravel run`` (the embedded loopback SSH server, an inventory, or local agents) and
+awaits :func:`gputravel.core.fleet.run.run_rank`, which composes the rank's run (``core.compose``). Progress goes to stderr, one line per fact, prefixed by the GPU.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import signal
 import sys
 from pathlib import Path
 
-from gputravel.console.fleet import Fleet
+from gputravel.console.entries import ENTRIES
+from gputravel.console.holders import HolderSet
 from gputravel.core import events as ev
 from gputravel.core.errors import GpuTravelError
 from gputravel.core.fleet.run import load_config, run_rank
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     rank = int(os.environ.get("RANK", "0"))
     try:
         settings, fleet = load_config(ns.config)
-        holders = Fleet(settings)
+        holders = HolderSet(settings)
         # each GPU's events and telemetry, for `gputravel-console --replay <out>/rank-R/recording.db`
         (Path(settings.out_dir) / f"rank-{rank}").mkdir(parents=True, exist_ok=True)
         recorder = Recorder(Path(settings.out_dir) / f"rank-{rank}" / "recording.db",
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             links = holders.links()
             # and its device's telemetry, sampled once a second into the same recording
-            asyncio.run(run_rank(settings, fleet, links=links, sinks=[_Lines(rank), recorder],
+            asyncio.run(run_rank(settings, fleet, links=links, entries=ENTRIES, sinks=[_Lines(rank), recorder],
                                  telemetry=recorder.record_telemetry))
         finally:
             recorder.close()

@@ -39,6 +39,7 @@ from typing import Any
 
 import pytest
 
+from gputravel.console.entries import ENTRIES
 from gputravel.core import events as ev
 from gputravel.core.api import build_engine
 from gputravel.core.config import RunSettings
@@ -209,7 +210,7 @@ class ScriptLink(LocalHolderLink):
     """A local agent subprocess running one of the test agents of ``AGENTS_SCRIPT``."""
 
     def __init__(self, name: str, data: Path, *, role: str, script: Path, workdir: Path) -> None:
-        super().__init__(name, data)
+        super().__init__(name, data, agent=ENTRIES.holder_agent)
         self.role, self.script, self.workdir = role, script, workdir
 
     async def start(self) -> Any:
@@ -243,7 +244,7 @@ async def test_malicious_holder_is_refused_named_in_the_ledger_and_marked_in_the
                            buffer_mib=0.125, data_dir=data, out_dir=out, transport="local", data_path="direct",
                            allow_fault_injection=True, visit_attempts=1)
     links = [ScriptLink("alice", data / "alice", role="tapped", script=script, workdir=work),
-             LocalHolderLink("bob", data / "bob"),
+             LocalHolderLink("bob", data / "bob", agent=ENTRIES.holder_agent),
              ScriptLink("mallory", data / "mallory", role="malicious", script=script, workdir=work)]
     engine = await asyncio.to_thread(build_engine, settings, links=links)
     outside: dict[str, Any] = {}
@@ -319,7 +320,7 @@ async def test_a_holder_sending_the_orchestrator_a_deeply_nested_header_fails_on
     settings = RunSettings(holders=2, rounds=1, steps_per_visit=1, batch_size=4, seq_len=32, chunk_kib=16,
                            buffer_mib=0.125, data_dir=data, out_dir=out, transport="local", data_path="direct",
                            visit_attempts=1)
-    links = [LocalHolderLink("alice", data / "alice"),
+    links = [LocalHolderLink("alice", data / "alice", agent=ENTRIES.holder_agent),
              ScriptLink("mallory", data / "mallory", role="nesting", script=script, workdir=work)]
     engine = await asyncio.to_thread(build_engine, settings, links=links)
     try:

@@ -18,6 +18,7 @@ from textual.pilot import Pilot
 
 from gputravel.console.app import GpuTravelConsole, make_app
 from gputravel.console.bridge import LiveBridge
+from gputravel.console.entries import ENTRIES
 from gputravel.console.screens.bench import BenchScreen
 from gputravel.console.screens.gpu import GpuScreen
 from gputravel.console.screens.help import HelpScreen
@@ -55,7 +56,7 @@ def factory_for(data_root: Path, tmp_path: Path, *, tweak: Callable[[dict[str, L
                                buffer_mib=0.25, data_dir=data_root, out_dir=tmp_path / f"run-{next(runs)}",
                                # a tweak's link hooks (kill after N chunks) count chunks in the link's relay
                                data_path="direct" if tweak is None else "channel")
-        links = {name: LocalHolderLink(name, path, val_fraction=settings.val_fraction)
+        links = {name: LocalHolderLink(name, path, agent=ENTRIES.holder_agent, val_fraction=settings.val_fraction)
                  for name, path in resolve_holder_dirs(settings)}
         if tweak is not None:
             tweak(links)

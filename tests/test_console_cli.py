@@ -1,5 +1,5 @@
 """``gputravel-console``'s command line: the options it shares with ``gputravel run`` reach the run's settings,
-and the bench screen launches small configurations. No engine runs here: the app, the holder fleet and the
+and the bench screen launches small configurations. No engine runs here: the app, the holder set and the
 engine builder are fakes that record what they were given."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import typer
 from typer.testing import CliRunner
 
 from gputravel.console import app as console_app
-from gputravel.console import fleet as fleet_module
+from gputravel.console import holders as holders_module
 from gputravel.console.screens import bench as bench_screen
 from gputravel.core import api
 from gputravel.core.config import RunSettings
@@ -33,15 +33,15 @@ class FakeApp:
         self.engine = self.engine_factory()
 
 
-class FakeFleet:
-    """Stands in for ``console.fleet.Fleet``: no SSH server, a marker for links."""
+class FakeHolders:
+    """Stands in for ``console.holders.HolderSet``: no SSH server, a marker for links."""
 
-    built: list[FakeFleet] = []
+    built: list[FakeHolders] = []
 
     def __init__(self, settings: RunSettings) -> None:
         self.settings = settings
         self.closed = False
-        FakeFleet.built.append(self)
+        FakeHolders.built.append(self)
 
     def links(self) -> list[str]:
         return [f"link-from-{self.settings.transport}"]
@@ -60,13 +60,13 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         seen["apps"].append(app)
         return app
 
-    def fake_build_engine(settings: RunSettings, *, links: Any = None) -> dict[str, Any]:
+    def fake_build_engine(settings: RunSettings, *, links: Any = None, **_: Any) -> dict[str, Any]:
         seen["settings"], seen["links"] = settings, links
         return {"fake engine for": settings.transport}
 
-    FakeFleet.built = []
+    FakeHolders.built = []
     monkeypatch.setattr(console_app, "make_app", fake_make_app)
-    monkeypatch.setattr(fleet_module, "Fleet", FakeFleet)
+    monkeypatch.setattr(holders_module, "HolderSet", FakeHolders)
     monkeypatch.setattr(api, "build_engine", fake_build_engine)
     return seen
 
@@ -82,10 +82,10 @@ def test_console_defaults_to_the_same_transport_and_data_path_as_run(captured: d
     s = captured["settings"]
     assert (s.transport, s.data_path, s.data_host, s.holders_file) == ("ssh", "direct", "127.0.0.1", None)
     assert s.out_dir == tmp_path / "out"
-    # the links come from the fleet built with the same settings, and the fleet is closed when the app ends
-    (fleet,) = FakeFleet.built
-    assert fleet.settings is s and captured["links"] == ["link-from-ssh"]
-    assert fleet.closed
+    # the links come from the holder set built with the same settings, closed when the app ends
+    (holder_set,) = FakeHolders.built
+    assert holder_set.settings is s and captured["links"] == ["link-from-ssh"]
+    assert holder_set.closed
 
 
 def test_console_holders_file_means_inventory_and_data_options_pass_through(captured: dict[str, Any],

@@ -128,7 +128,7 @@ def test_watch_fleet_opens_the_screen_before_the_fleet_writes_anything(tmp_path:
 
     gate = threading.Event()
     monkeypatch.setattr("gputravel.core.fleet.run.launch_fleet",
-                        lambda settings, options, quiet: gate.wait(5) and {"fleet": {}})
+                        lambda settings, options, entry, quiet: gate.wait(5) and {"fleet": {}})
     opened: list[dict[str, object]] = []
 
     class _App:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from gputravel.console.entries import ENTRIES
 from gputravel.core import api
 from gputravel.core.config import RunSettings
 from gputravel.core.ledger import read_rows, verify_ledger
@@ -33,7 +34,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 async def run(data: Path, out: Path, *, nonce_budget: int | None = None, **kw: Any) -> dict[str, Any]:
     settings = RunSettings(holders=2, rounds=1, steps_per_visit=2, batch_size=4, seq_len=32, chunk_kib=16,
                            buffer_mib=0.25, data_dir=data, out_dir=out, **kw)
-    engine = await asyncio.to_thread(api.build_engine, settings)
+    engine = await asyncio.to_thread(api.build_engine, settings, entries=ENTRIES)
     if nonce_budget:
         engine.client.nonce_budget = nonce_budget
     try:

@@ -37,6 +37,7 @@ import pytest
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from gputravel.console.entries import ENTRIES
 from gputravel.core import events as ev
 from gputravel.core.api import build_engine, resolve_holder_dirs
 from gputravel.core.config import RunSettings
@@ -296,7 +297,7 @@ async def test_no_key_in_the_errors_of_a_failing_run(data: Path, tmp_path: Path,
     settings = RunSettings(holders=2, rounds=2, steps_per_visit=1, batch_size=4, seq_len=32, chunk_kib=16,
                            buffer_mib=0.25, data_dir=data, out_dir=out, transport="local", data_path="channel",
                            allow_fault_injection=True, visit_attempts=2, fault="kill-agent@PROVISION:2")
-    links = {name: LocalHolderLink(name, path) for name, path in resolve_holder_dirs(settings)}
+    links = {name: LocalHolderLink(name, path, agent=ENTRIES.holder_agent) for name, path in resolve_holder_dirs(settings)}
     links["alice"].tamper_on_wire = {0}  # a chunk altered on the wire: TagError, retransmitted
     engine = await asyncio.to_thread(build_engine, settings, links=list(links.values()))
     events: list[ev.Event] = []

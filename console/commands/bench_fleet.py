@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.table import Table
 
 from gputravel.console.commands.bench import StudyProgress, int_list
+from gputravel.console.entries import launch_gpus
 from gputravel.core.bench import fleet
 from gputravel.core.errors import ConfigError
 
@@ -70,7 +72,7 @@ def register(bench_app: typer.Typer) -> None:
                 result = fleet.study(counts, workdir=Path(tmp), variants=names, holders=holders,
                                      holder_kib=holder_kib, steps_per_visit=steps_per_visit, batch_size=batch_size,
                                      seq_len=seq_len, model=model, repeats=repeats,
-                                     on_progress=progress)
+                                     launch=partial(launch_gpus, quiet=True), on_progress=progress)
             except ConfigError as exc:
                 raise typer.BadParameter(exc.reason) from None
         if as_json:

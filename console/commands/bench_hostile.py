@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from gputravel.console.entries import ENTRIES
 from gputravel.core.bench.hostile import hostile_study
 
 
@@ -32,7 +33,7 @@ def register(bench_app: typer.Typer) -> None:
             raise typer.BadParameter("--path must be direct-tcp or direct")
         with tempfile.TemporaryDirectory(prefix="gputravel-hostile-") as tmp:
             result = hostile_study(connections=connections, size_mib=size_mib, chunk_kib=chunk_kib,
-                                   handoffs=visits, workdir=Path(tmp), path=path)
+                                   handoffs=visits, workdir=Path(tmp), entries=ENTRIES, path=path)
         if as_json:
             sys.stdout.write(json.dumps(result, indent=2) + "\n")
             return

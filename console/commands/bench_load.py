@@ -15,20 +15,21 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from gputravel.console.entries import ENTRIES
 from gputravel.core.bench.load import load
 from gputravel.core.travel.holders import HolderLink
 
 
-class SshFleet:
-    """The embedded loopback SSH server with one account per holder (``bench load``'s ``HolderFleet``)."""
+class SshHolders:
+    """The embedded loopback SSH server with one account per holder (``bench load``'s ``HolderServer``)."""
 
     def __init__(self, holders: list[tuple[str, Path]], workdir: Path | None) -> None:
-        from gputravel.agents.fleet import EmbeddedSshServer
+        from gputravel.agents.ssh_links import EmbeddedSshServer
 
         self.server = EmbeddedSshServer(holders, workdir=workdir)
 
     def start(self) -> list[HolderLink]:
-        from gputravel.agents.fleet import links_from_specs
+        from gputravel.agents.ssh_links import links_from_specs
 
         return list(links_from_specs(self.server.start()))
 
@@ -36,8 +37,8 @@ class SshFleet:
         self.server.stop()
 
 
-def ssh_fleet(holders: list[tuple[str, Path]], workdir: Path | None) -> SshFleet:
-    return SshFleet(holders, workdir)
+def ssh_holders(holders: list[tuple[str, Path]], workdir: Path | None) -> SshHolders:
+    return SshHolders(holders, workdir)
 
 
 def render_load(result: dict[str, Any], console: Console | None = None) -> None:
@@ -81,7 +82,8 @@ def register(bench_app: typer.Typer) -> None:
         visit_task = progress.add_task("visits", total=holders * rounds)
         with tempfile.TemporaryDirectory(prefix="gputravel-load-") as tmp, progress:
             result = asyncio.run(load(holders=holders, rounds=rounds, holder_kib=holder_kib,
-                                      steps_per_visit=steps_per_visit, workdir=Path(tmp), fleet=ssh_fleet,
+                                      steps_per_visit=steps_per_visit, workdir=Path(tmp), server=ssh_holders,
+                                      entries=ENTRIES,
                                       on_deployed=lambda: progress.advance(deploy_task),
                                       on_visit=lambda: progress.advance(visit_task)))
         if as_json:

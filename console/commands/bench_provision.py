@@ -16,7 +16,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from gputravel.console.commands.bench_load import ssh_fleet
+from gputravel.console.commands.bench_load import ssh_holders
+from gputravel.console.entries import ENTRIES
 from gputravel.console.options import CipherEngine
 from gputravel.core.bench.provision import PATHS, ablation_study, paths_study
 
@@ -35,10 +36,12 @@ def _ticker(progress: Progress) -> Callable[[str, int], Callable[[], None]]:
 
 
 def _run(study: Callable[..., dict[str, Any]], *args: Any, **kwargs: Any) -> dict[str, Any]:
-    """One study in a temporary folder, over the loopback SSH fleet, with its progress bars on stderr."""
+    """One study in a temporary folder, over the loopback SSH server (or local agents), with its progress
+    bars on stderr."""
     with tempfile.TemporaryDirectory(prefix="gputravel-bench-") as tmp, \
             Progress(console=Console(stderr=True), transient=True) as progress:
-        return study(*args, workdir=Path(tmp), fleet=ssh_fleet, progress=_ticker(progress), **kwargs)
+        return study(*args, workdir=Path(tmp), server=ssh_holders, entries=ENTRIES,
+                     progress=_ticker(progress), **kwargs)
 
 
 def register(bench_app: typer.Typer) -> None:

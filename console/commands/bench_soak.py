@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.table import Table
 
 from gputravel.console.commands.bench import StudyProgress
+from gputravel.console.entries import ENTRIES
 from gputravel.core.bench.soak import ROLES, soak
 
 
@@ -61,7 +62,8 @@ def register(bench_app: typer.Typer) -> None:
         """Many visits with a tiny model: memory growth after warm-up, overhead over time, ledger at the end."""
         console = Console(stderr=True)
         with tempfile.TemporaryDirectory(prefix="gputravel-soak-") as tmp, soak_progress(console) as progress:
-            result = asyncio.run(soak(visits=visits, holder_kib=holder_kib, workdir=Path(tmp), on_progress=progress))
+            result = asyncio.run(soak(visits=visits, holder_kib=holder_kib, workdir=Path(tmp), entries=ENTRIES,
+                                      on_progress=progress))
         if as_json:
             sys.stdout.write(json.dumps(result, indent=2) + "\n")
         else:

@@ -54,13 +54,13 @@ def register(bench_app: typer.Typer) -> None:
         """The protocol's cost in training throughput: gputravel run vs a plain torch loop, same job."""
         if transport not in ("ssh", "local"):
             raise typer.BadParameter("transport is ssh or local", param_hint="--transport")
-        from gputravel.console import fleet
+        from gputravel.console import holders as holder_set
 
         with tempfile.TemporaryDirectory(prefix="gputravel-bench-train-") as tmp, \
                 StudyProgress(TextColumn("{task.description:<24}"), BarColumn(), TimeElapsedColumn(),
                               console=Console(stderr=True)) as progress:
             try:
-                result = train.study(workdir=Path(tmp), run=fleet.run, model=model, holders=holders, rounds=rounds,
+                result = train.study(workdir=Path(tmp), run=holder_set.run, model=model, holders=holders, rounds=rounds,
                                      steps=steps,
                                      batch_size=batch_size, seq_len=seq_len, dataset_mib=dataset_mib,
                                      device=device, torch_threads=torch_threads, transport=transport,

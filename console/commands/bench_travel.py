@@ -89,12 +89,12 @@ def register(bench_app: typer.Typer) -> None:
         for name, value in (("--dataset-mib", dataset_mib), ("--max-mib", max_mib)):
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise typer.BadParameter("must be a positive number", param_hint=name)
-        from gputravel.console import fleet
+        from gputravel.console import holders as holder_set
 
         with tempfile.TemporaryDirectory(prefix="gputravel-bench-travel-") as tmp, \
                 travel_progress(Console(stderr=True)) as progress:
             try:
-                result = travel.study(buffers, workdir=Path(tmp), run=fleet.run, dataset_mib=dataset_mib,
+                result = travel.study(buffers, workdir=Path(tmp), run=holder_set.run, dataset_mib=dataset_mib,
                                       holders=holders, steps_per_mib=steps_per_mib, model=model,
                                       batch_size=batch_size, seq_len=seq_len, chunk_kib=chunk_kib,
                                       transport=transport, max_mib=max_mib, torch_threads=torch_threads,

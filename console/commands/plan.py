@@ -131,12 +131,12 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter("must be positive", param_hint="--steps-per-mib")
         if rounds < 1:
             raise typer.BadParameter("must be >= 1", param_hint="--rounds")
-        from gputravel.console import fleet
+        from gputravel.console import holders as holder_set
 
         try:
             with travel_progress(console) as progress:
                 result = plan(sizes, buffer_mib=buffer_mib, from_files=from_files, gbps=gbps,
-                              steps_per_mib=steps_per_mib, rounds=rounds, recalibrate=recalibrate, run=fleet.run,
+                              steps_per_mib=steps_per_mib, rounds=rounds, recalibrate=recalibrate, run=holder_set.run,
                               say=console.print, on_progress=progress, gpus=gpus,
                               fleet_variant=fleet_allreduce, steps_per_visit=steps_per_visit)
         except ConfigError as exc:

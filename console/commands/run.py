@@ -389,10 +389,10 @@ def register(app: typer.Typer) -> None:
 async def _run_until_stopped(settings: RunSettings, **kw: Any) -> dict[str, Any]:
     """The run, ended by SIGTERM (``gputravel runs stop``) as by the operator: the run's task is cancelled, the
     device service and the agents are stopped, and the run's final event says ``cancelled``."""
-    from gputravel.console.fleet import run as fleet_run
+    from gputravel.console.holders import run as holders_run
 
     controls: list[Any] = []  # the engine's Control, once built
-    task = asyncio.ensure_future(fleet_run(settings, on_control=controls.append, **kw))
+    task = asyncio.ensure_future(holders_run(settings, on_control=controls.append, **kw))
     loop = asyncio.get_running_loop()
     stopped = False
 

@@ -28,16 +28,17 @@ def render_fleet(console: Console, report: dict[str, Any]) -> None:
 
 def run_fleet(settings: RunSettings, *, gpus: int, variant: str, nnodes: int, rdzv_endpoint: str | None,
               rdzv_id: str | None, max_restarts: int, as_json: bool) -> None:
+    from gputravel.console.entries import launch_gpus
     from gputravel.console.run_report import EXIT_PARTIAL, render_report
     from gputravel.core.fleet.rank import FleetOptions
-    from gputravel.core.fleet.run import Rendezvous, launch_fleet
+    from gputravel.core.fleet.run import Rendezvous
 
     fleet = FleetOptions(gpus=gpus, variant=variant)
     rdzv = Rendezvous(nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, max_restarts=max_restarts)
     console = Console(stderr=True) if as_json else Console()
     console.print(f"[bold]fleet[/] of {gpus} GPUs under torchrun ({nnodes} host(s)); ranks report below")
     try:
-        report = launch_fleet(settings, fleet, rdzv=rdzv)
+        report = launch_gpus(settings, fleet, rdzv=rdzv)
     except BaseException as exc:  # the fleet's own word on how it ended: status.json, as a single run's
         write_status(Path(settings.out_dir), "cancelled" if ending_code(exc) == "cancelled" else "failed",
                      error=str(exc) or type(exc).__name__, code=ending_code(exc))

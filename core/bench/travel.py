@@ -59,7 +59,7 @@ VAL_SHARE = 0.1
 
 
 class RunFn(Protocol):
-    """One training run with its holders, returning the engine's report (``console.fleet.run``)."""
+    """One training run with its holders, returning the engine's report (``console.holders.run``)."""
 
     def __call__(self, settings: RunSettings, *, sinks: Iterable[Callable[[ev.Event], None]]
                  ) -> Coroutine[Any, Any, dict[str, Any]]: ...

@@ -1,5 +1,5 @@
-"""Holder fleets: from an inventory, or the embedded default (a loopback SSH server, one account
-per holder), to a list of ``SshHolderLink``s the engine drives."""
+"""SSH holder links: from an inventory, or the embedded default (a loopback SSH server, one account per
+holder), to a list of ``SshHolderLink``s the engine drives."""
 
 from __future__ import annotations
 
