@@ -20,7 +20,7 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
 from gputravel.console.app_commands import CONTROL_ACTIONS, SCREENS_IN_ORDER, VIEW_ACTIONS, ConsoleCommands
-from gputravel.console.bridge import Bridge, LiveBridge, ReplayBridge
+from gputravel.console.bridge import Bridge, LiveBridge
 from gputravel.console.commands.run import (
     DATA_HOST_DEFAULT,
     DATA_HOST_HELP,
@@ -42,6 +42,7 @@ from gputravel.console.options import (
     quiet_flag_types,
     version_callback,
 )
+from gputravel.console.replay_bridge import ReplayBridge
 from gputravel.console.run_folder import clear_running, mark_running
 from gputravel.console.screens.base import ConsoleScreen
 from gputravel.console.screens.bench import BenchRunner, BenchScreen
@@ -114,9 +115,7 @@ class GpuTravelConsole(ConsoleCommands):
         self.run_worker_handle: Worker[Any] | None = None
         #: called once the first screen is drawn (``--gpus N`` starts its fleet then)
         self.when_ready: Callable[[], None] | None = None
-        if isinstance(self.bridge, LiveBridge):  # --break-before: shown before the run starts, applied when built
-            for phase in breakpoints:
-                self.bridge.toggle_breakpoint(Phase(phase), post=False)
+        self.bridge.preset_breakpoints(Phase(phase) for phase in breakpoints)  # --break-before
         for theme_obj in THEMES.values():
             self.register_theme(theme_obj)
         self.theme = theme_name(theme)
@@ -125,15 +124,13 @@ class GpuTravelConsole(ConsoleCommands):
     def on_mount(self) -> None:
         if self.readonly:
             self.sub_title = "read-only"
-        if isinstance(self.bridge, LiveBridge):
-            self.poll_telemetry()
+        if self.bridge.live:
             self.set_interval(0.1, self.bridge.sync_control, name="control-sync")
-        elif isinstance(self.bridge, ReplayBridge):
+        if self.bridge.replay:
             self.play_recording()
-            if self.bridge.follow:
-                self.bridge.playing = True
-                if isinstance(self.bridge, FleetBridge):
-                    self.poll_telemetry()
+        self.bridge.begin()
+        if self.bridge.polls_telemetry:
+            self.poll_telemetry()
         self.render_state()
         if self.when_ready is not None:
             self.call_after_refresh(self.when_ready)
@@ -141,14 +138,13 @@ class GpuTravelConsole(ConsoleCommands):
     async def on_unmount(self) -> None:
         import asyncio
 
-        if isinstance(self.bridge, LiveBridge) and self.bridge.running:
+        if self.bridge.live and self.bridge.running:
             self.bridge.cancel()
         await asyncio.to_thread(self.bridge.close)
 
     # --- workers --------------------------------------------------------------------------------
     @work(exclusive=True, group="visit", exit_on_error=False)
     async def run_visits(self, stepping: bool = False) -> dict[str, Any] | None:
-        assert isinstance(self.bridge, LiveBridge)
         return await self.bridge.drive(stepping=stepping)
 
     @work(exclusive=True, group="telemetry-poll", exit_on_error=False)
@@ -157,7 +153,6 @@ class GpuTravelConsole(ConsoleCommands):
 
     @work(exclusive=True, group="replay", exit_on_error=False)
     async def play_recording(self) -> None:
-        assert isinstance(self.bridge, ReplayBridge)
         await self.bridge.play()
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
@@ -187,9 +182,8 @@ class GpuTravelConsole(ConsoleCommands):
             context = {"readonly": self.readonly, "ledger_path": self.bridge.ledger_path,
                        "frame": self.bridge.latest_frame, "history": self.bridge.history,
                        "last_devices": self.bridge.last_devices,
-                       "live_fleet": isinstance(self.bridge, FleetBridge) and self.bridge.follow,
-                       "replay": isinstance(self.bridge, ReplayBridge),
-                       "follow": isinstance(self.bridge, ReplayBridge) and self.bridge.follow}
+                       "live_fleet": self.bridge.torchrun_drives, "replay": self.bridge.replay,
+                       "follow": self.bridge.replay and self.bridge.follow}
             screen.show(self.bridge.state, badges=self.badges, context=context, status=self.bridge.shown_status())
 
     def current_screen(self) -> Screen[Any] | None:
@@ -203,15 +197,14 @@ class GpuTravelConsole(ConsoleCommands):
     def badges(self) -> tuple[str, ...]:
         readonly: tuple[str, ...] = ()
         if self.readonly:  # a fleet following its ranks: torchrun drives it, not these keys
-            readonly = (("READ-ONLY · torchrun drives",) if isinstance(self.bridge, FleetBridge) and self.bridge.follow
-                        else ("READ-ONLY",))
+            readonly = ("READ-ONLY · torchrun drives",) if self.bridge.torchrun_drives else ("READ-ONLY",)
         return (*self.bridge.badges, *readonly)
 
     # --- controls -------------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if isinstance(self.current_screen(), ConfirmScreen):  # a question is open: y or n, nothing else
             return False
-        replay = isinstance(self.bridge, ReplayBridge)
+        replay = self.bridge.replay
         if action in CONTROL_ACTIONS and self.readonly and not (replay and action in VIEW_ACTIONS):
             return False
         if action in ("toggle_break", "cancel") and replay:  # a recording has no run to break or cancel
@@ -230,7 +223,7 @@ class GpuTravelConsole(ConsoleCommands):
 
     def action_step(self) -> None:
         """Run exactly one phase (starting the run, paused, if none is running)."""
-        if isinstance(self.bridge, LiveBridge) and not self.run_in_flight:
+        if self.bridge.live and not self.run_in_flight:
             self._start_run(stepping=True)
             return
         self.bridge.step()
@@ -253,17 +246,16 @@ class GpuTravelConsole(ConsoleCommands):
 
     def action_run(self) -> None:
         """Start the run, or resume a paused one; in a replay, play from the start."""
-        if isinstance(self.bridge, ReplayBridge):
+        if self.bridge.replay:
             self.bridge.restart()
             return
-        assert isinstance(self.bridge, LiveBridge)
         if self.run_in_flight:
             self.bridge.resume()
             return
         self._start_run(stepping=False)
 
     def action_cancel(self) -> None:
-        if isinstance(self.bridge, ReplayBridge):
+        if self.bridge.replay:
             self.notify("a replay has no run to cancel: p pauses, home goes back to the start", timeout=3)
             return
         if not self.run_in_flight:
@@ -285,7 +277,7 @@ class GpuTravelConsole(ConsoleCommands):
                                        "ends (it cannot be resumed)."), answered)
 
     def action_jump_visit(self, delta: int) -> None:
-        if isinstance(self.bridge, ReplayBridge):
+        if self.bridge.replay:
             current = self.bridge.current_visit()
             self.bridge.playing = False
             if delta < 0 and current >= 0 and not self.bridge.at_visit_start(current):
@@ -293,7 +285,7 @@ class GpuTravelConsole(ConsoleCommands):
             self.bridge.jump_visit(max(0, current + delta))
 
     def action_seek(self, where: str) -> None:
-        if isinstance(self.bridge, ReplayBridge):
+        if self.bridge.replay:
             if where == "end":  # following: the live end, followed again
                 self.bridge.seek_end()
                 return

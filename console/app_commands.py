@@ -10,8 +10,6 @@ from typing import Any
 from textual.app import App, SystemCommand
 from textual.screen import Screen
 
-from gputravel.console.bridge import LiveBridge, ReplayBridge
-from gputravel.console.fleet_view import FleetBridge
 from gputravel.console.screens.base import ConsoleScreen
 from gputravel.console.screens.help import HelpScreen
 from gputravel.themes import THEMES, theme_name
@@ -68,10 +66,10 @@ class ConsoleCommands(App[None]):
             seen.add(b.action)
             keys.append((self.get_key_display(b), b.description or b.action))
         about = screen.HELP if isinstance(screen, ConsoleScreen) else ""
-        if isinstance(screen, ConsoleScreen) and isinstance(self.bridge, FleetBridge) and screen.FLEET_HELP:
+        if isinstance(screen, ConsoleScreen) and self.bridge.merges_gpus and screen.FLEET_HELP:
             about = f"{about} {screen.FLEET_HELP}"
         name = screen.SCREEN_NAME if isinstance(screen, ConsoleScreen) else "console"
-        replay = isinstance(self.bridge, ReplayBridge)
+        replay = self.bridge.replay
         shown = {k for k, _ in keys}
         keys.extend((k, d) for k, d in EXTRA_KEYS
                     if (replay or not d.startswith("replay")) and not set(k.split()) <= shown)
@@ -94,19 +92,18 @@ class ConsoleCommands(App[None]):
         simple: dict[str, Callable[[], Any]] = {
             "run": self.action_run, "step": self.action_step, "cancel": self.action_cancel,
             "help": self.action_show_help, "verify": self.action_verify_ledger, "quit": self.exit, "q": self.exit}
-        view_only = isinstance(self.bridge, ReplayBridge) and cmd in {"run", "step", "pause", "resume"}
+        view_only = self.bridge.replay and cmd in {"run", "step", "pause", "resume"}
         if cmd in CONTROL_ACTIONS | {"pause", "resume", "break", "bench", "cancel"} and self.readonly and not view_only:
             self.notify("read-only console: no controls", severity="warning")
             return
         if cmd in simple:
             simple[cmd]()
         elif cmd in ("pause", "resume"):
-            paused = self.bridge.state.status == "paused" or (isinstance(self.bridge, ReplayBridge)
-                                                               and not self.bridge.playing)
+            paused = self.bridge.paused
             if (cmd == "pause") != paused:
                 self.action_toggle_pause()
         elif cmd == "break":
-            if isinstance(self.bridge, ReplayBridge):
+            if self.bridge.replay:
                 self.notify("breakpoints belong to a live run", severity="warning")
             else:
                 self.action_toggle_breakpoint(args[0] if args else "HANDOFF")
@@ -131,7 +128,7 @@ class ConsoleCommands(App[None]):
             self.notify(f"unknown command {line!r}: :help lists the commands", severity="error", markup=False)
 
     def _jump(self, args: list[str]) -> None:
-        if not isinstance(self.bridge, ReplayBridge):
+        if not self.bridge.replay:
             self.notify("jump works in a replay (gputravel-console --replay FILE)", severity="warning")
         elif args and args[0] == "end":
             self.action_seek("end")
@@ -151,7 +148,7 @@ class ConsoleCommands(App[None]):
             yield SystemCommand("Run", "Start the run (or resume it)", self.action_run)
             yield SystemCommand("Step one phase", "Run exactly one protocol phase, then pause", self.action_step)
             yield SystemCommand("Pause / resume", "Pause before the next phase, or resume", self.action_toggle_pause)
-            if isinstance(self.bridge, LiveBridge):
+            if self.bridge.live:
                 yield SystemCommand("Break before HANDOFF", "Toggle the breakpoint before the hand-off",
                                     self.action_toggle_break)
             yield SystemCommand("Cancel run", "Abort the visit (the buffer is scrubbed) and stop", self.action_cancel)

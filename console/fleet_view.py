@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gputravel.console.bridge import ReplayBridge
+from gputravel.console.replay_bridge import ReplayBridge
 from gputravel.console.view_model import RunState
 from gputravel.core import events as ev
 from gputravel.core.errors import RecordingError
@@ -122,6 +122,8 @@ class FleetRecording:
 class FleetBridge(ReplayBridge):
     """Plays (or follows) a fleet's merged recordings: one run per GPU, and their merge."""
 
+    merges_gpus = True
+
     def __init__(self, app: App[Any], fleet: FleetRecording, *, speed: float = 8.0, follow: bool = False,
                  sampler: Sampler | None = None) -> None:
         self.fleet = fleet  # before the replay's init: its states are a fleet's
@@ -138,6 +140,11 @@ class FleetBridge(ReplayBridge):
     @property
     def ledger_path(self) -> Path | None:
         return self.fleet.ledger
+
+    @property
+    def polls_telemetry(self) -> bool:
+        """NVML on this machine while following a running fleet."""
+        return self.follow
 
     @property
     def badges(self) -> tuple[str, ...]:

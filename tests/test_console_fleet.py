@@ -18,9 +18,9 @@ from textual.containers import VerticalScroll
 from textual.pilot import Pilot
 
 from gputravel.console.app import GpuTravelConsole, make_app
-from gputravel.console.bridge import ReplayBridge
 from gputravel.console.entries import launch_gpus
 from gputravel.console.fleet_view import FleetBridge, FleetItem, FleetRecording, is_fleet_folder
+from gputravel.console.replay_bridge import ReplayBridge
 from gputravel.console.screens.gpu import GpuScreen
 from gputravel.console.screens.travel import TravelScreen
 from gputravel.console.view_model import RunState

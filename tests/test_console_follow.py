@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gputravel.console.app import GpuTravelConsole, make_app
-from gputravel.console.bridge import ReplayBridge
+from gputravel.console.replay_bridge import ReplayBridge
 from gputravel.core.recording import RecordedItem, Recorder, load_recording
 from tests.test_console_snapshots import SIZE, screen_text, synthetic_run
 
