@@ -1,4 +1,4 @@
-"""``gputravel agents deploy|status|stop --holders-file F``: the holder fleet over SSH."""
+"""``gputravel agents deploy|status|stop --holders-file F``: the holders over SSH."""
 
 from __future__ import annotations
 

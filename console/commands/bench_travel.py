@@ -1,5 +1,5 @@
 """``gputravel bench travel``: the Travelling-vs-conventional transfer study (``core.bench.travel``), wired:
-options, the fleet that runs each training run, a progress bar, the table or ``--json``."""
+options, the holder set that runs each training run, a progress bar, the table or ``--json``."""
 
 from __future__ import annotations
 
