@@ -120,6 +120,7 @@ def build_engine(settings: RunSettings, *, links: Iterable[HolderLink] | None = 
     from gputravel.core.runfolder import saved_settings, verify_run_folder
     from gputravel.core.training.store import CheckpointStore, load_or_create_key
 
+    agent = (entries or Entries()).agent() if links is None else ()  # refused before anything is created
     out = Path(settings.out_dir)
     if out.exists() and (out / "ledger.db").exists() and not settings.resume:
         raise ConfigError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
@@ -129,7 +130,7 @@ def build_engine(settings: RunSettings, *, links: Iterable[HolderLink] | None = 
     if not settings.resume:
         (out / "settings.json").write_text(json.dumps(saved_settings(settings), indent=2) + "\n")
     if links is None:
-        links = local_links(settings, agent=(entries or Entries()).agent())
+        links = local_links(settings, agent=agent)
     key = load_or_create_key(out / "keys" / "checkpoint.key")
     store = CheckpointStore(out / "checkpoints", key, keep=settings.keep_checkpoints)
     platform = platform_type(out / "platform", device=settings.device, cc_mode=settings.cc_mode,
