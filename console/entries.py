@@ -19,7 +19,7 @@ __all__ = ["ENTRIES", "GPU_RANK", "HOLDER_AGENT", "launch_gpus"]
 #: ``python -m gputravel.agents.holder``: the holder agent on stdin/stdout
 HOLDER_AGENT = "gputravel.agents.holder"
 #: one torchrun rank of ``gputravel run --gpus N``
-GPU_RANK = "gputravel.console.fleet_rank"
+GPU_RANK = "gputravel.console.cli.fleet_rank"
 
 ENTRIES = Entries(holder_agent=("-m", HOLDER_AGENT), gpu_rank=GPU_RANK,
                   process_roles=((HOLDER_AGENT, "agents"), ("gputravel.agents.sshserver", "ssh_server")))

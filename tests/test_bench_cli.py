@@ -336,7 +336,7 @@ async def test_agents_stop_ends_the_running_agent_of_each_holder(
 def test_allreduce_table_keeps_variant_names_and_figures_whole_at_100_columns() -> None:
     from rich.console import Console
 
-    from gputravel.console.commands.bench_allreduce import render
+    from gputravel.console.cli.commands.bench_allreduce import render
 
     breakdown = {"crypto_s": 0.001, "wire_s": 0.002, "reduce_s": 0.003, "wait_s": 0.004}
     rows = [{"world_size": 2, "size_mib": 4, "variant": v, "gather": g, "median_s": 0.01234, "min_s": 0.00987,

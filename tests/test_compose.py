@@ -51,7 +51,6 @@ def test_a_local_link_starts_the_agent_the_caller_names(tmp_path: Path) -> None:
 
 
 def test_the_console_app_asks_the_bridge_what_it_can_do_never_its_type() -> None:
-    app_dir = next(p for p in (ROOT / "console" / "tui", ROOT / "console") if (p / "app.py").exists())
     for name in ("app.py", "app_commands.py"):
-        text = (app_dir / name).read_text("utf-8")
+        text = (ROOT / "console" / "tui" / name).read_text("utf-8")
         assert "isinstance(self.bridge" not in text, name

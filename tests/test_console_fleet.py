@@ -17,17 +17,17 @@ from rich.console import Console
 from textual.containers import VerticalScroll
 from textual.pilot import Pilot
 
-from gputravel.console.app import GpuTravelConsole, make_app
 from gputravel.console.entries import launch_gpus
-from gputravel.console.fleet_view import FleetBridge, FleetItem, FleetRecording, is_fleet_folder
-from gputravel.console.replay_bridge import ReplayBridge
-from gputravel.console.screens.gpu import GpuScreen
-from gputravel.console.screens.travel import TravelScreen
-from gputravel.console.view_model import RunState
-from gputravel.console.widgets.device_card import DeviceCard
-from gputravel.console.widgets.route_map import RouteMap
-from gputravel.console.widgets.status_bar import StatusBar
-from gputravel.console.widgets.text import fmt_bytes
+from gputravel.console.tui.app import GpuTravelConsole, make_app
+from gputravel.console.tui.fleet_view import FleetBridge, FleetItem, FleetRecording, is_fleet_folder
+from gputravel.console.tui.replay_bridge import ReplayBridge
+from gputravel.console.tui.screens.gpu import GpuScreen
+from gputravel.console.tui.screens.travel import TravelScreen
+from gputravel.console.tui.view_model import RunState
+from gputravel.console.tui.widgets.device_card import DeviceCard
+from gputravel.console.tui.widgets.route_map import RouteMap
+from gputravel.console.tui.widgets.status_bar import StatusBar
+from gputravel.console.tui.widgets.text import fmt_bytes
 from gputravel.core.bench.data import make_dataset
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import RecordingError

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gputravel.console.app import GpuTravelConsole, make_app
-from gputravel.console.replay_bridge import ReplayBridge
+from gputravel.console.tui.app import GpuTravelConsole, make_app
+from gputravel.console.tui.replay_bridge import ReplayBridge
 from gputravel.core.recording import RecordedItem, Recorder, load_recording
 from tests.test_console_snapshots import SIZE, screen_text, synthetic_run
 
@@ -123,7 +123,7 @@ async def test_a_fleet_being_started_shows_its_gpus_before_any_rank_has_written(
 def test_watch_fleet_opens_the_screen_before_the_fleet_writes_anything(tmp_path: Path, monkeypatch) -> None:
     import threading
 
-    from gputravel.console.fleet_console import watch_fleet
+    from gputravel.console.tui.fleet_console import watch_fleet
     from gputravel.core.config import RunSettings
 
     gate = threading.Event()

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from helpers import started, write_holder
 
-from gputravel.console import cli
+from gputravel.console.cli import main as cli
 from gputravel.console.entries import ENTRIES
 from gputravel.core import api
 from gputravel.core import events as ev

@@ -113,7 +113,7 @@ def test_torchrun_command_passes_rendezvous_options_through(tmp_path: Path) -> N
     assert cmd[1:3] == ["-m", "torch.distributed.run"]
     text = " ".join(cmd)
     for part in ("--nnodes 2", "--nproc-per-node 2", "--rdzv-backend c10d", "--rdzv-endpoint 10.0.0.1:29400",
-                 "--rdzv-id f7", "--max-restarts 1", "-m gputravel.console.fleet_rank"):
+                 "--rdzv-id f7", "--max-restarts 1", "-m gputravel.console.cli.fleet_rank"):
         assert part in text
     with pytest.raises(ConfigError):
         torchrun_command(tmp_path / "fleet.json", gpus=3, rdzv=Rendezvous(nnodes=2), entry=GPU_RANK)
@@ -138,8 +138,8 @@ def test_a_device_lost_for_good_stops_the_fleet_resumably(data: Path, tmp_path: 
 
 @pytest.mark.slow
 def test_console_gpus_follows_every_gpu_while_the_fleet_runs(data: Path, tmp_path: Path) -> None:
-    from gputravel.console.fleet_console import watch_fleet
-    from gputravel.console.fleet_view import FleetRecording
+    from gputravel.console.tui.fleet_console import watch_fleet
+    from gputravel.console.tui.fleet_view import FleetRecording
 
     seen: list[dict[str, object]] = []
 

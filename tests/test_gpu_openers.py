@@ -239,7 +239,7 @@ def test_attest_names_the_engine_that_opens_the_data_path(tmp_path: Path) -> Non
 
     from typer.testing import CliRunner
 
-    from gputravel.console.cli import app
+    from gputravel.console.cli.main import app
 
     res = CliRunner().invoke(app, ["attest", "--json", "--state-dir", str(tmp_path / "state")])
     assert res.exit_code == 0, res.output

@@ -15,7 +15,7 @@ import pytest
 from helpers import write_holder
 
 from gputravel.agents.holder.attest import HolderAttestation
-from gputravel.console import cli
+from gputravel.console.cli import main as cli
 from gputravel.core.device.spdm import SpdmResponder
 from gputravel.core.errors import FrameError, GpuTravelError
 from gputravel.core.evidence import sim_store

@@ -91,7 +91,7 @@ eng.TravelEngine.emit = emit
 
 atexit.register(lambda: dump.write_text(json.dumps({"keys": keys, "events": events})))
 sys.argv = ["gputravel", *sys.argv[2:]]
-from gputravel.console import cli
+from gputravel.console.cli import main as cli
 cli.main()
 '''
 

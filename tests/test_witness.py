@@ -10,7 +10,7 @@ from pathlib import Path
 from helpers import write_holder
 from typer.testing import CliRunner
 
-from gputravel.console.cli import app
+from gputravel.console.cli.main import app
 from gputravel.console.entries import ENTRIES
 from gputravel.core import api
 from gputravel.core.config import RunSettings
