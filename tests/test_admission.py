@@ -48,7 +48,7 @@ class Device:
     def handoff(self, length: int = 4 * CHUNK) -> tuple[int, DirectionKey, bytes]:
         self.epoch += 1
         grant = self.client.handoff(epoch=self.epoch, offset=0, length=length, chunk_size=CHUNK)
-        return self.epoch, DirectionKey.from_wire(grant.provisioning_key), bytes.fromhex(grant.session_id)
+        return self.epoch, grant.provisioning_key, bytes.fromhex(grant.session_id)
 
     def close(self, epoch: int) -> Any:
         return self.client.close_window(epoch=epoch)
@@ -59,9 +59,9 @@ class Device:
 
 @pytest.fixture
 def device(tmp_path: Any) -> Iterator[Device]:
-    from gputravel.core.device.client import DeviceClient
     from gputravel.core.device.server import DeviceServer
     from gputravel.core.device.service import load_service
+    from gputravel.core.deviceclient.client import DeviceClient
     from gputravel.core.platform.emulated import EmulatedPlatform
 
     state = tmp_path / "state"

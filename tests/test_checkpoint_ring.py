@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from gputravel.core.device.ckptring import CheckpointRing, ring_supported
-from gputravel.core.device.client import DeviceClient
+from gputravel.core.deviceclient.client import DeviceClient
 from gputravel.core.errors import DataError, DeviceError, FrameError
 from gputravel.core.platform.emulated import EmulatedPlatform
+from gputravel.core.protocol.ckptring import CheckpointRing, ring_supported
 from gputravel.core.training.model import preset
 from gputravel.core.training.store import CheckpointStore
 from gputravel.core.training.trainer import TrainSettings

@@ -70,3 +70,26 @@ def test_a_command_that_needs_no_model_imports_no_torch(args: list[str], run_dir
     assert seen["torch"] is False, f"gputravel {' '.join(args)} imported torch"
     assert seen["textual"] is False
 
+
+
+ORCHESTRATOR_PATH = ["gputravel.core.travel.engine", "gputravel.core.api", "gputravel.core.deviceclient.client",
+                     "gputravel.core.runfolder", "gputravel.core.ledger", "gputravel.core.attestation",
+                     "gputravel.core.session", "gputravel.core.platform.emulated", "gputravel.core.travel.handoff"]
+MODULES_PROBE = """
+import json, sys
+for name in json.loads(sys.argv[1]):
+    __import__(name)
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_the_orchestrator_path_loads_no_torch_and_nothing_of_the_device() -> None:
+    """Issue 26 item 3, at run time (the import contracts say it of the source): the travel engine, the api,
+    the device client, runs, the ledger and attestation import without torch, numpy or any ``core.device``
+    module (the orchestrator speaks to the device only over the wire in ``core.protocol``)."""
+    out = subprocess.run([sys.executable, "-c", MODULES_PROBE, json.dumps(ORCHESTRATOR_PATH)], capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    loaded = set(json.loads(out.strip().splitlines()[-1]))
+    assert set(ORCHESTRATOR_PATH) <= loaded
+    assert "torch" not in loaded and "numpy" not in loaded
+    assert sorted(m for m in loaded if m.startswith("gputravel.core.device.") or m == "gputravel.core.device") == []

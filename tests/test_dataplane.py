@@ -23,8 +23,8 @@ import pytest
 
 from gputravel.agents.holder import Agent, open_dataset
 from gputravel.core.attestation import provision_emulated
-from gputravel.core.device.client import DeviceClient
 from gputravel.core.device.service import DeviceService
+from gputravel.core.deviceclient.client import DeviceClient
 from gputravel.core.handshake import Initiator
 from gputravel.core.platform.emulated import EmulatedPlatform
 from gputravel.core.protocol import TAG_LEN, DirectionKey, FrameType, SendState, read_frame, write_frame
@@ -206,7 +206,7 @@ def test_an_agent_keeps_one_connection_one_ring_and_one_set_of_slots_admitting_i
         for _ in range(3):
             epoch = client.stats().epoch + 1
             grant = client.handoff(epoch=epoch, offset=0, length=length, chunk_size=CHUNK * 4)
-            done = agent.handoff({"epoch": epoch, "session": grant.session_id, "key": grant.provisioning_key,
+            done = agent.handoff({"epoch": epoch, "session": grant.session_id, "key": grant.provisioning_key.to_wire(),
                                   "window_offset": 0, "chunk_size": CHUNK * 4, "train": [0, length], "val": [0, 0],
                                   "length": length,
                                   "data_endpoint": {"path": handle.socket_path, **({} if ring else {"ring": False})}})
@@ -241,7 +241,7 @@ def test_a_hand_off_with_a_key_for_no_open_window_is_refused_admission_and_charg
     length, chunk = 200_000, CHUNK * 4
 
     def header(epoch: int, grant: Any) -> dict[str, Any]:
-        return {"epoch": epoch, "session": grant.session_id, "key": grant.provisioning_key, "window_offset": 0,
+        return {"epoch": epoch, "session": grant.session_id, "key": grant.provisioning_key.to_wire(), "window_offset": 0,
                 "chunk_size": chunk, "train": [0, length], "val": [0, 0], "length": length,
                 "data_endpoint": {"path": handle.socket_path}}
 
@@ -251,7 +251,7 @@ def test_a_hand_off_with_a_key_for_no_open_window_is_refused_admission_and_charg
         agent.handoff(header(epoch, grant))
         assert client.close_window(epoch=epoch).complete
         before = client.stats()
-        relabelled = {**header(epoch + 1, grant), "key": {**grant.provisioning_key, "epoch": epoch + 1}}
+        relabelled = {**header(epoch + 1, grant), "key": {**grant.provisioning_key.to_wire(), "epoch": epoch + 1}}
         write_frame(agent.to_agent, FrameType.HANDOFF, relabelled)
         agent.to_agent.flush()
         answer = read_frame(agent.from_agent)
@@ -352,7 +352,7 @@ def test_a_deeply_nested_header_gets_an_error_reply_and_is_counted_by_the_device
     epoch = before.epoch + 1
     grant = client.handoff(epoch=epoch, offset=0, length=CHUNK, chunk_size=CHUNK)
     session = bytes.fromhex(grant.session_id)
-    admit = Admission.make(bytes.fromhex(str(grant.provisioning_key["key"])), session_id=session, epoch=epoch,
+    admit = Admission.make(grant.provisioning_key.key, session_id=session, epoch=epoch,
                            holder="h").to_wire()
     opened = encode_frame(FrameType.DATA_OPEN, {"session": session.hex(), "admit": admit})
     later = exchange(opened, _nested_frame(FrameType.CHUNK))  # on an admitted data connection: rejected

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gputravel.core.device.client import DeviceClient
+from gputravel.core.deviceclient.client import DeviceClient
 from gputravel.core.errors import DeviceError, StaleEpochError, WindowError
 from gputravel.core.platform.base import DeviceHandle
 from gputravel.core.platform.emulated import EmulatedPlatform
@@ -119,7 +119,7 @@ class Rig:
     def handoff(self, offset: int, length: int, chunk_size: int, epoch: int | None = None) -> Window:
         epoch = self.next_epoch() if epoch is None else epoch
         grant = self.client.handoff(epoch=epoch, offset=offset, length=length, chunk_size=chunk_size)
-        self.current = Window(epoch, offset, length, chunk_size, DirectionKey.from_wire(grant.provisioning_key),
+        self.current = Window(epoch, offset, length, chunk_size, grant.provisioning_key,
                               bytes.fromhex(grant.session_id))
         return self.current
 
@@ -886,8 +886,8 @@ def test_aes_rate_is_measured_inside_the_device_process_and_refuses_bad_sizes(ri
 
 # --- the operation table ---------------------------------------------------------------------------
 def test_one_operation_table_answers_every_op_and_refuses_any_other_name(rig: Rig, tmp_path: Any) -> None:
-    from gputravel.core.device.link import Op
     from gputravel.core.device.service import load_service
+    from gputravel.core.protocol.devicelink import Op
 
     service = load_service(tmp_path / "state", buffer_bytes=4096, device="cpu")
     assert set(service.operations) == set(Op)

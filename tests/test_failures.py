@@ -440,9 +440,9 @@ def device(tmp_path: Path) -> Iterator[tuple[Any, Any, str, Any]]:
     4 connections may wait to authenticate, for 0.5 s each."""
     import threading
 
-    from gputravel.core.device.client import DeviceClient
     from gputravel.core.device.server import DeviceServer
     from gputravel.core.device.service import load_service
+    from gputravel.core.deviceclient.client import DeviceClient
     from gputravel.core.platform.emulated import EmulatedPlatform
 
     state = tmp_path / "state"

@@ -19,8 +19,16 @@ import torch
 from gputravel.console.entries import ENTRIES
 from gputravel.core import api
 from gputravel.core.config import RunSettings
-from gputravel.core.device.client import DeviceClient
-from gputravel.core.device.openers import CPU_LABEL, CpuOpener, GpuOpener, choose_opener, describe_choice
+from gputravel.core.device.dataplane import DataPlane
+from gputravel.core.device.openers import (
+    CPU_LABEL,
+    ChunkOpener,
+    GpuOpener,
+    HostOpener,
+    choose_opener,
+    describe_choice,
+)
+from gputravel.core.deviceclient.client import DeviceClient
 from gputravel.core.errors import ConfigError
 from gputravel.core.platform.emulated import EmulatedPlatform
 from gputravel.core.protocol import (
@@ -59,20 +67,62 @@ def seal(k: DirectionKey, plain: bytes, *, base: int, chunk: int) -> list[tuple[
     return out
 
 
+def submit_all(opener: ChunkOpener, k: DirectionKey, chunks: list[tuple[int, int, int, bytearray]], *,
+               chunk: int) -> list[BaseException | None]:
+    """Every chunk through the one opener strategy (``submit``); each chunk's verdict once all are done."""
+    recv = RecvState(k, session_id=SESSION)
+    verdicts: dict[int, BaseException | None] = {}
+    settled = threading.Condition()
+
+    def done_for(seq: int) -> Any:
+        def done(exc: BaseException | None) -> None:
+            with settled:
+                verdicts[seq] = exc
+                settled.notify_all()
+        return done
+
+    for seq, off, n, payload in chunks:
+        opener.submit(recv, k, payload, seq=seq, offset=off, length=n, chunk_size=chunk, done=done_for(seq))
+    with settled:
+        assert settled.wait_for(lambda: len(verdicts) == len(chunks), timeout=60)
+    return [verdicts[seq] for seq, *_ in chunks]
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["host-direct", "host-staged"])
 @pytest.mark.parametrize("base", [0, 48, 5], ids=["aligned", "aligned-48", "unaligned"])
-def test_the_gpu_opener_writes_what_the_cpu_opener_writes(base: int) -> None:
+def test_the_gpu_opener_writes_what_the_host_opener_writes(base: int, staged: bool) -> None:
     k = key()
     plain = os.urandom(3 * 96 + 37)  # a short last chunk too
     chunks = seal(k, plain, base=base, chunk=96)
     bufs = {name: torch.full((base + len(plain) + 64,), 0xA5, dtype=torch.uint8) for name in ("cpu", "gpu")}
-    openers: dict[str, Any] = {"cpu": CpuOpener(bufs["cpu"]), "gpu": GpuOpener(bufs["gpu"])}
-    for opener in openers.values():
-        recv = RecvState(k, session_id=SESSION)
-        for seq, off, n, payload in chunks:
-            opener.open(recv, k, payload, seq=seq, offset=off, length=n)
+    plane = DataPlane(bufs["cpu"], staged=staged)  # staged: through host slots and the copy step, as on CUDA
+    openers: dict[str, ChunkOpener] = {"cpu": HostOpener(plane), "gpu": GpuOpener(bufs["gpu"])}
+    try:
+        for opener in openers.values():
+            assert submit_all(opener, k, chunks, chunk=96) == [None] * len(chunks)
+    finally:
+        plane.close()
     assert bytes(bufs["gpu"][base: base + len(plain)].numpy()) == plain
     assert torch.equal(bufs["gpu"], bufs["cpu"])
     assert openers["gpu"].label == "gpu (simulator)" and openers["cpu"].label == CPU_LABEL
+
+
+@pytest.mark.parametrize("engine", ["cpu", "gpu"])
+def test_either_opener_fails_a_tampered_chunk_through_done_with_a_tag_error(engine: str) -> None:
+    k = key()
+    plain = os.urandom(2 * 64)
+    chunks = seal(k, plain, base=0, chunk=64)
+    chunks[1][3][5] ^= 0x01  # one ciphertext bit of the second chunk
+    buf = torch.full((len(plain),), 0x5A, dtype=torch.uint8)
+    plane = DataPlane(buf)
+    try:
+        verdicts = submit_all(choose_opener(engine, plane), k, chunks, chunk=64)
+    finally:
+        plane.close()
+    assert verdicts[0] is None and isinstance(verdicts[1], TagError)
+    assert bytes(buf[:64].numpy()) == plain[:64]
+    # nothing of the forged chunk landed: the GPU opener left the bytes, the host opener zeroed them
+    assert bytes(buf[64:].numpy()) == bytes([0x5A if engine == "gpu" else 0]) * 64
 
 
 def test_a_tampered_chunk_is_a_tag_error_and_writes_nothing() -> None:
@@ -124,13 +174,14 @@ def test_chunks_delivered_together_are_opened_in_shared_launches() -> None:
 
 def test_engine_choice_is_automatic_named_and_validated() -> None:
     cpu_buf = torch.zeros(64, dtype=torch.uint8)
-    auto = choose_opener("auto", cpu_buf)
-    assert auto.kind == "cpu" and auto.label == CPU_LABEL and auto.reason.startswith("auto:")
-    assert choose_opener("gpu", cpu_buf).label == "gpu (simulator)"
+    plane = DataPlane(cpu_buf)
+    auto = choose_opener("auto", plane)
+    assert isinstance(auto, HostOpener) and auto.label == CPU_LABEL and auto.reason.startswith("auto:")
+    assert choose_opener("gpu", plane).label == "gpu (simulator)"
     assert describe_choice("auto", device="cpu")[0] == CPU_LABEL
     assert describe_choice("gpu", device="cpu")[0] == "gpu (simulator)"
     with pytest.raises(ConfigError, match="cipher engine"):
-        choose_opener("fpga", cpu_buf)
+        choose_opener("fpga", plane)
     with pytest.raises(ConfigError, match="cipher-engine"):
         RunSettings(cipher_engine="fpga")
 
@@ -152,7 +203,7 @@ def test_the_device_opens_on_the_gpu_and_counts_a_forged_chunk(tmp_path: Path) -
         client.set_data_path(parallel_auth=True, overlap=True, workers=3)  # several chunks in flight
         before = client.digest(offset=0, length=WINDOW).sha256
         grant = client.handoff(epoch=1, offset=0, length=WINDOW, chunk_size=CHUNK)
-        k = DirectionKey.from_wire(grant.provisioning_key)
+        k = grant.provisioning_key
         plain = os.urandom(WINDOW)
         sender = SendState(k, session_id=bytes.fromhex(grant.session_id))
         sealed = []
@@ -258,7 +309,6 @@ async def test_bench_provision_names_the_engine_that_opened_its_chunks(tmp_path:
 
 async def test_a_chunk_tampered_on_the_holder_link_is_caught_by_the_gpu_and_retransmitted(tmp_path: Path) -> None:
     from gputravel.agents.holder import open_dataset
-    from gputravel.core.protocol.holderlink import ProvisioningKey
     from gputravel.core.travel.holders import Handoff
     from gputravel.core.travel.local_link import LocalHolderLink
 
@@ -274,7 +324,7 @@ async def test_a_chunk_tampered_on_the_holder_link_is_caught_by_the_gpu_and_retr
         await link.start()
         link.tamper_on_wire = {1, 4}
         grant = client.handoff(epoch=1, offset=0, length=WINDOW, chunk_size=CHUNK)
-        handoff = Handoff(epoch=1, session_id=grant.session_id, key=ProvisioningKey.from_wire(grant.provisioning_key),
+        handoff = Handoff(epoch=1, session_id=grant.session_id, key=grant.provisioning_key,
                           window_offset=0, chunk_size=CHUNK, train=(0, WINDOW), val=(0, 0))
         stats = await link.provision(handoff, device_socket=handle.socket_path)  # the channel path
         assert stats.rejected["tag"] == 2 and stats.retransmits == 2

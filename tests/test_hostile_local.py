@@ -43,9 +43,9 @@ def _wait_for(what: Any, timeout: float = 20.0) -> bool:
 def device(tmp_path: Path) -> Iterator[tuple[Any, Any, str, Any]]:
     """A real device service (real sockets, real keys) in this process, listening on its Unix socket and on a
     TCP data port, with small bounds: 4 connections may wait to authenticate per listener, for ``deadline``."""
-    from gputravel.core.device.client import DeviceClient
     from gputravel.core.device.server import DeviceServer
     from gputravel.core.device.service import load_service
+    from gputravel.core.deviceclient.client import DeviceClient
     from gputravel.core.platform.emulated import EmulatedPlatform
 
     state = tmp_path / "state"
@@ -142,7 +142,6 @@ def test_strangers_filling_the_tcp_ports_places_cannot_keep_an_admitted_holder_o
     and nothing the strangers did is charged to the holder's window."""
     from gputravel.core.protocol import TAG_LEN, FrameType, SendState, encode_frame, read_frame
     from gputravel.core.protocol.holderlink import Admission
-    from gputravel.core.protocol.keys import DirectionKey
 
     service, server, _sock, new_client = device
     port = server.tcp.getsockname()[1]
@@ -154,7 +153,7 @@ def test_strangers_filling_the_tcp_ports_places_cannot_keep_an_admitted_holder_o
         assert attacker.stdout is not None and attacker.stdout.readline()
         assert _wait_for(lambda: service.refused["evicted"] >= 30), dict(service.refused)
         grant = client.handoff(epoch=1, offset=0, length=256, chunk_size=256)
-        key, session = DirectionKey.from_wire(grant.provisioning_key), bytes.fromhex(grant.session_id)
+        key, session = grant.provisioning_key, bytes.fromhex(grant.session_id)
         admit = Admission.make(key.key, session_id=session, epoch=1, holder="alice").to_wire()
         with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
             s.sendall(encode_frame(FrameType.DATA_OPEN, {"session": session.hex(), "admit": admit}))

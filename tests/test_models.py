@@ -136,9 +136,9 @@ def test_every_preset_runs_end_to_end(model: str, data: str, shards: Path, tmp_p
 def test_a_long_visits_losses_ride_in_the_payload_not_the_bounded_header() -> None:
     """bench travel's 512 MiB buffers train ~1,800 steps a visit: their losses once overflowed the 16 KiB
     header, the device's answer could not be sealed and the link broke (Broken pipe)."""
-    from gputravel.core.device.messages import TrainResult
     from gputravel.core.errors import FrameError
     from gputravel.core.protocol import FrameType, encode_frame
+    from gputravel.core.protocol.deviceanswers import TrainResult
 
     losses = [float(i) / 7 for i in range(20_000)]
     result = TrainResult(losses=losses, tokens=1, seconds=1.0, tokens_per_s=1.0, val_loss=None, model_digest="ab")

@@ -17,11 +17,11 @@ import pytest
 
 from gputravel.agents.holder import open_dataset
 from gputravel.console.entries import ENTRIES
-from gputravel.core.device.client import DeviceClient
+from gputravel.core.deviceclient.client import DeviceClient
 from gputravel.core.platform.emulated import EmulatedPlatform
 from gputravel.core.protocol import TAG_LEN, FrameType, SendState, encode_frame, read_frame
 from gputravel.core.protocol.frames import frame_head
-from gputravel.core.protocol.holderlink import Admission, DataEndpoint, ProvisioningKey
+from gputravel.core.protocol.holderlink import Admission, DataEndpoint
 from gputravel.core.travel.holders import Handoff
 from gputravel.core.travel.local_link import LocalHolderLink
 
@@ -58,7 +58,7 @@ async def device(tmp_path: Path, *, parallel_auth: bool, overlap: bool) -> Async
 
 def open_window(client: DeviceClient, epoch: int) -> Handoff:
     grant = client.handoff(epoch=epoch, offset=0, length=WINDOW, chunk_size=CHUNK)
-    return Handoff(epoch=epoch, session_id=grant.session_id, key=ProvisioningKey.from_wire(grant.provisioning_key),
+    return Handoff(epoch=epoch, session_id=grant.session_id, key=grant.provisioning_key,
                    window_offset=0, chunk_size=CHUNK, train=(0, WINDOW), val=(0, 0))
 
 

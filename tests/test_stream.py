@@ -128,8 +128,8 @@ def test_a_header_round_trips_and_rejects_junk() -> None:
 def test_a_pre_sealed_chunk_rides_the_control_channel_bound_but_not_re_encrypted() -> None:
     """Checkpoint chunks cross the control link as they are (already sealed under the stream key); the sealed
     control frame binds their length and tag, so a swapped, altered or detached chunk is a TagError."""
-    from gputravel.core.device.link import ControlChannel
     from gputravel.core.handshake import SessionSecrets
+    from gputravel.core.protocol.devicelink import ControlChannel
 
     secrets = SessionSecrets(os.urandom(16), os.urandom(32), os.urandom(32))
     header, chunks = _sealed(n_chunks=3, chunk=64)

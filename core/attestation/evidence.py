@@ -19,6 +19,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from gputravel.core.attestation.device_code import device_code_files, package_root
 from gputravel.core.attestation.pki import DeviceIdentity
 from gputravel.core.errors import AttestationError, ConfigError, FrameError
 from gputravel.core.protocol.wirejson import loads_bounded
@@ -67,8 +68,6 @@ class CCMode(StrEnum):
 EMULATED_FIRMWARE = sha256_hex(b"gputravel emulated GPU firmware 1.0")
 EMULATED_DRIVER = sha256_hex(b"gputravel emulated GPU driver 1.0")
 
-_CODE_PACKAGES = ("device", "training")  # under gputravel.core
-
 
 @dataclass(frozen=True, slots=True)
 class Measurements:
@@ -96,16 +95,6 @@ class Measurements:
         return sha256_hex(canonical_json(self.to_dict()))
 
 
-def _default_code_files() -> tuple[Path, list[Path]]:
-    core_dir = Path(__file__).resolve().parent.parent  # this file is core/attestation/evidence.py
-    files: list[Path] = []
-    for name in _CODE_PACKAGES:
-        pkg = core_dir / name
-        if pkg.is_dir():
-            files.extend(p for p in pkg.rglob("*.py") if "__pycache__" not in p.parts)
-    return core_dir.parent, files
-
-
 def _explicit_code_files(paths: Iterable[Path]) -> tuple[Path, list[Path]]:
     files: list[Path] = []
     for p in paths:
@@ -125,15 +114,19 @@ def emulated_measurements() -> Measurements:
     return Measurements(firmware=EMULATED_FIRMWARE, driver=EMULATED_DRIVER, code=code_measurement())
 
 
-def code_measurement(paths: Iterable[Path] | None = None) -> str:
-    """SHA-256 over device-side source files: each file's relative path and contents, sorted by path.
+def code_measurement(paths: Iterable[Path] | None = None, *, root: Path | None = None) -> str:
+    """SHA-256 over the device's source files: each file's relative path and contents, sorted by path.
 
-    With ``paths`` None, the ``*.py`` files of ``gputravel.core.device`` and ``gputravel.core.training``
-    (whichever exist; none is a valid, if empty, measurement) named relative to the package root, so the
-    value does not depend on where the package is installed. Explicit ``paths`` may be files or
-    directories (expanded to their ``*.py`` files) and are named relative to their common parent.
+    With ``paths`` None, exactly the device's code (``device_code.DEVICE_CODE``: what the device process runs,
+    nothing only the orchestrator runs) under ``root`` (default: the installed package), named relative to the
+    package root, so the value does not depend on where the package is installed. Explicit ``paths`` may be
+    files or directories (expanded to their ``*.py`` files) and are named relative to their common parent.
     """
-    base, files = _default_code_files() if paths is None else _explicit_code_files(paths)
+    if paths is None:
+        base = package_root() if root is None else Path(root)
+        files = device_code_files(base)
+    else:
+        base, files = _explicit_code_files(paths)
     h = hashlib.sha256(b"gputravel code measurement v1\0")
     for rel, f in sorted((f.relative_to(base).as_posix(), f) for f in set(files)):
         name = rel.encode()

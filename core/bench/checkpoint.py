@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from gputravel.core.bench.travel import machine_info
-from gputravel.core.device.ckptring import ring_supported
-from gputravel.core.device.client import DeviceClient
+from gputravel.core.deviceclient.client import DeviceClient
 from gputravel.core.errors import ConfigError, IntegrityError
 from gputravel.core.machine import aes_gcm_rate
 from gputravel.core.platform.emulated import EmulatedPlatform
+from gputravel.core.protocol.ckptring import ring_supported
 from gputravel.core.protocol.stream import DEFAULT_STREAM_CHUNK, MAX_STREAM_CHUNK
 from gputravel.core.training.model import preset_for_tokens
 from gputravel.core.training.store import CheckpointStore

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from gputravel.core.bench.data import make_dataset
-from gputravel.core.device.client import DeviceClient
+from gputravel.core.deviceclient.client import DeviceClient
 from gputravel.core.entries import Entries
 from gputravel.core.machine import machine_info
 from gputravel.core.platform.emulated import EmulatedPlatform

@@ -20,7 +20,7 @@ from typing import Any
 
 from gputravel.core.bench.data import make_dataset
 from gputravel.core.bench.load import HolderServer, HolderServerFactory
-from gputravel.core.device.client import DeviceClient
+from gputravel.core.deviceclient.client import DeviceClient
 from gputravel.core.entries import Entries
 from gputravel.core.errors import DataError
 from gputravel.core.machine import aes_gcm_pair_rate, aes_gcm_rate, machine_info, ring_pipeline_rate

@@ -4,7 +4,7 @@ Two ways out:
 
 * **the ring** (``checkpoint {header, ring, snapshot}`` then ``checkpoint_end``): the device seals on a
   thread of its own straight into the orchestrator's shared-memory ring
-  (:mod:`gputravel.core.device.ckptring`), while the control link serves the next visit. With
+  (:mod:`gputravel.core.protocol.ckptring`), while the control link serves the next visit. With
   ``snapshot`` it first copies its state in its own memory (device memory on a GPU), so training may go on
   at once; without it, it seals the live state, and an operation that would change the model (train,
   restore) waits until the stream is sealed. ``checkpoint_end`` waits for the thread and answers what was
@@ -21,11 +21,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gputravel.core.device.ckptring import CheckpointRing
-from gputravel.core.device.messages import DeviceState, StreamEnded
 from gputravel.core.device.reply import Reply
 from gputravel.core.errors import DeviceError, IntegrityError
 from gputravel.core.protocol import FrameError
+from gputravel.core.protocol.ckptring import CheckpointRing
+from gputravel.core.protocol.deviceanswers import DeviceState, StreamEnded
 from gputravel.core.protocol.stream import StreamHeader, StreamOpener, StreamSealer, rechunk
 
 __all__ = ["CheckpointOps"]

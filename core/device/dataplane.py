@@ -18,9 +18,9 @@ chunk or per hand-off:
   chunk done (acknowledged), so an ACK means the bytes are in device memory. ``flush`` (closing a window)
   waits for every copy; ``make_current_wait`` makes the training stream wait for the copy stream.
 
-Who opens a chunk is one seam (``HostOpener``): today the host CPU authenticates and decrypts into the
-slot. An opener that lets the GPU open ciphertext (core/gpucipher) stages ciphertext instead and opens it
-in device memory; the slot ring, the copy stream and the completion step stay as they are.
+This is the machinery of the host opener (``openers.HostOpener``: the host CPU authenticates and decrypts,
+into the buffer or a staging slot); the GPU opener (``openers.GpuOpener``) takes the ciphertext into device
+memory as it is and needs none of it but the rings and admissions.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -43,7 +43,7 @@ from gputravel.core.protocol.shmring import ShmRing
 #: Called exactly once per chunk: None once its plaintext is in device memory, else the error.
 DoneFn = Callable[[BaseException | None], None]
 
-__all__ = ["DataPlane", "DoneFn", "HostOpener", "SlotSet", "default_workers"]
+__all__ = ["DataPlane", "DoneFn", "SlotSet", "default_workers"]
 
 #: Below this many cores the receiving thread decrypts itself (0 workers): measured on the 2-core build
 #: machines, a worker thread only added hand-offs between threads while the holder's agent keeps the
@@ -77,20 +77,10 @@ class SlotSet:
         return len(self.bufs)
 
 
-class Opener(Protocol):
-    """Who opens a chunk: authenticate it and decrypt it into ``dest``, or raise (``TagError`` zeroes
-    ``dest``)."""
-
-    def __call__(self, recv: RecvState, ciphertext: Any, dest: Any, *, seq: int, offset: int,
-                 length: int) -> None: ...
-
-
-class HostOpener:
-    """The host CPU opens the chunk (AES-GCM ``decrypt_into``, the GIL released)."""
-
-    def __call__(self, recv: RecvState, ciphertext: Any, dest: Any, *, seq: int, offset: int,
-                 length: int) -> None:
-        recv.decrypt_into(ciphertext, dest, seq=seq, frame_type=FrameType.CHUNK, offset=offset, length=length)
+def _decrypt(recv: RecvState, ciphertext: Any, dest: Any, *, seq: int, offset: int, length: int) -> None:
+    """The host CPU opens one chunk into ``dest`` (AES-GCM ``decrypt_into``, the GIL released); a bad tag
+    raises ``TagError`` with ``dest`` zeroed."""
+    recv.decrypt_into(ciphertext, dest, seq=seq, frame_type=FrameType.CHUNK, offset=offset, length=length)
 
 
 class _CopyEngine:
@@ -140,7 +130,7 @@ class _CudaCopyEngine(_CopyEngine):
 class _Staging:
     """A ring of host staging slots (pinned on CUDA) with a completion thread."""
 
-    def __init__(self, buffer: torch.Tensor, *, slots: int, slot_bytes: int, opener: Opener,
+    def __init__(self, buffer: torch.Tensor, *, slots: int, slot_bytes: int,
                  add_ns: Callable[[str, int], None]) -> None:
         self.buffer = buffer
         self.cuda = buffer.device.type == "cuda"
@@ -149,7 +139,6 @@ class _Staging:
         self.slots = [torch.zeros(slot_bytes, dtype=torch.uint8, pin_memory=pin) for _ in range(slots)]
         self.host = [s.numpy() for s in self.slots]
         self.engine: _CopyEngine = _CudaCopyEngine(buffer.device, slots) if self.cuda else _CopyEngine()
-        self.opener = opener
         self.add_ns = add_ns
         self.free: queue.SimpleQueue[int] = queue.SimpleQueue()
         for k in range(slots):
@@ -167,7 +156,7 @@ class _Staging:
         k = self.free.get()  # blocks while every slot's copy is in flight: back-pressure, no allocation
         t1 = time.perf_counter_ns()
         try:
-            self.opener(recv, payload, self.host[k][:length], seq=seq, offset=offset, length=length)
+            _decrypt(recv, payload, self.host[k][:length], seq=seq, offset=offset, length=length)
         except BaseException as exc:
             self.free.put(k)
             done(exc)
@@ -239,7 +228,6 @@ class DataPlane:
         self.buffer = buffer
         self.staged = buffer.device.type == "cuda" if staged is None else bool(staged)
         self._host_view = buffer.numpy() if buffer.device.type == "cpu" else None
-        self.opener: Opener = HostOpener()
         self.workers = 0
         self.pool: ThreadPoolExecutor | None = None
         self.per_set = 4
@@ -301,20 +289,19 @@ class DataPlane:
                 if st is not None:
                     st.close()
                 slots = max(4, 2 * max(1, self.workers) + 2)
-                st = self._staging = _Staging(self.buffer, slots=slots, slot_bytes=chunk_size, opener=self.opener,
-                                              add_ns=self.add_ns)
+                st = self._staging = _Staging(self.buffer, slots=slots, slot_bytes=chunk_size, add_ns=self.add_ns)
                 self.allocations["alloc_staging"] += 1
             return st
 
     def open(self, recv: RecvState, payload: Any, *, seq: int, offset: int, length: int, chunk_size: int,
              done: DoneFn) -> None:
-        """Open one admitted chunk into ``buffer[offset:offset+length]``; ``done`` is called once it is in
-        device memory (or failed). Returns once ``payload`` is no longer read."""
+        """The host opener's path: open one admitted chunk into ``buffer[offset:offset+length]``; ``done`` is
+        called once it is in device memory (or failed). Returns once ``payload`` is no longer read."""
         if not self.staged and self._host_view is not None:
             t0 = time.perf_counter_ns()
             try:
-                self.opener(recv, payload, self._host_view[offset: offset + length], seq=seq, offset=offset,
-                            length=length)
+                _decrypt(recv, payload, self._host_view[offset: offset + length], seq=seq, offset=offset,
+                         length=length)
             except BaseException as exc:
                 done(exc)
                 return

@@ -2,8 +2,8 @@
 offset, length, replay), then opened into the data buffer; refusals counted and charged to the window an
 admitted connection speaks for, never to a holder when the connection is anonymous; the shared-memory rings
 bound to the open window. Mixed into ``DeviceService``, which holds the window, the opener and the counters.
-Where a chunk is decrypted: ``ChunkIntake.submit_chunk`` hands it to the GPU opener (``core/device/openers.py``)
-or to the data plane's host opener (``core/device/dataplane.py``)."""
+Where a chunk is decrypted: ``ChunkIntake.submit_chunk`` hands it to the service's ``ChunkOpener``
+(``core/device/openers.py``): the host opener (through the data plane's slots) or the GPU opener."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gputravel.core.device.openers import ChunkOpener
 from gputravel.core.errors import DeviceError, ProtocolError
 from gputravel.core.protocol import (
     TAG_LEN,
@@ -62,7 +63,7 @@ class ChunkIntake:
     # supplied by DeviceService
     lock: Any
     window: ProvisionWindow | None
-    opener: Any
+    opener: ChunkOpener
     plane: Any
     counters: Counter[str]
     refused: Counter[str]
@@ -132,16 +133,9 @@ class ChunkIntake:
                 self.count_rejection(exc.code, charge)
             reply(None, exc)
 
-        if self.opener.kind == "gpu" and key is not None:  # ciphertext to the device as it is, opened there
-            try:
-                self.opener.open(w.recv, key, payload, seq=seq, offset=offset, length=length)
-            except BaseException as exc:  # noqa: BLE001 - reported through done, exactly once
-                done(exc)
-            else:
-                done(None)
-            return
-        # The AEAD step runs outside the lock (it releases the GIL): chunks authenticate in parallel.
-        self.plane.open(w.recv, payload, seq=seq, offset=offset, length=length, chunk_size=w.chunk_size, done=done)
+        # The one opener strategy (core/device/openers.py), outside the lock: chunks authenticate in parallel.
+        self.opener.submit(w.recv, key, payload, seq=seq, offset=offset, length=length, chunk_size=w.chunk_size,
+                           done=done)
 
     def count_refused(self, code: str) -> None:
         """A connection refused before it authenticated (a garbage first frame, a stall past the hand-shake

@@ -30,9 +30,10 @@ from typing import Any
 import torch
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from gputravel.core.protocol.devicelink import MAC_KEY_BYTES
+
 __all__ = ["MAC_KEY_BYTES", "MAC_SLICE", "model_mac", "state_tensors"]
 
-MAC_KEY_BYTES = 32
 #: bytes per GMAC call (``cryptography`` caps associated data at 2**31 - 1 bytes; 64 MiB keeps the GIL
 #: released in long calls and the slice count small)
 MAC_SLICE = 64 << 20

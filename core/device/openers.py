@@ -1,20 +1,23 @@
-"""Chunk openers: which engine authenticates and decrypts provisioning chunks into the data buffer.
+"""Chunk openers: the one strategy that authenticates and decrypts provisioning chunks into the data buffer.
 
-One opener is chosen per device service (:func:`choose_opener`):
+``ChunkOpener`` is the interface ``ChunkIntake.submit_chunk`` (core/device/intake.py) calls once a chunk
+passed the window's checks; one opener is chosen per device service (:func:`choose_opener`), of two kinds:
 
-- ``cpu``: ``cryptography``'s AES-GCM ``decrypt_into`` on a host core, as the data path always did
-  (into the buffer itself on a CPU device; through a pinned staging buffer on a CUDA device, so a
-  chunk's plaintext passes through host memory on its way in).
-- ``gpu``: the ciphertext goes to the device as it is and ``core.gpucipher``'s kernels open it there,
-  verifying every tag before they decrypt, writing only verified chunks into the window: a holder's
-  plaintext never sits in host memory (what a CC-mode GPU's copy engine does). Chunks that arrive
-  while a launch runs (the pipelined data path delivers several at once) are opened together in the
-  next launch. On a CPU-only machine (forced ``gpu``) the same kernels run in numba's CUDA simulator on
-  the CPU buffer: slow, for tests.
+- ``HostOpener`` (``cpu``): ``cryptography``'s AES-GCM ``decrypt_into`` on a host core, through the data
+  plane (core/device/dataplane.py): straight into the buffer on a CPU device; into a pinned staging slot,
+  then copied on the copy stream, on a CUDA device (so a chunk's plaintext passes through host memory on
+  its way in). The data plane's workers, slots and completion thread are its machinery.
+- ``GpuOpener`` (``gpu``): the ciphertext goes to the device as it is and ``core.gpucipher``'s kernels open
+  it there, verifying every tag before they decrypt, writing only verified chunks into the window: a
+  holder's plaintext never sits in host memory (what a CC-mode GPU's copy engine does). Chunks that arrive
+  while a launch runs (the pipelined data path delivers several at once) are opened together in the next
+  launch. On a CPU-only machine (forced ``gpu``) the same kernels run in numba's CUDA simulator on the CPU
+  buffer: slow, for tests.
 
 ``auto`` picks ``gpu`` when the buffer is on CUDA and numba-cuda sees a CUDA device, else ``cpu``.
-The replay, window and epoch checks happen in the service before an opener is called; an opener only
-answers "tag verified and written" or raises :class:`TagError` having written nothing.
+The replay, window and epoch checks happen in the intake before an opener is called; an opener only
+answers "tag verified and written" or fails the chunk with :class:`TagError` having written nothing
+(the host opener zeroes the destination, as ``RecvState.decrypt_into`` does).
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import torch
 
-from gputravel.core.errors import ConfigError
+from gputravel.core.device.dataplane import DataPlane, DoneFn
+from gputravel.core.errors import ConfigError, DeviceError
 from gputravel.core.protocol import TAG_LEN, DirectionKey, FrameType, RecvState, TagError
 from gputravel.core.protocol.cipher import nonce
 
@@ -45,8 +49,12 @@ class ChunkOpener(Protocol):
     #: why this engine was chosen ("auto: ...", "set explicitly")
     reason: str
 
-    def open(self, recv: RecvState, key: DirectionKey, payload: Any, *, seq: int, offset: int, length: int) -> None:
-        """Verify and decrypt into the buffer, or raise ``TagError`` with the window's bytes unchanged."""
+    def submit(self, recv: RecvState, key: DirectionKey | None, payload: Any, *, seq: int, offset: int,
+               length: int, chunk_size: int, done: DoneFn) -> None:
+        """Verify and decrypt into the buffer; ``done(None)`` once the plaintext is in device memory,
+        ``done(error)`` if not (``TagError``: the window's bytes unwritten), exactly once, maybe on another
+        thread. Returns once ``payload`` is no longer read. ``key`` is the window's (``recv`` holds it too);
+        ``chunk_size`` the window's chunk size (what staging slots are sized for)."""
         ...
 
     def forget(self, fingerprint: str) -> None:
@@ -58,30 +66,26 @@ class ChunkOpener(Protocol):
         ...
 
 
-class CpuOpener:
-    """``cryptography``'s ``decrypt_into`` on a host core, straight into a CPU buffer.
-
-    (On a CUDA buffer the service keeps its own staged path: decrypt into pinned host memory, copy
-    on a CUDA stream.) A bad tag zeroes the destination range, as ``RecvState.decrypt_into`` does."""
+class HostOpener:
+    """The host CPU opens the chunk (``decrypt_into``, the GIL released) through the data plane: into the
+    buffer itself on a CPU device, through a staging slot and the copy stream on a CUDA device."""
 
     kind: Literal["cpu", "gpu"] = "cpu"
     label = CPU_LABEL
 
-    def __init__(self, buffer: torch.Tensor, *, reason: str = "set explicitly") -> None:
+    def __init__(self, plane: DataPlane, *, reason: str = "set explicitly") -> None:
+        self.plane = plane
         self.reason = reason
-        self._host = buffer.numpy() if buffer.device.type == "cpu" else None
 
-    def open(self, recv: RecvState, key: DirectionKey, payload: Any, *, seq: int, offset: int, length: int) -> None:
-        if self._host is None:
-            raise ConfigError("CpuOpener.open writes CPU buffers; the service stages CUDA buffers itself")
-        recv.decrypt_into(payload, self._host[offset: offset + length], seq=seq, frame_type=FrameType.CHUNK,
-                          offset=offset, length=length)
+    def submit(self, recv: RecvState, key: DirectionKey | None, payload: Any, *, seq: int, offset: int,
+               length: int, chunk_size: int, done: DoneFn) -> None:
+        self.plane.open(recv, payload, seq=seq, offset=offset, length=length, chunk_size=chunk_size, done=done)
 
     def forget(self, fingerprint: str) -> None:
-        return None
+        return None  # the key lives in the window's RecvState, which dies with the window
 
     def scrub(self) -> None:
-        return None  # keeps nothing between chunks
+        return None  # its staging slots are the data plane's (``DataPlane.scrub``: the service scrubs both)
 
 
 @dataclass(slots=True)
@@ -146,8 +150,21 @@ class GpuOpener:
         if eng.open([bytes(12)], cts, tags, [b"warm-up"], [out]) != [True]:
             raise ConfigError("the GPU cipher failed its warm-up round trip on this device")
 
-    # --- the seam -------------------------------------------------------------------------------
+    # --- the strategy ---------------------------------------------------------------------------
+    def submit(self, recv: RecvState, key: DirectionKey | None, payload: Any, *, seq: int, offset: int,
+               length: int, chunk_size: int, done: DoneFn) -> None:
+        """:meth:`open` on the calling thread (launches of concurrent callers combine), then ``done``."""
+        try:
+            if key is None:
+                raise DeviceError(f"chunk {seq}: the GPU opener needs the window's key, and the window has none")
+            self.open(recv, key, payload, seq=seq, offset=offset, length=length)
+        except BaseException as exc:  # noqa: BLE001 - reported through done, exactly once
+            done(exc)
+        else:
+            done(None)
+
     def open(self, recv: RecvState, key: DirectionKey, payload: Any, *, seq: int, offset: int, length: int) -> None:
+        """Open one chunk into the buffer before returning, or raise ``TagError`` having written nothing."""
         if len(payload) != length + TAG_LEN:
             raise TagError(f"chunk {seq} is not {length} bytes of ciphertext and a tag")
         item = _Pending(key, nonce(recv.prefix, seq), recv.aad(seq, offset, length, FrameType.CHUNK), payload,
@@ -260,22 +277,24 @@ def numba_cuda_available() -> bool:
     return importlib.util.find_spec("numba_cuda") is not None and cuda_device_present()
 
 
-def choose_opener(setting: str, buffer: torch.Tensor) -> ChunkOpener:
-    """The opener for ``setting`` (``auto``, ``cpu`` or ``gpu``) and this buffer; see the module docstring."""
+def choose_opener(setting: str, plane: DataPlane) -> ChunkOpener:
+    """The opener for ``setting`` (``auto``, ``cpu`` or ``gpu``) and the data plane's buffer; see the module
+    docstring."""
     if setting not in ENGINE_SETTINGS:
         raise ConfigError(f"cipher engine must be one of {', '.join(ENGINE_SETTINGS)}, not {setting!r}")
+    buffer = plane.buffer
     if setting == "cpu":
-        return CpuOpener(buffer)
+        return HostOpener(plane)
     if setting == "gpu":
         return GpuOpener(buffer)
     if buffer.device.type != "cuda":
-        return CpuOpener(buffer, reason="auto: the data buffer is in host memory (no CUDA device)")
+        return HostOpener(plane, reason="auto: the data buffer is in host memory (no CUDA device)")
     if not numba_cuda_available():
-        return CpuOpener(buffer, reason="auto: numba-cuda or its CUDA device is not available")
+        return HostOpener(plane, reason="auto: numba-cuda or its CUDA device is not available")
     from gputravel.core.gpucipher import backend
 
     if backend() != "cuda":
-        return CpuOpener(buffer, reason=f"auto: the GPU cipher runs on the {backend()} backend in this process")
+        return HostOpener(plane, reason=f"auto: the GPU cipher runs on the {backend()} backend in this process")
     return GpuOpener(buffer, reason="auto: buffer on CUDA and numba-cuda sees the device")
 
 
@@ -297,5 +316,5 @@ def describe_choice(setting: str = "auto", *, device: str | None = None) -> tupl
                        else "auto: numba-cuda or its CUDA device is not available")
 
 
-__all__ = ["CPU_LABEL", "ENGINE_SETTINGS", "ChunkOpener", "CpuOpener", "EngineSetting", "GpuOpener",
+__all__ = ["CPU_LABEL", "ENGINE_SETTINGS", "ChunkOpener", "EngineSetting", "GpuOpener", "HostOpener",
            "choose_opener", "describe_choice", "numba_cuda_available"]

@@ -21,13 +21,19 @@ from typing import Any
 
 from gputravel.core.device.admission import MAX_RINGS_PER_WINDOW, AdmissionRefused
 from gputravel.core.device.dataplane import SlotSet
-from gputravel.core.device.link import ControlChannel, error_header, send_frame, send_sealed, session_context
 from gputravel.core.device.pending import Budget as _Budget
 from gputravel.core.device.pending import Deadlines as _Deadlines
 from gputravel.core.device.pending import Pending as _Pending
 from gputravel.core.device.service import MAX_CHUNK, DeviceService, Reply
 from gputravel.core.errors import GpuTravelError, ProtocolError
 from gputravel.core.protocol import TAG_LEN, FrameError, FrameType, StaleEpochError, encode_frame, read_frame
+from gputravel.core.protocol.devicelink import (
+    ControlChannel,
+    error_header,
+    send_frame,
+    send_sealed,
+    session_context,
+)
 from gputravel.core.protocol.frames import read_frame_into
 from gputravel.core.protocol.holderlink import DataOpen, DataReady
 from gputravel.core.protocol.shmring import RingReceiver, ring_supported, send_frame_with_fd

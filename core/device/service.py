@@ -28,22 +28,7 @@ from gputravel.core.attestation import (
 from gputravel.core.device.ckpt_ops import CheckpointOps
 from gputravel.core.device.dataplane import AUTO_MIN_CORES, DataPlane, default_workers
 from gputravel.core.device.intake import ChunkIntake, ProvisionWindow
-from gputravel.core.device.link import Op
 from gputravel.core.device.memory import Region, best_device
-from gputravel.core.device.messages import (
-    AesRate,
-    BufferDigest,
-    Configured,
-    DataPathConfig,
-    DeviceInfo,
-    DeviceStats,
-    HandoffGrant,
-    Measurement,
-    ScrubResult,
-    TrainResult,
-    WindowClosed,
-    WindowStatus,
-)
 from gputravel.core.device.modelmac import MAC_KEY_BYTES, model_mac
 from gputravel.core.device.openers import choose_opener
 from gputravel.core.device.reply import Handler, Reply
@@ -59,6 +44,22 @@ from gputravel.core.protocol import (
     WindowError,
     provisioning_key,
 )
+from gputravel.core.protocol.deviceanswers import (
+    AesRate,
+    BufferDigest,
+    Configured,
+    DataPathConfig,
+    DeviceInfo,
+    DeviceStats,
+    HandoffGrant,
+    Measurement,
+    ScrubResult,
+    TrainResult,
+    WindowClosed,
+    WindowStatus,
+)
+from gputravel.core.protocol.devicelink import Op
+from gputravel.core.protocol.holderlink import ProvisioningKey
 
 MAX_CHUNK = 16 * 1024 * 1024
 #: epochs one ``stats`` answer lists at most (each up to ~150 bytes of counts: far under the header limit)
@@ -106,9 +107,9 @@ class DeviceService(ChunkIntake, CheckpointOps):
         self.data_opts: dict[str, Any] = {"parallel_auth": False, "overlap": False, "workers": 0}
         #: receive slots, decrypt workers, staging ring and copy stream, shared-memory rings: made once, reused
         self.plane = DataPlane(self.buffer.tensor, staged=staged, stage_ns=self.counters)
-        #: who opens provisioning chunks: cryptography on a host core (through the data plane's slots), or the
-        #: GPU cipher, which takes the ciphertext into device memory as it is (core/device/openers.py)
-        self.opener = choose_opener(cipher_engine, self.buffer.tensor)
+        #: who opens provisioning chunks, one strategy (core/device/openers.py): cryptography on a host core
+        #: (through the data plane's slots), or the GPU cipher, which takes the ciphertext in as it is
+        self.opener = choose_opener(cipher_engine, self.plane)
         self.measurements = emulated_measurements()
         #: the control channel's current epoch (the transport swaps its keys after a ROTATE reply)
         self.control_epoch = 0
@@ -320,7 +321,7 @@ class DeviceService(ChunkIntake, CheckpointOps):
             self._model_changed()  # a key is out: the measurement after its return hashes afresh
         self.counters["handoffs"] += 1
         return Reply(HandoffGrant(session_id=s.session_id.hex(), key_fingerprint=key.fingerprint,
-                                  provisioning_key=key.to_wire()).to_wire())
+                                  provisioning_key=ProvisioningKey.of(key)).to_wire())
 
     def op_close_window(self, *, epoch: int, payload: bytes) -> Reply:
         """The holder returned the GPU: its key is dead from here on."""

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from gputravel.core.attestation import VendorCA, load_policy
-from gputravel.core.device.link import TrustAnchors
+from gputravel.core.deviceclient.anchors import TrustAnchors
 from gputravel.core.platform.emulated import EmulatedPlatform
 
 __all__ = ["FleetPlatform", "ensure_vendor"]

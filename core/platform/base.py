@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gputravel.core.device.link import TrustAnchors
+from gputravel.core.deviceclient.anchors import TrustAnchors
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from gputravel.core.attestation import Policy, load_policy, provision_emulated
-from gputravel.core.device.link import TrustAnchors
+from gputravel.core.deviceclient.anchors import TrustAnchors
 from gputravel.core.errors import ConfigError, DeviceError
 from gputravel.core.platform.base import DeviceHandle, PlatformInfo, last_log_line
 from gputravel.core.procs import die_with_parent
@@ -139,3 +139,11 @@ def check_torch_device(device: str | None) -> None:
     elif dev.type not in ("cpu", "meta"):
         raise ConfigError(f"--device {device}: the emulated GPU runs on cpu or cuda, not {dev.type}")
 
+
+
+def describe_cipher_engine(setting: str = "auto", *, device: str | None = None) -> tuple[str, str]:
+    """``(label, reason)`` of the engine a device service started here would open provisioning chunks with
+    (``core.device.openers.describe_choice``): the platform is the orchestrator's one door to the device's code."""
+    from gputravel.core.device.openers import describe_choice
+
+    return describe_choice(setting, device=device)

@@ -26,10 +26,7 @@ from typing import Any
 
 from gputravel.core import events as ev
 from gputravel.core.config import RunSettings
-from gputravel.core.device.ckptring import RingAborted
-from gputravel.core.device.client import DeviceClient
-from gputravel.core.device.messages import WindowStatus
-from gputravel.core.device.modelmac import MAC_KEY_BYTES
+from gputravel.core.deviceclient.client import DeviceClient
 from gputravel.core.errors import (
     AgentError,
     CancelledRunError,
@@ -43,6 +40,9 @@ from gputravel.core.errors import (
 from gputravel.core.ledger import Ledger
 from gputravel.core.platform.base import DeviceHandle
 from gputravel.core.procs import release_free_memory
+from gputravel.core.protocol.ckptring import RingAborted
+from gputravel.core.protocol.deviceanswers import WindowStatus
+from gputravel.core.protocol.devicelink import MAC_KEY_BYTES
 from gputravel.core.runfolder import sealed_settings_digest
 from gputravel.core.training.store import CheckpointStore
 from gputravel.core.travel import handoff as ho

@@ -13,11 +13,11 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from gputravel.core.device.client import DeviceClient
-from gputravel.core.device.messages import WindowClosed, WindowStatus
-from gputravel.core.errors import DeviceError, FrameError, LinkLostError, ProtocolError
+from gputravel.core.deviceclient.client import DeviceClient
+from gputravel.core.errors import DeviceError, LinkLostError, ProtocolError
 from gputravel.core.platform.base import DeviceHandle
-from gputravel.core.protocol.holderlink import DataEndpoint, Handoff, ProvisioningKey
+from gputravel.core.protocol.deviceanswers import WindowClosed, WindowStatus
+from gputravel.core.protocol.holderlink import DataEndpoint, Handoff
 from gputravel.core.travel.holders import HolderLink, ProgressFn, ProvisionStats, RejectFn
 
 __all__ = ["ResumeFn", "close_window", "data_endpoint", "open_window", "provision", "require_complete",
@@ -55,13 +55,10 @@ async def open_window(client: DeviceClient, *, epoch: int, skip: int, length: in
     holder gets, and the key's fingerprint.
 
     The key walks device -> orchestrator -> holder: ``DeviceService.op_handoff`` derives it, the sealed
-    control channel brings it here (``DeviceClient.handoff``'s ``HandoffGrant``), ``ProvisioningKey.from_wire``
-    types and checks it once, and the holder link forwards it inside the ``Handoff``."""
+    control channel brings it here (``DeviceClient.handoff``'s ``HandoffGrant``, whose ``from_wire`` types it as a
+    ``ProvisioningKey`` and checks it once), and the holder link forwards it inside the ``Handoff``."""
     grant = await asyncio.to_thread(client.handoff, epoch=epoch, offset=skip, length=length, chunk_size=chunk_size)
-    try:
-        key = ProvisioningKey.from_wire(grant.provisioning_key)
-    except FrameError as exc:
-        raise DeviceError(f"the device's provisioning key is malformed: {exc.reason}") from None
+    key = grant.provisioning_key
     if key.epoch != epoch or key.fingerprint != grant.key_fingerprint:
         raise DeviceError(f"the device granted a key of epoch {key.epoch} ({key.fingerprint}) for epoch {epoch} "
                           f"({grant.key_fingerprint})")

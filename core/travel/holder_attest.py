@@ -22,9 +22,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gputravel.core.device.client import DeviceClient
-from gputravel.core.device.link import Op
+from gputravel.core.deviceclient.client import DeviceClient
 from gputravel.core.errors import AgentError
+from gputravel.core.protocol.devicelink import Op
 from gputravel.core.protocol.holderlink import Attest, Handoff, Verdict
 from gputravel.core.protocol.keywrap import LinkKey, cvm_report_data, spdm_nonce, wrap_key
 

@@ -30,9 +30,9 @@ def default_state_dir() -> Path:
 
 def cipher_engine() -> dict[str, str]:
     """Which engine a device service started here would seal/open the data path with (``auto``)."""
-    from gputravel.core.device.openers import describe_choice
+    from gputravel.core.platform.emulated import describe_cipher_engine
 
-    label, reason = describe_choice("auto")
+    label, reason = describe_cipher_engine("auto")
     return {"label": label, "reason": reason}
 
 

@@ -1,7 +1,8 @@
 """The device's answers, typed: one frozen dataclass per operation whose fields a caller reads.
 
-Torch-free and shared by both ends: the service builds each answer's header with ``to_wire()``, the
-client reads it back with ``from_wire()``; the field names are the wire names (unchanged).
+Part of the wire protocol (standard library only) and shared by both ends: the device service builds each
+answer's header with ``to_wire()``, the orchestrator's client (``core/deviceclient/``) reads it back with
+``from_wire()``; the field names are the wire names (unchanged). The operations are ``devicelink.Op``.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import struct
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Self
 
-from gputravel.core.errors import FrameError
+from gputravel.core.protocol.errors import FrameError
+from gputravel.core.protocol.holderlink import ProvisioningKey
 
 __all__ = ["AesRate", "BufferDigest", "Configured", "DataPathConfig", "DeviceInfo", "DeviceState", "DeviceStats",
            "StreamEnded",
@@ -71,11 +73,33 @@ class Measurement(_Wire):
 
 @dataclass(frozen=True, slots=True)
 class HandoffGrant(_Wire):
-    """A provisioning key for one window and one epoch (``repr`` never shows the key)."""
+    """A provisioning key for one window and one epoch (``repr`` never shows the key).
+
+    On the wire the key is ``ProvisioningKey.to_wire()``'s object (the format is unchanged); ``from_wire``
+    types and checks it once: a malformed key, a session id that is not hex, or a fingerprint that is not
+    the key's is a ``FrameError``."""
 
     session_id: str
     key_fingerprint: str
-    provisioning_key: dict[str, Any] = field(repr=False)
+    provisioning_key: ProvisioningKey = field(repr=False)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"session_id": self.session_id, "key_fingerprint": self.key_fingerprint,
+                "provisioning_key": self.provisioning_key.to_wire()}
+
+    @classmethod
+    def from_wire(cls, head: dict[str, Any]) -> HandoffGrant:
+        session_id, fp = head.get("session_id"), head.get("key_fingerprint")
+        if not isinstance(session_id, str) or not session_id or len(session_id) % 2:
+            raise FrameError("handoff grant: session_id must be a hex string")
+        try:
+            bytes.fromhex(session_id)
+        except ValueError:
+            raise FrameError("handoff grant: session_id must be a hex string") from None
+        key = ProvisioningKey.from_wire(head.get("provisioning_key"))
+        if fp != key.fingerprint:
+            raise FrameError(f"handoff grant: key_fingerprint {fp!r} is not the key's ({key.fingerprint})")
+        return cls(session_id=session_id, key_fingerprint=key.fingerprint, provisioning_key=key)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,8 @@
 """The device link: what both ends of the orchestrator <-> device connection share.
 
-Torch-free (standard library, ``cryptography``, ``core.protocol``, ``core.handshake``), so the
-orchestrator's client never loads the device's training code. It holds:
+Part of the wire protocol (standard library and ``cryptography`` only): the device service
+(``core/device/server.py``, ``service.py``) and the orchestrator's client (``core/deviceclient/``) both speak
+it, and neither side's code is needed to read it. It holds:
 
 * ``send_frame``: one frame onto a socket (large payloads without a copy into the head);
 * ``session_context``: what the authenticated key exchange binds (the verifier's nonce and the exact
@@ -9,7 +10,9 @@ orchestrator's client never loads the device's training code. It holds:
 * ``ControlChannel``: one side's sealed request/response state for one control epoch;
 * ``Op``: every operation a sealed request may name, the one vocabulary of the device's operation
   table (``DeviceService.operations``) and the client's typed methods;
-* ``TrustAnchors``: what the orchestrator pins to trust a device.
+* ``MAC_KEY_BYTES``: the length of the key the orchestrator sends with ``measure`` for the model's MAC.
+
+The typed answers to those operations are ``core.protocol.deviceanswers``.
 
 Wire format of a control exchange: the request is one ``SEALED`` frame whose plaintext is a
 ``REQUEST`` frame ``{"op": OP, "args": {...}}`` plus a payload; the answer is one ``SEALED`` frame
@@ -26,40 +29,32 @@ and GCM tag, the outer header's ``a`` says how many bytes follow the ciphertext 
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from gputravel.core.errors import FrameError, GpuTravelError, TagError
-from gputravel.core.handshake import SessionSecrets
-from gputravel.core.protocol import (
+from gputravel.core.protocol.cipher import TAG_LEN, Direction, RecvState, SendState
+from gputravel.core.protocol.errors import FrameError, GpuTravelError, TagError
+from gputravel.core.protocol.frames import (
     MAX_PAYLOAD,
-    TAG_LEN,
-    Direction,
-    DirectionKey,
     Frame,
     FrameType,
-    RecvState,
-    SendState,
-    channel_key,
     decode_frame,
     encode_frame,
+    frame_head,
 )
-from gputravel.core.protocol.frames import frame_head
+from gputravel.core.protocol.keys import DirectionKey, channel_key
 
-if TYPE_CHECKING:
-    from cryptography import x509
-
-    from gputravel.core.attestation import Policy
-
-__all__ = ["ATTACHED", "MAX_SEALED_PAYLOAD", "ControlChannel", "Op", "TrustAnchors", "error_header", "send_frame",
-           "send_sealed", "session_context"]
+__all__ = ["ATTACHED", "MAC_KEY_BYTES", "MAX_SEALED_PAYLOAD", "ControlChannel", "Op", "SessionKeys", "error_header",
+           "send_frame", "send_sealed", "session_context"]
 
 #: inner-header key binding a sealed frame's attached bytes: ``[length, hex GCM tag]``
 ATTACHED = "_attached"
 
 #: The largest payload one sealed control frame may carry (its tag and inner frame head fit in the rest).
 MAX_SEALED_PAYLOAD = MAX_PAYLOAD - TAG_LEN - 1024
+
+#: The model MAC's key (``measure``'s payload; the device computes AES-GMAC under it: core/device/modelmac.py).
+MAC_KEY_BYTES = 32
 
 
 class Op(StrEnum):
@@ -90,13 +85,15 @@ class Op(StrEnum):
     GPU_EVIDENCE = "gpu_evidence"  # SPDM GET_MEASUREMENTS in NVIDIA's format over a caller's nonce (core/device/spdm.py)
 
 
-@dataclass(frozen=True, slots=True)
-class TrustAnchors:
-    """What the orchestrator pins: the vendor root, the revocation list, the policy."""
+class SessionKeys(Protocol):
+    """What a control channel is keyed from: the session's master secret and id (``core.handshake.SessionSecrets``,
+    the authenticated key exchange's result)."""
 
-    root: x509.Certificate
-    crl: x509.CertificateRevocationList | None
-    policy: Policy
+    @property
+    def master(self) -> bytes: ...
+
+    @property
+    def session_id(self) -> bytes: ...
 
 
 def send_frame(sock: socket.socket, ftype: FrameType, header: dict[str, Any] | None = None,
@@ -142,14 +139,14 @@ class ControlChannel:
         self.epoch = send_key.epoch
 
     @classmethod
-    def for_orchestrator(cls, secrets: SessionSecrets, epoch: int) -> ControlChannel:
+    def for_orchestrator(cls, secrets: SessionKeys, epoch: int) -> ControlChannel:
         """The orchestrator's side: sends orchestrator -> device, opens device -> orchestrator."""
         return cls(channel_key(secrets.master, secrets.session_id, epoch=epoch, direction=Direction.ORCH_TO_DEVICE),
                    channel_key(secrets.master, secrets.session_id, epoch=epoch, direction=Direction.DEVICE_TO_ORCH),
                    secrets.session_id)
 
     @classmethod
-    def for_device(cls, secrets: SessionSecrets, epoch: int) -> ControlChannel:
+    def for_device(cls, secrets: SessionKeys, epoch: int) -> ControlChannel:
         """The device's side: the same two keys, the other way round."""
         return cls(channel_key(secrets.master, secrets.session_id, epoch=epoch, direction=Direction.DEVICE_TO_ORCH),
                    channel_key(secrets.master, secrets.session_id, epoch=epoch, direction=Direction.ORCH_TO_DEVICE),

@@ -1,7 +1,8 @@
 """The orchestrator's side of the device link: attest, open a session, then one typed method per operation.
 
-Imports only the link (no torch): ``DeviceClient.measure()``, ``.handoff(...)``, ``.train(...)``, ...
-each send one sealed request named by an ``Op`` and read back a typed answer (``core.device.messages``).
+Speaks only the wire protocol (no torch, nothing of ``core.device``): ``DeviceClient.measure()``,
+``.handoff(...)``, ``.train(...)``, ... each send one sealed request named by an ``Op``
+(``core.protocol.devicelink``) and read back a typed answer (``core.protocol.deviceanswers``).
 """
 
 from __future__ import annotations
@@ -14,16 +15,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from gputravel.core.attestation import AttestationResult, Evidence, code_measurement, verify_evidence
-from gputravel.core.device.ckptring import CheckpointRing, ring_supported
-from gputravel.core.device.link import (
-    ControlChannel,
-    Op,
-    TrustAnchors,
-    send_frame,
-    send_sealed,
-    session_context,
-)
-from gputravel.core.device.messages import (
+from gputravel.core.deviceclient.anchors import TrustAnchors
+from gputravel.core.errors import DeviceError, FrameError, GpuTravelError, error_from_code
+from gputravel.core.handshake import Initiator, SessionSecrets
+from gputravel.core.protocol import Frame, FrameType, read_frame
+from gputravel.core.protocol.ckptring import CheckpointRing, ring_supported
+from gputravel.core.protocol.deviceanswers import (
     AesRate,
     BufferDigest,
     Configured,
@@ -39,9 +36,13 @@ from gputravel.core.device.messages import (
     WindowClosed,
     WindowStatus,
 )
-from gputravel.core.errors import DeviceError, FrameError, GpuTravelError, error_from_code
-from gputravel.core.handshake import Initiator, SessionSecrets
-from gputravel.core.protocol import Frame, FrameType, read_frame
+from gputravel.core.protocol.devicelink import (
+    ControlChannel,
+    Op,
+    send_frame,
+    send_sealed,
+    session_context,
+)
 from gputravel.core.protocol.frames import MAX_PAYLOAD
 from gputravel.core.protocol.stream import StreamHeader
 from gputravel.core.protocol.wirejson import loads_bounded
@@ -243,9 +244,13 @@ class DeviceClient:
         return Measurement.from_wire(self.call(Op.MEASURE, mac_key, digest=digest)[0])
 
     def handoff(self, *, epoch: int, offset: int, length: int, chunk_size: int) -> HandoffGrant:
-        """A provisioning key for bytes [offset, offset+length) of the buffer in ``epoch``."""
+        """A provisioning key for bytes [offset, offset+length) of the buffer in ``epoch``, typed and checked
+        once here (a malformed grant is the device's fault: ``DeviceError``)."""
         head, _ = self.call(Op.HANDOFF, epoch=epoch, offset=offset, length=length, chunk_size=chunk_size)
-        return HandoffGrant.from_wire(head)
+        try:
+            return HandoffGrant.from_wire(head)
+        except FrameError as exc:
+            raise DeviceError(f"the device's handoff grant is malformed: {exc.reason}") from None
 
     def close_window(self, *, epoch: int) -> WindowClosed:
         return WindowClosed.from_wire(self.call(Op.CLOSE_WINDOW, epoch=epoch)[0])

@@ -1,0 +1,4 @@
+"""The orchestrator's side of the device link: ``client.DeviceClient`` (attest, open a session, one typed method
+per operation), ``anchors.TrustAnchors`` (what it pins to trust a device). Torch-free; it speaks the wire
+vocabulary in ``core.protocol.devicelink`` and ``core.protocol.deviceanswers`` and imports nothing of
+``core.device`` (the device's own code)."""
