@@ -55,7 +55,7 @@ def test_the_ledgers_and_recordings_sqlite_side_files_are_private_while_open(tmp
 import os, stat, sys
 from pathlib import Path
 os.umask(0o022)
-from gputravel.console.cli.run_claim import RunFolder
+from gputravel.console.cli.main.run_claim import RunFolder
 from gputravel.core.ledger import Ledger
 from gputravel.core.recording import Recorder
 out = Path(sys.argv[1])
@@ -286,3 +286,15 @@ def test_a_completed_fleet_says_completed_and_is_addressed_by_its_name(tmp_path:
     log = gputravel("runs", "log", "fleet", *runs, "--json")
     assert log.returncode == 0 and {json.loads(line)["gpu"] for line in log.stdout.splitlines()} == {0, 1}
     assert stat.S_IMODE(out.stat().st_mode) == 0o700
+
+
+def test_the_headless_pause_hint_keeps_each_command_whole_within_80_columns() -> None:
+    """Issue 25.8/9: a command cut by the terminal's wrap cannot be pasted; one command a line, each within
+    80 columns for a default run name."""
+    from gputravel.console.cli.commands.run import continue_hint
+
+    lines = continue_hint("run-20261126-005429").splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    commands = [line.split(":", 1)[-1].split("(")[0].strip() for line in lines]
+    assert commands == ["gputravel runs resume run-20261126-005429", "gputravel runs step run-20261126-005429",
+                        f"kill -USR1 {os.getpid()}", "gputravel runs stop run-20261126-005429"]

@@ -18,7 +18,7 @@ from gputravel.core.recording import Recorder
 PROBE = """
 import json, sys
 sys.argv = ["gputravel", *json.loads(sys.argv[1])]
-from gputravel.console.cli import main as cli
+from gputravel.console.cli.main import main as cli
 try:
     cli.main()
 except SystemExit as exc:
@@ -93,3 +93,50 @@ def test_the_orchestrator_path_loads_no_torch_and_nothing_of_the_device() -> Non
     assert set(ORCHESTRATOR_PATH) <= loaded
     assert "torch" not in loaded and "numpy" not in loaded
     assert sorted(m for m in loaded if m.startswith("gputravel.core.device.") or m == "gputravel.core.device") == []
+
+
+FIRST_FRAME = """
+import json, sys, types
+sys.argv = ["gputravel-console", *json.loads(sys.argv[1])]
+from gputravel.console.tui import app as console_app
+
+seen = {}
+run = console_app.GpuTravelConsole.run
+
+
+def first_frame_then_quit(self, *args, **kwargs):
+    start_fleet = self.when_ready  # what the fleet console starts once its first screen is drawn
+
+    def drawn():
+        seen["torch"] = "torch" in sys.modules
+        seen["content"] = bool(self.screen.query("*"))
+        seen["starts_fleet_after"] = start_fleet is not None
+        self.exit()
+
+    self.when_ready = drawn
+    return run(self, headless=True, size=(80, 24))
+
+
+# the fleet itself (torchrun, torch) is not this test's business: its two modules stand in, empty
+fake_rank, fake_run = types.ModuleType("gputravel.core.fleet.rank"), types.ModuleType("gputravel.core.fleet.run")
+fake_rank.FleetOptions = lambda **kw: kw
+fake_run.launch_fleet = lambda settings, options, quiet: {"stand-in": True}
+sys.modules.update({fake_rank.__name__: fake_rank, fake_run.__name__: fake_run})
+console_app.GpuTravelConsole.run = first_frame_then_quit
+try:
+    console_app.main()
+except (SystemExit, Exception) as exc:
+    seen["ended"] = type(exc).__name__
+print(json.dumps(seen), file=sys.stderr)
+"""
+
+
+def test_the_fleet_console_draws_its_first_frame_before_torch_is_imported(tmp_path: Path) -> None:
+    """``gputravel-console --gpus 2``: the screen comes first; torchrun's start (and torch's import in this
+    process) only once it is drawn (issue 25.10: the fleet console stayed blank for seconds)."""
+    proc = subprocess.run([sys.executable, "-c", FIRST_FRAME, json.dumps(["--gpus", "2", "--out", "run"])],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    seen = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert seen.get("content") is True, proc.stderr[-2000:]
+    assert seen["torch"] is False
+    assert seen["starts_fleet_after"] is True

@@ -486,3 +486,36 @@ def test_a_second_run_in_one_console_goes_beside_out(tmp_path: Path) -> None:
     (tmp_path / "mine-2").mkdir()
     (tmp_path / "mine-2" / "ledger.db").write_text("")  # taken: the next free one
     assert next_out_dir(out, 2) == tmp_path / "mine-3"
+
+
+async def test_a_console_run_without_a_recording_still_writes_its_final_status(data_root: Path,
+                                                                               tmp_path: Path) -> None:
+    """``--no-record``: no recording to read the end from, so ``status.json`` is the run's word; ``runs``
+    says completed while the console that ran it is still open (issue 25.3)."""
+    import os
+
+    from gputravel.console.cli.run_end import read_status
+    from gputravel.console.cli.run_folder import mark_running, read_run
+
+    umask = os.umask(0o022)
+    os.umask(umask)
+    built = factory_for(data_root, tmp_path)
+
+    def factory() -> Any:  # as gputravel-console's: this console (a live process) holds the run's folder
+        engine = built()
+        mark_running(Path(engine.out_dir), owner="gputravel-console")
+        return engine
+
+    app = make_app(engine_factory=factory, telemetry_interval=0.5, record=False)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            bridge = live(app)
+            await pilot.press("r")
+            await until(pilot, lambda: bridge.state.status == "completed", what="completion")
+            out = Path(bridge.session.out_dir)
+            assert not (out / "recording.db").exists()
+            assert read_status(out)["status"] == "completed" and read_status(out)["final"] is True
+            assert read_run(out).status == "completed"  # not running: the console is open, the run over
+            await pilot.press("q")
+    finally:
+        os.umask(umask)  # mark_running made this process's umask private

@@ -7,6 +7,7 @@ A "live" recording is written here with the real :class:`Recorder`: the first pa
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from gputravel.console.tui.app import GpuTravelConsole, make_app
@@ -159,3 +160,47 @@ async def test_a_fleet_summary_at_80_columns_shows_every_gpu_line_whole(tmp_path
         assert len(gpu_lines) == 2 and all("…" not in line and "✓" in line for line in gpu_lines), panel
         receipts = next(line for line in panel if "receipts" in line)
         assert "scr" in receipts and not receipts.rstrip().endswith("…"), panel
+
+
+async def test_a_follow_opens_at_the_live_end_not_at_the_start_of_the_run(tmp_path: Path) -> None:
+    """Following a run already under way shows where it is now (like ``tail -f``), not its history replayed
+    at 8x from the first event (a long run took minutes to catch up); Home goes back to the start."""
+    items = load_recording(synthetic_run(tmp_path / "whole.db")).items
+    cut = next(i for i, item in enumerate(items) if item.name == "PhaseStarted" and item.body.get("visit") == 1) + 3
+    rec = Recorder(tmp_path / "recording.db", meta={"source": "gputravel run"})
+    for n, item in enumerate(x for x in items[:cut] if x.kind == "event"):  # a second apart: 8x paces them
+        rec(dataclasses.replace(item.event(), t=1_000.0 + n))
+    rec.close()
+    app = make_app(replay=tmp_path / "recording.db", readonly=True, follow=True)
+    async with app.run_test(size=SIZE) as pilot:
+        bridge = app.bridge
+        assert isinstance(bridge, ReplayBridge)
+        await pilot.pause()
+        assert at_end(bridge) and bridge.playing  # the default pace (8x) never got the chance to matter
+        assert bridge.state.current_visit == 1 and "FOLLOW ▶" in status_line(app)
+        await pilot.press("home")
+        await pilot.pause()
+        assert bridge.player.position == 0 and bridge.state.current_visit is None
+
+
+async def test_at_80_columns_the_status_bar_keeps_the_replay_position_whole() -> None:
+    """80x24 in TRAIN of a replay: the epoch (and then the visit) make room, the REPLAY 466/752 badge is
+    never cut (the travel panel shows the epoch and the visit)."""
+    from textual.app import App, ComposeResult
+
+    from gputravel.console.tui.widgets.status_bar import StatusBar, StatusSummary
+
+    class Bar(App[None]):
+        def compose(self) -> ComposeResult:
+            yield StatusBar()
+
+    app = Bar()
+    async with app.run_test(size=(80, 24)) as pilot:
+        bar = app.query_one(StatusBar)
+        bar.summary = StatusSummary("travel", "completed", run_id="97b3321fdc59", where="orchestrator",
+                                    phase="TRAIN 99/300", epoch=3, visit="visit 3/3 holder-2-histories",
+                                    badges=("SIM", "REPLAY ‖ 466/752"))
+        await pilot.pause()
+        line = bar.render().plain  # type: ignore[union-attr]
+        assert line.endswith("REPLAY ‖ 466/752 ") and len(line) <= bar.content_size.width
+        assert "TRAIN 99/300" in line and "3/3" in line and "ep 3" not in line

@@ -41,7 +41,7 @@ from gputravel.console.entries import ENTRIES
 from gputravel.core import events as ev
 from gputravel.core.api import build_engine, resolve_holder_dirs
 from gputravel.core.config import RunSettings
-from gputravel.core.device import client as client_mod
+from gputravel.core.deviceclient import client as client_mod
 from gputravel.core.errors import GpuTravelError
 from gputravel.core.ledger import read_rows
 from gputravel.core.protocol import Direction
@@ -62,7 +62,7 @@ INSTRUMENTED_CLI = r'''
 import atexit, json, sys
 from pathlib import Path
 
-from gputravel.core.device import client as dc
+from gputravel.core.deviceclient import client as dc
 from gputravel.core.travel import engine as eng
 from gputravel.core.travel import framed_link as holders
 

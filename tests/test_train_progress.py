@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -221,10 +222,14 @@ def test_spike_watch_flags_a_jump_once_and_not_a_descent() -> None:
 
 def test_cli_flags_a_learning_rate_blow_up_in_its_output_and_recording(data_root: Path, tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch,
-                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+                                                                       capsys: pytest.CaptureFixture[str],
+                                                                       request: pytest.FixtureRequest) -> None:
     """lr 1.0: the loss blows up a few steps after warm-up (5.5 -> 20+ on this data): one flag, in the CLI's
     output and in the recording, and the run still completes."""
     out = tmp_path / "run"
+    umask = os.umask(0o022)  # the run makes this process's umask private (0077): the tests after keep theirs
+    os.umask(umask)
+    request.addfinalizer(lambda: os.umask(umask))
     monkeypatch.setattr(sys, "argv", ["gputravel", "run", "--data", str(data_root), "--holders", "2", "--rounds",
                                       "1", "--steps-per-visit", "12", "--batch-size", "4", "--seq-len", "32",
                                       "--chunk-kib", "16", "--buffer-mib", "0.25", "--lr", "1.0", "--transport",

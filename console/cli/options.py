@@ -7,7 +7,6 @@ Cheap to import (no torch): the model presets are named here and checked against
 from __future__ import annotations
 
 from enum import StrEnum
-from importlib import metadata
 from typing import Any
 
 import typer
@@ -64,6 +63,8 @@ class ThemeChoice(StrEnum):
 
 
 def version_text() -> str:
+    from importlib import metadata  # here, not at the top: 40 ms every command and the console would pay
+
     try:
         return f"gputravel {metadata.version('gputravel')}"
     except metadata.PackageNotFoundError:  # pragma: no cover - run from a source tree without an install

@@ -29,7 +29,8 @@ from gputravel.core.files import write_atomic
 if TYPE_CHECKING:
     from gputravel.core.recording import Recorder
 
-__all__ = ["FINAL_STATUSES", "STATUS_FILE", "TERMINAL_EVENTS", "RunEnding", "clear_status", "ending_code",
+__all__ = ["FINAL_STATUSES", "STATUS_FILE", "TERMINAL_EVENTS", "RunEnding", "clear_status", "control_lands",
+           "ending_code",
            "final_status", "read_status", "write_status"]
 
 #: The events after which a run is over.
@@ -133,3 +134,13 @@ class RunEnding:
                 meta["error"] = self.final.error
             recorder.set_meta(meta)
         return made
+
+
+def control_lands(action: str, phase: str | None) -> str:
+    """Where a cancel or pause asked during ``phase`` takes effect (``core/travel/control.py``), for the
+    console's log and the CLI's line."""
+    if phase == "TRAIN":
+        return "after the current step"
+    if phase == "PROVISION":
+        return "at the next chunk" if action == "cancel" else "between two provisioning keys, else after the phase"
+    return "when this phase ends" if phase else "before the next phase"

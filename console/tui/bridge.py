@@ -295,6 +295,8 @@ class LiveBridge(Bridge):
                 self.post_state()
             engine = self.session.engine
             assert engine is not None
+            out = getattr(engine, "out_dir", None)  # status.json: the run's final word, recorded or not
+            ending.out_dir = Path(out) if out is not None else None
             if stepping:
                 self.session.pause()
                 self.session.step()

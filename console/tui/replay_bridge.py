@@ -59,7 +59,8 @@ class ReplayBridge(Bridge):
         return self.state.status == "paused" or not self.playing
 
     def begin(self) -> None:
-        if self.follow:  # a recording still being written: its live end, at once
+        if self.follow:  # like tail -f: the live end at once, not the run's history replayed (Home and [ go back)
+            self.seek_end()
             self.playing = True
 
     @property

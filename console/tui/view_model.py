@@ -266,8 +266,8 @@ class RunState(TrainingFolds):
             self.log(e.t, "orchestrator", f"run {e.run_id} started: {e.visits_planned} visits over "
                      f"{len(e.holders)} holders")
         elif isinstance(e, ev.RunCompleted):
-            self.log(e.t, "orchestrator", f"run completed: {e.visits} visits, {e.failed} failed",
-                     "info" if not e.failed else "warn")
+            ended = f"run completed: {e.visits} visit{'s' * (e.visits != 1)}, {e.failed} failed"
+            self.log(e.t, "orchestrator", ended, "info" if not e.failed else "warn")
         elif isinstance(e, ev.RunFailed):
             self.log(e.t, "orchestrator", f"run {own.status}: {e.error}", "warn" if e.code == "cancelled" else "error")
             visit = self.visit(own.current_visit)
@@ -500,8 +500,8 @@ class RunState(TrainingFolds):
     def _on_RunPaused(self, e: ev.RunPaused) -> None:
         self.status, self.pending = "paused", None
         self.paused_before, self.pause_reason = e.next_phase, e.reason
-        self.log(e.t, "operator", f"paused ({e.reason}) {f'in {e.within}' if e.within else f'before {e.next_phase}'}",
-                 "warn")
+        why = "" if e.reason == "paused" else f" ({e.reason})"  # a breakpoint or a step says so
+        self.log(e.t, "operator", f"paused{why} {f'in {e.within}' if e.within else f'before {e.next_phase}'}", "warn")
 
     def _on_RunResumed(self, e: ev.RunResumed) -> None:
         self.set_paused(None)
@@ -511,7 +511,7 @@ class RunState(TrainingFolds):
         self.status, self.pending = "completed", None
         self.current_phase = self.paused_before = None
         self.gpu_at = "orchestrator"
-        self.log(e.t, "orchestrator", f"run completed: {e.visits} visits, {e.failed} failed",
+        self.log(e.t, "orchestrator", f"run completed: {e.visits} visit{'s' * (e.visits != 1)}, {e.failed} failed",
                  "info" if not e.failed else "warn")
 
     def _on_RunFailed(self, e: ev.RunFailed) -> None:

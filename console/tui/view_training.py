@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gputravel.console.cli.run_end import control_lands
 from gputravel.core import events as ev
 
 __all__ = ["TrainingFolds", "pending_label"]
@@ -49,8 +50,8 @@ class TrainingFolds:
 
     def _on_ControlRequested(self, e: ev.ControlRequested) -> None:
         self.pending = e.action
-        self.log(e.t, "operator", f"{e.action} asked{f' during {e.phase}' if e.phase else ''}: lands after the "
-                 "current step", "warn")
+        self.log(e.t, "operator", f"{e.action} asked{f' during {e.phase}' if e.phase else ''}: lands "
+                 f"{control_lands(e.action, e.phase)}", "warn")
 
     def _on_VisitCancelled(self, e: ev.VisitCancelled) -> None:
         v = self._visit(e.visit, e.holder)
@@ -58,6 +59,7 @@ class TrainingFolds:
         for mark in v.phases.values():
             mark.status = "cancelled" if mark.status == "running" else mark.status
         self.pending, self.train_progress = None, None
-        self.log(e.t, e.holder, f"visit {e.visit + 1} cancelled in {e.phase or '-'} after {e.steps} steps; scrub "
+        steps = f" after {e.steps} step{'s' * (e.steps != 1)}" if e.phase == "TRAIN" else ""
+        self.log(e.t, e.holder, f"visit {e.visit + 1} cancelled in {e.phase or '-'}{steps}; scrub "
                  f"{'verified' if e.scrub_verified else 'NOT verified'}", "warn")
 

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from gputravel.core import events as ev
@@ -31,13 +32,15 @@ from gputravel.core.errors import (
 )
 from gputravel.core.fleet.ddp import sample_seed
 from gputravel.core.fleet.schedule import FleetPlan, FleetStep, plan_fleet
-from gputravel.core.ledger import Ledger
 from gputravel.core.procs import release_free_memory
-from gputravel.core.travel.audit import Audit
+from gputravel.core.travel.checkpoints import Checkpointer
+from gputravel.core.travel.device_session import DeviceSession
 from gputravel.core.travel.engine import TravelEngine
 from gputravel.core.travel.recovery import Recovery
-from gputravel.core.travel.report import VisitRecord
 from gputravel.core.travel.schedule import VisitPlan, plan_digest
+from gputravel.core.travel.training import SliceSettings, TrainStep
+from gputravel.core.travel.training_log import TrainingLog
+from gputravel.core.travel.visits import VisitRecord
 
 __all__ = ["FleetEngine", "FleetOptions", "WorkerGroup"]
 
@@ -124,43 +127,106 @@ class WorkerGroup:
             self._dist.destroy_process_group()
 
 
-class FleetAudit(Audit):
-    """The engine's audit, each row naming the device (and GPU rank) it is about."""
+class FleetTrain:
+    """A fleet rank's ``TrainStep``: every lock-step step's agreement (each rank's weight, or that it lost its
+    device) and one weighted step of the device group's DDP replicas. The rank's walk uses it for the steps
+    it trains with weight 0 (idle, or its visit failed before TRAIN) too."""
 
-    def __init__(self, ledger: Ledger, emit: Callable[[ev.Event], None], *, gpu: int) -> None:
-        super().__init__(ledger, emit)
-        self.gpu = gpu
-        self.device: str | None = None
+    def __init__(self, *, group: WorkerGroup, seed: int, device: DeviceSession, log: TrainingLog,
+                 steps: int, **_unused: Any) -> None:
+        self.group = group
+        self.seed = seed
+        self.device = device
+        self.log = log
+        self.steps = steps
+        self.step_index = -1
+        self.trained = False  # this step's all-reduce is done (its update is the fleet's)
+        self.agreed: list[dict[str, Any]] | None = None
+        self.allreduce_calls = 0
+        self.allreduce_s = 0.0
+        self.train_s = 0.0
+        self.tokens = 0
 
-    def _tag(self, row: dict[str, Any]) -> dict[str, Any]:
-        return {**row, "detail": {**(row.get("detail") or {}), "device": self.device, "gpu": self.gpu}}
+    def begin(self, index: int) -> None:
+        """Step ``index`` begins: nothing agreed or trained yet."""
+        self.step_index, self.trained, self.agreed = index, False, None
 
-    def record(self, event: ev.Event, kind: str, **row: Any) -> None:
-        super().record(event, kind, **self._tag(row))
+    async def agree(self, *, weight: float, lost: bool = False) -> list[dict[str, Any]]:
+        agreed: list[dict[str, Any]] = await self.group.agree({"weight": weight, "lost": lost})
+        self.agreed = agreed
+        return agreed
 
-    def row(self, kind: str, **row: Any) -> None:
-        super().row(kind, **self._tag(row))
+    @staticmethod
+    def lost(agreed: list[dict[str, Any]]) -> list[int]:
+        return [r for r, a in enumerate(agreed) if a["lost"]]
+
+    async def train(self, rec: VisitRecord, *, fmt: str, cut: SliceSettings) -> dict[str, Any]:
+        """TRAIN in a fleet: agree on the weights, then one weighted step of every replica (in one piece)."""
+        plan = rec.plan
+        agreed = await self.agree(weight=1.0)
+        gone = self.lost(agreed)
+        if gone:
+            raise FleetDeviceLostError(f"GPU(s) {gone} lost: the fleet stops after this step")
+        res = await self.weighted_step(weight=1.0, agreed=agreed, train=(0, plan.train_len),
+                                       val=(plan.train_len, plan.val_len), fmt=fmt)
+        detail = self.log.trained(rec, losses=[float(x) for x in res["losses"]], val_loss=res["val_loss"],
+                                  seconds=res["seconds"], tokens_per_s=res["tokens_per_s"])
+        return {**detail, "fleet_step": self.step_index, "weights": [a["weight"] for a in agreed],
+                "allreduce_calls": res["allreduce_calls"]}
+
+    async def weighted_step(self, *, weight: float, agreed: list[dict[str, Any]], train: tuple[int, int],
+                            val: tuple[int, int], fmt: str) -> dict[str, Any]:
+        head, _ = await asyncio.to_thread(
+            self.device.client.call, "fleet_train", train_off=train[0], train_len=train[1], val_off=val[0],
+            val_len=val[1], fmt=fmt, weight=weight, total_weight=sum(a["weight"] for a in agreed),
+            steps=self.steps, seed=sample_seed(self.seed, self.group.rank, self.step_index))
+        self.trained = True
+        self.device.expected_model = head["model_digest"]
+        self.allreduce_calls += int(head["allreduce_calls"])
+        self.allreduce_s += float(head["allreduce_s"])
+        self.train_s += float(head["seconds"])
+        self.tokens += int(head["tokens"])
+        return dict(head)
+
+
+class StepCommit:
+    """A fleet rank's ROTATE (its ``VisitCommit``): the checkpoint is named by the fleet step and written at
+    once (every rank saves the same one)."""
+
+    def __init__(self, ckpts: Checkpointer, trainer: TrainStep) -> None:
+        assert isinstance(trainer, FleetTrain)
+        self.ckpts = ckpts
+        self.step = trainer
+
+    async def rotated(self, rec: VisitRecord) -> dict[str, Any]:
+        index = self.step.step_index
+        await self.ckpts.checkpoint(index + 1, note=f"fleet step {index}")
+        release_free_memory()
+        rec.outcome = "done"
+        return {"checkpoint_seq": index + 1}
 
 
 class FleetRecovery(Recovery):
     """The engine's recovery, with two fleet rules: a dead device is lost for good (it cannot rejoin a formed
     device group), and a failure after the step's all-reduce never rolls the replica back on its own."""
 
-    engine: FleetEngine
+    def __init__(self, *, rank: int, step: FleetTrain, **parts: Any) -> None:
+        super().__init__(**parts)
+        self.rank = rank
+        self.step = step
 
     async def recover_device(self, rec: VisitRecord, exc: GpuTravelError) -> None:
-        e = self.engine
-        phase = str(e.phase) if e.phase else "?"
+        phase = str(self.walk.phase) if self.walk.phase else "?"
         rec.outcome, rec.error, rec.failed_phase = "failed", f"device died: {exc.reason}", phase
-        e.audit.record(ev.VisitFailed(time.time(), rec.plan.index, rec.plan.holder, rec.epoch, phase, rec.error,
-                                      "fleet-device-lost"),
-                       "device-lost", phase=phase, holder=rec.plan.holder, epoch=rec.epoch,
-                       outcome="fleet-device-lost", detail={"visit": rec.plan.index, "error": rec.error,
-                                                            "last_checkpoint": e.last_good_ckpt})
-        raise FleetDeviceLostError(f"GPU {e.group.rank} ({e.tagged.device}) died in {phase}: {exc.reason}")
+        self.audit.record(ev.VisitFailed(time.time(), rec.plan.index, rec.plan.holder, rec.epoch, phase, rec.error,
+                                         "fleet-device-lost"),
+                          "device-lost", phase=phase, holder=rec.plan.holder, epoch=rec.epoch,
+                          outcome="fleet-device-lost", detail={"visit": rec.plan.index, "error": rec.error,
+                                                               "last_checkpoint": self.ckpts.last_good})
+        raise FleetDeviceLostError(f"GPU {self.rank} ({self.audit.tags.get('device')}) died in {phase}: {exc.reason}")
 
     async def fail_visit(self, rec: VisitRecord, exc: GpuTravelError, window_open: bool) -> None:
-        if not self.engine.step_trained:
+        if not self.step.trained:
             await super().fail_visit(rec, exc, window_open)
             return
         losses, rec.losses = rec.losses, []  # the update is the fleet's: keep this replica as it is
@@ -177,26 +243,30 @@ class FleetEngine(TravelEngine):
 
     def __init__(self, *, fleet: FleetOptions, group: WorkerGroup, **kw: Any) -> None:
         make_program = kw.pop("make_program")
-        super().__init__(make_program=self._fleet_program(make_program), **kw)
+        settings = kw["settings"]
+        super().__init__(make_program=self._fleet_program(make_program),
+                         train_step=partial(FleetTrain, group=group, seed=settings.seed), commit=StepCommit,
+                         **kw)
         if fleet.gpus != group.world:
             raise ConfigError(f"--gpus {fleet.gpus} but torchrun started {group.world} ranks")
         self.fleet = fleet
         self.group = group
-        self.tagged = FleetAudit(self.ledger, self.emit, gpu=group.rank)  # every row names the device
-        self.audit = self.tagged
-        self.recovery = FleetRecovery(self)
+        assert isinstance(self.trainer, FleetTrain)
+        self.step: FleetTrain = self.trainer
+        self.audit.tags.update(device=None, gpu=group.rank)  # every row names the device
+        self.recovery = FleetRecovery(rank=group.rank, step=self.step, device=self.device, ckpts=self.ckpts,
+                                      log=self.log, audit=self.audit, walk=self.walk, links=self.links,
+                                      infos=self.infos)
         self.fleet_plan = FleetPlan(fleet.gpus, ())
         self.my_steps: list[tuple[FleetStep, VisitPlan | None]] = []
-        self.step_index = -1
-        self.step_trained = False  # this step's all-reduce is done (its update is the fleet's)
-        self._agreed: list[dict[str, Any]] | None = None
         self.join_info: dict[str, Any] = {}
         self.steps_log: list[dict[str, Any]] = []  # per step: weights, digests equal (from the agreements)
-        self.allreduce_calls = 0
-        self.allreduce_s = 0.0
-        self.train_s = 0.0
-        self.tokens = 0
         self.start_step = 0
+
+    @property
+    def device_id(self) -> str | None:
+        """The attested id of this rank's device (None before set-up)."""
+        return self.audit.tags.get("device")
 
     def _fleet_program(self, make: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
         """The training program, with the fleet's optimizer-step count (steps x steps per visit)."""
@@ -209,12 +279,11 @@ class FleetEngine(TravelEngine):
     # --- set-up --------------------------------------------------------------------------------------
     async def setup(self) -> None:
         await super().setup()
-        self.tagged.device = str(self.attestation.get("device_id"))
+        self.audit.tags["device"] = str(self.device.attestation.get("device_id"))
         self.fleet_plan = plan_fleet(self.plans, gpus=self.fleet.gpus)
         self.my_steps = self.fleet_plan.for_gpu(self.group.rank)
         mine = {v.index for _, v in self.my_steps if v is not None}
-        everyone: list[VisitRecord] = self.records
-        self.records = [r for r in everyone if r.plan.index in mine]
+        self.walk.records = [r for r in self.walk.records if r.plan.index in mine]
         await self._join()
 
     async def _restore_or_initial(self) -> None:
@@ -230,18 +299,18 @@ class FleetEngine(TravelEngine):
         everyone = await self.group.agree(done)
         self.start_step = min(everyone)
         if resume:
-            self.epoch = max(int(state.get("epoch", 0)), self.ledger.max_epoch())  # epochs are never reused
-            self.first_run_id = str(state.get("run_id", self.run_id))
-            await self.restore(self.start_step)
-            self.step_count = self.start_step * self.settings.steps_per_visit
-            self.audit.row("resumed", detail={"fleet_steps_done": self.start_step, "epoch": self.epoch,
+            self.device.epoch = max(int(state.get("epoch", 0)), self.ledger.max_epoch())  # epochs are never reused
+            self.ckpts.run_id = str(state.get("run_id", self.run_id))
+            await self.ckpts.restore(self.start_step)
+            self.log.step_count = self.start_step * self.settings.steps_per_visit
+            self.audit.row("resumed", detail={"fleet_steps_done": self.start_step, "epoch": self.device.epoch,
                                               "checkpoint_seq": self.start_step, "ranks_done": everyone})
         else:
-            self.expected_model = (await asyncio.to_thread(self.client.measure)).model
-            await self.checkpoint(0, note="initial")
+            await self.device.measure_model()
+            await self.ckpts.checkpoint(0, note="initial")
             self.audit.row("planned", detail={"visits": len(self.plans), "plan_digest": digest,
                                               "fleet_digest": fleet_digest, "gpus": self.fleet.gpus,
-                                              "my_visits": [r.plan.index for r in self.records]},
+                                              "my_visits": [r.plan.index for r in self.walk.records]},
                            state={"plan_digest": digest, "fleet_digest": fleet_digest, "visits_done": [],
                                   "epoch": 0, "checkpoint_seq": 0, "fleet_steps_done": 0, "steps": 0,
                                   "run_id": self.run_id})
@@ -250,11 +319,11 @@ class FleetEngine(TravelEngine):
         """The device joins the device group; the CRL it checks its neighbours against is the pinned one."""
         from cryptography.hazmat.primitives.serialization import Encoding
 
-        crl = self.handle.anchors.crl
+        crl = self.device.handle.anchors.crl
         pem = crl.public_bytes(Encoding.PEM) if crl is not None else b""
         prefix = f"gputravel/devices/{self.group.restart}"  # one device group per (torchrun job, restart)
         head, _ = await asyncio.to_thread(
-            self.client.call, "fleet_join", pem, host=self.group.store_host, port=self.group.store_port,
+            self.device.client.call, "fleet_join", pem, host=self.group.store_host, port=self.group.store_port,
             prefix=prefix, rank=self.group.rank, world=self.group.world, variant=self.fleet.variant,
             backend=self.fleet.backend, timeout_s=self.fleet.timeout_s, fault=self.fleet.ring_fault)
         self.join_info = dict(head)
@@ -265,7 +334,7 @@ class FleetEngine(TravelEngine):
 
     # --- the run -------------------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
-        return await self.run_guarded(self._walk_steps, planned=lambda: len(self.records))
+        return await self.run_guarded(self._walk_steps, planned=lambda: len(self.walk.records))
 
     async def _walk_steps(self) -> None:
         """This rank's lock-step steps from where the run stands (replicas compared before the first)."""
@@ -275,9 +344,10 @@ class FleetEngine(TravelEngine):
 
     async def _step(self, step: FleetStep, plan: VisitPlan | None) -> None:
         """One lock-step step on this rank: its visit (or none), the agreement, TRAIN, the digest check."""
-        self.step_index, self.step_trained, self._agreed = step.index, False, None
+        st = self.step
+        st.begin(step.index)
         lost: FleetDeviceLostError | None = None
-        rec = next((r for r in self.records if plan is not None and r.plan.index == plan.index), None)
+        rec = next((r for r in self.walk.records if plan is not None and r.plan.index == plan.index), None)
         if rec is not None and not rec.outcome.startswith("done"):
             while True:
                 rec.attempts += 1
@@ -286,89 +356,43 @@ class FleetEngine(TravelEngine):
                 except FleetDeviceLostError as exc:
                     lost = exc
                     break
-                if rec.outcome != "failed" or rec.attempts >= self.settings.visit_attempts or self._agreed:
+                if rec.outcome != "failed" or rec.attempts >= self.settings.visit_attempts or st.agreed:
                     break
                 self.audit.row("visit-retry", holder=rec.plan.holder, outcome="retry",
                                detail={"visit": rec.plan.index, "attempt": rec.attempts + 1,
                                        "after": f"{rec.failed_phase}: {rec.error}"})
                 rec.reset_for_retry()
-        if self._agreed is None:  # idle, failed before TRAIN, or lost: join the step with weight 0
-            agreed = await self._agree(weight=0.0, lost=lost is not None)
-            if lost is None and not self._lost(agreed) and sum(a["weight"] for a in agreed) > 0:
+        if st.agreed is None:  # idle, failed before TRAIN, or lost: join the step with weight 0
+            agreed = await st.agree(weight=0.0, lost=lost is not None)
+            if lost is None and not st.lost(agreed) and sum(a["weight"] for a in agreed) > 0:
                 await self._zero_weight_train(step, agreed)
-        gone = lost is not None or bool(self._lost(self._agreed or []))
-        if not gone and self.last_good_ckpt != step.index + 1:  # every rank holds the replica after every step
-            await self.checkpoint(step.index + 1, note=f"fleet step {step.index}")
+        gone = lost is not None or bool(st.lost(st.agreed or []))
+        if not gone and self.ckpts.last_good != step.index + 1:  # every rank holds the replica after every step
+            await self.ckpts.checkpoint(step.index + 1, note=f"fleet step {step.index}")
             release_free_memory()
         await self._compare_replicas(step.index, lost=lost)
-
-    def _lost(self, agreed: list[dict[str, Any]]) -> list[int]:
-        return [r for r, a in enumerate(agreed) if a["lost"]]
-
-    async def _agree(self, *, weight: float, lost: bool = False) -> list[dict[str, Any]]:
-        agreed: list[dict[str, Any]] = await self.group.agree({"weight": weight, "lost": lost})
-        self._agreed = agreed
-        return agreed
-
-    async def _train(self, v: Any) -> tuple[int, dict[str, Any]]:
-        """TRAIN in a fleet: agree on the weights, then one weighted step of every replica."""
-        rec, plan = v.rec, v.rec.plan
-        agreed = await self._agree(weight=1.0)
-        gone = self._lost(agreed)
-        if gone:
-            raise FleetDeviceLostError(f"GPU(s) {gone} lost: the fleet stops after this step")
-        res = await self._fleet_train(weight=1.0, agreed=agreed, train=(0, plan.train_len),
-                                      val=(plan.train_len, plan.val_len), fmt=self.infos[plan.holder].fmt)
-        detail = self._trained(rec, losses=res["losses"], val_loss=res["val_loss"], seconds=res["seconds"],
-                               tokens_per_s=res["tokens_per_s"])
-        return 0, {**detail, "fleet_step": self.step_index, "weights": [a["weight"] for a in agreed],
-                   "allreduce_calls": res["allreduce_calls"]}
-
-    async def _fleet_train(self, *, weight: float, agreed: list[dict[str, Any]], train: tuple[int, int],
-                           val: tuple[int, int], fmt: str) -> dict[str, Any]:
-        s = self.settings
-        head, _ = await asyncio.to_thread(
-            self.client.call, "fleet_train", train_off=train[0], train_len=train[1], val_off=val[0],
-            val_len=val[1], fmt=fmt, weight=weight, total_weight=sum(a["weight"] for a in agreed),
-            steps=s.steps_per_visit, seed=sample_seed(s.seed, self.group.rank, self.step_index))
-        self.step_trained = True
-        self.expected_model = head["model_digest"]
-        self.allreduce_calls += int(head["allreduce_calls"])
-        self.allreduce_s += float(head["allreduce_s"])
-        self.train_s += float(head["seconds"])
-        self.tokens += int(head["tokens"])
-        return dict(head)
 
     async def _zero_weight_train(self, step: FleetStep, agreed: list[dict[str, Any]]) -> None:
         """An idle rank (or one whose visit failed) takes part in the step's all-reduce with weight 0."""
         fmt = next(iter(self.infos.values())).fmt
         try:
-            head = await self._fleet_train(weight=0.0, agreed=agreed, train=(0, 0), val=(0, 0), fmt=fmt)
+            head = await self.step.weighted_step(weight=0.0, agreed=agreed, train=(0, 0), val=(0, 0), fmt=fmt)
         except (DeviceError, ProtocolError) as exc:  # the ring aborted on every rank; each replica was put back
             self.audit.row("fleet-train-failed", outcome=exc.code, detail={"fleet_step": step.index,
                                                                           "error": str(exc)})
             return
-        self.step_count += self.settings.steps_per_visit
+        self.log.step_count += self.settings.steps_per_visit
         self.audit.row("fleet-idle-step", outcome="ok", duration_s=float(head["seconds"]),
                        detail={"fleet_step": step.index, "weights": [a["weight"] for a in agreed],
                                "allreduce_calls": head["allreduce_calls"], "model_digest": head["model_digest"]})
 
-    async def _rotate(self, v: Any) -> tuple[int, dict[str, Any]]:
-        """As the engine's, with the checkpoint named by the fleet step (every rank saves the same one)."""
-        rec = v.rec
-        await asyncio.to_thread(self.client.rotate)
-        await self.checkpoint(self.step_index + 1, note=f"fleet step {self.step_index}")
-        release_free_memory()
-        rec.outcome = "done"
-        self.audit.emit(ev.KeyRotated(time.time(), rec.epoch, rec.key_fingerprint or ""))
-        return 0, {"checkpoint_seq": self.step_index + 1}
-
     async def _compare_replicas(self, index: int, *, lost: FleetDeviceLostError | None = None) -> None:
         """After a step (``-1``: before the first) every rank's replica digest; a lost device stops all."""
-        if lost is None and self.handle.alive():
-            self.expected_model = (await asyncio.to_thread(self.client.measure)).model
-        mine = {"digest": self.expected_model, "lost": lost is not None,
-                "weight": (self._agreed or [{}])[self.group.rank].get("weight") if self._agreed else None}
+        if lost is None and self.device.handle.alive():
+            await self.device.measure_model()
+        agreed = self.step.agreed
+        mine = {"digest": self.device.expected_model, "lost": lost is not None,
+                "weight": agreed[self.group.rank].get("weight") if agreed else None}
         everyone = await self.group.agree(mine)
         gone = [r for r, a in enumerate(everyone) if a["lost"]]
         digests = [a["digest"] for a in everyone if not a["lost"]]
@@ -380,22 +404,23 @@ class FleetEngine(TravelEngine):
             done = index + 1
             self.audit.row("fleet-step", outcome="ok" if equal and not gone else "lost" if gone else "diverged",
                            detail={**entry, "holders": list(self.fleet_plan.steps[index].holders)},
-                           state={"fleet_steps_done": done, "checkpoint_seq": done, "epoch": self.epoch,
-                                  "steps": self.step_count,
-                                  "visits_done": [r.plan.index for r in self.records if r.outcome.startswith("done")]}
+                           state={"fleet_steps_done": done, "checkpoint_seq": done, "epoch": self.device.epoch,
+                                  "steps": self.log.step_count,
+                                  "visits_done": [r.plan.index for r in self.walk.records
+                                                  if r.outcome.startswith("done")]}
                            if not gone else None)
         elif not equal:
             raise DeviceError("the fleet's replicas differ before the first step (programs or checkpoints differ)")
         if gone:
             raise FleetDeviceLostError(f"GPU(s) {gone} lost for good in fleet step {index}; every rank's last "
-                                       f"checkpoint is step {self.last_good_ckpt}: resume with --resume")
+                                       f"checkpoint is step {self.ckpts.last_good}: resume with --resume")
         if not equal:
             raise DeviceError(f"the fleet's replicas diverged in step {index}")
 
     async def aclose(self) -> None:
         try:
-            if self.handle.alive() and self.client.secrets:
-                await asyncio.to_thread(self.client.call, "fleet_leave")
+            if self.device.handle.alive() and self.device.client.secrets:
+                await asyncio.to_thread(self.device.client.call, "fleet_leave")
         except (GpuTravelError, OSError):
             pass
         await super().aclose()
@@ -406,12 +431,13 @@ class FleetEngine(TravelEngine):
         out = super().report(seconds=seconds)
         step_of = {v.index: s.index for s in self.fleet_plan.steps for v in s.slots if v is not None}
         for visit in out["visits"]:
-            visit.update(device=self.tagged.device, gpu=self.group.rank, step=step_of.get(visit["visit"]))
-        out["gpu"] = {"rank": self.group.rank, "device_id": self.tagged.device, "join": self.join_info,
-                      "epochs": self.epoch, "ledger_head": out["ledger"].get("head"),
+            visit.update(device=self.device_id, gpu=self.group.rank, step=step_of.get(visit["visit"]))
+        st = self.step
+        out["gpu"] = {"rank": self.group.rank, "device_id": self.device_id, "join": self.join_info,
+                      "epochs": self.device.epoch, "ledger_head": out["ledger"].get("head"),
                       "ledger_rows": out["ledger"].get("rows"),
-                      "allreduce_calls": self.allreduce_calls, "allreduce_s": round(self.allreduce_s, 6),
-                      "train_s": round(self.train_s, 6), "tokens": self.tokens}
+                      "allreduce_calls": st.allreduce_calls, "allreduce_s": round(st.allreduce_s, 6),
+                      "train_s": round(st.train_s, 6), "tokens": st.tokens}
         out["fleet_steps"] = self.steps_log
         out["fleet_plan"] = self.fleet_plan.to_dict()
         return out

@@ -203,7 +203,7 @@ async def run_rank(settings: RunSettings, fleet: FleetOptions, *, links: Iterabl
         error = exc
     mine = report if report is not None else {
         "error": {"code": error.code if error else "error", "reason": error.reason if error else "?"},
-        "gpu": {"rank": group.rank, "device_id": engine.tagged.device if engine else None},
+        "gpu": {"rank": group.rank, "device_id": engine.device_id if engine else None},
         "ledger": {"path": str(rank_dir / "ledger.db")}}
     (rank_dir / "report.json").write_text(json.dumps(mine, indent=2) + "\n")
     if error is not None and not isinstance(error, FleetDeviceLostError):

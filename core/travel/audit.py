@@ -8,7 +8,7 @@ from typing import Any
 from gputravel.core import events as ev
 from gputravel.core.ledger import Ledger
 from gputravel.core.travel.control import EventSink
-from gputravel.core.travel.report import VisitRecord
+from gputravel.core.travel.visits import VisitRecord
 
 __all__ = ["ATTACK_CODES", "Audit"]
 
@@ -22,18 +22,22 @@ class Audit:
 
     ``record(event, kind, ...)`` is one fact: the ledger row is appended first (so whoever hears the
     event can already read the row), then the event goes out. ``row`` is a fact with no event (plans,
-    retries, state commits) and ``emit`` an event with no row (progress, phase starts)."""
+    retries, state commits) and ``emit`` an event with no row (progress, phase starts). ``tags`` join every
+    row's detail (a fleet rank's rows name their device and GPU)."""
 
     def __init__(self, ledger: Ledger, emit: EventSink) -> None:
         self.ledger = ledger
         self._emit = emit
+        self.tags: dict[str, Any] = {}
         self._rejections_seen: dict[tuple[str, str], int] = {}  # (epoch, code) -> count already audited
 
     def record(self, event: ev.Event, kind: str, **row: Any) -> None:
-        self.ledger.append(kind=kind, **row)
+        self.row(kind, **row)
         self._emit(event)
 
     def row(self, kind: str, **row: Any) -> None:
+        if self.tags:
+            row = {**row, "detail": {**(row.get("detail") or {}), **self.tags}}
         self.ledger.append(kind=kind, **row)
 
     def emit(self, event: ev.Event) -> None:

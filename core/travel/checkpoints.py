@@ -25,15 +25,19 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gputravel.core.errors import GpuTravelError, IntegrityError
-from gputravel.core.travel.report import VisitRecord
+from gputravel.core.procs import release_free_memory
+from gputravel.core.training.store import CheckpointStore
+from gputravel.core.travel.audit import Audit
+from gputravel.core.travel.control import Faults
+from gputravel.core.travel.device_session import DeviceSession
+from gputravel.core.travel.probes import EngineProbe
+from gputravel.core.travel.training_log import TrainingLog
+from gputravel.core.travel.visits import Itinerary, VisitRecord
 
-if TYPE_CHECKING:
-    from gputravel.core.travel.engine import TravelEngine
-
-__all__ = ["Checkpointer"]
+__all__ = ["BackgroundCommit", "Checkpointer", "VisitCommit"]
 
 
 @dataclass
@@ -46,10 +50,28 @@ class _Pending:
 
 
 class Checkpointer:
-    """The engine's checkpoints: written at once (set-up, a fleet) or in the background (a visit's ROTATE)."""
+    """The run's checkpoints: written at once (set-up, a fleet) or in the background (a visit's ROTATE), and
+    restored; which one is the last good one and the model digest of each."""
 
-    def __init__(self, engine: TravelEngine) -> None:
-        self.engine = engine
+    def __init__(self, *, store: CheckpointStore, device: DeviceSession, log: TrainingLog, audit: Audit,
+                 walk: Itinerary, faults: Faults, timing: EngineProbe, run_id: str, every: int = 1,
+                 settings_sha256: str | None = None) -> None:
+        self.store = store
+        self.device = device
+        self.log = log
+        self.audit = audit
+        self.walk = walk
+        self.faults = faults
+        self.timing = timing
+        #: checkpoints are bound to the run that started them (a resumed run keeps its first run's id)
+        self.run_id = run_id
+        self.every = every
+        self.settings_sha256 = settings_sha256
+        #: the last durable (or restored) checkpoint, the model digest of each this run wrote (as the device
+        #: reported it, and the ledger records), and the last one's figures
+        self.last_good: int | None = None
+        self.digests: dict[int, str] = {}
+        self.last: dict[str, Any] = {}
         self.pending: _Pending | None = None
         #: visits done since the last durable checkpoint, oldest first (committed with the next one)
         self.uncommitted: list[VisitRecord] = []
@@ -84,28 +106,38 @@ class Checkpointer:
 
     def summary(self) -> dict[str, Any]:
         """For the run's report: the cadence, what was kept, and the time spent in the background and waiting."""
-        e = self.engine
-        return {"every": e.settings.checkpoint_every, "keep": e.ckpt.keep,
-                "kept": [seq for seq, _ in e.ckpt.checkpoints()], "background_s": round(self.background_s, 6),
-                "final_wait_s": round(self.final_wait_s, 6), "last": e.last_checkpoint}
+        return {"every": self.every, "keep": self.store.keep,
+                "kept": [seq for seq, _ in self.store.checkpoints()], "background_s": round(self.background_s, 6),
+                "final_wait_s": round(self.final_wait_s, 6), "last": self.last}
+
+    async def checkpoint(self, seq: int, *, note: str = "") -> None:
+        """Checkpoint ``seq`` now, durable on return; its model is the one expected from here."""
+        await self.write(seq, note=note)
+        self.device.expected_model = self.digests[seq]
+
+    async def restore(self, seq: int) -> None:
+        """Checkpoint ``seq`` into the device (after the one in flight: it may be the one restored); the model
+        must have the digest this run recorded for it (the ledger's, else the file's meta record)."""
+        await self.settle()
+        await self.device.restore(self.store, seq, run_id=self.run_id, want=self.digests.get(seq))
+        self.last_good = seq
 
     # --- writing ------------------------------------------------------------------------------------
     async def write(self, seq: int, *, note: str = "", visits: list[VisitRecord] | None = None,
                     background: bool = False) -> None:
         """Checkpoint ``seq`` of the device's state now; with ``background``, return once the device holds its
         snapshot (the rest goes on while the caller does). ``visits`` are committed when it is durable."""
-        e = self.engine
         await self.settle()
         t0 = time.perf_counter()
-        header = e.ckpt.new_header(run_id=e.first_run_id, seq=seq)
-        key = e.ckpt.run_key(e.first_run_id)
-        writer = e.ckpt.writer(header)
+        header = self.store.new_header(run_id=self.run_id, seq=seq)
+        key = self.store.run_key(self.run_id)
+        writer = self.store.writer(header)
         try:
-            pending = await asyncio.to_thread(e.client.checkpoint_begin, key, header, snapshot=background)
+            pending = await asyncio.to_thread(self.device.client.checkpoint_begin, key, header, snapshot=background)
         except BaseException:
             writer.abort()
             raise
-        state = {"steps": e.step_count, "epoch": e.epoch, "note": note}
+        state = {"steps": self.log.step_count, "epoch": self.device.epoch, "note": note}
         covered = list(visits or [])
         task = asyncio.ensure_future(self._persist(seq, writer, pending, state, covered, t0))
         self.pending = _Pending(seq, covered, state, task, t0)
@@ -114,18 +146,18 @@ class Checkpointer:
 
     async def _persist(self, seq: int, writer: Any, pending: Any, state: dict[str, Any],
                        covered: list[VisitRecord], t0: float) -> None:
-        e = self.engine
-        plan, visit = e.fault_plan, seq - 1
-        armed = plan is not None and plan.matches("CHECKPOINT", visit, 1)
+        device = self.device
+        plan = self.faults.plan
+        armed = plan is not None and plan.matches("CHECKPOINT", seq - 1, 1)
 
         def add(kind: int, sealed: memoryview) -> None:
             writer.add(kind, sealed)
             if armed and writer.chunks == 1 and plan is not None:  # fault injection: die mid-write
-                e.fault_plan = None
-                e._fire_fault(plan, None)
+                self.faults.plan = None
+                self.faults.fire(plan, None)
 
         def drain() -> None:
-            pending.drain(add, alive=e.handle.alive)
+            pending.drain(add, alive=device.handle.alive)
             writer.sync()  # the bulk reaches the disk here, off the control link
 
         try:
@@ -133,49 +165,49 @@ class Checkpointer:
                 await asyncio.to_thread(drain)
             except BaseException:
                 with contextlib.suppress(Exception):  # the device's account; the drain's error is the one told
-                    await asyncio.to_thread(e.client.checkpoint_end, pending)
+                    await asyncio.to_thread(device.client.checkpoint_end, pending)
                 raise
-            done = await asyncio.to_thread(e.client.checkpoint_end, pending)
+            done = await asyncio.to_thread(device.client.checkpoint_end, pending)
             if done.tag_digest != writer.tag_digest:
                 raise IntegrityError(f"checkpoint {seq}: the chunks written differ from those the device sealed")
             # with the state: the ledger head and the settings this checkpoint continues (the meta record is
             # MACed under the run key), so a resume can prove the ledger was neither cut nor rewritten and
             # the settings not changed behind its back
-            seq_now, hash_now = e.ledger.head()
+            seq_now, hash_now = self.audit.ledger.head()
             meta = {"model_digest": done.model_digest, "seq": seq, "epoch": state["epoch"], "note": state["note"],
                     "steps": state["steps"], "bytes": done.bytes, "chunks": done.chunks,
-                    "ledger_head": [seq_now, hash_now] if seq_now else None, "settings_sha256": e.settings_sha256}
+                    "ledger_head": [seq_now, hash_now] if seq_now else None, "settings_sha256": self.settings_sha256}
             await asyncio.to_thread(writer.commit, meta, prune=False)
         except BaseException:
             writer.abort()
             raise
         seconds = time.perf_counter() - t0
-        e.last_good_ckpt = seq
-        e.checkpoint_digests[seq] = done.model_digest
-        e.last_checkpoint = {"seq": seq, "bytes": done.bytes, "chunks": done.chunks, "seconds": round(seconds, 6),
+        self.last_good = seq
+        self.digests[seq] = done.model_digest
+        self.last = {"seq": seq, "bytes": done.bytes, "chunks": done.chunks, "seconds": round(seconds, 6),
                              "digest_s": round(done.digest_s, 6), "model_digest": done.model_digest,
                              "snapshot_s": round(done.snapshot_s, 6), "seal_s": round(done.seal_s, 6)}
-        for probe in e.probes:
-            probe.on_checkpoint(seq, seconds)
+        self.timing.on_checkpoint(seq, seconds)
         self._commit(seq, covered, state)
 
     def _commit(self, seq: int, covered: list[VisitRecord], state: dict[str, Any]) -> None:
         """The checkpoint is durable: its visits are committed (their rows move the resume point), then the
         checkpoints beyond the last ``keep`` go (never the one the ledger now names)."""
-        e = self.engine
         for i, rec in enumerate(covered):
             last = i == len(covered) - 1
-            done = sorted({r.plan.index for r in e.records if r.outcome.startswith("done") and r not in self.uncommitted}
+            done = sorted({r.plan.index for r in self.walk.records
+                           if r.outcome.startswith("done") and r not in self.uncommitted}
                           | {r.plan.index for r in covered})
-            e.audit.row("visit-completed", holder=rec.plan.holder, epoch=rec.epoch, key_fp=rec.key_fingerprint,
-                        nbytes=rec.bytes, duration_s=sum(rec.phase_s.values()), outcome="ok",
-                        detail={"visit": rec.plan.index, "part": rec.plan.part_id, "checkpoint_seq": seq},
-                        state=None if not last else {
-                            "visits_done": done, "epoch": max(e.epoch, int(state["epoch"])), "checkpoint_seq": seq,
-                            "checkpoint_digest": e.checkpoint_digests.get(seq), "steps": state["steps"]})
+            self.audit.row("visit-completed", holder=rec.plan.holder, epoch=rec.epoch, key_fp=rec.key_fingerprint,
+                           nbytes=rec.bytes, duration_s=sum(rec.phase_s.values()), outcome="ok",
+                           detail={"visit": rec.plan.index, "part": rec.plan.part_id, "checkpoint_seq": seq},
+                           state=None if not last else {
+                               "visits_done": done, "epoch": max(self.device.epoch, int(state["epoch"])),
+                               "checkpoint_seq": seq, "checkpoint_digest": self.digests.get(seq),
+                               "steps": state["steps"]})
         self.uncommitted = [r for r in self.uncommitted if r not in covered]
         self._committed.update(r.plan.index for r in covered)
-        e.ckpt.prune(protect=seq)
+        self.store.prune(protect=seq)
 
     async def settle(self) -> None:
         """Wait for the checkpoint in flight (if any); its failure is raised here."""
@@ -200,13 +232,41 @@ class Checkpointer:
     def rewind(self) -> list[VisitRecord]:
         """The model went back to the last durable checkpoint: the visits done since are undone (their
         training history rolled back, newest first) and will be redone. Returns them."""
-        e = self.engine
         undone = [r for r in self.uncommitted if r.outcome.startswith("done")]  # a failed one was undone already
         for rec in reversed(undone):
-            e.recovery.rollback_training(rec)
+            self.log.rollback(rec)
             rec.failed_phase, rec.error = "ROTATE", "its checkpoint was lost or rolled back; redone"
             rec.reset_for_retry()
-            e.audit.row("visit-undone", holder=rec.plan.holder, epoch=rec.epoch, outcome="redo",
-                        detail={"visit": rec.plan.index, "restored_checkpoint": e.last_good_ckpt})
+            self.audit.row("visit-undone", holder=rec.plan.holder, epoch=rec.epoch, outcome="redo",
+                           detail={"visit": rec.plan.index, "restored_checkpoint": self.last_good})
         self.uncommitted, self.unclaimed = [], []
         return undone
+
+
+class VisitCommit(Protocol):
+    """How ROTATE ends a visit (a strategy the engine is given): marks it done and checkpoints as the run's
+    cadence says; returns the phase's detail. ``BackgroundCommit`` on one device; a fleet rank checkpoints
+    every step at once (``core.fleet.rank.StepCommit``)."""
+
+    async def rotated(self, rec: VisitRecord) -> dict[str, Any]: ...
+
+
+class BackgroundCommit:
+    """One device's ROTATE: the visit is done, and committed once the checkpoint holding it is durable: every
+    ``checkpoint_every``-th visit (and the last) starts one, in the background (the device snapshots its
+    state and the phase waits only for that)."""
+
+    def __init__(self, ckpts: Checkpointer, trainer: object = None) -> None:
+        self.ckpts = ckpts
+
+    async def rotated(self, rec: VisitRecord) -> dict[str, Any]:
+        c = self.ckpts
+        rec.outcome = "done"
+        c.done(rec)  # committed when the checkpoint holding it is durable
+        if rec is c.walk.records[-1] or len(c.unclaimed) >= max(1, c.every):
+            seq = rec.plan.index + 1
+            await c.write(seq, visits=c.claim(), background=True)
+            release_free_memory()  # the previous checkpoint's megabytes are freed: keep the heap flat
+            return {"checkpoint_seq": seq, "background": True, "model_digest": c.device.expected_model,
+                    "previous_checkpoint": c.last}
+        return {}

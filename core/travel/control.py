@@ -2,21 +2,26 @@
 
 Cancel and pause are checked between phases (:meth:`Control.gate`) and, inside TRAIN, between training slices
 (:meth:`Control.between_steps`): a slice is one optimizer step, or the steps that fit in its time budget when
-steps are shorter. Asking is a ``ControlRequested`` event at once (the pending CANCELLING... / PAUSING...
-state); landing is ``RunPaused`` or the cancelled visit's end."""
+steps are shorter. Inside PROVISION a cancel is checked at every acknowledged chunk
+(:meth:`Control.check_cancelled`, from the engine's progress callback), and a pause between the window's keys
+(``between_steps``: a paused provisioning never holds a holder's key open), else at the phase's end.
+Asking is a ``ControlRequested`` event at once (the pending CANCELLING... / PAUSING... state); landing is
+``RunPaused`` or the cancelled visit's end."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from gputravel.core import events as ev
 from gputravel.core.errors import CancelledRunError, ConfigError
 from gputravel.core.travel.phases import Phase
 
-__all__ = ["Control", "EventSink", "FaultPlan"]
+__all__ = ["Control", "EventSink", "FaultPlan", "Faults"]
 
 EventSink = Callable[[ev.Event], None]
 
@@ -51,6 +56,41 @@ class FaultPlan:
 
     def matches(self, phase: Phase | str, visit: int, attempt: int) -> bool:
         return str(phase) == str(self.phase) and visit == self.visit and attempt == 1
+
+
+class Faults:
+    """The run's one ``FaultPlan`` (fault injection: the crash study and its tests), fired at most once."""
+
+    def __init__(self, plan: FaultPlan | None, *, kill_device: Callable[[], None],
+                 kill_agent: Callable[[str], Awaitable[None]]) -> None:
+        self.plan = plan
+        self._kill_device = kill_device
+        self._kill_agent = kill_agent
+
+    def take(self, phase: Phase | str, visit: int, attempt: int) -> FaultPlan | None:
+        """The plan if it is for this point (it is then spent: once per run), else None."""
+        plan = self.plan
+        if plan is None or not plan.matches(phase, visit, attempt):
+            return None
+        self.plan = None
+        return plan
+
+    def arm(self, plan: FaultPlan, holder: str | None) -> asyncio.Future[None] | None:
+        """Kill the plan's process now or ``plan.delay`` s from now; an agent killed now is returned as the
+        future of its death."""
+        if plan.delay <= 0:
+            return self.fire(plan, holder)
+        asyncio.get_running_loop().call_later(plan.delay, self.fire, plan, holder)
+        return None
+
+    def fire(self, plan: FaultPlan, holder: str | None) -> asyncio.Future[None] | None:
+        if plan.target == "orchestrator":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif plan.target == "device":
+            self._kill_device()
+        elif plan.target == "agent" and holder is not None:
+            return asyncio.ensure_future(self._kill_agent(holder))
+        return None
 
 
 class Control:
@@ -93,6 +133,12 @@ class Control:
             self._request("cancel")
         self.cancelled = True
         self._running.set()
+
+    def check_cancelled(self) -> None:
+        """Raise ``CancelledRunError`` when a cancel is pending: a synchronous check for callbacks inside a
+        phase (each acknowledged provisioning chunk), where awaiting a pause is not possible."""
+        if self.cancelled:
+            raise CancelledRunError("cancelled by the operator")
 
     def _request(self, action: str) -> None:
         if self.on_request is not None:

@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gputravel.core.deviceclient.client import DeviceClient
 from gputravel.core.errors import AgentError
@@ -28,10 +28,7 @@ from gputravel.core.protocol.devicelink import Op
 from gputravel.core.protocol.holderlink import Attest, Handoff, Verdict
 from gputravel.core.protocol.keywrap import LinkKey, cvm_report_data, spdm_nonce, wrap_key
 
-if TYPE_CHECKING:
-    from gputravel.core.travel.engine import TravelEngine
-
-__all__ = ["INJECTIONS", "HolderAttestor", "HolderRefusedError", "SimCvm", "attach", "holder_args"]
+__all__ = ["INJECTIONS", "HolderAttestor", "HolderRefusedError", "SimCvm", "holder_args"]
 
 INJECTIONS = ("cvm-debug", "cvm-report-data", "gpu-measurement", "gpu-nonce")
 
@@ -112,38 +109,3 @@ class HolderAttestor:
         wrapped = wrap_key(self.link_key, holder_pub, self.run_id.encode(), key.key + key.prefix,
                            epoch=handoff.epoch, fingerprint=key.fingerprint)
         return replace(handoff, key=None, wrapped_key=wrapped, key_fp=key.fingerprint)
-
-
-def attach(engine: TravelEngine) -> HolderAttestor:
-    """Wire a run's holder attestation (before its agents start): the SIM CVM of the engine's platform folder,
-    the attestor on every framed link, local agents started attesting, each verdict in the ledger and report."""
-    from gputravel.core.travel.framed_link import FramedHolderLink
-    from gputravel.core.travel.local_link import LocalHolderLink
-
-    platform_dir = engine.out_dir / "platform"
-    attestor = HolderAttestor(run_id=engine.run_id, cvm=SimCvm.load(platform_dir), client=lambda: engine.client,
-                              inject=engine.settings.holder_inject)
-
-    def on_verdict(holder: str, verdict: Verdict) -> None:
-        claim = verdict.failed_claim
-        report = verdict.report()
-        engine.audit.row("holder-attestation", phase="PROVISION", holder=holder, epoch=verdict.epoch,
-                         outcome="ok" if verdict.ok else "refused", duration_s=verdict.ms / 1e3,
-                         detail={"claim": claim, **report})
-        rec = engine.current
-        if rec is not None and rec.plan.holder == holder:
-            if rec.holder_attestation is not None and rec.holder_attestation.get("ms") is not None:
-                report["ms"] = round(report["ms"] + rec.holder_attestation["ms"], 3)  # several keys a visit
-            rec.holder_attestation = report
-            if claim is not None:
-                rec.holder_refusals.append(claim)
-
-    same_host = engine.settings.transport in ("local", "ssh")  # the embedded SSH server runs on this host
-    for link in engine.links.values():
-        if isinstance(link, FramedHolderLink):
-            link.attestor, link.on_verdict = attestor, on_verdict
-        # local agents and the embedded server's pin the SIM platform's files; an inventory host's agent pins
-        # its operator's own (``SshHolderLink.attest_files``) or does not attest
-        if (isinstance(link, LocalHolderLink) or same_host) and getattr(link, "attest_files", False) is None:
-            link.attest_files = holder_args(platform_dir)  # type: ignore[attr-defined]
-    return attestor

@@ -28,7 +28,7 @@ from gputravel.console.cli.options import (
     TransportChoice,
 )
 from gputravel.console.cli.run_claim import RunFolder
-from gputravel.console.cli.run_end import RunEnding
+from gputravel.console.cli.run_end import RunEnding, control_lands
 from gputravel.console.cli.run_folder import running_marker
 from gputravel.console.cli.run_report import EXIT_PARTIAL, render_report
 from gputravel.console.run_telemetry import TELEMETRY_INTERVAL_S
@@ -133,10 +133,12 @@ class RunView:
                                f"{event.mean:.3f}")
         elif isinstance(event, ev.ControlRequested):
             self.console.print(f"[yellow]{'CANCELLING' if event.action == 'cancel' else 'PAUSING'}...[/] "
-                               f"(lands after the current step{f' of {event.phase}' if event.phase else ''})")
+                               f"({f'{event.phase}: ' if event.phase else ''}lands "
+                               f"{control_lands(event.action, event.phase)})")
         elif isinstance(event, ev.VisitCancelled):
             self.console.print(f"  [yellow]visit {event.visit + 1} {escape(event.holder)} cancelled[/] in "
-                               f"{event.phase or '-'} after {event.steps} steps; buffer scrub "
+                               f"{event.phase or '-'}{f' after {event.steps} steps' if event.phase == 'TRAIN' else ''}"
+                               f"; buffer scrub "
                                f"{'verified' if event.scrub_verified else '[red]NOT verified[/]'}")
         elif isinstance(event, ev.TrainingStepped):
             p.update(self.bytes_task, description="training steps", total=len(event.losses),
@@ -158,7 +160,7 @@ class RunView:
             where = f"in {event.within}" if event.within else f"before {event.next_phase}"
             self.console.print(f"[yellow]paused[/] ({event.reason}) {where}")
             if self.run_name is not None:
-                self.console.print(continue_hint(self.run_name), highlight=False)
+                self.console.print(continue_hint(self.run_name), highlight=False, soft_wrap=True)
 
 
 #: the signals a headless run continues on: resume (to the next breakpoint) and step (one phase)
@@ -166,9 +168,12 @@ RESUME_SIGNAL, STEP_SIGNAL = signal.SIGUSR1, signal.SIGUSR2
 
 
 def continue_hint(run_name: str) -> str:
-    """What a headless pause says: how to go on."""
-    return (f"  continue: gputravel runs resume {run_name} (to the next breakpoint), gputravel runs step "
-            f"{run_name} (one phase), or kill -USR1 {os.getpid()}; stop: gputravel runs stop {run_name}")
+    """What a headless pause says: how to go on, one whole command a line (never wrapped inside one at 80
+    columns)."""
+    return (f"  continue: gputravel runs resume {run_name}  (to the next breakpoint)\n"
+            f"            gputravel runs step {run_name}    (one phase)\n"
+            f"            kill -USR1 {os.getpid()}\n"
+            f"  stop:     gputravel runs stop {run_name}")
 
 
 def resolve_out_dir(out: Path | None, *, resume: bool, runs: Path = Path("runs"), create: bool = True) -> Path:

@@ -94,8 +94,8 @@ def _receipts_and_error(state: RunState, last: Any, name_w: int = 12, *, narrow:
                      f"{receipt(last.integrity_ok)} {scrub} {receipt(last.scrub_verified)}")
     if state.error:
         token = "$warning" if state.status == "cancelled" else "$error"
-        lines.append(f"[b {token}]run {esc(state.status)}[/] [{token}]({esc(state.error_code or '?')}): "
-                     f"{esc(state.error)}[/]")
+        code = "" if state.error_code == state.status else f" ({esc(state.error_code or '?')})"
+        lines.append(f"[b {token}]run {esc(state.status)}[/][{token}]{code}: {esc(state.error)}[/]")
     return lines
 
 

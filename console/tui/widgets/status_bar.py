@@ -55,21 +55,24 @@ class StatusBar(Widget):
         # 80 columns: the run id goes, the rest stays; wider, what does not fit goes in the same order, so the
         # badges (FOLLOW, READ-ONLY) always show
         line = self._line(s, narrow=width < 100)
-        for narrow, run_id, tight in ((False, False, False), (True, False, False), (True, False, True)):
+        for narrow, run_id, tight, lean in ((False, False, False, 0), (True, False, False, 0),
+                                            (True, False, True, 0), (True, False, True, 1), (True, False, True, 2)):
             if line.cell_length <= width:
                 break
-            line = self._line(s, narrow=narrow, run_id=run_id, tight=tight)
+            line = self._line(s, narrow=narrow, run_id=run_id, tight=tight, lean=lean)
         return line
 
-    def _line(self, s: StatusSummary, *, narrow: bool, run_id: bool = True, tight: bool = False) -> Content:
-        """``tight``: the last resort before the end is cut: the visit as ``3/6``, the holder in 8 columns."""
+    def _line(self, s: StatusSummary, *, narrow: bool, run_id: bool = True, tight: bool = False,
+              lean: int = 0) -> Content:
+        """``tight``: the visit as ``3/6``, the holder in 8 columns; then ``lean`` 1 leaves the epoch out and 2
+        the visit too (the travel panel shows both), before the badges (REPLAY 466/752, READ-ONLY) are cut."""
         status = s.status.upper()
         if narrow and status.startswith("PAUSED BEFORE "):
             status = "PAUSED@" + status.removeprefix("PAUSED BEFORE ")
         parts = [f"[b]{esc(s.screen)}[/b]", f"[b $accent]{esc(status)}[/]"]
         if s.run_id and run_id and not narrow:
             parts.append(f"run {esc(s.run_id)}")
-        if s.visit and not (narrow and s.fleet):  # a narrow fleet: its visits are on the travel screen
+        if s.visit and not (narrow and s.fleet) and lean < 2:  # a narrow fleet: its visits are on the travel screen
             visit = s.visit.split()[1] if tight and len(s.visit.split()) > 1 else (
                 " ".join(s.visit.split()[:2]) if narrow else s.visit)  # narrow: "visit 2/3"; tight: "2/3"
             parts.append(esc(visit))
@@ -88,7 +91,7 @@ class StatusBar(Widget):
                 parts.append(f"GPU ◆ [b]{esc(s.where)}[/b]")
         if s.phase:
             parts.append(f"[b]{esc(s.phase)}[/b]" if narrow else f"phase [b]{esc(s.phase)}[/b]")
-        if not s.fleet:
+        if not s.fleet and lean < 1:
             parts.append(f"ep {s.epoch}" if narrow else f"epoch {s.epoch}")
         badges = " ".join(f"[reverse $warning] {esc(_short(b) if narrow else b)} [/]" for b in s.badges)
         return Content.from_markup(" │ ".join(parts) + ("  " + badges if badges else ""))

@@ -1,0 +1,56 @@
+"""Wiring a run's holder attestation (issue 22 item 5) onto its links, before its agents start.
+
+Apart from ``holder_attest`` (the attestor itself, which the framed link uses) so that neither that module
+nor the links need to know each other or the engine: this one knows the link types and the run's parts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from gputravel.core.config import RunSettings
+from gputravel.core.deviceclient.client import DeviceClient
+from gputravel.core.protocol.holderlink import Verdict
+from gputravel.core.travel.audit import Audit
+from gputravel.core.travel.framed_link import FramedHolderLink
+from gputravel.core.travel.holder_attest import HolderAttestor, SimCvm, holder_args
+from gputravel.core.travel.holders import HolderLink
+from gputravel.core.travel.local_link import LocalHolderLink
+from gputravel.core.travel.visits import Itinerary
+
+__all__ = ["attach"]
+
+
+def attach(*, out_dir: Path, run_id: str, settings: RunSettings, links: Mapping[str, HolderLink], audit: Audit,
+           walk: Itinerary, client: Callable[[], DeviceClient]) -> HolderAttestor:
+    """Wire a run's holder attestation (before its agents start): the SIM CVM of the run's platform folder,
+    the attestor on every framed link, local agents started attesting, each verdict in the ledger and in the
+    record of the visit walked (``walk.current``). ``client`` gives the device session's client now."""
+    platform_dir = Path(out_dir) / "platform"
+    attestor = HolderAttestor(run_id=run_id, cvm=SimCvm.load(platform_dir), client=client,
+                              inject=settings.holder_inject)
+
+    def on_verdict(holder: str, verdict: Verdict) -> None:
+        claim = verdict.failed_claim
+        report = verdict.report()
+        audit.row("holder-attestation", phase="PROVISION", holder=holder, epoch=verdict.epoch,
+                  outcome="ok" if verdict.ok else "refused", duration_s=verdict.ms / 1e3,
+                  detail={"claim": claim, **report})
+        rec = walk.current
+        if rec is not None and rec.plan.holder == holder:
+            if rec.holder_attestation is not None and rec.holder_attestation.get("ms") is not None:
+                report["ms"] = round(report["ms"] + rec.holder_attestation["ms"], 3)  # several keys a visit
+            rec.holder_attestation = report
+            if claim is not None:
+                rec.holder_refusals.append(claim)
+
+    same_host = settings.transport in ("local", "ssh")  # the embedded SSH server runs on this host
+    for link in links.values():
+        if isinstance(link, FramedHolderLink):
+            link.attestor, link.on_verdict = attestor, on_verdict
+        # local agents and the embedded server's pin the SIM platform's files; an inventory host's agent pins
+        # its operator's own (``SshHolderLink.attest_files``) or does not attest
+        if (isinstance(link, LocalHolderLink) or same_host) and getattr(link, "attest_files", False) is None:
+            link.attest_files = holder_args(platform_dir)  # type: ignore[attr-defined]
+    return attestor

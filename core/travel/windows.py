@@ -1,0 +1,174 @@
+"""A visit's hand-off windows: HANDOFF, PROVISION and RETURN over the run's device session.
+
+A visit's window is cut into sub-windows, one provisioning key each (a key's nonce budget,
+``handoff.sub_windows``). HANDOFF opens the first for a holder that is verified-ready; PROVISION has the holder
+write its ciphertext into each in turn (closing one and handing over the next key when a key's budget is
+spent; a lost link resumes from the last contiguous chunk); RETURN closes the last, and the holder's keys are
+dead. Every key is a new epoch of the device session; at ``--epoch-limit`` the session is re-keyed first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gputravel.core import events as ev
+from gputravel.core.config import RunSettings
+from gputravel.core.errors import LinkLostError, ProtocolError
+from gputravel.core.protocol.deviceanswers import WindowStatus
+from gputravel.core.travel import handoff as ho
+from gputravel.core.travel.audit import Audit
+from gputravel.core.travel.control import Control
+from gputravel.core.travel.device_session import DeviceSession
+from gputravel.core.travel.holders import Handoff, HolderInfo, HolderLink
+from gputravel.core.travel.phases import Phase
+from gputravel.core.travel.visits import Itinerary, VisitRecord
+
+__all__ = ["HandoffWindows", "Visit"]
+
+#: one phase's outcome for its PhaseCompleted event and ledger row: (bytes, detail)
+Outcome = tuple[int, dict[str, Any]]
+
+
+@dataclass(slots=True)
+class Visit:
+    """What one visit's phases hand each other: its record, its holder's link, its sub-windows, the open one."""
+
+    rec: VisitRecord
+    link: HolderLink
+    subs: list[tuple[int, int]]
+    handoff: Handoff | None = None
+    window_open: bool = False
+
+
+class HandoffWindows:
+    """The run's hand-off windows (one instance per run). ``rejected`` counts the device's rejections by code."""
+
+    def __init__(self, *, device: DeviceSession, audit: Audit, walk: Itinerary, settings: RunSettings,
+                 infos: MutableMapping[str, HolderInfo], rekey: Callable[[str], Awaitable[None]],
+                 control: Control, emit: Callable[[ev.Event], None]) -> None:
+        self.device = device
+        self.control = control
+        self.emit = emit
+        self.audit = audit
+        self.walk = walk
+        self.settings = settings
+        self.infos = infos
+        self._rekey = rekey
+        self.rejected: Counter[str] = Counter()
+
+    def start(self, rec: VisitRecord, link: HolderLink) -> Visit:
+        s = self.settings
+        return Visit(rec, link, ho.sub_windows(rec.plan.window_len, chunk_size=s.chunk_size,
+                                               key_chunk_budget=s.key_chunk_budget))
+
+    # --- the phases ----------------------------------------------------------------------------------------
+    async def handoff(self, v: Visit) -> Outcome:
+        """A provisioning key for this window and epoch only, for a holder that is verified-ready."""
+        await self.require_ready(v.link)
+        v.handoff = await self.open(v.rec, v.subs[0])
+        v.window_open = True
+        return 0, {"window": [0, v.rec.plan.window_len], "part": v.rec.plan.part_id, "n_windows": len(v.subs)}
+
+    async def provision(self, v: Visit) -> Outcome:
+        """Ciphertext from the holder straight into the buffer window, one key per sub-window."""
+        rec, plan = v.rec, v.rec.plan
+        chunk_size = self.settings.chunk_size
+        n_chunks = -(-plan.window_len // chunk_size)
+        acked = [0]
+
+        def progress(_seq: int) -> None:
+            self.control.check_cancelled()  # a cancel lands between two acknowledged chunks
+            acked[0] += 1
+            if acked[0] == n_chunks or acked[0] % 4 == 0:
+                done = min(plan.window_len, acked[0] * chunk_size)
+                self.audit.emit(ev.ProvisionProgressed(time.time(), plan.index, plan.holder, rec.epoch, done,
+                                                       plan.window_len))
+
+        def rejected(seq: int | None, code: str, reason: str) -> None:
+            self.rejected[code] += 1
+            rec.rejected[code] = rec.rejected.get(code, 0) + 1
+            epoch = self.device.epoch
+            self.audit.record(ev.ChunkRejected(time.time(), plan.index, plan.holder, epoch, seq, code, reason),
+                              "chunk-rejected", phase="PROVISION", holder=plan.holder, epoch=epoch,
+                              outcome=code, detail={"seq": seq, "reason": reason})
+
+        def resumed(exc: LinkLostError, attempt: int, status: WindowStatus) -> None:
+            self.audit.record(ev.ProvisionResumed(time.time(), plan.index, plan.holder, rec.epoch,
+                                                  status.contiguous, attempt),
+                              "provision-interrupted", phase="PROVISION", holder=plan.holder, epoch=rec.epoch,
+                              key_fp=rec.key_fingerprint, nbytes=status.bytes, outcome="link-lost",
+                              detail={"error": exc.reason, "resume_from": status.contiguous, "attempt": attempt})
+
+        total_s = 0.0
+        assert v.handoff is not None
+        for i, sub in enumerate(v.subs):
+            if i:  # the previous key's nonce budget is spent: close its window, hand over the next key
+                await self.close(rec, v.handoff, sub_total=v.subs[i - 1][1])
+                await self.control.between_steps(Phase.PROVISION, self.emit,
+                                                 where=f"PROVISION key {i}/{len(v.subs)}")
+                v.handoff = await self.open(rec, sub)
+            handle = self.device.handle
+            stats = await ho.provision(self.device.client, v.link, v.handoff, device_socket=handle.socket_path,
+                                       endpoint=ho.data_endpoint(handle, data_path=self.settings.data_path,
+                                                                 transport=self.settings.transport),
+                                       on_progress=progress, on_reject=rejected, on_resume=resumed)
+            total_s += stats.seconds
+            rec.retransmits += stats.retransmits
+        rec.provision_s = total_s
+        return plan.window_len, {"mb_s": round(plan.window_len / max(total_s, 1e-9) / 1e6, 2),
+                                 "retransmits": rec.retransmits}
+
+    async def return_(self, v: Visit) -> Outcome:
+        """The holder's key dies."""
+        rec = v.rec
+        assert v.handoff is not None
+        await self.close(rec, v.handoff, sub_total=v.subs[-1][1])
+        v.window_open = False
+        v.handoff = None
+        if rec.bytes != rec.plan.window_len:
+            raise ProtocolError(f"holder returned with {rec.bytes} of {rec.plan.window_len} bytes provisioned")
+        return rec.bytes, {"chunks": rec.chunks}
+
+    # --- one window ------------------------------------------------------------------------------------------
+    async def require_ready(self, link: HolderLink) -> None:
+        """No key to a holder that is not verified-ready: one whose agent or session died while it waited
+        is brought back first (the link marks it offline, reconnects with backoff and verifies the agent's
+        hash again); if it does not come back, the visit fails here, before any window is opened."""
+        if link.ready:
+            return
+        info = await link.ensure_ready()
+        if not link.ready:
+            raise LinkLostError(link.name, f"not verified-ready ({getattr(link, 'state', '?')}); no key released")
+        if info is not None:
+            self.infos[link.name] = info
+
+    async def open(self, rec: VisitRecord, sub: tuple[int, int]) -> Handoff:
+        """A new epoch and a provisioning key for bytes [skip, skip+length) of the visit's window."""
+        epoch = self.device.epoch + 1
+        limit = self.settings.epoch_limit
+        if limit and epoch - self.device.epoch_base > limit:
+            await self._rekey(f"epoch limit {limit} reached")
+        skip, length = sub
+        plan = rec.plan
+        handoff, key_fp = await ho.open_window(
+            self.device.client, epoch=epoch, skip=skip, length=length, chunk_size=self.settings.chunk_size,
+            train=(plan.train_start, plan.train_len), val=(plan.val_start, plan.val_len),
+            conventional=self.settings.data_path == "conventional", ledger_head=None)
+        self.device.epoch = epoch
+        if not rec.key_fingerprint:
+            rec.epoch, rec.key_fingerprint = epoch, key_fp
+        else:
+            self.audit.row("key-handed-over", phase="PROVISION", holder=rec.plan.holder, epoch=epoch, key_fp=key_fp,
+                           nbytes=length, detail={"visit": rec.plan.index, "skip": skip})
+        return replace(handoff, ledger_head=self.audit.head())  # the head after this hand-off's own rows
+
+    async def close(self, rec: VisitRecord, handoff: Handoff, *, sub_total: int) -> None:
+        closed = await ho.close_window(self.device.client, handoff)
+        self.audit.rejections({str(handoff.epoch): closed.rejected_in_window}, self.walk.records)
+        rec.bytes += closed.bytes
+        rec.chunks += closed.chunks
+        ho.require_complete(closed, sub_total)
