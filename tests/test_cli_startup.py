@@ -18,7 +18,7 @@ from gputravel.core.recording import Recorder
 PROBE = """
 import json, sys
 sys.argv = ["gputravel", *json.loads(sys.argv[1])]
-from gputravel.console.cli.main import main as cli
+from gputravel.console.cli import main as cli
 try:
     cli.main()
 except SystemExit as exc:
