@@ -3,7 +3,7 @@
 * ``holder/``: what is deployed to a holder machine, and nothing else: the agent and its bundle
   (standard library, ``cryptography`` and ``gputravel.core.protocol`` only).
 * the orchestrator's side, the other modules here: ``deploy`` (SSH deployment and the SSH holder link),
-  ``fleet`` (links from an inventory or the embedded server), ``inventory`` (the holders file) and
+  ``ssh_links`` (links from an inventory or the embedded server), ``inventory`` (the holders file) and
   ``sshserver`` (the embedded loopback SSH server). They use asyncssh and the engine, never the console,
   and are never uploaded.
 

@@ -1,115 +1,23 @@
-"""The engine's public face for the CLI and the console: build a run, drive it, read its events."""
+"""The engine's public face for the CLI and the console: build a run, drive it, read its events.
+
+Runs are composed in one place, :mod:`gputravel.core.compose`; this module re-exports its entry points."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-from collections.abc import Callable, Iterable
-from pathlib import Path
-from typing import Any
-
+from gputravel.core.compose import (
+    Entries,
+    RunTelemetryPlan,
+    build_engine,
+    local_links,
+    resolve_holder_dirs,
+    resume_settings,
+    run,
+    tcp_data_host,
+)
 from gputravel.core.config import RunSettings
-from gputravel.core.errors import ConfigError, DataError
 from gputravel.core.events import Event
 from gputravel.core.ledger import VerifyResult, verify_ledger
-from gputravel.core.platform.emulated import EmulatedPlatform
 from gputravel.core.travel.engine import TravelEngine
-from gputravel.core.travel.holders import HolderLink
-from gputravel.core.travel.local_link import LocalHolderLink
 
-__all__ = ["RunSettings", "TravelEngine", "build_engine", "resume_settings", "run", "resolve_holder_dirs", "verify_ledger",
-           "VerifyResult", "Event"]
-
-
-def resolve_holder_dirs(settings: RunSettings) -> list[tuple[str, Path]]:
-    """Holder folders: ``--data DIR`` (one subfolder per holder) or the embedded Shakespeare corpus."""
-    from gputravel.core.training.corpus import fetch_corpus, validate_data_dir
-
-    root = settings.data_dir if settings.data_dir is not None else fetch_corpus(holders=settings.holders)
-    specs = validate_data_dir(Path(root))
-    if settings.data_dir is not None and len(specs) < settings.holders:
-        raise DataError(f"{root} has {len(specs)} holder folders; --holders asks for {settings.holders}")
-    return [(spec.name, spec.path) for spec in specs[: settings.holders]]
-
-
-def _program_factory(settings: RunSettings) -> Callable[..., dict[str, Any]]:
-    from gputravel.core.training.model import preset_for_tokens
-    from gputravel.core.training.tokens import vocab_size
-    from gputravel.core.training.trainer import TrainSettings
-
-    def make(*, fmt: str, total_steps: int) -> dict[str, Any]:
-        model = preset_for_tokens(settings.model, vocab_size(fmt))
-        if settings.init_from is not None:  # pretrained weights: the file's shape, not the preset's
-            from gputravel.core.training.weights import read_config
-
-            model = read_config(settings.init_from)
-            if model.vocab_size < vocab_size(fmt):
-                raise ConfigError(f"--init-from {settings.init_from}: its vocabulary of {model.vocab_size} does "
-                                  f"not cover the holders' {fmt} tokens ({vocab_size(fmt)})")
-        if settings.seq_len > model.block_size:
-            raise ConfigError(f"seq-len {settings.seq_len} exceeds the model's block size {model.block_size}")
-        train = TrainSettings(steps_per_visit=settings.steps_per_visit, batch_size=settings.batch_size,
-                              seq_len=settings.seq_len, lr=settings.lr, seed=settings.seed, total_steps=total_steps)
-        return {"program": "gputravel.gpt2/v1", "model": model.to_dict(), "train": train.to_dict()}
-
-    return make
-
-
-def resume_settings(out_dir: Path, **overrides: Any) -> RunSettings:
-    """The settings a run in ``out_dir`` started with (``--resume`` continues exactly that run)."""
-    from gputravel.core.runfolder import read_settings
-
-    saved = read_settings(Path(out_dir))
-    return RunSettings.from_dict(saved, out_dir=Path(out_dir), resume=True, **overrides)
-
-
-def build_engine(settings: RunSettings, *, links: Iterable[HolderLink] | None = None,
-                 platform_type: Callable[..., EmulatedPlatform] = EmulatedPlatform,
-                 engine_type: Callable[..., TravelEngine] = TravelEngine, **engine_kw: Any) -> TravelEngine:
-    """Start the (emulated) device service and wire a run; the caller awaits ``engine.run()``.
-
-    ``platform_type`` and ``engine_type`` (with its extra ``engine_kw``) are where a fleet rank plugs in
-    its own device entry point and engine (``core/fleet``)."""
-    from gputravel.core.runfolder import saved_settings, verify_run_folder
-    from gputravel.core.training.store import CheckpointStore, load_or_create_key
-
-    out = Path(settings.out_dir)
-    if out.exists() and (out / "ledger.db").exists() and not settings.resume:
-        raise ConfigError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
-    if settings.resume:
-        verify_run_folder(out)  # everything the resume builds on, before anything is started or appended
-    out.mkdir(parents=True, exist_ok=True)
-    if not settings.resume:
-        (out / "settings.json").write_text(json.dumps(saved_settings(settings), indent=2) + "\n")
-    if links is None:
-        links = [LocalHolderLink(name, path, val_fraction=settings.val_fraction)
-                 for name, path in resolve_holder_dirs(settings)]
-    key = load_or_create_key(out / "keys" / "checkpoint.key")
-    store = CheckpointStore(out / "checkpoints", key, keep=settings.keep_checkpoints)
-    platform = platform_type(out / "platform", device=settings.device, cc_mode=settings.cc_mode,
-                             allow_fault_injection=settings.allow_fault_injection,
-                             torch_threads=settings.torch_threads, data_host=tcp_data_host(settings),
-                             cipher_engine=settings.cipher_engine, log_path=out / "device.log")
-    handle = platform.start(buffer_bytes=settings.buffer_bytes)
-    return engine_type(settings=settings, device=handle, links=list(links), out_dir=out, checkpoint_store=store,
-                       make_program=_program_factory(settings),
-                       restart_device=lambda: platform.start(buffer_bytes=settings.buffer_bytes), **engine_kw)
-
-
-def tcp_data_host(settings: RunSettings) -> str:
-    """The address the device's TCP data port binds to, or ``""`` for no TCP listener at all: only holders on
-    other hosts (an inventory on the direct path) need it; same-host holders reach the device's private Unix
-    socket, so a same-host run offers other local users no port to reach."""
-    return settings.data_host if settings.transport == "inventory" and settings.data_path == "direct" else ""
-
-
-async def run(settings: RunSettings, *, sinks: Iterable[Callable[[Event], None]] = (),
-              links: Iterable[HolderLink] | None = None) -> dict[str, Any]:
-    """Build and run one training run; returns the JSON-able report."""
-    engine = await asyncio.to_thread(build_engine, settings, links=links)
-    engine.sinks.extend(sinks)
-    try:
-        report: dict[str, Any] = await engine.run()
-        return report
-    finally:
-        await engine.aclose()
+__all__ = ["Entries", "Event", "RunSettings", "RunTelemetryPlan", "TravelEngine", "VerifyResult", "build_engine",
+           "local_links", "resolve_holder_dirs", "resume_settings", "run", "tcp_data_host", "verify_ledger"]

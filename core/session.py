@@ -1,6 +1,6 @@
 """A console-friendly facade over the engine: one run's lifetime (build off the event loop, drive, stop)
 and the device counters the telemetry samples read. (The console's view model of a run lives in
-``gputravel.console.view_model``.)
+the console.)
 """
 
 from __future__ import annotations

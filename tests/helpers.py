@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gputravel.console.entries import ENTRIES
 from gputravel.core.api import build_engine
 from gputravel.core.config import RunSettings
 from gputravel.core.travel.engine import TravelEngine
@@ -79,7 +80,7 @@ def assert_no_leaked_processes(timeout: float = 5.0) -> None:
 @contextlib.asynccontextmanager
 async def started(settings: RunSettings, links: list[Any] | None = None) -> AsyncIterator[TravelEngine]:
     """``build_engine`` plus the clean-up ``api.run`` does, so a test can reach the engine itself."""
-    engine = await asyncio.to_thread(build_engine, settings, links=links)
+    engine = await asyncio.to_thread(build_engine, settings, links=links, entries=ENTRIES)
     try:
         yield engine
     finally:

@@ -28,19 +28,15 @@ from gputravel.core.bench.data import make_holders
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import ConfigError, GpuTravelError
 from gputravel.core.fleet.rank import FLEET_VARIANTS, FleetOptions
-from gputravel.core.fleet.run import launch_fleet
 from gputravel.core.machine import machine_info
 
 __all__ = ["DEFAULT_VARIANTS", "Launch", "row_from_report", "study"]
 
 DEFAULT_VARIANTS = ("secure_pipelined", "plain")
 
-#: one fleet run: ``launch(settings, fleet) -> report`` (``core.fleet.run.launch_fleet``)
+#: one fleet run: ``launch(settings, fleet) -> report`` (``core.fleet.run.launch_fleet`` with the caller's rank
+#: entry, quiet)
 Launch = Callable[[RunSettings, FleetOptions], dict[str, Any]]
-
-
-def _quiet_launch(settings: RunSettings, fleet: FleetOptions) -> dict[str, Any]:
-    return launch_fleet(settings, fleet, quiet=True)
 
 
 def row_from_report(report: dict[str, Any], *, gpus: int, variant: str) -> dict[str, Any]:
@@ -59,7 +55,7 @@ def row_from_report(report: dict[str, Any], *, gpus: int, variant: str) -> dict[
 
 def study(gpus: Sequence[int], *, workdir: Path, variants: Sequence[str] = DEFAULT_VARIANTS, holders: int = 4,
           holder_kib: int = 96, steps_per_visit: int = 4, batch_size: int = 8, seq_len: int = 64,
-          model: str = "tiny", repeats: int = 1, launch: Launch = _quiet_launch,
+          model: str = "tiny", repeats: int = 1, launch: Launch,
           on_progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
     """Run the fleet for every (N, variant), ``repeats`` times (the run with the median tokens/s is the row),
     and return the JSON-able result."""

@@ -28,6 +28,7 @@ from typing import Any
 
 from gputravel.core.bench.data import make_dataset
 from gputravel.core.deviceclient.client import DeviceClient
+from gputravel.core.entries import Entries
 from gputravel.core.machine import machine_info
 from gputravel.core.platform.emulated import EmulatedPlatform
 from gputravel.core.travel import handoff as ho
@@ -97,7 +98,7 @@ def _start_attacker(connections: int, targets: list[str]) -> subprocess.Popen[st
     return proc
 
 
-async def sitting(*, size: int, chunk: int, handoffs: int, workdir: Path, path: str,
+async def sitting(*, size: int, chunk: int, handoffs: int, workdir: Path, path: str, entries: Entries,
                   hostile: int = 0) -> dict[str, Any]:
     """One sitting: ``handoffs`` hand-offs of ``size`` bytes; with ``hostile`` attacker connections on each
     of the device's listeners for all of it."""
@@ -117,7 +118,7 @@ async def sitting(*, size: int, chunk: int, handoffs: int, workdir: Path, path: 
                 targets.append(f"{handle.data_host}:{handle.data_port}")
             attacker = _start_attacker(hostile, targets)
             await asyncio.sleep(1.0)  # every listener's budget of strangers is full before the first hand-off
-        link = LocalHolderLink("honest", data)
+        link = LocalHolderLink("honest", data, agent=entries.agent())
         await link.start()
         endpoint = ho.data_endpoint(handle, data_path="direct",
                                     transport="inventory" if path == "direct-tcp" else "local")
@@ -154,12 +155,13 @@ async def sitting(*, size: int, chunk: int, handoffs: int, workdir: Path, path: 
 
 
 def hostile_study(*, connections: int, size_mib: int, chunk_kib: int, handoffs: int, workdir: Path,
-                  path: str = "direct-tcp") -> dict[str, Any]:
+                  entries: Entries, path: str = "direct-tcp") -> dict[str, Any]:
     """The quiet sitting, then the hostile one, on the same machine; the ratio of their rates."""
     size, chunk = size_mib << 20, chunk_kib << 10
-    quiet = asyncio.run(sitting(size=size, chunk=chunk, handoffs=handoffs, workdir=workdir, path=path))
+    quiet = asyncio.run(sitting(size=size, chunk=chunk, handoffs=handoffs, workdir=workdir, path=path,
+                                entries=entries))
     loud = asyncio.run(sitting(size=size, chunk=chunk, handoffs=handoffs, workdir=workdir, path=path,
-                               hostile=connections))
+                               entries=entries, hostile=connections))
     return {"benchmark": "hostile", "machine": machine_info(), "path": path, "size_mib": size_mib,
             "chunk_kib": chunk_kib, "connections": connections,
             "attacker_uid": NOBODY if os.getuid() == 0 else os.getuid(),

@@ -13,8 +13,9 @@ the protocol's own cost. Reported:
 * peak memory: resident set of the orchestrator, the device service, the SSH server and the agents
   (every process under this one, sampled from /proc).
 
-The SSH server and its links come from the caller (``HolderFleet``): core knows nothing of SSH.
-Helpers here (data, /proc sampling, the probed engine) are shared with ``bench soak``.
+The SSH server and its links come from the caller (``HolderServer``): core knows nothing of SSH; the
+programs' names (to tell the agents' processes apart) come with the caller's ``Entries``.
+Helpers here (data, /proc sampling, the probed run) are shared with ``bench soak``.
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ import random
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 from gputravel.core import events as ev
 from gputravel.core.config import RunSettings
+from gputravel.core.entries import Entries
 from gputravel.core.machine import machine_info
 from gputravel.core.travel.engine import TravelEngine
 from gputravel.core.travel.holders import HolderLink, HolderState
@@ -89,7 +91,7 @@ def anon_rss(pid: int | None) -> int:
     return 0
 
 
-def _role(pid: int, root: int) -> str:
+def _role(pid: int, root: int, roles: Mapping[str, str]) -> str:
     if pid == root:
         return "orchestrator"
     try:
@@ -99,10 +101,9 @@ def _role(pid: int, root: int) -> str:
         return "other"
     if b"gputravel.core.device" in cmd:
         return "device"
-    if b"gputravel.agents.holder" in cmd:
-        return "agents"
-    if b"gputravel.agents.sshserver" in cmd:
-        return "ssh_server"
+    for marker, role in roles.items():  # the caller's programs (Entries.process_roles)
+        if marker.encode() in cmd:
+            return role
     return "other"
 
 
@@ -127,12 +128,13 @@ def process_tree(root: int) -> list[int]:
     return out
 
 
-def memory_by_role(root: int | None = None) -> dict[str, int]:
-    """Resident bytes of this process tree, summed per role (shared pages count once per process)."""
+def memory_by_role(root: int | None = None, *, roles: Mapping[str, str] | None = None) -> dict[str, int]:
+    """Resident bytes of this process tree, summed per role (shared pages count once per process); ``roles``:
+    a command-line marker -> role, for the programs the caller starts (``Entries.process_roles``)."""
     root = os.getpid() if root is None else root
     by: dict[str, int] = {}
     for pid in process_tree(root):
-        role = _role(pid, root)
+        role = _role(pid, root, roles or {})
         by[role] = by.get(role, 0) + rss(pid)
     by["total"] = sum(by.values())
     return by
@@ -141,8 +143,9 @@ def memory_by_role(root: int | None = None) -> dict[str, int]:
 class MemorySampler:
     """Samples ``memory_by_role`` in a thread; keeps each role's peak and the peak of the total."""
 
-    def __init__(self, interval: float = 0.1) -> None:
+    def __init__(self, interval: float = 0.1, *, roles: Mapping[str, str] | None = None) -> None:
         self.interval = interval
+        self.roles = dict(roles or {})
         self.peak: dict[str, int] = {}
         self.samples = 0
         self._stop = threading.Event()
@@ -154,7 +157,7 @@ class MemorySampler:
             self._stop.wait(self.interval)
 
     def sample(self) -> dict[str, int]:
-        now = memory_by_role()
+        now = memory_by_role(roles=self.roles)
         for role, n in now.items():
             self.peak[role] = max(self.peak.get(role, 0), n)
         self.samples += 1
@@ -217,27 +220,27 @@ def cost_summary(costs: list[dict[str, float]]) -> dict[str, Any]:
     }
 
 
-async def run_probed(settings: RunSettings, *, links: list[HolderLink] | None,
+async def run_probed(settings: RunSettings, *, links: list[HolderLink] | None, entries: Entries | None = None,
                      sinks: Iterable[Callable[[ev.Event], None]] = (),
                      on_engine: Callable[[TravelEngine], None] | None = None
                      ) -> tuple[dict[str, Any], LoadProbe, TravelEngine]:
-    """``api.run`` with a ``LoadProbe`` on the engine's probe hook: (report, probe, engine)."""
-    from gputravel.core import api
+    """The composed run (``core.compose.run``) with a ``LoadProbe`` on the engine's probe hook:
+    (report, probe, engine)."""
+    from gputravel.core import compose
 
-    engine = await asyncio.to_thread(api.build_engine, settings, links=links)
     probe = LoadProbe()
-    engine.probes.append(probe)
-    engine.sinks.extend(sinks)
-    if on_engine is not None:
-        on_engine(engine)
-    try:
-        report = await engine.run()
-    finally:
-        await engine.aclose()
-    return report, probe, engine
+    built: list[TravelEngine] = []
+
+    def seen(engine: TravelEngine) -> None:
+        built.append(engine)
+        if on_engine is not None:
+            on_engine(engine)
+
+    report = await compose.run(settings, links=links, entries=entries, sinks=sinks, probes=[probe], on_engine=seen)
+    return report, probe, built[0]
 
 
-class HolderFleet(Protocol):
+class HolderServer(Protocol):
     """Holders reached over SSH, started by the caller (the console wires the embedded SSH server)."""
 
     def start(self) -> list[HolderLink]:
@@ -247,15 +250,17 @@ class HolderFleet(Protocol):
     def stop(self) -> None: ...
 
 
-#: (holders as (name, data folder), a private work folder or None for a temporary one) -> their fleet
-FleetFactory = Callable[[list[tuple[str, Path]], Path | None], HolderFleet]
+#: (holders as (name, data folder), a private work folder or None for a temporary one) -> their server
+HolderServerFactory = Callable[[list[tuple[str, Path]], Path | None], HolderServer]
 
 
 # --- bench load ------------------------------------------------------------------------------------
 async def load(*, holders: int, rounds: int, holder_kib: int, steps_per_visit: int, workdir: Path,
-               fleet: FleetFactory, on_deployed: Callable[[], None] | None = None,
+               server: HolderServerFactory, entries: Entries = Entries(),
+               on_deployed: Callable[[], None] | None = None,
                on_visit: Callable[[], None] | None = None) -> dict[str, Any]:
-    """Run the study; ``on_deployed`` / ``on_visit`` tick once per holder ready and per visit ended."""
+    """Run the study; ``on_deployed`` / ``on_visit`` tick once per holder ready and per visit ended;
+    ``entries``: the caller's programs (their processes' roles in the memory figures)."""
     data = write_holders(workdir / "data", holders, holder_kib * 1024)
     names = sorted(p.name for p in data.iterdir())
     settings = RunSettings(holders=holders, rounds=rounds, steps_per_visit=steps_per_visit, batch_size=4, seq_len=32,
@@ -270,16 +275,16 @@ async def load(*, holders: int, rounds: int, holder_kib: int, steps_per_visit: i
             if on_visit is not None:
                 on_visit()
 
-    server = fleet([(n, data / n) for n in names], _private(workdir / "ssh"))
+    ssh = server([(n, data / n) for n in names], _private(workdir / "ssh"))
     t0 = time.perf_counter()
-    with MemorySampler(0.1) as mem:
+    with MemorySampler(0.1, roles=dict(entries.process_roles)) as mem:
         try:
             t_srv = time.perf_counter()
-            links = await asyncio.to_thread(server.start)
+            links = await asyncio.to_thread(ssh.start)
             server_s = time.perf_counter() - t_srv
             report, probe, _engine = await run_probed(settings, links=links, sinks=[sink])
         finally:
-            server.stop()
+            ssh.stop()
         mem.sample()
     total_s = time.perf_counter() - t0
     costs = probe.visit_costs(report)

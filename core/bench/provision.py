@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from gputravel.core.bench.data import make_dataset
-from gputravel.core.bench.load import FleetFactory, HolderFleet
+from gputravel.core.bench.load import HolderServer, HolderServerFactory
 from gputravel.core.deviceclient.client import DeviceClient
+from gputravel.core.entries import Entries
 from gputravel.core.errors import DataError
 from gputravel.core.machine import aes_gcm_pair_rate, aes_gcm_rate, machine_info, ring_pipeline_rate
 from gputravel.core.platform.emulated import EmulatedPlatform
@@ -76,11 +77,12 @@ def _route(path: str) -> tuple[str, str]:
     return ("conventional" if path == "conventional" else "channel"), "local"
 
 
-async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdir: Path, fleet: FleetFactory,
-                       on_handoff: Callable[[], None] | None = None, parallel_auth: bool | None = None,
+async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdir: Path, server: HolderServerFactory,
+                       entries: Entries = Entries(), on_handoff: Callable[[], None] | None = None, parallel_auth: bool | None = None,
                        overlap: bool | None = None, probe: dict[str, Any] | None = None,
                        stages: list[dict[str, float]] | None = None, cipher_engine: str = "auto") -> list[float]:
-    """Seconds per hand-off of ``size`` bytes on ``path`` (direct | direct-tcp | ssh | local | conventional).
+    """Seconds per hand-off of ``size`` bytes on ``path`` (direct | direct-tcp | ssh | local | conventional);
+    the local agent is started with ``entries.holder_agent``, the SSH server by ``server``.
 
     With ``probe``, also the AES-GCM rate measured inside the device process after the hand-offs
     (``probe["device_aes_b_s"]``): it falls if anything in that process holds the GIL (issue 5's check
@@ -93,7 +95,7 @@ async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdi
         make_dataset(data, int(size / 0.9) + 64)  # the agent holds out 10% for validation
     handle = EmulatedPlatform(workdir / "platform", cipher_engine=cipher_engine).start(buffer_bytes=size)
     client = DeviceClient(handle.socket_path, anchors=handle.anchors)
-    server: HolderFleet | None = None
+    ssh: HolderServer | None = None
     times: list[float] = []
     data_path, transport = _route(path)
     try:
@@ -104,10 +106,10 @@ async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdi
             probe["cipher_engine"] = engine
         link: HolderLink
         if path == "local":
-            link = LocalHolderLink("bench", data)
+            link = LocalHolderLink("bench", data, agent=entries.agent())
         else:
-            server = fleet([("bench", data)], None)
-            link = (await asyncio.to_thread(server.start))[0]
+            ssh = server([("bench", data)], None)
+            link = (await asyncio.to_thread(ssh.start))[0]
         info = await link.start()
         if info.train_bytes < size:
             raise DataError(f"dataset too small: {info.train_bytes} < {size}")
@@ -138,16 +140,16 @@ async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdi
             probe["rings"] = rings
             probe["device_aes_b_s"] = (await asyncio.to_thread(client.aes_rate, chunk=chunk)).bytes_per_s
     finally:
-        if server is not None:
-            server.stop()
+        if ssh is not None:
+            ssh.stop()
         client.close()
         handle.stop()
     return times
 
 
 def paths_study(paths: list[str], *, size_mib: int, chunk_kib: int, repeats: int, workdir: Path,
-                fleet: FleetFactory, progress: ProgressFactory | None = None,
-                cipher_engine: str = "auto") -> dict[str, Any]:
+                server: HolderServerFactory, entries: Entries = Entries(),
+                progress: ProgressFactory | None = None, cipher_engine: str = "auto") -> dict[str, Any]:
     """MB/s per data path, next to the single-core AES-GCM rate (standalone and inside the device);
     ``cipher_engine`` (auto, cpu, gpu) is who opens the chunks on the device, named in every row."""
     size, chunk = size_mib << 20, chunk_kib << 10
@@ -164,8 +166,8 @@ def paths_study(paths: list[str], *, size_mib: int, chunk_kib: int, repeats: int
         tick = progress(f"{p}: {repeats} × {size_mib} MiB", repeats) if progress else None
         probe: dict[str, Any] = {}
         per: list[dict[str, float]] = []
-        times = asyncio.run(measure_path(p, size=size, chunk=chunk, repeats=repeats, workdir=workdir, fleet=fleet,
-                                         on_handoff=tick, probe=probe, stages=per, cipher_engine=cipher_engine))
+        times = asyncio.run(measure_path(p, size=size, chunk=chunk, repeats=repeats, workdir=workdir, server=server,
+                                         entries=entries, on_handoff=tick, probe=probe, stages=per, cipher_engine=cipher_engine))
         in_device.append(probe["device_aes_b_s"])
         med = statistics.median(times)
         data_s = statistics.median(r["data_s"] for r in per)
@@ -210,8 +212,8 @@ def paths_study(paths: list[str], *, size_mib: int, chunk_kib: int, repeats: int
     return result
 
 
-def ablation_study(*, size_mib: int, chunk_kib: int, repeats: int, workdir: Path, fleet: FleetFactory,
-                   progress: ProgressFactory | None = None) -> dict[str, Any]:
+def ablation_study(*, size_mib: int, chunk_kib: int, repeats: int, workdir: Path, server: HolderServerFactory,
+                   entries: Entries = Entries(), progress: ProgressFactory | None = None) -> dict[str, Any]:
     """The Fastrack-style table: each optimisation on and off, the conventional path, a memory copy."""
     size, chunk = size_mib << 20, chunk_kib << 10
     rows: list[dict[str, Any]] = []
@@ -220,8 +222,8 @@ def ablation_study(*, size_mib: int, chunk_kib: int, repeats: int, workdir: Path
     for label, p, par, ovl in ABLATION:
         tick = progress(label, repeats) if progress else None
         seen: dict[str, Any] = {}
-        times = asyncio.run(measure_path(p, size=size, chunk=chunk, repeats=repeats, workdir=workdir, fleet=fleet,
-                                         on_handoff=tick, parallel_auth=par, overlap=ovl, probe=seen))
+        times = asyncio.run(measure_path(p, size=size, chunk=chunk, repeats=repeats, workdir=workdir, server=server,
+                                         entries=entries, on_handoff=tick, parallel_auth=par, overlap=ovl, probe=seen))
         med = statistics.median(times)
         rows.append({"config": label, "path": p, "parallel_auth": par, "overlap": ovl,
                      "median_s": round(med, 6), "min_s": round(min(times), 6),

@@ -35,6 +35,7 @@ from gputravel.core.bench.load import (
 )
 from gputravel.core.bench.travel import ProgressFn
 from gputravel.core.config import RunSettings
+from gputravel.core.entries import Entries
 from gputravel.core.machine import machine_info
 from gputravel.core.travel.engine import TravelEngine
 from gputravel.core.travel.local_link import LocalHolderLink
@@ -86,9 +87,10 @@ def _deciles(series: list[float]) -> list[float]:
     return [_median(series[i * n // 10: (i + 1) * n // 10]) for i in range(10)] if n >= 10 else []
 
 
-async def soak(*, visits: int, holder_kib: int, workdir: Path,
+async def soak(*, visits: int, holder_kib: int, workdir: Path, entries: Entries,
                on_progress: ProgressFn | None = None) -> dict[str, Any]:
-    """Run the study; ``on_progress(total RSS, visits done, visits expected)`` follows it."""
+    """Run the study; ``on_progress(total RSS, visits done, visits expected)`` follows it; ``entries``: the
+    caller's programs (the local holder agent)."""
     rounds = math.ceil(visits / HOLDERS)
     expected = rounds * HOLDERS
     data = write_holders(workdir / "data", HOLDERS, holder_kib * 1024, seed=7)
@@ -109,7 +111,8 @@ async def soak(*, visits: int, holder_kib: int, workdir: Path,
             on_progress(f"{mib(row['total']):,.0f} MiB", len(samples), expected)
 
     t0 = time.perf_counter()
-    report, probe, _engine = await run_probed(settings, links=None, sinks=[sink], on_engine=engine_ref.append)
+    report, probe, _engine = await run_probed(settings, links=None, entries=entries, sinks=[sink],
+                                              on_engine=engine_ref.append)
     total_s = time.perf_counter() - t0
     costs = probe.visit_costs(report)
     d = max(1, len(costs) // 10)

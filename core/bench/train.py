@@ -2,7 +2,7 @@
 
 One study, two measurements of the same job in the same process tree, one after the other:
 
-* ``protocol``: a real ``gputravel run`` (the RunFn: the console's fleet) with ``--holders`` holders and
+* ``protocol``: a real ``gputravel run`` (the RunFn: the console's holder set) with ``--holders`` holders and
   ``--rounds`` rounds, ``--steps`` steps per visit. Its tokens per second are the tokens trained divided by
   the time of all the visits' phases (attestation, hand-off, provisioning, verification, training, scrub,
   rotation with its checkpoint's snapshot) and the wait after the last visit until its checkpoint is

@@ -59,7 +59,7 @@ VAL_SHARE = 0.1
 
 
 class RunFn(Protocol):
-    """One training run with its holders, returning the engine's report (``console.fleet.run``)."""
+    """One training run with its holders, returning the engine's report (``console.holders.run``)."""
 
     def __call__(self, settings: RunSettings, *, sinks: Iterable[Callable[[ev.Event], None]]
                  ) -> Coroutine[Any, Any, dict[str, Any]]: ...
@@ -197,7 +197,7 @@ def study(buffers: list[float | None], *, workdir: Path, run: RunFn, dataset_mib
           on_progress: ProgressFn | None = None) -> dict[str, Any]:
     """Run the study; returns the JSON-able result (``benchmark: travel``).
 
-    ``run`` runs one training run with its holders (the console's fleet: the embedded SSH server for
+    ``run`` runs one training run with its holders (the console's holder set: the embedded SSH server for
     ``transport="ssh"``); ``on_progress(description, visits done, visits expected)`` follows it."""
     if holders < 1:
         raise ConfigError("holders must be >= 1")

@@ -1,14 +1,13 @@
 """Running a fleet: the torchrun command line (launcher side) and one rank's run (worker side).
 
 ``launch_fleet`` writes ``<out>/fleet.json`` and runs torchrun's elastic launcher
-(``python -m torch.distributed.run``, c10d rendezvous) over ``entry`` (a module whose ``main`` reads that
-file and awaits :func:`run_rank`). Rank 0 merges the ranks' reports into ``<out>/report.json`` and keeps
+(``python -m torch.distributed.run``, c10d rendezvous) over ``entry``, the caller's rank module (whose
+``main`` reads that file and awaits :func:`run_rank`; core never names it: ``Entries.gpu_rank``). Rank 0 merges the ranks' reports into ``<out>/report.json`` and keeps
 the fleet ledger ``<out>/ledger.db``, which records every rank ledger's head.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gputravel.core.config import RunSettings
+from gputravel.core.entries import Entries
 from gputravel.core.errors import ConfigError, FleetDeviceLostError, GpuTravelError, error_from_code
 from gputravel.core.events import Event
 from gputravel.core.fleet.auth import fleet_key
@@ -32,13 +32,12 @@ from gputravel.core.fleet.rank import FleetEngine, FleetOptions, WorkerGroup
 from gputravel.core.fleet.verify import verify_fleet
 from gputravel.core.ledger import Ledger, verify_ledger
 from gputravel.core.telemetry.model import TelemetryFrame
-from gputravel.core.telemetry.recorded import TELEMETRY_INTERVAL_S, TelemetryLoop, rank_sampler
+from gputravel.core.telemetry.recorded import TELEMETRY_INTERVAL_S, rank_sampler
+from gputravel.core.travel.engine import TravelEngine
 from gputravel.core.travel.holders import HolderLink
 
 __all__ = ["Rendezvous", "launch_fleet", "load_config", "merge_reports", "run_rank", "torchrun_command",
            "verify_fleet"]
-
-ENTRY = "gputravel.console.fleet_rank"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,7 +60,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def torchrun_command(config: Path, *, gpus: int, rdzv: Rendezvous, entry: str = ENTRY) -> list[str]:
+def torchrun_command(config: Path, *, gpus: int, rdzv: Rendezvous, entry: str) -> list[str]:
     """The torchrun command line of a fleet of ``gpus`` ranks over ``rdzv.nnodes`` hosts."""
     if gpus % rdzv.nnodes:
         raise ConfigError(f"--gpus {gpus} does not split evenly over --nnodes {rdzv.nnodes}")
@@ -82,10 +81,12 @@ def load_config(path: Path) -> tuple[RunSettings, FleetOptions]:
         raise ConfigError(f"fleet config {path}: {exc}") from None
 
 
-def launch_fleet(settings: RunSettings, fleet: FleetOptions, *, rdzv: Rendezvous = Rendezvous(),
-                 entry: str = ENTRY, env: dict[str, str] | None = None, quiet: bool = False) -> dict[str, Any]:
-    """Run the fleet under torchrun and return rank 0's merged report; a failed job raises the ranks'
-    typed error (each rank leaves ``<out>/rank-R/report.json`` with its error)."""
+def launch_fleet(settings: RunSettings, fleet: FleetOptions, *, entry: str, rdzv: Rendezvous = Rendezvous(),
+                 env: dict[str, str] | None = None, quiet: bool = False) -> dict[str, Any]:
+    """Run the fleet under torchrun (``entry``: the module each rank runs) and return rank 0's merged report;
+    a failed job raises the ranks' typed error (each rank leaves ``<out>/rank-R/report.json`` with its error)."""
+    if not entry:
+        raise ConfigError("a fleet needs the module each rank runs (Entries.gpu_rank)")
     out = Path(settings.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     fleet_key(out, create=True)  # what the ranks authenticate their messages with (never through the store)
@@ -168,7 +169,7 @@ def _stderr_fd() -> int | None:
 
 
 async def run_rank(settings: RunSettings, fleet: FleetOptions, *, links: Iterable[HolderLink] | None = None,
-                   sinks: Iterable[Callable[[Event], None]] = (),
+                   entries: Entries | None = None, sinks: Iterable[Callable[[Event], None]] = (),
                    telemetry: Callable[[TelemetryFrame], None] | None = None,
                    telemetry_interval: float = TELEMETRY_INTERVAL_S) -> dict[str, Any] | None:
     """This torchrun rank's part: start its device, run its share, exchange reports; rank 0 returns the
@@ -177,8 +178,7 @@ async def run_rank(settings: RunSettings, fleet: FleetOptions, *, links: Iterabl
     with the final counters before the device stops."""
     import torch
 
-    from gputravel.core import api
-    from gputravel.core.session import Session
+    from gputravel.core import compose
 
     out = Path(settings.out_dir)
     group = WorkerGroup(key=fleet_key(out), timeout_s=fleet.timeout_s)
@@ -197,27 +197,21 @@ async def run_rank(settings: RunSettings, fleet: FleetOptions, *, links: Iterabl
     error: GpuTravelError | None = None
     report: dict[str, Any] | None = None
     engine: FleetEngine | None = None
-    sampling: TelemetryLoop | None = None
+    def built(made: TravelEngine) -> None:
+        nonlocal engine
+        assert isinstance(made, FleetEngine)
+        engine = made
+
+    # this rank's device (and its own CUDA device's NVML), as a single run does, with the final counters
+    plan = (compose.RunTelemetryPlan(record=telemetry, interval=telemetry_interval, sampler=rank_sampler(device),
+                                     final=True, name=f"fleet-telemetry-{group.rank}")
+            if telemetry is not None else None)
     try:
-        built = await asyncio.to_thread(api.build_engine, rsettings, links=links, platform_type=platform,
-                                        engine_type=FleetEngine, fleet=fleet, group=group)
-        assert isinstance(built, FleetEngine)
-        engine = built
-        engine.sinks.extend(sinks)
-        if telemetry is not None:  # this rank's device (and its own CUDA device's NVML), as a single run does
-            feed = Session(lambda: built)
-            feed.build()
-            sampling = TelemetryLoop(feed, telemetry, interval=telemetry_interval, sampler=rank_sampler(device))
-            engine.sinks.append(sampling.tracker)
-            sampling.start(name=f"fleet-telemetry-{group.rank}")
-        report = await engine.run()
+        report = await compose.run(rsettings, links=links, entries=entries, sinks=sinks, on_engine=built,
+                                   telemetry=plan, platform_type=platform, engine_type=FleetEngine, fleet=fleet,
+                                   group=group)
     except GpuTravelError as exc:
         error = exc
-    finally:
-        if sampling is not None:
-            await sampling.stop(final=report is not None)  # the final counters, while the device answers
-        if engine is not None:
-            await engine.aclose()
     mine = report if report is not None else {
         "error": {"code": error.code if error else "error", "reason": error.reason if error else "?"},
         "gpu": {"rank": group.rank, "device_id": engine.device_id if engine else None},

@@ -1,7 +1,7 @@
 """A device's telemetry sampled into a sink (a run's recording) while the run goes.
 
-:class:`TelemetryLoop` is what ``gputravel run`` (through ``console/run_telemetry.py``) and every rank of
-``gputravel run --gpus N`` (``core/fleet/run.py``) use: one asyncio task that, once per interval, hands one
+:class:`TelemetryLoop` is what the composed run (``core/compose.py``) drives for ``gputravel run`` and every
+rank of ``gputravel run --gpus N``: one asyncio task that, once per interval, hands one
 short blocking read (NVML, and one Unix-socket round trip for the device's public counters) to the loop's
 executor, passes the frame on and sleeps. Nothing runs in the device's process or on the data path.
 """

@@ -1,13 +1,14 @@
-"""The holder agent as a local subprocess: ``python -m gputravel.agents.holder`` on stdin/stdout, spoken to
-through ``FramedHolderLink`` (the embedded default, ``--transport local``, tests and benches)."""
+"""The holder agent as a local subprocess on stdin/stdout (``python -m <agent module>``, the module named by the
+caller: core never names it), spoken to through ``FramedHolderLink`` (``--transport local``, tests and benches)."""
 
 from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-from gputravel.core.errors import AgentError, GpuTravelError
+from gputravel.core.errors import AgentError, ConfigError, GpuTravelError
 from gputravel.core.procs import die_with_parent
 from gputravel.core.protocol.holderlink import DataEndpoint, Handoff
 from gputravel.core.travel.framed_link import STREAM_LIMIT, FramedHolderLink
@@ -17,13 +18,17 @@ __all__ = ["LocalHolderLink"]
 
 
 class LocalHolderLink(FramedHolderLink):
-    """The agent as a local subprocess on stdin/stdout (``python -m gputravel.agents.holder``)."""
+    """The agent as a local subprocess on stdin/stdout: ``python *agent`` (``agent``: the caller's entry, e.g.
+    ``("-m", "<the holder agent's module>")``, :class:`gputravel.core.compose.Entries`)."""
 
     transport = "local"
 
-    def __init__(self, name: str, data_dir: Path, *, val_fraction: float = 0.1, python: str | None = None,
-                 witness: Path | None = None) -> None:
+    def __init__(self, name: str, data_dir: Path, *, agent: Sequence[str], val_fraction: float = 0.1,
+                 python: str | None = None, witness: Path | None = None) -> None:
         super().__init__(name)
+        if not agent:
+            raise ConfigError(f"holder {name}: no agent entry to start (argv after the interpreter)")
+        self.agent = tuple(agent)
         self.data_dir = Path(data_dir)
         self.val_fraction = val_fraction
         self.python = python or sys.executable
@@ -36,7 +41,7 @@ class LocalHolderLink(FramedHolderLink):
         self.set_state(HolderState.CONNECTING, "local subprocess")
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                self.python, "-m", "gputravel.agents.holder", "--name", self.name, "--data", str(self.data_dir),
+                self.python, *self.agent, "--name", self.name, "--data", str(self.data_dir),
                 "--val-fraction", str(self.val_fraction),
                 *(("--witness", str(self.witness)) if self.witness is not None else ()),
                 *(("--attest-policy", str(self.attest_files[0]), "--golden", str(self.attest_files[1]))

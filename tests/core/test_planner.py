@@ -200,7 +200,7 @@ def test_bad_inputs_are_config_errors() -> None:
 
 # --- the command ---------------------------------------------------------------------------------------
 def test_plan_command_from_files(tmp_path: Path) -> None:
-    from gputravel.console import cli
+    from gputravel.console.cli import main as cli
 
     f = tmp_path / "travel.json"
     f.write_text(json.dumps(synthetic_travel(RUNS, noise=0.02, seed=1)))
@@ -227,7 +227,7 @@ def test_plan_command_from_files(tmp_path: Path) -> None:
                                   ["--holder-bytes", "10G", "--gbps", "-1"],
                                   ["--holder-bytes", "10G", "--buffer-mib", "0"]])
 def test_plan_command_rejects_bad_input(tmp_path: Path, args: list[str]) -> None:
-    from gputravel.console import cli
+    from gputravel.console.cli import main as cli
 
     f = tmp_path / "travel.json"
     f.write_text(json.dumps(synthetic_travel(RUNS)))
@@ -237,7 +237,7 @@ def test_plan_command_rejects_bad_input(tmp_path: Path, args: list[str]) -> None
 
 
 def test_plan_command_rejects_a_file_that_is_not_a_benchmark(tmp_path: Path) -> None:
-    from gputravel.console import cli
+    from gputravel.console.cli import main as cli
 
     f = tmp_path / "other.json"
     f.write_text(json.dumps({"benchmark": "soak"}))

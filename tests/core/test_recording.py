@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from gputravel.console import cli
-from gputravel.console.view_model import RunState
+from gputravel.console.cli import main as cli
+from gputravel.console.tui.view_model import RunState
 from gputravel.core import events as ev
 from gputravel.core.recording import Player, Recorder, RecordingError, event_from_dict, load_recording
 from gputravel.core.telemetry import GpuSample, NvmlStatus, TelemetryFrame

@@ -39,6 +39,7 @@ from typing import Any
 import pytest
 from helpers import HolderData, small_settings
 
+from gputravel.console.entries import ENTRIES
 from gputravel.core import events as ev
 from gputravel.core.api import build_engine
 from gputravel.core.ledger import read_rows, verify_ledger
@@ -208,7 +209,7 @@ class ScriptLink(LocalHolderLink):
     """A local agent subprocess running one of the test agents of ``AGENTS_SCRIPT``."""
 
     def __init__(self, name: str, data: Path, *, role: str, script: Path, workdir: Path) -> None:
-        super().__init__(name, data)
+        super().__init__(name, data, agent=ENTRIES.holder_agent)
         self.role, self.script, self.workdir = role, script, workdir
 
     async def start(self) -> Any:
@@ -236,7 +237,7 @@ async def test_malicious_holder_is_refused_named_in_the_ledger_and_marked_in_the
     settings = small_settings(data, out, holders=3, steps_per_visit=1, buffer_mib=0.125, transport="local",
                               data_path="direct", allow_fault_injection=True, visit_attempts=1)
     links = [ScriptLink("alice", data / "alice", role="tapped", script=script, workdir=work),
-             LocalHolderLink("bob", data / "bob"),
+             LocalHolderLink("bob", data / "bob", agent=ENTRIES.holder_agent),
              ScriptLink("mallory", data / "mallory", role="malicious", script=script, workdir=work)]
     engine = await asyncio.to_thread(build_engine, settings, links=links)
     outside: dict[str, Any] = {}
@@ -311,7 +312,7 @@ async def test_a_holder_sending_the_orchestrator_a_deeply_nested_header_fails_on
     out = tmp_path / "run"
     settings = small_settings(data, out, steps_per_visit=1, buffer_mib=0.125, transport="local", data_path="direct",
                               visit_attempts=1)
-    links = [LocalHolderLink("alice", data / "alice"),
+    links = [LocalHolderLink("alice", data / "alice", agent=ENTRIES.holder_agent),
              ScriptLink("mallory", data / "mallory", role="nesting", script=script, workdir=work)]
     engine = await asyncio.to_thread(build_engine, settings, links=links)
     try:

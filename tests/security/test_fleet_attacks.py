@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
+from gputravel.console.entries import GPU_RANK
 from gputravel.core.attestation import DeviceIdentity, VendorCA
 from gputravel.core.collectives.keys import RingKeys, establish_ring_keys
 from gputravel.core.errors import AttestationError, FleetAuthError, GpuTravelError, WorkerError
@@ -273,7 +274,7 @@ def fleet_reference(fleet_data: Path, tmp_path_factory: pytest.TempPathFactory) 
     from gputravel.core.fleet.run import launch_fleet
 
     report: dict[str, Any] = launch_fleet(_fleet_settings(fleet_data, tmp_path_factory.mktemp("ref") / "f"),
-                                          FleetOptions(gpus=2, timeout_s=120), quiet=True)
+                                          FleetOptions(gpus=2, timeout_s=120), entry=GPU_RANK, quiet=True)
     return report
 
 
@@ -299,7 +300,7 @@ def test_a_diverging_replica_stops_every_rank_uncommitted_and_resume_reaches_the
     out = tmp_path / "d"
     with pytest.raises(ReplicaDivergedError, match="diverged in step 0"):
         launch_fleet(_fleet_settings(fleet_data, out), FleetOptions(gpus=2, timeout_s=120, ring_fault="drift@1"),
-                     quiet=True)
+                     entry=GPU_RANK, quiet=True)
     for rank in (0, 1):
         ledger = out / f"rank-{rank}" / "ledger.db"
         assert verify_ledger(ledger).ok
@@ -308,7 +309,7 @@ def test_a_diverging_replica_stops_every_rank_uncommitted_and_resume_reaches_the
         stopped = json.loads((out / f"rank-{rank}" / "report.json").read_text())
         assert stopped["error"]["code"] == "replica-diverged"
     resumed = launch_fleet(_fleet_settings(fleet_data, out, resume=True), FleetOptions(gpus=2, timeout_s=120),
-                           quiet=True)
+                           entry=GPU_RANK, quiet=True)
     _check_resumed(resumed, fleet_reference)
 
 
@@ -326,7 +327,7 @@ def test_a_rank_killed_mid_round_stops_the_other_with_a_named_error_and_resume_f
     t0 = time.monotonic()
     with pytest.raises(GpuTravelError) as caught:
         launch_fleet(_fleet_settings(fleet_data, out, fault="kill-orchestrator@TRAIN:1"),
-                     FleetOptions(gpus=2, timeout_s=120), quiet=True)
+                     FleetOptions(gpus=2, timeout_s=120), entry=GPU_RANK, quiet=True)
     assert time.monotonic() - t0 < 120, "the surviving rank waited out the fleet's timeout"
     # torchrun stopped the surviving rank (SIGTERM) once rank 1 died: the job's failure, named, exit 10
     assert isinstance(caught.value, WorkerError) and caught.value.exit_code == 10, caught.value
@@ -336,7 +337,7 @@ def test_a_rank_killed_mid_round_stops_the_other_with_a_named_error_and_resume_f
         assert verify_ledger(out / f"rank-{rank}" / "ledger.db").ok
         assert (out / f"rank-{rank}" / "checkpoints" / "ckpt-000000.gtc").exists()
     resumed = launch_fleet(_fleet_settings(fleet_data, out, resume=True), FleetOptions(gpus=2, timeout_s=120),
-                           quiet=True)
+                           entry=GPU_RANK, quiet=True)
     _check_resumed(resumed, fleet_reference)
 
 
@@ -365,7 +366,7 @@ def test_a_raw_store_client_writing_the_ring_keys_of_a_running_fleet_gets_nothin
         for proc in Path("/proc").iterdir():
             try:
                 cmd = (proc / "cmdline").read_bytes()
-                if b"gputravel.console.fleet_rank" not in cmd or str(out).encode() not in cmd:
+                if b"gputravel.console.cli.fleet_rank" not in cmd or str(out).encode() not in cmd:
                     continue
                 env = dict(v.split(b"=", 1) for v in (proc / "environ").read_bytes().split(b"\0") if b"=" in v)
                 return int(env[b"MASTER_PORT"])
@@ -400,7 +401,7 @@ def test_a_raw_store_client_writing_the_ring_keys_of_a_running_fleet_gets_nothin
     try:
         with pytest.raises(AttestationError, match="ring handshake"):
             launch_fleet(_fleet_settings(fleet_data, out), FleetOptions(gpus=2, timeout_s=120),
-                         rdzv=Rendezvous(rdzv_endpoint=f"127.0.0.1:{port}"), quiet=True)
+                         rdzv=Rendezvous(rdzv_endpoint=f"127.0.0.1:{port}"), entry=GPU_RANK, quiet=True)
     finally:
         stop.set()
         thread.join(10)

@@ -22,6 +22,7 @@ import pytest
 from helpers import gputravel_children
 from test_attacks import ScriptLink
 
+from gputravel.console.entries import ENTRIES
 from gputravel.core import events as ev
 from gputravel.core.api import build_engine
 from gputravel.core.config import RunSettings
@@ -137,7 +138,8 @@ async def test_a_hostile_holder_harassing_the_others_windows_charges_them_nothin
     settings = RunSettings(holders=3, rounds=2, steps_per_visit=1, batch_size=4, seq_len=32, chunk_kib=16,
                            buffer_mib=0.5, data_dir=data, out_dir=out, transport="local", data_path="direct",
                            visit_attempts=1)
-    links = [LocalHolderLink("alice", data / "alice"), LocalHolderLink("bob", data / "bob"),
+    links = [LocalHolderLink("alice", data / "alice", agent=ENTRIES.holder_agent),
+             LocalHolderLink("bob", data / "bob", agent=ENTRIES.holder_agent),
              ScriptLink("mallory", data / "mallory", role="hostile", script=script, workdir=work)]
     engine = await asyncio.to_thread(build_engine, settings, links=links)
     windows: dict[tuple[str, int], list[float]] = {}  # (holder, visit) -> [HANDOFF started, RETURN done]

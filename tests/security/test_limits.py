@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from helpers import HolderData, small_settings
 
+from gputravel.console.entries import ENTRIES
 from gputravel.core import api
 from gputravel.core.ledger import read_rows, verify_ledger
 
@@ -26,7 +27,7 @@ def data(holder_data: HolderData) -> Path:
 
 async def run(data: Path, out: Path, *, nonce_budget: int | None = None, **kw: Any) -> dict[str, Any]:
     settings = small_settings(data, out, **kw)
-    engine = await asyncio.to_thread(api.build_engine, settings)
+    engine = await asyncio.to_thread(api.build_engine, settings, entries=ENTRIES)
     if nonce_budget:
         engine.client.nonce_budget = nonce_budget
     try:

@@ -37,6 +37,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from helpers import HolderData, small_settings
 
+from gputravel.console.entries import ENTRIES
 from gputravel.core import events as ev
 from gputravel.core.api import build_engine, resolve_holder_dirs
 from gputravel.core.deviceclient import client as client_mod
@@ -89,7 +90,7 @@ eng.TravelEngine.emit = emit
 
 atexit.register(lambda: dump.write_text(json.dumps({"keys": keys, "events": events})))
 sys.argv = ["gputravel", *sys.argv[2:]]
-from gputravel.console import cli
+from gputravel.console.cli import main as cli
 cli.main()
 '''
 
@@ -289,7 +290,7 @@ async def test_no_key_in_the_errors_of_a_failing_run(data: Path, tmp_path: Path,
     out = tmp_path / "run"
     settings = small_settings(data, out, rounds=2, steps_per_visit=1, transport="local", data_path="channel",
                               allow_fault_injection=True, visit_attempts=2, fault="kill-agent@PROVISION:2")
-    links = {name: LocalHolderLink(name, path) for name, path in resolve_holder_dirs(settings)}
+    links = {name: LocalHolderLink(name, path, agent=ENTRIES.holder_agent) for name, path in resolve_holder_dirs(settings)}
     links["alice"].tamper_on_wire = {0}  # a chunk altered on the wire: TagError, retransmitted
     engine = await asyncio.to_thread(build_engine, settings, links=list(links.values()))
     events: list[ev.Event] = []

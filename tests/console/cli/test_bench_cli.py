@@ -24,9 +24,9 @@ import pytest
 from helpers import live_processes, write_holder
 
 from gputravel.agents.deploy import SshHolderLink
-from gputravel.agents.fleet import EmbeddedSshServer
 from gputravel.agents.holder import agent_sha256
 from gputravel.agents.inventory import HolderSpec
+from gputravel.agents.ssh_links import EmbeddedSshServer
 from gputravel.core.errors import AgentError
 from gputravel.core.protocol.shmring import ring_supported
 
@@ -340,7 +340,7 @@ async def test_agents_stop_ends_the_running_agent_of_each_holder(
 def test_allreduce_table_keeps_variant_names_and_figures_whole_at_100_columns() -> None:
     from rich.console import Console
 
-    from gputravel.console.commands.bench_allreduce import render
+    from gputravel.console.cli.commands.bench_allreduce import render
 
     breakdown = {"crypto_s": 0.001, "wire_s": 0.002, "reduce_s": 0.003, "wait_s": 0.004}
     rows = [{"world_size": 2, "size_mib": 4, "variant": v, "gather": g, "median_s": 0.01234, "min_s": 0.00987,

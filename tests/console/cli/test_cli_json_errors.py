@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from gputravel.console.cli import app
+from gputravel.console.cli.main import app
 from gputravel.core.ledger import Ledger
 
 
@@ -126,10 +126,10 @@ def test_a_bench_study_where_every_run_failed_is_the_one_error_object_with_its_r
 
 @pytest.mark.process
 def test_a_bug_under_json_still_prints_the_one_error_object_and_its_traceback(tmp_path: Path) -> None:
-    code = ("import sys; from gputravel.console.commands import runs; "
+    code = ("import sys; from gputravel.console.cli.commands import runs; "
             "runs.list_runs = lambda *a, **k: 1 / 0; "
             "sys.argv = ['gputravel', 'runs', 'ls', '--json']; "
-            "from gputravel.console import cli; cli.main()")
+            "from gputravel.console.cli import main as cli; cli.main()")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 1
     doc = envelope(proc.stdout, 1)

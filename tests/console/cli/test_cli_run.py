@@ -53,7 +53,7 @@ def test_the_ledgers_and_recordings_sqlite_side_files_are_private_while_open(tmp
 import os, stat, sys
 from pathlib import Path
 os.umask(0o022)
-from gputravel.console.run_claim import RunFolder
+from gputravel.console.cli.run_claim import RunFolder
 from gputravel.core.ledger import Ledger
 from gputravel.core.recording import Recorder
 out = Path(sys.argv[1])
@@ -280,7 +280,7 @@ def test_a_completed_fleet_says_completed_and_is_addressed_by_its_name(tmp_path:
 def test_the_headless_pause_hint_keeps_each_command_whole_within_80_columns() -> None:
     """Issue 25.8/9: a command cut by the terminal's wrap cannot be pasted; one command a line, each within
     80 columns for a default run name."""
-    from gputravel.console.commands.run import continue_hint
+    from gputravel.console.cli.commands.run import continue_hint
 
     lines = continue_hint("run-20261126-005429").splitlines()
     assert all(len(line) <= 80 for line in lines)

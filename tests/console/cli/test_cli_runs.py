@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from gputravel.console.cli import app
-from gputravel.console.run_end import RunEnding, read_status
-from gputravel.console.run_folder import mark_running
+from gputravel.console.cli.main import app
+from gputravel.console.cli.run_end import RunEnding, read_status
+from gputravel.console.cli.run_folder import mark_running
 from gputravel.core import events as ev
 from gputravel.core.ledger import Ledger
 from gputravel.core.recording import Recorder
@@ -196,7 +196,7 @@ def test_verify_head_takes_an_unambiguous_prefix(runs: Path) -> None:
 
 
 def test_the_console_replays_any_run_address(runs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gputravel.console import app as console_app
+    from gputravel.console.tui import app as console_app
 
     played: list[Any] = []
 
@@ -224,7 +224,7 @@ def test_the_console_replays_any_run_address(runs: Path, monkeypatch: pytest.Mon
 def test_an_out_folder_of_the_users_own_is_never_tightened(tmp_path: Path) -> None:
     import stat
 
-    from gputravel.console.run_claim import RunFolder
+    from gputravel.console.cli.run_claim import RunFolder
 
     mine = tmp_path / "mine"
     mine.mkdir(mode=0o755)
@@ -240,7 +240,7 @@ def test_an_out_folder_of_the_users_own_is_never_tightened(tmp_path: Path) -> No
 def test_an_existing_run_folder_is_closed_but_a_readable_key_in_it_is_not_quietly_fixed(tmp_path: Path) -> None:
     import stat
 
-    from gputravel.console.run_claim import RunFolder
+    from gputravel.console.cli.run_claim import RunFolder
 
     run = tmp_path / "run-old"
     (run / "keys").mkdir(parents=True)
@@ -258,7 +258,7 @@ def test_an_existing_run_folder_is_closed_but_a_readable_key_in_it_is_not_quietl
 def test_a_folder_made_for_the_run_loses_group_and_other_bits_everywhere(tmp_path: Path) -> None:
     import stat
 
-    from gputravel.console.run_claim import RunFolder
+    from gputravel.console.cli.run_claim import RunFolder
 
     run = tmp_path / "run-new"
     folder = RunFolder(run)

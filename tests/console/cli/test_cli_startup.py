@@ -18,7 +18,7 @@ from gputravel.core.recording import Recorder
 PROBE = """
 import json, sys
 sys.argv = ["gputravel", *json.loads(sys.argv[1])]
-from gputravel.console import cli
+from gputravel.console.cli import main as cli
 try:
     cli.main()
 except SystemExit as exc:
@@ -98,7 +98,7 @@ def test_the_orchestrator_path_loads_no_torch_and_nothing_of_the_device() -> Non
 FIRST_FRAME = """
 import json, sys, types
 sys.argv = ["gputravel-console", *json.loads(sys.argv[1])]
-from gputravel.console import app as console_app
+from gputravel.console.tui import app as console_app
 
 seen = {}
 run = console_app.GpuTravelConsole.run

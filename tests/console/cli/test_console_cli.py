@@ -1,5 +1,5 @@
 """``gputravel-console``'s command line: the options it shares with ``gputravel run`` reach the run's settings,
-and the bench screen launches small configurations. No engine runs here: the app, the holder fleet and the
+and the bench screen launches small configurations. No engine runs here: the app, the holder set and the
 engine builder are fakes that record what they were given."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from gputravel.console import app as console_app
-from gputravel.console import fleet as fleet_module
-from gputravel.console.screens import bench as bench_screen
+from gputravel.console import holders as holders_module
+from gputravel.console.tui import app as console_app
+from gputravel.console.tui.screens import bench as bench_screen
 from gputravel.core import api
 from gputravel.core.config import RunSettings
 
@@ -33,15 +33,15 @@ class FakeApp:
         self.engine = self.engine_factory()
 
 
-class FakeFleet:
-    """Stands in for ``console.fleet.Fleet``: no SSH server, a marker for links."""
+class FakeHolders:
+    """Stands in for ``console.holders.HolderSet``: no SSH server, a marker for links."""
 
-    built: list[FakeFleet] = []
+    built: list[FakeHolders] = []
 
     def __init__(self, settings: RunSettings) -> None:
         self.settings = settings
         self.closed = False
-        FakeFleet.built.append(self)
+        FakeHolders.built.append(self)
 
     def links(self) -> list[str]:
         return [f"link-from-{self.settings.transport}"]
@@ -60,13 +60,13 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         seen["apps"].append(app)
         return app
 
-    def fake_build_engine(settings: RunSettings, *, links: Any = None) -> dict[str, Any]:
+    def fake_build_engine(settings: RunSettings, *, links: Any = None, **_: Any) -> dict[str, Any]:
         seen["settings"], seen["links"] = settings, links
         return {"fake engine for": settings.transport}
 
-    FakeFleet.built = []
+    FakeHolders.built = []
     monkeypatch.setattr(console_app, "make_app", fake_make_app)
-    monkeypatch.setattr(fleet_module, "Fleet", FakeFleet)
+    monkeypatch.setattr(holders_module, "HolderSet", FakeHolders)
     monkeypatch.setattr(api, "build_engine", fake_build_engine)
     return seen
 
@@ -82,10 +82,10 @@ def test_console_defaults_to_the_same_transport_and_data_path_as_run(captured: d
     s = captured["settings"]
     assert (s.transport, s.data_path, s.data_host, s.holders_file) == ("ssh", "direct", "127.0.0.1", None)
     assert s.out_dir == tmp_path / "out"
-    # the links come from the fleet built with the same settings, and the fleet is closed when the app ends
-    (fleet,) = FakeFleet.built
-    assert fleet.settings is s and captured["links"] == ["link-from-ssh"]
-    assert fleet.closed
+    # the links come from the holder set built with the same settings, closed when the app ends
+    (holder_set,) = FakeHolders.built
+    assert holder_set.settings is s and captured["links"] == ["link-from-ssh"]
+    assert holder_set.closed
 
 
 def test_console_holders_file_means_inventory_and_data_options_pass_through(captured: dict[str, Any],
@@ -118,7 +118,7 @@ def _params(command: click.Command) -> dict[str, click.Parameter]:
 
 
 def test_console_and_run_share_option_names_defaults_and_help() -> None:
-    from gputravel.console import cli
+    from gputravel.console.cli import main as cli
 
     run_cmd = typer.main.get_command(cli.app).get_command(None, "run")  # type: ignore[attr-defined]
     console_cmd = typer.main.get_command(console_app.cli)
@@ -160,7 +160,7 @@ def test_bench_screen_launches_the_small_travel_study(monkeypatch: pytest.Monkey
 
 # --- conventions an operator expects --------------------------------------------------------------------------
 def test_version_and_completion_are_offered() -> None:
-    from gputravel.console import cli
+    from gputravel.console.cli import main as cli
 
     version = CliRunner().invoke(cli.app, ["--version"])
     assert version.exit_code == 0 and version.output.startswith("gputravel ")
@@ -170,7 +170,7 @@ def test_version_and_completion_are_offered() -> None:
 
 
 def test_run_help_is_grouped_in_panels_with_choices_and_no_bool_on_flags() -> None:
-    from gputravel.console import cli
+    from gputravel.console.cli import main as cli
 
     text = CliRunner().invoke(cli.app, ["run", "--help"], env={"COLUMNS": "160"}).output
     for panel in ("Holders", "Model and training", "Data path", "Control and faults", "Run folder and output"):
@@ -181,7 +181,7 @@ def test_run_help_is_grouped_in_panels_with_choices_and_no_bool_on_flags() -> No
 
 
 def test_model_choice_names_the_engine_presets() -> None:
-    from gputravel.console.options import ModelPreset
+    from gputravel.console.cli.options import ModelPreset
     from gputravel.core.training.model import PRESETS
 
     assert [m.value for m in ModelPreset] == list(PRESETS)
@@ -190,7 +190,7 @@ def test_model_choice_names_the_engine_presets() -> None:
 @pytest.mark.parametrize("command", [["run"], []])
 def test_a_typo_in_break_before_is_refused_by_run_and_console(command: list[str], captured: dict[str, Any],
                                                                tmp_path: Path) -> None:
-    from gputravel.console import cli
+    from gputravel.console.cli import main as cli
 
     args = [*command, "--break-before", "handof", "--out", str(tmp_path / "o")]
     result = CliRunner().invoke(cli.app if command else console_app.cli, args)
@@ -208,7 +208,7 @@ def test_console_takes_the_palette_themes_and_break_before_in_any_case(captured:
 
 
 def test_runs_errors_are_json_with_the_errors_exit_code(tmp_path: Path) -> None:
-    from gputravel.console import cli
+    from gputravel.console.cli import main as cli
 
     for args in (["runs", "show", "nope"], ["runs", "log", "nope"], ["runs", "stop", "nope"]):
         result = CliRunner().invoke(cli.app, [*args, "--runs-dir", str(tmp_path), "--json"])
@@ -221,7 +221,7 @@ def test_runs_errors_are_json_with_the_errors_exit_code(tmp_path: Path) -> None:
 
 
 def test_a_run_folder_without_process_or_final_event_reads_died(tmp_path: Path) -> None:
-    from gputravel.console import cli
+    from gputravel.console.cli import main as cli
     from gputravel.core import events as ev
     from gputravel.core.recording import Recorder
 
@@ -240,7 +240,7 @@ def test_printed_errors_keep_their_brackets(monkeypatch: pytest.MonkeyPatch, cap
                                             ) -> None:
     import sys
 
-    from gputravel.console import cli
+    from gputravel.console.cli import main as cli
     from gputravel.core.errors import DataError
     from gputravel.core.training import corpus
 

@@ -15,13 +15,14 @@ import pytest
 from helpers import HolderData, small_settings, until
 from rich.console import Console
 
-from gputravel.console.app import GpuTravelConsole, make_app
-from gputravel.console.bridge import LiveBridge
-from gputravel.console.screens.bench import BenchScreen
-from gputravel.console.screens.gpu import GpuScreen
-from gputravel.console.screens.help import HelpScreen
-from gputravel.console.screens.holders import HoldersScreen
-from gputravel.console.widgets.gpu_card import GpuCard
+from gputravel.console.entries import ENTRIES
+from gputravel.console.tui.app import GpuTravelConsole, make_app
+from gputravel.console.tui.bridge import LiveBridge
+from gputravel.console.tui.screens.bench import BenchScreen
+from gputravel.console.tui.screens.gpu import GpuScreen
+from gputravel.console.tui.screens.help import HelpScreen
+from gputravel.console.tui.screens.holders import HoldersScreen
+from gputravel.console.tui.widgets.gpu_card import GpuCard
 from gputravel.core import events as ev
 from gputravel.core.api import build_engine, resolve_holder_dirs
 from gputravel.core.ledger import verify_ledger
@@ -46,7 +47,7 @@ def factory_for(data_root: Path, tmp_path: Path, *, tweak: Callable[[dict[str, L
         settings = small_settings(data_root, tmp_path / f"run-{next(runs)}",
                                   # a tweak's link hooks (kill after N chunks) count chunks in the link's relay
                                   data_path="direct" if tweak is None else "channel")
-        links = {name: LocalHolderLink(name, path, val_fraction=settings.val_fraction)
+        links = {name: LocalHolderLink(name, path, agent=ENTRIES.holder_agent, val_fraction=settings.val_fraction)
                  for name, path in resolve_holder_dirs(settings)}
         if tweak is not None:
             tweak(links)
@@ -366,7 +367,7 @@ async def test_colon_run_step_pause_resume_break_and_cancel_drive_a_live_run(dat
 
 
 async def test_colon_help_verify_screens_theme_screenshot_unknown_and_quit(tmp_path: Path, monkeypatch) -> None:
-    from gputravel.console.screens.ledger import LedgerScreen
+    from gputravel.console.tui.screens.ledger import LedgerScreen
 
     monkeypatch.setenv("GPUTRAVEL_SCREENSHOT_DIR", str(tmp_path / "shots"))
     app = make_app(engine_factory=never_built, record=False)
@@ -408,7 +409,7 @@ async def test_colon_quit_leaves_the_console() -> None:
 
 
 async def test_the_command_line_shows_what_is_typed() -> None:
-    from gputravel.console.widgets.command_line import CommandLine
+    from gputravel.console.tui.widgets.command_line import CommandLine
 
     app = make_app(engine_factory=never_built, record=False)
     async with app.run_test(size=SIZE) as pilot:
@@ -460,7 +461,7 @@ async def test_slash_filters_the_holders_table_and_escape_clears_it(data_root: P
 
 
 def test_a_second_run_in_one_console_goes_beside_out(tmp_path: Path) -> None:
-    from gputravel.console.app import next_out_dir
+    from gputravel.console.tui.app import next_out_dir
 
     out = tmp_path / "mine"
     assert next_out_dir(out, 1) == out
@@ -476,8 +477,8 @@ async def test_a_console_run_without_a_recording_still_writes_its_final_status(d
     says completed while the console that ran it is still open (issue 25.3)."""
     import os
 
-    from gputravel.console.run_end import read_status
-    from gputravel.console.run_folder import mark_running, read_run
+    from gputravel.console.cli.run_end import read_status
+    from gputravel.console.cli.run_folder import mark_running, read_run
 
     umask = os.umask(0o022)
     os.umask(umask)

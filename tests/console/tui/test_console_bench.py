@@ -15,11 +15,11 @@ from typing import Any
 
 from helpers import SNAPSHOTS_DIR
 
-from gputravel.console.app import GpuTravelConsole, make_app
-from gputravel.console.commands.bench import BENCH_MODULES
-from gputravel.console.screens.bench import BenchScreen
-from gputravel.console.screens.bench_tables import BENCHES, bench_view, progress_line
-from gputravel.console.widgets.bar_chart import BarChart
+from gputravel.console.cli.commands.bench import BENCH_MODULES
+from gputravel.console.tui.app import GpuTravelConsole, make_app
+from gputravel.console.tui.screens.bench import BenchScreen
+from gputravel.console.tui.screens.bench_tables import BENCHES, bench_view, progress_line
+from gputravel.console.tui.widgets.bar_chart import BarChart
 from tests.console.tui.test_console_snapshots import check_snapshot, screen_text
 
 ALLREDUCE = json.loads((SNAPSHOTS_DIR / "console" / "bench-allreduce.json").read_text())
@@ -106,9 +106,9 @@ async def test_a_kept_filter_never_cuts_a_cell(tmp_path: Path) -> None:
 def test_every_bench_has_its_cli_table_renderer_and_a_headline() -> None:
     import importlib
 
-    from gputravel.console.screens.bench_tables import HEADLINES, RENDERERS
+    from gputravel.console.tui.screens.bench_tables import HEADLINES, RENDERERS
 
     for name, _ in BENCHES:
         module, func, _first = RENDERERS[name]
-        assert callable(getattr(importlib.import_module(f"gputravel.console.commands.{module}"), func)), name
+        assert callable(getattr(importlib.import_module(f"gputravel.console.cli.commands.{module}"), func)), name
         assert name in HEADLINES

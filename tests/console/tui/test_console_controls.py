@@ -11,10 +11,10 @@ from pathlib import Path
 
 from helpers import until
 
-from gputravel.console.app import make_app
-from gputravel.console.screens.confirm import ConfirmScreen
-from gputravel.console.widgets.command_line import CommandLine, complete
-from gputravel.console.widgets.status_bar import StatusBar
+from gputravel.console.tui.app import make_app
+from gputravel.console.tui.screens.confirm import ConfirmScreen
+from gputravel.console.tui.widgets.command_line import CommandLine, complete
+from gputravel.console.tui.widgets.status_bar import StatusBar
 from gputravel.core.ledger import read_rows
 from tests.console.tui.test_console import SIZE, data_root, factory_for, live, screen_text
 

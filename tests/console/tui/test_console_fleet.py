@@ -17,21 +17,21 @@ from helpers import until
 from rich.console import Console
 from textual.containers import VerticalScroll
 
-from gputravel.console.app import GpuTravelConsole, make_app
-from gputravel.console.bridge import ReplayBridge
-from gputravel.console.fleet_view import FleetBridge, FleetItem, FleetRecording, is_fleet_folder
-from gputravel.console.screens.gpu import GpuScreen
-from gputravel.console.screens.travel import TravelScreen
-from gputravel.console.view_model import RunState
-from gputravel.console.widgets.device_card import DeviceCard
-from gputravel.console.widgets.route_map import RouteMap
-from gputravel.console.widgets.status_bar import StatusBar
-from gputravel.console.widgets.text import fmt_bytes
+from gputravel.console.entries import launch_gpus
+from gputravel.console.tui.app import GpuTravelConsole, make_app
+from gputravel.console.tui.fleet_view import FleetBridge, FleetItem, FleetRecording, is_fleet_folder
+from gputravel.console.tui.replay_bridge import ReplayBridge
+from gputravel.console.tui.screens.gpu import GpuScreen
+from gputravel.console.tui.screens.travel import TravelScreen
+from gputravel.console.tui.view_model import RunState
+from gputravel.console.tui.widgets.device_card import DeviceCard
+from gputravel.console.tui.widgets.route_map import RouteMap
+from gputravel.console.tui.widgets.status_bar import StatusBar
+from gputravel.console.tui.widgets.text import fmt_bytes
 from gputravel.core.bench.data import make_dataset
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import RecordingError
 from gputravel.core.fleet.rank import FleetOptions
-from gputravel.core.fleet.run import launch_fleet
 from gputravel.core.recording import RecordedItem, Recorder, load_recording
 from gputravel.core.telemetry import NA
 
@@ -48,7 +48,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any
     settings = RunSettings(holders=3, rounds=1, steps_per_visit=2, buffer_mib=0.125, data_dir=data, out_dir=out,
                            batch_size=4, seq_len=32, chunk_kib=32, torch_threads=1, transport="local",
                            visit_attempts=1)
-    report = launch_fleet(settings, FleetOptions(gpus=2, timeout_s=120), quiet=True)
+    report = launch_gpus(settings, FleetOptions(gpus=2, timeout_s=120), quiet=True)
     return out, report
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from gputravel.console.app import GpuTravelConsole, make_app
-from gputravel.console.bridge import ReplayBridge
+from gputravel.console.tui.app import GpuTravelConsole, make_app
+from gputravel.console.tui.replay_bridge import ReplayBridge
 from gputravel.core.recording import RecordedItem, Recorder, load_recording
 from tests.console.tui.test_console_snapshots import SIZE, screen_text, synthetic_run
 
@@ -124,12 +124,12 @@ async def test_a_fleet_being_started_shows_its_gpus_before_any_rank_has_written(
 def test_watch_fleet_opens_the_screen_before_the_fleet_writes_anything(tmp_path: Path, monkeypatch) -> None:
     import threading
 
-    from gputravel.console.fleet_console import watch_fleet
+    from gputravel.console.tui.fleet_console import watch_fleet
     from gputravel.core.config import RunSettings
 
     gate = threading.Event()
     monkeypatch.setattr("gputravel.core.fleet.run.launch_fleet",
-                        lambda settings, options, quiet: gate.wait(5) and {"fleet": {}})
+                        lambda settings, options, entry, quiet: gate.wait(5) and {"fleet": {}})
     opened: list[dict[str, object]] = []
 
     class _App:
@@ -188,7 +188,7 @@ async def test_at_80_columns_the_status_bar_keeps_the_replay_position_whole() ->
     never cut (the travel panel shows the epoch and the visit)."""
     from textual.app import App, ComposeResult
 
-    from gputravel.console.widgets.status_bar import StatusBar, StatusSummary
+    from gputravel.console.tui.widgets.status_bar import StatusBar, StatusSummary
 
     class Bar(App[None]):
         def compose(self) -> ComposeResult:

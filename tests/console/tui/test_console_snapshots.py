@@ -17,8 +17,8 @@ import pytest
 from helpers import SNAPSHOTS_DIR
 from rich.console import Console
 
-from gputravel.console.app import GpuTravelConsole, make_app
-from gputravel.console.screens.ledger import LedgerScreen
+from gputravel.console.tui.app import GpuTravelConsole, make_app
+from gputravel.console.tui.screens.ledger import LedgerScreen
 from gputravel.core import events as ev
 from gputravel.core.ledger import Ledger
 from gputravel.core.recording import Recorder, load_recording

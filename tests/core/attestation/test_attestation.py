@@ -13,7 +13,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from typer.testing import CliRunner
 
-from gputravel.console.cli import app
+from gputravel.console.cli.main import app
 from gputravel.core.attestation import (
     EMULATED_DRIVER,
     EMULATED_FIRMWARE,

@@ -16,7 +16,7 @@ FIELDS = ("buffer_mib", "path", "train_s", "tx_s", "tx_pct", "visits", "bytes", 
 
 @pytest.mark.process
 def test_tiny_study_rows_for_both_paths_and_a_skipped_size() -> None:
-    from gputravel.console import cli
+    from gputravel.console.cli import main as cli
 
     result = CliRunner().invoke(cli.app, ["bench", "travel", "--buffer-mib", "0.25,0.5,10000000", "--dataset-mib",
                                           "0.5", "--holders", "1", "--json"])
@@ -81,7 +81,7 @@ def test_row_and_ratio_arithmetic() -> None:
 
 @pytest.mark.parametrize("value", ["0", "x", "4,,20", "-1"])
 def test_bad_buffer_sizes_are_usage_errors(value: str) -> None:
-    from gputravel.console import cli
+    from gputravel.console.cli import main as cli
 
     result = CliRunner().invoke(cli.app, ["bench", "travel", "--buffer-mib", value, "--json"])
     assert result.exit_code == 2, result.output
@@ -89,7 +89,7 @@ def test_bad_buffer_sizes_are_usage_errors(value: str) -> None:
 
 @pytest.mark.process
 def test_a_study_whose_runs_all_fail_exits_non_zero_with_the_reasons() -> None:
-    from gputravel.console import cli
+    from gputravel.console.cli import main as cli
 
     result = CliRunner().invoke(cli.app, ["bench", "travel", "--buffer-mib", "0.25", "--dataset-mib", "0.5",
                                           "--holders", "1", "--model", "no-such-model", "--transport", "local",

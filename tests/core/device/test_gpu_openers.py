@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from gputravel.console.entries import ENTRIES
 from gputravel.core import api
 from gputravel.core.config import RunSettings
 from gputravel.core.device.dataplane import DataPlane
@@ -257,7 +258,7 @@ async def _run(tmp_path: Path, engine_name: str, data: Path) -> tuple[dict[str, 
     settings = RunSettings(holders=2, rounds=1, steps_per_visit=2, batch_size=2, seq_len=16, chunk_kib=4,
                            buffer_mib=12 / 1024, data_dir=data, out_dir=tmp_path / engine_name, transport="local",
                            allow_fault_injection=True, cipher_engine=engine_name, torch_threads=1)
-    engine = await asyncio.to_thread(api.build_engine, settings)
+    engine = await asyncio.to_thread(api.build_engine, settings, entries=ENTRIES)
     probe = BufferDigests()
     probe.engine = engine
     engine.probes.append(probe)
@@ -289,7 +290,7 @@ def test_attest_names_the_engine_that_opens_the_data_path(tmp_path: Path) -> Non
 
     from typer.testing import CliRunner
 
-    from gputravel.console.cli import app
+    from gputravel.console.cli.main import app
 
     res = CliRunner().invoke(app, ["attest", "--json", "--state-dir", str(tmp_path / "state")])
     assert res.exit_code == 0, res.output
@@ -301,7 +302,7 @@ async def test_bench_provision_names_the_engine_that_opened_its_chunks(tmp_path:
     from gputravel.core.bench.provision import measure_path
 
     probe: dict[str, Any] = {}
-    times = await measure_path("local", size=8192, chunk=4096, repeats=1, workdir=tmp_path, fleet=None,  # type: ignore[arg-type]
+    times = await measure_path("local", size=8192, chunk=4096, repeats=1, workdir=tmp_path, server=None, entries=ENTRIES,  # type: ignore[arg-type]
                                probe=probe, cipher_engine="gpu")
     assert len(times) == 1 and probe["cipher_engine"] == "gpu (simulator)"
 
@@ -317,7 +318,7 @@ async def test_a_chunk_tampered_on_the_holder_link_is_caught_by_the_gpu_and_retr
     handle = EmulatedPlatform(tmp_path / "platform", allow_fault_injection=True, cipher_engine="gpu").start(
         buffer_bytes=WINDOW + 4096)
     client = DeviceClient(handle.socket_path, anchors=handle.anchors)
-    link = LocalHolderLink("h", folder)
+    link = LocalHolderLink("h", folder, agent=ENTRIES.holder_agent)
     try:
         await asyncio.to_thread(client.connect)
         await link.start()

@@ -235,7 +235,7 @@ def _files(tmp_path: Path, sample: NvidiaSample, *, raw: bool = False) -> tuple[
 
 @pytest.mark.parametrize("raw", [False, True], ids=["hex-text", "raw-bytes"])
 def test_cli_verifies_the_sample_as_json_exit_0(tmp_path: Path, sample: NvidiaSample, raw: bool) -> None:
-    from gputravel.console.cli import app
+    from gputravel.console.cli.main import app
 
     report, chain = _files(tmp_path, sample, raw=raw)
     out = CliRunner().invoke(app, ["attest", "--evidence", str(report), "--cert-chain", str(chain),
@@ -248,7 +248,7 @@ def test_cli_verifies_the_sample_as_json_exit_0(tmp_path: Path, sample: NvidiaSa
 
 
 def test_cli_exits_3_naming_the_nonce_claim_for_another_nonce(tmp_path: Path, sample: NvidiaSample) -> None:
-    from gputravel.console.cli import app
+    from gputravel.console.cli.main import app
 
     report, chain = _files(tmp_path, sample)
     out = CliRunner().invoke(app, ["attest", "--evidence", str(report), "--cert-chain", str(chain),
@@ -261,7 +261,7 @@ def test_cli_exits_3_naming_the_nonce_claim_for_another_nonce(tmp_path: Path, sa
 
 def test_cli_with_the_shipped_policy_and_no_rims_exits_3_naming_measres(tmp_path: Path,
                                                                         sample: NvidiaSample) -> None:
-    from gputravel.console.cli import app
+    from gputravel.console.cli.main import app
 
     report, chain = _files(tmp_path, sample)
     out = CliRunner().invoke(app, ["attest", "--evidence", str(report), "--cert-chain", str(chain),
@@ -270,7 +270,7 @@ def test_cli_with_the_shipped_policy_and_no_rims_exits_3_naming_measres(tmp_path
 
 
 def test_cli_refuses_a_malformed_nonce_as_a_data_error(tmp_path: Path, sample: NvidiaSample) -> None:
-    from gputravel.console.cli import app
+    from gputravel.console.cli.main import app
 
     report, chain = _files(tmp_path, sample)
     out = CliRunner().invoke(app, ["attest", "--evidence", str(report), "--cert-chain", str(chain),

@@ -60,7 +60,7 @@ def test_a_sim_gpu_whose_measurement_drifted_from_its_rims_fails_measres_naming_
 
 
 def test_the_cli_pins_the_sim_roots_from_the_policy_file(tmp_path: Path, sim_gpu: SimGpu) -> None:
-    from gputravel.console.cli import app
+    from gputravel.console.cli.main import app
 
     nonce = os.urandom(32)
     (tmp_path / "report.bin").write_bytes(sim_gpu.report(nonce))
@@ -148,7 +148,7 @@ def test_an_mr_td_off_the_allow_list_is_refused(sim_tdx: SimTdx) -> None:
 
 
 def test_the_cli_pins_the_sim_tdx_root_from_the_policy_file(tmp_path: Path, sim_tdx: SimTdx) -> None:
-    from gputravel.console.cli import app
+    from gputravel.console.cli.main import app
 
     (tmp_path / "quote.bin").write_bytes(sim_tdx.quote(bytes(64)))
     (tmp_path / "collateral.json").write_text(sim_tdx.collateral(issued=ISSUED))
@@ -163,7 +163,7 @@ def test_the_cli_pins_the_sim_tdx_root_from_the_policy_file(tmp_path: Path, sim_
 
 
 def test_bench_evidence_checks_every_sim_format_and_reports_json() -> None:
-    from gputravel.console.cli import app
+    from gputravel.console.cli.main import app
 
     out = CliRunner().invoke(app, ["bench", "evidence", "--rounds", "2", "--json"])
     assert out.exit_code == 0, out.output
@@ -191,7 +191,7 @@ def test_a_chain_through_a_certificate_that_is_not_a_ca_is_refused() -> None:
 
 
 def test_attest_sim_formats_keeps_its_sim_identities_and_verifies_both_formats(tmp_path: Path) -> None:
-    from gputravel.console.cli import app
+    from gputravel.console.cli.main import app
 
     state = tmp_path / "state"
     first = CliRunner().invoke(app, ["attest", "--sim-formats", "--state-dir", str(state), "--json"])

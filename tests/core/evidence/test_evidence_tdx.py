@@ -104,7 +104,7 @@ def test_policy_file_with_an_unknown_key_is_refused(tmp_path: Path) -> None:
 
 # --- the command ------------------------------------------------------------------------------------------------
 def test_cli_prints_the_documented_json_and_exits_0() -> None:
-    from gputravel.console.cli import app
+    from gputravel.console.cli.main import app
 
     out = CliRunner().invoke(app, ["attest", "--tdx-quote", str(DATA / "tdx_quote"), "--collateral",
                                    str(DATA / "tdx_quote_collateral.json"), "--at", str(AT), "--json"])
@@ -115,7 +115,7 @@ def test_cli_prints_the_documented_json_and_exits_0() -> None:
 
 
 def test_cli_exits_3_on_expired_collateral() -> None:
-    from gputravel.console.cli import app
+    from gputravel.console.cli.main import app
 
     out = CliRunner().invoke(app, ["attest", "--tdx-quote", str(DATA / "tdx_quote"), "--collateral",
                                    str(DATA / "tdx_quote_collateral.json"), "--at", str(AT + 60 * 86400)])
@@ -123,7 +123,7 @@ def test_cli_exits_3_on_expired_collateral() -> None:
 
 
 def test_cli_exits_2_for_a_bad_policy_file(tmp_path: Path) -> None:
-    from gputravel.console.cli import main
+    from gputravel.console.cli.main import main
 
     bad = tmp_path / "p.toml"
     bad.write_text("[intel-tdx]\nnope = 1\n")

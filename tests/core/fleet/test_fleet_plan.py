@@ -92,7 +92,7 @@ def test_plan_cli_predicts_a_fleet_from_travel_and_fleet_runs(tmp_path: Any) -> 
 
     from typer.testing import CliRunner
 
-    from gputravel.console import cli
+    from gputravel.console.cli import main as cli
 
     travel = tmp_path / "travel.json"
     travel.write_text(json.dumps(synthetic_travel(RUNS)))

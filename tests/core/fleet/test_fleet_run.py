@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from gputravel.console.entries import GPU_RANK, launch_gpus
 from gputravel.core.bench.data import make_holders
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import ConfigError, FleetDeviceLostError
 from gputravel.core.fleet.rank import FleetOptions
-from gputravel.core.fleet.run import Rendezvous, launch_fleet, torchrun_command, verify_fleet
+from gputravel.core.fleet.run import Rendezvous, torchrun_command, verify_fleet
 from gputravel.core.ledger import read_rows, verify_ledger
 
 
@@ -33,7 +34,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def secure(data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    return launch_fleet(_settings(data, tmp_path_factory.mktemp("secure")), FleetOptions(gpus=2, timeout_s=120),
+    return launch_gpus(_settings(data, tmp_path_factory.mktemp("secure")), FleetOptions(gpus=2, timeout_s=120),
                         quiet=True)
 
 
@@ -79,7 +80,7 @@ def test_ledgers_carry_the_device_and_verify(secure: dict) -> None:
 
 
 def test_a_failing_holder_is_handled_and_the_step_still_reduces(data: Path, tmp_path: Path) -> None:
-    report = launch_fleet(_settings(data, tmp_path / "f", fault="kill-agent@PROVISION:1"),
+    report = launch_gpus(_settings(data, tmp_path / "f", fault="kill-agent@PROVISION:1"),
                           FleetOptions(gpus=2, timeout_s=120), quiet=True)
     failed = [v for v in report["visits"] if v["outcome"] == "failed"]
     assert [(v["visit"], v["failed_phase"]) for v in failed] == [(1, "PROVISION")]
@@ -98,7 +99,7 @@ def test_a_failing_holder_is_handled_and_the_step_still_reduces(data: Path, tmp_
 
 @pytest.mark.slow  # tests/core/fleet/test_fleet_ddp.py proves the same on the device side in the default suite
 def test_plain_all_reduce_with_the_same_seed_trains_the_same(data: Path, secure: dict, tmp_path: Path) -> None:
-    plain = launch_fleet(_settings(data, tmp_path / "p"), FleetOptions(gpus=2, variant="plain", timeout_s=120),
+    plain = launch_gpus(_settings(data, tmp_path / "p"), FleetOptions(gpus=2, variant="plain", timeout_s=120),
                          quiet=True)
     assert plain["fleet"]["allreduce"]["sealed"] is False
     a = [v["loss_last"] for v in secure["visits"]]
@@ -107,15 +108,15 @@ def test_plain_all_reduce_with_the_same_seed_trains_the_same(data: Path, secure:
 
 
 def test_torchrun_command_passes_rendezvous_options_through(tmp_path: Path) -> None:
-    cmd = torchrun_command(tmp_path / "fleet.json", gpus=4,
+    cmd = torchrun_command(tmp_path / "fleet.json", gpus=4, entry=GPU_RANK,
                            rdzv=Rendezvous(nnodes=2, rdzv_endpoint="10.0.0.1:29400", rdzv_id="f7", max_restarts=1))
     assert cmd[1:3] == ["-m", "torch.distributed.run"]
     text = " ".join(cmd)
     for part in ("--nnodes 2", "--nproc-per-node 2", "--rdzv-backend c10d", "--rdzv-endpoint 10.0.0.1:29400",
-                 "--rdzv-id f7", "--max-restarts 1", "-m gputravel.console.fleet_rank"):
+                 "--rdzv-id f7", "--max-restarts 1", "-m gputravel.console.cli.fleet_rank"):
         assert part in text
     with pytest.raises(ConfigError):
-        torchrun_command(tmp_path / "fleet.json", gpus=3, rdzv=Rendezvous(nnodes=2))
+        torchrun_command(tmp_path / "fleet.json", gpus=3, rdzv=Rendezvous(nnodes=2), entry=GPU_RANK)
     with pytest.raises(ConfigError):
         FleetOptions(gpus=2, variant="gloo_tls")
     assert json.loads(json.dumps(FleetOptions(gpus=2).to_dict()))["gpus"] == 2
@@ -125,20 +126,20 @@ def test_torchrun_command_passes_rendezvous_options_through(tmp_path: Path) -> N
 def test_a_device_lost_for_good_stops_the_fleet_resumably(data: Path, tmp_path: Path) -> None:
     out = tmp_path / "lost"
     with pytest.raises(FleetDeviceLostError):
-        launch_fleet(_settings(data, out, fault="kill-device@TRAIN:1"), FleetOptions(gpus=2, timeout_s=120),
+        launch_gpus(_settings(data, out, fault="kill-device@TRAIN:1"), FleetOptions(gpus=2, timeout_s=120),
                      quiet=True)
     stopped = json.loads((out / "report.json").read_text())
     assert stopped["error"]["code"] == "fleet-device-lost"
     assert stopped["ledger"]["verified"] is True  # every rank's chain, and the fleet's, still prove the run
-    resumed = launch_fleet(_settings(data, out, resume=True), FleetOptions(gpus=2, timeout_s=120), quiet=True)
+    resumed = launch_gpus(_settings(data, out, resume=True), FleetOptions(gpus=2, timeout_s=120), quiet=True)
     assert resumed["fleet"]["replica_digests_equal"] is True
     assert {v["visit"] for v in resumed["visits"] if v["outcome"] == "done"} == {0, 1, 2}
 
 
 @pytest.mark.slow
 def test_console_gpus_follows_every_gpu_while_the_fleet_runs(data: Path, tmp_path: Path) -> None:
-    from gputravel.console.fleet_console import watch_fleet
-    from gputravel.console.fleet_view import FleetRecording
+    from gputravel.console.tui.fleet_console import watch_fleet
+    from gputravel.console.tui.fleet_view import FleetRecording
 
     seen: list[dict[str, object]] = []
 
@@ -163,7 +164,7 @@ def test_console_gpus_follows_every_gpu_while_the_fleet_runs(data: Path, tmp_pat
 
 def test_a_tampered_ring_hop_fails_the_step_on_every_rank_and_replicas_stay_equal(data: Path,
                                                                                  tmp_path: Path) -> None:
-    report = launch_fleet(_settings(data, tmp_path / "t"), FleetOptions(gpus=2, timeout_s=120, ring_fault="flip@0"),
+    report = launch_gpus(_settings(data, tmp_path / "t"), FleetOptions(gpus=2, timeout_s=120, ring_fault="flip@0"),
                           quiet=True)
     visits = report["visits"]
     assert all(v["outcome"] == "failed" and v["failed_phase"] == "TRAIN" for v in visits)
@@ -177,7 +178,7 @@ def test_a_tampered_ring_hop_fails_the_step_on_every_rank_and_replicas_stay_equa
 @pytest.mark.slow
 def test_torchrun_elastic_restart_brings_a_killed_rank_back_and_the_fleet_resumes(data: Path,
                                                                                   tmp_path: Path) -> None:
-    report = launch_fleet(_settings(data, tmp_path / "e", fault="kill-orchestrator@TRAIN:1"),
+    report = launch_gpus(_settings(data, tmp_path / "e", fault="kill-orchestrator@TRAIN:1"),
                           FleetOptions(gpus=2, timeout_s=120), rdzv=Rendezvous(max_restarts=1), quiet=True)
     assert report["fleet"]["replica_digests_equal"] is True
     assert sorted(v["visit"] for v in report["visits"] if v["outcome"] == "done") == [0, 1, 2]

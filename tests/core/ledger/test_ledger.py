@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from gputravel.console.cli import app
+from gputravel.console.cli.main import app
 from gputravel.core.errors import LedgerError
 from gputravel.core.ledger import (
     GENESIS_HASH,

@@ -10,7 +10,8 @@ from pathlib import Path
 from helpers import small_settings, write_holder
 from typer.testing import CliRunner
 
-from gputravel.console.cli import app
+from gputravel.console.cli.main import app
+from gputravel.console.entries import ENTRIES
 from gputravel.core import api
 from gputravel.core.ledger import parse_head, read_rows, verify_ledger
 from gputravel.core.travel.local_link import LocalHolderLink
@@ -27,7 +28,7 @@ async def test_each_hand_off_leaves_the_ledger_head_with_the_holder_and_a_cut_le
     out = tmp_path / "run"
     settings = small_settings(data, out, rounds=2, steps_per_visit=1, transport="local")
     witness = {name: tmp_path / "holders" / name / "witness.jsonl" for name in ("alice", "bob")}
-    links = [LocalHolderLink(name, data / name, val_fraction=settings.val_fraction, witness=witness[name])
+    links = [LocalHolderLink(name, data / name, agent=ENTRIES.holder_agent, val_fraction=settings.val_fraction, witness=witness[name])
              for name in ("alice", "bob")]
     report = await api.run(settings, links=links)
     assert report["failed_visits"] == 0
@@ -70,7 +71,7 @@ async def test_the_farewell_head_covers_the_last_visit(tmp_path: Path) -> None:
     out = tmp_path / "run"
     settings = small_settings(data, out, holders=1, steps_per_visit=1, transport="local")
     path = tmp_path / "alice-witness.jsonl"
-    await api.run(settings, links=[LocalHolderLink("alice", data / "alice", witness=path)])
+    await api.run(settings, links=[LocalHolderLink("alice", data / "alice", agent=ENTRIES.holder_agent, witness=path)])
     handoff, end = [json.loads(line) for line in path.read_text().splitlines()]
     db = out / "ledger.db"
     visit_done = max(r.seq for r in read_rows(db) if r.kind == "visit-completed")

@@ -12,7 +12,7 @@ import pynvml
 import pytest
 from typer.testing import CliRunner
 
-from gputravel.console import cli
+from gputravel.console.cli import main as cli
 from gputravel.core import events as ev
 from gputravel.core.telemetry import (
     NA,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from gputravel.console.cli import app
+from gputravel.console.cli.main import app
 from gputravel.core.errors import DataError
 from gputravel.core.training.corpus import (
     GENRES,

@@ -191,7 +191,7 @@ async def test_a_device_death_mid_run_names_its_last_line_in_the_visit_and_the_l
 def test_bench_train_and_bench_checkpoint_report_their_fields() -> None:
     from typer.testing import CliRunner
 
-    from gputravel.console import cli
+    from gputravel.console.cli import main as cli
 
     runner = CliRunner()
     result = runner.invoke(cli.app, ["bench", "train", "--model", "tiny", "--holders", "1", "--steps", "2",

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 from helpers import WORDS, small_settings, started, write_holder
 
-from gputravel.console import cli
+from gputravel.console.cli import main as cli
+from gputravel.console.entries import ENTRIES
 from gputravel.core import api
 from gputravel.core import events as ev
 from gputravel.core.api import resolve_holder_dirs
@@ -42,7 +43,7 @@ def small(data: Path, out: Path, **kw: Any) -> RunSettings:
 
 
 def local_links(settings: RunSettings) -> dict[str, LocalHolderLink]:
-    return {name: LocalHolderLink(name, path, val_fraction=settings.val_fraction)
+    return {name: LocalHolderLink(name, path, agent=ENTRIES.holder_agent, val_fraction=settings.val_fraction)
             for name, path in resolve_holder_dirs(settings)}
 
 
@@ -79,7 +80,8 @@ async def test_full_run_trains_every_visit_and_never_records_a_key(data_root: Pa
     monkeypatch.setattr(holders_mod.FramedHolderLink, "provision", recording)
     events: list[ev.Event] = []
     out = tmp_path / "run"
-    report = await api.run(small(data_root, out, rounds=2, steps_per_visit=10), sinks=[events.append])
+    report = await api.run(small(data_root, out, rounds=2, steps_per_visit=10), entries=ENTRIES,
+                          sinks=[events.append])
 
     visits = report["visits"]
     assert [v["holder"] for v in visits] == ["alice", "bob", "alice", "bob"]
@@ -359,9 +361,9 @@ async def test_resume_continues_a_cancelled_run_without_repeating_visits(data_ro
     assert [r.detail["visit"] for r in rows_of(out, "visit-completed")] == [0]
 
     with pytest.raises(ConfigError, match="already holds a run"):
-        await api.run(settings)
+        await api.run(settings, entries=ENTRIES)
 
-    report = await api.run(small(data_root, out, rounds=2, resume=True))
+    report = await api.run(small(data_root, out, rounds=2, resume=True), entries=ENTRIES)
     outcomes = [v["outcome"] for v in report["visits"]]
     assert outcomes == ["done (earlier run)", "done", "done", "done"]
     assert report["visits"][0]["loss_first"] is None  # not trained again
@@ -399,7 +401,7 @@ async def test_malformed_data_folder_is_a_data_error(case: str, bad_data: dict[s
                                                      tmp_path: Path) -> None:
     data, culprit = bad_data[case]
     with pytest.raises(DataError) as info:
-        await api.run(small(data, tmp_path / "out"))
+        await api.run(small(data, tmp_path / "out"), entries=ENTRIES)
     assert str(culprit) in str(info.value)
 
 
@@ -417,7 +419,7 @@ def test_cli_malformed_data_folder_exits_2_naming_the_path(case: str, bad_data: 
 async def test_device_in_devtools_mode_fails_attestation(data_root: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     with pytest.raises(AttestationError, match="devtools"):
-        await api.run(small(data_root, out, cc_mode="devtools"))
+        await api.run(small(data_root, out, cc_mode="devtools"), entries=ENTRIES)
     rows = rows_of(out)
     assert [r.kind for r in rows] == ["run-failed"]
     assert rows[0].outcome == "attestation"

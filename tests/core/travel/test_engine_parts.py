@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from helpers import write_holder
 
+from gputravel.console.entries import ENTRIES
 from gputravel.core import api
 from gputravel.core.config import RunSettings
 from gputravel.core.ledger import read_rows, verify_ledger
@@ -49,7 +50,7 @@ async def test_holders_bigger_than_the_buffer_travel_in_parts(data_root: Path, t
     out = tmp_path / "run"
     settings = RunSettings(holders=2, rounds=ROUNDS, steps_per_visit=1, batch_size=2, seq_len=16, chunk_kib=8,
                            buffer_mib=BUFFER_MIB, data_dir=data_root, out_dir=out, transport="local")
-    report = await api.run(settings)
+    report = await api.run(settings, entries=ENTRIES)
     buffer_bytes = settings.buffer_bytes
 
     # every visit ran to the end, with its integrity check and scrub

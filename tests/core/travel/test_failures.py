@@ -24,7 +24,7 @@ import pytest
 from helpers import HolderData, ServeDevice, small_settings, started, wait_for
 
 from gputravel.agents.deploy import HolderState, SshHolderLink
-from gputravel.agents.fleet import EmbeddedSshServer
+from gputravel.agents.ssh_links import EmbeddedSshServer
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import LedgerError
 from gputravel.core.ledger import LedgerRow, read_rows, verify_ledger

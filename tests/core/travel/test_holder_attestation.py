@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gputravel.agents.holder.attest import HolderAttestation
-from gputravel.console import cli
+from gputravel.console.cli import main as cli
 from gputravel.core.device.spdm import SpdmResponder
 from gputravel.core.errors import FrameError, GpuTravelError
 from gputravel.core.evidence import sim_store

@@ -17,6 +17,7 @@ import pytest
 from helpers import device_process
 
 from gputravel.agents.holder import open_dataset
+from gputravel.console.entries import ENTRIES
 from gputravel.core.deviceclient.client import DeviceClient
 from gputravel.core.protocol import TAG_LEN, FrameType, SendState, encode_frame, read_frame
 from gputravel.core.protocol.frames import frame_head
@@ -66,7 +67,7 @@ OPTIMISATIONS = [(True, True), (False, True), (False, False)]
 async def test_each_path_delivers_the_holders_bytes_exactly(holder: Path, tmp_path: Path, path: str,
                                                             parallel_auth: bool, overlap: bool) -> None:
     async with device(tmp_path, parallel_auth=parallel_auth, overlap=overlap) as (handle, client):
-        link = LocalHolderLink("h", holder)
+        link = LocalHolderLink("h", holder, agent=ENTRIES.holder_agent)
         await link.start()
         try:
             handoff = open_window(client, 1)
@@ -86,7 +87,7 @@ async def test_each_path_delivers_the_holders_bytes_exactly(holder: Path, tmp_pa
 async def test_a_chunk_tampered_on_the_wire_is_caught_and_retransmitted(holder: Path, tmp_path: Path, path: str,
                                                                         parallel_auth: bool, overlap: bool) -> None:
     async with device(tmp_path, parallel_auth=parallel_auth, overlap=overlap) as (handle, client):
-        link = LocalHolderLink("h", holder)
+        link = LocalHolderLink("h", holder, agent=ENTRIES.holder_agent)
         await link.start()
         link.tamper_on_wire = {3, 17}
         try:

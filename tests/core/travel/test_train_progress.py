@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from helpers import small_settings, started
 
-from gputravel.console import cli
+from gputravel.console.cli import main as cli
 from gputravel.core import events as ev
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import CancelledRunError
@@ -246,8 +246,8 @@ def _screen_text(app: Any, size: tuple[int, int]) -> str:
 @pytest.mark.parametrize("size", [(120, 40), (80, 24)])
 async def test_training_screen_shows_steps_spikes_and_the_pending_cancel_during_train(tmp_path: Path,
                                                                                       size: tuple[int, int]) -> None:
-    from gputravel.console.app import make_app
-    from gputravel.console.screens.training import TrainingScreen
+    from gputravel.console.tui.app import make_app
+    from gputravel.console.tui.screens.training import TrainingScreen
     from gputravel.core.recording import Recorder
 
     rec = Recorder(tmp_path / "recording.db", meta={"settings": {"holders": 1}})
@@ -321,8 +321,8 @@ def test_sigterm_mid_train_lands_within_a_slice_scrubs_and_records_the_cancelled
 
 
 def test_view_model_shows_the_pending_control_until_it_lands_and_a_cancelled_visits_scrub() -> None:
-    from gputravel.console.screens.base import summarise
-    from gputravel.console.view_model import RunState
+    from gputravel.console.tui.screens.base import summarise
+    from gputravel.console.tui.view_model import RunState
 
     state = RunState()
     t = 1000.0

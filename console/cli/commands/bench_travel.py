@@ -1,0 +1,116 @@
+"""``gputravel bench travel``: the Travelling-vs-conventional transfer study (``core.bench.travel``), wired:
+options, the holder set that runs each training run, a progress bar, the table or ``--json``."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from gputravel.console.cli.commands.bench import StudyProgress
+from gputravel.core import planner
+from gputravel.core.bench import travel
+from gputravel.core.errors import ConfigError, GpuTravelError
+
+
+def travel_progress(console: Console) -> StudyProgress:
+    """The travel study's bar: which buffer and path, visits done of those expected."""
+    return StudyProgress(TextColumn("{task.description:<30}"), BarColumn(), MofNCompleteColumn(),
+                         TextColumn("visits"), TimeElapsedColumn(), TimeRemainingColumn(), console=console)
+
+
+# --- the screen --------------------------------------------------------------------------------------------
+def _f(x: Any, fmt: str) -> str:
+    return "—" if x is None else format(x, fmt)
+
+
+def render(result: dict[str, Any], console: Console | None = None) -> None:
+    console = console or Console()
+    job = result["job"]
+    table = Table(title=f"bench travel: {job['holders']} holders × {job['holder_mib']:g} MiB, {job['model']} model, "
+                        f"batch {job['batch_size']}×{job['seq_len']}, {job['steps_per_mib']:g} steps/MiB "
+                        f"({result['seconds']:.0f} s)")
+    for col in ("buffer MiB", "path", "visits", "steps", "train s", "transfer s", "transfer %", "MB/s",
+                "conv/trav tx"):
+        table.add_column(col, justify="left" if col in ("path",) else "right")
+    rat = result.get("ratios", {})
+    for r in result["rows"]:
+        buf = travel.label(r["buffer_mib"])
+        if r["status"] != "ok":
+            table.add_row(buf, r["path"], f"[yellow]{r['status']}[/]: {r['reason']}", "", "", "", "", "", "")
+            continue
+        ratio = rat.get(str(r["buffer_mib"]), {}).get("tx_conventional_over_travelling") \
+            if r["path"] == "conventional" else None
+        table.add_row(buf, r["path"], str(r["visits"]), str(r["steps"]), _f(r["train_s"], ".2f"),
+                      _f(r["tx_s"], ".3f"), _f(r["tx_pct"], ".2f"), _f(r["mb_s"], ",.0f"),
+                      "" if ratio is None else f"{ratio:.1f}x")
+    console.print(table)
+    console.print(f"transfer % = transfer / (transfer + training); {job['steps_rule']}.")
+
+
+def register(bench_app: typer.Typer) -> None:
+    @bench_app.command("travel")
+    def travel_cmd(
+        buffer_mib: str = typer.Option("4,20,100,500,uncapped", "--buffer-mib",
+                                       help="Buffer sizes in MiB, comma-separated; 'uncapped': a holder's whole "
+                                            "data in one buffer."),
+        dataset_mib: float | None = typer.Option(None, "--dataset-mib", help="MiB of data per holder (default: "
+                                                 "max(8, 1.25 × the largest buffer that runs))."),
+        holders: int = typer.Option(2, "--holders"),
+        steps_per_mib: float = typer.Option(4.0, "--steps-per-mib",
+                                            help="Training steps per MiB of training data in a visit."),
+        model: str = typer.Option("tiny", "--model"),
+        batch_size: int = typer.Option(8, "--batch-size"),
+        seq_len: int = typer.Option(64, "--seq-len"),
+        chunk_kib: int = typer.Option(1024, "--chunk-kib"),
+        transport: str = typer.Option("ssh", "--transport", help="ssh (embedded loopback server) or local."),
+        max_mib: float | None = typer.Option(None, "--max-mib", help="Skip buffers above this size."),
+        torch_threads: int = typer.Option(1, "--torch-threads", help="Training threads (0: torch's default)."),
+        conventional_fixes: bool = typer.Option(False, "--conventional-fixes",
+                                                help="Give the conventional path parallel authentication and "
+                                                     "overlap too."),
+        as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
+    ) -> None:
+        """Travelling vs conventional: training time, transfer time and transfer % per buffer size."""
+        try:
+            buffers = planner.parse_buffer_list(buffer_mib)
+        except ConfigError as exc:
+            raise typer.BadParameter(exc.reason, param_hint="--buffer-mib") from None
+        if transport not in ("ssh", "local"):
+            raise typer.BadParameter("transport is ssh or local", param_hint="--transport")
+        for name, value in (("--dataset-mib", dataset_mib), ("--max-mib", max_mib)):
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise typer.BadParameter("must be a positive number", param_hint=name)
+        from gputravel.console import holders as holder_set
+
+        with tempfile.TemporaryDirectory(prefix="gputravel-bench-travel-") as tmp, \
+                travel_progress(Console(stderr=True)) as progress:
+            try:
+                result = travel.study(buffers, workdir=Path(tmp), run=holder_set.run, dataset_mib=dataset_mib,
+                                      holders=holders, steps_per_mib=steps_per_mib, model=model,
+                                      batch_size=batch_size, seq_len=seq_len, chunk_kib=chunk_kib,
+                                      transport=transport, max_mib=max_mib, torch_threads=torch_threads,
+                                      conventional_fixes=conventional_fixes, on_progress=progress)
+            except ConfigError as exc:
+                raise typer.BadParameter(exc.reason) from None
+        statuses = {r["status"] for r in result["rows"]}
+        if "failed" in statuses and "ok" not in statuses:  # nothing was measured: say so in the exit status
+            if as_json:  # the one JSON error object, the study's result in it
+                error = GpuTravelError("every run of the study failed (see each row's reason)")
+                error.detail = result  # type: ignore[attr-defined]
+                raise error
+            render(result)
+            Console(stderr=True).print("[red]every run of the study failed[/] (see each row's reason)")
+            raise typer.Exit(1)
+        if as_json:
+            sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        else:
+            render(result)

@@ -1,0 +1,60 @@
+"""``gputravel export RUN --format llmc|safetensors --output FILE``: a run's trained model as a public file.
+
+RUN is a run folder, a name as ``gputravel runs ls`` shows it (a unique prefix or suffix will do) or
+``latest``. The run's newest sealed checkpoint is opened with its key (``keys/checkpoint.key``) and its model
+written as llm.c's model file (fp32 version 3, or bf16 version 5 with ``--dtype bfloat16``) or as Hugging
+Face ``GPT2LMHeadModel`` safetensors (docs/checkpoints.md, "Pretrained weights in and out").
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from gputravel.console.cli.run_folder import RUNS_DIR, find_run
+
+
+class WeightsFormat(StrEnum):
+    LLMC = "llmc"
+    SAFETENSORS = "safetensors"
+
+
+class WeightsDtype(StrEnum):
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("export")
+    def export_cmd(
+        run: Annotated[str, typer.Argument(help="A run: a folder, its name under runs/ (a unique prefix or suffix "
+                                                "will do), or latest.", show_default=False)],
+        fmt: Annotated[WeightsFormat, typer.Option("--format", help="llmc (llm.c's .bin) or safetensors "
+                                                   "(Hugging Face GPT2LMHeadModel names).")] = WeightsFormat.LLMC,
+        output: Annotated[Path | None, typer.Option("--output", "-o", help="File to write.",
+                                                    show_default=False)] = None,
+        dtype: Annotated[WeightsDtype, typer.Option("--dtype", help="llmc: float32 (version 3) or bfloat16 "
+                                                    "(version 5).")] = WeightsDtype.FLOAT32,
+        runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Folder that holds the run folders.")] = RUNS_DIR,
+        as_json: Annotated[bool, typer.Option("--json", help="Print what was written as JSON.")] = False,
+    ) -> None:
+        """Write a run's model (its last sealed checkpoint) as llm.c's model file or GPT-2 safetensors."""
+        from gputravel.core.errors import ConfigError
+        from gputravel.core.training.weights import export_run
+
+        if output is None:
+            raise ConfigError("export needs --output FILE")
+        folder = find_run(run, runs_dir)
+        done = export_run(folder, output, fmt=fmt.value, dtype=dtype.value)
+        if as_json:
+            typer.echo(json.dumps(done, indent=2))
+            return
+        Console().print(f"wrote {escape(str(output))} ({done['format']}, {done['bytes']:,} bytes, "
+                        f"{done['params']:,} parameters) from {escape(done['checkpoint'])} of "
+                        f"{escape(str(folder))} ({done['steps']} steps)", highlight=False)

@@ -1,0 +1,68 @@
+"""``gputravel replay RUN``: a recorded run, headless (the console plays it with ``--replay``).
+
+``RUN`` is any run address (``console/cli/run_address.py``): a recording file, a run folder, a fleet folder (every
+rank's recording, merged in time order), a run name or ``latest``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from gputravel.console.cli.run_address import RUN_ADDRESS_HELP
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("replay")
+    def replay_cmd(
+        run: Annotated[str, typer.Argument(help=RUN_ADDRESS_HELP, metavar="RUN", show_default=False)],
+        as_json: Annotated[bool, typer.Option("--json", help="Print meta, events, telemetry and a summary.")] = False,
+        events_only: Annotated[bool, typer.Option("--events", help="Only the events (with --json).")] = False,
+    ) -> None:
+        """Print a recorded run: every event and telemetry frame, and the state it ends in."""
+        from gputravel.console.cli.run_address import resolve_run
+        from gputravel.console.tui.view_model import RunState
+        from gputravel.core.errors import ConfigError, RecordingError
+        from gputravel.core.recording import load_recording
+
+        try:
+            address = resolve_run(run)
+        except ConfigError as exc:  # what replay cannot read is a recording error, as a missing file always was
+            raise RecordingError(f"{run}: no such recording or run ({exc.reason})") from None
+        sources = address.recordings()
+        if not sources:
+            raise RecordingError(f"{run}: no recording (the run was started with --no-record)")
+        recordings = [(gpu, load_recording(path)) for gpu, path in sources]
+        state = RunState()
+        merged = sorted(((i.t, -1 if gpu is None else gpu, i.seq, gpu, i) for gpu, rec in recordings
+                         for i in rec.items), key=lambda x: x[:3])
+        for *_, gpu, item in merged:
+            if item.kind == "event":
+                state.apply(item.event(), gpu=gpu)
+        if as_json:
+            out: dict[str, Any]
+            if len(recordings) == 1 and recordings[0][0] is None:
+                out = recordings[0][1].to_dict()
+            else:  # a fleet: each rank's recording, and the events of all merged (each with its gpu)
+                out = {"path": str(address.folder), "fleet": True,
+                       "meta": {str(gpu): rec.meta for gpu, rec in recordings},
+                       "events": [{**i.body, "gpu": gpu} for *_, gpu, i in merged if i.kind == "event"],
+                       "telemetry": [{**i.body, "gpu": gpu} for *_, gpu, i in merged if i.kind == "telemetry"]}
+            if events_only:
+                out = {"events": out["events"]}
+            else:
+                out["summary"] = state.summary()
+            typer.echo(json.dumps(out, indent=2, default=str))
+            return
+        console = Console()
+        frames = sum(1 for *_, i in merged if i.kind == "telemetry")
+        where = address.file or address.folder
+        console.print(f"[bold]{escape(str(where))}[/]: {len(merged) - frames} events, {frames} telemetry "
+                      f"frames; run {state.run_id or '?'} [bold]{state.status}[/]")
+        for line in state.oplog:
+            style = {"warn": "yellow", "error": "red"}.get(line.level, "")
+            console.print(f"[{style}]{escape(line.render())}[/]" if style else escape(line.render()))

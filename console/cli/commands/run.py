@@ -1,0 +1,433 @@
+"""``gputravel run``: the headless batch mode."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import replace
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from gputravel.console.cli.options import (
+    CcMode,
+    CipherEngine,
+    DataPathChoice,
+    ModelPreset,
+    PhaseChoice,
+    TransportChoice,
+)
+from gputravel.console.cli.run_claim import RunFolder
+from gputravel.console.cli.run_end import RunEnding, control_lands
+from gputravel.console.cli.run_folder import running_marker
+from gputravel.console.cli.run_report import EXIT_PARTIAL, render_report
+from gputravel.console.run_telemetry import TELEMETRY_INTERVAL_S
+from gputravel.core import events as ev
+from gputravel.core.config import RunSettings
+from gputravel.core.errors import AttestationError, CancelledRunError, ConfigError
+
+#: Exit code when the run finished but some visits failed (each is in the report and the ledger).
+
+class HolderInjection(StrEnum):
+    """``run --inject``: what holders attest made wrong in one way (core/travel/holder_attest.py)."""
+
+    CVM_DEBUG = "cvm-debug"
+    CVM_REPORT_DATA = "cvm-report-data"
+    GPU_MEASUREMENT = "gpu-measurement"
+    GPU_NONCE = "gpu-nonce"
+
+
+# The holder options ``gputravel run`` and ``gputravel-console`` share: one default, one help text.
+# (This module imports the engine lazily, so the console can import these without loading torch.)
+HOLDERS_FILE_HELP = "Inventory (TOML) of SSH holders (sets the transport to inventory)."
+TRANSPORT_DEFAULT = TransportChoice.SSH
+TRANSPORT_HELP = ("ssh: agents deployed through a loopback SSH server (embedded default) or the --holders-file "
+                  "hosts; local: agent subprocesses.")
+DATA_PATH_DEFAULT = DataPathChoice.DIRECT
+DATA_PATH_HELP = ("direct: agents send sealed chunks straight to the device's data port; channel (or ssh): "
+                  "chunks ride the holder link (SSH channel); conventional: plaintext over SSH, re-encrypted by "
+                  "the orchestrator for the GPU's bounce buffer (the baseline without Travelling).")
+GPUS_HELP = ("Travelling GPUs: N > 1 runs a fleet, N devices each a rank of one torchrun job, gradients "
+             "all-reduced over the secure ring (docs/fleet.md).")
+CIPHER_ENGINE_HELP = ("Who opens provisioning chunks: gpu (AES-GCM kernels open ciphertext inside device memory; "
+                      "in numba's simulator on a CPU-only machine, slow), cpu (cryptography on a host core), auto "
+                      "(gpu where the buffer is on CUDA and numba-cuda sees the device, else cpu).")
+DATA_HOST_DEFAULT = "127.0.0.1"
+DATA_HOST_HELP = ("Address the device's TCP data port binds to; inventory holders with data_route = \"network\" "
+                  "connect to it, the default route forwards it through their SSH connection.")
+
+
+def default_holders(data: Path | None) -> int:
+    """``--holders`` left out: one holder per ``--data`` subfolder (3 without ``--data``: the embedded corpus)."""
+    if data is None:
+        return 3
+    try:
+        return max(1, sum(1 for p in Path(data).iterdir() if p.is_dir() and not p.name.startswith(".")))
+    except OSError:
+        return 1  # the data folder's own error comes when it is read (DataError, exit 2)
+
+
+def holder_settings(*, holders_file: Path | None, transport: str, data_path: str,
+                    data_host: str) -> dict[str, Any]:
+    """The :class:`RunSettings` fields of the holder options (an inventory file means transport inventory)."""
+    return {"transport": "inventory" if holders_file else str(transport), "holders_file": holders_file,
+            "data_path": str(data_path), "data_host": data_host}
+
+
+class RunView:
+    """Rich progress: one bar for the whole run, one for the phases of the current visit,
+    one for the bytes of the current provisioning."""
+
+    PHASES = 8
+
+    def __init__(self, console: Console, *, run_name: str | None = None) -> None:
+        self.console = console
+        self.run_name = run_name  # for the hint a pause prints
+        self.progress = Progress(TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console,
+                                 transient=False)
+        self.run_task = self.progress.add_task("visits", total=None, info="")
+        self.phase_task = self.progress.add_task("phase", total=self.PHASES, info="")
+        self.bytes_task = self.progress.add_task("provisioning", total=1, info="")
+
+    def __call__(self, event: ev.Event) -> None:
+        p = self.progress
+        if isinstance(event, ev.RunStarted):
+            p.update(self.run_task, total=event.visits_planned, info=f"run {event.run_id}")
+        elif isinstance(event, ev.DeviceAttested):
+            self.console.print(f"[bold]attested[/] {event.device_id} "
+                               f"{'[green]ok[/]' if event.ok else '[red]FAILED[/]'}"
+                               f"{'  [yellow]SIM[/] (emulated platform)' if event.sim else ''}")
+        elif isinstance(event, ev.HolderConnected):
+            self.console.print(f"holder [cyan]{event.holder}[/]: {event.train_bytes + event.val_bytes:,} bytes "
+                               f"({event.fmt}), agent {event.agent_sha256[:12]}")
+        elif isinstance(event, ev.PhaseStarted):
+            if event.phase == "ATTEST":
+                p.reset(self.phase_task, total=self.PHASES)
+                p.reset(self.bytes_task, total=1, description="provisioning", info="")
+            p.update(self.phase_task, description=f"visit {event.visit + 1} {event.holder} · {event.phase}",
+                     info=f"epoch {event.epoch}")
+        elif isinstance(event, ev.PhaseCompleted):
+            p.advance(self.phase_task)
+        elif isinstance(event, ev.ProvisionProgressed):
+            p.update(self.bytes_task, total=event.total, completed=event.nbytes,
+                     info=f"{event.nbytes / 2**20:.1f}/{event.total / 2**20:.1f} MiB")
+        elif isinstance(event, ev.TrainingProgressed):  # the third bar counts the visit's steps while TRAIN runs
+            p.update(self.phase_task, description=f"visit {event.visit + 1} {event.holder} · TRAIN "
+                                                  f"{event.step}/{event.steps}")
+            p.update(self.bytes_task, description="training steps", total=event.steps, completed=event.step,
+                     info=f"loss {event.loss:.3f} · {event.tokens_per_s:,.0f} tok/s")
+        elif isinstance(event, ev.LossSpiked):
+            self.console.print(f"  [yellow]loss spike[/] visit {event.visit + 1} {escape(event.holder)} step "
+                               f"{event.run_step}: {event.loss:.3f} > {event.factor:g} x running mean "
+                               f"{event.mean:.3f}")
+        elif isinstance(event, ev.ControlRequested):
+            self.console.print(f"[yellow]{'CANCELLING' if event.action == 'cancel' else 'PAUSING'}...[/] "
+                               f"({f'{event.phase}: ' if event.phase else ''}lands "
+                               f"{control_lands(event.action, event.phase)})")
+        elif isinstance(event, ev.VisitCancelled):
+            self.console.print(f"  [yellow]visit {event.visit + 1} {escape(event.holder)} cancelled[/] in "
+                               f"{event.phase or '-'}{f' after {event.steps} steps' if event.phase == 'TRAIN' else ''}"
+                               f"; buffer scrub "
+                               f"{'verified' if event.scrub_verified else '[red]NOT verified[/]'}")
+        elif isinstance(event, ev.TrainingStepped):
+            p.update(self.bytes_task, description="training steps", total=len(event.losses),
+                     completed=len(event.losses), info="")
+            last = event.losses[-1]
+            val = f", val {event.val_loss:.3f}" if event.val_loss is not None else ""
+            self.console.print(f"  visit {event.visit + 1} [cyan]{event.holder}[/]: loss {event.losses[0]:.3f} → "
+                               f"{last:.3f}{val}  ({event.tokens_per_s:,.0f} tok/s)")
+        elif isinstance(event, ev.ChunkRejected):
+            self.console.print(f"  [yellow]chunk rejected[/] {escape(event.holder)} seq {event.seq}: {event.code} "
+                               f"({escape(event.reason)})")
+        elif isinstance(event, ev.VisitCompleted):
+            p.advance(self.run_task)
+        elif isinstance(event, ev.VisitFailed):
+            p.advance(self.run_task)
+            self.console.print(f"  [red]visit {event.visit + 1} {escape(event.holder)} failed[/] in {event.phase}: "
+                               f"{escape(event.error)}")
+        elif isinstance(event, ev.RunPaused):
+            where = f"in {event.within}" if event.within else f"before {event.next_phase}"
+            self.console.print(f"[yellow]paused[/] ({event.reason}) {where}")
+            if self.run_name is not None:
+                self.console.print(continue_hint(self.run_name), highlight=False, soft_wrap=True)
+
+
+#: the signals a headless run continues on: resume (to the next breakpoint) and step (one phase)
+RESUME_SIGNAL, STEP_SIGNAL = signal.SIGUSR1, signal.SIGUSR2
+
+
+def continue_hint(run_name: str) -> str:
+    """What a headless pause says: how to go on, one whole command a line (never wrapped inside one at 80
+    columns)."""
+    return (f"  continue: gputravel runs resume {run_name}  (to the next breakpoint)\n"
+            f"            gputravel runs step {run_name}    (one phase)\n"
+            f"            kill -USR1 {os.getpid()}\n"
+            f"  stop:     gputravel runs stop {run_name}")
+
+
+def resolve_out_dir(out: Path | None, *, resume: bool, runs: Path = Path("runs"), create: bool = True) -> Path:
+    """A fresh ``runs/run-<time>`` (linked as ``runs/latest``) unless ``--out`` names one;
+    ``--resume`` without ``--out`` continues ``runs/latest``. With ``create=False`` the fresh folder is only
+    named: nothing is created and ``runs/latest`` stays (see :class:`RunFolder`)."""
+    if out is not None:
+        return out
+    latest = runs / "latest"
+    if resume:
+        if not latest.exists():
+            raise ConfigError("--resume without --out continues runs/latest, and there is none")
+        return latest.resolve()
+    stamp = time.strftime("run-%Y%m%d-%H%M%S")
+    out = runs / stamp
+    n = 1
+    while out.exists():
+        n += 1
+        out = runs / f"{stamp}-{n}"
+    if create:
+        RunFolder(out, runs=runs, link_latest=True).claim()
+    return out
+
+
+def fresh_settings(out: Path | None, **options: Any) -> tuple[RunSettings, RunFolder]:
+    """The settings of a new run, validated before anything is created, and its (not yet created) folder."""
+    settings = RunSettings(out_dir=out or Path("runs") / "pending", **options)  # validates every option
+    if settings.holders_file is not None:  # the inventory too: types, ranges, keys (agents/inventory.py)
+        from gputravel.agents.inventory import load_inventory
+
+        load_inventory(settings.holders_file)
+    folder = RunFolder(resolve_out_dir(out, resume=False, create=False), link_latest=out is None)
+    return replace(settings, out_dir=folder.out), folder
+
+
+HOLDERS_PANEL, MODEL_PANEL, DATA_PANEL, FAULTS_PANEL, OUTPUT_PANEL = ("Holders", "Model and training", "Data path",
+                                                                     "Control and faults", "Run folder and output")
+FLEET_PANEL = "Fleet (--gpus N, torchrun)"
+
+
+def parse_breakpoints(values: list[PhaseChoice] | list[str]) -> tuple[str, ...]:
+    """``--break-before`` values as phase names; a name that is no phase is a usage error naming them."""
+    out = []
+    for value in values:
+        try:
+            out.append(str(PhaseChoice(str(value).upper())))
+        except ValueError:
+            raise typer.BadParameter(f"{value!r} is no phase: choose {', '.join(p.value for p in PhaseChoice)}",
+                                     param_hint="--break-before") from None
+    return tuple(out)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("run")
+    def run_cmd(
+        holders: int | None = typer.Option(None, help="Number of holders (default: one per --data subfolder; "
+                                           "without --data 3, the embedded corpus's comedies, tragedies, "
+                                           "histories).", show_default=False, rich_help_panel=HOLDERS_PANEL),
+        holders_file: Path | None = typer.Option(None, "--holders-file", help=HOLDERS_FILE_HELP,
+                                                 rich_help_panel=HOLDERS_PANEL),
+        transport: TransportChoice = typer.Option(TRANSPORT_DEFAULT, help=TRANSPORT_HELP,
+                                                  rich_help_panel=HOLDERS_PANEL),
+        data: Path | None = typer.Option(None, "--data", help="One subfolder per holder (.txt or llm.c .bin).",
+                                         rich_help_panel=HOLDERS_PANEL),
+        model: ModelPreset = typer.Option(ModelPreset.TINY, help="Model preset.", rich_help_panel=MODEL_PANEL),
+        init_from: Path | None = typer.Option(None, "--init-from", rich_help_panel=MODEL_PANEL, help="Start from "
+                                              "pretrained weights: llm.c's .bin or GPT-2 safetensors (the model's "
+                                              "shape comes from the file)."),
+        rounds: int = typer.Option(2, help="Rounds over all holders' data.", rich_help_panel=MODEL_PANEL),
+        steps_per_visit: int = typer.Option(20, help="Training steps per visit.", rich_help_panel=MODEL_PANEL),
+        batch_size: int = typer.Option(16, help="Sequences per training step.", rich_help_panel=MODEL_PANEL),
+        seq_len: int = typer.Option(128, help="Tokens per sequence.", rich_help_panel=MODEL_PANEL),
+        lr: float = typer.Option(3e-3, help="Learning rate (AdamW).", rich_help_panel=MODEL_PANEL),
+        seed: int = typer.Option(1337, help="Seed of the model and the batches.", rich_help_panel=MODEL_PANEL),
+        device: str | None = typer.Option(None, help="torch device for the emulated GPU (default: cuda if present).",
+                                          rich_help_panel=MODEL_PANEL),
+        data_path: DataPathChoice = typer.Option(DATA_PATH_DEFAULT, help=DATA_PATH_HELP, rich_help_panel=DATA_PANEL),
+        data_host: str = typer.Option(DATA_HOST_DEFAULT, "--data-host", help=DATA_HOST_HELP,
+                                      rich_help_panel=DATA_PANEL),
+        buffer_mib: float = typer.Option(4.0, help="GPU data buffer size (MiB); a bigger holder takes passes.",
+                                         rich_help_panel=DATA_PANEL),
+        chunk_kib: int = typer.Option(1024, help="Provisioning chunk size (KiB).", rich_help_panel=DATA_PANEL),
+        cipher_engine: CipherEngine = typer.Option(CipherEngine.AUTO, "--cipher-engine", help=CIPHER_ENGINE_HELP,
+                                                   rich_help_panel=DATA_PANEL),
+        cc_mode: CcMode = typer.Option(CcMode.ON, "--cc-mode", help="Mode the emulated GPU starts in (devtools "
+                                       "fails attestation, as a real device in that mode would).",
+                                       rich_help_panel=FAULTS_PANEL),
+        break_before: list[PhaseChoice] = typer.Option([], "--break-before", case_sensitive=False,
+                                                       help="Pause before this phase (repeatable).",
+                                                       rich_help_panel=FAULTS_PANEL),
+        visit_attempts: int = typer.Option(2, help="A failed visit is redone up to this many times in all.",
+                                           rich_help_panel=FAULTS_PANEL),
+        checkpoint_every: int = typer.Option(1, "--checkpoint-every", min=1, rich_help_panel=OUTPUT_PANEL,
+                                             help="Checkpoint every N visits (and the last), in the background; a "
+                                             "visit is resumable once its checkpoint is durable."),
+        keep_checkpoints: int = typer.Option(2, "--keep-checkpoints", min=1, rich_help_panel=OUTPUT_PANEL,
+                                             help="Sealed checkpoints kept in the run folder."),
+        fault: str | None = typer.Option(None, "--fault", hidden=True,
+                                         help="Fault injection: kill-orchestrator|kill-device|kill-agent@PHASE:VISIT[+S]"),
+        inject: HolderInjection | None = typer.Option(
+            None, "--inject", help="Make what holders attest wrong in one way (the CVM's quote: cvm-debug, "
+            "cvm-report-data; the GPU's evidence: gpu-measurement, gpu-nonce): every holder refuses, no key is "
+            "released, exit 3.", rich_help_panel=FAULTS_PANEL),
+        out: Path | None = typer.Option(None, "--out", help="Run folder: ledger, checkpoints, keys "
+                                        "(default: a new runs/run-<time>, linked as runs/latest).",
+                                        rich_help_panel=OUTPUT_PANEL),
+        resume: bool = typer.Option(False, "--resume", help="Continue the run in --out (default runs/latest) "
+                                    "from its last checkpoint and ledger.", rich_help_panel=OUTPUT_PANEL),
+        record: Path | None = typer.Option(None, "--record", help="Record events and GPU telemetry (NVML, or the "
+                                           "emulated device's SIM counters) to this file for `gputravel replay` / "
+                                           "`gputravel-console --replay` (default: <out>/recording.db).",
+                                           rich_help_panel=OUTPUT_PANEL),
+        no_record: bool = typer.Option(False, "--no-record", help="Do not record the run.",
+                                       rich_help_panel=OUTPUT_PANEL),
+        telemetry_interval: float = typer.Option(TELEMETRY_INTERVAL_S, "--telemetry-interval", min=0.1,
+                                                 help="Seconds between the telemetry samples recorded.",
+                                                 rich_help_panel=OUTPUT_PANEL),
+        as_json: bool = typer.Option(False, "--json", help="Print the final report as JSON on stdout.",
+                                     rich_help_panel=OUTPUT_PANEL),
+        gpus: int = typer.Option(1, "--gpus", min=1, help=GPUS_HELP, rich_help_panel=FLEET_PANEL),
+        fleet_variant: str = typer.Option("secure_pipelined", "--fleet-allreduce", rich_help_panel=FLEET_PANEL,
+                                          help="The fleet's gradient all-reduce: secure_pipelined, secure_naive, "
+                                          "ring (plaintext) or plain."),
+        nnodes: int = typer.Option(1, "--nnodes", min=1, rich_help_panel=FLEET_PANEL,
+                                   help="torchrun: hosts of the fleet (--gpus is the total)."),
+        rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", rich_help_panel=FLEET_PANEL,
+                                                 help="torchrun: HOST:PORT of the c10d rendezvous."),
+        rdzv_id: str | None = typer.Option(None, "--rdzv-id", rich_help_panel=FLEET_PANEL,
+                                           help="torchrun: the job's rendezvous id."),
+        max_restarts: int = typer.Option(0, "--max-restarts", min=0, rich_help_panel=FLEET_PANEL,
+                                         help="torchrun: elastic restarts of the fleet's ranks (they resume)."),
+    ) -> None:
+        """Run collaborative training: the GPU travels holder to holder (--gpus N: a fleet, docs/fleet.md)."""
+        options: dict[str, Any] = dict(
+            holders=holders if holders is not None else default_holders(data), rounds=rounds, steps_per_visit=steps_per_visit, buffer_mib=buffer_mib, data_dir=data,
+            chunk_kib=chunk_kib, model=model.value, batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed,
+            device=device, cc_mode=cc_mode.value, breakpoints=parse_breakpoints(break_before),
+            visit_attempts=visit_attempts, fault=fault, cipher_engine=cipher_engine.value, init_from=init_from,
+            holder_inject=inject.value if inject is not None else None,
+            checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
+            **holder_settings(holders_file=holders_file, transport=transport.value, data_path=data_path.value,
+                              data_host=data_host))
+        fleet = gpus > 1 or nnodes > 1
+        if fleet and init_from is not None:
+            raise ConfigError("--init-from loads one device's model; a fleet (--gpus, --nnodes) does not take it yet")
+        if resume:
+            from gputravel.core.api import resume_settings
+
+            out = resolve_out_dir(out, resume=True)
+            if fleet or (out / "fleet.json").exists():
+                settings = RunSettings(out_dir=out, resume=True, **options)
+            else:
+                settings = resume_settings(out, fault=fault)
+            folder = RunFolder(out)
+        else:
+            if init_from is not None:  # a bad weights file is refused before anything is created
+                from gputravel.core.training.weights import read_config
+
+                read_config(init_from)
+            settings, folder = fresh_settings(out, **options)  # validated before anything is created
+        if fleet or (resume and (Path(settings.out_dir) / "fleet.json").exists()):
+            from gputravel.console.cli.commands.run_fleet import run_fleet
+
+            folder.claim()
+            try:
+                with running_marker(folder.out, owner="gputravel run --gpus"):
+                    run_fleet(settings, gpus=gpus, variant=fleet_variant, nnodes=nnodes,
+                              rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, max_restarts=max_restarts,
+                              as_json=as_json)
+            finally:
+                folder.tighten()
+            return
+        console = Console(stderr=True) if as_json else Console()
+        view = RunView(console, run_name=Path(settings.out_dir).name)
+        ending = RunEnding(Path(settings.out_dir))  # writes status.json when the run pauses and ends
+        sinks: list[Any] = [view, ending]
+        recorder = None
+        folder.claim()
+        ok = False
+        error: BaseException | None = None
+        try:
+            if not no_record:
+                from gputravel.core.recording import Recorder
+
+                recorder = Recorder(record or Path(settings.out_dir) / "recording.db",
+                                    meta={"source": "gputravel run", "settings": settings.to_dict(),
+                                          "ledger": str(Path(settings.out_dir) / "ledger.db"),
+                                          "started_at": time.time(), "pid": os.getpid()})
+                sinks.append(recorder)
+            with running_marker(Path(settings.out_dir), owner="gputravel run"), view.progress:
+                report = asyncio.run(_run_until_stopped(settings, sinks=sinks, recorder=recorder,
+                                                        telemetry_interval=telemetry_interval))
+            ok = True
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            ending.finish(error, recorder=recorder)
+            if recorder is not None:
+                recorder.close()
+            if not ok:
+                folder.release_if_empty()
+            folder.tighten()  # what a part wrote with its own mode (public certificates): 0600 too
+        if as_json:
+            sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        else:
+            render_report(console, report)
+        refusals = report.get("holder_refusals") or []
+        if report["failed_visits"] and refusals:  # a holder's own attestation refused: no key released
+            first = refusals[0]  # the report (stdout with --json) is complete: the error goes to stderr, exit 3
+            typer.echo(f"error: AttestationError: holder {first['holder']} refused the attestation: "
+                       f"{first['claim']} ({len(refusals)} refusal(s); no key released)", err=True)
+            raise typer.Exit(AttestationError.exit_code)
+        if report["failed_visits"]:
+            raise typer.Exit(EXIT_PARTIAL)
+
+
+async def _run_until_stopped(settings: RunSettings, **kw: Any) -> dict[str, Any]:
+    """The run, ended by SIGTERM (``gputravel runs stop``) as by the operator: the run's task is cancelled, the
+    device service and the agents are stopped, and the run's final event says ``cancelled``."""
+    from gputravel.console.holders import run as holders_run
+
+    controls: list[Any] = []  # the engine's Control, once built
+    task = asyncio.ensure_future(holders_run(settings, on_control=controls.append, **kw))
+    loop = asyncio.get_running_loop()
+    stopped = False
+
+    def stop() -> None:
+        nonlocal stopped
+        if not stopped:  # the pending state, in the output and the recording: CANCELLING... until it lands
+            for sink in kw.get("sinks", ()):
+                sink(ev.ControlRequested(time.time(), "cancel", None))
+        stopped = True
+        task.cancel()
+
+    def resume() -> None:  # `gputravel runs resume RUN`: on to the next breakpoint
+        for control in controls:
+            control.resume()
+
+    def step() -> None:  # `gputravel runs step RUN`: one phase, then paused again
+        for control in controls:
+            control.step()
+
+    handlers = ((signal.SIGTERM, stop), (RESUME_SIGNAL, resume), (STEP_SIGNAL, step))
+    for signum, handler in handlers:
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread, or no signals here
+            loop.add_signal_handler(signum, handler)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if stopped:
+            raise CancelledRunError("stopped by SIGTERM (gputravel runs stop)") from None
+        raise
+    finally:
+        for signum, _ in handlers:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(signum)

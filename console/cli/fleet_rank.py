@@ -1,0 +1,74 @@
+"""One torchrun rank of ``gputravel run --gpus N``: ``python -m gputravel.console.cli.fleet_rank --config FILE``.
+
+torchrun starts N of these (see docs/fleet.md; the module is ``console.entries.GPU_RANK``); each composes its
+holders' links like ``gputravel run`` (the embedded loopback SSH server, an inventory, or local agents) and
+awaits :func:`gputravel.core.fleet.run.run_rank`, which composes the rank's run (``core.compose``). Progress goes to stderr, one line per fact, prefixed by the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import faulthandler
+import os
+import signal
+import sys
+from pathlib import Path
+
+from gputravel.console.entries import ENTRIES
+from gputravel.console.holders import HolderSet
+from gputravel.core import events as ev
+from gputravel.core.errors import GpuTravelError
+from gputravel.core.fleet.run import load_config, run_rank
+from gputravel.core.recording import Recorder
+
+
+class _Lines:
+    """Progress as plain lines on stderr (torchrun interleaves the ranks' output)."""
+
+    def __init__(self, rank: int) -> None:
+        self.tag = f"[gpu {rank}]"
+
+    def __call__(self, event: ev.Event) -> None:
+        line = None
+        if isinstance(event, ev.DeviceAttested):
+            line = f"attested {event.device_id} {'ok' if event.ok else 'FAILED'}"
+        elif isinstance(event, ev.TrainingStepped):
+            line = f"visit {event.visit + 1} {event.holder}: loss {event.losses[0]:.3f} -> {event.losses[-1]:.3f}"
+        elif isinstance(event, ev.VisitFailed):
+            line = f"visit {event.visit + 1} {event.holder} failed in {event.phase}: {event.error}"
+        elif isinstance(event, ev.RunCompleted):
+            line = f"done: {event.visits} visits, {event.failed} failed, {event.seconds:.1f} s"
+        if line:
+            print(f"{self.tag} {line}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m gputravel.console.cli.fleet_rank")
+    parser.add_argument("--config", required=True, type=Path, help="<out>/fleet.json, written by gputravel run")
+    ns = parser.parse_args(argv)
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID`: where a hung rank is, on its stderr
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        settings, fleet = load_config(ns.config)
+        holders = HolderSet(settings)
+        # each GPU's events and telemetry, for `gputravel-console --replay <out>/rank-R/recording.db`
+        (Path(settings.out_dir) / f"rank-{rank}").mkdir(parents=True, exist_ok=True)
+        recorder = Recorder(Path(settings.out_dir) / f"rank-{rank}" / "recording.db",
+                            meta={"source": "gputravel run --gpus", "gpu": rank, "gpus": fleet.gpus,
+                                  "ledger": str(Path(settings.out_dir) / f"rank-{rank}" / "ledger.db")})
+        try:
+            links = holders.links()
+            # and its device's telemetry, sampled once a second into the same recording
+            asyncio.run(run_rank(settings, fleet, links=links, entries=ENTRIES, sinks=[_Lines(rank), recorder],
+                                 telemetry=recorder.record_telemetry))
+        finally:
+            recorder.close()
+            holders.close()
+    except GpuTravelError as exc:
+        print(f"[gpu {os.environ.get('RANK', '?')}] {exc}", file=sys.stderr, flush=True)
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""The ``gputravel`` command line (headless batch mode).
+
+Each command lives in its own module under ``console/commands`` and exposes ``register(app)``; a module is
+imported only when its command runs (:class:`LazyCommandGroup`), so commands that need no model start fast.
+Errors from the engine are ``GpuTravelError`` subclasses; ``main`` maps them to exit codes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import traceback
+from typing import Any
+
+import typer
+import typer.main
+
+from gputravel.console.cli.errors import (
+    CTRL_C,
+    REPORTED,
+    ErrorReportingGroup,
+    error_envelope,
+    fail,
+    wants_json,
+)
+from gputravel.console.cli.options import quiet_flag_types, version_callback
+from gputravel.core.errors import GpuTravelError
+
+__all__ = ["app", "error_envelope", "fail", "main", "wants_json"]
+
+COMMAND_MODULES = ("run", "attest", "ledger", "data", "bench", "telemetry", "agents", "replay", "plan", "runs",
+                   "export")
+
+
+class LazyCommandGroup(ErrorReportingGroup):
+    """The root group: each command's module (``console/cli/commands/<name>.py``, which exposes ``register(app)``
+    and adds the command of its own name) is imported only when that command runs or help lists it, so
+    ``gputravel --version`` and ``gputravel runs ls`` import no torch (a bench module does)."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return [*(n for n in COMMAND_MODULES if self.get_command(ctx, n) is not None),
+                *(n for n in self.commands if n not in COMMAND_MODULES)]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name not in self.commands and cmd_name in COMMAND_MODULES:
+            self._load(cmd_name)
+        return self.commands.get(cmd_name)
+
+    def _load(self, name: str) -> None:
+        try:
+            module = importlib.import_module(f"gputravel.console.cli.commands.{name}")
+        except ModuleNotFoundError as exc:  # a command module not written yet must not break the others
+            if exc.name != f"gputravel.console.cli.commands.{name}":
+                raise
+            return
+        holder = typer.Typer()
+        module.register(holder)
+        self.commands.update(typer.main.get_group(holder).commands)
+
+
+quiet_flag_types()
+app = typer.Typer(
+    name="gputravel",
+    cls=LazyCommandGroup,  # commands load lazily; their errors are reported in one place (console/cli/errors.py)
+    help="Confidential collaborative training with a travelling confidential GPU.",
+    no_args_is_help=True,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, PowerShell)
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=version_callback, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """Confidential collaborative training with a travelling confidential GPU."""
+
+
+def main() -> None:
+    """Entry point: run the typer app, turning gputravel errors into documented exit codes."""
+    try:
+        code = app(standalone_mode=False)  # a command's errors are reported by ErrorReportingGroup
+        sys.exit(code if isinstance(code, int) else 0)
+    except GpuTravelError as exc:
+        fail(type(exc).__name__, exc.reason, exc.exit_code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        fail("CancelledRunError", CTRL_C, 130)
+    except Exception as exc:  # usage errors: click's, or the click that typer vendors (typer._click)
+        show, code = getattr(exc, "show", None), getattr(exc, "exit_code", None)
+        if callable(show) and isinstance(code, int):
+            if wants_json() and not getattr(exc, REPORTED, False):
+                message = getattr(exc, "format_message", None)
+                fail(type(exc).__name__, message() if callable(message) else str(exc), code)
+            show()
+            sys.exit(code)
+        if wants_json():  # a bug: its traceback on stderr, and still the one JSON error object on stdout
+            traceback.print_exc()
+            fail(type(exc).__name__, f"internal error (a bug in gputravel): {exc}", 1)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""A run's folder as ``gputravel run`` claims it: only after the settings were validated, and given back
+when the run fails before its ledger exists (``RunFolder``; the folder's status lives in ``run_folder``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from gputravel.console.cli.run_address import is_run_folder
+from gputravel.core.files import close_folder, keep_private, make_tree_private
+
+
+def _empty_folder(path: Path) -> bool:
+    try:
+        return path.is_dir() and not any(path.iterdir())
+    except OSError:
+        return False
+
+
+class RunFolder:
+    """A run's folder, created only once the settings were validated, and taken back when the run fails
+    before its ledger exists (nothing to audit or resume): the folder is removed and ``runs/latest``
+    points where it pointed before. A run killed outright keeps its folder, which ``--resume`` then starts."""
+
+    def __init__(self, out: Path, *, runs: Path = Path("runs"), link_latest: bool = False) -> None:
+        self.out = Path(out)
+        self.runs = runs
+        self.latest = runs / "latest"
+        self.link_latest = link_latest
+        self.created = not self.out.exists()
+        self.runs_created = link_latest and not runs.exists()
+        self.previous: str | None = None
+        self.ours = self.created
+
+    def claim(self) -> None:
+        """Create the folder (0700) and make this process write only private files from now on (umask 0077:
+        ledger.db, recording.db and SQLite's -wal/-shm, settings.json, logs, checkpoints: 0600). A folder that
+        already exists and is a run's (``--resume``) or empty (``--out``) is closed to others (0700); the files
+        in it keep their modes, so a key others could read is still refused by name, never quietly fixed."""
+        keep_private()
+        self.ours = self.created or is_run_folder(self.out) or _empty_folder(self.out)  # never a user's folder
+        self.out.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.tighten()
+        if self.link_latest:
+            if self.latest.is_symlink():
+                self.previous = os.readlink(self.latest)
+            if self.latest.is_symlink() or self.latest.exists():
+                self.latest.unlink()
+            self.latest.symlink_to(self.out.name)
+
+    def tighten(self) -> None:
+        """A folder created for this run: group and other bits off it and everything in it (what a part wrote
+        with its own mode, e.g. the emulated PKI's public certificates). A run folder that existed before: off
+        the folder itself only. An ``--out`` naming some other folder of the user's: nothing (the run's own
+        files there are private through the umask)."""
+        if not self.ours or not self.out.exists():
+            return
+        if self.created:
+            make_tree_private(self.out)
+            return
+        close_folder(self.out)
+
+    def release_if_empty(self) -> None:
+        """After a failed run: undo :meth:`claim` unless the run got as far as its ledger."""
+        if not self.created or (self.out / "ledger.db").exists():
+            return
+        shutil.rmtree(self.out, ignore_errors=True)
+        if self.link_latest and self.latest.is_symlink() and os.readlink(self.latest) == self.out.name:
+            self.latest.unlink()
+            if self.previous is not None:
+                self.latest.symlink_to(self.previous)
+        if self.runs_created:
+            try:
+                self.runs.rmdir()  # only when empty again
+            except OSError:
+                pass

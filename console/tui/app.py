@@ -1,0 +1,507 @@
+"""``gputravel-console``: the operator console.
+
+The app is the composition root: it owns one bridge (live engine or recording), renders the bridge's
+:class:`~gputravel.console.tui.view_model.RunState` on the current screen, and turns keys, the ``:`` line and the
+command palette into the bridge's controls. Engine work runs in workers; nothing here blocks the loop.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from textual import work
+from textual.app import ScreenStackError
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.worker import Worker, WorkerState
+
+from gputravel.console.cli.commands.run import (
+    DATA_HOST_DEFAULT,
+    DATA_HOST_HELP,
+    DATA_PATH_DEFAULT,
+    DATA_PATH_HELP,
+    HOLDERS_FILE_HELP,
+    TRANSPORT_DEFAULT,
+    TRANSPORT_HELP,
+    holder_settings,
+    parse_breakpoints,
+    resolve_out_dir,
+)
+from gputravel.console.cli.options import (
+    DataPathChoice,
+    PhaseChoice,
+    ThemeChoice,
+    TransportChoice,
+    quiet_flag_types,
+    version_callback,
+)
+from gputravel.console.cli.run_folder import clear_running, mark_running
+from gputravel.console.tui.app_commands import (
+    CONTROL_ACTIONS,
+    SCREENS_IN_ORDER,
+    VIEW_ACTIONS,
+    ConsoleCommands,
+)
+from gputravel.console.tui.bridge import Bridge, LiveBridge
+from gputravel.console.tui.fleet_view import FleetBridge, FleetRecording, is_fleet_folder
+from gputravel.console.tui.replay_bridge import ReplayBridge
+from gputravel.console.tui.screens.base import ConsoleScreen
+from gputravel.console.tui.screens.bench import BenchRunner, BenchScreen
+from gputravel.console.tui.screens.confirm import ConfirmScreen
+from gputravel.console.tui.screens.gpu import GpuScreen
+from gputravel.console.tui.screens.holders import HoldersScreen
+from gputravel.console.tui.screens.ledger import LedgerScreen
+from gputravel.console.tui.screens.training import TrainingScreen
+from gputravel.console.tui.screens.travel import TravelScreen
+from gputravel.core.errors import GpuTravelError
+from gputravel.core.recording import Recording, load_recording
+from gputravel.core.telemetry import Sampler
+from gputravel.core.travel.phases import Phase
+from gputravel.themes import CSS_PATH, THEMES, theme_name
+
+__all__ = ["GpuTravelConsole", "main", "make_app"]
+
+class GpuTravelConsole(ConsoleCommands):
+    """Watch the GPU travel, step the protocol, read the GPU's health, run benchmarks, audit the ledger."""
+
+    CSS_PATH = CSS_PATH
+    TITLE = "gputravel"
+    DEFAULT_MODE = "travel"
+    #: Compact layout below 110 columns and below 32 rows (nvitop's compact mode, for 80x24 terminals).
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]
+    MODES = {"travel": TravelScreen, "holders": HoldersScreen, "training": TrainingScreen, "gpu": GpuScreen,
+             "bench": BenchScreen, "ledger": LedgerScreen}
+    BINDINGS = [
+        Binding("space", "step", "Step"),
+        Binding("p", "toggle_pause", "Pause/resume"),
+        Binding("b", "toggle_break", "Break@HANDOFF"),
+        Binding("r", "run", "Run"),
+        Binding("c", "cancel", "Cancel"),
+        Binding("left_square_bracket", "jump_visit(-1)", "Prev visit"),
+        Binding("right_square_bracket", "jump_visit(1)", "Next visit"),
+        Binding("home", "seek('start')", "Start", show=False),
+        Binding("end", "seek('end')", "End", show=False),
+        *(Binding(str(i + 1), f"show_screen('{name}')", name.title(), show=False)
+          for i, name in enumerate(SCREENS_IN_ORDER)),
+        Binding("colon", "command_line", ":cmd"),
+        Binding("question_mark,f1", "show_help", "Help"),
+        Binding("o", "toggle_log", "Ops log", show=False),
+        Binding("f12", "save_screenshot", "Screenshot", show=False),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    def __init__(self, *, engine_factory: Callable[[], Any] | None = None,
+                 replay: Recording | FleetRecording | None = None,
+                 theme: str = "dark", readonly: bool = False, record: Path | bool = True,
+                 telemetry_interval: float = 1.0, sampler: Sampler | None = None,
+                 bench_runner: BenchRunner | None = None, follow: bool = False, replay_speed: float = 8.0,
+                 breakpoints: tuple[str, ...] = ()) -> None:
+        super().__init__()
+        if engine_factory is None and replay is None:
+            raise ValueError("make_app needs an engine_factory or a recording to replay")
+        self.readonly = readonly
+        self.telemetry_interval = telemetry_interval
+        self.bench_runner = bench_runner
+        self.theme_choice = theme
+        self.bridge: Bridge
+        if isinstance(replay, FleetRecording):  # a fleet: its ranks' recordings merged; NVML while it runs
+            self.bridge = FleetBridge(self, replay, follow=follow, speed=replay_speed,
+                                      sampler=(sampler or Sampler()) if follow else None)
+        elif replay is not None:
+            self.bridge = ReplayBridge(self, replay, follow=follow, speed=replay_speed)
+        else:
+            self.bridge = LiveBridge(self, engine_factory=engine_factory, sampler=sampler,  # type: ignore[arg-type]
+                                     record=record)
+        self.run_worker_handle: Worker[Any] | None = None
+        #: called once the first screen is drawn (``--gpus N`` starts its fleet then)
+        self.when_ready: Callable[[], None] | None = None
+        self.bridge.preset_breakpoints(Phase(phase) for phase in breakpoints)  # --break-before
+        for theme_obj in THEMES.values():
+            self.register_theme(theme_obj)
+        self.theme = theme_name(theme)
+
+    # --- lifetime -------------------------------------------------------------------------------
+    def on_mount(self) -> None:
+        if self.readonly:
+            self.sub_title = "read-only"
+        if self.bridge.live:
+            self.set_interval(0.1, self.bridge.sync_control, name="control-sync")
+        if self.bridge.replay:
+            self.play_recording()
+        self.bridge.begin()
+        if self.bridge.polls_telemetry:
+            self.poll_telemetry()
+        self.render_state()
+        if self.when_ready is not None:
+            self.call_after_refresh(self.when_ready)
+
+    async def on_unmount(self) -> None:
+        import asyncio
+
+        if self.bridge.live and self.bridge.running:
+            self.bridge.cancel()
+        await asyncio.to_thread(self.bridge.close)
+
+    # --- workers --------------------------------------------------------------------------------
+    @work(exclusive=True, group="visit", exit_on_error=False)
+    async def run_visits(self, stepping: bool = False) -> dict[str, Any] | None:
+        return await self.bridge.drive(stepping=stepping)
+
+    @work(exclusive=True, group="telemetry-poll", exit_on_error=False)
+    async def poll_telemetry(self) -> None:
+        await self.bridge.poll_telemetry(self.telemetry_interval)
+
+    @work(exclusive=True, group="replay", exit_on_error=False)
+    async def play_recording(self) -> None:
+        await self.bridge.play()
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.state is WorkerState.ERROR and event.worker.error is not None:
+            self.notify(f"{event.worker.name}: {event.worker.error}", severity="error", timeout=8, markup=False)
+
+    # --- bridge messages ----------------------------------------------------------------------
+    def on_bridge_state_changed(self, message: Bridge.StateChanged) -> None:
+        self.render_state()
+
+    def on_bridge_telemetry_ticked(self, message: Bridge.TelemetryTicked) -> None:
+        frame = self.bridge.take_frame()
+        screen = self.current_screen()
+        if isinstance(screen, GpuScreen) and frame is not None:
+            screen.show_telemetry(frame, self.bridge.history, last_devices=self.bridge.last_devices)
+
+    def on_bridge_notice(self, message: Bridge.Notice) -> None:
+        self.notify(message.text, severity=message.severity, timeout=8, markup=False)  # type: ignore[arg-type]
+
+    def on_console_screen_shown(self, message: ConsoleScreen.Shown) -> None:
+        self.render_state()
+
+    def render_state(self) -> None:
+        """Attributes down: hand the current screen the state (and, for the GPU screen, the latest frame)."""
+        screen = self.current_screen()
+        if isinstance(screen, ConsoleScreen) and screen.is_mounted:
+            context = {"readonly": self.readonly, "ledger_path": self.bridge.ledger_path,
+                       "frame": self.bridge.latest_frame, "history": self.bridge.history,
+                       "last_devices": self.bridge.last_devices,
+                       "live_fleet": self.bridge.torchrun_drives, "replay": self.bridge.replay,
+                       "follow": self.bridge.replay and self.bridge.follow}
+            screen.show(self.bridge.state, badges=self.badges, context=context, status=self.bridge.shown_status())
+
+    def current_screen(self) -> Screen[Any] | None:
+        """The screen on top, or None while a mode switch has not mounted one yet."""
+        try:
+            return self.screen
+        except ScreenStackError:
+            return None
+
+    @property
+    def badges(self) -> tuple[str, ...]:
+        readonly: tuple[str, ...] = ()
+        if self.readonly:  # a fleet following its ranks: torchrun drives it, not these keys
+            readonly = ("READ-ONLY · torchrun drives",) if self.bridge.torchrun_drives else ("READ-ONLY",)
+        return (*self.bridge.badges, *readonly)
+
+    # --- controls -------------------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if isinstance(self.current_screen(), ConfirmScreen):  # a question is open: y or n, nothing else
+            return False
+        replay = self.bridge.replay
+        if action in CONTROL_ACTIONS and self.readonly and not (replay and action in VIEW_ACTIONS):
+            return False
+        if action in ("toggle_break", "cancel") and replay:  # a recording has no run to break or cancel
+            return False
+        if action in ("jump_visit", "seek") and not replay:
+            return False
+        return True
+
+    @property
+    def run_in_flight(self) -> bool:
+        w = self.run_worker_handle
+        return w is not None and w.state in (WorkerState.PENDING, WorkerState.RUNNING)
+
+    def _start_run(self, *, stepping: bool) -> None:
+        self.run_worker_handle = self.run_visits(stepping)
+
+    def action_step(self) -> None:
+        """Run exactly one phase (starting the run, paused, if none is running)."""
+        if self.bridge.live and not self.run_in_flight:
+            self._start_run(stepping=True)
+            return
+        self.bridge.step()
+
+    def action_toggle_pause(self) -> None:
+        self.notify(self.bridge.toggle_pause(), timeout=2)
+
+    def action_toggle_break(self) -> None:
+        on = self.bridge.toggle_breakpoint(Phase.HANDOFF)
+        self.notify(f"break before HANDOFF {'on' if on else 'off'}", timeout=2)
+
+    def action_toggle_breakpoint(self, phase: str) -> None:
+        try:
+            p = Phase(phase.upper())
+        except ValueError:
+            self.notify(f"no phase {phase!r}: {', '.join(str(p) for p in Phase)}", severity="error")
+            return
+        on = self.bridge.toggle_breakpoint(p)
+        self.notify(f"break before {p} {'on' if on else 'off'}", timeout=2)
+
+    def action_run(self) -> None:
+        """Start the run, or resume a paused one; in a replay, play from the start."""
+        if self.bridge.replay:
+            self.bridge.restart()
+            return
+        if self.run_in_flight:
+            self.bridge.resume()
+            return
+        self._start_run(stepping=False)
+
+    def action_cancel(self) -> None:
+        if self.bridge.replay:
+            self.notify("a replay has no run to cancel: p pauses, home goes back to the start", timeout=3)
+            return
+        if not self.run_in_flight:
+            ended = self.bridge.state.status
+            self.notify(f"no run in progress (the last one {ended})" if self.bridge.state.ended
+                        else "no run in progress", timeout=2)
+            return
+        if isinstance(self.screen, ConfirmScreen):
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes and self.run_in_flight:
+                self.bridge.cancel()
+                self.notify("cancelling: the visit is aborted, the buffer scrubbed", timeout=3)
+            elif not yes:
+                self.notify("not cancelled: the run goes on", timeout=2)
+
+        self.push_screen(ConfirmScreen("Cancel the run?", "The visit is aborted, the buffer scrubbed, and the run "
+                                       "ends (it cannot be resumed)."), answered)
+
+    def action_jump_visit(self, delta: int) -> None:
+        if self.bridge.replay:
+            current = self.bridge.current_visit()
+            self.bridge.playing = False
+            if delta < 0 and current >= 0 and not self.bridge.at_visit_start(current):
+                delta = 0  # from inside a visit, [ goes back to its start (as "previous" does in a player)
+            self.bridge.jump_visit(max(0, current + delta))
+
+    def action_seek(self, where: str) -> None:
+        if self.bridge.replay:
+            if where == "end":  # following: the live end, followed again
+                self.bridge.seek_end()
+                return
+            self.bridge.playing = False
+            self.bridge.seek(0)
+
+    def action_show_screen(self, name: str) -> None:
+        self.switch_mode(name)
+
+    def action_command_line(self) -> None:
+        if isinstance(self.screen, ConsoleScreen):
+            self.screen.open_command_line()
+
+    def action_save_screenshot(self, name: str = "") -> None:
+        """An SVG of the screen into $GPUTRAVEL_SCREENSHOT_DIR (default: the current folder)."""
+        screen = self.screen
+        label = name or (screen.SCREEN_NAME if isinstance(screen, ConsoleScreen) else "help")
+        folder = Path(os.environ.get("GPUTRAVEL_SCREENSHOT_DIR", "."))
+        folder.mkdir(parents=True, exist_ok=True)
+
+        def save() -> None:
+            saved = self.save_screenshot(filename=f"console-{label}.svg", path=str(folder))
+            self.notify(f"screenshot saved to {Path(saved).resolve()}", timeout=4, markup=False)
+
+        self.clear_notifications()  # the picture shows the screen, not the console's last notice
+        self.call_after_refresh(save)
+
+    def action_toggle_log(self) -> None:
+        self.screen.toggle_class("-hide-log")
+
+    def action_verify_ledger(self) -> None:
+        self.switch_mode("ledger")
+        self.call_after_refresh(self._verify_on_ledger)
+
+    def _verify_on_ledger(self) -> None:
+        if isinstance(self.screen, LedgerScreen):
+            self.screen.verify()
+
+    def action_run_bench(self, name: str) -> None:
+        if self.readonly:
+            self.notify("read-only console: benchmarks are not started from here", severity="warning")
+            return
+        self.switch_mode("bench")
+
+        def go() -> None:
+            if isinstance(self.screen, BenchScreen):
+                self.screen.action_run_bench(name)
+
+        self.call_after_refresh(go)
+
+def make_app(*, engine_factory: Callable[[], Any] | None = None,
+             replay: Recording | FleetRecording | Path | None = None,
+             theme: str = "dark", readonly: bool = False, record: Path | bool = True, telemetry_interval: float = 1.0,
+             sampler: Sampler | None = None, bench_runner: BenchRunner | None = None,
+             follow: bool = False, breakpoints: tuple[str, ...] = (), gpus: int = 0) -> GpuTravelConsole:
+    """The app factory (tests pass a small engine factory or a recording). ``replay``: a recording, or a fleet
+    run folder (``gputravel run --gpus N --out DIR``: its ranks' recordings, merged); ``gpus``: the fleet being
+    started there (followed before its ranks have written anything)."""
+    if isinstance(replay, Path):
+        fleet = is_fleet_folder(replay) or (gpus > 1 and follow and replay.is_dir())
+        replay = FleetRecording(replay, follow=follow, gpus=gpus) if fleet else load_recording(replay)
+    return GpuTravelConsole(engine_factory=engine_factory, replay=replay, theme=theme, readonly=readonly,
+                            record=record, telemetry_interval=telemetry_interval, sampler=sampler,
+                            bench_runner=bench_runner, follow=follow, breakpoints=breakpoints)
+
+
+def next_out_dir(out: Path, n: int) -> Path:
+    """The folder of the ``n``-th run (1-based) of one console started with ``--out OUT``: OUT itself, then
+    OUT-2, OUT-3, ... beside it (a run folder holds one run)."""
+    if n <= 1:
+        return out
+    candidate = out.with_name(f"{out.name}-{n}")
+    while (candidate / "ledger.db").exists():
+        n += 1
+        candidate = out.with_name(f"{out.name}-{n}")
+    return candidate
+
+
+quiet_flag_types()
+cli = typer.Typer(add_completion=True, pretty_exceptions_enable=False)
+HOLDERS_PANEL, RUN_PANEL, VIEW_PANEL = "Holders and data path", "The run", "Screen, replay and recording"
+
+
+@cli.command()
+def console(
+    data: Annotated[Path | None, typer.Option("--data", help="One subfolder per holder (default: the embedded "
+                                                            "Shakespeare corpus).", rich_help_panel=HOLDERS_PANEL)] = None,
+    holders: Annotated[int, typer.Option(help="Number of holders.", rich_help_panel=HOLDERS_PANEL)] = 3,
+    holders_file: Annotated[Path | None, typer.Option("--holders-file", help=HOLDERS_FILE_HELP,
+                                                      rich_help_panel=HOLDERS_PANEL)] = None,
+    transport: Annotated[TransportChoice, typer.Option(help=TRANSPORT_HELP,
+                                                       rich_help_panel=HOLDERS_PANEL)] = TRANSPORT_DEFAULT,
+    data_path: Annotated[DataPathChoice, typer.Option(help=DATA_PATH_HELP,
+                                                      rich_help_panel=HOLDERS_PANEL)] = DATA_PATH_DEFAULT,
+    data_host: Annotated[str, typer.Option("--data-host", help=DATA_HOST_HELP,
+                                           rich_help_panel=HOLDERS_PANEL)] = DATA_HOST_DEFAULT,
+    out: Annotated[Path | None, typer.Option("--out", help="Run folder (default: a new runs/run-<time>); a "
+                                                           "second run in the same console goes to OUT-2, then "
+                                                           "OUT-3.", rich_help_panel=RUN_PANEL)] = None,
+    rounds: Annotated[int, typer.Option(help="Rounds over all holders' data.", rich_help_panel=RUN_PANEL)] = 1,
+    steps_per_visit: Annotated[int, typer.Option(help="Training steps per visit.", rich_help_panel=RUN_PANEL)] = 20,
+    buffer_mib: Annotated[float, typer.Option(help="GPU data buffer (MiB).", rich_help_panel=RUN_PANEL)] = 4.0,
+    chunk_kib: Annotated[int, typer.Option(help="Provisioning chunk size (KiB).", rich_help_panel=RUN_PANEL)] = 1024,
+    break_before: Annotated[list[PhaseChoice], typer.Option("--break-before", case_sensitive=False,
+                                                            metavar="<phase>", rich_help_panel=RUN_PANEL,
+                                                            help="Pause before this phase (repeatable): "
+                                                            "attest, handoff, provision, return, verify, train, "
+                                                            "scrub or rotate.")] = [],  # noqa: B006
+    theme: Annotated[ThemeChoice, typer.Option("--theme", help="Colour theme (ctrl+p offers the same).",
+                                               rich_help_panel=VIEW_PANEL)] = ThemeChoice.DARK,
+    readonly: Annotated[bool, typer.Option("--readonly", help="Observer mode: no controls, no benchmarks.",
+                                           rich_help_panel=VIEW_PANEL)] = False,
+    replay: Annotated[Path | None, typer.Option("--replay", help="Play a recording instead of a live run: a "
+                                                                 "recording file, a run or fleet folder (all its "
+                                                                 "GPUs), a run name or latest.",
+                                                rich_help_panel=VIEW_PANEL)] = None,
+    follow: Annotated[bool, typer.Option("--follow", help="With --replay: follow a recording still being "
+                                                          "written (watch a run live).",
+                                         rich_help_panel=VIEW_PANEL)] = False,
+    record: Annotated[Path | None, typer.Option("--record", help="Record to this file (default: "
+                                                                 "<out>/recording.db).",
+                                                rich_help_panel=VIEW_PANEL)] = None,
+    no_record: Annotated[bool, typer.Option("--no-record", help="Do not record the run.",
+                                            rich_help_panel=VIEW_PANEL)] = False,
+    interval: Annotated[float, typer.Option("--interval", min=0.1, help="Telemetry interval (s).",
+                                            rich_help_panel=VIEW_PANEL)] = 1.0,
+    version: Annotated[bool, typer.Option("--version", callback=version_callback, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+    gpus: Annotated[int, typer.Option("--gpus", min=1, rich_help_panel=RUN_PANEL,
+                                      help="A fleet of N GPUs runs under torchrun; the console follows all "
+                                           "N, read-only (docs/fleet.md).")] = 1,
+) -> None:
+    """The operator console: watch the GPU travel, step the protocol, audit the ledger."""
+    if gpus > 1 and replay is None:
+        from gputravel.console.tui.fleet_console import watch_fleet
+        from gputravel.core.config import RunSettings
+
+        watch_fleet(RunSettings(out_dir=resolve_out_dir(out, resume=False), holders=holders, rounds=rounds,
+                                steps_per_visit=steps_per_visit, buffer_mib=buffer_mib, chunk_kib=chunk_kib,
+                                data_dir=data, **holder_settings(holders_file=holders_file, transport=transport,
+                                                                 data_path=data_path, data_host=data_host)),
+                    gpus=gpus, make_app=make_app, theme=theme.value)
+        return
+    holder_sets: list[Any] = []  # the holders (e.g. the embedded SSH server) of the run built last
+    breakpoints = parse_breakpoints(break_before)
+
+    def close_holders() -> None:
+        while holder_sets:
+            holder_sets.pop().close()
+
+    if replay is not None:  # any run address: a recording, a run or fleet folder, a name, latest
+        from gputravel.console.cli.run_address import replay_target
+
+        app = make_app(replay=replay_target(replay), theme=theme.value, readonly=readonly, follow=follow)
+    else:
+        from gputravel.core.config import RunSettings
+
+        settings: dict[str, Any] = dict(holders=holders, rounds=rounds, steps_per_visit=steps_per_visit,
+                                        buffer_mib=buffer_mib, chunk_kib=chunk_kib, data_dir=data,
+                                        breakpoints=breakpoints,
+                                        **holder_settings(holders_file=holders_file, transport=transport,
+                                                          data_path=data_path, data_host=data_host))
+        RunSettings(**settings)  # bad options fail here, before the screen opens
+        runs_built = 0
+        markers: list[Path] = []  # the pid file of the run built last
+
+        def factory() -> Any:
+            """Blocking (the bridge calls it off the loop): the holders, as `gputravel run` composes them,
+            then the engine (``core.compose`` through ``core.api``)."""
+            from gputravel.console import holders as holder_module
+            from gputravel.console.entries import ENTRIES
+            from gputravel.core import api
+
+            nonlocal runs_built
+            close_holders()  # a new run is built only once the previous one is over
+            while markers:
+                clear_running(markers.pop())
+            runs_built += 1
+            target = (next_out_dir(out, runs_built) if out is not None
+                      else resolve_out_dir(None, resume=False))
+            run_settings = RunSettings(out_dir=target, **{**settings, "breakpoints": ()})
+            holder_set = holder_module.HolderSet(run_settings)
+            holder_sets.append(holder_set)
+            try:
+                engine = api.build_engine(run_settings, links=holder_set.links(), entries=ENTRIES)
+            except BaseException:
+                close_holders()
+                raise
+            markers.append(mark_running(target, owner="gputravel-console"))
+            return engine
+
+        rec: Path | bool = False if no_record else (record if record is not None else True)
+        app = make_app(engine_factory=factory, theme=theme.value, readonly=readonly, record=rec,
+                       telemetry_interval=interval, breakpoints=breakpoints)
+    try:
+        app.run()
+    finally:
+        close_holders()
+        if replay is None:
+            while markers:
+                clear_running(markers.pop())
+
+
+def main() -> None:
+    """Entry point of ``gputravel-console``."""
+    try:
+        cli(standalone_mode=True)
+    except GpuTravelError as exc:
+        typer.echo(f"error: {exc}", err=True)  # plain text: no markup to eat "[bpe]"
+        raise SystemExit(exc.exit_code) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,575 @@
+"""The console's view model: the run as an operator sees it, folded from engine events alone.
+
+:class:`RunState` is built from events, so a live run and a replayed recording look the same, and a recorded
+run renders identically every time (it keeps event times, never the wall clock). It knows nothing of
+Textual: the screens render it, ``gputravel replay`` and ``gputravel runs`` summarise it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from gputravel.console.tui.view_training import TrainingFolds
+from gputravel.core import events as ev
+from gputravel.core.travel.holders import HolderState
+from gputravel.core.travel.phases import VISIT_PHASES, Phase
+
+__all__ = ["HOLDER_STATES", "TERMINAL_STATUSES", "DeviceView", "HolderView", "OpLine", "PhaseMark", "RunState",
+           "VisitView", "gpu_label"]
+
+#: The statuses of a run that is over (every way a run ends; ``partial`` is ``completed`` with failed visits).
+TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
+
+#: The states a holder goes through, in order (the SSH deployer adds connecting/deploying/verified).
+HOLDER_STATES = tuple(s.value for s in HolderState if s is not HolderState.STOPPED)
+#: Phases during which the GPU is, logically, with the holder (it holds a key into the buffer window).
+AWAY_PHASES = frozenset({"HANDOFF", "PROVISION", "RETURN"})
+#: Events about a fleet rank's run as a whole: the fleet view folds them per GPU, then sums the GPUs up.
+RUN_EVENTS = frozenset({"DeviceAttested", "RunStarted", "RunCompleted", "RunFailed", "RunPaused", "RunResumed"})
+
+
+def gpu_label(gpu: int) -> str:
+    """How the console names a fleet's GPU (its torchrun rank): ``GPU0``, ``GPU1``, ..."""
+    return f"GPU{gpu}"
+
+
+@dataclass(slots=True)
+class OpLine:
+    """One line of the operations log: seconds since the run's first event, who, what."""
+
+    at: float
+    source: str
+    text: str
+    level: str = "info"  # info | warn | error
+
+    def render(self) -> str:
+        return f"+{self.at:7.2f}s  {self.source:<12} {self.text}"
+
+
+@dataclass(slots=True)
+class HolderView:
+    name: str
+    state: str = "offline"
+    agent_sha256: str | None = None
+    fmt: str | None = None
+    data_bytes: int = 0
+    provisioned: int = 0
+    total: int = 0
+    mb_s: float | None = None
+    visits_done: int = 0
+    visits_failed: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+    error: str | None = None
+    log: deque[OpLine] = field(default_factory=lambda: deque(maxlen=500))
+
+    @property
+    def state_label(self) -> str:
+        if self.state == HolderState.VERIFIED and self.agent_sha256:
+            return f"verified({self.agent_sha256[:8]})"
+        return self.state
+
+
+@dataclass(slots=True)
+class PhaseMark:
+    phase: str
+    status: str = "pending"  # pending | running | ok | failed | cancelled
+    seconds: float | None = None
+    nbytes: int = 0
+
+
+@dataclass(slots=True)
+class VisitView:
+    visit: int
+    holder: str
+    attempt: int = 1  # a failed visit is redone: each attempt is a row of its own
+    epoch: int = 0
+    phases: dict[str, PhaseMark] = field(default_factory=lambda: {str(p): PhaseMark(str(p)) for p in VISIT_PHASES})
+    key_fp: str | None = None
+    integrity_ok: bool | None = None
+    scrub_verified: bool | None = None
+    outcome: str = "running"  # running | done | failed | cancelled
+    error: str | None = None
+    failed_phase: str | None = None
+    mb_s: float | None = None
+    loss_first: float | None = None
+    loss_last: float | None = None
+    val_loss: float | None = None
+    tokens_per_s: float | None = None
+    rejected: int = 0
+    gpu: int | None = None  # a fleet's visit: the GPU (torchrun rank) that made it
+    device: str | None = None  # ... and that GPU's device id
+
+    @property
+    def ended(self) -> bool:
+        return self.outcome != "running"
+
+    def phases_done(self) -> int:
+        return sum(1 for m in self.phases.values() if m.status == "ok")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceView:
+    """One GPU of a fleet, as its own events tell it (the GPU screen's card, the travel screen's marker)."""
+
+    gpu: int
+    device_id: str | None
+    status: str
+    attested: bool | None
+    sim: bool | None
+    at: str  # "orchestrator" or the holder that holds a key into its buffer
+    phase: str | None
+    epoch: int
+    key_fp: str | None
+    visit: int | None  # the visit (0-based) it is on or made last
+    holder: str | None
+    visits_done: int
+    visits_failed: int
+    visits_planned: int
+    provisioned_bytes: int  # ciphertext accepted into its buffer over the run
+    last_mb_s: float | None  # the engine's timing of its last transfer
+    last_transfer: str  # "visit 2, bob"
+    loss_last: float | None
+    tokens_per_s: float | None
+    error: str | None
+
+    @property
+    def label(self) -> str:
+        return gpu_label(self.gpu)
+
+
+@dataclass
+class RunState(TrainingFolds):
+    """What an operator sees, folded from events by :meth:`apply`."""
+
+    status: str = "idle"  # idle | starting | running | paused | completed | failed | cancelled
+    run_id: str | None = None
+    platform: dict[str, Any] = field(default_factory=dict)
+    sim: bool | None = None
+    device_id: str | None = None
+    attested: bool | None = None
+    claims: dict[str, bool] = field(default_factory=dict)
+    holders: dict[str, HolderView] = field(default_factory=dict)
+    visits: dict[int, VisitView] = field(default_factory=dict)  # row -> attempt, in the order they ran
+    rows: dict[int, int] = field(default_factory=dict)  # visit index -> its latest row
+    visits_planned: int = 0
+    current_visit: int | None = None
+    current_holder: str | None = None
+    current_phase: str | None = None
+    last_phase: str | None = None
+    gpu_at: str = "orchestrator"
+    epoch: int = 0
+    key_fp: str | None = None
+    key_visit: int | None = None  # the visit (0-based) whose provisioning key ``key_fp`` names
+    paused_before: str | None = None
+    pause_reason: str | None = None
+    breakpoints: set[str] = field(default_factory=set)
+    loss: list[tuple[int, float]] = field(default_factory=list)
+    val: list[tuple[int, str, float]] = field(default_factory=list)
+    tokens_per_s: float | None = None
+    train_progress: tuple[int, int] | None = None  # (step k, of K) of the TRAIN now running
+    pending: str | None = None  # "cancel" | "pause": asked, not landed yet (CANCELLING... / PAUSING...)
+    spikes: list[tuple[int, float, float]] = field(default_factory=list)  # (run step, loss, running mean)
+    rejected_total: Counter[str] = field(default_factory=Counter)
+    oplog: deque[OpLine] = field(default_factory=lambda: deque(maxlen=1000))
+    error: str | None = None
+    error_code: str | None = None
+    events_seen: int = 0
+    phases_completed: int = 0
+    t0: float | None = None
+    _t: float = 0.0
+    #: A fleet (``apply(event, gpu=R)``): each GPU's own run, folded from its events alone; this state is
+    #: their merge (holders, visits, log), its status and counts summed up from them.
+    gpus: dict[int, RunState] = field(default_factory=dict)
+    fleet_size: int = 0  # the GPUs the fleet has (some may not have written an event yet)
+    _gpu: int | None = None  # the GPU whose event is being folded
+    _fleet_loss: dict[int, list[float]] = field(default_factory=dict)
+
+    # --- folding ------------------------------------------------------------------------------
+    def seed_holders(self, names: list[str]) -> None:
+        for name in names:
+            self.holders.setdefault(name, HolderView(name))
+
+    def holder(self, name: str) -> HolderView:
+        if name not in self.holders:
+            self.holders[name] = HolderView(name)
+        return self.holders[name]
+
+    def log(self, t: float, source: str, text: str, level: str = "info") -> None:
+        if self.t0 is None:
+            self.t0 = t
+        if self._gpu is not None:  # a fleet: every line names its GPU
+            if source in self.holders:
+                text = f"{gpu_label(self._gpu)}: {text}"
+            else:
+                source = gpu_label(self._gpu) + ("" if source in ("orchestrator", "device") else f" {source}")
+        line = OpLine(round(t - self.t0, 2), source, text, level)
+        self.oplog.append(line)
+        if source in self.holders:
+            self.holders[source].log.append(line)
+
+    def set_paused(self, phase: str | None, reason: str = "step") -> None:
+        """The control state the engine is in (it emits no event when a step ends)."""
+        if phase is None:
+            self.pending = None if self.pending == "pause" else self.pending  # resumed before the pause landed
+            if self.status == "paused":
+                self.status = "running"
+            self.paused_before = self.pause_reason = None
+        elif self.status in ("running", "starting", "paused"):
+            self.status = "paused"
+            self.paused_before, self.pause_reason = phase, self.pause_reason or reason
+
+    @property
+    def fleet(self) -> bool:
+        """This state merges a fleet's GPUs."""
+        return bool(self.gpus) or self.fleet_size > 0
+
+    def apply(self, event: ev.Event, gpu: int | None = None) -> None:
+        """Fold one event; ``gpu``: the fleet GPU (torchrun rank) whose recording it comes from."""
+        if gpu is not None:
+            self._apply_fleet(event, gpu)
+            return
+        self.events_seen += 1
+        self._t = event.t
+        handler = getattr(self, f"_on_{event.kind}", None)
+        if handler is not None:
+            handler(event)
+        elif getattr(event, "holder", None):  # events this view does not know yet still reach the log
+            self.log(event.t, str(getattr(event, "holder")), event.kind)  # noqa: B009
+
+    def _apply_fleet(self, event: ev.Event, gpu: int) -> None:
+        own = self.gpus.get(gpu)
+        if own is None:
+            own = self.gpus[gpu] = RunState()
+            self.gpus = dict(sorted(self.gpus.items()))
+        own.apply(event)
+        self._gpu = gpu
+        try:
+            if event.kind in RUN_EVENTS:  # about this GPU's run: logged here, summed up below
+                self.events_seen += 1
+                self._t = event.t
+                self._log_run_event(event, own)
+            else:
+                self.apply(event)
+        finally:
+            self._gpu = None
+        self._sum_up()
+
+    def _log_run_event(self, e: ev.Event, own: RunState) -> None:
+        if isinstance(e, ev.DeviceAttested):
+            self.log(e.t, "device", f"attested {e.device_id}: {'ok' if e.ok else 'FAILED'}"
+                     f"{' (SIM)' if e.sim else ''}", "info" if e.ok else "error")
+        elif isinstance(e, ev.RunStarted):
+            self.seed_holders(list(e.holders))
+            self.platform = self.platform or dict(e.platform)
+            self.log(e.t, "orchestrator", f"run {e.run_id} started: {e.visits_planned} visits over "
+                     f"{len(e.holders)} holders")
+        elif isinstance(e, ev.RunCompleted):
+            ended = f"run completed: {e.visits} visit{'s' * (e.visits != 1)}, {e.failed} failed"
+            self.log(e.t, "orchestrator", ended, "info" if not e.failed else "warn")
+        elif isinstance(e, ev.RunFailed):
+            self.log(e.t, "orchestrator", f"run {own.status}: {e.error}", "warn" if e.code == "cancelled" else "error")
+            visit = self.visit(own.current_visit)
+            if visit is not None and visit.outcome == "running":
+                visit.outcome = own.status
+                for mark in visit.phases.values():
+                    if mark.status == "running":
+                        mark.status = own.status
+        elif isinstance(e, ev.RunPaused):
+            self.log(e.t, "operator", f"paused ({e.reason}) before {e.next_phase}", "warn")
+
+    def _sum_up(self) -> None:
+        """The fleet's run from its GPUs': over when every GPU's is, failed when one failed."""
+        gpus = list(self.gpus.values())
+        first = gpus[0]
+        self.run_id = first.run_id
+        self.sim = any(g.sim for g in gpus) if any(g.sim is not None for g in gpus) else None
+        self.attested = None if any(g.attested is None for g in gpus) else all(g.attested for g in gpus)
+        ids = [g.device_id for g in gpus if g.device_id]
+        self.device_id = ", ".join(ids) if ids else None
+        self.visits_planned = sum(g.visits_planned for g in gpus)
+        self.epoch = max(g.epoch for g in gpus)
+        self.tokens_per_s = sum(g.tokens_per_s or 0.0 for g in gpus) or None
+        away = [g.gpu_at for g in gpus if g.gpu_at != "orchestrator"]
+        self.gpu_at = ", ".join(away) if away else "orchestrator"
+        everyone = len(gpus) >= max(self.fleet_size, 1)
+        statuses = {g.status for g in gpus}
+        if everyone and statuses <= TERMINAL_STATUSES:
+            self.status = ("failed" if "failed" in statuses else "cancelled" if "cancelled" in statuses
+                           else "completed")
+        elif statuses & {"running", "paused", "completed", "failed", "cancelled"}:
+            self.status = "running"
+        elif self.status == "idle":
+            self.status = "starting"
+        failed = next(((gpu, g) for gpu, g in self.gpus.items() if g.error), None)
+        self.error = f"{gpu_label(failed[0])}: {failed[1].error}" if failed else None
+        self.error_code = failed[1].error_code if failed else None
+
+    def devices(self) -> tuple[DeviceView, ...]:
+        """Each GPU of a fleet, in rank order (empty for a single GPU's run)."""
+        out = []
+        for gpu, own in self.gpus.items():
+            visits = list(own.visits.values())
+            last = next((v for v in reversed(visits) if v.mb_s), None)
+            current = own.visit(own.current_visit)
+            out.append(DeviceView(
+                gpu=gpu, device_id=own.device_id, status=own.status, attested=own.attested, sim=own.sim,
+                at=own.gpu_at, phase=own.current_phase, epoch=own.epoch, key_fp=own.key_fp,
+                visit=current.visit if current is not None else None,
+                holder=current.holder if current is not None else None,
+                visits_done=sum(1 for v in visits if v.outcome == "done"),
+                visits_failed=sum(1 for v in visits if v.outcome == "failed"),
+                visits_planned=own.visits_planned,
+                provisioned_bytes=sum(v.phases["PROVISION"].nbytes for v in visits),
+                last_mb_s=last.mb_s if last is not None else None,
+                last_transfer=f"visit {last.visit + 1}, {last.holder}" if last is not None else "",
+                loss_last=next((v.loss_last for v in reversed(visits) if v.loss_last is not None), None),
+                tokens_per_s=own.tokens_per_s, error=own.error))
+        return tuple(out)
+
+    def _on_DeviceAttested(self, e: ev.DeviceAttested) -> None:
+        if self.status == "idle":
+            self.status = "starting"
+        self.device_id, self.attested, self.claims, self.sim = e.device_id, e.ok, dict(e.claims), e.sim
+        self.log(e.t, "device", f"attested {e.device_id}: {'ok' if e.ok else 'FAILED'}{' (SIM)' if e.sim else ''}",
+                 "info" if e.ok else "error")
+
+    def _on_HolderConnected(self, e: ev.HolderConnected) -> None:
+        h = self.holder(e.holder)
+        h.state, h.agent_sha256, h.fmt = "ready", e.agent_sha256, e.fmt
+        h.data_bytes = e.train_bytes + e.val_bytes
+        h.error = None
+        self.log(e.t, e.holder, f"agent verified sha256 {e.agent_sha256[:12]}; {h.data_bytes:,} bytes ({e.fmt})")
+
+    def _on_HolderStateChanged(self, e: ev.HolderStateChanged) -> None:
+        holder, state, detail = e.holder, e.state, e.detail
+        h = self.holder(holder)
+        h.state = state.split("(")[0]
+        if h.state == HolderState.VERIFIED and "(" in state:
+            h.agent_sha256 = h.agent_sha256 or state[state.index("(") + 1:].rstrip(")")
+        self.log(e.t, holder, f"{state}{': ' + detail if detail else ''}", "error" if h.state == "failed" else "info")
+
+    def _on_ProvisionResumed(self, e: ev.ProvisionResumed) -> None:
+        self.log(e.t, e.holder, f"provisioning resumed from chunk {e.resume_from} (reconnect {e.attempt})", "warn")
+
+    def _on_RunStarted(self, e: ev.RunStarted) -> None:
+        self.status = "running"
+        self.run_id, self.platform, self.visits_planned = e.run_id, dict(e.platform), e.visits_planned
+        self.sim = bool(e.platform.get("sim", self.sim))
+        self.seed_holders(list(e.holders))
+        self.log(e.t, "orchestrator", f"run {e.run_id} started: {e.visits_planned} visits over "
+                 f"{len(e.holders)} holders")
+
+    def visit(self, index: int | None) -> VisitView | None:
+        """The latest attempt of visit ``index`` (0-based)."""
+        row = self.rows.get(index) if index is not None else None
+        return self.visits[row] if row is not None else None
+
+    def _visit(self, visit: int, holder: str) -> VisitView:
+        """The running attempt of ``visit``; an event after a failed attempt opens the next one."""
+        last = self.visit(visit)
+        if last is not None and last.outcome not in ("failed", "cancelled"):
+            return last
+        row = len(self.visits)
+        self.visits[row] = VisitView(visit, holder, attempt=last.attempt + 1 if last is not None else 1)
+        if self._gpu is not None:
+            self.visits[row].gpu, self.visits[row].device = self._gpu, self.gpus[self._gpu].device_id
+        self.rows[visit] = row
+        if last is not None:
+            self.log(self._t, "orchestrator", f"visit {visit + 1} ({holder}): attempt {last.attempt + 1}")
+        return self.visits[row]
+
+    def _on_PhaseStarted(self, e: ev.PhaseStarted) -> None:
+        v = self._visit(e.visit, e.holder)
+        v.epoch = e.epoch
+        v.phases[e.phase].status = "running"
+        self.current_visit, self.current_holder, self.current_phase = e.visit, e.holder, e.phase
+        self.paused_before = self.pause_reason = None
+        if self.status in ("paused", "starting", "idle"):
+            self.status = "running"
+        h = self.holder(e.holder)
+        if e.phase in AWAY_PHASES:
+            self.gpu_at = e.holder
+        if e.phase == "HANDOFF":
+            h.provisioned, h.total, h.mb_s = 0, 0, None
+        if e.phase == "PROVISION":
+            h.state = HolderState.PROVISIONING
+        if e.phase == "ATTEST":
+            self.log(e.t, "orchestrator", f"visit {e.visit + 1} → {e.holder}: attest the GPU")
+
+    def _on_PhaseCompleted(self, e: ev.PhaseCompleted) -> None:
+        v = self._visit(e.visit, e.holder)
+        mark = v.phases[e.phase]
+        mark.status = "ok" if e.outcome == "ok" else e.outcome
+        mark.seconds, mark.nbytes = e.seconds, e.nbytes
+        self.phases_completed += 1
+        self.last_phase = e.phase
+        if self.current_phase == e.phase:
+            self.current_phase = None
+        h = self.holder(e.holder)
+        if e.key_fingerprint:
+            v.key_fp = self.key_fp = e.key_fingerprint
+            self.key_visit = e.visit
+        self.epoch = max(self.epoch, e.epoch)
+        if e.phase == "HANDOFF":
+            self.log(e.t, e.holder, f"hand-off: epoch {e.epoch}, provisioning key {(e.key_fingerprint or '?')[:8]} "
+                     f"for window {e.detail.get('window', '?')}")
+        elif e.phase == "PROVISION":
+            v.mb_s = e.detail.get("mb_s")
+            h.mb_s, h.provisioned = v.mb_s, e.nbytes
+            h.total = max(h.total, e.nbytes)
+            self.log(e.t, e.holder, f"provisioned {e.nbytes / 2**20:.2f} MiB ciphertext at {v.mb_s} MB/s, "
+                     f"{e.detail.get('retransmits', 0)} retransmits")
+        elif e.phase == "RETURN":
+            h.state = "returned"
+            self.gpu_at = "orchestrator"
+            self.log(e.t, e.holder, f"returned: key of epoch {e.epoch} is dead; {e.detail.get('chunks', '?')} chunks")
+        elif e.phase == "VERIFY":
+            v.integrity_ok = True
+            self.log(e.t, "device", "integrity: code and model regions unchanged")
+        elif e.phase == "TRAIN":
+            self.log(e.t, "device", f"trained {e.detail.get('steps', '?')} steps: loss "
+                     f"{_num(e.detail.get('loss_first'))} → {_num(e.detail.get('loss_last'))}")
+        elif e.phase == "SCRUB":
+            v.scrub_verified = True
+            self.log(e.t, "device", f"scrub verified: {e.nbytes / 2**20:.2f} MiB read back as zero")
+        elif e.phase == "ROTATE":
+            self.log(e.t, "device", f"control channel rotated to epoch {e.epoch}")
+
+    def _on_ProvisionProgressed(self, e: ev.ProvisionProgressed) -> None:
+        h = self.holder(e.holder)
+        h.state, h.provisioned, h.total = HolderState.PROVISIONING, e.nbytes, e.total
+
+    def _on_ChunkRejected(self, e: ev.ChunkRejected) -> None:
+        h = self.holder(e.holder)
+        h.rejected[e.code] += 1
+        self.rejected_total[e.code] += 1
+        self._visit(e.visit, e.holder).rejected += 1
+        self.log(e.t, e.holder, f"chunk {e.seq} rejected: {e.code} ({e.reason})", "warn")
+
+    def _on_KeyRotated(self, e: ev.KeyRotated) -> None:
+        self.epoch = max(self.epoch, e.epoch)
+
+    def _on_TrainingStepped(self, e: ev.TrainingStepped) -> None:
+        first = e.step - len(e.losses) + 1
+        if self._gpu is not None:  # a fleet: the GPUs train one model in lock-step; a step's loss is their mean
+            for i, x in enumerate(e.losses):
+                self._fleet_loss.setdefault(first + i, []).append(float(x))
+            self.loss = [(step, sum(xs) / len(xs)) for step, xs in sorted(self._fleet_loss.items())]
+        else:  # the steps a TrainingProgressed already showed give way to the phase's own
+            self.loss = [pt for pt in self.loss if pt[0] < first] if self.loss and self.loss[-1][0] >= first else self.loss
+            self.loss.extend((first + i, float(x)) for i, x in enumerate(e.losses))
+        self.train_progress = None
+        v = self._visit(e.visit, e.holder)
+        v.loss_first = e.losses[0] if e.losses else None
+        v.loss_last = e.losses[-1] if e.losses else None
+        v.val_loss, v.tokens_per_s = e.val_loss, e.tokens_per_s
+        if e.val_loss is not None:
+            self.val.append((e.step, e.holder, float(e.val_loss)))
+        self.tokens_per_s = e.tokens_per_s
+
+    def _on_VisitCompleted(self, e: ev.VisitCompleted) -> None:
+        v = self._visit(e.visit, e.holder)
+        v.outcome = "done"
+        v.integrity_ok = bool(e.report.get("integrity_ok", v.integrity_ok))
+        v.scrub_verified = bool(e.report.get("scrub_verified", v.scrub_verified))
+        h = self.holder(e.holder)
+        h.visits_done += 1
+        h.state = "ready"
+        self.gpu_at = "orchestrator"
+        self.log(e.t, "orchestrator", f"visit {e.visit + 1} ({e.holder}) done")
+
+    def _on_VisitFailed(self, e: ev.VisitFailed) -> None:
+        v = self._visit(e.visit, e.holder)
+        v.outcome, v.error, v.failed_phase = "failed", e.error, e.phase
+        if e.phase in v.phases:
+            v.phases[e.phase].status = "failed"
+        v.scrub_verified = None
+        h = self.holder(e.holder)
+        h.visits_failed += 1
+        h.error = e.error
+        if e.code in ("agent", "link-lost") or e.phase == "PROVISION":
+            h.state = "failed"
+        elif h.state in (HolderState.PROVISIONING, HolderState.RETURNED):
+            h.state = "ready"
+        self.gpu_at = "orchestrator"
+        self.current_phase = None
+        self.log(e.t, e.holder, f"visit {e.visit + 1} failed in {e.phase}: {e.error} [{e.code}]", "error")
+
+    def _on_RunPaused(self, e: ev.RunPaused) -> None:
+        self.status, self.pending = "paused", None
+        self.paused_before, self.pause_reason = e.next_phase, e.reason
+        why = "" if e.reason == "paused" else f" ({e.reason})"  # a breakpoint or a step says so
+        self.log(e.t, "operator", f"paused{why} {f'in {e.within}' if e.within else f'before {e.next_phase}'}", "warn")
+
+    def _on_RunResumed(self, e: ev.RunResumed) -> None:
+        self.set_paused(None)
+        self.log(e.t, "operator", "resumed")
+
+    def _on_RunCompleted(self, e: ev.RunCompleted) -> None:
+        self.status, self.pending = "completed", None
+        self.current_phase = self.paused_before = None
+        self.gpu_at = "orchestrator"
+        self.log(e.t, "orchestrator", f"run completed: {e.visits} visit{'s' * (e.visits != 1)}, {e.failed} failed",
+                 "info" if not e.failed else "warn")
+
+    def _on_RunFailed(self, e: ev.RunFailed) -> None:
+        self.status = "cancelled" if e.code == "cancelled" else "failed"
+        self.pending = self.train_progress = None
+        self.error, self.error_code = e.error, e.code
+        self.current_phase = self.paused_before = None
+        self.gpu_at = "orchestrator"  # the visit is aborted: no holder keeps a key into the buffer
+        v = self.visit(self.current_visit)
+        if v is not None:
+            if v.outcome == "running":
+                v.outcome = self.status
+                for mark in v.phases.values():
+                    if mark.status == "running":
+                        mark.status = self.status
+        self.log(e.t, "orchestrator", f"run {self.status}: {e.error}", "warn" if e.code == "cancelled" else "error")
+
+    # --- summaries ----------------------------------------------------------------------------
+    @property
+    def ended(self) -> bool:
+        """The run is over (completed, failed or cancelled)."""
+        return self.status in TERMINAL_STATUSES
+
+    def visits_ended(self) -> int:
+        """Visits whose latest attempt is over (a redone visit counts once)."""
+        return sum(1 for row in self.rows.values() if self.visits[row].ended)
+
+    @property
+    def next_phase(self) -> str | None:
+        """The phase the engine will run next, as far as events tell."""
+        if self.paused_before:
+            return self.paused_before
+        if self.last_phase is None:
+            return str(Phase.ATTEST)
+        order = [str(p) for p in VISIT_PHASES]
+        if self.last_phase in order:
+            i = order.index(self.last_phase)
+            return order[(i + 1) % len(order)]
+        return None
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-able digest (``gputravel replay --json``)."""
+        return {
+            "status": self.status, "run_id": self.run_id, "sim": self.sim, "device_id": self.device_id,
+            "attested": self.attested, "visits_planned": self.visits_planned, "epoch": self.epoch,
+            "key_fp": self.key_fp, "error": self.error, "error_code": self.error_code,
+            "holders": {n: {"state": h.state, "agent_sha256": h.agent_sha256, "data_bytes": h.data_bytes,
+                            "visits_done": h.visits_done, "visits_failed": h.visits_failed,
+                            "rejected": dict(h.rejected)} for n, h in self.holders.items()},
+            "visits": [{"visit": v.visit, "attempt": v.attempt, "holder": v.holder, "epoch": v.epoch, "key_fp": v.key_fp,
+                        "outcome": v.outcome, "failed_phase": v.failed_phase, "integrity_ok": v.integrity_ok,
+                        "scrub_verified": v.scrub_verified, "loss_last": v.loss_last, "val_loss": v.val_loss,
+                        "phases": {p: m.status for p, m in v.phases.items()}} for v in self.visits.values()],
+            "loss": [loss for _, loss in self.loss],
+            "val": [{"step": s, "holder": h, "val_loss": x} for s, h, x in self.val],
+            "rejected": dict(self.rejected_total),
+        }
+
+
+def _num(x: Any) -> str:
+    return f"{x:.3f}" if isinstance(x, int | float) else "?"
