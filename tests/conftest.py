@@ -28,6 +28,16 @@ DOWNLOAD_CACHE_ENV = "GPUTRAVEL_TEST_DOWNLOAD_CACHE"
 REQUIRE_DOWNLOADS_ENV = "GPUTRAVEL_TEST_REQUIRE_DOWNLOADS"
 
 
+@pytest.fixture(autouse=True)
+def _umask_restored() -> Iterator[None]:
+    """A run claimed in this process makes its umask private (0077, ``claim_run_folder``): each test gets
+    the session's umask back, so no test depends on which ran before it."""
+    before = os.umask(0o022)
+    os.umask(before)
+    yield
+    os.umask(before)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``@pytest.mark.gpu`` tests need CUDA: skipped, saying so, where there is none. Every test of a module
     in ``PROCESS_MODULES`` is marked ``process``."""
