@@ -22,10 +22,10 @@ from gputravel.core.travel.holders import HolderLink
 class SshFleet:
     """The embedded loopback SSH server with one account per holder (``bench load``'s ``HolderFleet``)."""
 
-    def __init__(self, holders: list[tuple[str, Path]], workdir: Path | None) -> None:
+    def __init__(self, holders: list[tuple[str, Path]], workdir: Path | None, *, data_route: str = "forward") -> None:
         from gputravel.agents.fleet import EmbeddedSshServer
 
-        self.server = EmbeddedSshServer(holders, workdir=workdir)
+        self.server = EmbeddedSshServer(holders, workdir=workdir, data_route=data_route)
 
     def start(self) -> list[HolderLink]:
         from gputravel.agents.fleet import links_from_specs
@@ -36,8 +36,8 @@ class SshFleet:
         self.server.stop()
 
 
-def ssh_fleet(holders: list[tuple[str, Path]], workdir: Path | None) -> SshFleet:
-    return SshFleet(holders, workdir)
+def ssh_fleet(holders: list[tuple[str, Path]], workdir: Path | None, /, *, data_route: str = "forward") -> SshFleet:
+    return SshFleet(holders, workdir, data_route=data_route)
 
 
 def render_load(result: dict[str, Any], console: Console | None = None) -> None:

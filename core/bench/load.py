@@ -247,8 +247,13 @@ class HolderFleet(Protocol):
     def stop(self) -> None: ...
 
 
-#: (holders as (name, data folder), a private work folder or None for a temporary one) -> their fleet
-FleetFactory = Callable[[list[tuple[str, Path]], Path | None], HolderFleet]
+class FleetFactory(Protocol):
+    """(holders as (name, data folder), a private work folder or None for a temporary one) -> their fleet;
+    ``data_route`` is how its holders reach the device's TCP data port (the inventory's ``data_route``:
+    "forward" through their SSH connection, "network" straight to it)."""
+
+    def __call__(self, holders: list[tuple[str, Path]], workdir: Path | None, /, *,
+                 data_route: str = "forward") -> HolderFleet: ...
 
 
 # --- bench load ------------------------------------------------------------------------------------
