@@ -470,7 +470,12 @@ class DeviceService(ChunkIntake, CheckpointOps):
         n = workers or ((auto_n or 2) if par else 1)
         config = DataPathConfig(parallel_auth=par, overlap=ovl or par, workers=n if (par or ovl) else 0, reason=reason)
         self.data_opts = config.to_wire()
-        self.plane.configure(workers=config.workers)
+        # below AUTO_MIN_CORES (no decrypt workers), chunks that arrive in socket frames (the TCP data port,
+        # the Unix socket without a ring) are still opened on one thread while the next frame is received:
+        # receiving a frame costs a kernel copy as long as opening it (docs/provisioning.md); ring chunks,
+        # with nothing to receive, stay inline. Off where set explicitly without overlap (the ablation)
+        frame_overlap = ovl if reason == "set explicitly" else True
+        self.plane.configure(workers=config.workers, frame_overlap=frame_overlap)
         return Reply(config.to_wire())
 
 
