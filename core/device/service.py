@@ -266,6 +266,14 @@ class DeviceService(ChunkIntake, CheckpointOps):
         self._digest_memo = (self._model_gen, digest)
         return digest
 
+    def _digest_beside(self) -> None:
+        """``model_digest`` on a thread of its own; an error is not lost: the caller's ``model_digest()``
+        finds no memo and hashes (and raises) again."""
+        try:
+            self.model_digest()
+        except Exception:  # noqa: BLE001, S110 - redone and raised by the caller
+            pass
+
     def _need_whole_model(self) -> Any:
         trainer = self._need_trainer()
         self._settle_live_checkpoint()  # a checkpoint sealing the live state finishes before the model changes
@@ -369,7 +377,17 @@ class DeviceService(ChunkIntake, CheckpointOps):
         res = trainer.train_on_window(buf, train_off=train_off, train_len=train_len, fmt=fmt, steps=steps,
                                       budget_s=budget_s)
         done = len(res.losses) == (steps or trainer.settings.steps_per_visit)
-        val = trainer.eval_on_window(buf, val_off=val_off, val_len=val_len, fmt=fmt) if done and val_len else None
+        val = None
+        if done and val_len:
+            # the model digest (SHA-256 of the whole state, the GIL released) is taken beside the held-out
+            # evaluation, which only reads the model: on a free core the visit's hash costs no time; a failed
+            # hash is redone (and raised) by the model_digest() below
+            hashing = threading.Thread(target=self._digest_beside, name="model-digest", daemon=True)
+            hashing.start()
+            try:
+                val = trainer.eval_on_window(buf, val_off=val_off, val_len=val_len, fmt=fmt)
+            finally:
+                hashing.join()
         self.counters["train_steps"] += len(res.losses)
         result = TrainResult(losses=res.losses, tokens=res.tokens, seconds=res.seconds, tokens_per_s=res.tokens_per_s,
                              val_loss=val, model_digest=self.model_digest() if done else "", done=done)
