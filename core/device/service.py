@@ -492,7 +492,7 @@ class DeviceService(ChunkIntake, CheckpointOps):
         # the Unix socket without a ring) are still opened on one thread while the next frame is received:
         # receiving a frame costs a kernel copy as long as opening it (docs/provisioning.md); ring chunks,
         # with nothing to receive, stay inline. Off where set explicitly without overlap (the ablation)
-        frame_overlap = ovl if reason == "set explicitly" else True
+        frame_overlap = ovl if parallel_auth is not None and overlap is not None else True
         self.plane.configure(workers=config.workers, frame_overlap=frame_overlap)
         return Reply(config.to_wire())
 
