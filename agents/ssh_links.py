@@ -30,8 +30,9 @@ class EmbeddedSshServer:
     """``python -m gputravel.agents.sshserver`` on 127.0.0.1 with fresh keys in a private folder."""
 
     def __init__(self, holders: list[tuple[str, Path]], *, workdir: Path | None = None,
-                 keepalive_interval: float = 0.0) -> None:
+                 keepalive_interval: float = 0.0, data_route: str = "forward") -> None:
         self.holders = holders
+        self.data_route = data_route  # the holders' inventory ``data_route``: how they reach the TCP data port
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="gputravel-ssh-")
         self.workdir = Path(workdir or self._tmp.name)  # type: ignore[union-attr]
         os.chmod(self.workdir, 0o700)
@@ -65,7 +66,8 @@ class EmbeddedSshServer:
         self.port = int(line.split()[1])
         return [HolderSpec(**{**OPTIONAL, "name": name, "host": "127.0.0.1", "port": self.port, "user": name,
                               "client_key": key, "host_key": self.host_public, "data": str(Path(data).resolve()),
-                              "python": sys.executable, "keepalive_interval": 2.0})
+                              "python": sys.executable, "keepalive_interval": 2.0,
+                              "data_route": self.data_route})
                 for name, key, data in specs_args]
 
     def _wait_ready(self, timeout: float) -> str:

@@ -250,8 +250,13 @@ class HolderServer(Protocol):
     def stop(self) -> None: ...
 
 
-#: (holders as (name, data folder), a private work folder or None for a temporary one) -> their server
-HolderServerFactory = Callable[[list[tuple[str, Path]], Path | None], HolderServer]
+class HolderServerFactory(Protocol):
+    """(holders as (name, data folder), a private work folder or None for a temporary one) -> their server;
+    ``data_route`` is how its holders reach the device's TCP data port (the inventory's ``data_route``:
+    "forward" through their SSH connection, "network" straight to it)."""
+
+    def __call__(self, holders: list[tuple[str, Path]], workdir: Path | None, /, *,
+                 data_route: str = "forward") -> HolderServer: ...
 
 
 # --- bench load ------------------------------------------------------------------------------------

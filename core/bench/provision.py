@@ -33,8 +33,11 @@ __all__ = ["ABLATION", "PATHS", "STAGES", "ablation_study", "measure_path", "mem
 
 #: direct: the engine's direct path for a holder on this host, i.e. the shared-memory ring (``shm`` names it
 #: explicitly and fails if no ring was used); direct-socket: the same host, chunks in frames on the device's
-#: Unix socket; direct-tcp: the TCP data port, as holders on other machines reach it
-PATHS = ("direct", "shm", "direct-socket", "direct-tcp", "ssh", "local", "conventional")
+#: Unix socket; direct-tcp: the TCP data port itself, as a holder on another machine reaches it where the
+#: network routes it (inventory ``data_route = "network"``); direct-tcp-forward: the same port through a
+#: remote port forward on the holder's SSH connection (``data_route = "forward"``, the inventory's default),
+#: so bound by the SSH connection's speed
+PATHS = ("direct", "shm", "direct-socket", "direct-tcp", "direct-tcp-forward", "ssh", "local", "conventional")
 #: the stages ``bench provision`` times: the agent's (set-up: HANDOFF read to its first seal, the ring's bind
 #: included; data: first seal to last acknowledgement; within it, read and seal, and wait for
 #: acknowledgements) and the device's (open: authenticate and decrypt; staging_wait: for a free staging
@@ -72,7 +75,7 @@ def _route(path: str) -> tuple[str, str]:
     """A bench path as the engine's (data path, transport) pair, for ``handoff.data_endpoint``."""
     if path in ("direct", "shm", "direct-socket"):
         return "direct", "local"  # the device's Unix socket (with a ring unless direct-socket)
-    if path == "direct-tcp":
+    if path in ("direct-tcp", "direct-tcp-forward"):
         return "direct", "inventory"  # its TCP data port
     return ("conventional" if path == "conventional" else "channel"), "local"
 
@@ -81,8 +84,8 @@ async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdi
                        entries: Entries = Entries(), on_handoff: Callable[[], None] | None = None, parallel_auth: bool | None = None,
                        overlap: bool | None = None, probe: dict[str, Any] | None = None,
                        stages: list[dict[str, float]] | None = None, cipher_engine: str = "auto") -> list[float]:
-    """Seconds per hand-off of ``size`` bytes on ``path`` (direct | direct-tcp | ssh | local | conventional);
-    the local agent is started with ``entries.holder_agent``, the SSH server by ``server``.
+    """Seconds per hand-off of ``size`` bytes on ``path`` (one of ``PATHS``); the local agent is started with
+    ``entries.holder_agent``, the SSH server by ``server``.
 
     With ``probe``, also the AES-GCM rate measured inside the device process after the hand-offs
     (``probe["device_aes_b_s"]``): it falls if anything in that process holds the GIL (issue 5's check
@@ -108,7 +111,8 @@ async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdi
         if path == "local":
             link = LocalHolderLink("bench", data, agent=entries.agent())
         else:
-            ssh = server([("bench", data)], None)
+            ssh = server([("bench", data)], None,
+                         data_route="forward" if path == "direct-tcp-forward" else "network")
             link = (await asyncio.to_thread(ssh.start))[0]
         info = await link.start()
         if info.train_bytes < size:
@@ -207,8 +211,11 @@ def paths_study(paths: list[str], *, size_mib: int, chunk_kib: int, repeats: int
         "ring_pipeline_mb_s": {k: round(v / 1e6, 1) for k, v in pipeline.items()},
         "ring_pipeline_of_aes_core": round(pipeline["best"] / aes, 3),
         "rows": rows}
-    if "direct" in by and "ssh" in by:
-        result["direct_vs_ssh"] = round(by["direct"]["mb_s"] / by["ssh"]["mb_s"], 2)
+    if "ssh" in by:  # each direct route against the SSH channel, from the same run
+        for p, key in (("direct", "direct_vs_ssh"), ("direct-tcp", "direct_tcp_vs_ssh"),
+                       ("direct-tcp-forward", "direct_tcp_forward_vs_ssh")):
+            if p in by:
+                result[key] = round(by[p]["mb_s"] / by["ssh"]["mb_s"], 2)
     return result
 
 

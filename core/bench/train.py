@@ -8,9 +8,15 @@ One study, two measurements of the same job in the same process tree, one after 
   rotation with its checkpoint's snapshot) and the wait after the last visit until its checkpoint is
   durable (checkpoints are written in the background): training as the protocol delivers it. ``train_phase_tokens_per_s`` divides by the
   device's TRAIN time only (the steps themselves, measured on the device).
-* ``plain``: a plain torch loop (no protocol, no device service) training the same model (same preset,
-  vocabulary, initialisation seed) with the same optimizer, batch and sequence length, on the same torch
-  device and thread count, for the same number of steps: ``GPT(config)``, AdamW, clip, step.
+* ``plain``: a plain torch loop (no protocol, no device service) doing the same job: the same model (same
+  preset, vocabulary, initialisation seed) with the same optimizer, batch and sequence length, on the same
+  torch device and thread count, for the same number of steps (``GPT(config)``, AdamW, clip, step), and the
+  same held-out evaluation the run's TRAIN does at the end of each visit (``val_batches`` forward batches
+  every ``--steps`` steps, in eval mode without gradients: ``plain.validations``). The evaluation is the
+  job's, not the protocol's: without it the plain loop would do less work than the run and its time would
+  be charged to the protocol. Everything else the run does is protocol cost: attestation, hand-off,
+  provisioning, the integrity MACs, the model digest, the scrub, the key rotation, the checkpoints' snapshots
+  and the wait for the last checkpoint.
 
 ``ratio = protocol / plain`` and ``protocol_cost_pct = 100 · (1 − ratio)``. The issue's target on a GPU is a
 cost of at most 5 %. Set-up (starting the device service, deploying agents, the initial checkpoint) is
@@ -42,8 +48,10 @@ MIB = 1 << 20
 
 
 def plain_loop(config: GPTConfig, settings: TrainSettings, *, steps: int, device: str,
-               tokens: torch.Tensor) -> dict[str, Any]:
-    """``steps`` AdamW steps of a plain torch loop on random windows of ``tokens``; tokens per second."""
+               tokens: torch.Tensor, eval_every: int = 0, held_out: torch.Tensor | None = None) -> dict[str, Any]:
+    """``steps`` AdamW steps of a plain torch loop on random windows of ``tokens``; tokens per second. With
+    ``eval_every`` and ``held_out``: after every ``eval_every`` steps, the mean loss of ``val_batches`` batches
+    of non-overlapping windows spread over ``held_out`` (as the device's ``Trainer.eval_on_window``)."""
     dev = torch.device(device)
     gen = torch.Generator().manual_seed(settings.seed)
     model = GPT(config, generator=gen, device=dev)
@@ -55,6 +63,15 @@ def plain_loop(config: GPTConfig, settings: TrainSettings, *, steps: int, device
     span = torch.arange(settings.seq_len + 1, device=dev)
     n = data.numel()
     losses: list[float] = []
+    val_losses: list[float] = []
+    val_starts: torch.Tensor | None = None
+    if eval_every and held_out is not None and settings.val_batches:
+        n_seqs = (held_out.numel() - 1) // settings.seq_len
+        wanted = min(n_seqs, settings.val_batches * settings.batch_size)
+        if wanted >= 1:
+            picks = torch.div(torch.arange(wanted) * n_seqs, wanted, rounding_mode="floor")
+            val_starts = (picks * settings.seq_len).unsqueeze(1)
+    val_data = held_out.to(dev) if val_starts is not None and held_out is not None else None
     model.train()
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
@@ -72,13 +89,25 @@ def plain_loop(config: GPTConfig, settings: TrainSettings, *, steps: int, device
             torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
         opt.step()
         losses.append(float(loss.item()))
+        if val_starts is not None and val_data is not None and (step + 1) % eval_every == 0:
+            model.eval()
+            with torch.no_grad():
+                total = 0.0
+                for batch in torch.split(val_starts, settings.batch_size):
+                    window = val_data[(batch + span).to(dev)]
+                    _, vloss = model(window[:, :-1], window[:, 1:])
+                    assert vloss is not None
+                    total += float(vloss.double()) * batch.numel()
+            val_losses.append(total / val_starts.numel())
+            model.train()
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     seconds = time.perf_counter() - t0
     n_tok = steps * settings.batch_size * settings.seq_len
     return {"steps": steps, "tokens": n_tok, "seconds": round(seconds, 6),
             "tokens_per_s": round(n_tok / seconds, 2) if seconds > 0 else None,
-            "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None}
+            "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+            "validations": len(val_losses), "val_batches": settings.val_batches if val_losses else 0}
 
 
 def study(*, workdir: Path, run: RunFn, model: str = "tiny", holders: int = 2, rounds: int = 1, steps: int = 10,
@@ -106,6 +135,7 @@ def study(*, workdir: Path, run: RunFn, model: str = "tiny", holders: int = 2, r
     train = TrainSettings(steps_per_visit=steps, batch_size=batch_size, seq_len=seq_len, total_steps=total_steps)
     raw = (data / "h00" / "data.txt").read_bytes()
     sample = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(torch.int64)
+    held_out = sample[-max(len(raw) // 10, train.seq_len + 2):]  # the holders hold out 10% (the run's default)
     threads_before = torch.get_num_threads()
 
     def plain_run() -> dict[str, Any]:
@@ -117,7 +147,8 @@ def study(*, workdir: Path, run: RunFn, model: str = "tiny", holders: int = 2, r
             torch.set_num_threads(torch_threads)
         try:
             with ThreadPoolExecutor(1, thread_name_prefix="plain-loop") as pool:
-                return pool.submit(plain_loop, config, train, steps=total_steps, device=dev, tokens=sample).result()
+                return pool.submit(plain_loop, config, train, steps=total_steps, device=dev, tokens=sample,
+                                   eval_every=steps, held_out=held_out).result()
         finally:
             torch.set_num_threads(threads_before)
 

@@ -230,6 +230,11 @@ class DataPlane:
         self._host_view = buffer.numpy() if buffer.device.type == "cpu" else None
         self.workers = 0
         self.pool: ThreadPoolExecutor | None = None
+        #: where a chunk that came in a socket frame is opened when there are no decrypt workers (``pool``
+        #: None) but receiving is overlapped with decryption (``configure(frame_overlap=True)``): one
+        #: long-lived thread, so the connection's thread receives the next frame meanwhile (ring chunks have
+        #: nothing to receive and are opened inline)
+        self.frame_pool: ThreadPoolExecutor | None = None
         self.per_set = 4
         self._sets: list[SlotSet] = []
         self._sets_lock = threading.Lock()
@@ -250,19 +255,30 @@ class DataPlane:
             self.stage_ns[stage] += ns
 
     # --- workers and receive slots ---------------------------------------------------------------
-    def configure(self, *, workers: int) -> None:
-        """Set the decrypt workers (0: the receiving thread decrypts). The pool lives until changed."""
+    def configure(self, *, workers: int, frame_overlap: bool = False) -> None:
+        """Set the decrypt workers (0: the receiving thread decrypts) and, without workers, whether chunks
+        that come in socket frames are opened on one decrypt thread while the next frame is received
+        (``frame_overlap``; chunks on a shared-memory ring are then still opened inline). The pools live
+        until changed."""
         workers = max(0, int(workers))
-        if workers == self.workers and (self.pool is not None) == (workers > 0):
+        frame_overlap = bool(frame_overlap) and not workers
+        if (workers == self.workers and (self.pool is not None) == (workers > 0)
+                and (self.frame_pool is not None) == frame_overlap):
             return
         old, self.pool = self.pool, None
+        if old is not None:
+            old.shutdown(wait=True)
+        old, self.frame_pool = self.frame_pool, None
         if old is not None:
             old.shutdown(wait=True)
         self.workers = workers
         if workers:
             self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="device-open")
             self.allocations["alloc_pool"] += 1
-        self.per_set = 2 * workers + 2 if workers else 2
+        elif frame_overlap:
+            self.frame_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="device-frame-open")
+            self.allocations["alloc_pool"] += 1
+        self.per_set = 2 * workers + 2 if workers else (4 if frame_overlap else 2)
 
     def take_slots(self) -> SlotSet:
         """A receive slot set for a new data connection (a free one if any: sets are reused)."""
@@ -370,5 +386,6 @@ class DataPlane:
         self.admissions.close_window()
         if self._staging is not None:
             self._staging.close()
-        if self.pool is not None:
-            self.pool.shutdown(wait=False)
+        for pool in (self.pool, self.frame_pool):
+            if pool is not None:
+                pool.shutdown(wait=False)

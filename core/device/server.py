@@ -418,7 +418,10 @@ class _DataConnection:
             finally:
                 release()
 
-        pool = self.svc.plane.pool
+        plane = self.svc.plane
+        # decrypt workers open every chunk; without them, a chunk that came in a frame may be opened on the
+        # frame thread while this one receives the next frame (``DataPlane.frame_pool``)
+        pool = plane.pool or (plane.frame_pool if slot is None else None)
         if pool is not None:
             try:
                 pool.submit(work)

@@ -267,6 +267,14 @@ class DeviceService(ChunkIntake, CheckpointOps):
         self._digest_memo = (self._model_gen, digest)
         return digest
 
+    def _digest_beside(self) -> None:
+        """``model_digest`` on a thread of its own; an error is not lost: the caller's ``model_digest()``
+        finds no memo and hashes (and raises) again."""
+        try:
+            self.model_digest()
+        except Exception:  # noqa: BLE001, S110 - redone and raised by the caller
+            pass
+
     def _need_whole_model(self) -> Any:
         trainer = self._need_trainer()
         self._settle_live_checkpoint()  # a checkpoint sealing the live state finishes before the model changes
@@ -370,7 +378,17 @@ class DeviceService(ChunkIntake, CheckpointOps):
         res = trainer.train_on_window(buf, train_off=train_off, train_len=train_len, fmt=fmt, steps=steps,
                                       budget_s=budget_s)
         done = len(res.losses) == (steps or trainer.settings.steps_per_visit)
-        val = trainer.eval_on_window(buf, val_off=val_off, val_len=val_len, fmt=fmt) if done and val_len else None
+        val = None
+        if done and val_len:
+            # the model digest (SHA-256 of the whole state, the GIL released) is taken beside the held-out
+            # evaluation, which only reads the model: on a free core the visit's hash costs no time; a failed
+            # hash is redone (and raised) by the model_digest() below
+            hashing = threading.Thread(target=self._digest_beside, name="model-digest", daemon=True)
+            hashing.start()
+            try:
+                val = trainer.eval_on_window(buf, val_off=val_off, val_len=val_len, fmt=fmt)
+            finally:
+                hashing.join()
         self.counters["train_steps"] += len(res.losses)
         result = TrainResult(losses=res.losses, tokens=res.tokens, seconds=res.seconds, tokens_per_s=res.tokens_per_s,
                              val_loss=val, model_digest=self.model_digest() if done else "", done=done)
@@ -471,7 +489,12 @@ class DeviceService(ChunkIntake, CheckpointOps):
         n = workers or ((auto_n or 2) if par else 1)
         config = DataPathConfig(parallel_auth=par, overlap=ovl or par, workers=n if (par or ovl) else 0, reason=reason)
         self.data_opts = config.to_wire()
-        self.plane.configure(workers=config.workers)
+        # below AUTO_MIN_CORES (no decrypt workers), chunks that arrive in socket frames (the TCP data port,
+        # the Unix socket without a ring) are still opened on one thread while the next frame is received:
+        # receiving a frame costs a kernel copy as long as opening it (docs/provisioning.md); ring chunks,
+        # with nothing to receive, stay inline. Off where set explicitly without overlap (the ablation)
+        frame_overlap = ovl if parallel_auth is not None and overlap is not None else True
+        self.plane.configure(workers=config.workers, frame_overlap=frame_overlap)
         return Reply(config.to_wire())
 
 

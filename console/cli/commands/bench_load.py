@@ -23,10 +23,10 @@ from gputravel.core.travel.holders import HolderLink
 class SshHolders:
     """The embedded loopback SSH server with one account per holder (``bench load``'s ``HolderServer``)."""
 
-    def __init__(self, holders: list[tuple[str, Path]], workdir: Path | None) -> None:
+    def __init__(self, holders: list[tuple[str, Path]], workdir: Path | None, *, data_route: str = "forward") -> None:
         from gputravel.agents.ssh_links import EmbeddedSshServer
 
-        self.server = EmbeddedSshServer(holders, workdir=workdir)
+        self.server = EmbeddedSshServer(holders, workdir=workdir, data_route=data_route)
 
     def start(self) -> list[HolderLink]:
         from gputravel.agents.ssh_links import links_from_specs
@@ -37,8 +37,8 @@ class SshHolders:
         self.server.stop()
 
 
-def ssh_holders(holders: list[tuple[str, Path]], workdir: Path | None) -> SshHolders:
-    return SshHolders(holders, workdir)
+def ssh_holders(holders: list[tuple[str, Path]], workdir: Path | None, /, *, data_route: str = "forward") -> SshHolders:
+    return SshHolders(holders, workdir, data_route=data_route)
 
 
 def render_load(result: dict[str, Any], console: Console | None = None) -> None:

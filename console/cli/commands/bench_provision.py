@@ -49,7 +49,8 @@ def register(bench_app: typer.Typer) -> None:
     def provision_cmd(
         path: list[str] = typer.Option(["direct", "ssh"], "--path", help="direct (same host: the shared-memory "
                                        "ring; shm names it), direct-socket (frames on the device's Unix socket), "
-                                       "direct-tcp (the TCP data port), ssh (chunks inside the SSH channel), "
+                                       "direct-tcp (the TCP data port, reached over the network), direct-tcp-forward (the same "
+                                       "port through the holder's SSH port forward), ssh (chunks inside the SSH channel), "
                                        "local (agent subprocess over a pipe), conventional; comma list or "
                                        "repeated."),
         size_mib: int = typer.Option(64, "--size-mib", min=1, help="Bytes provisioned per hand-off (MiB)."),

@@ -98,6 +98,17 @@ def test_bench_provision_reports_each_path_against_the_aes_core_rate_and_direct_
                 rel=0.01, abs_=0.002)
 
 
+def test_bench_provision_measures_the_tcp_data_port_straight_and_through_the_ssh_forward_against_ssh() -> None:
+    r = report_of("bench", "provision", "--path", "direct-tcp,direct-tcp-forward,ssh", "--size-mib", "1",
+                  "--repeats", "1")
+    tcp, forward, ssh = r["rows"]
+    assert [tcp["path"], forward["path"], ssh["path"]] == ["direct-tcp", "direct-tcp-forward", "ssh"]
+    assert not tcp["shm_ring"] and not forward["shm_ring"]  # frames on a TCP connection, no ring
+    assert near(r["direct_tcp_vs_ssh"], tcp["mb_s"] / ssh["mb_s"], abs_=0.005 + 1e-9)
+    assert near(r["direct_tcp_forward_vs_ssh"], forward["mb_s"] / ssh["mb_s"], abs_=0.005 + 1e-9)
+    assert "direct_vs_ssh" not in r  # no same-host row in this run
+
+
 def test_bench_provision_refuses_zero_repeats_before_doing_any_work() -> None:
     res = gputravel("bench", "provision", "--path", "direct", "--size-mib", "1", "--repeats", "0", "--json")
     assert res.returncode == 2  # a usage error, refused before any work

@@ -137,3 +137,17 @@ def test_consecutive_snapshots_reuse_their_buffers_and_each_keeps_its_own_model(
             paths.append(w.commit({}))
     assert digests[0] != digests[1]
     assert [_restore(store, device, p) for p in paths] == digests
+
+
+def test_a_visit_s_digest_taken_beside_its_evaluation_is_the_trained_model_s_hashed_once(
+        device: DeviceClient, tmp_path: Path) -> None:
+    before = device.stats().counters.get("model_digests", 0)
+    res = device.train(train_off=0, train_len=4096, val_off=4096, val_len=4096, fmt="byte")
+    assert res.val_loss is not None and res.model_digest
+    assert device.stats().counters.get("model_digests", 0) == before + 1  # once, on its own thread
+    m = device.measure()
+    assert m.model == res.model_digest and m.digest_s == 0.0  # the memo of this model generation
+    store = CheckpointStore(tmp_path / "c", os.urandom(32))
+    path, digest = _write(store, device, 1, ring=True)
+    assert digest == res.model_digest
+    assert _restore(store, device, path) == res.model_digest  # restored and hashed afresh: the same bytes

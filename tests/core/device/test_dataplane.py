@@ -217,6 +217,50 @@ def test_an_agent_keeps_one_connection_one_ring_and_one_set_of_slots_admitting_i
         agent.bye()
 
 
+def test_below_four_cores_chunks_in_socket_frames_get_one_decrypt_thread_and_ring_chunks_none(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    svc = service(tmp_path, staged=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    auto = svc.op_set_data_path(payload=b"").header
+    assert auto["workers"] == 0 and svc.plane.pool is None  # no decrypt workers on 2 cores (measured slower)
+    assert svc.plane.frame_pool is not None and svc.plane.per_set == 4  # but frames are opened off the receiver
+    svc.op_set_data_path(parallel_auth=False, overlap=False, payload=b"")  # the ablation's serial row
+    assert svc.plane.pool is None and svc.plane.frame_pool is None and svc.plane.per_set == 2
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    svc.op_set_data_path(payload=b"")
+    assert svc.plane.pool is not None and svc.plane.frame_pool is None  # workers open every chunk
+    svc.plane.close()
+
+
+def test_chunks_on_the_tcp_data_port_land_byte_for_byte_with_receiving_overlapped(
+        device: tuple[Any, DeviceClient], tmp_path: Path) -> None:
+    handle, client = device
+    if handle.data_port is None:
+        pytest.skip("this device opened no TCP data port")
+    client.set_data_path()  # auto: what a run asks for
+    (tmp_path / "h").mkdir()
+    (tmp_path / "h" / "part.txt").write_bytes(os.urandom(600_000))
+    agent = Driven(tmp_path / "h")
+    length = 500_000
+    want = hashlib.sha256(agent.ds.train.read(0, length)).hexdigest()
+    try:
+        for _ in range(3):
+            epoch = client.stats().epoch + 1
+            grant = client.handoff(epoch=epoch, offset=0, length=length, chunk_size=CHUNK * 2)
+            done = agent.handoff({"epoch": epoch, "session": grant.session_id, "key": grant.provisioning_key,
+                                  "window_offset": 0, "chunk_size": CHUNK * 2, "train": [0, length], "val": [0, 0],
+                                  "length": length,
+                                  "data_endpoint": {"host": handle.data_host, "port": handle.data_port}})
+            assert done["bytes"] == length and done["retransmits"] == 0
+            closed = client.close_window(epoch=epoch)
+            assert closed.complete and closed.bytes == length
+            assert client.call("digest", offset=0, length=length)[0]["sha256"] == want
+            client.scrub()
+    finally:
+        agent.bye()
+        client.set_data_path(parallel_auth=False, overlap=False)  # the module's device as the other tests had it
+
+
 def test_a_hand_off_with_a_key_for_no_open_window_is_refused_admission_and_charged_to_nobody(
         device: tuple[Any, DeviceClient], tmp_path: Path) -> None:
     """A HANDOFF whose key names an epoch the device opened no window for (the old key, relabelled): the

@@ -201,6 +201,8 @@ def test_bench_train_and_bench_checkpoint_report_their_fields() -> None:
     train = json.loads(result.stdout)
     assert train["protocol"]["steps"] == train["plain"]["steps"] == 2 and len(train["plain"]["runs"]) == 2
     assert train["protocol"]["tokens_per_s"] > 0 and train["plain"]["tokens_per_s"] > 0
+    # the plain loop does the run's job: its held-out evaluation at the end of every visit too
+    assert [r["validations"] for r in train["plain"]["runs"]] == [train["protocol"]["visits"]] * 2 == [1, 1]
     assert train["ratio"] == pytest.approx(train["protocol"]["tokens_per_s"] / train["plain"]["tokens_per_s"],
                                            rel=1e-3)
     result = runner.invoke(cli.app, ["bench", "checkpoint", "--model", "tiny", "--chunk-kib", "64", "--json"])
