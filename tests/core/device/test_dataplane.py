@@ -247,7 +247,7 @@ def test_chunks_on_the_tcp_data_port_land_byte_for_byte_with_receiving_overlappe
         for _ in range(3):
             epoch = client.stats().epoch + 1
             grant = client.handoff(epoch=epoch, offset=0, length=length, chunk_size=CHUNK * 2)
-            done = agent.handoff({"epoch": epoch, "session": grant.session_id, "key": grant.provisioning_key,
+            done = agent.handoff({"epoch": epoch, "session": grant.session_id, "key": grant.provisioning_key.to_wire(),
                                   "window_offset": 0, "chunk_size": CHUNK * 2, "train": [0, length], "val": [0, 0],
                                   "length": length,
                                   "data_endpoint": {"host": handle.data_host, "port": handle.data_port}})
