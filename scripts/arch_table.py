@@ -74,7 +74,8 @@ def circles(root: Path) -> tuple[int, int, list[list[str]]]:
 def package_imports(root: Path) -> str:
     """One line per package: the other project packages its modules import at run time."""
     edges = import_graph(root, type_checking=False)
-    packages_ = {m for m in edges if any(o.startswith(m + ".") for o in edges)}
+    packages_ = {m for m in edges
+                 if (root.joinpath(*m.split(".")[1:]) / "__init__.py").is_file()}
 
     def pkg(m: str) -> str:
         return m if m in packages_ else m.rsplit(".", 1)[0]
@@ -84,7 +85,7 @@ def package_imports(root: Path) -> str:
         for t in targets:
             if pkg(m) != pkg(t):
                 out.setdefault(pkg(m), set()).add(pkg(t))
-    short = lambda m: m.removeprefix(TOP + ".")  # noqa: E731
+    short = lambda m: m.removeprefix(TOP + ".") if m != TOP else "(top level)"  # noqa: E731
     return "\n".join(f"- `{short(a)}` -> {', '.join(short(b) for b in sorted(out[a]))}" for a in sorted(out))
 
 
@@ -153,8 +154,8 @@ def table(root: Path) -> str:
         total_m += len(sizes)
         total_l += sum(sizes.values())
         over += [f"{f} ({n})" for f, n in sizes.items() if n > LIMIT]
-        name = "(top level)" if folder == "." else f"{folder}/"
-        rows.append(f"| `{name}` | {len(sizes)} | {sum(sizes.values()):,} | `{os.path.basename(big)}` ({sizes[big]}) |")
+        name = "top level" if folder == "." else f"`{folder}/`"
+        rows.append(f"| {name} | {len(sizes)} | {sum(sizes.values()):,} | `{os.path.basename(big)}` ({sizes[big]}) |")
     rows.append(f"| **all packages** | **{total_m}** | **{total_l:,}** | |")
     tests = [f for f in files if f.startswith("tests/") and f.endswith(".py")]
     test_lines = sum(lines_of(root / f) for f in tests)
@@ -182,8 +183,8 @@ TOP_LEVEL = {
     "pyproject.toml": "The one distribution, its dependencies, ruff, mypy, pytest markers and the import contracts.",
     "scripts/": "Developer tools: this measurement (`arch_table.py`), the largest units, the console smoke test, "
                 "GPU checks.",
-    "tests/": "Tests in folders mirroring the packages, plus `security/`; shared fixtures in `conftest.py` and "
-              "`helpers.py` (docs/testing.md).",
+    "tests/": "Tests in folders mirroring the packages, plus `tests/security/`; shared fixtures in "
+              "`tests/conftest.py` and `tests/helpers.py`; the `process` marker and the tiers: `docs/testing.md`.",
 }
 
 
