@@ -51,22 +51,23 @@ def defined_names(root: Path) -> dict[str, set[str]]:
     return names
 
 
-def module_paths(root: Path) -> set[str]:
-    """Dotted module names (``core.protocol.keys``, ``gputravel.core.protocol.keys``) and their packages."""
-    mods: set[str] = set()
+def module_paths(root: Path) -> dict[str, set[str]]:
+    """Dotted module names (``keys``, ``protocol.keys``, ``gputravel.core.protocol.keys``, packages too) -> files."""
+    mods: dict[str, set[str]] = {}
     for path in tracked_py(root):
         parts = list(path.relative_to(root).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts = parts[:-1]
         for i in range(len(parts)):
-            mods.add(".".join(parts[i:]))
-        mods.add(".".join(["gputravel", *parts]))
+            mods.setdefault(".".join(parts[i:]), set()).add(str(path))
+        mods.setdefault(".".join(["gputravel", *parts]), set()).add(str(path))
     return mods
 
 
 def check(doc: Path, root: Path) -> list[str]:
     text = doc.read_text()
     names, mods = defined_names(root), module_paths(root)
+    files = subprocess.run(["git", "ls-files"], cwd=root, check=True, capture_output=True, text=True).stdout.split()
     missing: list[str] = []
     checked = 0
 
@@ -79,8 +80,11 @@ def check(doc: Path, root: Path) -> list[str]:
         parts = token.split(".")
         if parts[-1] not in names:
             return False
-        if len(parts) == 1 or ".".join(parts[:-1]) in mods:
+        if len(parts) == 1:
             return True
+        module = ".".join(parts[:-1])
+        if module in mods:  # module.name: defined in that module (or it is a submodule of that package)
+            return bool(mods[module] & names[parts[-1]]) or token in mods
         # Class.method: both defined in one file, or the class's file imports the file defining the method's
         # owner (a mixin or base class, as DeviceService takes submit_chunk from ChunkIntake)
         owner, member = parts[-2], parts[-1]
@@ -113,6 +117,12 @@ def check(doc: Path, root: Path) -> list[str]:
             checked += 1
             if not _exists(root, token):
                 missing.append(f"path: {token}")
+        elif token in IGNORE:
+            continue
+        elif re.fullmatch(r"[\w\-]+\.(py|toml|tcss|md)", token):  # a bare file name: some tracked file has it
+            checked += 1
+            if not any(f.endswith("/" + token) or f == token for f in files):
+                missing.append(f"file: {token}")
         elif CODE.match(token) and (("." in token) or "_" in token or re.match(r"[A-Z][a-z]+[A-Z]", token)):
             checked += 1
             if not code_ok(token):
