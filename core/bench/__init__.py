@@ -1,1 +1,1 @@
-"""Benchmark studies: the measurement logic; ``console/commands`` holds only their wiring."""
+"""Benchmark studies: the measurement logic; ``console/cli/commands`` holds only their wiring."""
