@@ -7,6 +7,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from helpers import REPO_ROOT
 
 from gputravel.console.entries import ENTRIES, GPU_RANK, HOLDER_AGENT
 from gputravel.core import compose
@@ -15,7 +16,7 @@ from gputravel.core.entries import Entries
 from gputravel.core.errors import ConfigError
 from gputravel.core.travel.local_link import LocalHolderLink
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 
 
 def test_core_names_no_console_or_agents_module() -> None:
