@@ -21,11 +21,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gputravel.core.device.reply import Reply
+from gputravel.core.device.reply import Handler, Reply
 from gputravel.core.errors import DeviceError, IntegrityError
 from gputravel.core.protocol import FrameError
 from gputravel.core.protocol.ckptring import CheckpointRing
 from gputravel.core.protocol.deviceanswers import DeviceState, StreamEnded
+from gputravel.core.protocol.devicelink import Op
 from gputravel.core.protocol.stream import StreamHeader, StreamOpener, StreamSealer, rechunk
 
 __all__ = ["CheckpointOps"]
@@ -126,6 +127,12 @@ class CheckpointOps:
         def _need_whole_model(self) -> Any: ...
         def _model_changed(self) -> None: ...
         def model_digest(self) -> str: ...
+
+    def checkpoint_operations(self) -> dict[str, Handler]:
+        """This concern's entries of the operation table."""
+        return {Op.CHECKPOINT: self.op_checkpoint, Op.CHECKPOINT_NEXT: self.op_checkpoint_next,
+                Op.CHECKPOINT_END: self.op_checkpoint_end, Op.RESTORE: self.op_restore,
+                Op.RESTORE_CHUNK: self.op_restore_chunk, Op.RESTORE_END: self.op_restore_end}
 
     @staticmethod
     def _stream_args(header: Any, payload: bytes, kinds: tuple[str, ...] = ("checkpoint",)

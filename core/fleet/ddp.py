@@ -143,16 +143,8 @@ class FleetRing:
                     x, y = chunk[:, :-1], chunk[:, 1:]
                 else:
                     x = y = zeros
-                lr = s.lr_at(trainer.step)
-                for group in trainer.optimizer.param_groups:
-                    group["lr"] = lr
-                trainer.optimizer.zero_grad(set_to_none=True)
-                _, loss = self.ddp(x, y)
-                (loss * scale).backward()  # the hook averages every bucket over the sealed ring
-                if s.grad_clip > 0:
-                    torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), s.grad_clip)
-                trainer.optimizer.step()
-                trainer.step += 1
+                # the trainer's own step, through DDP: its hook averages every bucket over the sealed ring
+                loss = trainer.step_batch(x, y, forward=self.ddp, scale=scale)
                 if weight > 0:
                     losses.append(float(loss.item()))
         except BaseException:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from cryptography import x509
 from gputravel.core.attestation import CCMode, DeviceIdentity, provision_emulated
 from gputravel.core.collectives.ring import RingFault
 from gputravel.core.device.server import device_arg_parser, serve_from_args
-from gputravel.core.device.service import DeviceService, Reply
+from gputravel.core.device.service import DeviceService, Handler, Reply
 from gputravel.core.errors import (
     CollectiveAbortedError,
     ConfigError,
@@ -44,26 +43,17 @@ class FleetDeviceService(DeviceService):
         super().__init__(identity=identity, buffer_bytes=buffer_bytes, **kw)
         self.ring: FleetRing | None = None
         self.drift = False  # fault injection: this replica drifts after every step (a diverging replica)
+        #: the fleet's entries, added to the one operation table the service dispatches through
+        self.operations.update(self.fleet_operations())
 
-    def handle(self, op: str, args: dict[str, Any], payload: bytes) -> Reply:
-        """The fleet's operations here, every other one through the service's operation table."""
-        if op not in FLEET_OPS:
-            return super().handle(op, args, payload)
-        fn = getattr(self, f"op_{op}")
-        t0 = time.perf_counter()
-        self._busy_since = t0
-        try:
-            head: dict[str, Any] = fn(payload=payload, **args)
-        except TypeError as exc:
-            raise DeviceError(f"bad arguments for {op}: {exc}") from None
-        finally:
-            self._busy_since = None
-            self.busy_s += time.perf_counter() - t0
-        return Reply(head)
+    def fleet_operations(self) -> dict[str, Handler]:
+        """The fleet's entries of the operation table, by their wire names (``FLEET_OPS``)."""
+        return {"fleet_join": self.op_fleet_join, "fleet_train": self.op_fleet_train,
+                "fleet_leave": self.op_fleet_leave}
 
     def op_fleet_join(self, *, host: str, port: int, prefix: str, rank: int, world: int, variant: str,
                       backend: str | None = None, timeout_s: float = 300.0, fault: str | None = None,
-                      expected: list[str] | None = None, payload: bytes) -> dict[str, Any]:
+                      expected: list[str] | None = None, payload: bytes) -> Reply:
         """Join the device group on the job's c10d store; ``payload``: the vendor's CRL (PEM) or empty.
         The ring's neighbours are verified against the vendor root this device was provisioned with.
         ``fault`` (fault injection, only where enabled): ``flip@R`` / ``replay@R``, device R tampers with
@@ -103,12 +93,12 @@ class FleetDeviceService(DeviceService):
         except (RuntimeError, ValueError, OSError) as exc:
             raise DeviceError(f"fleet_join: {type(exc).__name__}: {exc}") from None
         self.counters["fleet_joins"] += 1
-        return {"rank": int(rank), "world": int(world), "backend": backend, "device_id": self.identity.device_id,
-                **self.ring.peers()}
+        return Reply({"rank": int(rank), "world": int(world), "backend": backend,
+                      "device_id": self.identity.device_id, **self.ring.peers()})
 
     def op_fleet_train(self, *, train_off: int, train_len: int, val_off: int, val_len: int, fmt: str,
                        weight: float, total_weight: float, steps: int, seed: int,
-                       payload: bytes) -> dict[str, Any]:
+                       payload: bytes) -> Reply:
         """One lock-step step (see :meth:`FleetRing.train_step`); with weight 0 the buffer is not read."""
         if self.ring is None:
             raise DeviceError("fleet_train: this device is in no fleet (fleet_join first)")
@@ -134,13 +124,13 @@ class FleetDeviceService(DeviceService):
         finally:
             self._model_changed()
         self.counters["train_steps"] += len(res.losses)
-        return {**res.to_wire(), "model_digest": self.model_digest()}
+        return Reply({**res.to_wire(), "model_digest": self.model_digest()})
 
-    def op_fleet_leave(self, *, payload: bytes) -> dict[str, Any]:
+    def op_fleet_leave(self, *, payload: bytes) -> Reply:
         if self.ring is not None:
             self.ring.close()
             self.ring = None
-        return {"left": True}
+        return Reply({"left": True})
 
 
 def _ring_error(text: str) -> GpuTravelError:

@@ -44,7 +44,7 @@ from gputravel.core.travel.training import SliceSettings, TrainStep
 from gputravel.core.travel.training_log import TrainingLog
 from gputravel.core.travel.visits import VisitRecord
 
-__all__ = ["FleetEngine", "FleetOptions", "WorkerGroup"]
+__all__ = ["FleetEngine", "FleetOptions", "WorkerGroup", "fleet_start"]
 
 #: the all-reduce variants a fleet may run (the DDP hook's)
 FLEET_VARIANTS = (Variant.SECURE_PIPELINED, Variant.SECURE_NAIVE, Variant.RING, Variant.PLAIN)
@@ -286,7 +286,7 @@ class FleetEngine(TravelEngine):
         settings = kw["settings"]
         super().__init__(make_program=self._fleet_program(make_program),
                          train_step=partial(FleetTrain, group=group, seed=settings.seed), commit=StepCommit,
-                         **kw)
+                         start=fleet_start, **kw)
         if fleet.gpus != group.world:
             raise ConfigError(f"--gpus {fleet.gpus} but torchrun started {group.world} ranks")
         self.fleet = fleet
@@ -325,35 +325,6 @@ class FleetEngine(TravelEngine):
         mine = {v.index for _, v in self.my_steps if v is not None}
         self.walk.records = [r for r in self.walk.records if r.plan.index in mine]
         await self._join()
-
-    async def _restore_or_initial(self) -> None:
-        """As the engine's, counted in fleet steps: checkpoint ``s`` is the replica after ``s`` steps, and a
-        resumed fleet continues from the step every rank completed."""
-        fleet_digest = plan_fleet(self.plans, gpus=self.fleet.gpus).digest()
-        digest = plan_digest(self.plans)
-        state = self.ledger.state_items()
-        resume = self.settings.resume and state.get("fleet_digest")
-        if resume and state["fleet_digest"] != fleet_digest:
-            raise DataError("--resume: the holders' data, the settings or --gpus changed; the schedule differs")
-        done = int(state.get("fleet_steps_done", 0)) if resume else 0
-        everyone = await self.group.agree(done)
-        self.start_step = min(everyone)
-        if resume:
-            self.device.epoch = max(int(state.get("epoch", 0)), self.ledger.max_epoch())  # epochs are never reused
-            self.ckpts.run_id = str(state.get("run_id", self.run_id))
-            await self.ckpts.restore(self.start_step)
-            self.log.step_count = self.start_step * self.settings.steps_per_visit
-            self.audit.row("resumed", detail={"fleet_steps_done": self.start_step, "epoch": self.device.epoch,
-                                              "checkpoint_seq": self.start_step, "ranks_done": everyone})
-        else:
-            await self.device.measure_model()
-            await self.ckpts.checkpoint(0, note="initial")
-            self.audit.row("planned", detail={"visits": len(self.plans), "plan_digest": digest,
-                                              "fleet_digest": fleet_digest, "gpus": self.fleet.gpus,
-                                              "my_visits": [r.plan.index for r in self.walk.records]},
-                           state={"plan_digest": digest, "fleet_digest": fleet_digest, "visits_done": [],
-                                  "epoch": 0, "checkpoint_seq": 0, "fleet_steps_done": 0, "steps": 0,
-                                  "run_id": self.run_id})
 
     async def _join(self) -> None:
         """The device joins the device group; the CRL it checks its neighbours against is the pinned one."""
@@ -493,3 +464,35 @@ class FleetEngine(TravelEngine):
         out["fleet_steps"] = self.steps_log
         out["fleet_plan"] = self.fleet_plan.to_dict()
         return out
+
+
+async def fleet_start(engine: TravelEngine) -> None:
+    """A fleet rank's start (``TravelEngine``'s ``start`` strategy): as ``planned_start``, counted in fleet steps:
+    checkpoint ``s`` is the replica after ``s`` steps, and a resumed fleet continues from the step every rank
+    completed."""
+    assert isinstance(engine, FleetEngine)
+    fleet_digest = plan_fleet(engine.plans, gpus=engine.fleet.gpus).digest()
+    digest = plan_digest(engine.plans)
+    state = engine.ledger.state_items()
+    resume = engine.settings.resume and state.get("fleet_digest")
+    if resume and state["fleet_digest"] != fleet_digest:
+        raise DataError("--resume: the holders' data, the settings or --gpus changed; the schedule differs")
+    done = int(state.get("fleet_steps_done", 0)) if resume else 0
+    everyone = await engine.group.agree(done)
+    engine.start_step = min(everyone)
+    if resume:
+        engine.device.epoch = max(int(state.get("epoch", 0)), engine.ledger.max_epoch())  # epochs are never reused
+        engine.ckpts.run_id = str(state.get("run_id", engine.run_id))
+        await engine.ckpts.restore(engine.start_step)
+        engine.log.step_count = engine.start_step * engine.settings.steps_per_visit
+        engine.audit.row("resumed", detail={"fleet_steps_done": engine.start_step, "epoch": engine.device.epoch,
+                                            "checkpoint_seq": engine.start_step, "ranks_done": everyone})
+    else:
+        await engine.device.measure_model()
+        await engine.ckpts.checkpoint(0, note="initial")
+        engine.audit.row("planned", detail={"visits": len(engine.plans), "plan_digest": digest,
+                                            "fleet_digest": fleet_digest, "gpus": engine.fleet.gpus,
+                                            "my_visits": [r.plan.index for r in engine.walk.records]},
+                         state={"plan_digest": digest, "fleet_digest": fleet_digest, "visits_done": [],
+                                "epoch": 0, "checkpoint_seq": 0, "fleet_steps_done": 0, "steps": 0,
+                                "run_id": engine.run_id})

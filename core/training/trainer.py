@@ -16,8 +16,9 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -161,17 +162,7 @@ class Trainer:
             starts = torch.randint(0, n_tokens - s.seq_len, (s.batch_size, 1), generator=self.generator)
             chunk = gather_tokens(window, fmt, starts.to(window.device) + span)
             x, y = chunk[:, :-1], chunk[:, 1:]
-            lr = s.lr_at(self.step)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            self.optimizer.zero_grad(set_to_none=True)
-            _, loss = self.model(x, y)
-            assert loss is not None
-            loss.backward()
-            if s.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
-            self.optimizer.step()
-            self.step += 1
+            loss = self.step_batch(x, y)
             losses.append(float(loss.item()))  # .item() waits for the step: the clock below is the step's
             if deadline is not None and time.perf_counter() >= deadline:
                 break
@@ -180,6 +171,29 @@ class Trainer:
         tokens = len(losses) * s.batch_size * s.seq_len
         return VisitTrainResult(losses=losses, tokens=tokens, seconds=seconds,
                                 tokens_per_s=tokens / seconds if seconds > 0 else float("inf"))
+
+    def step_batch(self, x: torch.Tensor, y: torch.Tensor, *, forward: Callable[..., Any] | None = None,
+                   scale: float = 1.0) -> torch.Tensor:
+        """The one optimizer step, on the batch ``(x, y)``, that the single device's TRAIN and a fleet's lock-step
+        step both take: the scheduled learning rate, the gradient of ``loss * scale`` (``scale`` 1: of the loss
+        itself), clipping, the AdamW step, the step counter (``self.step``). ``forward`` stands in for the model
+        in the forward pass: the fleet passes its DistributedDataParallel wrapper, whose gradient hook
+        all-reduces every bucket over the sealed ring during the backward pass. Returns the (unscaled) loss,
+        on the device.
+        """
+        s = self.settings
+        lr = s.lr_at(self.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.zero_grad(set_to_none=True)
+        _, loss = (forward or self.model)(x, y)
+        assert loss is not None
+        (loss if scale == 1.0 else loss * scale).backward()
+        if s.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
+        self.optimizer.step()
+        self.step += 1
+        return cast(torch.Tensor, loss)
 
     @torch.no_grad()
     def eval_on_window(self, buf: torch.Tensor, *, val_off: int, val_len: int,

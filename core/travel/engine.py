@@ -58,7 +58,7 @@ from gputravel.core.travel.training_log import SpikeWatch, TrainingLog
 from gputravel.core.travel.visits import Itinerary, VisitRecord
 from gputravel.core.travel.windows import HandoffWindows, Outcome, Visit
 
-__all__ = ["Control", "EngineProbe", "FaultPlan", "TravelEngine", "VisitRecord"]
+__all__ = ["Control", "EngineProbe", "FaultPlan", "TravelEngine", "VisitRecord", "planned_start"]
 
 
 class TravelEngine:
@@ -99,8 +99,12 @@ class TravelEngine:
                  make_program: Callable[..., dict[str, Any]], run_id: str | None = None,
                  restart_device: Callable[[], DeviceHandle] | None = None,
                  train_step: Callable[..., TrainStep] = SlicedTrain,
-                 commit: Callable[[Checkpointer, TrainStep], VisitCommit] = BackgroundCommit) -> None:
+                 commit: Callable[[Checkpointer, TrainStep], VisitCommit] = BackgroundCommit,
+                 start: Callable[[TravelEngine], Awaitable[None]] | None = None) -> None:
         self.settings = settings
+        #: how a planned run begins: resumed from the ledger, or from the initial checkpoint (``planned_start``;
+        #: a fleet rank supplies its own, counted in fleet steps)
+        self.start: Callable[[TravelEngine], Awaitable[None]] = start or planned_start
         self.links = {link.name: link for link in links}
         self.out_dir = Path(out_dir)
         self.make_program = make_program
@@ -203,46 +207,13 @@ class TravelEngine:
         self.walk.records = [VisitRecord(p) for p in self.plans]
         self.device.program = self.make_program(fmt=fmt, total_steps=len(self.plans) * self.settings.steps_per_visit)
         self.device.expected_code = await self.device.upload_program()
-        await self._restore_or_initial()
+        await self.start(self)
 
     async def _start_link(self, link: HolderLink) -> HolderInfo:
         t0 = time.perf_counter()
         info = await link.start()
         self.bus.timing.on_holder_started(link.name, t0, time.perf_counter())
         return info
-
-    async def _restore_or_initial(self) -> None:
-        digest = plan_digest(self.plans)
-        state = self.ledger.state_items()
-        if self.settings.resume and state.get("plan_digest"):
-            if state["plan_digest"] != digest:
-                raise DataError("--resume: the holders' data or the settings changed; the schedule differs")
-            # never reuse an epoch number, even one whose visit was cut off before its progress was committed
-            self.device.epoch = max(int(state.get("epoch", 0)), self.ledger.max_epoch())
-            self.ckpts.run_id = str(state.get("run_id", self.run_id))
-            done = {int(k) for k in state.get("visits_done", [])}
-            for rec in self.walk.records:
-                if rec.plan.index in done:
-                    rec.outcome = "done (earlier run)"
-            seq = state.get("checkpoint_seq")
-            if seq is not None and state.get("checkpoint_digest"):
-                self.ckpts.digests[int(seq)] = str(state["checkpoint_digest"])
-            if seq is not None:
-                await self.ckpts.restore(int(seq))
-            self.log.step_count = int(state.get("steps", 0))
-            self.audit.row("resumed", detail={"visits_done": sorted(done), "epoch": self.device.epoch,
-                                              "checkpoint_seq": seq})
-        else:
-            if self.settings.init_from is not None:  # pretrained weights, sealed under the run key
-                path = Path(self.settings.init_from)
-                want, config = await self.device.load_weights(path, key=self.ckpts.store.run_key(self.ckpts.run_id),
-                                                              run_id=self.ckpts.run_id)
-                self.audit.row("weights-loaded", detail={"path": str(path), "model_digest": want, "model": config})
-            await self.device.measure_model()
-            await self.ckpts.checkpoint(0, note="initial")
-            self.audit.row("planned", detail={"visits": len(self.plans), "plan_digest": digest},
-                           state={"plan_digest": digest, "visits_done": [], "epoch": 0, "checkpoint_seq": 0,
-                                  "checkpoint_digest": self.ckpts.digests[0], "steps": 0, "run_id": self.run_id})
 
     # --- the run ----------------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
@@ -487,3 +458,39 @@ class TravelEngine:
         action = self.fault.pop(str(phase), None)
         if action is not None:
             action(self)
+
+
+async def planned_start(engine: TravelEngine) -> None:
+    """The engine's start: resume from the ledger's state (``--resume``), or load the initial weights (if any),
+    measure the model and seal checkpoint 0."""
+    digest = plan_digest(engine.plans)
+    state = engine.ledger.state_items()
+    if engine.settings.resume and state.get("plan_digest"):
+        if state["plan_digest"] != digest:
+            raise DataError("--resume: the holders' data or the settings changed; the schedule differs")
+        # never reuse an epoch number, even one whose visit was cut off before its progress was committed
+        engine.device.epoch = max(int(state.get("epoch", 0)), engine.ledger.max_epoch())
+        engine.ckpts.run_id = str(state.get("run_id", engine.run_id))
+        done = {int(k) for k in state.get("visits_done", [])}
+        for rec in engine.walk.records:
+            if rec.plan.index in done:
+                rec.outcome = "done (earlier run)"
+        seq = state.get("checkpoint_seq")
+        if seq is not None and state.get("checkpoint_digest"):
+            engine.ckpts.digests[int(seq)] = str(state["checkpoint_digest"])
+        if seq is not None:
+            await engine.ckpts.restore(int(seq))
+        engine.log.step_count = int(state.get("steps", 0))
+        engine.audit.row("resumed", detail={"visits_done": sorted(done), "epoch": engine.device.epoch,
+                                            "checkpoint_seq": seq})
+    else:
+        if engine.settings.init_from is not None:  # pretrained weights, sealed under the run key
+            path = Path(engine.settings.init_from)
+            want, config = await engine.device.load_weights(
+                path, key=engine.ckpts.store.run_key(engine.ckpts.run_id), run_id=engine.ckpts.run_id)
+            engine.audit.row("weights-loaded", detail={"path": str(path), "model_digest": want, "model": config})
+        await engine.device.measure_model()
+        await engine.ckpts.checkpoint(0, note="initial")
+        engine.audit.row("planned", detail={"visits": len(engine.plans), "plan_digest": digest},
+                         state={"plan_digest": digest, "visits_done": [], "epoch": 0, "checkpoint_seq": 0,
+                                "checkpoint_digest": engine.ckpts.digests[0], "steps": 0, "run_id": engine.run_id})

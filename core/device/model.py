@@ -1,0 +1,180 @@
+"""The device service's model concern: the code region and the model built from it, its measurement, TRAIN
+and fault injection on the model (mixed into :class:`~gputravel.core.device.service.DeviceService`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from gputravel.core.device.memory import Region
+from gputravel.core.device.modelmac import MAC_KEY_BYTES, model_mac
+from gputravel.core.device.reply import Handler, Reply
+from gputravel.core.errors import DeviceError, WindowError
+from gputravel.core.protocol.deviceanswers import Configured, Measurement, TrainResult
+from gputravel.core.protocol.devicelink import Op
+
+__all__ = ["ModelOps"]
+
+
+class ModelOps:
+    """The model's operations: configure, measure, train, tamper (the service supplies the regions, the
+    data plane, the counters and the checkpoint streams' bookkeeping)."""
+
+    # supplied by DeviceService
+    counters: Any
+    device: Any
+    code: Region
+    buffer: Region
+    plane: Any
+    window: Any
+    trainer: Any
+    allow_fault_injection: bool
+    last_digest_s: float
+    _model_gen: int
+    _digest_memo: tuple[int, str] | None
+    _ckpt_stream: Any
+    _restore_stream: Any
+    _model_incomplete: bool
+
+    if TYPE_CHECKING:
+        def _settle_live_checkpoint(self) -> None: ...
+
+    def model_operations(self) -> dict[str, Handler]:
+        """This concern's entries of the operation table."""
+        return {Op.CONFIGURE: self.op_configure, Op.MEASURE: self.op_measure, Op.TRAIN: self.op_train,
+                Op.TAMPER: self.op_tamper}
+
+    def op_configure(self, *, payload: bytes) -> Reply:
+        """Upload the code region (the training program) and build the model from it."""
+        from gputravel.core.training.model import GPTConfig
+        from gputravel.core.training.trainer import Trainer, TrainSettings
+
+        try:
+            program = json.loads(payload.decode())
+            config = GPTConfig.from_dict(program["model"])
+            settings = TrainSettings(**program["train"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DeviceError(f"invalid training program: {exc}") from None
+        self.code.write(payload)
+        self.trainer = Trainer(config, settings, self.device)
+        self._model_changed()
+        n_params = sum(p.numel() for p in self.trainer.model.parameters())
+        return Reply(Configured(code_digest=self.code.digest(), params=int(n_params)).to_wire())
+
+    def _need_trainer(self) -> Any:
+        if self.trainer is None:
+            raise DeviceError("no model: configure first")
+        return self.trainer
+
+    def _model_changed(self) -> None:
+        """A new model generation: the next digest is taken afresh (and an open checkpoint stream, now of a
+        model that no longer exists, is dropped)."""
+        self._model_gen += 1
+        self._ckpt_stream = None
+
+    def model_digest(self) -> str:
+        """The model's digest (weights and optimizer state), hashed at most once per model generation, on the
+        device's own memory (bounded staging on CUDA, never a full copy to the host). The time of the last
+        hash is ``last_digest_s`` (0 when the digest was reused)."""
+        memo = self._digest_memo
+        if memo is not None and memo[0] == self._model_gen:
+            self.last_digest_s = 0.0
+            return memo[1]
+        t0 = time.perf_counter()
+        digest = str(self._need_trainer().model_digest())
+        self.last_digest_s = time.perf_counter() - t0
+        self.counters["model_digests"] += 1
+        self._digest_memo = (self._model_gen, digest)
+        return digest
+
+    def _digest_beside(self) -> None:
+        """``model_digest`` on a thread of its own; an error is not lost: the caller's ``model_digest()``
+        finds no memo and hashes (and raises) again."""
+        try:
+            self.model_digest()
+        except Exception:  # noqa: BLE001, S110 - redone and raised by the caller
+            pass
+
+    def _need_whole_model(self) -> Any:
+        trainer = self._need_trainer()
+        self._settle_live_checkpoint()  # a checkpoint sealing the live state finishes before the model changes
+        if self._restore_stream is not None or self._model_incomplete:
+            raise DeviceError("the model is incomplete: a restore is open or failed part-way; restore a checkpoint")
+        return trainer
+
+    def op_measure(self, *, payload: bytes, digest: bool = True) -> Reply:
+        """The code region's SHA-256 and the model's: its SHA-256 digest (``digest``, memoised per model
+        generation) and, given a 32-byte key as the payload, its AES-GMAC under that key, computed here on the
+        model's own memory (core/device/modelmac.py). VERIFY asks for the MAC alone: cipher speed."""
+        trainer = self._need_trainer()
+        if not isinstance(digest, bool):
+            raise DeviceError(f"measure: digest is true or false, not {digest!r}")
+        if payload and len(payload) != MAC_KEY_BYTES:
+            raise DeviceError(f"a model MAC key is {MAC_KEY_BYTES} bytes, got {len(payload)}")
+        if not payload and not digest:
+            raise DeviceError("a measurement needs the model's digest or a MAC key")
+        code = self.code.digest()
+        model, digest_s = "", 0.0
+        if digest:
+            model = self.model_digest()
+            digest_s = self.last_digest_s
+        mac, mac_s, mac_engine = None, 0.0, None
+        if payload:
+            t0 = time.perf_counter()
+            mac, mac_engine = model_mac(trainer.model, trainer.optimizer, bytes(payload))
+            mac_s = time.perf_counter() - t0
+            self.counters["model_macs"] += 1
+        combined = hashlib.sha256(bytes.fromhex(code) + bytes.fromhex(model or mac or "")).hexdigest()
+        self.counters["measurements"] += 1
+        return Reply(Measurement(code=code, model=model, measurement=combined, digest_s=digest_s, mac=mac,
+                                 mac_s=mac_s, mac_engine=mac_engine).to_wire())
+
+    def op_train(self, *, train_off: int, train_len: int, val_off: int, val_len: int, fmt: str,
+                 steps: int | None = None, budget_s: float | None = None, payload: bytes) -> Reply:
+        """A slice of TRAIN: ``steps``, cut short after ``budget_s``; a whole slice validates and hashes."""
+        trainer, buf = self._need_whole_model(), self.buffer.tensor
+        if self.window is not None:
+            raise DeviceError("cannot train while a provisioning window is open")
+        for off, n in ((train_off, train_len), (val_off, val_len)):
+            if off < 0 or n < 0 or off + n > self.buffer.nbytes:
+                raise WindowError(f"range [{off}, {off + n}) is outside the buffer")
+        self._model_changed()
+        self.plane.make_current_wait()  # training's stream waits for the provisioning copy stream
+        res = trainer.train_on_window(buf, train_off=train_off, train_len=train_len, fmt=fmt, steps=steps,
+                                      budget_s=budget_s)
+        done = len(res.losses) == (steps or trainer.settings.steps_per_visit)
+        val = None
+        if done and val_len:
+            # the model digest (SHA-256 of the whole state, the GIL released) is taken beside the held-out
+            # evaluation, which only reads the model: on a free core the visit's hash costs no time; a failed
+            # hash is redone (and raised) by the model_digest() below
+            hashing = threading.Thread(target=self._digest_beside, name="model-digest", daemon=True)
+            hashing.start()
+            try:
+                val = trainer.eval_on_window(buf, val_off=val_off, val_len=val_len, fmt=fmt)
+            finally:
+                hashing.join()
+        self.counters["train_steps"] += len(res.losses)
+        result = TrainResult(losses=res.losses, tokens=res.tokens, seconds=res.seconds, tokens_per_s=res.tokens_per_s,
+                             val_loss=val, model_digest=self.model_digest() if done else "", done=done)
+        return Reply(result.header_without_losses(), result.losses_payload())
+
+    def op_tamper(self, *, region: str, payload: bytes) -> Reply:
+        """Fault injection (emulated platform, only when enabled): corrupt a region."""
+        if not self.allow_fault_injection:
+            raise DeviceError("fault injection is disabled on this device")
+        if region == "model":
+            with torch.no_grad():
+                p = next(self._need_trainer().model.parameters())
+                p.view(-1)[0] += 1.0
+            self._model_changed()
+        elif region == "code":
+            self.code.tensor[0] ^= 0xFF
+        else:
+            raise DeviceError(f"unknown region {region!r}")
+        return Reply({"tampered": region})

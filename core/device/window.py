@@ -1,0 +1,146 @@
+"""The device service's window concern: the data buffer's provisioning windows (a key per window and epoch,
+closed when the holder returns the GPU), the buffer's scrub, and its debug digest (mixed into
+:class:`~gputravel.core.device.service.DeviceService`; the chunks themselves come in through
+:mod:`gputravel.core.device.intake`)."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from gputravel.core.device.intake import ProvisionWindow
+from gputravel.core.device.memory import Region
+from gputravel.core.device.reply import Handler, Reply
+from gputravel.core.errors import DeviceError
+from gputravel.core.protocol import Direction, RecvState, StaleEpochError, WindowError, provisioning_key
+from gputravel.core.protocol.deviceanswers import (
+    BufferDigest,
+    HandoffGrant,
+    ScrubResult,
+    WindowClosed,
+    WindowStatus,
+)
+from gputravel.core.protocol.devicelink import Op
+from gputravel.core.protocol.holderlink import ProvisioningKey
+
+if TYPE_CHECKING:
+    from gputravel.core.handshake import SessionSecrets
+
+__all__ = ["DEAD_TAG_EPOCHS", "MAX_CHUNK", "WindowOps"]
+
+MAX_CHUNK = 16 * 1024 * 1024
+#: closed windows whose accepted chunks' tags are remembered, so a captured chunk replayed later is named
+DEAD_TAG_EPOCHS = 64
+
+
+class WindowOps:
+    """The buffer's operations: handoff, close_window, window_status, scrub, digest (the service supplies the
+    session, the lock, the data plane, the opener and the rejection counts)."""
+
+    # supplied by DeviceService
+    counters: Any
+    buffer: Region
+    plane: Any
+    opener: Any
+    lock: Any
+    _settled: threading.Condition
+    allow_fault_injection: bool
+    epoch: int
+    window: ProvisionWindow | None
+    dead_epochs: Any
+    dead_tags: dict[int, Any]
+    rejected: Any
+    rejected_by_epoch: Any
+
+    if TYPE_CHECKING:
+        def _session(self) -> SessionSecrets: ...
+        def _model_changed(self) -> None: ...
+
+    def window_operations(self) -> dict[str, Handler]:
+        """This concern's entries of the operation table."""
+        return {Op.HANDOFF: self.op_handoff, Op.CLOSE_WINDOW: self.op_close_window,
+                Op.WINDOW_STATUS: self.op_window_status, Op.SCRUB: self.op_scrub, Op.DIGEST: self.op_digest}
+
+    def op_handoff(self, *, epoch: int, offset: int, length: int, chunk_size: int, payload: bytes) -> Reply:
+        """Derive the provisioning key for one window and one epoch; any earlier key dies."""
+        s = self._session()
+        if epoch <= self.epoch or epoch in self.dead_epochs:
+            raise StaleEpochError(f"epoch {epoch} is not newer than the current epoch {self.epoch}")
+        if not (0 <= offset and 0 < length and offset + length <= self.buffer.nbytes):
+            raise WindowError(f"window [{offset}, {offset + length}) is outside the {self.buffer.nbytes}-byte buffer")
+        if not 0 < chunk_size <= MAX_CHUNK:
+            raise DeviceError(f"chunk size {chunk_size} outside 1..{MAX_CHUNK}")
+        key = provisioning_key(s.master, s.session_id, epoch=epoch, offset=offset, length=length,
+                               direction=Direction.HOLDER_TO_DEVICE)
+        with self.lock:
+            if self.window is not None:
+                self._bury(self.window)
+            self.window = ProvisionWindow(epoch, offset, length, chunk_size, key.fingerprint,
+                                          RecvState(key, session_id=s.session_id, window=4096), key=key)
+            self.epoch = epoch
+            self._model_changed()  # a key is out: the measurement after its return hashes afresh
+        self.counters["handoffs"] += 1
+        return Reply(HandoffGrant(session_id=s.session_id.hex(), key_fingerprint=key.fingerprint,
+                                  provisioning_key=ProvisioningKey.of(key)).to_wire())
+
+    def op_close_window(self, *, epoch: int, payload: bytes) -> Reply:
+        """The holder returned the GPU: its key is dead from here on."""
+        with self.lock:
+            w = self.window
+            if w is None or w.epoch != epoch:
+                raise StaleEpochError(f"no open window for epoch {epoch}")
+            self.window = None  # no new chunk is admitted from here on
+            # chunks admitted before RETURN finish (their copies reach device memory) before the key dies
+            self._settled.wait_for(lambda: not w.inflight, timeout=60)
+            self._bury(w)
+        self.plane.flush()  # the copy stream is idle: every acknowledged byte is in device memory
+        self.plane.close_window(epoch)  # its rings zeroed and released, its data connections admitted for nothing
+        return Reply(WindowClosed(epoch=epoch, bytes=w.bytes_in, chunks=len(w.accepted), expected_chunks=w.n_chunks,
+                                  contiguous=w.contiguous(), complete=len(w.accepted) == w.n_chunks,
+                                  rejected=dict(self.rejected),
+                                  rejected_in_window=dict(self.rejected_by_epoch.get(epoch, {}))).to_wire())
+
+    def _bury(self, w: ProvisionWindow) -> None:
+        """A window's key is dead; the tags of its chunks are kept a while to recognise replays."""
+        self.dead_epochs.add(w.epoch)
+        self.opener.forget(w.fingerprint)
+        w.key = None
+        self.dead_tags[w.epoch] = w.tags
+        while len(self.dead_tags) > DEAD_TAG_EPOCHS:
+            self.dead_tags.pop(next(iter(self.dead_tags)))
+
+    def op_window_status(self, *, payload: bytes) -> Reply:
+        w = self.window
+        if w is None:
+            return Reply(WindowStatus(open=False).to_wire())
+        return Reply(WindowStatus(open=True, epoch=w.epoch, contiguous=w.contiguous(), chunks=len(w.accepted),
+                                  bytes=w.bytes_in).to_wire())
+
+    def op_scrub(self, *, payload: bytes) -> Reply:
+        if self.window is not None:
+            raise DeviceError("cannot scrub while a provisioning window is open")
+        t0 = time.perf_counter()
+        ok = self.buffer.zero_and_check()
+        self.plane.scrub()  # the staging slots held plaintext on its way into device memory
+        self.opener.scrub()
+        self.counters["scrubs"] += 1
+        return Reply(ScrubResult(verified=ok, bytes=self.buffer.nbytes, seconds=time.perf_counter() - t0).to_wire())
+
+    def op_digest(self, *, offset: int, length: int, payload: bytes) -> Reply:
+        """Test/debug op (emulated platform, only with fault injection on): SHA-256 of the buffer
+        bytes ``[offset, offset + length)``.
+
+        It lets a test check, from outside the process, that refused chunks left the buffer as it
+        was. A digest of plaintext is a confirmation oracle on the holders' data, so a production
+        device (fault injection off) refuses it like ``op_tamper``.
+        """
+        if not self.allow_fault_injection:
+            raise DeviceError("the digest op is a debug op: fault injection is disabled on this device")
+        offset, length = int(offset), int(length)
+        if offset < 0 or length < 0 or offset + length > self.buffer.nbytes:
+            raise WindowError(f"range [{offset}, {offset + length}) is outside the {self.buffer.nbytes}-byte buffer")
+        with self.lock:
+            data = self.buffer.tensor[offset: offset + length].cpu().numpy().tobytes()
+        return Reply(BufferDigest(sha256=hashlib.sha256(data).hexdigest(), offset=offset, length=length).to_wire())

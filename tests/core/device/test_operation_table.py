@@ -1,0 +1,47 @@
+"""The device's one operation table: every wire operation has one handler, assembled from the service's
+concerns, and a fleet member's service extends the same table (no second dispatch)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gputravel.core.attestation import DeviceIdentity, provision_emulated
+from gputravel.core.device.service import DeviceService
+from gputravel.core.errors import DeviceError
+from gputravel.core.fleet.device import FLEET_OPS, FleetDeviceService
+from gputravel.core.protocol.devicelink import Op
+
+
+def _identity(tmp_path: Path, device_id: str = "emu-gpu-0") -> DeviceIdentity:
+    _, identity = provision_emulated(tmp_path / "state", device_id=device_id)
+    return identity
+
+
+def test_the_table_holds_every_wire_operation_once(tmp_path: Path) -> None:
+    svc = DeviceService(identity=_identity(tmp_path), buffer_bytes=4096, device="cpu")
+    assert set(svc.operations) == {op.value for op in Op}
+
+
+def test_the_fleet_service_extends_the_same_table(tmp_path: Path) -> None:
+    svc = FleetDeviceService(identity=_identity(tmp_path), buffer_bytes=4096, device="cpu")
+    assert set(svc.operations) == {op.value for op in Op} | set(FLEET_OPS)
+    assert svc.handle("fleet_leave", {}, b"").header == {"left": True}
+    with pytest.raises(DeviceError, match="in no fleet"):
+        svc.handle("fleet_train", {"train_off": 0, "train_len": 0, "val_off": 0, "val_len": 0, "fmt": "u16",
+                                   "weight": 1.0, "total_weight": 1.0, "steps": 1, "seed": 0}, b"")
+
+
+@pytest.mark.parametrize("op", ["fleet_nope", "op_info", "", 7])
+def test_an_unknown_operation_is_a_named_device_error(tmp_path: Path, op: object) -> None:
+    for cls in (DeviceService, FleetDeviceService):
+        svc = cls(identity=_identity(tmp_path), buffer_bytes=4096, device="cpu")
+        with pytest.raises(DeviceError, match="unknown operation"):
+            svc.handle(op, {}, b"")  # type: ignore[arg-type]
+
+
+def test_bad_arguments_to_a_fleet_operation_are_a_named_device_error(tmp_path: Path) -> None:
+    svc = FleetDeviceService(identity=_identity(tmp_path), buffer_bytes=4096, device="cpu")
+    with pytest.raises(DeviceError, match="bad arguments for fleet_leave"):
+        svc.handle("fleet_leave", {"nonsense": 1}, b"")
