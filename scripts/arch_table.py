@@ -174,8 +174,8 @@ def table(root: Path) -> str:
 #: what the top level holds besides the packages (whose lines are their docstrings' first sentences)
 TOP_LEVEL = {
     ".ci/": "The CI entry point: `make test` on a clean clone.",
-    "Makefile": "`make setup`, `make lint` (ruff, import contracts, mypy --strict), `make test` (lint, then the "
-                "tests), `test-fast`, `test-slow`, `demo`.",
+    "Makefile": "`make setup`, `make lint` (ruff, import contracts, mypy --strict), `make test` (lint, the tests, "
+                "then the slow set), `test-fast`, `test-slow`, `demo`.",
     "README.md": "What the product does, its commands, exit codes and measurements.",
     "__init__.py": "The `gputravel` namespace: every folder below maps onto `gputravel.<folder>`.",
     "docs/": "Design notes and studies (architecture, provisioning, checkpoints, collectives, fleet, GPU cipher, "
