@@ -21,9 +21,10 @@ def register(bench_app: typer.Typer) -> None:
     def hostile_cmd(
         connections: int = typer.Option(40, "--connections", min=1, max=512,
                                          help="Hostile connections per listener of the device."),
-        size_mib: int = typer.Option(64, "--size-mib", min=1),
+        size_mib: int = typer.Option(256, "--size-mib", min=1,
+                                     help="Bytes per hand-off (64 MiB hand-offs last ~20 ms: too short to compare)."),
         chunk_kib: int = typer.Option(1024, "--chunk-kib", min=1),
-        visits: int = typer.Option(5, "--visits", min=1, help="Hand-offs per sitting."),
+        visits: int = typer.Option(10, "--visits", min=1, help="Hand-offs per sitting."),
         path: str = typer.Option("direct-tcp", "--path", help="direct-tcp (the TCP data port) or direct."),
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
