@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 from helpers import gputravel_children
 
+from gputravel.console.entries import ENTRIES
 from gputravel.core import events as ev
 from gputravel.core.api import RunSettings, run
 from gputravel.core.errors import DiskFullError, StorageError
@@ -172,7 +173,7 @@ def test_a_full_disk_under_the_ledger_stops_the_run_keeps_the_chain_and_resume_f
         settings = RunSettings(out_dir=out, data_dir=data, holders=2, rounds=1, steps_per_visit=3, batch_size=4,
                                seq_len=32, chunk_kib=16, buffer_mib=0.25, transport="local")
         with pytest.raises(DiskFullError) as caught:
-            asyncio.run(run(settings, sinks=[fill_at_visit_1_rotate]))
+            asyncio.run(run(settings, entries=ENTRIES, sinks=[fill_at_visit_1_rotate]))
         assert fillers, "the disk was never filled"
         assert isinstance(caught.value, StorageError) and caught.value.exit_code == 12
         assert "ledger" in caught.value.reason and "visit-completed" in caught.value.reason
