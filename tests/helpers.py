@@ -125,6 +125,17 @@ def small_settings(data: Path | None, out: Path, **overrides: Any) -> RunSetting
     return RunSettings(**{**base, **overrides})
 
 
+#: the fleet tests' run: 3 holders, 1 round, 2 steps a visit, one torch thread per rank, faults allowed
+FLEET_RUN: dict[str, Any] = dict(holders=3, rounds=1, steps_per_visit=2, buffer_mib=0.125, batch_size=4, seq_len=32,
+                                 chunk_kib=32, torch_threads=1, transport="local", visit_attempts=1,
+                                 allow_fault_injection=True)
+
+
+def fleet_settings(data: Path, out: Path, **overrides: Any) -> RunSettings:
+    """``RunSettings`` for ``FLEET_RUN`` on ``data`` into ``out``; ``overrides`` win."""
+    return small_settings(data, out, **{**FLEET_RUN, **overrides})
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.02) -> bool:
     """Polls ``predicate`` until it is true or ``timeout`` passes; returns its last answer (as a bool)."""
     deadline = time.monotonic() + timeout

@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 import torch.distributed as dist
+from helpers import fleet_settings
 
 from gputravel.console.entries import GPU_RANK
 from gputravel.core.attestation import DeviceIdentity, VendorCA
@@ -251,16 +252,6 @@ def test_a_rank_without_the_fleet_key_is_refused_by_the_worker_group(store: Any)
 
 
 # --- whole fleets under torchrun (slow) -------------------------------------------------------------------
-def _fleet_settings(data: Path, out: Path, **kw: object) -> Any:
-    from gputravel.core.config import RunSettings
-
-    base: dict[str, object] = dict(holders=3, rounds=1, steps_per_visit=2, buffer_mib=0.125, data_dir=data,
-                                   out_dir=out, batch_size=4, seq_len=32, chunk_kib=32, torch_threads=1,
-                                   transport="local", visit_attempts=1, allow_fault_injection=True)
-    base.update(kw)
-    return RunSettings(**base)  # type: ignore[arg-type]
-
-
 @pytest.fixture(scope="module")
 def fleet_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from gputravel.core.bench.data import make_holders
@@ -273,7 +264,7 @@ def fleet_reference(fleet_data: Path, tmp_path_factory: pytest.TempPathFactory) 
     from gputravel.core.fleet.rank import FleetOptions
     from gputravel.core.fleet.run import launch_fleet
 
-    report: dict[str, Any] = launch_fleet(_fleet_settings(fleet_data, tmp_path_factory.mktemp("ref") / "f"),
+    report: dict[str, Any] = launch_fleet(fleet_settings(fleet_data, tmp_path_factory.mktemp("ref") / "f"),
                                           FleetOptions(gpus=2, timeout_s=120), entry=GPU_RANK, quiet=True)
     return report
 
@@ -299,7 +290,7 @@ def test_a_diverging_replica_stops_every_rank_uncommitted_and_resume_reaches_the
 
     out = tmp_path / "d"
     with pytest.raises(ReplicaDivergedError, match="diverged in step 0"):
-        launch_fleet(_fleet_settings(fleet_data, out), FleetOptions(gpus=2, timeout_s=120, ring_fault="drift@1"),
+        launch_fleet(fleet_settings(fleet_data, out), FleetOptions(gpus=2, timeout_s=120, ring_fault="drift@1"),
                      entry=GPU_RANK, quiet=True)
     reports = 0
     for rank in (0, 1):
@@ -313,7 +304,7 @@ def test_a_diverging_replica_stops_every_rank_uncommitted_and_resume_reaches_the
             reports += 1
             assert json.loads(report.read_text())["error"]["code"] == "replica-diverged"
     assert reports >= 1
-    resumed = launch_fleet(_fleet_settings(fleet_data, out, resume=True), FleetOptions(gpus=2, timeout_s=120),
+    resumed = launch_fleet(fleet_settings(fleet_data, out, resume=True), FleetOptions(gpus=2, timeout_s=120),
                            entry=GPU_RANK, quiet=True)
     _check_resumed(resumed, fleet_reference)
 
@@ -331,7 +322,7 @@ def test_a_rank_killed_mid_round_stops_the_other_with_a_named_error_and_resume_f
     out = tmp_path / "k"
     t0 = time.monotonic()
     with pytest.raises(GpuTravelError) as caught:
-        launch_fleet(_fleet_settings(fleet_data, out, fault="kill-orchestrator@TRAIN:1"),
+        launch_fleet(fleet_settings(fleet_data, out, fault="kill-orchestrator@TRAIN:1"),
                      FleetOptions(gpus=2, timeout_s=120), entry=GPU_RANK, quiet=True)
     assert time.monotonic() - t0 < 120, "the surviving rank waited out the fleet's timeout"
     # torchrun stopped the surviving rank (SIGTERM) once rank 1 died: the job's failure, named, exit 10
@@ -341,7 +332,7 @@ def test_a_rank_killed_mid_round_stops_the_other_with_a_named_error_and_resume_f
     for rank in (0, 1):
         assert verify_ledger(out / f"rank-{rank}" / "ledger.db").ok
         assert (out / f"rank-{rank}" / "checkpoints" / "ckpt-000000.gtc").exists()
-    resumed = launch_fleet(_fleet_settings(fleet_data, out, resume=True), FleetOptions(gpus=2, timeout_s=120),
+    resumed = launch_fleet(fleet_settings(fleet_data, out, resume=True), FleetOptions(gpus=2, timeout_s=120),
                            entry=GPU_RANK, quiet=True)
     _check_resumed(resumed, fleet_reference)
 
@@ -405,7 +396,7 @@ def test_a_raw_store_client_writing_the_ring_keys_of_a_running_fleet_gets_nothin
     out = tmp_path / "s"
     try:
         with pytest.raises(AttestationError, match="ring handshake"):
-            launch_fleet(_fleet_settings(fleet_data, out), FleetOptions(gpus=2, timeout_s=120),
+            launch_fleet(fleet_settings(fleet_data, out), FleetOptions(gpus=2, timeout_s=120),
                          rdzv=Rendezvous(rdzv_endpoint=f"127.0.0.1:{port}"), entry=GPU_RANK, quiet=True)
     finally:
         stop.set()

@@ -9,22 +9,14 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import fleet_settings
 
 from gputravel.console.entries import GPU_RANK, launch_gpus
 from gputravel.core.bench.data import make_holders
-from gputravel.core.config import RunSettings
 from gputravel.core.errors import ConfigError, FleetDeviceLostError
 from gputravel.core.fleet.rank import FleetOptions
 from gputravel.core.fleet.run import Rendezvous, torchrun_command, verify_fleet
 from gputravel.core.ledger import read_rows, verify_ledger
-
-
-def _settings(data: Path, out: Path, **kw: object) -> RunSettings:
-    base: dict[str, object] = dict(holders=3, rounds=1, steps_per_visit=2, buffer_mib=0.125, data_dir=data,
-                                   out_dir=out, batch_size=4, seq_len=32, chunk_kib=32, torch_threads=1,
-                                   transport="local", visit_attempts=1, allow_fault_injection=True)
-    base.update(kw)
-    return RunSettings(**base)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +26,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def secure(data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    return launch_gpus(_settings(data, tmp_path_factory.mktemp("secure")), FleetOptions(gpus=2, timeout_s=120),
+    return launch_gpus(fleet_settings(data, tmp_path_factory.mktemp("secure")), FleetOptions(gpus=2, timeout_s=120),
                         quiet=True)
 
 
@@ -80,7 +72,7 @@ def test_ledgers_carry_the_device_and_verify(secure: dict) -> None:
 
 
 def test_a_failing_holder_is_handled_and_the_step_still_reduces(data: Path, tmp_path: Path) -> None:
-    report = launch_gpus(_settings(data, tmp_path / "f", fault="kill-agent@PROVISION:1"),
+    report = launch_gpus(fleet_settings(data, tmp_path / "f", fault="kill-agent@PROVISION:1"),
                           FleetOptions(gpus=2, timeout_s=120), quiet=True)
     failed = [v for v in report["visits"] if v["outcome"] == "failed"]
     assert [(v["visit"], v["failed_phase"]) for v in failed] == [(1, "PROVISION")]
@@ -99,7 +91,7 @@ def test_a_failing_holder_is_handled_and_the_step_still_reduces(data: Path, tmp_
 
 @pytest.mark.slow  # tests/core/fleet/test_fleet_ddp.py proves the same on the device side in the default suite
 def test_plain_all_reduce_with_the_same_seed_trains_the_same(data: Path, secure: dict, tmp_path: Path) -> None:
-    plain = launch_gpus(_settings(data, tmp_path / "p"), FleetOptions(gpus=2, variant="plain", timeout_s=120),
+    plain = launch_gpus(fleet_settings(data, tmp_path / "p"), FleetOptions(gpus=2, variant="plain", timeout_s=120),
                          quiet=True)
     assert plain["fleet"]["allreduce"]["sealed"] is False
     a = [v["loss_last"] for v in secure["visits"]]
@@ -126,12 +118,12 @@ def test_torchrun_command_passes_rendezvous_options_through(tmp_path: Path) -> N
 def test_a_device_lost_for_good_stops_the_fleet_resumably(data: Path, tmp_path: Path) -> None:
     out = tmp_path / "lost"
     with pytest.raises(FleetDeviceLostError):
-        launch_gpus(_settings(data, out, fault="kill-device@TRAIN:1"), FleetOptions(gpus=2, timeout_s=120),
+        launch_gpus(fleet_settings(data, out, fault="kill-device@TRAIN:1"), FleetOptions(gpus=2, timeout_s=120),
                      quiet=True)
     stopped = json.loads((out / "report.json").read_text())
     assert stopped["error"]["code"] == "fleet-device-lost"
     assert stopped["ledger"]["verified"] is True  # every rank's chain, and the fleet's, still prove the run
-    resumed = launch_gpus(_settings(data, out, resume=True), FleetOptions(gpus=2, timeout_s=120), quiet=True)
+    resumed = launch_gpus(fleet_settings(data, out, resume=True), FleetOptions(gpus=2, timeout_s=120), quiet=True)
     assert resumed["fleet"]["replica_digests_equal"] is True
     assert {v["visit"] for v in resumed["visits"] if v["outcome"] == "done"} == {0, 1, 2}
 
@@ -155,7 +147,7 @@ def test_console_gpus_follows_every_gpu_while_the_fleet_runs(data: Path, tmp_pat
                 time.sleep(0.1)
             seen.append({"gpus": fleet.gpus, "rank-0": 0 in fleet.rank_files()})
 
-    settings = _settings(data, tmp_path / "c")
+    settings = fleet_settings(data, tmp_path / "c")
     watch_fleet(settings, gpus=2, make_app=_App, theme="dark")
     assert seen[0]["follow"] is True and seen[0]["readonly"] is True
     assert seen[0]["replay"] == tmp_path / "c" and seen[1] == {"gpus": 2, "rank-0": True}
@@ -164,7 +156,7 @@ def test_console_gpus_follows_every_gpu_while_the_fleet_runs(data: Path, tmp_pat
 
 def test_a_tampered_ring_hop_fails_the_step_on_every_rank_and_replicas_stay_equal(data: Path,
                                                                                  tmp_path: Path) -> None:
-    report = launch_gpus(_settings(data, tmp_path / "t"), FleetOptions(gpus=2, timeout_s=120, ring_fault="flip@0"),
+    report = launch_gpus(fleet_settings(data, tmp_path / "t"), FleetOptions(gpus=2, timeout_s=120, ring_fault="flip@0"),
                           quiet=True)
     visits = report["visits"]
     assert all(v["outcome"] == "failed" and v["failed_phase"] == "TRAIN" for v in visits)
@@ -178,7 +170,7 @@ def test_a_tampered_ring_hop_fails_the_step_on_every_rank_and_replicas_stay_equa
 @pytest.mark.slow
 def test_torchrun_elastic_restart_brings_a_killed_rank_back_and_the_fleet_resumes(data: Path,
                                                                                   tmp_path: Path) -> None:
-    report = launch_gpus(_settings(data, tmp_path / "e", fault="kill-orchestrator@TRAIN:1"),
+    report = launch_gpus(fleet_settings(data, tmp_path / "e", fault="kill-orchestrator@TRAIN:1"),
                           FleetOptions(gpus=2, timeout_s=120), rdzv=Rendezvous(max_restarts=1), quiet=True)
     assert report["fleet"]["replica_digests_equal"] is True
     assert sorted(v["visit"] for v in report["visits"] if v["outcome"] == "done") == [0, 1, 2]
