@@ -64,6 +64,7 @@ class FleetRecording:
         self.follow = follow
         self.expected_gpus = gpus  # a fleet being started: its size before any rank has written
         self.last_seq: dict[int, int] = {}
+        self.last_t: dict[int, float] = {}  # per rank, the time of its last item merged
         self.metas: dict[int, dict[str, Any]] = {}
         self.items: tuple[FleetItem, ...] = self.more()
         if not self.metas and not follow:
@@ -103,7 +104,13 @@ class FleetRecording:
             self.metas[rank] = rec.meta
             if rec.items:
                 self.last_seq[rank] = rec.items[-1].seq
-            new.extend(FleetItem(i.seq, i.t, i.kind, i.name, i.body, gpu=rank) for i in rec.items)
+            # a rank's items stay in the order it recorded them: a telemetry sample stamped a little before an
+            # event recorded ahead of it is placed at that event's time (its own time never goes back)
+            t = self.last_t.get(rank, float("-inf"))
+            for i in rec.items:
+                t = max(t, i.t)
+                new.append(FleetItem(i.seq, t, i.kind, i.name, i.body, gpu=rank))
+            self.last_t[rank] = t
         new.sort(key=lambda i: (i.t, i.gpu, i.seq))
         return tuple(new)
 

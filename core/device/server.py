@@ -9,6 +9,7 @@ full speed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import queue
@@ -128,7 +129,7 @@ class DeviceServer:
                 self.sock.close()
             finally:
                 self.sock = None
-                if os.path.exists(self.socket_path):
+                with contextlib.suppress(FileNotFoundError):  # a second close (the signal handler's) got there first
                     os.unlink(self.socket_path)
 
     def _handle(self, conn: socket.socket, pending: _Pending, *, data_only: bool = False) -> None:

@@ -74,7 +74,7 @@ class EmulatedSource:
         return GpuSample(
             index=0,
             name=name,
-            uuid=str(self.info.get("device_id") or NA),
+            uuid=str(self.info["device_id"]) if self.info.get("device_id") else NA,  # NA until attested
             sim=True,
             util_gpu=util,
             mem_used=int(stats.get("memory_bytes", 0)),

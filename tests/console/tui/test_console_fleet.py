@@ -28,6 +28,7 @@ from gputravel.console.tui.widgets.device_card import DeviceCard
 from gputravel.console.tui.widgets.route_map import RouteMap
 from gputravel.console.tui.widgets.status_bar import StatusBar
 from gputravel.console.tui.widgets.text import fmt_bytes
+from gputravel.core import events as ev
 from gputravel.core.bench.data import make_dataset
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import RecordingError
@@ -96,6 +97,21 @@ def test_the_ranks_recordings_merge_by_time_each_item_tagged_with_its_gpu(fleet:
         assert [(i.seq, i.name) for i in merged.items if i.gpu == rank] == [(i.seq, i.name) for i in rec.items]
     assert merged.more() == ()  # a finished fleet: nothing appended since
     assert merged.recording().meta["ledger"] == str(out / "ledger.db")
+
+
+def test_a_sample_stamped_before_an_event_recorded_ahead_of_it_keeps_its_ranks_order(tmp_path: Path) -> None:
+    """A rank's telemetry thread may stamp a sample a moment before the engine's event it records after: the merge
+    keeps each rank's recorded order and still reads in time order."""
+    for rank, stamps in ((0, (1.0, 0.9, 1.5)), (1, (1.2, 1.3, 1.4))):
+        folder = tmp_path / f"rank-{rank}"
+        folder.mkdir()
+        rec = Recorder(folder / "recording.db", meta={"rank": rank})
+        for n, t in enumerate(stamps):
+            rec.record_event(ev.HolderConnected(t, f"h{n}", "byte", 1, 0, "0" * 64))
+        rec.close()
+    merged = FleetRecording(tmp_path)
+    assert [(i.gpu, i.seq) for i in merged.items] == [(0, 1), (0, 2), (1, 1), (1, 2), (1, 3), (0, 3)]
+    assert [i.t for i in merged.items] == sorted(i.t for i in merged.items)
 
 
 def test_a_folder_without_rank_recordings_is_refused_by_name(tmp_path: Path) -> None:

@@ -220,6 +220,14 @@ def test_emulated_source_turns_device_counters_into_rates_labelled_sim() -> None
     assert second.cc.feature == "on" and second.cc.environment == "sim" and second.cc.protected_mem_kib == 1024
 
 
+def test_emulated_source_names_no_device_before_it_is_attested_then_its_id() -> None:
+    stats = {"busy_s": 0.0, "counters": {"bytes_in": 0}, "memory_bytes": 1, "epoch": 1}
+    source = EmulatedSource(lambda: stats)
+    assert source.sample().uuid is NA  # NA itself, not the text "N/A" a device could be named
+    source.info = {"device_id": "emu-gpu-0"}
+    assert source.sample().uuid == "emu-gpu-0"
+
+
 def test_emulated_source_degrades_when_the_device_is_gone() -> None:
     def gone() -> dict[str, Any]:
         raise RuntimeError("not connected")
