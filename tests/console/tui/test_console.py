@@ -100,7 +100,9 @@ async def test_space_steps_one_phase_at_a_time_through_a_visit_and_q_quits(data_
     async with app.run_test(size=SIZE) as pilot:
         bridge = live(app)
         await pilot.press("space")  # starts the run paused; ATTEST runs
-        await until(pilot, lambda: bridge.session.paused_at() == "HANDOFF", what="first step")
+        # the engine pauses before its ATTEST's event reaches the view: wait for both
+        await until(pilot, lambda: bridge.session.paused_at() == "HANDOFF" and bridge.state.phases_completed >= 1,
+                    what="first step")
         assert bridge.state.phases_completed == 1
         order = ["PROVISION", "RETURN", "VERIFY", "TRAIN", "SCRUB", "ROTATE", "ATTEST"]
         for n, nxt in enumerate(order, start=2):
@@ -351,7 +353,8 @@ async def test_colon_run_step_pause_resume_break_and_cancel_drive_a_live_run(dat
         await colon("run")
         await until(pilot, lambda: bridge.state.paused_before == "HANDOFF", what=":run to the breakpoint")
         await colon("step")
-        await until(pilot, lambda: bridge.state.paused_before == "PROVISION", what=":step one phase")
+        await until(pilot, lambda: bridge.state.paused_before == "PROVISION" and bridge.state.last_phase == "HANDOFF",
+                    what=":step one phase")  # the pause and the HANDOFF's event may reach the view in either order
         assert bridge.state.last_phase == "HANDOFF"
         await colon("break handoff")  # off again
         assert "HANDOFF" not in bridge.state.breakpoints
