@@ -17,14 +17,12 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from gputravel.core import events as ev
 from gputravel.core.config import RunSettings
-from gputravel.core.deviceclient.client import DeviceClient
 from gputravel.core.errors import (
     AgentError,
     CancelledRunError,
@@ -41,7 +39,7 @@ from gputravel.core.protocol.ckptring import RingAborted
 from gputravel.core.runfolder import sealed_settings_digest
 from gputravel.core.training.store import CheckpointStore
 from gputravel.core.travel.audit import ATTACK_CODES, Audit
-from gputravel.core.travel.bus import EventBus, EventSink
+from gputravel.core.travel.bus import EventBus
 from gputravel.core.travel.checkpoints import BackgroundCommit, Checkpointer, VisitCommit
 from gputravel.core.travel.control import Control, FaultPlan, Faults
 from gputravel.core.travel.device_session import DeviceSession
@@ -53,7 +51,7 @@ from gputravel.core.travel.recovery import Recovery
 from gputravel.core.travel.report import RunReport, build_report
 from gputravel.core.travel.schedule import UNIT, VisitPlan, plan_digest, plan_visits
 from gputravel.core.travel.training import SlicedTrain, SliceSettings, TrainStep
-from gputravel.core.travel.training_log import SpikeWatch, TrainingLog
+from gputravel.core.travel.training_log import TrainingLog
 from gputravel.core.travel.visits import Itinerary, VisitRecord
 from gputravel.core.travel.windows import HandoffWindows, Outcome, Visit
 
