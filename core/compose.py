@@ -160,8 +160,8 @@ async def run(settings: RunSettings, *, links: Iterable[HolderLink] | None = Non
     sampling = None
     report: dict[str, Any] | None = None
     try:
-        engine.sinks.extend(sinks)
-        engine.probes.extend(probes)
+        engine.bus.sinks.extend(sinks)
+        engine.bus.probes.extend(probes)
         if on_engine is not None:
             on_engine(engine)
         if telemetry is not None:
@@ -169,7 +169,7 @@ async def run(settings: RunSettings, *, links: Iterable[HolderLink] | None = Non
 
             sampling = TelemetryLoop(session, telemetry.record, interval=telemetry.interval,
                                      sampler=telemetry.sampler)
-            engine.sinks.append(sampling.tracker)
+            engine.bus.sinks.append(sampling.tracker)
             sampling.start(name=telemetry.name)
         report = await engine.run()
         return report

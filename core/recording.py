@@ -1,6 +1,6 @@
 """Record and replay a run: engine events and telemetry frames in one SQLite file.
 
-A :class:`Recorder` is an engine event sink (``engine.sinks.append(recorder)``) and also takes telemetry
+A :class:`Recorder` is an engine event sink (``engine.bus.sinks.append(recorder)``) and also takes telemetry
 frames (:meth:`Recorder.record_telemetry`). :func:`load_recording` reads the file back;
 :class:`Player` walks it with the controls an operator has on a live run (step one phase, play,
 pause, jump to a visit, jump to a position).

@@ -67,16 +67,16 @@ class Session:
 
     # --- device counters (blocking) ----------------------------------------------------------
     def device_stats(self) -> dict[str, Any]:
-        if self.engine is None or self._closed or self.engine.client.secrets is None:
+        if self.engine is None or self._closed or self.engine.device.client.secrets is None:
             raise RuntimeError("no attested device session yet")
         from gputravel.core.deviceclient.client import read_counters
 
-        return dict(read_counters(self.engine.handle.socket_path))
+        return dict(read_counters(self.engine.device.handle.socket_path))
 
     def device_info(self) -> dict[str, Any]:
         if self.engine is None:
             return {}
-        info = dict(self.engine.device_info)
+        info = dict(self.engine.device.device_info)
         info.setdefault("buffer_bytes", self.engine.settings.buffer_bytes)
         return info
 
@@ -119,12 +119,12 @@ class Session:
         self._closed = True
         engine = self.engine
         try:
-            if engine.handle.alive() and engine.client.secrets:
-                engine.client.shutdown()
+            if engine.device.handle.alive() and engine.device.client.secrets:
+                engine.device.client.shutdown()
         except Exception:  # noqa: BLE001 - the device may already be gone
             pass
-        engine.client.close()
-        engine.handle.stop()
+        engine.device.client.close()
+        engine.device.handle.stop()
         try:
             engine.ledger.close()
         except Exception:  # noqa: BLE001

@@ -28,7 +28,7 @@ IGNORE = {"asyncio", "torch", "json", "typer", "textual", "asyncssh", "numba", "
           "rekey_to", "wrapped_key", "session_id", "chunk_size", "frame_type", "train_off", "train_len",
           "key_fp", "nonce_budget", "checkpoint_every", "protocol_cost_pct", "max_steps", "budget_s",
           "data_path", "init_from", "sub_window", "train_slices", "engine.train_slices", "engine.subscribe",
-          "engine.sinks", "engine.probes", "TrainResult.done", "self.window"}
+          "engine.bus.sinks", "engine.bus.probes", "TrainResult.done", "self.window"}
 
 
 def tracked_py(root: Path) -> list[Path]:

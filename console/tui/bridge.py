@@ -301,10 +301,10 @@ class LiveBridge(Bridge):
                 self.session.pause()
                 self.session.step()
             queue = engine.subscribe()
-            engine.sinks.append(self.tracker)
+            engine.bus.sinks.append(self.tracker)
             if self.recorder is not None:
-                engine.sinks.append(self.recorder)
-            engine.sinks.append(ending)
+                engine.bus.sinks.append(self.recorder)
+            engine.bus.sinks.append(ending)
             pump = asyncio.create_task(self._pump(queue))
             try:
                 self.report = await self.session.run()

@@ -71,7 +71,7 @@ def _sample(visit: int, engine: TravelEngine) -> dict[str, int]:
     """The resident set (and its anonymous part) of each role, read from /proc after one visit."""
     agent_pids = [link.proc.pid if isinstance(link, LocalHolderLink) and link.proc is not None else None
                   for link in engine.links.values()]
-    me, device = os.getpid(), engine.handle.pid
+    me, device = os.getpid(), engine.device.handle.pid
     row = {"visit": visit, "orchestrator": rss(me), "device": rss(device),
            "agents": sum(rss(pid) for pid in agent_pids),
            "orchestrator_anon": anon_rss(me), "device_anon": anon_rss(device),

@@ -335,7 +335,7 @@ class FleetEngine(TravelEngine):
         prefix = f"gputravel/devices/{self.group.restart}"  # one device group per (torchrun job, restart)
         # every rank's device as its own worker attested it, over the authenticated worker group (never the
         # store): each device's ring neighbours must be exactly these
-        mine = f"{self.attestation.get('device_id')}:{self.attestation.get('device_key_fingerprint')}"
+        mine = f"{self.device.attestation.get('device_id')}:{self.device.attestation.get('device_key_fingerprint')}"
         expected = [str(name) for name in await self.group.agree(mine)]
         head, _ = await asyncio.to_thread(
             self.device.client.call, "fleet_join", pem, host=self.group.store_host, port=self.group.store_port,

@@ -5,7 +5,7 @@ Before, the engine kept three observer lists (``subscribers``, ``sinks``, ``prob
 where it spoke. Now it publishes through one ``EventBus``: ``publish(event)`` for facts (the events of
 ``core.events``), ``timing`` for the probes' hooks (``EngineProbe``: benchmarks' perf_counter seconds, which
 are not facts of the run and never reach the ledger or the console). ``engine.subscribe()``,
-``engine.sinks`` and ``engine.probes`` are this bus's.
+``engine.bus.sinks`` and ``engine.bus.probes`` are this bus's.
 """
 
 from __future__ import annotations

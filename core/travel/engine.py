@@ -17,14 +17,12 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from gputravel.core import events as ev
 from gputravel.core.config import RunSettings
-from gputravel.core.deviceclient.client import DeviceClient
 from gputravel.core.errors import (
     AgentError,
     CancelledRunError,
@@ -41,11 +39,10 @@ from gputravel.core.protocol.ckptring import RingAborted
 from gputravel.core.runfolder import sealed_settings_digest
 from gputravel.core.training.store import CheckpointStore
 from gputravel.core.travel.audit import ATTACK_CODES, Audit
-from gputravel.core.travel.bus import EventBus, EventSink
+from gputravel.core.travel.bus import EventBus
 from gputravel.core.travel.checkpoints import BackgroundCommit, Checkpointer, VisitCommit
 from gputravel.core.travel.control import Control, FaultPlan, Faults
 from gputravel.core.travel.device_session import DeviceSession
-from gputravel.core.travel.forward import Forward
 from gputravel.core.travel.holder_setup import attach as attach_holder_attestation
 from gputravel.core.travel.holders import HolderInfo, HolderLink
 from gputravel.core.travel.phases import Phase, check_transition
@@ -54,7 +51,7 @@ from gputravel.core.travel.recovery import Recovery
 from gputravel.core.travel.report import RunReport, build_report
 from gputravel.core.travel.schedule import UNIT, VisitPlan, plan_digest, plan_visits
 from gputravel.core.travel.training import SlicedTrain, SliceSettings, TrainStep
-from gputravel.core.travel.training_log import SpikeWatch, TrainingLog
+from gputravel.core.travel.training_log import TrainingLog
 from gputravel.core.travel.visits import Itinerary, VisitRecord
 from gputravel.core.travel.windows import HandoffWindows, Outcome, Visit
 
@@ -68,31 +65,6 @@ class TravelEngine:
     ATTACK_CODES = ATTACK_CODES
     #: a visit interrupted by SIGTERM or Ctrl-C is cancelled as by the operator (scrub, ``visit-cancelled``)
     scrub_when_interrupted = True
-
-    # the names the engine's state had before it moved into its parts (read and written through)
-    handle = Forward[DeviceHandle]("device")
-    client = Forward[DeviceClient]("device")
-    restart_device = Forward[Callable[[], DeviceHandle] | None]("device")
-    epoch = Forward[int]("device")
-    expected_model = Forward[str | None]("device")
-    device_info = Forward[dict[str, Any]]("device")
-    attestation = Forward[dict[str, Any]]("device")
-    device_restarts = Forward[int]("device", "restarts")
-    session_rekeys = Forward[int]("device", "rekeys")
-    records = Forward[list[VisitRecord]]("walk")
-    current = Forward[VisitRecord | None]("walk")
-    phase = Forward[Phase | None]("walk")
-    loss_history = Forward[list[tuple[int, float]]]("log")
-    val_history = Forward[list[tuple[int, str, float]]]("log")
-    step_count = Forward[int]("log")
-    spikes = Forward[SpikeWatch]("log")
-    ckpt = Forward[CheckpointStore]("ckpts", "store")
-    last_good_ckpt = Forward[int | None]("ckpts", "last_good")
-    checkpoint_digests = Forward[dict[int, str]]("ckpts", "digests")
-    first_run_id = Forward[str]("ckpts", "run_id")
-    sinks = Forward[list[EventSink]]("bus")
-    probes = Forward[list[EngineProbe]]("bus")
-    rejected_total = Forward[Counter[str]]("windows", "rejected")
 
     def __init__(self, *, settings: RunSettings, device: DeviceHandle, links: list[HolderLink],
                  out_dir: Path, checkpoint_store: CheckpointStore,

@@ -1,6 +1,6 @@
 """The engine's public timing hook: benchmarks attach an ``EngineProbe`` instead of patching internals.
 
-The engine calls every probe in ``engine.probes`` at fixed points (``perf_counter`` seconds): a holder
+The engine calls every probe in ``engine.bus.probes`` at fixed points (``perf_counter`` seconds): a holder
 link started (deploy), a phase completed, a sealed checkpoint written, a visit attempt ended. A probe
 never changes the run; ``Timings`` keeps them all.
 """

@@ -129,7 +129,7 @@ def no_leaked_processes(tmp_path: Path) -> Iterator[None]:
 
 def expected_digest(engine: TravelEngine, data: Path) -> str:
     """SHA-256 of what the current visit's window must hold: the holder's train slice, then val slice."""
-    plan = engine.current.plan  # type: ignore[union-attr]
+    plan = engine.walk.current.plan  # type: ignore[union-attr]
     ds = open_dataset(data / plan.holder, val_fraction=engine.settings.val_fraction)
     return hashlib.sha256(ds.train.read(plan.train_start, plan.train_len)
                           + ds.val.read(plan.val_start, plan.val_len)).hexdigest()
@@ -393,8 +393,8 @@ async def test_connection_dropped_mid_transfer_resumes_and_the_buffer_equals_the
     seen: dict[str, Any] = {}
     async with started(settings, [link]) as engine:
         def before_train(e: TravelEngine) -> None:  # the buffer as provisioned, before TRAIN touches anything
-            plan = e.current.plan  # type: ignore[union-attr]
-            head, _ = e.client.call("digest", offset=0, length=plan.window_len)
+            plan = e.walk.current.plan  # type: ignore[union-attr]
+            head, _ = e.device.client.call("digest", offset=0, length=plan.window_len)
             seen.update(buffer=head["sha256"], want=expected_digest(e, big_root), window=plan.window_len)
 
         engine.fault["VERIFY"] = before_train
@@ -422,8 +422,8 @@ async def test_uninterrupted_transfer_fills_the_buffer_with_the_same_bytes(ssh_b
     seen: dict[str, str] = {}
     async with started(settings, links_from_specs([ssh_big.specs["alice"]])) as engine:
         def before_train(e: TravelEngine) -> None:
-            plan = e.current.plan  # type: ignore[union-attr]
-            seen["buffer"] = e.client.call("digest", offset=0, length=plan.window_len)[0]["sha256"]
+            plan = e.walk.current.plan  # type: ignore[union-attr]
+            seen["buffer"] = e.device.client.call("digest", offset=0, length=plan.window_len)[0]["sha256"]
             seen["want"] = expected_digest(e, big_root)
 
         engine.fault["VERIFY"] = before_train

@@ -251,12 +251,12 @@ async def test_malicious_holder_is_refused_named_in_the_ledger_and_marked_in_the
         deadline = time.monotonic() + 30
         while not (work / "reuse-done").exists() and time.monotonic() < deadline:
             time.sleep(0.01)
-        plan = engine.current.plan
+        plan = engine.walk.current.plan
         start, length = plan.window_len, settings.buffer_bytes - plan.window_len
-        head, _ = engine.client.call("digest", offset=start, length=length)
+        head, _ = engine.device.client.call("digest", offset=start, length=length)
         outside.update(head, zeros=hashlib.sha256(bytes(length)).hexdigest())
 
-    engine.sinks.append(at_mallorys_verify)
+    engine.bus.sinks.append(at_mallorys_verify)
     try:
         report = await engine.run()
     finally:

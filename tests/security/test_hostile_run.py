@@ -150,10 +150,10 @@ async def test_a_hostile_holder_harassing_the_others_windows_charges_them_nothin
         elif isinstance(event, ev.PhaseCompleted) and event.phase == "RETURN":
             windows[(event.holder, event.visit)].append(event.t)
 
-    engine.sinks.append(watch)
+    engine.bus.sinks.append(watch)
     try:
         report = await engine.run()
-        stats = await asyncio.to_thread(engine.client.stats)
+        stats = await asyncio.to_thread(engine.device.client.stats)
     finally:
         (work / "stop").write_text("1")
         await engine.aclose()

@@ -29,12 +29,12 @@ async def run(data: Path, out: Path, *, nonce_budget: int | None = None, **kw: A
     settings = small_settings(data, out, **kw)
     engine = await asyncio.to_thread(api.build_engine, settings, entries=ENTRIES)
     if nonce_budget:
-        engine.client.nonce_budget = nonce_budget
+        engine.device.client.nonce_budget = nonce_budget
     try:
         return await engine.run()
     finally:
-        engine.client.close()
-        engine.handle.stop()
+        engine.device.client.close()
+        engine.device.handle.stop()
 
 
 @pytest.fixture(scope="module")

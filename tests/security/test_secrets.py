@@ -301,9 +301,9 @@ async def test_no_key_in_the_errors_of_a_failing_run(data: Path, tmp_path: Path,
         if (isinstance(event, ev.PhaseStarted) and event.holder == "bob" and event.phase == "VERIFY"
                 and not tampered):
             tampered.append(event.visit)
-            engine.client.tamper(region="model")  # the model changes while bob holds a key
+            engine.device.client.tamper(region="model")  # the model changes while bob holds a key
 
-    engine.sinks.append(sink)
+    engine.bus.sinks.append(sink)
     try:
         try:
             report = await engine.run()
@@ -315,23 +315,23 @@ async def test_no_key_in_the_errors_of_a_failing_run(data: Path, tmp_path: Path,
                          ("handoff", {"epoch": 10**6, "offset": -5, "length": 16, "chunk_size": 16}),
                          ("close_window", {"epoch": 1}), ("restore", {}), ("no-such-op", {})):
             try:
-                await asyncio.to_thread(engine.client.call, op, b"\x00" * 8 if op == "restore" else b"", **args)
+                await asyncio.to_thread(engine.device.client.call, op, b"\x00" * 8 if op == "restore" else b"", **args)
             except GpuTravelError as exc:
                 errors.append(exc)
     finally:
         try:
-            if engine.handle.alive() and engine.client.secrets:
-                await asyncio.to_thread(engine.client.shutdown)
+            if engine.device.handle.alive() and engine.device.client.secrets:
+                await asyncio.to_thread(engine.device.client.shutdown)
         except GpuTravelError:
             pass
-        engine.client.close()
-        engine.handle.stop()
-    seq, path = engine.ckpt.latest()
+        engine.device.client.close()
+        engine.device.handle.stop()
+    seq, path = engine.ckpts.store.latest()
     blob = bytearray(path.read_bytes())
     blob[-40] ^= 1
     path.write_bytes(bytes(blob))
     try:
-        CheckpointStore.over(engine.ckpt).load(seq, run_id=report["run_id"])
+        CheckpointStore.over(engine.ckpts.store).load(seq, run_id=report["run_id"])
     except GpuTravelError as exc:
         errors.append(exc)
 

@@ -91,7 +91,7 @@ async def test_break_before_handoff_then_run_stops_before_handoff_and_cancel_end
         assert "PAUSED BEFORE HANDOFF" in text and "paused before HANDOFF (breakpoint)" in text and "‖" in text
         await pilot.press("c", "y")  # c asks first; y confirms
         await until(pilot, lambda: bridge.state.status == "cancelled" and not app.run_in_flight, what="cancelled")
-        assert bridge.session.finished and not engine.handle.alive()
+        assert bridge.session.finished and not engine.device.handle.alive()
         assert "CANCELLED" in screen_text(app)
 
 
@@ -137,7 +137,7 @@ async def test_space_steps_one_phase_at_a_time_through_a_visit_and_q_quits(data_
         assert recording.events()[-1].kind == "RunCompleted"
         assert any(i.kind == "telemetry" for i in recording.items)
         await pilot.press("q")
-    assert not bridge.session.engine.handle.alive()  # type: ignore[union-attr]
+    assert not bridge.session.engine.device.handle.alive()  # type: ignore[union-attr]
 
 
 async def test_sim_card_comes_first_where_nvml_shows_the_machines_gpu_too(tmp_path: Path) -> None:
@@ -281,7 +281,7 @@ async def test_a_run_whose_device_dies_is_shown_ended_and_its_recording_says_so(
 
     def factory() -> Any:
         engine = base()
-        engine.restart_device = None  # no recovery: the device's death ends the run
+        engine.device.restart_device = None  # no recovery: the device's death ends the run
         return engine
 
     app = make_app(engine_factory=factory, telemetry_interval=0.2)
@@ -292,7 +292,7 @@ async def test_a_run_whose_device_dies_is_shown_ended_and_its_recording_says_so(
         await until(pilot, lambda: bridge.state.paused_before == "PROVISION", what="pause before PROVISION")
         engine = bridge.session.engine
         assert engine is not None
-        engine.handle.kill()  # the device dies while the holder holds its key
+        engine.device.handle.kill()  # the device dies while the holder holds its key
         await pilot.press("p")
         await until(pilot, lambda: bridge.state.status == "failed" and not app.run_in_flight, what="the end")
         text = screen_text(app)
@@ -332,7 +332,7 @@ async def test_an_exception_the_engine_does_not_report_still_ends_the_run_on_scr
         assert "RuntimeError: the holder's host vanished" in (bridge.state.error or "")
         assert "FAILED" in screen_text(app)
         out = Path(bridge.session.out_dir)
-        assert bridge.session.finished and not bridge.session.engine.handle.alive()  # type: ignore[union-attr]
+        assert bridge.session.finished and not bridge.session.engine.device.handle.alive()  # type: ignore[union-attr]
     recording = load_recording(out / "recording.db")
     (last,) = [e for e in recording.events() if e.kind in ("RunCompleted", "RunFailed")]
     assert last.kind == "RunFailed" and last.code == "internal"  # type: ignore[attr-defined]

@@ -251,7 +251,7 @@ class BufferDigests(EngineProbe):
     def on_phase(self, visit: int, phase: Phase, seconds: float) -> None:
         if phase == Phase.PROVISION:
             size = self.engine.settings.buffer_bytes
-            self.digests.append(self.engine.client.digest(offset=0, length=size).sha256)
+            self.digests.append(self.engine.device.client.digest(offset=0, length=size).sha256)
 
 
 async def _run(tmp_path: Path, engine_name: str, data: Path) -> tuple[dict[str, Any], list[str]]:
@@ -261,7 +261,7 @@ async def _run(tmp_path: Path, engine_name: str, data: Path) -> tuple[dict[str, 
     engine = await asyncio.to_thread(api.build_engine, settings, entries=ENTRIES)
     probe = BufferDigests()
     probe.engine = engine
-    engine.probes.append(probe)
+    engine.bus.probes.append(probe)
     try:
         report: dict[str, Any] = await engine.run()
     finally:

@@ -176,9 +176,9 @@ async def test_a_device_death_mid_run_names_its_last_line_in_the_visit_and_the_l
                            buffer_mib=0.25, data_dir=data, out_dir=tmp_path / "run", visit_attempts=2)
     async with started(settings) as engine:
         def die(e: Any) -> None:
-            with open(e.handle.log_path, "a") as f:
+            with open(e.device.handle.log_path, "a") as f:
                 f.write("RuntimeError: device memory exhausted (test)\n")
-            e.handle.kill()
+            e.device.handle.kill()
 
         engine.fault["TRAIN"] = die
         report = await engine.run()

@@ -205,11 +205,11 @@ async def test_each_visit_hashes_the_model_once_macs_it_twice_and_checkpoints_ho
     out = tmp_path / "run"
     timings = Timings()
     async with started(small(data_root, out)) as engine:
-        engine.probes.append(timings)
+        engine.bus.probes.append(timings)
         report = await engine.run()
-        counters = (await asyncio.to_thread(engine.client.stats)).counters
-        record = engine.ckpt.meta(engine.last_good_ckpt)
-        state = CheckpointStore.over(engine.ckpt).load(engine.last_good_ckpt, run_id=report["run_id"])
+        counters = (await asyncio.to_thread(engine.device.client.stats)).counters
+        record = engine.ckpts.store.meta(engine.ckpts.last_good)
+        state = CheckpointStore.over(engine.ckpts.store).load(engine.ckpts.last_good, run_id=report["run_id"])
     visits = len(report["visits"])
     assert all(v["outcome"] == "done" for v in report["visits"])
     assert counters["model_digests"] == 1 + visits
@@ -232,16 +232,16 @@ async def test_integrity_mismatch_fails_the_visit_and_restores_the_last_good_che
     out = tmp_path / "run"
     seen: dict[str, Any] = {}
     async with started(small(data_root, out, visit_attempts=1)) as engine:
-        engine.fault["VERIFY"] = lambda e: e.client.tamper(region="model")
+        engine.fault["VERIFY"] = lambda e: e.device.client.tamper(region="model")
 
         def on_failed(event: ev.Event) -> None:
             if isinstance(event, ev.VisitFailed):  # emitted after the restore: compare device and checkpoint
-                seen["device_model"] = engine.client.measure().model
-                seen["ckpt_seq"] = engine.last_good_ckpt
-                seen["ckpt_model"] = engine.ckpt.meta(engine.last_good_ckpt)["model_digest"]
+                seen["device_model"] = engine.device.client.measure().model
+                seen["ckpt_seq"] = engine.ckpts.last_good
+                seen["ckpt_model"] = engine.ckpts.store.meta(engine.ckpts.last_good)["model_digest"]
                 seen["event"] = event
 
-        engine.sinks.append(on_failed)
+        engine.bus.sinks.append(on_failed)
         report = await engine.run()
 
     v0, v1 = report["visits"]
@@ -307,7 +307,7 @@ async def test_breakpoint_step_and_resume(data_root: Path, tmp_path: Path) -> No
             engine.control.resume()  # visit 0 finishes; the breakpoint stops visit 1 before its HANDOFF
             paused = await next_event(q, ev.RunPaused)
             assert paused.next_phase == "HANDOFF" and engine.control.paused_at == Phase.HANDOFF
-            assert engine.records[0].outcome == "done"
+            assert engine.walk.records[0].outcome == "done"
             assert engine.control.toggle_breakpoint(Phase.HANDOFF) is False  # cleared
             engine.control.resume()
             report = await asyncio.wait_for(task, 60)
@@ -328,14 +328,14 @@ async def test_cancel_during_a_pause_ends_the_run_and_scrubs_the_partial_buffer(
         task = asyncio.create_task(engine.run())
         paused = await next_event(q, ev.RunPaused)
         assert paused.next_phase == "TRAIN" and engine.control.paused_at == Phase.TRAIN
-        assert engine.records[0].bytes > 0  # the holder's data sits in the buffer
+        assert engine.walk.records[0].bytes > 0  # the holder's data sits in the buffer
         engine.control.cancel()
         with pytest.raises(CancelledRunError):
             await asyncio.wait_for(task, 60)
         events = drain(q)
     assert any(isinstance(e, ev.RunFailed) and e.code == "cancelled" for e in events)
     assert not any(isinstance(e, ev.PhaseStarted) and e.phase == "TRAIN" for e in events)
-    assert engine.records[0].outcome == "cancelled"
+    assert engine.walk.records[0].outcome == "cancelled"
     cancelled = rows_of(out, "visit-cancelled")
     assert len(cancelled) == 1
     assert cancelled[0].holder == "alice" and cancelled[0].outcome == "cancelled"
@@ -355,7 +355,7 @@ async def test_resume_continues_a_cancelled_run_without_repeating_visits(data_ro
             if isinstance(event, ev.VisitCompleted) and event.visit == 0:
                 engine.control.cancel()
 
-        engine.sinks.append(cancel_after_first)
+        engine.bus.sinks.append(cancel_after_first)
         with pytest.raises(CancelledRunError):
             await engine.run()
     assert [r.detail["visit"] for r in rows_of(out, "visit-completed")] == [0]

@@ -115,7 +115,7 @@ async def test_a_holder_whose_agent_does_not_come_back_gets_no_key_and_the_run_e
     alice = links[0]
     async with started(small(data, out, fault="kill-agent@ATTEST:2"), links) as engine:
         def tamper(e: TravelEngine) -> None:  # as alice's second visit begins (the fault plan then kills her agent)
-            if e.current is None or e.current.plan.index != 2:
+            if e.walk.current is None or e.walk.current.plan.index != 2:
                 e.fault["ATTEST"] = tamper
                 return
             (agent_dir,) = [d for d in (ssh.workdir / "homes" / "alice" / ".gputravel").glob("agent-*")
@@ -125,7 +125,7 @@ async def test_a_holder_whose_agent_does_not_come_back_gets_no_key_and_the_run_e
 
         engine.fault["ATTEST"] = tamper
         report = await engine.run()
-        keys_derived = (await asyncio.to_thread(engine.client.stats)).counters["handoffs"]
+        keys_derived = (await asyncio.to_thread(engine.device.client.stats)).counters["handoffs"]
 
     outcomes = [(v["holder"], v["outcome"]) for v in report["visits"]]
     assert outcomes == [("alice", "done"), ("bob", "done"), ("alice", "failed"), ("bob", "done")]

@@ -47,11 +47,11 @@ async def test_cancel_mid_provision_lands_at_the_next_chunk_and_scrubs(data_root
             if isinstance(event, ev.ProvisionProgressed) and not engine.control.cancelled:
                 engine.control.cancel()  # 4 chunks in (progress comes every 4th acknowledged chunk)
 
-        engine.sinks.append(cancel_at_first_progress)
+        engine.bus.sinks.append(cancel_at_first_progress)
         with pytest.raises(CancelledRunError):
             await engine.run()
 
-    window = engine.records[0].plan.window_len
+    window = engine.walk.records[0].plan.window_len
     assert window >= 200 * 4096  # a provisioning of hundreds of chunks
     progress = [e for e in events if isinstance(e, ev.ProvisionProgressed)]
     asked, = [e for e in events if isinstance(e, ev.ControlRequested)]
@@ -82,7 +82,7 @@ async def test_pause_mid_provision_lands_between_keys_then_resumes(data_root: Pa
                 asked_once.append(True)
                 engine.control.pause()
 
-        engine.sinks.append(pause_at_first_progress)
+        engine.bus.sinks.append(pause_at_first_progress)
         task = asyncio.create_task(engine.run())
         try:
             seen: list[ev.Event] = []
@@ -92,7 +92,7 @@ async def test_pause_mid_provision_lands_between_keys_then_resumes(data_root: Pa
             asked, = [e for e in seen if isinstance(e, ev.ControlRequested)]
             paused = seen[-1]
             assert isinstance(paused, ev.RunPaused)
-            n_keys = -(-engine.records[0].plan.window_len // (32 * 4096))
+            n_keys = -(-engine.walk.records[0].plan.window_len // (32 * 4096))
             assert n_keys >= 3
             assert (asked.action, asked.phase) == ("pause", "PROVISION")
             assert (paused.reason, paused.next_phase, paused.within) == ("paused", "PROVISION",

@@ -58,7 +58,7 @@ async def test_progress_events_arrive_during_train_and_add_up_to_the_phase(data_
     events: list[ev.Event] = []
     async with started(small(data_root, out, steps_per_visit=10)) as engine:
         engine.train_slices = SliceSettings(max_steps=3)  # slices of 3, 3, 3, 1 steps
-        engine.sinks.append(events.append)
+        engine.bus.sinks.append(events.append)
         report = await engine.run()
 
     assert [v["outcome"] for v in report["visits"]] == ["done", "done"]
@@ -92,12 +92,12 @@ async def test_cancel_mid_train_lands_after_the_current_step_and_scrubs(data_roo
             if isinstance(event, ev.TrainingProgressed) and event.step == 3:
                 engine.control.cancel()
 
-        engine.sinks.append(cancel_at_step_3)
+        engine.bus.sinks.append(cancel_at_step_3)
         with pytest.raises(CancelledRunError):
             await engine.run()
 
     # 3 of 200 steps ran: the cancel landed between step 3 and step 4, not at the end of the phase
-    assert len(engine.records[0].losses) == 3 and engine.step_count == 3
+    assert len(engine.walk.records[0].losses) == 3 and engine.log.step_count == 3
     requested = [e for e in events if isinstance(e, ev.ControlRequested)]
     assert [(e.action, e.phase) for e in requested] == [("cancel", "TRAIN")]
     cancelled = [e for e in events if isinstance(e, ev.VisitCancelled)]
@@ -123,14 +123,14 @@ async def test_interrupt_mid_train_still_scrubs_and_records_the_cancelled_visit(
             if isinstance(event, ev.TrainingProgressed) and event.step == 2:
                 task.cancel()  # what the SIGTERM handler of `gputravel run` does
 
-        engine.sinks.append(interrupt_at_step_2)
+        engine.bus.sinks.append(interrupt_at_step_2)
         with pytest.raises(asyncio.CancelledError):
             await task
 
     row, = rows_of(out, "visit-cancelled")
     assert row.phase == "TRAIN" and row.detail["scrub_verified"] is True
     assert row.detail["steps"] == 2  # recorded steps; the step in flight when it landed finished on the device
-    assert engine.records[0].outcome == "cancelled"
+    assert engine.walk.records[0].outcome == "cancelled"
     assert rows_of(out, "run-failed")[-1].outcome == "cancelled"
     assert verify_ledger(out / "ledger.db").ok
 
@@ -145,7 +145,7 @@ async def test_pause_mid_train_pauses_after_the_current_step_then_resumes(data_r
             if isinstance(event, ev.TrainingProgressed) and event.visit == 0 and event.step == 4:
                 engine.control.pause()
 
-        engine.sinks.append(pause_at_step_4)
+        engine.bus.sinks.append(pause_at_step_4)
         task = asyncio.create_task(engine.run())
         try:
             asked = await next_event(q, ev.ControlRequested)
@@ -153,9 +153,9 @@ async def test_pause_mid_train_pauses_after_the_current_step_then_resumes(data_r
             assert (asked.action, asked.phase) == ("pause", "TRAIN")
             assert (paused.reason, paused.next_phase, paused.within) == ("paused", "TRAIN", "TRAIN 4/12")
             assert engine.control.paused_at == Phase.TRAIN
-            assert len(engine.records[0].losses) == 4
+            assert len(engine.walk.records[0].losses) == 4
             await asyncio.sleep(0.3)  # paused means paused: no step runs
-            assert len(engine.records[0].losses) == 4
+            assert len(engine.walk.records[0].losses) == 4
             assert not any(isinstance(e, ev.TrainingProgressed) for e in drain(q))
             engine.control.resume()
             report = await asyncio.wait_for(task, 120)
@@ -174,7 +174,7 @@ async def test_step_from_a_mid_train_pause_finishes_the_phase_and_pauses_before_
     async with started(small(data_root, out, steps_per_visit=6)) as engine:
         engine.train_slices = SliceSettings(max_steps=1)
         q = engine.subscribe()
-        engine.sinks.append(lambda e: engine.control.pause()
+        engine.bus.sinks.append(lambda e: engine.control.pause()
                             if isinstance(e, ev.TrainingProgressed) and e.visit == 0 and e.step == 2 else None)
         task = asyncio.create_task(engine.run())
         try:
@@ -183,7 +183,7 @@ async def test_step_from_a_mid_train_pause_finishes_the_phase_and_pauses_before_
             engine.control.step()  # the rest of TRAIN is the step
             paused = await next_event(q, ev.RunPaused)
             assert (paused.reason, paused.next_phase, paused.within) == ("step", "SCRUB", None)
-            assert len(engine.records[0].losses) == 6
+            assert len(engine.walk.records[0].losses) == 6
             engine.control.resume()
             report = await asyncio.wait_for(task, 120)
         finally:
