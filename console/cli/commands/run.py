@@ -319,21 +319,7 @@ def register(app: typer.Typer) -> None:
         fleet = gpus > 1 or nnodes > 1
         if fleet and init_from is not None:
             raise ConfigError("--init-from loads one device's model; a fleet (--gpus, --nnodes) does not take it yet")
-        if resume:
-            from gputravel.core.api import resume_settings
-
-            out = resolve_out_dir(out, resume=True)
-            if fleet or (out / "fleet.json").exists():
-                settings = RunSettings(out_dir=out, resume=True, **options)
-            else:
-                settings = resume_settings(out, fault=fault)
-            folder = RunFolder(out)
-        else:
-            if init_from is not None:  # a bad weights file is refused before anything is created
-                from gputravel.core.training.weights import read_config
-
-                read_config(init_from)
-            settings, folder = fresh_settings(out, **options)  # validated before anything is created
+        settings, folder = _settings_for(out, options, resume=resume, fleet=fleet, fault=fault, init_from=init_from)
         if fleet or (resume and (Path(settings.out_dir) / "fleet.json").exists()):
             from gputravel.console.cli.commands.run_fleet import run_fleet
 
@@ -346,49 +332,78 @@ def register(app: typer.Typer) -> None:
             finally:
                 folder.tighten()
             return
-        console = Console(stderr=True) if as_json else Console()
-        view = RunView(console, run_name=Path(settings.out_dir).name)
-        ending = RunEnding(Path(settings.out_dir))  # writes status.json when the run pauses and ends
-        sinks: list[Any] = [view, ending]
-        recorder = None
-        folder.claim()
-        ok = False
-        error: BaseException | None = None
-        try:
-            if not no_record:
-                from gputravel.core.recording import Recorder
+        _run_one(settings, folder, no_record=no_record, record=record, telemetry_interval=telemetry_interval,
+                 as_json=as_json)
 
-                recorder = Recorder(record or Path(settings.out_dir) / "recording.db",
-                                    meta={"source": "gputravel run", "settings": settings.to_dict(),
-                                          "ledger": str(Path(settings.out_dir) / "ledger.db"),
-                                          "started_at": time.time(), "pid": os.getpid()})
-                sinks.append(recorder)
-            with running_marker(Path(settings.out_dir), owner="gputravel run"), view.progress:
-                report = asyncio.run(_run_until_stopped(settings, sinks=sinks, recorder=recorder,
-                                                        telemetry_interval=telemetry_interval))
-            ok = True
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            ending.finish(error, recorder=recorder)
-            if recorder is not None:
-                recorder.close()
-            if not ok:
-                folder.release_if_empty()
-            folder.tighten()  # what a part wrote with its own mode (public certificates): 0600 too
-        if as_json:
-            sys.stdout.write(json.dumps(report, indent=2) + "\n")
+
+def _settings_for(out: Path | None, options: dict[str, Any], *, resume: bool, fleet: bool, fault: str | None,
+                  init_from: Path | None) -> tuple[RunSettings, RunFolder]:
+    """The run's settings and its folder: a fresh run's validated before anything is created, a resumed one's
+    read back from its folder (a fleet's from the options, its folder holding ``fleet.json``)."""
+    if resume:
+        from gputravel.core.api import resume_settings
+
+        out = resolve_out_dir(out, resume=True)
+        if fleet or (out / "fleet.json").exists():
+            settings = RunSettings(out_dir=out, resume=True, **options)
         else:
-            render_report(console, report)
-        refusals = report.get("holder_refusals") or []
-        if report["failed_visits"] and refusals:  # a holder's own attestation refused: no key released
-            first = refusals[0]  # the report (stdout with --json) is complete: the error goes to stderr, exit 3
-            typer.echo(f"error: AttestationError: holder {first['holder']} refused the attestation: "
-                       f"{first['claim']} ({len(refusals)} refusal(s); no key released)", err=True)
-            raise typer.Exit(AttestationError.exit_code)
-        if report["failed_visits"]:
-            raise typer.Exit(EXIT_PARTIAL)
+            settings = resume_settings(out, fault=fault)
+        folder = RunFolder(out)
+    else:
+        if init_from is not None:  # a bad weights file is refused before anything is created
+            from gputravel.core.training.weights import read_config
+
+            read_config(init_from)
+        settings, folder = fresh_settings(out, **options)  # validated before anything is created
+    return settings, folder
+
+
+def _run_one(settings: RunSettings, folder: RunFolder, *, no_record: bool, record: Path | None,
+             telemetry_interval: float, as_json: bool) -> None:
+    """One GPU's run in this process: progress (rich) or JSON, the recording, status.json, the exit code."""
+    console = Console(stderr=True) if as_json else Console()
+    view = RunView(console, run_name=Path(settings.out_dir).name)
+    ending = RunEnding(Path(settings.out_dir))  # writes status.json when the run pauses and ends
+    sinks: list[Any] = [view, ending]
+    recorder = None
+    folder.claim()
+    ok = False
+    error: BaseException | None = None
+    try:
+        if not no_record:
+            from gputravel.core.recording import Recorder
+
+            recorder = Recorder(record or Path(settings.out_dir) / "recording.db",
+                                meta={"source": "gputravel run", "settings": settings.to_dict(),
+                                      "ledger": str(Path(settings.out_dir) / "ledger.db"),
+                                      "started_at": time.time(), "pid": os.getpid()})
+            sinks.append(recorder)
+        with running_marker(Path(settings.out_dir), owner="gputravel run"), view.progress:
+            report = asyncio.run(_run_until_stopped(settings, sinks=sinks, recorder=recorder,
+                                                    telemetry_interval=telemetry_interval))
+        ok = True
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        ending.finish(error, recorder=recorder)
+        if recorder is not None:
+            recorder.close()
+        if not ok:
+            folder.release_if_empty()
+        folder.tighten()  # what a part wrote with its own mode (public certificates): 0600 too
+    if as_json:
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    else:
+        render_report(console, report)
+    refusals = report.get("holder_refusals") or []
+    if report["failed_visits"] and refusals:  # a holder's own attestation refused: no key released
+        first = refusals[0]  # the report (stdout with --json) is complete: the error goes to stderr, exit 3
+        typer.echo(f"error: AttestationError: holder {first['holder']} refused the attestation: "
+                   f"{first['claim']} ({len(refusals)} refusal(s); no key released)", err=True)
+        raise typer.Exit(AttestationError.exit_code)
+    if report["failed_visits"]:
+        raise typer.Exit(EXIT_PARTIAL)
 
 
 async def _run_until_stopped(settings: RunSettings, **kw: Any) -> dict[str, Any]:
