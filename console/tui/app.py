@@ -428,7 +428,7 @@ def console(
         from gputravel.console.tui.fleet_console import watch_fleet
         from gputravel.core.config import RunSettings
 
-        watch_fleet(RunSettings(out_dir=resolve_out_dir(out, resume=False), holders=holders, rounds=rounds,
+        watch_fleet(RunSettings(out_dir=resolve_out_dir(out, resume=False).absolute(), holders=holders, rounds=rounds,
                                 steps_per_visit=steps_per_visit, buffer_mib=buffer_mib, chunk_kib=chunk_kib,
                                 data_dir=data, **holder_settings(holders_file=holders_file, transport=transport,
                                                                  data_path=data_path, data_host=data_host)),
@@ -470,7 +470,7 @@ def console(
                 clear_running(markers.pop())
             runs_built += 1
             target = (next_out_dir(out, runs_built) if out is not None
-                      else resolve_out_dir(None, resume=False))
+                      else resolve_out_dir(None, resume=False)).absolute()
             run_settings = RunSettings(out_dir=target, **{**settings, "breakpoints": ()})
             holder_set = holder_module.HolderSet(run_settings)
             holder_sets.append(holder_set)

@@ -61,8 +61,9 @@ class SimCvm:
 
 def holder_args(platform_dir: Path) -> tuple[Path, Path]:
     """What a local attesting agent pins on the SIM platform: the SIM evidence policy and the SIM GPU's golden
-    measurements (both written by ``sim_store``; a real holder's operator writes its own)."""
-    folder = Path(platform_dir) / "vendor-formats"
+    measurements (both written by ``sim_store``; a real holder's operator writes its own). Absolute: an agent
+    behind SSH runs in its user's home, not in the orchestrator's folder."""
+    folder = Path(platform_dir).resolve() / "vendor-formats"
     return folder / "sim-evidence.toml", folder / "gpu.json"
 
 

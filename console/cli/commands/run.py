@@ -206,7 +206,8 @@ def fresh_settings(out: Path | None, **options: Any) -> tuple[RunSettings, RunFo
 
         load_inventory(settings.holders_file)
     folder = RunFolder(resolve_out_dir(out, resume=False, create=False), link_latest=out is None)
-    return replace(settings, out_dir=folder.out), folder
+    # absolute: the report, the recording's ledger and the agents behind SSH (in their own home) name it
+    return replace(settings, out_dir=folder.out.absolute()), folder
 
 
 HOLDERS_PANEL, MODEL_PANEL, DATA_PANEL, FAULTS_PANEL, OUTPUT_PANEL = ("Holders", "Model and training", "Data path",
@@ -343,7 +344,7 @@ def _settings_for(out: Path | None, options: dict[str, Any], *, resume: bool, fl
     if resume:
         from gputravel.core.api import resume_settings
 
-        out = resolve_out_dir(out, resume=True)
+        out = resolve_out_dir(out, resume=True).absolute()
         if fleet or (out / "fleet.json").exists():
             settings = RunSettings(out_dir=out, resume=True, **options)
         else:

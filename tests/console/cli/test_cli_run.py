@@ -17,10 +17,10 @@ WORDS = "to be or not that is the question whether tis nobler in mind suffer sli
 NORTH_SOUTH = {"north": 0, "south": 1}  # the two holders' seeds
 
 
-def gputravel(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def gputravel(*args: str, timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "200"}
     return subprocess.run([sys.executable, "-m", "gputravel.console.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, preexec_fn=lambda: os.umask(0o022))  # a usual umask
+                          timeout=timeout, env=env, cwd=cwd, preexec_fn=lambda: os.umask(0o022))  # a usual umask
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +29,11 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, 
     data = root / "data"
     write_holders(data, NORTH_SOUTH, WORDS, 12_000, file="text.txt", newline=False)
     out = root / "out"
-    # no --holders: it follows the --data folders (2 here; the default without --data is 3)
-    proc = gputravel("run", "--data", str(data), "--rounds", "1", "--steps-per-visit", "2",
+    # no --holders: it follows the --data folders (2 here; the default without --data is 3). Paths relative to
+    # the operator's folder, as `make demo` gives them: the agents behind SSH run in their own home
+    proc = gputravel("run", "--data", "data", "--rounds", "1", "--steps-per-visit", "2",
                      "--batch-size", "4", "--seq-len", "32", "--chunk-kib", "16", "--buffer-mib", "0.25",
-                     "--out", str(out), "--telemetry-interval", "0.2", "--json")
+                     "--out", "out", "--telemetry-interval", "0.2", "--json", cwd=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, json.loads(proc.stdout), proc
 
