@@ -65,8 +65,10 @@ def register(bench_app: typer.Typer) -> None:
                                                                       "in the simulator)."),
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
-        """Seal/open GB/s on the GPU by message size next to one CPU core; known-answer vectors and
-        interop with cryptography checked first (simulator without a GPU: correctness only)."""
+        """Seal/open GB/s on the GPU by message size next to one CPU core.
+
+        Known-answer vectors and interop with cryptography are checked first (the simulator without a GPU:
+        correctness only)."""
         from gputravel.core.bench.gpu_aes import run
 
         size_list = parse_sizes(sizes)

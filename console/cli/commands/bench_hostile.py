@@ -28,8 +28,10 @@ def register(bench_app: typer.Typer) -> None:
         path: str = typer.Option("direct-tcp", "--path", help="direct-tcp (the TCP data port) or direct."),
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
-        """A quiet sitting and one with hostile local users (uid nobody when root) on every port the device
-        listens on: provisioning rates, their ratio, visits completed, rejections charged to honest holders."""
+        """Provisioning with and without hostile local users on every port the device listens on.
+
+        A quiet sitting and one with hostile local users (uid nobody when root): provisioning rates, their ratio,
+        visits completed, rejections charged to honest holders."""
         if path not in ("direct-tcp", "direct"):
             raise typer.BadParameter("--path must be direct-tcp or direct")
         with tempfile.TemporaryDirectory(prefix="gputravel-hostile-") as tmp:

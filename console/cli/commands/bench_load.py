@@ -74,8 +74,9 @@ def register(bench_app: typer.Typer) -> None:
         steps_per_visit: int = typer.Option(1, "--steps-per-visit", min=1),
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
-        """Deploy N agents in parallel over loopback SSH, run their visits; deploy time, per-visit protocol
-        overhead, peak memory."""
+        """Deploy N agents in parallel over loopback SSH and run their visits.
+
+        Deploy time, per-visit protocol overhead, peak memory."""
         progress = Progress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), console=Console(stderr=True), transient=True)
         deploy_task = progress.add_task("deploying agents", total=holders)

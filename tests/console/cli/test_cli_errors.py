@@ -118,3 +118,18 @@ def test_a_bad_collective_variant_exits_2_naming_it() -> None:
     proc = gputravel("bench", "allreduce", "--variants", "bogus")
     assert proc.returncode == 2
     assert "unknown variant 'bogus'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_every_commands_summary_is_one_line_so_the_command_list_never_breaks_it_mid_sentence() -> None:
+    """The command list (``gputravel bench --help``) shows a command's first docstring paragraph with its line
+    breaks: that paragraph must be one line, the details after a blank line."""
+    import ast
+
+    broken = []
+    for path in sorted((REPO_ROOT / "console" / "cli" / "commands").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and any("command" in ast.unparse(d) for d in node.decorator_list):
+                summary = (ast.get_docstring(node) or "").split("\n\n")[0]
+                if not summary or "\n" in summary:
+                    broken.append(f"{path.name}::{node.name}")
+    assert not broken, broken
