@@ -37,7 +37,7 @@ def register(app: typer.Typer) -> None:
                                                 "will do), or latest.", show_default=False)],
         fmt: Annotated[WeightsFormat, typer.Option("--format", help="llmc (llm.c's .bin) or safetensors "
                                                    "(Hugging Face GPT2LMHeadModel names).")] = WeightsFormat.LLMC,
-        output: Annotated[Path | None, typer.Option("--output", "-o", help="File to write.",
+        output: Annotated[Path | None, typer.Option("--output", "-o", "--out", help="File to write.",
                                                     show_default=False)] = None,
         dtype: Annotated[WeightsDtype, typer.Option("--dtype", help="llmc: float32 (version 3) or bfloat16 "
                                                     "(version 5).")] = WeightsDtype.FLOAT32,

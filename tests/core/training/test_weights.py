@@ -376,7 +376,7 @@ def test_run_init_from_a_bad_file_exits_2_before_creating_the_run(tmp_path: Path
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert json.loads(proc.stdout.splitlines()[-1])["error"]["type"] == "DataError"
     assert "truncated" in proc.stderr and not out.exists()
-    proc = gputravel("export", str(tmp_path), "--format", "llmc", "--output", str(tmp_path / "x.bin"))
+    proc = gputravel("export", str(tmp_path), "--format", "llmc", "--out", str(tmp_path / "x.bin"))  # --out as run spells it
     assert proc.returncode == 2 and "not a run folder" in proc.stderr, proc.stderr  # a folder that holds no run
 
 
