@@ -99,17 +99,23 @@ def show_cmd(run: RunArg, runs_dir: RunsDir = RUNS_DIR, as_json: AsJson = False)
         console.print(f"[red]error[/]: {escape(info.error)}", highlight=False)
     s = info.settings
     if s:
-        console.print(f"settings: {s.get('holders')} holders, {s.get('rounds')} rounds, model {s.get('model')}, "
+        rounds = s.get("rounds")
+        console.print(f"settings: {s.get('holders')} holders, {rounds} round{'s' * (rounds != 1)}, model {s.get('model')}, "
                       f"data path {s.get('data_path')}, transport {s.get('transport')}, buffer {s.get('buffer_mib')} "
                       "MiB", highlight=False)
     state = info.state
     if state is not None and state.visits:
         table = Table(box=None, header_style="bold", pad_edge=False)
-        for col in ("#", "holder", "try", "ep", "outcome", "loss", "val"):
+        from gputravel.console.tui.view_model import gpu_label
+
+        fleet = state.fleet  # a fleet's visits ran side by side: each names its GPU, in visit order
+        for col in ("#", *(("gpu",) if fleet else ()), "holder", "try", "ep", "outcome", "loss", "val"):
             table.add_column(col, no_wrap=col != "outcome", overflow="fold")
-        for v in state.visits.values():
+        visits = sorted(state.visits.values(), key=lambda v: (v.visit, v.attempt)) if fleet else state.visits.values()
+        for v in visits:
             outcome = v.outcome + (f" in {v.failed_phase}: {v.error}" if v.failed_phase else "")
-            table.add_row(str(v.visit + 1), escape(v.holder), str(v.attempt), str(v.epoch), escape(outcome),
+            gpu = (gpu_label(v.gpu) if v.gpu is not None else "-",) if fleet else ()
+            table.add_row(str(v.visit + 1), *gpu, escape(v.holder), str(v.attempt), str(v.epoch), escape(outcome),
                           f"{v.loss_last:.3f}" if v.loss_last is not None else "-",
                           f"{v.val_loss:.3f}" if v.val_loss is not None else "-")
         console.print(table)

@@ -101,10 +101,14 @@ def test_a_completed_fleet_reads_completed_with_every_ranks_visits(tmp_path: Pat
     _ledger(fleet / "ledger.db")
     for gpu, holder in enumerate(("north", "south")):
         _record(fleet / f"rank-{gpu}" / "recording.db",
-                _visit("f1", 1.0 + gpu, holder, end=ev.RunCompleted(5.0 + gpu, "f1", 1, 0, 4.0), visit=gpu))
+                _visit("f1", 2.0 - gpu, holder, end=ev.RunCompleted(5.0 + gpu, "f1", 1, 0, 4.0), visit=gpu))
     (fleet / "report.json").write_text(json.dumps({"run_id": "f1", "failed_visits": 0}))
     shown = json.loads(cli("runs", "show", "fleet-1", "--runs-dir", str(tmp_path), "--json").stdout)
     assert (shown["status"], shown["fleet"], shown["visits_done"]) == ("completed", True, 2)
+    # on screen: visit order (GPU1's visit 2 ran first), each visit naming its GPU
+    rows = [line.split()[:3] for line in cli("runs", "show", "fleet-1", "--runs-dir", str(tmp_path)).stdout.splitlines()
+            if line.split()[:1] in (["1"], ["2"])]
+    assert rows == [["1", "GPU0", "north"], ["2", "GPU1", "south"]]
 
 
 def test_a_fleet_whose_report_names_an_error_reads_failed(tmp_path: Path) -> None:
