@@ -119,7 +119,9 @@ def show_cmd(run: RunArg, runs_dir: RunsDir = RUNS_DIR, as_json: AsJson = False)
                           f"{v.loss_last:.3f}" if v.loss_last is not None else "-",
                           f"{v.val_loss:.3f}" if v.val_loss is not None else "-")
         console.print(table)
-    console.print(f"[dim]{escape(str(info.ledger))} · {escape(str(info.recording))}[/]", highlight=False)
+    recordings = [str(path.relative_to(info.path)) for _, path in info.recordings if path.is_relative_to(info.path)]
+    console.print(f"[dim]ledger {escape(str(info.ledger))}\nrecording{'s' * (len(recordings) > 1)} "
+                  f"{escape(', '.join(recordings) or 'none (--no-record)')}[/]", highlight=False)
 
 
 def _lines(info: RunInfo, *, follow: bool, interval: float) -> Iterator[tuple[int | None, Any, Any]]:

@@ -106,9 +106,10 @@ def test_a_completed_fleet_reads_completed_with_every_ranks_visits(tmp_path: Pat
     shown = json.loads(cli("runs", "show", "fleet-1", "--runs-dir", str(tmp_path), "--json").stdout)
     assert (shown["status"], shown["fleet"], shown["visits_done"]) == ("completed", True, 2)
     # on screen: visit order (GPU1's visit 2 ran first), each visit naming its GPU
-    rows = [line.split()[:3] for line in cli("runs", "show", "fleet-1", "--runs-dir", str(tmp_path)).stdout.splitlines()
-            if line.split()[:1] in (["1"], ["2"])]
+    text = cli("runs", "show", "fleet-1", "--runs-dir", str(tmp_path)).stdout
+    rows = [line.split()[:3] for line in text.splitlines() if line.split()[:1] in (["1"], ["2"])]
     assert rows == [["1", "GPU0", "north"], ["2", "GPU1", "south"]]
+    assert "recordings rank-0/recording.db, rank-1/recording.db" in text  # every rank's, not the first alone
 
 
 def test_a_fleet_whose_report_names_an_error_reads_failed(tmp_path: Path) -> None:
