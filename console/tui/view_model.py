@@ -414,6 +414,14 @@ class RunState(FleetFolds, TrainingFolds):
         """Visits whose latest attempt is over (a redone visit counts once)."""
         return sum(1 for row in self.rows.values() if self.visits[row].ended)
 
+    def visits_label(self) -> str:
+        """As ``gputravel runs`` writes it: visits done of those planned, and the ended ones that did not
+        complete (``3/6 visits (1✗)``; a redone visit counts once, by its latest attempt)."""
+        latest = [self.visits[row] for row in self.rows.values()]
+        done = sum(1 for v in latest if v.outcome == "done")
+        lost = sum(1 for v in latest if v.ended and v.outcome != "done")
+        return f"{done}/{self.visits_planned or '?'} visits" + (f" ({lost}✗)" if lost else "")
+
     @property
     def next_phase(self) -> str | None:
         """The phase the engine will run next, as far as events tell."""

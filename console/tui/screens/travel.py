@@ -63,7 +63,7 @@ class TravelScreen(ConsoleScreen):
         last = done[-1] if done else None
         current = state.visit(state.current_visit)
         lines = [f"[b]run[/b] {esc(state.run_id or '-')}  [b]{esc(state.status)}[/b]  "
-                 f"{state.visits_ended()}/{state.visits_planned or '?'} visits",
+                 f"{esc(state.visits_label())}",
                  f"[b]device[/b] {esc(state.device_id or '-')}  attested "
                  f"{receipt(state.attested)}{'  [$warning]SIM[/]' if state.sim else ''}",
                  f"[b]epoch[/b] {state.epoch}  [b]key[/b] {_key(state, current)}"]
@@ -103,7 +103,7 @@ def _fleet_detail(state: RunState, context: dict[str, Any]) -> str:
     """A fleet: the run summed up, then one line per GPU (its device, where it is, its phase and epoch)."""
     devices = state.devices()
     lines = [f"[b]fleet[/b] {len(devices)}/{state.fleet_size or len(devices)} GPUs  [b]{esc(state.status)}[/b]  "
-             f"{state.visits_ended()}/{state.visits_planned or '?'} visits"
+             f"{esc(state.visits_label())}"
              + ("  [$warning]SIM[/]" if state.sim else "")]
     narrow = bool(context.get("narrow")) or context.get("name_w", 14) < 28  # the long form wraps below 150
     for d in devices:

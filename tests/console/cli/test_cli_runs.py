@@ -112,6 +112,24 @@ def test_a_completed_fleet_reads_completed_with_every_ranks_visits(tmp_path: Pat
     assert "recordings rank-0/recording.db, rank-1/recording.db" in text  # every rank's, not the first alone
 
 
+def test_the_console_panel_and_runs_ls_count_visits_alike(tmp_path: Path) -> None:
+    """One visit done, one failed, one never run: the travel panel and ``runs ls`` both say 1/3 (1✗)."""
+    from gputravel.console.tui.view_model import RunState
+
+    events = [ev.RunStarted(1.0, "c1", {"kind": "emulated", "sim": True}, ("alice", "bob"), 3),
+              ev.PhaseStarted(2.0, 0, "alice", "PROVISION", 1), ev.VisitCompleted(3.0, 0, "alice", 1, {}),
+              ev.PhaseStarted(4.0, 1, "bob", "PROVISION", 2),
+              ev.VisitFailed(5.0, 1, "bob", 2, "PROVISION", "agent lost", "agent"),
+              ev.RunCompleted(6.0, "c1", 1, 1, 5.0)]
+    _record(tmp_path / "run-c" / "recording.db", events)
+    state = RunState()
+    for event in events:
+        state.apply(event)
+    assert state.visits_label() == "1/3 visits (1✗)"
+    row = next(line for line in cli("runs", "ls", "--runs-dir", str(tmp_path)).stdout.splitlines() if "run-c" in line)
+    assert "1/3 (1✗)" in row
+
+
 def test_a_fleet_whose_report_names_an_error_reads_failed(tmp_path: Path) -> None:
     fleet = tmp_path / "fleet-2"
     fleet.mkdir()
