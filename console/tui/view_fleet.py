@@ -17,6 +17,7 @@ from gputravel.core import events as ev
 
 __all__ = ["RUN_EVENTS", "TERMINAL_STATUSES", "DeviceView", "FleetFolds", "gpu_label"]
 
+
 def gpu_label(gpu: int) -> str:
     """How the console names a fleet's GPU (its torchrun rank): ``GPU0``, ``GPU1``, ..."""
     return f"GPU{gpu}"
@@ -56,6 +57,7 @@ class DeviceView:
     @property
     def label(self) -> str:
         return gpu_label(self.gpu)
+
 
 class FleetFolds:
     """The fleet's folding (``_apply_fleet``, ``_sum_up``) and its per-GPU cards (``devices``)."""

@@ -192,51 +192,15 @@ KNOWN_CIRCLES: list[frozenset[str]] = []
 
 def import_circles() -> list[frozenset[str]]:
     """Strongly connected groups of more than one module in gputravel's import graph (grimp's: imports in
-    functions and under TYPE_CHECKING count too)."""
+    functions and under TYPE_CHECKING count too), found by the architecture table's own Tarjan
+    (``scripts/arch_table.py``: ``strongly_connected``)."""
     import grimp
 
+    from scripts.arch_table import strongly_connected
+
     graph = grimp.build_graph("gputravel")
-    adj = {m: graph.find_modules_directly_imported_by(m) for m in graph.modules}
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    found: list[frozenset[str]] = []
-    counter = [0]
-
-    def visit(v: str) -> None:  # Tarjan's algorithm
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on.add(v)
-        for w in adj[v]:
-            if w not in adj:
-                continue
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            group = set()
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                group.add(w)
-                if w == v:
-                    break
-            if len(group) > 1:
-                found.append(frozenset(group))
-
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, 10_000))
-    try:
-        for module in sorted(adj):
-            if module not in index:
-                visit(module)
-    finally:
-        sys.setrecursionlimit(limit)  # other tests rely on the default (json's RecursionError)
-    return found
+    adj = {m: sorted(graph.find_modules_directly_imported_by(m) & graph.modules) for m in graph.modules}
+    return [frozenset(group) for group in strongly_connected(sorted(adj), adj) if len(group) > 1]
 
 
 def test_no_import_circle() -> None:
