@@ -117,26 +117,27 @@ def build_engine(settings: RunSettings, *, links: Iterable[HolderLink] | None = 
     ``links``: the holders (``None``: local agents, started with ``entries.holder_agent``).
     ``platform_type`` and ``engine_type`` (with its extra ``engine_kw``) are where a fleet rank plugs in its
     own device entry point and engine (``core/fleet``)."""
-    from gputravel.core.runfolder import saved_settings, verify_run_folder
+    from gputravel.core.runfolder import RunFolder, saved_settings, verify_run_folder
     from gputravel.core.training.store import CheckpointStore, load_or_create_key
 
     agent = (entries or Entries()).agent() if links is None else ()  # refused before anything is created
-    out = Path(settings.out_dir)
-    if out.exists() and (out / "ledger.db").exists() and not settings.resume:
+    folder = RunFolder(settings.out_dir)
+    out = folder.path
+    if folder.ledger.exists() and not settings.resume:
         raise ConfigError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
     if settings.resume:
-        verify_run_folder(out)  # everything the resume builds on, before anything is started or appended
+        verify_run_folder(folder)  # everything the resume builds on, before anything is started or appended
     out.mkdir(parents=True, exist_ok=True)
     if not settings.resume:
-        (out / "settings.json").write_text(json.dumps(saved_settings(settings), indent=2) + "\n")
+        folder.settings.write_text(json.dumps(saved_settings(settings), indent=2) + "\n")
     if links is None:
         links = local_links(settings, agent=agent)
-    key = load_or_create_key(out / "keys" / "checkpoint.key")
-    store = CheckpointStore(out / "checkpoints", key, keep=settings.keep_checkpoints)
-    platform = platform_type(out / "platform", device=settings.device, cc_mode=settings.cc_mode,
+    key = load_or_create_key(folder.checkpoint_key)
+    store = CheckpointStore(folder.checkpoints, key, keep=settings.keep_checkpoints)
+    platform = platform_type(folder.platform, device=settings.device, cc_mode=settings.cc_mode,
                              allow_fault_injection=settings.allow_fault_injection,
                              torch_threads=settings.torch_threads, data_host=tcp_data_host(settings),
-                             cipher_engine=settings.cipher_engine, log_path=out / "device.log")
+                             cipher_engine=settings.cipher_engine, log_path=folder.device_log)
     handle = platform.start(buffer_bytes=settings.buffer_bytes)
     return engine_type(settings=settings, device=handle, links=list(links), out_dir=out, checkpoint_store=store,
                        make_program=_program_factory(settings),

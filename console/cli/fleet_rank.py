@@ -21,6 +21,7 @@ from gputravel.core import events as ev
 from gputravel.core.errors import GpuTravelError
 from gputravel.core.fleet.run import load_config, run_rank
 from gputravel.core.recording import Recorder
+from gputravel.core.runfolder import RunFolder
 
 
 class _Lines:
@@ -53,10 +54,10 @@ def main(argv: list[str] | None = None) -> None:
         settings, fleet = load_config(ns.config)
         holders = HolderSet(settings)
         # each GPU's events and telemetry, for `gputravel-console --replay <out>/rank-R/recording.db`
-        (Path(settings.out_dir) / f"rank-{rank}").mkdir(parents=True, exist_ok=True)
-        recorder = Recorder(Path(settings.out_dir) / f"rank-{rank}" / "recording.db",
-                            meta={"source": "gputravel run --gpus", "gpu": rank, "gpus": fleet.gpus,
-                                  "ledger": str(Path(settings.out_dir) / f"rank-{rank}" / "ledger.db")})
+        mine = RunFolder(settings.out_dir).rank(rank)
+        mine.path.mkdir(parents=True, exist_ok=True)
+        recorder = Recorder(mine.recording, meta={"source": "gputravel run --gpus", "gpu": rank, "gpus": fleet.gpus,
+                                                  "ledger": str(mine.ledger)})
         try:
             links = holders.links()
             # and its device's telemetry, sampled once a second into the same recording

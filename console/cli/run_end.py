@@ -6,66 +6,30 @@ not a :class:`GpuTravelError`, the worker cancelled, the engine never built), th
 ``gputravel run`` write the ``RunFailed`` themselves, so neither the screen nor a recording is left saying
 "running" about a run that is over. A recording's meta gets ``status`` and ``error`` at the end either way.
 
-``status.json`` in the run folder is the one place ``gputravel runs`` reads a run's status from first: a
-:class:`RunEnding` given the folder writes ``paused`` when the run pauses, removes it when it goes on, and
-writes the final status (``completed``, ``partial``, ``failed``, ``cancelled``) when it ends, with or without a
-recording; ``gputravel run --gpus N`` writes the fleet's.
+``status.json`` in the run folder (``core/runfolder/status.py``) is the one place ``gputravel runs`` reads a
+run's status from first: a :class:`RunEnding` given the folder writes ``paused`` when the run pauses, removes it
+when it goes on, and writes the final status (``completed``, ``partial``, ``failed``, ``cancelled``) when it
+ends, with or without a recording; ``gputravel run --gpus N`` writes the fleet's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gputravel.core import events as ev
 from gputravel.core.errors import GpuTravelError
-from gputravel.core.files import write_atomic
+from gputravel.core.runfolder import FINAL_STATUSES, clear_status, write_status
 
 if TYPE_CHECKING:
     from gputravel.core.recording import Recorder
 
-__all__ = ["FINAL_STATUSES", "STATUS_FILE", "TERMINAL_EVENTS", "RunEnding", "clear_status", "control_lands",
-           "ending_code",
-           "final_status", "read_status", "write_status"]
+__all__ = ["FINAL_STATUSES", "TERMINAL_EVENTS", "RunEnding", "control_lands", "ending_code", "final_status"]
 
 #: The events after which a run is over.
 TERMINAL_EVENTS = ("RunCompleted", "RunFailed")
-#: The run folder's own word on its status.
-STATUS_FILE = "status.json"
-#: The statuses a run ends in (``paused`` is written too, but the run is not over).
-FINAL_STATUSES = ("completed", "partial", "failed", "cancelled")
-
-
-def write_status(out_dir: Path, status: str, *, run_id: str | None = None, error: str | None = None,
-                 code: str | None = None, t: float | None = None) -> None:
-    """Write ``status.json`` (0600, atomically) in ``out_dir``; nothing when the folder is gone."""
-    out_dir = Path(out_dir)
-    if not out_dir.is_dir():
-        return
-    record = {"status": status, "final": status in FINAL_STATUSES, "run_id": run_id, "error": error, "code": code,
-              "at": time.time() if t is None else t, "pid": os.getpid()}
-    with contextlib.suppress(OSError):
-        write_atomic(out_dir / STATUS_FILE, (json.dumps(record) + "\n").encode(), mode=0o600)
-
-
-def read_status(out_dir: Path) -> dict[str, Any]:
-    """``status.json`` as a dict (empty: none, or unreadable)."""
-    with contextlib.suppress(OSError, ValueError):
-        record = json.loads((Path(out_dir) / STATUS_FILE).read_text())
-        if isinstance(record, dict) and isinstance(record.get("status"), str):
-            return record
-    return {}
-
-
-def clear_status(out_dir: Path) -> None:
-    """A run goes (again, after a pause or on ``--resume``): no status is written until it pauses or ends."""
-    with contextlib.suppress(OSError):
-        (Path(out_dir) / STATUS_FILE).unlink()
 
 
 def ending_code(error: BaseException) -> str:

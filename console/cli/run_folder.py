@@ -1,129 +1,33 @@
 """A run as a folder (``runs/run-<time>``): what ran, whether it still runs, how it ended.
 
-A run folder holds ``settings.json`` (written by the engine), ``ledger.db`` and ``recording.db`` (a fleet folder
-``fleet.json``, its ledger and ``rank-N/`` folders); while a run goes, ``orchestrator.pid`` names the process
-that drives it (``gputravel run`` or ``gputravel-console``: pid, start time, command line), so ``gputravel runs
-stop`` can signal it; when the run pauses or ends it writes ``status.json`` (``console/cli/run_end.py``). The status
-is read, never guessed (:func:`read_run`). Cheap to import: no engine, no torch.
+The folder's names, its pid file and ``status.json`` are ``core/runfolder/`` (:class:`RunFolder`); here a
+folder's recordings are folded with the view model into what ``gputravel runs`` reports. The status is read,
+never guessed (:func:`read_run`). Cheap to import: no engine, no torch.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gputravel.console.cli.run_address import RUNS_DIR, RunAddress, is_run_folder, resolve_run
-from gputravel.console.cli.run_end import FINAL_STATUSES, clear_status, final_status, read_status
+from gputravel.console.cli.run_end import final_status
 from gputravel.console.tui.view_model import RunState
 from gputravel.core.errors import ConfigError, GpuTravelError
-from gputravel.core.files import close_folder, keep_private, write_atomic
-from gputravel.core.procs import ProcessIdentity, identity_matches, process_identity
 from gputravel.core.recording import load_recording
+from gputravel.core.runfolder import (
+    FINAL_STATUSES,
+    RUNS_DIR,
+    RunAddress,
+    RunFolder,
+    driving_process,
+    read_marker,
+    read_status,
+)
 
-__all__ = ["PID_FILE", "RUNS_DIR", "RunInfo", "clear_running", "driving_process", "find_run", "list_runs",
-           "mark_running", "pid_alive", "read_marker", "read_run", "running_marker", "signal_run"]
-
-PID_FILE = "orchestrator.pid"
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
-
-
-def mark_running(out_dir: Path, *, owner: str) -> Path:
-    """Write ``orchestrator.pid`` (this process drives the run in ``out_dir``): its pid, start time and command
-    line as ``/proc`` says them, so ``runs stop`` signals this process and never one that reused the pid."""
-    path = Path(out_dir) / PID_FILE
-    keep_private()  # a console's --out folder is not claimed through RunFolder: private from here on
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if is_run_folder(path.parent):  # the run's own folder: closed to others (its files keep their modes,
-        close_folder(path.parent)   # so a key others could read is still refused, never quietly fixed)
-    me = process_identity(os.getpid())
-    record = {**(me.to_dict() if me is not None else {"pid": os.getpid()}), "owner": owner, "started_at": time.time()}
-    write_atomic(path, (json.dumps(record) + "\n").encode(), mode=0o600)
-    clear_status(path.parent)  # the run goes (again, on --resume): no status until it pauses or ends
-    return path
-
-
-def read_marker(out_dir: Path) -> dict[str, Any]:
-    """``orchestrator.pid`` as a dict (empty: none, or unreadable)."""
-    with contextlib.suppress(OSError, ValueError):
-        marker = json.loads((Path(out_dir) / PID_FILE).read_text())
-        if isinstance(marker, dict):
-            return marker
-    return {}
-
-
-def driving_process(out_dir: Path) -> ProcessIdentity | None:
-    """The live process that ``orchestrator.pid`` names, if it is still that process (same pid, start time
-    and command line); None when it is gone, the pid now belongs to another process, or the file does not
-    say who wrote it."""
-    return identity_matches(read_marker(out_dir))
-
-
-def clear_running(path: Path) -> None:
-    """Remove a pid file this process wrote (idempotent)."""
-    with contextlib.suppress(OSError, ValueError):
-        if json.loads(path.read_text()).get("pid") == os.getpid():
-            path.unlink()
-
-
-@contextlib.contextmanager
-def running_marker(out_dir: Path, *, owner: str) -> Iterator[Path]:
-    """``orchestrator.pid`` in the run folder for as long as the run goes (removed however it ends)."""
-    path = mark_running(out_dir, owner=owner)
-    try:
-        yield path
-    finally:
-        clear_running(path)
-
-
-def signal_run(out_dir: Path, sig: int, *, name: str | None = None) -> int:
-    """Send ``sig`` to the process driving the run in ``out_dir`` and return its pid, only if it is the
-    process ``orchestrator.pid`` recorded (pid, start time, command line). The process is pinned first
-    (a pidfd), then checked, then signalled through the pidfd: a pid reused in between is never hit.
-
-    Raises:
-        ConfigError: no live process drives the run, or the pid now belongs to another process; nothing
-            was signalled.
-    """
-    out_dir = Path(out_dir)
-    name = name or out_dir.name
-    marker = read_marker(out_dir)
-    pid = marker.get("pid")
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-        raise ConfigError(f"run {name} has no process to signal (no {PID_FILE}); nothing signalled")
-    fd: int | None = None
-    with contextlib.suppress(AttributeError, OSError):
-        fd = os.pidfd_open(pid)
-    try:
-        if identity_matches(marker) is None:
-            if process_identity(pid) is None:
-                raise ConfigError(f"run {name}: its process (pid {pid}) is gone; nothing signalled")
-            raise ConfigError(f"run {name}: {PID_FILE} names pid {pid}, but that pid is now another process "
-                              f"(its start time or command line differ from the run's record: the pid was "
-                              f"reused); nothing signalled")
-        if fd is not None:
-            signal.pidfd_send_signal(fd, sig)
-        else:  # pragma: no cover - a kernel without pidfds
-            os.kill(pid, sig)
-    finally:
-        if fd is not None:
-            os.close(fd)
-    return pid
+__all__ = ["RunInfo", "list_runs", "read_run"]
 
 
 @dataclass
@@ -148,11 +52,11 @@ class RunInfo:
 
     @property
     def recording(self) -> Path:
-        return self.recordings[0][1] if self.recordings else self.path / "recording.db"
+        return self.recordings[0][1] if self.recordings else RunFolder(self.path).recording
 
     @property
     def ledger(self) -> Path:
-        return self.path / "ledger.db"
+        return RunFolder(self.path).ledger
 
     def to_dict(self, *, detail: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "path": str(self.path), "status": self.status, "pid": self.pid,
@@ -170,10 +74,10 @@ class RunInfo:
         return out
 
 
-def _fleet_report_status(path: Path) -> tuple[str, str | None] | None:
+def _fleet_report_status(folder: RunFolder) -> tuple[str, str | None] | None:
     """A fleet's status from the merged ``report.json`` rank 0 writes at its end (a fleet the console drove)."""
     with contextlib.suppress(OSError, ValueError):
-        report = json.loads((path / "report.json").read_text())
+        report = json.loads(folder.report.read_text())
         if isinstance(report, dict):
             error = report.get("error")
             if isinstance(error, dict):
@@ -189,14 +93,15 @@ def read_run(path: Path) -> RunInfo:
     ``paused``) only while the process the run recorded lives; a fleet's merged report; else ``died``
     (something was written, and nothing says how it ended) or ``not started``."""
     path = Path(path)
+    folder = RunFolder(path)
     if not path.is_dir():
         raise ConfigError(f"{path}: no such run folder")
     address = RunAddress(str(path), path)
     info = RunInfo(name=path.name, path=path, status="not started", fleet=address.fleet,
                    recordings=address.recordings())
     with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
-        info.settings = (json.loads((path / "fleet.json").read_text())["settings"] if info.fleet
-                         else json.loads((path / "settings.json").read_text()))
+        info.settings = (json.loads(folder.fleet_config.read_text())["settings"] if info.fleet
+                         else json.loads(folder.settings.read_text()))
     marker = read_marker(path)
     alive = driving_process(path) is not None
     if alive:
@@ -229,7 +134,7 @@ def read_run(path: Path) -> RunInfo:
         info.visits_done = sum(1 for v in state.visits.values() if v.outcome == "done")
         info.visits_failed = sum(1 for row in state.rows.values() if state.visits[row].outcome == "failed")
         info.error = info.error or state.error
-    fleet_end = _fleet_report_status(path) if info.fleet else None
+    fleet_end = _fleet_report_status(folder) if info.fleet else None
     if written.get("status") in FINAL_STATUSES:
         info.status = str(written["status"])
         info.error = info.error or written.get("error")
@@ -256,12 +161,3 @@ def list_runs(root: Path = RUNS_DIR) -> list[RunInfo]:
         return []
     folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
     return [read_run(p) for p in folders]
-
-
-def find_run(name: str, root: Path = RUNS_DIR) -> Path:
-    """The run folder ``name`` addresses (:func:`~gputravel.console.cli.run_address.resolve_run`: a folder, a fleet
-    folder, a recording in a run folder, a name or unambiguous prefix under ``runs/``, or ``latest``)."""
-    address = resolve_run(name, root)
-    if address.folder is None:
-        raise ConfigError(f"{name}: a file outside any run folder (gputravel replay reads a lone recording)")
-    return address.folder

@@ -39,7 +39,6 @@ from gputravel.console.cli.options import (
     quiet_flag_types,
     version_callback,
 )
-from gputravel.console.cli.run_folder import clear_running, mark_running
 from gputravel.console.tui.app_commands import (
     CONTROL_ACTIONS,
     SCREENS_IN_ORDER,
@@ -59,6 +58,7 @@ from gputravel.console.tui.screens.training import TrainingScreen
 from gputravel.console.tui.screens.travel import TravelScreen
 from gputravel.core.errors import GpuTravelError
 from gputravel.core.recording import Recording, load_recording
+from gputravel.core.runfolder import RunFolder, clear_running, mark_running
 from gputravel.core.telemetry import Sampler
 from gputravel.core.travel.phases import Phase
 from gputravel.themes import CSS_PATH, THEMES, theme_name
@@ -363,7 +363,7 @@ def next_out_dir(out: Path, n: int) -> Path:
     if n <= 1:
         return out
     candidate = out.with_name(f"{out.name}-{n}")
-    while (candidate / "ledger.db").exists():
+    while RunFolder(candidate).ledger.exists():
         n += 1
         candidate = out.with_name(f"{out.name}-{n}")
     return candidate
@@ -442,7 +442,7 @@ def console(
             holder_sets.pop().close()
 
     if replay is not None:  # any run address: a recording, a run or fleet folder, a name, latest
-        from gputravel.console.cli.run_address import replay_target
+        from gputravel.core.runfolder import replay_target
 
         app = make_app(replay=replay_target(replay), theme=theme.value, readonly=readonly, follow=follow)
     else:

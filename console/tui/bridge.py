@@ -24,6 +24,7 @@ from gputravel.core import events as ev
 from gputravel.core.errors import GpuTravelError
 from gputravel.core.ledger import read_rows
 from gputravel.core.recording import Recorder
+from gputravel.core.runfolder import RunFolder
 from gputravel.core.session import Session
 from gputravel.core.telemetry import EmulatedSource, History, Sampler, TelemetryFrame
 from gputravel.core.travel.holders import HolderState
@@ -271,7 +272,7 @@ class LiveBridge(Bridge):
     @property
     def ledger_path(self) -> Path | None:
         out = self.session.out_dir
-        return Path(out) / "ledger.db" if out is not None else None
+        return RunFolder(out).ledger if out is not None else None
 
     # --- the run (awaited inside the app's "visit" worker) ------------------------------------
     async def drive(self, *, stepping: bool = False) -> dict[str, Any] | None:
@@ -386,10 +387,11 @@ class LiveBridge(Bridge):
     def _open_recorder(self, engine: Any) -> None:
         if self.record is False:
             return
-        path = Path(engine.out_dir) / "recording.db" if self.record is True else Path(self.record)
+        folder = RunFolder(engine.out_dir)
+        path = folder.recording if self.record is True else Path(self.record)
         settings = engine.settings.to_dict() if hasattr(engine.settings, "to_dict") else {}
         self.recorder = Recorder(path, meta={"source": "gputravel-console", "settings": settings,
-                                             "ledger": str(Path(engine.out_dir) / "ledger.db"),
+                                             "ledger": str(folder.ledger),
                                              "holders": list(engine.links), "started_at": time.time(),
                                              "pid": os.getpid()})
 

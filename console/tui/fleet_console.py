@@ -15,6 +15,7 @@ import typer
 
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import DeviceError, GpuTravelError
+from gputravel.core.runfolder import RunFolder
 
 
 def watch_fleet(settings: RunSettings, *, gpus: int, make_app: Any, theme: str) -> None:
@@ -58,7 +59,7 @@ def watch_fleet(settings: RunSettings, *, gpus: int, make_app: Any, theme: str) 
         start_fleet()
     app.run()
     start_fleet()  # a screen closed before it was drawn: the fleet still runs, headless
-    typer.echo(f"the fleet of {gpus} GPUs goes on headless until it ends; report: {settings.out_dir}/report.json",
+    typer.echo(f"the fleet of {gpus} GPUs goes on headless until it ends; report: {RunFolder(settings.out_dir).report}",
                err=True)
     thread.join()
     if "error" in outcome:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,6 +26,7 @@ from gputravel.console.tui.view_model import RunState
 from gputravel.core import events as ev
 from gputravel.core.errors import RecordingError
 from gputravel.core.recording import RECORDING_VERSION, RecordedItem, Recording, load_recording
+from gputravel.core.runfolder import RunFolder
 from gputravel.core.telemetry import Sampler, TelemetryFrame
 
 if TYPE_CHECKING:
@@ -34,13 +34,9 @@ if TYPE_CHECKING:
 
 __all__ = ["FleetBridge", "FleetItem", "FleetRecording", "is_fleet_folder"]
 
-_RANK_DIR = re.compile(r"^rank-(\d+)$")
-
-
 def is_fleet_folder(path: Path) -> bool:
     """A fleet run folder: ``rank-R/recording.db`` in it, or the ``fleet.json`` its ranks are about to read."""
-    path = Path(path)
-    return path.is_dir() and ((path / "fleet.json").is_file() or any(path.glob("rank-*/recording.db")))
+    return RunFolder(path).looks_like_fleet()
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,18 +74,13 @@ class FleetRecording:
         if sizes:
             return max(sizes)
         try:
-            return int(json.loads((self.path / "fleet.json").read_text())["fleet"]["gpus"])
+            return int(json.loads(RunFolder(self.path).fleet_config.read_text())["fleet"]["gpus"])
         except (OSError, ValueError, KeyError, TypeError):
             return max(self.expected_gpus, len(self.rank_files()))
 
     def rank_files(self) -> dict[int, Path]:
         """``rank -> <out>/rank-R/recording.db`` for the ranks that have one, in rank order."""
-        found = {}
-        for path in self.path.glob("rank-*/recording.db"):
-            m = _RANK_DIR.match(path.parent.name)
-            if m:
-                found[int(m.group(1))] = path
-        return dict(sorted(found.items()))
+        return dict(RunFolder(self.path).rank_recordings())
 
     def more(self) -> tuple[FleetItem, ...]:
         """The items every rank appended since the last call, merged by time."""
@@ -117,7 +108,7 @@ class FleetRecording:
     @property
     def ledger(self) -> Path:
         """The fleet ledger rank 0 keeps (joins, per-step weights and digests, every rank ledger's head)."""
-        return self.path / "ledger.db"
+        return RunFolder(self.path).ledger
 
     def recording(self) -> Recording:
         """The merge as one recording (what the console's player walks)."""

@@ -35,6 +35,7 @@ from gputravel.core.machine import aes_gcm_rate
 from gputravel.core.platform.emulated import EmulatedPlatform
 from gputravel.core.protocol.ckptring import ring_supported
 from gputravel.core.protocol.stream import DEFAULT_STREAM_CHUNK, MAX_STREAM_CHUNK
+from gputravel.core.runfolder import RunFolder
 from gputravel.core.training.model import preset_for_tokens
 from gputravel.core.training.store import CheckpointStore
 from gputravel.core.training.tokens import vocab_size
@@ -116,9 +117,9 @@ def study(*, model: str = "gpt2", workdir: Path | None = None, device: str | Non
     program = json.dumps({"program": "gputravel.gpt2/v1", "model": config.to_dict(), "train": train.to_dict()},
                          sort_keys=True).encode()
     with tempfile.TemporaryDirectory(prefix="gputravel-bench-ckpt-", dir=workdir) as tmp:
-        root = Path(tmp)
-        platform = EmulatedPlatform(root / "platform", device=device, torch_threads=torch_threads,
-                                    log_path=root / "device.log")
+        root = RunFolder(Path(tmp))  # a run folder's shape: its platform, device log and checkpoints
+        platform = EmulatedPlatform(root.platform, device=device, torch_threads=torch_threads,
+                                    log_path=root.device_log)
         handle = platform.start(buffer_bytes=1 << 20)
         client = DeviceClient(handle.socket_path, anchors=handle.anchors)
         try:
@@ -127,7 +128,7 @@ def study(*, model: str = "gpt2", workdir: Path | None = None, device: str | Non
             configured = client.configure(program)
             client.train(train_off=0, train_len=4096, val_off=0, val_len=0, fmt="byte")  # Adam's moments exist
             aes = aes_gcm_rate(4 << 20, seconds=0.5)
-            store = CheckpointStore(root / "checkpoints", os.urandom(32))
+            store = CheckpointStore(root.checkpoints, os.urandom(32))
             key = store.run_key("bench")
             # Rounds of (plain write + fsync of about as many bytes, then seal + write + fsync), the same file
             # system: each step starts from the memory the previous step's file gave back, so neither side
@@ -137,7 +138,7 @@ def study(*, model: str = "gpt2", workdir: Path | None = None, device: str | Non
             disk_rates: list[float] = []
             seal_times: list[float] = []
             for r in range(max(1, rounds)):
-                disk_rates.append(disk_write_rate(root / "disk-probe", probe_bytes, chunk_size))
+                disk_rates.append(disk_write_rate(root.path / "disk-probe", probe_bytes, chunk_size))
                 header = store.new_header(run_id="bench", seq=r + 1, chunk_size=chunk_size)
                 with _Peaks(handle.pid) as peaks:
                     t0 = time.perf_counter()

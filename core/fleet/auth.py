@@ -29,10 +29,10 @@ from typing import Any
 from gputravel.core.errors import ConfigError, FleetAuthError
 from gputravel.core.files import fsync_dir, read_private
 from gputravel.core.protocol.wirejson import loads_bounded
+from gputravel.core.runfolder.folder import RunFolder
 
-__all__ = ["FLEET_KEY_FILE", "MAX_MESSAGE_BYTES", "fleet_key", "open_message", "seal_message"]
+__all__ = ["MAX_MESSAGE_BYTES", "fleet_key", "open_message", "seal_message"]
 
-FLEET_KEY_FILE = "fleet.key"
 KEY_BYTES = 32
 TAG_BYTES = 32
 #: a worker message's limit (a rank's report is the largest: tens of KiB)
@@ -47,7 +47,7 @@ def fleet_key(out: Path, *, create: bool = False) -> bytes:
         ConfigError: missing (and not ``create``), not 32 bytes, or not a private regular file of ours
             (``InsecureKeyError``).
     """
-    path = Path(out) / FLEET_KEY_FILE
+    path = RunFolder(out).fleet_key
     if create and not path.exists():
         key = os.urandom(KEY_BYTES)
         try:

@@ -31,6 +31,7 @@ from gputravel.core.fleet.platform import FleetPlatform, ensure_vendor
 from gputravel.core.fleet.rank import FleetEngine, FleetOptions, WorkerGroup
 from gputravel.core.fleet.verify import verify_fleet
 from gputravel.core.ledger import Ledger, verify_ledger
+from gputravel.core.runfolder.folder import RunFolder
 from gputravel.core.telemetry.model import TelemetryFrame
 from gputravel.core.telemetry.recorded import TELEMETRY_INTERVAL_S, rank_sampler
 from gputravel.core.travel.engine import TravelEngine
@@ -87,10 +88,11 @@ def launch_fleet(settings: RunSettings, fleet: FleetOptions, *, entry: str, rdzv
     a failed job raises the ranks' typed error (each rank leaves ``<out>/rank-R/report.json`` with its error)."""
     if not entry:
         raise ConfigError("a fleet needs the module each rank runs (Entries.gpu_rank)")
-    out = Path(settings.out_dir)
+    folder = RunFolder(settings.out_dir)
+    out = folder.path
     out.mkdir(parents=True, exist_ok=True)
     fleet_key(out, create=True)  # what the ranks authenticate their messages with (never through the store)
-    config = out / "fleet.json"
+    config = folder.fleet_config
     if not settings.resume or not config.exists():
         config.write_text(json.dumps({"settings": settings.to_dict(), "fleet": fleet.to_dict()}, indent=2) + "\n")
     else:  # --resume continues the fleet as it was configured (its settings, its GPU count)
@@ -99,8 +101,8 @@ def launch_fleet(settings: RunSettings, fleet: FleetOptions, *, entry: str, rdzv
         saved["fleet"]["ring_fault"] = fleet.ring_fault  # a fault is for the attempt it was given to, as fault is
         config.write_text(json.dumps(saved, indent=2) + "\n")
         fleet = FleetOptions.from_dict(saved["fleet"])
-    report_path = out / "report.json"
-    for stale in [report_path, *out.glob("rank-*/report.json")]:  # an earlier attempt's: never this one's
+    report_path = folder.report
+    for stale in [report_path, *(rank.report for _, rank in folder.ranks())]:  # an earlier attempt's: never this one's
         stale.unlink(missing_ok=True)
     child_env = {**os.environ, **(env or {})}
     child_env.setdefault("OMP_NUM_THREADS", "1")
@@ -111,7 +113,7 @@ def launch_fleet(settings: RunSettings, fleet: FleetOptions, *, entry: str, rdzv
         proc = _run_torchrun(cmd, env=child_env, progress=progress)
         if progress is None and not quiet:
             sys.stderr.write(proc.stderr.decode(errors="replace"))
-        touched = [p for p in out.glob("rank-*/ledger.db") if p.stat().st_mtime >= started - 1]
+        touched = [r.ledger for _, r in folder.ranks() if r.ledger.exists() and r.ledger.stat().st_mtime >= started - 1]
         # The rendezvous itself failed (no rank got as far as its ledger; e.g. the free port was taken in
         # between): once more on a fresh port, when the endpoint was ours to choose.
         if proc.returncode == 0 or touched or rdzv.rdzv_endpoint is not None or attempt == 2:
@@ -122,7 +124,7 @@ def launch_fleet(settings: RunSettings, fleet: FleetOptions, *, entry: str, rdzv
             raise error_from_code(report["error"]["code"], report["error"]["reason"])
         return report
     errors, local = [], []
-    for path in sorted(out.glob("rank-*/report.json")):
+    for path in [rank.report for _, rank in folder.ranks() if rank.report.exists()]:
         data = json.loads(path.read_text())
         local.append(data)
         if data.get("error"):
@@ -180,20 +182,22 @@ async def run_rank(settings: RunSettings, fleet: FleetOptions, *, links: Iterabl
 
     from gputravel.core import compose
 
-    out = Path(settings.out_dir)
+    folder = RunFolder(settings.out_dir)
+    out = folder.path
     group = WorkerGroup(key=fleet_key(out), timeout_s=fleet.timeout_s)
     if group.rank == 0:
-        ensure_vendor(out / "vendor")
+        ensure_vendor(folder.vendor)
     await group.agree("vendor")  # the vendor PKI exists before any device is certified under it
-    rank_dir = out / f"rank-{group.rank}"
-    resume = settings.resume or (group.restart > 0 and (rank_dir / "ledger.db").exists())
+    rank = folder.rank(group.rank)
+    rank_dir = rank.path
+    resume = settings.resume or (group.restart > 0 and rank.ledger.exists())
     device = settings.device
     if device is None and torch.cuda.is_available():
         device = f"cuda:{group.local_rank}"  # one GPU per rank
     # a fault plan is for the job's first attempt: an elastic restart resumes without it
     rsettings = replace(settings, out_dir=rank_dir, device=device, resume=resume,
                         fault=settings.fault if group.restart == 0 else None)
-    platform = partial(FleetPlatform, vendor_dir=out / "vendor", device_id=f"emu-gpu-{group.rank}")
+    platform = partial(FleetPlatform, vendor_dir=folder.vendor, device_id=f"emu-gpu-{group.rank}")
     error: GpuTravelError | None = None
     report: dict[str, Any] | None = None
     engine: FleetEngine | None = None
@@ -215,15 +219,15 @@ async def run_rank(settings: RunSettings, fleet: FleetOptions, *, links: Iterabl
     mine = report if report is not None else {
         "error": {"code": error.code if error else "error", "reason": error.reason if error else "?"},
         "gpu": {"rank": group.rank, "device_id": engine.device_id if engine else None},
-        "ledger": {"path": str(rank_dir / "ledger.db")}}
-    (rank_dir / "report.json").write_text(json.dumps(mine, indent=2) + "\n")
+        "ledger": {"path": str(rank.ledger)}}
+    rank.report.write_text(json.dumps(mine, indent=2) + "\n")
     if error is not None and not isinstance(error, FleetDeviceLostError):
         raise error  # torchrun's agent stops the other ranks
     reports = await group.agree(mine)
     merged = None
     if group.rank == 0:
         merged = merge_reports(reports, out=out, fleet=fleet)
-        (out / "report.json").write_text(json.dumps(merged, indent=2) + "\n")
+        folder.report.write_text(json.dumps(merged, indent=2) + "\n")
     group.close()
     if error is not None:
         raise error
@@ -237,7 +241,7 @@ def merge_reports(reports: list[dict[str, Any]], *, out: Path, fleet: FleetOptio
         err = failed[0]["error"]
         heads = _write_fleet_ledger(out, reports, None)
         return {"error": err, "fleet": {"gpus": fleet.gpus, "devices": [r.get("gpu") for r in reports]},
-                "ledger": heads, "checkpoints": [str(out / f"rank-{i}" / "checkpoints") for i in range(len(reports))]}
+                "ledger": heads, "checkpoints": [str(RunFolder(out).rank(i).checkpoints) for i in range(len(reports))]}
     r0 = reports[0]
     visits = sorted((v for r in reports for v in r["visits"]), key=lambda v: (v["step"], v["gpu"]))
     gpus = [r["gpu"] for r in reports]
@@ -294,12 +298,13 @@ def _write_fleet_ledger(out: Path, reports: list[dict[str, Any]], report: dict[s
     then every chain verified."""
     ranks = []
     for i, r in enumerate(reports):
-        path = Path(r.get("ledger", {}).get("path") or out / f"rank-{i}" / "ledger.db")
+        path = Path(r.get("ledger", {}).get("path") or RunFolder(out).rank(i).ledger)
         v = verify_ledger(path)
         ranks.append({"gpu": i, "path": str(path), "verified": v.ok, "rows": v.rows, "head": v.head_hash,
                       "reason": v.reason})
     run_id = str(report["run_id"]) if report else None
-    with Ledger.open(out / "ledger.db", run_id=run_id) as ledger:
+    fleet_ledger = RunFolder(out).ledger
+    with Ledger.open(fleet_ledger, run_id=run_id) as ledger:
         for r, entry in zip(reports, ranks, strict=True):
             gpu = r.get("gpu") or {}
             ledger.append(kind="fleet-device", outcome="ok" if entry["verified"] else "broken",
@@ -318,6 +323,6 @@ def _write_fleet_ledger(out: Path, reports: list[dict[str, Any]], report: dict[s
         else:
             err = next(r["error"] for r in reports if r.get("error"))
             ledger.append(kind="fleet-stopped", outcome=err["code"], detail={"error": err["reason"]})
-    v = verify_ledger(out / "ledger.db")
-    return {"path": str(out / "ledger.db"), "verified": v.ok and all(e["verified"] for e in ranks), "rows": v.rows,
+    v = verify_ledger(fleet_ledger)
+    return {"path": str(fleet_ledger), "verified": v.ok and all(e["verified"] for e in ranks), "rows": v.rows,
             "head": v.head_hash, "reason": v.reason, "fleet_verified": v.ok, "ranks": ranks}

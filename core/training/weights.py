@@ -369,16 +369,16 @@ def export_run(run_dir: Path, output: Path, *, fmt: str, dtype: str = "float32")
     would sweep the temporary file of a checkpoint the run may be writing right now."""
     import tempfile
 
+    from gputravel.core.runfolder.folder import RunFolder
     from gputravel.core.training.checkpoint import CheckpointStore, load_or_create_key
 
     if fmt not in FORMATS:
         raise ConfigError(f"unknown weights format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    run_dir = Path(run_dir)
-    key_path = run_dir / "keys" / "checkpoint.key"
+    folder = RunFolder(run_dir)
+    run_dir, key_path = folder.path, folder.checkpoint_key
     if not key_path.is_file():
         raise ConfigError(f"{run_dir} has no checkpoint key ({key_path}): its checkpoints cannot be opened")
-    found = sorted((int(p.name[5:-4]), p) for p in (run_dir / "checkpoints").glob("ckpt-*.gtc")
-                   if p.name[5:-4].isdigit())
+    found = sorted((int(p.name[5:-4]), p) for p in folder.checkpoint_files() if p.name[5:-4].isdigit())
     if not found:
         raise DataError(f"{run_dir} has no sealed checkpoint (checkpoints/ckpt-*.gtc) to export")
     seq, path = found[-1]

@@ -36,7 +36,7 @@ from gputravel.core.errors import (
 from gputravel.core.ledger import Ledger
 from gputravel.core.platform.base import DeviceHandle
 from gputravel.core.protocol.ckptring import RingAborted
-from gputravel.core.runfolder import sealed_settings_digest
+from gputravel.core.runfolder import RunFolder, sealed_settings_digest
 from gputravel.core.training.store import CheckpointStore
 from gputravel.core.travel.audit import ATTACK_CODES, Audit
 from gputravel.core.travel.bus import EventBus
@@ -89,7 +89,7 @@ class TravelEngine:
         self.infos: dict[str, HolderInfo] = {}
         self.plans: list[VisitPlan] = []
         self.walk = Itinerary()
-        self.ledger = Ledger.open(self.out_dir / "ledger.db", run_id=run_id or uuid.uuid4().hex[:12])
+        self.ledger = Ledger.open(RunFolder(self.out_dir).ledger, run_id=run_id or uuid.uuid4().hex[:12])
         self.run_id = self.ledger.run_id
         self.audit = Audit(self.ledger, lambda event: self.emit(event))
         self.log = TrainingLog(self.audit.emit)

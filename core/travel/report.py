@@ -11,6 +11,7 @@ from typing import Any
 
 from gputravel.core.ledger import verify_ledger
 from gputravel.core.platform.base import DeviceHandle
+from gputravel.core.runfolder.folder import RunFolder
 from gputravel.core.travel.device_session import DeviceSession
 from gputravel.core.travel.holders import HolderInfo
 from gputravel.core.travel.training_log import TrainingLog
@@ -112,7 +113,7 @@ def build_report(*, run_id: str, out_dir: Path, chunk_kib: int, handle: DeviceHa
                  checkpoints: dict[str, Any], seconds: float) -> RunReport:
     """The run's report (the ledger must be closed: its chain is verified here)."""
     records = walk.records
-    ledger_path = out_dir / "ledger.db"
+    ledger_path = RunFolder(out_dir).ledger
     verify = verify_ledger(ledger_path)
     total_bytes = sum(r.bytes for r in records)
     total_prov = sum(r.provision_s for r in records)

@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from gputravel.console.cli.run_folder import RUNS_DIR, find_run
+from gputravel.core.runfolder import RUNS_DIR, find_run
 
 
 class WeightsFormat(StrEnum):

@@ -18,7 +18,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gputravel.console.cli.run_address import RUN_ADDRESS_HELP, RunAddress, resolve_run
 from gputravel.core.errors import ConfigError, LedgerError
 from gputravel.core.ledger import (
     LedgerRow,
@@ -28,6 +27,7 @@ from gputravel.core.ledger import (
     verify_ledger,
     witnessed_heads,
 )
+from gputravel.core.runfolder import RUN_ADDRESS_HELP, RunAddress, resolve_run
 
 ledger_app = typer.Typer(help="Verify and inspect the hash-chained audit ledger.", no_args_is_help=True)
 

@@ -1,6 +1,6 @@
 """``gputravel replay RUN``: a recorded run, headless (the console plays it with ``--replay``).
 
-``RUN`` is any run address (``console/cli/run_address.py``): a recording file, a run folder, a fleet folder (every
+``RUN`` is any run address (``core/runfolder/address.py``): a recording file, a run folder, a fleet folder (every
 rank's recording, merged in time order), a run name or ``latest``.
 """
 
@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from gputravel.console.cli.run_address import RUN_ADDRESS_HELP
+from gputravel.core.runfolder import RUN_ADDRESS_HELP
 
 
 def register(app: typer.Typer) -> None:
@@ -24,10 +24,10 @@ def register(app: typer.Typer) -> None:
         events_only: Annotated[bool, typer.Option("--events", help="Only the events (with --json).")] = False,
     ) -> None:
         """Print a recorded run: every event and telemetry frame, and the state it ends in."""
-        from gputravel.console.cli.run_address import resolve_run
         from gputravel.console.tui.view_model import RunState
         from gputravel.core.errors import ConfigError, RecordingError
         from gputravel.core.recording import load_recording
+        from gputravel.core.runfolder import resolve_run
 
         try:
             address = resolve_run(run)

@@ -27,14 +27,13 @@ from gputravel.console.cli.options import (
     PhaseChoice,
     TransportChoice,
 )
-from gputravel.console.cli.run_claim import RunFolder
 from gputravel.console.cli.run_end import RunEnding, control_lands
-from gputravel.console.cli.run_folder import running_marker
 from gputravel.console.cli.run_report import EXIT_PARTIAL, render_report
 from gputravel.console.run_telemetry import TELEMETRY_INTERVAL_S
 from gputravel.core import events as ev
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import AttestationError, CancelledRunError, ConfigError
+from gputravel.core.runfolder import RUNS_DIR, RunClaim, RunFolder, running_marker
 
 #: Exit code when the run finished but some visits failed (each is in the report and the ledger).
 
@@ -176,13 +175,13 @@ def continue_hint(run_name: str) -> str:
             f"  stop:     gputravel runs stop {run_name}")
 
 
-def resolve_out_dir(out: Path | None, *, resume: bool, runs: Path = Path("runs"), create: bool = True) -> Path:
+def resolve_out_dir(out: Path | None, *, resume: bool, runs: Path = RUNS_DIR, create: bool = True) -> Path:
     """A fresh ``runs/run-<time>`` (linked as ``runs/latest``) unless ``--out`` names one;
     ``--resume`` without ``--out`` continues ``runs/latest``. With ``create=False`` the fresh folder is only
-    named: nothing is created and ``runs/latest`` stays (see :class:`RunFolder`)."""
+    named: nothing is created and ``runs/latest`` stays (see :class:`RunClaim`)."""
     if out is not None:
         return out
-    latest = runs / "latest"
+    latest = RunFolder.latest(runs)
     if resume:
         if not latest.exists():
             raise ConfigError("--resume without --out continues runs/latest, and there is none")
@@ -194,18 +193,18 @@ def resolve_out_dir(out: Path | None, *, resume: bool, runs: Path = Path("runs")
         n += 1
         out = runs / f"{stamp}-{n}"
     if create:
-        RunFolder(out, runs=runs, link_latest=True).claim()
+        RunClaim(out, runs=runs, link_latest=True).claim()
     return out
 
 
-def fresh_settings(out: Path | None, **options: Any) -> tuple[RunSettings, RunFolder]:
+def fresh_settings(out: Path | None, **options: Any) -> tuple[RunSettings, RunClaim]:
     """The settings of a new run, validated before anything is created, and its (not yet created) folder."""
-    settings = RunSettings(out_dir=out or Path("runs") / "pending", **options)  # validates every option
+    settings = RunSettings(out_dir=out or RUNS_DIR / "pending", **options)  # validates every option
     if settings.holders_file is not None:  # the inventory too: types, ranges, keys (agents/inventory.py)
         from gputravel.agents.inventory import load_inventory
 
         load_inventory(settings.holders_file)
-    folder = RunFolder(resolve_out_dir(out, resume=False, create=False), link_latest=out is None)
+    folder = RunClaim(resolve_out_dir(out, resume=False, create=False), link_latest=out is None)
     # absolute: the report, the recording's ledger and the agents behind SSH (in their own home) name it
     return replace(settings, out_dir=folder.out.absolute()), folder
 
@@ -321,7 +320,7 @@ def register(app: typer.Typer) -> None:
         if fleet and init_from is not None:
             raise ConfigError("--init-from loads one device's model; a fleet (--gpus, --nnodes) does not take it yet")
         settings, folder = _settings_for(out, options, resume=resume, fleet=fleet, fault=fault, init_from=init_from)
-        if fleet or (resume and (Path(settings.out_dir) / "fleet.json").exists()):
+        if fleet or (resume and RunFolder(settings.out_dir).is_fleet):
             from gputravel.console.cli.commands.run_fleet import run_fleet
 
             folder.claim()
@@ -338,18 +337,18 @@ def register(app: typer.Typer) -> None:
 
 
 def _settings_for(out: Path | None, options: dict[str, Any], *, resume: bool, fleet: bool, fault: str | None,
-                  init_from: Path | None) -> tuple[RunSettings, RunFolder]:
+                  init_from: Path | None) -> tuple[RunSettings, RunClaim]:
     """The run's settings and its folder: a fresh run's validated before anything is created, a resumed one's
     read back from its folder (a fleet's from the options, its folder holding ``fleet.json``)."""
     if resume:
         from gputravel.core.api import resume_settings
 
         out = resolve_out_dir(out, resume=True).absolute()
-        if fleet or (out / "fleet.json").exists():
+        if fleet or RunFolder(out).is_fleet:
             settings = RunSettings(out_dir=out, resume=True, **options)
         else:
             settings = resume_settings(out, fault=fault)
-        folder = RunFolder(out)
+        folder = RunClaim(out)
     else:
         if init_from is not None:  # a bad weights file is refused before anything is created
             from gputravel.core.training.weights import read_config
@@ -359,12 +358,13 @@ def _settings_for(out: Path | None, options: dict[str, Any], *, resume: bool, fl
     return settings, folder
 
 
-def _run_one(settings: RunSettings, folder: RunFolder, *, no_record: bool, record: Path | None,
+def _run_one(settings: RunSettings, folder: RunClaim, *, no_record: bool, record: Path | None,
              telemetry_interval: float, as_json: bool) -> None:
     """One GPU's run in this process: progress (rich) or JSON, the recording, status.json, the exit code."""
     console = Console(stderr=True) if as_json else Console()
-    view = RunView(console, run_name=Path(settings.out_dir).name)
-    ending = RunEnding(Path(settings.out_dir))  # writes status.json when the run pauses and ends
+    run = RunFolder(settings.out_dir)
+    view = RunView(console, run_name=run.name)
+    ending = RunEnding(run.path)  # writes status.json when the run pauses and ends
     sinks: list[Any] = [view, ending]
     recorder = None
     folder.claim()
@@ -374,12 +374,12 @@ def _run_one(settings: RunSettings, folder: RunFolder, *, no_record: bool, recor
         if not no_record:
             from gputravel.core.recording import Recorder
 
-            recorder = Recorder(record or Path(settings.out_dir) / "recording.db",
+            recorder = Recorder(record or run.recording,
                                 meta={"source": "gputravel run", "settings": settings.to_dict(),
-                                      "ledger": str(Path(settings.out_dir) / "ledger.db"),
+                                      "ledger": str(run.ledger),
                                       "started_at": time.time(), "pid": os.getpid()})
             sinks.append(recorder)
-        with running_marker(Path(settings.out_dir), owner="gputravel run"), view.progress:
+        with running_marker(run, owner="gputravel run"), view.progress:
             report = asyncio.run(_run_until_stopped(settings, sinks=sinks, recorder=recorder,
                                                     telemetry_interval=telemetry_interval))
         ok = True

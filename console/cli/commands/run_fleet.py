@@ -10,8 +10,9 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from gputravel.console.cli.run_end import ending_code, write_status
+from gputravel.console.cli.run_end import ending_code
 from gputravel.core.config import RunSettings
+from gputravel.core.runfolder import write_status
 
 
 def render_fleet(console: Console, report: dict[str, Any]) -> None:

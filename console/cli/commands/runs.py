@@ -1,7 +1,7 @@
 """``gputravel runs``: runs as things to list, inspect, follow, stop and continue (``ls``, ``show``, ``log``,
 ``stop``, ``resume``, ``step``).
 
-A run is a folder under ``runs/`` (see :mod:`gputravel.console.cli.run_folder`). Every command takes ``--json``;
+A run is a folder under ``runs/`` (see :mod:`gputravel.core.runfolder`). Every command takes ``--json``;
 with it, an error is the CLI's one JSON error object on stdout too (``console/cli/errors.py``), and the exit
 code is the error's documented one.
 """
@@ -21,19 +21,19 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gputravel.console.cli.run_address import RUN_ADDRESS_HELP
-from gputravel.console.cli.run_end import FINAL_STATUSES, read_status
-from gputravel.console.cli.run_folder import (
+from gputravel.console.cli.run_folder import RunInfo, list_runs, read_run
+from gputravel.core.errors import ConfigError
+from gputravel.core.runfolder import (
+    FINAL_STATUSES,
+    RUN_ADDRESS_HELP,
     RUNS_DIR,
-    RunInfo,
+    RunAddress,
     driving_process,
     find_run,
-    list_runs,
     read_marker,
-    read_run,
+    read_status,
     signal_run,
 )
-from gputravel.core.errors import ConfigError
 
 runs_app = typer.Typer(name="runs", help="Runs under runs/: list, show, follow the log, stop, resume or step a "
                        "paused one.", no_args_is_help=True)
@@ -127,7 +127,6 @@ def show_cmd(run: RunArg, runs_dir: RunsDir = RUNS_DIR, as_json: AsJson = False)
 def _lines(info: RunInfo, *, follow: bool, interval: float) -> Iterator[tuple[int | None, Any, Any]]:
     """(fleet GPU or None, event, new OpLines) of the run's recordings (a fleet's: every rank's, merged in
     time order); with ``follow``, until the run is over."""
-    from gputravel.console.cli.run_address import RunAddress
     from gputravel.console.tui.view_model import RunState
     from gputravel.core.recording import load_recording
 

@@ -54,11 +54,11 @@ def test_the_ledgers_and_recordings_sqlite_side_files_are_private_while_open(tmp
 import os, stat, sys
 from pathlib import Path
 os.umask(0o022)
-from gputravel.console.cli.run_claim import RunFolder
+from gputravel.core.runfolder import RunClaim
 from gputravel.core.ledger import Ledger
 from gputravel.core.recording import Recorder
 out = Path(sys.argv[1])
-RunFolder(out).claim()
+RunClaim(out).claim()
 rec = Recorder(out / "recording.db", meta={})
 rec.set_meta({"x": 1})
 with Ledger.open(out / "ledger.db", run_id="r") as ledger:

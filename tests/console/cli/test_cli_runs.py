@@ -12,11 +12,11 @@ import pytest
 from typer.testing import CliRunner
 
 from gputravel.console.cli.main import app
-from gputravel.console.cli.run_end import RunEnding, read_status
-from gputravel.console.cli.run_folder import mark_running
+from gputravel.console.cli.run_end import RunEnding
 from gputravel.core import events as ev
 from gputravel.core.ledger import Ledger
 from gputravel.core.recording import Recorder
+from gputravel.core.runfolder import mark_running, read_status
 
 
 @pytest.fixture(autouse=True)
@@ -247,14 +247,14 @@ def test_the_console_replays_any_run_address(runs: Path, monkeypatch: pytest.Mon
 def test_an_out_folder_of_the_users_own_is_never_tightened(tmp_path: Path) -> None:
     import stat
 
-    from gputravel.console.cli.run_claim import RunFolder
+    from gputravel.core.runfolder import RunClaim
 
     mine = tmp_path / "mine"
     mine.mkdir(mode=0o755)
     tool = mine / "tool.sh"
     tool.write_text("#!/bin/sh\n")
     tool.chmod(0o755)
-    folder = RunFolder(mine)
+    folder = RunClaim(mine)
     folder.claim()
     folder.tighten()
     assert stat.S_IMODE(mine.stat().st_mode) == 0o755 and stat.S_IMODE(tool.stat().st_mode) == 0o755
@@ -263,7 +263,7 @@ def test_an_out_folder_of_the_users_own_is_never_tightened(tmp_path: Path) -> No
 def test_an_existing_run_folder_is_closed_but_a_readable_key_in_it_is_not_quietly_fixed(tmp_path: Path) -> None:
     import stat
 
-    from gputravel.console.cli.run_claim import RunFolder
+    from gputravel.core.runfolder import RunClaim
 
     run = tmp_path / "run-old"
     (run / "keys").mkdir(parents=True)
@@ -271,7 +271,7 @@ def test_an_existing_run_folder_is_closed_but_a_readable_key_in_it_is_not_quietl
     (run / "settings.json").write_text("{}")
     (run / "keys" / "checkpoint.key").write_bytes(b"k" * 32)
     (run / "keys" / "checkpoint.key").chmod(0o644)
-    folder = RunFolder(run)
+    folder = RunClaim(run)
     folder.claim()  # --resume of a folder from before runs were private
     folder.tighten()
     assert stat.S_IMODE(run.stat().st_mode) == 0o700  # nobody else reaches anything in it
@@ -281,10 +281,10 @@ def test_an_existing_run_folder_is_closed_but_a_readable_key_in_it_is_not_quietl
 def test_a_folder_made_for_the_run_loses_group_and_other_bits_everywhere(tmp_path: Path) -> None:
     import stat
 
-    from gputravel.console.cli.run_claim import RunFolder
+    from gputravel.core.runfolder import RunClaim
 
     run = tmp_path / "run-new"
-    folder = RunFolder(run)
+    folder = RunClaim(run)
     folder.claim()
     (run / "cert.pem").write_text("public")
     (run / "cert.pem").chmod(0o644)

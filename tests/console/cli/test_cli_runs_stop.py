@@ -71,7 +71,7 @@ def test_a_pid_file_that_does_not_say_who_it_names_signals_nothing(tmp_path: Pat
 def test_the_recorded_process_itself_is_signalled(tmp_path: Path) -> None:
     # a stand-in orchestrator that writes its own record, as gputravel run does, and waits for SIGTERM
     code = ("import sys, signal, time; from pathlib import Path; "
-            "from gputravel.console.cli.run_folder import mark_running; "
+            "from gputravel.core.runfolder import mark_running; "
             "mark_running(Path(sys.argv[1]), owner='gputravel run'); "
             "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); time.sleep(300)")
     run = tmp_path / "runs" / "run-live"

@@ -480,8 +480,8 @@ async def test_a_console_run_without_a_recording_still_writes_its_final_status(d
     says completed while the console that ran it is still open (issue 25.3)."""
     import os
 
-    from gputravel.console.cli.run_end import read_status
-    from gputravel.console.cli.run_folder import mark_running, read_run
+    from gputravel.console.cli.run_folder import read_run
+    from gputravel.core.runfolder import mark_running, read_status
 
     umask = os.umask(0o022)
     os.umask(umask)

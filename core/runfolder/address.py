@@ -13,21 +13,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gputravel.core.errors import ConfigError, RecordingError
+from gputravel.core.runfolder.folder import RUNS_DIR, RunFolder
 
-__all__ = ["RUNS_DIR", "RUN_ADDRESS_HELP", "RunAddress", "is_run_folder", "replay_target", "resolve_run"]
+__all__ = ["RUN_ADDRESS_HELP", "RunAddress", "find_run", "is_run_folder", "replay_target", "resolve_run"]
 
-RUNS_DIR = Path("runs")
 RUN_ADDRESS_HELP = ("A run: its name as `gputravel runs ls` prints it (an unambiguous prefix will do), latest, "
                     "a run or fleet folder, or a recording file.")
-#: any of these in a folder makes it a run folder
-RUN_FOLDER_FILES = ("settings.json", "recording.db", "ledger.db", "fleet.json", "orchestrator.pid", "status.json")
 
 
 def is_run_folder(path: Path) -> bool:
-    try:
-        return path.is_dir() and any((path / name).exists() for name in RUN_FOLDER_FILES)
-    except OSError:
-        return False
+    """Anything a run writes is in ``path`` (:meth:`RunFolder.is_run`)."""
+    return RunFolder(path).is_run()
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,32 +35,35 @@ class RunAddress:
     file: Path | None = None  # the recording or ledger file the address named directly
 
     @property
+    def run(self) -> RunFolder | None:
+        """The run folder, typed (None for a lone file)."""
+        return RunFolder(self.folder) if self.folder is not None else None
+
+    @property
     def name(self) -> str:
         return self.folder.name if self.folder is not None else (self.file.name if self.file else self.given)
 
     @property
     def fleet(self) -> bool:
-        return self.folder is not None and (self.folder / "fleet.json").exists()
+        return self.folder is not None and RunFolder(self.folder).is_fleet
 
     def recordings(self) -> list[tuple[int | None, Path]]:
         """The run's recordings as (fleet GPU or None, path): a fleet's one per rank, in rank order."""
-        if self.file is not None and self.file.name != "ledger.db":
+        if self.file is not None and not RunFolder.names_ledger(self.file):
             return [(None, self.file)]
         if self.folder is None:
             return []
-        if self.fleet:
-            ranks = sorted((int(p.parent.name.removeprefix("rank-")), p) for p in self.folder.glob("rank-*/recording.db")
-                           if p.parent.name.removeprefix("rank-").isdigit())
-            return [(gpu, p) for gpu, p in ranks]
-        own = self.folder / "recording.db"
-        return [(None, own)] if own.exists() else []
+        run = RunFolder(self.folder)
+        if run.is_fleet:
+            return [(gpu, p) for gpu, p in run.rank_recordings()]
+        return [(None, run.recording)] if run.recording.exists() else []
 
     @property
     def ledger(self) -> Path:
         """The ledger to verify or show: the named file, else the folder's ``ledger.db`` (a fleet's own)."""
-        if self.file is not None and self.file.name == "ledger.db" or self.folder is None:
+        if self.file is not None and RunFolder.names_ledger(self.file) or self.folder is None:
             return self.file if self.file is not None else Path(self.given)
-        return self.folder / "ledger.db"
+        return RunFolder(self.folder).ledger
 
 
 def resolve_run(address: str | Path, root: Path = RUNS_DIR) -> RunAddress:
@@ -84,7 +83,7 @@ def resolve_run(address: str | Path, root: Path = RUNS_DIR) -> RunAddress:
     named = root / given
     if "/" not in given and is_run_folder(named):
         return RunAddress(given, named.resolve() if named.is_symlink() else named)
-    if given == "latest":
+    if given == RunFolder.latest(root).name:
         raise ConfigError(f"no latest run under {root}/ (gputravel run starts one)")
     if "/" not in given and given and root.is_dir():
         matches = sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()
@@ -96,6 +95,15 @@ def resolve_run(address: str | Path, root: Path = RUNS_DIR) -> RunAddress:
     if direct.exists():
         raise ConfigError(f"{given}: not a run folder, fleet folder, recording or ledger")
     raise ConfigError(f"no run {given!r} under {root}/ (gputravel runs ls lists them)")
+
+
+def find_run(name: str, root: Path = RUNS_DIR) -> Path:
+    """The run folder ``name`` addresses (:func:`resolve_run`: a folder, a fleet folder, a recording in a run
+    folder, a name or unambiguous prefix under ``runs/``, or ``latest``)."""
+    address = resolve_run(name, root)
+    if address.folder is None:
+        raise ConfigError(f"{name}: a file outside any run folder (gputravel replay reads a lone recording)")
+    return address.folder
 
 
 def replay_target(address: str | Path, root: Path = RUNS_DIR) -> Path:

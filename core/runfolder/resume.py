@@ -33,6 +33,7 @@ from typing import Any
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import ConfigError, GpuTravelError, IntegrityError, LedgerError
 from gputravel.core.ledger import canonical_json, read_rows, read_state, verify_ledger
+from gputravel.core.runfolder.folder import RunFolder
 
 __all__ = ["RunFolderCheck", "read_settings", "saved_settings", "sealed_settings_digest", "settings_digest",
            "verify_run_folder"]
@@ -58,16 +59,17 @@ class RunFolderCheck:
     checkpoint_seq: int | None = None
 
 
-def verify_run_folder(out: Path) -> RunFolderCheck:
+def verify_run_folder(out: RunFolder | Path) -> RunFolderCheck:
     """Check everything a resume of ``out`` builds on; raise the first failure (nothing is written)."""
-    out = Path(out)
-    saved = read_settings(out)
-    ledger = out / "ledger.db"
-    ckpt_dir = out / "checkpoints"
-    has_ckpts = ckpt_dir.is_dir() and any(p.name.endswith(".gtc") for p in ckpt_dir.iterdir())
+    folder = RunFolder.of(out)
+    out = folder.path
+    saved = read_settings(folder)
+    ledger = folder.ledger
+    checkpoints = folder.checkpoint_files()
+    has_ckpts = bool(checkpoints)
     if not ledger.exists():
         if has_ckpts:
-            raise LedgerError(f"--resume refused: {out} holds checkpoints but no ledger.db (removed?); "
+            raise LedgerError(f"--resume refused: {out} holds checkpoints but no {ledger.name} (removed?); "
                               f"nothing there can be proven")
         return RunFolderCheck(out, fresh=True)
     result = verify_ledger(ledger)
@@ -83,15 +85,14 @@ def verify_run_folder(out: Path) -> RunFolderCheck:
     seq = state.get("checkpoint_seq")
     if seq is not None:
         run_id = str(state.get("run_id", ""))
-        sealed = _open_checkpoint(out, int(seq), run_id)
+        sealed = _open_checkpoint(folder, int(seq), run_id)
         _check_sealed_head(ledger, int(seq), sealed)
-        newest = max((int(p.name[5:-4]) for p in ckpt_dir.glob("ckpt-*.gtc") if p.name[5:-4].isdigit()),
-                     default=int(seq))
+        newest = max((int(p.name[5:-4]) for p in checkpoints if p.name[5:-4].isdigit()), default=int(seq))
         if newest > int(seq):  # written before a kill cut its visit short, or rows were cut off the ledger
-            _check_sealed_head(ledger, newest, _open_checkpoint(out, newest, run_id))
+            _check_sealed_head(ledger, newest, _open_checkpoint(folder, newest, run_id))
         want = sealed.get("settings_sha256")
         if want is not None and want != settings_digest(saved):
-            raise IntegrityError(f"--resume refused: {out / 'settings.json'} changed since the run started "
+            raise IntegrityError(f"--resume refused: {folder.settings} changed since the run started "
                                  f"(its digest differs from the one sealed in checkpoint {seq})")
     return RunFolderCheck(out, fresh=False, rows=result.rows, head_hash=result.head_hash,
                           checkpoint_seq=None if seq is None else int(seq))
@@ -108,13 +109,14 @@ def _check_sealed_head(ledger: Path, seq: int, sealed: dict[str, Any]) -> None:
                           f"{again.reason}")
 
 
-def read_settings(out: Path) -> dict[str, Any]:
-    """``out/settings.json`` as a dict, or ``ConfigError`` saying what to do instead."""
-    path = out / "settings.json"
+def read_settings(out: RunFolder | Path) -> dict[str, Any]:
+    """The run folder's settings (``settings.json``) as a dict, or ``ConfigError`` saying what to do instead."""
+    folder = RunFolder.of(out)
+    out, path = folder.path, folder.settings
     try:
         saved = json.loads(path.read_text())
     except FileNotFoundError:
-        raise ConfigError(f"--resume: {out} holds no run to continue (no settings.json): the run never "
+        raise ConfigError(f"--resume: {out} holds no run to continue (no {path.name}): the run never "
                           f"started; start it again with a plain `gputravel run` (and --out {out} if you "
                           f"want this folder)") from None
     except (OSError, ValueError) as exc:
@@ -149,18 +151,18 @@ def _check_state_against_chain(ledger: Path, rows: list[Any], state: dict[str, A
                           f"any epoch the chained rows used ({max_epoch})")
 
 
-def _open_checkpoint(out: Path, seq: int, run_id: str) -> dict[str, Any]:
+def _open_checkpoint(folder: RunFolder, seq: int, run_id: str) -> dict[str, Any]:
     """The sealed record of checkpoint ``seq`` (model digest, epoch, the ledger head and settings digest it
     was sealed with), after its key and seal were checked."""
     from gputravel.core.training.store import CheckpointStore, _read_key
 
-    key_path = out / "keys" / "checkpoint.key"
+    key_path = folder.checkpoint_key
     if not key_path.exists():
         raise IntegrityError(f"--resume refused: {key_path} is missing, so checkpoint {seq} cannot be opened "
                              f"(a new key would not open it)")
     key = _read_key(key_path)  # InsecureKeyError (exit 2) for a key others can read
     try:
-        record = CheckpointStore(out / "checkpoints", key).verified_meta(seq, run_id=run_id)
+        record = CheckpointStore(folder.checkpoints, key).verified_meta(seq, run_id=run_id)
     except GpuTravelError as exc:
         raise IntegrityError(f"--resume refused: checkpoint {seq} does not verify: {exc.reason}") from None
     except OSError as exc:
@@ -177,10 +179,10 @@ def saved_settings(settings: RunSettings) -> dict[str, Any]:
     return saved
 
 
-def sealed_settings_digest(out: Path) -> str | None:
-    """The digest of ``out/settings.json`` as the engine seals it into each checkpoint (None: no file)."""
+def sealed_settings_digest(out: RunFolder | Path) -> str | None:
+    """The digest of the run folder's settings as the engine seals it into each checkpoint (None: no file)."""
     try:
-        saved = json.loads((Path(out) / "settings.json").read_text())
+        saved = json.loads(RunFolder.of(out).settings.read_text())
     except (OSError, ValueError):
         return None
     return settings_digest(saved) if isinstance(saved, dict) else None

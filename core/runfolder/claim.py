@@ -1,5 +1,5 @@
 """A run's folder as ``gputravel run`` claims it: only after the settings were validated, and given back
-when the run fails before its ledger exists (``RunFolder``; the folder's status lives in ``run_folder``)."""
+when the run fails before its ledger exists (:class:`RunClaim`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import os
 import shutil
 from pathlib import Path
 
-from gputravel.console.cli.run_address import is_run_folder
 from gputravel.core.files import close_folder, keep_private, make_tree_private
+from gputravel.core.runfolder.folder import RUNS_DIR, RunFolder
+
+__all__ = ["RunClaim"]
 
 
 def _empty_folder(path: Path) -> bool:
@@ -18,15 +20,16 @@ def _empty_folder(path: Path) -> bool:
         return False
 
 
-class RunFolder:
+class RunClaim:
     """A run's folder, created only once the settings were validated, and taken back when the run fails
     before its ledger exists (nothing to audit or resume): the folder is removed and ``runs/latest``
     points where it pointed before. A run killed outright keeps its folder, which ``--resume`` then starts."""
 
-    def __init__(self, out: Path, *, runs: Path = Path("runs"), link_latest: bool = False) -> None:
-        self.out = Path(out)
+    def __init__(self, out: RunFolder | Path, *, runs: Path = RUNS_DIR, link_latest: bool = False) -> None:
+        self.folder = RunFolder.of(out)
+        self.out = self.folder.path
         self.runs = runs
-        self.latest = runs / "latest"
+        self.latest = RunFolder.latest(runs)
         self.link_latest = link_latest
         self.created = not self.out.exists()
         self.runs_created = link_latest and not runs.exists()
@@ -35,11 +38,11 @@ class RunFolder:
 
     def claim(self) -> None:
         """Create the folder (0700) and make this process write only private files from now on (umask 0077:
-        ledger.db, recording.db and SQLite's -wal/-shm, settings.json, logs, checkpoints: 0600). A folder that
+        the ledger, the recording and SQLite's -wal/-shm, the settings, logs, checkpoints: 0600). A folder that
         already exists and is a run's (``--resume``) or empty (``--out``) is closed to others (0700); the files
         in it keep their modes, so a key others could read is still refused by name, never quietly fixed."""
         keep_private()
-        self.ours = self.created or is_run_folder(self.out) or _empty_folder(self.out)  # never a user's folder
+        self.ours = self.created or self.folder.is_run() or _empty_folder(self.out)  # never a user's folder
         self.out.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.tighten()
         if self.link_latest:
@@ -63,7 +66,7 @@ class RunFolder:
 
     def release_if_empty(self) -> None:
         """After a failed run: undo :meth:`claim` unless the run got as far as its ledger."""
-        if not self.created or (self.out / "ledger.db").exists():
+        if not self.created or self.folder.ledger.exists():
             return
         shutil.rmtree(self.out, ignore_errors=True)
         if self.link_latest and self.latest.is_symlink() and os.readlink(self.latest) == self.out.name:
