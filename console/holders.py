@@ -16,6 +16,7 @@ from gputravel.core.errors import ConfigError
 from gputravel.core.events import Event
 from gputravel.core.recording import Recorder
 from gputravel.core.travel.holders import HolderLink
+from gputravel.core.travel.report import RunReport
 
 __all__ = ["HolderSet", "run"]
 
@@ -55,7 +56,7 @@ class HolderSet:
 
 async def run(settings: RunSettings, *, sinks: Iterable[Callable[[Event], None]] = (),
               recorder: Recorder | None = None, telemetry_interval: float = TELEMETRY_INTERVAL_S,
-              on_control: Callable[[Any], None] | None = None) -> dict[str, Any]:
+              on_control: Callable[[Any], None] | None = None) -> RunReport:
     """One run with its holders; with a ``recorder``, GPU telemetry is sampled into the same recording for as
     long as the run goes. ``on_control`` gets the engine's ``Control`` (pause, resume, step) once the engine
     is built (``gputravel run`` continues a breakpoint on a signal with it)."""
@@ -76,7 +77,7 @@ async def run(settings: RunSettings, *, sinks: Iterable[Callable[[Event], None]]
         report = await api.run(settings, links=links, entries=ENTRIES, sinks=sinks, on_engine=built, telemetry=plan)
         ssh = holders.describe()
         if ssh is not None:
-            report["ssh_server"] = ssh
+            report.extra["ssh_server"] = ssh
         return report
     finally:
         holders.close()

@@ -18,6 +18,7 @@ from gputravel.core.config import RunSettings
 from gputravel.core.events import Event
 from gputravel.core.ledger import VerifyResult, verify_ledger
 from gputravel.core.travel.engine import TravelEngine
+from gputravel.core.travel.report import RunReport
 
-__all__ = ["Entries", "Event", "RunSettings", "RunTelemetryPlan", "TravelEngine", "VerifyResult", "build_engine",
+__all__ = ["Entries", "Event", "RunReport", "RunSettings", "RunTelemetryPlan", "TravelEngine", "VerifyResult", "build_engine",
            "local_links", "resolve_holder_dirs", "resume_settings", "run", "tcp_data_host", "verify_ledger"]

@@ -32,6 +32,7 @@ from gputravel.core.platform.emulated import EmulatedPlatform
 from gputravel.core.travel.engine import TravelEngine
 from gputravel.core.travel.holders import HolderLink
 from gputravel.core.travel.local_link import LocalHolderLink
+from gputravel.core.travel.report import RunReport
 
 if TYPE_CHECKING:
     from gputravel.core.telemetry import Sampler
@@ -148,8 +149,9 @@ async def run(settings: RunSettings, *, links: Iterable[HolderLink] | None = Non
               sinks: Iterable[Callable[[Event], None]] = (), probes: Iterable[EngineProbe] = (),
               on_engine: Callable[[TravelEngine], None] | None = None, telemetry: RunTelemetryPlan | None = None,
               platform_type: Callable[..., EmulatedPlatform] = EmulatedPlatform,
-              engine_type: Callable[..., TravelEngine] = TravelEngine, **engine_kw: Any) -> dict[str, Any]:
-    """Build one run off the event loop, drive it to its end and stop its device; returns the report.
+              engine_type: Callable[..., TravelEngine] = TravelEngine, **engine_kw: Any) -> RunReport:
+    """Build one run off the event loop, drive it to its end and stop its device; returns the report
+    (``RunReport``; ``to_json()`` is the JSON report).
 
     ``on_engine`` sees the engine once it is built, before it runs (its ``control`` for pause and step, its
     links for a recording's metadata); ``telemetry`` samples the device while the run goes."""
@@ -159,7 +161,7 @@ async def run(settings: RunSettings, *, links: Iterable[HolderLink] | None = Non
                                            engine_type=engine_type, **engine_kw))
     engine = await asyncio.to_thread(session.build)
     sampling = None
-    report: dict[str, Any] | None = None
+    report: RunReport | None = None
     try:
         engine.bus.sinks.extend(sinks)
         engine.bus.probes.extend(probes)

@@ -1,14 +1,40 @@
-"""Engine events: facts in the past tense, frozen, with ids and key fingerprints, never key bytes."""
+"""Engine events: facts in the past tense, frozen, with ids and key fingerprints, never key bytes.
+
+The events whose payload a reader acts on (``VisitCompleted`` with its ``VisitSummary``, ``RunCompleted``) are
+wire messages too (``core/protocol/wire.py``): a recording's copy is checked field by field when it is read
+back (``core/recording.py``: ``event_from_dict``), and a bad one is refused by name.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gputravel.core.protocol.wire import (
+    MAX_U32,
+    MAX_U64,
+    Bool,
+    Float,
+    Int,
+    Json,
+    ListOf,
+    MapOf,
+    Nested,
+    Opt,
+    Str,
+    WireMessage,
+    bounds,
+)
+
+_COUNT = Int(0, MAX_U64)
+_INDEX = Int(0, MAX_U32)
+_SECONDS = Float(0.0)
+_LOSS = Opt(Float(nan=True))
+
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    t: float
+    t: float = field(metadata=bounds(Float()))
 
     @property
     def kind(self) -> str:
@@ -156,11 +182,48 @@ class ControlRequested(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class VisitCompleted(Event):
-    visit: int
-    holder: str
-    epoch: int
-    report: dict[str, Any]
+class VisitSummary(WireMessage):
+    """One visit as the run's report lists it (``VisitRecord.summary()``; ``to_wire()`` is the report's
+    ``visits[i]``). Every field has a default: a recording of an older run may hold fewer."""
+
+    visit: int = field(default=0, metadata=bounds(_INDEX))
+    round: int = field(default=0, metadata=bounds(_INDEX))
+    holder: str = field(default="", metadata=bounds(Str(128)))
+    part: str = field(default="1/1", metadata=bounds(Str(32)))
+    epoch: int = field(default=0, metadata=bounds(_INDEX))
+    key_fingerprint: str | None = field(default=None, metadata=bounds(Opt(Str(64))))
+    bytes: int = field(default=0, metadata=bounds(_COUNT))
+    chunks: int = field(default=0, metadata=bounds(_COUNT))
+    provision_s: float = field(default=0.0, metadata=bounds(_SECONDS))
+    provision_mb_s: float = field(default=0.0, metadata=bounds(_SECONDS))
+    train_s: float = field(default=0.0, metadata=bounds(_SECONDS))
+    #: None: not said (a recording that lists only some fields)
+    integrity_ok: bool | None = field(default=None, metadata=bounds(Opt(Bool())))
+    scrub_verified: bool | None = field(default=None, metadata=bounds(Opt(Bool())))
+    loss_first: float | None = field(default=None, metadata=bounds(_LOSS))
+    loss_last: float | None = field(default=None, metadata=bounds(_LOSS))
+    val_loss: float | None = field(default=None, metadata=bounds(_LOSS))
+    tokens_per_s: float = field(default=0.0, metadata=bounds(_SECONDS))
+    outcome: str = field(default="pending", metadata=bounds(Str(32)))
+    error: str | None = field(default=None, metadata=bounds(Opt(Str(8192))))
+    failed_phase: str | None = field(default=None, metadata=bounds(Opt(Str(32))))
+    rejected: dict[str, int] = field(default_factory=dict, metadata=bounds(MapOf(_COUNT, max_len=64)))
+    retransmits: int = field(default=0, metadata=bounds(_COUNT))
+    attempts: int = field(default=0, metadata=bounds(_COUNT))
+    earlier_failures: list[str] = field(default_factory=list, metadata=bounds(ListOf(Str(8192), max_len=1024)))
+    attack: bool = field(default=False, metadata=bounds(Bool()))
+    attack_attempts: dict[str, int] = field(default_factory=dict, metadata=bounds(MapOf(_COUNT, max_len=64)))
+    phase_s: dict[str, float] = field(default_factory=dict, metadata=bounds(MapOf(_SECONDS, max_len=32)))
+    #: the holder's own verdict (``Verdict.report()``; None: the holder does not attest)
+    holder_attestation: dict[str, Any] | None = field(default=None, metadata=bounds(Opt(Json(max_depth=6))))
+
+
+@dataclass(frozen=True, slots=True)
+class VisitCompleted(Event, WireMessage):
+    visit: int = field(metadata=bounds(_INDEX))
+    holder: str = field(metadata=bounds(Str(128)))
+    epoch: int = field(metadata=bounds(_INDEX))
+    report: VisitSummary = field(metadata=bounds(Nested(VisitSummary)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,11 +263,11 @@ class RunResumed(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class RunCompleted(Event):
-    run_id: str
-    visits: int
-    failed: int
-    seconds: float
+class RunCompleted(Event, WireMessage):
+    run_id: str = field(metadata=bounds(Str(64)))
+    visits: int = field(metadata=bounds(_COUNT))
+    failed: int = field(metadata=bounds(_COUNT))
+    seconds: float = field(metadata=bounds(_SECONDS))
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from typing import Any, Final
 from gputravel.core import events as ev
 from gputravel.core.errors import RecordingError, StorageError
 from gputravel.core.files import storage_error
+from gputravel.core.protocol.wire import WireFormatError, WireMessage
 from gputravel.core.telemetry.model import TelemetryFrame
 
 __all__ = ["RECORDING_VERSION", "RecordedItem", "Recorder", "Recording", "Player", "RecordingError",
@@ -59,6 +60,11 @@ def event_from_dict(data: dict[str, Any]) -> ev.Event:
     cls = getattr(ev, str(kind), None)
     if not (isinstance(cls, type) and issubclass(cls, ev.Event)):
         raise RecordingError(f"unknown event kind {kind!r}")
+    if issubclass(cls, WireMessage):  # a typed payload: every field checked against its declared bounds
+        try:
+            return cls.from_wire(data)
+        except WireFormatError as exc:
+            raise RecordingError(f"{kind}: {exc.reason}") from None
     kw: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         if f.name in data:

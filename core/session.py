@@ -13,6 +13,7 @@ from gputravel.core.travel.phases import Phase
 
 if TYPE_CHECKING:
     from gputravel.core.travel.engine import TravelEngine
+    from gputravel.core.travel.report import RunReport
 
 __all__ = ["Session"]
 
@@ -27,7 +28,7 @@ class Session:
     def __init__(self, factory: Callable[[], TravelEngine]) -> None:
         self.factory = factory
         self.engine: TravelEngine | None = None
-        self.report: dict[str, Any] | None = None
+        self.report: RunReport | None = None
         self.breakpoints: set[Phase] = set()
         self._closed = False
 
@@ -56,7 +57,7 @@ class Session:
     def out_dir(self) -> Any:
         return self.engine.out_dir if self.engine is not None else None
 
-    async def run(self) -> dict[str, Any]:
+    async def run(self) -> RunReport:
         """Drive the run to its end; the device service is stopped however it ends."""
         assert self.engine is not None, "build() first"
         try:

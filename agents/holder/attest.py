@@ -17,7 +17,7 @@ from pathlib import Path
 
 from gputravel.core.evidence.holder_check import HolderVerifier
 from gputravel.core.protocol.cipher import Direction
-from gputravel.core.protocol.errors import FrameError, GpuTravelError
+from gputravel.core.protocol.errors import ConfigError, FrameError, HolderAttestationError
 from gputravel.core.protocol.holderlink import Attest, Handoff, ProvisioningKey, Verdict
 from gputravel.core.protocol.keys import KEY_LEN
 from gputravel.core.protocol.keywrap import LinkKey, cvm_report_data, spdm_nonce, unwrap_key
@@ -40,7 +40,7 @@ class HolderAttestation:
         try:
             return cls(HolderVerifier.load(policy, golden))
         except ValueError as exc:  # PolicyError is a ValueError too
-            raise GpuTravelError(f"cannot load the holder's attestation policy: {exc}", code="config") from None
+            raise ConfigError(f"cannot load the holder's attestation policy: {exc}") from None
 
     def verify(self, msg: Attest) -> Verdict:
         """The holder's verdict on one ATTEST; the nonce is spent whatever the outcome."""
@@ -57,25 +57,24 @@ class HolderAttestation:
                        next_nonce=self.nonce.hex())
 
     def accept(self, h: Handoff) -> Handoff:
-        """The hand-off with its key unwrapped, if (and only if) this agent attested it; else ``GpuTravelError``
+        """The hand-off with its key unwrapped, if (and only if) this agent attested it; else ``HolderAttestationError``
         (code ``attestation``) and the key is never looked at."""
         att, self.attested = self.attested, None  # one verdict, one hand-off
         if att is None:
-            raise GpuTravelError("no attested evidence for this hand-off: the key is refused", code="attestation")
+            raise HolderAttestationError("no attested evidence for this hand-off: the key is refused")
         epoch, key_fp, run_id, link_pub = att
         if h.epoch != epoch:
-            raise GpuTravelError(f"hand-off of epoch {h.epoch}, attested epoch {epoch}: refused", code="attestation")
+            raise HolderAttestationError(f"hand-off of epoch {h.epoch}, attested epoch {epoch}: refused")
         if h.conventional:
             return h
         if h.wrapped_key is None or h.key_fp != key_fp:
-            raise GpuTravelError("the hand-off's key is not the attested one (or not wrapped for this holder)",
-                                 code="attestation")
+            raise HolderAttestationError("the hand-off's key is not the attested one (or not wrapped for this holder)")
         try:
             secret = unwrap_key(self.link_key, link_pub, run_id.encode(), h.wrapped_key, epoch=epoch,
                                 fingerprint=key_fp)
         except FrameError as exc:
-            raise GpuTravelError(exc.reason, code="attestation") from None
+            raise HolderAttestationError(exc.reason) from None
         key = ProvisioningKey(secret[:KEY_LEN], secret[KEY_LEN:], epoch, int(Direction.HOLDER_TO_DEVICE))
         if key.fingerprint != key_fp:
-            raise GpuTravelError("the unwrapped key's fingerprint is not the attested one", code="attestation")
+            raise HolderAttestationError("the unwrapped key's fingerprint is not the attested one")
         return replace(h, key=key, wrapped_key=None)

@@ -29,6 +29,7 @@ BUNDLE_FILES: tuple[str, ...] = (
     "core/protocol/keywrap.py",
     "core/protocol/shmring.py",
     "core/protocol/stream.py",
+    "core/protocol/wire.py",
     "core/protocol/wirejson.py",
     "core/evidence/__init__.py",
     "core/evidence/claims.py",

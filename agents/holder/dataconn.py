@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gputravel.core.protocol import FrameType, encode_frame
-from gputravel.core.protocol.errors import AgentError, GpuTravelError
+from gputravel.core.protocol.errors import AgentError, GpuTravelError, HolderLinkError
 from gputravel.core.protocol.frames import frame_head
 from gputravel.core.protocol.holderlink import Admission, DataEndpoint, DataOpen, DataReady
 from gputravel.core.protocol.shmring import RingSpec, ShmRing, recv_frame_with_fds, ring_supported
@@ -74,8 +74,7 @@ class DataConn:
         except (OSError, GpuTravelError) as exc:
             if hasattr(self, "sock"):
                 self.sock.close()
-            raise GpuTravelError(f"cannot reach the device data port {endpoint.to_wire()}: {exc}",
-                                 code="agent") from None
+            raise HolderLinkError(f"cannot reach the device data port {endpoint.to_wire()}: {exc}") from None
         frame = got[0] if got else None
         fds = list(got[1]) if got else []
         try:
@@ -92,7 +91,7 @@ class DataConn:
             for fd in fds:
                 os.close(fd)
             self.sock.close()
-            raise GpuTravelError(f"the device refused the data connection: {exc.reason}", code="agent") from None
+            raise HolderLinkError(f"the device refused the data connection: {exc.reason}") from None
         for fd in fds:
             os.close(fd)
         self.sock.settimeout(None)
@@ -119,7 +118,7 @@ class DataConn:
                     except GpuTravelError:  # a malformed answer: the bind waiting for it fails on the ERROR
                         for fd in fds:
                             os.close(fd)
-                        self.inbox.put(GpuTravelError("the device's ring answer is malformed", code="agent"))
+                        self.inbox.put(HolderLinkError("the device's ring answer is malformed"))
                         continue
                     self.inbox.put(offer)
                     for fd in fds[1:]:
@@ -159,10 +158,9 @@ class DataConn:
             return
         if offer.fd >= 0:
             os.close(offer.fd)
-            raise GpuTravelError("the device sent a new ring for a bind of the one this connection maps",
-                                 code="agent")
+            raise HolderLinkError("the device sent a new ring for a bind of the one this connection maps")
         if offer.ready.ring != spec:
-            raise GpuTravelError(f"the device bound ring {offer.ready.ring}, not {spec}", code="agent")
+            raise HolderLinkError(f"the device bound ring {offer.ready.ring}, not {spec}")
 
     def request_ring(self, spec: RingSpec, admit: Admission | None = None) -> None:
         """Bind a ring to this window (``admit``: admitted for the next window with it, in the same frame)."""

@@ -20,7 +20,13 @@ from gputravel.agents.holder.dataconn import DataConn, DataLinkLost, RingOffer
 from gputravel.agents.holder.dataset import Dataset
 from gputravel.agents.holder.link import AgentLink, Message, Sender
 from gputravel.core.protocol import TAG_LEN, FrameType, SendState
-from gputravel.core.protocol.errors import DataError, FrameError, GpuTravelError
+from gputravel.core.protocol.errors import (
+    DataError,
+    FrameError,
+    GpuTravelError,
+    HolderLinkError,
+    error_from_code,
+)
 from gputravel.core.protocol.holderlink import (
     MAX_CHUNK,
     Admission,
@@ -227,7 +233,7 @@ class Provisioner:
                 except GpuTravelError as exc:
                     if item.fd >= 0 and conn.ring is None:
                         os.close(item.fd)
-                    raise GpuTravelError(f"the device's ring is unusable: {exc.reason}", code="agent") from None
+                    raise HolderLinkError(f"the device's ring is unusable: {exc.reason}") from None
             if isinstance(item, DataLinkLost):
                 if item.conn is conn:
                     raise item
@@ -240,8 +246,8 @@ class Provisioner:
             if item.type is FrameType.ERROR and item.header.get("ring"):
                 refusal = Refusal.from_wire(item.header)
                 if refusal.code in ("admission", "stale-epoch", "budget"):
-                    raise GpuTravelError(f"the device refused this hand-off's data connection: {refusal.reason}",
-                                         code=refusal.code)
+                    raise error_from_code(refusal.code,
+                                          f"the device refused this hand-off's data connection: {refusal.reason}")
                 print(f"gputravel agent {self.name}: no shared-memory ring ({refusal.reason}); "
                       "chunks go over the socket", file=sys.stderr)
                 return None
@@ -325,8 +331,8 @@ class Provisioner:
             elif frame.type is FrameType.ERROR:
                 refusal = Refusal.from_wire(frame.header)
                 if refusal.ring:  # the answer to a bind not waited for
-                    raise GpuTravelError(f"the device refused this hand-off's ring: {refusal.reason}",
-                                         code=refusal.code or "agent")
+                    text = f"the device refused this hand-off's ring: {refusal.reason}"
+                    raise error_from_code(refusal.code, text) if refusal.code else HolderLinkError(text)
                 s = refusal.seq
                 if s is None:
                     continue
@@ -339,7 +345,7 @@ class Provisioner:
                     continue
                 if s not in sealed or retransmits >= MAX_RETRANSMITS * n_chunks or refusal.code in (
                         "stale-epoch", "window"):
-                    raise GpuTravelError(f"chunk {s} refused: {refusal.reason}", code=refusal.code)
+                    raise error_from_code(refusal.code, f"chunk {s} refused: {refusal.reason}")
                 retransmits += 1
                 head, ct, slot = sealed[s]
                 if direct:

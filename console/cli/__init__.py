@@ -1,3 +1,2 @@
 """The console's CLI wing: the typer app (``main``; ``python -m gputravel.console.cli``), one module per command
-under ``commands``, shared ``options``, the run folder (``run_folder``, ``run_address``, ``run_claim``, ``run_end``,
-``run_report``), the error mapping (``errors``) and the torchrun rank program (``fleet_rank``)."""
+under ``commands``, shared ``options``, how a run ends (``run_end``, ``run_report``), the error mapping (``errors``) and the torchrun rank program (``fleet_rank``)."""

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gputravel.console.view.ending import TERMINAL_EVENTS, control_lands, final_status
 from gputravel.core import events as ev
 from gputravel.core.errors import GpuTravelError
 from gputravel.core.runfolder import FINAL_STATUSES, clear_status, write_status
@@ -28,8 +29,6 @@ if TYPE_CHECKING:
 
 __all__ = ["FINAL_STATUSES", "TERMINAL_EVENTS", "RunEnding", "control_lands", "ending_code", "final_status"]
 
-#: The events after which a run is over.
-TERMINAL_EVENTS = ("RunCompleted", "RunFailed")
 
 
 def ending_code(error: BaseException) -> str:
@@ -39,15 +38,6 @@ def ending_code(error: BaseException) -> str:
     if isinstance(error, asyncio.CancelledError | KeyboardInterrupt):
         return "cancelled"
     return "internal"
-
-
-def final_status(event: ev.Event) -> str:
-    """``completed``, ``partial`` (some visits failed), ``failed`` or ``cancelled``."""
-    if isinstance(event, ev.RunCompleted):
-        return "partial" if event.failed else "completed"
-    if isinstance(event, ev.RunFailed):
-        return "cancelled" if event.code == "cancelled" else "failed"
-    return "running"
 
 
 class RunEnding:
@@ -98,13 +88,3 @@ class RunEnding:
                 meta["error"] = self.final.error
             recorder.set_meta(meta)
         return made
-
-
-def control_lands(action: str, phase: str | None) -> str:
-    """Where a cancel or pause asked during ``phase`` takes effect (``core/travel/control.py``), for the
-    console's log and the CLI's line."""
-    if phase == "TRAIN":
-        return "after the current step"
-    if phase == "PROVISION":
-        return "at the next chunk" if action == "cancel" else "between two provisioning keys, else after the phase"
-    return "when this phase ends" if phase else "before the next phase"

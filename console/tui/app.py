@@ -1,7 +1,7 @@
 """``gputravel-console``: the operator console.
 
 The app is the composition root: it owns one bridge (live engine or recording), renders the bridge's
-:class:`~gputravel.console.tui.view_model.RunState` on the current screen, and turns keys, the ``:`` line and the
+:class:`~gputravel.console.view.model.RunState` on the current screen, and turns keys, the ``:`` line and the
 command palette into the bridge's controls. Engine work runs in workers; nothing here blocks the loop.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 from textual import work
@@ -19,26 +19,6 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
-from gputravel.console.cli.commands.run import (
-    DATA_HOST_DEFAULT,
-    DATA_HOST_HELP,
-    DATA_PATH_DEFAULT,
-    DATA_PATH_HELP,
-    HOLDERS_FILE_HELP,
-    TRANSPORT_DEFAULT,
-    TRANSPORT_HELP,
-    holder_settings,
-    parse_breakpoints,
-    resolve_out_dir,
-)
-from gputravel.console.cli.options import (
-    DataPathChoice,
-    PhaseChoice,
-    ThemeChoice,
-    TransportChoice,
-    quiet_flag_types,
-    version_callback,
-)
 from gputravel.console.tui.app_commands import (
     CONTROL_ACTIONS,
     SCREENS_IN_ORDER,
@@ -58,7 +38,6 @@ from gputravel.console.tui.screens.training import TrainingScreen
 from gputravel.console.tui.screens.travel import TravelScreen
 from gputravel.core.errors import GpuTravelError
 from gputravel.core.recording import Recording, load_recording
-from gputravel.core.runfolder import RunFolder, clear_running, mark_running
 from gputravel.core.telemetry import Sampler
 from gputravel.core.travel.phases import Phase
 from gputravel.themes import CSS_PATH, THEMES, theme_name
@@ -357,145 +336,19 @@ def make_app(*, engine_factory: Callable[[], Any] | None = None,
                             bench_runner=bench_runner, follow=follow, breakpoints=breakpoints)
 
 
-def next_out_dir(out: Path, n: int) -> Path:
-    """The folder of the ``n``-th run (1-based) of one console started with ``--out OUT``: OUT itself, then
-    OUT-2, OUT-3, ... beside it (a run folder holds one run)."""
-    if n <= 1:
-        return out
-    candidate = out.with_name(f"{out.name}-{n}")
-    while RunFolder(candidate).ledger.exists():
-        n += 1
-        candidate = out.with_name(f"{out.name}-{n}")
-    return candidate
+def _watch_fleet(settings: Any, *, gpus: int, theme: str) -> None:
+    from gputravel.console.tui.fleet_console import watch_fleet
 
-
-quiet_flag_types()
-cli = typer.Typer(add_completion=True, pretty_exceptions_enable=False)
-HOLDERS_PANEL, RUN_PANEL, VIEW_PANEL = "Holders and data path", "The run", "Screen, replay and recording"
-
-
-@cli.command()
-def console(
-    data: Annotated[Path | None, typer.Option("--data", help="One subfolder per holder (default: the embedded "
-                                                            "Shakespeare corpus).", rich_help_panel=HOLDERS_PANEL)] = None,
-    holders: Annotated[int, typer.Option(help="Number of holders.", rich_help_panel=HOLDERS_PANEL)] = 3,
-    holders_file: Annotated[Path | None, typer.Option("--holders-file", help=HOLDERS_FILE_HELP,
-                                                      rich_help_panel=HOLDERS_PANEL)] = None,
-    transport: Annotated[TransportChoice, typer.Option(help=TRANSPORT_HELP,
-                                                       rich_help_panel=HOLDERS_PANEL)] = TRANSPORT_DEFAULT,
-    data_path: Annotated[DataPathChoice, typer.Option(help=DATA_PATH_HELP,
-                                                      rich_help_panel=HOLDERS_PANEL)] = DATA_PATH_DEFAULT,
-    data_host: Annotated[str, typer.Option("--data-host", help=DATA_HOST_HELP,
-                                           rich_help_panel=HOLDERS_PANEL)] = DATA_HOST_DEFAULT,
-    out: Annotated[Path | None, typer.Option("--out", help="Run folder (default: a new runs/run-<time>); a "
-                                                           "second run in the same console goes to OUT-2, then "
-                                                           "OUT-3.", rich_help_panel=RUN_PANEL)] = None,
-    rounds: Annotated[int, typer.Option(help="Rounds over all holders' data.", rich_help_panel=RUN_PANEL)] = 1,
-    steps_per_visit: Annotated[int, typer.Option(help="Training steps per visit.", rich_help_panel=RUN_PANEL)] = 20,
-    buffer_mib: Annotated[float, typer.Option(help="GPU data buffer (MiB).", rich_help_panel=RUN_PANEL)] = 4.0,
-    chunk_kib: Annotated[int, typer.Option(help="Provisioning chunk size (KiB).", rich_help_panel=RUN_PANEL)] = 1024,
-    break_before: Annotated[list[PhaseChoice], typer.Option("--break-before", case_sensitive=False,
-                                                            metavar="<phase>", rich_help_panel=RUN_PANEL,
-                                                            help="Pause before this phase (repeatable): "
-                                                            "attest, handoff, provision, return, verify, train, "
-                                                            "scrub or rotate.")] = [],  # noqa: B006
-    theme: Annotated[ThemeChoice, typer.Option("--theme", help="Colour theme (ctrl+p offers the same).",
-                                               rich_help_panel=VIEW_PANEL)] = ThemeChoice.DARK,
-    readonly: Annotated[bool, typer.Option("--readonly", help="Observer mode: no controls, no benchmarks.",
-                                           rich_help_panel=VIEW_PANEL)] = False,
-    replay: Annotated[Path | None, typer.Option("--replay", help="Play a recording instead of a live run: a "
-                                                                 "recording file, a run or fleet folder (all its "
-                                                                 "GPUs), a run name or latest.",
-                                                rich_help_panel=VIEW_PANEL)] = None,
-    follow: Annotated[bool, typer.Option("--follow", help="With --replay: follow a recording still being "
-                                                          "written (watch a run live).",
-                                         rich_help_panel=VIEW_PANEL)] = False,
-    record: Annotated[Path | None, typer.Option("--record", help="Record to this file (default: "
-                                                                 "<out>/recording.db).",
-                                                rich_help_panel=VIEW_PANEL)] = None,
-    no_record: Annotated[bool, typer.Option("--no-record", help="Do not record the run.",
-                                            rich_help_panel=VIEW_PANEL)] = False,
-    interval: Annotated[float, typer.Option("--interval", min=0.1, help="Telemetry interval (s).",
-                                            rich_help_panel=VIEW_PANEL)] = 1.0,
-    version: Annotated[bool, typer.Option("--version", callback=version_callback, is_eager=True,
-                                          help="Print the version and exit.")] = False,
-    gpus: Annotated[int, typer.Option("--gpus", min=1, rich_help_panel=RUN_PANEL,
-                                      help="A fleet of N GPUs runs under torchrun; the console follows all "
-                                           "N, read-only (docs/fleet.md).")] = 1,
-) -> None:
-    """The operator console: watch the GPU travel, step the protocol, audit the ledger."""
-    if gpus > 1 and replay is None:
-        from gputravel.console.tui.fleet_console import watch_fleet
-        from gputravel.core.config import RunSettings
-
-        watch_fleet(RunSettings(out_dir=resolve_out_dir(out, resume=False).absolute(), holders=holders, rounds=rounds,
-                                steps_per_visit=steps_per_visit, buffer_mib=buffer_mib, chunk_kib=chunk_kib,
-                                data_dir=data, **holder_settings(holders_file=holders_file, transport=transport,
-                                                                 data_path=data_path, data_host=data_host)),
-                    gpus=gpus, make_app=make_app, theme=theme.value)
-        return
-    holder_sets: list[Any] = []  # the holders (e.g. the embedded SSH server) of the run built last
-    breakpoints = parse_breakpoints(break_before)
-
-    def close_holders() -> None:
-        while holder_sets:
-            holder_sets.pop().close()
-
-    if replay is not None:  # any run address: a recording, a run or fleet folder, a name, latest
-        from gputravel.core.runfolder import replay_target
-
-        app = make_app(replay=replay_target(replay), theme=theme.value, readonly=readonly, follow=follow)
-    else:
-        from gputravel.core.config import RunSettings
-
-        settings: dict[str, Any] = dict(holders=holders, rounds=rounds, steps_per_visit=steps_per_visit,
-                                        buffer_mib=buffer_mib, chunk_kib=chunk_kib, data_dir=data,
-                                        breakpoints=breakpoints,
-                                        **holder_settings(holders_file=holders_file, transport=transport,
-                                                          data_path=data_path, data_host=data_host))
-        RunSettings(**settings)  # bad options fail here, before the screen opens
-        runs_built = 0
-        markers: list[Path] = []  # the pid file of the run built last
-
-        def factory() -> Any:
-            """Blocking (the bridge calls it off the loop): the holders, as `gputravel run` composes them,
-            then the engine (``core.compose`` through ``core.api``)."""
-            from gputravel.console import holders as holder_module
-            from gputravel.console.entries import ENTRIES
-            from gputravel.core import api
-
-            nonlocal runs_built
-            close_holders()  # a new run is built only once the previous one is over
-            while markers:
-                clear_running(markers.pop())
-            runs_built += 1
-            target = (next_out_dir(out, runs_built) if out is not None
-                      else resolve_out_dir(None, resume=False)).absolute()
-            run_settings = RunSettings(out_dir=target, **{**settings, "breakpoints": ()})
-            holder_set = holder_module.HolderSet(run_settings)
-            holder_sets.append(holder_set)
-            try:
-                engine = api.build_engine(run_settings, links=holder_set.links(), entries=ENTRIES)
-            except BaseException:
-                close_holders()
-                raise
-            markers.append(mark_running(target, owner="gputravel-console"))
-            return engine
-
-        rec: Path | bool = False if no_record else (record if record is not None else True)
-        app = make_app(engine_factory=factory, theme=theme.value, readonly=readonly, record=rec,
-                       telemetry_interval=interval, breakpoints=breakpoints)
-    try:
-        app.run()
-    finally:
-        close_holders()
-        if replay is None:
-            while markers:
-                clear_running(markers.pop())
+    watch_fleet(settings, gpus=gpus, make_app=make_app, theme=theme)
 
 
 def main() -> None:
-    """Entry point of ``gputravel-console``."""
+    """Entry point of ``gputravel-console``: the ``console`` command (``console/cli/commands/console.py``) given
+    this app's factory."""
+    from gputravel.console.cli.commands import console as console_command
+
+    cli = typer.Typer(add_completion=True, pretty_exceptions_enable=False)
+    console_command.register(cli, make_app=make_app, watch_fleet=_watch_fleet)
     try:
         cli(standalone_mode=True)
     except GpuTravelError as exc:

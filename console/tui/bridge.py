@@ -2,7 +2,7 @@
 
 :class:`LiveBridge` drives a real engine (through :class:`~gputravel.core.session.Session`) and samples
 telemetry; :class:`~gputravel.console.tui.replay_bridge.ReplayBridge` plays a recording with the same controls. Both fold events into one
-:class:`~gputravel.console.tui.view_model.RunState` that the screens render, and both coalesce telemetry: a frame
+:class:`~gputravel.console.view.model.RunState` that the screens render, and both coalesce telemetry: a frame
 that arrives while the previous one has not been drawn replaces it.
 """
 
@@ -19,7 +19,7 @@ from textual.message import Message
 
 from gputravel.console.cli.run_end import RunEnding, ending_code
 from gputravel.console.run_telemetry import interval_tracker
-from gputravel.console.tui.view_model import TERMINAL_STATUSES, RunState
+from gputravel.console.view.model import TERMINAL_STATUSES, RunState
 from gputravel.core import events as ev
 from gputravel.core.errors import GpuTravelError
 from gputravel.core.ledger import read_rows
@@ -308,7 +308,7 @@ class LiveBridge(Bridge):
             engine.bus.sinks.append(ending)
             pump = asyncio.create_task(self._pump(queue))
             try:
-                self.report = await self.session.run()
+                self.report = (await self.session.run()).to_json()
                 return self.report
             finally:
                 await asyncio.sleep(0)

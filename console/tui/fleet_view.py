@@ -4,7 +4,7 @@ Every rank of a fleet records its own events to ``<out>/rank-R/recording.db`` (`
 :class:`FleetRecording` reads them all and merges their items by time, each tagged with its GPU (the rank);
 :meth:`FleetRecording.more` reads what the ranks appended since (following a fleet that is still running).
 :class:`FleetBridge` plays the merge like a recording (step, play, jump), folding each event into the
-:class:`~gputravel.console.tui.view_model.RunState` with its GPU, so the state keeps one run per GPU and their
+:class:`~gputravel.console.view.model.RunState` with its GPU, so the state keeps one run per GPU and their
 merge. A fleet is driven by torchrun, never by the console's keys: following one, the console is read-only.
 
 Each rank also records its own device's telemetry (``core/fleet/run.py``): the bridge keeps every GPU's
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gputravel.console.tui.replay_bridge import ReplayBridge
-from gputravel.console.tui.view_model import RunState
+from gputravel.console.view.model import RunState
 from gputravel.core import events as ev
 from gputravel.core.errors import RecordingError
 from gputravel.core.recording import RECORDING_VERSION, RecordedItem, Recording, load_recording

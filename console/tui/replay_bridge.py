@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from gputravel.console.run_telemetry import interval_tracker
 from gputravel.console.tui.bridge import Bridge
-from gputravel.console.tui.view_model import RUN_EVENTS, TERMINAL_STATUSES, RunState
+from gputravel.console.view.model import RUN_EVENTS, TERMINAL_STATUSES, RunState
 from gputravel.core import events as ev
 from gputravel.core.errors import GpuTravelError
 from gputravel.core.recording import Player, RecordedItem, Recording, load_recording

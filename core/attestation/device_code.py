@@ -44,7 +44,7 @@ DEVICE_CODE: tuple[str, ...] = (
     "core/protocol/__init__.py", "core/protocol/admission.py", "core/protocol/cipher.py", "core/protocol/ckptring.py",
     "core/protocol/deviceanswers.py", "core/protocol/devicelink.py", "core/protocol/errors.py",
     "core/protocol/frames.py", "core/protocol/holderlink.py", "core/protocol/keys.py", "core/protocol/shmring.py",
-    "core/protocol/stream.py", "core/protocol/wirejson.py",
+    "core/protocol/stream.py", "core/protocol/wire.py", "core/protocol/wirejson.py",
     # its identity, evidence and signed report (the package loads whole: verify, policy and inject come along)
     "core/attestation/__init__.py", "core/attestation/device_code.py", "core/attestation/evidence.py",
     "core/attestation/hardware_evidence.py", "core/attestation/inject.py", "core/attestation/pki.py",

@@ -237,7 +237,7 @@ async def run_probed(settings: RunSettings, *, links: list[HolderLink] | None, e
             on_engine(engine)
 
     report = await compose.run(settings, links=links, entries=entries, sinks=sinks, probes=[probe], on_engine=seen)
-    return report, probe, built[0]
+    return report.to_json(), probe, built[0]
 
 
 class HolderServer(Protocol):

@@ -160,7 +160,7 @@ def study(*, workdir: Path, run: RunFn, model: str = "tiny", holders: int = 2, r
                            data_dir=data, out_dir=workdir / "run", model=model, batch_size=batch_size,
                            seq_len=seq_len, device=device, torch_threads=torch_threads, transport=transport)
     t0 = time.perf_counter()
-    report = asyncio.run(run(settings, sinks=[]))
+    report = asyncio.run(run(settings, sinks=[])).to_json()
     run_wall = time.perf_counter() - t0
     shutil.rmtree(settings.out_dir, ignore_errors=True)
     visits = [v for v in report["visits"] if str(v.get("outcome", "")).startswith("done")]

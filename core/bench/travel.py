@@ -47,6 +47,7 @@ from gputravel.core.bench.data import make_holders
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import ConfigError, GpuTravelError
 from gputravel.core.machine import machine_info as core_machine_info
+from gputravel.core.travel.report import RunReport
 
 __all__ = ["ProgressFn", "RunFn", "label", "machine_info", "mem_available", "ratios", "row_from_report",
            "skip_reason", "study"]
@@ -62,7 +63,7 @@ class RunFn(Protocol):
     """One training run with its holders, returning the engine's report (``console.holders.run``)."""
 
     def __call__(self, settings: RunSettings, *, sinks: Iterable[Callable[[ev.Event], None]]
-                 ) -> Coroutine[Any, Any, dict[str, Any]]: ...
+                 ) -> Coroutine[Any, Any, RunReport]: ...
 
 
 #: ``on_progress(description, done, total)``: where a study is (visits done of those expected).
@@ -281,7 +282,7 @@ def study(buffers: list[float | None], *, workdir: Path, run: RunFn, dataset_mib
 
             t0 = time.perf_counter()
             try:
-                report = asyncio.run(run(settings, sinks=[sink]))
+                report = asyncio.run(run(settings, sinks=[sink])).to_json()
             except GpuTravelError as exc:
                 rows.append(_empty_row(base, "failed", str(exc)))
                 continue

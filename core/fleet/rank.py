@@ -39,6 +39,7 @@ from gputravel.core.travel.checkpoints import Checkpointer
 from gputravel.core.travel.device_session import DeviceSession
 from gputravel.core.travel.engine import TravelEngine
 from gputravel.core.travel.recovery import Recovery
+from gputravel.core.travel.report import RunReport
 from gputravel.core.travel.schedule import VisitPlan, plan_digest
 from gputravel.core.travel.training import SliceSettings, TrainStep
 from gputravel.core.travel.training_log import TrainingLog
@@ -349,7 +350,7 @@ class FleetEngine(TravelEngine):
             "recv_fp": head.get("recv_fp")})
 
     # --- the run -------------------------------------------------------------------------------------
-    async def run(self) -> dict[str, Any]:
+    async def run(self) -> RunReport:
         return await self.run_guarded(self._walk_steps, planned=lambda: len(self.walk.records))
 
     async def _walk_steps(self) -> None:
@@ -449,20 +450,21 @@ class FleetEngine(TravelEngine):
         await super().aclose()
 
     # --- report --------------------------------------------------------------------------------------
-    def report(self, *, seconds: float) -> dict[str, Any]:
-        """This rank's report (the engine's), each visit naming its device; rank 0 merges them."""
-        out = super().report(seconds=seconds)
+    def run_report(self, *, seconds: float) -> RunReport:
+        """This rank's report (the engine's), each visit naming its device, the rank's own in ``extra``;
+        rank 0 merges them."""
+        out = super().run_report(seconds=seconds)
         step_of = {v.index: s.index for s in self.fleet_plan.steps for v in s.slots if v is not None}
-        for visit in out["visits"]:
+        for visit in out.visits:
             visit.update(device=self.device_id, gpu=self.group.rank, step=step_of.get(visit["visit"]))
         st = self.step
-        out["gpu"] = {"rank": self.group.rank, "device_id": self.device_id, "join": self.join_info,
-                      "epochs": self.device.epoch, "ledger_head": out["ledger"].get("head"),
-                      "ledger_rows": out["ledger"].get("rows"),
-                      "allreduce_calls": st.allreduce_calls, "allreduce_s": round(st.allreduce_s, 6),
-                      "train_s": round(st.train_s, 6), "tokens": st.tokens}
-        out["fleet_steps"] = self.steps_log
-        out["fleet_plan"] = self.fleet_plan.to_dict()
+        out.extra["gpu"] = {"rank": self.group.rank, "device_id": self.device_id, "join": self.join_info,
+                            "epochs": self.device.epoch, "ledger_head": out.ledger.head,
+                            "ledger_rows": out.ledger.rows,
+                            "allreduce_calls": st.allreduce_calls, "allreduce_s": round(st.allreduce_s, 6),
+                            "train_s": round(st.train_s, 6), "tokens": st.tokens}
+        out.extra["fleet_steps"] = self.steps_log
+        out.extra["fleet_plan"] = self.fleet_plan.to_dict()
         return out
 
 

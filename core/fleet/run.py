@@ -36,6 +36,7 @@ from gputravel.core.telemetry.model import TelemetryFrame
 from gputravel.core.telemetry.recorded import TELEMETRY_INTERVAL_S, rank_sampler
 from gputravel.core.travel.engine import TravelEngine
 from gputravel.core.travel.holders import HolderLink
+from gputravel.core.travel.report import RunReport
 
 __all__ = ["Rendezvous", "launch_fleet", "load_config", "merge_reports", "run_rank", "torchrun_command",
            "verify_fleet"]
@@ -199,7 +200,7 @@ async def run_rank(settings: RunSettings, fleet: FleetOptions, *, links: Iterabl
                         fault=settings.fault if group.restart == 0 else None)
     platform = partial(FleetPlatform, vendor_dir=folder.vendor, device_id=f"emu-gpu-{group.rank}")
     error: GpuTravelError | None = None
-    report: dict[str, Any] | None = None
+    report: RunReport | None = None
     engine: FleetEngine | None = None
     def built(made: TravelEngine) -> None:
         nonlocal engine
@@ -216,7 +217,7 @@ async def run_rank(settings: RunSettings, fleet: FleetOptions, *, links: Iterabl
                                    group=group)
     except GpuTravelError as exc:
         error = exc
-    mine = report if report is not None else {
+    mine = report.to_json() if report is not None else {
         "error": {"code": error.code if error else "error", "reason": error.reason if error else "?"},
         "gpu": {"rank": group.rank, "device_id": engine.device_id if engine else None},
         "ledger": {"path": str(rank.ledger)}}

@@ -48,6 +48,21 @@ class FrameError(ProtocolError):
     code = "frame"
 
 
+class WireFormatError(FrameError):
+    """A message's field is missing, of the wrong type or outside its declared bounds (``core/protocol/wire.py``);
+    ``field`` names it (``Message.field``)."""
+
+    code = "wire-format"
+
+    def __init__(self, reason: str = "", *, field: str = "", code: str | None = None) -> None:
+        self.field = field
+        super().__init__(reason, code=code)
+
+    @classmethod
+    def from_reason(cls, reason: str) -> GpuTravelError:
+        return cls(reason, field=reason.partition(":")[0])
+
+
 class TagError(ProtocolError):
     """AES-GCM authentication failed: ciphertext, tag or AAD were altered, or the key is wrong."""
 
@@ -114,6 +129,20 @@ class AgentError(GpuTravelError):
     def from_reason(cls, reason: str) -> GpuTravelError:
         host, _, rest = reason.partition(": ")
         return cls(host, rest)
+
+
+class HolderLinkError(GpuTravelError):
+    """The holder's side of its link to the device failed (the data connection refused, the device's ring
+    answer malformed or not the one asked for): raised in the agent, sent as a refusal with the code ``agent``
+    (exit 6), so the orchestrator reads it as the ``AgentError`` it always was."""
+
+    code = AgentError.code
+    exit_code = AgentError.exit_code
+
+
+class HolderAttestationError(AttestationError):
+    """The holder refused to take a key: no attested evidence for this hand-off, another epoch, or a wrapped key
+    that is not the attested one. Raised in the agent, sent with the code ``attestation`` (exit 3)."""
 
 
 class LinkLostError(AgentError):
@@ -242,10 +271,15 @@ class WorkerError(CollectiveError):
         return cls(reason=reason)
 
 
+#: classes that travel under their parent's code (raised on a holder, read by the orchestrator as the parent)
+WIRE_ALIASES: dict[type[GpuTravelError], type[GpuTravelError]] = {
+    HolderLinkError: AgentError, HolderAttestationError: AttestationError,
+}
+
 ERRORS_BY_CODE: dict[str, type[GpuTravelError]] = {
     cls.code: cls
     for cls in (
-        GpuTravelError, ProtocolError, FrameError, TagError, ReplayError, StaleEpochError,
+        GpuTravelError, ProtocolError, FrameError, WireFormatError, TagError, ReplayError, StaleEpochError,
         WindowError, NonceExhaustedError, FleetAuthError, AttestationError, IntegrityError, AgentError, LinkLostError,
         DeviceError, FleetDeviceLostError, GpuCipherError, DataError, ConfigError, InsecureKeyError, RecordingError, LedgerError,
         StorageError, DiskFullError, ReplicaDivergedError, TransitionError, CancelledRunError, CollectiveAbortedError, CollectiveError, WorkerError,
@@ -255,14 +289,16 @@ ERRORS_BY_CODE: dict[str, type[GpuTravelError]] = {
 
 def error_from_code(code: str, reason: str) -> GpuTravelError:
     """Rebuild a typed error sent over the wire as (code, reason)."""
-    cls = ERRORS_BY_CODE.get(code, GpuTravelError)
+    cls = ERRORS_BY_CODE.get(code)
+    if cls is None:  # a code this side does not know: the root class, the code kept
+        return GpuTravelError(reason, code=code)
     return cls.from_reason(reason)
 
 
 __all__ = [
-    "ERRORS_BY_CODE", "AgentError", "AttestationError", "CancelledRunError", "CollectiveAbortedError",
+    "ERRORS_BY_CODE", "WIRE_ALIASES", "AgentError", "AttestationError", "CancelledRunError", "CollectiveAbortedError",
     "CollectiveError", "ConfigError", "DataError", "DeviceError", "DiskFullError", "FleetAuthError", "FleetDeviceLostError", "FrameError", "GpuCipherError", "GpuTravelError",
-    "InsecureKeyError", "IntegrityError", "LedgerError", "LinkLostError", "NonceExhaustedError", "ProtocolError",
-    "RecordingError", "ReplayError", "ReplicaDivergedError", "StaleEpochError", "StorageError", "TagError", "TransitionError", "WindowError", "WorkerError",
+    "HolderAttestationError", "HolderLinkError", "InsecureKeyError", "IntegrityError", "LedgerError", "LinkLostError", "NonceExhaustedError", "ProtocolError",
+    "RecordingError", "ReplayError", "ReplicaDivergedError", "StaleEpochError", "StorageError", "TagError", "TransitionError", "WindowError", "WireFormatError", "WorkerError",
     "error_from_code",
 ]

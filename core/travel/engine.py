@@ -188,7 +188,7 @@ class TravelEngine:
         return info
 
     # --- the run ----------------------------------------------------------------------------------
-    async def run(self) -> dict[str, Any]:
+    async def run(self) -> RunReport:
         return await self.run_guarded(self._walk_visits, planned=lambda: len(self.plans))
 
     async def _walk_visits(self) -> None:
@@ -240,7 +240,7 @@ class TravelEngine:
                    for r in self.walk.records if r.plan.index < rec.plan.index)
 
     async def run_guarded(self, body: Callable[[], Awaitable[None]], *,
-                          planned: Callable[[], int]) -> dict[str, Any]:
+                          planned: Callable[[], int]) -> RunReport:
         """Set up, run ``body`` (the walk: visits here, lock-step steps in a fleet), and end the run the one
         way every run ends: a final ledger row and event for every ending (an error, Ctrl-C, a bug), the
         holders let go first, then the device's audit, ``run-completed`` and the report. ``planned`` counts
@@ -283,7 +283,7 @@ class TravelEngine:
         self.audit.record(ev.RunCompleted(time.time(), self.run_id, len(records), failed, seconds),
                           "run-completed", outcome="ok" if not failed else "partial", duration_s=seconds,
                           detail={"visits": len(records), "failed": failed})
-        return self.report(seconds=time.perf_counter() - t0)
+        return self.run_report(seconds=time.perf_counter() - t0)
 
     def _final_row(self, error: str, code: str) -> None:
         """Every way a run ends writes a final ledger row and a final event (``run-failed`` with the error's
@@ -296,10 +296,6 @@ class TravelEngine:
                               "run-failed", outcome=code, detail=detail)
         except GpuTravelError:
             self.audit.emit(ev.RunFailed(time.time(), self.run_id, error, code))
-
-    def report(self, *, seconds: float) -> dict[str, Any]:
-        """The run's JSON-able report (``run_report(...).to_json()``)."""
-        return self.run_report(seconds=seconds).to_json()
 
     def run_report(self, *, seconds: float) -> RunReport:
         """The run's typed report (closes the ledger first, then verifies its chain)."""
@@ -347,7 +343,7 @@ class TravelEngine:
                                       "checkpoint_digest": self.ckpts.digests.get(plan.index + 1),
                                       "steps": self.log.step_count})
             self.walk.phase = Phase.DONE
-            self.audit.emit(ev.VisitCompleted(time.time(), plan.index, plan.holder, rec.epoch, rec.to_dict()))
+            self.audit.emit(ev.VisitCompleted(time.time(), plan.index, plan.holder, rec.epoch, rec.summary()))
         except CancelledRunError as exc:
             await self.recovery.cancel_visit(rec, exc, v.window_open)
             raise

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gputravel.core.events import VisitSummary
 from gputravel.core.travel.phases import Phase
 from gputravel.core.travel.schedule import VisitPlan
 
@@ -51,22 +52,27 @@ class VisitRecord:
         self.holder_attestation = None
         self.outcome = "pending"
 
-    def to_dict(self) -> dict[str, Any]:
+    def summary(self) -> VisitSummary:
+        """The visit as the report lists it and ``VisitCompleted`` carries it."""
         mb_s = self.bytes / self.provision_s / 1e6 if self.provision_s else 0.0
-        return {"visit": self.plan.index, "round": self.plan.round, "holder": self.plan.holder,
-                "part": f"{self.plan.part + 1}/{self.plan.parts}", "epoch": self.epoch,
-                "key_fingerprint": self.key_fingerprint, "bytes": self.bytes, "chunks": self.chunks,
-                "provision_s": round(self.provision_s, 6), "provision_mb_s": round(mb_s, 2),
-                "train_s": round(self.train_s, 6), "integrity_ok": self.integrity_ok,
-                "scrub_verified": self.scrub_verified,
-                "loss_first": self.losses[0] if self.losses else None,
-                "loss_last": self.losses[-1] if self.losses else None, "val_loss": self.val_loss,
-                "tokens_per_s": round(self.tokens_per_s, 1), "outcome": self.outcome, "error": self.error,
-                "failed_phase": self.failed_phase, "rejected": self.rejected, "retransmits": self.retransmits,
-                "attempts": self.attempts, "earlier_failures": self.failures,
-                "attack": bool(self.attack), "attack_attempts": self.attack,
-                "phase_s": {k: round(v, 6) for k, v in self.phase_s.items()},
-                "holder_attestation": self.holder_attestation}
+        return VisitSummary(
+            visit=self.plan.index, round=self.plan.round, holder=self.plan.holder,
+            part=f"{self.plan.part + 1}/{self.plan.parts}", epoch=self.epoch,
+            key_fingerprint=self.key_fingerprint, bytes=self.bytes, chunks=self.chunks,
+            provision_s=round(self.provision_s, 6), provision_mb_s=round(mb_s, 2),
+            train_s=round(self.train_s, 6), integrity_ok=self.integrity_ok, scrub_verified=self.scrub_verified,
+            loss_first=self.losses[0] if self.losses else None,
+            loss_last=self.losses[-1] if self.losses else None, val_loss=self.val_loss,
+            tokens_per_s=round(self.tokens_per_s, 1), outcome=self.outcome, error=self.error,
+            failed_phase=self.failed_phase, rejected=dict(self.rejected), retransmits=self.retransmits,
+            attempts=self.attempts, earlier_failures=list(self.failures),
+            attack=bool(self.attack), attack_attempts=dict(self.attack),
+            phase_s={k: round(v, 6) for k, v in self.phase_s.items()},
+            holder_attestation=self.holder_attestation)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report's ``visits[i]``."""
+        return self.summary().to_wire()
 
 
 @dataclass

@@ -190,8 +190,8 @@ async def test_full_run_through_ssh_completes_every_visit_and_reports_the_deploy
         data_path: str, ssh: Ssh, data_root: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     events: list[ev.Event] = []
-    report = await api.run(small(data_root, out, rounds=2, data_path=data_path),
-                           links=links_from_specs(list(ssh.specs.values())), sinks=[events.append])
+    report = (await api.run(small(data_root, out, rounds=2, data_path=data_path),
+                           links=links_from_specs(list(ssh.specs.values())), sinks=[events.append])).to_json()
 
     assert [(v["holder"], v["outcome"]) for v in report["visits"]] == [("alice", "done"), ("bob", "done")] * 2
     assert all(v["integrity_ok"] and v["scrub_verified"] and v["bytes"] > 0 for v in report["visits"])
@@ -398,7 +398,7 @@ async def test_connection_dropped_mid_transfer_resumes_and_the_buffer_equals_the
             seen.update(buffer=head["sha256"], want=expected_digest(e, big_root), window=plan.window_len)
 
         engine.fault["VERIFY"] = before_train
-        report = await engine.run()
+        report = (await engine.run()).to_json()
 
     assert len(dropped) == 1  # dropped once, after the first acknowledgement (direct: batched ACKs)
     (visit,) = report["visits"]
@@ -427,7 +427,7 @@ async def test_uninterrupted_transfer_fills_the_buffer_with_the_same_bytes(ssh_b
             seen["want"] = expected_digest(e, big_root)
 
         engine.fault["VERIFY"] = before_train
-        report = await engine.run()
+        report = (await engine.run()).to_json()
     assert report["visits"][0]["outcome"] == "done"
     assert seen["buffer"] == seen["want"]
     assert rows_of(tmp_path / "run", "provision-interrupted") == []
@@ -439,8 +439,8 @@ async def test_agent_killed_mid_transfer_fails_the_visit_scrubs_and_the_run_goes
     out = tmp_path / "run"
     links = links_from_specs(list(ssh_big.specs.values()))
     links[0].kill_after_chunks = 1  # SshHolderLink.kill: kill -9 of the agent's pid, over SSH
-    report = await api.run(small(big_root, out, rounds=2, chunk_kib=4, buffer_mib=1.0, data_path="channel"),
-                           links=links)  # kill_after_chunks counts the relay's acknowledgements
+    report = (await api.run(small(big_root, out, rounds=2, chunk_kib=4, buffer_mib=1.0, data_path="channel"),
+                           links=links)).to_json()  # kill_after_chunks counts the relay's acknowledgements
 
     v0, v1, v2, v3 = report["visits"]
     assert (v0["holder"], v0["outcome"], v0["failed_phase"]) == ("alice", "failed", "PROVISION")
@@ -673,8 +673,8 @@ async def test_inventory_holders_reach_the_device_data_port_through_an_ssh_forwa
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(SshHolderLink, "_route", spy)
-        report = await api.run(small(data_root, tmp_path / "run", data_path="direct", transport="inventory"),
-                               links=links)
+        report = (await api.run(small(data_root, tmp_path / "run", data_path="direct", transport="inventory"),
+                               links=links)).to_json()
     assert all(v["outcome"] == "done" for v in report["visits"])
     for name in ("alice", "bob"):
         asked, routed = seen[name]

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gputravel.console.cli import main as cli
-from gputravel.console.tui.view_model import RunState
+from gputravel.console.view.model import RunState
 from gputravel.core import events as ev
 from gputravel.core.recording import Player, Recorder, RecordingError, event_from_dict, load_recording
 from gputravel.core.telemetry import GpuSample, NvmlStatus, TelemetryFrame

@@ -258,7 +258,7 @@ async def test_malicious_holder_is_refused_named_in_the_ledger_and_marked_in_the
 
     engine.bus.sinks.append(at_mallorys_verify)
     try:
-        report = await engine.run()
+        report = (await engine.run()).to_json()
     finally:
         await engine.aclose()
 
@@ -316,7 +316,7 @@ async def test_a_holder_sending_the_orchestrator_a_deeply_nested_header_fails_on
              ScriptLink("mallory", data / "mallory", role="nesting", script=script, workdir=work)]
     engine = await asyncio.to_thread(build_engine, settings, links=links)
     try:
-        report = await engine.run()
+        report = (await engine.run()).to_json()
     finally:
         await engine.aclose()
 

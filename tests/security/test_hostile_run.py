@@ -152,7 +152,7 @@ async def test_a_hostile_holder_harassing_the_others_windows_charges_them_nothin
 
     engine.bus.sinks.append(watch)
     try:
-        report = await engine.run()
+        report = (await engine.run()).to_json()
         stats = await asyncio.to_thread(engine.device.client.stats)
     finally:
         (work / "stop").write_text("1")

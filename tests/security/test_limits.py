@@ -31,7 +31,7 @@ async def run(data: Path, out: Path, *, nonce_budget: int | None = None, **kw: A
     if nonce_budget:
         engine.device.client.nonce_budget = nonce_budget
     try:
-        return await engine.run()
+        return (await engine.run()).to_json()
     finally:
         engine.device.client.close()
         engine.device.handle.stop()

@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
         events_only: Annotated[bool, typer.Option("--events", help="Only the events (with --json).")] = False,
     ) -> None:
         """Print a recorded run: every event and telemetry frame, and the state it ends in."""
-        from gputravel.console.tui.view_model import RunState
+        from gputravel.console.view.model import RunState
         from gputravel.core.errors import ConfigError, RecordingError
         from gputravel.core.recording import load_recording
         from gputravel.core.runfolder import resolve_run

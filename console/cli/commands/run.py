@@ -27,9 +27,21 @@ from gputravel.console.cli.options import (
     PhaseChoice,
     TransportChoice,
 )
-from gputravel.console.cli.run_end import RunEnding, control_lands
+from gputravel.console.cli.run_end import RunEnding
+from gputravel.console.cli.run_options import (
+    DATA_HOST_DEFAULT,
+    DATA_HOST_HELP,
+    DATA_PATH_DEFAULT,
+    DATA_PATH_HELP,
+    HOLDERS_FILE_HELP,
+    TRANSPORT_DEFAULT,
+    TRANSPORT_HELP,
+    RunOptions,
+    resolve_out_dir,
+)
 from gputravel.console.cli.run_report import EXIT_PARTIAL, render_report
 from gputravel.console.run_telemetry import TELEMETRY_INTERVAL_S
+from gputravel.console.view.ending import control_lands
 from gputravel.core import events as ev
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import AttestationError, CancelledRunError, ConfigError
@@ -46,43 +58,11 @@ class HolderInjection(StrEnum):
     GPU_NONCE = "gpu-nonce"
 
 
-# The holder options ``gputravel run`` and ``gputravel-console`` share: one default, one help text.
-# (This module imports the engine lazily, so the console can import these without loading torch.)
-HOLDERS_FILE_HELP = "Inventory (TOML) of SSH holders (sets the transport to inventory)."
-TRANSPORT_DEFAULT = TransportChoice.SSH
-TRANSPORT_HELP = ("ssh: agents deployed through a loopback SSH server (embedded default) or the --holders-file "
-                  "hosts; local: agent subprocesses.")
-DATA_PATH_DEFAULT = DataPathChoice.DIRECT
-DATA_PATH_HELP = ("direct: agents send sealed chunks straight to the device's data port; channel (or ssh): "
-                  "chunks ride the holder link (SSH channel); conventional: plaintext over SSH, re-encrypted by "
-                  "the orchestrator for the GPU's bounce buffer (the baseline without Travelling).")
 GPUS_HELP = ("Travelling GPUs: N > 1 runs a fleet, N devices each a rank of one torchrun job, gradients "
              "all-reduced over the secure ring (docs/fleet.md).")
 CIPHER_ENGINE_HELP = ("Who opens provisioning chunks: gpu (AES-GCM kernels open ciphertext inside device memory; "
                       "in numba's simulator on a CPU-only machine, slow), cpu (cryptography on a host core), auto "
                       "(gpu where the buffer is on CUDA and numba-cuda sees the device, else cpu).")
-DATA_HOST_DEFAULT = "127.0.0.1"
-DATA_HOST_HELP = ("Address the device's TCP data port binds to; inventory holders with data_route = \"network\" "
-                  "connect to it, the default route forwards it through their SSH connection.")
-
-
-def default_holders(data: Path | None) -> int:
-    """``--holders`` left out: one holder per ``--data`` subfolder (3 without ``--data``: the embedded corpus)."""
-    if data is None:
-        return 3
-    try:
-        return max(1, sum(1 for p in Path(data).iterdir() if p.is_dir() and not p.name.startswith(".")))
-    except OSError:
-        return 1  # the data folder's own error comes when it is read (DataError, exit 2)
-
-
-def holder_settings(*, holders_file: Path | None, transport: str, data_path: str,
-                    data_host: str) -> dict[str, Any]:
-    """The :class:`RunSettings` fields of the holder options (an inventory file means transport inventory)."""
-    return {"transport": "inventory" if holders_file else str(transport), "holders_file": holders_file,
-            "data_path": str(data_path), "data_host": data_host}
-
-
 class RunView:
     """Rich progress: one bar for the whole run, one for the phases of the current visit,
     one for the bytes of the current provisioning."""
@@ -175,28 +155,6 @@ def continue_hint(run_name: str) -> str:
             f"  stop:     gputravel runs stop {run_name}")
 
 
-def resolve_out_dir(out: Path | None, *, resume: bool, runs: Path = RUNS_DIR, create: bool = True) -> Path:
-    """A fresh ``runs/run-<time>`` (linked as ``runs/latest``) unless ``--out`` names one;
-    ``--resume`` without ``--out`` continues ``runs/latest``. With ``create=False`` the fresh folder is only
-    named: nothing is created and ``runs/latest`` stays (see :class:`RunClaim`)."""
-    if out is not None:
-        return out
-    latest = RunFolder.latest(runs)
-    if resume:
-        if not latest.exists():
-            raise ConfigError("--resume without --out continues runs/latest, and there is none")
-        return latest.resolve()
-    stamp = time.strftime("run-%Y%m%d-%H%M%S")
-    out = runs / stamp
-    n = 1
-    while out.exists():
-        n += 1
-        out = runs / f"{stamp}-{n}"
-    if create:
-        RunClaim(out, runs=runs, link_latest=True).claim()
-    return out
-
-
 def fresh_settings(out: Path | None, **options: Any) -> tuple[RunSettings, RunClaim]:
     """The settings of a new run, validated before anything is created, and its (not yet created) folder."""
     settings = RunSettings(out_dir=out or RUNS_DIR / "pending", **options)  # validates every option
@@ -212,18 +170,6 @@ def fresh_settings(out: Path | None, **options: Any) -> tuple[RunSettings, RunCl
 HOLDERS_PANEL, MODEL_PANEL, DATA_PANEL, FAULTS_PANEL, OUTPUT_PANEL = ("Holders", "Model and training", "Data path",
                                                                      "Control and faults", "Run folder and output")
 FLEET_PANEL = "Fleet (--gpus N, torchrun)"
-
-
-def parse_breakpoints(values: list[PhaseChoice] | list[str]) -> tuple[str, ...]:
-    """``--break-before`` values as phase names; a name that is no phase is a usage error naming them."""
-    out = []
-    for value in values:
-        try:
-            out.append(str(PhaseChoice(str(value).upper())))
-        except ValueError:
-            raise typer.BadParameter(f"{value!r} is no phase: choose {', '.join(p.value for p in PhaseChoice)}",
-                                     param_hint="--break-before") from None
-    return tuple(out)
 
 
 def register(app: typer.Typer) -> None:
@@ -307,15 +253,15 @@ def register(app: typer.Typer) -> None:
                                          help="torchrun: elastic restarts of the fleet's ranks (they resume)."),
     ) -> None:
         """Run collaborative training: the GPU travels holder to holder (--gpus N: a fleet, docs/fleet.md)."""
-        options: dict[str, Any] = dict(
-            holders=holders if holders is not None else default_holders(data), rounds=rounds, steps_per_visit=steps_per_visit, buffer_mib=buffer_mib, data_dir=data,
-            chunk_kib=chunk_kib, model=model.value, batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed,
-            device=device, cc_mode=cc_mode.value, breakpoints=parse_breakpoints(break_before),
-            visit_attempts=visit_attempts, fault=fault, cipher_engine=cipher_engine.value, init_from=init_from,
-            holder_inject=inject.value if inject is not None else None,
-            checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
-            **holder_settings(holders_file=holders_file, transport=transport.value, data_path=data_path.value,
-                              data_host=data_host))
+        options = RunOptions.given(
+            data=data, holders=holders, holders_file=holders_file, transport=transport, data_path=data_path,
+            data_host=data_host, rounds=rounds, steps_per_visit=steps_per_visit, buffer_mib=buffer_mib,
+            chunk_kib=chunk_kib, break_before=break_before,
+            extra=dict(model=model.value, batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed, device=device,
+                       cc_mode=cc_mode.value, visit_attempts=visit_attempts, fault=fault,
+                       cipher_engine=cipher_engine.value, init_from=init_from,
+                       holder_inject=inject.value if inject is not None else None,
+                       checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints)).settings_fields()
         fleet = gpus > 1 or nnodes > 1
         if fleet and init_from is not None:
             raise ConfigError("--init-from loads one device's model; a fleet (--gpus, --nnodes) does not take it yet")
@@ -438,7 +384,7 @@ async def _run_until_stopped(settings: RunSettings, **kw: Any) -> dict[str, Any]
         with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread, or no signals here
             loop.add_signal_handler(signum, handler)
     try:
-        return await task
+        return (await task).to_json()
     except asyncio.CancelledError:
         if stopped:
             raise CancelledRunError("stopped by SIGTERM (gputravel runs stop)") from None

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gputravel.console.cli.run_folder import RunInfo, list_runs, read_run
+from gputravel.console.view.run_info import RunInfo, list_runs, read_run
 from gputravel.core.errors import ConfigError
 from gputravel.core.runfolder import (
     FINAL_STATUSES,
@@ -106,7 +106,7 @@ def show_cmd(run: RunArg, runs_dir: RunsDir = RUNS_DIR, as_json: AsJson = False)
     state = info.state
     if state is not None and state.visits:
         table = Table(box=None, header_style="bold", pad_edge=False)
-        from gputravel.console.tui.view_model import gpu_label
+        from gputravel.console.view.model import gpu_label
 
         fleet = state.fleet  # a fleet's visits ran side by side: each names its GPU, in visit order
         for col in ("#", *(("gpu",) if fleet else ()), "holder", "try", "ep", "outcome", "loss", "val"):
@@ -127,7 +127,7 @@ def show_cmd(run: RunArg, runs_dir: RunsDir = RUNS_DIR, as_json: AsJson = False)
 def _lines(info: RunInfo, *, follow: bool, interval: float) -> Iterator[tuple[int | None, Any, Any]]:
     """(fleet GPU or None, event, new OpLines) of the run's recordings (a fleet's: every rank's, merged in
     time order); with ``follow``, until the run is over."""
-    from gputravel.console.tui.view_model import RunState
+    from gputravel.console.view.model import RunState
     from gputravel.core.recording import load_recording
 
     address = RunAddress(str(info.path), info.path)

@@ -14,14 +14,14 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widget import Widget
 
-from gputravel.console.tui.view_model import RunState
-from gputravel.console.tui.view_training import pending_label
 from gputravel.console.tui.widgets.command_line import CommandLine
 from gputravel.console.tui.widgets.footer import ConsoleFooter
 from gputravel.console.tui.widgets.ops_log import OpsLog
 from gputravel.console.tui.widgets.status_bar import StatusBar, StatusSummary
 from gputravel.console.tui.widgets.table_filter import TableFilter
 from gputravel.console.tui.widgets.text import fit
+from gputravel.console.view.model import RunState
+from gputravel.console.view.training import pending_label
 
 
 def summarise(state: RunState, screen: str, badges: tuple[str, ...], status: str | None = None) -> StatusSummary:

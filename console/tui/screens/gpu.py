@@ -12,10 +12,10 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from gputravel.console.tui.screens.base import ConsoleScreen
-from gputravel.console.tui.view_model import RunState
 from gputravel.console.tui.widgets.device_card import DeviceCard, DeviceCounters
 from gputravel.console.tui.widgets.gpu_card import GpuCard, GpuTrend
 from gputravel.console.tui.widgets.text import esc
+from gputravel.console.view.model import RunState
 from gputravel.core.telemetry import History, TelemetryFrame
 
 

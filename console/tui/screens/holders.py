@@ -13,11 +13,11 @@ from textual.widget import Widget
 from textual.widgets import DataTable, Static
 
 from gputravel.console.tui.screens.base import ConsoleScreen
-from gputravel.console.tui.view_model import HolderView, RunState
 from gputravel.console.tui.widgets.ops_log import OpsLog
 from gputravel.console.tui.widgets.route_map import STATE_TOKENS
 from gputravel.console.tui.widgets.table_filter import TableFilter, row_matches
 from gputravel.console.tui.widgets.text import bar, esc, fmt_bytes
+from gputravel.console.view.model import HolderView, RunState
 
 #: (label, width); the holder column is as wide as the longest name (up to 28), so no name is cut short.
 COLUMNS = (("holder", 0), ("state", 14), ("agent sha256", 12), ("data", 10), ("provisioning", 26),

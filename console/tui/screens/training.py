@@ -9,10 +9,10 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from gputravel.console.tui.screens.base import ConsoleScreen
-from gputravel.console.tui.view_model import RunState
-from gputravel.console.tui.view_training import pending_label
 from gputravel.console.tui.widgets.plot import BraillePlot, PlotSeries
 from gputravel.console.tui.widgets.text import esc, spark
+from gputravel.console.view.model import RunState
+from gputravel.console.view.training import pending_label
 
 
 class TrainingScreen(ConsoleScreen):

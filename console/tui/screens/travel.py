@@ -10,11 +10,11 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from gputravel.console.tui.screens.base import ConsoleScreen
-from gputravel.console.tui.view_model import DeviceView, RunState, VisitView, gpu_label
 from gputravel.console.tui.widgets.phase_timeline import PhaseTimeline, TimelineView, receipt
 from gputravel.console.tui.widgets.route_map import RouteMap, RouteView
 from gputravel.console.tui.widgets.table_filter import TableFilter, row_matches
 from gputravel.console.tui.widgets.text import esc, fit
+from gputravel.console.view.model import DeviceView, RunState, VisitView, gpu_label
 
 
 class TravelScreen(ConsoleScreen):

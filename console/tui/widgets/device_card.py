@@ -2,7 +2,7 @@
 then its device's own counters, from the telemetry its rank sampled.
 
 A fleet's emulated devices live in the torchrun ranks' processes, so the console draws their cards from what
-each rank recorded: its events (:class:`~gputravel.console.tui.view_model.DeviceView`) and its device's telemetry
+each rank recorded: its events (:class:`~gputravel.console.view.model.DeviceView`) and its device's telemetry
 frames (:class:`DeviceCounters`: the last SIM sample, its PCIe-equivalent history, the phase it was taken in).
 """
 
@@ -15,10 +15,10 @@ from textual.content import Content
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from gputravel.console.tui.view_model import DeviceView
 from gputravel.console.tui.widgets.gpu_card import pcie_line
 from gputravel.console.tui.widgets.phase_timeline import receipt
 from gputravel.console.tui.widgets.text import bar, esc, fit, fmt_bytes, fmt_pct
+from gputravel.console.view.model import DeviceView
 from gputravel.core.telemetry.history import Point
 from gputravel.core.telemetry.model import NA, GpuSample
 

@@ -7,8 +7,8 @@ from textual.content import Content
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from gputravel.console.tui.view_model import OpLine
 from gputravel.console.tui.widgets.text import esc
+from gputravel.console.view.model import OpLine
 
 LEVEL_TOKENS = {"warn": "$warning", "error": "$error"}
 

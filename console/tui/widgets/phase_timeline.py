@@ -9,8 +9,8 @@ from textual.content import Content
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from gputravel.console.tui.view_model import VisitView, gpu_label
 from gputravel.console.tui.widgets.text import esc, fit
+from gputravel.console.view.model import VisitView, gpu_label
 from gputravel.core.travel.phases import VISIT_PHASES
 
 PHASE_SHORT = {"ATTEST": "ATT", "HANDOFF": "HND", "PROVISION": "PRV", "RETURN": "RET", "VERIFY": "VER",

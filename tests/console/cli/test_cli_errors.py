@@ -87,12 +87,21 @@ def test_every_error_of_the_tree_file_has_its_own_code_and_rebuilds_from_the_wir
 
     defined = [c for c in vars(errors).values()
                if isinstance(c, type) and issubclass(c, GpuTravelError) and c.__module__ == errors.__name__]
-    assert sorted(c.__name__ for c in defined) == sorted(c.__name__ for c in errors.ERRORS_BY_CODE.values())
-    assert len({c.code for c in defined}) == len(defined)  # codes are unique
-    for cls in defined:
+    own = [c for c in defined if c not in errors.WIRE_ALIASES]
+    assert sorted(c.__name__ for c in own) == sorted(c.__name__ for c in errors.ERRORS_BY_CODE.values())
+    assert len({c.code for c in own}) == len(own)  # codes are unique
+    for cls in own:
         sent = cls.from_reason("h1: it broke")
         back = error_from_code(sent.code, sent.reason)
         assert type(back) is cls and back.reason == sent.reason, cls
+    # a holder-side class travels under its parent's code and exit code, and comes back as the parent
+    for alias, parent in errors.WIRE_ALIASES.items():
+        sent = alias("h1: it broke")
+        assert issubclass(alias, GpuTravelError) and (alias.code, alias.exit_code) == (parent.code, parent.exit_code)
+        back = error_from_code(sent.code, sent.reason)
+        assert type(back) is parent and str(back).endswith("h1: it broke"), alias
+    unknown = error_from_code("from-a-newer-peer", "it broke")
+    assert type(unknown) is GpuTravelError and unknown.code == "from-a-newer-peer"
     lost = error_from_code("link-lost", "alice: connection reset")
     assert isinstance(lost, LinkLostError) and lost.host == "alice" and lost.exit_code == 6
 

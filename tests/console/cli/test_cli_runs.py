@@ -49,7 +49,7 @@ def _record(path: Path, events: list[ev.Event]) -> None:
 def _visit(run_id: str, t0: float, holder: str, *, end: ev.Event | None, visit: int = 0) -> list[ev.Event]:
     out: list[ev.Event] = [ev.RunStarted(t0, run_id, {"kind": "emulated", "sim": True}, (holder,), 1),
                            ev.PhaseStarted(t0 + 1, visit, holder, "PROVISION", 1),
-                           ev.VisitCompleted(t0 + 2, visit, holder, 1, {})]
+                           ev.VisitCompleted(t0 + 2, visit, holder, 1, ev.VisitSummary())]
     return out + ([end] if end is not None else [])
 
 
@@ -114,10 +114,10 @@ def test_a_completed_fleet_reads_completed_with_every_ranks_visits(tmp_path: Pat
 
 def test_the_console_panel_and_runs_ls_count_visits_alike(tmp_path: Path) -> None:
     """One visit done, one failed, one never run: the travel panel and ``runs ls`` both say 1/3 (1✗)."""
-    from gputravel.console.tui.view_model import RunState
+    from gputravel.console.view.model import RunState
 
     events = [ev.RunStarted(1.0, "c1", {"kind": "emulated", "sim": True}, ("alice", "bob"), 3),
-              ev.PhaseStarted(2.0, 0, "alice", "PROVISION", 1), ev.VisitCompleted(3.0, 0, "alice", 1, {}),
+              ev.PhaseStarted(2.0, 0, "alice", "PROVISION", 1), ev.VisitCompleted(3.0, 0, "alice", 1, ev.VisitSummary()),
               ev.PhaseStarted(4.0, 1, "bob", "PROVISION", 2),
               ev.VisitFailed(5.0, 1, "bob", 2, "PROVISION", "agent lost", "agent"),
               ev.RunCompleted(6.0, "c1", 1, 1, 5.0)]

@@ -464,7 +464,7 @@ async def test_slash_filters_the_holders_table_and_escape_clears_it(data_root: P
 
 
 def test_a_second_run_in_one_console_goes_beside_out(tmp_path: Path) -> None:
-    from gputravel.console.tui.app import next_out_dir
+    from gputravel.console.cli.commands.console import next_out_dir
 
     out = tmp_path / "mine"
     assert next_out_dir(out, 1) == out
@@ -480,7 +480,7 @@ async def test_a_console_run_without_a_recording_still_writes_its_final_status(d
     says completed while the console that ran it is still open (issue 25.3)."""
     import os
 
-    from gputravel.console.cli.run_folder import read_run
+    from gputravel.console.view.run_info import read_run
     from gputravel.core.runfolder import mark_running, read_status
 
     umask = os.umask(0o022)

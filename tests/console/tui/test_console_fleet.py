@@ -23,11 +23,11 @@ from gputravel.console.tui.fleet_view import FleetBridge, FleetItem, FleetRecord
 from gputravel.console.tui.replay_bridge import ReplayBridge
 from gputravel.console.tui.screens.gpu import GpuScreen
 from gputravel.console.tui.screens.travel import TravelScreen
-from gputravel.console.tui.view_model import RunState
 from gputravel.console.tui.widgets.device_card import DeviceCard
 from gputravel.console.tui.widgets.route_map import RouteMap
 from gputravel.console.tui.widgets.status_bar import StatusBar
 from gputravel.console.tui.widgets.text import fmt_bytes
+from gputravel.console.view.model import RunState
 from gputravel.core import events as ev
 from gputravel.core.bench.data import make_dataset
 from gputravel.core.config import RunSettings

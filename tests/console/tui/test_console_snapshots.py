@@ -93,7 +93,7 @@ def synthetic_run(path: Path, *, ledger: Path | None = None) -> Path:
             if p == "ROTATE":
                 rec(ev.KeyRotated(at(), epoch, fp))
         else:
-            rec(ev.VisitCompleted(at(), visit, name, epoch, {"integrity_ok": True, "scrub_verified": True}))
+            rec(ev.VisitCompleted(at(), visit, name, epoch, ev.VisitSummary(integrity_ok=True, scrub_verified=True)))
     rec(ev.RunCompleted(at(), "snap0001", 3, 1, 4.5))
     rec.close()
     return path

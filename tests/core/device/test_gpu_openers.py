@@ -263,7 +263,7 @@ async def _run(tmp_path: Path, engine_name: str, data: Path) -> tuple[dict[str, 
     probe.engine = engine
     engine.bus.probes.append(probe)
     try:
-        report: dict[str, Any] = await engine.run()
+        report: dict[str, Any] = (await engine.run()).to_json()
     finally:
         await engine.aclose()
     return report, probe.digests

@@ -30,7 +30,7 @@ async def test_each_hand_off_leaves_the_ledger_head_with_the_holder_and_a_cut_le
     witness = {name: tmp_path / "holders" / name / "witness.jsonl" for name in ("alice", "bob")}
     links = [LocalHolderLink(name, data / name, agent=ENTRIES.holder_agent, val_fraction=settings.val_fraction, witness=witness[name])
              for name in ("alice", "bob")]
-    report = await api.run(settings, links=links)
+    report = (await api.run(settings, links=links)).to_json()
     assert report["failed_visits"] == 0
 
     db = out / "ledger.db"

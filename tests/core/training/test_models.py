@@ -181,7 +181,7 @@ async def test_a_device_death_mid_run_names_its_last_line_in_the_visit_and_the_l
             e.device.handle.kill()
 
         engine.fault["TRAIN"] = die
-        report = await engine.run()
+        report = (await engine.run()).to_json()
     first = report["visits"][0]
     assert first["outcome"] == "done" and any("device memory exhausted" in f for f in first["earlier_failures"])
     rows = [r for r in read_rows(tmp_path / "run" / "ledger.db") if r.kind == "device-restarted"]

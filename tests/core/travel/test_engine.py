@@ -80,8 +80,8 @@ async def test_full_run_trains_every_visit_and_never_records_a_key(data_root: Pa
     monkeypatch.setattr(holders_mod.FramedHolderLink, "provision", recording)
     events: list[ev.Event] = []
     out = tmp_path / "run"
-    report = await api.run(small(data_root, out, rounds=2, steps_per_visit=10), entries=ENTRIES,
-                          sinks=[events.append])
+    report = (await api.run(small(data_root, out, rounds=2, steps_per_visit=10), entries=ENTRIES,
+                          sinks=[events.append])).to_json()
 
     visits = report["visits"]
     assert [v["holder"] for v in visits] == ["alice", "bob", "alice", "bob"]
@@ -126,8 +126,8 @@ async def test_chunk_tampered_on_the_wire_is_rejected_and_retransmitted(data_roo
     links = local_links(settings)
     links["alice"].tamper_on_wire = {0}
     rejected: list[ev.ChunkRejected] = []
-    report = await api.run(settings, links=list(links.values()),
-                           sinks=[lambda e: rejected.append(e) if isinstance(e, ev.ChunkRejected) else None])
+    report = (await api.run(settings, links=list(links.values()),
+                           sinks=[lambda e: rejected.append(e) if isinstance(e, ev.ChunkRejected) else None])).to_json()
 
     first, second = report["visits"]
     assert first["outcome"] == "done" and first["integrity_ok"] and first["scrub_verified"]
@@ -150,7 +150,7 @@ async def test_agent_killed_mid_transfer_fails_the_visit_scrubs_and_the_run_goes
     settings = small(data_root, out, rounds=2, visit_attempts=1, data_path="channel")
     links = local_links(settings)
     links["alice"].kill_after_chunks = 1
-    report = await api.run(settings, links=list(links.values()))
+    report = (await api.run(settings, links=list(links.values()))).to_json()
 
     v0, v1, v2, v3 = report["visits"]
     assert (v0["outcome"], v0["failed_phase"]) == ("failed", "PROVISION")
@@ -206,7 +206,7 @@ async def test_each_visit_hashes_the_model_once_macs_it_twice_and_checkpoints_ho
     timings = Timings()
     async with started(small(data_root, out)) as engine:
         engine.bus.probes.append(timings)
-        report = await engine.run()
+        report = (await engine.run()).to_json()
         counters = (await asyncio.to_thread(engine.device.client.stats)).counters
         record = engine.ckpts.store.meta(engine.ckpts.last_good)
         state = CheckpointStore.over(engine.ckpts.store).load(engine.ckpts.last_good, run_id=report["run_id"])
@@ -242,7 +242,7 @@ async def test_integrity_mismatch_fails_the_visit_and_restores_the_last_good_che
                 seen["event"] = event
 
         engine.bus.sinks.append(on_failed)
-        report = await engine.run()
+        report = (await engine.run()).to_json()
 
     v0, v1 = report["visits"]
     assert (v0["outcome"], v0["failed_phase"]) == ("failed", "VERIFY")
@@ -363,7 +363,7 @@ async def test_resume_continues_a_cancelled_run_without_repeating_visits(data_ro
     with pytest.raises(ConfigError, match="already holds a run"):
         await api.run(settings, entries=ENTRIES)
 
-    report = await api.run(small(data_root, out, rounds=2, resume=True), entries=ENTRIES)
+    report = (await api.run(small(data_root, out, rounds=2, resume=True), entries=ENTRIES)).to_json()
     outcomes = [v["outcome"] for v in report["visits"]]
     assert outcomes == ["done (earlier run)", "done", "done", "done"]
     assert report["visits"][0]["loss_first"] is None  # not trained again

@@ -50,7 +50,7 @@ async def test_holders_bigger_than_the_buffer_travel_in_parts(data_root: Path, t
     out = tmp_path / "run"
     settings = RunSettings(holders=2, rounds=ROUNDS, steps_per_visit=1, batch_size=2, seq_len=16, chunk_kib=8,
                            buffer_mib=BUFFER_MIB, data_dir=data_root, out_dir=out, transport="local")
-    report = await api.run(settings, entries=ENTRIES)
+    report = (await api.run(settings, entries=ENTRIES)).to_json()
     buffer_bytes = settings.buffer_bytes
 
     # every visit ran to the end, with its integrity check and scrub

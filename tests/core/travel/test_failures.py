@@ -124,7 +124,7 @@ async def test_a_holder_whose_agent_does_not_come_back_gets_no_key_and_the_run_e
                 f.write("\n# changed behind the orchestrator's back\n")
 
         engine.fault["ATTEST"] = tamper
-        report = await engine.run()
+        report = (await engine.run()).to_json()
         keys_derived = (await asyncio.to_thread(engine.device.client.stats)).counters["handoffs"]
 
     outcomes = [(v["holder"], v["outcome"]) for v in report["visits"]]

@@ -122,7 +122,7 @@ def _drain(q: asyncio.Queue[ev.Event]) -> list[ev.Event]:
 
 def test_the_console_says_a_cancel_in_provision_lands_at_the_next_chunk_and_no_steps_ran() -> None:
     from gputravel.console.tui.screens.base import summarise
-    from gputravel.console.tui.view_model import RunState
+    from gputravel.console.view.model import RunState
 
     state = RunState()
     t = 1000.0

@@ -59,7 +59,7 @@ async def test_progress_events_arrive_during_train_and_add_up_to_the_phase(data_
     async with started(small(data_root, out, steps_per_visit=10)) as engine:
         engine.train_slices = SliceSettings(max_steps=3)  # slices of 3, 3, 3, 1 steps
         engine.bus.sinks.append(events.append)
-        report = await engine.run()
+        report = (await engine.run()).to_json()
 
     assert [v["outcome"] for v in report["visits"]] == ["done", "done"]
     progress = [e for e in events if isinstance(e, ev.TrainingProgressed)]
@@ -322,7 +322,7 @@ def test_sigterm_mid_train_lands_within_a_slice_scrubs_and_records_the_cancelled
 
 def test_view_model_shows_the_pending_control_until_it_lands_and_a_cancelled_visits_scrub() -> None:
     from gputravel.console.tui.screens.base import summarise
-    from gputravel.console.tui.view_model import RunState
+    from gputravel.console.view.model import RunState
 
     state = RunState()
     t = 1000.0

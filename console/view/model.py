@@ -11,8 +11,8 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from gputravel.console.tui.view_fleet import RUN_EVENTS, TERMINAL_STATUSES, DeviceView, FleetFolds, gpu_label
-from gputravel.console.tui.view_training import TrainingFolds
+from gputravel.console.view.fleet import RUN_EVENTS, TERMINAL_STATUSES, DeviceView, FleetFolds, gpu_label
+from gputravel.console.view.training import TrainingFolds
 from gputravel.core import events as ev
 from gputravel.core.travel.holders import HolderState
 from gputravel.core.travel.phases import VISIT_PHASES, Phase
@@ -347,8 +347,10 @@ class RunState(FleetFolds, TrainingFolds):
     def _on_VisitCompleted(self, e: ev.VisitCompleted) -> None:
         v = self._visit(e.visit, e.holder)
         v.outcome = "done"
-        v.integrity_ok = bool(e.report.get("integrity_ok", v.integrity_ok))
-        v.scrub_verified = bool(e.report.get("scrub_verified", v.scrub_verified))
+        if e.report.integrity_ok is not None:
+            v.integrity_ok = e.report.integrity_ok
+        if e.report.scrub_verified is not None:
+            v.scrub_verified = e.report.scrub_verified
         h = self.holder(e.holder)
         h.visits_done += 1
         h.state = "ready"

@@ -1,6 +1,6 @@
 """The training part of the console's view model: steps as they come, loss spikes, the pending control.
 
-:class:`TrainingFolds` is a base of :class:`~gputravel.console.tui.view_model.RunState`: it folds
+:class:`TrainingFolds` is a base of :class:`~gputravel.console.view.model.RunState`: it folds
 ``TrainingProgressed``, ``LossSpiked``, ``ControlRequested`` and ``VisitCancelled`` into that state's fields
 (``loss``, ``train_progress``, ``spikes``, ``pending``) and log. Visits are shown 1-based (``visit 1`` is the
 run's first); events, ledger rows and JSON keep the 0-based index ``visit``.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gputravel.console.cli.run_end import control_lands
+from gputravel.console.view.ending import control_lands
 from gputravel.core import events as ev
 
 __all__ = ["TrainingFolds", "pending_label"]

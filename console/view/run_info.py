@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gputravel.console.cli.run_end import final_status
-from gputravel.console.tui.view_model import RunState
+from gputravel.console.view.ending import final_status
+from gputravel.console.view.model import RunState
 from gputravel.core.errors import ConfigError, GpuTravelError
 from gputravel.core.recording import load_recording
 from gputravel.core.runfolder import (

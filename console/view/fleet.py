@@ -1,6 +1,6 @@
 """The fleet part of the console's view model: one state per GPU, summed up into the fleet's.
 
-:class:`FleetFolds` is a base of :class:`~gputravel.console.tui.view_model.RunState`. In a fleet,
+:class:`FleetFolds` is a base of :class:`~gputravel.console.view.model.RunState`. In a fleet,
 ``apply(event, gpu=R)`` folds each GPU's (torchrun rank's) events into that GPU's own ``RunState``
 (``gpus[R]``); the run events (attested, started, ended, paused) are logged once under the GPU's name and the
 fleet's status, device, epoch and rate are summed up from the GPUs' (:meth:`FleetFolds._sum_up`); holder and
