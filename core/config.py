@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gputravel.core.errors import ConfigError
+from gputravel.core.phases import VISIT_PHASES
 
 #: The stated limits of a run's numbers: beyond them a value is a typo or an attack on the orchestrator's
 #: memory (a plan of 10**20 rounds), refused with ``ConfigError`` before anything is created.
@@ -164,8 +165,6 @@ class RunSettings:
             value = getattr(self, name)
             if value is not None and not lo <= value <= hi:
                 raise ConfigError(f"{name.replace('_', '-')} must be in [{_num(lo)}, {_num(hi)}], not {value!r}")
-        from gputravel.core.travel.phases import VISIT_PHASES
-
         names = [str(p) for p in VISIT_PHASES]
         for b in self.breakpoints:
             if b not in names:

@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from gputravel.core.travel.phases import Phase
+from gputravel.core.phases import Phase
 
 if TYPE_CHECKING:
     from gputravel.core.travel.engine import TravelEngine

@@ -12,7 +12,7 @@ from typing import Any
 import typer
 import typer.core
 
-from gputravel.core.travel.phases import VISIT_PHASES
+from gputravel.core.phases import VISIT_PHASES
 
 __all__ = ["CcMode", "DataPathChoice", "ModelPreset", "PhaseChoice", "ThemeChoice", "TransportChoice",
            "quiet_flag_types", "version_callback", "version_text"]

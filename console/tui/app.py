@@ -37,9 +37,9 @@ from gputravel.console.tui.screens.ledger import LedgerScreen
 from gputravel.console.tui.screens.training import TrainingScreen
 from gputravel.console.tui.screens.travel import TravelScreen
 from gputravel.core.errors import GpuTravelError
+from gputravel.core.phases import Phase
 from gputravel.core.recording import Recording, load_recording
 from gputravel.core.telemetry import Sampler
-from gputravel.core.travel.phases import Phase
 from gputravel.themes import CSS_PATH, THEMES, theme_name
 
 __all__ = ["GpuTravelConsole", "main", "make_app"]

@@ -23,12 +23,12 @@ from gputravel.console.view.model import TERMINAL_STATUSES, RunState
 from gputravel.core import events as ev
 from gputravel.core.errors import GpuTravelError
 from gputravel.core.ledger import read_rows
+from gputravel.core.phases import Phase
 from gputravel.core.recording import Recorder
 from gputravel.core.runfolder import RunFolder
 from gputravel.core.session import Session
 from gputravel.core.telemetry import EmulatedSource, History, Sampler, TelemetryFrame
 from gputravel.core.travel.holders import HolderState
-from gputravel.core.travel.phases import Phase
 
 if TYPE_CHECKING:
     from textual.app import App

@@ -13,8 +13,8 @@ from gputravel.console.tui.bridge import Bridge
 from gputravel.console.view.model import RUN_EVENTS, TERMINAL_STATUSES, RunState
 from gputravel.core import events as ev
 from gputravel.core.errors import GpuTravelError
+from gputravel.core.phases import Phase
 from gputravel.core.recording import Player, RecordedItem, Recording, load_recording
-from gputravel.core.travel.phases import Phase
 
 if TYPE_CHECKING:
     from textual.app import App

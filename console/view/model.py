@@ -14,14 +14,13 @@ from typing import Any
 from gputravel.console.view.fleet import RUN_EVENTS, TERMINAL_STATUSES, DeviceView, FleetFolds, gpu_label
 from gputravel.console.view.training import TrainingFolds
 from gputravel.core import events as ev
+from gputravel.core.phases import VISIT_PHASES, Phase
 from gputravel.core.travel.holders import HolderState
-from gputravel.core.travel.phases import VISIT_PHASES, Phase
 
-__all__ = ["HOLDER_STATES", "RUN_EVENTS", "TERMINAL_STATUSES", "DeviceView", "HolderView", "OpLine", "PhaseMark",
+__all__ = ["RUN_EVENTS", "TERMINAL_STATUSES", "DeviceView", "HolderView", "OpLine", "PhaseMark",
            "RunState", "VisitView", "gpu_label"]
 
 #: The states a holder goes through, in order (the SSH deployer adds connecting/deploying/verified).
-HOLDER_STATES = tuple(s.value for s in HolderState if s is not HolderState.STOPPED)
 #: Phases during which the GPU is, logically, with the holder (it holds a key into the buffer window).
 AWAY_PHASES = frozenset({"HANDOFF", "PROVISION", "RETURN"})
 

@@ -4,7 +4,7 @@ The worker is an orchestrator-side process (see docs/fleet.md). :class:`FleetEng
 with a lock-step run loop: the visit walk, visit control, recovery, audit and report are the engine's; the
 fleet adds the agreement before TRAIN (every rank's weight), TRAIN as one weighted step of the device
 group's DDP replicas (:mod:`gputravel.core.fleet.ddp`), a checkpoint per step on every rank, and the
-replicas' digest check after every step. :class:`WorkerGroup` is the workers' own process group (gloo,
+replicas' digest check after every step. :class:`FleetGroup` is the workers' own process group (gloo,
 torchrun's ``env://``), which carries nothing but that control.
 """
 
@@ -45,7 +45,7 @@ from gputravel.core.travel.training import SliceSettings, TrainStep
 from gputravel.core.travel.training_log import TrainingLog
 from gputravel.core.travel.visits import VisitRecord
 
-__all__ = ["FleetEngine", "FleetOptions", "WorkerGroup", "fleet_start"]
+__all__ = ["FleetEngine", "FleetOptions", "FleetGroup", "fleet_start"]
 
 #: the all-reduce variants a fleet may run (the DDP hook's)
 FLEET_VARIANTS = (Variant.SECURE_PIPELINED, Variant.SECURE_NAIVE, Variant.RING, Variant.PLAIN)
@@ -87,7 +87,7 @@ class FleetOptions:
         return cls(**data)
 
 
-class WorkerGroup:
+class FleetGroup:
     """The workers' process group (torchrun's env://, gloo): agreements and reports, no data.
 
     torchrun's store and gloo's pairing take any client, so every message is sealed under the fleet key
@@ -173,7 +173,7 @@ class FleetTrain:
     device) and one weighted step of the device group's DDP replicas. The rank's walk uses it for the steps
     it trains with weight 0 (idle, or its visit failed before TRAIN) too."""
 
-    def __init__(self, *, group: WorkerGroup, seed: int, device: DeviceSession, log: TrainingLog,
+    def __init__(self, *, group: FleetGroup, seed: int, device: DeviceSession, log: TrainingLog,
                  steps: int, **_unused: Any) -> None:
         self.group = group
         self.seed = seed
@@ -282,7 +282,7 @@ class FleetEngine(TravelEngine):
 
     scrub_when_interrupted = False  # a rank interrupted mid all-reduce may wait on its peers: end at once
 
-    def __init__(self, *, fleet: FleetOptions, group: WorkerGroup, **kw: Any) -> None:
+    def __init__(self, *, fleet: FleetOptions, group: FleetGroup, **kw: Any) -> None:
         make_program = kw.pop("make_program")
         settings = kw["settings"]
         super().__init__(make_program=self._fleet_program(make_program),

@@ -28,7 +28,7 @@ from gputravel.core.errors import ConfigError, FleetDeviceLostError, GpuTravelEr
 from gputravel.core.events import Event
 from gputravel.core.fleet.auth import fleet_key
 from gputravel.core.fleet.platform import FleetPlatform, ensure_vendor
-from gputravel.core.fleet.rank import FleetEngine, FleetOptions, WorkerGroup
+from gputravel.core.fleet.rank import FleetEngine, FleetGroup, FleetOptions
 from gputravel.core.fleet.verify import verify_fleet
 from gputravel.core.ledger import Ledger, verify_ledger
 from gputravel.core.runfolder.folder import RunFolder
@@ -185,7 +185,7 @@ async def run_rank(settings: RunSettings, fleet: FleetOptions, *, links: Iterabl
 
     folder = RunFolder(settings.out_dir)
     out = folder.path
-    group = WorkerGroup(key=fleet_key(out), timeout_s=fleet.timeout_s)
+    group = FleetGroup(key=fleet_key(out), timeout_s=fleet.timeout_s)
     if group.rank == 0:
         ensure_vendor(folder.vendor)
     await group.agree("vendor")  # the vendor PKI exists before any device is certified under it

@@ -1,4 +1,4 @@
-"""Telemetry sources: NVML, emulated device counters, replay.
+"""Telemetry sources: NVML and the emulated device's counters (a replay reads frames from its recording).
 
 Sources yield frozen snapshots (:class:`GpuSample` in a :class:`TelemetryFrame`); an unsupported field
 is ``NA`` (prints ``N/A``), a machine without a driver says why in ``frame.nvml.reason``.
@@ -26,10 +26,9 @@ from gputravel.core.telemetry.model import (
 )
 from gputravel.core.telemetry.nvml import NvmlSource, explain_init_error, nvml_query
 from gputravel.core.telemetry.recorded import TELEMETRY_INTERVAL_S, DeviceFeed, TelemetryLoop, rank_sampler
-from gputravel.core.telemetry.replay import ReplaySource
 from gputravel.core.telemetry.sampler import Sampler
 
 __all__ = ["DATA_PHASES", "METRICS", "NA", "TELEMETRY_INTERVAL_S", "CCState", "DeviceFeed", "EmulatedSource",
            "GpuSample", "History", "IntervalPhaseTracker", "NAType", "NvmlSource", "NvmlStatus", "PhaseTracker",
-           "Point", "ProcessSample", "ReplaySource", "Sampler", "TelemetryFrame", "TelemetryLoop",
+           "Point", "ProcessSample", "Sampler", "TelemetryFrame", "TelemetryLoop",
            "explain_init_error", "nvml_query", "rank_sampler"]

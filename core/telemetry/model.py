@@ -43,10 +43,6 @@ NA: Final = NAType()
 Num = float | int | NAType
 
 
-def is_na(value: Any) -> bool:
-    return value is NA
-
-
 def _plain(value: Any) -> Any:
     """NA to None, tuples of snapshots to lists of dicts (for JSON and the recording)."""
     if value is NA:

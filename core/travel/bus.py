@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 
 from gputravel.core import events as ev
+from gputravel.core.phases import Phase
 from gputravel.core.travel.control import EventSink
-from gputravel.core.travel.phases import Phase
 from gputravel.core.travel.probes import EngineProbe
 
 __all__ = ["EventBus", "EventSink"]

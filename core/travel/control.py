@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from gputravel.core import events as ev
 from gputravel.core.errors import CancelledRunError, ConfigError
-from gputravel.core.travel.phases import Phase
+from gputravel.core.phases import Phase
 
 __all__ = ["Control", "EventSink", "FaultPlan", "Faults"]
 

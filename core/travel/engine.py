@@ -34,6 +34,7 @@ from gputravel.core.errors import (
     StorageError,
 )
 from gputravel.core.ledger import Ledger
+from gputravel.core.phases import Phase, check_transition
 from gputravel.core.platform.base import DeviceHandle
 from gputravel.core.protocol.ckptring import RingAborted
 from gputravel.core.runfolder import RunFolder, sealed_settings_digest
@@ -45,7 +46,6 @@ from gputravel.core.travel.control import Control, FaultPlan, Faults
 from gputravel.core.travel.device_session import DeviceSession
 from gputravel.core.travel.holder_setup import attach as attach_holder_attestation
 from gputravel.core.travel.holders import HolderInfo, HolderLink
-from gputravel.core.travel.phases import Phase, check_transition
 from gputravel.core.travel.probes import EngineProbe
 from gputravel.core.travel.recovery import Recovery
 from gputravel.core.travel.report import RunReport, build_report

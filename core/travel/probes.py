@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gputravel.core.travel.phases import Phase
+from gputravel.core.phases import Phase
 
 __all__ = ["EngineProbe", "Timings"]
 

@@ -13,11 +13,11 @@ from typing import Any
 
 from gputravel.core import events as ev
 from gputravel.core.errors import AgentError, CancelledRunError, DeviceError, GpuTravelError, IntegrityError
+from gputravel.core.phases import Phase
 from gputravel.core.travel.audit import Audit
 from gputravel.core.travel.checkpoints import Checkpointer
 from gputravel.core.travel.device_session import DeviceSession
 from gputravel.core.travel.holders import HolderInfo, HolderLink
-from gputravel.core.travel.phases import Phase
 from gputravel.core.travel.training_log import TrainingLog
 from gputravel.core.travel.visits import Itinerary, VisitRecord
 

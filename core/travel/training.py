@@ -19,9 +19,9 @@ from typing import Any, Protocol
 
 from gputravel.core import events as ev
 from gputravel.core.errors import DeviceError
+from gputravel.core.phases import Phase
 from gputravel.core.travel.control import Control, EventSink
 from gputravel.core.travel.device_session import DeviceSession
-from gputravel.core.travel.phases import Phase
 from gputravel.core.travel.training_log import SpikeWatch, TrainingLog
 from gputravel.core.travel.visits import VisitRecord
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gputravel.core.events import VisitSummary
-from gputravel.core.travel.phases import Phase
+from gputravel.core.phases import Phase
 from gputravel.core.travel.schedule import VisitPlan
 
 __all__ = ["Itinerary", "VisitRecord"]

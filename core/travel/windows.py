@@ -18,13 +18,13 @@ from typing import Any
 from gputravel.core import events as ev
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import LinkLostError, ProtocolError
+from gputravel.core.phases import Phase
 from gputravel.core.protocol.deviceanswers import WindowStatus
 from gputravel.core.travel import handoff as ho
 from gputravel.core.travel.audit import Audit
 from gputravel.core.travel.control import Control
 from gputravel.core.travel.device_session import DeviceSession
 from gputravel.core.travel.holders import Handoff, HolderInfo, HolderLink
-from gputravel.core.travel.phases import Phase
 from gputravel.core.travel.visits import Itinerary, VisitRecord
 
 __all__ = ["HandoffWindows", "Visit"]

@@ -7,7 +7,7 @@ ranks use (a real one, on 127.0.0.1), writing the keys the fleet reads. What it 
 * the ring's key agreement (``core/collectives/keys.py``) refuses a replayed handshake message, a group key
   it did not seal, and, once pinned to the devices the workers attested, another genuine device answering
   for a rank (without the pin that device would be accepted: the test shows both);
-* the workers' group (``WorkerGroup``) refuses a rank that does not hold the fleet key, and every altered,
+* the workers' group (``FleetGroup``) refuses a rank that does not hold the fleet key, and every altered,
   replayed or relabelled message (``FleetAuthError``, counted);
 * a replica that drifts from the others stops every rank with ``ReplicaDivergedError`` and the step is not
   committed; a rank killed mid-round stops the others with a named error (no hang) and ``--resume`` finishes.
@@ -210,8 +210,8 @@ def test_the_fleet_key_is_private_and_made_once(tmp_path: Path) -> None:
 _WORKER = """
 import json, os, sys
 from gputravel.core.errors import GpuTravelError
-from gputravel.core.fleet.rank import WorkerGroup
-group = WorkerGroup(key=bytes.fromhex(sys.argv[1]), timeout_s=180)
+from gputravel.core.fleet.rank import FleetGroup
+group = FleetGroup(key=bytes.fromhex(sys.argv[1]), timeout_s=180)
 try:
     got = group.gather({"rank": group.rank, "digest": "d" * 64})
     print(json.dumps({"ok": got, "refused": group.refused}))

@@ -11,7 +11,7 @@ from textual.widget import Widget
 
 from gputravel.console.tui.widgets.text import esc, fit
 from gputravel.console.view.model import VisitView, gpu_label
-from gputravel.core.travel.phases import VISIT_PHASES
+from gputravel.core.phases import VISIT_PHASES
 
 PHASE_SHORT = {"ATTEST": "ATT", "HANDOFF": "HND", "PROVISION": "PRV", "RETURN": "RET", "VERIFY": "VER",
                "TRAIN": "TRN", "SCRUB": "SCR", "ROTATE": "ROT"}

@@ -26,10 +26,10 @@ from gputravel.console.tui.widgets.gpu_card import GpuCard
 from gputravel.core import events as ev
 from gputravel.core.api import build_engine, resolve_holder_dirs
 from gputravel.core.ledger import verify_ledger
+from gputravel.core.phases import Phase
 from gputravel.core.recording import Recorder, load_recording
 from gputravel.core.telemetry import CCState, GpuSample, NvmlStatus, TelemetryFrame
 from gputravel.core.travel.local_link import LocalHolderLink
-from gputravel.core.travel.phases import Phase
 
 SIZE = (120, 40)
 

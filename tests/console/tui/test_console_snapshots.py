@@ -21,9 +21,9 @@ from gputravel.console.tui.app import GpuTravelConsole, make_app
 from gputravel.console.tui.screens.ledger import LedgerScreen
 from gputravel.core import events as ev
 from gputravel.core.ledger import Ledger
+from gputravel.core.phases import VISIT_PHASES
 from gputravel.core.recording import Recorder, load_recording
 from gputravel.core.telemetry import CCState, GpuSample, NvmlStatus, TelemetryFrame
-from gputravel.core.travel.phases import VISIT_PHASES
 
 SNAPSHOTS = SNAPSHOTS_DIR / "console"
 UPDATE = os.environ.get("GPUTRAVEL_UPDATE_SNAPSHOTS") == "1"

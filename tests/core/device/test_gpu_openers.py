@@ -30,6 +30,7 @@ from gputravel.core.device.openers import (
 )
 from gputravel.core.deviceclient.client import DeviceClient
 from gputravel.core.errors import ConfigError
+from gputravel.core.phases import Phase
 from gputravel.core.platform.emulated import EmulatedPlatform
 from gputravel.core.protocol import (
     TAG_LEN,
@@ -44,7 +45,6 @@ from gputravel.core.protocol import (
 )
 from gputravel.core.protocol.frames import frame_head
 from gputravel.core.protocol.holderlink import Admission
-from gputravel.core.travel.phases import Phase
 from gputravel.core.travel.probes import EngineProbe
 from tests.helpers import write_holder
 

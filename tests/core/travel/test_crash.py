@@ -25,7 +25,7 @@ import pytest
 from helpers import HolderData, live_processes
 
 from gputravel.core.ledger import read_rows, verify_ledger
-from gputravel.core.travel.phases import VISIT_PHASES
+from gputravel.core.phases import VISIT_PHASES
 
 WORDS = "the quick brown fox jumps over a lazy dog while seven wise owls sing softly at night".split()
 ARGS = ["--holders", "2", "--rounds", "1", "--steps-per-visit", "3", "--batch-size", "4", "--seq-len", "32",

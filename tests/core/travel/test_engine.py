@@ -26,10 +26,10 @@ from gputravel.core.api import resolve_holder_dirs
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import AttestationError, CancelledRunError, ConfigError, DataError
 from gputravel.core.ledger import LedgerRow, read_rows, verify_ledger
+from gputravel.core.phases import Phase
 from gputravel.core.training.checkpoint import CheckpointStore
 from gputravel.core.travel import framed_link as holders_mod
 from gputravel.core.travel.local_link import LocalHolderLink
-from gputravel.core.travel.phases import Phase
 from gputravel.core.travel.probes import Timings
 
 pytestmark = pytest.mark.usefixtures("no_leaked_processes")

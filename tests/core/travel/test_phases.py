@@ -1,4 +1,4 @@
-"""The visit state machine (core/travel/phases.py) against the protocol it encodes.
+"""The visit state machine (core/phases.py) against the protocol it encodes.
 
 Expectations are written from the protocol in DESIGN.md ("The protocol (one visit)") and the module's own
 contract, not copied from ``TRANSITIONS``:
@@ -18,7 +18,7 @@ import itertools
 import pytest
 
 from gputravel.core.errors import GpuTravelError
-from gputravel.core.travel.phases import (
+from gputravel.core.phases import (
     TRANSITIONS,
     VISIT_PHASES,
     Phase,

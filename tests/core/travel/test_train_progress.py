@@ -22,8 +22,8 @@ from gputravel.core import events as ev
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import CancelledRunError
 from gputravel.core.ledger import LedgerRow, read_rows, verify_ledger
+from gputravel.core.phases import Phase
 from gputravel.core.recording import load_recording
-from gputravel.core.travel.phases import Phase
 from gputravel.core.travel.training import SliceSettings, SpikeWatch
 
 pytestmark = pytest.mark.usefixtures("no_leaked_processes")

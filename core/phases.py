@@ -1,4 +1,5 @@
-"""The visit as an explicit state machine."""
+"""The visit as an explicit state machine: its phases (``Phase``) and legal transitions. Top level in core: the
+settings (breakpoints), the events and the console name phases too, and travel drives them."""
 
 from __future__ import annotations
 
