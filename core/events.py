@@ -275,3 +275,14 @@ class RunFailed(Event):
     run_id: str
     error: str
     code: str
+
+
+def event_types() -> dict[str, type[Event]]:
+    """Every event class by its ``kind`` (what a recording stores), for reading events back."""
+    found: dict[str, type[Event]] = {}
+    todo: list[type[Event]] = [Event]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            found[sub.__name__] = sub
+            todo.append(sub)
+    return found

@@ -57,8 +57,8 @@ def _json_default(value: Any) -> Any:
 def event_from_dict(data: dict[str, Any]) -> ev.Event:
     """Rebuild an engine event from its ``to_dict()`` form; unknown fields are dropped, tuples restored."""
     kind = data.get("kind")
-    cls = getattr(ev, str(kind), None)
-    if not (isinstance(cls, type) and issubclass(cls, ev.Event)):
+    cls = ev.event_types().get(str(kind))
+    if cls is None:
         raise RecordingError(f"unknown event kind {kind!r}")
     if issubclass(cls, WireMessage):  # a typed payload: every field checked against its declared bounds
         try:

@@ -342,13 +342,21 @@ def _watch_fleet(settings: Any, *, gpus: int, theme: str) -> None:
     watch_fleet(settings, gpus=gpus, make_app=make_app, theme=theme)
 
 
-def main() -> None:
-    """Entry point of ``gputravel-console``: the ``console`` command (``console/cli/commands/console.py``) given
-    this app's factory."""
+def _console_cli() -> typer.Typer:
+    """``gputravel-console``'s typer app: the ``console`` command (``console/cli/commands/console.py``) given this
+    module's app factory (looked up when a run starts, so a test may stand in for it)."""
     from gputravel.console.cli.commands import console as console_command
 
-    cli = typer.Typer(add_completion=True, pretty_exceptions_enable=False)
-    console_command.register(cli, make_app=make_app, watch_fleet=_watch_fleet)
+    app = typer.Typer(add_completion=True, pretty_exceptions_enable=False)
+    console_command.register(app, make_app=lambda **kw: make_app(**kw), watch_fleet=_watch_fleet)
+    return app
+
+
+cli = _console_cli()
+
+
+def main() -> None:
+    """Entry point of ``gputravel-console``."""
     try:
         cli(standalone_mode=True)
     except GpuTravelError as exc:

@@ -22,7 +22,7 @@ def pending_label(pending: str | None) -> str | None:
 
 
 class TrainingFolds:
-    """Event handlers (``_on_<Event>``) that :meth:`RunState.apply` dispatches to."""
+    """Event handlers (``_on_<Event>``) that :meth:`RunState.apply` dispatches to (``model.HANDLERS``)."""
 
     # RunState's fields these handlers fold into (declared here so the handlers type-check without importing it)
     _gpu: int | None

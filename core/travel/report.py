@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -93,19 +93,9 @@ class RunReport:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for f in fields(self):  # in their order
-            value = getattr(self, f.name)
-            if f.name != "extra":
-                out[f.name] = _plain(value) if isinstance(value, _PARTS) else value
-        return {**out, **self.extra}
-
-
-_PARTS = (TrainingSummary, ProvisioningSummary, LedgerSummary)
-
-
-def _plain(part: TrainingSummary | ProvisioningSummary | LedgerSummary) -> dict[str, Any]:
-    return {f.name: getattr(part, f.name) for f in fields(part)}
+        out = asdict(self)  # the fields in their order, the summaries as dicts (a copy: the report stays as it is)
+        extra = out.pop("extra")
+        return {**out, **extra}
 
 
 def build_report(*, run_id: str, out_dir: Path, chunk_kib: int, handle: DeviceHandle, device: DeviceSession,
