@@ -27,7 +27,7 @@ import hashlib
 import json
 import re
 import struct
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -361,24 +361,24 @@ def upload_weights(path: Path, *, program_model: Mapping[str, Any], key: bytes, 
 
 
 # --- export: a run's last sealed checkpoint -> a public model file -----------------------------------------
-def export_run(run_dir: Path, output: Path, *, fmt: str, dtype: str = "float32") -> dict[str, Any]:
-    """Open ``run_dir``'s newest checkpoint with the run's key (``keys/checkpoint.key``) and write its model to
-    ``output`` as ``fmt`` (``llmc`` or ``safetensors``). Returns what was written.
+def export_run(run_dir: Path, output: Path, *, key_path: Path, checkpoints: Iterable[Path], fmt: str,
+               dtype: str = "float32") -> dict[str, Any]:
+    """Open ``run_dir``'s newest checkpoint (of ``checkpoints``, the folder's sealed files) with the run's key
+    (``key_path``) and write its model to ``output`` as ``fmt`` (``llmc`` or ``safetensors``). Returns what was
+    written. The caller names the files (``RunFolder``): training knows no run folder.
 
     The checkpoint is opened through a store over an empty temporary folder: a store over the run's own folder
     would sweep the temporary file of a checkpoint the run may be writing right now."""
     import tempfile
 
-    from gputravel.core.runfolder.folder import RunFolder
     from gputravel.core.training.checkpoint import CheckpointStore, load_or_create_key
 
     if fmt not in FORMATS:
         raise ConfigError(f"unknown weights format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    folder = RunFolder(run_dir)
-    run_dir, key_path = folder.path, folder.checkpoint_key
+    run_dir = Path(run_dir)
     if not key_path.is_file():
         raise ConfigError(f"{run_dir} has no checkpoint key ({key_path}): its checkpoints cannot be opened")
-    found = sorted((int(p.name[5:-4]), p) for p in folder.checkpoint_files() if p.name[5:-4].isdigit())
+    found = sorted((int(p.name[5:-4]), p) for p in checkpoints if p.name[5:-4].isdigit())
     if not found:
         raise DataError(f"{run_dir} has no sealed checkpoint (checkpoints/ckpt-*.gtc) to export")
     seq, path = found[-1]

@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from gputravel.core.runfolder import RUNS_DIR, find_run
+from gputravel.core.runfolder import RUNS_DIR, RunFolder, find_run
 
 
 class WeightsFormat(StrEnum):
@@ -51,7 +51,9 @@ def register(app: typer.Typer) -> None:
         if output is None:
             raise ConfigError("export needs --output FILE")
         folder = find_run(run, runs_dir)
-        done = export_run(folder, output, fmt=fmt.value, dtype=dtype.value)
+        here = RunFolder(folder)
+        done = export_run(folder, output, key_path=here.checkpoint_key, checkpoints=here.checkpoint_files(),
+                          fmt=fmt.value, dtype=dtype.value)
         if as_json:
             typer.echo(json.dumps(done, indent=2))
             return
