@@ -205,17 +205,19 @@ class VisitSummary(WireMessage):
     val_loss: float | None = field(default=None, metadata=bounds(_LOSS))
     tokens_per_s: float = field(default=0.0, metadata=bounds(_SECONDS))
     outcome: str = field(default="pending", metadata=bounds(Str(32)))
-    error: str | None = field(default=None, metadata=bounds(Opt(Str(8192))))
+    error: str | None = field(default=None, metadata=bounds(Opt(Str(1 << 16))))
     failed_phase: str | None = field(default=None, metadata=bounds(Opt(Str(32))))
     rejected: dict[str, int] = field(default_factory=dict, metadata=bounds(MapOf(_COUNT, max_len=64)))
     retransmits: int = field(default=0, metadata=bounds(_COUNT))
     attempts: int = field(default=0, metadata=bounds(_COUNT))
-    earlier_failures: list[str] = field(default_factory=list, metadata=bounds(ListOf(Str(8192), max_len=1024)))
+    earlier_failures: list[str] = field(default_factory=list,
+                                        metadata=bounds(ListOf(Str(1 << 16), max_len=1024)))
     attack: bool = field(default=False, metadata=bounds(Bool()))
     attack_attempts: dict[str, int] = field(default_factory=dict, metadata=bounds(MapOf(_COUNT, max_len=64)))
     phase_s: dict[str, float] = field(default_factory=dict, metadata=bounds(MapOf(_SECONDS, max_len=32)))
     #: the holder's own verdict (``Verdict.report()``; None: the holder does not attest)
-    holder_attestation: dict[str, Any] | None = field(default=None, metadata=bounds(Opt(Json(max_depth=6))))
+    holder_attestation: dict[str, Any] | None = field(
+        default=None, metadata=bounds(Opt(Json(max_depth=8, max_items=1 << 16, max_str=1 << 20))))
 
 
 @dataclass(frozen=True, slots=True)
