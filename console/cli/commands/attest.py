@@ -1,5 +1,6 @@
 """``gputravel attest``: attest the (emulated) GPU and show every claim; or, offline, verify real-format evidence
-(an NVIDIA GPU's SPDM report with ``--evidence``, an Intel TDX quote with ``--tdx-quote``: see attest_evidence)."""
+(an NVIDIA GPU's SPDM report with ``--evidence``, an Intel TDX quote with ``--tdx-quote``: see attest_evidence; an
+AMD SEV-SNP report with ``--snp-report``, Azure's HCL report with ``--azure-hcl``: see attest_snp)."""
 
 from __future__ import annotations
 
@@ -113,6 +114,24 @@ def attest(
     collateral: Annotated[
         Path | None, typer.Option("--collateral", help="The quote's collateral, dcap-qvl QuoteCollateralV3 JSON.")
     ] = None,
+    snp_report: Annotated[
+        Path | None, typer.Option("--snp-report", help="AMD SEV-SNP attestation report (1,184 bytes, raw or hex): "
+                                  "verify it offline with --vcek.")
+    ] = None,
+    azure_hcl: Annotated[
+        Path | None, typer.Option("--azure-hcl", help="Azure's HCL report (vTPM NV index 0x01400001): its SNP "
+                                  "report, runtime data and --tpm-quote over --nonce, with --vcek.")
+    ] = None,
+    vcek: Annotated[
+        Path | None, typer.Option("--vcek", help="The chip's VCEK (or VLEK) certificate, DER or PEM (with "
+                                  "--snp-report/--azure-hcl).")
+    ] = None,
+    tpm_quote: Annotated[
+        Path | None, typer.Option("--tpm-quote", help="A TPM2 quote by the vTPM key HCLAkPub (with --azure-hcl).")
+    ] = None,
+    product: Annotated[
+        str | None, typer.Option("--product", help="milan, genoa or turin (default: the VCEK's issuer says).")
+    ] = None,
     at: Annotated[
         int | None, typer.Option("--at", help="Verify as of this Unix time (default: now).")
     ] = None,
@@ -126,7 +145,7 @@ def attest(
 ) -> None:
     """Attest the GPU: certificate chain, revocation, signature, nonce, measurements, CC mode.
 
-    With --evidence or --tdx-quote, verify real-format evidence from files instead (offline; exit 0, or 3 naming
+    With --evidence, --tdx-quote, --snp-report or --azure-hcl, verify real-format evidence from files instead (offline; exit 0, or 3 naming
     the first claim that failed).
     """
     if sim_formats:
@@ -138,6 +157,19 @@ def attest(
         return
     if out is not None:
         raise DataError("--out goes with --sim-formats")
+    snp = snp_report is not None or azure_hcl is not None
+    if snp:
+        from gputravel.console.cli.commands.attest_snp import attest_snp
+
+        if sum(x is not None for x in (evidence, tdx_quote, snp_report, azure_hcl)) > 1 or inject is not None:
+            raise DataError("give one of --evidence, --tdx-quote, --snp-report, --azure-hcl (no --inject with them)")
+        if cert_chain is not None or rim or collateral is not None:
+            raise DataError("--cert-chain, --rim and --collateral do not go with --snp-report/--azure-hcl")
+        attest_snp(snp_report=snp_report, azure_hcl=azure_hcl, vcek=vcek, tpm_quote=tpm_quote, nonce=nonce,
+                   product=product, at=at, policy=policy, json_out=json_out)
+        return
+    if vcek is not None or tpm_quote is not None or product is not None:
+        raise DataError("--vcek, --tpm-quote and --product need --snp-report or --azure-hcl")
     if evidence is not None or tdx_quote is not None:
         from gputravel.console.cli.commands.attest_evidence import attest_gpu_evidence, attest_tdx_quote
 
