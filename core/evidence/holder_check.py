@@ -91,7 +91,7 @@ class HolderVerifier:
         if known is None:
             claims, _ = verify_report(report, chain_pem, nonce, root=self._root, at=dt.datetime.now(dt.UTC),
                                       expected_arch=self.policy.gpu.expected_arch)
-            chain_claims = ("-cert-chain-validated", "-cert-chain-fwid-match", "x-nvidia-gpu-arch-check")
+            chain_claims = ("-cert-chain", "-cert-chain-fwid-match", "x-nvidia-gpu-arch-check")
             bad = [c.name for c in claims.failed() if c.name.endswith(chain_claims)]
             known = bad if bad else load_pem_chain(chain_pem)[0]
             self._leaf[tag] = known

@@ -20,6 +20,7 @@ from .policy import GpuPolicy
 __all__ = ["GpuVerdict", "verify_gpu"]
 
 OVERALL = "x-nvidia-overall-att-result"
+CLAIMS_VERSION = "3.0"  # NVIDIA's claims version whose names and values these are (x-nvidia-ver)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +33,7 @@ class GpuVerdict:
         return {
             "ok": self.ok,
             "platform": "nvidia-gpu",
+            "claims_version": CLAIMS_VERSION,
             "claims": self.claims.values(),
             "checks": self.claims.to_dict(),
             "failed_claim": self.failed.name if self.failed else None,
@@ -82,24 +84,24 @@ def verify_gpu(report: bytes, cert_chain: bytes, nonce: bytes, *, rims: Sequence
             claims.add("measres", "success" if ok else "fail", ok,
                        f"{len(driver.golden) + len(vbios.golden)} golden measurements match" if ok else
                        f"runtime measurements differ from the RIMs at indices {bad}" if bad else "index conflict")
-            claims.add("secboot", ok, ok)
-            claims.add("dbgstat", "disabled" if ok else NOT_CHECKED, True if ok else None,
-                       "" if ok else "NVIDIA reports dbgstat only when the measurements match")
+            if ok:  # as NVIDIA's verifier (claims 3.0): secboot and dbgstat only when measres is success
+                claims.add("secboot", True, True)
+                claims.add("dbgstat", "disabled", True)
         else:
             missing = " and ".join(k for k, r in (("driver", driver), ("VBIOS", vbios)) if r is None)
             why = (f"no valid {missing} RIM given (report: driver {parsed.driver_version}, "
                    f"VBIOS {parsed.vbios_version})")
             claims.add("measres", NOT_CHECKED, None, why)
-            claims.add("secboot", NOT_CHECKED, None, "follows measres")
-            claims.add("dbgstat", NOT_CHECKED, None, "follows measres")
+        claims.add("oemid", driver.manufacturer_id if driver else None, None,
+                   "the driver RIM's FirmwareManufacturerId" if driver else "no valid driver RIM given")
     failed = next((c for c in claims if c.ok is False), None)
     if failed is None:
         for c in claims.unchecked():
-            if c.name.endswith("ocsp-status") and policy.accept_ocsp_not_checked:
+            if c.name.endswith("-cert-chain") and policy.accept_ocsp_not_checked:
                 continue
-            if c.name in {"measres", "secboot", "dbgstat"} and not policy.require_rims:
+            if c.name == "measres" and not policy.require_rims:
                 continue
-            if c.name in {"hwmodel", "ueid"}:
+            if c.name in {"hwmodel", "ueid", "oemid"}:
                 continue
             failed = Claim(c.name, c.value, False, f"{c.detail} (not checked; the policy requires it)")
             break

@@ -28,8 +28,8 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from lxml import etree
 from signxml import InvalidInput, InvalidSignature, SignatureConfiguration, XMLVerifier  # type: ignore[attr-defined]
 
-from .claims import NOT_CHECKED, ClaimSet
-from .nvidia_spdm import CERTS_DIR, check_chain
+from .claims import ClaimSet
+from .nvidia_spdm import CERTS_DIR, add_cert_chain_claim, check_chain
 
 __all__ = ["NVIDIA_RIM_LEVELS", "Rim", "rim_chain_problem", "rim_kind", "rim_root", "rim_version", "verify_rim"]
 
@@ -37,6 +37,7 @@ SCHEMA_DIR = Path(__file__).resolve().parent / "schema"
 SWID_NS = "http://standards.iso.org/iso/19770/-2/2015/schema.xsd"
 DSIG_NS = "http://www.w3.org/2000/09/xmldsig#"
 SHA384_NS = "http://www.w3.org/2001/04/xmlenc#sha384"
+TCG_RIM_NS = "https://trustedcomputinggroup.org/resource/tcg-reference-integrity-manifest-rim-information-model/"
 # NVIDIA's RIM chains: "HCC RIM L4 Signer" <- "NVIDIA Reference Value L3 GH100 001" <- "NVIDIA Reference Value
 # GH100 CA" <- "NVIDIA CoRIM signing Root CA" (the wheel's sample RIMs)
 NVIDIA_RIM_LEVELS = 4
@@ -52,6 +53,7 @@ class Rim:
     version: str
     golden: dict[int, tuple[bytes, ...]] = field(default_factory=dict)
     ok: bool = False
+    manufacturer_id: str | None = None  # Meta/@rim:FirmwareManufacturerId: NVIDIA's ``oemid`` (driver RIM)
 
 
 def rim_root() -> x509.Certificate:
@@ -162,8 +164,7 @@ def verify_rim(data: bytes, *, expected_version: str, kind: str | None = None, r
         certs, why = [], f"a certificate does not parse: {exc}"
     else:
         why = rim_chain_problem(certs, pinned, at=at)
-    out.add(f"{p}-cert-validated", why is None, why is None, why or f"{len(certs)} certificates to the pinned root")
-    out.add(f"{p}-cert-ocsp-status", NOT_CHECKED, None, "revocation (OCSP) needs NVIDIA's OCSP service: offline")
+    add_cert_chain_claim(out, f"{p}-cert-chain", certs, why, at=at)
     signed = None
     if certs:
         leaf = certs[0]
@@ -202,4 +203,7 @@ def verify_rim(data: bytes, *, expected_version: str, kind: str | None = None, r
             f"{len(golden)} active measurements" if available else "no signed measurements")
     if signed is None or not schema_ok or why is not None:
         return out, None
-    return out, Rim(kind=kind, version=version, golden=golden, ok=version_ok and available)
+    meta = signed.find(f"{{{SWID_NS}}}Meta")
+    oemid = meta.get(f"{{{TCG_RIM_NS}}}FirmwareManufacturerId") if meta is not None else None
+    return out, Rim(kind=kind, version=version, golden=golden, ok=version_ok and available,
+                    manufacturer_id=str(oemid) if oemid is not None else None)

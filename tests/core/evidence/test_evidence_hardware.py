@@ -33,8 +33,16 @@ TDX = DATA_DIR / "intel-tdx"
 class RecordedNvml:
     """Answers NVML's CC calls with what an H100 answered once (NVIDIA's sample), in NVML's own structures."""
 
-    def __init__(self, sample: NvidiaSample, *, cc: int = 1, devtools: int = 0) -> None:
+    def __init__(self, sample: NvidiaSample, *, cc: int = 1, devtools: int = 0, driver: str = "550.90.07",
+                 vbios: str = "96.00.9F.00.01") -> None:
         self.sample, self.cc, self.devtools = sample, cc, devtools
+        self.driver, self.vbios = driver, vbios  # what NVIDIA's verifier read from the sample's GPU
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return self.driver
+
+    def nvmlDeviceGetVbiosVersion(self, handle: int) -> str:
+        return self.vbios
 
     def nvmlSystemGetConfComputeState(self) -> pynvml.c_nvmlConfComputeSystemState_t:
         return pynvml.c_nvmlConfComputeSystemState_t(environment=2, ccFeature=self.cc, devToolsMode=self.devtools)
@@ -60,6 +68,18 @@ def test_recorded_nvml_answer_verifies_under_its_nonce(sample: NvidiaSample) -> 
     evidence = gpu_evidence_from_nvml(RecordedNvml(sample), 0, SAMPLE_NONCE)
     verdict = verify_gpu(evidence.report, evidence.cert_chain, evidence.nonce, policy=GpuPolicy(require_rims=False))
     assert verdict.ok, verdict.failed
+
+
+@pytest.mark.parametrize(("driver", "vbios", "claim"), [
+    ("550.90.08", "96.00.9F.00.01", "driver-version-match"),
+    ("550.90.07", "96.00.9F.00.02", "vbios-version-match"),
+])
+def test_a_report_whose_versions_differ_from_nvmls_is_refused(sample: NvidiaSample, driver: str, vbios: str,
+                                                              claim: str) -> None:
+    evidence = gpu_evidence_from_nvml(RecordedNvml(sample), 0, SAMPLE_NONCE)
+    assert (evidence.driver_version, evidence.vbios_version) == ("550.90.07", "96.00.9F.00.01")
+    with pytest.raises(AttestationError, match=f"x-nvidia-gpu-attestation-report-{claim}"):
+        gpu_evidence_from_nvml(RecordedNvml(sample, driver=driver, vbios=vbios), 0, SAMPLE_NONCE)
 
 
 def test_a_replayed_answer_to_a_fresh_nonce_fails_nonce_match(sample: NvidiaSample) -> None:

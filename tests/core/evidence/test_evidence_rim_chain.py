@@ -1,5 +1,5 @@
 """The forged-RIM hole (issue 31): a RIM whose own chain does not reach NVIDIA's pinned root through NVIDIA's issuer
-levels, each signature checked, is refused on both ``-rim-cert-validated`` and ``-rim-signature-verified``.
+levels, each signature checked, is refused on both ``-rim-cert-chain`` (claims 2.0: ``-rim-cert-validated``) and ``-rim-signature-verified``.
 
 Before, the chain's top was replaced by the pinned root, so a one-certificate chain with a self-made certificate
 became "the pinned root alone" and the XML signature was checked with the attacker's key: golden values could be
@@ -45,7 +45,7 @@ def test_a_one_certificate_chain_with_a_self_made_certificate_is_refused() -> No
     forged = make_rim("550.90.07", GOLDEN, [_cert("HCC RIM L4 Signer", key, None, key, ca=False)], key)
     claims, rim = verify_rim(forged, expected_version="550.90.07", at=RIM_VALID_AT)
     assert rim is None
-    assert claims[f"{P}-cert-validated"].ok is False and "at least 4" in claims[f"{P}-cert-validated"].detail
+    assert claims[f"{P}-cert-chain"].ok is False and "at least 4" in claims[f"{P}-cert-chain"].detail
     assert claims[f"{P}-signature-verified"].ok is False
 
 
@@ -57,7 +57,7 @@ def test_a_self_made_chain_topped_with_nvidias_root_is_refused() -> None:
     forged = make_rim("550.90.07", GOLDEN, [leaf, l3, ca, rim_root()], keys[2])
     claims, rim = verify_rim(forged, expected_version="550.90.07", at=RIM_VALID_AT)
     assert rim is None
-    assert claims[f"{P}-cert-validated"].ok is False and "not signed by" in claims[f"{P}-cert-validated"].detail
+    assert claims[f"{P}-cert-chain"].ok is False and "not signed by" in claims[f"{P}-cert-chain"].detail
     assert claims[f"{P}-signature-verified"].ok is False
 
 
@@ -75,6 +75,6 @@ def test_a_chain_without_the_pinned_root_on_top_is_refused_under_a_test_root(sam
 def test_nvidias_own_rim_chain_has_nvidias_levels_and_verifies(sample: NvidiaSample) -> None:
     claims, rim = verify_rim(sample.vbios_rim, expected_version="96.00.5E.00.01", at=RIM_VALID_AT)
     p = "x-nvidia-gpu-vbios-rim"
-    assert claims[f"{p}-cert-validated"].ok is True and f"{NVIDIA_RIM_LEVELS} certificates" in claims[
-        f"{p}-cert-validated"].detail
+    chain = claims[f"{p}-cert-chain"]
+    assert chain.value["x-nvidia-cert-status"] == "valid" and f"{NVIDIA_RIM_LEVELS} certificates" in chain.detail
     assert claims[f"{p}-signature-verified"].ok is True and rim is not None and rim.ok
