@@ -1,6 +1,6 @@
 """Claims: one named check with its value, and whether it passed.
 
-Names follow NVIDIA's local GPU verifier (claims version 2.0, flat names) for GPU evidence, so a reader who knows
+Names follow NVIDIA's local GPU verifier (claims version 3.0: a certificate chain is one claim with a nested value) for GPU evidence, so a reader who knows
 NVIDIA's tools reads ours. A claim's ``ok`` is ``True`` (passed), ``False`` (failed) or ``None`` (not checked, e.g.
 revocation offline, or no RIM given); whether a ``None`` is acceptable is the policy's call, never the verifier's.
 """

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pynvml
 import pytest
 from evidence_samples import (  # noqa: F401 (the *_fixture names are pytest fixtures)
     SAMPLE_NONCE,
     NvidiaSample,
+    RecordedNvml,
     nv_wheel_fixture,
     sample_fixture,
 )
@@ -23,45 +23,10 @@ from gputravel.core.attestation.hardware_evidence import (
 )
 from gputravel.core.errors import AttestationError
 from gputravel.core.evidence.nvidia_gpu import verify_gpu
-from gputravel.core.evidence.nvidia_spdm import read_hex_or_raw
 from gputravel.core.evidence.policy import GpuPolicy
 from gputravel.core.evidence.tdx import verify_tdx_quote
 
 TDX = DATA_DIR / "intel-tdx"
-
-
-class RecordedNvml:
-    """Answers NVML's CC calls with what an H100 answered once (NVIDIA's sample), in NVML's own structures."""
-
-    def __init__(self, sample: NvidiaSample, *, cc: int = 1, devtools: int = 0, driver: str = "550.90.07",
-                 vbios: str = "96.00.9F.00.01") -> None:
-        self.sample, self.cc, self.devtools = sample, cc, devtools
-        self.driver, self.vbios = driver, vbios  # what NVIDIA's verifier read from the sample's GPU
-
-    def nvmlSystemGetDriverVersion(self) -> str:
-        return self.driver
-
-    def nvmlDeviceGetVbiosVersion(self, handle: int) -> str:
-        return self.vbios
-
-    def nvmlSystemGetConfComputeState(self) -> pynvml.c_nvmlConfComputeSystemState_t:
-        return pynvml.c_nvmlConfComputeSystemState_t(environment=2, ccFeature=self.cc, devToolsMode=self.devtools)
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
-        return index
-
-    def nvmlDeviceGetConfComputeGpuAttestationReport(self, handle: int, nonce: bytes) -> object:
-        rep = pynvml.c_nvmlConfComputeGpuAttestationReport_t()
-        raw = read_hex_or_raw(self.sample.report)  # recorded under SAMPLE_NONCE, whatever is asked now
-        rep.attestationReportSize = len(raw)
-        rep.attestationReport[:len(raw)] = list(raw)
-        return rep
-
-    def nvmlDeviceGetConfComputeGpuCertificate(self, handle: int) -> object:
-        cert = pynvml.c_nvmlConfComputeGpuCertificate_t()
-        cert.attestationCertChainSize = len(self.sample.chain)
-        cert.attestationCertChain[:len(self.sample.chain)] = list(self.sample.chain)
-        return cert
 
 
 def test_recorded_nvml_answer_verifies_under_its_nonce(sample: NvidiaSample) -> None:
