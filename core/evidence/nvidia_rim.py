@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from lxml import etree
 from signxml import InvalidInput, InvalidSignature, SignatureConfiguration, XMLVerifier  # type: ignore[attr-defined]
 
+from .bounded import EVIDENCE_CAP
 from .claims import ClaimSet
 from .nvidia_spdm import CERTS_DIR, add_cert_chain_claim, check_chain
 
@@ -144,6 +145,8 @@ def verify_rim(data: bytes, *, expected_version: str, kind: str | None = None, r
     out = claims if claims is not None else ClaimSet()
     at = at or dt.datetime.now(dt.UTC)
     try:
+        if len(data) > EVIDENCE_CAP:
+            raise ValueError(f"{len(data):,} bytes, over the {EVIDENCE_CAP:,}-byte evidence cap")
         tree = _parse(data)
         version = _version(tree)
     except (etree.XMLSyntaxError, ValueError) as exc:

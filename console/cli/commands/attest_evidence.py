@@ -20,14 +20,18 @@ from rich.markup import escape
 from rich.table import Table
 
 from gputravel.core.errors import AttestationError, ConfigError, DataError
+from gputravel.core.evidence.bounded import EvidenceTooLarge, read_capped
 from gputravel.core.evidence.policy import EvidencePolicy, PolicyError, load_evidence_policy
 
 __all__ = ["attest_gpu_evidence", "attest_sim_formats", "attest_tdx_quote"]
 
 
 def _read(path: Path, what: str) -> bytes:
+    """The file's bytes, refused (exit 2) over the evidence cap after one bounded read."""
     try:
-        return path.read_bytes()
+        return read_capped(path, what=what)
+    except EvidenceTooLarge as exc:
+        raise DataError(str(exc)) from exc
     except OSError as exc:
         raise DataError(f"{path}: cannot read the {what} ({exc.strerror})") from exc
 
