@@ -170,8 +170,12 @@ def test_bench_evidence_checks_every_sim_format_and_reports_json() -> None:
     doc = json.loads(out.stdout)
     assert doc["sim"] is True
     assert set(doc["timings"]) == {"gpu_report_per_visit", "gpu_report_and_chain", "gpu_with_rims",
-                                   "tdx_quote_and_collateral"}
+                                   "tdx_quote_and_collateral", "snp_report_real_milan", "snp_report_sim",
+                                   "azure_hcl_and_quote_sim"}
     assert doc["per_visit_ms"] > 0
+    assert doc["snp"]["notes"] == []  # the real Milan sample is found in a checkout
+    mem = doc["memory"]
+    assert 0 < mem["decode_at_cap_peak_bytes"] <= min(mem["target_ratio"] * mem["cap_bytes"], mem["target_max_bytes"])
 
 
 def test_a_chain_through_a_certificate_that_is_not_a_ca_is_refused() -> None:
