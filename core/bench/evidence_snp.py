@@ -30,7 +30,7 @@ def snp_checks() -> tuple[dict[str, Callable[[], bool]], list[str]]:
         checks["snp_report_real_milan"] = lambda: verify_snp_report(report, vcek).ok
     else:
         notes.append(f"snp_report_real_milan: no sample at {REAL} (an installed wheel carries no tests)")
-    vm = SimAzureVm()
+    vm = SimAzureVm.generate()
     folder = Path(tempfile.mkdtemp(prefix="gputravel-bench-snp-"))
     ark, ask = vm.chip.roots_pem()
     (folder / "ark.crt").write_bytes(ark)

@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
@@ -56,33 +56,38 @@ def _tcb_raw(tcb: Tcb, product: str) -> int:
 
 @dataclass(slots=True)
 class SimSnp:
-    """One SIM SEV-SNP chip: its ARK, ASK and VCEK (for ``tcb``), and reports signed by the VCEK."""
+    """One SIM SEV-SNP chip: its ARK, ASK and VCEK (issued for ``tcb``), and reports signed by the VCEK."""
 
-    product: str = "milan"
-    tcb: Tcb = field(default_factory=lambda: Tcb(boot_loader=3, tee=0, snp=8, microcode=115))
-    chip_id: bytes = field(default_factory=lambda: os.urandom(64))
-    ark: x509.Certificate = field(init=False)
-    ask: x509.Certificate = field(init=False)
-    vcek: x509.Certificate = field(init=False)
-    _vcek_key: ec.EllipticCurvePrivateKey = field(init=False)
+    product: str
+    tcb: Tcb
+    chip_id: bytes
+    ark: x509.Certificate
+    ask: x509.Certificate
+    vcek: x509.Certificate
+    vcek_key: ec.EllipticCurvePrivateKey
 
-    def __post_init__(self) -> None:
-        if self.product == "turin":
-            self.chip_id = self.chip_id[:8] + bytes(56)
-        title = self.product.capitalize()
+    @classmethod
+    def generate(cls, *, product: str = "milan", tcb: Tcb | None = None, chip_id: bytes | None = None) -> SimSnp:
+        """A fresh SIM chip (RSA ARK and ASK, an ECDSA P-384 VCEK with AMD's extensions)."""
+        tcb = tcb or Tcb(boot_loader=3, tee=0, snp=8, microcode=115)
+        chip_id = chip_id or os.urandom(64)
+        if product == "turin":
+            chip_id = chip_id[:8] + bytes(56)
+        title = product.capitalize()
         ark_key = rsa.generate_private_key(public_exponent=65537, key_size=SIM_RSA_BITS)
         ask_key = rsa.generate_private_key(public_exponent=65537, key_size=SIM_RSA_BITS)
-        self._vcek_key = ec.generate_private_key(ec.SECP384R1())
-        self.ark = self._cert(f"ARK-{title} (SIM)", ark_key.public_key(), None, ark_key, ca=True)
-        self.ask = self._cert(f"SEV-{title} (SIM)", ask_key.public_key(), self.ark, ark_key, ca=True)
-        exts = [(OID_AMD + "1", _der_int(1 if self.product == "turin" else 0)),
+        vcek_key = ec.generate_private_key(ec.SECP384R1())
+        ark = cls._cert(f"ARK-{title} (SIM)", ark_key.public_key(), None, ark_key, ca=True)
+        ask = cls._cert(f"SEV-{title} (SIM)", ask_key.public_key(), ark, ark_key, ca=True)
+        exts = [(OID_AMD + "1", _der_int(1 if product == "turin" else 0)),
                 (OID_AMD + "2", b"\x16" + bytes([len(title) + 3]) + f"{title}-B0".encode())]
-        spl = {"3.1": self.tcb.boot_loader, "3.2": self.tcb.tee, "3.3": self.tcb.snp, "3.8": self.tcb.microcode}
-        if self.product == "turin":
-            spl["3.9"] = self.tcb.fmc or 0
+        spl = {"3.1": tcb.boot_loader, "3.2": tcb.tee, "3.3": tcb.snp, "3.8": tcb.microcode}
+        if product == "turin":
+            spl["3.9"] = tcb.fmc or 0
         exts += [(OID_AMD + k, _der_int(v)) for k, v in spl.items()]
-        exts.append((OID_AMD + "4", self.chip_id[:8] if self.product == "turin" else self.chip_id))
-        self.vcek = self._cert("SEV-VCEK", self._vcek_key.public_key(), self.ask, ask_key, ca=False, exts=exts)
+        exts.append((OID_AMD + "4", chip_id[:8] if product == "turin" else chip_id))
+        vcek = cls._cert("SEV-VCEK", vcek_key.public_key(), ask, ask_key, ca=False, exts=exts)
+        return cls(product=product, tcb=tcb, chip_id=chip_id, ark=ark, ask=ask, vcek=vcek, vcek_key=vcek_key)
 
     @staticmethod
     def _cert(cn: str, public: rsa.RSAPublicKey | ec.EllipticCurvePublicKey, issuer: x509.Certificate | None,
@@ -125,7 +130,7 @@ class SimSnp:
                 self.product]
         body[0x1A0:0x1E0] = self.chip_id
         struct.pack_into("<QQQ", body, 0x1E0, tcb, 0, tcb)
-        r, s = decode_dss_signature(self._vcek_key.sign(bytes(body[:SIGNED_SIZE]), ec.ECDSA(hashes.SHA384())))
+        r, s = decode_dss_signature(self.vcek_key.sign(bytes(body[:SIGNED_SIZE]), ec.ECDSA(hashes.SHA384())))
         body[0x2A0:0x2E8] = r.to_bytes(72, "little")
         body[0x2E8:0x330] = s.to_bytes(72, "little")
         return bytes(body)
@@ -135,14 +140,15 @@ class SimSnp:
 class SimAzureVm:
     """A SIM Azure SNP CVM: a SIM chip's report in an HCL report whose runtime data names a SIM vTPM key."""
 
-    chip: SimSnp = field(default_factory=SimSnp)
-    _ak: rsa.RSAPrivateKey = field(init=False)
+    chip: SimSnp
+    ak: rsa.RSAPrivateKey
 
-    def __post_init__(self) -> None:
-        self._ak = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    @classmethod
+    def generate(cls, chip: SimSnp | None = None) -> SimAzureVm:
+        return cls(chip=chip or SimSnp.generate(), ak=rsa.generate_private_key(public_exponent=65537, key_size=2048))
 
     def runtime_data(self, user_data: bytes = b"") -> bytes:
-        nums = self._ak.public_key().public_numbers()
+        nums = self.ak.public_key().public_numbers()
 
         def b64(v: int) -> str:
             return base64.urlsafe_b64encode(v.to_bytes((v.bit_length() + 7) // 8, "big")).rstrip(b"=").decode()
@@ -168,6 +174,6 @@ class SimAzureVm:
         attest = (struct.pack(">IH", 0xFF544347, 0x8018) + struct.pack(">H", len(name)) + name
                   + struct.pack(">H", len(nonce)) + nonce + bytes(17) + bytes(8)
                   + struct.pack(">IHB", 1, 0x000B, 3) + b"\xff\xff\xff" + struct.pack(">H", 32) + digest)
-        sig = self._ak.sign(attest, padding.PKCS1v15(), hashes.SHA256())
+        sig = self.ak.sign(attest, padding.PKCS1v15(), hashes.SHA256())
         return (struct.pack("<Q", len(sig)) + sig + struct.pack("<Q", len(attest)) + attest
                 + struct.pack("<Q", len(pcrs)) + b"".join(pcrs))

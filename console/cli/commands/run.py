@@ -46,6 +46,14 @@ class HolderInjection(StrEnum):
     GPU_NONCE = "gpu-nonce"
 
 
+class CvmKind(StrEnum):
+    """``run --cvm-kind``: the orchestrator CVM's kind, what holders attest (core/travel/holder_attest.py)."""
+
+    TDX = "tdx"
+    SNP = "snp"
+    AZURE_SNP = "azure-snp"
+
+
 # The holder options ``gputravel run`` and ``gputravel-console`` share: one default, one help text.
 # (This module imports the engine lazily, so the console can import these without loading torch.)
 HOLDERS_FILE_HELP = "Inventory (TOML) of SSH holders (sets the transport to inventory)."
@@ -277,6 +285,9 @@ def register(app: typer.Typer) -> None:
             None, "--inject", help="Make what holders attest wrong in one way (the CVM's quote: cvm-debug, "
             "cvm-report-data; the GPU's evidence: gpu-measurement, gpu-nonce): every holder refuses, no key is "
             "released, exit 3.", rich_help_panel=FAULTS_PANEL),
+        cvm_kind: CvmKind = typer.Option(
+            CvmKind.TDX, "--cvm-kind", help="The orchestrator CVM holders attest (the emulated platform's SIM one): "
+            "tdx (a TDX quote), snp (an SEV-SNP report) or azure-snp (Azure's HCL report + vTPM quote)."),
         out: Path | None = typer.Option(None, "--out", help="Run folder: ledger, checkpoints, keys "
                                         "(default: a new runs/run-<time>, linked as runs/latest).",
                                         rich_help_panel=OUTPUT_PANEL),
@@ -313,6 +324,7 @@ def register(app: typer.Typer) -> None:
             device=device, cc_mode=cc_mode.value, breakpoints=parse_breakpoints(break_before),
             visit_attempts=visit_attempts, fault=fault, cipher_engine=cipher_engine.value, init_from=init_from,
             holder_inject=inject.value if inject is not None else None,
+            cvm_kind=cvm_kind.value,
             checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
             **holder_settings(holders_file=holders_file, transport=transport.value, data_path=data_path.value,
                               data_host=data_host))

@@ -101,7 +101,7 @@ def test_a_malformed_hcl_report_is_refused(change: str) -> None:
 # --- SIM: the whole form -------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def vm() -> SimAzureVm:
-    return SimAzureVm()
+    return SimAzureVm.generate()
 
 
 def _policy(vm: SimAzureVm, folder: Path) -> SnpPolicy:
@@ -125,7 +125,7 @@ def test_sim_azure_vm_refuses_a_stale_nonce_and_a_debug_guest(vm: SimAzureVm, tm
     assert not stale.ok and stale.failed == "tpm-nonce-match"
     debug = verify_azure_snp(vm.hcl_report(debug=True), vm.chip.vcek_der(), vm.quote(b"n"), b"n", policy=pol)
     assert not debug.ok and debug.failed == "guest-not-debug"
-    other = SimAzureVm(chip=vm.chip)  # same chip, another vTPM key: its quote is not by this report's key
+    other = SimAzureVm.generate(chip=vm.chip)  # same chip, another vTPM key: its quote is not by this report's key
     swapped = verify_azure_snp(vm.hcl_report(), vm.chip.vcek_der(), other.quote(b"n"), b"n", policy=pol)
     assert not swapped.ok and swapped.failed == "tpm-quote-verified"
 

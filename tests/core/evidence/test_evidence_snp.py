@@ -107,7 +107,7 @@ def test_a_vcek_expired_at_the_given_time_is_refused() -> None:
 
 
 def test_a_self_made_ask_is_refused(tmp_path: Path) -> None:
-    sim = SimSnp()
+    sim = SimSnp.generate()
     (tmp_path / "ask.crt").write_bytes(sim.roots_pem()[1])
     verdict = verify_snp_report(REPORT, VCEK, policy=SnpPolicy(ask=tmp_path / "ask.crt"))
     assert not verdict.ok and verdict.failed == "cert-chain-validated"
@@ -127,7 +127,7 @@ def test_the_policy_allow_lists_and_min_tcb_refuse_by_name() -> None:
 # --- SIM ------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def sim() -> SimSnp:
-    return SimSnp()
+    return SimSnp.generate()
 
 
 def _sim_policy(sim: SimSnp, folder: Path, **kw: object) -> SnpPolicy:
@@ -166,14 +166,14 @@ def test_sim_report_whose_tcb_differs_from_the_vceks_is_refused(sim: SimSnp, tmp
 
 
 def test_sim_report_of_another_chip_is_refused(sim: SimSnp, tmp_path: Path) -> None:
-    other = SimSnp()
+    other = SimSnp.generate()
     verdict = verify_snp_report(other.report(b""), sim.vcek_der(), policy=_sim_policy(sim, tmp_path))
     assert not verdict.ok and verdict.failed == "report-signature-verified"
 
 
 @pytest.mark.parametrize("product", ["genoa", "turin"])
 def test_sim_version_3_reports_of_genoa_and_turin_verify(product: str, tmp_path: Path) -> None:
-    chip = SimSnp(product=product, tcb=Tcb(boot_loader=1, tee=2, snp=3, microcode=4,
+    chip = SimSnp.generate(product=product, tcb=Tcb(boot_loader=1, tee=2, snp=3, microcode=4,
                                            fmc=5 if product == "turin" else None))
     verdict = verify_snp_report(chip.report(b"x", version=3), chip.vcek_der(), policy=_sim_policy(chip, tmp_path))
     assert verdict.ok, verdict.reason
