@@ -15,7 +15,7 @@ import json
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["CollateralCache", "CollateralUnavailable", "MANIFEST"]
@@ -37,6 +37,8 @@ class CollateralCache:
 
     folder: Path
     offline: bool = False
+    #: every key read or written through this object, in order (what ``gputravel evidence bundle`` exports)
+    touched: list[str] = field(default_factory=list)
 
     def _manifest(self) -> dict[str, dict[str, float | str]]:
         try:
@@ -56,6 +58,8 @@ class CollateralCache:
             CollateralUnavailable: offline and no live entry (``bundle-missing`` / ``bundle-expired``).
         """
         at = time.time() if now is None else now
+        if key not in self.touched:
+            self.touched.append(key)
         meta = self._manifest().get(self._name(key))
         if meta is None:
             if self.offline:

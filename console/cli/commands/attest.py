@@ -132,6 +132,22 @@ def attest(
     product: Annotated[
         str | None, typer.Option("--product", help="milan, genoa or turin (default: the VCEK's issuer says).")
     ] = None,
+    pccs_url: Annotated[
+        str | None, typer.Option("--pccs-url", help="With --tdx-quote: fetch the collateral from this PCCS or "
+                                 "Intel's PCS (API v4) instead of --collateral (cached with its expiry).")
+    ] = None,
+    kds_url: Annotated[
+        str | None, typer.Option("--kds-url", help="With --snp-report/--azure-hcl: fetch the VCEK from AMD's KDS "
+                                 "(https://kdsintf.amd.com) by chip id and TCB instead of --vcek.")
+    ] = None,
+    rim_url: Annotated[
+        str | None, typer.Option("--rim-url", help="With --evidence: fetch the driver and VBIOS RIMs for the "
+                                 "report's versions from NVIDIA's RIM service (https://rim.attestation.nvidia.com).")
+    ] = None,
+    offline: Annotated[
+        Path | None, typer.Option("--offline", help="Take fetched collateral only from this bundle "
+                                  "(gputravel evidence bundle --out); an entry missing or expired is refused.")
+    ] = None,
     at: Annotated[
         int | None, typer.Option("--at", help="Verify as of this Unix time (default: now).")
     ] = None,
@@ -165,11 +181,13 @@ def attest(
             raise DataError("give one of --evidence, --tdx-quote, --snp-report, --azure-hcl (no --inject with them)")
         if cert_chain is not None or rim or collateral is not None:
             raise DataError("--cert-chain, --rim and --collateral do not go with --snp-report/--azure-hcl")
+        if pccs_url is not None or rim_url is not None:
+            raise DataError("--pccs-url goes with --tdx-quote, --rim-url with --evidence")
         attest_snp(snp_report=snp_report, azure_hcl=azure_hcl, vcek=vcek, tpm_quote=tpm_quote, nonce=nonce,
-                   product=product, at=at, policy=policy, json_out=json_out)
+                   product=product, at=at, policy=policy, json_out=json_out, kds_url=kds_url, offline=offline)
         return
-    if vcek is not None or tpm_quote is not None or product is not None:
-        raise DataError("--vcek, --tpm-quote and --product need --snp-report or --azure-hcl")
+    if vcek is not None or tpm_quote is not None or product is not None or kds_url is not None:
+        raise DataError("--vcek, --kds-url, --tpm-quote and --product need --snp-report or --azure-hcl")
     if evidence is not None or tdx_quote is not None:
         from gputravel.console.cli.commands.attest_evidence import attest_gpu_evidence, attest_tdx_quote
 
@@ -178,14 +196,20 @@ def attest(
         if inject is not None:
             raise DataError("--inject applies to the emulated attestation only")
         if evidence is not None:
+            if pccs_url is not None:
+                raise DataError("--pccs-url goes with --tdx-quote")
             attest_gpu_evidence(evidence=evidence, cert_chain=cert_chain, nonce=nonce, rims=rim or [], at=at,
-                                policy=policy, json_out=json_out)
+                                policy=policy, json_out=json_out, rim_url=rim_url, offline=offline)
         else:
             assert tdx_quote is not None
-            attest_tdx_quote(quote=tdx_quote, collateral=collateral, at=at, policy=policy, json_out=json_out)
+            if rim_url is not None:
+                raise DataError("--rim-url goes with --evidence")
+            attest_tdx_quote(quote=tdx_quote, collateral=collateral, at=at, policy=policy, json_out=json_out,
+                             pccs_url=pccs_url, offline=offline)
         return
-    if any(v is not None for v in (cert_chain, nonce, rim, collateral, at)):
-        raise DataError("--cert-chain, --nonce, --rim, --collateral and --at need --evidence or --tdx-quote")
+    if any(v is not None for v in (cert_chain, nonce, rim, collateral, at, pccs_url, rim_url, offline)):
+        raise DataError("--cert-chain, --nonce, --rim, --collateral, --at, --pccs-url, --rim-url and --offline need "
+                        "--evidence or --tdx-quote")
     fault = inject.value if inject is not None else None
     result = run_emulated_attestation(
         state_dir or default_state_dir(),

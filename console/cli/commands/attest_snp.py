@@ -49,15 +49,35 @@ def _nonce(text: str) -> bytes:
     return bytes.fromhex(clean)
 
 
+def _kds_vcek(report: bytes, product: str | None, kds_url: str, offline: Path | None) -> bytes:
+    """The VCEK for the report's chip id and TCB from AMD's KDS (or the bundle)."""
+    from gputravel.console.cli.commands.evidence_fetch import cache_for, fetched
+    from gputravel.core.evidence.bounded import read_hex_or_raw
+    from gputravel.core.evidence.services import fetch_vcek
+    from gputravel.core.evidence.snp_report import SnpFormatError, parse_snp_report, product_of_cpuid
+
+    try:
+        parsed = parse_snp_report(read_hex_or_raw(report))
+    except (SnpFormatError, EvidenceTooLarge):
+        return b""  # the verdict names report-parsed
+    chosen = product or product_of_cpuid(parsed.cpuid[0], parsed.cpuid[1])
+    if chosen is None:
+        raise DataError("--kds-url needs --product milan|genoa|turin for a version-2 report (it names no CPU)")
+    cache = cache_for(offline)
+    return fetched(lambda: fetch_vcek(kds_url, parsed, chosen, cache))
+
+
 def attest_snp(*, snp_report: Path | None, azure_hcl: Path | None, vcek: Path | None, tpm_quote: Path | None,
-               nonce: str | None, product: str | None, at: int | None, policy: Path | None, json_out: bool) -> None:
+               nonce: str | None, product: str | None, at: int | None, policy: Path | None, json_out: bool,
+               kds_url: str | None = None, offline: Path | None = None) -> None:
     """Verify SNP (or Azure HCL + TPM quote) evidence files; print the verdict; exit 0 or 3."""
     from gputravel.core.evidence.azure_snp import verify_azure_snp
     from gputravel.core.evidence.snp import verify_snp_report
     from gputravel.core.evidence.snp_report import PRODUCTS
 
-    if vcek is None:
-        raise DataError("--snp-report/--azure-hcl needs --vcek FILE (the chip's VCEK, DER or PEM; from AMD's KDS)")
+    if (vcek is None) == (kds_url is None):
+        raise DataError("--snp-report/--azure-hcl needs --vcek FILE (the chip's VCEK, DER or PEM) or --kds-url URL "
+                        "(AMD's KDS), one of them")
     if product is not None and product not in PRODUCTS:
         raise DataError(f"--product must be one of {', '.join(PRODUCTS)} (got {product!r})")
     pol = _policy(policy)
@@ -65,14 +85,18 @@ def attest_snp(*, snp_report: Path | None, azure_hcl: Path | None, vcek: Path | 
     if azure_hcl is not None:
         if tpm_quote is None or nonce is None:
             raise DataError("--azure-hcl needs --tpm-quote FILE and --nonce HEX (the nonce the quote must carry)")
-        verdict = verify_azure_snp(_read(azure_hcl, "HCL report"), _read(vcek, "VCEK"), _read(tpm_quote, "TPM quote"),
-                                   _nonce(nonce), product=product, now=at, policy=pol)
+        hcl = _read(azure_hcl, "HCL report")
+        cert = _read(vcek, "VCEK") if vcek is not None else _kds_vcek(hcl[32:32 + 1184], product, str(kds_url),
+                                                                     offline)
+        verdict = verify_azure_snp(hcl, cert, _read(tpm_quote, "TPM quote"), _nonce(nonce), product=product, now=at,
+                                   policy=pol)
     else:
         assert snp_report is not None
         if tpm_quote is not None or nonce is not None:
             raise DataError("--tpm-quote and --nonce go with --azure-hcl (a raw SNP report binds no nonce here)")
-        verdict = verify_snp_report(_read(snp_report, "SNP report"), _read(vcek, "VCEK"), product=product, now=at,
-                                    policy=pol)
+        report = _read(snp_report, "SNP report")
+        cert = _read(vcek, "VCEK") if vcek is not None else _kds_vcek(report, product, str(kds_url), offline)
+        verdict = verify_snp_report(report, cert, product=product, now=at, policy=pol)
     doc = verdict.to_json()
     if json_out:
         typer.echo(json.dumps(doc, indent=2, ensure_ascii=False))

@@ -178,3 +178,47 @@ def test_a_rim_from_the_rim_service_verifies(server: tuple[str, type[Recorded]],
     assert parsed is not None and parsed.ok
     with pytest.raises(ServiceError, match="HTTP 404"):
         fetch_rim(url, "NV_GPU_DRIVER_GH100_550.90.07", CollateralCache(tmp_path / "cache"))
+
+
+# --- the commands -----------------------------------------------------------------------------------------------
+def test_cli_fetches_bundles_and_verifies_offline(server: tuple[str, type[Recorded]], tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from gputravel.console.cli.main import app
+
+    url, _ = server
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user-cache"))
+    quote, report = DATA_DIR / "intel-tdx" / "tdx_quote", DATA_DIR / "amd-snp" / "report_milan.hex"
+    online = CliRunner().invoke(app, ["attest", "--tdx-quote", str(quote), "--pccs-url", url, "--at", str(AT),
+                                      "--json"])
+    assert online.exit_code == 0, online.output
+    assert json.loads(online.stdout)["tcb_status"] == "UpToDate"
+    bundle = tmp_path / "bundle"
+    made = CliRunner().invoke(app, ["evidence", "bundle", "--out", str(bundle), "--tdx-quote", str(quote),
+                                    "--pccs-url", url, "--snp-report", str(report), "--kds-url", url, "--product",
+                                    "milan", "--at", str(AT), "--json"])
+    assert made.exit_code == 0, made.output
+    assert len(json.loads(made.stdout)["entries"]) == 5  # four PCS answers and one VCEK
+    offline = ["--pccs-url", "http://127.0.0.1:9", "--offline", str(bundle)]  # nothing listens there
+    ok = CliRunner().invoke(app, ["attest", "--tdx-quote", str(quote), *offline, "--at", str(AT)])
+    assert ok.exit_code == 0, ok.output
+    snp = CliRunner().invoke(app, ["attest", "--snp-report", str(report), "--kds-url", "http://127.0.0.1:9",
+                                   "--offline", str(bundle), "--product", "milan", "--at", str(AT)])
+    assert snp.exit_code == 0, snp.output
+    expired = CliRunner().invoke(app, ["attest", "--tdx-quote", str(quote), *offline, "--at", str(AT + 60 * 86400)])
+    assert expired.exit_code == 3 and "bundle-expired" in expired.output
+
+
+def test_cli_names_a_lying_pcs_with_exit_3(server: tuple[str, type[Recorded]], tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from gputravel.console.cli.main import app
+
+    url, handler = server
+    handler.lie = "fmspc"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user-cache"))
+    out = CliRunner().invoke(app, ["attest", "--tdx-quote", str(DATA_DIR / "intel-tdx" / "tdx_quote"),
+                                   "--pccs-url", url, "--at", str(AT)])
+    assert out.exit_code == 3 and "collateral-fmspc" in out.output
