@@ -40,6 +40,19 @@ class ClaimSet:
         self.claims = [c for c in self.claims if c.name != name] + [claim]
         return claim
 
+    def update(self, name: str, value: Any, ok: bool | None, detail: str = "") -> Claim:
+        """Replace the claim ``name`` where it stands (its place in the order is kept).
+
+        Raises:
+            KeyError: no such claim.
+        """
+        claim = Claim(name, value, ok, detail)
+        i = next(i for i, c in enumerate(self.claims) if c.name == name) if name in self else None
+        if i is None:
+            raise KeyError(name)
+        self.claims[i] = claim
+        return claim
+
     def __iter__(self) -> Iterator[Claim]:
         return iter(self.claims)
 

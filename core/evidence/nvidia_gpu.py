@@ -14,7 +14,8 @@ from cryptography import x509
 
 from .claims import NOT_CHECKED, Claim, ClaimSet
 from .nvidia_rim import Rim, rim_kind, rim_version, verify_rim
-from .nvidia_spdm import compare_measurements, verify_report
+from .nvidia_spdm import compare_measurements, load_pem_chain, verify_report
+from .ocsp import Post, check_chain_ocsp, http_post
 from .policy import GpuPolicy
 
 __all__ = ["GpuVerdict", "verify_gpu"]
@@ -46,10 +47,30 @@ def _pick(rims: list[Rim], kind: str, version: str) -> Rim | None:
     return next((r for r in of_kind if r.version.lower() == version.lower()), of_kind[0] if of_kind else None)
 
 
+def _ocsp(claims: ClaimSet, chain_pem: bytes, url: str, post: Post, at: dt.datetime) -> None:
+    name = "x-nvidia-gpu-attestation-report-cert-chain"
+    claim = claims[name]
+    if claim.ok is False:
+        return  # the chain itself failed: nothing to ask about
+    result = check_chain_ocsp(load_pem_chain(chain_pem), url, post=post, at=at)
+    value = dict(claim.value)
+    value["x-nvidia-cert-ocsp-status"] = result.status if result.status != "error" else "unknown"
+    value["x-nvidia-cert-revocation-reason"] = result.reason
+    if result.status == "revoked":
+        value["x-nvidia-cert-status"] = "revoked"
+    good = result.status == "good"
+    claims.update(name, value, good, result.detail if not good else f"{claim.detail.split(';')[0]}; {result.detail}")
+
+
 def verify_gpu(report: bytes, cert_chain: bytes, nonce: bytes, *, rims: Sequence[bytes] = (),
                policy: GpuPolicy | None = None, at: dt.datetime | None = None,
-               device_root: x509.Certificate | None = None, rim_root: x509.Certificate | None = None) -> GpuVerdict:
-    """Verify a GPU's GET_MEASUREMENTS evidence under ``nonce``, against the given RIM files; never raises."""
+               device_root: x509.Certificate | None = None, rim_root: x509.Certificate | None = None,
+               ocsp_url: str | None = None, ocsp_post: Post | None = None) -> GpuVerdict:
+    """Verify a GPU's GET_MEASUREMENTS evidence under ``nonce``, against the given RIM files; never raises.
+
+    ``ocsp_url``: ask that OCSP service about the device chain (:mod:`.ocsp`); its answer fills the chain claim's
+    ``x-nvidia-cert-ocsp-status`` (``good`` passes; ``revoked``, ``unknown`` or no usable answer fail it).
+    """
     policy = policy or GpuPolicy()
     at = at or dt.datetime.now(dt.UTC)
     if device_root is None and policy.device_root is not None:
@@ -58,6 +79,8 @@ def verify_gpu(report: bytes, cert_chain: bytes, nonce: bytes, *, rims: Sequence
         rim_root = x509.load_pem_x509_certificate(policy.rim_root.read_bytes())
     claims, parsed = verify_report(report, cert_chain, nonce, root=device_root, at=at,
                                    expected_arch=policy.expected_arch)
+    if ocsp_url is not None:
+        _ocsp(claims, cert_chain, ocsp_url, ocsp_post or http_post, at)
     checked: list[Rim] = []
     if parsed is not None:
         # each RIM is checked under its own kind's claim names; a second RIM of one kind replaces the first's

@@ -144,6 +144,10 @@ def attest(
         str | None, typer.Option("--rim-url", help="With --evidence: fetch the driver and VBIOS RIMs for the "
                                  "report's versions from NVIDIA's RIM service (https://rim.attestation.nvidia.com).")
     ] = None,
+    ocsp_url: Annotated[
+        str | None, typer.Option("--ocsp-url", help="With --evidence: ask this OCSP service (NVIDIA's: "
+                                 "https://ocsp.ndis.nvidia.com) about the GPU's chain, with a fresh nonce.")
+    ] = None,
     offline: Annotated[
         Path | None, typer.Option("--offline", help="Take fetched collateral only from this bundle "
                                   "(gputravel evidence bundle --out); an entry missing or expired is refused.")
@@ -181,8 +185,8 @@ def attest(
             raise DataError("give one of --evidence, --tdx-quote, --snp-report, --azure-hcl (no --inject with them)")
         if cert_chain is not None or rim or collateral is not None:
             raise DataError("--cert-chain, --rim and --collateral do not go with --snp-report/--azure-hcl")
-        if pccs_url is not None or rim_url is not None:
-            raise DataError("--pccs-url goes with --tdx-quote, --rim-url with --evidence")
+        if pccs_url is not None or rim_url is not None or ocsp_url is not None:
+            raise DataError("--pccs-url goes with --tdx-quote, --rim-url and --ocsp-url with --evidence")
         attest_snp(snp_report=snp_report, azure_hcl=azure_hcl, vcek=vcek, tpm_quote=tpm_quote, nonce=nonce,
                    product=product, at=at, policy=policy, json_out=json_out, kds_url=kds_url, offline=offline)
         return
@@ -199,17 +203,18 @@ def attest(
             if pccs_url is not None:
                 raise DataError("--pccs-url goes with --tdx-quote")
             attest_gpu_evidence(evidence=evidence, cert_chain=cert_chain, nonce=nonce, rims=rim or [], at=at,
-                                policy=policy, json_out=json_out, rim_url=rim_url, offline=offline)
+                                policy=policy, json_out=json_out, rim_url=rim_url, offline=offline,
+                                ocsp_url=ocsp_url)
         else:
             assert tdx_quote is not None
-            if rim_url is not None:
-                raise DataError("--rim-url goes with --evidence")
+            if rim_url is not None or ocsp_url is not None:
+                raise DataError("--rim-url and --ocsp-url go with --evidence")
             attest_tdx_quote(quote=tdx_quote, collateral=collateral, at=at, policy=policy, json_out=json_out,
                              pccs_url=pccs_url, offline=offline)
         return
-    if any(v is not None for v in (cert_chain, nonce, rim, collateral, at, pccs_url, rim_url, offline)):
-        raise DataError("--cert-chain, --nonce, --rim, --collateral, --at, --pccs-url, --rim-url and --offline need "
-                        "--evidence or --tdx-quote")
+    if any(v is not None for v in (cert_chain, nonce, rim, collateral, at, pccs_url, rim_url, offline, ocsp_url)):
+        raise DataError("--cert-chain, --nonce, --rim, --collateral, --at, --pccs-url, --rim-url, --ocsp-url and "
+                        "--offline need --evidence or --tdx-quote")
     fault = inject.value if inject is not None else None
     result = run_emulated_attestation(
         state_dir or default_state_dir(),

@@ -80,7 +80,7 @@ def _service_rims(report: bytes, rim_url: str, offline: Path | None) -> list[byt
 
 def attest_gpu_evidence(*, evidence: Path, cert_chain: Path | None, nonce: str | None, rims: list[Path],
                         at: int | None, policy: Path | None, json_out: bool, rim_url: str | None = None,
-                        offline: Path | None = None) -> None:
+                        offline: Path | None = None, ocsp_url: str | None = None) -> None:
     """Verify an NVIDIA GPU's evidence files; print claims; exit 0 or 3."""
     from gputravel.core.evidence.nvidia_gpu import verify_gpu
 
@@ -93,7 +93,7 @@ def attest_gpu_evidence(*, evidence: Path, cert_chain: Path | None, nonce: str |
     verdict = verify_gpu(
         report, _read(cert_chain, "certificate chain"), _nonce(nonce),
         rims=rim_files, policy=_policy(policy).gpu,
-        at=dt.datetime.fromtimestamp(at, dt.UTC) if at is not None else None,
+        at=dt.datetime.fromtimestamp(at, dt.UTC) if at is not None else None, ocsp_url=ocsp_url,
     )
     doc = verdict.to_json()
 
