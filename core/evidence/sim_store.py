@@ -37,7 +37,8 @@ rim_root = "rim-root.crt"
 [intel-tdx]
 root_ca = "tdx-root.crt"
 tcb_status = ["UpToDate"]
-
+"""
+_SIM_SNP_POLICY = """
 [amd-snp]
 ark = "snp-ark.crt"
 ask = "snp-ask.crt"
@@ -86,6 +87,7 @@ def _save(folder: Path, gpu: SimGpu, tdx: SimTdx) -> None:
     _write(folder / "gpu.json", json.dumps({"fwid": gpu.fwid.hex(), "measurements": [m.hex() for m in
                                                                                       gpu.measurements]}).encode())
     _write(folder / SIM_POLICY_NAME, _SIM_POLICY.encode())
+    _ensure_policy(folder)
 
 
 def _load(folder: Path) -> tuple[SimGpu, SimTdx]:
@@ -133,31 +135,40 @@ def _load_snp(folder: Path) -> SimAzureVm:
     return SimAzureVm(chip=chip, ak=ak)
 
 
+def _ensure_policy(folder: Path) -> Path:
+    """The SIM policy, written if missing; its ``[amd-snp]`` section added once the SIM SNP chip exists (the
+    policy names only files that exist: a root that is not a file is a policy error)."""
+    policy = folder / SIM_POLICY_NAME
+    if not policy.is_file():
+        _write(policy, _SIM_POLICY.encode())
+    text = policy.read_text(encoding="utf-8")
+    if "[amd-snp]" not in text and (folder / "snp-ark.crt").is_file() and (folder / "snp-ask.crt").is_file():
+        _write(policy, (text.rstrip("\n") + "\n" + _SIM_SNP_POLICY).encode())
+    return policy
+
+
 def load_or_create_snp(state_dir: Path) -> SimAzureVm:
-    """The SIM SEV-SNP chip and Azure-style vTPM key of this state folder (made on first use; a raw SNP CVM uses
-    ``.chip``); the SIM policy's ``[amd-snp]`` pins its ARK and ASK."""
+    """The SIM SEV-SNP chip and Azure-style vTPM key of this state folder (made on first use: only runs with an
+    SNP CVM pay for its RSA keys; a raw SNP CVM uses ``.chip``); the SIM policy's ``[amd-snp]`` then pins its ARK
+    and ASK."""
     folder = Path(state_dir) / "vendor-formats"
     try:
-        return _load_snp(folder)
+        vm = _load_snp(folder)
     except (OSError, ValueError, KeyError, TypeError):
         folder.mkdir(parents=True, exist_ok=True)
         os.chmod(folder, 0o700)
         vm = SimAzureVm.generate()
         _save_snp(folder, vm)
-        return vm
+    _ensure_policy(folder)
+    return vm
 
 
 def load_or_create(state_dir: Path) -> tuple[SimGpu, SimTdx, Path]:
-    """The SIM GPU and TDX guest of this state folder (made on first use) and the SIM evidence policy's path
-    (its SEV-SNP identity is made too: the policy names its roots)."""
+    """The SIM GPU and TDX guest of this state folder (made on first use) and the SIM evidence policy's path."""
     folder = Path(state_dir) / "vendor-formats"
     try:
         gpu, tdx = _load(folder)
     except (OSError, ValueError, KeyError, TypeError):
         gpu, tdx = SimGpu.generate(), SimTdx.generate()
         _save(folder, gpu, tdx)
-    load_or_create_snp(state_dir)
-    policy = folder / SIM_POLICY_NAME
-    if not policy.is_file() or "[amd-snp]" not in policy.read_text(encoding="utf-8"):  # made before issue 31
-        _write(policy, _SIM_POLICY.encode())
-    return gpu, tdx, policy
+    return gpu, tdx, _ensure_policy(folder)
