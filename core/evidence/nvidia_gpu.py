@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from cryptography import x509
 
 from .claims import NOT_CHECKED, Claim, ClaimSet
-from .nvidia_rim import Rim, rim_kind, rim_version, verify_rim
+from .nvidia_rim import Rim, rim_certificates, rim_kind, rim_version, verify_rim
 from .nvidia_spdm import compare_measurements, load_pem_chain, verify_report
 from .ocsp import Post, check_chain_ocsp, http_post
 from .policy import GpuPolicy
@@ -47,12 +47,15 @@ def _pick(rims: list[Rim], kind: str, version: str) -> Rim | None:
     return next((r for r in of_kind if r.version.lower() == version.lower()), of_kind[0] if of_kind else None)
 
 
-def _ocsp(claims: ClaimSet, chain_pem: bytes, url: str, post: Post, at: dt.datetime) -> None:
-    name = "x-nvidia-gpu-attestation-report-cert-chain"
+def _ocsp(claims: ClaimSet, chain: list[x509.Certificate], url: str, post: Post, at: dt.datetime, *,
+          name: str = "x-nvidia-gpu-attestation-report-cert-chain") -> None:
+    """Fill the chain claim ``name`` with the OCSP service's answer about ``chain`` (leaf first)."""
+    if name not in claims:
+        return
     claim = claims[name]
     if claim.ok is False:
         return  # the chain itself failed: nothing to ask about
-    result = check_chain_ocsp(load_pem_chain(chain_pem), url, post=post, at=at)
+    result = check_chain_ocsp(chain, url, post=post, at=at)
     value = dict(claim.value)
     value["x-nvidia-cert-ocsp-status"] = result.status if result.status != "error" else "unknown"
     value["x-nvidia-cert-revocation-reason"] = result.reason
@@ -79,8 +82,8 @@ def verify_gpu(report: bytes, cert_chain: bytes, nonce: bytes, *, rims: Sequence
         rim_root = x509.load_pem_x509_certificate(policy.rim_root.read_bytes())
     claims, parsed = verify_report(report, cert_chain, nonce, root=device_root, at=at,
                                    expected_arch=policy.expected_arch)
-    if ocsp_url is not None:
-        _ocsp(claims, cert_chain, ocsp_url, ocsp_post or http_post, at)
+    if ocsp_url is not None and parsed is not None:
+        _ocsp(claims, load_pem_chain(cert_chain), ocsp_url, ocsp_post or http_post, at)
     checked: list[Rim] = []
     if parsed is not None:
         # each RIM is checked under its own kind's claim names; a second RIM of one kind replaces the first's
@@ -90,6 +93,11 @@ def verify_gpu(report: bytes, cert_chain: bytes, nonce: bytes, *, rims: Sequence
             want = parsed.driver_version if kind == "driver" else parsed.vbios_version
             scratch = ClaimSet()
             _, rim = verify_rim(data, expected_version=want, kind=kind, root=rim_root, at=at, claims=scratch)
+            if ocsp_url is not None:  # the RIM's own chain, as NVIDIA's verifier asks too
+                _ocsp(scratch, rim_certificates(data), ocsp_url, ocsp_post or http_post, at,
+                      name=f"x-nvidia-gpu-{kind}-rim-cert-chain")
+                if rim is not None and scratch[f"x-nvidia-gpu-{kind}-rim-cert-chain"].ok is False:
+                    rim = None  # a revoked RIM signer vouches for nothing
             if rim is not None:
                 checked.append(rim)
             matches = rim is not None and rim.version.lower() == want.lower()

@@ -32,7 +32,7 @@ from .bounded import EVIDENCE_CAP
 from .claims import ClaimSet
 from .nvidia_spdm import CERTS_DIR, add_cert_chain_claim, check_chain
 
-__all__ = ["NVIDIA_RIM_LEVELS", "Rim", "rim_chain_problem", "rim_kind", "rim_root", "rim_version", "verify_rim"]
+__all__ = ["NVIDIA_RIM_LEVELS", "Rim", "rim_certificates", "rim_chain_problem", "rim_kind", "rim_root", "rim_version", "verify_rim"]
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "schema"
 SWID_NS = "http://standards.iso.org/iso/19770/-2/2015/schema.xsd"
@@ -91,6 +91,14 @@ def _parse(data: bytes) -> Any:
 def _version(root: Any) -> str:
     meta = root.find(f"{{{SWID_NS}}}Meta")
     return str(meta.get("colloquialVersion", "")) if meta is not None else ""
+
+
+def rim_certificates(data: bytes) -> list[x509.Certificate]:
+    """The certificates a RIM's signature carries, leaf first (unverified; [] when unreadable)."""
+    try:
+        return _certificates(_parse(data))
+    except (etree.XMLSyntaxError, ValueError):
+        return []
 
 
 def _certificates(root: Any) -> list[x509.Certificate]:

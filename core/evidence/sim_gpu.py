@@ -97,6 +97,8 @@ class SimGpuPki:
     #: the keys of ``chain`` (leaf first), kept in memory by ``generate`` only (a SIM OCSP responder signs with
     #: them in tests); empty for a PKI loaded from the state folder
     chain_keys: list[ec.EllipticCurvePrivateKey] = field(default_factory=list)
+    #: the keys of ``rim_chain`` (signer, root), in memory as ``chain_keys``
+    rim_chain_keys: list[ec.EllipticCurvePrivateKey] = field(default_factory=list)
 
     @property
     def device_root(self) -> x509.Certificate:
@@ -124,7 +126,7 @@ class SimGpuPki:
         rim_signer = _cert("gputravel SIM RIM Signer", rim_key, "gputravel SIM CoRIM signing Root CA",
                            rim_root_key, ca=False)
         return cls(chain=certs[::-1], leaf_key=keys[-1], rim_chain=[rim_signer, rim_root], rim_key=rim_key,
-                   chain_keys=keys[::-1])
+                   chain_keys=keys[::-1], rim_chain_keys=[rim_key, rim_root_key])
 
 
 def _sim_measurements(seed: bytes) -> list[bytes]:

@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding
 from cryptography.x509 import ocsp
 
-from gputravel.core.evidence.nvidia_gpu import verify_gpu
+from gputravel.core.evidence.nvidia_gpu import GpuVerdict, verify_gpu
 from gputravel.core.evidence.policy import GpuPolicy
 from gputravel.core.evidence.sim_gpu import SimGpu
 
@@ -42,12 +42,14 @@ class Responder(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         req = ocsp.load_der_ocsp_request(self.rfile.read(int(self.headers["Content-Length"])))
-        chain, keys = self.gpu.pki.chain, self.gpu.pki.chain_keys
+        pki = self.gpu.pki
+        rim = any(c.serial_number == req.serial_number for c in pki.rim_chain)
+        chain, keys = (pki.rim_chain, pki.rim_chain_keys) if rim else (pki.chain, pki.chain_keys)
         pos = next(i for i, c in enumerate(chain) if c.serial_number == req.serial_number)
         cert, issuer, issuer_key = chain[pos], chain[pos + 1], keys[pos + 1]
         nonce = req.extensions.get_extension_for_class(x509.OCSPNonce).value.nonce
         status, revoked_at, reason = ocsp.OCSPCertStatus.GOOD, None, None
-        if self.mode == "revoked" and pos == 0:
+        if (self.mode == "revoked" and pos == 0 and not rim) or (self.mode == "revoked-rim" and rim):
             status, revoked_at, reason = (ocsp.OCSPCertStatus.REVOKED, dt.datetime(2025, 1, 1),
                                           x509.ReasonFlags.key_compromise)
         elif self.mode == "unknown" and pos == 0:
@@ -127,3 +129,22 @@ def test_a_bad_ocsp_answer_fails_the_chain_claim_by_name(gpu: SimGpu, responder:
 def test_an_unreachable_ocsp_service_fails_the_chain_claim(gpu: SimGpu) -> None:
     ok, value, detail = _verdict(gpu, "http://127.0.0.1:9")
     assert not ok and "no OCSP answer" in detail
+
+
+def test_rim_chains_are_asked_about_too_and_a_revoked_rim_signer_fails_its_claim(
+        gpu: SimGpu, responder: tuple[str, type[Responder]]) -> None:
+    url, handler = responder
+    nonce = os.urandom(32)
+    report, chain, rims = gpu.report(nonce), gpu.cert_chain_pem(), list(gpu.rims())
+
+    def verdict() -> GpuVerdict:
+        return verify_gpu(report, chain, nonce, rims=rims, device_root=gpu.pki.device_root,
+                          rim_root=gpu.pki.rim_root, ocsp_url=url)
+
+    good = verdict()
+    assert good.ok, good.failed
+    assert good.claims["x-nvidia-gpu-driver-rim-cert-chain"].value["x-nvidia-cert-ocsp-status"] == "good"
+    handler.mode = "revoked-rim"
+    bad = verdict()
+    assert bad.failed is not None and bad.failed.name == "x-nvidia-gpu-driver-rim-cert-chain"
+    assert bad.claims["x-nvidia-gpu-driver-rim-cert-chain"].value["x-nvidia-cert-status"] == "revoked"
