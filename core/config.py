@@ -98,6 +98,9 @@ class RunSettings:
     #: fault injection into what holders attest (``run --inject``): cvm-debug, cvm-report-data, gpu-measurement,
     #: gpu-nonce; every holder must refuse (core/travel/holder_attest.py)
     holder_inject: str | None = None
+    #: the orchestrator CVM's kind, what holders attest (issue 31): tdx, snp (SEV-SNP) or azure-snp (Azure's HCL
+    #: report + vTPM quote); on the emulated platform a SIM CVM of that kind
+    cvm_kind: str = "tdx"
 
     def __post_init__(self) -> None:
         if self.data_path == "ssh":  # the name `bench provision` and the docs use for the channel path
@@ -119,6 +122,7 @@ class RunSettings:
             (self.cipher_engine in ("auto", "cpu", "gpu"), "cipher-engine is auto, cpu or gpu"),
             (self.holder_inject in (None, "cvm-debug", "cvm-report-data", "gpu-measurement", "gpu-nonce"),
              "inject is cvm-debug, cvm-report-data, gpu-measurement or gpu-nonce"),
+            (self.cvm_kind in ("tdx", "snp", "azure-snp"), "cvm-kind is tdx, snp or azure-snp"),
         ]
         for ok, msg in checks:
             if not ok:

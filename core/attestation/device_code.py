@@ -50,9 +50,10 @@ DEVICE_CODE: tuple[str, ...] = (
     "core/attestation/hardware_evidence.py", "core/attestation/inject.py", "core/attestation/pki.py",
     "core/attestation/policy.py", "core/attestation/verify.py",
     # the SPDM responder's formats (the simulated GPU's report, certificates and RIM)
-    "core/evidence/__init__.py", "core/evidence/claims.py", "core/evidence/nvidia_rim.py",
-    "core/evidence/nvidia_spdm.py", "core/evidence/sim_gpu.py", "core/evidence/sim_rim.py",
-    "core/evidence/sim_store.py", "core/evidence/sim_tdx.py",
+    "core/evidence/__init__.py", "core/evidence/bounded.py", "core/evidence/claims.py", "core/evidence/nvidia_rim.py",
+    "core/evidence/nvidia_spdm.py", "core/evidence/policy.py", "core/evidence/sim_gpu.py", "core/evidence/sim_rim.py",
+    "core/evidence/sim_snp.py", "core/evidence/sim_store.py", "core/evidence/sim_tdx.py", "core/evidence/snp.py",
+    "core/evidence/snp_report.py",
     # the package roots and the shared pieces: errors, the key exchange, machine probes, private files
     "__init__.py", "core/__init__.py", "core/errors.py", "core/handshake.py", "core/machine.py", "core/files.py",
 )

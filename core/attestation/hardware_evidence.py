@@ -8,7 +8,8 @@ configfs-shaped folder); docs/attestation.md says how to run it for real.
 * GPU: ``nvmlSystemGetConfComputeState()`` must say CC on (``ccFeature`` enabled) and devtools off; then
   ``nvmlDeviceGetConfComputeGpuAttestationReport(handle, nonce)`` returns the GET_MEASUREMENTS request + response
   under the verifier's 32-byte nonce and ``nvmlDeviceGetConfComputeGpuCertificate(handle)`` the PEM chain
-  (``attestationCertChain``, leaf first, the Device Identity CA last).
+  (``attestationCertChain``, leaf first, the Device Identity CA last). The report's driver and VBIOS versions
+  must be NVML's (``nvmlSystemGetDriverVersion``, ``nvmlDeviceGetVbiosVersion``), as NVIDIA's verifier checks.
 * TDX: ``mkdir /sys/kernel/config/tsm/report/<name>``, write 64 bytes of report data to ``inblob``, read the quote
   from ``outblob``; ``provider`` must be ``tdx_guest`` and ``generation`` unchanged between write and read (else
   another writer raced us). The quote's own report_data must be what was written.
@@ -41,6 +42,8 @@ class GpuEvidence:
     report: bytes
     cert_chain: bytes
     nonce: bytes
+    driver_version: str = ""  # what NVML says (nvmlSystemGetDriverVersion), equal to the report's
+    vbios_version: str = ""  # what NVML says (nvmlDeviceGetVbiosVersion), equal to the report's
 
 
 def nvml_cc_mode(nvml: Any) -> str:
@@ -73,7 +76,37 @@ def gpu_evidence_from_nvml(nvml: Any, index: int, nonce: bytes) -> GpuEvidence:
     csize = int(cert.attestationCertChainSize)
     if csize <= 0 or csize > len(cert.attestationCertChain):
         raise AttestationError(f"the driver returned an attestation certificate chain of {csize} bytes")
-    return GpuEvidence(report=report, cert_chain=bytes(cert.attestationCertChain[:csize]), nonce=nonce)
+    driver, vbios = _versions_match_nvml(nvml, handle, report)
+    return GpuEvidence(report=report, cert_chain=bytes(cert.attestationCertChain[:csize]), nonce=nonce,
+                       driver_version=driver, vbios_version=vbios)
+
+
+def _text(value: Any) -> str:
+    return value.decode("ascii", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _versions_match_nvml(nvml: Any, handle: Any, report: bytes) -> tuple[str, str]:
+    """NVML's driver and VBIOS versions, after checking the report says the same (as NVIDIA's verifier does:
+    a report from another driver or firmware than the one loaded is refused).
+
+    Raises:
+        AttestationError: the report does not parse, or a version differs (the claim is named).
+    """
+    from gputravel.core.evidence.nvidia_spdm import EvidenceFormatError, parse_report
+
+    try:
+        parsed = parse_report(report)
+    except EvidenceFormatError as exc:
+        raise AttestationError(f"x-nvidia-gpu-attestation-report-parsed: {exc}") from exc
+    driver = _text(nvml.nvmlSystemGetDriverVersion())
+    vbios = _text(nvml.nvmlDeviceGetVbiosVersion(handle))
+    if parsed.driver_version != driver:
+        raise AttestationError(f"x-nvidia-gpu-attestation-report-driver-version-match: the report says driver "
+                               f"{parsed.driver_version!r}, NVML {driver!r}")
+    if parsed.vbios_version.lower() != vbios.lower():
+        raise AttestationError(f"x-nvidia-gpu-attestation-report-vbios-version-match: the report says VBIOS "
+                               f"{parsed.vbios_version.upper()!r}, NVML {vbios!r}")
+    return driver, vbios
 
 
 def read_tsm_report(entry: Path, report_data: bytes) -> bytes:

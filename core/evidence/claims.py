@@ -1,6 +1,6 @@
 """Claims: one named check with its value, and whether it passed.
 
-Names follow NVIDIA's local GPU verifier (claims version 2.0, flat names) for GPU evidence, so a reader who knows
+Names follow NVIDIA's local GPU verifier (claims version 3.0: a certificate chain is one claim with a nested value) for GPU evidence, so a reader who knows
 NVIDIA's tools reads ours. A claim's ``ok`` is ``True`` (passed), ``False`` (failed) or ``None`` (not checked, e.g.
 revocation offline, or no RIM given); whether a ``None`` is acceptable is the policy's call, never the verifier's.
 """
@@ -38,6 +38,19 @@ class ClaimSet:
     def add(self, name: str, value: Any, ok: bool | None, detail: str = "") -> Claim:
         claim = Claim(name, value, ok, detail)
         self.claims = [c for c in self.claims if c.name != name] + [claim]
+        return claim
+
+    def update(self, name: str, value: Any, ok: bool | None, detail: str = "") -> Claim:
+        """Replace the claim ``name`` where it stands (its place in the order is kept).
+
+        Raises:
+            KeyError: no such claim.
+        """
+        claim = Claim(name, value, ok, detail)
+        i = next(i for i, c in enumerate(self.claims) if c.name == name) if name in self else None
+        if i is None:
+            raise KeyError(name)
+        self.claims[i] = claim
         return claim
 
     def __iter__(self) -> Iterator[Claim]:

@@ -1,4 +1,5 @@
-"""The holder's own checks (issue 22 item 5): the orchestrator CVM's TDX quote and the GPU's SPDM evidence.
+"""The holder's own checks (issue 22 item 5): the orchestrator CVM's TDX quote (or SEV-SNP report, issue 31) and
+the GPU's SPDM evidence.
 
 What a holder agent imports (stdlib, ``cryptography``, ``dcap_qvl``; no XML stack, no RIMs): the chain of the GPU
 and the quote with its collateral are checked once (cached by their SHA-256), each hand-off's report only for
@@ -20,6 +21,7 @@ from typing import Any
 
 from cryptography import x509
 
+from .cvm_snp import check_snp_cvm, cvm_kind
 from .nvidia_spdm import check_fresh_report, compare_measurements, device_root, load_pem_chain, verify_report
 from .policy import EvidencePolicy, load_evidence_policy
 from .tdx import TdxVerdict, verify_tdx_quote
@@ -67,7 +69,13 @@ class HolderVerifier:
 
     def check_cvm(self, quote: bytes, collateral: bytes, expected_report_data: bytes, *,
                   now: int | None = None) -> dict[str, Any]:
-        """``{"ok", "tcb_status", "failed"}``: the quote and collateral (once; cached), then its report data."""
+        """``{"ok", "tcb_status", "failed"}``: the quote and collateral (once; cached), then its report data.
+
+        An SEV-SNP CVM's evidence (its collateral says ``"kind": "snp"`` or ``"azure-snp"``) is checked by
+        :func:`.cvm_snp.check_snp_cvm` under the policy's ``[amd-snp]``, with the same result keys.
+        """
+        if cvm_kind(collateral) != "tdx":
+            return check_snp_cvm(quote, collateral, expected_report_data, self.policy.snp, now=now)
         assert self._tdx is not None
         tag = hashlib.sha256(quote + b"\0" + collateral).digest()
         verdict = self._tdx.get(tag)
@@ -91,7 +99,7 @@ class HolderVerifier:
         if known is None:
             claims, _ = verify_report(report, chain_pem, nonce, root=self._root, at=dt.datetime.now(dt.UTC),
                                       expected_arch=self.policy.gpu.expected_arch)
-            chain_claims = ("-cert-chain-validated", "-cert-chain-fwid-match", "x-nvidia-gpu-arch-check")
+            chain_claims = ("-cert-chain", "-cert-chain-fwid-match", "x-nvidia-gpu-arch-check")
             bad = [c.name for c in claims.failed() if c.name.endswith(chain_claims)]
             known = bad if bad else load_pem_chain(chain_pem)[0]
             self._leaf[tag] = known

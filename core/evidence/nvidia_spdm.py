@@ -31,6 +31,8 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
+from .bounded import EvidenceTooLarge
+from .bounded import read_hex_or_raw as bounded_hex_or_raw
 from .claims import NOT_CHECKED, ClaimSet
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "EvidenceFormatError",
     "GpuReport",
     "MeasurementBlock",
+    "add_cert_chain_claim",
     "check_chain",
     "check_fresh_report",
     "compare_measurements",
@@ -53,6 +56,13 @@ REQUEST_LEN = 37
 SIGNATURE_LEN = 96
 CHAIN_LENGTH = 5
 SPDM_VERSION_11 = 0x11
+# SPDM 1.1 and 1.2 have the same GET_MEASUREMENTS layout; 1.3 adds an 8-byte RequesterContext at the end of the
+# request, echoed in the response between the opaque data and the signature (DSP0274 1.3)
+SPDM_VERSIONS = (0x11, 0x12, 0x13)
+SPDM_VERSION_13 = 0x13
+CONTEXT_LEN = 8
+# the opaque field types NVIDIA's verifier (2.7.3, OpaqueData.OPAQUE_DATA_TYPES) knows; it refuses any other
+OPAQUE_TYPES = frozenset([*range(1, 26), *range(32, 37), 255])
 GET_MEASUREMENTS = 0xE0
 MEASUREMENTS = 0x60
 DMTF_SPEC = 1
@@ -112,15 +122,17 @@ class GpuReport:
 
 
 def read_hex_or_raw(data: bytes) -> bytes:
-    """The raw bytes of evidence given either raw or as hex text (whitespace and a ``0x`` prefix allowed)."""
+    """The raw bytes of evidence given either raw or as hex text (whitespace and a ``0x`` prefix allowed).
+
+    Bounded (:mod:`.bounded`): over the cap it is refused before decoding.
+
+    Raises:
+        EvidenceFormatError: larger than :data:`.bounded.EVIDENCE_CAP`.
+    """
     try:
-        text = data.decode("ascii").strip()
-    except UnicodeDecodeError:
-        return data
-    text = re.sub(r"\s+", "", text.removeprefix("0x"))
-    if text and re.fullmatch(r"(?:[0-9a-fA-F]{2})+", text):
-        return bytes.fromhex(text)
-    return data
+        return bounded_hex_or_raw(data)
+    except EvidenceTooLarge as exc:
+        raise EvidenceFormatError(str(exc)) from None
 
 
 def format_vbios_version(raw: bytes) -> str:
@@ -141,18 +153,23 @@ def _u(data: bytes, start: int, size: int) -> int:
 def parse_report(raw: bytes) -> GpuReport:
     """Parse request (37 bytes) + response; every length is checked against the bytes present.
 
+    Versions 1.1, 1.2 (same layout) and 1.3 (the RequesterContext) are read; request and response must agree.
+
     Raises:
-        EvidenceFormatError: wrong codes or version, a length that overruns, trailing bytes, a non-DMTF block.
+        EvidenceFormatError: wrong codes or version, a length that overruns, trailing bytes, a non-DMTF block, an
+            opaque field of a type NVIDIA does not define.
     """
-    if len(raw) < REQUEST_LEN + 42 + SIGNATURE_LEN:
+    version = raw[0] if raw else 0
+    req_len = REQUEST_LEN + (CONTEXT_LEN if version == SPDM_VERSION_13 else 0)
+    if len(raw) < req_len + 42 + SIGNATURE_LEN:
         raise EvidenceFormatError(f"{len(raw)} bytes is too short for a GET_MEASUREMENTS request and response")
-    req, resp = raw[:REQUEST_LEN], raw[REQUEST_LEN:]
-    if req[0] != SPDM_VERSION_11 or req[1] != GET_MEASUREMENTS:
-        raise EvidenceFormatError(f"request is not SPDM 1.1 GET_MEASUREMENTS (version 0x{req[0]:02x}, "
+    req, resp = raw[:req_len], raw[req_len:]
+    if req[0] not in SPDM_VERSIONS or req[1] != GET_MEASUREMENTS:
+        raise EvidenceFormatError(f"request is not SPDM 1.1/1.2/1.3 GET_MEASUREMENTS (version 0x{req[0]:02x}, "
                                   f"code 0x{req[1]:02x})")
-    if resp[0] != SPDM_VERSION_11 or resp[1] != MEASUREMENTS:
-        raise EvidenceFormatError(f"response is not SPDM 1.1 MEASUREMENTS (version 0x{resp[0]:02x}, "
-                                  f"code 0x{resp[1]:02x})")
+    if resp[0] != req[0] or resp[1] != MEASUREMENTS:
+        raise EvidenceFormatError(f"response is not an SPDM {req[0] >> 4}.{req[0] & 15} MEASUREMENTS (version "
+                                  f"0x{resp[0]:02x}, code 0x{resp[1]:02x})")
     n_blocks = resp[4]
     rec_len = _u(resp, 5, 3)
     record = resp[8:8 + rec_len]
@@ -184,6 +201,10 @@ def parse_report(raw: bytes) -> GpuReport:
     if len(opaque_raw) != opaque_len:
         raise EvidenceFormatError(f"opaque data says {opaque_len} bytes, {len(opaque_raw)} present")
     pos += opaque_len
+    if version == SPDM_VERSION_13:
+        if resp[pos:pos + CONTEXT_LEN] != req[REQUEST_LEN:]:
+            raise EvidenceFormatError("the response's RequesterContext is not the request's (SPDM 1.3)")
+        pos += CONTEXT_LEN
     if len(resp) - pos != SIGNATURE_LEN:
         raise EvidenceFormatError(f"{len(resp) - pos} bytes follow the opaque data; the signature is "
                                   f"{SIGNATURE_LEN}")
@@ -194,6 +215,8 @@ def parse_report(raw: bytes) -> GpuReport:
         value = opaque_raw[j + 4:j + 4 + fsize]
         if len(value) != fsize:
             raise EvidenceFormatError(f"opaque field {ftype} overruns the opaque data")
+        if ftype not in OPAQUE_TYPES:
+            raise EvidenceFormatError(f"opaque field of unknown type {ftype} (NVIDIA's verifier refuses it too)")
         opaque[ftype] = bytes(value)
         j += 4 + fsize
     return GpuReport(
@@ -358,7 +381,7 @@ def verify_report(raw: bytes, chain_pem: bytes, nonce: bytes, *, root: x509.Cert
         why = check_chain(chain, root or device_root(), at=at, length=chain_length)
     except EvidenceFormatError as exc:
         chain, why = [], str(exc)
-    out.add(f"{p}-cert-chain-validated", why is None, why is None, why or f"{len(chain)} certificates to the pinned root")
+    add_cert_chain_claim(out, f"{p}-cert-chain", chain, why, at=at)
     try:
         cert_fwid = leaf_fwid(chain[0]) if chain else None
     except EvidenceFormatError as exc:
@@ -371,7 +394,6 @@ def verify_report(raw: bytes, chain_pem: bytes, nonce: bytes, *, root: x509.Cert
         match = cert_fwid == report.fwid
         out.add(f"{p}-cert-chain-fwid-match", match, match,
                 f"report {report.fwid.hex()[:16]}..., leaf {cert_fwid.hex()[:16] + '...' if cert_fwid else fwid_why or 'none'}")
-    out.add(f"{p}-cert-ocsp-status", NOT_CHECKED, None, "revocation (OCSP) needs NVIDIA's OCSP service: offline")
     nonce_ok = report.nonce == nonce
     out.add(f"{p}-nonce-match", nonce_ok, nonce_ok,
             "" if nonce_ok else f"report {report.nonce.hex()}, expected {nonce.hex()}")
@@ -385,10 +407,25 @@ def verify_report(raw: bytes, chain_pem: bytes, nonce: bytes, *, root: x509.Cert
     out.add("x-nvidia-gpu-arch-check", arch_ok, arch_ok,
             f"{arch or 'unknown'} from {chip!r}, expected {'/'.join(expected_arch)}")
     out.add("x-nvidia-gpu-driver-version", report.driver_version, bool(report.driver_version))
-    out.add("x-nvidia-gpu-vbios-version", report.vbios_version, bool(report.vbios_version))
+    out.add("x-nvidia-gpu-vbios-version", report.vbios_version.upper(), bool(report.vbios_version))  # NVIDIA's case
     out.add("hwmodel", hwmodel, None, "common name of the certificate above the leaf")
     out.add("ueid", str(chain[0].serial_number) if chain else "", None, "serial number of the leaf certificate")
     return out, report
+
+
+def add_cert_chain_claim(out: ClaimSet, name: str, chain: Sequence[x509.Certificate], why: str | None, *,
+                         at: dt.datetime) -> None:
+    """NVIDIA's claims-3.0 certificate-chain claim: ``{x-nvidia-cert-expiration-date, -cert-status, -cert-ocsp-status,
+    -cert-revocation-reason}``; ``ok`` is False for a bad chain, None for a good one whose revocation (OCSP) was not
+    checked (offline: the policy's ``accept_ocsp_not_checked`` decides)."""
+    earliest = min((c.not_valid_after_utc for c in chain), default=None)
+    expired = why is not None and earliest is not None and at > earliest and "not valid at" in why
+    status = "valid" if why is None else "expired" if expired else "invalid"
+    value = {"x-nvidia-cert-expiration-date": earliest.replace(tzinfo=None).isoformat() if earliest else None,
+             "x-nvidia-cert-status": status, "x-nvidia-cert-ocsp-status": NOT_CHECKED,
+             "x-nvidia-cert-revocation-reason": None}
+    detail = why or f"{len(chain)} certificates to the pinned root; revocation (OCSP) needs NVIDIA's service: offline"
+    out.add(name, value, False if why else None, detail)
 
 
 def check_fresh_report(raw: bytes, leaf: x509.Certificate, nonce: bytes) -> tuple[str | None, GpuReport | None]:

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_POLICY_PATH", "EvidencePolicy", "GpuPolicy", "PolicyError", "TdxPolicy", "load_evidence_policy"]
+__all__ = ["DEFAULT_POLICY_PATH", "EvidencePolicy", "GpuPolicy", "PolicyError", "SnpPolicy", "TdxPolicy",
+           "load_evidence_policy"]
 
 DEFAULT_POLICY_PATH = Path(__file__).resolve().parent.parent / "policy" / "evidence.toml"
 TCB_STATUSES = ("UpToDate", "SWHardeningNeeded", "ConfigurationNeeded", "ConfigurationAndSWHardeningNeeded",
@@ -38,10 +39,26 @@ class TdxPolicy:
     rtmrs: tuple[tuple[str, ...], ...] = ((), (), (), ())
 
 
+SNP_TCB_PARTS = ("boot_loader", "tee", "snp", "microcode", "fmc")
+
+
+@dataclass(frozen=True, slots=True)
+class SnpPolicy:
+    ark: Path | None = None  # None: AMD's ARK for the product (shipped); else a DER or PEM file (the SIM root)
+    ask: Path | None = None  # None: AMD's ASK for the product (shipped); else a file
+    asvk: Path | None = None  # the ASVK that signs VLEKs (none shipped); a file
+    vmpl: tuple[int, ...] = (0,)
+    min_tcb: tuple[tuple[str, int], ...] = ()
+    measurement: tuple[str, ...] = ()
+    host_data: tuple[str, ...] = ()
+    id_key_digest: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True, slots=True)
 class EvidencePolicy:
     gpu: GpuPolicy = field(default_factory=GpuPolicy)
     tdx: TdxPolicy = field(default_factory=TdxPolicy)
+    snp: SnpPolicy = field(default_factory=SnpPolicy)
 
 
 def _strs(section: str, key: str, value: Any, *, lower: bool = False) -> tuple[str, ...]:
@@ -60,7 +77,7 @@ def _root(section: str, key: str, value: Any, base: Path) -> Path | None:
     """``"nvidia"``/``"intel"`` (the vendor's root) or a certificate file, relative to the policy file."""
     if not isinstance(value, str) or not value:
         raise PolicyError(f"[{section}] {key} must be a string: the vendor's name or a certificate file")
-    if value in ("nvidia", "intel"):
+    if value in ("nvidia", "intel", "amd"):
         return None
     path = (base / value).resolve()
     if not path.is_file():
@@ -81,7 +98,7 @@ def load_evidence_policy(path: Path | None = None) -> EvidencePolicy:
         raise PolicyError(f"{path}: cannot read ({exc.strerror})") from exc
     except tomllib.TOMLDecodeError as exc:
         raise PolicyError(f"{path}: not TOML ({exc})") from exc
-    unknown = set(doc) - {"nvidia-gpu", "intel-tdx"}
+    unknown = set(doc) - {"nvidia-gpu", "intel-tdx", "amd-snp"}
     if unknown:
         raise PolicyError(f"{path}: unknown section(s) {sorted(unknown)}")
     base = Path(path).resolve().parent
@@ -107,4 +124,29 @@ def load_evidence_policy(path: Path | None = None) -> EvidencePolicy:
         rtmrs=tuple(_strs("intel-tdx", f"rtmr{i}", t.get(f"rtmr{i}", []), lower=True) for i in range(4)),
         root_ca=_root("intel-tdx", "root_ca", t.get("root_ca", "intel"), base),
     )
-    return EvidencePolicy(gpu=gpu, tdx=tdx)
+    return EvidencePolicy(gpu=gpu, tdx=tdx, snp=_snp_policy(dict(doc.get("amd-snp", {})), path, base))
+
+
+def _snp_policy(s: dict[str, Any], path: Path, base: Path) -> SnpPolicy:
+    """``[amd-snp]``: roots, VMPLs, minimum TCB (an inline table of SPLs), allow-lists."""
+    bad = set(s) - {"ark", "ask", "asvk", "vmpl", "min_tcb", "measurement", "host_data", "id_key_digest"}
+    if bad:
+        raise PolicyError(f"{path}: unknown key(s) {sorted(bad)}")
+    vmpl = s.get("vmpl", [0])
+    if not isinstance(vmpl, list) or not all(isinstance(v, int) and 0 <= v <= 3 for v in vmpl):
+        raise PolicyError("[amd-snp] vmpl must be a list of VMPLs 0..3")
+    tcb = s.get("min_tcb", {})
+    if not isinstance(tcb, dict) or set(tcb) - set(SNP_TCB_PARTS) or \
+            not all(isinstance(v, int) and 0 <= v <= 255 for v in tcb.values()):
+        raise PolicyError(f"[amd-snp] min_tcb must be a table of SPLs 0..255 named {', '.join(SNP_TCB_PARTS)}")
+    asvk = s.get("asvk")
+    return SnpPolicy(
+        ark=_root("amd-snp", "ark", s.get("ark", "amd"), base),
+        ask=_root("amd-snp", "ask", s.get("ask", "amd"), base),
+        asvk=None if asvk is None else _root("amd-snp", "asvk", asvk, base),
+        vmpl=tuple(vmpl),
+        min_tcb=tuple(sorted(tcb.items())),
+        measurement=_strs("amd-snp", "measurement", s.get("measurement", []), lower=True),
+        host_data=_strs("amd-snp", "host_data", s.get("host_data", []), lower=True),
+        id_key_digest=_strs("amd-snp", "id_key_digest", s.get("id_key_digest", []), lower=True),
+    )

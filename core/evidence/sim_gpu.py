@@ -94,6 +94,11 @@ class SimGpuPki:
     leaf_key: ec.EllipticCurvePrivateKey
     rim_chain: list[x509.Certificate]  # signer, root
     rim_key: ec.EllipticCurvePrivateKey
+    #: the keys of ``chain`` (leaf first), kept in memory by ``generate`` only (a SIM OCSP responder signs with
+    #: them in tests); empty for a PKI loaded from the state folder
+    chain_keys: list[ec.EllipticCurvePrivateKey] = field(default_factory=list)
+    #: the keys of ``rim_chain`` (signer, root), in memory as ``chain_keys``
+    rim_chain_keys: list[ec.EllipticCurvePrivateKey] = field(default_factory=list)
 
     @property
     def device_root(self) -> x509.Certificate:
@@ -120,7 +125,8 @@ class SimGpuPki:
                          "gputravel SIM CoRIM signing Root CA", rim_root_key, ca=True)
         rim_signer = _cert("gputravel SIM RIM Signer", rim_key, "gputravel SIM CoRIM signing Root CA",
                            rim_root_key, ca=False)
-        return cls(chain=certs[::-1], leaf_key=keys[-1], rim_chain=[rim_signer, rim_root], rim_key=rim_key)
+        return cls(chain=certs[::-1], leaf_key=keys[-1], rim_chain=[rim_signer, rim_root], rim_key=rim_key,
+                   chain_keys=keys[::-1], rim_chain_keys=[rim_key, rim_root_key])
 
 
 def _sim_measurements(seed: bytes) -> list[bytes]:

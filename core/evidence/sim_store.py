@@ -1,7 +1,8 @@
 """The SIM platform's vendor-format identities, kept between runs in the emulated state folder.
 
 ``<state>/vendor-formats/`` holds the SIM GPU's 5-certificate chain and leaf key, the SIM RIM root and signer,
-the SIM TDX PKI (root, PCK platform CA, PCK, TCB signer) and attestation key, and ``sim-evidence.toml``: an
+the SIM TDX PKI (root, PCK platform CA, PCK, TCB signer) and attestation key, the SIM SEV-SNP chip (ARK, ASK,
+VCEK and its key) with an Azure-style vTPM attestation key, and ``sim-evidence.toml``: an
 evidence policy that pins the SIM roots (so ``gputravel attest --evidence ... --policy`` it verifies SIM evidence,
 and the shipped policy, which pins NVIDIA's and Intel's, refuses it). Private keys are written 0600 in a 0700
 folder, never in the repository. A folder that is incomplete or unreadable is made anew.
@@ -15,12 +16,15 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from .sim_gpu import SimGpu, SimGpuPki
+from .sim_snp import SimAzureVm, SimSnp
 from .sim_tdx import TEMPLATE_DIR, SimTdx, SimTdxPki
+from .snp import load_certificate
+from .snp_report import Tcb
 
-__all__ = ["SIM_POLICY_NAME", "load_or_create"]
+__all__ = ["SIM_POLICY_NAME", "load_or_create", "load_or_create_snp"]
 
 SIM_POLICY_NAME = "sim-evidence.toml"
 _SIM_POLICY = """# Evidence policy for the SIM platform's vendor-format evidence (written by gputravel; SIM roots pinned).
@@ -33,6 +37,11 @@ rim_root = "rim-root.crt"
 [intel-tdx]
 root_ca = "tdx-root.crt"
 tcb_status = ["UpToDate"]
+"""
+_SIM_SNP_POLICY = """
+[amd-snp]
+ark = "snp-ark.crt"
+ask = "snp-ask.crt"
 """
 
 
@@ -78,6 +87,7 @@ def _save(folder: Path, gpu: SimGpu, tdx: SimTdx) -> None:
     _write(folder / "gpu.json", json.dumps({"fwid": gpu.fwid.hex(), "measurements": [m.hex() for m in
                                                                                       gpu.measurements]}).encode())
     _write(folder / SIM_POLICY_NAME, _SIM_POLICY.encode())
+    _ensure_policy(folder)
 
 
 def _load(folder: Path) -> tuple[SimGpu, SimTdx]:
@@ -97,6 +107,62 @@ def _load(folder: Path) -> tuple[SimGpu, SimTdx]:
     return gpu, tdx
 
 
+def _private(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def _save_snp(folder: Path, vm: SimAzureVm) -> None:
+    chip = vm.chip
+    _write(folder / "snp-vcek.key", _private(chip.vcek_key), secret=True)
+    _write(folder / "snp-ak.key", _private(vm.ak), secret=True)
+    _write(folder / "snp-vcek.pem", _pem(chip.vcek))
+    _write(folder / "snp.json", json.dumps({"product": chip.product, "tcb": chip.tcb.to_json(),
+                                            "chip_id": chip.chip_id.hex()}).encode())
+    _write(folder / "snp-ark.crt", _pem(chip.ark))  # written last: the policy names them
+    _write(folder / "snp-ask.crt", _pem(chip.ask))
+
+
+def _load_snp(folder: Path) -> SimAzureVm:
+    doc = json.loads((folder / "snp.json").read_text())
+    ak = serialization.load_pem_private_key((folder / "snp-ak.key").read_bytes(), password=None)
+    if not isinstance(ak, rsa.RSAPrivateKey):
+        raise ValueError("snp-ak.key is not an RSA key")
+    chip = SimSnp(product=str(doc["product"]), tcb=Tcb(**doc["tcb"]), chip_id=bytes.fromhex(doc["chip_id"]),
+                  ark=load_certificate((folder / "snp-ark.crt").read_bytes()),
+                  ask=load_certificate((folder / "snp-ask.crt").read_bytes()),
+                  vcek=load_certificate((folder / "snp-vcek.pem").read_bytes()), vcek_key=_key(folder, "snp-vcek"))
+    return SimAzureVm(chip=chip, ak=ak)
+
+
+def _ensure_policy(folder: Path) -> Path:
+    """The SIM policy, written if missing; its ``[amd-snp]`` section added once the SIM SNP chip exists (the
+    policy names only files that exist: a root that is not a file is a policy error)."""
+    policy = folder / SIM_POLICY_NAME
+    if not policy.is_file():
+        _write(policy, _SIM_POLICY.encode())
+    text = policy.read_text(encoding="utf-8")
+    if "[amd-snp]" not in text and (folder / "snp-ark.crt").is_file() and (folder / "snp-ask.crt").is_file():
+        _write(policy, (text.rstrip("\n") + "\n" + _SIM_SNP_POLICY).encode())
+    return policy
+
+
+def load_or_create_snp(state_dir: Path) -> SimAzureVm:
+    """The SIM SEV-SNP chip and Azure-style vTPM key of this state folder (made on first use: only runs with an
+    SNP CVM pay for its RSA keys; a raw SNP CVM uses ``.chip``); the SIM policy's ``[amd-snp]`` then pins its ARK
+    and ASK."""
+    folder = Path(state_dir) / "vendor-formats"
+    try:
+        vm = _load_snp(folder)
+    except (OSError, ValueError, KeyError, TypeError):
+        folder.mkdir(parents=True, exist_ok=True)
+        os.chmod(folder, 0o700)
+        vm = SimAzureVm.generate()
+        _save_snp(folder, vm)
+    _ensure_policy(folder)
+    return vm
+
+
 def load_or_create(state_dir: Path) -> tuple[SimGpu, SimTdx, Path]:
     """The SIM GPU and TDX guest of this state folder (made on first use) and the SIM evidence policy's path."""
     folder = Path(state_dir) / "vendor-formats"
@@ -105,6 +171,4 @@ def load_or_create(state_dir: Path) -> tuple[SimGpu, SimTdx, Path]:
     except (OSError, ValueError, KeyError, TypeError):
         gpu, tdx = SimGpu.generate(), SimTdx.generate()
         _save(folder, gpu, tdx)
-    if not (folder / SIM_POLICY_NAME).is_file():
-        _write(folder / SIM_POLICY_NAME, _SIM_POLICY.encode())
-    return gpu, tdx, folder / SIM_POLICY_NAME
+    return gpu, tdx, _ensure_policy(folder)

@@ -16,12 +16,16 @@ from typing import Any
 
 import dcap_qvl
 
+from .bounded import EVIDENCE_CAP
 from .policy import TdxPolicy
 
-__all__ = ["TDX_DEBUG_BIT", "TdxVerdict", "apply_tdx_policy", "verify_tdx_quote"]
+__all__ = ["TDX_DEBUG_BIT", "TdxVerdict", "apply_tdx_policy", "quote_extent_problem", "verify_tdx_quote"]
 
 TDX_DEBUG_BIT = 0  # TD_ATTRIBUTES bit 0: TUD.DEBUG
 QUOTE_VERSION = 4
+HEADER_LEN = 48
+TD_REPORT10_LEN = 584
+MAX_ZERO_PADDING = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +77,12 @@ def verify_tdx_quote(quote: bytes, collateral_json: str | bytes, *, now: int | N
     ``root_ca_der`` pins another root than Intel's (dcap-qvl's ``verify_with_root_ca``): the SIM platform's.
     """
     checks: dict[str, bool] = {}
+    why = quote_extent_problem(quote)
+    if why:
+        return _refused("quote-parsed", why, checks)
+    if len(collateral_json) > EVIDENCE_CAP:
+        return _refused("collateral-parsed", f"the collateral is {len(collateral_json):,} bytes, over the "
+                        f"{EVIDENCE_CAP:,}-byte cap", checks)
     try:
         parsed = dcap_qvl.parse_quote(quote)
         version = parsed.header.version
@@ -120,6 +130,26 @@ def verify_tdx_quote(quote: bytes, collateral_json: str | bytes, *, now: int | N
         checks=checks,
     )
     return apply_tdx_policy(verdict, policy)
+
+
+def quote_extent_problem(quote: bytes) -> str:
+    """Why the bytes are not exactly one v4 quote ('' when they are): the header (48), the TD report (584), the
+    signature data's u32 length and the signature data; after it only zero padding of at most
+    :data:`MAX_ZERO_PADDING` bytes (dcap-qvl's real sample carries 70 zero bytes after its quote; a TD's quote
+    buffer is padded), never other bytes."""
+    if len(quote) > EVIDENCE_CAP:
+        return f"{len(quote):,} bytes, over the {EVIDENCE_CAP:,}-byte cap"
+    body_end = HEADER_LEN + TD_REPORT10_LEN
+    if len(quote) < body_end + 4:
+        return f"{len(quote)} bytes is too short for a version-4 TDX quote"
+    end = body_end + 4 + int.from_bytes(quote[body_end:body_end + 4], "little")
+    if end > len(quote):
+        return f"the signature data says {end - body_end - 4} bytes, {len(quote) - body_end - 4} present"
+    tail = quote[end:]
+    if len(tail) > MAX_ZERO_PADDING or any(tail):
+        return (f"{len(tail):,} bytes follow the quote's signature data (only up to {MAX_ZERO_PADDING} zero bytes of "
+                "padding are accepted)")
+    return ""
 
 
 def _der_certificate(data: bytes) -> bytes:

@@ -7,8 +7,8 @@ hand-off, which the device signs over ``keywrap.spdm_nonce(holder nonce, key fin
 answers VERDICT; only an ok verdict lets the HANDOFF go, its key wrapped for that agent under the attested key
 exchange. A refusal is ``HolderRefusedError`` (an ``AgentError``: the visit fails, no key byte left).
 
-SIM: the CVM is the emulated platform's SIM TDX guest (``core.evidence.sim_tdx``, identities in
-``<platform>/vendor-formats/``), the GPU the device's SIM SPDM responder (``core/device/spdm.py``). ``inject``
+SIM: the CVM is the emulated platform's SIM TDX guest (``core.evidence.sim_tdx``), or with ``cvm_kind`` its SIM
+SEV-SNP guest, raw or in Azure's form (``core.evidence.sim_snp``; identities in ``<platform>/vendor-formats/``), the GPU the device's SIM SPDM responder (``core/device/spdm.py``). ``inject``
 (``gputravel run --inject``) makes the evidence wrong in one named way; every holder must refuse it.
 """
 
@@ -28,9 +28,10 @@ from gputravel.core.protocol.devicelink import Op
 from gputravel.core.protocol.holderlink import Attest, Handoff, Verdict
 from gputravel.core.protocol.keywrap import LinkKey, cvm_report_data, spdm_nonce, wrap_key
 
-__all__ = ["INJECTIONS", "HolderAttestor", "HolderRefusedError", "SimCvm", "holder_args"]
+__all__ = ["CVM_KINDS", "INJECTIONS", "HolderAttestor", "HolderRefusedError", "SimCvm", "holder_args"]
 
 INJECTIONS = ("cvm-debug", "cvm-report-data", "gpu-measurement", "gpu-nonce")
+CVM_KINDS = ("tdx", "snp", "azure-snp")
 
 
 class HolderRefusedError(AgentError):
@@ -43,20 +44,38 @@ class HolderRefusedError(AgentError):
 
 @dataclass(slots=True)
 class SimCvm:
-    """The orchestrator's CVM, SIM: TDX quotes from the platform's SIM TDX guest."""
+    """The orchestrator's CVM, SIM, of one kind (issue 31): ``tdx`` (TDX quotes from the platform's SIM TDX guest),
+    ``snp`` (SEV-SNP reports from its SIM chip) or ``azure-snp`` (Azure's HCL report + a TPM quote by its SIM
+    vTPM key). Each binds the report data it is given (``keywrap.cvm_report_data``)."""
 
     tdx: Any  # core.evidence.sim_tdx.SimTdx
+    kind: str = "tdx"
+    snp: Any = None  # core.evidence.sim_snp.SimAzureVm (its .chip for a raw SNP CVM)
 
     @classmethod
-    def load(cls, platform_dir: Path) -> SimCvm:
+    def load(cls, platform_dir: Path, kind: str = "tdx") -> SimCvm:
         from gputravel.core.evidence import sim_store
 
-        return cls(sim_store.load_or_create(platform_dir)[1])
+        if kind not in CVM_KINDS:
+            raise ValueError(f"unknown CVM kind {kind!r} (one of {', '.join(CVM_KINDS)})")
+        tdx = sim_store.load_or_create(platform_dir)[1]
+        return cls(tdx, kind, sim_store.load_or_create_snp(platform_dir) if kind != "tdx" else None)
 
     def evidence(self, report_data: bytes, *, debug: bool = False) -> tuple[bytes, bytes]:
-        """(quote, collateral JSON) issued now."""
-        issued = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(minutes=5)
-        return self.tdx.quote(report_data, debug=debug), self.tdx.collateral(issued=issued).encode()
+        """(quote, collateral) issued now: for SNP kinds the report and ``cvm_snp.snp_collateral``."""
+        if self.kind == "tdx":
+            issued = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(minutes=5)
+            return self.tdx.quote(report_data, debug=debug), self.tdx.collateral(issued=issued).encode()
+        from cryptography.hazmat.primitives.serialization import Encoding
+
+        from gputravel.core.evidence.cvm_snp import snp_collateral
+
+        vcek = self.snp.chip.vcek.public_bytes(Encoding.PEM)
+        if self.kind == "snp":
+            return self.snp.chip.report(report_data, debug=debug), snp_collateral("snp", vcek)
+        # Azure: the HCL report binds the vTPM key; the quote by that key carries the report data
+        return self.snp.hcl_report(debug=debug), snp_collateral("azure-snp", vcek,
+                                                                tpm_quote=self.snp.quote(report_data))
 
 
 def holder_args(platform_dir: Path) -> tuple[Path, Path]:

@@ -28,7 +28,7 @@ def attach(*, out_dir: Path, run_id: str, settings: RunSettings, links: Mapping[
     the attestor on every framed link, local agents started attesting, each verdict in the ledger and in the
     record of the visit walked (``walk.current``). ``client`` gives the device session's client now."""
     platform_dir = Path(out_dir) / "platform"
-    attestor = HolderAttestor(run_id=run_id, cvm=SimCvm.load(platform_dir), client=client,
+    attestor = HolderAttestor(run_id=run_id, cvm=SimCvm.load(platform_dir, settings.cvm_kind), client=client,
                               inject=settings.holder_inject)
 
     def on_verdict(holder: str, verdict: Verdict) -> None:

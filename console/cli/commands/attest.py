@@ -1,5 +1,6 @@
 """``gputravel attest``: attest the (emulated) GPU and show every claim; or, offline, verify real-format evidence
-(an NVIDIA GPU's SPDM report with ``--evidence``, an Intel TDX quote with ``--tdx-quote``: see attest_evidence)."""
+(an NVIDIA GPU's SPDM report with ``--evidence``, an Intel TDX quote with ``--tdx-quote``: see attest_evidence; an
+AMD SEV-SNP report with ``--snp-report``, Azure's HCL report with ``--azure-hcl``: see attest_snp)."""
 
 from __future__ import annotations
 
@@ -113,6 +114,44 @@ def attest(
     collateral: Annotated[
         Path | None, typer.Option("--collateral", help="The quote's collateral, dcap-qvl QuoteCollateralV3 JSON.")
     ] = None,
+    snp_report: Annotated[
+        Path | None, typer.Option("--snp-report", help="AMD SEV-SNP attestation report (1,184 bytes, raw or hex): "
+                                  "verify it offline with --vcek.")
+    ] = None,
+    azure_hcl: Annotated[
+        Path | None, typer.Option("--azure-hcl", help="Azure's HCL report (vTPM NV index 0x01400001): its SNP "
+                                  "report, runtime data and --tpm-quote over --nonce, with --vcek.")
+    ] = None,
+    vcek: Annotated[
+        Path | None, typer.Option("--vcek", help="The chip's VCEK (or VLEK) certificate, DER or PEM (with "
+                                  "--snp-report/--azure-hcl).")
+    ] = None,
+    tpm_quote: Annotated[
+        Path | None, typer.Option("--tpm-quote", help="A TPM2 quote by the vTPM key HCLAkPub (with --azure-hcl).")
+    ] = None,
+    product: Annotated[
+        str | None, typer.Option("--product", help="milan, genoa or turin (default: the VCEK's issuer says).")
+    ] = None,
+    pccs_url: Annotated[
+        str | None, typer.Option("--pccs-url", help="With --tdx-quote: fetch the collateral from this PCCS or "
+                                 "Intel's PCS (API v4) instead of --collateral (cached with its expiry).")
+    ] = None,
+    kds_url: Annotated[
+        str | None, typer.Option("--kds-url", help="With --snp-report/--azure-hcl: fetch the VCEK from AMD's KDS "
+                                 "(https://kdsintf.amd.com) by chip id and TCB instead of --vcek.")
+    ] = None,
+    rim_url: Annotated[
+        str | None, typer.Option("--rim-url", help="With --evidence: fetch the driver and VBIOS RIMs for the "
+                                 "report's versions from NVIDIA's RIM service (https://rim.attestation.nvidia.com).")
+    ] = None,
+    ocsp_url: Annotated[
+        str | None, typer.Option("--ocsp-url", help="With --evidence: ask this OCSP service (NVIDIA's: "
+                                 "https://ocsp.ndis.nvidia.com) about the GPU's chain, with a fresh nonce.")
+    ] = None,
+    offline: Annotated[
+        Path | None, typer.Option("--offline", help="Take fetched collateral only from this bundle "
+                                  "(gputravel evidence bundle --out); an entry missing or expired is refused.")
+    ] = None,
     at: Annotated[
         int | None, typer.Option("--at", help="Verify as of this Unix time (default: now).")
     ] = None,
@@ -126,7 +165,7 @@ def attest(
 ) -> None:
     """Attest the GPU: certificate chain, revocation, signature, nonce, measurements, CC mode.
 
-    With --evidence or --tdx-quote, verify real-format evidence from files instead (offline; exit 0, or 3 naming
+    With --evidence, --tdx-quote, --snp-report or --azure-hcl, verify real-format evidence from files instead (offline; exit 0, or 3 naming
     the first claim that failed).
     """
     if sim_formats:
@@ -138,6 +177,21 @@ def attest(
         return
     if out is not None:
         raise DataError("--out goes with --sim-formats")
+    snp = snp_report is not None or azure_hcl is not None
+    if snp:
+        from gputravel.console.cli.commands.attest_snp import attest_snp
+
+        if sum(x is not None for x in (evidence, tdx_quote, snp_report, azure_hcl)) > 1 or inject is not None:
+            raise DataError("give one of --evidence, --tdx-quote, --snp-report, --azure-hcl (no --inject with them)")
+        if cert_chain is not None or rim or collateral is not None:
+            raise DataError("--cert-chain, --rim and --collateral do not go with --snp-report/--azure-hcl")
+        if pccs_url is not None or rim_url is not None or ocsp_url is not None:
+            raise DataError("--pccs-url goes with --tdx-quote, --rim-url and --ocsp-url with --evidence")
+        attest_snp(snp_report=snp_report, azure_hcl=azure_hcl, vcek=vcek, tpm_quote=tpm_quote, nonce=nonce,
+                   product=product, at=at, policy=policy, json_out=json_out, kds_url=kds_url, offline=offline)
+        return
+    if vcek is not None or tpm_quote is not None or product is not None or kds_url is not None:
+        raise DataError("--vcek, --kds-url, --tpm-quote and --product need --snp-report or --azure-hcl")
     if evidence is not None or tdx_quote is not None:
         from gputravel.console.cli.commands.attest_evidence import attest_gpu_evidence, attest_tdx_quote
 
@@ -146,14 +200,21 @@ def attest(
         if inject is not None:
             raise DataError("--inject applies to the emulated attestation only")
         if evidence is not None:
+            if pccs_url is not None:
+                raise DataError("--pccs-url goes with --tdx-quote")
             attest_gpu_evidence(evidence=evidence, cert_chain=cert_chain, nonce=nonce, rims=rim or [], at=at,
-                                policy=policy, json_out=json_out)
+                                policy=policy, json_out=json_out, rim_url=rim_url, offline=offline,
+                                ocsp_url=ocsp_url)
         else:
             assert tdx_quote is not None
-            attest_tdx_quote(quote=tdx_quote, collateral=collateral, at=at, policy=policy, json_out=json_out)
+            if rim_url is not None or ocsp_url is not None:
+                raise DataError("--rim-url and --ocsp-url go with --evidence")
+            attest_tdx_quote(quote=tdx_quote, collateral=collateral, at=at, policy=policy, json_out=json_out,
+                             pccs_url=pccs_url, offline=offline)
         return
-    if any(v is not None for v in (cert_chain, nonce, rim, collateral, at)):
-        raise DataError("--cert-chain, --nonce, --rim, --collateral and --at need --evidence or --tdx-quote")
+    if any(v is not None for v in (cert_chain, nonce, rim, collateral, at, pccs_url, rim_url, offline, ocsp_url)):
+        raise DataError("--cert-chain, --nonce, --rim, --collateral, --at, --pccs-url, --rim-url, --ocsp-url and "
+                        "--offline need --evidence or --tdx-quote")
     fault = inject.value if inject is not None else None
     result = run_emulated_attestation(
         state_dir or default_state_dir(),

@@ -9,6 +9,7 @@ file a ``ConfigError`` (2).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import re
 from pathlib import Path
@@ -20,14 +21,18 @@ from rich.markup import escape
 from rich.table import Table
 
 from gputravel.core.errors import AttestationError, ConfigError, DataError
+from gputravel.core.evidence.bounded import EvidenceTooLarge, read_capped
 from gputravel.core.evidence.policy import EvidencePolicy, PolicyError, load_evidence_policy
 
 __all__ = ["attest_gpu_evidence", "attest_sim_formats", "attest_tdx_quote"]
 
 
 def _read(path: Path, what: str) -> bytes:
+    """The file's bytes, refused (exit 2) over the evidence cap after one bounded read."""
     try:
-        return path.read_bytes()
+        return read_capped(path, what=what)
+    except EvidenceTooLarge as exc:
+        raise DataError(str(exc)) from exc
     except OSError as exc:
         raise DataError(f"{path}: cannot read the {what} ({exc.strerror})") from exc
 
@@ -58,17 +63,37 @@ def _finish(doc: dict[str, Any], *, json_out: bool, console_render: Any) -> None
         raise typer.Exit(code=AttestationError.exit_code)
 
 
+def _service_rims(report: bytes, rim_url: str, offline: Path | None) -> list[bytes]:
+    """The driver and VBIOS RIMs for the report's versions, from NVIDIA's RIM service (or the bundle)."""
+    from gputravel.console.cli.commands.evidence_fetch import cache_for, fetched
+    from gputravel.core.evidence.nvidia_spdm import EvidenceFormatError, parse_report, read_hex_or_raw
+    from gputravel.core.evidence.services import fetch_rim, rim_ids
+
+    try:
+        parsed = parse_report(read_hex_or_raw(report))
+    except EvidenceFormatError:
+        return []  # the verdict says why (-parsed)
+    cache = cache_for(offline)
+    return [fetched(functools.partial(fetch_rim, rim_url, rid, cache))
+            for rid in rim_ids(dict(parsed.opaque), parsed.driver_version, parsed.vbios_version)]
+
+
 def attest_gpu_evidence(*, evidence: Path, cert_chain: Path | None, nonce: str | None, rims: list[Path],
-                        at: int | None, policy: Path | None, json_out: bool) -> None:
+                        at: int | None, policy: Path | None, json_out: bool, rim_url: str | None = None,
+                        offline: Path | None = None, ocsp_url: str | None = None) -> None:
     """Verify an NVIDIA GPU's evidence files; print claims; exit 0 or 3."""
     from gputravel.core.evidence.nvidia_gpu import verify_gpu
 
     if cert_chain is None or nonce is None:
         raise DataError("--evidence needs --cert-chain FILE and --nonce HEX (the nonce the report must carry)")
+    report = _read(evidence, "GPU attestation report")
+    rim_files = [_read(r, "RIM") for r in rims]
+    if rim_url is not None:
+        rim_files += _service_rims(report, rim_url, offline)
     verdict = verify_gpu(
-        _read(evidence, "GPU attestation report"), _read(cert_chain, "certificate chain"), _nonce(nonce),
-        rims=[_read(r, "RIM") for r in rims], policy=_policy(policy).gpu,
-        at=dt.datetime.fromtimestamp(at, dt.UTC) if at is not None else None,
+        report, _read(cert_chain, "certificate chain"), _nonce(nonce),
+        rims=rim_files, policy=_policy(policy).gpu,
+        at=dt.datetime.fromtimestamp(at, dt.UTC) if at is not None else None, ocsp_url=ocsp_url,
     )
     doc = verdict.to_json()
 
@@ -89,14 +114,24 @@ def attest_gpu_evidence(*, evidence: Path, cert_chain: Path | None, nonce: str |
 
 
 def attest_tdx_quote(*, quote: Path, collateral: Path | None, at: int | None, policy: Path | None,
-                     json_out: bool) -> None:
-    """Verify an Intel TDX quote with its collateral file; print the verdict; exit 0 or 3."""
+                     json_out: bool, pccs_url: str | None = None, offline: Path | None = None) -> None:
+    """Verify an Intel TDX quote with its collateral (a file, or fetched from a PCCS); print the verdict; exit 0
+    or 3."""
     from gputravel.core.evidence.tdx import verify_tdx_quote
 
-    if collateral is None:
-        raise DataError("--tdx-quote needs --collateral FILE (QuoteCollateralV3 JSON; offline, no PCCS)")
-    verdict = verify_tdx_quote(_read(quote, "TDX quote"), _read(collateral, "collateral"), now=at,
-                               policy=_policy(policy).tdx)
+    if (collateral is None) == (pccs_url is None):
+        raise DataError("--tdx-quote needs --collateral FILE (QuoteCollateralV3 JSON) or --pccs-url URL, one of them")
+    raw = _read(quote, "TDX quote")
+    if pccs_url is not None:
+        from gputravel.console.cli.commands.evidence_fetch import cache_for, fetched
+        from gputravel.core.evidence.services import fetch_tdx_collateral
+
+        cache = cache_for(offline)
+        collateral_bytes = fetched(lambda: fetch_tdx_collateral(pccs_url, raw, cache, now=at)).encode()
+    else:
+        assert collateral is not None
+        collateral_bytes = _read(collateral, "collateral")
+    verdict = verify_tdx_quote(raw, collateral_bytes, now=at, policy=_policy(policy).tdx)
     doc = verdict.to_json()
 
     def render() -> None:

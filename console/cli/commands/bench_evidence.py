@@ -1,4 +1,5 @@
-"""``gputravel bench evidence``: the cost of checking GPU (SPDM + RIMs) and CVM (TDX quote) evidence, wired:
+"""``gputravel bench evidence``: the cost of checking GPU (SPDM + RIMs) and CVM (TDX quote, SEV-SNP report, Azure's
+HCL report + TPM quote) evidence, wired:
 options, the table or ``--json`` (the study: ``core.bench.evidence``)."""
 
 from __future__ import annotations
@@ -24,6 +25,15 @@ def render(result: dict[str, Any], console: Console | None = None) -> None:
     console.print(table)
     console.print(f"per visit (GPU report + TDX quote): {result['per_visit_ms']:.2f} ms "
                   f"(target <= {result['per_visit_target_ms']} ms)")
+    snp = result["snp"]
+    console.print(f"SEV-SNP rows (whole verifications, target <= {snp['target_verification_ms']} ms): "
+                  "snp_report_real_milan is virtee's real report (not SIM); the others are SIM")
+    for note in snp["notes"]:
+        console.print(f"  {note}")
+    mem = result["memory"]
+    console.print(f"memory decoding hex at the {mem['cap_bytes']:,}-byte cap: {mem['decode_at_cap_peak_bytes']:,} "
+                  f"bytes ({mem['ratio_to_size']}x its size; limits {mem['target_ratio']}x and "
+                  f"{mem['target_max_bytes']:,} bytes)")
 
 
 def register(bench_app: typer.Typer) -> None:

@@ -58,6 +58,14 @@ class HolderInjection(StrEnum):
     GPU_NONCE = "gpu-nonce"
 
 
+class CvmKind(StrEnum):
+    """``run --cvm-kind``: the orchestrator CVM's kind, what holders attest (core/travel/holder_attest.py)."""
+
+    TDX = "tdx"
+    SNP = "snp"
+    AZURE_SNP = "azure-snp"
+
+
 GPUS_HELP = ("Travelling GPUs: N > 1 runs a fleet, N devices each a rank of one torchrun job, gradients "
              "all-reduced over the secure ring (docs/fleet.md).")
 CIPHER_ENGINE_HELP = ("Who opens provisioning chunks: gpu (AES-GCM kernels open ciphertext inside device memory; "
@@ -223,6 +231,9 @@ def register(app: typer.Typer) -> None:
             None, "--inject", help="Make what holders attest wrong in one way (the CVM's quote: cvm-debug, "
             "cvm-report-data; the GPU's evidence: gpu-measurement, gpu-nonce): every holder refuses, no key is "
             "released, exit 3.", rich_help_panel=FAULTS_PANEL),
+        cvm_kind: CvmKind = typer.Option(
+            CvmKind.TDX, "--cvm-kind", help="The orchestrator CVM holders attest (the emulated platform's SIM one): "
+            "tdx (a TDX quote), snp (an SEV-SNP report) or azure-snp (Azure's HCL report + vTPM quote)."),
         out: Path | None = typer.Option(None, "--out", help="Run folder: ledger, checkpoints, keys "
                                         "(default: a new runs/run-<time>, linked as runs/latest).",
                                         rich_help_panel=OUTPUT_PANEL),
@@ -261,6 +272,7 @@ def register(app: typer.Typer) -> None:
                        cc_mode=cc_mode.value, visit_attempts=visit_attempts, fault=fault,
                        cipher_engine=cipher_engine.value, init_from=init_from,
                        holder_inject=inject.value if inject is not None else None,
+                       cvm_kind=cvm_kind.value,
                        checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints)).settings_fields()
         fleet = gpus > 1 or nnodes > 1
         if fleet and init_from is not None:

@@ -9,6 +9,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import pynvml
 import pytest
 from conftest import REQUIRE_DOWNLOADS_ENV, download_cache, pinned_download
 from cryptography import x509
@@ -16,6 +17,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from gputravel.core.evidence.nvidia_spdm import read_hex_or_raw
 from gputravel.core.files import sha256_file
 
 NV_REQUIREMENT = "nv-local-gpu-verifier==2.7.3"
@@ -137,3 +139,37 @@ def nv_wheel_fixture() -> Path:
 @pytest.fixture(scope="session", name="sample")
 def sample_fixture(nv_wheel: Path) -> NvidiaSample:
     return read_sample(nv_wheel)
+
+
+class RecordedNvml:
+    """Answers NVML's CC calls with what an H100 answered once (NVIDIA's sample), in NVML's own structures."""
+
+    def __init__(self, sample: NvidiaSample, *, cc: int = 1, devtools: int = 0, driver: str = "550.90.07",
+                 vbios: str = "96.00.9F.00.01") -> None:
+        self.sample, self.cc, self.devtools = sample, cc, devtools
+        self.driver, self.vbios = driver, vbios  # what NVIDIA's verifier read from the sample's GPU
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return self.driver
+
+    def nvmlDeviceGetVbiosVersion(self, handle: int) -> str:
+        return self.vbios
+
+    def nvmlSystemGetConfComputeState(self) -> pynvml.c_nvmlConfComputeSystemState_t:
+        return pynvml.c_nvmlConfComputeSystemState_t(environment=2, ccFeature=self.cc, devToolsMode=self.devtools)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetConfComputeGpuAttestationReport(self, handle: int, nonce: bytes) -> object:
+        rep = pynvml.c_nvmlConfComputeGpuAttestationReport_t()
+        raw = read_hex_or_raw(self.sample.report)  # recorded under SAMPLE_NONCE, whatever is asked now
+        rep.attestationReportSize = len(raw)
+        rep.attestationReport[:len(raw)] = list(raw)
+        return rep
+
+    def nvmlDeviceGetConfComputeGpuCertificate(self, handle: int) -> object:
+        cert = pynvml.c_nvmlConfComputeGpuCertificate_t()
+        cert.attestationCertChainSize = len(self.sample.chain)
+        cert.attestationCertChain[:len(self.sample.chain)] = list(self.sample.chain)
+        return cert

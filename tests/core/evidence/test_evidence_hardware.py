@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pynvml
 import pytest
 from evidence_samples import (  # noqa: F401 (the *_fixture names are pytest fixtures)
     SAMPLE_NONCE,
     NvidiaSample,
+    RecordedNvml,
     nv_wheel_fixture,
     sample_fixture,
 )
@@ -23,43 +23,28 @@ from gputravel.core.attestation.hardware_evidence import (
 )
 from gputravel.core.errors import AttestationError
 from gputravel.core.evidence.nvidia_gpu import verify_gpu
-from gputravel.core.evidence.nvidia_spdm import read_hex_or_raw
 from gputravel.core.evidence.policy import GpuPolicy
 from gputravel.core.evidence.tdx import verify_tdx_quote
 
 TDX = DATA_DIR / "intel-tdx"
 
 
-class RecordedNvml:
-    """Answers NVML's CC calls with what an H100 answered once (NVIDIA's sample), in NVML's own structures."""
-
-    def __init__(self, sample: NvidiaSample, *, cc: int = 1, devtools: int = 0) -> None:
-        self.sample, self.cc, self.devtools = sample, cc, devtools
-
-    def nvmlSystemGetConfComputeState(self) -> pynvml.c_nvmlConfComputeSystemState_t:
-        return pynvml.c_nvmlConfComputeSystemState_t(environment=2, ccFeature=self.cc, devToolsMode=self.devtools)
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
-        return index
-
-    def nvmlDeviceGetConfComputeGpuAttestationReport(self, handle: int, nonce: bytes) -> object:
-        rep = pynvml.c_nvmlConfComputeGpuAttestationReport_t()
-        raw = read_hex_or_raw(self.sample.report)  # recorded under SAMPLE_NONCE, whatever is asked now
-        rep.attestationReportSize = len(raw)
-        rep.attestationReport[:len(raw)] = list(raw)
-        return rep
-
-    def nvmlDeviceGetConfComputeGpuCertificate(self, handle: int) -> object:
-        cert = pynvml.c_nvmlConfComputeGpuCertificate_t()
-        cert.attestationCertChainSize = len(self.sample.chain)
-        cert.attestationCertChain[:len(self.sample.chain)] = list(self.sample.chain)
-        return cert
-
-
 def test_recorded_nvml_answer_verifies_under_its_nonce(sample: NvidiaSample) -> None:
     evidence = gpu_evidence_from_nvml(RecordedNvml(sample), 0, SAMPLE_NONCE)
     verdict = verify_gpu(evidence.report, evidence.cert_chain, evidence.nonce, policy=GpuPolicy(require_rims=False))
     assert verdict.ok, verdict.failed
+
+
+@pytest.mark.parametrize(("driver", "vbios", "claim"), [
+    ("550.90.08", "96.00.9F.00.01", "driver-version-match"),
+    ("550.90.07", "96.00.9F.00.02", "vbios-version-match"),
+])
+def test_a_report_whose_versions_differ_from_nvmls_is_refused(sample: NvidiaSample, driver: str, vbios: str,
+                                                              claim: str) -> None:
+    evidence = gpu_evidence_from_nvml(RecordedNvml(sample), 0, SAMPLE_NONCE)
+    assert (evidence.driver_version, evidence.vbios_version) == ("550.90.07", "96.00.9F.00.01")
+    with pytest.raises(AttestationError, match=f"x-nvidia-gpu-attestation-report-{claim}"):
+        gpu_evidence_from_nvml(RecordedNvml(sample, driver=driver, vbios=vbios), 0, SAMPLE_NONCE)
 
 
 def test_a_replayed_answer_to_a_fresh_nonce_fails_nonce_match(sample: NvidiaSample) -> None:

@@ -66,14 +66,17 @@ def test_nvidia_sample_verifies_on_signature_chain_fwid_and_nonce(sample: Nvidia
     verdict = verify_gpu(sample.report, sample.chain, SAMPLE_NONCE, policy=REPORT_ONLY)
     values = verdict.claims.values()
     assert verdict.ok, verdict.failed
-    for name in ("parsed", "cert-chain-validated", "cert-chain-fwid-match", "nonce-match", "signature-verified"):
+    for name in ("parsed", "cert-chain-fwid-match", "nonce-match", "signature-verified"):
         assert values[f"{P}-{name}"] is True, name
+    chain = values[f"{P}-cert-chain"]  # claims 3.0: one nested claim for the chain
+    assert chain["x-nvidia-cert-status"] == "valid" and chain["x-nvidia-cert-revocation-reason"] is None
+    assert chain["x-nvidia-cert-ocsp-status"] == "not-checked"  # offline: the policy accepts it
     assert values["x-nvidia-gpu-arch-check"] is True
     assert values["x-nvidia-gpu-driver-version"] == "550.90.07"
-    assert values["x-nvidia-gpu-vbios-version"] == "96.00.9f.00.01"
+    assert values["x-nvidia-gpu-vbios-version"] == "96.00.9F.00.01"  # NVIDIA's case
     assert values["hwmodel"] == "GH100 A01 GSP BROM"
-    assert values[f"{P}-cert-ocsp-status"] == "not-checked"  # offline: the policy accepts it
     assert values["measres"] == "not-checked"
+    assert "secboot" not in values and "dbgstat" not in values  # NVIDIA sets them only when measres succeeds
     assert values["x-nvidia-overall-att-result"] is True
 
 
@@ -87,7 +90,7 @@ def test_the_shipped_policy_refuses_a_report_without_rims_naming_measres(sample:
 def test_ocsp_not_checked_is_refused_when_the_policy_does_not_accept_it(sample: NvidiaSample) -> None:
     verdict = verify_gpu(sample.report, sample.chain, SAMPLE_NONCE,
                          policy=GpuPolicy(require_rims=False, accept_ocsp_not_checked=False))
-    assert verdict.failed is not None and verdict.failed.name == f"{P}-cert-ocsp-status"
+    assert verdict.failed is not None and verdict.failed.name == f"{P}-cert-chain"
 
 
 def _changed(sample: NvidiaSample, change: str) -> tuple[bytes, bytes, bytes]:
@@ -123,10 +126,10 @@ def _changed(sample: NvidiaSample, change: str) -> tuple[bytes, bytes, bytes]:
     ("measurement-byte", f"{P}-signature-verified"),
     ("fwid-in-report", f"{P}-cert-chain-fwid-match"),
     ("signature", f"{P}-signature-verified"),
-    ("leaf-certificate", f"{P}-cert-chain-validated"),
-    ("intermediate-certificate", f"{P}-cert-chain-validated"),
-    ("root-certificate", f"{P}-cert-chain-validated"),
-    ("chain-of-four", f"{P}-cert-chain-validated"),
+    ("leaf-certificate", f"{P}-cert-chain"),
+    ("intermediate-certificate", f"{P}-cert-chain"),
+    ("root-certificate", f"{P}-cert-chain"),
+    ("chain-of-four", f"{P}-cert-chain"),
     ("truncated", f"{P}-parsed"),
 ])
 def test_each_single_change_to_the_sample_is_refused_by_name(sample: NvidiaSample, change: str, claim: str) -> None:
@@ -151,7 +154,7 @@ def test_nvidias_sample_rims_are_genuine_but_for_other_versions_and_the_verdict_
     values = verdict.claims.values()
     for kind in ("driver", "vbios"):
         assert values[f"x-nvidia-gpu-{kind}-rim-schema-validated"] is True
-        assert values[f"x-nvidia-gpu-{kind}-rim-cert-validated"] is True
+        assert values[f"x-nvidia-gpu-{kind}-rim-cert-chain"]["x-nvidia-cert-status"] == "valid"
         assert values[f"x-nvidia-gpu-{kind}-rim-signature-verified"] is True
         assert values[f"x-nvidia-gpu-{kind}-rim-version-match"] is False
     assert "545.00" in verdict.claims["x-nvidia-gpu-driver-rim-version-match"].detail
@@ -164,8 +167,9 @@ def test_nvidias_rim_chain_has_expired_by_now_and_the_claim_says_when(sample: Nv
     claims, rim = verify_rim(sample.vbios_rim, expected_version="96.00.5E.00.01",
                              at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
     assert rim is None
-    assert claims["x-nvidia-gpu-vbios-rim-cert-validated"].ok is False
-    assert "not valid at" in claims["x-nvidia-gpu-vbios-rim-cert-validated"].detail
+    assert claims["x-nvidia-gpu-vbios-rim-cert-chain"].ok is False
+    assert claims["x-nvidia-gpu-vbios-rim-cert-chain"].value["x-nvidia-cert-status"] == "expired"
+    assert "not valid at" in claims["x-nvidia-gpu-vbios-rim-cert-chain"].detail
     assert claims["x-nvidia-gpu-vbios-rim-signature-verified"].ok is True  # the signature itself still holds
 
 
@@ -183,7 +187,7 @@ def test_a_rim_not_under_the_pinned_root_fails_its_chain(sample: NvidiaSample) -
     signer = make_rim_signer()
     resigned = resign_rim(sample.vbios_rim, signer, version="96.00.9f.00.01", values={})
     claims, rim = verify_rim(resigned, expected_version="96.00.9f.00.01")  # NVIDIA's root pinned
-    assert rim is None and claims["x-nvidia-gpu-vbios-rim-cert-validated"].ok is False
+    assert rim is None and claims["x-nvidia-gpu-vbios-rim-cert-chain"].ok is False
 
 
 def _golden_pair(sample: NvidiaSample, signer: object, vbios_values: dict[int, list[bytes]]) -> list[bytes]:

@@ -1,0 +1,117 @@
+"""``gputravel attest`` on AMD SEV-SNP evidence, offline: a raw SNP report, or Azure's HCL report with a TPM quote.
+
+``--snp-report FILE --vcek FILE [--product milan|genoa|turin] [--at UNIX] [--policy P]`` checks a report against
+its VCEK and AMD's pinned ARK/ASK; ``--azure-hcl FILE --vcek FILE --tpm-quote FILE --nonce HEX`` checks Azure's
+form (the SNP report inside the HCL report, the runtime data it binds, the quote by the vTPM key over the nonce).
+Exit 0 when every check holds, 3 (``AttestationError``) naming the first that failed, 2 for unreadable input or a
+bad policy file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from gputravel.core.errors import AttestationError, ConfigError, DataError
+from gputravel.core.evidence.bounded import EvidenceTooLarge, read_capped
+from gputravel.core.evidence.policy import PolicyError, SnpPolicy, load_evidence_policy
+from gputravel.core.evidence.snp import SnpVerdict
+
+__all__ = ["attest_snp"]
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        return read_capped(path, what=what)
+    except EvidenceTooLarge as exc:
+        raise DataError(str(exc)) from exc
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read the {what} ({exc.strerror})") from exc
+
+
+def _policy(path: Path | None) -> SnpPolicy:
+    try:
+        return load_evidence_policy(path).snp
+    except PolicyError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def _nonce(text: str) -> bytes:
+    clean = text.strip().removeprefix("0x")
+    if not re.fullmatch(r"(?:[0-9a-fA-F]{2}){1,64}", clean):
+        raise DataError(f"--nonce must be 1 to 64 bytes as hex digits (got {len(clean)} characters)")
+    return bytes.fromhex(clean)
+
+
+def _kds_vcek(report: bytes, product: str | None, kds_url: str, offline: Path | None) -> bytes:
+    """The VCEK for the report's chip id and TCB from AMD's KDS (or the bundle)."""
+    from gputravel.console.cli.commands.evidence_fetch import cache_for, fetched
+    from gputravel.core.evidence.bounded import read_hex_or_raw
+    from gputravel.core.evidence.services import fetch_vcek
+    from gputravel.core.evidence.snp_report import SnpFormatError, parse_snp_report, product_of_cpuid
+
+    try:
+        parsed = parse_snp_report(read_hex_or_raw(report))
+    except (SnpFormatError, EvidenceTooLarge):
+        return b""  # the verdict names report-parsed
+    chosen = product or product_of_cpuid(parsed.cpuid[0], parsed.cpuid[1])
+    if chosen is None:
+        raise DataError("--kds-url needs --product milan|genoa|turin for a version-2 report (it names no CPU)")
+    cache = cache_for(offline)
+    return fetched(lambda: fetch_vcek(kds_url, parsed, chosen, cache))
+
+
+def attest_snp(*, snp_report: Path | None, azure_hcl: Path | None, vcek: Path | None, tpm_quote: Path | None,
+               nonce: str | None, product: str | None, at: int | None, policy: Path | None, json_out: bool,
+               kds_url: str | None = None, offline: Path | None = None) -> None:
+    """Verify SNP (or Azure HCL + TPM quote) evidence files; print the verdict; exit 0 or 3."""
+    from gputravel.core.evidence.azure_snp import verify_azure_snp
+    from gputravel.core.evidence.snp import verify_snp_report
+    from gputravel.core.evidence.snp_report import PRODUCTS
+
+    if (vcek is None) == (kds_url is None):
+        raise DataError("--snp-report/--azure-hcl needs --vcek FILE (the chip's VCEK, DER or PEM) or --kds-url URL "
+                        "(AMD's KDS), one of them")
+    if product is not None and product not in PRODUCTS:
+        raise DataError(f"--product must be one of {', '.join(PRODUCTS)} (got {product!r})")
+    pol = _policy(policy)
+    verdict: SnpVerdict
+    if azure_hcl is not None:
+        if tpm_quote is None or nonce is None:
+            raise DataError("--azure-hcl needs --tpm-quote FILE and --nonce HEX (the nonce the quote must carry)")
+        hcl = _read(azure_hcl, "HCL report")
+        cert = _read(vcek, "VCEK") if vcek is not None else _kds_vcek(hcl[32:32 + 1184], product, str(kds_url),
+                                                                     offline)
+        verdict = verify_azure_snp(hcl, cert, _read(tpm_quote, "TPM quote"), _nonce(nonce), product=product, now=at,
+                                   policy=pol)
+    else:
+        assert snp_report is not None
+        if tpm_quote is not None or nonce is not None:
+            raise DataError("--tpm-quote and --nonce go with --azure-hcl (a raw SNP report binds no nonce here)")
+        report = _read(snp_report, "SNP report")
+        cert = _read(vcek, "VCEK") if vcek is not None else _kds_vcek(report, product, str(kds_url), offline)
+        verdict = verify_snp_report(report, cert, product=product, now=at, policy=pol)
+    doc = verdict.to_json()
+    if json_out:
+        typer.echo(json.dumps(doc, indent=2, ensure_ascii=False))
+    else:
+        console = Console()
+        table = Table(title=f"AMD SEV-SNP evidence ({verdict.platform}, offline)", title_justify="left")
+        table.add_column("field", style="bold")
+        table.add_column("value", overflow="fold")
+        for key in ("measurement", "report_data", "reported_tcb", "chip_id", "policy"):
+            table.add_row(key, escape(str(doc[key])))
+        for name, ok in verdict.checks.items():
+            table.add_row(name, "[green]✓[/]" if ok else "[bold red]✗[/]")
+        console.print(table)
+        console.print(f"verdict: {'[bold green]PASS[/]' if verdict.ok else '[bold red]FAIL[/]'}")
+    if not verdict.ok:
+        Console(stderr=True).print(f"[bold red]attestation failed[/]: {escape(str(verdict.failed))}: "
+                                   f"{escape(verdict.reason)}", highlight=False, soft_wrap=True)
+        raise typer.Exit(code=AttestationError.exit_code)
