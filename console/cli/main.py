@@ -29,7 +29,7 @@ from gputravel.core.errors import GpuTravelError
 __all__ = ["app", "error_envelope", "fail", "main", "wants_json"]
 
 COMMAND_MODULES = ("run", "attest", "ledger", "data", "bench", "telemetry", "agents", "replay", "plan", "runs",
-                   "export", "evidence")
+                   "export", "evidence", "fleet")
 
 
 class LazyCommandGroup(ErrorReportingGroup):

@@ -6,8 +6,8 @@ in for a rank on the workers' group. Two things keep such an attacker out:
 
 * **The workers' messages** (the agreements before TRAIN, the replicas' digests, the reports) are JSON (never
   pickle: ``all_gather_object`` would unpickle whatever a peer sent) sealed with HMAC-SHA256 under a key
-  derived from the **fleet key** (``<out>/fleet.key``: 32 random bytes, 0600, made by the launcher; a
-  multi-host fleet shares it through its run folder, as it shares the vendor PKI). The MAC binds the job's
+  derived from the **fleet key** (32 random bytes, made by rank 0 and sent wrapped to each worker whose CVM quote
+  verified, ``core/fleet/keyagree.py``; never written to any folder). The MAC binds the job's
   restart, the world size, the call's index (so a message is good for one exchange only) and the sender's rank
   (so one rank's message cannot be relabelled as another's). Anything else is a ``FleetAuthError``.
 * **The devices' ring** agrees its link keys by attested ECDH over the store (``core/collectives/keys.py``:
@@ -22,51 +22,18 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 from gputravel.core.errors import ConfigError, FleetAuthError
-from gputravel.core.files import fsync_dir, read_private
 from gputravel.core.protocol.wirejson import loads_bounded
-from gputravel.core.runfolder.folder import RunFolder
 
-__all__ = ["MAX_MESSAGE_BYTES", "fleet_key", "open_message", "seal_message"]
+__all__ = ["MAX_MESSAGE_BYTES", "open_message", "seal_message"]
 
 KEY_BYTES = 32
 TAG_BYTES = 32
 #: a worker message's limit (a rank's report is the largest: tens of KiB)
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 _LABEL = b"gputravel fleet workers v1"
-
-
-def fleet_key(out: Path, *, create: bool = False) -> bytes:
-    """The fleet key in ``out`` (made, 0600, when ``create`` and missing; a concurrent maker's is read).
-
-    Raises:
-        ConfigError: missing (and not ``create``), not 32 bytes, or not a private regular file of ours
-            (``InsecureKeyError``).
-    """
-    path = RunFolder(out).fleet_key
-    if create and not path.exists():
-        key = os.urandom(KEY_BYTES)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
-        except FileExistsError:
-            pass  # another host's launcher made it first: read theirs
-        else:
-            try:
-                os.write(fd, key)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            fsync_dir(path.parent)
-    if not path.exists():
-        raise ConfigError(f"{path} is missing: a fleet rank needs the key its launcher made (gputravel run --gpus)")
-    key = read_private(path, what="fleet key")
-    if len(key) != KEY_BYTES:
-        raise ConfigError(f"fleet key {path} holds {len(key)} bytes, expected {KEY_BYTES}")
-    return key
 
 
 def _tag(key: bytes, context: str, sender: int, body: bytes) -> bytes:

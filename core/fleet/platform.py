@@ -10,15 +10,7 @@ from gputravel.core.attestation import VendorCA, load_policy
 from gputravel.core.deviceclient.anchors import TrustAnchors
 from gputravel.core.platform.emulated import EmulatedPlatform
 
-__all__ = ["FleetPlatform", "ensure_vendor"]
-
-
-def ensure_vendor(vendor_dir: Path) -> VendorCA:
-    """The fleet's emulated vendor PKI (created once, by rank 0, before the others look)."""
-    vendor_dir = Path(vendor_dir)
-    if not (vendor_dir / "root.pem").exists():
-        VendorCA.generate().save(vendor_dir)
-    return VendorCA.load(vendor_dir)
+__all__ = ["FleetPlatform"]
 
 
 class FleetPlatform(EmulatedPlatform):

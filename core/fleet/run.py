@@ -8,6 +8,7 @@ the fleet ledger ``<out>/ledger.db``, which records every rank ledger's head.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -26,9 +27,10 @@ from gputravel.core.config import RunSettings
 from gputravel.core.entries import Entries
 from gputravel.core.errors import ConfigError, FleetDeviceLostError, GpuTravelError, error_from_code
 from gputravel.core.events import Event
-from gputravel.core.fleet.auth import fleet_key
-from gputravel.core.fleet.platform import FleetPlatform, ensure_vendor
-from gputravel.core.fleet.rank import FleetEngine, FleetGroup, FleetOptions
+from gputravel.core.fleet.keyagree import FleetCvm, KeyAgreement, agree_fleet_key
+from gputravel.core.fleet.pki import install_sim_pki, local_sim_pki
+from gputravel.core.fleet.platform import FleetPlatform
+from gputravel.core.fleet.rank import FleetEngine, FleetOptions, FleetGroup
 from gputravel.core.fleet.verify import verify_fleet
 from gputravel.core.ledger import Ledger, verify_ledger
 from gputravel.core.runfolder.folder import RunFolder
@@ -50,6 +52,8 @@ class Rendezvous:
     rdzv_endpoint: str | None = None  # default: 127.0.0.1 and a free port
     rdzv_id: str | None = None
     max_restarts: int = 0
+    #: SIM: the emulated vendors' PKI file every node installs (``gputravel fleet pki export``); needed for nnodes > 1
+    sim_pki: Path | None = None
 
     def __post_init__(self) -> None:
         if self.nnodes < 1 or self.max_restarts < 0:
@@ -92,7 +96,14 @@ def launch_fleet(settings: RunSettings, fleet: FleetOptions, *, entry: str, rdzv
     folder = RunFolder(settings.out_dir)
     out = folder.path
     out.mkdir(parents=True, exist_ok=True)
-    fleet_key(out, create=True)  # what the ranks authenticate their messages with (never through the store)
+    # SIM: the vendors' PKI this node trusts (its devices are certified under it, its CVM quotes under it)
+    if rdzv.sim_pki is not None:
+        install_sim_pki(rdzv.sim_pki, folder)
+    elif rdzv.nnodes > 1:
+        raise ConfigError(f"a fleet over --nnodes {rdzv.nnodes} hosts needs --sim-pki FILE (the emulated vendors' "
+                          "PKI every node trusts: gputravel fleet pki export FILE, then carry it to each node)")
+    else:
+        local_sim_pki(folder)
     config = folder.fleet_config
     if not settings.resume or not config.exists():
         config.write_text(json.dumps({"settings": settings.to_dict(), "fleet": fleet.to_dict()}, indent=2) + "\n")
@@ -117,7 +128,8 @@ def launch_fleet(settings: RunSettings, fleet: FleetOptions, *, entry: str, rdzv
         touched = [r.ledger for _, r in folder.ranks() if r.ledger.exists() and r.ledger.stat().st_mtime >= started - 1]
         # The rendezvous itself failed (no rank got as far as its ledger; e.g. the free port was taken in
         # between): once more on a fresh port, when the endpoint was ours to choose.
-        if proc.returncode == 0 or touched or rdzv.rdzv_endpoint is not None or attempt == 2:
+        said = any(r.report.exists() for _, r in folder.ranks())  # a rank's own word (a refusal)
+        if proc.returncode == 0 or touched or said or rdzv.rdzv_endpoint is not None or attempt == 2:
             break
     if report_path.exists():
         report: dict[str, Any] = json.loads(report_path.read_text())
@@ -185,10 +197,16 @@ async def run_rank(settings: RunSettings, fleet: FleetOptions, *, links: Iterabl
 
     folder = RunFolder(settings.out_dir)
     out = folder.path
-    group = FleetGroup(key=fleet_key(out), timeout_s=fleet.timeout_s)
-    if group.rank == 0:
-        ensure_vendor(folder.vendor)
-    await group.agree("vendor")  # the vendor PKI exists before any device is certified under it
+    # the fleet key: agreed by the workers' attested CVMs over the store, held in memory only
+    try:
+        agreed = await asyncio.to_thread(_agree_key, folder, fleet, settings.holder_inject)
+    except GpuTravelError as exc:  # refused (a worker's quote) or no agreement: this rank's word, then stop
+        me = folder.rank(int(os.environ.get("RANK", "0")))
+        me.path.mkdir(parents=True, exist_ok=True)
+        me.report.write_text(json.dumps({"error": {"code": exc.code, "reason": exc.reason},
+                                         "gpu": {"rank": int(os.environ.get("RANK", "0"))}}, indent=2) + "\n")
+        raise
+    group = FleetGroup(key=agreed.key, timeout_s=fleet.timeout_s)
     rank = folder.rank(group.rank)
     rank_dir = rank.path
     resume = settings.resume or (group.restart > 0 and rank.ledger.exists())
@@ -221,18 +239,48 @@ async def run_rank(settings: RunSettings, fleet: FleetOptions, *, links: Iterabl
         "error": {"code": error.code if error else "error", "reason": error.reason if error else "?"},
         "gpu": {"rank": group.rank, "device_id": engine.device_id if engine else None},
         "ledger": {"path": str(rank.ledger)}}
+    # this rank's ledger, verified where it lies; its head reaches rank 0 over the authenticated group
+    v = verify_ledger(rank.ledger)
+    mine["ledger_head"] = {"verified": v.ok, "rows": v.rows, "head": v.head_hash, "reason": v.reason}
+    mine["key_agreement"] = agreed.info
+    mine["node"] = int(os.environ.get("GROUP_RANK", "0"))  # torchrun's node rank
     rank.report.write_text(json.dumps(mine, indent=2) + "\n")
     if error is not None and not isinstance(error, FleetDeviceLostError):
         raise error  # torchrun's agent stops the other ranks
     reports = await group.agree(mine)
-    merged = None
-    if group.rank == 0:
-        merged = merge_reports(reports, out=out, fleet=fleet)
-        folder.report.write_text(json.dumps(merged, indent=2) + "\n")
+    merged = merge_reports(reports, out=out, fleet=fleet) if group.rank == 0 else None
+    # every node gets the fleet's report (rank 0 merged it), and says which ranks are its own
+    merged = dict((await group.agree(merged))[0] or {}) or None
+    if group.local_rank == 0 and merged is not None:
+        here = [int(r["gpu"]["rank"]) for r in reports if r.get("node") == mine.get("node")]
+        node = {"ranks": here, "fleet_ledger": group.rank == 0,
+                "note": None if len(here) == group.world else "the other ranks' folders are on other nodes"}
+        folder.report.write_text(json.dumps({**merged, "node": node}, indent=2) + "\n")
     group.close()
     if error is not None:
         raise error
     return merged
+
+
+def _agree_key(folder: RunFolder, fleet: FleetOptions, inject: str | None) -> KeyAgreement:
+    """This worker's part of the fleet-key agreement, on a store prefix of this job's attempt."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        if name not in os.environ:
+            raise ConfigError(f"a fleet rank runs under torchrun ({name} is not set)")
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    job = os.environ.get("TORCHELASTIC_RUN_ID", "job")
+    timeout = timedelta(seconds=fleet.timeout_s)
+    base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),  # type: ignore[attr-defined]
+                         is_master=False, timeout=timeout)
+    store = dist.PrefixStore(f"gputravel/fleetkey/{job}/{restart}", base)  # type: ignore[attr-defined]
+    cvm = FleetCvm.sim(folder.cvm)
+    fault = inject if inject in ("cvm-debug", "cvm-report-data") else None
+    return agree_fleet_key(store, rank=int(os.environ["RANK"]), world=int(os.environ["WORLD_SIZE"]),
+                           context=f"job={job} restart={restart}", cvm=cvm, timeout_s=fleet.timeout_s, fault=fault)
 
 
 def merge_reports(reports: list[dict[str, Any]], *, out: Path, fleet: FleetOptions) -> dict[str, Any]:
@@ -260,10 +308,14 @@ def merge_reports(reports: list[dict[str, Any]], *, out: Path, fleet: FleetOptio
                       "seconds_per_gpu": [g["allreduce_s"] for g in gpus],
                       "sealed": bool(gpus[0]["join"].get("sealed"))},
         "replica_digests_equal": bool(steps_log) and all(s["digests_equal"] for s in steps_log),
+        "final_model_digest": steps_log[-1]["digest"] if steps_log else r0["training"]["model_digest"],
+        "nodes": sorted({int(r.get("node", 0)) for r in reports}),
+        "key_agreement": r0.get("key_agreement"),
         "step_log": steps_log,
         "tokens": tokens, "train_s": round(train_wall, 6),
         "tokens_per_s": round(tokens / train_wall, 1) if train_wall else None,
-        "devices": [{**g, "attestation": r["attestation"]} for g, r in zip(gpus, reports, strict=True)],
+        "devices": [{**g, "attestation": r["attestation"], "node": r.get("node", 0)}
+                    for g, r in zip(gpus, reports, strict=True)],
     }
     prov_bytes = sum(r["provisioning"]["bytes"] for r in reports)
     prov_s = sum(r["provisioning"]["seconds"] for r in reports)
@@ -298,11 +350,11 @@ def _write_fleet_ledger(out: Path, reports: list[dict[str, Any]], report: dict[s
     """Rank 0's fleet ledger: the devices, every step's weights and digest check, every rank ledger's head;
     then every chain verified."""
     ranks = []
-    for i, r in enumerate(reports):
-        path = Path(r.get("ledger", {}).get("path") or RunFolder(out).rank(i).ledger)
-        v = verify_ledger(path)
-        ranks.append({"gpu": i, "path": str(path), "verified": v.ok, "rows": v.rows, "head": v.head_hash,
-                      "reason": v.reason})
+    for i, r in enumerate(reports):  # each rank verified its own ledger on its node and sent its head
+        path = str(r.get("ledger", {}).get("path") or RunFolder(out).rank(i).ledger)
+        head = r.get("ledger_head") or {}
+        ranks.append({"gpu": i, "node": r.get("node", 0), "path": path, "verified": bool(head.get("verified")),
+                      "rows": head.get("rows", 0), "head": head.get("head"), "reason": head.get("reason")})
     run_id = str(report["run_id"]) if report else None
     fleet_ledger = RunFolder(out).ledger
     with Ledger.open(fleet_ledger, run_id=run_id) as ledger:

@@ -14,8 +14,9 @@ A run folder (``runs/run-<time>``, or ``--out``) holds::
     receipts/            what the holders signed for the run (their receipts)
     device.log           the device service's log
 
-A fleet folder holds ``fleet.json`` (the fleet's settings), ``fleet.key``, its own ``ledger.db`` and ``report.json``, the
-fleet's ``vendor/`` PKI and one run folder per GPU, ``rank-N/``. :class:`RunFolder` names all of these as
+A fleet folder (one per node: nodes share no folder) holds ``fleet.json`` (the fleet's settings), its ``ledger.db``
+(rank 0's node) and ``report.json``, the fleet's SIM ``vendor/`` PKI and the node's SIM CVM (``sim-cvm/``, both installed
+from ``--sim-pki``), and one run folder per GPU of the node, ``rank-N/``. The fleet key lives in memory only. :class:`RunFolder` names all of these as
 properties; nothing else in the project spells them (``tests/test_run_folder_names.py`` greps the tree).
 Cheap to import: the standard library only.
 """
@@ -37,7 +38,7 @@ _STATUS = "status.json"
 _PID = "orchestrator.pid"
 _REPORT = "report.json"
 _FLEET = "fleet.json"
-_FLEET_KEY = "fleet.key"
+_CVM = "sim-cvm"
 _RANK = "rank-"
 _KEYS = "keys"
 _CHECKPOINT_KEY = "checkpoint.key"
@@ -128,9 +129,9 @@ class RunFolder:
         return self.path / _PLATFORM
 
     @property
-    def fleet_key(self) -> Path:
-        """A fleet's key, what its ranks authenticate their messages with (``core/fleet/auth.py``)."""
-        return self.path / _FLEET_KEY
+    def cvm(self) -> Path:
+        """A fleet node's SIM CVM (its TDX guest's PKI and evidence policy, ``vendor-formats/``)."""
+        return self.path / _CVM
 
     @property
     def vendor(self) -> Path:

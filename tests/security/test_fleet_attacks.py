@@ -7,6 +7,9 @@ ranks use (a real one, on 127.0.0.1), writing the keys the fleet reads. What it 
 * the ring's key agreement (``core/collectives/keys.py``) refuses a replayed handshake message, a group key
   it did not seal, and, once pinned to the devices the workers attested, another genuine device answering
   for a rank (without the pin that device would be accepted: the test shows both);
+* the fleet-key agreement (``core/fleet/keyagree.py``) refuses a worker whose hello carries a key its CVM quote
+  does not bind (a replayed genuine quote), by name, and sends no key; a wrapped fleet key forged on the store
+  does not open;
 * the workers' group (``FleetGroup``) refuses a rank that does not hold the fleet key, and every altered,
   replayed or relabelled message (``FleetAuthError``, counted);
 * a replica that drifts from the others stops every rank with ``ReplicaDivergedError`` and the step is not
@@ -38,7 +41,11 @@ from gputravel.console.entries import GPU_RANK
 from gputravel.core.attestation import DeviceIdentity, VendorCA
 from gputravel.core.collectives.keys import RingKeys, establish_ring_keys
 from gputravel.core.errors import AttestationError, FleetAuthError, GpuTravelError, WorkerError
-from gputravel.core.fleet.auth import fleet_key, open_message, seal_message
+from gputravel.core.fleet.auth import open_message, seal_message
+from gputravel.core.fleet.keyagree import FleetCvm, KeyAgreement, agree_fleet_key
+from gputravel.core.fleet.pki import local_sim_pki
+from gputravel.core.protocol.keywrap import LinkKey, wrap_key
+from gputravel.core.runfolder.folder import RunFolder
 
 TIMEOUT = timedelta(seconds=120)  # generous: the shared 2-core machine runs at load 8 or more
 
@@ -150,7 +157,7 @@ class _SlowGroupKey:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
 
-    def set(self, key: str, value: bytes) -> None:
+    def set(self, key: str, value: str) -> None:
         if key.endswith("/group/0"):  # the group key, not the prefix's own "/group/"
             done = key.removesuffix("/group/0") + "/done/1"
             deadline = time.monotonic() + 60
@@ -198,13 +205,93 @@ def test_worker_messages_that_are_injected_altered_replayed_or_relabelled_are_re
         open_message(key, sealed, context=ctx, sender=0)
 
 
-def test_the_fleet_key_is_private_and_made_once(tmp_path: Path) -> None:
-    key = fleet_key(tmp_path, create=True)
-    assert fleet_key(tmp_path, create=True) == key == fleet_key(tmp_path)
-    assert (tmp_path / "fleet.key").stat().st_mode & 0o777 == 0o600
-    os.chmod(tmp_path / "fleet.key", 0o644)
-    with pytest.raises(GpuTravelError, match="world-readable"):
-        fleet_key(tmp_path)
+class TamperingStore:
+    """A real store client whose reads of one key return what the attacker wrote there instead (the attacker
+    overwrote it between the writer's set and the reader's get; isolates that race)."""
+
+    def __init__(self, inner: Any, key: str, forged: bytes) -> None:
+        self.inner, self.key, self.forged = inner, key, forged
+
+    def set(self, key: str, value: str) -> None:
+        self.inner.set(key, value)
+
+    def wait(self, keys: list[str], timeout: timedelta) -> None:
+        self.inner.wait(keys, timeout)
+
+    def get(self, key: str) -> bytes:
+        return self.forged if key == self.key else bytes(self.inner.get(key))
+
+
+def _agree(stores: list[Any], cvm: FleetCvm, context: str) -> list[KeyAgreement | GpuTravelError]:
+    results: list[KeyAgreement | GpuTravelError] = [GpuTravelError("never ran")] * len(stores)
+
+    def rank(r: int) -> None:
+        try:
+            results[r] = agree_fleet_key(stores[r], rank=r, world=len(stores), context=context, cvm=cvm,
+                                         timeout_s=60)
+        except GpuTravelError as exc:
+            results[r] = exc
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(len(stores))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    return results
+
+
+@pytest.fixture(scope="module")
+def cvm(tmp_path_factory: pytest.TempPathFactory) -> FleetCvm:
+    folder = RunFolder(tmp_path_factory.mktemp("node"))
+    local_sim_pki(folder)
+    return FleetCvm.sim(folder.cvm)
+
+
+def test_the_fleet_key_is_agreed_by_attested_workers_and_never_written(store: Any, cvm: FleetCvm) -> None:
+    results = _agree([dist.PrefixStore("a", client(store)) for _ in range(2)], cvm, "job=a restart=0")
+    assert all(isinstance(r, KeyAgreement) for r in results), results
+    a, b = results
+    assert isinstance(a, KeyAgreement) and isinstance(b, KeyAgreement)
+    assert a.key == b.key and len(a.key) == 32 and a.info["verified"] == [0, 1]
+    assert a.key.hex() not in json.dumps(a.info)
+
+
+def test_a_replayed_quote_with_the_attackers_key_is_refused_by_name(store: Any, cvm: FleetCvm) -> None:
+    """The attacker takes rank 1's place with its own X25519 key and a genuine quote replayed from another
+    agreement: the quote binds another key (and job), so rank 0 refuses rank 1 and sends no fleet key."""
+    genuine = _agree([dist.PrefixStore("old", client(store)) for _ in range(2)], cvm, "job=old restart=0")
+    assert all(isinstance(r, KeyAgreement) for r in genuine)
+    hello = json.loads(store.get("old/hello/1"))
+    hello["public"] = LinkKey().public.hex()
+    attacker = dist.PrefixStore("new", client(store))
+    attacker.set("hello/1", json.dumps(hello))
+    attacker.set("verdict/1", "{}")
+    result: list[Any] = []
+
+    def rank_0() -> None:
+        try:
+            result.append(agree_fleet_key(dist.PrefixStore("new", client(store)), rank=0, world=2,
+                                          context="job=new restart=0", cvm=cvm, timeout_s=60))
+        except GpuTravelError as exc:
+            result.append(exc)
+
+    t = threading.Thread(target=rank_0)
+    t.start()
+    t.join(timeout=120)
+    assert isinstance(result[0], AttestationError)
+    assert "rank 1: report-data-binding" in result[0].reason and "no fleet key was sent" in result[0].reason
+    assert not store.check(["new/key/1"])
+
+
+def test_a_fleet_key_forged_on_the_store_does_not_open(store: Any, cvm: FleetCvm) -> None:
+    """The attacker writes its own wrapped key for rank 1: it is not wrapped by rank 0's attested key, so
+    rank 1 refuses it (AttestationError), never using a key the attacker knows."""
+    forged = wrap_key(LinkKey(), LinkKey().public, b"job=f restart=0 to=1", os.urandom(32), epoch=0,
+                      fingerprint="fleet-key").encode()  # what rank 1 reads
+    results = _agree([dist.PrefixStore("f", client(store)),
+                      TamperingStore(dist.PrefixStore("f", client(store)), "key/1", forged)], cvm, "job=f restart=0")
+    assert isinstance(results[0], KeyAgreement)
+    assert isinstance(results[1], AttestationError) and "does not open" in results[1].reason
 
 
 _WORKER = """

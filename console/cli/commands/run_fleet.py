@@ -25,17 +25,23 @@ def render_fleet(console: Console, report: dict[str, Any]) -> None:
     console.print(f"[bold]all-reduce[/]: {ar['variant']} ({'sealed' if ar['sealed'] else 'plaintext'}), "
                   f"{ar['calls']} calls, {ar['seconds']:.2f} s over all GPUs · replicas "
                   + ("[green]identical after every step[/]" if fleet["replica_digests_equal"] else "[red]DIVERGED[/]"))
+    console.print(f"final model digest {fleet.get('final_model_digest')}")
+    node = report.get("node")
+    if node and node.get("note"):
+        console.print(f"this node ran rank(s) {node['ranks']}; {node['note']}"
+                      + ("; it keeps the fleet ledger" if node.get("fleet_ledger") else ""))
 
 
 def run_fleet(settings: RunSettings, *, gpus: int, variant: str, nnodes: int, rdzv_endpoint: str | None,
-              rdzv_id: str | None, max_restarts: int, as_json: bool) -> None:
+              rdzv_id: str | None, max_restarts: int, as_json: bool, sim_pki: Path | None = None) -> None:
     from gputravel.console.cli.run_report import EXIT_PARTIAL, render_report
     from gputravel.console.entries import launch_gpus
     from gputravel.core.fleet.rank import FleetOptions
     from gputravel.core.fleet.run import Rendezvous
 
     fleet = FleetOptions(gpus=gpus, variant=variant)
-    rdzv = Rendezvous(nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, max_restarts=max_restarts)
+    rdzv = Rendezvous(nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, max_restarts=max_restarts,
+                      sim_pki=sim_pki)
     console = Console(stderr=True) if as_json else Console()
     console.print(f"[bold]fleet[/] of {gpus} GPUs under torchrun ({nnodes} host(s)); ranks report below")
     try:

@@ -43,7 +43,7 @@ def test_a_folder_is_a_runs_only_when_a_run_wrote_into_it(tmp_path: Path) -> Non
 def test_every_name_lies_inside_the_folder(tmp_path: Path) -> None:
     run = RunFolder(tmp_path / "r")
     paths = [run.settings, run.ledger, run.recording, run.status_file, run.pid_file, run.report, run.fleet_config,
-             run.fleet_key, run.device_log, run.keys, run.checkpoint_key, run.checkpoints, run.platform, run.vendor,
+             run.cvm, run.device_log, run.keys, run.checkpoint_key, run.checkpoints, run.platform, run.vendor,
              run.receipts]
     assert len(set(paths)) == len(paths) and all(run.path in p.parents for p in paths)
 

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[3]
 PACKAGES = ("core", "agents", "console")
 HOME = "core/runfolder/folder.py"
 NAMES = ("settings.json", "ledger.db", "recording.db", "status.json", "orchestrator.pid", "report.json",
-         "fleet.json", "fleet.key", "checkpoint.key", "device.log", "rank-")
+         "fleet.json", "sim-cvm", "checkpoint.key", "device.log", "rank-")
 #: literals that spell a name but mean something else, each with its reason
 NOT_A_RUN_FOLDER = {
     ("core/collectives/keys.py", "rank-"): "the ring's device certificate names its rank (rank-N), no folder",
