@@ -48,6 +48,11 @@ def verify(
         "--witness", metavar="FILE",
         help="A holder's witness file (the ledger head its agent was shown at each hand-off): every head in it "
              "must still be in the ledger, unchanged.")] = None,
+    rank_ledgers: Annotated[list[Path] | None, typer.Option(
+        "--rank-ledgers", metavar="DIR",
+        help="A fleet checked from copies (its nodes share no folder): PATH is the fleet ledger (rank 0's node), "
+             "each DIR a node's fleet folder or a rank-R folder; every rank the fleet ledger names must be "
+             "given, and each must hold every head recorded for it. Repeat for each node.")] = None,
 ) -> None:
     """Recompute every row hash and chain link; exit 8 naming the first broken row."""
     try:
@@ -55,7 +60,15 @@ def verify(
     except LedgerError as exc:
         raise typer.BadParameter(str(exc), param_hint="--witness") from exc
     address = ledger_address(path)
-    if address.fleet and address.file is None:  # a fleet run: its ledger and every rank's
+    if rank_ledgers:  # a fleet from copies of its nodes' folders
+        from gputravel.core.fleet.verify import rank_ledgers as find_ranks
+        from gputravel.core.fleet.verify import verify_fleet_ledger
+
+        where = address.ledger
+        expect = None
+        dirs = [*rank_ledgers, *([address.folder] if address.fleet and address.folder is not None else [])]
+        result = verify_fleet_ledger(where, find_ranks(dirs), complete=True)
+    elif address.fleet and address.file is None:  # a fleet run: its ledger and every rank's
         from gputravel.core.fleet.verify import verify_fleet
 
         assert address.folder is not None

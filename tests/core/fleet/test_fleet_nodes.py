@@ -6,6 +6,7 @@ agreed by the workers' attested CVMs over the store and is never written to eith
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import threading
 import uuid
@@ -117,3 +118,31 @@ def test_a_node_whose_cvm_quote_is_wrong_is_refused_by_name(data: Path, tmp_path
         assert f"rank {rank}: td-not-debug" in str(r) and "no fleet key was sent" in str(r)
     for i in (0, 1):  # stopped before any device started or any visit: no rank ledger on either node
         assert not any(rank.ledger.exists() for _, rank in RunFolder(tmp_path / f"node-{i}").ranks())
+
+
+@pytest.mark.slow
+def test_ledger_verify_checks_the_whole_fleet_from_copies_of_each_nodes_folder(
+        nodes: tuple[Path, list[dict[str, Any] | Exception]], tmp_path: Path) -> None:
+    import sqlite3
+
+    from typer.testing import CliRunner
+
+    from gputravel.console.cli.main import app
+
+    root, results = nodes
+    copies = [tmp_path / f"copy-{i}" for i in (0, 1)]
+    for i, copy in enumerate(copies):
+        shutil.copytree(root / f"node-{i}", copy)
+    keeper = next(i for i, r in enumerate(results) if isinstance(r, dict) and r["node"]["fleet_ledger"])
+    fleet_ledger = str(RunFolder(copies[keeper]).ledger)
+    every = ["--rank-ledgers", str(copies[0]), "--rank-ledgers", str(copies[1])]
+    ok = CliRunner().invoke(app, ["ledger", "verify", fleet_ledger, *every, "--json"])
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.output)["ok"] is True
+    only = CliRunner().invoke(app, ["ledger", "verify", fleet_ledger, "--rank-ledgers", str(copies[keeper])])
+    assert only.exit_code == 8 and "whose ledgers were not given" in " ".join(only.output.split())
+    (gpu, rank), = RunFolder(copies[1 - keeper]).ranks()
+    with sqlite3.connect(rank.ledger) as db:  # the other node's rank ledger cut short
+        db.execute("DELETE FROM events WHERE seq = (SELECT MAX(seq) FROM events)")
+    cut = CliRunner().invoke(app, ["ledger", "verify", fleet_ledger, *every])
+    assert cut.exit_code == 8 and f"(rank {gpu})" in " ".join(cut.output.split())
