@@ -19,6 +19,7 @@ from gputravel.console.entries import ENTRIES
 from gputravel.console.holders import HolderSet
 from gputravel.core import events as ev
 from gputravel.core.errors import GpuTravelError
+from gputravel.core.fleet.node import my_fleet_rank
 from gputravel.core.fleet.run import load_config, run_rank
 from gputravel.core.recording import Recorder
 from gputravel.core.runfolder import RunFolder
@@ -52,6 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     rank = int(os.environ.get("RANK", "0"))
     try:
         settings, fleet = load_config(ns.config)
+        rank = my_fleet_rank(RunFolder(settings.out_dir))  # the rank folder this node holds (a resumed node)
         holders = HolderSet(settings)
         # each GPU's events and telemetry, for `gputravel-console --replay <out>/rank-R/recording.db`
         mine = RunFolder(settings.out_dir).rank(rank)

@@ -95,7 +95,7 @@ class FleetGroup:
     and the sender); one that does not open is refused (``FleetAuthError``, counted in ``refused``). No
     pickle crosses the group."""
 
-    def __init__(self, *, key: bytes, timeout_s: float = 900.0) -> None:
+    def __init__(self, *, key: bytes, timeout_s: float = 900.0, rank: int | None = None) -> None:
         import torch.distributed as dist
 
         self._dist = dist
@@ -116,7 +116,8 @@ class FleetGroup:
             base = dist.TCPStore(self.store_host, self.store_port, is_master=False,  # type: ignore[attr-defined]
                                  timeout=timeout)
             store = dist.PrefixStore(f"gputravel/workers/{self.restart}", base)  # type: ignore[attr-defined]
-            dist.init_process_group("gloo", store=store, rank=int(os.environ["RANK"]),
+            # the fleet rank: torchrun's, or the rank folder this node holds (core/fleet/node.py)
+            dist.init_process_group("gloo", store=store, rank=int(os.environ["RANK"]) if rank is None else rank,
                                     world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()

@@ -27,10 +27,10 @@ from gputravel.core.config import RunSettings
 from gputravel.core.entries import Entries
 from gputravel.core.errors import ConfigError, FleetDeviceLostError, GpuTravelError, error_from_code
 from gputravel.core.events import Event
-from gputravel.core.fleet.keyagree import FleetCvm, KeyAgreement, agree_fleet_key
+from gputravel.core.fleet.node import join_fleet
 from gputravel.core.fleet.pki import install_sim_pki, local_sim_pki
 from gputravel.core.fleet.platform import FleetPlatform
-from gputravel.core.fleet.rank import FleetEngine, FleetOptions, FleetGroup
+from gputravel.core.fleet.rank import FleetEngine, FleetGroup, FleetOptions
 from gputravel.core.fleet.verify import verify_fleet
 from gputravel.core.ledger import Ledger, verify_ledger
 from gputravel.core.runfolder.folder import RunFolder
@@ -199,14 +199,15 @@ async def run_rank(settings: RunSettings, fleet: FleetOptions, *, links: Iterabl
     out = folder.path
     # the fleet key: agreed by the workers' attested CVMs over the store, held in memory only
     try:
-        agreed = await asyncio.to_thread(_agree_key, folder, fleet, settings.holder_inject)
+        agreed = await asyncio.to_thread(join_fleet, folder, timeout_s=fleet.timeout_s,
+                                         inject=settings.holder_inject)
     except GpuTravelError as exc:  # refused (a worker's quote) or no agreement: this rank's word, then stop
         me = folder.rank(int(os.environ.get("RANK", "0")))
         me.path.mkdir(parents=True, exist_ok=True)
         me.report.write_text(json.dumps({"error": {"code": exc.code, "reason": exc.reason},
                                          "gpu": {"rank": int(os.environ.get("RANK", "0"))}}, indent=2) + "\n")
         raise
-    group = FleetGroup(key=agreed.key, timeout_s=fleet.timeout_s)
+    group = FleetGroup(key=agreed.key, timeout_s=fleet.timeout_s, rank=agreed.rank)
     rank = folder.rank(group.rank)
     rank_dir = rank.path
     resume = settings.resume or (group.restart > 0 and rank.ledger.exists())
@@ -260,27 +261,6 @@ async def run_rank(settings: RunSettings, fleet: FleetOptions, *, links: Iterabl
     if error is not None:
         raise error
     return merged
-
-
-def _agree_key(folder: RunFolder, fleet: FleetOptions, inject: str | None) -> KeyAgreement:
-    """This worker's part of the fleet-key agreement, on a store prefix of this job's attempt."""
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        if name not in os.environ:
-            raise ConfigError(f"a fleet rank runs under torchrun ({name} is not set)")
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    job = os.environ.get("TORCHELASTIC_RUN_ID", "job")
-    timeout = timedelta(seconds=fleet.timeout_s)
-    base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),  # type: ignore[attr-defined]
-                         is_master=False, timeout=timeout)
-    store = dist.PrefixStore(f"gputravel/fleetkey/{job}/{restart}", base)  # type: ignore[attr-defined]
-    cvm = FleetCvm.sim(folder.cvm)
-    fault = inject if inject in ("cvm-debug", "cvm-report-data") else None
-    return agree_fleet_key(store, rank=int(os.environ["RANK"]), world=int(os.environ["WORLD_SIZE"]),
-                           context=f"job={job} restart={restart}", cvm=cvm, timeout_s=fleet.timeout_s, fault=fault)
 
 
 def merge_reports(reports: list[dict[str, Any]], *, out: Path, fleet: FleetOptions) -> dict[str, Any]:

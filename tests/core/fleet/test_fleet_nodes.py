@@ -40,17 +40,20 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def _two_nodes(data: Path, root: Path, *, inject: dict[int, str] | None = None) -> list[dict[str, Any] | Exception]:
-    """Two nodes of one job (1 GPU each): each node's report, or the error it ended with."""
+def _two_nodes(data: Path, root: Path, *, inject: dict[int, str] | None = None, fault: str | None = None,
+               resume: bool = False) -> list[dict[str, Any] | Exception]:
+    """Two nodes of one job (1 GPU each, two rounds over two holders): each node's report, or its error."""
     pki = root / "sim-pki.json"
-    export_sim_pki(pki)
+    if not pki.exists():
+        export_sim_pki(pki)
     rdzv_id, port = f"nodes-{uuid.uuid4().hex[:8]}", _port()
     results: list[dict[str, Any] | Exception] = [RuntimeError("never ran"), RuntimeError("never ran")]
 
     def node(i: int) -> None:
         out = root / f"node-{i}"
-        out.mkdir(mode=0o700)
-        settings = fleet_settings(data, out, holders=2, holder_inject=(inject or {}).get(i))
+        out.mkdir(mode=0o700, exist_ok=resume)
+        settings = fleet_settings(data, out, holders=2, rounds=2, holder_inject=(inject or {}).get(i), fault=fault,
+                                  resume=resume)
         try:
             results[i] = launch_gpus(settings, FleetOptions(gpus=2, timeout_s=120), quiet=True, rdzv=Rendezvous(
                 nnodes=2, rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id=rdzv_id, sim_pki=pki))
@@ -146,3 +149,24 @@ def test_ledger_verify_checks_the_whole_fleet_from_copies_of_each_nodes_folder(
         db.execute("DELETE FROM events WHERE seq = (SELECT MAX(seq) FROM events)")
     cut = CliRunner().invoke(app, ["ledger", "verify", fleet_ledger, *every])
     assert cut.exit_code == 8 and f"(rank {gpu})" in " ".join(cut.output.split())
+
+
+@pytest.mark.slow
+def test_a_node_killed_mid_step_stops_the_other_by_name_and_both_resume_to_the_reference_digest(
+        data: Path, nodes: tuple[Path, list[dict[str, Any] | Exception]], tmp_path: Path) -> None:
+    """The worker that trains visit 2 (step 1) is SIGKILLed at TRAIN: its node's torchrun ends; the other
+    node ends with a named error, no hang. Both nodes then --resume, each its own ranks (whatever ranks
+    torchrun's rendezvous gives them this time), and reach the uninterrupted fleet's final digest."""
+    _, reference = nodes
+    killed = _two_nodes(data, tmp_path, fault="kill-orchestrator@TRAIN:2")
+    assert all(isinstance(r, GpuTravelError) for r in killed), killed
+    for r in killed:
+        assert isinstance(r, GpuTravelError) and r.reason  # named, as torchrun or the rank's own word
+    resumed = _two_nodes(data, tmp_path, resume=True)
+    reports = [r for r in resumed if isinstance(r, dict)]
+    assert len(reports) == 2, resumed
+    want = {r["fleet"]["final_model_digest"] for r in reference if isinstance(r, dict)}
+    assert len(want) == 1
+    for report in reports:
+        assert report["fleet"]["replica_digests_equal"] is True
+        assert report["fleet"]["final_model_digest"] in want
