@@ -26,7 +26,7 @@ from rich.progress import (
 )
 
 BENCH_MODULES = ("provision", "travel", "allreduce", "ddp", "load", "soak", "gpu_aes", "fleet", "checkpoint", "train",
-                 "evidence", "hostile")
+                 "evidence", "hostile", "fleet_key")
 
 bench_app = typer.Typer(help="Benchmarks: JSON out, a rich table on screen, progress while running.",
                         no_args_is_help=True)
