@@ -1,6 +1,6 @@
 """A fleet over two nodes that share nothing (issue 36), on one machine: two torchrun invocations with
-``--nnodes 2``, rendezvous on 127.0.0.1, each node its own ``--out`` (0700, neither reads the other's: the same
-system user here, not two). The SIM vendors' PKI is exported once and installed by each node; the fleet key is
+``--nnodes 2``, rendezvous on 127.0.0.1, each node its own ``--out`` (0700; the same system user here, two users in
+test_fleet_two_users.py). The SIM vendors' PKI is exported once and installed by each node; the fleet key is
 agreed by the workers' attested CVMs over the store and is never written to either folder."""
 
 from __future__ import annotations
