@@ -251,10 +251,11 @@ async def run_rank(settings: RunSettings, fleet: FleetOptions, *, links: Iterabl
     reports = await group.agree(mine)
     merged = merge_reports(reports, out=out, fleet=fleet) if group.rank == 0 else None
     # every node gets the fleet's report (rank 0 merged it), and says which ranks are its own
-    merged = dict((await group.agree(merged))[0] or {}) or None
+    shared: dict[str, Any] | None = (await group.agree(merged))[0]
+    merged = shared
     if group.local_rank == 0 and merged is not None:
         here = [int(r["gpu"]["rank"]) for r in reports if r.get("node") == mine.get("node")]
-        node = {"ranks": here, "fleet_ledger": group.rank == 0,
+        node = {"ranks": here, "fleet_ledger": 0 in here,
                 "note": None if len(here) == group.world else "the other ranks' folders are on other nodes"}
         folder.report.write_text(json.dumps({**merged, "node": node}, indent=2) + "\n")
     group.close()

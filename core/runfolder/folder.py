@@ -7,7 +7,7 @@ A run folder (``runs/run-<time>``, or ``--out``) holds::
     recording.db         the console's and ``gputravel run``'s recording of the run's events
     status.json          the folder's own word on how the run stands (paused) or ended
     orchestrator.pid     the process that drives the run, while it runs
-    report.json          the run's JSON report (a fleet's merged one, written by rank 0)
+    report.json          the run's JSON report (a fleet's merged one, on every node)
     keys/checkpoint.key  the run's checkpoint key (0600)
     checkpoints/         the sealed checkpoints (``ckpt-NNNNNN.gtc``)
     platform/            the emulated platform's state (vendor PKI, device identity)
