@@ -310,7 +310,7 @@ async def test_breakpoint_step_and_resume(data_root: Path, tmp_path: Path) -> No
             assert engine.walk.records[0].outcome == "done"
             assert engine.control.toggle_breakpoint(Phase.HANDOFF) is False  # cleared
             engine.control.resume()
-            report = await asyncio.wait_for(task, 60)
+            report = (await asyncio.wait_for(task, 60)).to_json()
         finally:
             if not task.done():
                 engine.control.cancel()

@@ -103,7 +103,7 @@ async def test_pause_mid_provision_lands_between_keys_then_resumes(data_root: Pa
             await asyncio.sleep(0.3)
             assert not any(isinstance(e, ev.ProvisionProgressed) for e in _drain(q))
             engine.control.resume()
-            report = await asyncio.wait_for(task, 120)
+            report = (await asyncio.wait_for(task, 120)).to_json()
         finally:
             if not task.done():
                 engine.control.cancel()

@@ -158,7 +158,7 @@ async def test_pause_mid_train_pauses_after_the_current_step_then_resumes(data_r
             assert len(engine.walk.records[0].losses) == 4
             assert not any(isinstance(e, ev.TrainingProgressed) for e in drain(q))
             engine.control.resume()
-            report = await asyncio.wait_for(task, 120)
+            report = (await asyncio.wait_for(task, 120)).to_json()
         finally:
             if not task.done():
                 engine.control.cancel()
@@ -185,7 +185,7 @@ async def test_step_from_a_mid_train_pause_finishes_the_phase_and_pauses_before_
             assert (paused.reason, paused.next_phase, paused.within) == ("step", "SCRUB", None)
             assert len(engine.walk.records[0].losses) == 6
             engine.control.resume()
-            report = await asyncio.wait_for(task, 120)
+            report = (await asyncio.wait_for(task, 120)).to_json()
         finally:
             if not task.done():
                 engine.control.cancel()
