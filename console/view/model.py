@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from gputravel.console.view.fleet import RUN_EVENTS, TERMINAL_STATUSES, DeviceView, FleetFolds, gpu_label
@@ -29,15 +30,26 @@ AWAY_PHASES = frozenset({"HANDOFF", "PROVISION", "RETURN"})
 
 @dataclass(slots=True)
 class OpLine:
-    """One line of the operations log: seconds since the run's first event, who, what."""
+    """One line of the operations log: seconds since the run's first event, who, what; ``wall`` is the
+    event's own wall-clock time (epoch seconds), which the CLI prints beside the offset."""
 
     at: float
     source: str
     text: str
     level: str = "info"  # info | warn | error
+    wall: float | None = None
 
     def render(self) -> str:
         return f"+{self.at:7.2f}s  {self.source:<12} {self.text}"
+
+    def stamped(self) -> str:
+        """The line with its ISO 8601 UTC wall-clock time in front (``runs log``, ``replay``)."""
+        return f"{iso_time(self.wall)}  {self.render()}" if self.wall is not None else self.render()
+
+
+def iso_time(t: float) -> str:
+    """``2026-11-27T16:06:43.512Z``: ISO 8601, UTC, milliseconds."""
+    return datetime.fromtimestamp(t, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass(slots=True)
@@ -169,7 +181,7 @@ class RunState(FleetFolds, TrainingFolds):
                 text = f"{gpu_label(self._gpu)}: {text}"
             else:
                 source = gpu_label(self._gpu) + ("" if source in ("orchestrator", "device") else f" {source}")
-        line = OpLine(round(t - self.t0, 2), source, text, level)
+        line = OpLine(round(t - self.t0, 2), source, text, level, wall=t)
         self.oplog.append(line)
         if source in self.holders:
             self.holders[source].log.append(line)

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gputravel.console.cli.output import out_console
 from gputravel.console.view.run_info import RunInfo, list_runs, read_run
 from gputravel.core.errors import ConfigError
 from gputravel.core.runfolder import (
@@ -69,7 +70,7 @@ def ls_cmd(runs_dir: RunsDir = RUNS_DIR, as_json: AsJson = False) -> None:
     if as_json:
         _json({"runs_dir": str(runs_dir), "runs": [r.to_dict() for r in runs]})
         return
-    console = Console()
+    console = out_console()
     if not runs:
         console.print(f"no runs under {escape(str(runs_dir))}/ (gputravel run starts one)", highlight=False)
         return
@@ -90,7 +91,7 @@ def show_cmd(run: RunArg, runs_dir: RunsDir = RUNS_DIR, as_json: AsJson = False)
     if as_json:
         _json(info.to_dict(detail=True))
         return
-    console = Console()
+    console = out_console()
     console.print(f"[bold]{escape(info.name)}[/] {_status(info)}  run {escape(info.run_id or '-')}  "
                   f"{escape(str(info.path))}", highlight=False)
     if info.pid:
@@ -172,14 +173,14 @@ def log_cmd(run: RunArg, follow: Annotated[bool, typer.Option("--follow", "-f", 
             ) -> None:
     """The run's operations log (from its recording); --follow keeps reading until the run ends."""
     info = read_run(find_run(run, runs_dir))
-    console = Console(highlight=False)
+    console = out_console(highlight=False)  # one event, one line: a pipe or a terminal wraps, not rich
     for gpu, event, lines in _lines(info, follow=follow, interval=interval):
         if as_json:
             typer.echo(json.dumps({**event.to_dict(), **({} if gpu is None else {"gpu": gpu})}, default=str))
             continue
         for line in lines:
             style = {"warn": "yellow", "error": "red"}.get(line.level, "")
-            console.print(f"[{style}]{escape(line.render())}[/]" if style else escape(line.render()))
+            console.print(f"[{style}]{escape(line.stamped())}[/]" if style else escape(line.stamped()))
     if follow and not as_json:
         console.print(f"[dim]run {escape(info.name)}: {escape(read_run(info.path).status)}[/]")
 

@@ -214,8 +214,11 @@ def test_verify_head_takes_an_unambiguous_prefix(runs: Path) -> None:
         assert "contains the recorded head 3" in result.stdout
     too_short = cli("ledger", "verify", "latest", "--head", digest[:8], cwd=runs)
     assert too_short.exit_code == 2 and "16 hex digits" in too_short.output
-    elsewhere = cli("ledger", "verify", "latest", "--head", "f" * 20, "--json", cwd=runs)
-    assert elsewhere.exit_code == 8 and "no row's hash starts with" in json.loads(elsewhere.stdout)["error"]["message"]
+    mistyped = cli("ledger", "verify", "latest", "--head", "f" * 20, "--json", cwd=runs)  # a typo: no verdict
+    message = json.loads(mistyped.stdout)["error"]["message"]
+    assert mistyped.exit_code == 2 and "no row of" in message and "f" * 20 in message and "rewritten" not in message
+    rewritten = cli("ledger", "verify", "latest", "--head", f"{seq}:{'f' * 64}", "--json", cwd=runs)
+    assert rewritten.exit_code == 8 and "rewritten" in json.loads(rewritten.stdout)["error"]["message"]
 
 
 def test_the_console_replays_any_run_address(runs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -293,3 +296,40 @@ def test_a_folder_made_for_the_run_loses_group_and_other_bits_everywhere(tmp_pat
     folder.tighten()  # as the run does when it ends
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (run, run / "cert.pem", run / "hook")}
     assert modes == {"run-new": 0o700, "cert.pem": 0o600, "hook": 0o700}
+
+
+# --- 35.3: a pipe gets whole lines with wall-clock times -------------------------------------------------------
+def test_a_piped_log_is_one_line_per_event_with_its_iso_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``runs log | grep`` and ``replay | grep`` return whole lines (rich wrapped them at 80 columns: 54 events
+    became 66 lines) and each line carries its ISO 8601 UTC time beside the offset."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    long = "a detail long enough to wrap twice at eighty columns " * 3
+    t0 = 1_790_000_000.25  # 2026-09-21T14:13:20.250Z
+    events: list[ev.Event] = [ev.RunStarted(t0, "p", {"kind": "emulated", "sim": True}, ("alice",), 1),
+                              ev.HolderStateChanged(t0 + 1.5, "alice", "provisioning", long),
+                              ev.RunCompleted(t0 + 2, "p", 1, 0, 2.0)]
+    _record(tmp_path / "runs" / "run-pipe" / "recording.db", events)
+    _ledger(tmp_path / "runs" / "run-pipe" / "ledger.db")
+    log = cli("runs", "log", "run-pipe", cwd=tmp_path)
+    replayed = cli("replay", "run-pipe", cwd=tmp_path)
+    assert log.exit_code == 0 and replayed.exit_code == 0, (log.output, replayed.output)
+    lines = log.stdout.splitlines()
+    assert lines == replayed.stdout.splitlines()[1:]  # replay: a header line, then the same log
+    assert all(line[:4] == "2026" and line[10] == "T" and line[23] == "Z" for line in lines), lines
+    detail = [line for line in lines if "provisioning" in line]
+    assert len(detail) == 1 and long.strip() in detail[0] and "2026-09-21T14:13:21.750Z  +   1.50s" in detail[0]
+    shown = cli("ledger", "show", "run-pipe", cwd=tmp_path)  # a table to a pipe: the time column whole
+    assert shown.exit_code == 0 and all(len(line) <= 200 for line in shown.stdout.splitlines())
+    assert "time (UTC)" in shown.stdout
+
+
+def test_a_ledger_or_run_that_is_not_there_is_bad_input_naming_the_path(tmp_path: Path) -> None:
+    for command in ("show", "verify"):
+        result = cli("ledger", command, "nosuch", "--json", cwd=tmp_path)
+        assert result.exit_code == 2, result.output
+        message = json.loads(result.stdout)["error"]["message"]
+        assert str(tmp_path / "nosuch") in message and "no ledger or run 'nosuch'" in message
+    (tmp_path / "runs" / "run-empty").mkdir(parents=True)
+    (tmp_path / "runs" / "run-empty" / "settings.json").write_text("{}")
+    result = cli("ledger", "verify", "run-empty", cwd=tmp_path)
+    assert result.exit_code == 2 and "no ledger there" in result.output
