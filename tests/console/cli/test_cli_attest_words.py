@@ -51,3 +51,15 @@ def test_a_reason_without_times_is_kept_as_it_is() -> None:
     reason = "ISV enclave report signature is invalid"
     assert tdx_reason_in_words(reason, at=0, collateral=b"{}") == reason
     assert collateral_window(b"garbage") is None
+
+
+def test_continuous_telemetry_without_a_device_says_so_once_and_waits() -> None:
+    """``gputravel telemetry`` (no --once) on a machine without a driver: the reason once, then a line that it
+    waits, not the same message every second (issue 35.4). With devices, every sample is a table."""
+    out = CliRunner().invoke(app, ["telemetry", "--count", "4", "--interval", "0.1"])
+    assert out.exit_code == 0, out.output
+    if "no devices to show" not in out.stdout:  # a machine with a driver and a device: every sample shown
+        assert out.stdout.count("NVML ") >= 4
+        return
+    assert out.stdout.count("no devices to show") == 1 and out.stdout.count("NVML not available") == 1
+    assert "waiting: a sample every 0.1 s" in " ".join(out.stdout.split())
