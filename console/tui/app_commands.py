@@ -113,7 +113,9 @@ class ConsoleCommands(App[None]):
             if args:
                 self.action_run_bench(args[0])
             else:
-                self.notify("bench NAME: provision, allreduce, travel, ddp, load, soak", severity="error")
+                from gputravel.console.tui.screens.bench import BENCH_ARGS
+
+                self.notify(f"bench NAME: {', '.join(BENCH_ARGS)} (tab completes)", severity="error")
         elif cmd == "screenshot":  # after the command line has closed, so it is not in the picture
             name = args[0] if args else ""
             self.set_timer(0.3, lambda: self.action_save_screenshot(name))

@@ -59,7 +59,9 @@ def register(app: typer.Typer, *, make_app: Callable[..., Any], watch_fleet: Cal
     def console(
         data: Annotated[Path | None, typer.Option("--data", help="One subfolder per holder (default: the embedded "
                                                                 "Shakespeare corpus).", rich_help_panel=HOLDERS_PANEL)] = None,
-        holders: Annotated[int, typer.Option(help="Number of holders.", rich_help_panel=HOLDERS_PANEL)] = 3,
+        holders: Annotated[int | None, typer.Option(help="Number of holders (default: one per --data subfolder; "
+                                                         "3 without --data, as gputravel run).",
+                                                    rich_help_panel=HOLDERS_PANEL)] = None,
         holders_file: Annotated[Path | None, typer.Option("--holders-file", help=HOLDERS_FILE_HELP,
                                                           rich_help_panel=HOLDERS_PANEL)] = None,
         transport: Annotated[TransportChoice, typer.Option(help=TRANSPORT_HELP,
@@ -105,6 +107,10 @@ def register(app: typer.Typer, *, make_app: Callable[..., Any], watch_fleet: Cal
                                                "N, read-only (docs/fleet.md).")] = 1,
     ) -> None:
         """The operator console: watch the GPU travel, step the protocol, audit the ledger."""
+        if readonly and replay is None and gpus == 1:
+            raise typer.BadParameter("--readonly watches a run that something else drives; give it the run: "
+                                     "--replay RUN --follow (RUN: latest, a run name or folder, or a recording; "
+                                     "gputravel runs ls lists them)", param_hint="--readonly")
         options = RunOptions.given(data=data, holders=holders, holders_file=holders_file, transport=transport,
                                    data_path=data_path, data_host=data_host, rounds=rounds,
                                    steps_per_visit=steps_per_visit, buffer_mib=buffer_mib, chunk_kib=chunk_kib,
@@ -125,7 +131,11 @@ def register(app: typer.Typer, *, make_app: Callable[..., Any], watch_fleet: Cal
 
             app = make_app(replay=replay_target(replay), theme=theme.value, readonly=readonly, follow=follow)
         else:
-            options.settings(RUNS_DIR / "pending")  # bad options fail here, before the screen opens
+            checked = options.settings(RUNS_DIR / "pending")  # bad options fail here, before the screen opens
+            if data is not None and holders_file is None:  # and the data, as `run` reads it: no folder made
+                from gputravel.core.compose import resolve_holder_dirs  # for a run whose input is refused
+
+                resolve_holder_dirs(checked)
             runs_built = 0
             markers: list[Path] = []  # the pid file of the run built last
 
