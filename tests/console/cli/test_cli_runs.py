@@ -333,3 +333,71 @@ def test_a_ledger_or_run_that_is_not_there_is_bad_input_naming_the_path(tmp_path
     (tmp_path / "runs" / "run-empty" / "settings.json").write_text("{}")
     result = cli("ledger", "verify", "run-empty", cwd=tmp_path)
     assert result.exit_code == 2 and "no ledger there" in result.output
+
+
+# --- 35.2: runs ls / show read what the run recorded ----------------------------------------------------------
+def _settings(folder: Path, **values: Any) -> None:
+    (folder / "settings.json").write_text(json.dumps({"holders": 3, "rounds": 1, "model": "tiny", **values}))
+
+
+def test_holders_and_model_are_what_the_run_recorded(tmp_path: Path) -> None:
+    """A 2-holder inventory run was listed as 3 holders (the settings' default); a run from a GPT-2 124M file
+    as ``model tiny``. The holders come from the run's RunStarted, the model from the file it started from."""
+    import struct
+
+    run = tmp_path / "runs" / "run-inv"
+    _record(run / "recording.db", [ev.RunStarted(1.0, "inv", {"kind": "emulated", "sim": True}, ("north", "south"), 2),
+                                   ev.RunCompleted(2.0, "inv", 2, 0, 1.0)])
+    weights = tmp_path / "gpt2_124M.bin"  # llm.c's header of GPT-2 124M (the weights are not read)
+    weights.write_bytes(struct.pack("<256i", 20240326, 3, 1024, 50257, 12, 12, 768, 50304, *([0] * 248)))
+    _settings(run, transport="inventory", init_from=str(weights))
+    shown = json.loads(cli("runs", "show", "run-inv", "--runs-dir", str(tmp_path / "runs"), "--json").stdout)
+    assert shown["holders"] == 2 and shown["model"] == "gpt2 124M from gpt2_124M.bin"
+    row = next(line for line in cli("runs", "ls", "--runs-dir", str(tmp_path / "runs")).stdout.splitlines()
+               if "run-inv" in line)
+    assert " 2 " in row and "gpt2 124M from gpt2_124M.bin" in row
+    _settings(run, model="tiny", model_arch="llama", model_params=1_235_814_400, init_from="/models/Llama-3.2-1B")
+    shown = json.loads(cli("runs", "show", "run-inv", "--runs-dir", str(tmp_path / "runs"), "--json").stdout)
+    assert shown["model"] == "llama 1.2B from Llama-3.2-1B"  # what a Llama run records
+
+
+def test_a_resumed_run_that_completed_is_completed_with_its_history_as_resumed(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "run-res"
+    platform = {"kind": "emulated", "sim": True}
+    _record(run / "recording.db", [
+        ev.RunStarted(1.0, "res", platform, ("alice", "bob"), 2),
+        ev.PhaseStarted(1.5, 0, "alice", "TRAIN", 1),
+        ev.RunFailed(2.0, "res", "cancelled (interrupted)", "cancelled"),
+        ev.RunStarted(10.0, "res", platform, ("alice", "bob"), 2),  # `run --resume`: the same recording goes on
+        ev.PhaseStarted(10.5, 0, "alice", "TRAIN", 2), ev.VisitCompleted(11.0, 0, "alice", 2, {}),
+        ev.PhaseStarted(11.5, 1, "bob", "TRAIN", 3), ev.VisitCompleted(12.0, 1, "bob", 3, {}),
+        ev.RunCompleted(13.0, "res", 2, 0, 3.0)])
+    _settings(run)
+    root = str(tmp_path / "runs")
+    shown = json.loads(cli("runs", "show", "run-res", "--runs-dir", root, "--json").stdout)
+    assert shown["status"] == "completed" and shown["error"] is None and shown["resumed"] == 1
+    assert (shown["visits_done"], shown["visits_failed"]) == (2, 0)
+    text = cli("runs", "show", "run-res", "--runs-dir", root).stdout
+    assert "completed (resumed)" in text and "interrupted (resumed)" in text and "cancelled" not in text
+    assert "error" not in text
+
+
+def test_a_refused_visit_names_the_holders_claim_and_no_key(tmp_path: Path) -> None:
+    from gputravel.console.tui.view_model import RunState
+
+    run = tmp_path / "runs" / "run-ref"
+    events: list[ev.Event] = [
+        ev.RunStarted(1.0, "ref", {"kind": "emulated", "sim": True}, ("alice",), 1),
+        ev.PhaseStarted(1.5, 0, "alice", "PROVISION", 1),
+        ev.VisitFailed(2.0, 0, "alice", 1, "PROVISION",
+                       "agent alice: holder attestation refused: tdx-debug (no key released)", "agent"),
+        ev.RunCompleted(3.0, "ref", 0, 1, 2.0)]
+    _record(run / "recording.db", events)
+    _settings(run, holders=1)
+    state = RunState()
+    for event in events:
+        state.apply(event)
+    (visit,) = state.visits.values()
+    assert (visit.outcome, visit.error, visit.key_fp, visit.integrity_ok) == ("refused", "tdx-debug", None, None)
+    text = cli("runs", "show", "run-ref", "--runs-dir", str(tmp_path / "runs")).stdout
+    assert "refused (holder): tdx-debug" in text and "failed" not in text.split("outcome")[-1]
