@@ -170,7 +170,8 @@ def fresh_settings(out: Path | None, **options: Any) -> tuple[RunSettings, RunCl
         from gputravel.agents.inventory import load_inventory
 
         load_inventory(settings.holders_file)
-    folder = RunClaim(resolve_out_dir(out, resume=False, create=False), link_latest=out is None)
+    # runs/latest: the newest run started, --out ones too (`export latest` took an older run otherwise)
+    folder = RunClaim(resolve_out_dir(out, resume=False, create=False), link_latest=True)
     # absolute: the report, the recording's ledger and the agents behind SSH (in their own home) name it
     return replace(settings, out_dir=folder.out.absolute()), folder
 

@@ -401,3 +401,27 @@ def test_a_refused_visit_names_the_holders_claim_and_no_key(tmp_path: Path) -> N
     assert (visit.outcome, visit.error, visit.key_fp, visit.integrity_ok) == ("refused", "tdx-debug", None, None)
     text = cli("runs", "show", "run-ref", "--runs-dir", str(tmp_path / "runs")).stdout
     assert "refused (holder): tdx-debug" in text and "failed" not in text.split("outcome")[-1]
+
+
+def test_latest_is_the_newest_run_started_whatever_its_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``runs/latest`` followed runs under ``runs/`` only: ``export latest`` took an older model than the run
+    just made with ``--out``. Now every run claimed links it (an ``--out`` folder elsewhere by its absolute path),
+    and a run that fails before its ledger gives the link back."""
+    from gputravel.core.runfolder import RunClaim, resolve_run
+
+    monkeypatch.chdir(tmp_path)
+    runs = Path("runs")
+    first = RunClaim(runs / "run-1", runs=runs, link_latest=True)
+    first.claim()
+    _ledger(runs / "run-1" / "ledger.db")
+    assert resolve_run("latest", runs).folder == (runs / "run-1").resolve()
+    elsewhere = RunClaim(tmp_path / "experiments" / "big", runs=runs, link_latest=True)
+    elsewhere.claim()
+    _ledger(tmp_path / "experiments" / "big" / "ledger.db")
+    assert os.readlink(runs / "latest") == str(tmp_path / "experiments" / "big")
+    assert resolve_run("latest", runs).folder == tmp_path / "experiments" / "big"
+    failed = RunClaim(tmp_path / "experiments" / "quick", runs=runs, link_latest=True)
+    failed.claim()
+    failed.release_if_empty()  # failed before its ledger: nothing to audit, the link goes back
+    assert resolve_run("latest", runs).folder == tmp_path / "experiments" / "big"
+    assert "run-1" not in cli("runs", "show", "latest", "--json").stdout
