@@ -103,7 +103,7 @@ class ConsoleCommands(App[None]):
             if (cmd == "pause") != paused:
                 self.action_toggle_pause()
         elif cmd == "break":
-            if self.bridge.replay:
+            if self.bridge.replay and not self.bridge.attached:
                 self.notify("breakpoints belong to a live run", severity="warning")
             else:
                 self.action_toggle_breakpoint(args[0] if args else "HANDOFF")
