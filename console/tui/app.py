@@ -274,6 +274,28 @@ class GpuTravelConsole(ConsoleCommands):
         self.push_screen(ConfirmScreen("Cancel the run?", "The visit is aborted, the buffer scrubbed, and the run "
                                        "ends (it cannot be resumed)."), answered)
 
+    async def action_quit(self) -> None:
+        """``q``: leave. A run this console drives in its own process would die with it: that is asked first
+        (an attached run, ``--attach``, goes on without the console and is left at once)."""
+        self.request_quit()
+
+    def request_quit(self) -> None:
+        if not (self.bridge.live and self.run_in_flight) or isinstance(self.screen, ConfirmScreen):
+            self.exit()
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.bridge.cancel()
+                self.exit()
+            else:
+                self.notify("not quit: the run goes on", timeout=2)
+
+        self.push_screen(ConfirmScreen(
+            "Quit and cancel the run?", "This console drives the run in its own process: leaving cancels it (the "
+            "visit is aborted, the buffer scrubbed). A run started with `gputravel run` and watched with "
+            "`gputravel-console --attach RUN` goes on when the console leaves."), answered)
+
     def action_jump_visit(self, delta: int) -> None:
         if self.bridge.replay:
             current = self.bridge.current_visit()

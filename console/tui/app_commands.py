@@ -52,6 +52,7 @@ class ConsoleCommands(App[None]):
     action_save_screenshot: Callable[..., None]
     action_verify_ledger: Callable[[], None]
     action_run_bench: Callable[[str], None]
+    request_quit: Callable[[], None]
 
     def action_show_help(self) -> None:
         screen = self.screen
@@ -91,7 +92,8 @@ class ConsoleCommands(App[None]):
         cmd, args = words[0].lower(), words[1:]
         simple: dict[str, Callable[[], Any]] = {
             "run": self.action_run, "step": self.action_step, "cancel": self.action_cancel,
-            "help": self.action_show_help, "verify": self.action_verify_ledger, "quit": self.exit, "q": self.exit}
+            "help": self.action_show_help, "verify": self.action_verify_ledger, "quit": self.request_quit,
+            "q": self.request_quit}
         view_only = self.bridge.replay and cmd in {"run", "step", "pause", "resume"}
         if cmd in CONTROL_ACTIONS | {"pause", "resume", "break", "bench", "cancel"} and self.readonly and not view_only:
             self.notify("read-only console: no controls", severity="warning")

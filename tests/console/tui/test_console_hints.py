@@ -12,6 +12,7 @@ from gputravel.console.tui.app import make_app
 from gputravel.console.tui.screens.bench import BENCH_ARGS, BenchScreen
 from gputravel.console.tui.widgets.command_line import CommandLine
 from gputravel.core.recording import load_recording
+from tests.console.tui.test_console import data_root
 from tests.console.tui.test_console_snapshots import screen_text, settle, synthetic_run
 
 
@@ -58,3 +59,29 @@ async def test_the_footer_keeps_run_cancel_command_help_and_quit_at_80_columns()
         for key in ("r Run", "c Cancel", ": :cmd", "? Help", "q Quit"):
             assert key in footer, footer
         assert footer.index("r Run") < footer.index("c Cancel") < footer.index("? Help") < footer.index("q Quit")
+
+
+async def test_q_on_a_run_this_console_drives_asks_before_it_cancels(data_root: Path, tmp_path: Path) -> None:
+    """``q`` cancelled a run in TRAIN without asking (issue 35.1): now it asks, ``n`` stays, ``y`` cancels and
+    leaves (an attached run, test_console_attach.py, is left at once and goes on)."""
+    from helpers import until
+
+    from gputravel.console.tui.screens.confirm import ConfirmScreen
+    from tests.console.tui.test_console import factory_for, live
+
+    app = make_app(engine_factory=factory_for(data_root, tmp_path), record=False, breakpoints=("ATTEST",))
+    async with app.run_test(size=(120, 40)) as pilot:
+        bridge = live(app)
+        await pilot.press("r")
+        await until(pilot, lambda: bridge.state.paused_before == "ATTEST", what="the pause before ATTEST")
+        await pilot.press("q")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen) and "Quit and cancel the run?" in screen_text(app)
+        await pilot.press("n")
+        await pilot.pause()
+        assert app.run_in_flight and not isinstance(app.screen, ConfirmScreen)
+        await pilot.press("q", "y")
+        await until(pilot, lambda: bridge.state.status == "cancelled" and not app.run_in_flight, what="cancelled")
+
+
+__all__ = ["data_root"]  # the module-scoped fixture of test_console.py, shared
