@@ -19,7 +19,11 @@ from gputravel.console.tui.view_model import RunState
 from gputravel.core.recording import Recording
 from gputravel.core.travel.phases import Phase
 
-__all__ = ["AttachedBridge"]
+__all__ = ["ATTACHED_SPEED", "AttachedBridge"]
+
+#: How fast the view plays what the run appended: at once (a follow replays at 8x, seconds behind the run; a
+#: console that steers shows where the run is now, so a control is judged by the run's state, not a lag)
+ATTACHED_SPEED = 1000.0
 
 
 class AttachedBridge(ReplayBridge):
@@ -29,7 +33,7 @@ class AttachedBridge(ReplayBridge):
 
     def __init__(self, app: App[Any], recording: Recording, folder: Path) -> None:
         self.breaks: set[Phase] = set()  # the breakpoints this console set (the view's state is rebuilt)
-        super().__init__(app, recording, follow=True)
+        super().__init__(app, recording, follow=True, speed=ATTACHED_SPEED)
         self.folder = folder
         self.sent: list[dict[str, Any]] = []  # what this console asked, in order (the channel holds it too)
 
