@@ -17,9 +17,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ACTIONS", "CONTROL_FILE", "POLL_S", "ControlInbox", "apply_request", "send_control"]
+from gputravel.core.runfolder import RunFolder
 
-CONTROL_FILE = "control.jsonl"
+__all__ = ["ACTIONS", "POLL_S", "ControlInbox", "apply_request", "send_control"]
+
 POLL_S = 0.1
 ACTIONS = ("pause", "resume", "step", "break", "cancel")
 
@@ -34,7 +35,7 @@ def send_control(folder: Path, action: str, *, phase: str | None = None, on: boo
         request["phase"] = phase.upper()
     if on is not None:
         request["on"] = on
-    fd = os.open(Path(folder) / CONTROL_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    fd = os.open(RunFolder(Path(folder)).control, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         os.write(fd, (json.dumps(request) + "\n").encode())
     finally:
@@ -47,7 +48,7 @@ class ControlInbox:
     skipped: a channel left by an earlier part of a resumed run asks nothing of this one)."""
 
     def __init__(self, folder: Path) -> None:
-        self.path = Path(folder) / CONTROL_FILE
+        self.path = RunFolder(Path(folder)).control
         try:
             self.offset = self.path.stat().st_size
         except OSError:

@@ -395,7 +395,7 @@ cli = _console_cli()
 def attach_run(address: str, *, theme: str, readonly: bool) -> None:
     """``--attach RUN``: the run's follow view with its controls (read-only with ``--readonly``); leaving it
     leaves the run going, and says how to come back."""
-    from gputravel.console.cli.run_address import replay_target, resolve_run
+    from gputravel.core.runfolder import replay_target, resolve_run
 
     folder = resolve_run(address).folder
     if folder is None:
@@ -404,6 +404,7 @@ def attach_run(address: str, *, theme: str, readonly: bool) -> None:
     app = make_app(replay=replay_target(address), theme=theme, readonly=readonly, follow=True,
                    attach=None if readonly else folder)
     app.run()
+    folder = folder.absolute()
     typer.echo(f"detached from {folder}: the run goes on. Come back with gputravel-console --attach {folder} "
                f"(full control) or gputravel-console --replay {folder} --follow (read-only).")
 

@@ -21,6 +21,7 @@ from gputravel.console.cli.run_folder import read_run
 from gputravel.console.tui.app import make_app
 from gputravel.console.tui.attach_bridge import AttachedBridge
 from gputravel.console.tui.screens.confirm import ConfirmScreen
+from gputravel.core.runfolder import RunFolder
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]
 
@@ -46,13 +47,13 @@ def headless(tmp_path: Path) -> Iterator[tuple[Path, list[subprocess.Popen[str]]
 
 def wait_recorded(folder: Path, timeout: float = 90.0) -> None:
     deadline = time.monotonic() + timeout
-    while not (folder / "recording.db").exists():
+    while not RunFolder(folder).recording.exists():
         assert time.monotonic() < deadline, "the run wrote no recording"
         time.sleep(0.2)
 
 
 def requests(folder: Path) -> list[dict[str, object]]:
-    return [json.loads(line) for line in (folder / "control.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in RunFolder(folder).control.read_text().splitlines()]
 
 
 async def test_every_control_of_an_attached_run_lands_in_the_run(headless: tuple[Path, list]) -> None:
@@ -60,7 +61,7 @@ async def test_every_control_of_an_attached_run_lands_in_the_run(headless: tuple
     procs.append(start_run(root, "--steps-per-visit", "1500", "--break-before", "PROVISION"))
     folder = root / "run"
     wait_recorded(folder)
-    app = make_app(replay=folder / "recording.db", follow=True, attach=folder)
+    app = make_app(replay=RunFolder(folder).recording, follow=True, attach=folder)
     async with app.run_test(size=(120, 40)) as pilot:
         bridge = app.bridge
         assert isinstance(bridge, AttachedBridge)
@@ -96,7 +97,7 @@ async def test_a_detached_run_completes_after_its_console_exits(headless: tuple[
     procs.append(start_run(root, "--steps-per-visit", "60"))
     folder = root / "run"
     wait_recorded(folder)
-    app = make_app(replay=folder / "recording.db", follow=True, attach=folder)
+    app = make_app(replay=RunFolder(folder).recording, follow=True, attach=folder)
     async with app.run_test(size=(80, 24)) as pilot:
         bridge = app.bridge
         assert isinstance(bridge, AttachedBridge)
