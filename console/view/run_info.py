@@ -152,7 +152,7 @@ def read_run(path: Path) -> RunInfo:
     if written.get("status") in FINAL_STATUSES:
         info.status = str(written["status"])
         info.error = info.error or written.get("error")
-    elif final is not None and not info.fleet and not (alive and _restarted_after(marker, final.t)):
+    elif final is not None and not info.fleet and not (alive and _resuming(marker, final)):
         info.status = final_status(final)  # the run ended, though its process (a console) may live on
     elif alive:
         paused = written.get("status") == "paused" or (not info.fleet and state.status == "paused")
@@ -169,11 +169,13 @@ def read_run(path: Path) -> RunInfo:
     return info
 
 
-def _restarted_after(marker: dict[str, Any], t: float) -> bool:
-    """The live process of ``marker`` started after ``t``: a ``run --resume`` that has not recorded its start
-    yet (attesting, connecting), so the end at ``t`` is the interrupted part's, not this run's."""
+def _resuming(marker: dict[str, Any], final: Any) -> bool:
+    """A ``gputravel run --resume`` that has not recorded its start yet (attesting, connecting): its process
+    started after the interrupted part's end (a failure or cancel; a completed run is never resumed), so that
+    end is history, not this run's status."""
     started = marker.get("started_at")
-    return isinstance(started, int | float) and started > t
+    return (final.kind == "RunFailed" and marker.get("owner") == "gputravel run"
+            and isinstance(started, int | float) and started > final.t)
 
 
 def list_runs(root: Path = RUNS_DIR) -> list[RunInfo]:
