@@ -15,7 +15,7 @@ from textual.app import App
 
 from gputravel.console.cli.run_control import send_control
 from gputravel.console.tui.replay_bridge import ReplayBridge
-from gputravel.console.tui.view_model import RunState
+from gputravel.console.view.model import RunState
 from gputravel.core.recording import Recording
 from gputravel.core.travel.phases import Phase
 

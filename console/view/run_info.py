@@ -52,7 +52,7 @@ class RunInfo:
     fleet: bool = False
     recordings: list[tuple[int | None, Path]] = field(default_factory=list)
     holders: int | None = None  # as the run recorded them (its RunStarted), else its settings
-    model: str = "?"  # as the run recorded it (console/cli/run_model.py)
+    model: str = "?"  # as the run recorded it (console/view/run_model.py)
     resumed: int = 0  # times it went on with `run --resume` after it had ended
 
     @property

@@ -383,7 +383,7 @@ def test_a_resumed_run_that_completed_is_completed_with_its_history_as_resumed(t
 
 
 def test_a_refused_visit_names_the_holders_claim_and_no_key(tmp_path: Path) -> None:
-    from gputravel.console.tui.view_model import RunState
+    from gputravel.console.view.model import RunState
 
     run = tmp_path / "runs" / "run-ref"
     events: list[ev.Event] = [

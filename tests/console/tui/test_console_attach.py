@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from helpers import until, write_holders
 
-from gputravel.console.cli.run_folder import read_run
 from gputravel.console.tui.app import make_app
 from gputravel.console.tui.attach_bridge import AttachedBridge
 from gputravel.console.tui.screens.confirm import ConfirmScreen
+from gputravel.console.view.run_info import read_run
 from gputravel.core.runfolder import RunFolder
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]
