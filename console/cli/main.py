@@ -47,6 +47,7 @@ COMMAND_SUMMARIES = {
     "plan": "Predict per-visit and whole-run transfer and training time for both data paths.",
     "runs": "Runs under runs/: list, show, follow the log, stop, resume or step a paused one.",
     "export": "Write a run's model (its last sealed checkpoint) as llm.c's model file or GPT-2 safetensors.",
+    "evidence": "Collateral for offline attestation (issue 31).",
 }
 
 

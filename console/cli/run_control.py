@@ -76,7 +76,7 @@ class ControlInbox:
 
 def apply_request(control: Any, request: dict[str, Any]) -> None:
     """One request on the engine's ``Control`` (core/travel/control.py), as the console's key would do it."""
-    from gputravel.core.travel.phases import Phase
+    from gputravel.core.phases import Phase
 
     action = request["action"]
     if action == "pause":

@@ -16,8 +16,8 @@ from textual.app import App
 from gputravel.console.cli.run_control import send_control
 from gputravel.console.tui.replay_bridge import ReplayBridge
 from gputravel.console.view.model import RunState
+from gputravel.core.phases import Phase
 from gputravel.core.recording import Recording
-from gputravel.core.travel.phases import Phase
 
 __all__ = ["ATTACHED_SPEED", "AttachedBridge"]
 
