@@ -46,10 +46,17 @@ def headless(tmp_path: Path) -> Iterator[tuple[Path, list[subprocess.Popen[str]]
 
 
 def wait_recorded(folder: Path, timeout: float = 90.0) -> None:
+    from gputravel.core.errors import GpuTravelError
+    from gputravel.core.recording import load_recording
+
     deadline = time.monotonic() + timeout
-    while not RunFolder(folder).recording.exists():
-        assert time.monotonic() < deadline, "the run wrote no recording"
-        time.sleep(0.2)
+    while True:  # the file first, then its tables: a recording is readable once load_recording says so
+        try:
+            load_recording(RunFolder(folder).recording)
+            return
+        except GpuTravelError:
+            assert time.monotonic() < deadline, "the run wrote no recording"
+            time.sleep(0.2)
 
 
 def requests(folder: Path) -> list[dict[str, object]]:
