@@ -31,17 +31,50 @@ __all__ = ["app", "error_envelope", "fail", "main", "wants_json"]
 COMMAND_MODULES = ("run", "attest", "ledger", "data", "bench", "telemetry", "agents", "replay", "plan", "runs",
                    "export", "evidence", "fleet")
 
+# What ``gputravel --help`` lists for each command: the first paragraph of its help, so that the root's help
+# imports none of the command modules (loading them all took 1-8 s; torch came in through ``bench fleet``). A
+# test keeps each line equal to its command's own help; a command missing here is loaded to list it.
+COMMAND_SUMMARIES = {
+    "run": "Run collaborative training: the GPU travels holder to holder (--gpus N: a fleet, docs/fleet.md).",
+    "attest": "Attest the GPU: certificate chain, revocation, signature, nonce, measurements, CC mode.",
+    "ledger": "Verify and inspect the hash-chained audit ledger.",
+    "data": "Demo corpus and holder data folders.",
+    "bench": "Benchmarks: JSON out, a rich table on screen, progress while running.",
+    "telemetry": "GPU telemetry through NVML: utilisation, memory, power, clocks, PCIe, confidential-computing "
+                 "state.",
+    "agents": "Deploy, check and stop holder agents over SSH.",
+    "replay": "Print a recorded run: every event and telemetry frame, and the state it ends in.",
+    "plan": "Predict per-visit and whole-run transfer and training time for both data paths.",
+    "runs": "Runs under runs/: list, show, follow the log, stop, resume or step a paused one.",
+    "export": "Write a run's model (its last sealed checkpoint) as llm.c's model file or GPT-2 safetensors.",
+    "evidence": "Collateral for offline attestation (issue 31).",
+}
+
 
 class LazyCommandGroup(ErrorReportingGroup):
     """The root group: each command's module (``console/cli/commands/<name>.py``, which exposes ``register(app)``
     and adds the command of its own name) is imported only when that command runs or help lists it, so
     ``gputravel --version`` and ``gputravel runs ls`` import no torch (a bench module does)."""
 
+    _listing = False  # while the root's own help is drawn: commands are listed from COMMAND_SUMMARIES
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
     def list_commands(self, ctx: Any) -> list[str]:
+        if self._listing:
+            return [*(n for n in COMMAND_MODULES if n in COMMAND_SUMMARIES or self.get_command(ctx, n) is not None),
+                    *(n for n in self.commands if n not in COMMAND_MODULES)]
         return [*(n for n in COMMAND_MODULES if self.get_command(ctx, n) is not None),
                 *(n for n in self.commands if n not in COMMAND_MODULES)]
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if self._listing and cmd_name not in self.commands and cmd_name in COMMAND_SUMMARIES:
+            return typer.core.TyperCommand(cmd_name, help=COMMAND_SUMMARIES[cmd_name])  # a line of the list only
         if cmd_name not in self.commands and cmd_name in COMMAND_MODULES:
             self._load(cmd_name)
         return self.commands.get(cmd_name)

@@ -79,7 +79,7 @@ class GpuTravelConsole(ConsoleCommands):
                  theme: str = "dark", readonly: bool = False, record: Path | bool = True,
                  telemetry_interval: float = 1.0, sampler: Sampler | None = None,
                  bench_runner: BenchRunner | None = None, follow: bool = False, replay_speed: float = 8.0,
-                 breakpoints: tuple[str, ...] = ()) -> None:
+                 breakpoints: tuple[str, ...] = (), attach: Path | None = None) -> None:
         super().__init__()
         if engine_factory is None and replay is None:
             raise ValueError("make_app needs an engine_factory or a recording to replay")
@@ -91,6 +91,11 @@ class GpuTravelConsole(ConsoleCommands):
         if isinstance(replay, FleetRecording):  # a fleet: its ranks' recordings merged; NVML while it runs
             self.bridge = FleetBridge(self, replay, follow=follow, speed=replay_speed,
                                       sampler=(sampler or Sampler()) if follow else None)
+        elif replay is not None and attach is not None:  # --attach RUN: followed, steered through its channel
+            from gputravel.console.tui.attach_bridge import AttachedBridge
+
+            assert isinstance(replay, Recording)
+            self.bridge = AttachedBridge(self, replay, attach)
         elif replay is not None:
             self.bridge = ReplayBridge(self, replay, follow=follow, speed=replay_speed)
         else:
@@ -191,7 +196,7 @@ class GpuTravelConsole(ConsoleCommands):
         replay = self.bridge.replay
         if action in CONTROL_ACTIONS and self.readonly and not (replay and action in VIEW_ACTIONS):
             return False
-        if action in ("toggle_break", "cancel") and replay:  # a recording has no run to break or cancel
+        if action in ("toggle_break", "cancel") and replay and not self.bridge.attached:  # no run to steer
             return False
         if action in ("jump_visit", "seek") and not replay:
             return False
@@ -230,6 +235,9 @@ class GpuTravelConsole(ConsoleCommands):
 
     def action_run(self) -> None:
         """Start the run, or resume a paused one; in a replay, play from the start."""
+        if self.bridge.attached:
+            self.bridge.resume()
+            return
         if self.bridge.replay:
             self.bridge.restart()
             return
@@ -239,6 +247,9 @@ class GpuTravelConsole(ConsoleCommands):
         self._start_run(stepping=False)
 
     def action_cancel(self) -> None:
+        if self.bridge.attached:
+            self._confirm_cancel()
+            return
         if self.bridge.replay:
             self.notify("a replay has no run to cancel: p pauses, home goes back to the start", timeout=3)
             return
@@ -247,11 +258,14 @@ class GpuTravelConsole(ConsoleCommands):
             self.notify(f"no run in progress (the last one {ended})" if self.bridge.state.ended
                         else "no run in progress", timeout=2)
             return
+        self._confirm_cancel()
+
+    def _confirm_cancel(self) -> None:
         if isinstance(self.screen, ConfirmScreen):
             return
 
         def answered(yes: bool | None) -> None:
-            if yes and self.run_in_flight:
+            if yes and (self.run_in_flight or self.bridge.attached):
                 self.bridge.cancel()
                 self.notify("cancelling: the visit is aborted, the buffer scrubbed", timeout=3)
             elif not yes:
@@ -259,6 +273,28 @@ class GpuTravelConsole(ConsoleCommands):
 
         self.push_screen(ConfirmScreen("Cancel the run?", "The visit is aborted, the buffer scrubbed, and the run "
                                        "ends (it cannot be resumed)."), answered)
+
+    async def action_quit(self) -> None:
+        """``q``: leave. A run this console drives in its own process would die with it: that is asked first
+        (an attached run, ``--attach``, goes on without the console and is left at once)."""
+        self.request_quit()
+
+    def request_quit(self) -> None:
+        if not (self.bridge.live and self.run_in_flight) or isinstance(self.screen, ConfirmScreen):
+            self.exit()
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.bridge.cancel()
+                self.exit()
+            else:
+                self.notify("not quit: the run goes on", timeout=2)
+
+        self.push_screen(ConfirmScreen(
+            "Quit and cancel the run?", "This console drives the run in its own process: leaving cancels it (the "
+            "visit is aborted, the buffer scrubbed). A run started with `gputravel run` and watched with "
+            "`gputravel-console --attach RUN` goes on when the console leaves."), answered)
 
     def action_jump_visit(self, delta: int) -> None:
         if self.bridge.replay:
@@ -324,7 +360,8 @@ def make_app(*, engine_factory: Callable[[], Any] | None = None,
              replay: Recording | FleetRecording | Path | None = None,
              theme: str = "dark", readonly: bool = False, record: Path | bool = True, telemetry_interval: float = 1.0,
              sampler: Sampler | None = None, bench_runner: BenchRunner | None = None,
-             follow: bool = False, breakpoints: tuple[str, ...] = (), gpus: int = 0) -> GpuTravelConsole:
+             follow: bool = False, breakpoints: tuple[str, ...] = (), gpus: int = 0,
+             attach: Path | None = None) -> GpuTravelConsole:
     """The app factory (tests pass a small engine factory or a recording). ``replay``: a recording, or a fleet
     run folder (``gputravel run --gpus N --out DIR``: its ranks' recordings, merged); ``gpus``: the fleet being
     started there (followed before its ranks have written anything)."""
@@ -333,7 +370,7 @@ def make_app(*, engine_factory: Callable[[], Any] | None = None,
         replay = FleetRecording(replay, follow=follow, gpus=gpus) if fleet else load_recording(replay)
     return GpuTravelConsole(engine_factory=engine_factory, replay=replay, theme=theme, readonly=readonly,
                             record=record, telemetry_interval=telemetry_interval, sampler=sampler,
-                            bench_runner=bench_runner, follow=follow, breakpoints=breakpoints)
+                            bench_runner=bench_runner, follow=follow, breakpoints=breakpoints, attach=attach)
 
 
 def _watch_fleet(settings: Any, *, gpus: int, theme: str) -> None:
@@ -353,6 +390,23 @@ def _console_cli() -> typer.Typer:
 
 
 cli = _console_cli()
+
+
+def attach_run(address: str, *, theme: str, readonly: bool) -> None:
+    """``--attach RUN``: the run's follow view with its controls (read-only with ``--readonly``); leaving it
+    leaves the run going, and says how to come back."""
+    from gputravel.core.runfolder import replay_target, resolve_run
+
+    folder = resolve_run(address).folder
+    if folder is None:
+        raise typer.BadParameter(f"{address}: a recording outside any run folder has no run to attach to",
+                                 param_hint="--attach")
+    app = make_app(replay=replay_target(address), theme=theme, readonly=readonly, follow=True,
+                   attach=None if readonly else folder)
+    app.run()
+    folder = folder.absolute()
+    typer.echo(f"detached from {folder}: the run goes on. Come back with gputravel-console --attach {folder} "
+               f"(full control) or gputravel-console --replay {folder} --follow (read-only).")
 
 
 def main() -> None:

@@ -52,6 +52,7 @@ class ConsoleCommands(App[None]):
     action_save_screenshot: Callable[..., None]
     action_verify_ledger: Callable[[], None]
     action_run_bench: Callable[[str], None]
+    request_quit: Callable[[], None]
 
     def action_show_help(self) -> None:
         screen = self.screen
@@ -91,7 +92,8 @@ class ConsoleCommands(App[None]):
         cmd, args = words[0].lower(), words[1:]
         simple: dict[str, Callable[[], Any]] = {
             "run": self.action_run, "step": self.action_step, "cancel": self.action_cancel,
-            "help": self.action_show_help, "verify": self.action_verify_ledger, "quit": self.exit, "q": self.exit}
+            "help": self.action_show_help, "verify": self.action_verify_ledger, "quit": self.request_quit,
+            "q": self.request_quit}
         view_only = self.bridge.replay and cmd in {"run", "step", "pause", "resume"}
         if cmd in CONTROL_ACTIONS | {"pause", "resume", "break", "bench", "cancel"} and self.readonly and not view_only:
             self.notify("read-only console: no controls", severity="warning")
@@ -103,7 +105,7 @@ class ConsoleCommands(App[None]):
             if (cmd == "pause") != paused:
                 self.action_toggle_pause()
         elif cmd == "break":
-            if self.bridge.replay:
+            if self.bridge.replay and not self.bridge.attached:
                 self.notify("breakpoints belong to a live run", severity="warning")
             else:
                 self.action_toggle_breakpoint(args[0] if args else "HANDOFF")
@@ -113,7 +115,9 @@ class ConsoleCommands(App[None]):
             if args:
                 self.action_run_bench(args[0])
             else:
-                self.notify("bench NAME: provision, allreduce, travel, ddp, load, soak", severity="error")
+                from gputravel.console.tui.screens.bench import BENCH_ARGS
+
+                self.notify(f"bench NAME: {', '.join(BENCH_ARGS)} (tab completes)", severity="error")
         elif cmd == "screenshot":  # after the command line has closed, so it is not in the picture
             name = args[0] if args else ""
             self.set_timer(0.3, lambda: self.action_save_screenshot(name))

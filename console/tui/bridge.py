@@ -46,6 +46,7 @@ class Bridge:
 
     live = False
     replay = False
+    attached = False  # a run another process drives, steered through its control channel (attach_bridge.py)
     merges_gpus = False
     follow = False
     playing = False

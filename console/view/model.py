@@ -7,9 +7,11 @@ Textual: the screens render it, ``gputravel replay`` and ``gputravel runs`` summ
 
 from __future__ import annotations
 
+import re
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from gputravel.console.view.fleet import RUN_EVENTS, TERMINAL_STATUSES, DeviceView, FleetFolds, gpu_label
@@ -25,19 +27,32 @@ __all__ = ["RUN_EVENTS", "TERMINAL_STATUSES", "DeviceView", "HolderView", "OpLin
 #: Phases during which the GPU is, logically, with the holder (it holds a key into the buffer window).
 AWAY_PHASES = frozenset({"HANDOFF", "PROVISION", "RETURN"})
 
+#: How a holder's refusal reads in a visit's error (``HolderRefusedError``): the claim it refused.
+HOLDER_REFUSED = re.compile(r"holder attestation refused: (.+?)(?: \(no key released\))?$")
 
 
 @dataclass(slots=True)
 class OpLine:
-    """One line of the operations log: seconds since the run's first event, who, what."""
+    """One line of the operations log: seconds since the run's first event, who, what; ``wall`` is the
+    event's own wall-clock time (epoch seconds), which the CLI prints beside the offset."""
 
     at: float
     source: str
     text: str
     level: str = "info"  # info | warn | error
+    wall: float | None = None
 
     def render(self) -> str:
         return f"+{self.at:7.2f}s  {self.source:<12} {self.text}"
+
+    def stamped(self) -> str:
+        """The line with its ISO 8601 UTC wall-clock time in front (``runs log``, ``replay``)."""
+        return f"{iso_time(self.wall)}  {self.render()}" if self.wall is not None else self.render()
+
+
+def iso_time(t: float) -> str:
+    """``2026-11-27T16:06:43.512Z``: ISO 8601, UTC, milliseconds."""
+    return datetime.fromtimestamp(t, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass(slots=True)
@@ -137,6 +152,7 @@ class RunState(FleetFolds, TrainingFolds):
     oplog: deque[OpLine] = field(default_factory=lambda: deque(maxlen=1000))
     error: str | None = None
     error_code: str | None = None
+    resumed: int = 0  # times the run went on in the same recording (``run --resume``) after it had ended
     events_seen: int = 0
     phases_completed: int = 0
     t0: float | None = None
@@ -169,7 +185,7 @@ class RunState(FleetFolds, TrainingFolds):
                 text = f"{gpu_label(self._gpu)}: {text}"
             else:
                 source = gpu_label(self._gpu) + ("" if source in ("orchestrator", "device") else f" {source}")
-        line = OpLine(round(t - self.t0, 2), source, text, level)
+        line = OpLine(round(t - self.t0, 2), source, text, level, wall=t)
         self.oplog.append(line)
         if source in self.holders:
             self.holders[source].log.append(line)
@@ -231,6 +247,12 @@ class RunState(FleetFolds, TrainingFolds):
         self.log(e.t, e.holder, f"provisioning resumed from chunk {e.resume_from} (reconnect {e.attempt})", "warn")
 
     def _on_RunStarted(self, e: ev.RunStarted) -> None:
+        if self.status in TERMINAL_STATUSES and self._gpu is None:  # `run --resume`: the same run goes on
+            self.resumed += 1
+            self.error = self.error_code = None  # the interruption is history, not how this run ends
+            for v in self.visits.values():
+                if v.outcome == "cancelled":  # ended by the run's end (not a failure of its own): redone now
+                    v.outcome = "interrupted"
         self.status = "running"
         self.run_id, self.platform, self.visits_planned = e.run_id, dict(e.platform), e.visits_planned
         self.sim = bool(e.platform.get("sim", self.sim))
@@ -246,7 +268,7 @@ class RunState(FleetFolds, TrainingFolds):
     def _visit(self, visit: int, holder: str) -> VisitView:
         """The running attempt of ``visit``; an event after a failed attempt opens the next one."""
         last = self.visit(visit)
-        if last is not None and last.outcome not in ("failed", "cancelled"):
+        if last is not None and last.outcome not in ("failed", "cancelled", "interrupted"):
             return last
         row = len(self.visits)
         self.visits[row] = VisitView(visit, holder, attempt=last.attempt + 1 if last is not None else 1)
@@ -365,6 +387,10 @@ class RunState(FleetFolds, TrainingFolds):
         if e.phase in v.phases:
             v.phases[e.phase].status = "failed"
         v.scrub_verified = None
+        refused = HOLDER_REFUSED.search(e.error)
+        if refused:  # the holder's own attestation refused the CVM or the GPU: it released no key
+            v.outcome, v.error, v.failed_phase = "refused", refused.group(1), "holder"
+            v.key_fp = v.integrity_ok = None  # no key was released, nothing was measured
         h = self.holder(e.holder)
         h.visits_failed += 1
         h.error = e.error

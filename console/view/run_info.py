@@ -15,7 +15,9 @@ from typing import Any
 
 from gputravel.console.view.ending import final_status
 from gputravel.console.view.model import RunState
+from gputravel.console.view.run_model import model_label
 from gputravel.core.errors import ConfigError, GpuTravelError
+from gputravel.core.events import RunStarted
 from gputravel.core.recording import load_recording
 from gputravel.core.runfolder import (
     FINAL_STATUSES,
@@ -49,6 +51,9 @@ class RunInfo:
     state: RunState | None = None
     fleet: bool = False
     recordings: list[tuple[int | None, Path]] = field(default_factory=list)
+    holders: int | None = None  # as the run recorded them (its RunStarted), else its settings
+    model: str = "?"  # as the run recorded it (console/view/run_model.py)
+    resumed: int = 0  # times it went on with `run --resume` after it had ended
 
     @property
     def recording(self) -> Path:
@@ -63,7 +68,8 @@ class RunInfo:
                                "owner": self.owner, "run_id": self.run_id, "started_at": self.started_at,
                                "error": self.error, "visits_planned": self.visits_planned,
                                "visits_done": self.visits_done, "visits_failed": self.visits_failed,
-                               "holders": self.settings.get("holders"), "data_path": self.settings.get("data_path"),
+                               "holders": self.holders, "model": self.model, "resumed": self.resumed,
+                               "data_path": self.settings.get("data_path"),
                                "fleet": self.fleet,
                                "recording": str(self.recording) if self.recording.exists() else None,
                                "recordings": [str(p) for _, p in self.recordings],
@@ -120,26 +126,34 @@ def read_run(path: Path) -> RunInfo:
         info.started_at = info.started_at or recording.meta.get("started_at")
         items.extend((e.t, n, gpu, e) for n, e in enumerate(recording.events()))
     items.sort(key=lambda x: (x[0], -1 if x[2] is None else x[2], x[1]))
+    started: set[str] = set()  # the holders the run recorded (every GPU's, in a fleet)
     for _, _, gpu, event in items:
         state.apply(event, gpu=gpu)
         if event.kind in ("RunCompleted", "RunFailed"):
             final = event
-        elif event.kind == "RunStarted" and gpu is None:
-            final = None  # a resumed run goes on in the same recording
+        elif isinstance(event, RunStarted):
+            started.update(event.holders)
+            if gpu is None:
+                final = None  # a resumed run goes on in the same recording
     if items:
         info.started_at = info.started_at or items[0][0]
         info.state = state
         info.run_id = state.run_id
         info.visits_planned = state.visits_planned
         info.visits_done = sum(1 for v in state.visits.values() if v.outcome == "done")
-        info.visits_failed = sum(1 for row in state.rows.values() if state.visits[row].outcome == "failed")
-        info.error = info.error or state.error
+        info.visits_failed = sum(1 for row in state.rows.values()  # as the travel panel counts them
+                                 if state.visits[row].ended and state.visits[row].outcome != "done")
+        info.error = info.error or state.error  # a resumed run's interruption is history, not its error
+        info.resumed = state.resumed
+    setting = info.settings.get("holders")
+    info.holders = len(started) if started else setting if isinstance(setting, int) else None
+    info.model = model_label(info.settings) if info.settings else "?"
     fleet_end = _fleet_report_status(folder) if info.fleet else None
     if written.get("status") in FINAL_STATUSES:
         info.status = str(written["status"])
         info.error = info.error or written.get("error")
-    elif final is not None and not info.fleet:  # the run ended, though its process (a console) may live on
-        info.status = final_status(final)
+    elif final is not None and not info.fleet and not (alive and _resuming(marker, final)):
+        info.status = final_status(final)  # the run ended, though its process (a console) may live on
     elif alive:
         paused = written.get("status") == "paused" or (not info.fleet and state.status == "paused")
         info.status = "paused" if paused else "running"
@@ -153,6 +167,15 @@ def read_run(path: Path) -> RunInfo:
         with contextlib.suppress(OSError):
             info.started_at = path.stat().st_mtime
     return info
+
+
+def _resuming(marker: dict[str, Any], final: Any) -> bool:
+    """A ``gputravel run --resume`` that has not recorded its start yet (attesting, connecting): its process
+    started after the interrupted part's end (a failure or cancel; a completed run is never resumed), so that
+    end is history, not this run's status."""
+    started = marker.get("started_at")
+    return (final.kind == "RunFailed" and marker.get("owner") == "gputravel run"
+            and isinstance(started, int | float) and started > final.t)
 
 
 def list_runs(root: Path = RUNS_DIR) -> list[RunInfo]:

@@ -3,6 +3,7 @@ when the run fails before its ledger exists (:class:`RunClaim`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -46,11 +47,21 @@ class RunClaim:
         self.out.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.tighten()
         if self.link_latest:
+            self.runs.mkdir(mode=0o700, parents=True, exist_ok=True)
             if self.latest.is_symlink():
                 self.previous = os.readlink(self.latest)
             if self.latest.is_symlink() or self.latest.exists():
                 self.latest.unlink()
-            self.latest.symlink_to(self.out.name)
+            self.latest.symlink_to(self.link_target)
+
+    @property
+    def link_target(self) -> str:
+        """What ``runs/latest`` points to: the folder's name under ``runs/``, else (``--out`` elsewhere) its
+        absolute path, so ``latest`` is the newest run started whatever its folder."""
+        with contextlib.suppress(OSError):
+            if self.out.absolute().parent.resolve() == self.runs.resolve():
+                return self.out.name
+        return str(self.out.absolute())
 
     def tighten(self) -> None:
         """A folder created for this run: group and other bits off it and everything in it (what a part wrote
@@ -69,7 +80,7 @@ class RunClaim:
         if not self.created or self.folder.ledger.exists():
             return
         shutil.rmtree(self.out, ignore_errors=True)
-        if self.link_latest and self.latest.is_symlink() and os.readlink(self.latest) == self.out.name:
+        if self.link_latest and self.latest.is_symlink() and os.readlink(self.latest) == self.link_target:
             self.latest.unlink()
             if self.previous is not None:
                 self.latest.symlink_to(self.previous)

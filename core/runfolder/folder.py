@@ -48,6 +48,7 @@ _PLATFORM = "platform"
 _VENDOR = "vendor"
 _RECEIPTS = "receipts"
 _DEVICE_LOG = "device.log"
+_CONTROL = "control.jsonl"
 _LATEST = "latest"
 
 #: any of these in a folder makes it a run folder
@@ -106,6 +107,12 @@ class RunFolder:
     @property
     def device_log(self) -> Path:
         return self.path / _DEVICE_LOG
+
+    @property
+    def control(self) -> Path:
+        """``control.jsonl``: the run's control channel, requests an attached console appends and the run
+        applies (``console/cli/run_control.py``)."""
+        return self.path / _CONTROL
 
     # -- the folders -----------------------------------------------------------------------------------------
     @property

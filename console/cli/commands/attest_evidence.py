@@ -12,6 +12,7 @@ import datetime as dt
 import functools
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gputravel.console.cli.tdx_words import tdx_reason_in_words
 from gputravel.core.errors import AttestationError, ConfigError, DataError
 from gputravel.core.evidence.bounded import EvidenceTooLarge, read_capped
 from gputravel.core.evidence.policy import EvidencePolicy, PolicyError, load_evidence_policy
@@ -132,7 +134,14 @@ def attest_tdx_quote(*, quote: Path, collateral: Path | None, at: int | None, po
         assert collateral is not None
         collateral_bytes = _read(collateral, "collateral")
     verdict = verify_tdx_quote(raw, collateral_bytes, now=at, policy=_policy(policy).tdx)
+    if verdict.failed == "collateral-parsed":  # unreadable input, not an attestation verdict: exit 2
+        raise DataError(f"{collateral or pccs_url}: {verdict.reason} (the collateral is dcap-qvl's "
+                        f"QuoteCollateralV3 JSON)")
     doc = verdict.to_json()
+    if verdict.failed and verdict.reason:
+        doc["failed_reason"] = tdx_reason_in_words(verdict.reason, at=int(time.time()) if at is None else at,
+                                                   collateral=collateral_bytes)
+        doc["verifier_reason"] = verdict.reason  # dcap-qvl's own words, as it gave them
 
     def render() -> None:
         console = Console()

@@ -11,7 +11,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gputravel.core.bench import checkpoint
 from gputravel.core.errors import ConfigError
 
 
@@ -54,6 +53,8 @@ def register(bench_app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
     ) -> None:
         """Seal + write and read + open + load of a model's checkpoint, with peak memory on both sides."""
+        from gputravel.core.bench import checkpoint  # torch: only when the study runs, not for --help
+
         err = Console(stderr=True)
         try:
             with err.status(f"checkpointing a {model} model through the device link"):

@@ -12,8 +12,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gputravel.core.bench import evidence
-
 
 def render(result: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console()
@@ -43,6 +41,8 @@ def register(bench_app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
     ) -> None:
         """Time the checks of SIM evidence in NVIDIA's and Intel's formats (same code as for real evidence)."""
+        from gputravel.core.bench import evidence  # the verifiers: when the study runs, not for --help
+
         with Console(stderr=True).status("checking SIM GPU and TDX evidence"):
             result = evidence.study(rounds=rounds)
         if as_json:

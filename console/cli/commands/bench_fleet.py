@@ -1,5 +1,9 @@
 """``gputravel bench fleet``: the fleet scaling study (``core.bench.fleet``), wired: options, progress, the
-table or ``--json``."""
+table or ``--json``.
+
+``core.bench.fleet`` imports torch (through the fleet's rank), so it is imported when the study runs, not when
+``gputravel --help`` or ``bench --help`` lists this command; ``DEFAULT_VARIANTS`` repeats its default (a test
+keeps the two equal)."""
 
 from __future__ import annotations
 
@@ -17,8 +21,9 @@ from rich.table import Table
 
 from gputravel.console.cli.commands.bench import StudyProgress, int_list
 from gputravel.console.entries import launch_gpus
-from gputravel.core.bench import fleet
 from gputravel.core.errors import ConfigError
+
+DEFAULT_VARIANTS = ("secure_pipelined", "plain")  # core.bench.fleet.DEFAULT_VARIANTS, without importing torch
 
 
 def _f(x: Any, fmt: str) -> str:
@@ -49,7 +54,7 @@ def register(bench_app: typer.Typer) -> None:
     @bench_app.command("fleet")
     def fleet_cmd(
         gpus: str = typer.Option("1,2", "--gpus", help="GPU counts, comma-separated (e.g. 1,2,4)."),
-        variants: str = typer.Option(",".join(fleet.DEFAULT_VARIANTS), "--variants",
+        variants: str = typer.Option(",".join(DEFAULT_VARIANTS), "--variants",
                                      help="Gradient all-reduces to compare (secure_pipelined, secure_naive, ring, "
                                           "plain)."),
         holders: int = typer.Option(4, "--holders", min=1),
@@ -62,6 +67,8 @@ def register(bench_app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
     ) -> None:
         """A fleet of N GPUs: tokens/s, scaling efficiency, the sealed vs plain all-reduce's share of time."""
+        from gputravel.core.bench import fleet  # torch: only when the study runs
+
         counts = int_list(gpus)
         names = tuple(v.strip() for v in variants.split(",") if v.strip())
         console = Console(stderr=True)

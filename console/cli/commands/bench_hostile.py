@@ -13,7 +13,6 @@ from rich.console import Console
 from rich.table import Table
 
 from gputravel.console.entries import ENTRIES
-from gputravel.core.bench.hostile import hostile_study
 
 
 def register(bench_app: typer.Typer) -> None:
@@ -34,6 +33,8 @@ def register(bench_app: typer.Typer) -> None:
         visits completed, rejections charged to honest holders."""
         if path not in ("direct-tcp", "direct"):
             raise typer.BadParameter("--path must be direct-tcp or direct")
+        from gputravel.core.bench.hostile import hostile_study  # the engine: when it runs, not for --help
+
         with tempfile.TemporaryDirectory(prefix="gputravel-hostile-") as tmp:
             result = hostile_study(connections=connections, size_mib=size_mib, chunk_kib=chunk_kib,
                                    handoffs=visits, workdir=Path(tmp), entries=ENTRIES, path=path)

@@ -8,7 +8,7 @@ import json
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -16,8 +16,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from gputravel.console.entries import ENTRIES
-from gputravel.core.bench.load import load
-from gputravel.core.travel.holders import HolderLink
+
+if TYPE_CHECKING:  # the engine is imported when a study runs, not for --help
+    from gputravel.core.travel.holders import HolderLink
 
 
 class SshHolders:
@@ -77,6 +78,8 @@ def register(bench_app: typer.Typer) -> None:
         """Deploy N agents in parallel over loopback SSH and run their visits.
 
         Deploy time, per-visit protocol overhead, peak memory."""
+        from gputravel.core.bench.load import load
+
         progress = Progress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), console=Console(stderr=True), transient=True)
         deploy_task = progress.add_task("deploying agents", total=holders)

@@ -19,7 +19,6 @@ from rich.table import Table
 from gputravel.console.cli.commands.bench_load import ssh_holders
 from gputravel.console.cli.options import CipherEngine
 from gputravel.console.entries import ENTRIES
-from gputravel.core.bench.provision import PATHS, ablation_study, paths_study
 
 #: table column -> the report's stage key
 STAGE_COLUMNS = {"fixed": "fixed_s", "seal": "read_seal_s", "wait": "wait_s", "open": "open_s", "H2D": "h2d_s"}
@@ -63,6 +62,11 @@ def register(bench_app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
         """End-to-end provisioning MB/s per data path, next to the single-core AES-GCM rate."""
+        from gputravel.core.bench.provision import (  # the engine: when it runs, not for --help
+            PATHS,
+            paths_study,
+        )
+
         if ablate:
             _ablate(size_mib=size_mib, chunk_kib=chunk_kib, repeats=repeats, as_json=as_json)
             return
@@ -116,6 +120,8 @@ def render(result: dict[str, Any], console: Console | None = None) -> None:
 
 
 def _ablate(*, size_mib: int, chunk_kib: int, repeats: int, as_json: bool) -> None:
+    from gputravel.core.bench.provision import ablation_study
+
     result = _run(ablation_study, size_mib=size_mib, chunk_kib=chunk_kib, repeats=repeats)
     if as_json:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")

@@ -17,7 +17,6 @@ from rich.table import Table
 
 from gputravel.console.cli.commands.bench import StudyProgress
 from gputravel.console.entries import ENTRIES
-from gputravel.core.bench.soak import ROLES, soak
 
 
 def soak_progress(console: Console) -> StudyProgress:
@@ -27,6 +26,8 @@ def soak_progress(console: Console) -> StudyProgress:
 
 
 def render_soak(result: dict[str, Any], console: Console | None = None) -> None:
+    from gputravel.core.bench.soak import ROLES  # the engine: when a table is drawn, not for --help
+
     s, m, o = result["settings"], result["memory"], result["overhead"]
     table = Table(title=f"bench soak: {s['visits']} visits, {s['holders']} holders, tiny model "
                         f"({result['seconds']:.0f} s, {result['visits_per_s']} visits/s)")
@@ -60,6 +61,8 @@ def register(bench_app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
         """Many visits with a tiny model: memory growth after warm-up, overhead over time, ledger at the end."""
+        from gputravel.core.bench.soak import soak
+
         console = Console(stderr=True)
         with tempfile.TemporaryDirectory(prefix="gputravel-soak-") as tmp, soak_progress(console) as progress:
             result = asyncio.run(soak(visits=visits, holder_kib=holder_kib, workdir=Path(tmp), entries=ENTRIES,

@@ -15,7 +15,6 @@ from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from gputravel.console.cli.commands.bench import StudyProgress
-from gputravel.core.bench import train
 from gputravel.core.errors import ConfigError
 
 
@@ -55,6 +54,7 @@ def register(bench_app: typer.Typer) -> None:
         if transport not in ("ssh", "local"):
             raise typer.BadParameter("transport is ssh or local", param_hint="--transport")
         from gputravel.console import holders as holder_set
+        from gputravel.core.bench import train  # torch: only when the study runs, not for --help
 
         with tempfile.TemporaryDirectory(prefix="gputravel-bench-train-") as tmp, \
                 StudyProgress(TextColumn("{task.description:<24}"), BarColumn(), TimeElapsedColumn(),

@@ -16,8 +16,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.table import Table
 
 from gputravel.console.cli.commands.bench import StudyProgress
-from gputravel.core import planner
-from gputravel.core.bench import travel
 from gputravel.core.errors import ConfigError, GpuTravelError
 
 
@@ -41,6 +39,8 @@ def render(result: dict[str, Any], console: Console | None = None) -> None:
     for col in ("buffer MiB", "path", "visits", "steps", "train s", "transfer s", "transfer %", "MB/s",
                 "conv/trav tx"):
         table.add_column(col, justify="left" if col in ("path",) else "right")
+    from gputravel.core.bench import travel  # the engine: when a table is drawn, not for --help
+
     rat = result.get("ratios", {})
     for r in result["rows"]:
         buf = travel.label(r["buffer_mib"])
@@ -80,6 +80,9 @@ def register(bench_app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
     ) -> None:
         """Travelling vs conventional: training time, transfer time and transfer % per buffer size."""
+        from gputravel.core import planner  # the planner and the engine: when the study runs, not for --help
+        from gputravel.core.bench import travel
+
         try:
             buffers = planner.parse_buffer_list(buffer_mib)
         except ConfigError as exc:

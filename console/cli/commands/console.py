@@ -50,6 +50,23 @@ def next_out_dir(out: Path, n: int) -> Path:
     return candidate
 
 
+def attach_run(address: str, *, make_app: Callable[..., Any], theme: str, readonly: bool) -> None:
+    """``--attach RUN``: the run's follow view with its controls (read-only with ``--readonly``); leaving it
+    leaves the run going, and says how to come back."""
+    from gputravel.core.runfolder import replay_target, resolve_run
+
+    folder = resolve_run(address).folder
+    if folder is None:
+        raise typer.BadParameter(f"{address}: a recording outside any run folder has no run to attach to",
+                                 param_hint="--attach")
+    app = make_app(replay=replay_target(address), theme=theme, readonly=readonly, follow=True,
+                   attach=None if readonly else folder)
+    app.run()
+    folder = folder.absolute()
+    typer.echo(f"detached from {folder}: the run goes on. Come back with gputravel-console --attach {folder} "
+               f"(full control) or gputravel-console --replay {folder} --follow (read-only).")
+
+
 def register(app: typer.Typer, *, make_app: Callable[..., Any], watch_fleet: Callable[..., None]) -> None:
     """Add the ``console`` command to ``app``; ``make_app`` is the TUI's app factory (``make_app(...)``) and
     ``watch_fleet(settings, gpus=, theme=)`` its fleet view, given by the TUI."""
@@ -59,7 +76,9 @@ def register(app: typer.Typer, *, make_app: Callable[..., Any], watch_fleet: Cal
     def console(
         data: Annotated[Path | None, typer.Option("--data", help="One subfolder per holder (default: the embedded "
                                                                 "Shakespeare corpus).", rich_help_panel=HOLDERS_PANEL)] = None,
-        holders: Annotated[int, typer.Option(help="Number of holders.", rich_help_panel=HOLDERS_PANEL)] = 3,
+        holders: Annotated[int | None, typer.Option(help="Number of holders (default: one per --data subfolder; "
+                                                         "3 without --data, as gputravel run).",
+                                                    rich_help_panel=HOLDERS_PANEL)] = None,
         holders_file: Annotated[Path | None, typer.Option("--holders-file", help=HOLDERS_FILE_HELP,
                                                           rich_help_panel=HOLDERS_PANEL)] = None,
         transport: Annotated[TransportChoice, typer.Option(help=TRANSPORT_HELP,
@@ -88,6 +107,10 @@ def register(app: typer.Typer, *, make_app: Callable[..., Any], watch_fleet: Cal
                                                                      "recording file, a run or fleet folder (all its "
                                                                      "GPUs), a run name or latest.",
                                                     rich_help_panel=VIEW_PANEL)] = None,
+        attach: Annotated[str | None, typer.Option("--attach", metavar="RUN", help="Attach to a run another "
+                                                   "process drives (gputravel run): follow it and steer it through "
+                                                   "its control channel; q leaves it going.",
+                                                   rich_help_panel=VIEW_PANEL)] = None,
         follow: Annotated[bool, typer.Option("--follow", help="With --replay: follow a recording still being "
                                                               "written (watch a run live).",
                                              rich_help_panel=VIEW_PANEL)] = False,
@@ -105,6 +128,13 @@ def register(app: typer.Typer, *, make_app: Callable[..., Any], watch_fleet: Cal
                                                "N, read-only (docs/fleet.md).")] = 1,
     ) -> None:
         """The operator console: watch the GPU travel, step the protocol, audit the ledger."""
+        if attach is not None:
+            attach_run(attach, make_app=make_app, theme=theme.value, readonly=readonly)
+            return
+        if readonly and replay is None and gpus == 1:
+            raise typer.BadParameter("--readonly watches a run that something else drives; give it the run: "
+                                     "--replay RUN --follow (RUN: latest, a run name or folder, or a recording; "
+                                     "gputravel runs ls lists them)", param_hint="--readonly")
         options = RunOptions.given(data=data, holders=holders, holders_file=holders_file, transport=transport,
                                    data_path=data_path, data_host=data_host, rounds=rounds,
                                    steps_per_visit=steps_per_visit, buffer_mib=buffer_mib, chunk_kib=chunk_kib,
@@ -125,7 +155,11 @@ def register(app: typer.Typer, *, make_app: Callable[..., Any], watch_fleet: Cal
 
             app = make_app(replay=replay_target(replay), theme=theme.value, readonly=readonly, follow=follow)
         else:
-            options.settings(RUNS_DIR / "pending")  # bad options fail here, before the screen opens
+            checked = options.settings(RUNS_DIR / "pending")  # bad options fail here, before the screen opens
+            if data is not None and holders_file is None:  # and the data, as `run` reads it: no folder made
+                from gputravel.core.compose import resolve_holder_dirs  # for a run whose input is refused
+
+                resolve_holder_dirs(checked)
             runs_built = 0
             markers: list[Path] = []  # the pid file of the run built last
 

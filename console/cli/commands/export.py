@@ -20,6 +20,12 @@ from rich.markup import escape
 from gputravel.core.runfolder import RUNS_DIR, RunFolder, find_run
 
 
+def _when(t: float | None) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "?"
+
+
 class WeightsFormat(StrEnum):
     LLMC = "llmc"
     SAFETENSORS = "safetensors"
@@ -51,11 +57,18 @@ def register(app: typer.Typer) -> None:
         if output is None:
             raise ConfigError("export needs --output FILE")
         folder = find_run(run, runs_dir)
+        if not as_json:  # which run an address such as `latest` took, before anything is written
+            from gputravel.console.view.run_info import read_run
+
+            info = read_run(folder)
+            Console(stderr=True).print(f"run {escape(str(folder))}: {escape(info.status)}, started "
+                                       f"{_when(info.started_at)}, {escape(info.model)}", highlight=False,
+                                       soft_wrap=True)
         here = RunFolder(folder)
         done = export_run(folder, output, key_path=here.checkpoint_key, checkpoints=here.checkpoint_files(),
                           fmt=fmt.value, dtype=dtype.value)
         if as_json:
-            typer.echo(json.dumps(done, indent=2))
+            typer.echo(json.dumps({"run": str(folder), **done}, indent=2))
             return
         Console().print(f"wrote {escape(str(output))} ({done['format']}, {done['bytes']:,} bytes, "
                         f"{done['params']:,} parameters) from {escape(done['checkpoint'])} of "

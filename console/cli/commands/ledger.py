@@ -1,7 +1,8 @@
 """``gputravel ledger``: verify the audit ledger's hash chain and show its events.
 
 Both commands open the ledger read-only. Exit codes: 0 intact, 8 (``LedgerError.exit_code``) when the
-chain is broken or the file is not a ledger.
+chain is broken, differs from a recorded head or the file is not a ledger; 2 (bad input) when there is no such
+ledger or run, or a ``--head`` prefix that matches no row (a typo is not a tamper verdict).
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from typing import Annotated
 
 import typer
 from rich import box
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gputravel.console.cli.output import out_console
 from gputravel.core.errors import ConfigError, LedgerError
 from gputravel.core.ledger import (
     LedgerRow,
@@ -81,9 +82,11 @@ def verify(
             expect = head_from_text(head, where) if head is not None else None
         except LedgerError as exc:
             raise typer.BadParameter(exc.reason, param_hint="--head") from exc
-        if head is not None and expect is None:
-            raise LedgerError(f"ledger broken: no row's hash starts with {head.strip()} (the recorded head): rows "
-                              f"were cut off the end or the chain was rewritten")
+        if head is not None and expect is None:  # a prefix without SEQ that fits no row: say so, no verdict
+            raise ConfigError(f"--head {head.strip()}: no row of {where} has a hash that starts with it; check the "
+                              f"head you gave (`gputravel ledger verify RUN` prints this ledger's). To check a "
+                              f"head recorded earlier against the chain, give it whole (SEQ:HASH): a row "
+                              f"that differs is then exit 8")
         result = verify_ledger(where, expect_head=expect, expect_heads=witnessed)
     if not result.ok:
         raise broken(result, where)
@@ -93,7 +96,7 @@ def verify(
     checked = f", contains the recorded head {expect[0]}" if expect else ""
     if witnessed:
         checked += f", holds all {len(set(witnessed))} witnessed heads"
-    console = Console()
+    console = out_console()
     console.print(f"[green]ledger intact[/]: {result.rows} rows{checked}; head:", soft_wrap=True)
     # the head alone on its line, never wrapped or styled, so a terminal copies it whole
     console.print(f"{result.rows}:{result.head_hash}" if result.head_hash else "none (empty)", soft_wrap=True,
@@ -131,12 +134,23 @@ def head_from_text(text: str, ledger: Path) -> tuple[int, str] | None:
 
 
 def ledger_address(given: str) -> RunAddress:
-    """The run ``given`` names (any run address, or a ledger file); a name that is neither is taken as a
-    ledger file, so a missing one is the ledger's own error (exit 8)."""
+    """The run ``given`` names (any run address, or a ledger file).
+
+    Raises:
+        ConfigError: (exit 2) nothing by that name: no file, no run (it names the path it looked for), or a
+            run folder without a ledger. A file that is there but is not a ledger stays the ledger's own error
+            (exit 8).
+    """
     try:
-        return resolve_run(given)
-    except ConfigError:
-        return RunAddress(given, None, Path(given))
+        address = resolve_run(given)
+    except ConfigError as exc:
+        if not Path(given).expanduser().exists():
+            raise ConfigError(f"no ledger or run {given!r}: {Path(given).expanduser().absolute()} does not exist "
+                              f"and {exc.reason}") from None
+        address = RunAddress(given, None, Path(given))
+    if not (address.fleet and address.file is None) and not address.ledger.exists():
+        raise ConfigError(f"{address.ledger}: no ledger there (the run did not write one)")
+    return address
 
 
 def broken(result: VerifyResult, path: Path) -> LedgerError:
@@ -168,7 +182,7 @@ def show(
             raise error
         typer.echo(json.dumps([row.to_dict() for row in rows], indent=2, ensure_ascii=False))
         return
-    console = Console()
+    console = out_console()
     console.print(_table(rows, ledger, width=console.width))
     if error is not None:
         raise error
@@ -199,7 +213,7 @@ def _table(rows: list[LedgerRow], path: Path, *, width: int = 200) -> Table:
         collapse_padding=True,
     )
     table.add_column("seq", justify="right", no_wrap=True, min_width=max(3, len(str(rows[-1].seq)) if rows else 3))
-    table.add_column("time" if narrow else "time (UTC)", no_wrap=True, min_width=8)
+    table.add_column("time" if narrow else "time (UTC)", no_wrap=True, min_width=8 if narrow else 19)  # whole
     table.add_column("kind", no_wrap=True, overflow="ellipsis", max_width=13 if narrow else None)
     table.add_column("phase", no_wrap=True, overflow="ellipsis", min_width=5)
     table.add_column("holder", no_wrap=True, overflow="ellipsis", max_width=12 if narrow else None)

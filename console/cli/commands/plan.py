@@ -18,8 +18,6 @@ from rich.console import Console
 from rich.table import Table
 
 from gputravel.console.cli.commands.bench_travel import travel_progress
-from gputravel.core import planner
-from gputravel.core.bench.plan import plan
 from gputravel.core.errors import ConfigError
 
 
@@ -118,6 +116,9 @@ def register(app: typer.Typer) -> None:
                                             help="A fleet's optimizer steps per lock-step step."),
     ) -> None:
         """Predict per-visit and whole-run transfer and training time for both data paths."""
+        from gputravel.core import planner  # the planner and its calibration: when it runs, not for --help
+        from gputravel.core.bench.plan import plan
+
         console = Console(stderr=True)
         try:
             sizes = planner.parse_sizes(holder_bytes)

@@ -10,9 +10,9 @@ import json
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
+from gputravel.console.cli.output import out_console
 from gputravel.core.runfolder import RUN_ADDRESS_HELP
 
 
@@ -58,11 +58,11 @@ def register(app: typer.Typer) -> None:
                 out["summary"] = state.summary()
             typer.echo(json.dumps(out, indent=2, default=str))
             return
-        console = Console()
+        console = out_console()  # one event, one line: a pipe or a terminal wraps, not rich
         frames = sum(1 for *_, i in merged if i.kind == "telemetry")
         where = address.file or address.folder
         console.print(f"[bold]{escape(str(where))}[/]: {len(merged) - frames} events, {frames} telemetry "
                       f"frames; run {state.run_id or '?'} [bold]{state.status}[/]")
         for line in state.oplog:
             style = {"warn": "yellow", "error": "red"}.get(line.level, "")
-            console.print(f"[{style}]{escape(line.render())}[/]" if style else escape(line.render()))
+            console.print(f"[{style}]{escape(line.stamped())}[/]" if style else escape(line.stamped()))

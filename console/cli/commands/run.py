@@ -170,7 +170,8 @@ def fresh_settings(out: Path | None, **options: Any) -> tuple[RunSettings, RunCl
         from gputravel.agents.inventory import load_inventory
 
         load_inventory(settings.holders_file)
-    folder = RunClaim(resolve_out_dir(out, resume=False, create=False), link_latest=out is None)
+    # runs/latest: the newest run started, --out ones too (`export latest` took an older run otherwise)
+    folder = RunClaim(resolve_out_dir(out, resume=False, create=False), link_latest=True)
     # absolute: the report, the recording's ledger and the agents behind SSH (in their own home) name it
     return replace(settings, out_dir=folder.out.absolute()), folder
 
@@ -398,6 +399,7 @@ async def _run_until_stopped(settings: RunSettings, **kw: Any) -> dict[str, Any]
     for signum, handler in handlers:
         with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread, or no signals here
             loop.add_signal_handler(signum, handler)
+    channel = asyncio.ensure_future(_serve_control(settings.out_dir, controls))  # an attached console's keys
     try:
         return (await task).to_json()
     except asyncio.CancelledError:
@@ -405,6 +407,24 @@ async def _run_until_stopped(settings: RunSettings, **kw: Any) -> dict[str, Any]
             raise CancelledRunError("stopped by SIGTERM (gputravel runs stop)") from None
         raise
     finally:
+        channel.cancel()
         for signum, _ in handlers:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(signum)
+
+
+async def _serve_control(out_dir: Path, controls: list[Any]) -> None:
+    """The run's control channel (``console/cli/run_control.py``): requests appended to ``control.jsonl`` reach
+    the engine's Control within ``POLL_S``, and land as the console's keys do."""
+    from gputravel.console.cli.run_control import POLL_S, ControlInbox, apply_request
+
+    inbox = ControlInbox(out_dir)
+    waiting: list[dict[str, Any]] = []  # asked before the engine (its Control) was built: applied then
+    while True:
+        await asyncio.sleep(POLL_S)
+        waiting.extend(inbox.read())
+        if controls:
+            for request in waiting:
+                for control in controls:
+                    apply_request(control, request)
+            waiting.clear()

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gputravel.console.cli.output import out_console
 from gputravel.console.view.run_info import RunInfo, list_runs, read_run
 from gputravel.core.errors import ConfigError
 from gputravel.core.runfolder import (
@@ -59,7 +60,8 @@ def _when(t: float | None) -> str:
 
 def _status(info: RunInfo) -> str:
     style = STATUS_STYLE.get(info.status, "")
-    return f"[{style}]{escape(info.status)}[/]" if style else escape(info.status)
+    resumed = f" [dim](resumed{f' {info.resumed}x' if info.resumed > 1 else ''})[/]" if info.resumed else ""
+    return (f"[{style}]{escape(info.status)}[/]" if style else escape(info.status)) + resumed
 
 
 @runs_app.command("ls")
@@ -69,17 +71,17 @@ def ls_cmd(runs_dir: RunsDir = RUNS_DIR, as_json: AsJson = False) -> None:
     if as_json:
         _json({"runs_dir": str(runs_dir), "runs": [r.to_dict() for r in runs]})
         return
-    console = Console()
+    console = out_console()
     if not runs:
         console.print(f"no runs under {escape(str(runs_dir))}/ (gputravel run starts one)", highlight=False)
         return
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for col in ("run", "status", "visits", "holders", "started", "pid"):
+    for col in ("run", "status", "visits", "holders", "model", "started", "pid"):
         table.add_column(col, no_wrap=True, justify="right" if col in ("visits", "holders", "pid") else "left")
     for r in runs:
         visits = f"{r.visits_done}/{r.visits_planned or '?'}" + (f" ({r.visits_failed}✗)" if r.visits_failed else "")
-        table.add_row(escape(r.name), _status(r), visits, str(r.settings.get("holders", "?")), _when(r.started_at),
-                      str(r.pid or "-"))
+        table.add_row(escape(r.name), _status(r), visits, str(r.holders or "?"), escape(r.model),
+                      _when(r.started_at), str(r.pid or "-"))
     console.print(table)
 
 
@@ -90,7 +92,7 @@ def show_cmd(run: RunArg, runs_dir: RunsDir = RUNS_DIR, as_json: AsJson = False)
     if as_json:
         _json(info.to_dict(detail=True))
         return
-    console = Console()
+    console = out_console()
     console.print(f"[bold]{escape(info.name)}[/] {_status(info)}  run {escape(info.run_id or '-')}  "
                   f"{escape(str(info.path))}", highlight=False)
     if info.pid:
@@ -100,7 +102,8 @@ def show_cmd(run: RunArg, runs_dir: RunsDir = RUNS_DIR, as_json: AsJson = False)
     s = info.settings
     if s:
         rounds = s.get("rounds")
-        console.print(f"settings: {s.get('holders')} holders, {rounds} round{'s' * (rounds != 1)}, model {s.get('model')}, "
+        console.print(f"settings: {info.holders or '?'} holders, {rounds} round{'s' * (rounds != 1)}, model "
+                      f"{escape(info.model)}, "
                       f"data path {s.get('data_path')}, transport {s.get('transport')}, buffer {s.get('buffer_mib')} "
                       "MiB", highlight=False)
     state = info.state
@@ -113,7 +116,9 @@ def show_cmd(run: RunArg, runs_dir: RunsDir = RUNS_DIR, as_json: AsJson = False)
             table.add_column(col, no_wrap=col != "outcome", overflow="fold")
         visits = sorted(state.visits.values(), key=lambda v: (v.visit, v.attempt)) if fleet else state.visits.values()
         for v in visits:
-            outcome = v.outcome + (f" in {v.failed_phase}: {v.error}" if v.failed_phase else "")
+            outcome = (f"refused (holder): {v.error}" if v.outcome == "refused" else
+                       "interrupted (resumed)" if v.outcome == "interrupted" else
+                       v.outcome + (f" in {v.failed_phase}: {v.error}" if v.failed_phase else ""))
             gpu = (gpu_label(v.gpu) if v.gpu is not None else "-",) if fleet else ()
             table.add_row(str(v.visit + 1), *gpu, escape(v.holder), str(v.attempt), str(v.epoch), escape(outcome),
                           f"{v.loss_last:.3f}" if v.loss_last is not None else "-",
@@ -172,14 +177,14 @@ def log_cmd(run: RunArg, follow: Annotated[bool, typer.Option("--follow", "-f", 
             ) -> None:
     """The run's operations log (from its recording); --follow keeps reading until the run ends."""
     info = read_run(find_run(run, runs_dir))
-    console = Console(highlight=False)
+    console = out_console(highlight=False)  # one event, one line: a pipe or a terminal wraps, not rich
     for gpu, event, lines in _lines(info, follow=follow, interval=interval):
         if as_json:
             typer.echo(json.dumps({**event.to_dict(), **({} if gpu is None else {"gpu": gpu})}, default=str))
             continue
         for line in lines:
             style = {"warn": "yellow", "error": "red"}.get(line.level, "")
-            console.print(f"[{style}]{escape(line.render())}[/]" if style else escape(line.render()))
+            console.print(f"[{style}]{escape(line.stamped())}[/]" if style else escape(line.stamped()))
     if follow and not as_json:
         console.print(f"[dim]run {escape(info.name)}: {escape(read_run(info.path).status)}[/]")
 

@@ -74,13 +74,21 @@ def register(app: typer.Typer) -> None:
         sampler = Sampler()
         console = Console()
         n = 0
+        said: tuple[object, ...] | None = None  # what was said of a frame with no devices: said once, not each time
         try:
             while True:
                 frame = sampler.collect()
                 if as_json:
                     typer.echo(json.dumps(frame.to_dict(), indent=None if not once else 2))
-                else:
+                elif frame.devices:
                     render_frame(console, frame)
+                    said = None
+                elif said != (nothing := (frame.nvml.available, frame.nvml.reason, frame.nvml.device_count)):
+                    render_frame(console, frame)
+                    if not once and count != 1:
+                        console.print(f"[dim]waiting: a sample every {interval:g} s, printed when a device "
+                                      f"appears or NVML's answer changes (Ctrl-C stops)[/]")
+                    said = nothing
                 n += 1
                 if once or (count and n >= count):
                     break

@@ -83,7 +83,11 @@ class ConsoleScreen(Screen[None]):
         with Vertical(id="screen-body"):
             yield from self.compose_body()
         yield OpsLog(id="ops-log")
-        yield CommandLine(id="command-line")
+        from gputravel.console.tui.screens.bench import BENCH_ARGS  # (that module builds on this one)
+
+        command_line = CommandLine(id="command-line")
+        command_line.extra_words["bench"] = tuple(BENCH_ARGS)  # Tab completes `:bench pr` -> `:bench provision`
+        yield command_line
         yield ConsoleFooter()
 
     def compose_body(self) -> Iterable[Widget]:

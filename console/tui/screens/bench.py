@@ -43,6 +43,10 @@ BENCH_ARGS: dict[str, tuple[str, ...]] = {
 BAR_KEYS = ("speedup", "mb_s", "gb_s", "throughput", "throughput_mb_s", "tokens_per_s", "ms", "seconds", "s")
 
 BenchRunner = Callable[[str, Callable[[str], None]], Awaitable[Any]]
+#: The bench screen of a replay: what it cannot do, and where the results are (a recording holds none).
+REPLAY_NOTE = ("[$warning]a replay shows a recorded run: benchmarks cannot run here[/]\n[$text-muted]this "
+               "recording holds no benchmark results (a run records none); `gputravel bench NAME` runs one, "
+               "or a live gputravel-console with enter[/]")
 
 
 def bench_available(name: str) -> bool:
@@ -134,8 +138,19 @@ class BenchScreen(ConsoleScreen):
         self.result_name: str | None = None
         self.result: Any = None
         self._filled_with = ""
+        self.replay = False  # a recorded run on screen: nothing runs from here (its keys leave the footer)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("run_bench", "stop_bench") and self.replay:
+            return False
+        return True
 
     def show_state(self, state: Any, context: dict[str, Any]) -> None:
+        if bool(context.get("replay")) != self.replay:
+            self.replay = bool(context.get("replay"))
+            self.refresh_bindings()
+            if self.replay and self.result_name is None:
+                self.query_one("#bench-status", Static).update(REPLAY_NOTE)
         if self.needle != self._filled_with and self.result_name is not None:
             self.show_result(self.result_name, self.result)
 
@@ -169,8 +184,9 @@ class BenchScreen(ConsoleScreen):
     def _highlighted(self, event: OptionList.OptionHighlighted) -> None:
         desc = dict(BENCHES).get(event.option.id or "", "")
         if not self.workers or not any(w.group == "bench" and w.is_running for w in self.workers):
+            hint = ("benchmarks are not run in a replay" if self.replay else "enter runs it · x stops it")
             self.query_one("#bench-status", Static).update(f"[b]{esc(event.option.id)}[/b]: {esc(desc)}\n"
-                                                           "[$text-muted]enter runs it · x stops it[/]")
+                                                           f"[$text-muted]{hint}[/]")
 
     @on(OptionList.OptionSelected)
     def _chosen(self, event: OptionList.OptionSelected) -> None:
@@ -178,6 +194,9 @@ class BenchScreen(ConsoleScreen):
         self.action_run_bench()
 
     def action_run_bench(self, name: str | None = None) -> None:
+        if self.replay:
+            self.query_one("#bench-status", Static).update(REPLAY_NOTE)
+            return
         if getattr(self.app, "readonly", False):
             self.query_one("#bench-status", Static).update(
                 "[$warning]read-only console: benchmarks are not started from here[/]")

@@ -1,8 +1,9 @@
-"""The footer: the keys that work here, and always ``? Help`` and ``q Quit``.
+"""The footer: the keys that work here, and always ``r Run``, ``c Cancel``, ``: cmd``, ``? Help`` and ``q Quit``.
 
 Textual's footer lists every shown binding and lets the right end fall off a narrow terminal, which at 80
-columns took Help and Quit with it. This one drops the other keys from the end first (the help overlay lists
-every key), so Help and Quit stay whatever the width.
+columns took Help and Quit with it (and later Run, Cancel and the command line). This one drops the other keys
+from the end first (the help overlay lists every key), so the essential ones stay whatever the width, each in
+its place among the others.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from textual.widgets._footer import FooterKey
 
 __all__ = ["ESSENTIAL_ACTIONS", "ConsoleFooter"]
 
-#: Kept in the footer at any width, in this order at its end.
-ESSENTIAL_ACTIONS = ("show_help", "quit")
+#: Kept in the footer at any width (where the screen offers them), in the bindings' order.
+ESSENTIAL_ACTIONS = ("run", "cancel", "command_line", "show_help", "quit")
 PALETTE_WIDTH = 14  # "▏^p palette", docked at the right
 
 
@@ -31,6 +32,7 @@ class ConsoleFooter(Footer):
                 seen[binding.action] = (binding, enabled, tooltip)
         essential = [seen[a] for a in ESSENTIAL_ACTIONS if a in seen]
         others = [v for a, v in seen.items() if a not in ESSENTIAL_ACTIONS]
+        order = list(seen)
 
         def width(entry: tuple[Binding, bool, str]) -> int:
             binding = entry[0]
@@ -43,7 +45,7 @@ class ConsoleFooter(Footer):
             if room < 0:
                 break
             kept.append(entry)
-        shown = kept + essential
+        shown = sorted(kept + essential, key=lambda entry: order.index(entry[0].action))
         self.styles.grid_size_columns = len(shown)
         for binding, enabled, tooltip in shown:
             yield FooterKey(binding.key, self.app.get_key_display(binding), binding.description,

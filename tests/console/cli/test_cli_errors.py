@@ -38,7 +38,12 @@ def test_an_unknown_option_exits_2() -> None:
 
 
 def test_a_gputravel_error_maps_to_its_exit_code(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    proc = gputravel("ledger", "verify", str(tmp_path / "missing.db"))
+    proc = gputravel("ledger", "verify", str(tmp_path / "missing.db"))  # no such ledger: bad input, not a verdict
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert str(tmp_path / "missing.db") in proc.stderr
+    not_a_ledger = tmp_path / "notes.db"
+    not_a_ledger.write_text("not sqlite")
+    proc = gputravel("ledger", "verify", str(not_a_ledger))
     assert proc.returncode == 8 and "Traceback" not in proc.stderr
 
 

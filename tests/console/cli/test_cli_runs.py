@@ -214,8 +214,11 @@ def test_verify_head_takes_an_unambiguous_prefix(runs: Path) -> None:
         assert "contains the recorded head 3" in result.stdout
     too_short = cli("ledger", "verify", "latest", "--head", digest[:8], cwd=runs)
     assert too_short.exit_code == 2 and "16 hex digits" in too_short.output
-    elsewhere = cli("ledger", "verify", "latest", "--head", "f" * 20, "--json", cwd=runs)
-    assert elsewhere.exit_code == 8 and "no row's hash starts with" in json.loads(elsewhere.stdout)["error"]["message"]
+    mistyped = cli("ledger", "verify", "latest", "--head", "f" * 20, "--json", cwd=runs)  # a typo: no verdict
+    message = json.loads(mistyped.stdout)["error"]["message"]
+    assert mistyped.exit_code == 2 and "no row of" in message and "f" * 20 in message and "rewritten" not in message
+    rewritten = cli("ledger", "verify", "latest", "--head", f"{seq}:{'f' * 64}", "--json", cwd=runs)
+    assert rewritten.exit_code == 8 and "rewritten" in json.loads(rewritten.stdout)["error"]["message"]
 
 
 def test_the_console_replays_any_run_address(runs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -293,3 +296,132 @@ def test_a_folder_made_for_the_run_loses_group_and_other_bits_everywhere(tmp_pat
     folder.tighten()  # as the run does when it ends
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (run, run / "cert.pem", run / "hook")}
     assert modes == {"run-new": 0o700, "cert.pem": 0o600, "hook": 0o700}
+
+
+# --- 35.3: a pipe gets whole lines with wall-clock times -------------------------------------------------------
+def test_a_piped_log_is_one_line_per_event_with_its_iso_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``runs log | grep`` and ``replay | grep`` return whole lines (rich wrapped them at 80 columns: 54 events
+    became 66 lines) and each line carries its ISO 8601 UTC time beside the offset."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    long = "a detail long enough to wrap twice at eighty columns " * 3
+    t0 = 1_790_000_000.25  # 2026-09-21T14:13:20.250Z
+    events: list[ev.Event] = [ev.RunStarted(t0, "p", {"kind": "emulated", "sim": True}, ("alice",), 1),
+                              ev.HolderStateChanged(t0 + 1.5, "alice", "provisioning", long),
+                              ev.RunCompleted(t0 + 2, "p", 1, 0, 2.0)]
+    _record(tmp_path / "runs" / "run-pipe" / "recording.db", events)
+    _ledger(tmp_path / "runs" / "run-pipe" / "ledger.db")
+    log = cli("runs", "log", "run-pipe", cwd=tmp_path)
+    replayed = cli("replay", "run-pipe", cwd=tmp_path)
+    assert log.exit_code == 0 and replayed.exit_code == 0, (log.output, replayed.output)
+    lines = log.stdout.splitlines()
+    assert lines == replayed.stdout.splitlines()[1:]  # replay: a header line, then the same log
+    assert all(line[:4] == "2026" and line[10] == "T" and line[23] == "Z" for line in lines), lines
+    detail = [line for line in lines if "provisioning" in line]
+    assert len(detail) == 1 and long.strip() in detail[0] and "2026-09-21T14:13:21.750Z  +   1.50s" in detail[0]
+    shown = cli("ledger", "show", "run-pipe", cwd=tmp_path)  # a table to a pipe: the time column whole
+    assert shown.exit_code == 0 and all(len(line) <= 200 for line in shown.stdout.splitlines())
+    assert "time (UTC)" in shown.stdout
+
+
+def test_a_ledger_or_run_that_is_not_there_is_bad_input_naming_the_path(tmp_path: Path) -> None:
+    for command in ("show", "verify"):
+        result = cli("ledger", command, "nosuch", "--json", cwd=tmp_path)
+        assert result.exit_code == 2, result.output
+        message = json.loads(result.stdout)["error"]["message"]
+        assert str(tmp_path / "nosuch") in message and "no ledger or run 'nosuch'" in message
+    (tmp_path / "runs" / "run-empty").mkdir(parents=True)
+    (tmp_path / "runs" / "run-empty" / "settings.json").write_text("{}")
+    result = cli("ledger", "verify", "run-empty", cwd=tmp_path)
+    assert result.exit_code == 2 and "no ledger there" in result.output
+
+
+# --- 35.2: runs ls / show read what the run recorded ----------------------------------------------------------
+def _settings(folder: Path, **values: Any) -> None:
+    (folder / "settings.json").write_text(json.dumps({"holders": 3, "rounds": 1, "model": "tiny", **values}))
+
+
+def test_holders_and_model_are_what_the_run_recorded(tmp_path: Path) -> None:
+    """A 2-holder inventory run was listed as 3 holders (the settings' default); a run from a GPT-2 124M file
+    as ``model tiny``. The holders come from the run's RunStarted, the model from the file it started from."""
+    import struct
+
+    run = tmp_path / "runs" / "run-inv"
+    _record(run / "recording.db", [ev.RunStarted(1.0, "inv", {"kind": "emulated", "sim": True}, ("north", "south"), 2),
+                                   ev.RunCompleted(2.0, "inv", 2, 0, 1.0)])
+    weights = tmp_path / "gpt2_124M.bin"  # llm.c's header of GPT-2 124M (the weights are not read)
+    weights.write_bytes(struct.pack("<256i", 20240326, 3, 1024, 50257, 12, 12, 768, 50304, *([0] * 248)))
+    _settings(run, transport="inventory", init_from=str(weights))
+    shown = json.loads(cli("runs", "show", "run-inv", "--runs-dir", str(tmp_path / "runs"), "--json").stdout)
+    assert shown["holders"] == 2 and shown["model"] == "gpt2 124M from gpt2_124M.bin"
+    row = next(line for line in cli("runs", "ls", "--runs-dir", str(tmp_path / "runs")).stdout.splitlines()
+               if "run-inv" in line)
+    assert " 2 " in row and "gpt2 124M from gpt2_124M.bin" in row
+    _settings(run, model="tiny", model_arch="llama", model_params=1_235_814_400, init_from="/models/Llama-3.2-1B")
+    shown = json.loads(cli("runs", "show", "run-inv", "--runs-dir", str(tmp_path / "runs"), "--json").stdout)
+    assert shown["model"] == "llama 1.2B from Llama-3.2-1B"  # what a Llama run records
+
+
+def test_a_resumed_run_that_completed_is_completed_with_its_history_as_resumed(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "run-res"
+    platform = {"kind": "emulated", "sim": True}
+    _record(run / "recording.db", [
+        ev.RunStarted(1.0, "res", platform, ("alice", "bob"), 2),
+        ev.PhaseStarted(1.5, 0, "alice", "TRAIN", 1),
+        ev.RunFailed(2.0, "res", "cancelled (interrupted)", "cancelled"),
+        ev.RunStarted(10.0, "res", platform, ("alice", "bob"), 2),  # `run --resume`: the same recording goes on
+        ev.PhaseStarted(10.5, 0, "alice", "TRAIN", 2), ev.VisitCompleted(11.0, 0, "alice", 2, {}),
+        ev.PhaseStarted(11.5, 1, "bob", "TRAIN", 3), ev.VisitCompleted(12.0, 1, "bob", 3, {}),
+        ev.RunCompleted(13.0, "res", 2, 0, 3.0)])
+    _settings(run)
+    root = str(tmp_path / "runs")
+    shown = json.loads(cli("runs", "show", "run-res", "--runs-dir", root, "--json").stdout)
+    assert shown["status"] == "completed" and shown["error"] is None and shown["resumed"] == 1
+    assert (shown["visits_done"], shown["visits_failed"]) == (2, 0)
+    text = cli("runs", "show", "run-res", "--runs-dir", root).stdout
+    assert "completed (resumed)" in text and "interrupted (resumed)" in text and "cancelled" not in text
+    assert "error" not in text
+
+
+def test_a_refused_visit_names_the_holders_claim_and_no_key(tmp_path: Path) -> None:
+    from gputravel.console.view.model import RunState
+
+    run = tmp_path / "runs" / "run-ref"
+    events: list[ev.Event] = [
+        ev.RunStarted(1.0, "ref", {"kind": "emulated", "sim": True}, ("alice",), 1),
+        ev.PhaseStarted(1.5, 0, "alice", "PROVISION", 1),
+        ev.VisitFailed(2.0, 0, "alice", 1, "PROVISION",
+                       "agent alice: holder attestation refused: tdx-debug (no key released)", "agent"),
+        ev.RunCompleted(3.0, "ref", 0, 1, 2.0)]
+    _record(run / "recording.db", events)
+    _settings(run, holders=1)
+    state = RunState()
+    for event in events:
+        state.apply(event)
+    (visit,) = state.visits.values()
+    assert (visit.outcome, visit.error, visit.key_fp, visit.integrity_ok) == ("refused", "tdx-debug", None, None)
+    text = cli("runs", "show", "run-ref", "--runs-dir", str(tmp_path / "runs")).stdout
+    assert "refused (holder): tdx-debug" in text and "failed" not in text.split("outcome")[-1]
+
+
+def test_latest_is_the_newest_run_started_whatever_its_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``runs/latest`` followed runs under ``runs/`` only: ``export latest`` took an older model than the run
+    just made with ``--out``. Now every run claimed links it (an ``--out`` folder elsewhere by its absolute path),
+    and a run that fails before its ledger gives the link back."""
+    from gputravel.core.runfolder import RunClaim, resolve_run
+
+    monkeypatch.chdir(tmp_path)
+    runs = Path("runs")
+    first = RunClaim(runs / "run-1", runs=runs, link_latest=True)
+    first.claim()
+    _ledger(runs / "run-1" / "ledger.db")
+    assert resolve_run("latest", runs).folder == (runs / "run-1").resolve()
+    elsewhere = RunClaim(tmp_path / "experiments" / "big", runs=runs, link_latest=True)
+    elsewhere.claim()
+    _ledger(tmp_path / "experiments" / "big" / "ledger.db")
+    assert os.readlink(runs / "latest") == str(tmp_path / "experiments" / "big")
+    assert resolve_run("latest", runs).folder == tmp_path / "experiments" / "big"
+    failed = RunClaim(tmp_path / "experiments" / "quick", runs=runs, link_latest=True)
+    failed.claim()
+    failed.release_if_empty()  # failed before its ledger: nothing to audit, the link goes back
+    assert resolve_run("latest", runs).folder == tmp_path / "experiments" / "big"
+    assert "run-1" not in cli("runs", "show", "latest", "--json").stdout

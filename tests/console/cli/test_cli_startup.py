@@ -140,3 +140,84 @@ def test_the_fleet_console_draws_its_first_frame_before_torch_is_imported(tmp_pa
     assert seen.get("content") is True, proc.stderr[-2000:]
     assert seen["torch"] is False
     assert seen["starts_fleet_after"] is True
+
+
+HELP_PROBE = """
+import json, sys
+import typer.main
+from typer._click.core import Context
+from typer.testing import CliRunner
+from gputravel.console.cli.main import app
+
+root = typer.main.get_command(app)
+runner = CliRunner()
+shown, failed = [], []
+
+
+def walk(command, path):
+    result = runner.invoke(app, [*path, "--help"])
+    (shown if result.exit_code == 0 and "Usage" in result.output else failed).append(" ".join(path) or "(root)")
+    if hasattr(command, "list_commands"):  # a group (typer's vendored click has no Group class to test)
+        ctx = Context(command)
+        for name in command.list_commands(ctx):
+            walk(command.get_command(ctx, name), [*path, name])
+
+
+walk(root, [])
+print(json.dumps({"shown": shown, "failed": failed, "torch": "torch" in sys.modules}), file=sys.stderr)
+"""
+
+
+def test_help_at_every_level_imports_no_torch() -> None:
+    """Issue 35 item 3: ``gputravel --help``, ``bench --help`` and every command's and group's help render
+    without importing torch (it was imported through ``core.bench.fleet``: 8 s for ``--help``)."""
+    proc = subprocess.run([sys.executable, "-c", HELP_PROBE], capture_output=True, text=True, timeout=300)
+    seen = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert seen["failed"] == [], seen
+    assert {"(root)", "bench", "bench fleet", "bench train", "bench checkpoint", "runs", "ledger show"} \
+        <= set(seen["shown"]), seen["shown"]
+    assert seen["torch"] is False, "rendering help imported torch"
+
+
+def test_bench_fleets_default_variants_are_the_studys() -> None:
+    """``bench fleet`` repeats the study's default variants so that its help need not import torch."""
+    from gputravel.console.cli.commands.bench_fleet import DEFAULT_VARIANTS
+    from gputravel.core.bench import fleet
+
+    assert DEFAULT_VARIANTS == fleet.DEFAULT_VARIANTS
+
+
+def test_bench_gpu_aes_default_sizes_are_the_studys() -> None:
+    """``bench gpu-aes`` spells the study's default sizes so that its help need not import numpy."""
+    from gputravel.console.cli.commands.bench_gpu_aes import DEFAULT_SIZES, parse_sizes
+    from gputravel.core.bench import gpu_aes
+
+    assert tuple(parse_sizes(DEFAULT_SIZES)) == gpu_aes.DEFAULT_SIZES
+
+
+def test_the_roots_help_lists_each_command_as_its_own_help_says() -> None:
+    """``gputravel --help`` lists the commands from ``COMMAND_SUMMARIES`` (it imports no command module); each
+    line is the first paragraph of that command's own help."""
+    import typer.main
+    from typer._click.core import Context
+
+    from gputravel.console.cli.main import COMMAND_MODULES, COMMAND_SUMMARIES, app
+
+    root = typer.main.get_command(app)
+    ctx = Context(root)
+    for name, summary in COMMAND_SUMMARIES.items():
+        assert name in COMMAND_MODULES
+        command = root.get_command(ctx, name)
+        own = command.short_help or command.help or ""
+        assert " ".join(own.split("\n\n")[0].split()) == summary, name
+
+
+def test_the_roots_help_loads_no_command_module(tmp_path: Path) -> None:
+    seen = probe(["--help"], tmp_path)
+    assert seen["code"] in (0, None) and seen["torch"] is False
+    out = subprocess.run([sys.executable, "-c", "import sys; sys.argv = ['gputravel', '--help']\n"
+                          "from gputravel.console.cli import main\ntry:\n    main.main()\nexcept SystemExit:\n    pass\n"
+                          "print(sorted(m for m in sys.modules if m.startswith('gputravel.console.cli.commands')),"
+                          " file=sys.stderr)"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert "run" in out.stdout and "runs" in out.stdout
+    assert out.stderr.strip().splitlines()[-1] == "[]"

@@ -253,3 +253,33 @@ def test_printed_errors_keep_their_brackets(monkeypatch: pytest.MonkeyPatch, cap
         cli.main()
     assert exit_.value.code == 2
     assert "pip install 'gputravel[bpe]'" in capsys.readouterr().err  # rich did not eat "[bpe]"
+
+
+# --- issue 35: the folder's holder count, no folder for refused input, --readonly needs a run -----------------
+def _two_holders(root: Path) -> Path:
+    for name in ("north", "south"):
+        (root / "data" / name).mkdir(parents=True)
+        (root / "data" / name / "a.txt").write_text("to be or not to be " * 200)
+    return root / "data"
+
+
+def test_console_data_follows_the_folders_holder_count_as_run_does(captured: dict[str, Any], tmp_path: Path) -> None:
+    data = _two_holders(tmp_path)
+    result = invoke("--data", str(data), "--out", str(tmp_path / "out"), "--no-record")
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    assert captured["settings"].holders == 2  # `--holders` defaulted to 3 here and refused a 2-holder folder
+
+
+def test_console_refuses_input_before_making_a_run_folder(captured: dict[str, Any], tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    data = _two_holders(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    result = invoke("--data", str(data), "--holders", "3")
+    assert result.exit_code != 0 and "has 2 holder folders; --holders asks for 3" in str(result.exception)
+    assert captured["apps"] == [] and not (tmp_path / "runs").exists()  # no empty `not started` folder left
+
+
+def test_readonly_without_a_run_says_what_to_give(captured: dict[str, Any]) -> None:
+    result = invoke("--readonly")
+    assert result.exit_code == 2 and "--replay RUN --follow" in " ".join(result.output.split())
+    assert captured["apps"] == []
