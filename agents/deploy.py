@@ -46,6 +46,9 @@ CHANNEL_MAX_PKTSIZE = 256 * 1024
 #: Where an SSH holder's agent keeps its witness of the ledger (the head stated at each hand-off), in the
 #: holder's own home, outside the bundle folder (bundles are replaced) and outside the dataset.
 WITNESS_PATH = "~/.gputravel/witness.jsonl"
+#: what the orchestrator asks a holder-pinned holder to run (issue 30); its key's forced command runs the holder's
+#: own ``holder serve`` whatever is asked, so this is only a name for a holder that has not restricted its key yet
+SERVE_COMMAND = "gputravel holder serve"
 
 REMOTE_HASH_SCRIPT = r"""
 import hashlib, os, sys
@@ -222,6 +225,8 @@ class SshHolderLink(FramedHolderLink):
 
     async def start(self) -> HolderInfo:
         self.set_state(HolderState.CONNECTING, f"{self.spec.host}:{self.spec.port}")
+        if not self.spec.managed:
+            return await self._start_pinned()
         try:
             self.conn = await connect(self.spec)
             self.deploy_report = await deploy(self.conn, self.spec,
@@ -244,6 +249,40 @@ class SshHolderLink(FramedHolderLink):
                                "ssh", detail)
         self.set_state(HolderState.READY, self.deploy_report.bundle_sha256[:16])
         assert self.conn is not None and self.process is not None  # set by the start above
+        self._watch = asyncio.ensure_future(self._watch_agent(self.conn, self.process))
+        return self.info
+
+    async def _start_pinned(self) -> HolderInfo:
+        """A holder-pinned holder (``managed = false``, issue 30): nothing uploaded, nothing passed. Its key's forced
+        command runs the holder's own ``gputravel holder serve`` whatever command is asked for; its HELLO states its
+        version, code SHA-256 and policy digest, and it must attest (no verdict, no data)."""
+        try:
+            self.conn = await connect(self.spec)
+            try:
+                self.process = await self.conn.create_process(SERVE_COMMAND, encoding=None, window=CHANNEL_WINDOW,
+                                                              max_pktsize=CHANNEL_MAX_PKTSIZE)
+            except (OSError, asyncssh.Error) as exc:
+                raise AgentError(self.name, f"cannot start the holder's agent: {exc}") from None
+            self.reader, self.writer = self.process.stdout, self.process.stdin
+            info = await self._hello()
+            hello = self.hello
+            if hello is None or hello.nonce is None or hello.link_pub is None or hello.policy_sha256 is None:
+                raise AgentError(self.name, "a holder-pinned holder's agent must attest with its own policy; this one "
+                                            "states none (is its key's forced command `gputravel holder serve`?)")
+        except GpuTravelError as exc:
+            self.set_state(HolderState.FAILED, exc.reason)
+            await self._drop()
+            raise
+        self.policy_source = "holder"
+        detail = {"host": self.spec.host, "port": self.spec.port, "user": self.spec.user, "managed": False,
+                  "agent_version": hello.version, "agent_sha256": hello.agent_sha256,
+                  "policy_sha256": hello.policy_sha256, "policy_source": "holder",
+                  "stated_name": hello.name, "ignored": list(self.spec.ignored)}
+        self.info = HolderInfo(info.name, info.fmt, info.train_bytes, info.val_bytes, info.files, info.agent_sha256,
+                               "ssh", detail)
+        self.set_state(HolderState.VERIFIED, f"holder-pinned, policy {hello.policy_sha256[:16]}")
+        self.set_state(HolderState.READY, info.agent_sha256[:16])
+        assert self.conn is not None and self.process is not None
         self._watch = asyncio.ensure_future(self._watch_agent(self.conn, self.process))
         return self.info
 

@@ -17,6 +17,11 @@ Example::
     data = "/srv/holder-a/data"     # dataset folder on the holder
     python = "/usr/bin/python3"
 
+A holder-pinned holder (issue 30) says ``managed = false``: it installed gputravel itself, ran ``gputravel holder
+init`` and authorized the orchestrator's key with a forced ``holder serve`` (``gputravel holder authorize``). Its
+``data``, ``python``, ``attest_policy`` and ``golden`` are its own business and may be absent; given, they are
+ignored with a warning (``HolderSpec.ignored``): nothing here changes what such a holder checks.
+
 Host keys are always checked: each holder needs ``host_key`` or ``known_hosts``; nothing is
 accepted on first use. A ``client_key`` that is group- or world-readable (or not this user's) is refused
 with ``InsecureKeyError`` naming the file: ``chmod 600`` it.
@@ -25,6 +30,7 @@ with ``InsecureKeyError`` naming the file: ``chmod 600`` it.
 from __future__ import annotations
 
 import math
+import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +42,8 @@ from gputravel.core.errors import ConfigError
 from gputravel.core.files import read_private
 
 REQUIRED = ("name", "host", "user", "client_key", "data")
+#: what a holder-pinned holder (``managed = false``) decides itself: ignored here, with a warning
+HOLDER_OWNED = ("data", "python", "attest_policy", "golden", "val_fraction", "remote_dir")
 OPTIONAL: dict[str, Any] = {
     "port": 22,
     "host_key": None,
@@ -49,6 +57,7 @@ OPTIONAL: dict[str, Any] = {
     "data_route": "forward",
     "attest_policy": None,
     "golden": None,
+    "managed": True,
 }
 ALLOWED = set(REQUIRED) | set(OPTIONAL)
 
@@ -77,12 +86,16 @@ class HolderSpec:
     #: roots) and approved golden measurements, paths on the holder's machine; None: it does not attest
     attest_policy: str | None = None
     golden: str | None = None
+    #: False: a holder-pinned holder (issue 30): nothing is uploaded, its key runs ``gputravel holder serve``, its
+    #: own configuration decides what it trusts; ``ignored`` names the fields given here that it does not take
+    managed: bool = True
+    ignored: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "host": self.host, "port": self.port, "user": self.user,
                 "client_key": str(self.client_key), "host_key_pinned": self.host_key is not None,
                 "known_hosts": str(self.known_hosts) if self.known_hosts else None, "data": self.data,
-                "python": self.python}
+                "python": self.python, "managed": self.managed}
 
 
 def _check_type(where: str, key: str, value: Any, kind: type | tuple[type, ...]) -> None:
@@ -145,6 +158,15 @@ def parse_inventory(text: str, *, base: Path, source: str = "holders.toml") -> l
         if unknown:
             raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
         entry = {**OPTIONAL, **defaults, **raw}
+        _check_type(f"{where}", "managed", entry["managed"], bool)
+        ignored: tuple[str, ...] = ()
+        if not entry["managed"]:  # the holder's own business: ignored, said once (issue 30)
+            ignored = tuple(k for k in HOLDER_OWNED if k in raw or k in defaults)
+            entry = {**entry, **{k: OPTIONAL.get(k) for k in HOLDER_OWNED}, "data": "(the holder's own)"}
+            if ignored:
+                print(f"gputravel: warning: {where} ({raw.get('name', '?')}) is holder-pinned (managed = false): its "
+                      f"{', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} the holder's own and ignored here",
+                      file=sys.stderr)
         for key in REQUIRED:
             if key not in entry:
                 raise ConfigError(f"{where}: missing field '{key}'")
@@ -190,7 +212,8 @@ def parse_inventory(text: str, *, base: Path, source: str = "holders.toml") -> l
             connect_timeout=float(entry["connect_timeout"]), keepalive_interval=float(entry["keepalive_interval"]),
             keepalive_count_max=entry["keepalive_count_max"], remote_dir=entry["remote_dir"],
             val_fraction=float(entry["val_fraction"]), data_route=entry["data_route"],
-            attest_policy=entry["attest_policy"], golden=entry["golden"]))
+            attest_policy=entry["attest_policy"], golden=entry["golden"], managed=entry["managed"],
+            ignored=ignored))
     return specs
 
 

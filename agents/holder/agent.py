@@ -44,6 +44,7 @@ from gputravel.core.protocol.holderlink import Attest, Bye, Handoff, Hello, Refu
 
 if TYPE_CHECKING:  # imported when the agent attests: a holder that does not needs no dcap_qvl
     from gputravel.agents.holder.attest import HolderAttestation
+    from gputravel.agents.holder.receipts import ReceiptBook
 
 __all__ = ["AGENT_VERSION", "Agent", "main"]
 
@@ -54,22 +55,30 @@ class Agent(Provisioner):
     """Says HELLO, then provisions each HANDOFF until BYE or the end of the link."""
 
     def __init__(self, name: str, data: Dataset, out: BinaryIO, inp: BinaryIO, *,
-                 witness: Path | None = None, attestation: HolderAttestation | None = None) -> None:
+                 witness: Path | None = None, attestation: HolderAttestation | None = None,
+                 receipts: ReceiptBook | None = None) -> None:
         super().__init__(name, data, AgentLink(out, inp))
         self.witness = witness
         #: an attesting agent (``--attest-policy``) takes a key only after its own ok verdict on ATTEST
         self.attestation = attestation
+        #: a holder-pinned agent (``holder serve``): its receipts and per-run witness, in the holder's folder
+        self.receipts = receipts
 
     def keep_witness(self, msg: Handoff | Bye, *, at: str = "hand-off") -> None:
         """Append the audit ledger's head, as the orchestrator stated it at this hand-off, to the holder's own
         witness file (JSON lines, 0600). With it the holder can later show that the ledger still holds that
         row unchanged (``gputravel ledger verify --witness``): no truncation, no rewrite behind its back."""
         head = msg.ledger_head
+        epoch = msg.epoch if isinstance(msg, Handoff) else None
+        if self.receipts is not None:
+            self.receipts.witness(msg.run_id, head, at=at, epoch=epoch)
         if self.witness is None or head is None:
             return
-        epoch = msg.epoch if isinstance(msg, Handoff) else None
-        line = json.dumps({"ts": round(time.time(), 3), "holder": self.name, "at": at, "epoch": epoch,
-                           "ledger_head": head}) + "\n"
+        record: dict[str, object] = {"ts": round(time.time(), 3), "holder": self.name, "at": at, "epoch": epoch,
+                                     "ledger_head": head}
+        if msg.run_id is not None:  # heads are per run: `ledger verify --witness` takes only the ledger's run's
+            record["run"] = msg.run_id
+        line = json.dumps(record) + "\n"
         try:
             self.witness.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             fd = os.open(self.witness, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -82,10 +91,12 @@ class Agent(Provisioner):
 
     def hello(self) -> Hello:
         att = self.attestation
+        policy = att.policy if att else {}
         return Hello(name=self.name, version=AGENT_VERSION, fmt=self.data.fmt, train_bytes=self.data.train.length,
                      val_bytes=self.data.val.length, files=self.data.files, agent_sha256=agent_sha256(),
                      pid=os.getpid(), nonce=att.nonce.hex() if att else None,
-                     link_pub=att.link_key.public.hex() if att else None)
+                     link_pub=att.link_key.public.hex() if att else None,
+                     policy_sha256=policy.get("sha256"), policy_source=policy.get("source"))
 
     def run(self) -> int:
         self.send_msg(self.hello())
@@ -105,6 +116,7 @@ class Agent(Provisioner):
                             handoff = self.attestation.accept(handoff)
                         self.keep_witness(handoff)
                         self.provision(handoff)
+                        self.keep_receipt(handoff)
                     except GpuTravelError as exc:
                         self.send_msg(Refusal(exc.code, exc.reason))
                 elif frame.type is FrameType.ATTEST:
@@ -121,6 +133,20 @@ class Agent(Provisioner):
         finally:
             self._drop_data()
 
+
+    def keep_receipt(self, h: Handoff) -> None:
+        """A holder-pinned agent's receipt of the hand-off it just sent (``agents.holder.receipts``)."""
+        att = self.attestation
+        if self.receipts is None or att is None or att.last is None or h.run_id is None:
+            return
+        msg, verdict = att.last
+        path = "conventional" if h.conventional else "direct" if h.data_endpoint is not None else "channel"
+        self.receipts.write({
+            "v": 1, "run": h.run_id, "epoch": h.epoch, "holder": self.name, "ts": round(time.time(), 3),
+            "key_fp": msg.key_fp, "path": path, "evidence_sha256": dict(verdict.evidence),
+            "verdict": {"ok": verdict.ok, **verdict.report()}, "chunks": h.n_chunks - h.resume_from,
+            "bytes": h.window_len - min(h.window_len, h.resume_from * h.chunk_size),
+            "resume_from": h.resume_from, "ledger_head": h.ledger_head})
 
     def attest(self, header: dict[str, object], payload: bytes | bytearray | memoryview) -> None:
         """Verify the CVM and the GPU for the next hand-off and send the verdict (a refusal names the claim)."""

@@ -10,17 +10,26 @@ for this agent under the attested key exchange (``core.protocol.keywrap``). A HA
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from gputravel.core.evidence.holder_check import HolderVerifier
 from gputravel.core.protocol.cipher import Direction
 from gputravel.core.protocol.errors import ConfigError, FrameError, HolderAttestationError
 from gputravel.core.protocol.holderlink import Attest, Handoff, ProvisioningKey, Verdict
 from gputravel.core.protocol.keys import KEY_LEN
-from gputravel.core.protocol.keywrap import LinkKey, cvm_report_data, spdm_nonce, unwrap_key
+from gputravel.core.protocol.keywrap import (
+    LinkKey,
+    conventional_secret,
+    cvm_report_data,
+    spdm_nonce,
+    unwrap_key,
+)
 
 __all__ = ["HolderAttestation"]
 
@@ -28,19 +37,33 @@ __all__ = ["HolderAttestation"]
 class HolderAttestation:
     """One agent's attestation state: its verifier, its key-exchange key, its current nonce, the last verdict."""
 
-    def __init__(self, verifier: HolderVerifier) -> None:
+    def __init__(self, verifier: HolderVerifier, *, policy: Mapping[str, Any] | None = None,
+                 allow_conventional: bool = True) -> None:
         self.verifier = verifier
         self.link_key = LinkKey()
         self.nonce = os.urandom(32)
         #: (epoch, key fingerprint, run id, the CVM's key-exchange key) of the last ok verdict; None: nothing attested
         self.attested: tuple[int, str, str, bytes] | None = None
+        #: what every verdict states it was checked against (issue 30): source, sha256, roots, mr_td_policy
+        self.policy: dict[str, Any] = dict(policy or {})
+        #: a conventional hand-off is refused unless allowed; allowed, its data is sealed to the attested CVM
+        self.allow_conventional = allow_conventional
+        #: the last ATTEST this agent verified and its verdict (the receipt of the hand-off that follows)
+        self.last: tuple[Attest, Verdict] | None = None
 
     @classmethod
     def load(cls, policy: Path, golden: Path) -> HolderAttestation:
+        """An agent started with ``--attest-policy``/``--golden``: the orchestrator chose what it checks."""
         try:
-            return cls(HolderVerifier.load(policy, golden))
+            verifier = HolderVerifier.load(policy, golden)
         except ValueError as exc:  # PolicyError is a ValueError too
             raise ConfigError(f"cannot load the holder's attestation policy: {exc}") from None
+        from gputravel.agents.holder.config import policy_summary
+
+        digest, roots = policy_summary(verifier.policy, verifier.golden, allow_conventional=True,
+                                       accept_any_td=not verifier.policy.tdx.mr_td)
+        return cls(verifier, policy={"source": "orchestrator", "sha256": digest, "roots": roots,
+                                     "mr_td_policy": "pinned" if verifier.policy.tdx.mr_td else "any"})
 
     def verify(self, msg: Attest) -> Verdict:
         """The holder's verdict on one ATTEST; the nonce is spent whatever the outcome."""
@@ -53,8 +76,12 @@ class HolderAttestation:
         ok = bool(cvm["ok"] and gpu["ok"])
         if ok:
             self.attested = (msg.epoch, msg.key_fp, msg.run_id, link_pub)
-        return Verdict(epoch=msg.epoch, ok=ok, cvm=cvm, gpu=gpu, ms=round((time.perf_counter() - t0) * 1e3, 3),
-                       next_nonce=self.nonce.hex())
+        evidence = {k: hashlib.sha256(getattr(msg, k)).hexdigest()
+                    for k in ("quote", "collateral", "gpu_report", "gpu_chain")}
+        verdict = Verdict(epoch=msg.epoch, ok=ok, cvm=cvm, gpu=gpu, ms=round((time.perf_counter() - t0) * 1e3, 3),
+                          next_nonce=self.nonce.hex(), policy=self.policy, evidence=evidence)
+        self.last = (msg, verdict)
+        return verdict
 
     def accept(self, h: Handoff) -> Handoff:
         """The hand-off with its key unwrapped, if (and only if) this agent attested it; else ``HolderAttestationError``
@@ -65,8 +92,14 @@ class HolderAttestation:
         epoch, key_fp, run_id, link_pub = att
         if h.epoch != epoch:
             raise HolderAttestationError(f"hand-off of epoch {h.epoch}, attested epoch {epoch}: refused")
-        if h.conventional:
-            return h
+        if h.conventional:  # never plaintext: sealed to the attested CVM under the same key exchange (issue 30)
+            if not self.allow_conventional:
+                raise HolderAttestationError("a conventional hand-off is refused: this holder accepts only hand-offs "
+                                             "sealed for the GPU (`gputravel holder init --allow-conventional` "
+                                             "allows it)")
+            secret = conventional_secret(self.link_key, link_pub, run_id, epoch)
+            return replace(h, key=ProvisioningKey(secret[:KEY_LEN], secret[KEY_LEN:], epoch,
+                                                  int(Direction.HOLDER_TO_DEVICE)), run_id=run_id)
         if h.wrapped_key is None or h.key_fp != key_fp:
             raise HolderAttestationError("the hand-off's key is not the attested one (or not wrapped for this holder)")
         try:
@@ -77,4 +110,4 @@ class HolderAttestation:
         key = ProvisioningKey(secret[:KEY_LEN], secret[KEY_LEN:], epoch, int(Direction.HOLDER_TO_DEVICE))
         if key.fingerprint != key_fp:
             raise HolderAttestationError("the unwrapped key's fingerprint is not the attested one")
-        return replace(h, key=key, wrapped_key=None)
+        return replace(h, key=key, wrapped_key=None, run_id=run_id)

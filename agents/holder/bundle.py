@@ -24,6 +24,8 @@ BUNDLE_FILES: tuple[str, ...] = (
     "core/protocol/devicelink.py",
     "core/protocol/errors.py",
     "core/protocol/frames.py",
+    "core/protocol/holderattest.py",
+    "core/protocol/holderfields.py",
     "core/protocol/holderlink.py",
     "core/protocol/keys.py",
     "core/protocol/keywrap.py",
@@ -47,11 +49,15 @@ BUNDLE_FILES: tuple[str, ...] = (
     "agents/holder/__main__.py",
     "agents/holder/agent.py",
     "agents/holder/attest.py",
+    "agents/holder/authorize.py",
     "agents/holder/bundle.py",
+    "agents/holder/config.py",
     "agents/holder/dataconn.py",
     "agents/holder/dataset.py",
     "agents/holder/link.py",
     "agents/holder/provision.py",
+    "agents/holder/receipts.py",
+    "agents/holder/serve.py",
 )
 
 

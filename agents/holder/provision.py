@@ -164,7 +164,10 @@ class Provisioner:
             raise DataError("hand-off asks for bytes beyond this holder's dataset")
         self.data.train.check()
         self.data.val.check()
-        key = None if h.conventional else h.key  # conventional path: no GPU key here; the link's own encryption only
+        # conventional path: no GPU key here. An attesting agent seals to the attested CVM (``key``: the key its
+        # exchange with the CVM derived, issue 30); only a managed agent that does not attest sends plaintext on its
+        # (SSH-encrypted) link, as before
+        key = h.key
         if key is None and not h.conventional:
             raise FrameError("HANDOFF carries no key")
         session = bytes.fromhex(h.session_id)
@@ -292,6 +295,8 @@ class Provisioner:
                     got = sender.seal_into(self._window_view(h, skip + lo, n), ct, frame_type=FrameType.CHUNK,
                                            offset=base + lo, length=n)
                     assert got == seq
+                    if h.conventional:
+                        head["cv"] = 1  # sealed to the CVM, not for the GPU: the orchestrator opens and re-seals it
                 sealed[seq] = (head, ct, slot)
                 seal_ns += clock() - t0
                 out.send(head, ct, slot)

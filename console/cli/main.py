@@ -29,7 +29,7 @@ from gputravel.core.errors import GpuTravelError
 __all__ = ["app", "error_envelope", "fail", "main", "wants_json"]
 
 COMMAND_MODULES = ("run", "attest", "ledger", "data", "bench", "telemetry", "agents", "replay", "plan", "runs",
-                   "export", "evidence", "fleet")
+                   "export", "evidence", "fleet", "holder")
 
 # What ``gputravel --help`` lists for each command: the first paragraph of its help, so that the root's help
 # imports none of the command modules (loading them all took 1-8 s; torch came in through ``bench fleet``). A
@@ -48,6 +48,7 @@ COMMAND_SUMMARIES = {
     "runs": "Runs under runs/: list, show, follow the log, stop, resume or step a paused one.",
     "export": "Write a run's model (its last sealed checkpoint) as llm.c's model file or GPT-2 safetensors.",
     "evidence": "Collateral for offline attestation (issue 31).",
+    "holder": "A data holder's own side: its configuration, restricted key and receipts.",
 }
 
 

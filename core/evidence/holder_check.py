@@ -15,6 +15,8 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,14 +24,66 @@ from typing import Any
 from cryptography import x509
 
 from .cvm_snp import check_snp_cvm, cvm_kind
-from .nvidia_spdm import check_fresh_report, compare_measurements, device_root, load_pem_chain, verify_report
-from .policy import EvidencePolicy, load_evidence_policy
+from .nvidia_spdm import (
+    CERTS_DIR,
+    check_fresh_report,
+    compare_measurements,
+    device_root,
+    load_pem_chain,
+    verify_report,
+)
+from .policy import EvidencePolicy, PolicyError, load_evidence_policy
 from .tdx import TdxVerdict, verify_tdx_quote
 
-__all__ = ["HolderVerifier", "MEASRES", "REPORT_DATA_CLAIM", "load_golden"]
+# the policy's names re-exported: what a holder's own configuration (``agents.holder.config``) reads through here
+__all__ = ["CACHE_SIZE", "NVIDIA_DEVICE_ROOT", "EvidencePolicy", "HolderVerifier", "MEASRES", "PolicyError",
+           "REPORT_DATA_CLAIM", "collateral_expiry", "load_evidence_policy", "load_golden"]
 
 MEASRES = "measres"
 REPORT_DATA_CLAIM = "report-data-binding"
+#: NVIDIA's Device Identity CA as shipped (what ``device_root = "nvidia"`` pins)
+NVIDIA_DEVICE_ROOT = CERTS_DIR / "nvidia_device_identity_ca.crt"
+#: verdicts kept per kind (quotes with collateral, GPU chains); the oldest goes first (issue 30)
+CACHE_SIZE = 16
+
+
+def _when(text: object) -> float:
+    return dt.datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
+
+
+def collateral_expiry(collateral: bytes) -> float:
+    """The first moment (Unix seconds) at which any part of a TDX collateral stops being valid: the TCB info's
+    and QE identity's ``nextUpdate``, the CRLs' next updates, the issuer chains' certificates. A cached verdict
+    on it must not outlive that (issue 30); a collateral whose dates cannot be read expires now."""
+    try:
+        doc = json.loads(collateral)
+        ends = [_when(json.loads(doc[k])["nextUpdate"]) for k in ("tcb_info", "qe_identity")]
+        for k in ("pck_crl", "root_ca_crl"):
+            crl = x509.load_der_x509_crl(bytes.fromhex(doc[k]))
+            if crl.next_update_utc is not None:
+                ends.append(crl.next_update_utc.timestamp())
+        for k in ("pck_crl_issuer_chain", "tcb_info_issuer_chain", "qe_identity_issuer_chain"):
+            ends += [c.not_valid_after_utc.timestamp() for c in x509.load_pem_x509_certificates(doc[k].encode())]
+        return min(ends)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return time.time()
+
+
+def _remember(cache: OrderedDict[bytes, tuple[float, Any]], tag: bytes, until: float, value: Any) -> None:
+    cache[tag] = (until, value)
+    cache.move_to_end(tag)
+    while len(cache) > CACHE_SIZE:
+        cache.popitem(last=False)
+
+
+def _recall(cache: OrderedDict[bytes, tuple[float, Any]], tag: bytes, now: float) -> Any:
+    hit = cache.get(tag)
+    if hit is None:
+        return None
+    if now >= hit[0]:  # the collateral or a certificate expired since: checked again (and refused)
+        del cache[tag]
+        return None
+    return hit[1]
 
 
 def load_golden(path: Path) -> dict[int, tuple[bytes, ...]]:
@@ -54,8 +108,9 @@ class HolderVerifier:
     policy: EvidencePolicy
     golden: dict[int, tuple[bytes, ...]]
     _root: x509.Certificate | None = None
-    _tdx: dict[bytes, TdxVerdict] | None = None
-    _leaf: dict[bytes, x509.Certificate | list[str]] | None = None
+    #: checked once, kept until the collateral's or the chain's first expiry, at most CACHE_SIZE of each
+    _tdx: OrderedDict[bytes, tuple[float, TdxVerdict]] | None = None
+    _leaf: OrderedDict[bytes, tuple[float, x509.Certificate | list[str]]] | None = None
 
     @classmethod
     def load(cls, policy_path: Path, golden_path: Path) -> HolderVerifier:
@@ -65,11 +120,12 @@ class HolderVerifier:
     def __post_init__(self) -> None:
         root = self.policy.gpu.device_root
         self._root = x509.load_pem_x509_certificate(root.read_bytes()) if root is not None else device_root()
-        self._tdx, self._leaf = {}, {}
+        self._tdx, self._leaf = OrderedDict(), OrderedDict()
 
     def check_cvm(self, quote: bytes, collateral: bytes, expected_report_data: bytes, *,
                   now: int | None = None) -> dict[str, Any]:
-        """``{"ok", "tcb_status", "failed"}``: the quote and collateral (once; cached), then its report data.
+        """``{"ok", "tcb_status", "mr_td", "failed"}``: the quote and collateral (once; cached until the
+        collateral's first expiry), then its report data.
 
         An SEV-SNP CVM's evidence (its collateral says ``"kind": "snp"`` or ``"azure-snp"``) is checked by
         :func:`.cvm_snp.check_snp_cvm` under the policy's ``[amd-snp]``, with the same result keys.
@@ -78,31 +134,37 @@ class HolderVerifier:
             return check_snp_cvm(quote, collateral, expected_report_data, self.policy.snp, now=now)
         assert self._tdx is not None
         tag = hashlib.sha256(quote + b"\0" + collateral).digest()
-        verdict = self._tdx.get(tag)
+        at = time.time() if now is None else now
+        verdict: TdxVerdict | None = _recall(self._tdx, tag, at)
         if verdict is None:
             verdict = verify_tdx_quote(quote, collateral, now=now, policy=self.policy.tdx)
-            if len(self._tdx) > 16:
-                self._tdx.clear()
-            self._tdx[tag] = verdict
+            if verdict.ok:  # a refusal is not kept: the next ATTEST is checked afresh
+                _remember(self._tdx, tag, collateral_expiry(collateral), verdict)
+        mr_td = verdict.mr_td.lower() or None
         if not verdict.ok:
-            return {"ok": False, "tcb_status": verdict.tcb_status, "failed": verdict.failed}
+            return {"ok": False, "tcb_status": verdict.tcb_status, "mr_td": mr_td, "failed": verdict.failed}
         if verdict.report_data.lower() != expected_report_data.hex():
-            return {"ok": False, "tcb_status": verdict.tcb_status, "failed": REPORT_DATA_CLAIM}
-        return {"ok": True, "tcb_status": verdict.tcb_status, "failed": None}
+            return {"ok": False, "tcb_status": verdict.tcb_status, "mr_td": mr_td, "failed": REPORT_DATA_CLAIM}
+        return {"ok": True, "tcb_status": verdict.tcb_status, "mr_td": mr_td, "failed": None}
 
     def check_gpu(self, report: bytes, chain_pem: bytes, nonce: bytes) -> dict[str, Any]:
         """``{"ok", "nonce", "claims_failed"}``: the chain once (to the pinned root, FWID, arch; cached), then
         this report's parse, nonce and signature, and its measurements against the golden values."""
         assert self._leaf is not None and self._root is not None
         tag = hashlib.sha256(chain_pem).digest()
-        known = self._leaf.get(tag)
+        now = dt.datetime.now(dt.UTC)
+        known = _recall(self._leaf, tag, now.timestamp())
         if known is None:
-            claims, _ = verify_report(report, chain_pem, nonce, root=self._root, at=dt.datetime.now(dt.UTC),
+            claims, _ = verify_report(report, chain_pem, nonce, root=self._root, at=now,
                                       expected_arch=self.policy.gpu.expected_arch)
             chain_claims = ("-cert-chain", "-cert-chain-fwid-match", "x-nvidia-gpu-arch-check")
             bad = [c.name for c in claims.failed() if c.name.endswith(chain_claims)]
-            known = bad if bad else load_pem_chain(chain_pem)[0]
-            self._leaf[tag] = known
+            if bad:
+                known = bad  # not kept: checked afresh next time
+            else:
+                chain = load_pem_chain(chain_pem)
+                known = chain[0]
+                _remember(self._leaf, tag, min(c.not_valid_after_utc.timestamp() for c in chain), known)
         if isinstance(known, list):  # the chain failed once: every report under it fails the same way
             return {"ok": False, "nonce": nonce.hex(), "claims_failed": list(known)}
         failed, parsed = check_fresh_report(report, known, nonce)

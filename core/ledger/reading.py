@@ -126,9 +126,11 @@ def verify_ledger(path: Path, *, expect_head: tuple[int, str] | None = None,
     return result
 
 
-def witnessed_heads(path: Path) -> list[tuple[int, str]]:
+def witnessed_heads(path: Path, *, run_id: str | None = None) -> list[tuple[int, str]]:
     """The ledger heads in a holder's witness file (JSON lines with ``ledger_head`` = ``"SEQ:HASH"``, as the
-    holder agent writes them at each hand-off)."""
+    holder agent writes them at each hand-off). With ``run_id``, only that run's: a line that names another run
+    (``"run"``) is another ledger's head, never this one's (issue 30: a holder's second run made the first look
+    rewritten); lines without a run (older agents) are kept."""
     try:
         lines = Path(path).read_text().splitlines()
     except OSError as exc:
@@ -139,11 +141,13 @@ def witnessed_heads(path: Path) -> list[tuple[int, str]]:
             continue
         try:
             record = json.loads(line)
+            if run_id is not None and record.get("run") not in (None, run_id):
+                continue
             heads.append(parse_head(str(record["ledger_head"])))
         except (ValueError, KeyError, TypeError, LedgerError) as exc:
             raise LedgerError(f"{path}: line {number} is not a witness record ({exc})") from None
     if not heads:
-        raise LedgerError(f"{path}: the witness file holds no ledger head")
+        raise LedgerError(f"{path}: the witness file holds no ledger head" + (f" of run {run_id}" if run_id else ""))
     return heads
 
 

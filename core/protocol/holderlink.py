@@ -46,76 +46,27 @@ from gputravel.core.protocol.admission import Admission
 from gputravel.core.protocol.cipher import Direction
 from gputravel.core.protocol.errors import FrameError
 from gputravel.core.protocol.frames import FrameType
+from gputravel.core.protocol.holderattest import Attest, Verdict
+from gputravel.core.protocol.holderfields import (
+    _MISSING,
+    POLICY_SOURCES,
+    _flag,
+    _get,
+    _hex,
+    _int,
+    _source,
+    _str,
+)
 from gputravel.core.protocol.keys import KEY_LEN, PREFIX_LEN, DirectionKey
 from gputravel.core.protocol.shmring import RingSpec
 
 __all__ = ["MAX_CHUNK", "Admission", "Attest", "Bye", "DataEndpoint", "DataOpen", "DataReady", "Done", "Handoff",
-           "Hello", "Progress", "ProvisioningKey", "Refusal", "TOKEN_FORMATS", "Verdict"]
+           "Hello", "POLICY_SOURCES", "Progress", "ProvisioningKey", "Refusal", "TOKEN_FORMATS", "Verdict"]
 
 #: The largest chunk a hand-off may ask for (the device's limit too).
 MAX_CHUNK = 16 * 1024 * 1024
 #: Token formats a holder's dataset may have: byte tokens (.txt) or llm.c's uint16 shards (.bin).
 TOKEN_FORMATS = ("byte", "u16")
-_U64 = (1 << 64) - 1
-#: a readable ceiling for text fields (names, reasons, versions): a header is at most 16 KiB anyway
-_MAX_TEXT = 4096
-
-
-# --- field readers: each raises FrameError naming the message and the field ---------------------------
-_MISSING: Any = object()
-
-
-def _get(h: Mapping[str, Any], what: str, name: str, default: Any) -> Any:
-    if not isinstance(h, Mapping):
-        raise FrameError(f"{what} header is not an object")
-    value = h.get(name, _MISSING)
-    if value is _MISSING or value is None:
-        if default is _MISSING:
-            raise FrameError(f"{what} lacks {name!r}")
-        return default
-    return value
-
-
-def _int(h: Mapping[str, Any], what: str, name: str, *, lo: int = 0, hi: int = _U64, default: Any = _MISSING) -> Any:
-    value = _get(h, what, name, default)
-    if value is default and default is not _MISSING:
-        return value
-    if type(value) is not int:  # bool, float and str are refused: the protocol sends integers
-        raise FrameError(f"{what} {name!r} must be an integer, not {type(value).__name__}")
-    if not lo <= value <= hi:
-        raise FrameError(f"{what} {name!r} = {value} outside {lo}..{hi}")
-    return value
-
-
-def _str(h: Mapping[str, Any], what: str, name: str, *, default: Any = _MISSING, max_len: int = _MAX_TEXT) -> Any:
-    value = _get(h, what, name, default)
-    if value is default and default is not _MISSING:
-        return value
-    if not isinstance(value, str):
-        raise FrameError(f"{what} {name!r} must be a string, not {type(value).__name__}")
-    if len(value) > max_len:
-        raise FrameError(f"{what} {name!r} of {len(value)} characters exceeds {max_len}")
-    return value
-
-
-def _hex(h: Mapping[str, Any], what: str, name: str, *, nbytes: int | None = None, default: Any = _MISSING) -> Any:
-    value = _str(h, what, name, default=default)
-    if value is default and default is not _MISSING:
-        return value
-    try:
-        raw = bytes.fromhex(value)
-    except ValueError:
-        raise FrameError(f"{what} {name!r} is not hex") from None
-    if nbytes is not None and len(raw) != nbytes:
-        raise FrameError(f"{what} {name!r} must be {nbytes} bytes, not {len(raw)}")
-    return value
-
-
-def _flag(h: Mapping[str, Any], what: str, name: str) -> bool:
-    value = _get(h, what, name, False)
-    if type(value) is bool or (type(value) is int and value in (0, 1)):
-        return bool(value)
-    raise FrameError(f"{what} {name!r} must be a flag (true/false, 1/0)")
 
 
 def _range(h: Mapping[str, Any], what: str, name: str) -> tuple[int, int]:
@@ -190,6 +141,10 @@ class Hello:
     #: an attesting agent: its first nonce (hex, 32 bytes) and its X25519 key-exchange key (hex, 32 bytes)
     nonce: str | None = None
     link_pub: str | None = None
+    #: an attesting agent: the SHA-256 of what it checks (``agents.holder.config.policy_summary``), and whose policy
+    #: it is: "holder" (``gputravel holder serve``: the holder's own configuration) or "orchestrator" (issue 30)
+    policy_sha256: str | None = None
+    policy_source: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         h: dict[str, Any] = {"name": self.name, "version": self.version, "format": self.fmt,
@@ -199,6 +154,8 @@ class Hello:
             h["pid"] = self.pid
         if self.nonce is not None and self.link_pub is not None:
             h["nonce"], h["link_pub"] = self.nonce, self.link_pub
+        if self.policy_sha256 is not None:
+            h["policy_sha256"], h["policy_source"] = self.policy_sha256, self.policy_source
         return h
 
     @classmethod
@@ -212,7 +169,9 @@ class Hello:
                    files=_int(h, w, "files", hi=1 << 31), agent_sha256=_hex(h, w, "agent_sha256", nbytes=32),
                    pid=_int(h, w, "pid", hi=1 << 31, default=None),
                    nonce=_hex(h, w, "nonce", nbytes=32, default=None),
-                   link_pub=_hex(h, w, "link_pub", nbytes=32, default=None))
+                   link_pub=_hex(h, w, "link_pub", nbytes=32, default=None),
+                   policy_sha256=_hex(h, w, "policy_sha256", nbytes=32, default=None),
+                   policy_source=_source(h, w))
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,6 +305,8 @@ class Handoff:
     #: to an attesting holder the key travels wrapped (``core.protocol.keywrap``), hex; ``key`` is then None
     wrapped_key: str | None = None
     key_fp: str | None = None  # the wrapped key's fingerprint (the one the holder's verdict was for)
+    #: the run this hand-off belongs to (wire name "run"): a holder's witness keeps its heads per run (issue 30)
+    run_id: str | None = None
 
     @property
     def window_len(self) -> int:
@@ -370,6 +331,8 @@ class Handoff:
             h["data_endpoint"] = self.data_endpoint.to_wire()
         if self.ledger_head is not None:
             h["ledger_head"] = self.ledger_head
+        if self.run_id is not None:
+            h["run"] = self.run_id
         return h
 
     @classmethod
@@ -393,7 +356,7 @@ class Handoff:
                       skip=_int(h, w, "skip", default=0), length=_int(h, w, "length", default=None),
                       conventional=conventional, ledger_head=_str(h, w, "ledger_head", default=None),
                       data_endpoint=None if endpoint is None else DataEndpoint.from_wire(endpoint),
-                      wrapped_key=wrapped, key_fp=key_fp)
+                      wrapped_key=wrapped, key_fp=key_fp, run_id=_str(h, w, "run", default=None, max_len=128))
         handoff.check()
         return handoff
 
@@ -417,111 +380,18 @@ class Bye:
 
     FRAME: ClassVar[FrameType] = FrameType.BYE
     ledger_head: str | None = None
+    run_id: str | None = None  # wire name "run"
 
     def to_wire(self) -> dict[str, Any]:
-        return {} if self.ledger_head is None else {"ledger_head": self.ledger_head}
+        h: dict[str, Any] = {} if self.ledger_head is None else {"ledger_head": self.ledger_head}
+        if self.run_id is not None:
+            h["run"] = self.run_id
+        return h
 
     @classmethod
     def from_wire(cls, h: Mapping[str, Any]) -> Bye:
-        return cls(ledger_head=_str(h, "BYE", "ledger_head", default=None))
-
-
-# --- holder attestation (issue 22 item 5) -------------------------------------------------------------
-_ATTEST_PARTS = ("quote", "collateral", "gpu_report", "gpu_chain")
-_MAX_EVIDENCE = 1 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class Attest:
-    """ATTEST: what a holder verifies before it takes a hand-off's key. The header names the run, the epoch,
-    the key's fingerprint and the CVM's key-exchange key (``link_pub``, hex); the payload carries the TDX quote,
-    its collateral (JSON), the GPU's SPDM report and its PEM chain, their sizes in the header."""
-
-    FRAME: ClassVar[FrameType] = FrameType.ATTEST
-    run_id: str
-    epoch: int
-    key_fp: str
-    link_pub: str
-    quote: bytes
-    collateral: bytes
-    gpu_report: bytes
-    gpu_chain: bytes
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"run": self.run_id, "epoch": self.epoch, "key_fp": self.key_fp, "link_pub": self.link_pub,
-                "sizes": [len(getattr(self, k)) for k in _ATTEST_PARTS]}
-
-    def payload(self) -> bytes:
-        return b"".join(getattr(self, k) for k in _ATTEST_PARTS)
-
-    @classmethod
-    def from_frame(cls, h: Mapping[str, Any], payload: bytes | bytearray | memoryview) -> Attest:
-        w = "ATTEST"
-        sizes = _get(h, w, "sizes", _MISSING)
-        if (not isinstance(sizes, list) or len(sizes) != len(_ATTEST_PARTS)
-                or not all(type(n) is int and 0 <= n <= _MAX_EVIDENCE for n in sizes) or sum(sizes) != len(payload)):
-            raise FrameError(f"{w} sizes do not describe its {len(payload)}-byte payload")
-        raw, parts, at = bytes(payload), [], 0
-        for n in sizes:
-            parts.append(raw[at:at + n])
-            at += n
-        return cls(_str(h, w, "run", max_len=128), _int(h, w, "epoch"), _str(h, w, "key_fp", max_len=64),
-                   _hex(h, w, "link_pub", nbytes=32), *parts)
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """VERDICT: the holder's own verdict on an ATTEST (``report()`` is the run report's
-    ``visits[].holder_attestation``), with its fresh nonce for the next hand-off (``next_nonce``)."""
-
-    FRAME: ClassVar[FrameType] = FrameType.VERDICT
-    epoch: int
-    ok: bool
-    cvm: Mapping[str, Any]  # {"ok", "tcb_status", "failed"}
-    gpu: Mapping[str, Any]  # {"ok", "nonce", "claims_failed"}
-    ms: float
-    next_nonce: str
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "ok": self.ok, "cvm": dict(self.cvm), "gpu": dict(self.gpu), "ms": self.ms,
-                "next_nonce": self.next_nonce}
-
-    @property
-    def failed_claim(self) -> str | None:
-        """The first claim that failed (CVM first), or None."""
-        if not self.cvm.get("ok"):
-            return str(self.cvm.get("failed") or "cvm")
-        if not self.gpu.get("ok"):
-            failed = self.gpu.get("claims_failed") or ["gpu"]
-            return str(failed[0])
-        return None
-
-    def report(self) -> dict[str, Any]:
-        return {"cvm": {"ok": bool(self.cvm.get("ok")), "tcb_status": self.cvm.get("tcb_status")},
-                "gpu": {"ok": bool(self.gpu.get("ok")), "nonce": self.gpu.get("nonce"),
-                        "claims_failed": list(self.gpu.get("claims_failed") or [])},
-                "ms": self.ms, "failed_claim": self.failed_claim}
-
-    @classmethod
-    def from_wire(cls, h: Mapping[str, Any]) -> Verdict:
-        w = "VERDICT"
-        cvm, gpu = _get(h, w, "cvm", _MISSING), _get(h, w, "gpu", _MISSING)
-        if not isinstance(cvm, Mapping) or not isinstance(gpu, Mapping):
-            raise FrameError(f"{w} cvm and gpu must be objects")
-        failed = gpu.get("claims_failed") or []
-        if not isinstance(failed, list) or len(failed) > 64 or not all(isinstance(c, str) and len(c) < 128
-                                                                       for c in failed):
-            raise FrameError(f"{w} gpu claims_failed must be a list of claim names")
-        ms = _get(h, w, "ms", 0.0)
-        if type(ms) not in (int, float) or not math.isfinite(ms) or ms < 0:
-            raise FrameError(f"{w} ms must be a non-negative number")
-        ok = _flag(h, w, "ok")
-        cvm_v = {"ok": _flag(cvm, w, "ok"), "tcb_status": _str(cvm, w, "tcb_status", default=None, max_len=64),
-                 "failed": _str(cvm, w, "failed", default=None, max_len=128)}
-        gpu_v = {"ok": _flag(gpu, w, "ok"), "nonce": _hex(gpu, w, "nonce", nbytes=32, default=None),
-                 "claims_failed": failed}
-        return cls(epoch=_int(h, w, "epoch"), ok=ok and bool(cvm_v["ok"]) and bool(gpu_v["ok"]), cvm=cvm_v,
-                   gpu=gpu_v, ms=float(ms), next_nonce=_hex(h, w, "next_nonce", nbytes=32))
+        return cls(ledger_head=_str(h, "BYE", "ledger_head", default=None),
+                   run_id=_str(h, "BYE", "run", default=None, max_len=128))
 
 
 # --- data connection: agent <-> device ---------------------------------------------------------------

@@ -22,9 +22,10 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from gputravel.core.protocol.errors import FrameError
 
-__all__ = ["LinkKey", "cvm_report_data", "spdm_nonce", "unwrap_key", "wrap_key"]
+__all__ = ["LinkKey", "conventional_secret", "cvm_report_data", "spdm_nonce", "unwrap_key", "wrap_key"]
 
 _WRAP_INFO = b"gputravel-holder-key-wrap-v1"
+_CONVENTIONAL_INFO = b"gputravel-holder-conventional-v1"
 _NONCE_LEN = 12
 
 
@@ -78,3 +79,16 @@ def unwrap_key(own: LinkKey, peer_public: bytes, context: bytes, wrapped_hex: st
         return own._aead(peer_public, context).decrypt(raw[:_NONCE_LEN], raw[_NONCE_LEN:], _aad(epoch, fingerprint))
     except (InvalidTag, ValueError):
         raise FrameError("the wrapped key does not open under the attested CVM's key exchange") from None
+
+
+def conventional_secret(own: LinkKey, peer_public: bytes, run_id: str, epoch: int) -> bytes:
+    """The 36 bytes (AES-256-GCM key ‖ 4-byte nonce prefix) a conventional hand-off's data is sealed under, to the
+    attested CVM (issue 30): HKDF-SHA256 over the same X25519 exchange as the wrapped key, bound to the run and the
+    epoch. Either side derives it (the agent with its key and the CVM's public one, the CVM the other way round);
+    nobody else on the link can open the data."""
+    try:
+        peer = X25519PublicKey.from_public_bytes(peer_public)
+    except ValueError:
+        raise FrameError("the peer's key-exchange key is not an X25519 public key") from None
+    info = _CONVENTIONAL_INFO + b"\0" + run_id.encode() + b"\0" + epoch.to_bytes(8, "big")
+    return HKDF(hashes.SHA256(), 36, salt=None, info=info).derive(own._key.exchange(peer))

@@ -19,8 +19,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from gputravel.core.errors import AgentError, DeviceError, FrameError
+from gputravel.core.errors import AgentError, DeviceError, FrameError, GpuTravelError
 from gputravel.core.protocol import TAG_LEN, Frame, FrameType, SendState, encode_frame
+from gputravel.core.protocol.cipher import RecvState
 from gputravel.core.protocol.frames import frame_head, read_frame_async
 from gputravel.core.protocol.holderlink import (
     Admission,
@@ -82,6 +83,10 @@ class FramedHolderLink(HolderLink):
         self.holder_nonce: bytes | None = None
         self.holder_pub: bytes | None = None
         self.on_verdict: Callable[[str, Verdict], None] | None = None
+        #: whose evidence policy this link's agent checks against (issue 30): "orchestrator" (it passed the policy:
+        #: local agents, the embedded SSH server, managed inventory holders) or "holder" (``managed = false``)
+        self.policy_source = "orchestrator"
+        self.hello: Hello | None = None  # the agent's last HELLO
 
     def set_state(self, state: str, detail: str = "") -> None:
         self.state, self.state_detail = state, detail
@@ -129,6 +134,7 @@ class FramedHolderLink(HolderLink):
         if frame.type is not FrameType.HELLO:
             raise AgentError(self.name, f"expected HELLO, got {frame.type.name}")
         hello = self._parse(Hello, frame)
+        self.hello = hello
         self.info = HolderInfo.from_hello(self.name, hello, transport=self.transport)
         self.agent_pid = hello.pid
         self.holder_nonce = bytes.fromhex(hello.nonce) if hello.nonce else None
@@ -163,9 +169,19 @@ class FramedHolderLink(HolderLink):
             raise HolderRefusedError(self.name, verdict)
         return self.attestor.seal_key(handoff, self.holder_pub)
 
+    def _conventional_opener(self, handoff: Handoff) -> RecvState | None:
+        """For an attesting agent, what opens its conventional chunks: they are sealed to this run's CVM under the
+        key exchange it attested (issue 30), never plaintext; None for an agent that does not attest."""
+        if self.attestor is None or self.holder_pub is None:
+            return None
+        key = self.attestor.conventional_key(self.holder_pub, handoff.epoch)
+        return RecvState(key, session_id=bytes.fromhex(handoff.session_id))
+
     async def provision(self, handoff: Handoff, *, device_socket: str, on_progress: ProgressFn | None = None,
                         on_reject: RejectFn | None = None,
                         data_endpoint: DataEndpoint | None = None) -> ProvisionStats:
+        if self.attestor is not None:  # the run's id travels with the hand-off: the holder's witness is per run
+            handoff = replace(handoff, run_id=self.attestor.run_id)
         if data_endpoint is not None:
             return await self._provision_direct(replace(handoff, data_endpoint=data_endpoint), on_progress,
                                                 on_reject)
@@ -193,7 +209,7 @@ class FramedHolderLink(HolderLink):
             down = asyncio.create_task(self._device_to_agent(dev_r, stats, on_progress, on_reject))
             # its failure surfaces through _agent_to_device; when the agent side fails first, mark it seen
             down.add_done_callback(lambda t: t.cancelled() or t.exception())
-            bounce = _BounceSealer(handoff) if handoff.conventional else None
+            bounce = _BounceSealer(handoff, self._conventional_opener(handoff)) if handoff.conventional else None
             try:
                 done = await self._agent_to_device(dev_w, down, bounce)
             finally:
@@ -303,7 +319,8 @@ class FramedHolderLink(HolderLink):
     async def stop(self) -> None:
         if self.writer is not None:
             try:
-                self._send(FrameType.BYE, Bye(self.farewell_head).to_wire())
+                run_id = self.attestor.run_id if self.attestor is not None else None
+                self._send(FrameType.BYE, Bye(self.farewell_head, run_id=run_id).to_wire())
                 await self.writer.drain()
             except (OSError, RuntimeError, ConnectionError):
                 pass
@@ -324,23 +341,34 @@ class _BounceSealer:
     is sealed again for the GPU (standing for the CC bounce buffer), in the orchestrator's CVM, under the
     hand-off's ``ProvisioningKey`` (which on this path never leaves the orchestrator)."""
 
-    def __init__(self, handoff: Handoff) -> None:
+    def __init__(self, handoff: Handoff, opener: RecvState | None = None) -> None:
         if handoff.key is None:
             raise AgentError("conventional", "a conventional hand-off needs its provisioning key here")
         self.state = SendState(handoff.key, session_id=bytes.fromhex(handoff.session_id), start=handoff.resume_from)
+        #: an attesting agent's chunks arrive sealed to the CVM (header ``cv``): opened here, then sealed for the GPU
+        self.opener = opener
         #: recent ciphertexts by sequence: a retransmitted chunk is resent as sealed, never re-sealed
         #: under a used nonce (bounded like the agent's in-flight window)
         self.recent: dict[int, tuple[dict[str, Any], bytearray]] = {}
 
     def seal(self, holder: str, header: dict[str, Any], plain: Any) -> tuple[dict[str, Any], bytearray]:
-        if not header.get("plain"):
+        if self.opener is not None and not header.get("cv"):
+            raise AgentError(holder, "an attesting agent sent a conventional chunk not sealed to the CVM")
+        if self.opener is None and not header.get("plain"):
             raise AgentError(holder, "expected a plaintext chunk on the conventional path")
         epoch, seq, offset, n = (header.get(k) for k in ("e", "s", "o", "n"))
         if not all(type(v) is int and v >= 0 for v in (epoch, seq, offset, n)):
             raise AgentError(holder, "sent a malformed CHUNK: e, s, o and n must be non-negative integers")
-        assert isinstance(seq, int) and isinstance(offset, int) and isinstance(n, int)
+        assert isinstance(seq, int) and isinstance(offset, int) and isinstance(n, int) and isinstance(epoch, int)
         if seq in self.recent:
             return self.recent[seq]
+        if self.opener is not None:
+            try:
+                plain = self.opener.open(plain, seq=seq, epoch=epoch, frame_type=FrameType.CHUNK, offset=offset,
+                                         length=n)
+            except GpuTravelError as exc:
+                raise AgentError(holder, f"a conventional chunk does not open under the CVM's exchange: "
+                                         f"{exc.reason}") from None
         if seq != self.state.counter or len(plain) != n:
             raise AgentError(holder, f"plaintext chunk {seq} out of order or of the wrong size")
         out = bytearray(n + TAG_LEN)

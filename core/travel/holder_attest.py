@@ -24,9 +24,17 @@ from typing import Any
 
 from gputravel.core.deviceclient.client import DeviceClient
 from gputravel.core.errors import AgentError
+from gputravel.core.protocol.cipher import Direction
 from gputravel.core.protocol.devicelink import Op
 from gputravel.core.protocol.holderlink import Attest, Handoff, Verdict
-from gputravel.core.protocol.keywrap import LinkKey, cvm_report_data, spdm_nonce, wrap_key
+from gputravel.core.protocol.keys import KEY_LEN, DirectionKey
+from gputravel.core.protocol.keywrap import (
+    LinkKey,
+    conventional_secret,
+    cvm_report_data,
+    spdm_nonce,
+    wrap_key,
+)
 
 __all__ = ["CVM_KINDS", "INJECTIONS", "HolderAttestor", "HolderRefusedError", "SimCvm", "holder_args"]
 
@@ -129,3 +137,8 @@ class HolderAttestor:
         wrapped = wrap_key(self.link_key, holder_pub, self.run_id.encode(), key.key + key.prefix,
                            epoch=handoff.epoch, fingerprint=key.fingerprint)
         return replace(handoff, key=None, wrapped_key=wrapped, key_fp=key.fingerprint)
+
+    def conventional_key(self, holder_pub: bytes, epoch: int) -> DirectionKey:
+        """The key an attesting agent seals a conventional hand-off's data under, to this CVM (issue 30)."""
+        secret = conventional_secret(self.link_key, holder_pub, self.run_id, epoch)
+        return DirectionKey(secret[:KEY_LEN], secret[KEY_LEN:], epoch, int(Direction.HOLDER_TO_DEVICE))

@@ -34,6 +34,10 @@ def attach(*, out_dir: Path, run_id: str, settings: RunSettings, links: Mapping[
     def on_verdict(holder: str, verdict: Verdict) -> None:
         claim = verdict.failed_claim
         report = verdict.report()
+        # whose policy it was is the orchestrator's to say, not the agent's: the one it passed (managed), or the
+        # holder's own (a holder-pinned link, issue 30); the digest and roots are as the agent stated them
+        link = links.get(holder)
+        report["policy_source"] = link.policy_source if isinstance(link, FramedHolderLink) else "orchestrator"
         audit.row("holder-attestation", phase="PROVISION", holder=holder, epoch=verdict.epoch,
                   outcome="ok" if verdict.ok else "refused", duration_s=verdict.ms / 1e3,
                   detail={"claim": claim, **report})

@@ -24,8 +24,13 @@ class LocalHolderLink(FramedHolderLink):
     transport = "local"
 
     def __init__(self, name: str, data_dir: Path, *, agent: Sequence[str], val_fraction: float = 0.1,
-                 python: str | None = None, witness: Path | None = None) -> None:
+                 python: str | None = None, witness: Path | None = None, pinned: bool = False) -> None:
         super().__init__(name)
+        #: a holder-pinned agent (issue 30: ``agent`` runs the holder's ``holder serve``): it is passed nothing,
+        #: its own configuration names its data and what it trusts
+        self.pinned = pinned
+        if pinned:
+            self.policy_source = "holder"
         if not agent:
             raise ConfigError(f"holder {name}: no agent entry to start (argv after the interpreter)")
         self.agent = tuple(agent)
@@ -39,13 +44,10 @@ class LocalHolderLink(FramedHolderLink):
 
     async def start(self) -> HolderInfo:
         self.set_state(HolderState.CONNECTING, "local subprocess")
+        args = () if self.pinned else self._args()
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                self.python, *self.agent, "--name", self.name, "--data", str(self.data_dir),
-                "--val-fraction", str(self.val_fraction),
-                *(("--witness", str(self.witness)) if self.witness is not None else ()),
-                *(("--attest-policy", str(self.attest_files[0]), "--golden", str(self.attest_files[1]))
-                  if self.attest_files is not None else ()), stdin=asyncio.subprocess.PIPE,
+                self.python, *self.agent, *args, stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, limit=STREAM_LIMIT,
                 preexec_fn=die_with_parent)
         except OSError as exc:
@@ -53,12 +55,22 @@ class LocalHolderLink(FramedHolderLink):
         self.reader, self.writer = self.proc.stdout, self.proc.stdin
         try:
             info = await self._hello()
+            if self.pinned and (self.hello is None or self.hello.policy_source != "holder"):
+                raise AgentError(self.name, "a holder-pinned agent must state its own policy in HELLO")
         except GpuTravelError as exc:
             self.set_state(HolderState.FAILED, exc.reason)
             await self.close()
             raise
         self.set_state(HolderState.READY, info.agent_sha256[:16])
         return info
+
+    def _args(self) -> tuple[str, ...]:
+        """What a managed local agent is told: its name, data, and (on the SIM platform) what to attest with."""
+        return ("--name", self.name, "--data", str(self.data_dir),
+                "--val-fraction", str(self.val_fraction),
+                *(("--witness", str(self.witness)) if self.witness is not None else ()),
+                *(("--attest-policy", str(self.attest_files[0]), "--golden", str(self.attest_files[1]))
+                  if self.attest_files is not None else ()))
 
     async def provision(self, handoff: Handoff, *, device_socket: str, on_progress: ProgressFn | None = None,
                         on_reject: RejectFn | None = None,

@@ -15,6 +15,8 @@ from rich.table import Table
 
 from gputravel.core.errors import AgentError, GpuTravelError
 
+#: a row in one of these states is fine (exit 0)
+OK_STATES = ("verified", "stopped", "holder-pinned")
 agents_app = typer.Typer(help="Deploy, check and stop holder agents over SSH.", no_args_is_help=True)
 
 
@@ -36,6 +38,8 @@ async def _for_each(path: Path, action: str) -> list[dict[str, Any]]:
 
     async def one(spec: Any) -> dict[str, Any]:
         row: dict[str, Any] = {"holder": spec.name, "host": spec.host, "port": spec.port, "user": spec.user}
+        if not spec.managed:
+            return {**row, **(await _pinned(spec, action))}
         try:
             conn = await connect(spec)
         except AgentError as exc:
@@ -65,6 +69,29 @@ async def _for_each(path: Path, action: str) -> list[dict[str, Any]]:
     return list(await asyncio.gather(*(one(s) for s in specs)))
 
 
+async def _pinned(spec: Any, action: str) -> dict[str, Any]:
+    """A holder-pinned holder (``managed = false``, issue 30): nothing is uploaded or stopped; deploy and status
+    start its own ``holder serve`` once and report what its HELLO states (version, code SHA-256, policy digest)."""
+    from gputravel.agents.deploy import SshHolderLink
+
+    if action == "stop":
+        return {"state": "holder-pinned", "managed": False, "was_running": False,
+                "reason": "its agent runs only while a run holds its connection: nothing to stop"}
+    link = SshHolderLink(spec, max_reconnects=0)
+    try:
+        await link.start()
+    except GpuTravelError as exc:
+        return {"state": "failed", "managed": False, "reason": exc.reason}
+    finally:
+        await link.close()
+    hello = link.hello
+    assert hello is not None
+    return {"state": "holder-pinned", "managed": False, "uploaded": False, "agent_version": hello.version,
+            "bundle_sha256": hello.agent_sha256, "agent_sha256": hello.agent_sha256,
+            "policy_sha256": hello.policy_sha256, "policy_source": hello.policy_source,
+            "ignored": list(spec.ignored)}
+
+
 def _render(rows: list[dict[str, Any]], as_json: bool) -> None:
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
@@ -74,14 +101,16 @@ def _render(rows: list[dict[str, Any]], as_json: bool) -> None:
         table.add_column(col)
     for r in rows:
         detail = r.get("reason") or (f"uploaded to {r['remote_dir']}" if r.get("uploaded") else r.get("remote_dir", ""))
-        colour = {"verified": "green", "stopped": "cyan"}.get(r["state"], "red")
+        if r["state"] == "holder-pinned" and "policy_sha256" in r:
+            detail = f"agent {r['agent_version']}, policy {str(r['policy_sha256'])[:16]} (the holder's own)"
+        colour = {"verified": "green", "stopped": "cyan", "holder-pinned": "green"}.get(r["state"], "red")
         table.add_row(r["holder"], f"{r['host']}:{r['port']}", f"[{colour}]{r['state']}[/]",
                       (r.get("bundle_sha256") or "-")[:16], str(detail))
     Console().print(table)
 
 
 def _exit_code(rows: list[dict[str, Any]]) -> int:
-    return 0 if all(r["state"] in ("verified", "stopped") for r in rows) else AgentError.exit_code
+    return 0 if all(r["state"] in OK_STATES for r in rows) else AgentError.exit_code
 
 
 def _make_command(action: str, doc: str) -> Any:
@@ -90,7 +119,7 @@ def _make_command(action: str, doc: str) -> Any:
         rows = asyncio.run(_for_each(holders_file, action))
         code = _exit_code(rows)
         if code and as_json:  # the one JSON error object, the holders' rows in it
-            bad = [r for r in rows if r["state"] not in ("verified", "stopped")]
+            bad = [r for r in rows if r["state"] not in OK_STATES]
             error = AgentError(bad[0]["holder"], f"{bad[0]['state']}: {bad[0].get('reason') or '-'} "
                                                  f"({len(bad)} of {len(rows)} holders not {action}ed)")
             error.detail = {"holders": rows}  # type: ignore[attr-defined]

@@ -56,11 +56,11 @@ def verify(
              "given, and each must hold every head recorded for it. Repeat for each node.")] = None,
 ) -> None:
     """Recompute every row hash and chain link; exit 8 naming the first broken row."""
+    address = ledger_address(path)
     try:
-        witnessed = witnessed_heads(witness) if witness is not None else []
+        witnessed = witnessed_heads(witness, run_id=_run_of(address.ledger)) if witness is not None else []
     except LedgerError as exc:
         raise typer.BadParameter(str(exc), param_hint="--witness") from exc
-    address = ledger_address(path)
     if rank_ledgers:  # a fleet from copies of its nodes' folders
         from gputravel.core.fleet.verify import rank_ledgers as find_ranks
         from gputravel.core.fleet.verify import verify_fleet_ledger
@@ -101,6 +101,16 @@ def verify(
     # the head alone on its line, never wrapped or styled, so a terminal copies it whole
     console.print(f"{result.rows}:{result.head_hash}" if result.head_hash else "none (empty)", soft_wrap=True,
                   highlight=False, markup=False)
+
+
+def _run_of(ledger: Path) -> str | None:
+    """The run id of a ledger's rows (a witness keeps heads per run), or None when it cannot be read (the
+    verification then names why)."""
+    try:
+        rows = read_rows(ledger, limit=1)
+    except LedgerError:
+        return None
+    return rows[0].run_id if rows else None
 
 
 #: the shortest hash prefix ``--head`` takes: 16 hex digits (64 bits), too many to grind a rewritten row

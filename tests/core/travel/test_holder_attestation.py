@@ -201,7 +201,13 @@ def test_every_visit_of_a_default_shaped_run_carries_both_holder_verdicts(
     nonces = set()
     for v in visits:
         att = v["holder_attestation"]
-        assert att["cvm"] == {"ok": True, "tcb_status": "UpToDate"}
+        assert {k: att["cvm"][k] for k in ("ok", "tcb_status")} == {"ok": True, "tcb_status": "UpToDate"}
+        assert len(att["cvm"]["mr_td"]) == 96  # the MRTD the holder accepted (issue 30)
+        # the orchestrator chose what these agents check (the SIM platform's policy): said so, with its digest
+        assert att["policy_source"] == "orchestrator" and len(att["policy_sha256"]) == 64
+        assert att["mr_td_policy"] == "any" and set(att["roots"]) == {"gpu", "tdx"}
+        assert att["gpu"]["measres"] == "success" and set(att["evidence_sha256"]) == {
+            "quote", "collateral", "gpu_report", "gpu_chain"}
         assert att["gpu"]["ok"] is True and att["gpu"]["claims_failed"] == []
         assert att["ms"] >= 0
         nonces.add(att["gpu"]["nonce"])

@@ -1,0 +1,114 @@
+"""A holder's receipts and its witness, per run (issue 30 item 5), in its own folder (``<config>/receipts/RUN/``).
+
+After each hand-off it provisioned, a holder-pinned agent writes one receipt (``epoch-E.json``, 0600): the run,
+the epoch, the key's fingerprint, the digests of the evidence it verified and the verdict it gave (its roots,
+policy digest, MRTD, TCB status, GPU nonce and measurements result), the chunks and bytes it sent, and the
+ledger head the orchestrator stated at that hand-off. The ledger heads it was shown (at each hand-off and at
+the end of the run) go to ``witness.jsonl`` in the same folder: one witness per run, so a second run never makes
+the first look rewritten. ``gputravel holder verify`` checks them against a ledger, offline.
+
+Run ids arrive in the protocol: checked as names (letters, digits, ``._-``), never used as paths as they come.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ReceiptBook", "check_run_id", "read_receipts"]
+
+_RUN_ID = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$")
+WITNESS_NAME = "witness.jsonl"
+
+
+def check_run_id(run_id: object) -> str:
+    """The run id as a safe folder name, or ``ValueError``."""
+    if not isinstance(run_id, str) or not _RUN_ID.match(run_id):
+        raise ValueError(f"run id {str(run_id)[:40]!r} is not a name (letters, digits, '.', '_', '-')")
+    return run_id
+
+
+def _append(path: Path, line: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+class ReceiptBook:
+    """Where one holder's agent writes its receipts and witness (``folder``: ``<config>/receipts``)."""
+
+    def __init__(self, folder: Path, holder: str) -> None:
+        self.folder = Path(folder)
+        self.holder = holder
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.folder / check_run_id(run_id)
+
+    def witness(self, run_id: str | None, head: str | None, *, at: str, epoch: int | None) -> None:
+        """The ledger head the orchestrator stated, appended to this run's witness (failures are reported, the
+        hand-off goes on: the witness is the holder's record, not the protocol's)."""
+        if run_id is None or head is None:
+            return
+        line = json.dumps({"ts": round(time.time(), 3), "run": run_id, "holder": self.holder, "at": at,
+                           "epoch": epoch, "ledger_head": head}) + "\n"
+        try:
+            _append(self.run_dir(run_id) / WITNESS_NAME, line)
+        except (OSError, ValueError) as exc:
+            print(f"gputravel holder {self.holder}: cannot write the witness: {exc}", file=sys.stderr)
+
+    def write(self, receipt: dict[str, Any]) -> Path | None:
+        """One hand-off's receipt, written whole (0600, atomically)."""
+        try:
+            folder = self.run_dir(str(receipt["run"]))
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            path = folder / f"epoch-{int(receipt['epoch'])}.json"
+            tmp = folder / f".{path.name}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, (json.dumps(receipt, indent=1, sort_keys=True) + "\n").encode())
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+            return path
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"gputravel holder {self.holder}: cannot write a receipt: {exc}", file=sys.stderr)
+            return None
+
+
+def read_receipts(folder: Path, run_id: str | None = None) -> list[tuple[Path, dict[str, Any]]]:
+    """The receipts under ``folder`` (``<config>/receipts``), of one run or of all, oldest run first, by epoch.
+
+    Raises:
+        ValueError: a receipt file that is not a JSON object (named).
+    """
+    runs = [Path(folder) / check_run_id(run_id)] if run_id else sorted(
+        (d for d in Path(folder).iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime) if Path(
+        folder).is_dir() else []
+    out: list[tuple[Path, dict[str, Any]]] = []
+    for run in runs:
+        if not run.is_dir():
+            continue
+        found = []
+        for path in run.glob("epoch-*.json"):
+            found.append((path, read_receipt(path)))
+        out += sorted(found, key=lambda pr: int(pr[1].get("epoch", 0)))
+    return out
+
+
+def read_receipt(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not a receipt ({exc})") from None
+    if not isinstance(doc, dict) or "run" not in doc or "epoch" not in doc:
+        raise ValueError(f"{path}: not a receipt (no run or epoch)")
+    return doc

@@ -1,0 +1,124 @@
+"""``gputravel holder verify``: a holder's receipts against a run's ledger, offline (issue 30 item 5).
+
+What it checks, in this order, and names the first difference:
+
+1. the chain is intact (``core.ledger.verify_ledger``), and holds every head this holder was shown for the run
+   (each receipt's ``ledger_head`` and the run's witness), unchanged;
+2. every receipt belongs to the ledger's run;
+3. for each receipt, the ledger's ``holder-attestation`` row of its epoch says ``ok`` with the same verdict: the
+   same evidence digests, policy digest, roots, MRTD, TCB status, GPU nonce and measurements result; the ledger's
+   ``key-handed-over``/visit rows of that epoch name the same key fingerprint;
+4. no ``holder-attestation`` row of the holder (the name the ledger gives it at the receipts' epochs) lacks a
+   receipt: the ledger claims no visit of this holder it has no receipt for.
+
+What it proves, and what not: that the orchestrator's ledger records exactly the verdicts this holder gave (on the
+evidence it saw, under its own policy) for the visits it made, and was not rewritten since it was shown its heads.
+It does not prove what the GPU did with the data (that is the attestation's part), nor anything of a visit whose
+receipt the holder lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gputravel.core.ledger import LedgerRow, parse_head, read_rows, verify_ledger
+
+__all__ = ["ReceiptCheck", "verify_receipts"]
+
+#: the verdict fields a receipt and its ledger row must agree on
+_COMPARED = (("policy_sha256",), ("roots",), ("mr_td_policy",), ("cvm", "mr_td"), ("cvm", "tcb_status"),
+             ("gpu", "nonce"), ("gpu", "measres"), ("evidence_sha256",))
+
+
+@dataclass(slots=True)
+class ReceiptCheck:
+    """The outcome: ``ok``, or the first ``difference``; what was compared."""
+
+    ok: bool
+    ledger: str
+    run_id: str | None
+    receipts: int
+    rows: int
+    holder: str | None = None
+    difference: str | None = None
+    epochs: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "ledger": self.ledger, "run_id": self.run_id, "holder": self.holder,
+                "receipts": self.receipts, "epochs": self.epochs, "ledger_rows": self.rows,
+                "difference": self.difference}
+
+
+def _get(doc: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        doc = doc.get(key) if isinstance(doc, dict) else None
+    return doc
+
+
+def verify_receipts(ledger: Path, receipts: list[tuple[Path, dict[str, Any]]],
+                    witness: Sequence[tuple[int, str]] = ()) -> ReceiptCheck:
+    """Check ``receipts`` (path, receipt) against the ledger file ``ledger``; never raises for a difference."""
+    rows = read_rows(ledger)
+    run_id = rows[0].run_id if rows else None
+    result = ReceiptCheck(ok=False, ledger=str(ledger), run_id=run_id, receipts=len(receipts), rows=len(rows),
+                          epochs=sorted(int(r.get("epoch", -1)) for _, r in receipts))
+
+    def differs(text: str) -> ReceiptCheck:
+        result.difference = text
+        return result
+
+    if not receipts:
+        return differs(f"no receipt of run {run_id} to check (this holder made no visit of it, or lost its receipts)")
+    heads: list[tuple[int, str]] = list(witness)
+    for path, rec in receipts:
+        if rec.get("run") != run_id:
+            return differs(f"{path.name}: receipt of run {rec.get('run')}, the ledger is run {run_id}")
+        if rec.get("ledger_head"):
+            try:
+                heads.append(parse_head(str(rec["ledger_head"])))
+            except ValueError:
+                return differs(f"{path.name}: ledger_head {rec['ledger_head']!r} is not SEQ:HASH")
+    chain = verify_ledger(ledger, expect_heads=heads)
+    if not chain.ok:
+        return differs(f"ledger chain: {chain.reason} (row {chain.first_bad_seq})")
+    verdict_rows: dict[int, LedgerRow] = {}
+    key_fps: dict[int, set[str]] = {}
+    for row in rows:
+        if row.epoch is None:
+            continue
+        if row.kind == "holder-attestation" and row.outcome == "ok":
+            verdict_rows[row.epoch] = row
+        if row.key_fp:
+            key_fps.setdefault(row.epoch, set()).add(row.key_fp)
+    names: set[str] = set()
+    for path, rec in receipts:
+        epoch = int(rec["epoch"])
+        found = verdict_rows.get(epoch)
+        if found is None:
+            return differs(f"{path.name}: the ledger has no ok holder-attestation row for epoch {epoch} "
+                           "(the visit this receipt records is missing)")
+        row = found
+        names.add(str(row.holder))
+        verdict = rec.get("verdict") or {}
+        for key in _COMPARED:
+            mine, theirs = _get(verdict, key), _get(row.detail, key)
+            if mine != theirs:
+                return differs(f"{path.name}: epoch {epoch} {'.'.join(key)}: receipt {mine!r}, ledger row "
+                               f"{row.seq} {theirs!r}")
+        fps = key_fps.get(epoch, set())
+        if fps and rec.get("key_fp") not in fps:
+            return differs(f"{path.name}: epoch {epoch} key {rec.get('key_fp')}: the ledger names {sorted(fps)}")
+    if len(names) != 1:
+        return differs(f"the receipts' visits are under several names in the ledger: {sorted(names)}")
+    holder = names.pop()
+    result.holder = holder
+    mine = {int(r["epoch"]) for _, r in receipts}
+    for row in rows:
+        if row.kind == "holder-attestation" and row.holder == holder and row.outcome == "ok" and \
+                row.epoch not in mine:
+            return differs(f"ledger row {row.seq} claims a visit of {holder} (epoch {row.epoch}) with no receipt")
+    result.ok = True
+    return result
