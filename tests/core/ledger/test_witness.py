@@ -89,3 +89,23 @@ def test_a_malformed_witness_file_is_a_usage_error(tmp_path: Path) -> None:
     witness.write_text('{"ledger_head": "not a head"}\n')
     result = runner.invoke(app, ["ledger", "verify", str(db), "--witness", str(witness)])
     assert result.exit_code == 2 and "line 1 is not a witness record" in result.output
+
+
+async def test_a_witness_kept_over_two_runs_verifies_both_ledgers(tmp_path: Path) -> None:
+    """Issue 30: the witness keeps heads per run; after a holder's second run, each run's ledger verifies against
+    the one witness file (it used to say "the chain was rewritten" for both)."""
+    data = tmp_path / "data"
+    write_holder(data / "alice", 4, "two runs one witness file per holder kept across runs".split())
+    path = tmp_path / "alice-witness.jsonl"
+    outs = [tmp_path / "run-1", tmp_path / "run-2"]
+    for out in outs:
+        settings = small_settings(data, out, holders=1, steps_per_visit=1, transport="local")
+        await api.run(settings, links=[LocalHolderLink("alice", data / "alice", agent=ENTRIES.holder_agent,
+                                                       witness=path)])
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    runs = [read_rows(out / "ledger.db")[0].run_id for out in outs]
+    assert [r["run"] for r in records] == [runs[0], runs[0], runs[1], runs[1]]  # hand-off and end, per run
+    for out in outs:
+        ok = runner.invoke(app, ["ledger", "verify", str(out / "ledger.db"), "--witness", str(path)],
+                           env={"COLUMNS": "200"})
+        assert ok.exit_code == 0 and "holds all 2 witnessed heads" in ok.output, ok.output
