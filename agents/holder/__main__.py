@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
+from gputravel.agents.holder.agent import exit_now, main
 
-from gputravel.agents.holder.agent import main
-
-sys.exit(main())
+exit_now(main())

@@ -31,7 +31,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, NoReturn
 
 from gputravel.agents.holder.bundle import agent_sha256
 from gputravel.agents.holder.dataconn import DataLinkLost
@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # imported when the agent attests: a holder that does not nee
     from gputravel.agents.holder.attest import HolderAttestation
     from gputravel.agents.holder.receipts import ReceiptBook
 
-__all__ = ["AGENT_VERSION", "Agent", "main"]
+__all__ = ["AGENT_VERSION", "Agent", "exit_now", "main"]
 
 AGENT_VERSION = "1"
 
@@ -162,6 +162,20 @@ class Agent(Provisioner):
             print(f"gputravel agent {self.name}: attestation refused ({verdict.failed_claim}); no key taken",
                   file=sys.stderr)
         self.send_msg(verdict)
+
+
+def exit_now(code: int) -> NoReturn:
+    """End the agent's process once its run loop returned (issue 30 item 7). Its reader thread may still be blocked
+    reading stdin (an orchestrator that keeps the link open after BYE): the interpreter's shutdown would then abort
+    on that stream's lock (SIGABRT, "could not acquire lock for <stdin>"). Everything the agent wrote is flushed
+    first; nothing else is left to clean up (its files are written whole as it goes)."""
+    for stream in (sys.__stdout__, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -276,3 +276,36 @@ async def test_conventional_is_refused_unless_allowed_and_then_never_plaintext(
     assert "conventional hand-off is refused" in str(by["bob"]["error"])
     assert chunks and all(c["_holder"] == "alice" for c in chunks)
     assert all(c.get("cv") == 1 and "plain" not in c and c["_len"] == c["n"] + 16 for c in chunks)  # sealed
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("entry", ["agent", "serve"])
+def test_an_agent_exits_0_after_bye_though_its_stdin_stays_open(entry: str, tmp_path: Path) -> None:
+    """Issue 30 item 7: the agent used to abort at interpreter shutdown (SIGABRT on stdin's lock) when the
+    orchestrator kept the link open after BYE."""
+    import subprocess
+
+    from gputravel.core.protocol import encode_frame, read_frame
+
+    data = tmp_path / "data"
+    write_holder(data, 5, WORDS, 200)
+    folder = tmp_path / "config"
+    init_config(data=data, folder=folder, accept_any_td=True)
+    argv = ["-m", "gputravel.agents.holder", "--name", "x", "--data", str(data)] if entry == "agent" else \
+        [*SERVE, str(folder)]
+    proc = subprocess.Popen([sys.executable, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        hello = read_frame(proc.stdout)
+        assert hello is not None and hello.type is FrameType.HELLO
+        proc.stdin.write(encode_frame(FrameType.BYE, {}))
+        proc.stdin.flush()  # and the pipe stays open
+        assert proc.wait(30) == 0, proc.stderr.read() if proc.stderr else b""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()

@@ -86,9 +86,10 @@ def show(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
 @holder_app.command("serve")
 def serve(config: ConfigOpt = None) -> None:
     """The holder's agent on stdin/stdout (what the orchestrator key's forced command runs)."""
+    from gputravel.agents.holder.agent import exit_now
     from gputravel.agents.holder.serve import serve as serve_agent
 
-    raise typer.Exit(serve_agent(config))
+    exit_now(serve_agent(config))  # not through the interpreter's shutdown: the link's reader may still block
 
 
 def _key_text(path: Path) -> str:
