@@ -8,10 +8,11 @@ import os
 import shutil
 from pathlib import Path
 
+from gputravel.core.errors import ConfigError
 from gputravel.core.files import close_folder, keep_private, make_tree_private
 from gputravel.core.runfolder.folder import RUNS_DIR, RunFolder
 
-__all__ = ["RunClaim"]
+__all__ = ["RunClaim", "check_owner"]
 
 
 def _empty_folder(path: Path) -> bool:
@@ -19,6 +20,21 @@ def _empty_folder(path: Path) -> bool:
         return path.is_dir() and not any(path.iterdir())
     except OSError:
         return False
+
+
+def check_owner(out: Path) -> None:
+    """``--out`` must be this user's (issue 30 item 7): in a folder another user owns, that user could delete,
+    rename or replace the run's ledger, keys and checkpoints whatever their modes. ``ConfigError`` (exit 2) names
+    the owner; a folder that does not exist yet is made by this user."""
+    try:
+        st = out.stat()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot use it ({exc.strerror})") from None
+    if st.st_uid != os.getuid():
+        raise ConfigError(f"--out {out} belongs to uid {st.st_uid}, not to this user ({os.getuid()}): its owner "
+                          "could change the run's files; choose a folder of your own")
 
 
 class RunClaim:
@@ -42,6 +58,7 @@ class RunClaim:
         the ledger, the recording and SQLite's -wal/-shm, the settings, logs, checkpoints: 0600). A folder that
         already exists and is a run's (``--resume``) or empty (``--out``) is closed to others (0700); the files
         in it keep their modes, so a key others could read is still refused by name, never quietly fixed."""
+        check_owner(self.out)
         keep_private()
         self.ours = self.created or self.folder.is_run() or _empty_folder(self.out)  # never a user's folder
         self.out.mkdir(mode=0o700, parents=True, exist_ok=True)
