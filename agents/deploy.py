@@ -266,7 +266,8 @@ class SshHolderLink(FramedHolderLink):
             self.reader, self.writer = self.process.stdout, self.process.stdin
             info = await self._hello()
             hello = self.hello
-            if hello is None or hello.nonce is None or hello.link_pub is None or hello.policy_sha256 is None:
+            if (hello is None or hello.nonce is None or hello.link_pub is None or hello.policy_sha256 is None
+                    or hello.policy_source != "holder"):
                 raise AgentError(self.name, "a holder-pinned holder's agent must attest with its own policy; this one "
                                             "states none (is its key's forced command `gputravel holder serve`?)")
         except GpuTravelError as exc:
