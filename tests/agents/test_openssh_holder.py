@@ -263,6 +263,13 @@ async def test_a_holder_pinned_run_over_openssh_completes_and_its_receipts_verif
     for h in report["holders"]:
         assert h["managed"] is False and h["policy_sha256"] == configs[h["name"]]["policy_sha256"]
         assert "remote_dir" not in h  # nothing was uploaded
+    # `agents deploy` uploads nothing and reports what each holder's agent states
+    from gputravel.console.cli.commands.agents import _for_each
+
+    rows = {r["holder"]: r for r in await _for_each(inventory, "deploy")}
+    for name in USERS:
+        assert rows[name]["state"] == "holder-pinned" and rows[name]["uploaded"] is False
+        assert rows[name]["policy_sha256"] == configs[name]["policy_sha256"] and rows[name]["agent_version"]
     for home in pinned.homes.values():
         assert not (home / ".gputravel").exists()  # no bundle, no witness of the orchestrator's choosing
     # each holder verifies its receipts, as itself, against the ledger the orchestrator hands it (a copy it keeps
