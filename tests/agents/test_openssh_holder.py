@@ -311,6 +311,19 @@ async def test_the_orchestrator_key_gets_no_shell_no_sftp_no_forward_and_no_data
     finally:
         conn.close()
         await conn.wait_closed()
+    # --permit-open: OpenSSH takes the line, and the key may forward to that one address only
+    _as(USERS["holder-a"], pinned.homes["holder-a"], str(pinned.exe), "holder", "authorize", "--key",
+        str(pinned.orch_pub), "--permit-open", f"127.0.0.1:{pinned.port}")
+    conn = await connect(spec)
+    try:
+        _reader, writer = await asyncio.wait_for(conn.open_connection("127.0.0.1", pinned.port), 20)
+        writer.close()
+        with pytest.raises((asyncssh.Error, OSError, TimeoutError)):
+            _reader, writer = await asyncio.wait_for(conn.open_connection("127.0.0.1", pinned.port + 1), 20)
+            writer.close()
+    finally:
+        conn.close()
+        await conn.wait_closed()
 
 
 async def test_a_holder_that_pins_another_mrtd_refuses_and_its_data_never_leaves(pinned: Pinned) -> None:
