@@ -198,7 +198,7 @@ async def test_a_holder_pinned_run_completes_with_receipts_that_verify_offline(
         tmp_path: Path, tap: list[tuple[str, FrameType, dict[str, Any]]]) -> None:
     out = tmp_path / "run"
     folders = _holders(tmp_path, out)
-    report = await api.run(small_settings(None, out, transport="local"), links=_links(folders))
+    report = (await api.run(small_settings(None, out, transport="local"), links=_links(folders))).to_json()
     assert report["failed_visits"] == 0 and [v["outcome"] for v in report["visits"]] == ["done", "done"]
     for v in report["visits"]:
         att = v["holder_attestation"]
@@ -245,7 +245,8 @@ async def test_a_holder_that_pins_another_mrtd_refuses_and_sends_nothing(
         (pinned.parent / f).write_bytes((sim / f).read_bytes())
     pinned.write_text((sim / "sim-evidence.toml").read_text() + 'mr_td = ["' + "ab" * 48 + '"]\n')
     folders = _holders(tmp_path, out, bob={"policy": pinned, "accept_any_td": False})
-    report = await api.run(small_settings(None, out, transport="local", visit_attempts=1), links=_links(folders))
+    report = (await api.run(small_settings(None, out, transport="local", visit_attempts=1),
+                           links=_links(folders))).to_json()
     by = {v["holder"]: v for v in report["visits"]}
     assert by["alice"]["outcome"] == "done"
     assert by["bob"]["outcome"] == "failed" and by["bob"]["bytes"] == 0
@@ -268,8 +269,8 @@ async def test_conventional_is_refused_unless_allowed_and_then_never_plaintext(
 
     import unittest.mock
     with unittest.mock.patch.object(framed_link._BounceSealer, "seal", seen):
-        report = await api.run(small_settings(None, out, transport="local", data_path="conventional",
-                                              visit_attempts=1), links=_links(folders))
+        report = (await api.run(small_settings(None, out, transport="local", data_path="conventional",
+                                               visit_attempts=1), links=_links(folders))).to_json()
     by = {v["holder"]: v for v in report["visits"]}
     assert by["alice"]["outcome"] == "done" and by["alice"]["bytes"] > 0
     assert by["bob"]["outcome"] == "failed" and by["bob"]["bytes"] == 0

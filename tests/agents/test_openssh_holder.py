@@ -253,7 +253,7 @@ async def test_a_holder_pinned_run_over_openssh_completes_and_its_receipts_verif
     assert "is holder-pinned" in capsys.readouterr().err
     assert specs["holder-b"].attest_policy is None and set(specs["holder-b"].ignored) >= {"attest_policy", "golden",
                                                                                           "data", "python"}
-    report = await holders.run(_settings(run, inventory))
+    report = (await holders.run(_settings(run, inventory))).to_json()
     assert [(v["holder"], v["outcome"]) for v in report["visits"]] == [("holder-a", "done"), ("holder-b", "done")]
     assert report["failed_visits"] == 0 and report["ledger"]["verified"]
     for v in report["visits"]:
@@ -337,7 +337,7 @@ async def test_a_holder_that_pins_another_mrtd_refuses_and_its_data_never_leaves
         f.chmod(0o755 if f.is_dir() else 0o644)
     config_b = _init(pinned, "holder-b", other)  # pinned: no --accept-any-td needed
     assert config_b["mr_td_policy"] == "pinned"
-    report = await holders.run(_settings(run, _inventory(pinned), visit_attempts=1))
+    report = (await holders.run(_settings(run, _inventory(pinned), visit_attempts=1))).to_json()
     by = {v["holder"]: v for v in report["visits"]}
     assert by["holder-a"]["outcome"] == "done"
     assert by["holder-b"]["outcome"] == "failed" and by["holder-b"]["bytes"] == 0
