@@ -115,7 +115,7 @@ class ConsoleCommands(App[None]):
             if args:
                 self.action_run_bench(args[0])
             else:
-                from gputravel.console.tui.screens.bench import BENCH_ARGS
+                from gputravel.console.tui.bench_args import BENCH_ARGS
 
                 self.notify(f"bench NAME: {', '.join(BENCH_ARGS)} (tab completes)", severity="error")
         elif cmd == "screenshot":  # after the command line has closed, so it is not in the picture

@@ -17,7 +17,7 @@ from gputravel.core.errors import DataError
 
 __all__ = ["register"]
 
-evidence_app = typer.Typer(help="Collateral for offline attestation (issue 31).", no_args_is_help=True)
+evidence_app = typer.Typer(help="Collateral for offline attestation: fetch what evidence needs and bundle it for an air-gapped holder.", no_args_is_help=True)
 
 
 @evidence_app.command("bundle")

@@ -83,7 +83,7 @@ class ConsoleScreen(Screen[None]):
         with Vertical(id="screen-body"):
             yield from self.compose_body()
         yield OpsLog(id="ops-log")
-        from gputravel.console.tui.screens.bench import BENCH_ARGS  # (that module builds on this one)
+        from gputravel.console.tui.bench_args import BENCH_ARGS
 
         command_line = CommandLine(id="command-line")
         command_line.extra_words["bench"] = tuple(BENCH_ARGS)  # Tab completes `:bench pr` -> `:bench provision`

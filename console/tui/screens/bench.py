@@ -19,26 +19,13 @@ from textual.widget import Widget
 from textual.widgets import DataTable, OptionList, Static
 from textual.widgets.option_list import Option
 
+from gputravel.console.tui.bench_args import BENCH_ARGS
 from gputravel.console.tui.screens.base import ConsoleScreen
 from gputravel.console.tui.screens.bench_tables import BENCHES, BenchView, bench_view, progress_line
 from gputravel.console.tui.widgets.bar_chart import BarChart
 from gputravel.console.tui.widgets.table_filter import TableFilter, row_matches
 from gputravel.console.tui.widgets.text import esc
 
-#: Options the console passes to ``gputravel bench NAME``: a configuration small enough to watch (the CLI's
-#: defaults are studies that run far longer than a console session; ``gputravel bench NAME`` runs those).
-BENCH_ARGS: dict[str, tuple[str, ...]] = {
-    "provision": ("--size-mib", "16", "--repeats", "2"),
-    "allreduce": ("--size-mib", "1,4", "--repeats", "5"),
-    "travel": ("--buffer-mib", "4,20"),
-    "ddp": ("--iters", "5"),
-    "load": ("--holders", "4", "--rounds", "1"),
-    "soak": ("--visits", "20"),
-    "gpu_aes": ("--repeats", "3"),
-    "fleet": ("--gpus", "2"),
-    "evidence": ("--rounds", "10"),
-    "hostile": ("--size-mib", "16", "--visits", "3"),
-}
 #: Columns preferred for the bar chart, best first.
 BAR_KEYS = ("speedup", "mb_s", "gb_s", "throughput", "throughput_mb_s", "tokens_per_s", "ms", "seconds", "s")
 
