@@ -112,6 +112,9 @@ class WindowClosed(_Wire):
     complete: bool
     rejected: dict[str, int]
     rejected_in_window: dict[str, int]
+    #: ns after the window opened when its data connection was ``admitted``, its ring ``ring_bound`` and its
+    #: ``first_chunk`` was in device memory (the hand-off's fixed cost by stage; empty from an older device)
+    marks_ns: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

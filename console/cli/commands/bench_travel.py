@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.table import Table
 
 from gputravel.console.cli.commands.bench import StudyProgress
+from gputravel.console.entries import ENTRIES
 from gputravel.core import planner
 from gputravel.core.bench import travel
 from gputravel.core.errors import ConfigError, GpuTravelError
@@ -77,6 +78,10 @@ def register(bench_app: typer.Typer) -> None:
         conventional_fixes: bool = typer.Option(False, "--conventional-fixes",
                                                 help="Give the conventional path parallel authentication and "
                                                      "overlap too."),
+        attest_prefetch: bool = typer.Option(True, "--attest-prefetch/--no-attest-prefetch",
+                                             help="The next holder attests while a visit trains (the run's "
+                                                  "default); off: each hand-off attests in line (the before "
+                                                  "of docs/performance.md)."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
     ) -> None:
         """Travelling vs conventional: training time, transfer time and transfer % per buffer size."""
@@ -98,7 +103,8 @@ def register(bench_app: typer.Typer) -> None:
                                       holders=holders, steps_per_mib=steps_per_mib, model=model,
                                       batch_size=batch_size, seq_len=seq_len, chunk_kib=chunk_kib,
                                       transport=transport, max_mib=max_mib, torch_threads=torch_threads,
-                                      conventional_fixes=conventional_fixes, on_progress=progress)
+                                      conventional_fixes=conventional_fixes, on_progress=progress, entries=ENTRIES,
+                                      attest_prefetch=attest_prefetch)
             except ConfigError as exc:
                 raise typer.BadParameter(exc.reason) from None
         statuses = {r["status"] for r in result["rows"]}
