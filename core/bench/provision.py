@@ -23,7 +23,7 @@ from gputravel.core.bench.load import HolderServer, HolderServerFactory
 from gputravel.core.deviceclient.client import DeviceClient
 from gputravel.core.entries import Entries
 from gputravel.core.errors import DataError
-from gputravel.core.machine import aes_gcm_pair_rate, aes_gcm_rate, machine_info, ring_pipeline_rate
+from gputravel.core.machine import WINDOWS, aes_gcm_pair_rate, aes_gcm_rate, machine_info, ring_pipeline_rate
 from gputravel.core.platform.emulated import EmulatedPlatform
 from gputravel.core.travel import handoff as ho
 from gputravel.core.travel.framed_link import FramedHolderLink
@@ -65,12 +65,15 @@ def memcpy_rate(size: int, *, seconds: float = 0.3) -> float:
     """Plain host memory copy rate (bytes/s): the floor any path is compared with."""
     src = bytearray(os.urandom(1 << 20)) * (size >> 20 or 1)
     dst = bytearray(len(src))
-    n = 0
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        memoryview(dst)[:] = src
-        n += 1
-    return n * len(src) / (time.perf_counter() - t0)
+    best = 0.0
+    for _ in range(WINDOWS):  # the best window: a busy machine only ever lowers one
+        n = 0
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds / WINDOWS or not n:
+            memoryview(dst)[:] = src
+            n += 1
+        best = max(best, n * len(src) / (time.perf_counter() - t0))
+    return best
 
 
 def _route(path: str) -> tuple[str, str]:
