@@ -317,9 +317,10 @@ async def load(*, holders: int, rounds: int, holder_kib: int, steps_per_visit: i
     per_holder = [h.get("deploy_s") for h in report["holders"] if h.get("deploy_s") is not None]
     summary = cost_summary(costs)
     overhead_med = summary["protocol_overhead_ms"]["median"]
-    # issue 34 item 4: what the orchestrator adds to a visit (its wall time but provisioning, training and the
-    # checkpoint: the protocol's phases and the bookkeeping between them), its memory and its descriptors
-    orch = [c["wall"] - c["provision"] - c["train"] - c["checkpoint"] for c in costs]
+    # issue 34 item 4: what the orchestrator adds to a visit (the protocol's phases but PROVISION and TRAIN, ROTATE
+    # without its checkpoint, which runs in the background, and the bookkeeping between phases), its memory and its
+    # descriptors
+    orch = [c["overhead"] + c["bookkeeping"] for c in costs]
     row = {"holders": holders, "visits": len(report["visits"]),
            "orchestrator_ms_per_visit": stats_ms(orch)["median"],
            "rss_mb": round(mem.peak.get("orchestrator", 0) / 1e6, 1),
