@@ -43,5 +43,11 @@ lint: setup
 	mkdir -p build/mypy && ln -sfn "$(CURDIR)" build/mypy/gputravel
 	MYPYPATH=build/mypy $(VENV)/bin/mypy -p gputravel.core -p gputravel.agents -p gputravel.console --strict
 
+# Every check that needs a GPU (scripts/gpu_check.py) into gpu-report.json; without CUDA it writes
+# {"cuda": false, "reason": ...} and exits 0. GPU_CHECK_ARGS: e.g. --quick, --only tests,gpu_aes, --plan
+# (tests/scripts/test_gpu_check.py runs `make -n gpu-check`, so the recipe cannot go missing again).
+gpu-check: setup
+	$(PY) scripts/gpu_check.py --output gpu-report.json $(GPU_CHECK_ARGS)
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

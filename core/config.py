@@ -35,7 +35,7 @@ _INT_FIELDS = ("holders", "rounds", "steps_per_visit", "chunk_kib", "batch_size"
 _FLOAT_FIELDS = ("buffer_mib", "val_fraction", "val_share", "lr")
 _STR_FIELDS = ("model", "cc_mode", "transport", "data_path", "cipher_engine", "data_host")
 _OPTIONAL_STR_FIELDS = ("device", "fault")
-_BOOL_FIELDS = ("resume", "allow_fault_injection")
+_BOOL_FIELDS = ("resume", "allow_fault_injection", "attest_prefetch")
 _OPTIONAL_BOOL_FIELDS = ("parallel_auth", "overlap")
 
 
@@ -101,6 +101,9 @@ class RunSettings:
     #: the orchestrator CVM's kind, what holders attest (issue 31): tdx, snp (SEV-SNP) or azure-snp (Azure's HCL
     #: report + vTPM quote); on the emulated platform a SIM CVM of that kind
     cvm_kind: str = "tdx"
+    #: the next holder's attestation (ATTEST -> VERDICT, over the key its window will have) runs while the
+    #: current visit trains; its hand-off then only checks that the prediction held (core/travel/windows.py)
+    attest_prefetch: bool = True
 
     def __post_init__(self) -> None:
         if self.data_path == "ssh":  # the name `bench provision` and the docs use for the channel path

@@ -218,6 +218,10 @@ class VisitSummary(WireMessage):
     #: the holder's own verdict (``Verdict.report()``; None: the holder does not attest)
     holder_attestation: dict[str, Any] | None = field(
         default=None, metadata=bounds(Opt(Json(max_depth=8, max_items=1 << 16, max_str=1 << 20))))
+    #: the hand-off's fixed cost by stage (window, attest, verdict, admission, ring_bind, first_chunk, done,
+    #: total, data), ms; and whether the holder's attestation was fetched ahead while the last visit trained
+    handoff_fixed_ms: dict[str, float] = field(default_factory=dict, metadata=bounds(MapOf(Float(), max_len=32)))
+    attest_prefetched: bool = field(default=False, metadata=bounds(Bool()))
 
 
 @dataclass(frozen=True, slots=True)

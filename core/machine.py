@@ -34,18 +34,41 @@ def machine_info() -> dict[str, Any]:
             "platform": platform.platform()}
 
 
+#: a rate that is a ceiling is the best of this many equal windows of its time: a busy machine (another
+#: process taking the core for part of a window) only ever lowers a window's rate
+WINDOWS = 5
+
+
+def _best_rate(one: Any, chunk: int, seconds: float) -> float:
+    best = 0.0
+    for _ in range(WINDOWS):
+        n = 0
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds / WINDOWS:
+            one()
+            n += 1
+        best = max(best, n * chunk / (time.perf_counter() - t0))
+    return best
+
+
 def aes_gcm_rate(chunk: int, *, seconds: float = 0.5) -> float:
-    """Single-core AES-256-GCM decrypt_into rate (bytes/s) on ``chunk``-byte messages of random data."""
+    """Single-core AES-256-GCM decrypt_into rate (bytes/s) on ``chunk``-byte messages of random data (the best
+    of ``WINDOWS`` windows of ``seconds`` in all)."""
     aead = AESGCM(os.urandom(32))
     nonce = os.urandom(12)
     ct = aead.encrypt(nonce, os.urandom(chunk), b"aad")
     out = bytearray(chunk)
-    n = 0
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        aead.decrypt_into(nonce, ct, b"aad", out)
-        n += 1
-    return n * chunk / (time.perf_counter() - t0)
+    return _best_rate(lambda: aead.decrypt_into(nonce, ct, b"aad", out), chunk, seconds)
+
+
+def aes_gcm_seal_rate(chunk: int, *, seconds: float = 0.5) -> float:
+    """Single-core AES-256-GCM encrypt_into rate (bytes/s) on ``chunk``-byte messages of random data (the best
+    of ``WINDOWS`` windows of ``seconds`` in all)."""
+    aead = AESGCM(os.urandom(32))
+    nonce = os.urandom(12)
+    src = os.urandom(chunk)
+    out = bytearray(chunk + 16)
+    return _best_rate(lambda: aead.encrypt_into(nonce, src, b"aad", out), chunk, seconds)
 
 
 def _cipher_pass(mode: str, size: int, chunk: int, rounds: int, start: Any, out: Any) -> None:

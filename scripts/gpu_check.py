@@ -12,7 +12,8 @@ command's JSON report or its output's tail):
 * ``nccl_allreduce`` and ``nccl_fleet``: a 2-rank NCCL all-reduce and fleet, where 2 GPUs exist.
 
 Without CUDA it writes ``{"cuda": false, "reason": ..., ...}`` and exits 0: the machine has nothing to check.
-With CUDA it exits 1 when a check failed. ``--plan`` prints the checks it would run and runs nothing.
+With CUDA it exits 1 when a check failed. ``--plan`` prints the checks it would run and runs nothing: each
+with what it measures and its goal (issue 34 item 5), so one GPU sitting fills docs/performance.md's table.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ class Check:
     timeout_s: int
     json_out: bool = True
     min_gpus: int = 1
+    #: what the row measures and the goal it is read against (the issues' targets; docs/performance.md)
+    measures: str = ""
+    goal: str = ""
 
 
 def gputravel(*args: str) -> list[str]:
@@ -51,23 +55,42 @@ def plan(gpus: int, *, quick: bool = False) -> list[Check]:
     batch = "8" if quick else "16"
     checks = [
         Check("tests", [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests"],
-              900, json_out=False),
+              900, json_out=False, measures="the gpu-marked tests (GPU cipher against cryptography, CUDA buffers)",
+              goal="all pass"),
         Check("provision_gpu", gputravel("bench", "provision", "--path", "direct", "--cipher-engine", "gpu",
-                                         "--size-mib", "64" if quick else "256", "--repeats", "2", "--json"), 600),
+                                         "--size-mib", "64" if quick else "256", "--repeats", "2", "--json"), 600,
+              measures="provisioning into CUDA, chunks opened by the GPU cipher: rows[].mb_s against the same "
+                       "run's one-core AES-GCM (rows[].fraction_of_aes_core) and its bound (fraction_of_bound); "
+                       "rows[].fixed_stages_s, the hand-off's fixed cost by stage",
+              goal=">= 0.8 of one AES-GCM core; fixed cost <= 2 ms a hand-off"),
         Check("provision_cpu", gputravel("bench", "provision", "--path", "direct", "--cipher-engine", "cpu",
-                                         "--size-mib", "64" if quick else "256", "--repeats", "2", "--json"), 600),
-        Check("gpu_aes", gputravel("bench", "gpu-aes", "--json"), 600),
+                                         "--size-mib", "64" if quick else "256", "--repeats", "2", "--json"), 600,
+              measures="provisioning into CUDA, chunks opened by host cores (the one-core yardstick beside "
+                       "provision_gpu)",
+              goal=">= 0.8 of one AES-GCM core; provision_gpu >= 2.5x this row"),
+        Check("gpu_aes", gputravel("bench", "gpu-aes", "--json"), 600,
+              measures="GPU AES-256-GCM open+verify GB/s per batch size, byte-compatible with cryptography",
+              goal=">= 50 GB/s at >= 64 MiB batches on an H100, >= 6x one CPU core"),
         Check("train_gpt2", gputravel("bench", "train", "--model", "gpt2", "--holders", "2", "--steps", steps,
                                       "--batch-size", batch, "--seq-len", "1024", "--dataset-mib", "8",
-                                      "--device", "cuda", "--json"), 900),
+                                      "--device", "cuda", "--json"), 900,
+              measures="GPT-2 124M: the protocol's cost over a plain loop at the GPU's batch (protocol_cost_pct)",
+              goal="protocol cost <= 5%"),
         Check("allreduce_secure_gpu", gputravel("bench", "allreduce", "--world-size", "2", "--size-mib", "64",
                                                 "--variants", "plain,secure_pipelined,secure_gpu", "--repeats", "5",
-                                                "--json"), 600),
+                                                "--json"), 600,
+              measures="secure all-reduce with hops sealed and opened on the GPU against plain; rows[].bound_ratio "
+                       "(the ring's cipher passes at the measured cipher speed plus plain's copies, over plain)",
+              goal="secure <= 1.1x its bound (rows[].fraction_of_bound >= 0.91)"),
         Check("nccl_allreduce", gputravel("bench", "allreduce", "--backend", "nccl", "--world-size", "2",
                                           "--size-mib", "64", "--variants", "plain,secure_gpu", "--repeats", "5",
-                                          "--json"), 600, min_gpus=2),
+                                          "--json"), 600, min_gpus=2,
+              measures="secure all-reduce on NCCL, 2 GPUs: secure_gpu against NCCL's plain all-reduce",
+              goal="secure <= 1.1x its bound"),
         Check("nccl_fleet", gputravel("bench", "fleet", "--gpus", "1,2", "--model", "tiny", "--repeats", "1",
-                                      "--json"), 900, min_gpus=2),
+                                      "--json"), 900, min_gpus=2,
+              measures="a 2-rank fleet on NCCL: steps/s with the secure ring against one GPU",
+              goal="runs; 2 GPUs faster than 1"),
     ]
     return [c for c in checks if c.min_gpus <= max(gpus, 1)]
 
@@ -118,7 +141,8 @@ def run_check(check: Check) -> dict[str, Any]:
             f"\ntimed out after {check.timeout_s} s"
     result: dict[str, Any] = {"command": " ".join(check.argv[2:] if check.argv[1:3] == ["-m", "gputravel.console.cli"]
                                                   else check.argv[1:]),
-                              "rc": rc, "ok": rc == 0, "wall_s": round(time.perf_counter() - t0, 3)}
+                              "rc": rc, "ok": rc == 0, "wall_s": round(time.perf_counter() - t0, 3),
+                              "goal": check.goal}
     parsed = last_json(out) if check.json_out else None
     if parsed is not None:
         result["report"] = parsed
@@ -149,10 +173,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.plan:
         print(json.dumps({**status, "checks": [asdict(c) for c in checks]}, indent=2))
         return 0
+    if args.output.parent != Path() and not args.output.parent.is_dir():
+        ap.error(f"--output: no folder {args.output.parent}")
     started = time.time()
     report: dict[str, Any] = {**status, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))}
     if not status["cuda"]:
-        report.update(ok=True, checks={}, skipped=[c.name for c in plan(2)])
+        report.update(ok=True, checks={}, skipped=[c.name for c in plan(2)],
+                      goals={c.name: c.goal for c in plan(2)})
         write(args.output, report)
         print(f"gpu-check: no CUDA ({status['reason']}); wrote {args.output}")
         return 0

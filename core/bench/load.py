@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from gputravel.core import events as ev
 from gputravel.core.config import RunSettings
 from gputravel.core.entries import Entries
+from gputravel.core.errors import ConfigError
 from gputravel.core.machine import machine_info
 from gputravel.core.travel.engine import TravelEngine
 from gputravel.core.travel.holders import HolderLink, HolderState
@@ -107,6 +108,14 @@ def _role(pid: int, root: int, roles: Mapping[str, str]) -> str:
     return "other"
 
 
+def open_fds(pid: int | str = "self") -> int:
+    """File descriptors ``pid`` holds now (from /proc; 0 where there is none)."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0
+
+
 def process_tree(root: int) -> list[int]:
     """``root`` and every live descendant (from /proc/*/stat)."""
     children: dict[int, list[int]] = {}
@@ -147,6 +156,8 @@ class MemorySampler:
         self.interval = interval
         self.roles = dict(roles or {})
         self.peak: dict[str, int] = {}
+        #: the most file descriptors this process (the orchestrator) held at a sample
+        self.peak_fds = 0
         self.samples = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="mem-sampler")
@@ -160,6 +171,7 @@ class MemorySampler:
         now = memory_by_role(roles=self.roles)
         for role, n in now.items():
             self.peak[role] = max(self.peak.get(role, 0), n)
+        self.peak_fds = max(self.peak_fds, open_fds())
         self.samples += 1
         return now
 
@@ -263,14 +275,17 @@ class HolderServerFactory(Protocol):
 async def load(*, holders: int, rounds: int, holder_kib: int, steps_per_visit: int, workdir: Path,
                server: HolderServerFactory, entries: Entries = Entries(),
                on_deployed: Callable[[], None] | None = None,
-               on_visit: Callable[[], None] | None = None) -> dict[str, Any]:
+               on_visit: Callable[[], None] | None = None, transport: str = "ssh") -> dict[str, Any]:
     """Run the study; ``on_deployed`` / ``on_visit`` tick once per holder ready and per visit ended;
-    ``entries``: the caller's programs (their processes' roles in the memory figures)."""
+    ``entries``: the caller's programs (their processes' roles in the memory figures, the local agent's entry).
+    ``transport``: "ssh" (the holders behind ``server``'s loopback SSH server) or "local" (agent subprocesses)."""
+    if transport not in ("ssh", "local"):
+        raise ConfigError("transport is ssh or local")
     data = write_holders(workdir / "data", holders, holder_kib * 1024)
     names = sorted(p.name for p in data.iterdir())
     settings = RunSettings(holders=holders, rounds=rounds, steps_per_visit=steps_per_visit, batch_size=4, seq_len=32,
                            chunk_kib=16, buffer_mib=max(0.0625, 2 * holder_kib / 1024), data_dir=data,
-                           out_dir=workdir / "run", transport="ssh", data_path="direct", model="tiny")
+                           out_dir=workdir / "run", transport=transport, data_path="direct", model="tiny")
 
     def sink(event: ev.Event) -> None:
         if isinstance(event, ev.HolderStateChanged) and event.state == HolderState.READY:
@@ -280,16 +295,21 @@ async def load(*, holders: int, rounds: int, holder_kib: int, steps_per_visit: i
             if on_visit is not None:
                 on_visit()
 
-    ssh = server([(n, data / n) for n in names], _private(workdir / "ssh"))
+    ssh = server([(n, data / n) for n in names], _private(workdir / "ssh")) if transport == "ssh" else None
+    fds_before = open_fds()
     t0 = time.perf_counter()
+    server_s = 0.0
     with MemorySampler(0.1, roles=dict(entries.process_roles)) as mem:
         try:
             t_srv = time.perf_counter()
-            links = await asyncio.to_thread(ssh.start)
-            server_s = time.perf_counter() - t_srv
-            report, probe, _engine = await run_probed(settings, links=links, sinks=[sink])
+            links: list[HolderLink] | None = None
+            if ssh is not None:
+                links = await asyncio.to_thread(ssh.start)
+                server_s = time.perf_counter() - t_srv
+            report, probe, _engine = await run_probed(settings, links=links, entries=entries, sinks=[sink])
         finally:
-            ssh.stop()
+            if ssh is not None:
+                ssh.stop()
         mem.sample()
     total_s = time.perf_counter() - t0
     costs = probe.visit_costs(report)
@@ -297,12 +317,24 @@ async def load(*, holders: int, rounds: int, holder_kib: int, steps_per_visit: i
     per_holder = [h.get("deploy_s") for h in report["holders"] if h.get("deploy_s") is not None]
     summary = cost_summary(costs)
     overhead_med = summary["protocol_overhead_ms"]["median"]
+    # issue 34 item 4: what the orchestrator adds to a visit (the protocol's phases but PROVISION and TRAIN, ROTATE
+    # without its checkpoint, which runs in the background, and the bookkeeping between phases), its memory and its
+    # descriptors
+    orch = [c["overhead"] + c["bookkeeping"] for c in costs]
+    row = {"holders": holders, "visits": len(report["visits"]),
+           "orchestrator_ms_per_visit": stats_ms(orch)["median"],
+           "rss_mb": round(mem.peak.get("orchestrator", 0) / 1e6, 1),
+           "open_fds": mem.peak_fds, "open_fds_before": fds_before,
+           "agents_rss_mb": round(mem.peak.get("agents", 0) / 1e6, 1),
+           "total_rss_mb": round(mem.peak.get("total", 0) / 1e6, 1)}
     return {
         "benchmark": "load",
         "machine": machine_info(),
+        "rows": [row],
         "settings": {"holders": holders, "rounds": rounds, "visits": len(report["visits"]),
                      "steps_per_visit": steps_per_visit, "holder_kib": holder_kib, "model": settings.model,
-                     "transport": "ssh (embedded loopback server)", "data_path": settings.data_path,
+                     "transport": "ssh (embedded loopback server)" if ssh is not None else "local (agent subprocesses)",
+                     "data_path": settings.data_path,
                      "buffer_kib": settings.buffer_bytes // 1024, "chunk_kib": settings.chunk_kib},
         "deploy": {"wall_s": round(deploy_wall, 3) if deploy_wall is not None else None,
                    "per_holder_s": {"median": round(statistics.median(per_holder), 3) if per_holder else None,
@@ -352,6 +384,21 @@ def holder_attestation_cost(report: dict[str, Any]) -> dict[str, Any]:
             "within_target": bool(every) and max(every) <= HOLDER_ATTESTATION_TARGET_MS,
             "includes": "in the agent: TDX quote + collateral (dcap-qvl, once an agent) and report-data binding; "
                         "SPDM chain (once an agent), report parse, nonce, signature, 64 measurements vs golden"}
+
+
+def growth(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """How the orchestrator's figures grow from the fewest holders to the most (``bench load``'s rows):
+    per-visit time as a ratio, memory and descriptors per added holder."""
+    if len(rows) < 2:
+        return {}
+    a, b = min(rows, key=lambda r: r["holders"]), max(rows, key=lambda r: r["holders"])
+    added = b["holders"] - a["holders"]
+    ms_a, ms_b = a["orchestrator_ms_per_visit"], b["orchestrator_ms_per_visit"]
+    return {"from_holders": a["holders"], "to_holders": b["holders"],
+            "orchestrator_ms_per_visit_ratio": round(ms_b / ms_a, 3) if ms_a and ms_b else None,
+            "rss_mb_per_added_holder": round((b["rss_mb"] - a["rss_mb"]) / added, 3) if added else None,
+            "open_fds_per_added_holder": round((b["open_fds"] - a["open_fds"]) / added, 3) if added else None,
+            "targets": {"orchestrator_ms_per_visit_ratio": "<= 1.2", "rss_mb_per_added_holder": "<= 2"}}
 
 
 def _private(path: Path) -> Path:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import statistics
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
@@ -45,6 +46,7 @@ from gputravel.core import events as ev
 from gputravel.core import planner
 from gputravel.core.bench.data import make_holders
 from gputravel.core.config import RunSettings
+from gputravel.core.entries import Entries
 from gputravel.core.errors import ConfigError, GpuTravelError
 from gputravel.core.machine import machine_info as core_machine_info
 from gputravel.core.travel.report import RunReport
@@ -145,6 +147,41 @@ def label(buffer_mib: float | str | None) -> str:
     return str(int(value)) if value.is_integer() else f"{value:g}"
 
 
+def provision_rate(*, size: int, chunk: int, workdir: Path, entries: Entries, repeats: int = 3) -> dict[str, Any]:
+    """The data phase's rate of ``bench provision``'s direct path on this machine, now (a local agent into the
+    device's buffer, the shared-memory ring where the host has one): the median over ``repeats`` hand-offs of
+    ``size`` bytes of the agent's first seal to its last acknowledgement. A travel row's bound is its bytes at
+    this rate: Tx with no fixed cost at all."""
+    from gputravel.core.bench.provision import measure_path
+
+    stages: list[dict[str, float]] = []
+    fixed: list[dict[str, float]] = []
+    times = asyncio.run(measure_path("direct", size=size, chunk=chunk, repeats=repeats, workdir=workdir, server=None,
+                                     entries=entries, stages=stages, fixed=fixed))
+    data_s = statistics.median(r["data_s"] for r in stages)
+    return {"path": "direct (local agent)", "size_mib": round(size / MIB, 4), "repeats": repeats,
+            "data_phase_mb_s": round(size / data_s / 1e6, 1), "hand_off_mb_s": round(size / statistics.median(times) / 1e6, 1),
+            "fixed_stages_ms": {k: round(statistics.median(f[k] for f in fixed), 4) for k in fixed[0]}}
+
+
+def fixed_ms(done: list[dict[str, Any]]) -> dict[str, float] | None:
+    """The visits' hand-off fixed cost by stage (``visits[].handoff_fixed_ms``), the median of each stage."""
+    per = [v["handoff_fixed_ms"] for v in done if v.get("handoff_fixed_ms")]
+    if not per:
+        return None
+    return {k: round(statistics.median(p.get(k, 0.0) for p in per), 4) for k in per[0]}
+
+
+def with_bound(row: dict[str, Any], rate_b_s: float | None) -> dict[str, Any]:
+    """A row's bound (its bytes moved at ``rate_b_s``, the same run's provision data-phase rate) and
+    ``fraction_of_bound`` = bound_tx_s / tx_s (1: Tx has no fixed cost)."""
+    if rate_b_s is None or row.get("status") != "ok" or not row.get("tx_s"):
+        return {**row, "bound_tx_s": None, "fraction_of_bound": None}
+    bound = row["bytes"] / rate_b_s
+    return {**row, "bound_tx_s": round(bound, 6), "fraction_of_bound": round(bound / row["tx_s"], 4),
+            "fixed_tx_s_per_visit": round((row["tx_s"] - bound) / row["visits"], 6) if row["visits"] else None}
+
+
 def row_from_report(report: dict[str, Any], base: dict[str, Any], wall_s: float) -> dict[str, Any]:
     visits = report["visits"]
     done = [v for v in visits if str(v.get("outcome", "")).startswith("done")]
@@ -161,7 +198,8 @@ def row_from_report(report: dict[str, Any], base: dict[str, Any], wall_s: float)
            "mb_s": round(nbytes / tx / 1e6, 2) if tx > 0 else None,
            "tx_s_per_visit": round(tx / len(done), 6) if done else None,
            "train_s_per_step": round(train / steps, 6) if steps else None,
-           "wall_s": round(wall_s, 3), "model_params": report.get("training", {}).get("model_params")}
+           "wall_s": round(wall_s, 3), "model_params": report.get("training", {}).get("model_params"),
+           "handoff_fixed_ms": fixed_ms(done)}
     failed = int(report.get("failed_visits") or 0)
     if failed or len(done) != len(visits):
         row["status"], row["reason"] = "failed", f"{failed} visit(s) failed"
@@ -195,11 +233,13 @@ def study(buffers: list[float | None], *, workdir: Path, run: RunFn, dataset_mib
           holders: int = 2, steps_per_mib: float = 4.0, model: str = "tiny", batch_size: int = 8, seq_len: int = 64,
           chunk_kib: int = 1024, transport: str = "ssh", max_mib: float | None = None, torch_threads: int = 1,
           conventional_fixes: bool = False, paths: tuple[str, ...] = planner.PATHS,
-          on_progress: ProgressFn | None = None) -> dict[str, Any]:
+          on_progress: ProgressFn | None = None, entries: Entries | None = None,
+          attest_prefetch: bool = True) -> dict[str, Any]:
     """Run the study; returns the JSON-able result (``benchmark: travel``).
 
     ``run`` runs one training run with its holders (the console's holder set: the embedded SSH server for
-    ``transport="ssh"``); ``on_progress(description, visits done, visits expected)`` follows it."""
+    ``transport="ssh"``); ``on_progress(description, visits done, visits expected)`` follows it. With
+    ``entries`` (the local agent's entry), each row's bound is measured in the same run (``provision_rate``)."""
     if holders < 1:
         raise ConfigError("holders must be >= 1")
     if not steps_per_mib > 0:
@@ -272,7 +312,7 @@ def study(buffers: list[float | None], *, workdir: Path, run: RunFn, dataset_mib
                 out_dir=workdir / f"run-{label(b)}-{path}", chunk_kib=chunk_kib, val_fraction=VAL_FRACTION,
                 val_share=VAL_SHARE, model=model, batch_size=batch_size, seq_len=seq_len,
                 torch_threads=torch_threads, transport=transport, data_path=planner.DATA_PATH[path],
-                parallel_auth=fixes, overlap=fixes)
+                parallel_auth=fixes, overlap=fixes, attest_prefetch=attest_prefetch)
 
             def sink(event: ev.Event, _description: str = description) -> None:
                 nonlocal done
@@ -292,13 +332,20 @@ def study(buffers: list[float | None], *, workdir: Path, run: RunFn, dataset_mib
             finally:
                 shutil.rmtree(settings.out_dir, ignore_errors=True)
             rows.append(row_from_report(report, base, time.perf_counter() - t0))
+    bound: dict[str, Any] | None = None
+    if entries is not None and entries.holder_agent and runnable:
+        progress("the bound: provision's data phase", done, total)
+        size = min(64 * MIB, max(MIB, max(s for _, s, _ in runnable)))
+        bound = provision_rate(size=size, chunk=chunk_kib << 10, workdir=workdir / "bound", entries=entries)
+    rate = bound["data_phase_mb_s"] * 1e6 if bound else None
+    rows = [with_bound(r, rate) for r in rows]
     params = next((r.get("model_params") for r in rows if r.get("model_params")), None)
     job = {"model": model, "model_params": params, "batch_size": batch_size, "seq_len": seq_len,
            "tokens_per_step": batch_size * seq_len, "steps_per_mib": steps_per_mib, "holders": holders,
            "holder_mib": round(holder_mib, 4), "dataset_mib": round(holder_mib * holders, 4),
            "dataset": "one .txt per holder of printable pseudo-random text (hex digits from os.urandom)",
            "rounds": 1, "val_fraction": VAL_FRACTION, "val_share": VAL_SHARE, "torch_threads": torch_threads,
-           "chunk_kib": chunk_kib, "transport": transport,
+           "chunk_kib": chunk_kib, "transport": transport, "attest_prefetch": attest_prefetch,
            "steps_rule": "steps per visit = max(1, round(MiB of training data in the visit × steps_per_mib)); "
                          "one round over all data, so total steps are the same for every buffer size",
            "tx_pct": "100 · tx_s / (tx_s + train_s)"}
@@ -307,4 +354,7 @@ def study(buffers: list[float | None], *, workdir: Path, run: RunFn, dataset_mib
                           "parallel_auth": "auto" if p == "travelling" or conventional_fixes else False,
                           "overlap": "auto" if p == "travelling" or conventional_fixes else False} for p in paths},
             "buffers": [label(b) for b in buffers], "rows": rows, "ratios": ratios(rows),
+            # each row's bound: its bytes at the data-phase rate of ``bench provision``'s direct path measured
+            # after the runs (no fixed cost at all); ``fraction_of_bound`` = bound_tx_s / tx_s
+            "bound": bound,
             "seconds": round(time.perf_counter() - t_start, 2)}

@@ -25,6 +25,7 @@ from gputravel.core.collectives.launch import WorkerContext, check_backend, run_
 from gputravel.core.collectives.models import MODELS
 from gputravel.core.collectives.ring import RingStats, SecureRing, Variant, available_variants
 from gputravel.core.errors import ConfigError
+from gputravel.core.machine import aes_gcm_rate, aes_gcm_seal_rate
 from gputravel.core.machine import machine_info as core_machine_info
 
 __all__ = ["MODELS", "AllReduceSpec", "DdpSpec", "machine_info", "run_allreduce_bench", "run_ddp_bench"]
@@ -91,6 +92,37 @@ def _delta(before: dict[str, float], after: RingStats) -> dict[str, float]:
     return {k: now[k] - before.get(k, 0.0) for k in BREAKDOWN}
 
 
+#: the variants whose bound is host cipher passes plus plain's copies (``bound_row``); the others have none here
+#: (noop moves nothing, gloo_tls's crypto is gloo's own, secure_gpu's runs at the GPU cipher's speed)
+BOUNDED = (Variant.PLAIN, Variant.RING, Variant.SECURE_NAIVE, Variant.SECURE_PIPELINED)
+
+
+def cipher_speed(ctx: WorkerContext, chunk: int) -> dict[str, float]:
+    """One core's AES-256-GCM seal and open rates (bytes/s) on ``chunk``-byte messages, measured on every rank
+    at once (as the ring's passes run), the slowest rank's: the cipher speed a row's bound is made of (each the
+    best of short windows: a bound is a ceiling, and a busy machine only ever lowers a window)."""
+    dist.barrier()
+    mine = {"seal": aes_gcm_seal_rate(chunk, seconds=0.3), "open": aes_gcm_rate(chunk, seconds=0.3)}
+    gathered: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(gathered, mine)
+    return {k: min(g[k] for g in gathered) for k in mine}
+
+
+def bound_row(ctx: WorkerContext, variant: Variant, delta: dict[str, float], calls: int, *, plain_s: float,
+              median_s: float, speed: dict[str, float], lanes: int) -> dict[str, Any]:
+    """A row's bound (issue 34 item 3): plain's time (its copies and wire) plus the bytes the busiest rank sealed
+    and opened per call at this machine's cipher speed (``cipher_speed``) on ``lanes`` crypto threads.
+    ``bound_ratio`` = bound / plain, ``fraction_of_bound`` = bound / measured (1: at the bound)."""
+    gathered: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(gathered, (delta.get("bytes_sealed", 0.0), delta.get("bytes_opened", 0.0)))
+    if variant not in BOUNDED or plain_s <= 0 or median_s <= 0:
+        return {"bound_s": None, "bound_ratio": None, "fraction_of_bound": None}
+    cipher_s = max(s / speed["seal"] + o / speed["open"] for s, o in gathered) / max(1, calls) / max(1, lanes)
+    bound = plain_s + cipher_s
+    return {"bound_s": bound, "bound_cipher_s": cipher_s, "bound_ratio": bound / plain_s,
+            "fraction_of_bound": bound / median_s}
+
+
 # --- all-reduce ---------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class AllReduceSpec:
@@ -116,6 +148,8 @@ def allreduce_worker(ctx: WorkerContext, spec: AllReduceSpec, vendor_dir: str) -
     gathered = [v for v in spec.variants if v.secure and v is not Variant.SECURE_GPU]  # secure_gpu: one mode
     runs = [(v, g if v in gathered else None) for v in spec.variants for g in (spec.gathers if v in gathered else ("-",))]
     dtype = getattr(torch, spec.dtype)
+    speed = cipher_speed(ctx, spec.chunk_bytes or (1 << 20))
+    lanes = max(1, crypto.workers)
     total, done = len(spec.sizes_mib) * (spec.warmup + spec.repeats), 0
     rows: list[dict[str, Any]] = []
     for mib in spec.sizes_mib:
@@ -145,18 +179,24 @@ def allreduce_worker(ctx: WorkerContext, spec: AllReduceSpec, vendor_dir: str) -
                 rows.append({"world_size": ctx.world_size, "size_mib": mib, "variant": v.value, "gather": g,
                              "repeats": 0, "median_s": None, "min_s": None, "ratio_vs_plain": None,
                              "gb_per_s": None, "breakdown_s": None, "cipher_engine": "gpu (simulator)",
+                             "bound_s": None, "bound_ratio": None, "fraction_of_bound": None,
                              "note": skipped[(v, g)]})
                 continue
             slow = _slowest(ctx, times[(v, g)])
             ring = rings[g or spec.gathers[0]]
-            breakdown = _mean_stats(ctx, _delta(before[(v, g)], ring.stats.get(v, RingStats())), spec.repeats)
+            after = ring.stats.get(v, RingStats())
+            breakdown = _mean_stats(ctx, _delta(before[(v, g)], after), spec.repeats)
             med = statistics.median(slow)
+            moved = {k: after.as_dict()[k] - before[(v, g)].get(k, 0.0) for k in ("bytes_sealed", "bytes_opened")}
+            bound = bound_row(ctx, v, moved, spec.repeats, plain_s=plain, median_s=med, speed=speed, lanes=lanes)
             rows.append({
                 "world_size": ctx.world_size, "size_mib": mib, "variant": v.value, "gather": g,
                 "repeats": spec.repeats, "median_s": med, "min_s": min(slow),
                 "ratio_vs_plain": med / plain if plain > 0 else None,
                 "gb_per_s": (numel * x.element_size() / med / 1e9) if med > 0 else None,
-                "breakdown_s": breakdown,
+                "breakdown_s": breakdown, **bound,
+                "cipher_seal_mb_s": speed["seal"] / 1e6, "cipher_open_mb_s": speed["open"] / 1e6,
+                "crypto_lanes": lanes,
                 **({"cipher_engine": _gpu_label()} if v is Variant.SECURE_GPU else {}),
             })
     for ring in rings.values():

@@ -114,6 +114,9 @@ class Admissions:
                 other.conns.pop(conn, None)
             self._idle.pop(conn, None)
             win.conns[conn] = on_return
+        with svc.lock:  # the hand-off's admission stage ends here (``ProvisionWindow.marks``)
+            if svc.window is not None and svc.window.epoch == admit.epoch:
+                svc.window.mark("admitted")
 
     def _prune(self) -> None:
         """Forget the oldest windows with no connection left beyond ``KEEP_CLOSED`` (the lock held)."""

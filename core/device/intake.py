@@ -8,6 +8,7 @@ Where a chunk is decrypted: ``ChunkIntake.submit_chunk`` hands it to the service
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +46,17 @@ class ProvisionWindow:
     contig: int = 0
     tags: set[bytes] = field(default_factory=set)  # GCM tags of the accepted chunks (public, not key material)
     key: DirectionKey | None = None  # for a chunk opener that needs the raw key (the GPU cipher)
+    #: when the window opened (``perf_counter_ns``) and, in ns after it, its hand-off's first events: a data
+    #: connection ``admitted``, a shared-memory ring ``ring_bound``, the ``first_chunk`` (and the ``last_chunk``)
+    #: in device memory
+    #: (``WindowClosed.marks_ns``: the hand-off's fixed cost by stage, ``handoff.fixed_stages``)
+    opened_ns: int = field(default_factory=time.perf_counter_ns)
+    marks: dict[str, int] = field(default_factory=dict)
+
+    def mark(self, name: str) -> None:
+        """The first time ``name`` happens in this window (callers hold the service's lock)."""
+        if name not in self.marks:
+            self.marks[name] = time.perf_counter_ns() - self.opened_ns
 
     @property
     def n_chunks(self) -> int:
@@ -120,6 +132,8 @@ class ChunkIntake:
                         w.accepted.add(seq)
                         w.tags.add(tag)
                         w.bytes_in += length
+                        w.mark("first_chunk")
+                        w.marks["last_chunk"] = time.perf_counter_ns() - w.opened_ns
                         self.counters["chunks"] += 1
                         self.counters["bytes_in"] += length
                         ack = {"s": seq, "e": epoch, "contiguous": w.contiguous()}
@@ -212,6 +226,7 @@ class ChunkIntake:
             ring = ShmRing.create(spec) if new else current
             assert ring is not None
             self.plane.bind_ring(ring, spec.epoch)
+            w.mark("ring_bound")
         self.counters["rings_bound"] += 1
         if new:
             self.counters["rings_made"] += 1

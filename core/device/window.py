@@ -100,7 +100,8 @@ class WindowOps:
         return Reply(WindowClosed(epoch=epoch, bytes=w.bytes_in, chunks=len(w.accepted), expected_chunks=w.n_chunks,
                                   contiguous=w.contiguous(), complete=len(w.accepted) == w.n_chunks,
                                   rejected=dict(self.rejected),
-                                  rejected_in_window=dict(self.rejected_by_epoch.get(epoch, {}))).to_wire())
+                                  rejected_in_window=dict(self.rejected_by_epoch.get(epoch, {})),
+                                  marks_ns=dict(w.marks)).to_wire())
 
     def _bury(self, w: ProvisionWindow) -> None:
         """A window's key is dead; the tags of its chunks are kept a while to recognise replays."""

@@ -117,6 +117,9 @@ class WindowClosed(WireMessage):
     complete: bool = field(metadata=bounds(Bool()))
     rejected: dict[str, int] = field(metadata=bounds(_COUNTS))
     rejected_in_window: dict[str, int] = field(metadata=bounds(_COUNTS))
+    #: ns after the window opened when its data connection was ``admitted``, its ring ``ring_bound`` and its
+    #: ``first_chunk`` was in device memory (the hand-off's fixed cost by stage; empty from an older device)
+    marks_ns: dict[str, int] = field(default_factory=dict, metadata=bounds(MapOf(_COUNT, max_len=16)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -376,6 +376,7 @@ class TravelEngine:
         """k steps on the buffer, as the run's ``TrainStep`` trains (sliced on one device: progress, spikes and
         control between slices, validation on the held-out slice; ``core.travel.training``)."""
         fmt = self.infos[v.rec.plan.holder].fmt
+        self.windows.prefetch(v.rec, self.links)  # the next holder attests meanwhile
         return 0, await self.trainer.train(v.rec, fmt=fmt, cut=self.train_slices)
 
     async def _scrub(self, v: Visit) -> Outcome:

@@ -87,6 +87,10 @@ class FramedHolderLink(HolderLink):
         #: local agents, the embedded SSH server, managed inventory holders) or "holder" (``managed = false``)
         self.policy_source = "orchestrator"
         self.hello: Hello | None = None  # the agent's last HELLO
+        #: the attestation fetched ahead (``prefetch_attestation``): its task while it runs, then (epoch, key
+        #: fingerprint, verdict) until the hand-off it was for takes it (or another hand-off discards it)
+        self._prefetch: asyncio.Task[None] | None = None
+        self._prefetched: tuple[int, str, Verdict] | None = None
 
     def set_state(self, state: str, detail: str = "") -> None:
         self.state, self.state_detail = state, detail
@@ -139,15 +143,37 @@ class FramedHolderLink(HolderLink):
         self.agent_pid = hello.pid
         self.holder_nonce = bytes.fromhex(hello.nonce) if hello.nonce else None
         self.holder_pub = bytes.fromhex(hello.link_pub) if hello.link_pub else None
+        self._prefetched = None  # a verdict of an earlier agent counts for nothing
         return self.info
 
-    async def _attested(self, handoff: Handoff) -> Handoff:
-        """The hand-off as it may go to this agent. An attesting agent first gets ATTEST (the CVM's quote, the
-        GPU's evidence under its nonce) and answers VERDICT; only an ok verdict lets the key go, wrapped for it.
-        A refusal raises ``HolderRefusedError``: nothing of the key was sent."""
-        if self.attestor is None or self.holder_nonce is None or self.holder_pub is None:
-            return handoff
-        msg: Attest = await self.attestor.attest(handoff, self.holder_nonce)
+    def prefetch_attestation(self, *, epoch: int, key_fp: str) -> None:
+        """ATTEST -> VERDICT for the hand-off of key ``key_fp`` in ``epoch``, now, in the background (the engine
+        calls it for the next holder while a visit trains). Nothing of the key goes with it; the hand-off takes
+        the verdict only for that very key and epoch (``_attested``), else attests afresh."""
+        if self.attestor is None or self.holder_nonce is None or self.holder_pub is None or self._prefetch:
+            return
+        self._prefetched = None
+        task = asyncio.get_running_loop().create_task(self._fetch_verdict(epoch, key_fp))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a failure is seen by _settle
+        self._prefetch = task
+
+    async def _fetch_verdict(self, epoch: int, key_fp: str) -> None:
+        assert self.attestor is not None and self.holder_nonce is not None
+        msg = await self.attestor.attest_key(epoch=epoch, key_fp=key_fp, holder_nonce=self.holder_nonce)
+        self._prefetched = (epoch, key_fp, await self._exchange(msg, epoch))
+
+    async def settle_attestation(self) -> None:
+        """Wait for an attestation fetched ahead (the link reads nothing else meanwhile); one that failed
+        leaves nothing behind (its hand-off attests afresh, or finds the link broken)."""
+        task, self._prefetch = self._prefetch, None
+        if task is None:
+            return
+        await asyncio.wait({task})
+        if task.cancelled() or task.exception() is not None:
+            self._prefetched = None
+
+    async def _exchange(self, msg: Attest, epoch: int) -> Verdict:
+        """Send ATTEST and read the agent's VERDICT for ``epoch`` (its next nonce kept)."""
         self.holder_nonce = None  # spent, whatever happens next
         self._send(FrameType.ATTEST, msg.to_wire(), msg.payload())
         await self._drain()
@@ -161,8 +187,33 @@ class FramedHolderLink(HolderLink):
                 raise AgentError(self.name, f"expected VERDICT, got {frame.type.name}")
         verdict = self._parse(Verdict, frame)
         self.holder_nonce = bytes.fromhex(verdict.next_nonce)
-        if verdict.epoch != handoff.epoch:
-            raise AgentError(self.name, f"VERDICT for epoch {verdict.epoch}, not {handoff.epoch}")
+        if verdict.epoch != epoch:
+            raise AgentError(self.name, f"VERDICT for epoch {verdict.epoch}, not {epoch}")
+        return verdict
+
+    async def _attested(self, handoff: Handoff, stats: ProvisionStats | None = None) -> Handoff:
+        """The hand-off as it may go to this agent. An attesting agent first gets ATTEST (the CVM's quote, the
+        GPU's evidence under its nonce) and answers VERDICT; only an ok verdict lets the key go, wrapped for it.
+        A refusal raises ``HolderRefusedError``: nothing of the key was sent. A verdict fetched ahead for this
+        very key and epoch (``prefetch_attestation``) is that exchange, done earlier."""
+        await self.settle_attestation()
+        ahead, self._prefetched = self._prefetched, None
+        if self.attestor is None or self.holder_pub is None or (self.holder_nonce is None and ahead is None):
+            return handoff
+        marks = stats.marks_ns if stats is not None else {}
+        fp = handoff.key.fingerprint if handoff.key is not None else ""
+        if ahead is not None and ahead[:2] == (handoff.epoch, fp):
+            verdict = ahead[2]
+            marks["attest_begun"] = marks["attest_sent"] = marks["verdict"] = time.perf_counter_ns()
+            if stats is not None:
+                stats.attest_prefetched = True
+        else:
+            assert self.holder_nonce is not None
+            marks["attest_begun"] = time.perf_counter_ns()
+            msg: Attest = await self.attestor.attest(handoff, self.holder_nonce)
+            marks["attest_sent"] = time.perf_counter_ns()
+            verdict = await self._exchange(msg, handoff.epoch)
+            marks["verdict"] = time.perf_counter_ns()
         if self.on_verdict is not None:
             self.on_verdict(self.name, verdict)
         if not verdict.ok:
@@ -203,9 +254,10 @@ class FramedHolderLink(HolderLink):
                 DataReady.from_wire(ready.header)
             except FrameError as exc:
                 raise DeviceError(f"the device's DATA_READY is malformed: {exc}") from None
-            outgoing = await self._attested(replace(handoff, data_endpoint=None))
+            outgoing = await self._attested(replace(handoff, data_endpoint=None), stats)
             self._send(FrameType.HANDOFF, outgoing.to_wire())
             await self._drain()
+            stats.marks_ns["handoff_sent"] = time.perf_counter_ns()
             down = asyncio.create_task(self._device_to_agent(dev_r, stats, on_progress, on_reject))
             # its failure surfaces through _agent_to_device; when the agent side fails first, mark it seen
             down.add_done_callback(lambda t: t.cancelled() or t.exception())
@@ -214,6 +266,7 @@ class FramedHolderLink(HolderLink):
                 done = await self._agent_to_device(dev_w, down, bounce)
             finally:
                 down.cancel()
+            stats.marks_ns["done"] = time.perf_counter_ns()
             stats.retransmits = done.retransmits
             stats.stages = dict(done.stages)
         finally:
@@ -231,8 +284,9 @@ class FramedHolderLink(HolderLink):
         only the hand-off, progress, rejections and DONE travel on this link."""
         stats = ProvisionStats()
         t0 = time.perf_counter()
-        self._send(FrameType.HANDOFF, (await self._attested(handoff)).to_wire())
+        self._send(FrameType.HANDOFF, (await self._attested(handoff, stats)).to_wire())
         await self._drain()
+        stats.marks_ns["handoff_sent"] = time.perf_counter_ns()
         while True:
             frame = await self._read()
             if frame.type is FrameType.ACK:
@@ -250,6 +304,7 @@ class FramedHolderLink(HolderLink):
                     on_reject(refusal.seq, refusal.code, refusal.reason)
             elif frame.type is FrameType.DONE:
                 done = self._parse(Done, frame)
+                stats.marks_ns["done"] = time.perf_counter_ns()
                 stats.retransmits = done.retransmits
                 stats.stages = dict(done.stages)
                 stats.seconds = time.perf_counter() - t0
@@ -317,6 +372,9 @@ class FramedHolderLink(HolderLink):
                 await self.kill()
 
     async def stop(self) -> None:
+        if self._prefetch is not None:  # the agent may be checking evidence: its VERDICT is not waited for
+            self._prefetch.cancel()
+            self._prefetch = None
         if self.writer is not None:
             try:
                 run_id = self.attestor.run_id if self.attestor is not None else None

@@ -20,8 +20,18 @@ from gputravel.core.protocol.deviceanswers import WindowClosed, WindowStatus
 from gputravel.core.protocol.holderlink import DataEndpoint, Handoff
 from gputravel.core.travel.holders import HolderLink, ProgressFn, ProvisionStats, RejectFn
 
-__all__ = ["ResumeFn", "close_window", "data_endpoint", "open_window", "provision", "require_complete",
-           "sub_windows"]
+__all__ = ["FIXED_STAGES", "ResumeFn", "add_stages", "close_window", "data_endpoint", "fixed_stages", "open_window", "provision",
+           "require_complete", "sub_windows"]
+
+#: the hand-off's fixed cost by stage (issue 34 item 2), in order: the device derives the window's key
+#: (``window``), the orchestrator builds the holder's evidence (``attest``: the GPU's SPDM report over the
+#: holder's nonce), the holder checks it and answers (``verdict``: ATTEST written to VERDICT read), the agent
+#: takes the key and its data connection is admitted for the window (``admission``: HANDOFF written to the
+#: device's admission), the shared-memory ring is bound (``ring_bind``), the first chunk is sealed, sent and
+#: opened into device memory (``first_chunk``); after the data (the first chunk in device memory to the last,
+#: ``data``, not a fixed cost), the last chunk's acknowledgement and the agent's DONE reach the orchestrator
+#: (``done``)
+FIXED_STAGES = ("window", "attest", "verdict", "admission", "ring_bind", "first_chunk", "done")
 
 #: (the error, reconnect attempt, the device's window status): a dropped link is about to be resumed
 ResumeFn = Callable[[LinkLostError, int, WindowStatus], None]
@@ -99,6 +109,42 @@ async def provision(client: DeviceClient, link: HolderLink, handoff: Handoff, *,
 async def close_window(client: DeviceClient, handoff: Handoff) -> WindowClosed:
     """The holder returned: its key dies; what the window received."""
     return await asyncio.to_thread(client.close_window, epoch=handoff.epoch)
+
+
+def fixed_stages(*, window_ns: tuple[int, int], stats: ProvisionStats, closed: WindowClosed) -> dict[str, float]:
+    """One hand-off's fixed cost by stage (``FIXED_STAGES``), milliseconds, and their ``total``.
+
+    ``window_ns``: ``perf_counter_ns`` before asking for the window's key and when the grant came back;
+    ``stats.marks_ns``: the link's moments (``ProvisionStats``); ``closed.marks_ns``: the device's, in ns after
+    the window opened, placed on this process's clock at the grant's return (late by the grant's way back,
+    tens of microseconds; no clock is compared across processes). A stage that did not happen (no holder
+    attestation, no ring, a device that does not mark) is 0."""
+    w0, w1 = window_ns
+    link = stats.marks_ns
+    dev = {name: w1 + int(ns) for name, ns in closed.marks_ns.items()}
+    sent = link.get("handoff_sent", w1)
+    key_out = link.get("verdict", sent)  # from the verdict: the key wrapped for the holder, HANDOFF written
+    admitted = dev.get("admitted", sent)
+    bound = dev.get("ring_bound", max(sent, admitted))
+    ready = max(sent, admitted, bound)
+    first = dev.get("first_chunk", ready)
+    last = dev.get("last_chunk", first)
+    ns = {"window": w1 - w0,
+          "attest": link["attest_sent"] - link["attest_begun"] if "attest_sent" in link else 0,
+          "verdict": link["verdict"] - link["attest_sent"] if "verdict" in link else 0,
+          "admission": max(0, admitted - key_out),
+          "ring_bind": max(0, bound - max(sent, admitted)),
+          "first_chunk": max(0, first - ready),
+          "done": max(0, link["done"] - last) if "done" in link else 0}
+    out = {k: round(v / 1e6, 4) for k, v in ns.items()}
+    out["total"] = round(sum(ns.values()) / 1e6, 4)
+    out["data"] = round(max(0, last - first) / 1e6, 4)  # not a fixed cost: the bytes themselves
+    return out
+
+
+def add_stages(into: dict[str, float], more: dict[str, float]) -> dict[str, float]:
+    """Stage times summed (a visit with several keys has several hand-offs)."""
+    return {k: round(into.get(k, 0.0) + more.get(k, 0.0), 4) for k in (*FIXED_STAGES, "total", "data")}
 
 
 def require_complete(closed: WindowClosed, expected: int) -> None:

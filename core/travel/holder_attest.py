@@ -122,11 +122,17 @@ class HolderAttestor:
     async def attest(self, handoff: Handoff, holder_nonce: bytes) -> Attest:
         """ATTEST for one hand-off to a holder whose current nonce is ``holder_nonce``."""
         fp = handoff.key.fingerprint if handoff.key is not None else ""
-        nonce = spdm_nonce(holder_nonce, fp, handoff.epoch)
+        return await self.attest_key(epoch=handoff.epoch, key_fp=fp, holder_nonce=holder_nonce)
+
+    async def attest_key(self, *, epoch: int, key_fp: str, holder_nonce: bytes) -> Attest:
+        """ATTEST for the hand-off of key ``key_fp`` in ``epoch`` (known before its window opens: the key is
+        derived from the session, the epoch and the window, ``core.protocol.keys.provisioning_key``)."""
+        fp = key_fp
+        nonce = spdm_nonce(holder_nonce, fp, epoch)
         if self.inject == "gpu-nonce":  # evidence for another request (a replayed or misbound report)
             nonce = os.urandom(32)
         report, chain = await asyncio.to_thread(self._gpu, nonce)
-        return Attest(self.run_id, handoff.epoch, fp, self.link_key.public.hex(), self.quote, self.collateral,
+        return Attest(self.run_id, epoch, fp, self.link_key.public.hex(), self.quote, self.collateral,
                       report, chain)
 
     def seal_key(self, handoff: Handoff, holder_pub: bytes) -> Handoff:

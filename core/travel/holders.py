@@ -86,6 +86,13 @@ class ProvisionStats:
     rejected: Counter[str] = field(default_factory=Counter)
     #: the agent's own seconds per stage of this hand-off (``read_seal_s``, ``wait_s``), from its DONE
     stages: dict[str, float] = field(default_factory=dict)
+    #: the orchestrator's side of the hand-off's fixed cost, ``perf_counter_ns`` when each step ended:
+    #: ``attest_begun``, ``attest_sent`` (evidence built), ``verdict`` (the holder's VERDICT read),
+    #: ``handoff_sent``, ``done`` (the agent's DONE read) (``handoff.fixed_stages`` puts them beside the
+    #: device's ``WindowClosed.marks_ns``)
+    marks_ns: dict[str, int] = field(default_factory=dict)
+    #: the holder's verdict was fetched ahead, while the visit before trained (``prefetch_attestation``)
+    attest_prefetched: bool = False
 
 
 ProgressFn = Callable[[int], None]
@@ -133,3 +140,13 @@ class HolderLink(ABC):
     async def kill(self) -> None:
         """Fault injection: the agent dies."""
         raise NotImplementedError
+
+    def prefetch_attestation(self, *, epoch: int, key_fp: str) -> None:
+        """Start this holder's attestation of the hand-off of key ``key_fp`` in ``epoch`` now, in the background
+        (while another visit trains); its hand-off uses the verdict if the key is that one. Links whose agents
+        do not attest ignore it."""
+        return None
+
+    async def settle_attestation(self) -> None:
+        """Wait for an attestation ``prefetch_attestation`` started (before the link reads anything else)."""
+        return None

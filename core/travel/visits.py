@@ -40,6 +40,11 @@ class VisitRecord:
     holder_attestation: dict[str, Any] | None = None
     #: the claims holders refused this visit on, every attempt (a refused visit took no key)
     holder_refusals: list[str] = field(default_factory=list)
+    #: the hand-off's fixed cost by stage, ms (``handoff.fixed_stages``: window, attest, verdict, admission,
+    #: ring_bind, first_chunk, total), summed over the visit's keys; empty until its first window closed
+    handoff_fixed_ms: dict[str, float] = field(default_factory=dict)
+    #: the holder's verdict for the visit's (first) key came while the visit before trained
+    attest_prefetched: bool = False
 
     def reset_for_retry(self) -> None:
         self.failures.append(f"{self.failed_phase}: {self.error}")
@@ -50,6 +55,8 @@ class VisitRecord:
         self.integrity_ok = self.scrub_verified = False
         self.losses, self.rejected, self.phase_s = [], {}, {}
         self.holder_attestation = None
+        self.handoff_fixed_ms = {}
+        self.attest_prefetched = False
         self.outcome = "pending"
 
     def summary(self) -> VisitSummary:
@@ -68,7 +75,8 @@ class VisitRecord:
             attempts=self.attempts, earlier_failures=list(self.failures),
             attack=bool(self.attack), attack_attempts=dict(self.attack),
             phase_s={k: round(v, 6) for k, v in self.phase_s.items()},
-            holder_attestation=self.holder_attestation)
+            holder_attestation=self.holder_attestation,
+            handoff_fixed_ms=dict(self.handoff_fixed_ms), attest_prefetched=self.attest_prefetched)
 
     def to_dict(self) -> dict[str, Any]:
         """The report's ``visits[i]``."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -19,12 +19,13 @@ from gputravel.core import events as ev
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import LinkLostError, ProtocolError
 from gputravel.core.phases import Phase
+from gputravel.core.protocol import Direction, provisioning_key
 from gputravel.core.protocol.deviceanswers import WindowStatus
 from gputravel.core.travel import handoff as ho
 from gputravel.core.travel.audit import Audit
 from gputravel.core.travel.control import Control
 from gputravel.core.travel.device_session import DeviceSession
-from gputravel.core.travel.holders import Handoff, HolderInfo, HolderLink
+from gputravel.core.travel.holders import Handoff, HolderInfo, HolderLink, ProvisionStats
 from gputravel.core.travel.visits import Itinerary, VisitRecord
 
 __all__ = ["HandoffWindows", "Visit"]
@@ -42,6 +43,10 @@ class Visit:
     subs: list[tuple[int, int]]
     handoff: Handoff | None = None
     window_open: bool = False
+    #: the open window's ``perf_counter_ns`` before its key was asked for and when it came back, and what its
+    #: provisioning's link saw (``handoff.fixed_stages``)
+    window_ns: tuple[int, int] = (0, 0)
+    stats: ProvisionStats | None = None
 
 
 class HandoffWindows:
@@ -69,7 +74,7 @@ class HandoffWindows:
     async def handoff(self, v: Visit) -> Outcome:
         """A provisioning key for this window and epoch only, for a holder that is verified-ready."""
         await self.require_ready(v.link)
-        v.handoff = await self.open(v.rec, v.subs[0])
+        v.handoff = await self.open(v, v.subs[0])
         v.window_open = True
         return 0, {"window": [0, v.rec.plan.window_len], "part": v.rec.plan.part_id, "n_windows": len(v.subs)}
 
@@ -107,15 +112,16 @@ class HandoffWindows:
         assert v.handoff is not None
         for i, sub in enumerate(v.subs):
             if i:  # the previous key's nonce budget is spent: close its window, hand over the next key
-                await self.close(rec, v.handoff, sub_total=v.subs[i - 1][1])
+                await self.close(v, v.handoff, sub_total=v.subs[i - 1][1])
                 await self.control.between_steps(Phase.PROVISION, self.emit,
                                                  where=f"PROVISION key {i}/{len(v.subs)}")
-                v.handoff = await self.open(rec, sub)
+                v.handoff = await self.open(v, sub)
             handle = self.device.handle
             stats = await ho.provision(self.device.client, v.link, v.handoff, device_socket=handle.socket_path,
                                        endpoint=ho.data_endpoint(handle, data_path=self.settings.data_path,
                                                                  transport=self.settings.transport),
                                        on_progress=progress, on_reject=rejected, on_resume=resumed)
+            v.stats = stats
             total_s += stats.seconds
             rec.retransmits += stats.retransmits
         rec.provision_s = total_s
@@ -126,12 +132,34 @@ class HandoffWindows:
         """The holder's key dies."""
         rec = v.rec
         assert v.handoff is not None
-        await self.close(rec, v.handoff, sub_total=v.subs[-1][1])
+        await self.close(v, v.handoff, sub_total=v.subs[-1][1])
         v.window_open = False
         v.handoff = None
         if rec.bytes != rec.plan.window_len:
             raise ProtocolError(f"holder returned with {rec.bytes} of {rec.plan.window_len} bytes provisioned")
         return rec.bytes, {"chunks": rec.chunks}
+
+    def prefetch(self, rec: VisitRecord, links: Mapping[str, HolderLink]) -> None:
+        """While ``rec`` trains, the next visit's holder attests the key its first window will have: the same
+        epoch the device will grant next and the key it derives for that window (``provisioning_key`` of the
+        session this orchestrator shares with the device; the key itself never leaves here). Should anything
+        move the epoch or the session first (a failed visit, a re-key, a restarted device), the prediction
+        misses and that hand-off attests afresh (``FramedHolderLink._attested``)."""
+        if not self.settings.attest_prefetch:
+            return
+        secrets = self.device.client.secrets
+        nxt = next((r for r in self.walk.records if r.plan.index > rec.plan.index
+                    and not r.outcome.startswith("done")), None)
+        if secrets is None or nxt is None:
+            return
+        epoch = self.device.epoch + 1
+        limit = self.settings.epoch_limit
+        if limit and epoch - self.device.epoch_base > limit:
+            return  # that hand-off re-keys the session first: a new key
+        skip, length = self.start(nxt, links[nxt.plan.holder]).subs[0]
+        key = provisioning_key(secrets.master, secrets.session_id, epoch=epoch, offset=skip, length=length,
+                               direction=Direction.HOLDER_TO_DEVICE)
+        links[nxt.plan.holder].prefetch_attestation(epoch=epoch, key_fp=key.fingerprint)
 
     # --- one window ------------------------------------------------------------------------------------------
     async def require_ready(self, link: HolderLink) -> None:
@@ -140,24 +168,28 @@ class HandoffWindows:
         hash again); if it does not come back, the visit fails here, before any window is opened."""
         if link.ready:
             return
+        await link.settle_attestation()  # nothing may read the link while it is brought back
         info = await link.ensure_ready()
         if not link.ready:
             raise LinkLostError(link.name, f"not verified-ready ({getattr(link, 'state', '?')}); no key released")
         if info is not None:
             self.infos[link.name] = info
 
-    async def open(self, rec: VisitRecord, sub: tuple[int, int]) -> Handoff:
+    async def open(self, v: Visit, sub: tuple[int, int]) -> Handoff:
         """A new epoch and a provisioning key for bytes [skip, skip+length) of the visit's window."""
+        rec = v.rec
         epoch = self.device.epoch + 1
         limit = self.settings.epoch_limit
         if limit and epoch - self.device.epoch_base > limit:
             await self._rekey(f"epoch limit {limit} reached")
         skip, length = sub
         plan = rec.plan
+        t0 = time.perf_counter_ns()
         handoff, key_fp = await ho.open_window(
             self.device.client, epoch=epoch, skip=skip, length=length, chunk_size=self.settings.chunk_size,
             train=(plan.train_start, plan.train_len), val=(plan.val_start, plan.val_len),
             conventional=self.settings.data_path == "conventional", ledger_head=None)
+        v.window_ns, v.stats = (t0, time.perf_counter_ns()), None
         self.device.epoch = epoch
         if not rec.key_fingerprint:
             rec.epoch, rec.key_fingerprint = epoch, key_fp
@@ -166,8 +198,13 @@ class HandoffWindows:
                            nbytes=length, detail={"visit": rec.plan.index, "skip": skip})
         return replace(handoff, ledger_head=self.audit.head())  # the head after this hand-off's own rows
 
-    async def close(self, rec: VisitRecord, handoff: Handoff, *, sub_total: int) -> None:
+    async def close(self, v: Visit, handoff: Handoff, *, sub_total: int) -> None:
+        rec = v.rec
         closed = await ho.close_window(self.device.client, handoff)
+        if v.stats is not None:  # the hand-off's fixed cost by stage, summed over the visit's keys
+            rec.attest_prefetched = rec.attest_prefetched or v.stats.attest_prefetched
+            rec.handoff_fixed_ms = ho.add_stages(rec.handoff_fixed_ms, ho.fixed_stages(
+                window_ns=v.window_ns, stats=v.stats, closed=closed))
         self.audit.rejections({str(handoff.epoch): closed.rejected_in_window}, self.walk.records)
         rec.bytes += closed.bytes
         rec.chunks += closed.chunks

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,7 @@ def test_without_cuda_the_report_says_so_with_the_reason_and_exits_0(tmp_path: P
     assert report["cuda"] is False and report["ok"] is True and report["checks"] == {}
     assert "CUDA" in report["reason"] and report["torch"] == torch.__version__
     assert {"tests", "gpu_aes", "train_gpt2", "allreduce_secure_gpu", "nccl_fleet"} <= set(report["skipped"])
+    assert set(report["goals"]) == set(report["skipped"]) and all(report["goals"].values())
     assert "no CUDA" in proc.stdout
 
 
@@ -60,3 +62,26 @@ def test_with_cuda_the_report_names_the_device_and_keeps_each_checks_result(tmp_
     report = json.loads(out.read_text())
     assert report["cuda"] is True and report["devices"]
     assert report["checks"]["gpu_aes"]["rc"] == proc.returncode == 0 and "report" in report["checks"]["gpu_aes"]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_gpu_check_runs_the_script_into_gpu_report_json_with_its_args() -> None:
+    """Issue 34 item 1: the target had gone (``Nothing to be done for 'gpu-check'``); ``make -n`` shows the recipe
+    without running it, with GPU_CHECK_ARGS passed through."""
+    proc = subprocess.run(["make", "-n", "gpu-check", "GPU_CHECK_ARGS=--quick --only gpu_aes"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "Nothing to be done" not in proc.stdout + proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if "scripts/gpu_check.py" in x)
+    assert "--output gpu-report.json" in line and line.rstrip().endswith("--quick --only gpu_aes")
+
+
+def test_the_plan_names_what_each_row_measures_and_its_goal() -> None:
+    """Issue 34 item 5: one GPU sitting fills the table, so every planned row says what it measures and the goal
+    it is read against; the four rows the issue names are there."""
+    checks = {c["name"]: c for c in json.loads(run("--plan", "--assume-gpus", "2").stdout)["checks"]}
+    assert all(c["measures"] and c["goal"] for c in checks.values())
+    assert "one AES-GCM core" in checks["provision_gpu"]["goal"] and "2 ms" in checks["provision_gpu"]["goal"]
+    assert "GB/s" in checks["gpu_aes"]["goal"]
+    assert "%" in checks["train_gpt2"]["goal"]
+    assert "bound" in checks["nccl_allreduce"]["goal"]

@@ -23,7 +23,7 @@ def render(console: Console, report: dict[str, Any]) -> None:
         if r.get("note"):  # e.g. secure_gpu without a CUDA device at a large size: skipped
             notes.append(f"{r['variant']} at {r['size_mib']:g} MiB, world {r['world_size']}: {r['note']}")
             cells.append([str(r["world_size"]), f"{r['size_mib']:g}", r["variant"], r["gather"] or "",
-                          *("-" for _ in range(8))])
+                          *("-" for _ in range(10))])
             continue
         b = r["breakdown_s"]
         ratio = r["ratio_vs_plain"]
@@ -31,9 +31,11 @@ def render(console: Console, report: dict[str, Any]) -> None:
                       f"{r['median_s'] * 1e3:.2f}", f"{r['min_s'] * 1e3:.2f}",
                       f"{ratio:.2f}" if ratio is not None else "-",
                       f"{r['gb_per_s']:.2f}" if r["gb_per_s"] else "-",
+                      f"{r['bound_ratio']:.2f}" if r.get("bound_ratio") is not None else "-",
+                      f"{r['fraction_of_bound']:.2f}" if r.get("fraction_of_bound") is not None else "-",
                       *(f"{b[k] * 1e3:.1f}" for k in ("crypto_s", "wire_s", "reduce_s", "wait_s"))])
     for i, col in enumerate(("world", "MiB", "variant", "gather", "median ms", "min ms", "× plain", "GB/s",
-                             "crypto", "wire", "reduce", "wait")):
+                             "bound × plain", "of bound", "crypto", "wire", "reduce", "wait")):
         # variant names and figures are what a reader compares: never cut them; headers wrap instead
         table.add_column(col, justify="left" if col in ("variant", "gather") else "right",
                          min_width=max((len(row[i]) for row in cells), default=1))
@@ -45,6 +47,8 @@ def render(console: Console, report: dict[str, Any]) -> None:
     engines = sorted({r["cipher_engine"] for r in report["rows"] if r.get("cipher_engine") and not r.get("note")})
     if engines:
         console.print(f"secure_gpu hops sealed and opened by: {', '.join(engines)}")
+    console.print("bound: plain's time plus the row's seal and open passes at this machine's cipher speed, "
+                  "measured in the run; of bound = bound / median")
     console.print("breakdown: ms per call, summed over threads (pipelined parts overlap); "
                   "[bold black on yellow] SIM [/] device identities are emulated, the crypto is real")
     console.print(machine_line(report["machine"]))

@@ -7,6 +7,7 @@ import asyncio
 import json
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,10 +16,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from gputravel.console.cli.commands.bench import int_list
 from gputravel.console.entries import ENTRIES
 
 if TYPE_CHECKING:  # the engine is imported when a study runs, not for --help
     from gputravel.core.travel.holders import HolderLink
+
+#: the most holders one ``bench load`` run starts
+MAX_HOLDERS = 512
 
 
 class SshHolders:
@@ -63,33 +68,64 @@ def render_load(result: dict[str, Any], console: Console | None = None) -> None:
     for role, v in m["peak_mib"].items():
         table.add_row(f"peak RSS: {role}", f"{v:,.1f} MiB", "")
     table.add_row("ledger", "verified" if result["ledger"]["verified"] else "BROKEN", "")
-    (console or Console()).print(table)
+    out = console or Console()
+    out.print(table)
+    if len(result.get("rows", [])) > 1:
+        rows = Table(title="the orchestrator by holder count")
+        for col in ("holders", "ms / visit", "RSS MB", "open fds"):
+            rows.add_column(col, justify="right")
+        for r in result["rows"]:
+            rows.add_row(str(r["holders"]), f"{r['orchestrator_ms_per_visit']:.2f}", f"{r['rss_mb']:.1f}",
+                         str(r["open_fds"]))
+        out.print(rows)
+        g = result.get("growth") or {}
+        if g:
+            out.print(f"from {g['from_holders']} to {g['to_holders']} holders: ms / visit ×"
+                      f"{g['orchestrator_ms_per_visit_ratio']}, {g['rss_mb_per_added_holder']} MB and "
+                      f"{g['open_fds_per_added_holder']} descriptors per added holder")
 
 
 def register(bench_app: typer.Typer) -> None:
     @bench_app.command("load")
     def load_cmd(
-        holders: int = typer.Option(16, "--holders", min=1, max=64, help="Holder accounts on the loopback SSH server."),
+        holders: str = typer.Option("16", "--holders", help="Holders, or a comma list of holder counts (e.g. "
+                                    "8,32,128): one run each, a row each (1..512)."),
         rounds: int = typer.Option(2, "--rounds", min=1),
         holder_kib: int = typer.Option(12, "--holder-kib", min=1, help="Synthetic text per holder (KiB)."),
         steps_per_visit: int = typer.Option(1, "--steps-per-visit", min=1),
+        transport: str = typer.Option("ssh", "--transport", help="ssh (accounts on the loopback SSH server) or "
+                                      "local (agent subprocesses)."),
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
         """Deploy N agents in parallel over loopback SSH and run their visits.
 
-        Deploy time, per-visit protocol overhead, peak memory."""
-        from gputravel.core.bench.load import load
+        Deploy time, per-visit protocol overhead, peak memory; with several holder counts, a row per count
+        (the orchestrator's ms per visit, RSS and open descriptors) and how they grow."""
+        from gputravel.core.bench.load import growth, load
 
-        progress = Progress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), console=Console(stderr=True), transient=True)
-        deploy_task = progress.add_task("deploying agents", total=holders)
-        visit_task = progress.add_task("visits", total=holders * rounds)
-        with tempfile.TemporaryDirectory(prefix="gputravel-load-") as tmp, progress:
-            result = asyncio.run(load(holders=holders, rounds=rounds, holder_kib=holder_kib,
-                                      steps_per_visit=steps_per_visit, workdir=Path(tmp), server=ssh_holders,
-                                      entries=ENTRIES,
-                                      on_deployed=lambda: progress.advance(deploy_task),
-                                      on_visit=lambda: progress.advance(visit_task)))
+        try:
+            counts = int_list(holders)
+        except typer.BadParameter as exc:
+            raise typer.BadParameter(str(exc), param_hint="--holders") from None
+        if not counts or not all(1 <= n <= MAX_HOLDERS for n in counts):
+            raise typer.BadParameter(f"holder counts must be in 1..{MAX_HOLDERS}", param_hint="--holders")
+        if transport not in ("ssh", "local"):
+            raise typer.BadParameter("transport is ssh or local", param_hint="--transport")
+        results = []
+        for n in counts:
+            progress = Progress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+            deploy_task = progress.add_task(f"starting {n} agents", total=n)
+            visit_task = progress.add_task("visits", total=n * rounds)
+            with tempfile.TemporaryDirectory(prefix="gputravel-load-") as tmp, progress:
+                results.append(asyncio.run(load(holders=n, rounds=rounds, holder_kib=holder_kib,
+                                                steps_per_visit=steps_per_visit, workdir=Path(tmp),
+                                                server=ssh_holders, entries=ENTRIES, transport=transport,
+                                                on_deployed=partial(progress.advance, deploy_task),
+                                                on_visit=partial(progress.advance, visit_task))))
+        # the largest count's full report, every count's row, and how the rows grow
+        result = {**results[-1], "rows": [r for res in results for r in res["rows"]]}
+        result["growth"] = growth(result["rows"])
         if as_json:
             sys.stdout.write(json.dumps(result, indent=2) + "\n")
         else:

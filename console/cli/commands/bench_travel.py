@@ -77,6 +77,10 @@ def register(bench_app: typer.Typer) -> None:
         conventional_fixes: bool = typer.Option(False, "--conventional-fixes",
                                                 help="Give the conventional path parallel authentication and "
                                                      "overlap too."),
+        attest_prefetch: bool = typer.Option(True, "--attest-prefetch/--no-attest-prefetch",
+                                             help="The next holder attests while a visit trains (the run's "
+                                                  "default); off: each hand-off attests in line (the before "
+                                                  "of docs/performance.md)."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
     ) -> None:
         """Travelling vs conventional: training time, transfer time and transfer % per buffer size."""
@@ -93,6 +97,7 @@ def register(bench_app: typer.Typer) -> None:
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise typer.BadParameter("must be a positive number", param_hint=name)
         from gputravel.console import holders as holder_set
+        from gputravel.console.entries import ENTRIES
 
         with tempfile.TemporaryDirectory(prefix="gputravel-bench-travel-") as tmp, \
                 travel_progress(Console(stderr=True)) as progress:
@@ -101,7 +106,8 @@ def register(bench_app: typer.Typer) -> None:
                                       holders=holders, steps_per_mib=steps_per_mib, model=model,
                                       batch_size=batch_size, seq_len=seq_len, chunk_kib=chunk_kib,
                                       transport=transport, max_mib=max_mib, torch_threads=torch_threads,
-                                      conventional_fixes=conventional_fixes, on_progress=progress)
+                                      conventional_fixes=conventional_fixes, on_progress=progress, entries=ENTRIES,
+                                      attest_prefetch=attest_prefetch)
             except ConfigError as exc:
                 raise typer.BadParameter(exc.reason) from None
         statuses = {r["status"] for r in result["rows"]}

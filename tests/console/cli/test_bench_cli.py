@@ -92,6 +92,22 @@ def test_bench_provision_reports_each_path_against_the_aes_core_rate_and_direct_
     assert direct["shm_ring"] is ring_supported() and ssh["shm_ring"] is False  # same host: the ring
     assert near(r["direct_vs_ssh"], direct["mb_s"] / ssh["mb_s"], abs_=0.005 + 1e-9)
     assert near(r["direct_vs_ssh"], ssh["median_s"] / direct["median_s"], rel=0.02, abs_=0.01)
+    # issue 34: every row against the machine's limit measured in this run (the lowest of one AES core, the
+    # pair ceiling, memcpy), and the hand-off's fixed cost by stage, the holder's attestation included
+    limits = {"aes_gcm_1core": aes, "pair_ceiling": r["pair_ceiling_mb_s"], "memcpy": r["memcpy_mb_s"]}
+    for row in r["rows"]:
+        assert row["bound"] == min(limits, key=lambda k: limits[k]) and row["bound_mb_s"] == limits[row["bound"]]
+        assert near(row["fraction_of_bound"], row["mb_s"] / row["bound_mb_s"], rel=1e-3, abs_=6e-4)
+        fixed = row["fixed_stages_ms"]
+        assert set(fixed) == {"window", "attest", "verdict", "admission", "ring_bind", "first_chunk", "done",
+                              "total", "data"}
+        assert all(v >= 0 for v in fixed.values())
+        assert fixed["attest"] > 0 and fixed["verdict"] > 0 and fixed["window"] > 0  # the holder attests each key
+        stages = sum(v for k, v in fixed.items() if k not in ("total", "data"))
+        assert near(fixed["total"], stages, abs_=1e-3)  # one repeat: the medians are the one hand-off's
+        # the stages inside the timed hand-off (all but the window) fit in it
+        assert fixed["total"] - fixed["window"] + fixed["data"] <= 1e3 * row["median_s"] + 1e3 * CLOCK_TOL_S
+    assert direct["fixed_stages_ms"]["ring_bind"] > 0 or not direct["shm_ring"]
     # the AES-GCM rate measured inside the device process, next to the standalone one
     assert r["aes_gcm_in_device_mb_s"] > 0
     assert near(r["device_aes_vs_standalone"], r["aes_gcm_in_device_mb_s"] / r["aes_gcm_1core_mb_s"],
@@ -163,6 +179,16 @@ def test_bench_allreduce_times_plain_and_both_secure_rings_at_world_size_two() -
         assert all(v >= 0 for v in row["breakdown_s"].values())
     for name in ("secure_naive", "secure_pipelined"):
         assert rows[name]["gather"] == "sealed"
+    # issue 34: each row's bound, measured in the run: plain's time plus its cipher passes at this machine's
+    # cipher speed; plain's bound is plain itself
+    for row in r["rows"]:
+        assert row["cipher_seal_mb_s"] > 0 and row["cipher_open_mb_s"] > 0 and row["crypto_lanes"] >= 1
+        assert near(row["bound_s"], plain["median_s"] + row["bound_cipher_s"], rel=1e-9)
+        assert near(row["bound_ratio"], row["bound_s"] / plain["median_s"], rel=1e-9)
+        assert near(row["fraction_of_bound"], row["bound_s"] / row["median_s"], rel=1e-9)
+    assert plain["bound_cipher_s"] == 0 and plain["bound_ratio"] == 1.0
+    for name in ("secure_naive", "secure_pipelined"):
+        assert rows[name]["bound_cipher_s"] > 0 and rows[name]["bound_ratio"] > 1
         assert rows[name]["breakdown_s"]["crypto_s"] > 0  # the secure rings really seal and open
 
 
@@ -203,6 +229,24 @@ def test_bench_load_deploys_two_holders_over_loopback_ssh_and_runs_every_visit()
     assert r["outcomes"] == {"done": 2, "failed": 0}
     assert r["ledger"]["verified"] is True and r["ledger"]["rows"] > 0
     assert r["seconds"] > 0
+    (row,) = r["rows"]  # issue 34 item 4: one count, one row
+    assert row["holders"] == 2 and row["visits"] == 2
+    assert row["orchestrator_ms_per_visit"] > 0 and row["rss_mb"] > 0 and row["open_fds"] > 0
+    assert r["growth"] == {}
+
+
+def test_bench_load_gives_a_row_per_holder_count_and_how_they_grow() -> None:
+    r = report_of("bench", "load", "--holders", "1,2", "--rounds", "1", "--holder-kib", "1", "--transport", "local")
+    assert [row["holders"] for row in r["rows"]] == [1, 2] and r["settings"]["holders"] == 2
+    assert r["settings"]["transport"].startswith("local") and r["outcomes"] == {"done": 2, "failed": 0}
+    for row in r["rows"]:
+        assert row["orchestrator_ms_per_visit"] > 0 and row["rss_mb"] > 0 and row["open_fds"] > 0
+    a, b = r["rows"]
+    g = r["growth"]
+    assert (g["from_holders"], g["to_holders"]) == (1, 2)
+    assert near(g["orchestrator_ms_per_visit_ratio"], b["orchestrator_ms_per_visit"] / a["orchestrator_ms_per_visit"],
+                rel=1e-2, abs_=1e-3)
+    assert near(g["open_fds_per_added_holder"], b["open_fds"] - a["open_fds"], abs_=1e-3)
 
 
 def test_bench_soak_runs_ten_visits_with_flat_memory_figures_and_a_verified_ledger() -> None:

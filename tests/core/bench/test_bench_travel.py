@@ -46,6 +46,18 @@ def test_tiny_study_rows_for_both_paths_and_a_skipped_size() -> None:
     assert {r["path"] for r in skipped} == {"travelling", "conventional"}
     for r in skipped:
         assert r["buffer_mib"] == 10000000 and r["reason"] and r["tx_s"] is None
+        assert r["fraction_of_bound"] is None
+    # issue 34: each row's bound is its bytes at the data-phase rate of bench provision's direct path, measured
+    # in the same run; the visits' hand-off fixed cost by stage
+    bound = out["bound"]
+    assert bound["data_phase_mb_s"] > 0 and bound["size_mib"] > 0
+    for r in ok:
+        assert r["bound_tx_s"] == pytest.approx(r["bytes"] / (bound["data_phase_mb_s"] * 1e6), rel=1e-3, abs=2e-6)
+        assert r["fraction_of_bound"] == pytest.approx(r["bound_tx_s"] / r["tx_s"], rel=1e-3, abs=1e-4)
+        fixed = r["handoff_fixed_ms"]
+        assert {"window", "attest", "verdict", "admission", "ring_bind", "first_chunk", "done", "total"} <= set(fixed)
+        assert all(v >= 0 for v in fixed.values())
+    assert out["job"]["attest_prefetch"] is True
 
 
 def test_skip_reasons() -> None:

@@ -1,0 +1,68 @@
+"""The next holder attests while a visit trains (issue 34 item 2): its ATTEST goes out during the TRAIN before its
+visit, over the very key its window then gets; the hand-off takes that verdict and sends only the wrapped key. Off
+(``attest_prefetch=False``), every hand-off attests in line. Real agents, a real device service, SIM evidence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import small_settings, started
+
+from gputravel.core.ledger import read_rows
+from gputravel.core.protocol import FrameType
+from gputravel.core.travel import framed_link
+
+pytestmark = [pytest.mark.usefixtures("no_leaked_processes"), pytest.mark.process]
+
+
+@pytest.fixture
+def tap(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, FrameType, dict[str, Any]]]:
+    """Every frame the orchestrator sends to any agent: (holder, type, header)."""
+    sent: list[tuple[str, FrameType, dict[str, Any]]] = []
+    original = framed_link.FramedHolderLink._send
+
+    def recording(self: Any, ftype: FrameType, header: dict[str, Any], payload: bytes = b"") -> None:
+        sent.append((self.name, ftype, dict(header)))
+        original(self, ftype, header, payload)
+
+    monkeypatch.setattr(framed_link.FramedHolderLink, "_send", recording)
+    return sent
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+async def test_the_next_holder_attests_during_training_over_its_own_key(
+        prefetch: bool, data_root: Path, tmp_path: Path, tap: list[tuple[str, FrameType, dict[str, Any]]]) -> None:
+    out = tmp_path / "run"
+    settings = small_settings(data_root, out, rounds=2, transport="local", attest_prefetch=prefetch)
+    async with started(settings) as engine:
+        report = await engine.run()
+    visits = report["visits"]
+    assert len(visits) == 4 and all(v["outcome"] == "done" for v in visits)
+    # every visit after the first had its verdict ready before its hand-off (or none did, when off)
+    assert [v["attest_prefetched"] for v in visits] == [False, *([prefetch] * 3)]
+    frames = [(holder, t, h) for holder, t, h in tap if t in (FrameType.ATTEST, FrameType.HANDOFF)]
+    # one ATTEST per hand-off, each before its HANDOFF, for the epoch and key that HANDOFF then carries
+    attests = [(holder, h) for holder, t, h in frames if t is FrameType.ATTEST]
+    handoffs = [(holder, h) for holder, t, h in frames if t is FrameType.HANDOFF]
+    assert len(attests) == len(handoffs) == 4
+    for (a_holder, a), (h_holder, h), v in zip(attests, handoffs, visits, strict=True):
+        assert a_holder == h_holder == v["holder"]
+        assert a["epoch"] == h["epoch"] == v["epoch"] and a["key_fp"] == h["key_fp"] == v["key_fingerprint"]
+    order = [(holder, t) for holder, t, _ in frames]
+    if prefetch:  # the next holder's ATTEST goes out before this visit's... nothing: it trains meanwhile
+        assert order[:3] == [("alice", FrameType.ATTEST), ("alice", FrameType.HANDOFF), ("bob", FrameType.ATTEST)]
+    else:
+        assert order == [(v["holder"], t) for v in visits for t in (FrameType.ATTEST, FrameType.HANDOFF)]
+    # the ledger holds each verdict once, in the visit it was for
+    rows = [r for r in read_rows(out / "ledger.db") if r.kind == "holder-attestation"]
+    assert [(r.holder, r.epoch, r.outcome) for r in rows] == [(v["holder"], v["epoch"], "ok") for v in visits]
+    for v in visits:
+        assert v["holder_attestation"]["gpu"]["ok"] is True
+        stages = v["handoff_fixed_ms"]
+        assert stages["total"] > 0 and all(x >= 0 for x in stages.values())
+        if v["attest_prefetched"]:  # the exchange was done before the hand-off's clock started
+            assert stages["attest"] == stages["verdict"] == 0
+        else:
+            assert stages["attest"] > 0 and stages["verdict"] > 0

@@ -1,0 +1,52 @@
+"""The hand-off's fixed cost by stage (issue 34 item 2): ``handoff.fixed_stages`` puts the link's moments and the
+device's (in ns after its window opened) on one clock and cuts the hand-off into its stages."""
+
+from __future__ import annotations
+
+import pytest
+
+from gputravel.core.protocol.deviceanswers import WindowClosed
+from gputravel.core.travel import handoff as ho
+from gputravel.core.travel.holders import ProvisionStats
+
+MS = 1_000_000
+
+
+def closed(**marks_ms: float) -> WindowClosed:
+    return WindowClosed(epoch=1, bytes=1, chunks=1, expected_chunks=1, contiguous=1, complete=True, rejected={},
+                        rejected_in_window={}, marks_ns={k: int(v * MS) for k, v in marks_ms.items()})
+
+
+def test_each_stage_is_the_time_between_its_two_moments_and_they_add_up() -> None:
+    # the window granted at t=10 ms (asked at 9); the link attests from 11 to 12, the verdict at 14, the
+    # HANDOFF written at 14.5; the device admits at +5 (15 ms), binds at +5.2, the first chunk is in at +6, the
+    # last at +9, and DONE is read at 20 ms
+    stats = ProvisionStats(marks_ns={"attest_begun": 11 * MS, "attest_sent": 12 * MS, "verdict": 14 * MS,
+                                     "handoff_sent": int(14.5 * MS), "done": 20 * MS})
+    got = ho.fixed_stages(window_ns=(9 * MS, 10 * MS), stats=stats,
+                          closed=closed(admitted=5, ring_bound=5.2, first_chunk=6, last_chunk=9))
+    assert got == pytest.approx({"window": 1.0, "attest": 1.0, "verdict": 2.0, "admission": 1.0, "ring_bind": 0.2,
+                                 "first_chunk": 0.8, "done": 1.0, "total": 7.0, "data": 3.0})
+    assert tuple(k for k in got if k not in ("total", "data")) == ho.FIXED_STAGES
+
+
+def test_stages_that_did_not_happen_are_zero_and_a_relay_admitted_early_costs_nothing_after_the_handoff() -> None:
+    # no holder attestation, no ring; the relay path admits its connection before the HANDOFF is written
+    stats = ProvisionStats(marks_ns={"handoff_sent": 12 * MS, "done": 30 * MS})
+    got = ho.fixed_stages(window_ns=(9 * MS, 10 * MS), stats=stats, closed=closed(admitted=1, first_chunk=4,
+                                                                                  last_chunk=15))
+    assert got["attest"] == got["verdict"] == got["admission"] == got["ring_bind"] == 0
+    assert got["first_chunk"] == pytest.approx(2.0) and got["done"] == pytest.approx(5.0)
+    assert got["total"] == pytest.approx(1.0 + 2.0 + 5.0)
+
+
+def test_a_visit_with_several_keys_sums_its_hand_offs() -> None:
+    one = {k: 1.0 for k in (*ho.FIXED_STAGES, "total", "data")}
+    assert ho.add_stages({}, one) == one
+    assert ho.add_stages(one, one) == {k: 2.0 for k in one}
+
+
+def test_window_closed_from_an_older_device_has_no_marks() -> None:
+    wire = closed().to_wire()
+    del wire["marks_ns"]
+    assert WindowClosed.from_wire(wire).marks_ns == {}
