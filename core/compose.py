@@ -73,12 +73,12 @@ def local_links(settings: RunSettings, *, agent: Sequence[str]) -> list[HolderLi
 
 
 def _program_factory(settings: RunSettings) -> Callable[..., dict[str, Any]]:
-    from gputravel.core.training.model import preset_for_tokens
+    from gputravel.core.training.model import ModelConfig, preset_for_tokens
     from gputravel.core.training.tokens import vocab_size
     from gputravel.core.training.trainer import TrainSettings
 
     def make(*, fmt: str, total_steps: int) -> dict[str, Any]:
-        model = preset_for_tokens(settings.model, vocab_size(fmt))
+        model: ModelConfig = preset_for_tokens(settings.model, vocab_size(fmt))
         if settings.init_from is not None:  # pretrained weights: the file's shape, not the preset's
             from gputravel.core.training.weights import read_config
 
@@ -88,9 +88,18 @@ def _program_factory(settings: RunSettings) -> Callable[..., dict[str, Any]]:
                                   f"not cover the holders' {fmt} tokens ({vocab_size(fmt)})")
         if settings.seq_len > model.block_size:
             raise ConfigError(f"seq-len {settings.seq_len} exceeds the model's block size {model.block_size}")
+        targets = tuple(t.strip() for t in (settings.lora_targets or "").split(",") if t.strip())
         train = TrainSettings(steps_per_visit=settings.steps_per_visit, batch_size=settings.batch_size,
-                              seq_len=settings.seq_len, lr=settings.lr, seed=settings.seed, total_steps=total_steps)
-        return {"program": "gputravel.gpt2/v1", "model": model.to_dict(), "train": train.to_dict()}
+                              seq_len=settings.seq_len, lr=settings.lr, seed=settings.seed, total_steps=total_steps,
+                              lora_rank=settings.lora_rank, lora_alpha=settings.lora_alpha, lora_targets=targets)
+        lora = train.lora(model)
+        if lora is not None:  # a target list that names no layer is refused before the device is configured
+            from gputravel.core.training.lora import lora_names
+            from gputravel.core.training.model import param_shapes_of
+
+            lora_names(param_shapes_of(model), lora)
+        source = str(settings.init_from) if settings.init_from is not None else f"preset:{settings.model}"
+        return {"program": "gputravel.gpt2/v1", "model": model.to_dict(), "train": train.to_dict(), "source": source}
 
     return make
 

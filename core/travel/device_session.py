@@ -156,6 +156,7 @@ class DeviceSession:
         if configured.code_digest != digest or (self.expected_code and digest != self.expected_code):
             raise IntegrityError("the code region does not hold the program that was uploaded")
         self.device_info["params"] = configured.params
+        self.device_info["model"] = model_info(self.program, configured.params)
         return digest
 
     async def measure_model(self) -> str | None:
@@ -212,7 +213,7 @@ class DeviceSession:
 
         state, want, config = await asyncio.to_thread(
             upload_weights, path, program_model=self.program["model"], key=key, run_id=run_id,
-            restore=self.client.restore)
+            restore=self.client.restore, program_train=self.program["train"])
         if state.model_digest != want:
             raise IntegrityError(f"--init-from {path}: the device's model differs from the file's weights")
         return want, config
@@ -226,3 +227,17 @@ class DeviceSession:
             self._rejection_gen = stats.rejection_gen
             if not stats.more:
                 break
+
+
+def model_info(program: dict[str, Any], params: int) -> dict[str, Any]:
+    """What the run trains, for its report (``training.model``) and ``runs ls``: the Hugging Face architecture,
+    the parameter count, where the weights came from, LoRA's settings (``None``: the whole model trains)."""
+    from gputravel.core.training.families import DEFAULT_LORA_TARGETS, architecture_of
+
+    model, train = dict(program.get("model") or {}), dict(program.get("train") or {})
+    rank = int(train.get("lora_rank") or 0)
+    lora = None if not rank else {"rank": rank, "alpha": train.get("lora_alpha") or float(rank),
+                                  "targets": list(train.get("lora_targets") or
+                                                  DEFAULT_LORA_TARGETS["llama" if "arch" in model else "gpt2"])}
+    return {"architecture": architecture_of(model), "params": int(params),
+            "source": program.get("source"), "lora": lora}
