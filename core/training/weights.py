@@ -42,7 +42,7 @@ from gputravel.core.training.lora import LoraSettings, lora_init, with_adapters
 from gputravel.core.training.model import GPTConfig, ModelConfig, model_config_from_dict, param_shapes_of
 from gputravel.core.training.trainer import _hash_tensor
 
-__all__ = ["LLMC_MAGIC", "WEIGHTS_KIND", "check_weights", "detect_format", "export_run", "param_shapes", "params_digest", "read_config",
+__all__ = ["LLMC_MAGIC", "WEIGHTS_KIND", "check_weights", "detect_format", "export_run", "param_shapes", "gpt2_hf_tensors", "params_digest", "read_config",
            "read_weights", "sealed_weights", "upload_weights", "write_llmc", "write_safetensors", "write_weights"]
 
 LLMC_MAGIC = 20240326
@@ -264,11 +264,9 @@ def _CONV1D_HF(config: GPTConfig) -> list[str]:  # noqa: N802 (a constant that d
     return [f"h.{i}.{name}" for i in range(config.n_layer) for name in _CONV1D]
 
 
-def write_safetensors(path: Path, config: GPTConfig, params: Mapping[str, torch.Tensor]) -> None:
-    """Write ``GPT2LMHeadModel``'s tensors (``transformer.`` names, Conv1D weights ``(in, out)``, the real
-    vocabulary; ``lm_head.weight`` left out as ``save_pretrained`` leaves out a tied tensor)."""
-    from safetensors.torch import save
-
+def gpt2_hf_tensors(config: GPTConfig, params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``GPT2LMHeadModel``'s tensors (``transformer.`` names, Conv1D weights ``(in, out)``, the real vocabulary;
+    ``lm_head.weight`` left out as ``save_pretrained`` leaves out a tied tensor)."""
     _check_params(config, params)
     conv = {"transformer." + n for n in _CONV1D_HF(config)}
     out: dict[str, torch.Tensor] = {}
@@ -277,6 +275,14 @@ def write_safetensors(path: Path, config: GPTConfig, params: Mapping[str, torch.
         if name == "transformer.wte.weight":
             t = t[: config.vocab_size]
         out[name] = (t.t() if name in conv else t).contiguous()
+    return out
+
+
+def write_safetensors(path: Path, config: GPTConfig, params: Mapping[str, torch.Tensor]) -> None:
+    """Write ``GPT2LMHeadModel``'s tensors (:func:`gpt2_hf_tensors`) with the shape in the metadata."""
+    from safetensors.torch import save
+
+    out = gpt2_hf_tensors(config, params)
     meta = {"format": "pt", "n_head": str(config.n_head), "n_layer": str(config.n_layer),
             "n_embd": str(config.n_embd), "n_positions": str(config.block_size), "vocab_size": str(config.vocab_size),
             "producer": "gputravel export"}
@@ -333,14 +339,20 @@ def _check_params(config: ModelConfig, params: Mapping[str, torch.Tensor]) -> No
 
 
 class _atomic:  # noqa: N801 (used as a context manager, like open)
-    """Write ``path`` through a temporary file in its folder, renamed over it only when complete."""
+    """Write ``path`` through a fresh temporary file in its folder (``mkstemp``: ``O_EXCL | O_NOFOLLOW``, a random
+    name, so a planted link is never followed), renamed over it only when complete (a link at ``path`` itself is
+    replaced, not written through)."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.tmp = self.path.with_name(f".{self.path.name}.tmp")
 
     def __enter__(self) -> Any:
-        self.f = self.tmp.open("wb")
+        import os
+        import tempfile
+
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        self.tmp = Path(tmp)
+        self.f = os.fdopen(fd, "wb")
         return self.f
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
@@ -411,19 +423,22 @@ def upload_weights(path: Path, *, program_model: Mapping[str, Any], key: bytes, 
 
 # --- export: a run's last sealed checkpoint -> a public model file -----------------------------------------
 def export_run(run_dir: Path, output: Path, *, key_path: Path, checkpoints: Iterable[Path], fmt: str,
-               dtype: str = "float32") -> dict[str, Any]:
+               dtype: str = "float32", settings_path: Path | None = None) -> dict[str, Any]:
     """Open ``run_dir``'s newest checkpoint (of ``checkpoints``, the folder's sealed files) with the run's key
-    (``key_path``) and write its model to ``output`` as ``fmt`` (``llmc`` or ``safetensors``). Returns what was
-    written. The caller names the files (``RunFolder``): training knows no run folder.
+    (``key_path``) and write its model to ``output`` as ``fmt``: ``llmc`` or ``safetensors`` (a GPT-2 file), ``hf``
+    or ``peft`` (a Hugging Face folder: core/training/export.py, which reads the run's ``settings_path`` for its
+    ``--init-from``). Returns what was written. The caller names the files (``RunFolder``): training knows no
+    run folder.
 
     The checkpoint is opened through a store over an empty temporary folder: a store over the run's own folder
     would sweep the temporary file of a checkpoint the run may be writing right now."""
     import tempfile
 
     from gputravel.core.training.checkpoint import CheckpointStore, load_or_create_key
+    from gputravel.core.training.export import FOLDER_FORMATS, export_folder
 
-    if fmt not in FORMATS:
-        raise ConfigError(f"unknown weights format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if fmt not in (*FORMATS, *FOLDER_FORMATS):
+        raise ConfigError(f"unknown weights format {fmt!r}; choose one of {', '.join((*FORMATS, *FOLDER_FORMATS))}")
     run_dir = Path(run_dir)
     if not key_path.is_file():
         raise ConfigError(f"{run_dir} has no checkpoint key ({key_path}): its checkpoints cannot be opened")
@@ -435,15 +450,28 @@ def export_run(run_dir: Path, output: Path, *, key_path: Path, checkpoints: Iter
     with tempfile.TemporaryDirectory(prefix="gputravel-export-") as empty:
         state = CheckpointStore(Path(empty), key).load(path)
     try:
-        config = GPTConfig.from_dict(dict(state["config"]))
+        config = model_config_from_dict(dict(state["config"]))
         model = state["model"]
-        params = {name: model[name] for name in param_shapes(config)}
     except (KeyError, TypeError) as exc:
-        raise DataError(f"checkpoint {path} holds no GPT-2 model state ({exc})") from None
+        raise DataError(f"checkpoint {path} holds no model state ({exc})") from None
+    done = {"run": str(run_dir), "checkpoint": path.name, "seq": seq, "steps": int(state.get("step", 0)),
+            "format": fmt, "dtype": dtype, "output": str(output), "model": config.to_dict()}
     try:
+        if fmt in FOLDER_FORMATS:
+            try:
+                run_settings = json.loads(settings_path.read_text()) if settings_path is not None else {}
+            except (OSError, ValueError):
+                run_settings = {}
+            return {**done, **export_folder(state, run_settings, output, fmt=fmt, config=config)}
+        if not isinstance(config, GPTConfig) or state.get("lora"):
+            raise ConfigError(f"--format {fmt} writes a whole GPT-2; this run's model is "
+                              f"{getattr(config, 'architecture', 'GPT-2')}{' with LoRA' if state.get('lora') else ''}"
+                              ": use --format hf (or peft)")
+        try:
+            params = {name: model[name] for name in param_shapes(config)}
+        except KeyError as exc:
+            raise DataError(f"checkpoint {path} holds no GPT-2 model state ({exc})") from None
         write_weights(output, config, params, fmt=fmt, dtype=dtype)
     except OSError as exc:
         raise ConfigError(f"cannot write {output}: {exc.strerror or exc}") from None
-    return {"run": str(run_dir), "checkpoint": path.name, "seq": seq, "steps": int(state.get("step", 0)),
-            "format": fmt, "dtype": dtype, "output": str(output), "bytes": Path(output).stat().st_size,
-            "model": config.to_dict(), "params": sum(t.numel() for t in params.values())}
+    return {**done, "bytes": Path(output).stat().st_size, "params": sum(t.numel() for t in params.values())}
