@@ -60,7 +60,14 @@ def resolve_holder_dirs(settings: RunSettings) -> list[tuple[str, Path]]:
     from gputravel.core.training.corpus import fetch_corpus, validate_data_dir
 
     root = settings.data_dir if settings.data_dir is not None else fetch_corpus(holders=settings.holders)
-    specs = validate_data_dir(Path(root))
+    vocab, tok_hash = None, None
+    if settings.init_from is not None and Path(settings.init_from).is_dir():
+        from gputravel.core.training.hftokenizer import tokenizer_hash
+        from gputravel.core.training.weights import read_config
+
+        tok_hash = tokenizer_hash(Path(settings.init_from))  # the model's own tokenizer: its shards, no other's
+        vocab = read_config(Path(settings.init_from)).vocab_size
+    specs = validate_data_dir(Path(root), vocab=vocab, tokenizer_hash=tok_hash)
     if settings.data_dir is not None and len(specs) < settings.holders:
         raise DataError(f"{root} has {len(specs)} holder folders; --holders asks for {settings.holders}")
     return [(spec.name, spec.path) for spec in specs[: settings.holders]]
@@ -83,7 +90,7 @@ def _program_factory(settings: RunSettings) -> Callable[..., dict[str, Any]]:
             from gputravel.core.training.weights import read_config
 
             model = read_config(settings.init_from)
-            if model.vocab_size < vocab_size(fmt):
+            if model.vocab_size < vocab_size(fmt) and not (fmt == "u16" and hasattr(model, "arch")):
                 raise ConfigError(f"--init-from {settings.init_from}: its vocabulary of {model.vocab_size} does "
                                   f"not cover the holders' {fmt} tokens ({vocab_size(fmt)})")
         if settings.seq_len > model.block_size:
