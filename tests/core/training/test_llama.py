@@ -200,3 +200,27 @@ def test_run_refuses_nan_weights_with_exit_2_before_the_run_exists(tmp_path: Pat
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert json.loads(proc.stdout.splitlines()[-1])["error"]["type"] == "WeightsError"
     assert "model.norm.weight holds NaN or Inf" in proc.stderr and not out.exists()
+
+
+@pytest.mark.process
+def test_bench_train_from_a_folder_with_lora_reports_checkpoint_bytes_and_seal_time(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from gputravel.console.cli import main as cli
+
+    hf_model("llama", tie_word_embeddings=True).save_pretrained(tmp_path / "llama")
+    runs = {}
+    for rank in ("0", "4"):
+        result = CliRunner().invoke(cli.app, [
+            "bench", "train", "--init-from", str(tmp_path / "llama"), "--lora-rank", rank, "--holders", "1",
+            "--steps", "2", "--batch-size", "2", "--seq-len", "16", "--dataset-mib", "0.05", "--torch-threads", "1",
+            "--json"])
+        assert result.exit_code == 0, result.output
+        runs[rank] = json.loads(result.stdout)
+    for rank, res in runs.items():
+        assert res["job"]["architecture"] == "LlamaForCausalLM" and res["job"]["lora_rank"] == int(rank)
+        assert res["protocol"]["steps"] == res["plain"]["steps"] == 2 and res["protocol_cost_pct"] is not None
+        assert res["checkpoint"]["bytes"] > 0 and res["checkpoint"]["seal_s"] >= 0
+    # the adapters and their moments against the whole model and its moments
+    assert runs["4"]["checkpoint"]["bytes"] < runs["0"]["checkpoint"]["bytes"] / 4
+    assert runs["0"]["checkpoint"]["pct_of_full_state"] > 90
