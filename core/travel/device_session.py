@@ -60,6 +60,9 @@ class DeviceSession:
         self.attestation: dict[str, Any] = {}
         self.device_info: dict[str, Any] = {}
         self._rejection_gen = 0  # the device's rejection generation audited so far
+        #: a LoRA run's frozen base (--init-from, its run key and run id): a restarted device gets it again before
+        #: the caller restores the adapters' checkpoint
+        self._lora_base: tuple[Path, bytes, str] | None = None
 
     # --- the session -----------------------------------------------------------------------------------------
     def new_client(self) -> DeviceClient:
@@ -126,6 +129,8 @@ class DeviceSession:
         self._rejection_gen = 0  # a new device counts its rejections from the start
         result = await asyncio.to_thread(self.client.connect)
         await self.upload_program()
+        if self._lora_base is not None:  # the adapters' checkpoint holds no base: the weights go in first
+            await self.load_weights(*self._lora_base)
         await self.configure_data_path()
         return result
 
@@ -205,7 +210,7 @@ class DeviceSession:
         self.expected_model = str(restored.model_digest)
         return self.expected_model
 
-    async def load_weights(self, path: Path, *, key: bytes, run_id: str) -> tuple[str, dict[str, Any]]:
+    async def load_weights(self, path: Path, key: bytes, run_id: str) -> tuple[str, dict[str, Any]]:
         """Pretrained weights (``--init-from``) into the device's model, before any step: read here, sealed under
         the run key as a ``weights`` stream and opened by the device into its model; the model it then holds
         must have the digest of exactly these weights. Returns that digest and the model's config."""
@@ -216,6 +221,8 @@ class DeviceSession:
             restore=self.client.restore, program_train=self.program["train"])
         if state.model_digest != want:
             raise IntegrityError(f"--init-from {path}: the device's model differs from the file's weights")
+        if dict(self.program.get("train") or {}).get("lora_rank"):
+            self._lora_base = (Path(path), key, run_id)
         return want, config
 
     async def new_rejections(self, take: Callable[[dict[str, dict[str, int]]], None]) -> None:

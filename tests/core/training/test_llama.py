@@ -188,6 +188,13 @@ def test_a_llama_folder_fine_tunes_with_lora_through_the_protocol_and_resumes_to
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout)["training"]["model_digest"] == report["training"]["model_digest"]
 
+    # a device that dies mid-TRAIN: the restarted one gets the base again, then the adapters' checkpoint
+    proc = gputravel("run", *args, "--out", str(tmp_path / "restarted"), "--fault", "kill-device@TRAIN:1", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    restarted = json.loads(proc.stdout)
+    assert any("device died" in f for f in restarted["visits"][1]["earlier_failures"])
+    assert restarted["training"]["model_digest"] == report["training"]["model_digest"]
+
 
 @pytest.mark.process
 def test_run_refuses_nan_weights_with_exit_2_before_the_run_exists(tmp_path: Path) -> None:
