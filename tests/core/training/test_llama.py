@@ -165,35 +165,49 @@ RUN = ["--holders", "2", "--rounds", "1", "--steps-per-visit", "2", "--batch-siz
        "--chunk-kib", "16", "--buffer-mib", "0.25", "--transport", "local", "--no-record"]
 
 
-@pytest.mark.process
-def test_a_llama_folder_fine_tunes_with_lora_through_the_protocol_and_resumes_to_the_same_digest(
-        tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A Llama folder fine-tuned with LoRA through the protocol, uninterrupted: its args and report."""
     from tests.helpers import write_holders
 
+    tmp_path = tmp_path_factory.mktemp("lora")
     folder = tmp_path / "llama"
     hf_model("llama", tie_word_embeddings=True).save_pretrained(folder)
     data = write_holders(tmp_path / "data", {"alice": 1, "bob": 2}, n_words=3000)
     args = ["--data", str(data), *RUN, "--init-from", str(folder), "--lora-rank", "4"]
     proc = gputravel("run", *args, "--out", str(tmp_path / "whole"), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout)
+    return {"args": args, "folder": folder, "report": json.loads(proc.stdout)}
+
+
+@pytest.mark.process
+def test_a_llama_folder_fine_tunes_with_lora_through_the_protocol(lora_run: dict[str, Any]) -> None:
+    report = lora_run["report"]
     assert [v["outcome"] for v in report["visits"]] == ["done", "done"]
     assert report["training"]["model"]["architecture"] == "LlamaForCausalLM"
-    assert report["training"]["model"]["lora"]["rank"] == 4 and report["training"]["model"]["source"] == str(folder)
+    assert report["training"]["model"]["lora"]["rank"] == 4
+    assert report["training"]["model"]["source"] == str(lora_run["folder"])
 
+
+@pytest.mark.process
+def test_a_lora_run_killed_mid_checkpoint_resumes_to_the_same_digest(lora_run: dict[str, Any], tmp_path: Path) -> None:
     cut = tmp_path / "cut"
-    proc = gputravel("run", *args, "--out", str(cut), "--fault", "kill-orchestrator@CHECKPOINT:1")
+    proc = gputravel("run", *lora_run["args"], "--out", str(cut), "--fault", "kill-orchestrator@CHECKPOINT:1")
     assert proc.returncode == -9, proc.stderr[-3000:]
     proc = gputravel("run", "--resume", "--out", str(cut), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(proc.stdout)["training"]["model_digest"] == report["training"]["model_digest"]
+    assert json.loads(proc.stdout)["training"]["model_digest"] == lora_run["report"]["training"]["model_digest"]
 
+
+@pytest.mark.process
+def test_a_restarted_device_gets_the_lora_base_again(lora_run: dict[str, Any], tmp_path: Path) -> None:
     # a device that dies mid-TRAIN: the restarted one gets the base again, then the adapters' checkpoint
-    proc = gputravel("run", *args, "--out", str(tmp_path / "restarted"), "--fault", "kill-device@TRAIN:1", "--json")
+    proc = gputravel("run", *lora_run["args"], "--out", str(tmp_path / "restarted"), "--fault",
+                     "kill-device@TRAIN:1", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     restarted = json.loads(proc.stdout)
     assert any("device died" in f for f in restarted["visits"][1]["earlier_failures"])
-    assert restarted["training"]["model_digest"] == report["training"]["model_digest"]
+    assert restarted["training"]["model_digest"] == lora_run["report"]["training"]["model_digest"]
 
 
 @pytest.mark.process
