@@ -92,6 +92,7 @@ def test_a_folder_whose_tensors_exceed_its_config_is_refused_before_reading_them
         read_weights(tmp_path)
 
 
+@pytest.mark.process
 def test_data_check_refuses_a_fifo_without_waiting_on_it(tmp_path: Path) -> None:
     (tmp_path / "alice").mkdir()
     os.mkfifo(tmp_path / "alice" / "part.txt")
@@ -102,6 +103,7 @@ def test_data_check_refuses_a_fifo_without_waiting_on_it(tmp_path: Path) -> None
     assert proc.returncode == 2 and "not a regular file" in proc.stderr
 
 
+@pytest.mark.process
 def test_data_check_reads_a_1_gib_shard_in_bounded_memory(tmp_path: Path) -> None:
     (tmp_path / "alice").mkdir()
     shard = tmp_path / "alice" / "train_000.bin"
