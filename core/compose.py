@@ -60,7 +60,14 @@ def resolve_holder_dirs(settings: RunSettings) -> list[tuple[str, Path]]:
     from gputravel.core.training.corpus import fetch_corpus, validate_data_dir
 
     root = settings.data_dir if settings.data_dir is not None else fetch_corpus(holders=settings.holders)
-    specs = validate_data_dir(Path(root))
+    vocab, tok_hash = None, None
+    if settings.init_from is not None and Path(settings.init_from).is_dir():
+        from gputravel.core.training.hftokenizer import tokenizer_hash
+        from gputravel.core.training.weights import read_config
+
+        tok_hash = tokenizer_hash(Path(settings.init_from))  # the model's own tokenizer: its shards, no other's
+        vocab = read_config(Path(settings.init_from)).vocab_size
+    specs = validate_data_dir(Path(root), vocab=vocab, tokenizer_hash=tok_hash)
     if settings.data_dir is not None and len(specs) < settings.holders:
         raise DataError(f"{root} has {len(specs)} holder folders; --holders asks for {settings.holders}")
     return [(spec.name, spec.path) for spec in specs[: settings.holders]]
@@ -73,24 +80,33 @@ def local_links(settings: RunSettings, *, agent: Sequence[str]) -> list[HolderLi
 
 
 def _program_factory(settings: RunSettings) -> Callable[..., dict[str, Any]]:
-    from gputravel.core.training.model import preset_for_tokens
+    from gputravel.core.training.model import ModelConfig, preset_for_tokens
     from gputravel.core.training.tokens import vocab_size
     from gputravel.core.training.trainer import TrainSettings
 
     def make(*, fmt: str, total_steps: int) -> dict[str, Any]:
-        model = preset_for_tokens(settings.model, vocab_size(fmt))
+        model: ModelConfig = preset_for_tokens(settings.model, vocab_size(fmt))
         if settings.init_from is not None:  # pretrained weights: the file's shape, not the preset's
             from gputravel.core.training.weights import read_config
 
             model = read_config(settings.init_from)
-            if model.vocab_size < vocab_size(fmt):
+            if model.vocab_size < vocab_size(fmt) and not (fmt == "u16" and hasattr(model, "arch")):
                 raise ConfigError(f"--init-from {settings.init_from}: its vocabulary of {model.vocab_size} does "
                                   f"not cover the holders' {fmt} tokens ({vocab_size(fmt)})")
         if settings.seq_len > model.block_size:
             raise ConfigError(f"seq-len {settings.seq_len} exceeds the model's block size {model.block_size}")
+        targets = tuple(t.strip() for t in (settings.lora_targets or "").split(",") if t.strip())
         train = TrainSettings(steps_per_visit=settings.steps_per_visit, batch_size=settings.batch_size,
-                              seq_len=settings.seq_len, lr=settings.lr, seed=settings.seed, total_steps=total_steps)
-        return {"program": "gputravel.gpt2/v1", "model": model.to_dict(), "train": train.to_dict()}
+                              seq_len=settings.seq_len, lr=settings.lr, seed=settings.seed, total_steps=total_steps,
+                              lora_rank=settings.lora_rank, lora_alpha=settings.lora_alpha, lora_targets=targets)
+        lora = train.lora(model)
+        if lora is not None:  # a target list that names no layer is refused before the device is configured
+            from gputravel.core.training.lora import lora_names
+            from gputravel.core.training.model import param_shapes_of
+
+            lora_names(param_shapes_of(model), lora)
+        source = str(settings.init_from) if settings.init_from is not None else f"preset:{settings.model}"
+        return {"program": "gputravel.gpt2/v1", "model": model.to_dict(), "train": train.to_dict(), "source": source}
 
     return make
 

@@ -28,13 +28,15 @@ LIMITS: dict[str, tuple[float, float]] = {
     "epoch_limit": (1, 2**62),
     "checkpoint_every": (1, 1_000_000),
     "keep_checkpoints": (1, 1_000_000),
+    "lora_rank": (0, 65_536),
+    "lora_alpha": (0.0, 1e6),
 }
 _INT_FIELDS = ("holders", "rounds", "steps_per_visit", "chunk_kib", "batch_size", "seq_len", "seed",
                "torch_threads", "auth_workers", "visit_attempts", "key_chunk_budget", "epoch_limit",
-               "checkpoint_every", "keep_checkpoints")
-_FLOAT_FIELDS = ("buffer_mib", "val_fraction", "val_share", "lr")
+               "checkpoint_every", "keep_checkpoints", "lora_rank")
+_FLOAT_FIELDS = ("buffer_mib", "val_fraction", "val_share", "lr", "lora_alpha")
 _STR_FIELDS = ("model", "cc_mode", "transport", "data_path", "cipher_engine", "data_host")
-_OPTIONAL_STR_FIELDS = ("device", "fault")
+_OPTIONAL_STR_FIELDS = ("device", "fault", "lora_targets")
 _BOOL_FIELDS = ("resume", "allow_fault_injection", "attest_prefetch")
 _OPTIONAL_BOOL_FIELDS = ("parallel_auth", "overlap")
 
@@ -90,6 +92,10 @@ class RunSettings:
     #: pretrained weights the model starts from (llm.c .bin or GPT-2 safetensors; docs/checkpoints.md): the
     #: model's shape comes from the file, the weights reach the device as a sealed stream (core/training/weights.py)
     init_from: Path | None = None
+    #: LoRA (core/training/lora.py): adapters of this rank on the frozen base train, alone; 0: the whole model
+    lora_rank: int = 0
+    lora_alpha: float = 0.0  # 0: the rank (scale alpha / rank = 1)
+    lora_targets: str | None = None  # comma-separated module names; None: the attention projections
     #: a visit's checkpoint is written in the background; every N-th visit (and the last) checkpoints, and a
     #: visit is committed (resumable) once the checkpoint holding it is durable
     checkpoint_every: int = 1

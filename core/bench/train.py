@@ -26,6 +26,7 @@ outside both measurements and reported as ``setup_s``.
 from __future__ import annotations
 
 import asyncio
+import math
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -38,7 +39,8 @@ from gputravel.core.bench.data import make_holders
 from gputravel.core.bench.travel import ProgressFn, RunFn, machine_info
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import ConfigError
-from gputravel.core.training.model import GPT, GPTConfig, preset_for_tokens
+from gputravel.core.training.lora import apply_lora
+from gputravel.core.training.model import ModelConfig, build_model, param_shapes_of, preset_for_tokens
 from gputravel.core.training.tokens import vocab_size
 from gputravel.core.training.trainer import TrainSettings
 
@@ -47,16 +49,25 @@ __all__ = ["plain_loop", "study"]
 MIB = 1 << 20
 
 
-def plain_loop(config: GPTConfig, settings: TrainSettings, *, steps: int, device: str,
-               tokens: torch.Tensor, eval_every: int = 0, held_out: torch.Tensor | None = None) -> dict[str, Any]:
+def plain_loop(config: ModelConfig, settings: TrainSettings, *, steps: int, device: str,
+               tokens: torch.Tensor, eval_every: int = 0, held_out: torch.Tensor | None = None,
+               base: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
     """``steps`` AdamW steps of a plain torch loop on random windows of ``tokens``; tokens per second. With
     ``eval_every`` and ``held_out``: after every ``eval_every`` steps, the mean loss of ``val_batches`` batches
-    of non-overlapping windows spread over ``held_out`` (as the device's ``Trainer.eval_on_window``)."""
+    of non-overlapping windows spread over ``held_out`` (as the device's ``Trainer.eval_on_window``). ``base``:
+    pretrained weights (``--init-from``); with LoRA in ``settings``, only the adapters train (as on the device)."""
     dev = torch.device(device)
     gen = torch.Generator().manual_seed(settings.seed)
-    model = GPT(config, generator=gen, device=dev)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    model = build_model(config, generator=gen, device="cpu")
+    if base is not None:
+        model.load_state_dict(base, strict=False)
+    lora = settings.lora(config)
+    if lora is not None:
+        apply_lora(model, lora, param_shapes_of(config), settings.seed)
+    model.to(dev)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in trainable if p.dim() >= 2]
+    no_decay = [p for p in trainable if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=settings.lr, betas=(0.9, 0.95), eps=1e-8)
     data = tokens.to(dev)
@@ -86,7 +97,7 @@ def plain_loop(config: GPTConfig, settings: TrainSettings, *, steps: int, device
         assert loss is not None
         loss.backward()
         if settings.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
+            torch.nn.utils.clip_grad_norm_(trainable, settings.grad_clip)
         opt.step()
         losses.append(float(loss.item()))
         if val_starts is not None and val_data is not None and (step + 1) % eval_every == 0:
@@ -112,15 +123,23 @@ def plain_loop(config: GPTConfig, settings: TrainSettings, *, steps: int, device
 
 def study(*, workdir: Path, run: RunFn, model: str = "tiny", holders: int = 2, rounds: int = 1, steps: int = 10,
           batch_size: int = 4, seq_len: int = 64, dataset_mib: float = 1.0, device: str | None = None,
-          torch_threads: int = 0, transport: str = "local", on_progress: ProgressFn | None = None) -> dict[str, Any]:
-    """Run the study; returns the JSON-able result (``benchmark: train``)."""
+          torch_threads: int = 0, transport: str = "local", on_progress: ProgressFn | None = None,
+          init_from: Path | None = None, lora_rank: int = 0) -> dict[str, Any]:
+    """Run the study; returns the JSON-able result (``benchmark: train``). ``init_from``: a weights file or
+    Hugging Face folder instead of the preset; ``lora_rank``: LoRA adapters alone train (both sides)."""
     if holders < 1 or rounds < 1 or steps < 1 or batch_size < 1 or seq_len < 8:
         raise ConfigError("holders, rounds, steps and batch-size must be >= 1 and seq-len >= 8")
     if not dataset_mib > 0:
         raise ConfigError("dataset-mib must be > 0")
     progress = on_progress or (lambda description, done, total: None)
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    config = preset_for_tokens(model, vocab_size("byte"))
+    config: ModelConfig = preset_for_tokens(model, vocab_size("byte"))
+    base: dict[str, torch.Tensor] | None = None
+    if init_from is not None:
+        from gputravel.core.training.weights import read_weights
+
+        config, base = read_weights(Path(init_from))
+        model = str(init_from)
     if seq_len > config.block_size:
         raise ConfigError(f"seq-len {seq_len} exceeds the {model} model's block size {config.block_size}")
     workdir.mkdir(parents=True, exist_ok=True)
@@ -132,7 +151,8 @@ def study(*, workdir: Path, run: RunFn, model: str = "tiny", holders: int = 2, r
     # --- the plain loop: the same model, optimizer, batch and steps, here; once before and once after the
     # protocol run, so drift in the machine's load over the study shows (and averages) instead of biasing it
     total_steps = holders * rounds * steps  # one visit per holder and round (checked against the run below)
-    train = TrainSettings(steps_per_visit=steps, batch_size=batch_size, seq_len=seq_len, total_steps=total_steps)
+    train = TrainSettings(steps_per_visit=steps, batch_size=batch_size, seq_len=seq_len, total_steps=total_steps,
+                          lora_rank=lora_rank)
     raw = (data / "h00" / "data.txt").read_bytes()
     sample = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(torch.int64)
     held_out = sample[-max(len(raw) // 10, train.seq_len + 2):]  # the holders hold out 10% (the run's default)
@@ -148,7 +168,7 @@ def study(*, workdir: Path, run: RunFn, model: str = "tiny", holders: int = 2, r
         try:
             with ThreadPoolExecutor(1, thread_name_prefix="plain-loop") as pool:
                 return pool.submit(plain_loop, config, train, steps=total_steps, device=dev, tokens=sample,
-                                   eval_every=steps, held_out=held_out).result()
+                                   eval_every=steps, held_out=held_out, base=base).result()
         finally:
             torch.set_num_threads(threads_before)
 
@@ -157,8 +177,9 @@ def study(*, workdir: Path, run: RunFn, model: str = "tiny", holders: int = 2, r
     # --- the protocol: one gputravel run
     progress("gputravel run", 1, 3)
     settings = RunSettings(holders=holders, rounds=rounds, steps_per_visit=steps, buffer_mib=max(1.0, dataset_mib * 1.25),
-                           data_dir=data, out_dir=workdir / "run", model=model, batch_size=batch_size,
-                           seq_len=seq_len, device=device, torch_threads=torch_threads, transport=transport)
+                           data_dir=data, out_dir=workdir / "run", model="tiny" if init_from else model,
+                           batch_size=batch_size, seq_len=seq_len, device=device, torch_threads=torch_threads,
+                           transport=transport, init_from=init_from, lora_rank=lora_rank)
     t0 = time.perf_counter()
     report = asyncio.run(run(settings, sinks=[])).to_json()
     run_wall = time.perf_counter() - t0
@@ -198,14 +219,28 @@ def study(*, workdir: Path, run: RunFn, model: str = "tiny", holders: int = 2, r
              if protocol["tokens_per_s"] and plain["tokens_per_s"] else None)
     return {"benchmark": "train", "machine": machine_info(),
             "job": {"model": model, "model_params": report.get("training", {}).get("model_params"),
+                    "architecture": (report.get("training", {}).get("model") or {}).get("architecture"),
+                    "lora_rank": lora_rank,
                     "config": config.to_dict(), "holders": holders, "rounds": rounds, "steps_per_visit": steps,
                     "batch_size": batch_size, "seq_len": seq_len, "tokens_per_step": batch_size * seq_len,
                     "device": dev, "torch_threads": torch_threads or threads_before, "transport": transport,
                     "dataset_mib_per_holder": dataset_mib},
             "protocol": protocol, "plain": plain,
+            "checkpoint": _checkpoint_figures(report, config, lora_rank),
             "ratio": round(ratio, 4) if ratio is not None else None,
             "protocol_cost_pct": round(100.0 * (1.0 - ratio), 2) if ratio is not None else None,
             "train_phase_ratio": (round(protocol["train_phase_tokens_per_s"] / plain["tokens_per_s"], 4)
                                   if protocol["train_phase_tokens_per_s"] and plain["tokens_per_s"] else None),
             "target": "protocol_cost_pct <= 5 on a GPU (issue 11)",
             "seconds": round(time.perf_counter() - t_start, 2)}
+
+
+def _checkpoint_figures(report: dict[str, Any], config: ModelConfig, lora_rank: int) -> dict[str, Any]:
+    """The run's last checkpoint (``bytes``, the device's ``seal_s``) against the whole state's size (fp32
+    parameters and AdamW's two moments: ``full_state_bytes``), so ``pct_of_full_state``."""
+    last = dict(report.get("checkpoints", {}).get("last") or {})
+    full = 3 * 4 * sum(math.prod(s) for s in param_shapes_of(config).values())
+    nbytes = last.get("bytes")
+    return {"bytes": nbytes, "seal_s": last.get("seal_s"), "snapshot_s": last.get("snapshot_s"),
+            "full_state_bytes": full, "lora_rank": lora_rank,
+            "pct_of_full_state": round(100.0 * nbytes / full, 3) if nbytes else None}

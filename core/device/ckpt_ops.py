@@ -310,4 +310,4 @@ class CheckpointOps:
             raise DeviceError("a weights stream holds {format: weights, config, model}")
         if state.get("config") != trainer.config.to_dict():
             raise DeviceError(f"weights of model {state.get('config')} differ from the program's {trainer.config.to_dict()}")
-        trainer.model.load_state_dict(state["model"])  # strict: every parameter, nothing else
+        trainer.load_base(state["model"])  # strict: every parameter (LoRA's adapters apart), nothing else

@@ -51,13 +51,13 @@ class ModelOps:
 
     def op_configure(self, *, payload: bytes) -> Reply:
         """Upload the code region (the training program) and build the model from it."""
-        from gputravel.core.training.model import GPTConfig
+        from gputravel.core.training.model import model_config_from_dict
         from gputravel.core.training.trainer import Trainer, TrainSettings
 
         try:
             program = json.loads(payload.decode())
-            config = GPTConfig.from_dict(program["model"])
-            settings = TrainSettings(**program["train"])
+            config = model_config_from_dict(program["model"])
+            settings = TrainSettings.from_dict(program["train"])
         except (ValueError, KeyError, TypeError) as exc:
             raise DeviceError(f"invalid training program: {exc}") from None
         self.code.write(payload)

@@ -178,6 +178,13 @@ class DataError(GpuTravelError):
     exit_code = 2
 
 
+class WeightsError(DataError):
+    """A pretrained weights file or model folder is malformed, lying about its sizes, sparse, of an unsupported
+    dtype or holds NaN/Inf: refused before the run starts."""
+
+    code = "weights"
+
+
 class ConfigError(GpuTravelError):
     """A setting, policy or file given by the operator is invalid."""
 
@@ -281,7 +288,7 @@ ERRORS_BY_CODE: dict[str, type[GpuTravelError]] = {
     for cls in (
         GpuTravelError, ProtocolError, FrameError, WireFormatError, TagError, ReplayError, StaleEpochError,
         WindowError, NonceExhaustedError, FleetAuthError, AttestationError, IntegrityError, AgentError, LinkLostError,
-        DeviceError, FleetDeviceLostError, GpuCipherError, DataError, ConfigError, InsecureKeyError, RecordingError, LedgerError,
+        DeviceError, FleetDeviceLostError, GpuCipherError, DataError, WeightsError, ConfigError, InsecureKeyError, RecordingError, LedgerError,
         StorageError, DiskFullError, ReplicaDivergedError, TransitionError, CancelledRunError, CollectiveAbortedError, CollectiveError, WorkerError,
     )
 }
@@ -299,6 +306,6 @@ __all__ = [
     "ERRORS_BY_CODE", "WIRE_ALIASES", "AgentError", "AttestationError", "CancelledRunError", "CollectiveAbortedError",
     "CollectiveError", "ConfigError", "DataError", "DeviceError", "DiskFullError", "FleetAuthError", "FleetDeviceLostError", "FrameError", "GpuCipherError", "GpuTravelError",
     "HolderAttestationError", "HolderLinkError", "InsecureKeyError", "IntegrityError", "LedgerError", "LinkLostError", "NonceExhaustedError", "ProtocolError",
-    "RecordingError", "ReplayError", "ReplicaDivergedError", "StaleEpochError", "StorageError", "TagError", "TransitionError", "WindowError", "WireFormatError", "WorkerError",
+    "RecordingError", "ReplayError", "ReplicaDivergedError", "StaleEpochError", "StorageError", "TagError", "TransitionError", "WeightsError", "WindowError", "WireFormatError", "WorkerError",
     "error_from_code",
 ]

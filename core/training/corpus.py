@@ -27,7 +27,6 @@ concurrent fetches into one ``dest`` take turns (an exclusive lock on ``dest/.lo
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import fcntl
 import hashlib
@@ -447,82 +446,10 @@ def _build_and_swap(dest: Path, spec: dict[str, Any], marker: dict[str, Any] | N
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-# --- the orchestrator-side check of --data DIR ----------------------------------------------------
-def _check_utf8(path: Path) -> int:
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    size = 0
-    try:
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                decoder.decode(block)
-                size += len(block)
-            decoder.decode(b"", final=True)
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{path}: not UTF-8 text ({exc.reason} near byte {size + exc.start})") from exc
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read ({exc.strerror})") from exc
-    return size
+# --- the orchestrator-side check of --data DIR: core/training/datacheck.py ---------------------------
+def validate_data_dir(path: Path, *, vocab: int | None = None, tokenizer_hash: str | None = None
+                      ) -> list[HolderDataSpec]:
+    """Check a ``--data DIR`` (:func:`gputravel.core.training.datacheck.validate_data_dir`)."""
+    from gputravel.core.training import datacheck
 
-
-def _visible(path: Path) -> list[Path]:
-    try:
-        return sorted(p for p in path.iterdir() if not p.name.startswith("."))
-    except OSError as exc:  # e.g. a holder folder this user may not read: named, exit 2, not a traceback
-        raise DataError(f"{path}: cannot read the folder ({exc.strerror or exc})") from None
-
-
-def validate_data_dir(path: Path) -> list[HolderDataSpec]:
-    """Check a ``--data DIR``: one subfolder per holder, each with only ``.txt`` or only ``.bin`` files.
-
-    ``.txt`` files must be non-empty UTF-8 (``byte`` tokens); ``.bin`` files must be valid llm.c shards
-    with at least one token, all within the GPT-2 vocabulary (``u16`` tokens). Hidden entries (names
-    starting with ``.``) are ignored.
-
-    Raises:
-        DataError: naming the offending path: missing folder, no subfolders, data files outside a
-            holder folder, an empty holder folder, a nested folder, another file type, mixed formats,
-            non-UTF-8 text, or a bad shard.
-    """
-    root = Path(path)
-    if not root.is_dir():
-        raise DataError(f"{root}: not a folder")
-    entries = _visible(root)
-    stray = [p for p in entries if p.is_file() and p.suffix in (".txt", ".bin")]
-    if stray:
-        raise DataError(f"{stray[0]}: data files must sit in one subfolder per holder, not at the top of {root}")
-    folders = [p for p in entries if p.is_dir()]
-    if not folders:
-        raise DataError(f"{root}: no holder subfolders (expected one folder per holder with .txt or .bin files)")
-    specs: list[HolderDataSpec] = []
-    for folder in folders:
-        files = _visible(folder)
-        if not files:
-            raise DataError(f"{folder}: empty holder folder")
-        for f in files:
-            if f.is_dir():
-                raise DataError(f"{f}: nested folders are not allowed in a holder folder")
-            if f.suffix not in (".txt", ".bin"):
-                raise DataError(f"{f}: unsupported file type (only .txt text or .bin llm.c shards)")
-        suffixes = {f.suffix for f in files}
-        if len(suffixes) > 1:
-            raise DataError(f"{folder}: mixes .txt and .bin files; one holder uses one format")
-        if suffixes == {".txt"}:
-            nbytes = 0
-            for f in files:
-                size = _check_utf8(f)
-                if size == 0:
-                    raise DataError(f"{f}: empty file")
-                nbytes += size
-            specs.append(HolderDataSpec(folder.name, folder, TokenFormat.BYTE, tuple(files), nbytes, nbytes))
-        else:
-            tokens = 0
-            for f in files:
-                try:
-                    count = len(read_llmc_shard(f))
-                except OSError as exc:
-                    raise DataError(f"{f}: cannot read ({exc.strerror or exc})") from None
-                if count == 0:
-                    raise DataError(f"{f}: shard holds no tokens")
-                tokens += count
-            specs.append(HolderDataSpec(folder.name, folder, TokenFormat.U16, tuple(files), 2 * tokens, tokens))
-    return specs
+    return datacheck.validate_data_dir(path, vocab=vocab, tokenizer_hash=tokenizer_hash)

@@ -16,8 +16,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from gputravel.core.errors import ConfigError
+from gputravel.core.training.llama import Llama, LlamaConfig
 
-__all__ = ["GPT", "GPTConfig", "PRESETS", "preset", "preset_for_tokens"]
+__all__ = ["GPT", "PRESETS", "GPTConfig", "ModelConfig", "build_model", "model_config_from_dict", "param_shapes_of",
+           "preset",
+           "preset_for_tokens"]
 
 _VOCAB_PAD = 128
 
@@ -85,6 +88,36 @@ def preset_for_tokens(name: str, token_vocab: int) -> GPTConfig:
     on byte-level data (bytes are ids 0..255 of its vocabulary)."""
     base = preset(name)
     return replace(base, vocab_size=token_vocab) if token_vocab > base.vocab_size else base
+
+
+#: a model's shape: GPT-2 (llm.c's layout) or a Llama-family decoder (Hugging Face's names)
+ModelConfig = GPTConfig | LlamaConfig
+
+
+def model_config_from_dict(data: dict[str, Any]) -> ModelConfig:
+    """A config from its dict: a Llama-family one carries ``arch``, GPT-2's has no such key."""
+    if "arch" in data:
+        return LlamaConfig.from_dict(dict(data))
+    return GPTConfig.from_dict(dict(data))
+
+
+def build_model(config: ModelConfig, *, generator: torch.Generator | None = None,
+                device: torch.device | str | None = None) -> GPT | Llama:
+    """The model of ``config``, initialised from ``generator``."""
+    if isinstance(config, LlamaConfig):
+        return Llama(config, generator=generator, device=device)
+    return GPT(config, generator=generator, device=device)
+
+
+def param_shapes_of(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The model's parameters in ``named_parameters`` order (a tied ``lm_head`` left out) and their shapes."""
+    if isinstance(config, LlamaConfig):
+        from gputravel.core.training.llama import llama_param_shapes
+
+        return llama_param_shapes(config)
+    from gputravel.core.training.weights import param_shapes
+
+    return param_shapes(config)
 
 
 class CausalSelfAttention(nn.Module):

@@ -23,7 +23,8 @@ from typing import Any, cast
 import torch
 
 from gputravel.core.errors import ConfigError, DataError
-from gputravel.core.training.model import GPT, GPTConfig
+from gputravel.core.training.lora import DEFAULT_TARGETS, LoraSettings, apply_lora
+from gputravel.core.training.model import ModelConfig, build_model, model_config_from_dict, param_shapes_of
 from gputravel.core.training.tokens import (
     TokenFormat,
     bytes_per_token,
@@ -51,8 +52,14 @@ class TrainSettings:
     total_steps: int | None = None
     val_batches: int = 4
     seed: int = 1337
+    lora_rank: int = 0  # 0: the whole model trains; R: LoRA adapters of rank R on a frozen base
+    lora_alpha: float = 0.0  # 0: the rank (scale 1)
+    lora_targets: tuple[str, ...] = ()  # (): the attention projections (lora.DEFAULT_TARGETS)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
+        if type(self.lora_rank) is not int or self.lora_rank < 0 or self.lora_alpha < 0:
+            raise ConfigError("TrainSettings: lora_rank must be an integer >= 0 and lora_alpha >= 0")
         for name in ("steps_per_visit", "batch_size", "seq_len", "val_batches"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"TrainSettings.{name} must be positive, got {getattr(self, name)}")
@@ -70,6 +77,13 @@ class TrainSettings:
         if unknown:
             raise ConfigError(f"unknown TrainSettings keys: {', '.join(sorted(unknown))}")
         return cls(**data)
+
+    def lora(self, config: ModelConfig) -> LoraSettings | None:
+        """The LoRA settings for ``config``'s model, or ``None`` when the whole model trains."""
+        if not self.lora_rank:
+            return None
+        targets = self.lora_targets or DEFAULT_TARGETS["gpt2" if not hasattr(config, "arch") else "llama"]
+        return LoraSettings(rank=self.lora_rank, alpha=self.lora_alpha or float(self.lora_rank), targets=targets)
 
     def lr_at(self, step: int) -> float:
         """Learning rate of optimizer step ``step`` (0-based): linear warmup, then constant or cosine."""
@@ -96,16 +110,22 @@ class VisitTrainResult:
 class Trainer:
     """The model, its AdamW optimizer, the step counter and the batch-sampling generator."""
 
-    def __init__(self, config: GPTConfig, settings: TrainSettings, device: torch.device | str) -> None:
+    def __init__(self, config: ModelConfig, settings: TrainSettings, device: torch.device | str) -> None:
         if settings.seq_len > config.block_size:
             raise ConfigError(f"seq_len {settings.seq_len} exceeds the model's block_size {config.block_size}")
         self.config = config
         self.settings = settings
         self.device = torch.device(device)
         self.generator = torch.Generator().manual_seed(settings.seed)  # CPU: same stream on every device
-        self.model = GPT(config, generator=self.generator, device=self.device)
-        decay = [p for p in self.model.parameters() if p.dim() >= 2]
-        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
+        self.model = build_model(config, generator=self.generator, device=self.device)
+        self.lora = settings.lora(config)
+        #: with LoRA, the adapters: the only parameters that train, and all a checkpoint's model holds
+        self.trainable: list[str] | None = None
+        if self.lora is not None:
+            self.trainable = apply_lora(self.model, self.lora, param_shapes_of(config), settings.seed)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        decay = [p for p in trainable if p.dim() >= 2]
+        no_decay = [p for p in trainable if p.dim() < 2]
         self.optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=settings.lr, betas=(0.9, 0.95), eps=1e-8,
@@ -125,6 +145,8 @@ class Trainer:
         return window
 
     def _check_vocab(self, fmt: TokenFormat) -> None:
+        if fmt is TokenFormat.U16 and hasattr(self.config, "arch"):
+            return  # a Llama-family model's own tokenizer's shards: each window's ids are checked against its vocabulary
         if vocab_size(fmt) > self.config.vocab_size:
             raise ConfigError(f"{fmt.value} tokens need a vocabulary of {vocab_size(fmt)}, the model has "
                               f"{self.config.vocab_size}")
@@ -190,7 +212,7 @@ class Trainer:
         assert loss is not None
         (loss if scale == 1.0 else loss * scale).backward()
         if s.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip)
+            torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], s.grad_clip)
         self.optimizer.step()
         self.step += 1
         return cast(torch.Tensor, loss)
@@ -232,12 +254,18 @@ class Trainer:
 
     # --- state ----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume exactly: model, optimizer, step, sampler state, config, settings."""
+        """Everything needed to resume exactly: model, optimizer, step, sampler state, config, settings. With
+        LoRA the model is its adapters alone: the frozen base is the uploaded weights (or the seed's), measured
+        at the start and never changed."""
+        model = self.model.state_dict()
+        if self.trainable is not None:
+            model = {name: model[name] for name in self.trainable}
         return {
             "format": STATE_FORMAT,
             "config": self.config.to_dict(),
             "settings": self.settings.to_dict(),
-            "model": self.model.state_dict(),
+            "lora": self.state_dict_lora(),
+            "model": model,
             "optimizer": self.optimizer.state_dict(),
             "step": self.step,
             "generator": self.generator.get_state(),
@@ -250,12 +278,33 @@ class Trainer:
         """
         if state.get("format") != STATE_FORMAT:
             raise ConfigError(f"trainer state format {state.get('format')!r} is not {STATE_FORMAT}")
-        if GPTConfig.from_dict(dict(state["config"])) != self.config:
+        if model_config_from_dict(dict(state["config"])) != self.config:
             raise ConfigError(f"checkpoint model {state['config']} differs from this run's {self.config.to_dict()}")
-        self.model.load_state_dict(state["model"])
+        if state.get("lora") != self.state_dict_lora():
+            raise ConfigError(f"checkpoint LoRA {state.get('lora')} differs from this run's {self.state_dict_lora()}")
+        if self.trainable is None:
+            self.model.load_state_dict(state["model"])
+        else:
+            if sorted(state["model"]) != sorted(self.trainable):
+                raise ConfigError("a LoRA checkpoint holds exactly the adapters of this run's model")
+            self.model.load_state_dict(state["model"], strict=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.step = int(state["step"])
         self.generator.set_state(state["generator"])
+
+    def state_dict_lora(self) -> dict[str, Any] | None:
+        if self.lora is None:
+            return None
+        return {"rank": self.lora.rank, "alpha": self.lora.alpha, "targets": list(self.lora.targets)}
+
+    def load_base(self, params: dict[str, torch.Tensor]) -> None:
+        """Pretrained weights into the model (all its parameters but LoRA's adapters; a tied head may be left out
+        or given as the embedding), before any step."""
+        result = self.model.load_state_dict(params, strict=False)
+        own = dict(self.model.named_parameters())  # a tied lm_head is the embedding's alias, not its own entry
+        missing = {n for n in result.missing_keys if n in own} - set(self.trainable or ())
+        if missing or result.unexpected_keys:
+            raise ConfigError(f"weights miss {sorted(missing)[:3]} or hold unexpected {result.unexpected_keys[:3]}")
 
     def model_digest(self) -> str:
         """SHA-256 (hex) over every parameter and the optimizer state, in a fixed order.

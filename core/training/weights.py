@@ -34,13 +34,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from gputravel.core.errors import ConfigError, DataError
+from gputravel.core.errors import ConfigError, DataError, WeightsError
 from gputravel.core.protocol.stream import StreamHeader
 from gputravel.core.training.checkpoint import seal_state
-from gputravel.core.training.model import GPTConfig
+from gputravel.core.training.llama import LlamaConfig
+from gputravel.core.training.lora import LoraSettings, lora_init, with_adapters
+from gputravel.core.training.model import GPTConfig, ModelConfig, model_config_from_dict, param_shapes_of
 from gputravel.core.training.trainer import _hash_tensor
 
-__all__ = ["LLMC_MAGIC", "WEIGHTS_KIND", "detect_format", "export_run", "param_shapes", "params_digest", "read_config",
+__all__ = ["LLMC_MAGIC", "WEIGHTS_KIND", "check_weights", "detect_format", "export_run", "param_shapes", "gpt2_hf_tensors", "params_digest", "read_config",
            "read_weights", "sealed_weights", "upload_weights", "write_llmc", "write_safetensors", "write_weights"]
 
 LLMC_MAGIC = 20240326
@@ -111,6 +113,14 @@ def _llmc_header(path: Path) -> tuple[GPTConfig, int, torch.dtype]:
     if h[1] not in LLMC_VERSIONS:
         raise DataError(f"llm.c model file {path} has version {h[1]}; this reads 3 (fp32) and 5 (bf16)")
     max_t, v, n_layer, n_head, c, vp = h[2:8]
+    itemsize = 4 if h[1] == 3 else 2
+    size = Path(path).stat().st_size
+    if min(max_t, v, n_layer, n_head, c, vp) >= 1:  # the model's size by arithmetic, before any shape is listed
+        per_layer = 12 * c * c + 13 * c
+        claimed = _LLMC_HEADER + (vp * c + max_t * c + n_layer * per_layer + 2 * c) * itemsize
+        if claimed != size:
+            what = "truncated" if size < claimed else "longer than its header says"
+            raise DataError(f"llm.c model file {path} is {what}: {size} bytes, the header's model takes {claimed}")
     try:
         config = GPTConfig(block_size=max_t, vocab_size=v, n_layer=n_layer, n_head=n_head, n_embd=c)
     except ConfigError as exc:
@@ -207,6 +217,9 @@ def _st_config(path: Path, tensors: Mapping[str, tuple[int, ...]], metadata: Map
 def _read_safetensors(path: Path, *, shape_only: bool = False) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
     from safetensors import SafetensorError, safe_open
 
+    from gputravel.core.training.hf import check_safetensors
+
+    check_safetensors(path)  # bounded: the header's sizes against the file's before anything is allocated
     try:
         with safe_open(str(path), framework="pt") as f:
             metadata = dict(f.metadata() or {})
@@ -251,11 +264,9 @@ def _CONV1D_HF(config: GPTConfig) -> list[str]:  # noqa: N802 (a constant that d
     return [f"h.{i}.{name}" for i in range(config.n_layer) for name in _CONV1D]
 
 
-def write_safetensors(path: Path, config: GPTConfig, params: Mapping[str, torch.Tensor]) -> None:
-    """Write ``GPT2LMHeadModel``'s tensors (``transformer.`` names, Conv1D weights ``(in, out)``, the real
-    vocabulary; ``lm_head.weight`` left out as ``save_pretrained`` leaves out a tied tensor)."""
-    from safetensors.torch import save
-
+def gpt2_hf_tensors(config: GPTConfig, params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``GPT2LMHeadModel``'s tensors (``transformer.`` names, Conv1D weights ``(in, out)``, the real vocabulary;
+    ``lm_head.weight`` left out as ``save_pretrained`` leaves out a tied tensor)."""
     _check_params(config, params)
     conv = {"transformer." + n for n in _CONV1D_HF(config)}
     out: dict[str, torch.Tensor] = {}
@@ -264,6 +275,14 @@ def write_safetensors(path: Path, config: GPTConfig, params: Mapping[str, torch.
         if name == "transformer.wte.weight":
             t = t[: config.vocab_size]
         out[name] = (t.t() if name in conv else t).contiguous()
+    return out
+
+
+def write_safetensors(path: Path, config: GPTConfig, params: Mapping[str, torch.Tensor]) -> None:
+    """Write ``GPT2LMHeadModel``'s tensors (:func:`gpt2_hf_tensors`) with the shape in the metadata."""
+    from safetensors.torch import save
+
+    out = gpt2_hf_tensors(config, params)
     meta = {"format": "pt", "n_head": str(config.n_head), "n_layer": str(config.n_layer),
             "n_embd": str(config.n_embd), "n_positions": str(config.block_size), "vocab_size": str(config.vocab_size),
             "producer": "gputravel export"}
@@ -272,19 +291,32 @@ def write_safetensors(path: Path, config: GPTConfig, params: Mapping[str, torch.
 
 
 # --- both ----------------------------------------------------------------------------------------------
-def read_config(path: Path) -> GPTConfig:
-    """The model shape a weights file holds (llm.c: from the header alone)."""
+def read_config(path: Path) -> ModelConfig:
+    """The model shape a weights file or Hugging Face folder holds (llm.c: from the header alone; a folder: from
+    its config.json)."""
     path = Path(path)
+    if path.is_dir():
+        from gputravel.core.training.hf import read_hf_config
+
+        return read_hf_config(path)
     if detect_format(path) == "llmc":
         return _llmc_header(path)[0]
     return _read_safetensors(path, shape_only=True)[0]
 
 
-def read_weights(path: Path) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
+def read_weights(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """The model shape and its parameters (this project's names, fp32, padded vocabulary, CPU)."""
     path = Path(path)
+    if path.is_dir():
+        from gputravel.core.training.hf import read_hf_weights
+
+        return read_hf_weights(path)
     fmt = detect_format(path)
-    return _read_llmc(path) if fmt == "llmc" else _read_safetensors(path)
+    config, params = _read_llmc(path) if fmt == "llmc" else _read_safetensors(path)
+    for name, t in params.items():
+        if not bool(torch.isfinite(t).all()):
+            raise WeightsError(f"weights file {path}: tensor {name} holds NaN or Inf values")
+    return config, params
 
 
 def write_weights(path: Path, config: GPTConfig, params: Mapping[str, torch.Tensor], *, fmt: str,
@@ -299,22 +331,28 @@ def write_weights(path: Path, config: GPTConfig, params: Mapping[str, torch.Tens
         raise ConfigError(f"unknown weights format {fmt!r}; choose one of {', '.join(FORMATS)}")
 
 
-def _check_params(config: GPTConfig, params: Mapping[str, torch.Tensor]) -> None:
-    for name, shape in param_shapes(config).items():
+def _check_params(config: ModelConfig, params: Mapping[str, torch.Tensor]) -> None:
+    for name, shape in param_shapes_of(config).items():
         t = params.get(name)
         if t is None or tuple(t.shape) != shape:
             raise ConfigError(f"parameter {name} is {None if t is None else tuple(t.shape)}, the model's is {shape}")
 
 
 class _atomic:  # noqa: N801 (used as a context manager, like open)
-    """Write ``path`` through a temporary file in its folder, renamed over it only when complete."""
+    """Write ``path`` through a fresh temporary file in its folder (``mkstemp``: ``O_EXCL | O_NOFOLLOW``, a random
+    name, so a planted link is never followed), renamed over it only when complete (a link at ``path`` itself is
+    replaced, not written through)."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.tmp = self.path.with_name(f".{self.path.name}.tmp")
 
     def __enter__(self) -> Any:
-        self.f = self.tmp.open("wb")
+        import os
+        import tempfile
+
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        self.tmp = Path(tmp)
+        self.f = os.fdopen(fd, "wb")
         return self.f
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
@@ -325,56 +363,82 @@ class _atomic:  # noqa: N801 (used as a context manager, like open)
             self.tmp.unlink(missing_ok=True)
 
 
-def params_digest(params: Mapping[str, torch.Tensor], config: GPTConfig) -> str:
+def params_digest(params: Mapping[str, torch.Tensor], config: ModelConfig, *, lora: LoraSettings | None = None,
+                  seed: int = 0) -> str:
     """The digest the device reports (``Trainer.model_digest``) for a model holding ``params`` that has not
-    trained yet (no optimizer state): SHA-256 over each parameter's label, dtype, shape and bytes."""
+    trained yet (no optimizer state): SHA-256 over each parameter's label, dtype, shape and bytes, in the model's
+    order; with ``lora``, the adapters' initial values (``lora_init``, from ``seed``) where the model holds them."""
     h = hashlib.sha256(b"gputravel/model-digest/v1\0")
-    for name in param_shapes(config):
-        _hash_tensor(h, f"param:{name}", params[name])
+    shapes = param_shapes_of(config)
+    adapters = lora_init(shapes, lora, seed) if lora is not None else {}
+    for name in (with_adapters(shapes, lora) if lora is not None else shapes):
+        _hash_tensor(h, f"param:{name}", adapters[name] if name in adapters else params[name])
     return h.hexdigest()
 
 
-def sealed_weights(params: Mapping[str, torch.Tensor], config: GPTConfig, *, key: bytes, run_id: str
+def sealed_weights(params: Mapping[str, torch.Tensor], config: ModelConfig, *, key: bytes, run_id: str,
+                   lora: LoraSettings | None = None, seed: int = 0
                    ) -> tuple[StreamHeader, Iterator[tuple[int, memoryview]], str]:
     """A ``weights`` stream of ``params`` for the device's restore path: its header, its sealed records (data
     chunks, then the end chunk, whose sealed trailer carries the digest the loaded model must have) and that
     digest."""
     _check_params(config, params)
-    model = {name: params[name] for name in param_shapes(config)}
-    model["lm_head.weight"] = model["transformer.wte.weight"]  # tied: one tensor, streamed once
-    digest = params_digest(params, config)
+    model = {name: params[name] for name in param_shapes_of(config)}
+    if "lm_head.weight" not in model:  # tied: one tensor, streamed once
+        model["lm_head.weight"] = model[_embedding(config)]
+    digest = params_digest(params, config, lora=lora, seed=seed)
     header = StreamHeader.new(kind=WEIGHTS_KIND, run_id=run_id, seq=0)
     state = {"format": WEIGHTS_KIND, "config": config.to_dict(), "model": model}
     return header, seal_state(key, header, state, trailer={"model_digest": digest}), digest
 
 
+def _embedding(config: ModelConfig) -> str:
+    return "model.embed_tokens.weight" if isinstance(config, LlamaConfig) else "transformer.wte.weight"
+
+
+def check_weights(path: Path) -> ModelConfig:
+    """Everything ``--init-from`` will load, checked now (bounded headers, names, shapes, dtypes, finite values),
+    one tensor at a time: ``run`` calls it before the run folder exists and any holder is contacted."""
+    config, params = read_weights(path)
+    del params
+    return config
+
+
 def upload_weights(path: Path, *, program_model: Mapping[str, Any], key: bytes, run_id: str,
-                   restore: Callable[[bytes, StreamHeader, Iterator[tuple[int, memoryview]]], Any]
-                   ) -> tuple[Any, str, dict[str, Any]]:
+                   restore: Callable[[bytes, StreamHeader, Iterator[tuple[int, memoryview]]], Any],
+                   program_train: Mapping[str, Any] | None = None) -> tuple[Any, str, dict[str, Any]]:
     """``--init-from``: read ``path``, check it is the program's model, and stream it sealed through ``restore``
     (the device client's). Returns the device's answer, the digest its model must have, and the model."""
+    from gputravel.core.training.trainer import TrainSettings
+
     config, params = read_weights(path)
-    if config != GPTConfig.from_dict(dict(program_model)):
+    if config != model_config_from_dict(dict(program_model)):
         raise ConfigError(f"--init-from {path}: model {config.to_dict()} differs from the program's")
-    header, records, want = sealed_weights(params, config, key=key, run_id=run_id)
+    train = TrainSettings.from_dict(dict(program_train)) if program_train is not None else None
+    lora = train.lora(config) if train is not None else None
+    header, records, want = sealed_weights(params, config, key=key, run_id=run_id, lora=lora,
+                                           seed=train.seed if train is not None else 0)
     return restore(key, header, records), want, config.to_dict()
 
 
 # --- export: a run's last sealed checkpoint -> a public model file -----------------------------------------
 def export_run(run_dir: Path, output: Path, *, key_path: Path, checkpoints: Iterable[Path], fmt: str,
-               dtype: str = "float32") -> dict[str, Any]:
+               dtype: str = "float32", settings_path: Path | None = None) -> dict[str, Any]:
     """Open ``run_dir``'s newest checkpoint (of ``checkpoints``, the folder's sealed files) with the run's key
-    (``key_path``) and write its model to ``output`` as ``fmt`` (``llmc`` or ``safetensors``). Returns what was
-    written. The caller names the files (``RunFolder``): training knows no run folder.
+    (``key_path``) and write its model to ``output`` as ``fmt``: ``llmc`` or ``safetensors`` (a GPT-2 file), ``hf``
+    or ``peft`` (a Hugging Face folder: core/training/export.py, which reads the run's ``settings_path`` for its
+    ``--init-from``). Returns what was written. The caller names the files (``RunFolder``): training knows no
+    run folder.
 
     The checkpoint is opened through a store over an empty temporary folder: a store over the run's own folder
     would sweep the temporary file of a checkpoint the run may be writing right now."""
     import tempfile
 
     from gputravel.core.training.checkpoint import CheckpointStore, load_or_create_key
+    from gputravel.core.training.export import FOLDER_FORMATS, export_folder
 
-    if fmt not in FORMATS:
-        raise ConfigError(f"unknown weights format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if fmt not in (*FORMATS, *FOLDER_FORMATS):
+        raise ConfigError(f"unknown weights format {fmt!r}; choose one of {', '.join((*FORMATS, *FOLDER_FORMATS))}")
     run_dir = Path(run_dir)
     if not key_path.is_file():
         raise ConfigError(f"{run_dir} has no checkpoint key ({key_path}): its checkpoints cannot be opened")
@@ -386,15 +450,28 @@ def export_run(run_dir: Path, output: Path, *, key_path: Path, checkpoints: Iter
     with tempfile.TemporaryDirectory(prefix="gputravel-export-") as empty:
         state = CheckpointStore(Path(empty), key).load(path)
     try:
-        config = GPTConfig.from_dict(dict(state["config"]))
+        config = model_config_from_dict(dict(state["config"]))
         model = state["model"]
-        params = {name: model[name] for name in param_shapes(config)}
     except (KeyError, TypeError) as exc:
-        raise DataError(f"checkpoint {path} holds no GPT-2 model state ({exc})") from None
+        raise DataError(f"checkpoint {path} holds no model state ({exc})") from None
+    done = {"run": str(run_dir), "checkpoint": path.name, "seq": seq, "steps": int(state.get("step", 0)),
+            "format": fmt, "dtype": dtype, "output": str(output), "model": config.to_dict()}
     try:
+        if fmt in FOLDER_FORMATS:
+            try:
+                run_settings = json.loads(settings_path.read_text()) if settings_path is not None else {}
+            except (OSError, ValueError):
+                run_settings = {}
+            return {**done, **export_folder(state, run_settings, output, fmt=fmt, config=config)}
+        if not isinstance(config, GPTConfig) or state.get("lora"):
+            raise ConfigError(f"--format {fmt} writes a whole GPT-2; this run's model is "
+                              f"{getattr(config, 'architecture', 'GPT-2')}{' with LoRA' if state.get('lora') else ''}"
+                              ": use --format hf (or peft)")
+        try:
+            params = {name: model[name] for name in param_shapes(config)}
+        except KeyError as exc:
+            raise DataError(f"checkpoint {path} holds no GPT-2 model state ({exc})") from None
         write_weights(output, config, params, fmt=fmt, dtype=dtype)
     except OSError as exc:
         raise ConfigError(f"cannot write {output}: {exc.strerror or exc}") from None
-    return {"run": str(run_dir), "checkpoint": path.name, "seq": seq, "steps": int(state.get("step", 0)),
-            "format": fmt, "dtype": dtype, "output": str(output), "bytes": Path(output).stat().st_size,
-            "model": config.to_dict(), "params": sum(t.numel() for t in params.values())}
+    return {**done, "bytes": Path(output).stat().st_size, "params": sum(t.numel() for t in params.values())}

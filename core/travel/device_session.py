@@ -60,6 +60,9 @@ class DeviceSession:
         self.attestation: dict[str, Any] = {}
         self.device_info: dict[str, Any] = {}
         self._rejection_gen = 0  # the device's rejection generation audited so far
+        #: a LoRA run's frozen base (--init-from, its run key and run id): a restarted device gets it again before
+        #: the caller restores the adapters' checkpoint
+        self._lora_base: tuple[Path, bytes, str] | None = None
 
     # --- the session -----------------------------------------------------------------------------------------
     def new_client(self) -> DeviceClient:
@@ -126,6 +129,8 @@ class DeviceSession:
         self._rejection_gen = 0  # a new device counts its rejections from the start
         result = await asyncio.to_thread(self.client.connect)
         await self.upload_program()
+        if self._lora_base is not None:  # the adapters' checkpoint holds no base: the weights go in first
+            await self.load_weights(*self._lora_base)
         await self.configure_data_path()
         return result
 
@@ -156,6 +161,7 @@ class DeviceSession:
         if configured.code_digest != digest or (self.expected_code and digest != self.expected_code):
             raise IntegrityError("the code region does not hold the program that was uploaded")
         self.device_info["params"] = configured.params
+        self.device_info["model"] = model_info(self.program, configured.params)
         return digest
 
     async def measure_model(self) -> str | None:
@@ -204,7 +210,7 @@ class DeviceSession:
         self.expected_model = str(restored.model_digest)
         return self.expected_model
 
-    async def load_weights(self, path: Path, *, key: bytes, run_id: str) -> tuple[str, dict[str, Any]]:
+    async def load_weights(self, path: Path, key: bytes, run_id: str) -> tuple[str, dict[str, Any]]:
         """Pretrained weights (``--init-from``) into the device's model, before any step: read here, sealed under
         the run key as a ``weights`` stream and opened by the device into its model; the model it then holds
         must have the digest of exactly these weights. Returns that digest and the model's config."""
@@ -212,9 +218,11 @@ class DeviceSession:
 
         state, want, config = await asyncio.to_thread(
             upload_weights, path, program_model=self.program["model"], key=key, run_id=run_id,
-            restore=self.client.restore)
+            restore=self.client.restore, program_train=self.program["train"])
         if state.model_digest != want:
             raise IntegrityError(f"--init-from {path}: the device's model differs from the file's weights")
+        if dict(self.program.get("train") or {}).get("lora_rank"):
+            self._lora_base = (Path(path), key, run_id)
         return want, config
 
     async def new_rejections(self, take: Callable[[dict[str, dict[str, int]]], None]) -> None:
@@ -226,3 +234,17 @@ class DeviceSession:
             self._rejection_gen = stats.rejection_gen
             if not stats.more:
                 break
+
+
+def model_info(program: dict[str, Any], params: int) -> dict[str, Any]:
+    """What the run trains, for its report (``training.model``) and ``runs ls``: the Hugging Face architecture,
+    the parameter count, where the weights came from, LoRA's settings (``None``: the whole model trains)."""
+    from gputravel.core.training.families import DEFAULT_LORA_TARGETS, architecture_of
+
+    model, train = dict(program.get("model") or {}), dict(program.get("train") or {})
+    rank = int(train.get("lora_rank") or 0)
+    lora = None if not rank else {"rank": rank, "alpha": train.get("lora_alpha") or float(rank),
+                                  "targets": list(train.get("lora_targets") or
+                                                  DEFAULT_LORA_TARGETS["llama" if "arch" in model else "gpt2"])}
+    return {"architecture": architecture_of(model), "params": int(params),
+            "source": program.get("source"), "lora": lora}

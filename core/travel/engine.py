@@ -447,6 +447,12 @@ async def planned_start(engine: TravelEngine) -> None:
         seq = state.get("checkpoint_seq")
         if seq is not None and state.get("checkpoint_digest"):
             engine.ckpts.digests[int(seq)] = str(state["checkpoint_digest"])
+        if seq is not None and engine.settings.init_from is not None and engine.settings.lora_rank:
+            # a LoRA checkpoint holds the adapters alone: the frozen base is the weights, uploaded again first
+            path = Path(engine.settings.init_from)
+            want, _ = await engine.device.load_weights(
+                path, key=engine.ckpts.store.run_key(engine.ckpts.run_id), run_id=engine.ckpts.run_id)
+            engine.audit.row("weights-loaded", detail={"path": str(path), "model_digest": want, "resumed": True})
         if seq is not None:
             await engine.ckpts.restore(int(seq))
         engine.log.step_count = int(state.get("steps", 0))

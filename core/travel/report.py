@@ -23,6 +23,7 @@ __all__ = ["LedgerSummary", "ProvisioningSummary", "RunReport", "TrainingSummary
 @dataclass(frozen=True, slots=True)
 class TrainingSummary:
     model_params: Any
+    model: Any  # {architecture, params, source, lora}: device_session.model_info
     steps: int
     loss_first: float | None
     loss_last: float | None
@@ -38,7 +39,8 @@ class TrainingSummary:
         trained = [r for r in records if r.losses]
         val = [r.val_loss for r in trained if r.val_loss is not None]
         return cls(
-            model_params=device.device_info.get("params"), steps=log.step_count,
+            model_params=device.device_info.get("params"), model=device.device_info.get("model"),
+            steps=log.step_count,
             loss_first=trained[0].losses[0] if trained else None,
             loss_last=trained[-1].losses[-1] if trained else None,
             val_loss=val[-1] if val else None, val_loss_first=val[0] if val else None,

@@ -33,6 +33,10 @@ def render(result: dict[str, Any], console: Console | None = None) -> None:
                   "1.000")
     console.print(table)
     console.print(f"protocol cost: {result['protocol_cost_pct']:.1f} % of plain throughput ({result['target']}).")
+    ckpt = result.get("checkpoint") or {}
+    if ckpt.get("bytes"):
+        console.print(f"last checkpoint: {ckpt['bytes']:,} bytes ({ckpt['pct_of_full_state']} % of the whole state's "
+                      f"{ckpt['full_state_bytes']:,}), sealed in {ckpt['seal_s']} s on the device")
 
 
 def register(bench_app: typer.Typer) -> None:
@@ -48,6 +52,9 @@ def register(bench_app: typer.Typer) -> None:
         device: str | None = typer.Option(None, "--device", help="torch device (default: cuda if present)."),
         torch_threads: int = typer.Option(0, "--torch-threads", help="Training threads (0: torch's default)."),
         transport: str = typer.Option("local", "--transport", help="local (agent subprocesses) or ssh."),
+        init_from: Path | None = typer.Option(None, "--init-from", help="A weights file or Hugging Face folder "
+                                              "(Llama, Qwen2, Mistral, GPT-2) instead of the preset."),
+        lora_rank: int = typer.Option(0, "--lora-rank", min=0, help="Train LoRA adapters of this rank alone."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
     ) -> None:
         """The protocol's cost in training throughput: gputravel run vs a plain torch loop, same job."""
@@ -64,7 +71,7 @@ def register(bench_app: typer.Typer) -> None:
                                      steps=steps,
                                      batch_size=batch_size, seq_len=seq_len, dataset_mib=dataset_mib,
                                      device=device, torch_threads=torch_threads, transport=transport,
-                                     on_progress=progress)
+                                     on_progress=progress, init_from=init_from, lora_rank=lora_rank)
             except ConfigError as exc:
                 raise typer.BadParameter(exc.reason) from None
         if as_json:

@@ -1,4 +1,5 @@
-"""``gputravel export RUN --format llmc|safetensors --output FILE``: a run's trained model as a public file.
+"""``gputravel export RUN --format llmc|safetensors|hf|peft --output PATH``: a run's trained model as a public file
+or a Hugging Face folder (``hf``: merged; ``peft``: LoRA's adapters; core/training/export.py).
 
 RUN is a run folder, a name as ``gputravel runs ls`` shows it (a unique prefix or suffix will do) or
 ``latest``. The run's newest sealed checkpoint is opened with its key (``keys/checkpoint.key``) and its model
@@ -29,6 +30,8 @@ def _when(t: float | None) -> str:
 class WeightsFormat(StrEnum):
     LLMC = "llmc"
     SAFETENSORS = "safetensors"
+    HF = "hf"
+    PEFT = "peft"
 
 
 class WeightsDtype(StrEnum):
@@ -41,9 +44,10 @@ def register(app: typer.Typer) -> None:
     def export_cmd(
         run: Annotated[str, typer.Argument(help="A run: a folder, its name under runs/ (a unique prefix or suffix "
                                                 "will do), or latest.", show_default=False)],
-        fmt: Annotated[WeightsFormat, typer.Option("--format", help="llmc (llm.c's .bin) or safetensors "
-                                                   "(Hugging Face GPT2LMHeadModel names).")] = WeightsFormat.LLMC,
-        output: Annotated[Path | None, typer.Option("--output", "-o", "--out", help="File to write.",
+        fmt: Annotated[WeightsFormat, typer.Option("--format", help="llmc (llm.c's .bin), safetensors "
+                                                   "(Hugging Face GPT2LMHeadModel names), hf (a Hugging Face folder, "
+                                                   "LoRA merged) or peft (a LoRA run's adapters, a folder).")] = WeightsFormat.LLMC,
+        output: Annotated[Path | None, typer.Option("--output", "-o", "--out", help="File (or, for hf and peft, folder) to write.",
                                                     show_default=False)] = None,
         dtype: Annotated[WeightsDtype, typer.Option("--dtype", help="llmc: float32 (version 3) or bfloat16 "
                                                     "(version 5).")] = WeightsDtype.FLOAT32,
@@ -66,10 +70,10 @@ def register(app: typer.Typer) -> None:
                                        soft_wrap=True)
         here = RunFolder(folder)
         done = export_run(folder, output, key_path=here.checkpoint_key, checkpoints=here.checkpoint_files(),
-                          fmt=fmt.value, dtype=dtype.value)
+                          fmt=fmt.value, dtype=dtype.value, settings_path=here.settings)
         if as_json:
             typer.echo(json.dumps({"run": str(folder), **done}, indent=2))
             return
-        Console().print(f"wrote {escape(str(output))} ({done['format']}, {done['bytes']:,} bytes, "
+        Console().print(f"wrote {escape(str(output))} ({done['format']}, {done.get('bytes', 0):,} bytes, "
                         f"{done['params']:,} parameters) from {escape(done['checkpoint'])} of "
                         f"{escape(str(folder))} ({done['steps']} steps)", highlight=False)

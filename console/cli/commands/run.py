@@ -195,8 +195,15 @@ def register(app: typer.Typer) -> None:
                                          rich_help_panel=HOLDERS_PANEL),
         model: ModelPreset = typer.Option(ModelPreset.TINY, help="Model preset.", rich_help_panel=MODEL_PANEL),
         init_from: Path | None = typer.Option(None, "--init-from", rich_help_panel=MODEL_PANEL, help="Start from "
-                                              "pretrained weights: llm.c's .bin or GPT-2 safetensors (the model's "
-                                              "shape comes from the file)."),
+                                              "pretrained weights: llm.c's .bin, GPT-2 safetensors, or a Hugging Face "
+                                              "folder (Llama, Qwen2, Mistral, GPT-2; the model's shape comes from it)."),
+        lora_rank: int = typer.Option(0, "--lora-rank", min=0, rich_help_panel=MODEL_PANEL, help="Train LoRA "
+                                      "adapters of this rank on the frozen base (0: the whole model)."),
+        lora_alpha: float = typer.Option(0.0, "--lora-alpha", min=0.0, rich_help_panel=MODEL_PANEL,
+                                         help="LoRA's alpha (scale alpha/rank; default: the rank)."),
+        lora_targets: str | None = typer.Option(None, "--lora-targets", rich_help_panel=MODEL_PANEL,
+                                                help="Comma-separated modules LoRA adapts (default: q_proj,k_proj,"
+                                                "v_proj,o_proj; GPT-2: c_attn)."),
         rounds: int = typer.Option(2, help="Rounds over all holders' data.", rich_help_panel=MODEL_PANEL),
         steps_per_visit: int = typer.Option(20, help="Training steps per visit.", rich_help_panel=MODEL_PANEL),
         batch_size: int = typer.Option(16, help="Sequences per training step.", rich_help_panel=MODEL_PANEL),
@@ -277,7 +284,8 @@ def register(app: typer.Typer) -> None:
                        cipher_engine=cipher_engine.value, init_from=init_from,
                        holder_inject=inject.value if inject is not None else None,
                        cvm_kind=cvm_kind.value,
-                       checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints)).settings_fields()
+                       checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
+                       lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=lora_targets)).settings_fields()
         fleet = gpus > 1 or nnodes > 1
         if fleet and init_from is not None:
             raise ConfigError("--init-from loads one device's model; a fleet (--gpus, --nnodes) does not take it yet")
@@ -312,10 +320,10 @@ def _settings_for(out: Path | None, options: dict[str, Any], *, resume: bool, fl
             settings = resume_settings(out, fault=fault)
         folder = RunClaim(out)
     else:
-        if init_from is not None:  # a bad weights file is refused before anything is created
-            from gputravel.core.training.weights import read_config
+        if init_from is not None:  # a bad weights file is refused before anything is created or contacted
+            from gputravel.core.training.weights import check_weights
 
-            read_config(init_from)
+            check_weights(init_from)
         settings, folder = fresh_settings(out, **options)  # validated before anything is created
     return settings, folder
 

@@ -1,0 +1,98 @@
+"""A model folder's own tokenizer (``tokenizer.json``, through the ``tokenizers`` library) for holders' text.
+
+``data fetch|check --tokenizer DIR`` tokenizes a holder's text locally into llm.c shards (``u16`` ids, so a
+vocabulary of at most 65,536: SmolLM2, Llama 2, Mistral; Llama 3's and Qwen2.5's larger vocabularies are not
+taken yet) and leaves a ``.tokenizer`` record beside them: the tokenizer.json's SHA-256 and vocabulary. A run
+from a folder that has a ``tokenizer.json`` refuses shards without that record or with another hash, and text.
+
+``tokenizers`` is the optional extra ``gputravel[tokenizer]``: only ``--tokenizer`` needs it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gputravel.core.errors import ConfigError, DataError
+
+__all__ = ["MAX_U16_VOCAB", "ModelTokenizer", "tokenizer_hash", "tokenize_holders"]
+
+MAX_U16_VOCAB = 1 << 16
+_MAX_TOKENIZER_JSON = 64 << 20
+
+
+def tokenizer_hash(folder: Path) -> str | None:
+    """SHA-256 of ``folder/tokenizer.json``, or ``None`` when the folder has none (or is a file)."""
+    path = Path(folder) / "tokenizer.json"
+    if not Path(folder).is_dir() or not path.is_file():
+        return None
+    if path.stat().st_size > _MAX_TOKENIZER_JSON:
+        raise DataError(f"{path} is over {_MAX_TOKENIZER_JSON} bytes")
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ModelTokenizer:
+    """A loaded ``tokenizer.json``: its hash, its vocabulary, the library's tokenizer."""
+
+    folder: Path
+    sha256: str
+    vocab: int
+    impl: Any
+
+    @classmethod
+    def load(cls, folder: Path) -> ModelTokenizer:
+        digest = tokenizer_hash(folder)
+        if digest is None:
+            raise ConfigError(f"--tokenizer {folder}: no tokenizer.json there")
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise ConfigError("--tokenizer needs the tokenizers library: pip install 'gputravel[tokenizer]'") from None
+        try:
+            impl = Tokenizer.from_file(str(Path(folder) / "tokenizer.json"))
+        except Exception as exc:  # noqa: BLE001 - the library's own error types
+            raise DataError(f"{folder}/tokenizer.json does not load: {exc}") from None
+        vocab = int(impl.get_vocab_size(with_added_tokens=True))
+        if vocab > MAX_U16_VOCAB:
+            raise ConfigError(f"--tokenizer {folder}: a vocabulary of {vocab} does not fit llm.c's u16 shards "
+                              f"(at most {MAX_U16_VOCAB})")
+        return cls(Path(folder), digest, vocab, impl)
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = self.impl.encode(text, add_special_tokens=False).ids
+        return ids
+
+    def record(self) -> dict[str, Any]:
+        return {"sha256": self.sha256, "vocab": self.vocab, "tokenizer": str(self.folder / "tokenizer.json")}
+
+
+def tokenize_holders(src: Path, dest: Path, tok: ModelTokenizer) -> Path:
+    """Each holder folder of text in ``src`` -> the same holder in ``dest`` as one llm.c shard of ``tok``'s ids,
+    with the ``.tokenizer`` record. Text is read in bounded pieces (lines, up to 1 MiB at a time)."""
+    from gputravel.core.training.corpus import write_llmc_shard
+    from gputravel.core.training.datacheck import TOKENIZER_RECORD, read_regular, validate_data_dir
+
+    specs = validate_data_dir(src)
+    for spec in specs:
+        if spec.fmt.value != "byte":
+            raise DataError(f"{spec.path}: --tokenizer tokenizes text (.txt) holders, this one holds shards")
+        out = Path(dest) / spec.name
+        out.mkdir(parents=True, exist_ok=True)
+        ids: list[int] = []
+        for f in spec.files:
+            pending = b""
+            for block in read_regular(f, chunk=1 << 20):
+                pending += block
+                cut = pending.rfind(b"\n") + 1
+                if cut:
+                    ids += tok.encode(pending[:cut].decode())
+                    pending = pending[cut:]
+            if pending:
+                ids += tok.encode(pending.decode())
+        write_llmc_shard(out / "train_000.bin", ids)
+        (out / TOKENIZER_RECORD).write_text(json.dumps(tok.record(), indent=2) + "\n")
+    return Path(dest)

@@ -1,0 +1,297 @@
+"""The Llama family in this project's own code: Llama 2/3, Qwen2, Mistral, SmolLM2.
+
+One decoder, the variants are configuration: RMSNorm, rotary position embeddings (``rope_theta``, and Llama 3's
+frequency scaling), grouped-query attention (``n_kv_head`` key/value heads shared by ``n_head // n_kv_head``
+query heads each), a SwiGLU MLP, tied or untied embeddings, attention biases where the config says (Qwen2 has
+them on q/k/v). The parameter names are Hugging Face's (``model.layers.0.self_attn.q_proj.weight`` ...), so a
+Hugging Face folder loads by name and a merged export is written by name; ``nn.Linear`` weights are ``(out, in)``
+as in ``transformers``. ``transformers`` itself is a test-only reference: the device runs this code.
+
+The interface is :class:`~gputravel.core.training.model.GPT`'s: ``model(idx, targets) -> (logits, loss)``,
+``init_weights(generator)`` (N(0, 0.02) from the generator on the CPU, norms 1, biases 0), ``num_parameters()``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gputravel.core.errors import ConfigError
+from gputravel.core.training.families import ARCHITECTURES
+
+__all__ = ["ARCHITECTURES", "Llama", "LlamaConfig", "llama_param_shapes", "rope_frequencies"]
+
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """Shape of a Llama-family model. ``rope_scaling`` is Llama 3's (``factor``, ``low_freq_factor``,
+    ``high_freq_factor``, ``original_max_position_embeddings``) or empty."""
+
+    arch: str = "llama"
+    vocab_size: int = 256
+    n_embd: int = 64
+    n_layer: int = 2
+    n_head: int = 4
+    n_kv_head: int = 2
+    head_dim: int = 16
+    intermediate_size: int = 128
+    block_size: int = 128
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, float] = field(default_factory=dict)
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = True
+    attention_bias: bool = False  # q/k/v/o (Llama's flag); Qwen2: q/k/v always, o never
+    mlp_bias: bool = False
+    sliding_window: int | None = None  # Mistral: each position attends to at most this many
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHITECTURES:
+            raise ConfigError(f"unknown Llama-family variant {self.arch!r}; choose one of {', '.join(ARCHITECTURES)}")
+        for name in ("vocab_size", "n_embd", "n_layer", "n_head", "n_kv_head", "head_dim", "intermediate_size",
+                     "block_size"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ConfigError(f"LlamaConfig.{name} must be a positive integer, got {value!r}")
+        if self.n_head % self.n_kv_head:
+            raise ConfigError(f"LlamaConfig: n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head})")
+        if self.head_dim % 2:
+            raise ConfigError(f"LlamaConfig.head_dim ({self.head_dim}) must be even (rotary pairs)")
+        if not (self.rope_theta > 0 and self.rms_norm_eps > 0):
+            raise ConfigError("LlamaConfig: rope_theta and rms_norm_eps must be positive")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ConfigError(f"LlamaConfig.sliding_window must be positive, got {self.sliding_window}")
+        if self.rope_scaling:
+            want = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
+            if set(self.rope_scaling) != want:
+                raise ConfigError(f"LlamaConfig.rope_scaling is Llama 3's ({', '.join(sorted(want))}), "
+                                  f"got {sorted(self.rope_scaling)}")
+            if not self.rope_scaling["high_freq_factor"] > self.rope_scaling["low_freq_factor"]:
+                raise ConfigError("LlamaConfig.rope_scaling: high_freq_factor must exceed low_freq_factor")
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted((k, str(v)) for k, v in self.to_dict().items())))
+
+    @property
+    def architecture(self) -> str:
+        """The Hugging Face class name (``LlamaForCausalLM`` ...)."""
+        return ARCHITECTURES[self.arch]
+
+    @property
+    def padded_vocab_size(self) -> int:  # no padding: the shapes are the folder's
+        return self.vocab_size
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["rope_scaling"] = dict(self.rope_scaling)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LlamaConfig:
+        """Rebuild a config; unknown keys are a ``ConfigError``."""
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigError(f"unknown LlamaConfig keys: {', '.join(sorted(unknown))}")
+        d = dict(data)
+        d["rope_scaling"] = {str(k): float(v) for k, v in dict(d.get("rope_scaling") or {}).items()}
+        return cls(**d)
+
+
+def llama_param_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter in ``named_parameters`` order and its shape (a tied ``lm_head`` left out)."""
+    c, hd, qk_bias = config.n_embd, config.head_dim, config.attention_bias or config.arch == "qwen2"
+    o_bias = config.attention_bias and config.arch != "qwen2"
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, c)}
+    for i in range(config.n_layer):
+        p = f"model.layers.{i}."
+        for name, out, inp, bias in (("q_proj", config.n_head * hd, c, qk_bias), ("k_proj", config.n_kv_head * hd,
+                                     c, qk_bias), ("v_proj", config.n_kv_head * hd, c, qk_bias),
+                                     ("o_proj", c, config.n_head * hd, o_bias)):
+            shapes[f"{p}self_attn.{name}.weight"] = (out, inp)
+            if bias:
+                shapes[f"{p}self_attn.{name}.bias"] = (out,)
+        for name, out, inp in (("gate_proj", config.intermediate_size, c), ("up_proj", config.intermediate_size, c),
+                               ("down_proj", c, config.intermediate_size)):
+            shapes[f"{p}mlp.{name}.weight"] = (out, inp)
+            if config.mlp_bias:
+                shapes[f"{p}mlp.{name}.bias"] = (out,)
+        shapes[f"{p}input_layernorm.weight"] = (c,)
+        shapes[f"{p}post_attention_layernorm.weight"] = (c,)
+    shapes["model.norm.weight"] = (c,)
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, c)
+    return shapes
+
+
+def rope_frequencies(config: LlamaConfig) -> torch.Tensor:
+    """The rotary inverse frequencies (``head_dim / 2`` of them), with Llama 3's scaling when configured."""
+    dim = config.head_dim
+    inv = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim))
+    rs = config.rope_scaling
+    if not rs:
+        return inv
+    factor, low, high = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+    old = rs["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old / low, old / high
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / factor, inv)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        out: torch.Tensor = self.weight * h.to(x.dtype)
+        return out
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.config = config
+        hd, c = config.head_dim, config.n_embd
+        qk_bias = config.attention_bias or config.arch == "qwen2"
+        self.q_proj = nn.Linear(c, config.n_head * hd, bias=qk_bias)
+        self.k_proj = nn.Linear(c, config.n_kv_head * hd, bias=qk_bias)
+        self.v_proj = nn.Linear(c, config.n_kv_head * hd, bias=qk_bias)
+        self.o_proj = nn.Linear(config.n_head * hd, c, bias=config.attention_bias and config.arch != "qwen2")
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None
+                ) -> torch.Tensor:
+        b, t, _ = x.shape
+        cfg = self.config
+        q = self.q_proj(x).view(b, t, cfg.n_head, cfg.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, cfg.n_kv_head, cfg.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, cfg.n_kv_head, cfg.head_dim).transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        gqa = cfg.n_kv_head != cfg.n_head
+        if mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        out: torch.Tensor = self.o_proj(y.transpose(1, 2).reshape(b, t, cfg.n_head * cfg.head_dim))
+        return out
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        c, m, bias = config.n_embd, config.intermediate_size, config.mlp_bias
+        self.gate_proj = nn.Linear(c, m, bias=bias)
+        self.up_proj = nn.Linear(c, m, bias=bias)
+        self.down_proj = nn.Linear(m, c, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return out
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = SwiGLU(config)
+        self.input_layernorm = RMSNorm(config.n_embd, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.n_embd, config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None
+                ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        return out
+
+
+class Llama(nn.Module):
+    """A Llama-family decoder. Built like :class:`~gputravel.core.training.model.GPT`: allocated empty, then
+    initialised from ``generator`` on the CPU (the same seed, the same weights on every device)."""
+
+    def __init__(self, config: LlamaConfig, *, generator: torch.Generator | None = None,
+                 device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.config = config
+        with torch.device("meta"):
+            self.model = nn.ModuleDict({
+                "embed_tokens": nn.Embedding(config.vocab_size, config.n_embd),
+                "layers": nn.ModuleList(DecoderLayer(config) for _ in range(config.n_layer)),
+                "norm": RMSNorm(config.n_embd, config.rms_norm_eps),
+            })
+            self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.to_empty(device="cpu")
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model["embed_tokens"].weight  # type: ignore[assignment]  # tied
+        self.register_buffer("inv_freq", rope_frequencies(config), persistent=False)
+        self.init_weights(generator)
+        if device is not None:
+            self.to(device)
+
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator | None = None) -> None:
+        if generator is None:
+            generator = torch.Generator().manual_seed(0)
+        for module in self.modules():  # registration order: deterministic
+            if isinstance(module, nn.Linear):
+                if module is self.lm_head and self.config.tie_word_embeddings:
+                    continue
+                _normal_cpu(module.weight, 0.02, generator)
+                if module.bias is not None:
+                    module.bias.zero_()
+            elif isinstance(module, nn.Embedding):
+                _normal_cpu(module.weight, 0.02, generator)
+            elif isinstance(module, RMSNorm):
+                module.weight.fill_(1.0)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits ``(B, T, vocab_size)`` and, given targets, the mean cross-entropy loss."""
+        _, t = idx.shape
+        cfg = self.config
+        if t > cfg.block_size:
+            raise ConfigError(f"sequence length {t} exceeds block_size {cfg.block_size}")
+        inv_freq = cast(torch.Tensor, self.inv_freq)
+        freqs = torch.arange(t, device=idx.device, dtype=torch.float32)[:, None] * inv_freq[None, :].float()
+        emb = torch.cat((freqs, freqs), dim=-1)
+        x = self.model["embed_tokens"](idx)
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        mask = None
+        if cfg.sliding_window is not None and t > cfg.sliding_window:
+            pos = torch.arange(t, device=idx.device)
+            diff = pos[:, None] - pos[None, :]
+            mask = (diff >= 0) & (diff < cfg.sliding_window)
+        for layer in cast(nn.ModuleList, self.model["layers"]):
+            x = layer(x, cos, sin, mask)
+        logits = self.lm_head(self.model["norm"](x))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
+        return logits, loss
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def _normal_cpu(tensor: torch.Tensor, std: float, generator: torch.Generator) -> None:
+    if tensor.device.type == "cpu" and generator.device.type == "cpu":
+        nn.init.normal_(tensor, 0.0, std, generator=generator)
+    else:
+        tensor.copy_(torch.empty(tensor.shape, dtype=tensor.dtype).normal_(0.0, std, generator=generator))
