@@ -392,23 +392,6 @@ def _console_cli() -> typer.Typer:
 cli = _console_cli()
 
 
-def attach_run(address: str, *, theme: str, readonly: bool) -> None:
-    """``--attach RUN``: the run's follow view with its controls (read-only with ``--readonly``); leaving it
-    leaves the run going, and says how to come back."""
-    from gputravel.core.runfolder import replay_target, resolve_run
-
-    folder = resolve_run(address).folder
-    if folder is None:
-        raise typer.BadParameter(f"{address}: a recording outside any run folder has no run to attach to",
-                                 param_hint="--attach")
-    app = make_app(replay=replay_target(address), theme=theme, readonly=readonly, follow=True,
-                   attach=None if readonly else folder)
-    app.run()
-    folder = folder.absolute()
-    typer.echo(f"detached from {folder}: the run goes on. Come back with gputravel-console --attach {folder} "
-               f"(full control) or gputravel-console --replay {folder} --follow (read-only).")
-
-
 def main() -> None:
     """Entry point of ``gputravel-console``."""
     try:
