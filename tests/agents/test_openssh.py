@@ -219,7 +219,7 @@ def small(out: Path, inventory: Path, **kw: Any) -> RunSettings:
 @pytest.mark.parametrize("data_path", ["channel", "direct"])
 async def test_full_run_over_openssh_with_two_system_users(data_path: str, openssh: OpenSsh, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    report = await holders.run(small(out, openssh.inventory, data_path=data_path))
+    report = (await holders.run(small(out, openssh.inventory, data_path=data_path))).to_json()
 
     assert [(v["holder"], v["outcome"]) for v in report["visits"]] == [("holder-a", "done"), ("holder-b", "done")]
     assert all(v["integrity_ok"] and v["scrub_verified"] and v["bytes"] > 0 for v in report["visits"])
@@ -276,7 +276,8 @@ async def test_an_agent_killed_while_its_holder_waits_goes_offline_and_the_run_e
     """Issue 15 on real OpenSSH: ``kill-agent@ATTEST:1`` kills holder-b's agent (its own user's process) before
     its visit; the holder goes offline, is reconnected and re-verified before any key, and its visit is done."""
     out = tmp_path / "run"
-    report = await holders.run(small(out, openssh.inventory, fault="kill-agent@ATTEST:1", allow_fault_injection=True))
+    report = (await holders.run(small(out, openssh.inventory, fault="kill-agent@ATTEST:1",
+                                         allow_fault_injection=True))).to_json()
 
     assert [(v["holder"], v["outcome"]) for v in report["visits"]] == [("holder-a", "done"), ("holder-b", "done")]
     rows = read_rows(out / "ledger.db")

@@ -37,7 +37,7 @@ async def test_the_next_holder_attests_during_training_over_its_own_key(
     out = tmp_path / "run"
     settings = small_settings(data_root, out, rounds=2, transport="local", attest_prefetch=prefetch)
     async with started(settings) as engine:
-        report = await engine.run()
+        report = (await engine.run()).to_json()
     visits = report["visits"]
     assert len(visits) == 4 and all(v["outcome"] == "done" for v in visits)
     # every visit after the first had its verdict ready before its hand-off (or none did, when off)
