@@ -57,7 +57,8 @@ class RunTelemetryPlan:
 
 def resolve_holder_dirs(settings: RunSettings) -> list[tuple[str, Path]]:
     """Holder folders: ``--data DIR`` (one subfolder per holder) or the embedded Shakespeare corpus."""
-    from gputravel.core.training.corpus import fetch_corpus, validate_data_dir
+    from gputravel.core.training.corpus import fetch_corpus
+    from gputravel.core.training.datacheck import validate_data_dir
 
     root = settings.data_dir if settings.data_dir is not None else fetch_corpus(holders=settings.holders)
     vocab, tok_hash = None, None

@@ -15,9 +15,9 @@ if TYPE_CHECKING:  # pragma: no cover
         HolderDataSpec,
         fetch_corpus,
         read_llmc_shard,
-        validate_data_dir,
         write_llmc_shard,
     )
+    from gputravel.core.training.datacheck import validate_data_dir
     from gputravel.core.training.model import GPT, PRESETS, GPTConfig, preset
     from gputravel.core.training.tokens import (
         TokenFormat,
@@ -34,7 +34,7 @@ _EXPORTS = {
     "TokenFormat": "tokens", "bytes_per_token": "tokens", "vocab_size": "tokens",
     "tokens_from_buffer": "tokens", "gpt2_encoding": "tokens",
     "CheckpointStore": "checkpoint", "load_or_create_key": "checkpoint",
-    "HolderDataSpec": "corpus", "fetch_corpus": "corpus", "validate_data_dir": "corpus",
+    "HolderDataSpec": "corpus", "fetch_corpus": "corpus", "validate_data_dir": "datacheck",
     "write_llmc_shard": "corpus", "read_llmc_shard": "corpus",
 }
 

@@ -67,7 +67,6 @@ __all__ = [
     "read_plays",
     "shakespeare_archive",
     "strip_gutenberg",
-    "validate_data_dir",
     "write_llmc_shard",
 ]
 
@@ -444,12 +443,3 @@ def _build_and_swap(dest: Path, spec: dict[str, Any], marker: dict[str, Any] | N
             shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-
-
-# --- the orchestrator-side check of --data DIR: core/training/datacheck.py ---------------------------
-def validate_data_dir(path: Path, *, vocab: int | None = None, tokenizer_hash: str | None = None
-                      ) -> list[HolderDataSpec]:
-    """Check a ``--data DIR`` (:func:`gputravel.core.training.datacheck.validate_data_dir`)."""
-    from gputravel.core.training import datacheck
-
-    return datacheck.validate_data_dir(path, vocab=vocab, tokenizer_hash=tokenizer_hash)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +25,17 @@ import torch
 from gputravel.core.errors import ConfigError, DataError
 from gputravel.core.training.llama import LlamaConfig
 from gputravel.core.training.lora import LoraSettings
-from gputravel.core.training.model import ModelConfig, build_model, param_shapes_of
+from gputravel.core.training.model import (
+    GPTConfig,
+    ModelConfig,
+    build_model,
+    model_config_from_dict,
+    param_shapes,
+    param_shapes_of,
+)
+from gputravel.core.training.weights import FORMATS, gpt2_hf_tensors, read_weights, write_weights
 
-__all__ = ["FOLDER_FORMATS", "atomic_write", "export_folder", "merged_params", "peft_files"]
+__all__ = ["FOLDER_FORMATS", "atomic_write", "export_folder", "export_run", "merged_params", "peft_files"]
 
 FOLDER_FORMATS = ("hf", "peft")
 
@@ -56,7 +64,6 @@ def _base_params(config: ModelConfig, settings: Mapping[str, Any], run_settings:
     """The frozen base of a LoRA run: its ``--init-from`` weights, or the seed's initial model."""
     init_from = run_settings.get("init_from")
     if init_from:
-        from gputravel.core.training.weights import read_weights
 
         base_config, params = read_weights(Path(init_from))
         if base_config != config:
@@ -101,7 +108,6 @@ def _hf_tensors(config: ModelConfig, params: Mapping[str, torch.Tensor]) -> tupl
     if isinstance(config, LlamaConfig):
         return ({n: t.detach().to("cpu", torch.float32).contiguous() for n, t in params.items()},
                 {"format": "pt", "producer": "gputravel export"})
-    from gputravel.core.training.weights import gpt2_hf_tensors
 
     return gpt2_hf_tensors(config, params), {"format": "pt", "producer": "gputravel export"}
 
@@ -143,3 +149,58 @@ def export_folder(state: Mapping[str, Any], run_settings: Mapping[str, Any], out
         files[name] = len(data)
     return {"files": files, "params": n, "bytes": sum(files.values()),
             "lora": None if lora is None else {"rank": lora.rank, "alpha": lora.alpha, "targets": list(lora.targets)}}
+
+
+# --- export: a run's last sealed checkpoint -> a public model file -----------------------------------------
+def export_run(run_dir: Path, output: Path, *, key_path: Path, checkpoints: Iterable[Path], fmt: str,
+               dtype: str = "float32", settings_path: Path | None = None) -> dict[str, Any]:
+    """Open ``run_dir``'s newest checkpoint (of ``checkpoints``, the folder's sealed files) with the run's key
+    (``key_path``) and write its model to ``output`` as ``fmt``: ``llmc`` or ``safetensors`` (a GPT-2 file), ``hf``
+    or ``peft`` (a Hugging Face folder: core/training/export.py, which reads the run's ``settings_path`` for its
+    ``--init-from``). Returns what was written. The caller names the files (``RunFolder``): training knows no
+    run folder.
+
+    The checkpoint is opened through a store over an empty temporary folder: a store over the run's own folder
+    would sweep the temporary file of a checkpoint the run may be writing right now."""
+    import tempfile
+
+    from gputravel.core.training.checkpoint import CheckpointStore, load_or_create_key
+
+    if fmt not in (*FORMATS, *FOLDER_FORMATS):
+        raise ConfigError(f"unknown weights format {fmt!r}; choose one of {', '.join((*FORMATS, *FOLDER_FORMATS))}")
+    run_dir = Path(run_dir)
+    if not key_path.is_file():
+        raise ConfigError(f"{run_dir} has no checkpoint key ({key_path}): its checkpoints cannot be opened")
+    found = sorted((int(p.name[5:-4]), p) for p in checkpoints if p.name[5:-4].isdigit())
+    if not found:
+        raise DataError(f"{run_dir} has no sealed checkpoint (checkpoints/ckpt-*.gtc) to export")
+    seq, path = found[-1]
+    key = load_or_create_key(key_path)  # exists: read, with its permission checks
+    with tempfile.TemporaryDirectory(prefix="gputravel-export-") as empty:
+        state = CheckpointStore(Path(empty), key).load(path)
+    try:
+        config = model_config_from_dict(dict(state["config"]))
+        model = state["model"]
+    except (KeyError, TypeError) as exc:
+        raise DataError(f"checkpoint {path} holds no model state ({exc})") from None
+    done = {"run": str(run_dir), "checkpoint": path.name, "seq": seq, "steps": int(state.get("step", 0)),
+            "format": fmt, "dtype": dtype, "output": str(output), "model": config.to_dict()}
+    try:
+        if fmt in FOLDER_FORMATS:
+            try:
+                run_settings = json.loads(settings_path.read_text()) if settings_path is not None else {}
+            except (OSError, ValueError):
+                run_settings = {}
+            return {**done, **export_folder(state, run_settings, output, fmt=fmt, config=config)}
+        if not isinstance(config, GPTConfig) or state.get("lora"):
+            raise ConfigError(f"--format {fmt} writes a whole GPT-2; this run's model is "
+                              f"{getattr(config, 'architecture', 'GPT-2')}{' with LoRA' if state.get('lora') else ''}"
+                              ": use --format hf (or peft)")
+        try:
+            params = {name: model[name] for name in param_shapes(config)}
+        except KeyError as exc:
+            raise DataError(f"checkpoint {path} holds no GPT-2 model state ({exc})") from None
+        write_weights(output, config, params, fmt=fmt, dtype=dtype)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {output}: {exc.strerror or exc}") from None
+    return {**done, "bytes": Path(output).stat().st_size, "params": sum(t.numel() for t in params.values())}

@@ -29,7 +29,7 @@ import torch
 
 from gputravel.core.errors import ConfigError, WeightsError
 from gputravel.core.training.llama import ARCHITECTURES, LlamaConfig
-from gputravel.core.training.model import GPTConfig, ModelConfig, param_shapes_of
+from gputravel.core.training.model import GPTConfig, ModelConfig, pad_rows, param_shapes_of
 
 __all__ = ["SUPPORTED", "TensorFile", "check_safetensors", "hf_config_json", "is_hf_folder", "read_hf_config",
            "read_hf_weights"]
@@ -295,7 +295,6 @@ def _iter_weights(folder: Path) -> Iterator[tuple[ModelConfig, str, torch.Tensor
 def read_hf_weights(folder: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """The model of ``folder`` and its parameters under this project's names (fp32, CPU; GPT-2's vocabulary padded,
     its Conv1D weights transposed)."""
-    from gputravel.core.training.weights import _pad_rows
 
     folder = Path(folder)
     config, entries, _ = _plan(folder)
@@ -318,7 +317,7 @@ def read_hf_weights(folder: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]
         if name.endswith(_CONV1D):
             t = t.t().contiguous()
         out["transformer." + name] = t
-    out["transformer.wte.weight"] = _pad_rows(out["transformer.wte.weight"], config.padded_vocab_size)
+    out["transformer.wte.weight"] = pad_rows(out["transformer.wte.weight"], config.padded_vocab_size)
     return config, out
 
 

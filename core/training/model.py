@@ -18,7 +18,7 @@ from torch import nn
 from gputravel.core.errors import ConfigError
 from gputravel.core.training.llama import Llama, LlamaConfig
 
-__all__ = ["GPT", "PRESETS", "GPTConfig", "ModelConfig", "build_model", "model_config_from_dict", "param_shapes_of",
+__all__ = ["GPT", "PRESETS", "GPTConfig", "ModelConfig", "build_model", "GPT2_LAYER", "model_config_from_dict", "pad_rows", "param_shapes", "param_shapes_of",
            "preset",
            "preset_for_tokens"]
 
@@ -109,14 +109,44 @@ def build_model(config: ModelConfig, *, generator: torch.Generator | None = None
     return GPT(config, generator=generator, device=device)
 
 
+#: a GPT-2 block's parameters in ``named_parameters`` order (llm.c's file order per layer)
+GPT2_LAYER = ("ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
+              "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
+              "mlp.c_proj.weight", "mlp.c_proj.bias")
+
+
+def param_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """The model's parameters (``named_parameters`` order, tied ``lm_head`` left out) and their shapes."""
+    c, vp = config.n_embd, config.padded_vocab_size
+    per_layer = {"ln_1.weight": (c,), "ln_1.bias": (c,), "attn.c_attn.weight": (3 * c, c),
+                 "attn.c_attn.bias": (3 * c,), "attn.c_proj.weight": (c, c), "attn.c_proj.bias": (c,),
+                 "ln_2.weight": (c,), "ln_2.bias": (c,), "mlp.c_fc.weight": (4 * c, c), "mlp.c_fc.bias": (4 * c,),
+                 "mlp.c_proj.weight": (c, 4 * c), "mlp.c_proj.bias": (c,)}
+    shapes: dict[str, tuple[int, ...]] = {"transformer.wte.weight": (vp, c),
+                                          "transformer.wpe.weight": (config.block_size, c)}
+    for i in range(config.n_layer):
+        for name in GPT2_LAYER:
+            shapes[f"transformer.h.{i}.{name}"] = per_layer[name]
+    shapes["transformer.ln_f.weight"] = (c,)
+    shapes["transformer.ln_f.bias"] = (c,)
+    return shapes
+
+
+def pad_rows(wte: torch.Tensor, rows: int) -> torch.Tensor:
+    """``wte`` with zero rows added up to ``rows`` (the padded vocabulary)."""
+    if wte.shape[0] == rows:
+        return wte
+    out = torch.zeros((rows, wte.shape[1]), dtype=wte.dtype)
+    out[: wte.shape[0]] = wte
+    return out
+
+
 def param_shapes_of(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """The model's parameters in ``named_parameters`` order (a tied ``lm_head`` left out) and their shapes."""
     if isinstance(config, LlamaConfig):
         from gputravel.core.training.llama import llama_param_shapes
 
         return llama_param_shapes(config)
-    from gputravel.core.training.weights import param_shapes
-
     return param_shapes(config)
 
 

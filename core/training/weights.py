@@ -27,7 +27,7 @@ import hashlib
 import json
 import re
 import struct
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +39,20 @@ from gputravel.core.protocol.stream import StreamHeader
 from gputravel.core.training.checkpoint import seal_state
 from gputravel.core.training.llama import LlamaConfig
 from gputravel.core.training.lora import LoraSettings, lora_init, with_adapters
-from gputravel.core.training.model import GPTConfig, ModelConfig, model_config_from_dict, param_shapes_of
+from gputravel.core.training.model import (
+    GPT2_LAYER as _LAYER,
+)
+from gputravel.core.training.model import (
+    GPTConfig,
+    ModelConfig,
+    model_config_from_dict,
+    pad_rows,
+    param_shapes,
+    param_shapes_of,
+)
 from gputravel.core.training.trainer import _hash_tensor
 
-__all__ = ["LLMC_MAGIC", "WEIGHTS_KIND", "check_weights", "detect_format", "export_run", "param_shapes", "gpt2_hf_tensors", "params_digest", "read_config",
+__all__ = ["LLMC_MAGIC", "WEIGHTS_KIND", "check_weights", "detect_format", "param_shapes", "gpt2_hf_tensors", "params_digest", "read_config",
            "read_weights", "sealed_weights", "upload_weights", "write_llmc", "write_safetensors", "write_weights"]
 
 LLMC_MAGIC = 20240326
@@ -53,29 +63,9 @@ WEIGHTS_KIND = "weights"
 FORMATS = ("llmc", "safetensors")
 #: the per-layer tensors in llm.c's order (llm.c writes each one for all layers before the next), which is
 #: also the model's own registration order (so ``named_parameters`` and the digest)
-_LAYER = ("ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
-          "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
-          "mlp.c_proj.weight", "mlp.c_proj.bias")
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 _HF_IGNORED = re.compile(r"^(transformer\.)?h\.\d+\.attn\.(bias|masked_bias)$")
 _HF_LAYER = re.compile(r"^h\.(\d+)\.(.+)$")
-
-
-def param_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
-    """The model's parameters (``named_parameters`` order, tied ``lm_head`` left out) and their shapes."""
-    c, vp = config.n_embd, config.padded_vocab_size
-    per_layer = {"ln_1.weight": (c,), "ln_1.bias": (c,), "attn.c_attn.weight": (3 * c, c),
-                 "attn.c_attn.bias": (3 * c,), "attn.c_proj.weight": (c, c), "attn.c_proj.bias": (c,),
-                 "ln_2.weight": (c,), "ln_2.bias": (c,), "mlp.c_fc.weight": (4 * c, c), "mlp.c_fc.bias": (4 * c,),
-                 "mlp.c_proj.weight": (c, 4 * c), "mlp.c_proj.bias": (c,)}
-    shapes: dict[str, tuple[int, ...]] = {"transformer.wte.weight": (vp, c),
-                                          "transformer.wpe.weight": (config.block_size, c)}
-    for i in range(config.n_layer):
-        for name in _LAYER:
-            shapes[f"transformer.h.{i}.{name}"] = per_layer[name]
-    shapes["transformer.ln_f.weight"] = (c,)
-    shapes["transformer.ln_f.bias"] = (c,)
-    return shapes
 
 
 def _llmc_order(config: GPTConfig) -> list[str]:
@@ -160,16 +150,8 @@ def _read_llmc(path: Path) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
         pos += n
     if vp != config.padded_vocab_size:  # another padding than the model's: the real rows, then zeros
         wte = params["transformer.wte.weight"][: config.vocab_size]
-        params["transformer.wte.weight"] = _pad_rows(wte, config.padded_vocab_size)
+        params["transformer.wte.weight"] = pad_rows(wte, config.padded_vocab_size)
     return config, {name: params[name].to(torch.float32).contiguous() for name in param_shapes(config)}
-
-
-def _pad_rows(wte: torch.Tensor, rows: int) -> torch.Tensor:
-    if wte.shape[0] == rows:
-        return wte
-    out = torch.zeros((rows, wte.shape[1]), dtype=wte.dtype)
-    out[: wte.shape[0]] = wte
-    return out
 
 
 def write_llmc(path: Path, config: GPTConfig, params: Mapping[str, torch.Tensor], *, dtype: str = "float32") -> None:
@@ -256,7 +238,7 @@ def _read_safetensors(path: Path, *, shape_only: bool = False) -> tuple[GPTConfi
                                     "(this GPT-2 ties them)")
     except SafetensorError as exc:
         raise DataError(f"safetensors file {path} is unreadable: {exc}") from None
-    params["transformer.wte.weight"] = _pad_rows(params["transformer.wte.weight"], config.padded_vocab_size)
+    params["transformer.wte.weight"] = pad_rows(params["transformer.wte.weight"], config.padded_vocab_size)
     return config, params
 
 
@@ -419,59 +401,3 @@ def upload_weights(path: Path, *, program_model: Mapping[str, Any], key: bytes, 
     header, records, want = sealed_weights(params, config, key=key, run_id=run_id, lora=lora,
                                            seed=train.seed if train is not None else 0)
     return restore(key, header, records), want, config.to_dict()
-
-
-# --- export: a run's last sealed checkpoint -> a public model file -----------------------------------------
-def export_run(run_dir: Path, output: Path, *, key_path: Path, checkpoints: Iterable[Path], fmt: str,
-               dtype: str = "float32", settings_path: Path | None = None) -> dict[str, Any]:
-    """Open ``run_dir``'s newest checkpoint (of ``checkpoints``, the folder's sealed files) with the run's key
-    (``key_path``) and write its model to ``output`` as ``fmt``: ``llmc`` or ``safetensors`` (a GPT-2 file), ``hf``
-    or ``peft`` (a Hugging Face folder: core/training/export.py, which reads the run's ``settings_path`` for its
-    ``--init-from``). Returns what was written. The caller names the files (``RunFolder``): training knows no
-    run folder.
-
-    The checkpoint is opened through a store over an empty temporary folder: a store over the run's own folder
-    would sweep the temporary file of a checkpoint the run may be writing right now."""
-    import tempfile
-
-    from gputravel.core.training.checkpoint import CheckpointStore, load_or_create_key
-    from gputravel.core.training.export import FOLDER_FORMATS, export_folder
-
-    if fmt not in (*FORMATS, *FOLDER_FORMATS):
-        raise ConfigError(f"unknown weights format {fmt!r}; choose one of {', '.join((*FORMATS, *FOLDER_FORMATS))}")
-    run_dir = Path(run_dir)
-    if not key_path.is_file():
-        raise ConfigError(f"{run_dir} has no checkpoint key ({key_path}): its checkpoints cannot be opened")
-    found = sorted((int(p.name[5:-4]), p) for p in checkpoints if p.name[5:-4].isdigit())
-    if not found:
-        raise DataError(f"{run_dir} has no sealed checkpoint (checkpoints/ckpt-*.gtc) to export")
-    seq, path = found[-1]
-    key = load_or_create_key(key_path)  # exists: read, with its permission checks
-    with tempfile.TemporaryDirectory(prefix="gputravel-export-") as empty:
-        state = CheckpointStore(Path(empty), key).load(path)
-    try:
-        config = model_config_from_dict(dict(state["config"]))
-        model = state["model"]
-    except (KeyError, TypeError) as exc:
-        raise DataError(f"checkpoint {path} holds no model state ({exc})") from None
-    done = {"run": str(run_dir), "checkpoint": path.name, "seq": seq, "steps": int(state.get("step", 0)),
-            "format": fmt, "dtype": dtype, "output": str(output), "model": config.to_dict()}
-    try:
-        if fmt in FOLDER_FORMATS:
-            try:
-                run_settings = json.loads(settings_path.read_text()) if settings_path is not None else {}
-            except (OSError, ValueError):
-                run_settings = {}
-            return {**done, **export_folder(state, run_settings, output, fmt=fmt, config=config)}
-        if not isinstance(config, GPTConfig) or state.get("lora"):
-            raise ConfigError(f"--format {fmt} writes a whole GPT-2; this run's model is "
-                              f"{getattr(config, 'architecture', 'GPT-2')}{' with LoRA' if state.get('lora') else ''}"
-                              ": use --format hf (or peft)")
-        try:
-            params = {name: model[name] for name in param_shapes(config)}
-        except KeyError as exc:
-            raise DataError(f"checkpoint {path} holds no GPT-2 model state ({exc})") from None
-        write_weights(output, config, params, fmt=fmt, dtype=dtype)
-    except OSError as exc:
-        raise ConfigError(f"cannot write {output}: {exc.strerror or exc}") from None
-    return {**done, "bytes": Path(output).stat().st_size, "params": sum(t.numel() for t in params.values())}

