@@ -16,6 +16,7 @@ BENCH_ARGS: dict[str, tuple[str, ...]] = {
     "soak": ("--visits", "20"),
     "gpu_aes": ("--repeats", "3"),
     "fleet": ("--gpus", "2"),
+    "fleet_key": ("--workers", "2", "--repeats", "1"),
     "evidence": ("--rounds", "10"),
     "hostile": ("--size-mib", "16", "--visits", "3"),
 }

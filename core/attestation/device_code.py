@@ -35,7 +35,8 @@ DEVICE_CODE: tuple[str, ...] = (
     "core/collectives/__init__.py", "core/collectives/crypto.py", "core/collectives/gpu_ring.py",
     "core/collectives/hook.py", "core/collectives/keys.py", "core/collectives/parts.py", "core/collectives/ring.py",
     # the training program it runs and the checkpoints it seals
-    "core/training/__init__.py", "core/training/checkpoint.py", "core/training/model.py", "core/training/store.py",
+    "core/training/__init__.py", "core/training/checkpoint.py", "core/training/families.py",
+    "core/training/llama.py", "core/training/lora.py", "core/training/model.py", "core/training/store.py",
     "core/training/tokens.py", "core/training/trainer.py",
     # the GPU cipher (opens provisioning chunks, MACs the model)
     "core/gpucipher/__init__.py", "core/gpucipher/backend.py", "core/gpucipher/engine.py", "core/gpucipher/fused.py",
@@ -43,7 +44,8 @@ DEVICE_CODE: tuple[str, ...] = (
     # the wire it speaks (shared with the orchestrator and, for most of it, the holders)
     "core/protocol/__init__.py", "core/protocol/admission.py", "core/protocol/cipher.py", "core/protocol/ckptring.py",
     "core/protocol/deviceanswers.py", "core/protocol/devicelink.py", "core/protocol/errors.py",
-    "core/protocol/frames.py", "core/protocol/holderlink.py", "core/protocol/keys.py", "core/protocol/shmring.py",
+    "core/protocol/frames.py", "core/protocol/holderattest.py", "core/protocol/holderfields.py",
+    "core/protocol/holderlink.py", "core/protocol/keys.py", "core/protocol/shmring.py",
     "core/protocol/stream.py", "core/protocol/wire.py", "core/protocol/wirejson.py",
     # its identity, evidence and signed report (the package loads whole: verify, policy and inject come along)
     "core/attestation/__init__.py", "core/attestation/device_code.py", "core/attestation/evidence.py",

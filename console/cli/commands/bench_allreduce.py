@@ -47,8 +47,7 @@ def render(console: Console, report: dict[str, Any]) -> None:
     engines = sorted({r["cipher_engine"] for r in report["rows"] if r.get("cipher_engine") and not r.get("note")})
     if engines:
         console.print(f"secure_gpu hops sealed and opened by: {', '.join(engines)}")
-    console.print("bound: plain's time plus the row's seal and open passes at this machine's cipher speed, "
-                  "measured in the run; of bound = bound / median")
+    console.print("bound: plain plus the row's seal and open passes at the run's cipher speed; of bound = bound/median")
     console.print("breakdown: ms per call, summed over threads (pipelined parts overlap); "
                   "[bold black on yellow] SIM [/] device identities are emulated, the crypto is real")
     console.print(machine_line(report["machine"]))

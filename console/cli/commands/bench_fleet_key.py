@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 
 def register(bench_app: typer.Typer) -> None:
@@ -16,13 +18,24 @@ def register(bench_app: typer.Typer) -> None:
         repeats: int = typer.Option(3, "--repeats", min=1),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
-        """The fleet-key agreement (attested CVM quotes, verified by every worker, key wrapped by rank 0) for
-        W worker processes on a local c10d store: ms from a common start to every worker's key."""
+        """The fleet-key agreement of W rank workers on a local c10d store: ms until every worker has the key.
+
+        Each worker's attested CVM quote is verified by every worker, and rank 0 wraps the key for each."""
         from gputravel.core.fleet.keybench import bench_key_agreement
 
         result = bench_key_agreement(workers=workers, repeats=repeats)
         if as_json:
             sys.stdout.write(json.dumps(result, indent=2) + "\n")
             return
-        Console().print(f"fleet-key agreement, {workers} workers: median {result['fleet_ms_median']} ms "
-                        f"(all: {result['fleet_ms_all']}) on {result['cpus']} CPUs; SIM CVM quotes")
+        render(result, Console())
+
+
+def render(result: dict[str, Any], console: Console) -> None:
+    """A row per agreement (ms from a common start to every worker's key), then the median."""
+    table = Table(title=f"Fleet-key agreement: {result['workers']} workers on {result['cpus']} CPUs")
+    table.add_column("run", justify="right")
+    table.add_column("ms to every key", justify="right")
+    for i, ms in enumerate(result["fleet_ms_all"], 1):
+        table.add_row(str(i), f"{ms:.1f}")
+    console.print(table)
+    console.print(f"median {result['fleet_ms_median']} ms; {result['note']}")

@@ -24,8 +24,10 @@ def export(
     file: Annotated[Path, typer.Argument(dir_okay=False, help="Where to write it (0600; an existing file is refused).")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """SIM only: make the emulated GPU vendor's and the SIM TDX PKI once, as FILE, to carry to every node
-    (`gputravel run --gpus N --nnodes H --sim-pki FILE`). Real GPUs and CVMs use their vendors' own chains."""
+    """SIM only: write the emulated vendors' PKI (GPU and TDX) as FILE, to carry to every node of a fleet.
+
+    Then `gputravel run --gpus N --nnodes H --sim-pki FILE` on each node. Real GPUs and CVMs use their vendors'
+    own chains."""
     from gputravel.core.fleet.pki import export_sim_pki
 
     done = export_sim_pki(file)

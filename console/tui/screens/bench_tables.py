@@ -38,6 +38,7 @@ BENCHES: tuple[tuple[str, str], ...] = (
     ("train", "the protocol's training loop against a plain torch loop: tokens/s"),
     ("evidence", "checking GPU (SPDM + RIMs) and CVM (TDX quote) evidence: ms per check"),
     ("hostile", "provisioning with 40 hostile local connections on every device port, against a quiet run"),
+    ("fleet_key", "a fleet's key agreement: attested CVM quotes checked by every worker, ms to every worker's key"),
 )
 
 #: (module, function, result first?) of each bench's CLI table.
@@ -48,6 +49,7 @@ RENDERERS: dict[str, tuple[str, str, bool]] = {
     "gpu_aes": ("bench_gpu_aes", "render", False), "fleet": ("bench_fleet", "render", True),
     "checkpoint": ("bench_checkpoint", "render", True), "train": ("bench_train", "render", True),
     "evidence": ("bench_evidence", "render", True), "hostile": ("bench_hostile", "render", True),
+    "fleet_key": ("bench_fleet_key", "render", True),
 }
 
 
@@ -197,10 +199,14 @@ def _hostile(r: dict[str, Any]) -> Bars:
     return (("quiet", float(r["quiet_mb_s"])), ("hostile", float(r["hostile_mb_s"]))), "MB/s"
 
 
+def _fleet_key(r: dict[str, Any]) -> Bars:
+    return tuple((f"run {i}", float(ms)) for i, ms in enumerate(r["fleet_ms_all"], 1)), "ms to every worker's key"
+
+
 HEADLINES: dict[str, Callable[[dict[str, Any]], Bars]] = {
     "provision": _provision, "allreduce": _allreduce, "ddp": _ddp, "travel": _travel, "load": _load,
     "soak": _soak, "gpu_aes": _gpu_aes, "fleet": _fleet, "checkpoint": _checkpoint, "train": _train,
-    "evidence": _evidence, "hostile": _hostile,
+    "evidence": _evidence, "hostile": _hostile, "fleet_key": _fleet_key,
 }
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

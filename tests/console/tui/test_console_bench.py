@@ -49,7 +49,7 @@ async def run_on_screen(app: GpuTravelConsole, pilot: Any, bench: str) -> None:
 
 
 def test_the_screen_offers_every_bench_the_cli_offers() -> None:
-    assert {name for name, _ in BENCHES} == set(BENCH_MODULES) and len(BENCHES) == 12
+    assert {name for name, _ in BENCHES} == set(BENCH_MODULES) and len(BENCHES) == 13
 
 
 def test_allreduce_chart_plots_time_per_variant_not_world_size() -> None:
@@ -77,7 +77,7 @@ async def test_bench_screen_shows_the_cli_table_a_headline_chart_and_progress() 
         assert "secure_pipelined" in text and "median ms" in text and "× plain" in text
         chart = app.screen.query_one(BarChart)
         assert ("plain 0.1 MiB", ALLREDUCE["rows"][6]["median_s"] * 1e3) in chart.bars
-        assert "machine:" in text  # the CLI's notes under its table
+        assert "machine:" in text, text  # the CLI's notes under its table
         check_snapshot("bench-allreduce", text)
 
 

@@ -440,9 +440,10 @@ def test_cli_show_json_limit_keeps_the_most_recent_rows(ledger_path: Path) -> No
     assert rows[1]["key_fp"] == "05" * 8
 
 
-def test_cli_show_of_a_non_ledger_exits_8(tmp_path: Path) -> None:
+def test_cli_show_of_a_missing_ledger_is_bad_input_naming_the_path(tmp_path: Path) -> None:
+    # issue 35: a typo is not a tamper verdict (exit 2, the path named), a broken chain stays exit 8
     result = runner.invoke(app, ["ledger", "show", str(tmp_path / "absent.sqlite")])
-    assert result.exit_code == 8 and "no such ledger" in result.output
+    assert result.exit_code == 2 and str(tmp_path / "absent.sqlite") in result.output
 
 
 # --- a head recorded elsewhere: truncation and rewrites ------------------------------------------

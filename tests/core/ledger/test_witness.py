@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from gputravel.console.cli.main import app
 from gputravel.console.entries import ENTRIES
 from gputravel.core import api
-from gputravel.core.ledger import parse_head, read_rows, verify_ledger
+from gputravel.core.ledger import Ledger, parse_head, read_rows, verify_ledger
 from gputravel.core.travel.local_link import LocalHolderLink
 
 runner = CliRunner()
@@ -85,6 +85,7 @@ async def test_the_farewell_head_covers_the_last_visit(tmp_path: Path) -> None:
 
 def test_a_malformed_witness_file_is_a_usage_error(tmp_path: Path) -> None:
     db = tmp_path / "ledger.db"
+    Ledger.open(db, run_id="run-malformed-witness").close()  # a real (empty) ledger: the witness is what is wrong
     witness = tmp_path / "witness.jsonl"
     witness.write_text('{"ledger_head": "not a head"}\n')
     result = runner.invoke(app, ["ledger", "verify", str(db), "--witness", str(witness)])
