@@ -159,7 +159,9 @@ async def deploy(conn: asyncssh.SSHClientConnection, spec: HolderSpec, *,
                                     f"cryptography)")
     if crypto.exit_status != 0:
         err = str(crypto.stderr)
-        missing = "python itself" if "not found" in err else "the 'cryptography' package"
+        # 127: the shell found no such command (its message on stderr may not have arrived before the exit status)
+        missing = ("python itself" if crypto.exit_status == 127 or "not found" in err or "No such file" in err
+                   else "the 'cryptography' package")
         raise AgentError(spec.name, f"remote python {spec.python!r} lacks {missing} "
                                     f"(install it: {spec.python} -m pip install 'cryptography>=47'): "
                                     f"{err.strip().splitlines()[-1] if err.strip() else 'exit ' + str(crypto.exit_status)}")
