@@ -35,7 +35,7 @@ def render(console: Console, report: dict[str, Any]) -> None:
                       f"{r['fraction_of_bound']:.2f}" if r.get("fraction_of_bound") is not None else "-",
                       *(f"{b[k] * 1e3:.1f}" for k in ("crypto_s", "wire_s", "reduce_s", "wait_s"))])
     for i, col in enumerate(("world", "MiB", "variant", "gather", "median ms", "min ms", "× plain", "GB/s",
-                             "bound × plain", "of bound", "crypto", "wire", "reduce", "wait")):
+                             "bound", "of bound", "crypto", "wire", "reduce", "wait")):
         # variant names and figures are what a reader compares: never cut them; headers wrap instead
         table.add_column(col, justify="left" if col in ("variant", "gather") else "right",
                          min_width=max((len(row[i]) for row in cells), default=1))
@@ -47,9 +47,10 @@ def render(console: Console, report: dict[str, Any]) -> None:
     engines = sorted({r["cipher_engine"] for r in report["rows"] if r.get("cipher_engine") and not r.get("note")})
     if engines:
         console.print(f"secure_gpu hops sealed and opened by: {', '.join(engines)}")
-    console.print("bound: plain plus the row's seal and open passes at the run's cipher speed; of bound = bound/median")
+    console.print("bound (× plain): plain plus the row's seal and open passes at the run's cipher speed; "
+                  "of bound = bound/median")
     console.print("breakdown: ms per call, summed over threads (pipelined parts overlap); "
-                  "[bold black on yellow] SIM [/] device identities are emulated, the crypto is real")
+                  "[bold black on yellow] SIM [/] identities, real crypto")
     console.print(machine_line(report["machine"]))
 
 
