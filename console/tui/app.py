@@ -182,6 +182,7 @@ class GpuTravelConsole(ConsoleCommands):
                        "live_fleet": self.bridge.torchrun_drives,
                        # an attached run is steered, not replayed: its panel shows the run's live state
                        "replay": self.bridge.replay and not self.bridge.attached,
+                       "attached": self.bridge.attached and not self.bridge.launches,
                        "follow": self.bridge.replay and self.bridge.follow and not self.bridge.attached}
             screen.show(self.bridge.state, badges=self.badges, context=context, status=self.bridge.shown_status())
 
