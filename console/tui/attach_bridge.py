@@ -111,7 +111,12 @@ class AttachedBridge(ReplayBridge):
 
     @property
     def badges(self) -> tuple[str, ...]:
-        return ("ATTACHED", *super().badges) if self.in_control else super().badges
+        """ATTACHED for the console that steers; the view's position only where it left the live end (a steered
+        run is shown where it is: ``FOLLOW ▶`` said nothing there and cost the status bar its room)."""
+        shown = super().badges
+        if not self.in_control:
+            return shown
+        return ("ATTACHED", *(b for b in shown if b != "FOLLOW ▶"))
 
     @property
     def paused(self) -> bool:
