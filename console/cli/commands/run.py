@@ -290,6 +290,8 @@ def register(app: typer.Typer) -> None:
                        checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
                        lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=lora_targets)).settings_fields()
         fleet = gpus > 1 or nnodes > 1
+        if fleet and start_paused:
+            raise ConfigError("--start-paused steps one GPU's run; a fleet (--gpus, --nnodes) takes --break-before")
         if fleet and init_from is not None:
             raise ConfigError("--init-from loads one device's model; a fleet (--gpus, --nnodes) does not take it yet")
         settings, folder = _settings_for(out, options, resume=resume, fleet=fleet, fault=fault, init_from=init_from)

@@ -2,15 +2,17 @@
 same run watches read-only until ``:take``, which the first one sees and turns read-only in turn. ``q`` on a run
 the console steers asks detach / cancel / stay. Pilot on the real app and the real channel (``control.jsonl``)
 of a run folder whose recording is mid-run (no process behind it: what is checked is what each console writes
-and shows)."""
+and shows); and a run the console starts that refuses its input (a real ``gputravel run`` process, exit 2)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
 from helpers import until
 
+from gputravel.console.cli.launch import Launcher
 from gputravel.console.tui.app import make_app
 from gputravel.console.tui.attach_bridge import AttachedBridge
 from gputravel.console.tui.screens.confirm import QuitScreen
@@ -82,3 +84,22 @@ async def test_q_on_a_steered_run_asks_detach_cancel_or_stay(tmp_path: Path) -> 
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("q", "d")  # detach: nothing asked of the run
     assert app.left_how == "detach" and [r["action"] for r in lines(folder)][-3:] == ["release", "take", "release"]
+
+
+@pytest.mark.process
+async def test_a_started_run_that_refuses_its_input_shows_failed_with_what_it_said(tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The console's own run is a ``gputravel run`` process: one that exits before its final event (here its
+    settings refused, exit 2, no run folder) is FAILED on screen with its error line, and nothing is left live."""
+    monkeypatch.chdir(tmp_path)
+    launcher = Launcher(run_args=("--transport", "local", "--rounds", "0"), out=tmp_path / "run")
+    app = make_app(launcher=launcher)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("r")
+        bridge = app.bridge
+        assert launcher.last is not None
+        await until(pilot, lambda: bridge.shown_status() == "failed", timeout=60, what="the run's refusal")
+        assert launcher.last.exit_code() == 2 and not bridge.run_live
+        assert "exited 2" in (bridge.state.error or "") and "rounds" in (bridge.state.error or "")
+        await pilot.press("q")  # no run to ask about: the console leaves at once
+    assert app.left_how == "quit" and not (tmp_path / "run").exists()
