@@ -86,8 +86,14 @@ def attach_run(address: str, *, make_app: Callable[..., Any], theme: str, readon
     app = make_app(replay=replay_target(address), theme=theme, readonly=readonly, follow=True,
                    attach=None if readonly else folder)
     app.run()
-    said = left_message(getattr(app, "left_how", "detach"), folder.absolute())
-    typer.echo(said or come_back(folder.absolute()))
+    how = app.left_how
+    if how == "quit":  # left without the question: a run that has ended, or one another console steers
+        from gputravel.console.view.run_info import read_run
+
+        how = "detach" if read_run(folder).status in ("running", "paused") else how
+    said = left_message(how, folder.absolute())
+    if said is not None:
+        typer.echo(said)
 
 
 def launch_args(options: RunOptions, *, interval: float) -> tuple[str, ...]:
@@ -256,6 +262,6 @@ def register(app: typer.Typer, *, make_app: Callable[..., Any], watch_fleet: Cal
                 while markers:
                     clear_running(markers.pop())
         last = launcher.last if launcher is not None else None
-        if last is not None and (last.exit_code() is None or getattr(app, "left_how", "quit") == "cancel"):
-            said = left_message(getattr(app, "left_how", "detach"), last.folder, proc=last.proc)
+        if last is not None and (last.exit_code() is None or app.left_how == "cancel"):
+            said = left_message(app.left_how, last.folder, proc=last.proc)
             typer.echo(said or come_back(last.folder))

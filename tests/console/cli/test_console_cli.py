@@ -310,3 +310,33 @@ def test_console_starts_its_runs_as_headless_gputravel_run_processes(captured: d
     assert argv[-1] == "--start-paused"
     refused = invoke("--no-record")  # the console follows its runs through their recording
     assert refused.exit_code == 2 and "--in-process" in refused.output
+
+
+def test_leaving_an_attached_run_says_how_to_come_back_only_while_it_goes_on(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--attach RUN``: ``d`` prints how to come back (``--attach``, ``--replay --follow``); ``q`` on a run that
+    has ended prints nothing (it does not go on)."""
+    from gputravel.core import events as ev
+    from gputravel.core.recording import Recorder
+
+    run = tmp_path / "run-1"
+    rec = Recorder(run / "recording.db", meta={})
+    rec(ev.RunStarted(1.0, "r1", {"kind": "emulated", "sim": True}, ("alice",), 1))
+    rec(ev.RunCompleted(2.0, "r1", 1, 0, 4.2))
+    rec.close()
+    left: list[str] = []
+
+    class LeavingApp:
+        def __init__(self) -> None:
+            self.left_how = left[0]
+
+        def run(self) -> None:
+            pass
+
+    monkeypatch.setattr(console_app, "make_app", lambda **kw: LeavingApp())
+    left.append("detach")
+    said = invoke("--attach", str(run)).output
+    assert f"Come back with gputravel-console --attach {run}" in " ".join(said.split())
+    assert f"gputravel-console --replay {run} --follow" in " ".join(said.split())
+    left[0] = "quit"
+    assert invoke("--attach", str(run)).output == ""
