@@ -25,6 +25,10 @@ done
 
 cleanup() {
     tmux kill-session -t "$SESSION" 2>/dev/null || true
+    # the console's runs are their own processes and outlive it: a smoke that failed half-way stops its own
+    for run in "$WORK"/run*; do
+        [ -d "$run" ] && (cd "$WORK" && "$(dirname "$BIN")/gputravel" runs stop "$run" >/dev/null 2>&1) || true
+    done
     if [ "${KEEP:-0}" != 1 ]; then rm -rf "$WORK"; else echo "smoke: work folder kept at $WORK"; fi
 }
 trap cleanup EXIT
