@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Smoke test of the operator console in a real terminal (tmux): start gputravel-console on the embedded
 # default (or on --data DIR), step one complete visit with space, run the rest, take an SVG screenshot of
-# every screen (turned into PNGs under docs/ with rsvg-convert), quit with q.
+# every screen at 120x40 and the travel screen at 80x24 (turned into PNGs under docs/ with rsvg-convert),
+# then start a second run, leave it with q, d (detach) and check it completes without the console.
 #
 #   scripts/console_smoke.sh [DATA_DIR]
 #
@@ -24,6 +25,10 @@ done
 
 cleanup() {
     tmux kill-session -t "$SESSION" 2>/dev/null || true
+    # the console's runs are their own processes and outlive it: a smoke that failed half-way stops its own
+    for run in "$WORK"/run*; do
+        [ -d "$run" ] && (cd "$WORK" && "$(dirname "$BIN")/gputravel" runs stop "$run" >/dev/null 2>&1) || true
+    done
     if [ "${KEEP:-0}" != 1 ]; then rm -rf "$WORK"; else echo "smoke: work folder kept at $WORK"; fi
 }
 trap cleanup EXIT
@@ -57,7 +62,7 @@ mkdir -p "$WORK/shots" "$OUT"
 t0=$(date +%s%N)
 tmux new-session -d -s "$SESSION" -x 120 -y 40 \
     "cd '$WORK' && GPUTRAVEL_SCREENSHOT_DIR='$WORK/shots' '$BIN' --out '$WORK/run' --rounds 1 --steps-per-visit 10 \
-     $DATA_ARGS; echo \$? > '$WORK/exit'"
+     $DATA_ARGS; echo \$? > '$WORK/exit'; sleep 30"
 wait_for "travel │ IDLE" 5
 startup_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 echo "smoke: console up in ${startup_ms} ms"
@@ -77,8 +82,12 @@ for next in VERIFY TRAIN SCRUB ROTATE ATTEST; do
     tmux send-keys -t "$SESSION" Space
     wait_for "PAUSED BEFORE $next" 60
 done
-pane > "$WORK/pane-visit1.txt"
-grep -qE "^ +1 +[^ ]+ .* done" "$WORK/pane-visit1.txt" || { echo "smoke: visit 1 is not done" >&2; exit 1; }
+for _ in $(seq 50); do  # the run's recording is read every half second: the row follows the status
+    pane > "$WORK/pane-visit1.txt"
+    grep -qE "^ +1 +[^ ]+ .* done" "$WORK/pane-visit1.txt" && break
+    sleep 0.2
+done
+grep -qE "^ +1 +[^ ]+ .* done" "$WORK/pane-visit1.txt" || { cat "$WORK/pane-visit1.txt" >&2; echo "smoke: visit 1 is not done" >&2; exit 1; }
 echo "smoke: stepped one complete visit with space"
 
 # the rest of the run on its own, then every screen
@@ -95,12 +104,29 @@ tmux send-keys -t "$SESSION" 1 && sleep 0.5 && tmux send-keys -t "$SESSION" "?" 
 shot help
 tmux send-keys -t "$SESSION" Escape && sleep 0.3
 pane > "$WORK/pane-final.txt"
+tmux resize-window -t "$SESSION" -x 80 -y 24 && sleep 1 && wait_for "COMPLETED" 10
+shot travel-80x24
+tmux resize-window -t "$SESSION" -x 120 -y 40 && sleep 1
 
-tmux send-keys -t "$SESSION" q
+# a second run, left going: q asks, d detaches, and the run (its own process) completes without the console
+tmux send-keys -t "$SESSION" r
+wait_for "RUNNING" 120
+tmux send-keys -t "$SESSION" q && wait_for "detach" 5
+pane > "$WORK/pane-quit.txt"
+tmux send-keys -t "$SESSION" d
 for _ in $(seq 100); do [ -s "$WORK/exit" ] && break; sleep 0.1; done
 code=$(cat "$WORK/exit" 2>/dev/null || echo "none")
 [ "$code" = 0 ] || { echo "smoke: gputravel-console exited with $code" >&2; exit 1; }
-echo "smoke: quit cleanly with q"
+wait_for "detached from $WORK/run-2" 5
+echo "smoke: detached with q, d; the console exited"
+GT="$(dirname "$BIN")/gputravel"
+for _ in $(seq 600); do
+    status=$(cd "$WORK" && "$GT" runs show "$WORK/run-2" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["status"])')
+    [ "$status" = running ] || break
+    sleep 0.5
+done
+[ "$status" = completed ] || { echo "smoke: the detached run ended $status" >&2; exit 1; }
+echo "smoke: the detached run completed without its console"
 
 for svg in "$WORK"/shots/*.svg; do
     png="$OUT/$(basename "${svg%.svg}").png"

@@ -23,7 +23,7 @@ from gputravel.console.cli.errors import (
     fail,
     wants_json,
 )
-from gputravel.console.cli.options import quiet_flag_types, version_callback
+from gputravel.console.cli.options import fast_bool_flags, quiet_flag_types, version_callback
 from gputravel.core.errors import GpuTravelError
 
 __all__ = ["app", "error_envelope", "fail", "main", "wants_json"]
@@ -94,6 +94,7 @@ class LazyCommandGroup(ErrorReportingGroup):
 
 
 quiet_flag_types()
+fast_bool_flags()
 app = typer.Typer(
     name="gputravel",
     cls=LazyCommandGroup,  # commands load lazily; their errors are reported in one place (console/cli/errors.py)

@@ -93,3 +93,29 @@ def quiet_flag_types() -> None:
 
     display_type_rich._gputravel_quiet = True  # type: ignore[attr-defined]
     option.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+def fast_bool_flags() -> None:
+    """Typer (0.29) coerces a parameter's value through a pydantic ``TypeAdapter`` it builds on first use, and
+    imports pydantic for it (0.2-0.4 s of CPU here): ``gputravel bench --help`` paid that for ``--help`` and the
+    completion flags, whose value is None. A flag's value comes from click as a bool or None already, so a
+    ``bool`` parameter passes through as typer's own pass-through does (no pydantic); every other type is
+    typer's. A typer without these internals is left as it is (issue 35.4: ``--help`` <= 0.5 s)."""
+    import importlib
+
+    try:
+        typer_core: Any = importlib.import_module("typer.core")  # typer's internals: typed loosely on purpose
+        from typer._coercion import PassThroughRuntimeParam
+    except ImportError:
+        return
+    build = typer_core.__dict__.get("build_runtime_param")
+    if build is None or build.__dict__.get("_gputravel_fast", False):
+        return
+
+    def build_runtime_param(descriptor: Any) -> Any:
+        if descriptor.annotation is bool and descriptor.file_annotation is None:
+            return PassThroughRuntimeParam(annotation=bool, parameter_info=descriptor.parameter_info)
+        return build(descriptor)
+
+    build_runtime_param._gputravel_fast = True  # type: ignore[attr-defined]
+    typer_core.build_runtime_param = build_runtime_param

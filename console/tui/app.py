@@ -19,6 +19,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
+from gputravel.console.cli.launch import Launcher
 from gputravel.console.tui.app_commands import (
     CONTROL_ACTIONS,
     SCREENS_IN_ORDER,
@@ -30,7 +31,7 @@ from gputravel.console.tui.fleet_view import FleetBridge, FleetRecording, is_fle
 from gputravel.console.tui.replay_bridge import ReplayBridge
 from gputravel.console.tui.screens.base import ConsoleScreen
 from gputravel.console.tui.screens.bench import BenchRunner, BenchScreen
-from gputravel.console.tui.screens.confirm import ConfirmScreen
+from gputravel.console.tui.screens.confirm import ConfirmScreen, QuitScreen
 from gputravel.console.tui.screens.gpu import GpuScreen
 from gputravel.console.tui.screens.holders import HoldersScreen
 from gputravel.console.tui.screens.ledger import LedgerScreen
@@ -79,11 +80,14 @@ class GpuTravelConsole(ConsoleCommands):
                  theme: str = "dark", readonly: bool = False, record: Path | bool = True,
                  telemetry_interval: float = 1.0, sampler: Sampler | None = None,
                  bench_runner: BenchRunner | None = None, follow: bool = False, replay_speed: float = 8.0,
-                 breakpoints: tuple[str, ...] = (), attach: Path | None = None) -> None:
+                 breakpoints: tuple[str, ...] = (), attach: Path | None = None,
+                 launcher: Launcher | None = None) -> None:
         super().__init__()
-        if engine_factory is None and replay is None:
-            raise ValueError("make_app needs an engine_factory or a recording to replay")
-        self.readonly = readonly
+        if engine_factory is None and replay is None and launcher is None:
+            raise ValueError("make_app needs a launcher, an engine_factory or a recording to replay")
+        self.observer = readonly
+        #: how the console was left: "detach" (the run goes on), "cancel" (asked to cancel it), or "quit"
+        self.left_how = "quit"
         self.telemetry_interval = telemetry_interval
         self.bench_runner = bench_runner
         self.theme_choice = theme
@@ -98,6 +102,10 @@ class GpuTravelConsole(ConsoleCommands):
             self.bridge = AttachedBridge(self, replay, attach)
         elif replay is not None:
             self.bridge = ReplayBridge(self, replay, follow=follow, speed=replay_speed)
+        elif launcher is not None:  # the console's own runs: headless `gputravel run` processes, attached
+            from gputravel.console.tui.launch_bridge import LaunchBridge
+
+            self.bridge = LaunchBridge(self, launcher)
         else:
             self.bridge = LiveBridge(self, engine_factory=engine_factory, sampler=sampler,  # type: ignore[arg-type]
                                      record=record)
@@ -111,7 +119,7 @@ class GpuTravelConsole(ConsoleCommands):
 
     # --- lifetime -------------------------------------------------------------------------------
     def on_mount(self) -> None:
-        if self.readonly:
+        if self.observer:
             self.sub_title = "read-only"
         if self.bridge.live:
             self.set_interval(0.1, self.bridge.sync_control, name="control-sync")
@@ -171,8 +179,11 @@ class GpuTravelConsole(ConsoleCommands):
             context = {"readonly": self.readonly, "ledger_path": self.bridge.ledger_path,
                        "frame": self.bridge.latest_frame, "history": self.bridge.history,
                        "last_devices": self.bridge.last_devices,
-                       "live_fleet": self.bridge.torchrun_drives, "replay": self.bridge.replay,
-                       "follow": self.bridge.replay and self.bridge.follow}
+                       "live_fleet": self.bridge.torchrun_drives,
+                       # an attached run is steered, not replayed: its panel shows the run's live state
+                       "replay": self.bridge.replay and not self.bridge.attached,
+                       "attached": self.bridge.attached and not self.bridge.launches,
+                       "follow": self.bridge.replay and self.bridge.follow and not self.bridge.attached}
             screen.show(self.bridge.state, badges=self.badges, context=context, status=self.bridge.shown_status())
 
     def current_screen(self) -> Screen[Any] | None:
@@ -185,16 +196,19 @@ class GpuTravelConsole(ConsoleCommands):
     @property
     def badges(self) -> tuple[str, ...]:
         readonly: tuple[str, ...] = ()
-        if self.readonly:  # a fleet following its ranks: torchrun drives it, not these keys
+        if self.bridge.watching:  # another console steers this run
+            readonly = ("READ-ONLY · :take",)
+        elif self.readonly:  # a fleet following its ranks: torchrun drives it, not these keys
             readonly = ("READ-ONLY · torchrun drives",) if self.bridge.torchrun_drives else ("READ-ONLY",)
         return (*self.bridge.badges, *readonly)
 
     # --- controls -------------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if isinstance(self.current_screen(), ConfirmScreen):  # a question is open: y or n, nothing else
+        if isinstance(self.current_screen(), (ConfirmScreen, QuitScreen)):  # a question is open: its keys only
             return False
         replay = self.bridge.replay
-        if action in CONTROL_ACTIONS and self.readonly and not (replay and action in VIEW_ACTIONS):
+        view_only = replay and not self.bridge.attached and action in VIEW_ACTIONS
+        if action in CONTROL_ACTIONS and self.readonly and not view_only:
             return False
         if action in ("toggle_break", "cancel") and replay and not self.bridge.attached:  # no run to steer
             return False
@@ -247,8 +261,12 @@ class GpuTravelConsole(ConsoleCommands):
         self._start_run(stepping=False)
 
     def action_cancel(self) -> None:
-        if self.bridge.attached:
+        if self.bridge.attached and self.bridge.run_live:
             self._confirm_cancel()
+            return
+        if self.bridge.attached and self.bridge.launches:
+            ended = self.bridge.shown_status()
+            self.notify(f"no run in progress (the last one {ended})" if ended else "no run in progress", timeout=2)
             return
         if self.bridge.replay:
             self.notify("a replay has no run to cancel: p pauses, home goes back to the start", timeout=3)
@@ -275,12 +293,19 @@ class GpuTravelConsole(ConsoleCommands):
                                        "ends (it cannot be resumed)."), answered)
 
     async def action_quit(self) -> None:
-        """``q``: leave. A run this console drives in its own process would die with it: that is asked first
-        (an attached run, ``--attach``, goes on without the console and is left at once)."""
+        """``q``: leave. A run this console steers (its own, started as a headless process, or ``--attach``) is
+        asked about: detach (it goes on), cancel it, or stay; one that runs inside this process (an embedded
+        engine) would die with it: that is asked first."""
         self.request_quit()
 
     def request_quit(self) -> None:
-        if not (self.bridge.live and self.run_in_flight) or isinstance(self.screen, ConfirmScreen):
+        if isinstance(self.screen, (ConfirmScreen, QuitScreen)):
+            self.exit()
+            return
+        if self.bridge.attached and self.bridge.in_control and self.bridge.run_live:
+            self.push_screen(QuitScreen(), self._left)
+            return
+        if not (self.bridge.live and self.run_in_flight):
             self.exit()
             return
 
@@ -292,9 +317,20 @@ class GpuTravelConsole(ConsoleCommands):
                 self.notify("not quit: the run goes on", timeout=2)
 
         self.push_screen(ConfirmScreen(
-            "Quit and cancel the run?", "This console drives the run in its own process: leaving cancels it (the "
-            "visit is aborted, the buffer scrubbed). A run started with `gputravel run` and watched with "
-            "`gputravel-console --attach RUN` goes on when the console leaves."), answered)
+            "Quit and cancel the run?", "This run runs inside the console's own process: leaving cancels it (the "
+            "visit is aborted, the buffer scrubbed). Runs the console starts with r go on when it leaves."),
+            answered)
+
+    def _left(self, how: str | None) -> None:
+        if how == "detach":
+            self.left_how = "detach"
+            self.exit()
+        elif how == "cancel":
+            self.bridge.cancel()
+            self.left_how = "cancel"
+            self.exit()
+        else:
+            self.notify("not quit: the run goes on, steered here", timeout=2)
 
     def action_jump_visit(self, delta: int) -> None:
         if self.bridge.replay:
@@ -361,7 +397,7 @@ def make_app(*, engine_factory: Callable[[], Any] | None = None,
              theme: str = "dark", readonly: bool = False, record: Path | bool = True, telemetry_interval: float = 1.0,
              sampler: Sampler | None = None, bench_runner: BenchRunner | None = None,
              follow: bool = False, breakpoints: tuple[str, ...] = (), gpus: int = 0,
-             attach: Path | None = None) -> GpuTravelConsole:
+             attach: Path | None = None, launcher: Launcher | None = None) -> GpuTravelConsole:
     """The app factory (tests pass a small engine factory or a recording). ``replay``: a recording, or a fleet
     run folder (``gputravel run --gpus N --out DIR``: its ranks' recordings, merged); ``gpus``: the fleet being
     started there (followed before its ranks have written anything)."""
@@ -370,7 +406,8 @@ def make_app(*, engine_factory: Callable[[], Any] | None = None,
         replay = FleetRecording(replay, follow=follow, gpus=gpus) if fleet else load_recording(replay)
     return GpuTravelConsole(engine_factory=engine_factory, replay=replay, theme=theme, readonly=readonly,
                             record=record, telemetry_interval=telemetry_interval, sampler=sampler,
-                            bench_runner=bench_runner, follow=follow, breakpoints=breakpoints, attach=attach)
+                            bench_runner=bench_runner, follow=follow, breakpoints=breakpoints, attach=attach,
+                            launcher=launcher)
 
 
 def _watch_fleet(settings: Any, *, gpus: int, theme: str) -> None:

@@ -39,7 +39,8 @@ class ConsoleCommands(App[None]):
     of :class:`~gputravel.console.tui.app.GpuTravelConsole`, which defines the actions named here)."""
 
     bridge: Any
-    readonly: bool
+    #: --readonly: an observer's console (no controls ever)
+    observer: bool
     # the app's actions these commands call (defined by GpuTravelConsole)
     action_step: Callable[[], None]
     action_run: Callable[[], None]
@@ -53,6 +54,11 @@ class ConsoleCommands(App[None]):
     action_verify_ledger: Callable[[], None]
     action_run_bench: Callable[[str], None]
     request_quit: Callable[[], None]
+
+    @property
+    def readonly(self) -> bool:
+        """No controls: an observer's console, or an attached one while another console steers the run."""
+        return self.observer or bool(self.bridge.watching)
 
     def action_show_help(self) -> None:
         screen = self.screen
@@ -94,7 +100,13 @@ class ConsoleCommands(App[None]):
             "run": self.action_run, "step": self.action_step, "cancel": self.action_cancel,
             "help": self.action_show_help, "verify": self.action_verify_ledger, "quit": self.request_quit,
             "q": self.request_quit}
-        view_only = self.bridge.replay and cmd in {"run", "step", "pause", "resume"}
+        if self.bridge.watching and cmd in CONTROL_ACTIONS | {"pause", "resume", "break", "cancel"}:
+            self.notify("another console steers this run: :take takes control", severity="warning")
+            return
+        view_only = self.bridge.replay and not self.bridge.attached and cmd in {"run", "step", "pause", "resume"}
+        if cmd == "take":
+            self.take_control()
+            return
         if cmd in CONTROL_ACTIONS | {"pause", "resume", "break", "bench", "cancel"} and self.readonly and not view_only:
             self.notify("read-only console: no controls", severity="warning")
             return
@@ -130,6 +142,19 @@ class ConsoleCommands(App[None]):
             self._jump(args)
         else:
             self.notify(f"unknown command {line!r}: :help lists the commands", severity="error", markup=False)
+
+    def take_control(self) -> None:
+        """``:take``: steer an attached run that another console steers (that one turns read-only)."""
+        if not self.bridge.attached or self.observer or self.bridge.folder is None:
+            self.notify("nothing to take: :take steers a run attached with --attach (not --readonly)",
+                        severity="warning")
+            return
+        if self.bridge.in_control:
+            self.notify("this console already steers the run", timeout=2)
+            return
+        self.bridge.take()
+        self.notify("control taken: this console steers the run", timeout=3)
+        self.bridge.post_state()
 
     def _jump(self, args: list[str]) -> None:
         if not self.bridge.replay:

@@ -47,6 +47,9 @@ class Bridge:
     live = False
     replay = False
     attached = False  # a run another process drives, steered through its control channel (attach_bridge.py)
+    launches = False  # starts its runs as headless `gputravel run` processes (launch_bridge.py)
+    in_control = False  # attached: this console steers the run (another may, then this one watches)
+    folder: Path | None = None  # attached: the run's folder
     merges_gpus = False
     follow = False
     playing = False
@@ -150,6 +153,19 @@ class Bridge:
     @property
     def running(self) -> bool:
         return False
+
+    @property
+    def watching(self) -> bool:
+        """Attached to a run that another console steers: read-only until ``:take``."""
+        return False
+
+    @property
+    def run_live(self) -> bool:
+        """The run this bridge steers has not ended."""
+        return self.running
+
+    def take(self) -> None:
+        """``:take``: steer the attached run (see attach_bridge.py)."""
 
     def shown_status(self) -> str | None:
         """The status the status bar shows when it is not the viewed state's own (None: the state's)."""

@@ -179,8 +179,21 @@ def _resuming(marker: dict[str, Any], final: Any) -> bool:
 
 
 def list_runs(root: Path = RUNS_DIR) -> list[RunInfo]:
-    """Every run folder under ``root`` (``runs/``), oldest first (``latest`` is a link, listed once)."""
+    """Every run folder under ``root`` (``runs/``), oldest first (``latest`` is a link, listed once), then the runs
+    started with ``--out`` outside it, in the order they started (``runs/elsewhere.txt``; each named by its
+    absolute path, which every run address takes)."""
     if not root.is_dir():
         return []
     folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
-    return [read_run(p) for p in folders]
+    infos = [read_run(p) for p in folders]
+    seen = {p.resolve() for p in folders}
+    with contextlib.suppress(OSError):
+        for line in RunFolder.elsewhere(root).read_text().splitlines():
+            path = Path(line)
+            if not path.is_absolute() or not RunFolder(path).is_run() or path.resolve() in seen:
+                continue  # removed since (or a run refused before its ledger), or indexed twice
+            seen.add(path.resolve())
+            info = read_run(path)
+            info.name = str(path)
+            infos.append(info)
+    return infos

@@ -70,6 +70,20 @@ class RunClaim:
             if self.latest.is_symlink() or self.latest.exists():
                 self.latest.unlink()
             self.latest.symlink_to(self.link_target)
+            if Path(self.link_target).is_absolute():  # an --out run outside runs/: indexed for `runs ls`
+                self._index_elsewhere()
+
+    def _index_elsewhere(self) -> None:
+        index = RunFolder.elsewhere(self.runs)
+        line = str(self.out.absolute())
+        with contextlib.suppress(OSError):
+            if line in index.read_text().splitlines():
+                return
+        fd = os.open(index, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
 
     @property
     def link_target(self) -> str:

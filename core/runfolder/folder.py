@@ -50,6 +50,7 @@ _RECEIPTS = "receipts"
 _DEVICE_LOG = "device.log"
 _CONTROL = "control.jsonl"
 _LATEST = "latest"
+_ELSEWHERE = "elsewhere.txt"
 
 #: any of these in a folder makes it a run folder
 _MARKERS = (_SETTINGS, _RECORDING, _LEDGER, _FLEET, _PID, _STATUS)
@@ -200,3 +201,9 @@ class RunFolder:
     def latest(runs: Path = RUNS_DIR) -> Path:
         """``runs/latest``: the link to the newest run folder."""
         return Path(runs) / _LATEST
+
+    @staticmethod
+    def elsewhere(runs: Path = RUNS_DIR) -> Path:
+        """``runs/elsewhere.txt``: the index of runs started with ``--out`` outside ``runs/`` (one absolute path
+        a line, appended as each is claimed), so ``gputravel runs ls`` lists them too."""
+        return Path(runs) / _ELSEWHERE

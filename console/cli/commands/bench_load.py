@@ -3,7 +3,6 @@ study itself is ``gputravel.core.bench.load``."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import tempfile
@@ -17,7 +16,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from gputravel.console.cli.commands.bench import int_list
-from gputravel.console.entries import ENTRIES
 
 if TYPE_CHECKING:  # the engine is imported when a study runs, not for --help
     from gputravel.core.travel.holders import HolderLink
@@ -101,6 +99,9 @@ def register(bench_app: typer.Typer) -> None:
 
         Deploy time, per-visit protocol overhead, peak memory; with several holder counts, a row per count
         (the orchestrator's ms per visit, RSS and open descriptors) and how they grow."""
+        import asyncio  # here, not for --help (issue 35.4: bench --help <= 0.5 s)
+
+        from gputravel.console.entries import ENTRIES
         from gputravel.core.bench.load import growth, load
 
         try:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import tempfile
@@ -61,6 +60,8 @@ def register(bench_app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
         """Many visits with a tiny model: memory growth after warm-up, overhead over time, ledger at the end."""
+        import asyncio  # here, not for --help (issue 35.4: bench --help <= 0.5 s)
+
         from gputravel.core.bench.soak import soak
 
         console = Console(stderr=True)

@@ -50,9 +50,33 @@ def next_out_dir(out: Path, n: int) -> Path:
     return candidate
 
 
+def come_back(folder: Path) -> str:
+    """What a detached console prints: how to come back to the run."""
+    return (f"detached from {folder}: the run goes on. Come back with gputravel-console --attach {folder} "
+            f"(full control) or gputravel-console --replay {folder} --follow (read-only).")
+
+
+def left_message(how: str, folder: Path, *, proc: Any = None) -> str | None:
+    """What the console prints as it leaves a run it steered: how to come back, or how the cancel ended."""
+    if how == "detach":
+        return come_back(folder)
+    if how != "cancel":
+        return None
+    if proc is not None:  # its own run: wait for the cancel to land (after the current step or chunk)
+        import subprocess
+
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            return f"cancel asked of {folder}: the run has not ended yet (gputravel runs show {folder})"
+    from gputravel.console.view.run_info import read_run
+
+    return f"cancel asked of {folder}: the run is {read_run(folder).status} (gputravel runs show {folder})"
+
+
 def attach_run(address: str, *, make_app: Callable[..., Any], theme: str, readonly: bool) -> None:
-    """``--attach RUN``: the run's follow view with its controls (read-only with ``--readonly``); leaving it
-    leaves the run going, and says how to come back."""
+    """``--attach RUN``: the run's follow view with its controls (read-only with ``--readonly``, or while another
+    console steers it, until ``:take``); leaving it leaves the run going, and says how to come back."""
     from gputravel.core.runfolder import replay_target, resolve_run
 
     folder = resolve_run(address).folder
@@ -62,9 +86,29 @@ def attach_run(address: str, *, make_app: Callable[..., Any], theme: str, readon
     app = make_app(replay=replay_target(address), theme=theme, readonly=readonly, follow=True,
                    attach=None if readonly else folder)
     app.run()
-    folder = folder.absolute()
-    typer.echo(f"detached from {folder}: the run goes on. Come back with gputravel-console --attach {folder} "
-               f"(full control) or gputravel-console --replay {folder} --follow (read-only).")
+    how = app.left_how
+    if how == "quit":  # left without the question: a run that has ended, or one another console steers
+        from gputravel.console.view.run_info import read_run
+
+        how = "detach" if read_run(folder).status in ("running", "paused") else how
+    said = left_message(how, folder.absolute())
+    if said is not None:
+        typer.echo(said)
+
+
+def launch_args(options: RunOptions, *, interval: float) -> tuple[str, ...]:
+    """``gputravel run``'s options for the console's options (its own runs: headless processes)."""
+    args = ["--rounds", str(options.rounds), "--steps-per-visit", str(options.steps_per_visit),
+            "--buffer-mib", repr(options.buffer_mib), "--chunk-kib", str(options.chunk_kib),
+            "--transport", options.transport, "--data-path", options.data_path, "--data-host", options.data_host,
+            "--telemetry-interval", repr(interval)]
+    if options.data is not None:
+        args += ["--data", str(Path(options.data).absolute())]
+    if options.holders is not None:
+        args += ["--holders", str(options.holders)]
+    if options.holders_file is not None:
+        args += ["--holders-file", str(Path(options.holders_file).absolute())]
+    return tuple(args)
 
 
 def register(app: typer.Typer, *, make_app: Callable[..., Any], watch_fleet: Callable[..., None]) -> None:
@@ -126,6 +170,11 @@ def register(app: typer.Typer, *, make_app: Callable[..., Any], watch_fleet: Cal
         gpus: Annotated[int, typer.Option("--gpus", min=1, rich_help_panel=RUN_PANEL,
                                           help="A fleet of N GPUs runs under torchrun; the console follows all "
                                                "N, read-only (docs/fleet.md).")] = 1,
+        in_process: Annotated[bool, typer.Option("--in-process", rich_help_panel=RUN_PANEL,
+                                                 help="Run inside the console's own process (the run ends with "
+                                                 "the console; q asks first). Default: each run is its own "
+                                                 "headless gputravel run process, which outlives the console.")
+                              ] = False,
     ) -> None:
         """The operator console: watch the GPU travel, step the protocol, audit the ledger."""
         if attach is not None:
@@ -150,10 +199,24 @@ def register(app: typer.Typer, *, make_app: Callable[..., Any], watch_fleet: Cal
             while holder_sets:
                 holder_sets.pop().close()
 
+        launcher = None
         if replay is not None:  # any run address: a recording, a run or fleet folder, a name, latest
             from gputravel.core.runfolder import replay_target
 
             app = make_app(replay=replay_target(replay), theme=theme.value, readonly=readonly, follow=follow)
+        elif not in_process:  # each run its own headless `gputravel run`, attached: it outlives the console
+            from gputravel.console.cli.launch import Launcher
+
+            options.settings(RUNS_DIR / "pending")  # bad options fail here, before the screen opens
+            if data is not None and holders_file is None:  # and the data, as `run` reads it
+                from gputravel.core.compose import resolve_holder_dirs
+
+                resolve_holder_dirs(options.settings(RUNS_DIR / "pending"))
+            if no_record:
+                raise typer.BadParameter("the console follows its runs through their recording: drop --no-record, "
+                                         "or run inside the console with --in-process", param_hint="--no-record")
+            launcher = Launcher(launch_args(options, interval=interval), out=out, record=record)
+            app = make_app(launcher=launcher, theme=theme.value, readonly=readonly, breakpoints=breakpoints)
         else:
             checked = options.settings(RUNS_DIR / "pending")  # bad options fail here, before the screen opens
             if data is not None and holders_file is None:  # and the data, as `run` reads it: no folder made
@@ -195,6 +258,10 @@ def register(app: typer.Typer, *, make_app: Callable[..., Any], watch_fleet: Cal
             app.run()
         finally:
             close_holders()
-            if replay is None:
+            if replay is None and launcher is None:
                 while markers:
                     clear_running(markers.pop())
+        last = launcher.last if launcher is not None else None
+        if last is not None and (last.exit_code() is None or app.left_how == "cancel"):
+            said = left_message(app.left_how, last.folder, proc=last.proc)
+            typer.echo(said or come_back(last.folder))

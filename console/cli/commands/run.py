@@ -226,6 +226,9 @@ def register(app: typer.Typer) -> None:
         break_before: list[PhaseChoice] = typer.Option([], "--break-before", case_sensitive=False,
                                                        help="Pause before this phase (repeatable).",
                                                        rich_help_panel=FAULTS_PANEL),
+        start_paused: bool = typer.Option(False, "--start-paused", rich_help_panel=FAULTS_PANEL,
+                                          help="Wait before the first phase: gputravel runs step / resume (or "
+                                          "an attached console) go on. The console starts its runs so for space."),
         visit_attempts: int = typer.Option(2, help="A failed visit is redone up to this many times in all.",
                                            rich_help_panel=FAULTS_PANEL),
         checkpoint_every: int = typer.Option(1, "--checkpoint-every", min=1, rich_help_panel=OUTPUT_PANEL,
@@ -287,6 +290,8 @@ def register(app: typer.Typer) -> None:
                        checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
                        lora_rank=lora_rank, lora_alpha=lora_alpha, lora_targets=lora_targets)).settings_fields()
         fleet = gpus > 1 or nnodes > 1
+        if fleet and start_paused:
+            raise ConfigError("--start-paused steps one GPU's run; a fleet (--gpus, --nnodes) takes --break-before")
         if fleet and init_from is not None:
             raise ConfigError("--init-from loads one device's model; a fleet (--gpus, --nnodes) does not take it yet")
         settings, folder = _settings_for(out, options, resume=resume, fleet=fleet, fault=fault, init_from=init_from)
@@ -303,7 +308,7 @@ def register(app: typer.Typer) -> None:
                 folder.tighten()
             return
         _run_one(settings, folder, no_record=no_record, record=record, telemetry_interval=telemetry_interval,
-                 as_json=as_json)
+                 as_json=as_json, start_paused=start_paused)
 
 
 def _settings_for(out: Path | None, options: dict[str, Any], *, resume: bool, fleet: bool, fault: str | None,
@@ -329,7 +334,7 @@ def _settings_for(out: Path | None, options: dict[str, Any], *, resume: bool, fl
 
 
 def _run_one(settings: RunSettings, folder: RunClaim, *, no_record: bool, record: Path | None,
-             telemetry_interval: float, as_json: bool) -> None:
+             telemetry_interval: float, as_json: bool, start_paused: bool = False) -> None:
     """One GPU's run in this process: progress (rich) or JSON, the recording, status.json, the exit code."""
     console = Console(stderr=True) if as_json else Console()
     run = RunFolder(settings.out_dir)
@@ -351,7 +356,8 @@ def _run_one(settings: RunSettings, folder: RunClaim, *, no_record: bool, record
             sinks.append(recorder)
         with running_marker(run, owner="gputravel run"), view.progress:
             report = asyncio.run(_run_until_stopped(settings, sinks=sinks, recorder=recorder,
-                                                    telemetry_interval=telemetry_interval))
+                                                    telemetry_interval=telemetry_interval,
+                                                    start_paused=start_paused))
         ok = True
     except BaseException as exc:
         error = exc
@@ -377,13 +383,22 @@ def _run_one(settings: RunSettings, folder: RunClaim, *, no_record: bool, record
         raise typer.Exit(EXIT_PARTIAL)
 
 
-async def _run_until_stopped(settings: RunSettings, **kw: Any) -> dict[str, Any]:
+async def _run_until_stopped(settings: RunSettings, *, start_paused: bool = False, **kw: Any) -> dict[str, Any]:
     """The run, ended by SIGTERM (``gputravel runs stop``) as by the operator: the run's task is cancelled, the
     device service and the agents are stopped, and the run's final event says ``cancelled``."""
+    from gputravel.console.cli.run_control import ControlChannel
     from gputravel.console.holders import run as holders_run
 
     controls: list[Any] = []  # the engine's Control, once built
-    task = asyncio.ensure_future(holders_run(settings, on_control=controls.append, **kw))
+    # an attached console's keys (control.jsonl); a fresh run reads its channel from the start (the console that
+    # started it may ask before the engine exists), a resumed one from its end
+    channel = ControlChannel(settings.out_dir, from_start=not settings.resume, start_paused=start_paused)
+
+    def built(control: Any) -> None:
+        controls.append(control)
+        channel.attach(control)
+
+    task = asyncio.ensure_future(holders_run(settings, on_control=built, **kw))
     loop = asyncio.get_running_loop()
     stopped = False
 
@@ -407,7 +422,7 @@ async def _run_until_stopped(settings: RunSettings, **kw: Any) -> dict[str, Any]
     for signum, handler in handlers:
         with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread, or no signals here
             loop.add_signal_handler(signum, handler)
-    channel = asyncio.ensure_future(_serve_control(settings.out_dir, controls))  # an attached console's keys
+    serving = asyncio.ensure_future(_serve_control(channel))
     try:
         return (await task).to_json()
     except asyncio.CancelledError:
@@ -415,24 +430,17 @@ async def _run_until_stopped(settings: RunSettings, **kw: Any) -> dict[str, Any]
             raise CancelledRunError("stopped by SIGTERM (gputravel runs stop)") from None
         raise
     finally:
-        channel.cancel()
+        serving.cancel()
         for signum, _ in handlers:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(signum)
 
 
-async def _serve_control(out_dir: Path, controls: list[Any]) -> None:
+async def _serve_control(channel: Any) -> None:
     """The run's control channel (``console/cli/run_control.py``): requests appended to ``control.jsonl`` reach
     the engine's Control within ``POLL_S``, and land as the console's keys do."""
-    from gputravel.console.cli.run_control import POLL_S, ControlInbox, apply_request
+    from gputravel.console.cli.run_control import POLL_S
 
-    inbox = ControlInbox(out_dir)
-    waiting: list[dict[str, Any]] = []  # asked before the engine (its Control) was built: applied then
     while True:
         await asyncio.sleep(POLL_S)
-        waiting.extend(inbox.read())
-        if controls:
-            for request in waiting:
-                for control in controls:
-                    apply_request(control, request)
-            waiting.clear()
+        channel.poll()

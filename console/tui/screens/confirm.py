@@ -1,4 +1,5 @@
-"""A yes/no question over the current screen (``c`` and ``:cancel`` ask before a run is cancelled)."""
+"""Questions over the current screen: yes/no (``c`` and ``:cancel`` ask before a run is cancelled) and
+leaving a run this console steers (``q``: detach, cancel the run, or stay)."""
 
 from __future__ import annotations
 
@@ -29,3 +30,23 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def action_answer(self, yes: bool) -> None:
         self.dismiss(yes)
+
+
+class QuitScreen(ModalScreen[str]):
+    """``q`` on a run this console steers (it runs in its own process): ``d`` detaches (the run goes on), ``c``
+    cancels the run and leaves, ``esc`` stays (any other key is ignored)."""
+
+    BINDINGS = [Binding("d", "answer('detach')", "Detach"), Binding("c", "answer('cancel')", "Cancel the run"),
+                Binding("escape", "answer('stay')", "Stay")]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="confirm-box"):
+            yield Static(Content.assemble(("Leave the console?", "bold"), "\n",
+                                          "The run goes on in its own process if you detach; come back with "
+                                          "gputravel-console --attach RUN."), id="confirm-text")
+            yield Static(Content.assemble(("d", "bold $accent"), " detach    ", ("c", "bold $accent"),
+                                          " cancel the run    ", ("esc", "bold $accent"), " stay"),
+                         id="confirm-keys")
+
+    def action_answer(self, how: str) -> None:
+        self.dismiss(how)

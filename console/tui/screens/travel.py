@@ -76,7 +76,8 @@ class TravelScreen(ConsoleScreen):
         elif state.paused_before:
             lines.append(f"[b $warning]paused before {esc(state.paused_before)}[/] ({esc(state.pause_reason or 'step')})"
                          + ("" if context.get("readonly") else " · space · p"))
-        elif state.status in ("idle", "completed", "failed", "cancelled") and not context.get("readonly"):
+        elif state.status in ("idle", "completed", "failed", "cancelled") and not context.get("readonly") \
+                and not context.get("attached"):  # an attached run that ended has nothing left to run
             lines.append("[$text-muted]r run · space one phase · b break@HANDOFF[/]")
         bps = ", ".join(sorted(state.breakpoints)) or "none"
         lines.append(f"[b]breakpoints[/b] {esc(bps)}")

@@ -14,6 +14,7 @@ COMMANDS: dict[str, str] = {
     "resume": "resume (p toggles)",
     "break PHASE": "toggle a breakpoint before PHASE (b: HANDOFF)",
     "cancel": "cancel the run (c)",
+    "take": "attached: steer the run another console steers",
     "travel|holders|training|gpu|bench|ledger": "switch screen (1-6)",
     "verify": "verify the audit ledger's hash chain",
     "bench NAME": "run a benchmark (gputravel bench NAME --json)",

@@ -425,3 +425,10 @@ def test_latest_is_the_newest_run_started_whatever_its_folder(tmp_path: Path, mo
     failed.release_if_empty()  # failed before its ledger: nothing to audit, the link goes back
     assert resolve_run("latest", runs).folder == tmp_path / "experiments" / "big"
     assert "run-1" not in cli("runs", "show", "latest", "--json").stdout
+    # runs ls lists the --out run outside runs/ too (runs/elsewhere.txt), by the path every run address takes;
+    # the run refused before its ledger is not there
+    listed = [r["name"] for r in json.loads(cli("runs", "ls", "--json").stdout)["runs"]]
+    assert listed == ["run-1", str(tmp_path / "experiments" / "big")]
+    assert (runs / "elsewhere.txt").stat().st_mode & 0o777 == 0o600
+    shown = json.loads(cli("runs", "show", listed[1], "--json").stdout)
+    assert shown["path"] == str(tmp_path / "experiments" / "big")

@@ -221,3 +221,25 @@ def test_the_roots_help_loads_no_command_module(tmp_path: Path) -> None:
                           " file=sys.stderr)"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert "run" in out.stdout and "runs" in out.stdout
     assert out.stderr.strip().splitlines()[-1] == "[]"
+
+
+BENCH_HELP_PROBE = """
+import json, sys
+sys.argv = ["gputravel", "bench", "--help"]
+from gputravel.console.cli import main
+try:
+    main.main()
+except SystemExit as exc:
+    code = exc.code
+print(json.dumps({"code": code, "loaded": [m for m in ("pydantic", "asyncio", "torch") if m in sys.modules]}),
+      file=sys.stderr)
+"""
+
+
+def test_bench_help_imports_neither_pydantic_nor_asyncio() -> None:
+    """Issue 35 item 4: ``gputravel bench --help`` took 0.6 s: typer built a pydantic adapter for ``--help``'s
+    and the completion flags' None (pydantic's import: about 0.2 s), and ``bench load``/``soak`` imported asyncio
+    at the top. Flags pass through (``options.fast_bool_flags``), asyncio is imported where a study runs."""
+    proc = subprocess.run([sys.executable, "-c", BENCH_HELP_PROBE], capture_output=True, text=True, timeout=120)
+    seen = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert seen == {"code": 0, "loaded": []}, seen

@@ -55,6 +55,11 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     seen: dict[str, Any] = {"apps": []}
 
     def fake_make_app(**kw: Any) -> FakeApp:
+        if kw.get("launcher") is not None:  # the console's own runs: headless `gputravel run` processes
+            seen["launcher"] = kw["launcher"]
+            app = FakeApp(lambda: None)
+            seen["apps"].append(app)
+            return app
         assert kw.get("engine_factory") is not None, "a live console needs an engine factory"
         app = FakeApp(kw["engine_factory"])
         seen["apps"].append(app)
@@ -77,7 +82,7 @@ def invoke(*args: str) -> Any:
 
 def test_console_defaults_to_the_same_transport_and_data_path_as_run(captured: dict[str, Any],
                                                                      tmp_path: Path) -> None:
-    result = invoke("--out", str(tmp_path / "out"), "--no-record")
+    result = invoke("--out", str(tmp_path / "out"), "--no-record", "--in-process")
     assert result.exit_code == 0, result.output + repr(result.exception)
     s = captured["settings"]
     assert (s.transport, s.data_path, s.data_host, s.holders_file) == ("ssh", "direct", "127.0.0.1", None)
@@ -91,7 +96,7 @@ def test_console_defaults_to_the_same_transport_and_data_path_as_run(captured: d
 def test_console_holders_file_means_inventory_and_data_options_pass_through(captured: dict[str, Any],
                                                                             tmp_path: Path) -> None:
     inventory = tmp_path / "holders.toml"
-    result = invoke("--out", str(tmp_path / "out"), "--no-record", "--holders-file", str(inventory),
+    result = invoke("--out", str(tmp_path / "out"), "--no-record", "--in-process", "--holders-file", str(inventory),
                     "--data-path", "channel", "--data-host", "10.0.0.5")
     assert result.exit_code == 0, result.output + repr(result.exception)
     s = captured["settings"]
@@ -100,7 +105,7 @@ def test_console_holders_file_means_inventory_and_data_options_pass_through(capt
 
 
 def test_console_transport_local(captured: dict[str, Any], tmp_path: Path) -> None:
-    result = invoke("--out", str(tmp_path / "out"), "--no-record", "--transport", "local")
+    result = invoke("--out", str(tmp_path / "out"), "--no-record", "--in-process", "--transport", "local")
     assert result.exit_code == 0, result.output + repr(result.exception)
     assert captured["settings"].transport == "local"
     assert captured["links"] == ["link-from-local"]
@@ -201,7 +206,7 @@ def test_a_typo_in_break_before_is_refused_by_run_and_console(command: list[str]
 
 def test_console_takes_the_palette_themes_and_break_before_in_any_case(captured: dict[str, Any],
                                                                      tmp_path: Path) -> None:
-    result = invoke("--out", str(tmp_path / "out"), "--no-record", "--theme", "high-contrast",
+    result = invoke("--out", str(tmp_path / "out"), "--no-record", "--in-process", "--theme", "high-contrast",
                     "--break-before", "provision")
     assert result.exit_code == 0, result.output + repr(result.exception)
     assert invoke("--theme", "plaid").exit_code == 2
@@ -265,7 +270,7 @@ def _two_holders(root: Path) -> Path:
 
 def test_console_data_follows_the_folders_holder_count_as_run_does(captured: dict[str, Any], tmp_path: Path) -> None:
     data = _two_holders(tmp_path)
-    result = invoke("--data", str(data), "--out", str(tmp_path / "out"), "--no-record")
+    result = invoke("--data", str(data), "--out", str(tmp_path / "out"), "--no-record", "--in-process")
     assert result.exit_code == 0, result.output + repr(result.exception)
     assert captured["settings"].holders == 2  # `--holders` defaulted to 3 here and refused a 2-holder folder
 
@@ -283,3 +288,55 @@ def test_readonly_without_a_run_says_what_to_give(captured: dict[str, Any]) -> N
     result = invoke("--readonly")
     assert result.exit_code == 2 and "--replay RUN --follow" in " ".join(result.output.split())
     assert captured["apps"] == []
+
+
+def test_console_starts_its_runs_as_headless_gputravel_run_processes(captured: dict[str, Any], tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """By default the console composes no run itself: each is ``gputravel run`` with the console's options in
+    a folder of its own (issue 35.1); the console's ``--out`` names the first, OUT-2 the second."""
+    data = _two_holders(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    result = invoke("--data", "data", "--out", "out", "--transport", "local", "--break-before", "train",
+                    "--steps-per-visit", "7")
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    launcher = captured["launcher"]
+    assert "settings" not in captured  # no engine built in the console's process
+    argv = launcher.argv(launcher.target(), breakpoints=["TRAIN"], start_paused=True)
+    assert argv[1:4] == ["-m", "gputravel.console.cli", "run"]
+    pairs = dict(zip(argv[4::1], argv[5::1], strict=False))
+    assert pairs["--data"] == str(data.absolute()) and pairs["--transport"] == "local"
+    assert pairs["--rounds"] == "1" and pairs["--steps-per-visit"] == "7" and "--holders" not in argv
+    assert pairs["--out"] == str(tmp_path / "out") and pairs["--break-before"] == "TRAIN"
+    assert argv[-1] == "--start-paused"
+    refused = invoke("--no-record")  # the console follows its runs through their recording
+    assert refused.exit_code == 2 and "--in-process" in refused.output
+
+
+def test_leaving_an_attached_run_says_how_to_come_back_only_while_it_goes_on(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--attach RUN``: ``d`` prints how to come back (``--attach``, ``--replay --follow``); ``q`` on a run that
+    has ended prints nothing (it does not go on)."""
+    from gputravel.core import events as ev
+    from gputravel.core.recording import Recorder
+
+    run = tmp_path / "run-1"
+    rec = Recorder(run / "recording.db", meta={})
+    rec(ev.RunStarted(1.0, "r1", {"kind": "emulated", "sim": True}, ("alice",), 1))
+    rec(ev.RunCompleted(2.0, "r1", 1, 0, 4.2))
+    rec.close()
+    left: list[str] = []
+
+    class LeavingApp:
+        def __init__(self) -> None:
+            self.left_how = left[0]
+
+        def run(self) -> None:
+            pass
+
+    monkeypatch.setattr(console_app, "make_app", lambda **kw: LeavingApp())
+    left.append("detach")
+    said = invoke("--attach", str(run)).output
+    assert f"Come back with gputravel-console --attach {run}" in " ".join(said.split())
+    assert f"gputravel-console --replay {run} --follow" in " ".join(said.split())
+    left[0] = "quit"
+    assert invoke("--attach", str(run)).output == ""

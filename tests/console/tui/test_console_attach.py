@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 from helpers import until, write_holders
 
+from gputravel.console.cli.launch import Launcher
 from gputravel.console.tui.app import make_app
 from gputravel.console.tui.attach_bridge import AttachedBridge
-from gputravel.console.tui.screens.confirm import ConfirmScreen
+from gputravel.console.tui.launch_bridge import LaunchBridge
+from gputravel.console.tui.screens.confirm import ConfirmScreen, QuitScreen
 from gputravel.console.view.run_info import read_run
 from gputravel.core.runfolder import RunFolder
 
@@ -94,22 +96,47 @@ async def test_every_control_of_an_attached_run_lands_in_the_run(headless: tuple
         assert isinstance(app.screen, ConfirmScreen)
         await pilot.press("y")
         await until(pilot, lambda: bridge.shown_status() == "cancelled", timeout=60, what="the cancel")
-        assert [r["action"] for r in requests(folder)] == ["break", "step", "resume", "pause", "resume", "cancel"]
+        assert [r["action"] for r in requests(folder)] == ["take", "break", "step", "resume", "pause", "resume",
+                                                           "cancel"]
     procs[0].wait(timeout=60)
     assert read_run(folder).status == "cancelled"
 
 
-async def test_a_detached_run_completes_after_its_console_exits(headless: tuple[Path, list]) -> None:
+async def test_the_consoles_own_run_is_a_headless_process_that_outlives_it(
+        headless: tuple[Path, list], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``space`` starts the console's run as its own ``gputravel run`` process (started paused, one phase asked on
+    its channel); ``q`` asks detach / cancel / stay; ``d`` leaves it going and it completes on its own."""
     root, procs = headless
-    procs.append(start_run(root, "--steps-per-visit", "60"))
-    folder = root / "run"
-    wait_recorded(folder)
-    app = make_app(replay=RunFolder(folder).recording, follow=True, attach=folder)
+    write_holders(root / "data", {"north": 0, "south": 1}, n_words=8_000)
+    monkeypatch.chdir(root)  # the run's runs/latest link, as a console started there makes it
+    launcher = Launcher(run_args=("--data", "data", "--transport", "local", "--rounds", "1", "--batch-size", "4",
+                                  "--seq-len", "32", "--chunk-kib", "16", "--buffer-mib", "0.25",
+                                  "--telemetry-interval", "0.2", "--steps-per-visit", "60"), out=root / "run")
+    app = make_app(launcher=launcher)
     async with app.run_test(size=(80, 24)) as pilot:
         bridge = app.bridge
-        assert isinstance(bridge, AttachedBridge)
+        assert isinstance(bridge, LaunchBridge) and bridge.shown_status() is None  # nothing started yet
+        await pilot.press("space")
+        assert launcher.last is not None
+        procs.append(launcher.last.proc)
+        assert "--start-paused" in launcher.last.argv and launcher.last.proc.pid != os.getpid()
+        await until(pilot, lambda: bridge.shown_status() == "paused before HANDOFF", timeout=120,
+                    what="one phase of the started run, then its pause")
+        assert "ATTACHED" in app.badges
+        await pilot.press("r")
         await until(pilot, lambda: bridge.state.current_phase == "TRAIN", timeout=120, what="TRAIN")
-        await pilot.press("q")  # the console leaves; the run is not its child and goes on
-    assert procs[0].poll() is None, "the run ended with its console"
-    assert procs[0].wait(timeout=300) == 0, procs[0].stderr.read() if procs[0].stderr else ""
-    assert read_run(folder).status == "completed"
+        await pilot.press("q")
+        await pilot.pause()
+        assert isinstance(app.screen, QuitScreen)
+        await pilot.press("escape")  # stay
+        await pilot.pause()
+        assert not isinstance(app.screen, QuitScreen) and app.is_running
+        await pilot.press("q")
+        await pilot.pause()
+        await pilot.press("d")  # detach: the console leaves; the run, in a session of its own, goes on
+    assert app.left_how == "detach"
+    run = launcher.last
+    assert run.proc.poll() is None, "the run ended with its console"
+    assert run.proc.wait(timeout=300) == 0, run.output_tail()
+    assert read_run(root / "run").status == "completed"
+    assert [r["action"] for r in requests(root / "run")] == ["take", "step", "resume", "release"]
