@@ -94,11 +94,19 @@ class DeviceService(ServiceOps, ChunkIntake, WindowOps, ModelOps, CheckpointOps)
         self.spdm = SpdmResponder()
         #: the one operation table, wire name -> handler, assembled from the concerns' entries (window.py,
         #: model.py, ckpt_ops.py and this module's own); every sealed request is dispatched here, by name,
-        #: and a service that adds operations (the fleet's) adds its entries here
+        #: and a part that adds operations (the fleet's) adds its entries here (add_part)
         self.operations: dict[str, Handler] = {
             **self.service_operations(), **self.window_operations(), **self.model_operations(),
             **self.checkpoint_operations(),
         }
+
+    def add_part(self, entries: dict[str, Handler]) -> None:
+        """Add a part's entries to the one operation table (the fleet's part, core/fleet/device.py); a wire
+        name already in the table is refused, so a part cannot shadow another's operation."""
+        clash = sorted(set(entries) & set(self.operations))
+        if clash:
+            raise DeviceError(f"operations already in the table: {', '.join(clash)}")
+        self.operations.update(entries)
 
     # --- attestation and session ------------------------------------------------------------
     def evidence(self, nonce: bytes) -> Evidence:
@@ -116,7 +124,7 @@ class DeviceService(ServiceOps, ChunkIntake, WindowOps, ModelOps, CheckpointOps)
             self.dead_epochs.clear()
             self.dead_tags.clear()
             self.control_epoch = 0
-            self._model_changed()
+            self.model_changed()
         self.counters["sessions"] += 1
         return pub, sig, secrets
 

@@ -56,7 +56,7 @@ class WindowOps:
 
     if TYPE_CHECKING:
         def _session(self) -> SessionSecrets: ...
-        def _model_changed(self) -> None: ...
+        def model_changed(self) -> None: ...
 
     def window_operations(self) -> dict[str, Handler]:
         """This concern's entries of the operation table."""
@@ -80,7 +80,7 @@ class WindowOps:
             self.window = ProvisionWindow(epoch, offset, length, chunk_size, key.fingerprint,
                                           RecvState(key, session_id=s.session_id, window=4096), key=key)
             self.epoch = epoch
-            self._model_changed()  # a key is out: the measurement after its return hashes afresh
+            self.model_changed()  # a key is out: the measurement after its return hashes afresh
         self.counters["handoffs"] += 1
         return Reply(HandoffGrant(session_id=s.session_id.hex(), key_fingerprint=key.fingerprint,
                                   provisioning_key=ProvisioningKey.of(key)).to_wire())
