@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gputravel.console.view.fleet import RUN_EVENTS, TERMINAL_STATUSES, DeviceView, FleetFolds, gpu_label
-from gputravel.console.view.training import TrainingFolds
+from gputravel.console.view.training import TrainingFold
 from gputravel.core import events as ev
 from gputravel.core.phases import VISIT_PHASES, Phase
 from gputravel.core.travel.holders import HolderState
@@ -117,7 +117,7 @@ class VisitView:
 
 
 @dataclass
-class RunState(FleetFolds, TrainingFolds):
+class RunState(FleetFolds):
     """What an operator sees, folded from events by :meth:`apply`."""
 
     status: str = "idle"  # idle | starting | running | paused | completed | failed | cancelled
@@ -200,6 +200,11 @@ class RunState(FleetFolds, TrainingFolds):
         elif self.status in ("running", "starting", "paused"):
             self.status = "paused"
             self.paused_before, self.pause_reason = phase, self.pause_reason or reason
+
+    @property
+    def folding_gpu(self) -> int | None:
+        """The fleet GPU whose event is being folded (None for a single GPU's run): what the folds ask."""
+        return self._gpu
 
     @property
     def fleet(self) -> bool:
@@ -488,7 +493,8 @@ def _num(x: Any) -> str:
     return f"{x:.3f}" if isinstance(x, int | float) else "?"
 
 
-#: What :meth:`RunState.apply` folds each event with, built once (the training folds' handlers included).
+#: What :meth:`RunState.apply` folds each event with, built once: the state's own handlers and the entries of
+#: the fold objects it composes (:class:`TrainingFold`).
 HANDLERS: dict[type[ev.Event], Callable[[RunState, Any], None]] = {
     ev.DeviceAttested: RunState._on_DeviceAttested,
     ev.HolderConnected: RunState._on_HolderConnected,
@@ -507,8 +513,5 @@ HANDLERS: dict[type[ev.Event], Callable[[RunState, Any], None]] = {
     ev.RunResumed: RunState._on_RunResumed,
     ev.RunCompleted: RunState._on_RunCompleted,
     ev.RunFailed: RunState._on_RunFailed,
-    ev.TrainingProgressed: RunState._on_TrainingProgressed,
-    ev.LossSpiked: RunState._on_LossSpiked,
-    ev.ControlRequested: RunState._on_ControlRequested,
-    ev.VisitCancelled: RunState._on_VisitCancelled,
+    **TrainingFold().handlers(),
 }
