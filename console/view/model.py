@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from gputravel.console.view.fleet import RUN_EVENTS, TERMINAL_STATUSES, DeviceView, FleetFolds, gpu_label
+from gputravel.console.view.fleet import RUN_EVENTS, TERMINAL_STATUSES, DeviceView, FleetFold, gpu_label
 from gputravel.console.view.training import TrainingFold
 from gputravel.core import events as ev
 from gputravel.core.phases import VISIT_PHASES, Phase
@@ -117,7 +117,7 @@ class VisitView:
 
 
 @dataclass
-class RunState(FleetFolds):
+class RunState:
     """What an operator sees, folded from events by :meth:`apply`."""
 
     status: str = "idle"  # idle | starting | running | paused | completed | failed | cancelled
@@ -201,6 +201,10 @@ class RunState(FleetFolds):
             self.status = "paused"
             self.paused_before, self.pause_reason = phase, self.pause_reason or reason
 
+    def devices(self) -> tuple[DeviceView, ...]:
+        """Each GPU of a fleet, in rank order (empty for a single GPU's run): the fleet fold's cards."""
+        return FLEET.devices(self)
+
     @property
     def folding_gpu(self) -> int | None:
         """The fleet GPU whose event is being folded (None for a single GPU's run): what the folds ask."""
@@ -214,7 +218,7 @@ class RunState(FleetFolds):
     def apply(self, event: ev.Event, gpu: int | None = None) -> None:
         """Fold one event; ``gpu``: the fleet GPU (torchrun rank) whose recording it comes from."""
         if gpu is not None:
-            self._apply_fleet(event, gpu)
+            FLEET.apply(self, event, gpu)
             return
         self.events_seen += 1
         self._t = event.t
@@ -493,8 +497,11 @@ def _num(x: Any) -> str:
     return f"{x:.3f}" if isinstance(x, int | float) else "?"
 
 
+#: The fleet's fold (one per process: it keeps no state of its own, the states it folds into do).
+FLEET = FleetFold()
+
 #: What :meth:`RunState.apply` folds each event with, built once: the state's own handlers and the entries of
-#: the fold objects it composes (:class:`TrainingFold`).
+#: the fold objects it composes (:class:`TrainingFold`; :class:`FleetFold` takes a fleet GPU's events first).
 HANDLERS: dict[type[ev.Event], Callable[[RunState, Any], None]] = {
     ev.DeviceAttested: RunState._on_DeviceAttested,
     ev.HolderConnected: RunState._on_HolderConnected,
