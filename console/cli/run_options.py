@@ -20,9 +20,10 @@ from gputravel.core.config import RunSettings
 from gputravel.core.errors import ConfigError
 from gputravel.core.runfolder import RUNS_DIR, RunClaim, RunFolder
 
-__all__ = ["DATA_HOST_DEFAULT", "DATA_HOST_HELP", "DATA_PATH_DEFAULT", "DATA_PATH_HELP", "HOLDERS_FILE_HELP",
-           "TRANSPORT_DEFAULT", "TRANSPORT_HELP", "RunOptions", "default_holders", "holder_settings",
-           "parse_breakpoints", "resolve_out_dir"]
+__all__ = ["BUFFER_MIB_DEFAULT", "CHUNK_KIB_DEFAULT", "CHUNK_KIB_HELP", "DATA_HOST_DEFAULT", "DATA_HOST_HELP",
+           "DATA_PATH_DEFAULT", "DATA_PATH_HELP", "HOLDERS_FILE_HELP", "ROUNDS_HELP", "STEPS_PER_VISIT_DEFAULT",
+           "STEPS_PER_VISIT_HELP", "TRANSPORT_DEFAULT", "TRANSPORT_HELP", "RunOptions", "default_holders",
+           "holder_settings", "parse_breakpoints", "resolve_out_dir"]
 
 # The holder options ``gputravel run`` and ``gputravel-console`` share: one default, one help text.
 HOLDERS_FILE_HELP = "Inventory (TOML) of SSH holders (sets the transport to inventory)."
@@ -37,6 +38,14 @@ DATA_HOST_DEFAULT = "127.0.0.1"
 DATA_HOST_HELP = ("Address the device's TCP data port binds to; inventory holders with data_route = \"network\" "
                   "connect to it, the default route forwards it through their SSH connection.")
 
+
+# The run options both commands declare with the same help (and, but for --rounds, the same default).
+ROUNDS_HELP = "Rounds over all holders' data."
+STEPS_PER_VISIT_DEFAULT = 20
+STEPS_PER_VISIT_HELP = "Training steps per visit."
+BUFFER_MIB_DEFAULT = 4.0
+CHUNK_KIB_DEFAULT = 1024
+CHUNK_KIB_HELP = "Provisioning chunk size (KiB)."
 
 def default_holders(data: Path | None) -> int:
     """``--holders`` left out: one holder per ``--data`` subfolder (3 without ``--data``: the embedded corpus)."""

@@ -1,21 +1,21 @@
 """The fleet part of the console's view model: one state per GPU, summed up into the fleet's.
 
-:class:`FleetFolds` is a base of :class:`~gputravel.console.view.model.RunState`. In a fleet,
+:class:`FleetFold` is a fold object :class:`~gputravel.console.view.model.RunState` composes. In a fleet,
 ``apply(event, gpu=R)`` folds each GPU's (torchrun rank's) events into that GPU's own ``RunState``
 (``gpus[R]``); the run events (attested, started, ended, paused) are logged once under the GPU's name and the
-fleet's status, device, epoch and rate are summed up from the GPUs' (:meth:`FleetFolds._sum_up`); holder and
-visit events fold into the merged state as in a single run, each tagged with its GPU. :meth:`FleetFolds.devices`
+fleet's status, device, epoch and rate are summed up from the GPUs' (:meth:`FleetFold.sum_up`); holder and
+visit events fold into the merged state as in a single run, each tagged with its GPU. :meth:`FleetFold.devices`
 gives each GPU's card (:class:`DeviceView`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, Protocol
 
 from gputravel.core import events as ev
 
-__all__ = ["RUN_EVENTS", "TERMINAL_STATUSES", "DeviceView", "FleetFolds", "gpu_label"]
+__all__ = ["RUN_EVENTS", "TERMINAL_STATUSES", "DeviceView", "FleetFold", "FleetState", "gpu_label"]
 
 
 def gpu_label(gpu: int) -> str:
@@ -59,11 +59,11 @@ class DeviceView:
         return gpu_label(self.gpu)
 
 
-class FleetFolds:
-    """The fleet's folding (``_apply_fleet``, ``_sum_up``) and its per-GPU cards (``devices``)."""
+class FleetState(Protocol):
+    """What the fleet fold reads and writes of the run's state (:class:`~gputravel.console.view.model.RunState` is
+    one), named so the fold type-checks without importing it. ``gpus`` holds one such state per GPU."""
 
-    # RunState's fields these methods read and fold into (declared here so they type-check without importing it)
-    gpus: dict[int, Self]
+    gpus: dict[int, Any]
     fleet_size: int
     _gpu: int | None
     events_seen: int
@@ -85,94 +85,94 @@ class FleetFolds:
     error: str | None
     error_code: str | None
 
-    def apply(self, event: ev.Event, gpu: int | None = None) -> None:
-        raise NotImplementedError
+    def apply(self, event: ev.Event, gpu: int | None = None) -> None: ...
 
-    def log(self, t: float, source: str, text: str, level: str = "info") -> None:
-        raise NotImplementedError
+    def log(self, t: float, source: str, text: str, level: str = "info") -> None: ...
 
-    def seed_holders(self, names: list[str]) -> None:
-        raise NotImplementedError
+    def seed_holders(self, names: list[str]) -> None: ...
 
-    def visit(self, index: int | None) -> Any:
-        raise NotImplementedError
+    def visit(self, index: int | None) -> Any: ...
 
-    def new_gpu_state(self) -> Self:
+    def new_gpu_state(self) -> Any:
         """An empty state for one GPU's own run."""
-        raise NotImplementedError
 
-    def _apply_fleet(self: Self, event: ev.Event, gpu: int) -> None:
-        if gpu not in self.gpus:
-            self.gpus[gpu] = self.new_gpu_state()
-            self.gpus = dict(sorted(self.gpus.items()))
-        own = self.gpus[gpu]
+
+class FleetFold:
+    """The fleet's fold object (no base of the state): :meth:`apply` folds one GPU's event into the state it is
+    given (``RunState.apply(event, gpu=R)`` hands it here), :meth:`devices` gives the per-GPU cards."""
+
+    def apply(self, state: FleetState, event: ev.Event, gpu: int) -> None:
+        if gpu not in state.gpus:
+            state.gpus[gpu] = state.new_gpu_state()
+            state.gpus = dict(sorted(state.gpus.items()))
+        own = state.gpus[gpu]
         own.apply(event)
-        self._gpu = gpu
+        state._gpu = gpu
         try:
             if event.kind in RUN_EVENTS:  # about this GPU's run: logged here, summed up below
-                self.events_seen += 1
-                self._t = event.t
-                self._log_run_event(event, own)
+                state.events_seen += 1
+                state._t = event.t
+                self.log_run_event(state, event, own)
             else:
-                self.apply(event)
+                state.apply(event)
         finally:
-            self._gpu = None
-        self._sum_up()
+            state._gpu = None
+        self.sum_up(state)
 
-    def _log_run_event(self, e: ev.Event, own: Self) -> None:
+    def log_run_event(self, state: FleetState, e: ev.Event, own: FleetState) -> None:
         if isinstance(e, ev.DeviceAttested):
-            self.log(e.t, "device", f"attested {e.device_id}: {'ok' if e.ok else 'FAILED'}"
+            state.log(e.t, "device", f"attested {e.device_id}: {'ok' if e.ok else 'FAILED'}"
                      f"{' (SIM)' if e.sim else ''}", "info" if e.ok else "error")
         elif isinstance(e, ev.RunStarted):
-            self.seed_holders(list(e.holders))
-            self.platform = self.platform or dict(e.platform)
-            self.log(e.t, "orchestrator", f"run {e.run_id} started: {e.visits_planned} visits over "
+            state.seed_holders(list(e.holders))
+            state.platform = state.platform or dict(e.platform)
+            state.log(e.t, "orchestrator", f"run {e.run_id} started: {e.visits_planned} visits over "
                      f"{len(e.holders)} holders")
         elif isinstance(e, ev.RunCompleted):
             ended = f"run completed: {e.visits} visit{'s' * (e.visits != 1)}, {e.failed} failed"
-            self.log(e.t, "orchestrator", ended, "info" if not e.failed else "warn")
+            state.log(e.t, "orchestrator", ended, "info" if not e.failed else "warn")
         elif isinstance(e, ev.RunFailed):
-            self.log(e.t, "orchestrator", f"run {own.status}: {e.error}", "warn" if e.code == "cancelled" else "error")
-            visit = self.visit(own.current_visit)
+            state.log(e.t, "orchestrator", f"run {own.status}: {e.error}", "warn" if e.code == "cancelled" else "error")
+            visit = state.visit(own.current_visit)
             if visit is not None and visit.outcome == "running":
                 visit.outcome = own.status
                 for mark in visit.phases.values():
                     if mark.status == "running":
                         mark.status = own.status
         elif isinstance(e, ev.RunPaused):
-            self.log(e.t, "operator", f"paused ({e.reason}) before {e.next_phase}", "warn")
+            state.log(e.t, "operator", f"paused ({e.reason}) before {e.next_phase}", "warn")
 
-    def _sum_up(self) -> None:
+    def sum_up(self, state: FleetState) -> None:
         """The fleet's run from its GPUs': over when every GPU's is, failed when one failed."""
-        gpus = list(self.gpus.values())
+        gpus = list(state.gpus.values())
         first = gpus[0]
-        self.run_id = first.run_id
-        self.sim = any(g.sim for g in gpus) if any(g.sim is not None for g in gpus) else None
-        self.attested = None if any(g.attested is None for g in gpus) else all(g.attested for g in gpus)
+        state.run_id = first.run_id
+        state.sim = any(g.sim for g in gpus) if any(g.sim is not None for g in gpus) else None
+        state.attested = None if any(g.attested is None for g in gpus) else all(g.attested for g in gpus)
         ids = [g.device_id for g in gpus if g.device_id]
-        self.device_id = ", ".join(ids) if ids else None
-        self.visits_planned = sum(g.visits_planned for g in gpus)
-        self.epoch = max(g.epoch for g in gpus)
-        self.tokens_per_s = sum(g.tokens_per_s or 0.0 for g in gpus) or None
+        state.device_id = ", ".join(ids) if ids else None
+        state.visits_planned = sum(g.visits_planned for g in gpus)
+        state.epoch = max(g.epoch for g in gpus)
+        state.tokens_per_s = sum(g.tokens_per_s or 0.0 for g in gpus) or None
         away = [g.gpu_at for g in gpus if g.gpu_at != "orchestrator"]
-        self.gpu_at = ", ".join(away) if away else "orchestrator"
-        everyone = len(gpus) >= max(self.fleet_size, 1)
+        state.gpu_at = ", ".join(away) if away else "orchestrator"
+        everyone = len(gpus) >= max(state.fleet_size, 1)
         statuses = {g.status for g in gpus}
         if everyone and statuses <= TERMINAL_STATUSES:
-            self.status = ("failed" if "failed" in statuses else "cancelled" if "cancelled" in statuses
+            state.status = ("failed" if "failed" in statuses else "cancelled" if "cancelled" in statuses
                            else "completed")
         elif statuses & {"running", "paused", "completed", "failed", "cancelled"}:
-            self.status = "running"
-        elif self.status == "idle":
-            self.status = "starting"
-        failed = next(((gpu, g) for gpu, g in self.gpus.items() if g.error), None)
-        self.error = f"{gpu_label(failed[0])}: {failed[1].error}" if failed else None
-        self.error_code = failed[1].error_code if failed else None
+            state.status = "running"
+        elif state.status == "idle":
+            state.status = "starting"
+        failed = next(((gpu, g) for gpu, g in state.gpus.items() if g.error), None)
+        state.error = f"{gpu_label(failed[0])}: {failed[1].error}" if failed else None
+        state.error_code = failed[1].error_code if failed else None
 
-    def devices(self) -> tuple[DeviceView, ...]:
+    def devices(self, state: FleetState) -> tuple[DeviceView, ...]:
         """Each GPU of a fleet, in rank order (empty for a single GPU's run)."""
         out = []
-        for gpu, own in self.gpus.items():
+        for gpu, own in state.gpus.items():
             visits = list(own.visits.values())
             last = next((v for v in reversed(visits) if v.mb_s), None)
             current = own.visit(own.current_visit)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from gputravel.console.view.fleet import RUN_EVENTS, TERMINAL_STATUSES, DeviceView, FleetFolds, gpu_label
-from gputravel.console.view.training import TrainingFolds
+from gputravel.console.view.fleet import RUN_EVENTS, TERMINAL_STATUSES, DeviceView, FleetFold, gpu_label
+from gputravel.console.view.training import TrainingFold
 from gputravel.core import events as ev
 from gputravel.core.phases import VISIT_PHASES, Phase
 from gputravel.core.travel.holders import HolderState
@@ -117,7 +117,7 @@ class VisitView:
 
 
 @dataclass
-class RunState(FleetFolds, TrainingFolds):
+class RunState:
     """What an operator sees, folded from events by :meth:`apply`."""
 
     status: str = "idle"  # idle | starting | running | paused | completed | failed | cancelled
@@ -201,6 +201,15 @@ class RunState(FleetFolds, TrainingFolds):
             self.status = "paused"
             self.paused_before, self.pause_reason = phase, self.pause_reason or reason
 
+    def devices(self) -> tuple[DeviceView, ...]:
+        """Each GPU of a fleet, in rank order (empty for a single GPU's run): the fleet fold's cards."""
+        return FLEET.devices(self)
+
+    @property
+    def folding_gpu(self) -> int | None:
+        """The fleet GPU whose event is being folded (None for a single GPU's run): what the folds ask."""
+        return self._gpu
+
     @property
     def fleet(self) -> bool:
         """This state merges a fleet's GPUs."""
@@ -209,7 +218,7 @@ class RunState(FleetFolds, TrainingFolds):
     def apply(self, event: ev.Event, gpu: int | None = None) -> None:
         """Fold one event; ``gpu``: the fleet GPU (torchrun rank) whose recording it comes from."""
         if gpu is not None:
-            self._apply_fleet(event, gpu)
+            FLEET.apply(self, event, gpu)
             return
         self.events_seen += 1
         self._t = event.t
@@ -488,7 +497,11 @@ def _num(x: Any) -> str:
     return f"{x:.3f}" if isinstance(x, int | float) else "?"
 
 
-#: What :meth:`RunState.apply` folds each event with, built once (the training folds' handlers included).
+#: The fleet's fold (one per process: it keeps no state of its own, the states it folds into do).
+FLEET = FleetFold()
+
+#: What :meth:`RunState.apply` folds each event with, built once: the state's own handlers and the entries of
+#: the fold objects it composes (:class:`TrainingFold`; :class:`FleetFold` takes a fleet GPU's events first).
 HANDLERS: dict[type[ev.Event], Callable[[RunState, Any], None]] = {
     ev.DeviceAttested: RunState._on_DeviceAttested,
     ev.HolderConnected: RunState._on_HolderConnected,
@@ -507,8 +520,5 @@ HANDLERS: dict[type[ev.Event], Callable[[RunState, Any], None]] = {
     ev.RunResumed: RunState._on_RunResumed,
     ev.RunCompleted: RunState._on_RunCompleted,
     ev.RunFailed: RunState._on_RunFailed,
-    ev.TrainingProgressed: RunState._on_TrainingProgressed,
-    ev.LossSpiked: RunState._on_LossSpiked,
-    ev.ControlRequested: RunState._on_ControlRequested,
-    ev.VisitCancelled: RunState._on_VisitCancelled,
+    **TrainingFold().handlers(),
 }

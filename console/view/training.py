@@ -1,6 +1,6 @@
 """The training part of the console's view model: steps as they come, loss spikes, the pending control.
 
-:class:`TrainingFolds` is a base of :class:`~gputravel.console.view.model.RunState`: it folds
+:class:`TrainingFold` is a fold object :class:`~gputravel.console.view.model.RunState` composes: it folds
 ``TrainingProgressed``, ``LossSpiked``, ``ControlRequested`` and ``VisitCancelled`` into that state's fields
 (``loss``, ``train_progress``, ``spikes``, ``pending``) and log. Visits are shown 1-based (``visit 1`` is the
 run's first); events, ledger rows and JSON keep the 0-based index ``visit``.
@@ -8,12 +8,13 @@ run's first); events, ledger rows and JSON keep the 0-based index ``visit``.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from gputravel.console.view.ending import control_lands
 from gputravel.core import events as ev
 
-__all__ = ["TrainingFolds", "pending_label"]
+__all__ = ["TrainingFold", "TrainingState", "pending_label"]
 
 
 def pending_label(pending: str | None) -> str | None:
@@ -21,45 +22,58 @@ def pending_label(pending: str | None) -> str | None:
     return {"cancel": "cancelling...", "pause": "pausing..."}.get(pending or "")
 
 
-class TrainingFolds:
-    """Event handlers (``_on_<Event>``) that :meth:`RunState.apply` dispatches to (``model.HANDLERS``)."""
+class TrainingState(Protocol):
+    """What the training fold reads and writes of the run's state (:class:`~gputravel.console.view.model.RunState`
+    is one), named so the fold type-checks without importing it."""
 
-    # RunState's fields these handlers fold into (declared here so the handlers type-check without importing it)
-    _gpu: int | None
     loss: list[tuple[int, float]]
     tokens_per_s: float | None
     train_progress: tuple[int, int] | None
     pending: str | None
     spikes: list[tuple[int, float, float]]
 
-    def log(self, t: float, source: str, text: str, level: str = "info") -> None:
-        raise NotImplementedError
+    @property
+    def folding_gpu(self) -> int | None: ...
 
-    def _visit(self, visit: int, holder: str) -> Any:
-        raise NotImplementedError
+    def log(self, t: float, source: str, text: str, level: str = "info") -> None: ...
 
-    def _on_TrainingProgressed(self, e: ev.TrainingProgressed) -> None:
-        if self._gpu is None:
-            self.loss.extend((e.run_step - len(e.losses) + 1 + i, float(x)) for i, x in enumerate(e.losses))
-        self.train_progress, self.tokens_per_s = (e.step, e.steps), e.tokens_per_s
+    def _visit(self, visit: int, holder: str) -> Any: ...
 
-    def _on_LossSpiked(self, e: ev.LossSpiked) -> None:
-        self.spikes.append((e.run_step, e.loss, e.mean))
-        self.log(e.t, "device", f"loss spike at step {e.run_step}: {e.loss:.3f} > {e.factor:g} x running mean "
-                 f"{e.mean:.3f}", "warn")
 
-    def _on_ControlRequested(self, e: ev.ControlRequested) -> None:
-        self.pending = e.action
-        self.log(e.t, "operator", f"{e.action} asked{f' during {e.phase}' if e.phase else ''}: lands "
-                 f"{control_lands(e.action, e.phase)}", "warn")
+class TrainingFold:
+    """A fold object (no base of the state): its handlers fold one event each into the state they are given, and
+    :meth:`handlers` lists them by event type for the one table :meth:`RunState.apply` dispatches through."""
 
-    def _on_VisitCancelled(self, e: ev.VisitCancelled) -> None:
-        v = self._visit(e.visit, e.holder)
+    def handlers(self) -> dict[type[ev.Event], Callable[[Any, Any], None]]:
+        """This fold's entries of the state's event table."""
+        return {ev.TrainingProgressed: self.progressed, ev.LossSpiked: self.spiked,
+                ev.ControlRequested: self.control_requested, ev.VisitCancelled: self.visit_cancelled}
+
+    @staticmethod
+    def progressed(state: TrainingState, e: ev.TrainingProgressed) -> None:
+        if state.folding_gpu is None:
+            state.loss.extend((e.run_step - len(e.losses) + 1 + i, float(x)) for i, x in enumerate(e.losses))
+        state.train_progress, state.tokens_per_s = (e.step, e.steps), e.tokens_per_s
+
+    @staticmethod
+    def spiked(state: TrainingState, e: ev.LossSpiked) -> None:
+        state.spikes.append((e.run_step, e.loss, e.mean))
+        state.log(e.t, "device", f"loss spike at step {e.run_step}: {e.loss:.3f} > {e.factor:g} x running mean "
+                  f"{e.mean:.3f}", "warn")
+
+    @staticmethod
+    def control_requested(state: TrainingState, e: ev.ControlRequested) -> None:
+        state.pending = e.action
+        state.log(e.t, "operator", f"{e.action} asked{f' during {e.phase}' if e.phase else ''}: lands "
+                  f"{control_lands(e.action, e.phase)}", "warn")
+
+    @staticmethod
+    def visit_cancelled(state: TrainingState, e: ev.VisitCancelled) -> None:
+        v = state._visit(e.visit, e.holder)
         v.outcome, v.failed_phase, v.scrub_verified = "cancelled", e.phase, e.scrub_verified
         for mark in v.phases.values():
             mark.status = "cancelled" if mark.status == "running" else mark.status
-        self.pending, self.train_progress = None, None
+        state.pending, state.train_progress = None, None
         steps = f" after {e.steps} step{'s' * (e.steps != 1)}" if e.phase == "TRAIN" else ""
-        self.log(e.t, e.holder, f"visit {e.visit + 1} cancelled in {e.phase or '-'}{steps}; scrub "
-                 f"{'verified' if e.scrub_verified else 'NOT verified'}", "warn")
-
+        state.log(e.t, e.holder, f"visit {e.visit + 1} cancelled in {e.phase or '-'}{steps}; scrub "
+                  f"{'verified' if e.scrub_verified else 'NOT verified'}", "warn")

@@ -28,7 +28,8 @@ DEVICE_CODE: tuple[str, ...] = (
     "core/device/__init__.py", "core/device/__main__.py", "core/device/admission.py", "core/device/ckpt_ops.py",
     "core/device/dataplane.py", "core/device/intake.py", "core/device/memory.py", "core/device/model.py",
     "core/device/modelmac.py", "core/device/openers.py", "core/device/operations.py", "core/device/pending.py",
-    "core/device/reply.py", "core/device/server.py", "core/device/service.py", "core/device/spdm.py",
+    "core/device/reply.py", "core/device/server.py", "core/device/service.py", "core/device/session_keys.py",
+    "core/device/spdm.py",
     "core/device/window.py",
     # a fleet member's device: its three operations and the sealed ring of the device group
     "core/fleet/__init__.py", "core/fleet/ddp.py", "core/fleet/device.py",

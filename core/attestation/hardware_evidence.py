@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gputravel.core.errors import AttestationError
 
@@ -134,6 +135,41 @@ def read_tsm_report(entry: Path, report_data: bytes) -> bytes:
     return quote
 
 
+_Report = TypeVar("_Report")
+
+
+def configfs_tsm_report(root: Path, report_data: bytes, read: Callable[[Path, bytes], _Report], *,
+                        guest: str) -> _Report:
+    """One configfs-tsm report (TDX quote or SNP report, ``read`` takes it out of the entry): make an entry under
+    ``root``, write ``report_data`` to its ``inblob``, read, check that no other writer raced us (``generation``
+    went up by exactly one), remove the entry. ``guest`` names the guest the interface belongs to, for the error.
+
+    Raises:
+        AttestationError: no configfs-tsm interface, a race, or the report failed.
+    """
+    entry = root / f"gputravel-{uuid.uuid4().hex}"
+    try:
+        os.mkdir(entry)
+    except OSError as exc:
+        raise AttestationError(f"{root}: no configfs-tsm report interface here ({exc.strerror}); "
+                               f"is this {guest} with configfs mounted?") from exc
+    try:
+        before = (entry / "generation").read_text().strip()
+        (entry / "inblob").write_bytes(report_data)
+        out = read(entry, report_data)
+        after = (entry / "generation").read_text().strip()
+        if after != str(int(before) + 1):
+            raise AttestationError(f"{entry}: generation went {before} -> {after}; another writer raced us")
+        return out
+    except OSError as exc:
+        raise AttestationError(f"{entry}: the TSM report failed ({exc.strerror})") from exc
+    finally:
+        try:
+            os.rmdir(entry)
+        except OSError:
+            pass
+
+
 def tdx_quote_from_configfs(report_data: bytes, *, root: Path = TSM_REPORT_ROOT) -> bytes:
     """A fresh TDX quote binding ``report_data`` (64 bytes), from inside a TDX guest.
 
@@ -142,24 +178,4 @@ def tdx_quote_from_configfs(report_data: bytes, *, root: Path = TSM_REPORT_ROOT)
     """
     if len(report_data) != REPORT_DATA_LEN:
         raise AttestationError(f"TDX report data must be {REPORT_DATA_LEN} bytes, not {len(report_data)}")
-    entry = root / f"gputravel-{uuid.uuid4().hex}"
-    try:
-        os.mkdir(entry)
-    except OSError as exc:
-        raise AttestationError(f"{root}: no configfs-tsm report interface here ({exc.strerror}); "
-                               "is this a TDX guest with configfs mounted?") from exc
-    try:
-        before = (entry / "generation").read_text().strip()
-        (entry / "inblob").write_bytes(report_data)
-        quote = read_tsm_report(entry, report_data)
-        after = (entry / "generation").read_text().strip()
-        if after != str(int(before) + 1):
-            raise AttestationError(f"{entry}: generation went {before} -> {after}; another writer raced us")
-        return quote
-    except OSError as exc:
-        raise AttestationError(f"{entry}: the TSM report failed ({exc.strerror})") from exc
-    finally:
-        try:
-            os.rmdir(entry)
-        except OSError:
-            pass
+    return configfs_tsm_report(root, report_data, read_tsm_report, guest="a TDX guest")

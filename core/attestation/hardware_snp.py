@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gputravel.core.attestation.hardware_evidence import configfs_tsm_report
 from gputravel.core.errors import AttestationError
 
 __all__ = ["AZURE_AK_HANDLE", "HCL_NV_INDEX", "SNP_GET_REPORT", "SnpGuestRequest", "SnpReportReq", "TpmTransport",
@@ -99,27 +100,7 @@ def snp_report_from_configfs(report_data: bytes, *, root: Path = TSM_REPORT_ROOT
     """
     if len(report_data) != REPORT_DATA_LEN:
         raise AttestationError(f"SNP report data must be {REPORT_DATA_LEN} bytes, not {len(report_data)}")
-    entry = root / f"gputravel-{uuid.uuid4().hex}"
-    try:
-        os.mkdir(entry)
-    except OSError as exc:
-        raise AttestationError(f"{root}: no configfs-tsm report interface here ({exc.strerror}); is this an "
-                               "SEV-SNP guest with configfs mounted?") from exc
-    try:
-        before = (entry / "generation").read_text().strip()
-        (entry / "inblob").write_bytes(report_data)
-        out = read_snp_tsm_report(entry, report_data)
-        after = (entry / "generation").read_text().strip()
-        if after != str(int(before) + 1):
-            raise AttestationError(f"{entry}: generation went {before} -> {after}; another writer raced us")
-        return out
-    except OSError as exc:
-        raise AttestationError(f"{entry}: the TSM report failed ({exc.strerror})") from exc
-    finally:
-        try:
-            os.rmdir(entry)
-        except OSError:
-            pass
+    return configfs_tsm_report(root, report_data, read_snp_tsm_report, guest="an SEV-SNP guest")
 
 
 class SnpReportReq(ctypes.Structure):

@@ -123,9 +123,9 @@ class CheckpointOps:
     _model_incomplete: bool
 
     if TYPE_CHECKING:
-        def _need_trainer(self) -> Any: ...
+        def need_trainer(self) -> Any: ...
         def _need_whole_model(self) -> Any: ...
-        def _model_changed(self) -> None: ...
+        def model_changed(self) -> None: ...
         def model_digest(self) -> str: ...
 
     def checkpoint_operations(self) -> dict[str, Handler]:
@@ -240,7 +240,7 @@ class CheckpointOps:
         restore succeeds."""
         from gputravel.core.training.checkpoint import StateDecoder
 
-        trainer = self._need_trainer()
+        trainer = self.need_trainer()
         if self.window is not None:
             raise DeviceError("cannot restore while a provisioning window is open")
         key, hdr = self._stream_args(header, payload, ("checkpoint", "weights"))
@@ -248,7 +248,7 @@ class CheckpointOps:
         if weights and (trainer.step or trainer.optimizer.state):
             raise DeviceError("pretrained weights load only into a model that has not trained")
         self._settle_live_checkpoint()
-        self._model_changed()
+        self.model_changed()
         targets = {"model": trainer.model.state_dict()} if weights else trainer.state_dict()
         what = f"weights for {hdr.run_id}" if weights else f"checkpoint {hdr.seq} of {hdr.run_id}"
         self._restore_stream = _RestoreStream(StreamOpener(key, hdr, what=what),
@@ -259,7 +259,7 @@ class CheckpointOps:
     def _restore_failed(self) -> None:
         self._restore_stream = None
         self._model_incomplete = True
-        self._model_changed()
+        self.model_changed()
 
     def op_restore_chunk(self, *, kind: int, payload: bytes) -> Reply:
         st = self._restore_stream
@@ -288,13 +288,13 @@ class CheckpointOps:
             if st.weights:
                 self._load_weights(st.decoder.result())
             else:
-                self._need_trainer().load_state_dict(st.decoder.result())
+                self.need_trainer().load_state_dict(st.decoder.result())
         except BaseException:
             self._restore_failed()
             raise
         self._restore_stream = None
         self._model_incomplete = False
-        self._model_changed()
+        self.model_changed()
         digest = self.model_digest()
         if trailer.get("model_digest") != digest:
             self._model_incomplete = True
@@ -305,7 +305,7 @@ class CheckpointOps:
 
     def _load_weights(self, state: Any) -> None:
         """A ``weights`` stream's state: the model's parameters alone, of this model's shape."""
-        trainer = self._need_trainer()
+        trainer = self.need_trainer()
         if not isinstance(state, dict) or state.get("format") != "weights" or not isinstance(state.get("model"), dict):
             raise DeviceError("a weights stream holds {format: weights, config, model}")
         if state.get("config") != trainer.config.to_dict():

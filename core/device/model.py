@@ -62,16 +62,17 @@ class ModelOps:
             raise DeviceError(f"invalid training program: {exc}") from None
         self.code.write(payload)
         self.trainer = Trainer(config, settings, self.device)
-        self._model_changed()
+        self.model_changed()
         n_params = sum(p.numel() for p in self.trainer.model.parameters())
         return Reply(Configured(code_digest=self.code.digest(), params=int(n_params)).to_wire())
 
-    def _need_trainer(self) -> Any:
+    def need_trainer(self) -> Any:
+        """The configured trainer (a part added to the service reads it too); a named error before CONFIGURE."""
         if self.trainer is None:
             raise DeviceError("no model: configure first")
         return self.trainer
 
-    def _model_changed(self) -> None:
+    def model_changed(self) -> None:
         """A new model generation: the next digest is taken afresh (and an open checkpoint stream, now of a
         model that no longer exists, is dropped)."""
         self._model_gen += 1
@@ -86,7 +87,7 @@ class ModelOps:
             self.last_digest_s = 0.0
             return memo[1]
         t0 = time.perf_counter()
-        digest = str(self._need_trainer().model_digest())
+        digest = str(self.need_trainer().model_digest())
         self.last_digest_s = time.perf_counter() - t0
         self.counters["model_digests"] += 1
         self._digest_memo = (self._model_gen, digest)
@@ -101,7 +102,7 @@ class ModelOps:
             pass
 
     def _need_whole_model(self) -> Any:
-        trainer = self._need_trainer()
+        trainer = self.need_trainer()
         self._settle_live_checkpoint()  # a checkpoint sealing the live state finishes before the model changes
         if self._restore_stream is not None or self._model_incomplete:
             raise DeviceError("the model is incomplete: a restore is open or failed part-way; restore a checkpoint")
@@ -111,7 +112,7 @@ class ModelOps:
         """The code region's SHA-256 and the model's: its SHA-256 digest (``digest``, memoised per model
         generation) and, given a 32-byte key as the payload, its AES-GMAC under that key, computed here on the
         model's own memory (core/device/modelmac.py). VERIFY asks for the MAC alone: cipher speed."""
-        trainer = self._need_trainer()
+        trainer = self.need_trainer()
         if not isinstance(digest, bool):
             raise DeviceError(f"measure: digest is true or false, not {digest!r}")
         if payload and len(payload) != MAC_KEY_BYTES:
@@ -134,16 +135,21 @@ class ModelOps:
         return Reply(Measurement(code=code, model=model, measurement=combined, digest_s=digest_s, mac=mac,
                                  mac_s=mac_s, mac_engine=mac_engine).to_wire())
 
-    def op_train(self, *, train_off: int, train_len: int, val_off: int, val_len: int, fmt: str,
-                 steps: int | None = None, budget_s: float | None = None, payload: bytes) -> Reply:
-        """A slice of TRAIN: ``steps``, cut short after ``budget_s``; a whole slice validates and hashes."""
-        trainer, buf = self._need_whole_model(), self.buffer.tensor
+    def check_train_ranges(self, *, train_off: int, train_len: int, val_off: int, val_len: int) -> None:
+        """The guards every training operation shares (``train`` here, the fleet part's ``fleet_train``): no
+        provisioning window open, both byte ranges inside the buffer."""
         if self.window is not None:
             raise DeviceError("cannot train while a provisioning window is open")
         for off, n in ((train_off, train_len), (val_off, val_len)):
             if off < 0 or n < 0 or off + n > self.buffer.nbytes:
                 raise WindowError(f"range [{off}, {off + n}) is outside the buffer")
-        self._model_changed()
+
+    def op_train(self, *, train_off: int, train_len: int, val_off: int, val_len: int, fmt: str,
+                 steps: int | None = None, budget_s: float | None = None, payload: bytes) -> Reply:
+        """A slice of TRAIN: ``steps``, cut short after ``budget_s``; a whole slice validates and hashes."""
+        trainer, buf = self._need_whole_model(), self.buffer.tensor
+        self.check_train_ranges(train_off=train_off, train_len=train_len, val_off=val_off, val_len=val_len)
+        self.model_changed()
         self.plane.make_current_wait()  # training's stream waits for the provisioning copy stream
         res = trainer.train_on_window(buf, train_off=train_off, train_len=train_len, fmt=fmt, steps=steps,
                                       budget_s=budget_s)
@@ -170,9 +176,9 @@ class ModelOps:
             raise DeviceError("fault injection is disabled on this device")
         if region == "model":
             with torch.no_grad():
-                p = next(self._need_trainer().model.parameters())
+                p = next(self.need_trainer().model.parameters())
                 p.view(-1)[0] += 1.0
-            self._model_changed()
+            self.model_changed()
         elif region == "code":
             self.code.tensor[0] ^= 0xFF
         else:

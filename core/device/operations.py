@@ -15,7 +15,7 @@ import torch
 from gputravel.core.device.dataplane import AUTO_MIN_CORES, default_workers
 from gputravel.core.device.memory import Region
 from gputravel.core.device.reply import Handler, Reply
-from gputravel.core.errors import DeviceError, ProtocolError
+from gputravel.core.errors import DeviceError
 from gputravel.core.machine import aes_gcm_rate
 from gputravel.core.protocol import FrameError
 from gputravel.core.protocol.deviceanswers import AesRate, DataPathConfig, DeviceInfo, DeviceStats
@@ -23,6 +23,7 @@ from gputravel.core.protocol.devicelink import Op
 
 if TYPE_CHECKING:
     from gputravel.core.attestation import CCMode, DeviceIdentity, Evidence
+    from gputravel.core.device.session_keys import DeviceSecrets
 
 __all__ = ["STATS_EPOCHS", "ServiceOps"]
 
@@ -48,7 +49,7 @@ class ServiceOps:
     _epoch_gen: dict[int, int]
     busy_s: float
     epoch: int
-    control_epoch: int
+    keys: DeviceSecrets
     data_opts: dict[str, Any]
     plane: Any
     opener: Any
@@ -74,10 +75,7 @@ class ServiceOps:
 
     def op_rotate(self, *, epoch: int, payload: bytes) -> Reply:
         """Key update of the control channel: the transport swaps keys after sending this answer."""
-        rotate_to = int(epoch)
-        if rotate_to <= self.control_epoch:
-            raise ProtocolError(f"rotate to epoch {rotate_to} is not newer than {self.control_epoch}")
-        self.control_epoch = rotate_to
+        rotate_to = self.keys.rotate(epoch)
         return Reply({"epoch": rotate_to}, rekey_to=rotate_to)
 
     def op_shutdown(self, *, payload: bytes) -> Reply:

@@ -28,6 +28,7 @@ from gputravel.core.device.model import ModelOps
 from gputravel.core.device.openers import choose_opener
 from gputravel.core.device.operations import STATS_EPOCHS, ServiceOps
 from gputravel.core.device.reply import Handler, Reply
+from gputravel.core.device.session_keys import DeviceSecrets
 from gputravel.core.device.spdm import SpdmResponder
 from gputravel.core.device.window import MAX_CHUNK, WindowOps
 from gputravel.core.errors import DeviceError
@@ -51,7 +52,8 @@ class DeviceService(ServiceOps, ChunkIntake, WindowOps, ModelOps, CheckpointOps)
         self.code = Region("code", 0, self.device)
         self.buffer = Region("buffer", buffer_bytes, self.device)
         self.trainer: Any = None
-        self.secrets: SessionSecrets | None = None
+        #: the session part: the session secrets and the control channel's epoch (core/device/session_keys.py)
+        self.keys = DeviceSecrets()
         self.epoch = 0
         self.window: ProvisionWindow | None = None
         self.dead_epochs: set[int] = set()
@@ -77,8 +79,6 @@ class DeviceService(ServiceOps, ChunkIntake, WindowOps, ModelOps, CheckpointOps)
         #: (through the data plane's slots), or the GPU cipher, which takes the ciphertext in as it is
         self.opener = choose_opener(cipher_engine, self.plane)
         self.measurements = emulated_measurements()
-        #: the control channel's current epoch (the transport swaps its keys after a ROTATE reply)
-        self.control_epoch = 0
         #: the model digest, remembered for the model generation it was taken of: any operation that can
         #: change the model, and any key that comes into being (a hand-off, a new session), starts a new
         #: generation, so a measurement after them hashes afresh; between them the digest is reused
@@ -94,11 +94,19 @@ class DeviceService(ServiceOps, ChunkIntake, WindowOps, ModelOps, CheckpointOps)
         self.spdm = SpdmResponder()
         #: the one operation table, wire name -> handler, assembled from the concerns' entries (window.py,
         #: model.py, ckpt_ops.py and this module's own); every sealed request is dispatched here, by name,
-        #: and a service that adds operations (the fleet's) adds its entries here
+        #: and a part that adds operations (the fleet's) adds its entries here (add_part)
         self.operations: dict[str, Handler] = {
             **self.service_operations(), **self.window_operations(), **self.model_operations(),
             **self.checkpoint_operations(),
         }
+
+    def add_part(self, entries: dict[str, Handler]) -> None:
+        """Add a part's entries to the one operation table (the fleet's part, core/fleet/device.py); a wire
+        name already in the table is refused, so a part cannot shadow another's operation."""
+        clash = sorted(set(entries) & set(self.operations))
+        if clash:
+            raise DeviceError(f"operations already in the table: {', '.join(clash)}")
+        self.operations.update(entries)
 
     # --- attestation and session ------------------------------------------------------------
     def evidence(self, nonce: bytes) -> Evidence:
@@ -109,21 +117,25 @@ class DeviceService(ServiceOps, ChunkIntake, WindowOps, ModelOps, CheckpointOps)
         """Authenticated ECDH; a new session revokes every key of the previous one."""
         pub, sig, secrets = respond(self.identity.key, initiator_public=initiator_public, context=context)
         with self.lock:
-            self.secrets = secrets
+            self.keys.start(secrets)
             self.epoch = 0
             self.window = None
             self.plane.release_rings()  # every ring of the old session is zeroed and released with its keys
             self.dead_epochs.clear()
             self.dead_tags.clear()
-            self.control_epoch = 0
-            self._model_changed()
+            self.model_changed()
         self.counters["sessions"] += 1
         return pub, sig, secrets
 
-    def _session(self) -> SessionSecrets:
-        if self.secrets is None:
-            raise DeviceError("no session: attest and open a session first")
-        return self.secrets
+    @property
+    def secrets(self) -> SessionSecrets | None:
+        """The session's secrets (None before the first session): the session part's."""
+        return self.keys.secrets
+
+    @property
+    def control_epoch(self) -> int:
+        """The control channel's current epoch: the session part's."""
+        return self.keys.control_epoch
 
     # --- control operations (already authenticated by the sealed channel) -------------------
     def handle(self, op: str, args: dict[str, Any], payload: bytes) -> Reply:

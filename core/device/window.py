@@ -26,7 +26,7 @@ from gputravel.core.protocol.devicelink import Op
 from gputravel.core.protocol.holderlink import ProvisioningKey
 
 if TYPE_CHECKING:
-    from gputravel.core.handshake import SessionSecrets
+    from gputravel.core.device.session_keys import DeviceSecrets
 
 __all__ = ["DEAD_TAG_EPOCHS", "MAX_CHUNK", "WindowOps"]
 
@@ -54,9 +54,10 @@ class WindowOps:
     rejected: Any
     rejected_by_epoch: Any
 
+    keys: DeviceSecrets
+
     if TYPE_CHECKING:
-        def _session(self) -> SessionSecrets: ...
-        def _model_changed(self) -> None: ...
+        def model_changed(self) -> None: ...
 
     def window_operations(self) -> dict[str, Handler]:
         """This concern's entries of the operation table."""
@@ -65,7 +66,7 @@ class WindowOps:
 
     def op_handoff(self, *, epoch: int, offset: int, length: int, chunk_size: int, payload: bytes) -> Reply:
         """Derive the provisioning key for one window and one epoch; any earlier key dies."""
-        s = self._session()
+        s = self.keys.require()
         if epoch <= self.epoch or epoch in self.dead_epochs:
             raise StaleEpochError(f"epoch {epoch} is not newer than the current epoch {self.epoch}")
         if not (0 <= offset and 0 < length and offset + length <= self.buffer.nbytes):
@@ -80,7 +81,7 @@ class WindowOps:
             self.window = ProvisionWindow(epoch, offset, length, chunk_size, key.fingerprint,
                                           RecvState(key, session_id=s.session_id, window=4096), key=key)
             self.epoch = epoch
-            self._model_changed()  # a key is out: the measurement after its return hashes afresh
+            self.model_changed()  # a key is out: the measurement after its return hashes afresh
         self.counters["handoffs"] += 1
         return Reply(HandoffGrant(session_id=s.session_id.hex(), key_fingerprint=key.fingerprint,
                                   provisioning_key=ProvisioningKey.of(key)).to_wire())

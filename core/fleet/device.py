@@ -2,7 +2,7 @@
 
 ``fleet_join`` makes the device a rank of the device group (see :mod:`gputravel.core.fleet.ddp`),
 ``fleet_train`` runs one lock-step step on its buffer with the gradient all-reduced over the sealed ring,
-``fleet_leave`` leaves the group. Everything else is the plain :class:`DeviceService`. Run it with
+``fleet_leave`` leaves the group: :class:`FleetPart`, added to a plain :class:`DeviceService` (no subclass). Run it with
 ``python -m gputravel.core.fleet.device`` (the same options as ``python -m gputravel.core.device``, plus
 ``--device-id``: every device of a fleet has its own identity under the fleet's vendor root).
 """
@@ -26,27 +26,27 @@ from gputravel.core.errors import (
     DeviceError,
     GpuTravelError,
     TagError,
-    WindowError,
 )
 from gputravel.core.fleet.ddp import FleetRing
 
-__all__ = ["FLEET_OPS", "FleetDeviceService", "main"]
+__all__ = ["FLEET_OPS", "FleetPart", "fleet_device_service", "main"]
 
 #: the fleet's operations, by their wire names
 FLEET_OPS = ("fleet_join", "fleet_train", "fleet_leave")
 
 
-class FleetDeviceService(DeviceService):
-    """One emulated confidential GPU that can be a rank of a fleet's device group."""
+class FleetPart:
+    """The fleet's part of a device service: it owns the device group's ring and the drift fault, and adds its
+    three entries (``FLEET_OPS``) to the service's one operation table. ``fleet_train`` shares ``train``'s
+    guards (:meth:`~gputravel.core.device.model.ModelOps.check_train_ranges`); everything else it reads from
+    the service it was added to (identity, buffer, trainer, counters)."""
 
-    def __init__(self, *, identity: DeviceIdentity, buffer_bytes: int, **kw: Any) -> None:
-        super().__init__(identity=identity, buffer_bytes=buffer_bytes, **kw)
+    def __init__(self, service: DeviceService) -> None:
+        self.service = service
         self.ring: FleetRing | None = None
         self.drift = False  # fault injection: this replica drifts after every step (a diverging replica)
-        #: the fleet's entries, added to the one operation table the service dispatches through
-        self.operations.update(self.fleet_operations())
 
-    def fleet_operations(self) -> dict[str, Handler]:
+    def operations(self) -> dict[str, Handler]:
         """The fleet's entries of the operation table, by their wire names (``FLEET_OPS``)."""
         return {"fleet_join": self.op_fleet_join, "fleet_train": self.op_fleet_train,
                 "fleet_leave": self.op_fleet_leave}
@@ -60,11 +60,12 @@ class FleetDeviceService(DeviceService):
         the first hop it sends in every all-reduce (``replay``: from the second on); ``drift@R``, device R's
         replica drifts from the others' after every step (a diverging replica). ``expected``: every rank's
         device (``"device_id:key fingerprint"``) as the workers attested them; a ring neighbour must be it."""
+        svc = self.service
         if self.ring is not None:
             raise DeviceError("this device is already in a fleet")
         ring_fault = None
         if fault:
-            if not self.allow_fault_injection:
+            if not svc.allow_fault_injection:
                 raise DeviceError("fault injection is disabled on this device")
             kind, _, who = fault.partition("@")
             if not who.isdigit():
@@ -82,19 +83,19 @@ class FleetDeviceService(DeviceService):
                 crl = x509.load_pem_x509_crl(bytes(payload))
             except ValueError as exc:
                 raise ConfigError(f"fleet_join: the revocation list does not parse: {exc}") from None
-        backend = backend or ("nccl" if self.device.type == "cuda" else "gloo")
+        backend = backend or ("nccl" if svc.device.type == "cuda" else "gloo")
         try:
-            self.ring = FleetRing(trainer=self._need_trainer(), host=host, port=int(port), prefix=prefix,
-                                  rank=int(rank), world=int(world), identity=self.identity,
-                                  root=self.identity.chain[-1], crl=crl, variant=variant, backend=backend,
+            self.ring = FleetRing(trainer=svc.need_trainer(), host=host, port=int(port), prefix=prefix,
+                                  rank=int(rank), world=int(world), identity=svc.identity,
+                                  root=svc.identity.chain[-1], crl=crl, variant=variant, backend=backend,
                                   timeout_s=float(timeout_s), fault=ring_fault, expected_peers=expected)
         except GpuTravelError:
             raise
         except (RuntimeError, ValueError, OSError) as exc:
             raise DeviceError(f"fleet_join: {type(exc).__name__}: {exc}") from None
-        self.counters["fleet_joins"] += 1
+        svc.counters["fleet_joins"] += 1
         return Reply({"rank": int(rank), "world": int(world), "backend": backend,
-                      "device_id": self.identity.device_id, **self.ring.peers()})
+                      "device_id": svc.identity.device_id, **self.ring.peers()})
 
     def op_fleet_train(self, *, train_off: int, train_len: int, val_off: int, val_len: int, fmt: str,
                        weight: float, total_weight: float, steps: int, seed: int,
@@ -102,35 +103,39 @@ class FleetDeviceService(DeviceService):
         """One lock-step step (see :meth:`FleetRing.train_step`); with weight 0 the buffer is not read."""
         if self.ring is None:
             raise DeviceError("fleet_train: this device is in no fleet (fleet_join first)")
-        if self.window is not None:
-            raise DeviceError("cannot train while a provisioning window is open")
-        for off, n in ((train_off, train_len), (val_off, val_len)):
-            if off < 0 or n < 0 or off + n > self.buffer.nbytes:
-                raise WindowError(f"range [{off}, {off + n}) is outside the buffer")
-        self._model_changed()
+        svc = self.service
+        svc.check_train_ranges(train_off=train_off, train_len=train_len, val_off=val_off, val_len=val_len)
+        svc.model_changed()
         try:
-            res = self.ring.train_step(self.buffer.tensor, train_off=train_off, train_len=train_len,
+            res = self.ring.train_step(svc.buffer.tensor, train_off=train_off, train_len=train_len,
                                        val_off=val_off, val_len=val_len, fmt=fmt, weight=float(weight),
                                        total_weight=float(total_weight), steps=int(steps), seed=int(seed))
             if self.drift:  # fault injection: one parameter moves on this device alone
                 import torch
 
                 with torch.no_grad():
-                    next(self._need_trainer().model.parameters()).view(-1)[0] += 1e-3
+                    next(svc.need_trainer().model.parameters()).view(-1)[0] += 1e-3
         except GpuTravelError:
             raise
         except RuntimeError as exc:  # the hook's error, raised by DDP in backward (the replica is put back)
             raise _ring_error(str(exc)) from None
         finally:
-            self._model_changed()
-        self.counters["train_steps"] += len(res.losses)
-        return Reply({**res.to_wire(), "model_digest": self.model_digest()})
+            svc.model_changed()
+        svc.counters["train_steps"] += len(res.losses)
+        return Reply({**res.to_wire(), "model_digest": svc.model_digest()})
 
     def op_fleet_leave(self, *, payload: bytes) -> Reply:
         if self.ring is not None:
             self.ring.close()
             self.ring = None
         return Reply({"left": True})
+
+def fleet_device_service(*, identity: DeviceIdentity, buffer_bytes: int, **kw: Any) -> DeviceService:
+    """A device service with the fleet's part added (a plain :class:`DeviceService`, not a subclass): the
+    fleet's three operations join its one table."""
+    service = DeviceService(identity=identity, buffer_bytes=buffer_bytes, **kw)
+    service.add_part(FleetPart(service).operations())
+    return service
 
 
 def _ring_error(text: str) -> GpuTravelError:
@@ -147,11 +152,12 @@ def main(argv: list[str] | None = None) -> None:
                                "Run one fleet member's emulated confidential GPU.")
     parser.add_argument("--device-id", required=True, help="this device's identity (emu-gpu-R)")
 
-    def build(ns: argparse.Namespace) -> FleetDeviceService:
+    def build(ns: argparse.Namespace) -> DeviceService:
         _, identity = provision_emulated(ns.state_dir, device_id=ns.device_id)
-        service = FleetDeviceService(identity=identity, buffer_bytes=ns.buffer_bytes, device=ns.device,
-                                     cc_mode=CCMode(ns.cc_mode), allow_fault_injection=ns.allow_fault_injection,
-                                     cipher_engine=ns.cipher_engine)
+        service = fleet_device_service(identity=identity, buffer_bytes=ns.buffer_bytes, device=ns.device,
+                                       cc_mode=CCMode(ns.cc_mode),
+                                       allow_fault_injection=ns.allow_fault_injection,
+                                       cipher_engine=ns.cipher_engine)
         service.spdm.state_dir = Path(ns.state_dir)  # the SIM GPU's identity the holders pin lives with the platform's
         return service
 

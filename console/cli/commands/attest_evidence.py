@@ -13,6 +13,7 @@ import functools
 import json
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +27,12 @@ from gputravel.core.errors import AttestationError, ConfigError, DataError
 from gputravel.core.evidence.bounded import EvidenceTooLarge, read_capped
 from gputravel.core.evidence.policy import EvidencePolicy, PolicyError, load_evidence_policy
 
-__all__ = ["attest_gpu_evidence", "attest_sim_formats", "attest_tdx_quote"]
+__all__ = ["attest_gpu_evidence", "attest_sim_formats", "attest_tdx_quote", "finish_verdict", "read_evidence"]
 
 
-def _read(path: Path, what: str) -> bytes:
-    """The file's bytes, refused (exit 2) over the evidence cap after one bounded read."""
+def read_evidence(path: Path, what: str) -> bytes:
+    """The file's bytes, refused (exit 2) over the evidence cap after one bounded read (every ``attest`` form
+    of real-format evidence reads its files here: this module's and ``attest_snp.py``'s)."""
     try:
         return read_capped(path, what=what)
     except EvidenceTooLarge as exc:
@@ -53,14 +55,19 @@ def _nonce(text: str) -> bytes:
     return bytes.fromhex(clean)
 
 
-def _finish(doc: dict[str, Any], *, json_out: bool, console_render: Any) -> None:
+def finish_verdict(doc: dict[str, Any], *, json_out: bool, console_render: Callable[[], None],
+                   failed_reason: str | None = None) -> None:
+    """The one ending of every ``attest`` form of real-format evidence (GPU, TDX, SIM formats, SNP): the JSON
+    document or the table, then, when a check failed, its name and reason on stderr and exit 3.
+    ``failed_reason``: for a document without a ``failed_reason`` key (SNP's)."""
     if json_out:
         typer.echo(json.dumps(doc, indent=2, ensure_ascii=False))
     else:
         console_render()
     if not doc["ok"]:
+        reason = failed_reason if failed_reason is not None else doc["failed_reason"]
         Console(stderr=True).print(
-            f"[bold red]attestation failed[/]: {escape(str(doc['failed_claim']))}: {escape(str(doc['failed_reason']))}",
+            f"[bold red]attestation failed[/]: {escape(str(doc['failed_claim']))}: {escape(str(reason))}",
             highlight=False, soft_wrap=True)
         raise typer.Exit(code=AttestationError.exit_code)
 
@@ -88,12 +95,12 @@ def attest_gpu_evidence(*, evidence: Path, cert_chain: Path | None, nonce: str |
 
     if cert_chain is None or nonce is None:
         raise DataError("--evidence needs --cert-chain FILE and --nonce HEX (the nonce the report must carry)")
-    report = _read(evidence, "GPU attestation report")
-    rim_files = [_read(r, "RIM") for r in rims]
+    report = read_evidence(evidence, "GPU attestation report")
+    rim_files = [read_evidence(r, "RIM") for r in rims]
     if rim_url is not None:
         rim_files += _service_rims(report, rim_url, offline)
     verdict = verify_gpu(
-        report, _read(cert_chain, "certificate chain"), _nonce(nonce),
+        report, read_evidence(cert_chain, "certificate chain"), _nonce(nonce),
         rims=rim_files, policy=_policy(policy).gpu,
         at=dt.datetime.fromtimestamp(at, dt.UTC) if at is not None else None, ocsp_url=ocsp_url,
     )
@@ -112,7 +119,7 @@ def attest_gpu_evidence(*, evidence: Path, cert_chain: Path | None, nonce: str |
         console.print(table)
         console.print(f"verdict: {'[bold green]PASS[/]' if verdict.ok else '[bold red]FAIL[/]'}")
 
-    _finish(doc, json_out=json_out, console_render=render)
+    finish_verdict(doc, json_out=json_out, console_render=render)
 
 
 def attest_tdx_quote(*, quote: Path, collateral: Path | None, at: int | None, policy: Path | None,
@@ -123,7 +130,7 @@ def attest_tdx_quote(*, quote: Path, collateral: Path | None, at: int | None, po
 
     if (collateral is None) == (pccs_url is None):
         raise DataError("--tdx-quote needs --collateral FILE (QuoteCollateralV3 JSON) or --pccs-url URL, one of them")
-    raw = _read(quote, "TDX quote")
+    raw = read_evidence(quote, "TDX quote")
     if pccs_url is not None:
         from gputravel.console.cli.commands.evidence_fetch import cache_for, fetched
         from gputravel.core.evidence.services import fetch_tdx_collateral
@@ -132,7 +139,7 @@ def attest_tdx_quote(*, quote: Path, collateral: Path | None, at: int | None, po
         collateral_bytes = fetched(lambda: fetch_tdx_collateral(pccs_url, raw, cache, now=at)).encode()
     else:
         assert collateral is not None
-        collateral_bytes = _read(collateral, "collateral")
+        collateral_bytes = read_evidence(collateral, "collateral")
     verdict = verify_tdx_quote(raw, collateral_bytes, now=at, policy=_policy(policy).tdx)
     if verdict.failed == "collateral-parsed":  # unreadable input, not an attestation verdict: exit 2
         raise DataError(f"{collateral or pccs_url}: {verdict.reason} (the collateral is dcap-qvl's "
@@ -155,7 +162,7 @@ def attest_tdx_quote(*, quote: Path, collateral: Path | None, at: int | None, po
         console.print(table)
         console.print(f"verdict: {'[bold green]PASS[/]' if verdict.ok else '[bold red]FAIL[/]'}")
 
-    _finish(doc, json_out=json_out, console_render=render)
+    finish_verdict(doc, json_out=json_out, console_render=render)
 
 
 def attest_sim_formats(*, state_dir: Path, out: Path | None, json_out: bool) -> None:
@@ -215,4 +222,4 @@ def attest_sim_formats(*, state_dir: Path, out: Path | None, json_out: bool) -> 
                           f"gpu-chain.pem --nonce $(cat nonce.txt) --rim driver-rim.swidtag --rim vbios-rim.swidtag "
                           f"--policy {escape(str(policy_path))}")
 
-    _finish(doc, json_out=json_out, console_render=render)
+    finish_verdict(doc, json_out=json_out, console_render=render)

@@ -9,30 +9,20 @@ bad policy file.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
-import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gputravel.core.errors import AttestationError, ConfigError, DataError
-from gputravel.core.evidence.bounded import EvidenceTooLarge, read_capped
+from gputravel.console.cli.commands.attest_evidence import finish_verdict, read_evidence
+from gputravel.core.errors import ConfigError, DataError
+from gputravel.core.evidence.bounded import EvidenceTooLarge
 from gputravel.core.evidence.policy import PolicyError, SnpPolicy, load_evidence_policy
 from gputravel.core.evidence.snp import SnpVerdict
 
 __all__ = ["attest_snp"]
-
-
-def _read(path: Path, what: str) -> bytes:
-    try:
-        return read_capped(path, what=what)
-    except EvidenceTooLarge as exc:
-        raise DataError(str(exc)) from exc
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read the {what} ({exc.strerror})") from exc
 
 
 def _policy(path: Path | None) -> SnpPolicy:
@@ -85,22 +75,21 @@ def attest_snp(*, snp_report: Path | None, azure_hcl: Path | None, vcek: Path | 
     if azure_hcl is not None:
         if tpm_quote is None or nonce is None:
             raise DataError("--azure-hcl needs --tpm-quote FILE and --nonce HEX (the nonce the quote must carry)")
-        hcl = _read(azure_hcl, "HCL report")
-        cert = _read(vcek, "VCEK") if vcek is not None else _kds_vcek(hcl[32:32 + 1184], product, str(kds_url),
+        hcl = read_evidence(azure_hcl, "HCL report")
+        cert = read_evidence(vcek, "VCEK") if vcek is not None else _kds_vcek(hcl[32:32 + 1184], product, str(kds_url),
                                                                      offline)
-        verdict = verify_azure_snp(hcl, cert, _read(tpm_quote, "TPM quote"), _nonce(nonce), product=product, now=at,
+        verdict = verify_azure_snp(hcl, cert, read_evidence(tpm_quote, "TPM quote"), _nonce(nonce), product=product, now=at,
                                    policy=pol)
     else:
         assert snp_report is not None
         if tpm_quote is not None or nonce is not None:
             raise DataError("--tpm-quote and --nonce go with --azure-hcl (a raw SNP report binds no nonce here)")
-        report = _read(snp_report, "SNP report")
-        cert = _read(vcek, "VCEK") if vcek is not None else _kds_vcek(report, product, str(kds_url), offline)
+        report = read_evidence(snp_report, "SNP report")
+        cert = read_evidence(vcek, "VCEK") if vcek is not None else _kds_vcek(report, product, str(kds_url), offline)
         verdict = verify_snp_report(report, cert, product=product, now=at, policy=pol)
     doc = verdict.to_json()
-    if json_out:
-        typer.echo(json.dumps(doc, indent=2, ensure_ascii=False))
-    else:
+
+    def render() -> None:
         console = Console()
         table = Table(title=f"AMD SEV-SNP evidence ({verdict.platform}, offline)", title_justify="left")
         table.add_column("field", style="bold")
@@ -111,7 +100,5 @@ def attest_snp(*, snp_report: Path | None, azure_hcl: Path | None, vcek: Path | 
             table.add_row(name, "[green]✓[/]" if ok else "[bold red]✗[/]")
         console.print(table)
         console.print(f"verdict: {'[bold green]PASS[/]' if verdict.ok else '[bold red]FAIL[/]'}")
-    if not verdict.ok:
-        Console(stderr=True).print(f"[bold red]attestation failed[/]: {escape(str(verdict.failed))}: "
-                                   f"{escape(verdict.reason)}", highlight=False, soft_wrap=True)
-        raise typer.Exit(code=AttestationError.exit_code)
+
+    finish_verdict(doc, json_out=json_out, console_render=render, failed_reason=verdict.reason)

@@ -21,11 +21,17 @@ from gputravel.console.cli.options import (
     version_callback,
 )
 from gputravel.console.cli.run_options import (
+    BUFFER_MIB_DEFAULT,
+    CHUNK_KIB_DEFAULT,
+    CHUNK_KIB_HELP,
     DATA_HOST_DEFAULT,
     DATA_HOST_HELP,
     DATA_PATH_DEFAULT,
     DATA_PATH_HELP,
     HOLDERS_FILE_HELP,
+    ROUNDS_HELP,
+    STEPS_PER_VISIT_DEFAULT,
+    STEPS_PER_VISIT_HELP,
     TRANSPORT_DEFAULT,
     TRANSPORT_HELP,
     RunOptions,
@@ -134,10 +140,11 @@ def register(app: typer.Typer, *, make_app: Callable[..., Any], watch_fleet: Cal
         out: Annotated[Path | None, typer.Option("--out", help="Run folder (default: a new runs/run-<time>); a "
                                                                "second run in the same console goes to OUT-2, then "
                                                                "OUT-3.", rich_help_panel=RUN_PANEL)] = None,
-        rounds: Annotated[int, typer.Option(help="Rounds over all holders' data.", rich_help_panel=RUN_PANEL)] = 1,
-        steps_per_visit: Annotated[int, typer.Option(help="Training steps per visit.", rich_help_panel=RUN_PANEL)] = 20,
-        buffer_mib: Annotated[float, typer.Option(help="GPU data buffer (MiB).", rich_help_panel=RUN_PANEL)] = 4.0,
-        chunk_kib: Annotated[int, typer.Option(help="Provisioning chunk size (KiB).", rich_help_panel=RUN_PANEL)] = 1024,
+        rounds: Annotated[int, typer.Option(help=ROUNDS_HELP, rich_help_panel=RUN_PANEL)] = 1,
+        steps_per_visit: Annotated[int, typer.Option(help=STEPS_PER_VISIT_HELP,
+                                                     rich_help_panel=RUN_PANEL)] = STEPS_PER_VISIT_DEFAULT,
+        buffer_mib: Annotated[float, typer.Option(help="GPU data buffer (MiB).", rich_help_panel=RUN_PANEL)] = BUFFER_MIB_DEFAULT,
+        chunk_kib: Annotated[int, typer.Option(help=CHUNK_KIB_HELP, rich_help_panel=RUN_PANEL)] = CHUNK_KIB_DEFAULT,
         break_before: Annotated[list[PhaseChoice], typer.Option("--break-before", case_sensitive=False,
                                                                 metavar="<phase>", rich_help_panel=RUN_PANEL,
                                                                 help="Pause before this phase (repeatable): "

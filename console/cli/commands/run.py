@@ -29,11 +29,17 @@ from gputravel.console.cli.options import (
 )
 from gputravel.console.cli.run_end import RunEnding
 from gputravel.console.cli.run_options import (
+    BUFFER_MIB_DEFAULT,
+    CHUNK_KIB_DEFAULT,
+    CHUNK_KIB_HELP,
     DATA_HOST_DEFAULT,
     DATA_HOST_HELP,
     DATA_PATH_DEFAULT,
     DATA_PATH_HELP,
     HOLDERS_FILE_HELP,
+    ROUNDS_HELP,
+    STEPS_PER_VISIT_DEFAULT,
+    STEPS_PER_VISIT_HELP,
     TRANSPORT_DEFAULT,
     TRANSPORT_HELP,
     RunOptions,
@@ -204,8 +210,9 @@ def register(app: typer.Typer) -> None:
         lora_targets: str | None = typer.Option(None, "--lora-targets", rich_help_panel=MODEL_PANEL,
                                                 help="Comma-separated modules LoRA adapts (default: q_proj,k_proj,"
                                                 "v_proj,o_proj; GPT-2: c_attn)."),
-        rounds: int = typer.Option(2, help="Rounds over all holders' data.", rich_help_panel=MODEL_PANEL),
-        steps_per_visit: int = typer.Option(20, help="Training steps per visit.", rich_help_panel=MODEL_PANEL),
+        rounds: int = typer.Option(2, help=ROUNDS_HELP, rich_help_panel=MODEL_PANEL),
+        steps_per_visit: int = typer.Option(STEPS_PER_VISIT_DEFAULT, help=STEPS_PER_VISIT_HELP,
+                                            rich_help_panel=MODEL_PANEL),
         batch_size: int = typer.Option(16, help="Sequences per training step.", rich_help_panel=MODEL_PANEL),
         seq_len: int = typer.Option(128, help="Tokens per sequence.", rich_help_panel=MODEL_PANEL),
         lr: float = typer.Option(3e-3, help="Learning rate (AdamW).", rich_help_panel=MODEL_PANEL),
@@ -215,9 +222,9 @@ def register(app: typer.Typer) -> None:
         data_path: DataPathChoice = typer.Option(DATA_PATH_DEFAULT, help=DATA_PATH_HELP, rich_help_panel=DATA_PANEL),
         data_host: str = typer.Option(DATA_HOST_DEFAULT, "--data-host", help=DATA_HOST_HELP,
                                       rich_help_panel=DATA_PANEL),
-        buffer_mib: float = typer.Option(4.0, help="GPU data buffer size (MiB); a bigger holder takes passes.",
+        buffer_mib: float = typer.Option(BUFFER_MIB_DEFAULT, help="GPU data buffer size (MiB); a bigger holder takes passes.",
                                          rich_help_panel=DATA_PANEL),
-        chunk_kib: int = typer.Option(1024, help="Provisioning chunk size (KiB).", rich_help_panel=DATA_PANEL),
+        chunk_kib: int = typer.Option(CHUNK_KIB_DEFAULT, help=CHUNK_KIB_HELP, rich_help_panel=DATA_PANEL),
         cipher_engine: CipherEngine = typer.Option(CipherEngine.AUTO, "--cipher-engine", help=CIPHER_ENGINE_HELP,
                                                    rich_help_panel=DATA_PANEL),
         cc_mode: CcMode = typer.Option(CcMode.ON, "--cc-mode", help="Mode the emulated GPU starts in (devtools "

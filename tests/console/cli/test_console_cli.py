@@ -19,7 +19,7 @@ from gputravel.console.tui.screens import bench as bench_screen
 from gputravel.core import api
 from gputravel.core.config import RunSettings
 
-SHARED_OPTIONS = ("holders_file", "transport", "data_path", "data_host")
+SHARED_OPTIONS = ("holders_file", "transport", "data_path", "data_host", "steps_per_visit", "chunk_kib")
 
 
 class FakeApp:

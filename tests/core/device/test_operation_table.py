@@ -9,9 +9,16 @@ import pytest
 
 from gputravel.core.attestation import DeviceIdentity, provision_emulated
 from gputravel.core.device.service import DeviceService
-from gputravel.core.errors import DeviceError
-from gputravel.core.fleet.device import FLEET_OPS, FleetDeviceService
+from gputravel.core.errors import DeviceError, WindowError
+from gputravel.core.fleet.device import FLEET_OPS, FleetPart, fleet_device_service
 from gputravel.core.protocol.devicelink import Op
+
+
+class FakeRing:
+    """Stands in for the device group's ring, to isolate fleet_train's guards: any step on it fails the test."""
+
+    def train_step(self, *args: object, **kwargs: object) -> object:
+        raise AssertionError("the range guard should have refused before the ring was reached")
 
 
 def _identity(tmp_path: Path, device_id: str = "emu-gpu-0") -> DeviceIdentity:
@@ -25,8 +32,9 @@ def test_the_table_holds_every_wire_operation_once(tmp_path: Path) -> None:
 
 
 def test_the_fleet_service_extends_the_same_table(tmp_path: Path) -> None:
-    svc = FleetDeviceService(identity=_identity(tmp_path), buffer_bytes=4096, device="cpu")
+    svc = fleet_device_service(identity=_identity(tmp_path), buffer_bytes=4096, device="cpu")
     assert set(svc.operations) == {op.value for op in Op} | set(FLEET_OPS)
+    assert type(svc) is DeviceService  # the fleet adds a part, it does not subclass
     assert svc.handle("fleet_leave", {}, b"").header == {"left": True}
     with pytest.raises(DeviceError, match="in no fleet"):
         svc.handle("fleet_train", {"train_off": 0, "train_len": 0, "val_off": 0, "val_len": 0, "fmt": "u16",
@@ -35,13 +43,28 @@ def test_the_fleet_service_extends_the_same_table(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("op", ["fleet_nope", "op_info", "", 7])
 def test_an_unknown_operation_is_a_named_device_error(tmp_path: Path, op: object) -> None:
-    for cls in (DeviceService, FleetDeviceService):
+    for cls in (DeviceService, fleet_device_service):
         svc = cls(identity=_identity(tmp_path), buffer_bytes=4096, device="cpu")
         with pytest.raises(DeviceError, match="unknown operation"):
             svc.handle(op, {}, b"")  # type: ignore[arg-type]
 
 
 def test_bad_arguments_to_a_fleet_operation_are_a_named_device_error(tmp_path: Path) -> None:
-    svc = FleetDeviceService(identity=_identity(tmp_path), buffer_bytes=4096, device="cpu")
+    svc = fleet_device_service(identity=_identity(tmp_path), buffer_bytes=4096, device="cpu")
     with pytest.raises(DeviceError, match="bad arguments for fleet_leave"):
         svc.handle("fleet_leave", {"nonsense": 1}, b"")
+
+
+def test_fleet_train_shares_the_range_checks_of_train(tmp_path: Path) -> None:
+    """``fleet_train`` refuses a range outside the buffer with ``train``'s own guard (one check, two ops)."""
+    svc = DeviceService(identity=_identity(tmp_path), buffer_bytes=4096, device="cpu")
+    part = FleetPart(svc)
+    svc.add_part(part.operations())
+    args = {"train_off": 4000, "train_len": 200, "val_off": 0, "val_len": 0, "fmt": "u16"}
+    with pytest.raises(WindowError, match=r"range \[4000, 4200\) is outside the buffer"):
+        svc.check_train_ranges(**{k: v for k, v in args.items() if k != "fmt"})
+    part.ring = FakeRing()  # a ring that must never be reached: the guard refuses first
+    with pytest.raises(WindowError, match=r"range \[4000, 4200\) is outside the buffer"):
+        svc.handle("fleet_train", {**args, "weight": 1.0, "total_weight": 1.0, "steps": 1, "seed": 0}, b"")
+    with pytest.raises(DeviceError, match="already in the table: fleet_join"):
+        svc.add_part(part.operations())  # a part cannot shadow an entry of the table
