@@ -120,9 +120,14 @@ class Recovery:
         scrub = await asyncio.to_thread(client.scrub)
         rec.scrub_verified = bool(scrub.verified)
         out["scrub_verified"] = rec.scrub_verified
+        if restore:
+            # the checkpoint in flight first: once durable it is the last good one (and its visits committed).
+            # Reading ``last_good`` before it settles restored the checkpoint before it while the visits it
+            # held stayed committed: their training was lost (seen as another final digest under load)
+            await self.ckpts.settle()
         last_good = self.ckpts.last_good
         if restore and last_good is not None:
-            await self.ckpts.restore(last_good)  # after the checkpoint in flight (it may be the one restored)
+            await self.ckpts.restore(last_good)
             out["restored_checkpoint"] = last_good
             redo = self.ckpts.rewind()  # visits since it (--checkpoint-every > 1) are walked again
             if redo:

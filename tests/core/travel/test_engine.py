@@ -258,6 +258,49 @@ async def test_integrity_mismatch_fails_the_visit_and_restores_the_last_good_che
     assert (failed[0].phase, failed[0].outcome) == ("VERIFY", "integrity")
     assert failed[0].detail["restored_checkpoint"] == 0
     assert failed[0].detail["scrub_verified"] is True
+
+
+async def test_a_restore_waits_for_the_checkpoint_in_flight_and_restores_it(data_root: Path, tmp_path: Path) -> None:
+    """Visit 0's checkpoint is still being written (held here until someone waits for it) when visit 1's VERIFY finds
+    the model tampered with: the restore waits for that checkpoint and restores it (visit 0's training kept and
+    committed), not the one before it. Restoring the older one while visit 0 stayed committed lost its training."""
+    out = tmp_path / "run"
+    async with started(small(data_root, out, visit_attempts=1)) as engine:
+        gate = asyncio.Event()
+        persist = engine.ckpts._persist
+
+        holding: list[int] = []
+
+        async def held(seq: int, *args: Any) -> None:  # visit 0's checkpoint waits for visit 1's failure
+            if seq == 1:
+                holding.append(seq)
+                await asyncio.wait_for(gate.wait(), 60)
+            await persist(seq, *args)
+
+        settle = engine.ckpts.settle
+
+        async def settle_released() -> None:  # the first wait for the held checkpoint lets it go on
+            if holding:
+                gate.set()
+            await settle()
+
+        engine.ckpts._persist = held  # type: ignore[method-assign]
+        engine.ckpts.settle = settle_released  # type: ignore[method-assign]
+
+        def tamper(e: Any) -> None:
+            e.device.client.tamper(region="model")
+
+        engine.fault["VERIFY"] = lambda e: e.fault.__setitem__("VERIFY", tamper)  # visit 1's VERIFY
+        report = (await engine.run()).to_json()
+        device_model = engine.device.client.measure().model
+        ckpt1_model = engine.ckpts.store.meta(1)["model_digest"]
+
+    v0, v1 = report["visits"]
+    assert v0["outcome"] == "done" and (v1["outcome"], v1["failed_phase"]) == ("failed", "VERIFY")
+    failed = rows_of(out, "visit-failed")
+    assert len(failed) == 1 and failed[0].detail["restored_checkpoint"] == 1
+    assert device_model == ckpt1_model == report["training"]["model_digest"]
+    assert not rows_of(out, "visit-undone")
     assert report["ledger"]["verified"]
 
 
