@@ -86,12 +86,15 @@ def _program_factory(settings: RunSettings) -> Callable[..., dict[str, Any]]:
     from gputravel.core.training.trainer import TrainSettings
 
     def make(*, fmt: str, total_steps: int) -> dict[str, Any]:
-        model: ModelConfig = preset_for_tokens(settings.model, vocab_size(fmt))
+        if fmt == "u32" and settings.init_from is None:
+            raise ConfigError("the holders hold u32 shards (a tokenizer over 65,536 ids): train them with --init-from "
+                              "the model folder whose tokenizer made them")
+        model: ModelConfig = preset_for_tokens(settings.model, vocab_size(fmt if fmt != "u32" else "u16"))
         if settings.init_from is not None:  # pretrained weights: the file's shape, not the preset's
             from gputravel.core.training.weights import read_config
 
             model = read_config(settings.init_from)
-            if model.vocab_size < vocab_size(fmt) and not (fmt == "u16" and hasattr(model, "arch")):
+            if fmt != "u32" and model.vocab_size < vocab_size(fmt) and not (fmt == "u16" and hasattr(model, "arch")):
                 raise ConfigError(f"--init-from {settings.init_from}: its vocabulary of {model.vocab_size} does "
                                   f"not cover the holders' {fmt} tokens ({vocab_size(fmt)})")
         if settings.seq_len > model.block_size:

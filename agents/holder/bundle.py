@@ -29,6 +29,7 @@ BUNDLE_FILES: tuple[str, ...] = (
     "core/protocol/holderlink.py",
     "core/protocol/keys.py",
     "core/protocol/keywrap.py",
+    "core/protocol/shards.py",
     "core/protocol/shmring.py",
     "core/protocol/stream.py",
     "core/protocol/wire.py",

@@ -1,20 +1,19 @@
-"""A holder's dataset: a folder of .txt files (byte tokens) or llm.c .bin shards (uint16 tokens), read by
+"""A holder's dataset: a folder of .txt files (byte tokens) or llm.c .bin shards (uint16 or uint32 tokens), read by
 range through read-only file mappings (never loaded whole)."""
 
 from __future__ import annotations
 
 import mmap
 import os
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 from gputravel.core.protocol.errors import DataError
+from gputravel.core.protocol.shards import SHARD_HEADER_BYTES, TOKEN_BYTES, parse_shard_header
 
-__all__ = ["LLMC_HEADER", "LLMC_MAGIC", "Dataset", "Segment", "Stream", "open_dataset"]
+__all__ = ["LLMC_HEADER", "Dataset", "Segment", "Stream", "open_dataset"]
 
-LLMC_MAGIC = 20240520
-LLMC_HEADER = 256 * 4
+LLMC_HEADER = SHARD_HEADER_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,14 +119,14 @@ class Stream:
 
 @dataclass
 class Dataset:
-    fmt: str  # "byte" or "u16"
+    fmt: str  # "byte", "u16" or "u32"
     train: Stream
     val: Stream
     files: int
 
 
 def open_dataset(path: Path, *, val_fraction: float = 0.1) -> Dataset:
-    """A holder's folder of .txt files (byte tokens) or llm.c .bin shards (uint16 tokens)."""
+    """A holder's folder of .txt files (byte tokens) or llm.c .bin shards (uint16 or uint32 tokens, one width)."""
     if not path.is_dir():
         raise DataError(f"{path}: not a folder")
     txt = sorted(p for p in path.iterdir() if p.suffix == ".txt" and p.is_file())
@@ -144,18 +143,18 @@ def open_dataset(path: Path, *, val_fraction: float = 0.1) -> Dataset:
             if size:
                 segments.append(Segment(p, 0, size))
     else:
-        fmt, unit = "u16", 2
+        fmts = set()
         for p in bins:
             with open(p, "rb") as f:
                 head = f.read(LLMC_HEADER)
-            if len(head) < LLMC_HEADER:
-                raise DataError(f"{p}: shorter than an llm.c header")
-            magic, version, ntok = struct.unpack("<3i", head[:12])
-            if magic != LLMC_MAGIC or version != 1:
-                raise DataError(f"{p}: not an llm.c token shard (magic {magic}, version {version})")
-            if p.stat().st_size != LLMC_HEADER + 2 * ntok:
-                raise DataError(f"{p}: header says {ntok} tokens, file size disagrees")
-            segments.append(Segment(p, LLMC_HEADER, 2 * ntok))
+                size = os.fstat(f.fileno()).st_size
+            shard = parse_shard_header(head, size, p)
+            fmts.add(shard.fmt)
+            segments.append(Segment(p, LLMC_HEADER, shard.payload_bytes))
+        if len(fmts) > 1:
+            raise DataError(f"{path}: mixes u16 and u32 shards; one holder uses one token width")
+        fmt = fmts.pop()
+        unit = TOKEN_BYTES[fmt]
     stream = Stream(segments)
     if stream.length == 0:
         raise DataError(f"{path}: all files are empty")

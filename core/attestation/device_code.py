@@ -36,7 +36,8 @@ DEVICE_CODE: tuple[str, ...] = (
     "core/collectives/__init__.py", "core/collectives/crypto.py", "core/collectives/gpu_ring.py",
     "core/collectives/hook.py", "core/collectives/keys.py", "core/collectives/parts.py", "core/collectives/ring.py",
     # the training program it runs and the checkpoints it seals
-    "core/training/__init__.py", "core/training/checkpoint.py", "core/training/families.py",
+    "core/training/__init__.py", "core/training/attention.py", "core/training/checkpoint.py",
+    "core/training/families.py",
     "core/training/llama.py", "core/training/lora.py", "core/training/model.py", "core/training/store.py",
     "core/training/tokens.py", "core/training/trainer.py",
     # the GPU cipher (opens provisioning chunks, MACs the model)

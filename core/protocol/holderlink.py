@@ -65,8 +65,8 @@ __all__ = ["MAX_CHUNK", "Admission", "Attest", "Bye", "DataEndpoint", "DataOpen"
 
 #: The largest chunk a hand-off may ask for (the device's limit too).
 MAX_CHUNK = 16 * 1024 * 1024
-#: Token formats a holder's dataset may have: byte tokens (.txt) or llm.c's uint16 shards (.bin).
-TOKEN_FORMATS = ("byte", "u16")
+#: Token formats a holder's dataset may have: byte tokens (.txt) or llm.c's uint16 or uint32 shards (.bin).
+TOKEN_FORMATS = ("byte", "u16", "u32")
 
 
 def _range(h: Mapping[str, Any], what: str, name: str) -> tuple[int, int]:
@@ -132,7 +132,7 @@ class Hello:
     FRAME: ClassVar[FrameType] = FrameType.HELLO
     name: str
     version: str
-    fmt: str  # "byte" or "u16" (wire name "format")
+    fmt: str  # "byte", "u16" or "u32" (wire name "format")
     train_bytes: int
     val_bytes: int
     files: int

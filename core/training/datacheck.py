@@ -5,7 +5,8 @@ FIFO, a device or a socket is refused by name, never waited on), and every file 
 ``CHECK_CHUNK`` bytes (a 4 GiB shard takes no more memory than a small one). llm.c shards' token ids must lie
 below the vocabulary (GPT-2's, or the model's with ``vocab``). A holder folder tokenized by ``data fetch
 --tokenizer`` holds a ``.tokenizer`` record (the tokenizer.json's SHA-256 and vocabulary); given
-``tokenizer_hash``, every shard folder must carry that record with that hash.
+``tokenizer_hash``, every shard folder must carry that record with that hash, and shards of the width it
+records (``u16``, or ``u32`` for a vocabulary over 65,536).
 """
 
 from __future__ import annotations
@@ -20,13 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from gputravel.core.errors import DataError
-from gputravel.core.training.corpus import (
-    LLMC_HEADER_BYTES,
-    LLMC_MAGIC,
-    LLMC_VERSION,
-    HolderDataSpec,
-)
-from gputravel.core.training.tokens import GPT2_VOCAB_SIZE, TokenFormat
+from gputravel.core.protocol.shards import SHARD_HEADER_BYTES, TOKEN_BYTES, ShardHeader, parse_shard_header
+from gputravel.core.training.corpus import HolderDataSpec
+from gputravel.core.training.tokens import GPT2_VOCAB_SIZE, TokenFormat, bytes_per_token
 
 __all__ = ["CHECK_CHUNK", "TOKENIZER_RECORD", "read_regular", "validate_data_dir"]
 
@@ -76,31 +73,23 @@ def _check_utf8(path: Path) -> int:
     return size
 
 
-def _check_shard(path: Path, vocab: int) -> int:
-    """An llm.c shard's token count; header, size and every id below ``vocab`` checked, chunk by chunk."""
-    blocks = read_regular(path, chunk=LLMC_HEADER_BYTES)
+def _check_shard(path: Path, vocab: int) -> ShardHeader:
+    """An llm.c shard's format and token count; header, size and every id below ``vocab`` checked, chunk by
+    chunk (``u16`` or ``u32`` ids, as the header's magic and version say)."""
+    blocks = read_regular(path, chunk=SHARD_HEADER_BYTES)
     head = next(blocks, b"")
     blocks.close()
-    if len(head) < LLMC_HEADER_BYTES:
-        raise DataError(f"{path}: not an llm.c shard (shorter than the {LLMC_HEADER_BYTES}-byte header)")
-    magic, version, count = (int(v) for v in np.frombuffer(head, dtype="<i4", count=3))
-    if magic != LLMC_MAGIC:
-        raise DataError(f"{path}: bad llm.c shard magic {magic} (expected {LLMC_MAGIC})")
-    if version != LLMC_VERSION:
-        raise DataError(f"{path}: unsupported llm.c shard version {version} (expected {LLMC_VERSION})")
-    size = os.path.getsize(path)
-    if count < 0 or size != LLMC_HEADER_BYTES + 2 * count:
-        raise DataError(f"{path}: header says {count} tokens but the file holds "
-                        f"{(size - LLMC_HEADER_BYTES) / 2:g} (file size {size})")
+    shard = parse_shard_header(head, os.path.getsize(path), path)
+    width = TOKEN_BYTES[shard.fmt]
     seen = 0
-    for block in read_regular(path, offset=LLMC_HEADER_BYTES):
-        ids = np.frombuffer(block, dtype="<u2", count=len(block) // 2)
+    for block in read_regular(path, offset=SHARD_HEADER_BYTES, chunk=CHECK_CHUNK):
+        ids = np.frombuffer(block, dtype=f"<u{width}", count=len(block) // width)
         if ids.size and int(ids.max()) >= vocab:
             raise DataError(f"{path}: token id {int(ids.max())} is beyond the vocabulary ({vocab})")
         seen += ids.size
-    if seen != count:
-        raise DataError(f"{path}: changed while it was read ({seen} tokens, the header says {count})")
-    return count
+    if seen != shard.tokens:
+        raise DataError(f"{path}: changed while it was read ({seen} tokens, the header says {shard.tokens})")
+    return shard
 
 
 def _visible(path: Path) -> list[Path]:
@@ -110,18 +99,24 @@ def _visible(path: Path) -> list[Path]:
         raise DataError(f"{path}: cannot read the folder ({exc.strerror or exc})") from None
 
 
-def _check_tokenizer(folder: Path, want: str) -> None:
+def _check_tokenizer(folder: Path, want: str) -> str:
+    """The shard format ``folder``'s tokenizer record names (``u16`` for a record older than ``u32`` shards),
+    after checking that the record is there and names the tokenizer ``want``."""
     record = folder / TOKENIZER_RECORD
     try:
-        got = json.loads(b"".join(read_regular(record, chunk=1 << 16)).decode()[: 1 << 16]).get("sha256")
+        data = json.loads(b"".join(read_regular(record, chunk=1 << 16)).decode()[: 1 << 16])
+        got, fmt = data.get("sha256"), data.get("format", TokenFormat.U16.value)
     except DataError:
-        got = None
+        got, fmt = None, None
     except (ValueError, AttributeError):
         raise DataError(f"{record}: not a tokenizer record (JSON with sha256)") from None
     if got != want:
         by = f"tokenizer {str(got)[:12]}" if got else "no recorded tokenizer"
         raise DataError(f"{folder}: its shards were tokenized by {by}, the model's tokenizer.json is {want[:12]}: "
                         "tokenize them with data fetch --tokenizer")
+    if fmt not in (TokenFormat.U16.value, TokenFormat.U32.value):
+        raise DataError(f"{record}: names shard format {fmt!r} (u16 or u32)")
+    return str(fmt)
 
 
 def validate_data_dir(path: Path, *, vocab: int | None = None, tokenizer_hash: str | None = None
@@ -129,7 +124,8 @@ def validate_data_dir(path: Path, *, vocab: int | None = None, tokenizer_hash: s
     """Check a ``--data DIR``: one subfolder per holder, each with only ``.txt`` or only ``.bin`` files.
 
     ``.txt`` files must be non-empty UTF-8 (``byte`` tokens); ``.bin`` files must be valid llm.c shards
-    with at least one token, all below ``vocab`` (default GPT-2's; ``u16`` tokens). With ``tokenizer_hash``,
+    with at least one token, all below ``vocab`` (default GPT-2's), ``u16`` or ``u32`` as each header says and
+    one width for the whole folder (and for every folder). With ``tokenizer_hash``,
     shard folders must carry that tokenizer's record and text folders are refused. Hidden entries (names
     starting with ``.``) are ignored.
 
@@ -173,13 +169,25 @@ def validate_data_dir(path: Path, *, vocab: int | None = None, tokenizer_hash: s
                 nbytes += size
             specs.append(HolderDataSpec(folder.name, folder, TokenFormat.BYTE, tuple(files), nbytes, nbytes))
         else:
-            if tokenizer_hash is not None:
-                _check_tokenizer(folder, tokenizer_hash)
+            recorded = _check_tokenizer(folder, tokenizer_hash) if tokenizer_hash is not None else None
             tokens = 0
+            widths: set[str] = set()
             for f in files:
-                count = _check_shard(f, GPT2_VOCAB_SIZE if vocab is None else min(vocab, 1 << 16))
-                if count == 0:
+                shard = _check_shard(f, GPT2_VOCAB_SIZE if vocab is None else vocab)
+                if shard.tokens == 0:
                     raise DataError(f"{f}: shard holds no tokens")
-                tokens += count
-            specs.append(HolderDataSpec(folder.name, folder, TokenFormat.U16, tuple(files), 2 * tokens, tokens))
+                widths.add(shard.fmt)
+                tokens += shard.tokens
+            if len(widths) > 1:
+                raise DataError(f"{folder}: mixes u16 and u32 shards; one holder uses one token width")
+            fmt = TokenFormat(widths.pop())
+            if recorded is not None and fmt.value != recorded:
+                raise DataError(f"{folder}: {fmt.value} shards, but its tokenizer record says data fetch --tokenizer "
+                                f"wrote {recorded}: tokenize them again")
+            specs.append(HolderDataSpec(folder.name, folder, fmt, tuple(files), bytes_per_token(fmt) * tokens,
+                                        tokens))
+    widths_all = {s.fmt for s in specs if s.fmt is not TokenFormat.BYTE}
+    if len(widths_all) > 1:
+        raise DataError(f"{root}: holders hold shards of different widths ({', '.join(sorted(widths_all))}); "
+                        "one run uses one token format")
     return specs

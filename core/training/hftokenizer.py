@@ -1,8 +1,9 @@
 """A model folder's own tokenizer (``tokenizer.json``, through the ``tokenizers`` library) for holders' text.
 
-``data fetch|check --tokenizer DIR`` tokenizes a holder's text locally into llm.c shards (``u16`` ids, so a
-vocabulary of at most 65,536: SmolLM2, Llama 2, Mistral; Llama 3's and Qwen2.5's larger vocabularies are not
-taken yet) and leaves a ``.tokenizer`` record beside them: the tokenizer.json's SHA-256 and vocabulary. A run
+``data fetch|check --tokenizer DIR`` tokenizes a holder's text locally into llm.c shards (``u16`` ids for a
+vocabulary of at most 65,536: SmolLM2, Llama 2, Mistral; ``u32`` ids beyond it: Llama 3's 128,256, Qwen2.5's
+151,936) and leaves a ``.tokenizer`` record beside them: the tokenizer.json's SHA-256, vocabulary and shard
+format. A run
 from a folder that has a ``tokenizer.json`` refuses shards without that record or with another hash, and text.
 
 ``tokenizers`` is the optional extra ``gputravel[tokenizer]``: only ``--tokenizer`` needs it.
@@ -18,9 +19,8 @@ from typing import Any
 
 from gputravel.core.errors import ConfigError, DataError
 
-__all__ = ["MAX_U16_VOCAB", "ModelTokenizer", "tokenizer_hash", "tokenize_holders"]
+__all__ = ["ModelTokenizer", "tokenizer_hash", "tokenize_holders"]
 
-MAX_U16_VOCAB = 1 << 16
 _MAX_TOKENIZER_JSON = 64 << 20
 
 
@@ -57,22 +57,29 @@ class ModelTokenizer:
         except Exception as exc:  # noqa: BLE001 - the library's own error types
             raise DataError(f"{folder}/tokenizer.json does not load: {exc}") from None
         vocab = int(impl.get_vocab_size(with_added_tokens=True))
-        if vocab > MAX_U16_VOCAB:
-            raise ConfigError(f"--tokenizer {folder}: a vocabulary of {vocab} does not fit llm.c's u16 shards "
-                              f"(at most {MAX_U16_VOCAB})")
+        if not 0 < vocab < 1 << 31:
+            raise DataError(f"{folder}/tokenizer.json: a vocabulary of {vocab} ids")
         return cls(Path(folder), digest, vocab, impl)
+
+    @property
+    def shard_format(self) -> str:
+        """``u16`` while every id fits 16 bits (the default), ``u32`` for a larger vocabulary."""
+        from gputravel.core.training.corpus import shard_format_for
+
+        return shard_format_for(self.vocab).value
 
     def encode(self, text: str) -> list[int]:
         ids: list[int] = self.impl.encode(text, add_special_tokens=False).ids
         return ids
 
     def record(self) -> dict[str, Any]:
-        return {"sha256": self.sha256, "vocab": self.vocab, "tokenizer": str(self.folder / "tokenizer.json")}
+        return {"sha256": self.sha256, "vocab": self.vocab, "format": self.shard_format,
+                "tokenizer": str(self.folder / "tokenizer.json")}
 
 
 def tokenize_holders(src: Path, dest: Path, tok: ModelTokenizer) -> Path:
-    """Each holder folder of text in ``src`` -> the same holder in ``dest`` as one llm.c shard of ``tok``'s ids,
-    with the ``.tokenizer`` record. Text is read in bounded pieces (lines, up to 1 MiB at a time)."""
+    """Each holder folder of text in ``src`` -> the same holder in ``dest`` as one llm.c shard of ``tok``'s ids
+    (``u16`` or ``u32``: :attr:`ModelTokenizer.shard_format`), with the ``.tokenizer`` record. Text is read in bounded pieces (lines, up to 1 MiB at a time)."""
     from gputravel.core.training.corpus import write_llmc_shard
     from gputravel.core.training.datacheck import TOKENIZER_RECORD, read_regular, validate_data_dir
 
@@ -93,6 +100,6 @@ def tokenize_holders(src: Path, dest: Path, tok: ModelTokenizer) -> Path:
                     pending = pending[cut:]
             if pending:
                 ids += tok.encode(pending.decode())
-        write_llmc_shard(out / "train_000.bin", ids)
+        write_llmc_shard(out / "train_000.bin", ids, fmt=tok.shard_format)
         (out / TOKENIZER_RECORD).write_text(json.dumps(tok.record(), indent=2) + "\n")
     return Path(dest)

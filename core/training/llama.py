@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gputravel.core.errors import ConfigError
+from gputravel.core.training.attention import causal_attention
 from gputravel.core.training.families import ARCHITECTURES
 
 __all__ = ["ARCHITECTURES", "Llama", "LlamaConfig", "llama_param_shapes", "rope_frequencies"]
@@ -160,11 +161,6 @@ class RMSNorm(nn.Module):
         return out
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 class Attention(nn.Module):
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
@@ -178,19 +174,10 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None
                 ) -> torch.Tensor:
-        b, t, _ = x.shape
         cfg = self.config
-        q = self.q_proj(x).view(b, t, cfg.n_head, cfg.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, cfg.n_kv_head, cfg.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, cfg.n_kv_head, cfg.head_dim).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        gqa = cfg.n_kv_head != cfg.n_head
-        if mask is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
-        out: torch.Tensor = self.o_proj(y.transpose(1, 2).reshape(b, t, cfg.n_head * cfg.head_dim))
+        y = causal_attention(self.q_proj(x), self.k_proj(x), self.v_proj(x), n_head=cfg.n_head,
+                             n_kv_head=cfg.n_kv_head, head_dim=cfg.head_dim, rotary=(cos, sin), mask=mask)
+        out: torch.Tensor = self.o_proj(y)
         return out
 
 

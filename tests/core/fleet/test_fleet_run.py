@@ -71,9 +71,12 @@ def test_ledgers_carry_the_device_and_verify(secure: dict) -> None:
     assert heads == [f"{r['rows']}:{r['head']}" for r in secure["ledger"]["ranks"]]
 
 
-def test_a_failing_holder_is_handled_and_the_step_still_reduces(data: Path, tmp_path: Path) -> None:
-    report = launch_gpus(fleet_settings(data, tmp_path / "f", fault="kill-agent@PROVISION:1"),
+def test_a_failing_holder_is_handled_and_the_step_still_reduces_with_lora(data: Path, tmp_path: Path) -> None:
+    # a LoRA fleet (`run --gpus 2 --lora-rank 4`, issue 32): the ring reduces the adapters' gradients alone (the
+    # frozen base has none), an idle rank's zero batch included, and the replicas stay equal
+    report = launch_gpus(fleet_settings(data, tmp_path / "f", fault="kill-agent@PROVISION:1", lora_rank=4),
                           FleetOptions(gpus=2, timeout_s=120), quiet=True)
+    assert report["training"]["model"]["lora"] == {"rank": 4, "alpha": 4.0, "targets": ["c_attn"]}
     failed = [v for v in report["visits"] if v["outcome"] == "failed"]
     assert [(v["visit"], v["failed_phase"]) for v in failed] == [(1, "PROVISION")]
     assert report["failed_visits"] == 1
