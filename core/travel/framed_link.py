@@ -150,6 +150,10 @@ class FramedHolderLink(HolderLink):
         """ATTEST -> VERDICT for the hand-off of key ``key_fp`` in ``epoch``, now, in the background (the engine
         calls it for the next holder while a visit trains). Nothing of the key goes with it; the hand-off takes
         the verdict only for that very key and epoch (``_attested``), else attests afresh."""
+        if self._prefetch is not None and self._prefetch.done():
+            # an earlier prefetch no hand-off took (its visit failed first, e.g. the device died as the window
+            # opened): its verdict is for a key that will never be granted; it must not block this one
+            self._prefetch, self._prefetched = None, None
         if self.attestor is None or self.holder_nonce is None or self.holder_pub is None or self._prefetch:
             return
         self._prefetched = None

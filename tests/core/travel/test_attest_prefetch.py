@@ -4,6 +4,7 @@ visit, over the very key its window then gets; the hand-off takes that verdict a
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,9 @@ from helpers import small_settings, started
 
 from gputravel.core.ledger import read_rows
 from gputravel.core.protocol import FrameType
+from gputravel.core.protocol.holderattest import Verdict
 from gputravel.core.travel import framed_link
+from gputravel.core.travel.local_link import LocalHolderLink
 
 pytestmark = [pytest.mark.usefixtures("no_leaked_processes"), pytest.mark.process]
 
@@ -66,3 +69,19 @@ async def test_the_next_holder_attests_during_training_over_its_own_key(
             assert stages["attest"] == stages["verdict"] == 0
         else:
             assert stages["attest"] > 0 and stages["verdict"] > 0
+
+
+async def test_a_prefetch_no_hand_off_took_does_not_block_the_next(tmp_path: Path) -> None:
+    """A visit that failed before its hand-off (the device died as the window opened) leaves its prefetched verdict
+    behind, for a key that will never be granted: the next prefetch replaces it instead of being skipped."""
+    link = LocalHolderLink("bob", tmp_path, agent=["unused"])  # never started: its state alone is tested
+
+    async def fetched() -> None:
+        return None
+
+    stale = asyncio.get_running_loop().create_task(fetched())
+    await stale
+    link._prefetch = stale
+    link._prefetched = (7, "stale-fp", Verdict(epoch=7, ok=True, cvm={}, gpu={}, ms=0.0, next_nonce="00" * 32))
+    link.prefetch_attestation(epoch=9, key_fp="new-fp")  # no attestor here: nothing new starts, nothing stale stays
+    assert link._prefetch is None and link._prefetched is None
