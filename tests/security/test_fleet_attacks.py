@@ -221,6 +221,9 @@ class TamperingStore:
     def get(self, key: str) -> bytes:
         return self.forged if key == self.key else bytes(self.inner.get(key))
 
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return [self.get(k) for k in keys]
+
 
 def _agree(stores: list[Any], cvm: FleetCvm, context: str) -> list[KeyAgreement | GpuTravelError]:
     results: list[KeyAgreement | GpuTravelError] = [GpuTravelError("never ran")] * len(stores)
