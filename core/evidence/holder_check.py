@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
 
 from .cvm_snp import check_snp_cvm, cvm_kind
 from .nvidia_spdm import (
@@ -111,6 +112,8 @@ class HolderVerifier:
     #: checked once, kept until the collateral's or the chain's first expiry, at most CACHE_SIZE of each
     _tdx: OrderedDict[bytes, tuple[float, TdxVerdict]] | None = None
     _leaf: OrderedDict[bytes, tuple[float, x509.Certificate | list[str]]] | None = None
+    #: the TDX policy's pinned root (DER), read once (a root that cannot be read is left to each check to name)
+    _tdx_root_der: bytes | None = None
 
     @classmethod
     def load(cls, policy_path: Path, golden_path: Path) -> HolderVerifier:
@@ -123,9 +126,10 @@ class HolderVerifier:
         self._tdx, self._leaf = OrderedDict(), OrderedDict()
 
     def check_cvm(self, quote: bytes, collateral: bytes, expected_report_data: bytes, *,
-                  now: int | None = None) -> dict[str, Any]:
+                  now: int | None = None, remember: bool = True) -> dict[str, Any]:
         """``{"ok", "tcb_status", "mr_td", "failed"}``: the quote and collateral (once; cached until the
-        collateral's first expiry), then its report data.
+        collateral's first expiry, unless ``remember`` is off: a quote seen once, as the fleet key agreement's,
+        need not pay for reading the collateral's dates), then its report data.
 
         An SEV-SNP CVM's evidence (its collateral says ``"kind": "snp"`` or ``"azure-snp"``) is checked by
         :func:`.cvm_snp.check_snp_cvm` under the policy's ``[amd-snp]``, with the same result keys.
@@ -137,8 +141,9 @@ class HolderVerifier:
         at = time.time() if now is None else now
         verdict: TdxVerdict | None = _recall(self._tdx, tag, at)
         if verdict is None:
-            verdict = verify_tdx_quote(quote, collateral, now=now, policy=self.policy.tdx)
-            if verdict.ok:  # a refusal is not kept: the next ATTEST is checked afresh
+            verdict = verify_tdx_quote(quote, collateral, now=now, policy=self.policy.tdx,
+                                       root_ca_der=self._pinned_tdx_root())
+            if verdict.ok and remember:  # a refusal is not kept: the next ATTEST is checked afresh
                 _remember(self._tdx, tag, collateral_expiry(collateral), verdict)
         mr_td = verdict.mr_td.lower() or None
         if not verdict.ok:
@@ -146,6 +151,17 @@ class HolderVerifier:
         if verdict.report_data.lower() != expected_report_data.hex():
             return {"ok": False, "tcb_status": verdict.tcb_status, "mr_td": mr_td, "failed": REPORT_DATA_CLAIM}
         return {"ok": True, "tcb_status": verdict.tcb_status, "mr_td": mr_td, "failed": None}
+
+    def _pinned_tdx_root(self) -> bytes | None:
+        root = self.policy.tdx.root_ca
+        if self._tdx_root_der is None and root is not None:
+            try:
+                data = root.read_bytes()
+                self._tdx_root_der = (x509.load_pem_x509_certificate(data).public_bytes(Encoding.DER)
+                                      if b"-----BEGIN CERTIFICATE-----" in data else data)
+            except (OSError, ValueError):
+                return None  # verify_tdx_quote reads it again and refuses by name ("root-ca")
+        return self._tdx_root_der
 
     def check_gpu(self, report: bytes, chain_pem: bytes, nonce: bytes) -> dict[str, Any]:
         """``{"ok", "nonce", "claims_failed"}``: the chain once (to the pinned root, FWID, arch; cached), then

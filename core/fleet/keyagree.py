@@ -21,6 +21,7 @@ stays in memory; the worker group seals every message under it (``core/fleet/aut
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import os
@@ -53,6 +54,8 @@ class Store(Protocol):
 
     def wait(self, keys: list[str], timeout: timedelta) -> None: ...
 
+    def multi_get(self, keys: list[str]) -> list[bytes]: ...
+
 
 @dataclass(frozen=True, slots=True)
 class FleetCvm:
@@ -82,9 +85,17 @@ class FleetCvm:
             raise ConfigError(f"{cvm_dir}: the SIM evidence policy: {exc}") from None
         policy = replace(policy, tdx=replace(policy.tdx, mr_td=(cvm.tdx.mr_td.hex(),)))
 
-        def quote(report_data: bytes, debug: bool) -> tuple[bytes, bytes]:
-            return cvm.evidence(report_data, debug=debug)
+        collaterals: list[bytes] = []
 
+        def quote(report_data: bytes, debug: bool) -> tuple[bytes, bytes]:
+            # the collateral is the platform's (Intel's PCS serves one per FMSPC; a real guest's PCCS caches it):
+            # made once per CVM, valid 30 days, not signed afresh for every quote
+            if not collaterals:
+                issued = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(minutes=5)
+                collaterals.append(cvm.tdx.collateral(issued=issued).encode())
+            return cvm.tdx.quote(report_data, debug=debug), collaterals[0]
+
+        LinkKey()  # loads cryptography's OpenSSL backend here, not in the agreement's first X25519 key
         return cls(quote=quote, policy=policy)
 
 
@@ -100,13 +111,37 @@ def _report_data(public: bytes, context: str, rank: int) -> bytes:
     return cvm_report_data(public, f"gputravel-fleet-key {context} rank={rank}")
 
 
+def _unreached(what: str, timeout_s: float, exc: RuntimeError) -> AttestationError:
+    return AttestationError(f"fleet key agreement: no {what} on the store within {timeout_s:.0f} s "
+                            f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})")
+
+
 def _get(store: Store, key: str, timeout_s: float) -> bytes:
     try:
         store.wait([key], timedelta(seconds=timeout_s))
         return bytes(store.get(key))
     except RuntimeError as exc:  # torch's store timeout / connection loss
-        raise AttestationError(f"fleet key agreement: no {key!r} on the store within {timeout_s:.0f} s "
-                               f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+        raise _unreached(repr(key), timeout_s, exc) from None
+
+
+def _get_all(store: Store, kind: str, world: int, timeout_s: float) -> list[bytes]:
+    """Every rank's ``kind/<r>``: one wait for all of them, then one round trip (``multi_get``), not 2W."""
+    keys = [f"{kind}/{r}" for r in range(world)]
+    try:
+        store.wait(keys, timedelta(seconds=timeout_s))
+        return [bytes(v) for v in store.multi_get(keys)]
+    except RuntimeError as exc:
+        missing = [k for k in keys if not _has(store, k)]
+        raise _unreached(", ".join(repr(k) for k in missing) or f"{kind!r} of every rank", timeout_s,
+                         exc) from None
+
+
+def _has(store: Store, key: str) -> bool:
+    try:
+        store.wait([key], timedelta(milliseconds=1))
+        return True
+    except RuntimeError:
+        return False
 
 
 def _check(verifier: HolderVerifier, hello: bytes, rank: int, context: str) -> tuple[bytes | None, str | None]:
@@ -119,7 +154,7 @@ def _check(verifier: HolderVerifier, hello: bytes, rank: int, context: str) -> t
         return None, "not a hello (garbled on the store)"
     if int(doc.get("rank", -1)) != rank or len(public) != 32:
         return None, "not its hello (another rank's or no X25519 key)"
-    verdict = verifier.check_cvm(quote, collateral, _report_data(public, context, rank))
+    verdict = verifier.check_cvm(quote, collateral, _report_data(public, context, rank), remember=False)
     if not verdict["ok"]:
         tcb = f" (TCB {verdict['tcb_status']})" if verdict["tcb_status"] else ""
         return None, f"{verdict['failed']}{tcb}"
@@ -135,7 +170,7 @@ def agree_fleet_key(store: Store, *, rank: int, world: int, context: str, cvm: F
     """
     if fault is not None and fault not in CVM_FAULTS:
         raise ConfigError(f"unknown CVM fault {fault!r} (one of {', '.join(CVM_FAULTS)})")
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     own = LinkKey()
     bound = os.urandom(32) if fault == "cvm-report-data" else own.public
     quote, collateral = cvm.quote(_report_data(bound, context, rank), fault == "cvm-debug")
@@ -144,17 +179,18 @@ def agree_fleet_key(store: Store, *, rank: int, world: int, context: str, cvm: F
     verifier = HolderVerifier(cvm.policy, {})
     publics: dict[int, bytes] = {}
     refused: dict[int, str] = {}
-    for r in range(world):
-        public, why = _check(verifier, _get(store, f"hello/{r}", timeout_s), r, context)
+    for r, hello in enumerate(_get_all(store, "hello", world, timeout_s)):
+        public, why = _check(verifier, hello, r, context)
         if public is None:
             refused[r] = why or "?"
         else:
             publics[r] = public
     verified_s = time.perf_counter() - started
     store.set(f"verdict/{rank}", json.dumps({r: why for r, why in refused.items()}))
-    for r in range(world):  # every worker's word: the fleet stops together, naming whom it refused
+    verdicts = _get_all(store, "verdict", world, timeout_s)
+    for r, verdict in enumerate(verdicts):  # every worker's word: the fleet stops together, naming whom it refused
         try:
-            theirs = {int(k): str(v) for k, v in json.loads(_get(store, f"verdict/{r}", timeout_s)).items()}
+            theirs = {int(k): str(v) for k, v in json.loads(verdict).items()}
         except (ValueError, TypeError, AttributeError):
             theirs = {r: "its verdict was garbled on the store"}
         for bad, why in theirs.items():
@@ -182,4 +218,5 @@ def agree_fleet_key(store: Store, *, rank: int, world: int, context: str, cvm: F
         "workers": world, "verified": sorted(publics), "context": context,
         "key_fingerprint": hashlib.sha256(b"gputravel-fleet-key-fp\0" + key).hexdigest()[:16],
         "verify_s": round(verified_s, 6), "seconds": round(time.perf_counter() - started, 6),
+        "cpu_s": round(time.process_time() - cpu_started, 6),
         "mr_td": list(cvm.policy.tdx.mr_td)})

@@ -33,7 +33,7 @@ store.set(f"ready/{rank}", "1")
 store.wait(["go"], timedelta(seconds=300))
 got = agree_fleet_key(store, rank=rank, world=world, context=job, cvm=cvm, timeout_s=300)
 print(json.dumps({"rank": rank, "fingerprint": got.info["key_fingerprint"], "seconds": got.info["seconds"],
-                  "verify_s": got.info["verify_s"]}))
+                  "verify_s": got.info["verify_s"], "cpu_s": got.info["cpu_s"]}))
 """
 
 
@@ -68,8 +68,13 @@ def bench_key_agreement(*, workers: int = 8, repeats: int = 3) -> dict[str, Any]
             if len({o["fingerprint"] for o in outs}) != 1:
                 raise ConfigError("the workers did not agree one fleet key")
             runs.append({"fleet_s": round(max(o["seconds"] for o in outs), 6), "wall_s": round(wall, 6),
-                         "worker_s": [o["seconds"] for o in outs], "verify_s": [o["verify_s"] for o in outs]})
+                         "worker_s": [o["seconds"] for o in outs], "verify_s": [o["verify_s"] for o in outs],
+                         "cpu_s": [o["cpu_s"] for o in outs]})
     fleet_s = [r["fleet_s"] for r in runs]
+    cpu_s = [sum(r["cpu_s"]) for r in runs]
     return {"workers": workers, "repeats": repeats, "fleet_ms_median": round(statistics.median(fleet_s) * 1e3, 1),
             "fleet_ms_all": [round(s * 1e3, 1) for s in fleet_s], "cpus": os.cpu_count(), "runs": runs,
+            # CPU the W workers spent in the agreement, summed: what a loaded machine cannot inflate
+            "cpu_ms_all_workers_median": round(statistics.median(cpu_s) * 1e3, 1),
+            "load_avg_1m": round(os.getloadavg()[0], 2),
             "note": "SIM CVM quotes (dcap-qvl verification of SIM TDX quotes); all workers on this machine's CPUs"}

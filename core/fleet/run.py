@@ -93,6 +93,10 @@ def launch_fleet(settings: RunSettings, fleet: FleetOptions, *, entry: str, rdzv
     a failed job raises the ranks' typed error (each rank leaves ``<out>/rank-R/report.json`` with its error)."""
     if not entry:
         raise ConfigError("a fleet needs the module each rank runs (Entries.gpu_rank)")
+    if settings.cvm_kind != "tdx":  # before anything is written or started
+        raise ConfigError(f"--cvm-kind {settings.cvm_kind} is refused for a fleet (--gpus, --nnodes): its workers "
+                          "agree the fleet key by SIM TDX quotes only (the SIM SNP chip is made per node and "
+                          "--sim-pki carries no SNP PKI); run the fleet with --cvm-kind tdx")
     folder = RunFolder(settings.out_dir)
     out = folder.path
     out.mkdir(parents=True, exist_ok=True)

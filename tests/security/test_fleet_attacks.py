@@ -221,6 +221,9 @@ class TamperingStore:
     def get(self, key: str) -> bytes:
         return self.forged if key == self.key else bytes(self.inner.get(key))
 
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return [self.get(k) for k in keys]
+
 
 def _agree(stores: list[Any], cvm: FleetCvm, context: str) -> list[KeyAgreement | GpuTravelError]:
     results: list[KeyAgreement | GpuTravelError] = [GpuTravelError("never ran")] * len(stores)
@@ -281,6 +284,17 @@ def test_a_replayed_quote_with_the_attackers_key_is_refused_by_name(store: Any, 
     assert isinstance(result[0], AttestationError)
     assert "rank 1: report-data-binding" in result[0].reason and "no fleet key was sent" in result[0].reason
     assert not store.check(["new/key/1"])
+
+
+def test_a_worker_that_never_posts_its_hello_is_named_when_the_agreement_times_out(store: Any,
+                                                                                   cvm: FleetCvm) -> None:
+    """Rank 1 died before its first post: rank 0 waits the agreement's timeout (1 s here), then names the hello
+    that never came, with no key sent."""
+    with pytest.raises(AttestationError) as caught:
+        agree_fleet_key(dist.PrefixStore("lone", client(store)), rank=0, world=2, context="job=lone restart=0",
+                        cvm=cvm, timeout_s=1)
+    assert "no 'hello/1' on the store within 1 s" in caught.value.reason
+    assert not store.check(["lone/key/1"])
 
 
 def test_a_fleet_key_forged_on_the_store_does_not_open(store: Any, cvm: FleetCvm) -> None:

@@ -38,16 +38,20 @@ def render(result: dict[str, Any], console: Console) -> None:
     for col in ("GPUs", "all-reduce", "tokens/s", "efficiency", "all-reduce s", "share", "run s", "replicas"):
         table.add_column(col, justify="left" if col in ("all-reduce", "replicas") else "right")
     for r in result["rows"]:
+        gpus = str(r["gpus"]) + (f" on {r['nnodes']} nodes" if r.get("nnodes", 1) > 1 else "")
         if r["status"] != "ok":
-            table.add_row(str(r["gpus"]), r["variant"], f"[red]failed[/]: {r['reason']}", "", "", "", "", "")
+            table.add_row(gpus, r["variant"], f"[red]failed[/]: {r['reason']}", "", "", "", "", "")
             continue
-        table.add_row(str(r["gpus"]), r["variant"], _f(r["tokens_per_s"], ",.0f"), _f(r["efficiency"], ".2f"),
+        table.add_row(gpus, r["variant"], _f(r["tokens_per_s"], ",.0f"), _f(r["efficiency"], ".2f"),
                       _f(r["allreduce_s"], ".3f"), _f(r["allreduce_share"], ".1%"), _f(r["run_s"], ".1f"),
                       "equal" if r["replica_digests_equal"] else "[red]DIVERGED[/]")
     console.print(table)
     for s in result["sealed_vs_plain"]:
         console.print(f"{s['gpus']} GPUs: sealed ring all-reduce {_f(s['allreduce_s_over_plain'], '.1f')}x plain's "
                       f"time; plain trains {_f(s['tokens_per_s_plain_over_sealed'], '.2f')}x as many tokens/s")
+    for s in result.get("nodes_vs_one", []):
+        console.print(f"{s['gpus']} GPUs · {s['variant']}: {s['nnodes']} nodes sharing no folder train "
+                      f"{_f(s['tokens_per_s_ratio'], '.2f')}x the tokens/s of one node")
 
 
 def register(bench_app: typer.Typer) -> None:
@@ -64,6 +68,9 @@ def register(bench_app: typer.Typer) -> None:
         seq_len: int = typer.Option(64, "--seq-len", min=8),
         model: str = typer.Option("tiny", "--model"),
         repeats: int = typer.Option(1, "--repeats", min=1, help="Runs per (GPUs, all-reduce); the median is kept."),
+        nnodes: str = typer.Option("1", "--nnodes",
+                                   help="Node counts, comma-separated: each N GPUs also as a fleet over H local "
+                                        "nodes (own --out each, rendezvous on 127.0.0.1), beside one node."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
     ) -> None:
         """A fleet of N GPUs: tokens/s, scaling efficiency, the sealed vs plain all-reduce's share of time."""
@@ -78,7 +85,7 @@ def register(bench_app: typer.Typer) -> None:
             try:
                 result = fleet.study(counts, workdir=Path(tmp), variants=names, holders=holders,
                                      holder_kib=holder_kib, steps_per_visit=steps_per_visit, batch_size=batch_size,
-                                     seq_len=seq_len, model=model, repeats=repeats,
+                                     seq_len=seq_len, model=model, repeats=repeats, nnodes=int_list(nnodes),
                                      launch=partial(launch_gpus, quiet=True), on_progress=progress)
             except ConfigError as exc:
                 raise typer.BadParameter(exc.reason) from None

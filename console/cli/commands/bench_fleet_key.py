@@ -38,4 +38,6 @@ def render(result: dict[str, Any], console: Console) -> None:
     for i, ms in enumerate(result["fleet_ms_all"], 1):
         table.add_row(str(i), f"{ms:.1f}")
     console.print(table)
-    console.print(f"median {result['fleet_ms_median']} ms; {result['note']}")
+    console.print(f"median {result['fleet_ms_median']} ms; the workers' CPU, summed: "
+                  f"{result.get('cpu_ms_all_workers_median', '?')} ms (load {result.get('load_avg_1m', '?')}); "
+                  f"{result['note']}")

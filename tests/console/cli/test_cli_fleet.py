@@ -41,6 +41,12 @@ def test_a_multi_node_fleet_without_sim_pki_is_refused_with_exit_2(tmp_path: Pat
                                       "--out", str(tmp_path / "out"), "--rdzv-endpoint", "127.0.0.1:1"])
     assert result.exit_code == 2, result.output
     assert "--sim-pki" in result.output
+    # an SEV-SNP CVM in the fleet's key agreement: refused by name, before the run's folder holds anything
+    snp = CliRunner().invoke(app, ["run", "--gpus", "2", "--data", str(data), "--holders", "2", "--cvm-kind", "snp",
+                                   "--out", str(tmp_path / "snp"), "--rdzv-endpoint", "127.0.0.1:1"])
+    assert snp.exit_code == 2, snp.output
+    assert "--cvm-kind snp is refused for a fleet" in snp.output
+    assert not (tmp_path / "snp" / "fleet.json").exists()
 
 
 def test_a_sim_pki_file_that_is_not_one_is_refused_with_exit_2(tmp_path: Path) -> None:

@@ -3,6 +3,8 @@ prediction; and the fleet study's row from a report."""
 
 from __future__ import annotations
 
+import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -125,3 +127,32 @@ def test_study_keeps_the_median_of_its_repeats(tmp_path: Any) -> None:
     rows = {r["gpus"]: r for r in result["rows"]}
     assert rows[1]["repeats"] == 3 and rows[1]["tokens_per_s"] == 2000.0  # the median of 1000, 2000, 3000
     assert planner.fleet_samples_from_report(result)  # the planner reads the study's own output
+
+
+def test_study_over_nodes_runs_each_node_in_its_own_folder_and_gives_the_ratio_to_one_node(tmp_path: Any) -> None:
+    """``nnodes=(2,)``: the same GPUs once on one node, once as two nodes (a launch each, its own ``--out``, one
+    rendezvous, the SIM PKI exported once); rank 0's node's report is the row, the ratio is in the JSON."""
+    from gputravel.core.bench.fleet import study
+
+    calls: list[tuple[int, Path, Any]] = []
+    lock = threading.Lock()
+
+    def launch(settings: Any, fleet: Any, rdzv: Any = None) -> dict[str, Any]:
+        with lock:
+            calls.append((fleet.gpus, settings.out_dir, rdzv))
+        if rdzv is None:
+            return _report(fleet.gpus, 2000, 1.0, 0.1)
+        if settings.out_dir.name != "node-0":
+            return {"merged_elsewhere": True, "ranks": [1]}
+        return _report(fleet.gpus, 1900, 1.0, 0.1)
+
+    result = study([1, 2], workdir=tmp_path, variants=("secure_pipelined",), holders=2, holder_kib=16,
+                   nnodes=(2,), launch=launch)
+    node_calls = [c for c in calls if c[2] is not None]
+    assert len(calls) == 4 and len(node_calls) == 2  # 1 GPU on one node; 2 GPUs on one node and on two
+    assert {c[1].name for c in node_calls} == {"node-0", "node-1"} and node_calls[0][1] != node_calls[1][1]
+    assert {c[2].nnodes for c in node_calls} == {2} and node_calls[0][2] is node_calls[1][2]
+    assert node_calls[0][2].sim_pki.exists() and node_calls[0][2].rdzv_endpoint.startswith("127.0.0.1:")
+    assert [(r["gpus"], r["nnodes"]) for r in result["rows"]] == [(1, 1), (2, 1), (2, 2)]
+    assert result["nodes_vs_one"] == [{"gpus": 2, "variant": "secure_pipelined", "nnodes": 2, "tokens_per_s": 1900.0,
+                                       "tokens_per_s_one_node": 2000.0, "tokens_per_s_ratio": 0.95}]
