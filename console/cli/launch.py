@@ -21,7 +21,7 @@ from typing import IO
 
 from gputravel.core.runfolder import RunFolder
 
-__all__ = ["LaunchedRun", "Launcher"]
+__all__ = ["LaunchedRun", "Launcher", "next_out_dir"]
 
 
 @dataclass
@@ -46,6 +46,18 @@ class LaunchedRun:
         return data.decode(errors="replace").strip()
 
 
+def next_out_dir(out: Path, n: int) -> Path:
+    """The folder of the ``n``-th run (1-based) of one console started with ``--out OUT``: OUT itself, then
+    OUT-2, OUT-3, ... beside it (a run folder holds one run)."""
+    if n <= 1:
+        return out
+    candidate = out.with_name(f"{out.name}-{n}")
+    while RunFolder(candidate).ledger.exists():
+        n += 1
+        candidate = out.with_name(f"{out.name}-{n}")
+    return candidate
+
+
 @dataclass(frozen=True)
 class Launcher:
     """``gputravel run`` with the console's options (``run_args``); ``out``: the console's ``--out`` (its n-th
@@ -58,7 +70,6 @@ class Launcher:
     started: list[LaunchedRun] = field(default_factory=list, compare=False)
 
     def target(self) -> Path:
-        from gputravel.console.cli.commands.console import next_out_dir
         from gputravel.console.cli.run_options import resolve_out_dir
 
         n = len(self.started) + 1

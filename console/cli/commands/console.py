@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
+from gputravel.console.cli.launch import next_out_dir
 from gputravel.console.cli.options import (
     DataPathChoice,
     PhaseChoice,
@@ -37,23 +38,11 @@ from gputravel.console.cli.run_options import (
     RunOptions,
     resolve_out_dir,
 )
-from gputravel.core.runfolder import RUNS_DIR, RunFolder, clear_running, mark_running
+from gputravel.core.runfolder import RUNS_DIR, clear_running, mark_running
 
-__all__ = ["next_out_dir", "register"]
+__all__ = ["register"]
 
 HOLDERS_PANEL, RUN_PANEL, VIEW_PANEL = "Holders and data path", "The run", "Screen, replay and recording"
-
-
-def next_out_dir(out: Path, n: int) -> Path:
-    """The folder of the ``n``-th run (1-based) of one console started with ``--out OUT``: OUT itself, then
-    OUT-2, OUT-3, ... beside it (a run folder holds one run)."""
-    if n <= 1:
-        return out
-    candidate = out.with_name(f"{out.name}-{n}")
-    while RunFolder(candidate).ledger.exists():
-        n += 1
-        candidate = out.with_name(f"{out.name}-{n}")
-    return candidate
 
 
 def come_back(folder: Path) -> str:

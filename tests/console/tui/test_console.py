@@ -464,7 +464,7 @@ async def test_slash_filters_the_holders_table_and_escape_clears_it(data_root: P
 
 
 def test_a_second_run_in_one_console_goes_beside_out(tmp_path: Path) -> None:
-    from gputravel.console.cli.commands.console import next_out_dir
+    from gputravel.console.cli.launch import next_out_dir
 
     out = tmp_path / "mine"
     assert next_out_dir(out, 1) == out
