@@ -24,7 +24,15 @@ Standard library only.
 
 from __future__ import annotations
 
-from gputravel.core.ledger.reading import parse_head, read_rows, read_state, verify_ledger, witnessed_heads
+from gputravel.core.ledger.reading import (
+    parse_head,
+    read_rows,
+    read_run_id,
+    read_state,
+    verify_ledger,
+    verify_ledger_select,
+    witnessed_heads,
+)
 from gputravel.core.ledger.rows import (
     GENESIS_HASH,
     SCHEMA_VERSION,
@@ -44,8 +52,10 @@ __all__ = [
     "canonical_json",
     "parse_head",
     "read_rows",
+    "read_run_id",
     "read_state",
     "row_hash",
     "verify_ledger",
+    "verify_ledger_select",
     "witnessed_heads",
 ]
