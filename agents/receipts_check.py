@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gputravel.core.ledger import LedgerRow, parse_head, read_run_id, verify_ledger_select
+from gputravel.core.ledger import LedgerRow, check_heads, parse_head, read_run_id, verify_ledger_select
 from gputravel.core.ledger.reading import RawRow
 
 __all__ = ["ReceiptCheck", "verify_receipts"]
@@ -81,10 +81,23 @@ def verify_receipts(ledger: Path, receipts: list[tuple[Path, dict[str, Any]]],
                 heads.append(parse_head(str(rec["ledger_head"])))
             except ValueError:
                 return differs(f"{path.name}: ledger_head {rec['ledger_head']!r} is not SEQ:HASH")
+    returned: dict[int, tuple[str, int, str]] = {}  # seq -> (receipt name, epoch, hash returned after the visit)
+    for path, rec in receipts:
+        pairs = rec.get("ledger_rows") or []
+        if not isinstance(pairs, list) or not all(
+                isinstance(p, list) and len(p) == 2 and type(p[0]) is int and isinstance(p[1], str) for p in pairs):
+            return differs(f"{path.name}: ledger_rows is not a list of [SEQ, HASH]")
+        for seq, digest in pairs:
+            returned.setdefault(seq, (path.name, int(rec.get("epoch", -1)), digest))
+    wanted = set(returned) | {seq for seq, _ in heads}
+    hashes: dict[int, str] = {}
     key_fps: dict[int, set[str]] = {}
 
     def select(record: RawRow) -> bool:
-        """In the chain's one walk: note each epoch's key fingerprints, keep (parsed) its ok verdict rows."""
+        """In the chain's one walk: note the hashes of the rows the receipts name, each epoch's key
+        fingerprints, and keep (parsed) its ok verdict rows."""
+        if record["seq"] in wanted:
+            hashes[record["seq"]] = record["hash"]
         epoch = record["epoch"]
         if epoch is None:
             return False
@@ -92,8 +105,19 @@ def verify_receipts(ledger: Path, receipts: list[tuple[Path, dict[str, Any]]],
             key_fps.setdefault(epoch, set()).add(record["key_fp"])
         return bool(record["kind"] == "holder-attestation" and record["outcome"] == "ok")
 
-    chain, rows = verify_ledger_select(ledger, expect_heads=heads, select=select)
+    chain, rows = verify_ledger_select(ledger, select=select)
     result.rows = chain.rows
+    if not chain.ok:
+        return differs(f"ledger chain: {chain.reason} (row {chain.first_bad_seq})")
+    for seq in sorted(returned):  # before the heads: a row changed and the chain after it rewritten is named
+        name, epoch, digest = returned[seq]
+        if seq not in hashes:
+            return differs(f"{name}: epoch {epoch}: ledger row {seq}, returned after the visit, is gone (the ledger "
+                           f"ends at row {chain.rows})")
+        if hashes[seq] != digest:
+            return differs(f"{name}: epoch {epoch}: ledger row {seq} differs from the row returned after the visit "
+                           f"(hash {digest[:16]}..., the ledger's {hashes[seq][:16]}...)")
+    chain = check_heads(chain, hashes, heads)
     if not chain.ok:
         return differs(f"ledger chain: {chain.reason} (row {chain.first_bad_seq})")
     verdict_rows: dict[int, LedgerRow] = {row.epoch: row for row in rows if row.epoch is not None}

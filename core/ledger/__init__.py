@@ -25,6 +25,7 @@ Standard library only.
 from __future__ import annotations
 
 from gputravel.core.ledger.reading import (
+    check_heads,
     parse_head,
     read_rows,
     read_run_id,
@@ -44,6 +45,7 @@ from gputravel.core.ledger.rows import (
 from gputravel.core.ledger.writer import Ledger
 
 __all__ = [
+    "check_heads",
     "GENESIS_HASH",
     "SCHEMA_VERSION",
     "Ledger",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -147,11 +147,13 @@ def verify_ledger_select(path: Path, *, expect_head: tuple[int, str] | None = No
     result, hashes, kept = _verify_chain(Path(path), {seq for seq, _ in heads}, select)
     if not result.ok:
         return result, []
-    return _check_heads(result, hashes, heads), kept
+    return check_heads(result, hashes, heads), kept
 
 
-def _check_heads(result: VerifyResult, hashes: dict[int, str], heads: list[tuple[int, str]]) -> VerifyResult:
-    for seq, digest in heads:
+def check_heads(result: VerifyResult, hashes: Mapping[int, str], heads: Iterable[tuple[int, str]]) -> VerifyResult:
+    """An intact chain's ``result`` against recorded heads (``(seq, hash)``), given the chain's hashes at those
+    rows (``hashes``): ``truncated`` or ``differs from the recorded head`` for the first one that fails."""
+    for seq, digest in sorted(heads):
         if result.rows < seq:
             return VerifyResult(ok=False, rows=result.rows, head_hash=result.head_hash, first_bad_seq=result.rows + 1,
                                 reason=f"truncated: the ledger ends at row {result.rows}, the recorded head is row {seq}")

@@ -48,6 +48,16 @@ class Audit:
         seq, digest = self.ledger.head()
         return f"{seq}:{digest}" if seq else None
 
+    def visit_rows(self) -> dict[str, dict[int, tuple[tuple[int, str], ...]]]:
+        """Each holder's rows that name an epoch, by epoch, as ``(seq, hash)``: what a holder's receipts record
+        after its visits (sent with BYE), so ``holder verify`` names a changed row even where the chain after
+        it was rewritten to match."""
+        found: dict[str, dict[int, list[tuple[int, str]]]] = {}
+        for row in self.ledger.rows():
+            if row.holder is not None and row.epoch is not None:
+                found.setdefault(row.holder, {}).setdefault(row.epoch, []).append((row.seq, row.hash))
+        return {holder: {epoch: tuple(pairs) for epoch, pairs in epochs.items()} for holder, epochs in found.items()}
+
     def rejections(self, by_epoch: dict[str, dict[str, int]], records: Iterable[VisitRecord]) -> None:
         """Attribute the device's new rejections to the visit whose epoch they claimed; attacks get a row."""
         seen = self._rejections_seen
