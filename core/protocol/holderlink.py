@@ -60,7 +60,7 @@ from gputravel.core.protocol.holderfields import (
 from gputravel.core.protocol.keys import KEY_LEN, PREFIX_LEN, DirectionKey
 from gputravel.core.protocol.shmring import RingSpec
 
-__all__ = ["MAX_CHUNK", "Admission", "Attest", "Bye", "DataEndpoint", "DataOpen", "DataReady", "Done", "Handoff",
+__all__ = ["MAX_BYE_ROWS", "MAX_CHUNK", "Admission", "Attest", "Bye", "DataEndpoint", "DataOpen", "DataReady", "Done", "Handoff",
            "Hello", "POLICY_SOURCES", "Progress", "ProvisioningKey", "Refusal", "TOKEN_FORMATS", "Verdict"]
 
 #: The largest chunk a hand-off may ask for (the device's limit too).

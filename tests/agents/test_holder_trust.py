@@ -327,3 +327,14 @@ def test_an_agent_exits_0_after_bye_though_its_stdin_stays_open(entry: str, tmp_
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+def test_a_bye_returns_a_holders_latest_whole_epochs_within_its_bound() -> None:
+    """A long run's BYE stays within ``MAX_BYE_ROWS`` (a receiver refuses more): the latest epochs, whole."""
+    from gputravel.core.protocol.holderlink import MAX_BYE_ROWS
+    from gputravel.core.travel.audit import _latest
+
+    epochs = {e: [(10 * e + k, f"{e:02x}" * 32) for k in range(10)] for e in range(1, 1001)}  # 10,000 rows
+    kept = _latest(epochs, MAX_BYE_ROWS)
+    assert sorted(kept) == list(range(1001 - MAX_BYE_ROWS // 10, 1001))
+    assert all(len(rows) == 10 for rows in kept.values()) and sum(map(len, kept.values())) <= MAX_BYE_ROWS
