@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gputravel.core.ledger import LedgerRow, parse_head, read_rows, verify_ledger
+from gputravel.core.ledger import LedgerRow, check_heads, parse_head, read_run_id, verify_ledger_select
+from gputravel.core.ledger.reading import RawRow
 
 __all__ = ["ReceiptCheck", "verify_receipts"]
 
@@ -61,9 +62,8 @@ def _get(doc: Any, path: tuple[str, ...]) -> Any:
 def verify_receipts(ledger: Path, receipts: list[tuple[Path, dict[str, Any]]],
                     witness: Sequence[tuple[int, str]] = ()) -> ReceiptCheck:
     """Check ``receipts`` (path, receipt) against the ledger file ``ledger``; never raises for a difference."""
-    rows = read_rows(ledger)
-    run_id = rows[0].run_id if rows else None
-    result = ReceiptCheck(ok=False, ledger=str(ledger), run_id=run_id, receipts=len(receipts), rows=len(rows),
+    run_id = read_run_id(ledger)
+    result = ReceiptCheck(ok=False, ledger=str(ledger), run_id=run_id, receipts=len(receipts), rows=0,
                           epochs=sorted(int(r.get("epoch", -1)) for _, r in receipts))
 
     def differs(text: str) -> ReceiptCheck:
@@ -81,18 +81,46 @@ def verify_receipts(ledger: Path, receipts: list[tuple[Path, dict[str, Any]]],
                 heads.append(parse_head(str(rec["ledger_head"])))
             except ValueError:
                 return differs(f"{path.name}: ledger_head {rec['ledger_head']!r} is not SEQ:HASH")
-    chain = verify_ledger(ledger, expect_heads=heads)
+    returned: dict[int, tuple[str, int, str]] = {}  # seq -> (receipt name, epoch, hash returned after the visit)
+    for path, rec in receipts:
+        pairs = rec.get("ledger_rows") or []
+        if not isinstance(pairs, list) or not all(
+                isinstance(p, list) and len(p) == 2 and type(p[0]) is int and isinstance(p[1], str) for p in pairs):
+            return differs(f"{path.name}: ledger_rows is not a list of [SEQ, HASH]")
+        for seq, digest in pairs:
+            returned.setdefault(seq, (path.name, int(rec.get("epoch", -1)), digest))
+    wanted = set(returned) | {seq for seq, _ in heads}
+    hashes: dict[int, str] = {}
+    key_fps: dict[int, set[str]] = {}
+
+    def select(record: RawRow) -> bool:
+        """In the chain's one walk: note the hashes of the rows the receipts name, each epoch's key
+        fingerprints, and keep (parsed) its ok verdict rows."""
+        if record["seq"] in wanted:
+            hashes[record["seq"]] = record["hash"]
+        epoch = record["epoch"]
+        if epoch is None:
+            return False
+        if record["key_fp"]:
+            key_fps.setdefault(epoch, set()).add(record["key_fp"])
+        return bool(record["kind"] == "holder-attestation" and record["outcome"] == "ok")
+
+    chain, rows = verify_ledger_select(ledger, select=select)
+    result.rows = chain.rows
     if not chain.ok:
         return differs(f"ledger chain: {chain.reason} (row {chain.first_bad_seq})")
-    verdict_rows: dict[int, LedgerRow] = {}
-    key_fps: dict[int, set[str]] = {}
-    for row in rows:
-        if row.epoch is None:
-            continue
-        if row.kind == "holder-attestation" and row.outcome == "ok":
-            verdict_rows[row.epoch] = row
-        if row.key_fp:
-            key_fps.setdefault(row.epoch, set()).add(row.key_fp)
+    for seq in sorted(returned):  # before the heads: a row changed and the chain after it rewritten is named
+        name, epoch, digest = returned[seq]
+        if seq not in hashes:
+            return differs(f"{name}: epoch {epoch}: ledger row {seq}, returned after the visit, is gone (the ledger "
+                           f"ends at row {chain.rows})")
+        if hashes[seq] != digest:
+            return differs(f"{name}: epoch {epoch}: ledger row {seq} differs from the row returned after the visit "
+                           f"(hash {digest[:16]}..., the ledger's {hashes[seq][:16]}...)")
+    chain = check_heads(chain, hashes, heads)
+    if not chain.ok:
+        return differs(f"ledger chain: {chain.reason} (row {chain.first_bad_seq})")
+    verdict_rows: dict[int, LedgerRow] = {row.epoch: row for row in rows if row.epoch is not None}
     names: set[str] = set()
     for path, rec in receipts:
         epoch = int(rec["epoch"])
@@ -116,9 +144,8 @@ def verify_receipts(ledger: Path, receipts: list[tuple[Path, dict[str, Any]]],
     holder = names.pop()
     result.holder = holder
     mine = {int(r["epoch"]) for _, r in receipts}
-    for row in rows:
-        if row.kind == "holder-attestation" and row.holder == holder and row.outcome == "ok" and \
-                row.epoch not in mine:
+    for row in rows:  # the ok holder-attestation rows
+        if row.holder == holder and row.epoch not in mine:
             return differs(f"ledger row {row.seq} claims a visit of {holder} (epoch {row.epoch}) with no receipt")
     result.ok = True
     return result

@@ -2,7 +2,7 @@
 
 Builds a ledger the way a run writes one (``core.ledger.Ledger``: per visit its ATTEST, HANDOFF, holder-state,
 holder-attestation, PROVISION, RETURN, VERIFY, TRAIN, SCRUB, ROTATE and visit-completed rows; holders taking
-turns) and one holder's receipts for its visits, then times the check itself (``verify_receipts``) and the whole
+turns) and one holder's receipts for its visits (with the visit's ledger rows, as BYE returns them), then times the check itself (``verify_receipts``) and the whole
 command in a fresh process (``gputravel holder verify RECEIPT... --ledger``, Python's start included); the check's
 CPU time beside its wall time (on a loaded shared machine, wall time is mostly waiting for a core). Prints JSON.
 
@@ -41,22 +41,25 @@ def build(folder: Path, visits: int, holders: int) -> tuple[Path, list[Path]]:
                       "ms": 0.6, "failed_claim": None, "policy_source": "holder", "policy_sha256": _hex("policy"),
                       "roots": roots, "mr_td_policy": "pinned",
                       "evidence_sha256": {k: _hex(k, v) for k in ("quote", "collateral", "gpu_report", "gpu_chain")}}
-            ledger.append(kind="phase", phase="ATTEST", holder=holder, epoch=epoch, outcome="ok", detail={"visit": v})
-            ledger.append(kind="phase", phase="HANDOFF", holder=holder, epoch=epoch, key_fp=fp, outcome="ok",
-                          detail={"visit": v})
+            mine = [ledger.append(kind="phase", phase="ATTEST", holder=holder, epoch=epoch, outcome="ok",
+                                  detail={"visit": v}),
+                    ledger.append(kind="phase", phase="HANDOFF", holder=holder, epoch=epoch, key_fp=fp, outcome="ok",
+                                  detail={"visit": v})]
             seq, head = ledger.head()
             ledger.append(kind="holder-state", holder=holder, outcome="provisioning", detail={"detail": f"epoch {epoch}"})
-            ledger.append(kind="holder-attestation", phase="PROVISION", holder=holder, epoch=epoch, outcome="ok",
-                          duration_s=0.0006, detail={"claim": None, **report})
+            mine.append(ledger.append(kind="holder-attestation", phase="PROVISION", holder=holder, epoch=epoch,
+                                      outcome="ok", duration_s=0.0006, detail={"claim": None, **report}))
             ledger.append(kind="holder-state", holder=holder, outcome="returned", detail={"detail": f"epoch {epoch}"})
             for phase in ("PROVISION", "RETURN", "VERIFY", "TRAIN", "SCRUB", "ROTATE"):
-                ledger.append(kind="phase", phase=phase, holder=holder, epoch=epoch, key_fp=fp, nbytes=1 << 20,
-                              outcome="ok", detail={"visit": v})
-            ledger.append(kind="visit-completed", holder=holder, epoch=epoch, key_fp=fp, outcome="ok", detail={"visit": v})
+                mine.append(ledger.append(kind="phase", phase=phase, holder=holder, epoch=epoch, key_fp=fp,
+                                          nbytes=1 << 20, outcome="ok", detail={"visit": v}))
+            mine.append(ledger.append(kind="visit-completed", holder=holder, epoch=epoch, key_fp=fp, outcome="ok",
+                                      detail={"visit": v}))
             if holder == "h0":
                 receipt = {"v": 1, "run": "bench-run", "epoch": epoch, "holder": "h0", "key_fp": fp, "path": "direct",
                            "evidence_sha256": report["evidence_sha256"], "verdict": {"ok": True, **report},
-                           "chunks": 64, "bytes": 1 << 20, "resume_from": 0, "ledger_head": f"{seq}:{head}"}
+                           "chunks": 64, "bytes": 1 << 20, "resume_from": 0, "ledger_head": f"{seq}:{head}",
+                           "ledger_rows": [[row.seq, row.hash] for row in mine]}
                 rpath = folder / "receipts" / f"epoch-{epoch}.json"
                 rpath.parent.mkdir(exist_ok=True)
                 rpath.write_text(json.dumps(receipt))

@@ -214,10 +214,12 @@ ServeDevice = Callable[..., ServedDevice]
 
 @contextlib.contextmanager
 def device_in_thread(folder: Path, *, data_host: str | None = None, max_pending: int = 4,
-                     handshake_timeout: float = 0.5, buffer_bytes: int = 1 << 16) -> Iterator[ServedDevice]:
+                     handshake_timeout: float = 0.5, evict_after: float | None = None,
+                     buffer_bytes: int = 1 << 16) -> Iterator[ServedDevice]:
     """A real device service (real sockets, real keys) served in this process under ``folder``, with the
     bounds given: ``max_pending`` connections may wait to authenticate per listener, for ``handshake_timeout``
-    seconds; a TCP data port too where ``data_host`` is set."""
+    seconds (a newcomer over that budget takes the place of one that has waited ``evict_after``, half of it by
+    default); a TCP data port too where ``data_host`` is set."""
     from gputravel.core.device.server import DeviceServer
     from gputravel.core.device.service import load_service
 
@@ -225,7 +227,7 @@ def device_in_thread(folder: Path, *, data_host: str | None = None, max_pending:
     service = load_service(state, buffer_bytes=buffer_bytes)
     sock = str(folder / "d.sock")
     server = DeviceServer(service, sock, data_host=data_host, max_pending=max_pending,
-                          handshake_timeout=handshake_timeout)
+                          handshake_timeout=handshake_timeout, evict_after=evict_after)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

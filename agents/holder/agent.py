@@ -129,6 +129,8 @@ class Agent(Provisioner):
                     except GpuTravelError:
                         return 0
                     self.keep_witness(bye, at="end")  # the head after every visit of the run
+                    if self.receipts is not None and bye.run_id is not None and bye.rows:
+                        self.receipts.add_rows(bye.run_id, bye.rows)
                     return 0
         finally:
             self._drop_data()

@@ -15,16 +15,21 @@ import os
 import queue
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from gputravel.core.protocol import FrameType, encode_frame
 from gputravel.core.protocol.errors import AgentError, GpuTravelError, HolderLinkError
-from gputravel.core.protocol.frames import frame_head
+from gputravel.core.protocol.frames import Frame, frame_head
 from gputravel.core.protocol.holderlink import Admission, DataEndpoint, DataOpen, DataReady
 from gputravel.core.protocol.shmring import RingSpec, ShmRing, recv_frame_with_fds, ring_supported
 
-__all__ = ["DataConn", "DataLinkLost", "RingOffer"]
+__all__ = ["BUSY_RETRY_S", "DataConn", "DataLinkLost", "RingOffer"]
+
+#: How long the agent keeps trying a data port that answers ``busy`` (every place for connections not yet
+#: admitted is held by ones younger than the device's eviction age, 2 s: one is free or evictable by then).
+BUSY_RETRY_S = 5.0
 
 
 class DataLinkLost(AgentError):
@@ -58,23 +63,18 @@ class DataConn:
         self.unix = endpoint.path is not None
         self.ring: ShmRing | None = None
         self.ring_slots: list[memoryview] = []
-        try:
-            if endpoint.path is not None:  # same host: the device's Unix socket
-                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                self.sock.settimeout(30)
-                self.sock.connect(endpoint.path)
-            else:
-                self.sock = socket.create_connection((str(endpoint.host), int(endpoint.port or 0)), timeout=30)
-                self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
-            want_rings = self.unix and ring_supported()
-            opening = DataOpen(session.hex(), rings=want_rings, ring=ring if want_rings else None, admit=admit)
-            self.sock.sendall(encode_frame(FrameType.DATA_OPEN, opening.to_wire()))
-            got = recv_frame_with_fds(self.sock)
-        except (OSError, GpuTravelError) as exc:
-            if hasattr(self, "sock"):
-                self.sock.close()
-            raise HolderLinkError(f"cannot reach the device data port {endpoint.to_wire()}: {exc}") from None
+        want_rings = self.unix and ring_supported()
+        opening = DataOpen(session.hex(), rings=want_rings, ring=ring if want_rings else None, admit=admit)
+        deadline = time.monotonic() + BUSY_RETRY_S
+        pause = 0.02
+        while True:
+            got = self._open(endpoint, opening)
+            busy = got is not None and got[0].type is FrameType.ERROR and got[0].header.get("code") == "busy"
+            if not busy or time.monotonic() + pause > deadline:
+                break
+            self.sock.close()  # every place on the port is taken by younger connections: one frees soon
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
         frame = got[0] if got else None
         fds = list(got[1]) if got else []
         try:
@@ -104,6 +104,24 @@ class DataConn:
         #: a bind asked for and not yet answered (the agent seals meanwhile: ``Provisioner._open_ring``)
         self.awaiting: RingSpec | None = None
         threading.Thread(target=self._reader, name="agent-data-reader", daemon=True).start()
+
+    def _open(self, endpoint: DataEndpoint, opening: DataOpen) -> tuple[Frame, list[int]] | None:
+        """Connect, send DATA_OPEN and read the device's first answer (None: it closed)."""
+        try:
+            if endpoint.path is not None:  # same host: the device's Unix socket
+                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self.sock.settimeout(30)
+                self.sock.connect(endpoint.path)
+            else:
+                self.sock = socket.create_connection((str(endpoint.host), int(endpoint.port or 0)), timeout=30)
+                self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+            self.sock.sendall(encode_frame(FrameType.DATA_OPEN, opening.to_wire()))
+            return recv_frame_with_fds(self.sock)
+        except (OSError, GpuTravelError) as exc:
+            if hasattr(self, "sock"):
+                self.sock.close()
+            raise HolderLinkError(f"cannot reach the device data port {endpoint.to_wire()}: {exc}") from None
 
     def _reader(self) -> None:
         try:

@@ -3,7 +3,8 @@
 After each hand-off it provisioned, a holder-pinned agent writes one receipt (``epoch-E.json``, 0600): the run,
 the epoch, the key's fingerprint, the digests of the evidence it verified and the verdict it gave (its roots,
 policy digest, MRTD, TCB status, GPU nonce and measurements result), the chunks and bytes it sent, and the
-ledger head the orchestrator stated at that hand-off. The ledger heads it was shown (at each hand-off and at
+ledger head the orchestrator stated at that hand-off; at the run's end (BYE) the ledger rows the run wrote for
+that visit (``ledger_rows``: ``[seq, hash]`` pairs) are added to it. The ledger heads it was shown (at each hand-off and at
 the end of the run) go to ``witness.jsonl`` in the same folder: one witness per run, so a second run never makes
 the first look rewritten. ``gputravel holder verify`` checks them against a ledger, offline.
 
@@ -18,6 +19,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +67,17 @@ class ReceiptBook:
         except (OSError, ValueError) as exc:
             print(f"gputravel holder {self.holder}: cannot write the witness: {exc}", file=sys.stderr)
 
+    def add_rows(self, run_id: str, rows: Mapping[int, Sequence[tuple[int, str]]]) -> int:
+        """The ledger rows the run returned after the visits (BYE ``rows``: epoch -> ``(seq, hash)``), added to
+        each of this run's receipts of those epochs as ``ledger_rows``; how many receipts were updated (a
+        failure is reported, the run's end goes on)."""
+        try:
+            return _add_rows(self, run_id, rows)
+        except (OSError, ValueError) as exc:
+            print(f"gputravel holder {self.holder}: cannot add the ledger rows to the receipts: {exc}",
+                  file=sys.stderr)
+            return 0
+
     def write(self, receipt: dict[str, Any]) -> Path | None:
         """One hand-off's receipt, written whole (0600, atomically)."""
         try:
@@ -82,6 +95,19 @@ class ReceiptBook:
         except (OSError, ValueError, KeyError) as exc:
             print(f"gputravel holder {self.holder}: cannot write a receipt: {exc}", file=sys.stderr)
             return None
+
+
+def _add_rows(book: ReceiptBook, run_id: str, rows: Mapping[int, Sequence[tuple[int, str]]]) -> int:
+    updated = 0
+    for epoch, pairs in rows.items():
+        path = book.run_dir(run_id) / f"epoch-{int(epoch)}.json"
+        if not path.is_file():  # a visit this holder has no receipt of (it refused, or lost it): nothing to add
+            continue
+        receipt = read_receipt(path)
+        receipt["ledger_rows"] = [[int(seq), str(digest)] for seq, digest in pairs]
+        if book.write(receipt) is not None:
+            updated += 1
+    return updated
 
 
 def read_receipts(folder: Path, run_id: str | None = None) -> list[tuple[Path, dict[str, Any]]]:

@@ -1,6 +1,12 @@
 """The device's unauthenticated connections: one place each in its listener's budget, one deadline for
-the whole hand-shake (a watchdog thread shuts the connection down at it), released once it authenticates;
-when a listener's places are all taken, the oldest unauthenticated connection gives its place up."""
+the whole hand-shake (a watchdog thread shuts the connection down at it), released once it authenticates.
+
+When a listener's places are all taken, a newcomer takes the place of the oldest connection that has
+waited past its *eviction age* (``evict_after``, shorter than the hand-shake deadline); a connection
+younger than that keeps its place, and where every place is that young the newcomer is refused (``full``).
+So a connection admitted in time is never pushed out by a flood that arrives before its first frame is
+read (an honest holder's DATA_OPEN, late under load), and a stranger holds a place for at most the
+eviction age once others are waiting."""
 
 from __future__ import annotations
 
@@ -52,18 +58,28 @@ class Deadlines:
 
 class Budget:
     """One listener's places for unauthenticated connections. When every place is taken, a new connection
-    takes the place of the oldest one, which is shut down (``evicted``): a stranger holding places open
-    cannot keep a holder out, whose connection authenticates within a round trip of arriving."""
+    takes the place of the oldest one if that one has waited ``evict_after`` seconds or more (it is shut
+    down: ``evicted``); otherwise the newcomer gets no place (``enter`` returns None: the caller refuses it
+    as ``full``). Places are kept in arrival order, so the oldest is the first one."""
 
-    def __init__(self, places: int) -> None:
+    def __init__(self, places: int, evict_after: float) -> None:
         self.places = places
+        self.evict_after = evict_after
         self._lock = threading.Lock()
         self._live: OrderedDict[int, Pending] = OrderedDict()
 
-    def enter(self, conn: socket.socket) -> Pending:
-        pending = Pending(self, conn)
+    def enter(self, conn: socket.socket) -> Pending | None:
+        """A place for ``conn``, or None where every place is taken by a connection younger than
+        ``evict_after`` (nothing is shut down then)."""
+        now = time.monotonic()
+        pending = Pending(self, conn, now)
+        oldest: Pending | None = None
         with self._lock:
-            oldest = self._live.popitem(last=False)[1] if len(self._live) >= self.places else None
+            if len(self._live) >= self.places:
+                first = next(iter(self._live.values()))
+                if now - first.since < self.evict_after:
+                    return None
+                oldest = self._live.popitem(last=False)[1]
             self._live[id(pending)] = pending
         if oldest is not None:
             oldest.evict()
@@ -83,10 +99,11 @@ class Pending:
     once it authenticates, or when it ends. At the deadline, or when a newer connection takes its place,
     the connection is shut down (``expired``; ``evicted`` for the latter)."""
 
-    __slots__ = ("conn", "released", "budget", "expired", "evicted", "_lock")
+    __slots__ = ("conn", "released", "budget", "expired", "evicted", "since", "_lock")
 
-    def __init__(self, budget: Budget, conn: socket.socket) -> None:
+    def __init__(self, budget: Budget, conn: socket.socket, since: float) -> None:
         self.budget, self.conn, self.released, self.expired, self.evicted = budget, conn, False, False, False
+        self.since = since  # time.monotonic() at admission: its eviction age counts from here
         self._lock = threading.Lock()
 
     @property

@@ -44,16 +44,19 @@ from gputravel.core.protocol.shmring import RingReceiver, ring_supported, send_f
 #: a peer that stalls, trickles or floods costs at most this many threads for this long, and only on the
 #: listener it reached. The Unix socket (0600, in a 0700 folder) is the orchestrator's and its same-host
 #: holders'; the TCP data port, which any local user can reach, has a budget of its own. A full budget
-#: takes a newcomer all the same and shuts its oldest connection (``evicted``): strangers that hold every
-#: place open cannot keep out a holder, whose connection is admitted within a round trip.
+#: takes a newcomer in the place of its oldest connection only once that one has waited ``EVICT_AFTER_S``
+#: (shut down, ``evicted``), and else refuses the newcomer (``full``): a flood never pushes out a connection
+#: admitted in time whose first frame is read late under load, and strangers hold places for at most
+#: ``EVICT_AFTER_S`` each once others wait (core/device/pending.py).
 MAX_PENDING = 32
 HANDSHAKE_TIMEOUT_S = 10.0
+EVICT_AFTER_S = 2.0
 
 
 class DeviceServer:
     def __init__(self, service: DeviceService, socket_path: str, *, data_host: str | None = "127.0.0.1",
                  data_port: int = 0, max_pending: int = MAX_PENDING,
-                 handshake_timeout: float = HANDSHAKE_TIMEOUT_S) -> None:
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT_S, evict_after: float | None = None) -> None:
         self.service = service
         self.socket_path = socket_path
         self.data_host = data_host
@@ -64,15 +67,27 @@ class DeviceServer:
         self.sock: socket.socket | None = None
         self.handshake_timeout = handshake_timeout
         # one budget per listener: strangers on the TCP port never take the places of the Unix socket's peers
-        self._pending_unix = _Budget(max_pending)
-        self._pending_tcp = _Budget(max_pending)
+        # a place is safe from newcomers for ``evict_after`` (EVICT_AFTER_S; half the deadline where that is less)
+        if evict_after is None:
+            evict_after = min(EVICT_AFTER_S, handshake_timeout / 2)
+        self._pending_unix = _Budget(max_pending, evict_after)
+        self._pending_tcp = _Budget(max_pending, evict_after)
         self._deadlines = _Deadlines()
 
     def _admit(self, conn: socket.socket, *, data_only: bool) -> None:
         """A thread for a new connection, in its listener's budget of ``max_pending`` unauthenticated ones
-        (when full, the oldest one gives up its place and is counted ``evicted``)."""
-        conn.settimeout(self.handshake_timeout)
+        (when full, the oldest one gives up its place, counted ``evicted``, if it has waited ``evict_after``;
+        else the newcomer is refused at once, counted ``full``, with an ERROR frame that says so)."""
         pending = (self._pending_tcp if data_only else self._pending_unix).enter(conn)
+        if pending is None:
+            self.service.count_refused("full")
+            conn.settimeout(0.1)  # a fresh socket's send buffer is empty: the short ERROR frame never waits
+            with contextlib.suppress(OSError):
+                send_frame(conn, FrameType.ERROR, {"code": "busy", "reason": "every place for a connection "
+                                                   "not yet admitted is taken: try again"})
+            conn.close()
+            return
+        conn.settimeout(self.handshake_timeout)
         self._deadlines.add(pending, self.handshake_timeout)
         threading.Thread(target=self._handle, args=(conn, pending), kwargs={"data_only": data_only},
                          daemon=True).start()

@@ -24,7 +24,16 @@ Standard library only.
 
 from __future__ import annotations
 
-from gputravel.core.ledger.reading import parse_head, read_rows, read_state, verify_ledger, witnessed_heads
+from gputravel.core.ledger.reading import (
+    check_heads,
+    parse_head,
+    read_rows,
+    read_run_id,
+    read_state,
+    verify_ledger,
+    verify_ledger_select,
+    witnessed_heads,
+)
 from gputravel.core.ledger.rows import (
     GENESIS_HASH,
     SCHEMA_VERSION,
@@ -36,6 +45,7 @@ from gputravel.core.ledger.rows import (
 from gputravel.core.ledger.writer import Ledger
 
 __all__ = [
+    "check_heads",
     "GENESIS_HASH",
     "SCHEMA_VERSION",
     "Ledger",
@@ -44,8 +54,10 @@ __all__ = [
     "canonical_json",
     "parse_head",
     "read_rows",
+    "read_run_id",
     "read_state",
     "row_hash",
     "verify_ledger",
+    "verify_ledger_select",
     "witnessed_heads",
 ]

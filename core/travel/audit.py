@@ -7,6 +7,7 @@ from typing import Any
 
 from gputravel.core import events as ev
 from gputravel.core.ledger import Ledger
+from gputravel.core.protocol.holderlink import MAX_BYE_ROWS
 from gputravel.core.travel.control import EventSink
 from gputravel.core.travel.visits import VisitRecord
 
@@ -48,6 +49,16 @@ class Audit:
         seq, digest = self.ledger.head()
         return f"{seq}:{digest}" if seq else None
 
+    def visit_rows(self) -> dict[str, dict[int, tuple[tuple[int, str], ...]]]:
+        """Each holder's rows that name an epoch, by epoch, as ``(seq, hash)``: what a holder's receipts record
+        after its visits (sent with BYE), so ``holder verify`` names a changed row even where the chain after
+        it was rewritten to match. A holder's rows past ``MAX_BYE_ROWS`` (a BYE's bound): its latest epochs' whole."""
+        found: dict[str, dict[int, list[tuple[int, str]]]] = {}
+        for row in self.ledger.rows():
+            if row.holder is not None and row.epoch is not None:
+                found.setdefault(row.holder, {}).setdefault(row.epoch, []).append((row.seq, row.hash))
+        return {holder: _latest(epochs, MAX_BYE_ROWS) for holder, epochs in found.items()}
+
     def rejections(self, by_epoch: dict[str, dict[str, int]], records: Iterable[VisitRecord]) -> None:
         """Attribute the device's new rejections to the visit whose epoch they claimed; attacks get a row."""
         seen = self._rejections_seen
@@ -65,3 +76,15 @@ class Audit:
                 self.row("attack-detected", holder=rec.plan.holder, epoch=rec.epoch, key_fp=rec.key_fingerprint,
                          outcome=code, detail={"visit": rec.plan.index, "count": new,
                                                "after_return": rec.outcome.startswith("done")})
+
+
+def _latest(epochs: dict[int, list[tuple[int, str]]], limit: int) -> dict[int, tuple[tuple[int, str], ...]]:
+    """The latest epochs whose rows fit ``limit`` in all (whole epochs; older ones' receipts keep the heads)."""
+    kept: dict[int, tuple[tuple[int, str], ...]] = {}
+    count = 0
+    for epoch in sorted(epochs, reverse=True):
+        count += len(epochs[epoch])
+        if count > limit:
+            break
+        kept[epoch] = tuple(epochs[epoch])
+    return kept

@@ -307,8 +307,10 @@ class TravelEngine:
 
     async def _shutdown_links(self) -> None:
         head = self.audit.head()
-        for link in self.links.values():
+        rows = self.audit.visit_rows()
+        for name, link in self.links.items():
             link.farewell_head = head  # every visit's rows, for the witnesses
+            link.farewell_rows = rows.get(name, {})  # its visits' rows, for its receipts
             try:
                 await link.close()
             except Exception:  # noqa: BLE001 - closing must not hide the run's own error

@@ -382,7 +382,7 @@ class FramedHolderLink(HolderLink):
         if self.writer is not None:
             try:
                 run_id = self.attestor.run_id if self.attestor is not None else None
-                self._send(FrameType.BYE, Bye(self.farewell_head, run_id=run_id).to_wire())
+                self._send(FrameType.BYE, Bye(self.farewell_head, run_id=run_id, rows=self.farewell_rows).to_wire())
                 await self.writer.drain()
             except (OSError, RuntimeError, ConnectionError):
                 pass

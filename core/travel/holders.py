@@ -24,9 +24,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Any
 
 from gputravel.core.errors import LinkLostError
@@ -106,6 +107,8 @@ class HolderLink(ABC):
     name: str
     #: "SEQ:HASH" of the ledger when the run lets the holder go: sent with the farewell, for its witness
     farewell_head: str | None = None
+    #: this holder's visits' ledger rows by epoch (``(seq, hash)``): sent with the farewell, for its receipts
+    farewell_rows: Mapping[int, tuple[tuple[int, str], ...]] = MappingProxyType({})
     #: the engine's callback for per-host state changes (set by the engine when the link has none)
     on_state: StateFn | None = None
     #: how often a dropped link may be re-established within one hand-off (0: it cannot reconnect)

@@ -29,7 +29,7 @@ from gputravel.core import api
 from gputravel.core.errors import ConfigError
 from gputravel.core.evidence import sim_store
 from gputravel.core.evidence.holder_check import NVIDIA_DEVICE_ROOT
-from gputravel.core.ledger import read_rows
+from gputravel.core.ledger import read_rows, row_hash
 from gputravel.core.protocol import FrameType
 from gputravel.core.travel import framed_link
 from gputravel.core.travel.local_link import LocalHolderLink
@@ -215,6 +215,9 @@ async def test_a_holder_pinned_run_completes_with_receipts_that_verify_offline(
         found = read_receipts(folder / "receipts")
         assert [r["run"] for _, r in found] == [rows[0].run_id]
         assert {p.stat().st_mode & 0o777 for p, _ in found} == {0o600}
+        for _, rec in found:  # the rows the run returned after the visit (BYE): every row of its epoch, as stored
+            assert rec["ledger_rows"] == [[r.seq, r.hash] for r in rows if r.holder == name and r.epoch == rec["epoch"]]
+            assert len(rec["ledger_rows"]) >= 3
         ok = runner.invoke(app, ["holder", "verify", "--ledger", str(out), "--config", str(folder), "--json"])
         assert ok.exit_code == 0, ok.output
         assert json.loads(ok.output)["holder"] == name
@@ -226,12 +229,26 @@ async def test_a_holder_pinned_run_completes_with_receipts_that_verify_offline(
     bad = runner.invoke(app, ["holder", "verify", str(path), "--ledger", str(ledger)])
     assert bad.exit_code == 8 and "cvm.tcb_status" in bad.output, bad.output
     # a changed ledger row is named (the chain breaks at it)
+    seq = next(r.seq for r in verdicts if r.holder == "bob")
     with sqlite3.connect(ledger) as con:
-        seq = next(r.seq for r in verdicts if r.holder == "bob")
         con.execute("UPDATE events SET outcome = 'refused' WHERE seq = ?", (seq,))
     con.close()
     broken = runner.invoke(app, ["holder", "verify", "--ledger", str(ledger), "--config", str(folders["bob"])])
     assert broken.exit_code == 8 and f"row {seq}" in broken.output, broken.output
+    # ... and still named when the forger rehashes the chain from it on: by the row hashes bob's receipt was given
+    with sqlite3.connect(ledger) as con:
+        prev = con.execute("SELECT hash FROM events WHERE seq = ?", (seq - 1,)).fetchone()[0]
+        for values in con.execute("SELECT seq, ts, run_id, kind, phase, holder, epoch, key_fp, nbytes, duration_s, "
+                                  "outcome, detail FROM events WHERE seq >= ? ORDER BY seq", (seq,)).fetchall():
+            fields = dict(zip(("seq", "ts", "run_id", "kind", "phase", "holder", "epoch", "key_fp", "nbytes",
+                               "duration_s", "outcome", "detail"), values, strict=True))
+            digest = row_hash(prev, fields)
+            con.execute("UPDATE events SET prev_hash = ?, hash = ? WHERE seq = ?", (prev, digest, fields["seq"]))
+            prev = digest
+    con.close()
+    forged = runner.invoke(app, ["holder", "verify", "--ledger", str(ledger), "--config", str(folders["bob"])])
+    assert forged.exit_code == 8, forged.output
+    assert f"ledger row {seq} differs from the row returned after the visit" in forged.output, forged.output
 
 
 @pytest.mark.process
@@ -310,3 +327,14 @@ def test_an_agent_exits_0_after_bye_though_its_stdin_stays_open(entry: str, tmp_
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+def test_a_bye_returns_a_holders_latest_whole_epochs_within_its_bound() -> None:
+    """A long run's BYE stays within ``MAX_BYE_ROWS`` (a receiver refuses more): the latest epochs, whole."""
+    from gputravel.core.protocol.holderlink import MAX_BYE_ROWS
+    from gputravel.core.travel.audit import _latest
+
+    epochs = {e: [(10 * e + k, f"{e:02x}" * 32) for k in range(10)] for e in range(1, 1001)}  # 10,000 rows
+    kept = _latest(epochs, MAX_BYE_ROWS)
+    assert sorted(kept) == list(range(1001 - MAX_BYE_ROWS // 10, 1001))
+    assert all(len(rows) == 10 for rows in kept.values()) and sum(map(len, kept.values())) <= MAX_BYE_ROWS

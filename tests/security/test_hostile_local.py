@@ -64,9 +64,9 @@ def test_a_same_host_run_listens_on_no_tcp_port() -> None:
 
 def test_strangers_on_the_tcp_port_never_take_the_unix_sockets_places(
         device: tuple[Any, Any, str, Any]) -> None:
-    """40 idle connections from another local user overflow the data port's budget (4): each newcomer takes
-    the oldest one's place (``evicted``); the orchestrator's control session on the Unix socket opens all
-    the same, while they still stall."""
+    """40 idle connections from another local user overflow the data port's budget (4): each newcomer is
+    refused (``full``) or takes the place of one that has waited half the deadline (``evicted``); the
+    orchestrator's control session on the Unix socket opens all the same, while they still stall."""
     service, server, _sock, new_client = device
     port = server.tcp.getsockname()[1]
     attacker = subprocess.Popen([sys.executable, "-c", ATTACKER, str(port), "40", "20"], stdout=subprocess.PIPE,
@@ -76,7 +76,7 @@ def test_strangers_on_the_tcp_port_never_take_the_unix_sockets_places(
         assert len(line) == 2 and int(line[1]) >= 4
         if os.getuid() == 0:
             assert int(line[0]) == NOBODY
-        assert wait_for(lambda: service.refused["evicted"] >= 36)
+        assert wait_for(lambda: service.refused["evicted"] + service.refused["full"] >= 36)
         assert len(server._pending_tcp) <= 4 and len(server._pending_unix) == 0
         client = new_client()
         try:
@@ -113,7 +113,8 @@ def test_a_trickling_peer_is_cut_off_at_the_handshake_deadline_not_kept_alive_by
 def test_strangers_filling_the_tcp_ports_places_cannot_keep_an_admitted_holder_out(
         device: tuple[Any, Any, str, Any]) -> None:
     """Another local user holds more connections open on the TCP data port than it has places (40 > 4); a
-    holder's data connection, which is admitted in its first round trip, still gets in and its chunk lands,
+    holder's data connection, refused as ``busy`` while the strangers' places are young and trying again as
+    the agent does, gets in once they have waited ``evict_after`` (half the deadline) and its chunk lands,
     and nothing the strangers did is charged to the holder's window."""
     from gputravel.core.protocol import TAG_LEN, FrameType, SendState, encode_frame, read_frame
     from gputravel.core.protocol.holderlink import Admission
@@ -126,14 +127,24 @@ def test_strangers_filling_the_tcp_ports_places_cannot_keep_an_admitted_holder_o
                                 text=True)
     try:
         assert attacker.stdout is not None and attacker.stdout.readline()
-        assert wait_for(lambda: service.refused["evicted"] >= 30), dict(service.refused)
+        assert wait_for(lambda: service.refused["evicted"] + service.refused["full"] >= 30), dict(service.refused)
         grant = client.handoff(epoch=1, offset=0, length=256, chunk_size=256)
         key, session = grant.provisioning_key, bytes.fromhex(grant.session_id)
         admit = Admission.make(key.key, session_id=session, epoch=1, holder="alice").to_wire()
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        tries, since = 0, time.monotonic()
+        while True:  # as the agent does (agents/holder/dataconn.py): try again while the port answers busy
+            tries += 1
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
             s.sendall(encode_frame(FrameType.DATA_OPEN, {"session": session.hex(), "admit": admit}))
             stream = s.makefile("rb")
             ready = read_frame(stream)
+            if ready is None or ready.type is not FrameType.ERROR or ready.header.get("code") != "busy":
+                break
+            s.close()
+            time.sleep(0.05)
+        with s:
+            # the strangers' places are taken from them once they have waited half the deadline (0.3 s)
+            assert time.monotonic() - since < 0.3 + 1.0, (tries, dict(service.refused))
             assert ready is not None and ready.type is FrameType.DATA_READY, ready
             out = bytearray(256 + TAG_LEN)
             SendState(key, session_id=session).seal_into(os.urandom(256), out, frame_type=FrameType.CHUNK,
@@ -146,4 +157,57 @@ def test_strangers_filling_the_tcp_ports_places_cannot_keep_an_admitted_holder_o
     finally:
         attacker.kill()
         attacker.wait(10)
+        client.close()
+
+
+def test_a_flood_arriving_before_a_holders_late_data_open_does_not_push_it_out(serve_device: ServeDevice) -> None:
+    """Issue 30, item 7: a holder's data connection is admitted to a place, then 40 idle connections flood the
+    port (4 places) before its DATA_OPEN is read. The holder keeps its place (a place is only taken from a
+    connection that has waited ``evict_after``): the flood is refused as ``full`` with an ERROR frame, the late
+    DATA_OPEN is admitted and its chunk acknowledged; once the flood's placed connections have waited past
+    ``evict_after``, a newcomer takes the oldest one's place (``evicted``)."""
+    from gputravel.core.protocol import TAG_LEN, FrameType, SendState, encode_frame, read_frame
+    from gputravel.core.protocol.holderlink import Admission
+
+    d = serve_device(data_host="127.0.0.1", max_pending=4, handshake_timeout=4.0, evict_after=1.0)
+    service, server = d.service, d.server
+    assert server.tcp is not None
+    port = server.tcp.getsockname()[1]
+    client = d.new_client()
+    client.connect()
+    flood: list[socket.socket] = []
+    try:
+        grant = client.handoff(epoch=1, offset=0, length=256, chunk_size=256)
+        key, session = grant.provisioning_key, bytes.fromhex(grant.session_id)
+        admit = Admission.make(key.key, session_id=session, epoch=1, holder="alice").to_wire()
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            assert wait_for(lambda: len(server._pending_tcp) == 1)  # the holder's connection has its place
+            flooded_at = time.monotonic()
+            flood = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(40)]
+            assert wait_for(lambda: service.refused["full"] >= 37), dict(service.refused)
+            assert service.refused["evicted"] == 0 and len(server._pending_tcp) == 4
+            refused = read_frame(flood[-1].makefile("rb"))
+            assert refused is not None and refused.type is FrameType.ERROR and refused.header["code"] == "busy"
+            time.sleep(0.3)  # the holder's DATA_OPEN comes late, after the whole flood
+            s.sendall(encode_frame(FrameType.DATA_OPEN, {"session": session.hex(), "admit": admit}))
+            stream = s.makefile("rb")
+            ready = read_frame(stream)
+            assert ready is not None and ready.type is FrameType.DATA_READY, ready
+            out = bytearray(256 + TAG_LEN)
+            SendState(key, session_id=session).seal_into(os.urandom(256), out, frame_type=FrameType.CHUNK,
+                                                         offset=0, length=256)
+            s.sendall(encode_frame(FrameType.CHUNK, {"e": 1, "s": 0, "o": 0, "n": 256}, bytes(out)))
+            ack = read_frame(stream)
+            assert ack is not None and ack.type is FrameType.ACK, ack
+        assert client.close_window(epoch=1).complete
+        assert service.rejected_by_epoch == {}
+        time.sleep(max(0.0, flooded_at + 1.2 - time.monotonic()))  # the flood's 3 placed ones are past 1.0 s
+        assert wait_for(lambda: len(server._pending_tcp) == 3)
+        flood.append(socket.create_connection(("127.0.0.1", port), timeout=5))  # a 4th place is free
+        flood.append(socket.create_connection(("127.0.0.1", port), timeout=5))  # takes the oldest's place
+        assert wait_for(lambda: service.refused["evicted"] == 1), dict(service.refused)
+        assert len(server._pending_tcp) == 4
+    finally:
+        for f in flood:
+            f.close()
         client.close()

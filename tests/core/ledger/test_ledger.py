@@ -23,8 +23,11 @@ from gputravel.core.ledger import (
     LedgerRow,
     canonical_json,
     parse_head,
+    read_rows,
+    read_run_id,
     row_hash,
     verify_ledger,
+    verify_ledger_select,
 )
 
 
@@ -150,6 +153,25 @@ def test_rows_since_seq_and_to_dict_return_what_was_appended(ledger_path: Path) 
     as_dict = rows[0].to_dict()
     assert as_dict["holder"] == "holder-0" and as_dict["detail"] == {"chunks": 4, "note": "visit 4"}
     assert json.loads(json.dumps(as_dict)) == as_dict
+
+
+def test_verify_ledger_select_keeps_the_rows_it_selects_in_the_same_walk_and_none_of_a_broken_chain(
+        ledger_path: Path) -> None:
+    """``holder verify``'s one pass (issue 30): the chain checked and the selected rows parsed together."""
+    seen: list[int] = []
+
+    def select(record: dict[str, Any]) -> bool:
+        seen.append(record["seq"])
+        assert isinstance(record["detail"], str)  # still the stored text: only kept rows are parsed
+        return bool(record["holder"] == "holder-1")
+
+    result, kept = verify_ledger_select(ledger_path, select=select)
+    assert result.ok and result.rows == 6 and seen == [1, 2, 3, 4, 5, 6]
+    assert kept == [row for row in read_rows(ledger_path) if row.holder == "holder-1"] and len(kept) == 3
+    assert read_run_id(ledger_path) == "run-1"
+    _execute(ledger_path, "UPDATE events SET nbytes = nbytes + 1 WHERE seq = 4")
+    result, kept = verify_ledger_select(ledger_path, select=lambda record: True)
+    assert (result.ok, result.first_bad_seq, kept) == (False, 4, [])
 
 
 def test_ledger_uses_wal_journal_and_full_sync(ledger_path: Path) -> None:

@@ -47,6 +47,7 @@ MESSAGES = [
     Done(epoch=5, chunks=4, nbytes=4096, retransmits=1, stages={"read_seal_s": 0.5, "wait_s": 0.25}),
     Bye(ledger_head="12:ff"),
     Bye(),
+    Bye(ledger_head="9:ee", run_id="r1", rows={3: ((7, "ab" * 32), (8, "cd" * 32)), 5: ((11, "0f" * 32),)}),
     DataOpen(session_id="ab" * 16, rings=True),
     DataOpen(session_id="ab" * 16, ring=RingSpec(5, 8, 1040)),
     DataReady(session_id="ab" * 16, ring=RingSpec(5, 8, 1040), mapped=True),
@@ -131,6 +132,11 @@ def test_a_malformed_handoff_is_a_frame_error_naming_the_field(wire: dict[str, A
     (DataOpen, {"session": "ab", "ring": {"epoch": 1, "slots": 0, "slot_bytes": 64}}, "ring of 0 slots"),
     (DataReady, {"session": "ab", "ring": "x"}, "ring spec must be an object"),
     (Bye, [], "not an object"),
+    (Bye, {"rows": [[1, "ab" * 32]]}, "must be an object of epochs"),
+    (Bye, {"rows": {"-1": []}}, "is not EPOCH"),
+    (Bye, {"rows": {"1": [[1, "AB" * 32]]}}, "a row is"),
+    (Bye, {"rows": {"1": [[True, "ab" * 32]]}}, "a row is"),
+    (Bye, {"rows": {str(e): [[e, "ab" * 32]] * 100 for e in range(1, 100)}}, "more than 8192 rows"),
 ])
 def test_a_malformed_message_is_a_frame_error(cls: Any, wire: Any, match: str) -> None:
     with pytest.raises(FrameError, match=match):
