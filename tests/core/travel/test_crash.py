@@ -26,6 +26,7 @@ from helpers import HolderData, live_processes
 
 from gputravel.core.ledger import read_rows, verify_ledger
 from gputravel.core.phases import VISIT_PHASES
+from gputravel.core.travel.control import FaultPlan
 
 WORDS = "the quick brown fox jumps over a lazy dog while seven wise owls sing softly at night".split()
 ARGS = ["--holders", "2", "--rounds", "1", "--steps-per-visit", "3", "--batch-size", "4", "--seq-len", "32",
@@ -72,12 +73,21 @@ def resume(out: Path) -> dict[str, Any]:
     return json.loads(proc.stdout)
 
 
-@pytest.mark.parametrize("fault", [
+#: The faults the default suite runs (kill-orchestrator@CHECKPOINT:0, mid background checkpoint of visit 0, is
+#: test_a_kill_during_a_background_checkpoint_commits_nothing_it_held's). The slow sweeps skip these exact runs:
+#: the default suite's tests assert all the sweep would (and more) on the same fault, and CI runs both tiers.
+ORCHESTRATOR_FAULTS = [
     "kill-orchestrator@ROTATE:0",          # boundary: trained, not yet committed -> the visit is redone
     "kill-orchestrator@PROVISION:1+0.01",  # mid-phase: chunks in flight
     "kill-orchestrator@TRAIN:0+0.1",       # mid-phase: the device is training
-    "kill-orchestrator@CHECKPOINT:0",      # mid background checkpoint of visit 0: not committed -> redone
-])
+]
+DEVICE_FAULTS = ["kill-device@TRAIN:0+0.05", "kill-device@PROVISION:1"]
+AGENT_FAULT = "kill-agent@PROVISION:1"
+RUN_IN_THE_DEFAULT_SUITE = {FaultPlan.parse(f) for f in [*ORCHESTRATOR_FAULTS, *DEVICE_FAULTS, AGENT_FAULT,
+                                                          "kill-orchestrator@CHECKPOINT:0"]}
+
+
+@pytest.mark.parametrize("fault", ORCHESTRATOR_FAULTS)
 def test_orchestrator_killed_then_resumed_loses_and_repeats_nothing(data: Path, tmp_path: Path, fault: str,
                                                                     reference: dict[str, Any]) -> None:
     out = tmp_path / "run"
@@ -100,6 +110,7 @@ def test_a_kill_during_a_background_checkpoint_commits_nothing_it_held(data: Pat
     assert not [r for r in rows if r.kind == "visit-completed"]
     assert sorted(p.name for p in (out / "checkpoints").glob("ckpt-*")) == ["ckpt-000000.gtc"]
     check_end_state(out, resume(out), reference)
+    assert any(r.kind == "resumed" for r in read_rows(out / "ledger.db"))
 
 
 def test_checkpoints_every_second_visit_resume_exactly(data: Path, tmp_path: Path,
@@ -116,7 +127,7 @@ def test_checkpoints_every_second_visit_resume_exactly(data: Path, tmp_path: Pat
     assert report["checkpoints"]["every"] == 2 and report["checkpoints"]["kept"] == [0, 2]
 
 
-@pytest.mark.parametrize("fault", ["kill-device@TRAIN:0+0.05", "kill-device@PROVISION:1"])
+@pytest.mark.parametrize("fault", DEVICE_FAULTS)
 def test_device_killed_mid_run_is_restarted_from_the_sealed_checkpoint(data: Path, tmp_path: Path, fault: str,
                                                                        reference: dict[str, Any]) -> None:
     out = tmp_path / "run"
@@ -138,7 +149,7 @@ def test_device_killed_mid_run_is_restarted_from_the_sealed_checkpoint(data: Pat
 def test_agent_killed_mid_transfer_is_redone_with_a_restarted_agent(data: Path, tmp_path: Path,
                                                                     reference: dict[str, Any]) -> None:
     out = tmp_path / "run"
-    proc = run_with_fault(data, out, "kill-agent@PROVISION:1")
+    proc = run_with_fault(data, out, AGENT_FAULT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     visit = report["visits"][1]
@@ -164,10 +175,14 @@ def test_resumed_run_never_reuses_the_epoch_of_the_interrupted_visit(data: Path,
 @pytest.mark.parametrize("visit", [0, 1])
 @pytest.mark.parametrize("phase", [str(p) for p in VISIT_PHASES])
 def test_kill_point_sweep(data: Path, tmp_path: Path, reference: dict[str, Any], phase: str, visit: int) -> None:
-    """Every phase boundary of every visit, plus a random point inside the phase (slow: ``-m slow``)."""
+    """Every phase boundary of every visit, plus a random point inside the phase (slow: ``-m slow``); a fault
+    the default suite already runs (``RUN_IN_THE_DEFAULT_SUITE``) is not run twice."""
     for delay in (0.0, random.Random(f"{phase}{visit}").uniform(0.001, 0.2)):
+        fault = f"kill-orchestrator@{phase}:{visit}+{delay}"
+        if FaultPlan.parse(fault) in RUN_IN_THE_DEFAULT_SUITE:
+            continue
         out = tmp_path / f"run-{delay:.3f}"
-        proc = run_with_fault(data, out, f"kill-orchestrator@{phase}:{visit}+{delay}")
+        proc = run_with_fault(data, out, fault)
         if proc.returncode == 0:  # the phase ended before the timer fired: nothing to resume
             check_end_state(out, json.loads(proc.stdout), reference)
             continue
@@ -181,10 +196,14 @@ def test_kill_point_sweep(data: Path, tmp_path: Path, reference: dict[str, Any],
 def test_device_and_agent_kill_sweep(data: Path, tmp_path: Path, reference: dict[str, Any], phase: str,
                                      target: str) -> None:
     """``kill -9`` of the device service or of the visiting holder's agent at every phase of visit 1, at the
-    boundary and at a random point inside; the run recovers by itself (slow: ``-m slow``)."""
+    boundary and at a random point inside; the run recovers by itself (slow: ``-m slow``). A fault the default
+    suite already runs (``RUN_IN_THE_DEFAULT_SUITE``) is not run twice."""
     for delay in (0.0, random.Random(f"{target}{phase}").uniform(0.001, 0.2)):
+        fault = f"kill-{target}@{phase}:1+{delay}"
+        if FaultPlan.parse(fault) in RUN_IN_THE_DEFAULT_SUITE:
+            continue
         out = tmp_path / f"run-{delay:.3f}"
-        proc = run_with_fault(data, out, f"kill-{target}@{phase}:1+{delay}")
+        proc = run_with_fault(data, out, fault)
         assert proc.returncode == 0, proc.stderr[-2000:]
         check_end_state(out, json.loads(proc.stdout), reference)
 
