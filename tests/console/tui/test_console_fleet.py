@@ -307,8 +307,9 @@ async def test_following_a_running_fleet_is_read_only_and_picks_up_every_rank(fl
             assert "FOLLOW ▶" in bar.badges
             assert "READ-ONLY · torchrun drives" in screen_text(app)
             last = {r: rec.frames()[-1] for r, rec in ranks.items()}  # each GPU's last frame, followed too
-            assert {g: f.devices[0].rx_bytes for g, f in bridge.rank_frames.items()} == {
-                r: f.devices[0].rx_bytes for r, f in last.items()}
+            want = {r: f.devices[0].rx_bytes for r, f in last.items()}
+            await until(pilot, lambda: {g: f.devices[0].rx_bytes for g, f in bridge.rank_frames.items()} == want,
+                        timeout=10, what=f"every GPU's last frame {want}")
     finally:
         for rec in recorders.values():
             rec.close()
