@@ -26,7 +26,7 @@ DEVICE_ENTRIES = ("gputravel.core.device.__main__", "gputravel.core.fleet.device
 DEVICE_CODE: tuple[str, ...] = (
     # the device service: sockets, operations, key windows, chunk intake and openers, checkpoints, SPDM
     "core/device/__init__.py", "core/device/__main__.py", "core/device/admission.py", "core/device/ckpt_ops.py",
-    "core/device/dataplane.py", "core/device/intake.py", "core/device/memory.py", "core/device/model.py",
+    "core/device/dataplane.py", "core/device/entry.py", "core/device/intake.py", "core/device/memory.py", "core/device/model.py",
     "core/device/modelmac.py", "core/device/openers.py", "core/device/operations.py", "core/device/pending.py",
     "core/device/reply.py", "core/device/server.py", "core/device/service.py", "core/device/session_keys.py",
     "core/device/spdm.py",

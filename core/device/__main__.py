@@ -1,3 +1,3 @@
-from gputravel.core.device.server import main
+from gputravel.core.device.entry import main
 
 main()

@@ -18,7 +18,7 @@ from cryptography import x509
 
 from gputravel.core.attestation import CCMode, DeviceIdentity, provision_emulated
 from gputravel.core.collectives.ring import RingFault
-from gputravel.core.device.server import device_arg_parser, serve_from_args
+from gputravel.core.device.entry import device_arg_parser, serve_from_args
 from gputravel.core.device.service import DeviceService, Handler, Reply
 from gputravel.core.errors import (
     CollectiveAbortedError,

@@ -107,8 +107,8 @@ print(json.dumps(sorted(m for m in sys.modules if m == "gputravel" or m.startswi
 
 
 def test_a_fresh_device_process_loads_only_declared_device_code() -> None:
-    # the entries' modules (``__main__`` only calls ``server.main``: importing it would start a device)
-    entries = ["gputravel.core.device.server", "gputravel.core.device.service", "gputravel.core.fleet.device"]
+    # the entries' modules (``__main__`` only calls ``entry.main``: importing it would start a device)
+    entries = ["gputravel.core.device.entry", "gputravel.core.device.service", "gputravel.core.fleet.device"]
     out = subprocess.run([sys.executable, "-c", PROBE, json.dumps(entries)], capture_output=True, text=True,
                          timeout=120, check=True).stdout
     loaded = {relative(m) for m in json.loads(out.strip().splitlines()[-1])}
