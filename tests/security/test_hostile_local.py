@@ -110,13 +110,25 @@ def test_a_trickling_peer_is_cut_off_at_the_handshake_deadline_not_kept_alive_by
     assert service.refused["timeout"] == 1
 
 
+def assert_one_chunk_acked(s: socket.socket, stream: Any, key: Any, session: bytes) -> None:
+    """Send one sealed 256-byte chunk of epoch 1 on an admitted data connection; its ACK comes back."""
+    from gputravel.core.protocol import TAG_LEN, FrameType, SendState, encode_frame, read_frame
+
+    out = bytearray(256 + TAG_LEN)
+    SendState(key, session_id=session).seal_into(os.urandom(256), out, frame_type=FrameType.CHUNK, offset=0,
+                                                 length=256)
+    s.sendall(encode_frame(FrameType.CHUNK, {"e": 1, "s": 0, "o": 0, "n": 256}, bytes(out)))
+    ack = read_frame(stream)
+    assert ack is not None and ack.type is FrameType.ACK, ack
+
+
 def test_strangers_filling_the_tcp_ports_places_cannot_keep_an_admitted_holder_out(
         device: tuple[Any, Any, str, Any]) -> None:
     """Another local user holds more connections open on the TCP data port than it has places (40 > 4); a
     holder's data connection, refused as ``busy`` while the strangers' places are young and trying again as
     the agent does, gets in once they have waited ``evict_after`` (half the deadline) and its chunk lands,
     and nothing the strangers did is charged to the holder's window."""
-    from gputravel.core.protocol import TAG_LEN, FrameType, SendState, encode_frame, read_frame
+    from gputravel.core.protocol import FrameType, encode_frame, read_frame
     from gputravel.core.protocol.holderlink import Admission
 
     service, server, _sock, new_client = device
@@ -146,12 +158,7 @@ def test_strangers_filling_the_tcp_ports_places_cannot_keep_an_admitted_holder_o
             # the strangers' places are taken from them once they have waited half the deadline (0.3 s)
             assert time.monotonic() - since < 0.3 + 1.0, (tries, dict(service.refused))
             assert ready is not None and ready.type is FrameType.DATA_READY, ready
-            out = bytearray(256 + TAG_LEN)
-            SendState(key, session_id=session).seal_into(os.urandom(256), out, frame_type=FrameType.CHUNK,
-                                                         offset=0, length=256)
-            s.sendall(encode_frame(FrameType.CHUNK, {"e": 1, "s": 0, "o": 0, "n": 256}, bytes(out)))
-            ack = read_frame(stream)
-            assert ack is not None and ack.type is FrameType.ACK, ack
+            assert_one_chunk_acked(s, stream, key, session)
         assert client.close_window(epoch=1).complete
         assert service.rejected_by_epoch == {}
     finally:
@@ -166,7 +173,7 @@ def test_a_flood_arriving_before_a_holders_late_data_open_does_not_push_it_out(s
     connection that has waited ``evict_after``): the flood is refused as ``full`` with an ERROR frame, the late
     DATA_OPEN is admitted and its chunk acknowledged; once the flood's placed connections have waited past
     ``evict_after``, a newcomer takes the oldest one's place (``evicted``)."""
-    from gputravel.core.protocol import TAG_LEN, FrameType, SendState, encode_frame, read_frame
+    from gputravel.core.protocol import FrameType, encode_frame, read_frame
     from gputravel.core.protocol.holderlink import Admission
 
     d = serve_device(data_host="127.0.0.1", max_pending=4, handshake_timeout=4.0, evict_after=1.0)
@@ -193,12 +200,7 @@ def test_a_flood_arriving_before_a_holders_late_data_open_does_not_push_it_out(s
             stream = s.makefile("rb")
             ready = read_frame(stream)
             assert ready is not None and ready.type is FrameType.DATA_READY, ready
-            out = bytearray(256 + TAG_LEN)
-            SendState(key, session_id=session).seal_into(os.urandom(256), out, frame_type=FrameType.CHUNK,
-                                                         offset=0, length=256)
-            s.sendall(encode_frame(FrameType.CHUNK, {"e": 1, "s": 0, "o": 0, "n": 256}, bytes(out)))
-            ack = read_frame(stream)
-            assert ack is not None and ack.type is FrameType.ACK, ack
+            assert_one_chunk_acked(s, stream, key, session)
         assert client.close_window(epoch=1).complete
         assert service.rejected_by_epoch == {}
         time.sleep(max(0.0, flooded_at + 1.2 - time.monotonic()))  # the flood's 3 placed ones are past 1.0 s
