@@ -8,27 +8,27 @@ command palette into the bridge's controls. Engine work runs in workers; nothing
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import typer
 from textual import work
-from textual.app import ScreenStackError
-from textual.binding import Binding
+from textual.app import App, ScreenStackError, SystemCommand
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
 from gputravel.console.cli.launch import Launcher
 from gputravel.console.tui.app_commands import (
+    BINDINGS,
     CONTROL_ACTIONS,
-    SCREENS_IN_ORDER,
     VIEW_ACTIONS,
     ConsoleCommands,
 )
-from gputravel.console.tui.bridge import Bridge, LiveBridge
-from gputravel.console.tui.fleet_view import FleetBridge, FleetRecording, is_fleet_folder
-from gputravel.console.tui.replay_bridge import ReplayBridge
+from gputravel.console.tui.app_leave import Leaving
+from gputravel.console.tui.bridge import Bridge
+from gputravel.console.tui.bridges import choose_bridge
+from gputravel.console.tui.fleet_view import FleetRecording, is_fleet_folder
 from gputravel.console.tui.screens.base import ConsoleScreen
 from gputravel.console.tui.screens.bench import BenchRunner, BenchScreen
 from gputravel.console.tui.screens.confirm import ConfirmScreen, QuitScreen
@@ -37,6 +37,7 @@ from gputravel.console.tui.screens.holders import HoldersScreen
 from gputravel.console.tui.screens.ledger import LedgerScreen
 from gputravel.console.tui.screens.training import TrainingScreen
 from gputravel.console.tui.screens.travel import TravelScreen
+from gputravel.console.tui.widgets.command_line import CommandLine
 from gputravel.core.errors import GpuTravelError
 from gputravel.core.phases import Phase
 from gputravel.core.recording import Recording, load_recording
@@ -45,7 +46,7 @@ from gputravel.themes import CSS_PATH, THEMES, theme_name
 
 __all__ = ["GpuTravelConsole", "main", "make_app"]
 
-class GpuTravelConsole(ConsoleCommands):
+class GpuTravelConsole(App[None]):
     """Watch the GPU travel, step the protocol, read the GPU's health, run benchmarks, audit the ledger."""
 
     CSS_PATH = CSS_PATH
@@ -56,24 +57,7 @@ class GpuTravelConsole(ConsoleCommands):
     VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]
     MODES = {"travel": TravelScreen, "holders": HoldersScreen, "training": TrainingScreen, "gpu": GpuScreen,
              "bench": BenchScreen, "ledger": LedgerScreen}
-    BINDINGS = [
-        Binding("space", "step", "Step"),
-        Binding("p", "toggle_pause", "Pause/resume"),
-        Binding("b", "toggle_break", "Break@HANDOFF"),
-        Binding("r", "run", "Run"),
-        Binding("c", "cancel", "Cancel"),
-        Binding("left_square_bracket", "jump_visit(-1)", "Prev visit"),
-        Binding("right_square_bracket", "jump_visit(1)", "Next visit"),
-        Binding("home", "seek('start')", "Start", show=False),
-        Binding("end", "seek('end')", "End", show=False),
-        *(Binding(str(i + 1), f"show_screen('{name}')", name.title(), show=False)
-          for i, name in enumerate(SCREENS_IN_ORDER)),
-        Binding("colon", "command_line", ":cmd"),
-        Binding("question_mark,f1", "show_help", "Help"),
-        Binding("o", "toggle_log", "Ops log", show=False),
-        Binding("f12", "save_screenshot", "Screenshot", show=False),
-        Binding("q", "quit", "Quit"),
-    ]
+    BINDINGS = BINDINGS
 
     def __init__(self, *, engine_factory: Callable[[], Any] | None = None,
                  replay: Recording | FleetRecording | None = None,
@@ -86,29 +70,16 @@ class GpuTravelConsole(ConsoleCommands):
         if engine_factory is None and replay is None and launcher is None:
             raise ValueError("make_app needs a launcher, an engine_factory or a recording to replay")
         self.observer = readonly
-        #: how the console was left: "detach" (the run goes on), "cancel" (asked to cancel it), or "quit"
-        self.left_how = "quit"
+        #: the cancel and quit questions, and how the console was left (console/tui/app_leave.py)
+        self.leaving = Leaving(self, self)
         self.telemetry_interval = telemetry_interval
         self.bench_runner = bench_runner
         self.theme_choice = theme
-        self.bridge: Bridge
-        if isinstance(replay, FleetRecording):  # a fleet: its ranks' recordings merged; NVML while it runs
-            self.bridge = FleetBridge(self, replay, follow=follow, speed=replay_speed,
-                                      sampler=(sampler or Sampler()) if follow else None)
-        elif replay is not None and attach is not None:  # --attach RUN: followed, steered through its channel
-            from gputravel.console.tui.attach_bridge import AttachedBridge
-
-            assert isinstance(replay, Recording)
-            self.bridge = AttachedBridge(self, replay, attach)
-        elif replay is not None:
-            self.bridge = ReplayBridge(self, replay, follow=follow, speed=replay_speed)
-        elif launcher is not None:  # the console's own runs: headless `gputravel run` processes, attached
-            from gputravel.console.tui.launch_bridge import LaunchBridge
-
-            self.bridge = LaunchBridge(self, launcher)
-        else:
-            self.bridge = LiveBridge(self, engine_factory=engine_factory, sampler=sampler,  # type: ignore[arg-type]
-                                     record=record)
+        self.bridge: Bridge = choose_bridge(self, engine_factory=engine_factory, replay=replay, record=record,
+                                            sampler=sampler, follow=follow, replay_speed=replay_speed,
+                                            attach=attach, launcher=launcher)
+        #: the : line, the palette and ? (console/tui/app_commands.py)
+        self.commands = ConsoleCommands(self, self)
         self.run_worker_handle: Worker[Any] | None = None
         #: called once the first screen is drawn (``--gpus N`` starts its fleet then)
         self.when_ready: Callable[[], None] | None = None
@@ -116,6 +87,34 @@ class GpuTravelConsole(ConsoleCommands):
         for theme_obj in THEMES.values():
             self.register_theme(theme_obj)
         self.theme = theme_name(theme)
+
+    @property
+    def left_how(self) -> str:
+        """How the console was left: "detach" (the run goes on), "cancel" (asked to cancel it), or "quit"."""
+        return self.leaving.how
+
+    @property
+    def readonly(self) -> bool:
+        """No controls: an observer's console, or an attached one while another console steers the run."""
+        return self.observer or self.bridge.watching
+
+    def execute_command(self, line: str) -> None:
+        """Run one ``:`` command (see ``widgets.command_line.COMMANDS``)."""
+        self.commands.execute(line)
+
+    def on_command_line_command_entered(self, message: CommandLine.CommandEntered) -> None:
+        self.commands.execute(message.command)
+
+    def take_control(self) -> None:
+        """``:take``: steer an attached run that another console steers (that one turns read-only)."""
+        self.commands.take_control()
+
+    def action_show_help(self) -> None:
+        self.commands.show_help()
+
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
+        yield from (c for c in super().get_system_commands(screen) if c.title != "Theme")
+        yield from self.commands.palette()
 
     # --- lifetime -------------------------------------------------------------------------------
     def on_mount(self) -> None:
@@ -150,7 +149,8 @@ class GpuTravelConsole(ConsoleCommands):
 
     @work(exclusive=True, group="replay", exit_on_error=False)
     async def play_recording(self) -> None:
-        await self.bridge.play()
+        if self.bridge.playback is not None:
+            await self.bridge.playback.play()
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.state is WorkerState.ERROR and event.worker.error is not None:
@@ -252,8 +252,8 @@ class GpuTravelConsole(ConsoleCommands):
         if self.bridge.attached:
             self.bridge.resume()
             return
-        if self.bridge.replay:
-            self.bridge.restart()
+        if self.bridge.playback is not None:
+            self.bridge.playback.restart()
             return
         if self.run_in_flight:
             self.bridge.resume()
@@ -262,7 +262,7 @@ class GpuTravelConsole(ConsoleCommands):
 
     def action_cancel(self) -> None:
         if self.bridge.attached and self.bridge.run_live:
-            self._confirm_cancel()
+            self.leaving.confirm_cancel()
             return
         if self.bridge.attached and self.bridge.launches:
             ended = self.bridge.shown_status()
@@ -276,21 +276,7 @@ class GpuTravelConsole(ConsoleCommands):
             self.notify(f"no run in progress (the last one {ended})" if self.bridge.state.ended
                         else "no run in progress", timeout=2)
             return
-        self._confirm_cancel()
-
-    def _confirm_cancel(self) -> None:
-        if isinstance(self.screen, ConfirmScreen):
-            return
-
-        def answered(yes: bool | None) -> None:
-            if yes and (self.run_in_flight or self.bridge.attached):
-                self.bridge.cancel()
-                self.notify("cancelling: the visit is aborted, the buffer scrubbed", timeout=3)
-            elif not yes:
-                self.notify("not cancelled: the run goes on", timeout=2)
-
-        self.push_screen(ConfirmScreen("Cancel the run?", "The visit is aborted, the buffer scrubbed, and the run "
-                                       "ends (it cannot be resumed)."), answered)
+        self.leaving.confirm_cancel()
 
     async def action_quit(self) -> None:
         """``q``: leave. A run this console steers (its own, started as a headless process, or ``--attach``) is
@@ -299,54 +285,25 @@ class GpuTravelConsole(ConsoleCommands):
         self.request_quit()
 
     def request_quit(self) -> None:
-        if isinstance(self.screen, (ConfirmScreen, QuitScreen)):
-            self.exit()
-            return
-        if self.bridge.attached and self.bridge.in_control and self.bridge.run_live:
-            self.push_screen(QuitScreen(), self._left)
-            return
-        if not (self.bridge.live and self.run_in_flight):
-            self.exit()
-            return
-
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self.bridge.cancel()
-                self.exit()
-            else:
-                self.notify("not quit: the run goes on", timeout=2)
-
-        self.push_screen(ConfirmScreen(
-            "Quit and cancel the run?", "This run runs inside the console's own process: leaving cancels it (the "
-            "visit is aborted, the buffer scrubbed). Runs the console starts with r go on when it leaves."),
-            answered)
-
-    def _left(self, how: str | None) -> None:
-        if how == "detach":
-            self.left_how = "detach"
-            self.exit()
-        elif how == "cancel":
-            self.bridge.cancel()
-            self.left_how = "cancel"
-            self.exit()
-        else:
-            self.notify("not quit: the run goes on, steered here", timeout=2)
+        self.leaving.request_quit()
 
     def action_jump_visit(self, delta: int) -> None:
-        if self.bridge.replay:
-            current = self.bridge.current_visit()
-            self.bridge.playing = False
-            if delta < 0 and current >= 0 and not self.bridge.at_visit_start(current):
+        playback = self.bridge.playback
+        if playback is not None:
+            current = playback.current_visit()
+            playback.playing = False
+            if delta < 0 and current >= 0 and not playback.at_visit_start(current):
                 delta = 0  # from inside a visit, [ goes back to its start (as "previous" does in a player)
-            self.bridge.jump_visit(max(0, current + delta))
+            playback.jump_visit(max(0, current + delta))
 
     def action_seek(self, where: str) -> None:
-        if self.bridge.replay:
+        playback = self.bridge.playback
+        if playback is not None:
             if where == "end":  # following: the live end, followed again
-                self.bridge.seek_end()
+                playback.seek_end()
                 return
-            self.bridge.playing = False
-            self.bridge.seek(0)
+            playback.playing = False
+            playback.seek(0)
 
     def action_show_screen(self, name: str) -> None:
         self.switch_mode(name)

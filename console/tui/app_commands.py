@@ -1,26 +1,49 @@
-"""The console's ``:`` commands, its command palette entries and its key help (a part of
-:class:`~gputravel.console.tui.app.GpuTravelConsole`, kept apart to keep each module short)."""
+"""The console's ``:`` commands, its command palette entries and its key help: :class:`ConsoleCommands`, a part
+that :class:`~gputravel.console.tui.app.GpuTravelConsole` holds. Every control they offer is one of the app's
+actions (:class:`ConsoleActions`, what the part asks of the app); the Textual side (notices, the help screen,
+timers, the theme) is the app's own."""
 
 from __future__ import annotations
 
 import shlex
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from textual.app import App, SystemCommand
-from textual.screen import Screen
+from textual.binding import Binding
+from textual.notifications import SeverityLevel
 
+from gputravel.console.tui.bridge import Bridge
 from gputravel.console.tui.screens.base import ConsoleScreen
 from gputravel.console.tui.screens.help import HelpScreen
 from gputravel.themes import THEMES, theme_name
 
-__all__ = ["CONTROL_ACTIONS", "EXTRA_KEYS", "SCREENS_IN_ORDER", "VIEW_ACTIONS", "ConsoleCommands"]
+__all__ = ["CONTROL_ACTIONS", "EXTRA_KEYS", "SCREENS_IN_ORDER", "VIEW_ACTIONS", "BINDINGS", "ConsoleActions", "ConsoleCommands"]
 
 SCREENS_IN_ORDER = ("travel", "holders", "training", "gpu", "bench", "ledger")
 #: Actions that change a run (or start work on this machine); refused in --readonly.
 CONTROL_ACTIONS = frozenset({"step", "toggle_pause", "toggle_break", "run", "cancel", "run_bench"})
 #: Of those, the ones that only move the view of a recording (play, pause, step): a replay allows them always.
 VIEW_ACTIONS = frozenset({"step", "toggle_pause", "run"})
+#: The console's keys (the footer shows those with ``show``; ``?`` lists them all with :data:`EXTRA_KEYS`)
+BINDINGS: list[Binding | tuple[str, str] | tuple[str, str, str]] = [
+    Binding("space", "step", "Step"),
+    Binding("p", "toggle_pause", "Pause/resume"),
+    Binding("b", "toggle_break", "Break@HANDOFF"),
+    Binding("r", "run", "Run"),
+    Binding("c", "cancel", "Cancel"),
+    Binding("left_square_bracket", "jump_visit(-1)", "Prev visit"),
+    Binding("right_square_bracket", "jump_visit(1)", "Next visit"),
+    Binding("home", "seek('start')", "Start", show=False),
+    Binding("end", "seek('end')", "End", show=False),
+    *(Binding(str(i + 1), f"show_screen('{name}')", name.title(), show=False)
+      for i, name in enumerate(SCREENS_IN_ORDER)),
+    Binding("colon", "command_line", ":cmd"),
+    Binding("question_mark,f1", "show_help", "Help"),
+    Binding("o", "toggle_log", "Ops log", show=False),
+    Binding("f12", "save_screenshot", "Screenshot", show=False),
+    Binding("q", "quit", "Quit"),
+]
 #: Keys the footer leaves out, for the help overlay (the footer shows the rest).
 EXTRA_KEYS: tuple[tuple[str, str], ...] = (
     ("1-6", "screens: " + ", ".join(SCREENS_IN_ORDER)),
@@ -34,44 +57,58 @@ EXTRA_KEYS: tuple[tuple[str, str], ...] = (
 )
 
 
-class ConsoleCommands(App[None]):
-    """The ``:`` line, the palette and ``?``: every control they offer is one of the app's actions (the base
-    of :class:`~gputravel.console.tui.app.GpuTravelConsole`, which defines the actions named here)."""
+class ConsoleActions(Protocol):
+    """The app's actions the commands call, and what they read of it (``GpuTravelConsole`` defines them)."""
 
-    bridge: Any
+    bridge: Bridge
     #: --readonly: an observer's console (no controls ever)
     observer: bool
-    # the app's actions these commands call (defined by GpuTravelConsole)
-    action_step: Callable[[], None]
-    action_run: Callable[[], None]
-    action_cancel: Callable[[], None]
-    action_toggle_pause: Callable[[], None]
-    action_toggle_break: Callable[[], None]
-    action_toggle_breakpoint: Callable[[str], None]
-    action_seek: Callable[[str], None]
-    action_show_screen: Callable[[str], None]
-    action_save_screenshot: Callable[..., None]
-    action_verify_ledger: Callable[[], None]
-    action_run_bench: Callable[[str], None]
-    request_quit: Callable[[], None]
 
     @property
-    def readonly(self) -> bool:
-        """No controls: an observer's console, or an attached one while another console steers the run."""
-        return self.observer or bool(self.bridge.watching)
+    def readonly(self) -> bool: ...
 
-    def action_show_help(self) -> None:
-        screen = self.screen
+    def action_step(self) -> None: ...
+    def action_run(self) -> None: ...
+    def action_cancel(self) -> None: ...
+    def action_toggle_pause(self) -> None: ...
+    def action_toggle_break(self) -> None: ...
+    def action_toggle_breakpoint(self, phase: str) -> None: ...
+    def action_seek(self, where: str) -> None: ...
+    def action_show_screen(self, name: str) -> None: ...
+    def action_save_screenshot(self, name: str = "") -> None: ...
+    def action_verify_ledger(self) -> None: ...
+    def action_run_bench(self, name: str) -> None: ...
+    def request_quit(self) -> None: ...
+
+
+class ConsoleCommands:
+    """The ``:`` line, the palette and ``?`` of one console: ``app`` its Textual side, ``actions`` the same app's
+    actions (typed apart, so this part reads only what it calls)."""
+
+    def __init__(self, app: App[None], actions: ConsoleActions) -> None:
+        self.app = app
+        self.actions = actions
+
+    @property
+    def bridge(self) -> Bridge:
+        return self.actions.bridge
+
+    def notify(self, message: str, *, severity: SeverityLevel = "information", timeout: float | None = None,
+               markup: bool = True) -> None:
+        self.app.notify(message, severity=severity, timeout=timeout, markup=markup)
+
+    def show_help(self) -> None:
+        screen = self.app.screen
         if isinstance(screen, HelpScreen):
             return
         keys: list[tuple[str, str]] = []
         seen: set[str] = set()
-        for _key, active in self.active_bindings.items():
+        for _key, active in self.app.active_bindings.items():
             b = active.binding
             if b.action in seen or not active.enabled or not b.show:
                 continue
             seen.add(b.action)
-            keys.append((self.get_key_display(b), b.description or b.action))
+            keys.append((self.app.get_key_display(b), b.description or b.action))
         about = screen.HELP if isinstance(screen, ConsoleScreen) else ""
         if isinstance(screen, ConsoleScreen) and self.bridge.merges_gpus and screen.FLEET_HELP:
             about = f"{about} {screen.FLEET_HELP}"
@@ -80,13 +117,10 @@ class ConsoleCommands(App[None]):
         shown = {k for k, _ in keys}
         keys.extend((k, d) for k, d in EXTRA_KEYS
                     if (replay or not d.startswith("replay")) and not set(k.split()) <= shown)
-        self.push_screen(HelpScreen(title=f"{name} screen", about=about, keys=keys))
+        self.app.push_screen(HelpScreen(title=f"{name} screen", about=about, keys=keys))
 
     # --- the : line and the palette -----------------------------------------------------------
-    def on_command_line_command_entered(self, message: Any) -> None:
-        self.execute_command(message.command)
-
-    def execute_command(self, line: str) -> None:
+    def execute(self, line: str) -> None:
         """Run one ``:`` command (see ``widgets.command_line.COMMANDS``)."""
         try:
             words = shlex.split(line)
@@ -97,9 +131,9 @@ class ConsoleCommands(App[None]):
             return
         cmd, args = words[0].lower(), words[1:]
         simple: dict[str, Callable[[], Any]] = {
-            "run": self.action_run, "step": self.action_step, "cancel": self.action_cancel,
-            "help": self.action_show_help, "verify": self.action_verify_ledger, "quit": self.request_quit,
-            "q": self.request_quit}
+            "run": self.actions.action_run, "step": self.actions.action_step, "cancel": self.actions.action_cancel,
+            "help": self.show_help, "verify": self.actions.action_verify_ledger, "quit": self.actions.request_quit,
+            "q": self.actions.request_quit}
         if self.bridge.watching and cmd in CONTROL_ACTIONS | {"pause", "resume", "break", "cancel"}:
             self.notify("another console steers this run: :take takes control", severity="warning")
             return
@@ -107,7 +141,7 @@ class ConsoleCommands(App[None]):
         if cmd == "take":
             self.take_control()
             return
-        if cmd in CONTROL_ACTIONS | {"pause", "resume", "break", "bench", "cancel"} and self.readonly and not view_only:
+        if cmd in CONTROL_ACTIONS | {"pause", "resume", "break", "bench", "cancel"} and self.actions.readonly and not view_only:
             self.notify("read-only console: no controls", severity="warning")
             return
         if cmd in simple:
@@ -115,27 +149,27 @@ class ConsoleCommands(App[None]):
         elif cmd in ("pause", "resume"):
             paused = self.bridge.paused
             if (cmd == "pause") != paused:
-                self.action_toggle_pause()
+                self.actions.action_toggle_pause()
         elif cmd == "break":
             if self.bridge.replay and not self.bridge.attached:
                 self.notify("breakpoints belong to a live run", severity="warning")
             else:
-                self.action_toggle_breakpoint(args[0] if args else "HANDOFF")
+                self.actions.action_toggle_breakpoint(args[0] if args else "HANDOFF")
         elif cmd in SCREENS_IN_ORDER:
-            self.action_show_screen(cmd)
+            self.actions.action_show_screen(cmd)
         elif cmd == "bench":
             if args:
-                self.action_run_bench(args[0])
+                self.actions.action_run_bench(args[0])
             else:
                 from gputravel.console.tui.bench_args import BENCH_ARGS
 
                 self.notify(f"bench NAME: {', '.join(BENCH_ARGS)} (tab completes)", severity="error")
         elif cmd == "screenshot":  # after the command line has closed, so it is not in the picture
             name = args[0] if args else ""
-            self.set_timer(0.3, lambda: self.action_save_screenshot(name))
+            self.app.set_timer(0.3, lambda: self.actions.action_save_screenshot(name))
         elif cmd == "theme":
             try:
-                self.theme = theme_name(args[0] if args else "")
+                self.app.theme = theme_name(args[0] if args else "")
             except KeyError as exc:
                 self.notify(str(exc.args[0]), severity="error", markup=False)
         elif cmd == "jump":
@@ -145,7 +179,7 @@ class ConsoleCommands(App[None]):
 
     def take_control(self) -> None:
         """``:take``: steer an attached run that another console steers (that one turns read-only)."""
-        if not self.bridge.attached or self.observer or self.bridge.folder is None:
+        if not self.bridge.attached or self.actions.observer or self.bridge.folder is None:
             self.notify("nothing to take: :take steers a run attached with --attach (not --readonly)",
                         severity="warning")
             return
@@ -157,34 +191,34 @@ class ConsoleCommands(App[None]):
         self.bridge.post_state()
 
     def _jump(self, args: list[str]) -> None:
-        if not self.bridge.replay:
+        playback = self.bridge.playback
+        if playback is None:
             self.notify("jump works in a replay (gputravel-console --replay FILE)", severity="warning")
         elif args and args[0] == "end":
-            self.action_seek("end")
+            self.actions.action_seek("end")
         elif args and args[0] == "start":
-            self.action_seek("start")
+            self.actions.action_seek("start")
         elif args and args[0].isdigit() and int(args[0]) >= 1:
-            self.bridge.playing = False
-            self.bridge.jump_visit(int(args[0]) - 1)
+            playback.playing = False
+            playback.jump_visit(int(args[0]) - 1)
         else:
             self.notify("jump VISIT (1-based), jump start or jump end", severity="error")
 
-    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
-        # Textual's own "Theme" offers every theme it knows; the console's ("Theme: NAME") only those --theme
-        # and :theme accept
-        yield from (c for c in super().get_system_commands(screen) if c.title != "Theme")
-        if not self.readonly:
-            yield SystemCommand("Run", "Start the run (or resume it)", self.action_run)
-            yield SystemCommand("Step one phase", "Run exactly one protocol phase, then pause", self.action_step)
-            yield SystemCommand("Pause / resume", "Pause before the next phase, or resume", self.action_toggle_pause)
+    def palette(self) -> Iterable[SystemCommand]:
+        """The console's palette entries (after Textual's own, less its "Theme": the console's "Theme: NAME"
+        offers only those --theme and :theme accept)."""
+        if not self.actions.readonly:
+            yield SystemCommand("Run", "Start the run (or resume it)", self.actions.action_run)
+            yield SystemCommand("Step one phase", "Run exactly one protocol phase, then pause", self.actions.action_step)
+            yield SystemCommand("Pause / resume", "Pause before the next phase, or resume", self.actions.action_toggle_pause)
             if self.bridge.live:
                 yield SystemCommand("Break before HANDOFF", "Toggle the breakpoint before the hand-off",
-                                    self.action_toggle_break)
-            yield SystemCommand("Cancel run", "Abort the visit (the buffer is scrubbed) and stop", self.action_cancel)
+                                    self.actions.action_toggle_break)
+            yield SystemCommand("Cancel run", "Abort the visit (the buffer is scrubbed) and stop", self.actions.action_cancel)
         for name in SCREENS_IN_ORDER:
             yield SystemCommand(f"Screen: {name}", f"Show the {name} screen",
-                                lambda name=name: self.action_show_screen(name))
-        yield SystemCommand("Verify ledger", "Recompute the audit ledger's hash chain", self.action_verify_ledger)
+                                lambda name=name: self.actions.action_show_screen(name))
+        yield SystemCommand("Verify ledger", "Recompute the audit ledger's hash chain", self.actions.action_verify_ledger)
         for choice in THEMES:
             yield SystemCommand(f"Theme: {choice}", f"Switch to the {choice} theme",
-                                lambda c=choice: setattr(self, "theme", theme_name(c)))
+                                lambda c=choice: setattr(self.app, "theme", theme_name(c)))

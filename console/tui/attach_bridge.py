@@ -12,15 +12,16 @@ half a second) and turns read-only in turn."""
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 from typing import Any
 
 from textual.app import App
 
-from gputravel.console.cli.run_control import controller, send_control
-from gputravel.console.tui.replay_bridge import ReplayBridge
+from gputravel.console.cli.control_client import ControlClient
+from gputravel.console.tui.bridge import Bridge
+from gputravel.console.tui.playback import Playback
 from gputravel.console.view.model import RunState
+from gputravel.console.view.recorded_run import RecordedRun
 from gputravel.core.phases import Phase
 from gputravel.core.recording import Recording
 from gputravel.core.runfolder import RunFolder
@@ -32,49 +33,47 @@ __all__ = ["ATTACHED_SPEED", "AttachedBridge"]
 ATTACHED_SPEED = 1000.0
 
 
-class AttachedBridge(ReplayBridge):
-    """The follow view of a run, with its controls: each key a request on the run's channel."""
+class AttachedBridge(Bridge):
+    """The follow view of a run, with its controls: each key a request on the run's channel. Its parts: the
+    :class:`~gputravel.console.tui.playback.Playback` of the run's recording and the
+    :class:`~gputravel.console.cli.control_client.ControlClient` (who steers, what was asked)."""
 
+    replay = True
     attached = True
+    playback: Playback
 
     def __init__(self, app: App[Any], recording: Recording, folder: Path | None, *, take: bool = True) -> None:
-        self.breaks: set[Phase] = set()  # the breakpoints this console set (the view's state is rebuilt)
-        super().__init__(app, recording, follow=True, speed=ATTACHED_SPEED)
-        self.folder = folder
-        self.sent: list[dict[str, Any]] = []  # what this console asked, in order (the channel holds it too)
-        self.console_id = uuid.uuid4().hex[:12]
-        #: whether this console steers the run (else it watches, read-only, until :take)
-        self.in_control = False
-        #: the console that holds control, where another does (its take line)
-        self.holder: dict[str, Any] | None = None
+        super().__init__(app)
+        self.control = ControlClient(folder)
+        self.state = self.new_state()
+        self.playback = Playback(self, RecordedRun(recording, new_state=self.new_state), follow=True,
+                                 speed=ATTACHED_SPEED)
         if folder is not None and take:
-            self.claim()
+            self.control.claim()
+            self._bindings_changed()
 
-    def claim(self) -> None:
-        """Attaching: take control unless another live console holds it (then watch until :take)."""
-        assert self.folder is not None
-        held = controller(self.folder)
-        if held is None or held.get("console") == self.console_id:
-            self.take()
-        else:
-            self.holder = held
+    @property
+    def folder(self) -> Path | None:
+        return self.control.folder
+
+    @property
+    def in_control(self) -> bool:
+        return self.control.in_control
+
+    @property
+    def breaks(self) -> set[Phase]:
+        return self.control.breaks
 
     def take(self) -> None:
         """``:take``: this console steers the run from now on; the one that did sees it at its next read."""
-        assert self.folder is not None
-        self.sent.append(send_control(self.folder, "take", sender="gputravel-console --attach",
-                                      console=self.console_id))
-        self.in_control, self.holder = True, None
+        self.control.take()
         self._bindings_changed()
 
     def check_control(self) -> bool:
         """Whether another console took control since (then this one watches, read-only); True on a change."""
-        if self.folder is None or not self.in_control:
+        held = self.control.lost()
+        if held is None:
             return False
-        held = controller(self.folder)
-        if held is None or held.get("console") == self.console_id:
-            return False
-        self.in_control, self.holder = False, held
         self.notice(f"control taken by another console (pid {held.get('pid')}): this one watches read-only; "
                     ":take takes it back", "warning")
         self._bindings_changed()
@@ -82,10 +81,7 @@ class AttachedBridge(ReplayBridge):
 
     def close(self) -> None:
         """Leaving: control is given up (a console attaching next takes it)."""
-        if self.folder is not None and self.in_control and self.folder.is_dir():
-            send_control(self.folder, "release", sender="gputravel-console --attach", console=self.console_id)
-            self.in_control = False
-        super().close()
+        self.control.release()
 
     def _bindings_changed(self) -> None:
         if self.app.is_running:  # the footer offers the controls only to the console in control
@@ -93,13 +89,19 @@ class AttachedBridge(ReplayBridge):
 
     def follow_more(self) -> bool:
         changed = self.check_control()
-        return super().follow_more() or changed
+        return self.playback.recorded.read_more() or changed
 
-    def _send(self, action: str, **kw: Any) -> None:
-        if self.folder is None or not self.in_control:
-            return
-        self.sent.append(send_control(self.folder, action, sender="gputravel-console --attach",
-                                      console=self.console_id, **kw))
+    @property
+    def end_state(self) -> RunState:
+        """The run as its recording tells it (the view may be elsewhere)."""
+        return self.playback.end_state
+
+    def shown_status(self) -> str | None:
+        return self.playback.recorded.status(follow=True)
+
+    @property
+    def running(self) -> bool:
+        return self.playback.playing
 
     @property
     def watching(self) -> bool:
@@ -107,13 +109,16 @@ class AttachedBridge(ReplayBridge):
 
     @property
     def ledger_path(self) -> Path | None:
-        return RunFolder(self.folder).ledger if self.folder is not None else super().ledger_path
+        if self.folder is not None:
+            return RunFolder(self.folder).ledger
+        path = self.playback.player.recording.meta.get("ledger")
+        return Path(path) if path else None
 
     @property
     def badges(self) -> tuple[str, ...]:
         """ATTACHED for the console that steers; the view's position only where it left the live end (a steered
         run is shown where it is: ``FOLLOW ▶`` said nothing there and cost the status bar its room)."""
-        shown = super().badges
+        shown = (*super().badges, self.playback.badge())
         if not self.in_control:
             return shown
         return ("ATTACHED", *(b for b in shown if b != "FOLLOW ▶"))
@@ -126,38 +131,33 @@ class AttachedBridge(ReplayBridge):
     def new_state(self) -> RunState:
         return RunState(breakpoints=set(self.breaks))
 
-    def _live_end(self) -> None:
-        self.seek_end()  # the view goes with the run, to its live end
+    def steer(self, action: str, **kw: Any) -> None:
+        """One request on the run's channel; the view goes with the run, to its live end."""
+        self.control.send(action, **kw)
+        self.playback.seek_end()
 
     def step(self) -> bool:
-        self._send("step")
-        self._live_end()
+        self.steer("step")
         return True
 
     def toggle_pause(self) -> str:
         if self.end_state.status == "paused":
-            self._send("resume")
-            self._live_end()
+            self.steer("resume")
             return "resuming"
-        self._send("pause")
-        self._live_end()
+        self.steer("pause")
         return "pausing: after the current training step, else before the next phase"
 
     def resume(self) -> None:
-        self._send("resume")
-        self._live_end()
+        self.steer("resume")
 
     def toggle_breakpoint(self, phase: Phase) -> bool:
-        on = phase not in self.breaks
-        (self.breaks.add if on else self.breaks.discard)(phase)
+        on = self.control.toggle_break(phase)
         self.state.breakpoints = set(self.breaks)
-        self._send("break", phase=str(phase), on=on)
         self.post_state()
         return on
 
     def cancel(self) -> None:
-        self._send("cancel")
-        self._live_end()
+        self.steer("cancel")
 
     @property
     def run_live(self) -> bool:

@@ -21,11 +21,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gputravel.console.tui.replay_bridge import ReplayBridge
+from gputravel.console.tui.bridge import Bridge
+from gputravel.console.tui.playback import Playback
 from gputravel.console.view.model import RunState
+from gputravel.console.view.recorded_run import RecordedRun
 from gputravel.core import events as ev
-from gputravel.core.errors import RecordingError
-from gputravel.core.recording import RECORDING_VERSION, RecordedItem, Recording, load_recording
+from gputravel.core.errors import GpuTravelError, RecordingError
+from gputravel.core.phases import Phase
+from gputravel.core.recording import RECORDING_VERSION, Player, RecordedItem, Recording, load_recording
 from gputravel.core.runfolder import RunFolder
 from gputravel.core.telemetry import Sampler, TelemetryFrame
 
@@ -33,6 +36,11 @@ if TYPE_CHECKING:
     from textual.app import App
 
 __all__ = ["FleetBridge", "FleetItem", "FleetRecording", "is_fleet_folder"]
+
+def gpu_of(item: RecordedItem) -> int:
+    """The GPU (torchrun rank) a merged item is of (0: an item of a plain recording)."""
+    return item.gpu if isinstance(item, FleetItem) else 0
+
 
 def is_fleet_folder(path: Path) -> bool:
     """A fleet run folder: ``rank-R/recording.db`` in it, or the ``fleet.json`` its ranks are about to read."""
@@ -117,16 +125,22 @@ class FleetRecording:
         return Recording(self.path, meta, self.items)
 
 
-class FleetBridge(ReplayBridge):
-    """Plays (or follows) a fleet's merged recordings: one run per GPU, and their merge."""
+class FleetBridge(Bridge):
+    """Plays (or follows) a fleet's merged recordings: one run per GPU, and their merge. Its parts: the
+    :class:`FleetRecording` (the ranks' files) and the :class:`~gputravel.console.tui.playback.Playback` of their
+    merge (each run event folded into the run's state with its GPU; following reads what every rank appended)."""
 
+    replay = True
     merges_gpus = True
+    playback: Playback
 
     def __init__(self, app: App[Any], fleet: FleetRecording, *, speed: float = 8.0, follow: bool = False,
                  sampler: Sampler | None = None) -> None:
-        self.fleet = fleet  # before the replay's init: its states are a fleet's
-        super().__init__(app, fleet.recording(), speed=speed, follow=follow)
+        super().__init__(app)
+        self.fleet = fleet
         self.state = self.new_state()
+        recorded = RecordedRun(fleet.recording(), new_state=self.new_state, gpu_of=gpu_of, more=self.more)
+        self.playback = Playback(self, recorded, speed=speed, follow=follow, apply=self.apply_items)
         #: NVML while following a running fleet (its devices' own counters come from the ranks' recordings)
         self.sampler = sampler
         self.rank_frames: dict[int, TelemetryFrame] = {}  # each GPU's newest recorded frame, its SIM as sim-R
@@ -147,37 +161,57 @@ class FleetBridge(ReplayBridge):
     @property
     def badges(self) -> tuple[str, ...]:
         fleet = f"FLEET ×{self.fleet.gpus}" + (" SIM" if self.state.sim else "")
-        return fleet, self.position_badge()
+        return fleet, self.playback.badge()
 
-    def _fold_end_event(self, item: RecordedItem) -> None:
-        self.end_state.apply(item.event(), gpu=item.gpu if isinstance(item, FleetItem) else 0)
+    def more(self, player: Player) -> tuple[tuple[RecordedItem, ...], str | None]:
+        """What the ranks appended since (a fleet's merge has no meta status)."""
+        return self.fleet.more(), None  # a RecordingError: nothing read this time
 
-    def _apply(self, items: Iterable[RecordedItem]) -> tuple[ev.Event, ...]:
+    @property
+    def running(self) -> bool:
+        return self.playback.playing
+
+    @property
+    def paused(self) -> bool:
+        return self.state.status == "paused" or not self.playback.playing
+
+    def shown_status(self) -> str | None:
+        return self.playback.recorded.status(follow=self.playback.follow)
+
+    def step(self) -> bool:
+        self.playback.step()
+        return True
+
+    def toggle_pause(self) -> str:
+        return self.playback.toggle()
+
+    def toggle_breakpoint(self, phase: Phase) -> bool:
+        raise GpuTravelError("breakpoints belong to a live run")
+
+    def cancel(self) -> None:
+        self.playback.stop()
+
+    def apply_items(self, items: Iterable[RecordedItem]) -> tuple[ev.Event, ...]:
+        """Each played item with its GPU: events into the fleet's state (one run per GPU), frames merged."""
         events: list[ev.Event] = []
         for item in items:
             if item.kind == "telemetry":
-                self.offer_rank_frame(item.gpu if isinstance(item, FleetItem) else 0, item.frame())
+                self.offer_rank_frame(gpu_of(item), item.frame())
                 continue
             if item.kind != "event":
                 continue
             event = item.event()
-            self.state.apply(event, gpu=item.gpu if isinstance(item, FleetItem) else 0)
+            self.state.apply(event, gpu=gpu_of(item))
             self.tracker(event)
             events.append(event)
         return tuple(events)
 
     def follow_more(self) -> bool:
-        try:
-            more = self.fleet.more()
-        except RecordingError:
-            return False
-        if more:
-            self.player.extend(more)
-            self._fold_end(more)
-        for state in (self.state, self.end_state):
+        more = self.playback.recorded.read_more()
+        for state in (self.state, self.playback.end_state):
             if state.fleet_size < self.fleet.gpus:
                 state.fleet_size = self.fleet.gpus
-        return bool(more)
+        return more
 
     # --- telemetry: the ranks' recorded frames, merged --------------------------------------------
     def offer_rank_frame(self, gpu: int, frame: TelemetryFrame) -> None:
@@ -228,9 +262,9 @@ class FleetBridge(ReplayBridge):
             self._frame_pending = True
             self.app.post_message(self.TelemetryTicked())
 
-    def rebuild(self) -> None:
+    def reset_view(self, state: RunState) -> None:
         self.rank_frames = {}
-        super().rebuild()
+        super().reset_view(state)
 
     async def poll_telemetry(self, interval: float) -> None:
         """This machine's NVML while following (each GPU's emulated device is sampled by its rank)."""

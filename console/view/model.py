@@ -11,10 +11,11 @@ import re
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from gputravel.console.view.fleet import RUN_EVENTS, TERMINAL_STATUSES, DeviceView, FleetFold, gpu_label
+from gputravel.console.view.phase_fold import PhaseFold
+from gputravel.console.view.rows import HolderView, OpLine, PhaseMark, VisitView
 from gputravel.console.view.training import TrainingFold
 from gputravel.core import events as ev
 from gputravel.core.phases import VISIT_PHASES, Phase
@@ -23,97 +24,8 @@ from gputravel.core.travel.holders import HolderState
 __all__ = ["RUN_EVENTS", "TERMINAL_STATUSES", "DeviceView", "HolderView", "OpLine", "PhaseMark",
            "RunState", "VisitView", "gpu_label"]
 
-#: The states a holder goes through, in order (the SSH deployer adds connecting/deploying/verified).
-#: Phases during which the GPU is, logically, with the holder (it holds a key into the buffer window).
-AWAY_PHASES = frozenset({"HANDOFF", "PROVISION", "RETURN"})
-
 #: How a holder's refusal reads in a visit's error (``HolderRefusedError``): the claim it refused.
 HOLDER_REFUSED = re.compile(r"holder attestation refused: (.+?)(?: \(no key released\))?$")
-
-
-@dataclass(slots=True)
-class OpLine:
-    """One line of the operations log: seconds since the run's first event, who, what; ``wall`` is the
-    event's own wall-clock time (epoch seconds), which the CLI prints beside the offset."""
-
-    at: float
-    source: str
-    text: str
-    level: str = "info"  # info | warn | error
-    wall: float | None = None
-
-    def render(self) -> str:
-        return f"+{self.at:7.2f}s  {self.source:<12} {self.text}"
-
-    def stamped(self) -> str:
-        """The line with its ISO 8601 UTC wall-clock time in front (``runs log``, ``replay``)."""
-        return f"{iso_time(self.wall)}  {self.render()}" if self.wall is not None else self.render()
-
-
-def iso_time(t: float) -> str:
-    """``2026-11-27T16:06:43.512Z``: ISO 8601, UTC, milliseconds."""
-    return datetime.fromtimestamp(t, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-@dataclass(slots=True)
-class HolderView:
-    name: str
-    state: str = "offline"
-    agent_sha256: str | None = None
-    fmt: str | None = None
-    data_bytes: int = 0
-    provisioned: int = 0
-    total: int = 0
-    mb_s: float | None = None
-    visits_done: int = 0
-    visits_failed: int = 0
-    rejected: Counter[str] = field(default_factory=Counter)
-    error: str | None = None
-    log: deque[OpLine] = field(default_factory=lambda: deque(maxlen=500))
-
-    @property
-    def state_label(self) -> str:
-        if self.state == HolderState.VERIFIED and self.agent_sha256:
-            return f"verified({self.agent_sha256[:8]})"
-        return self.state
-
-
-@dataclass(slots=True)
-class PhaseMark:
-    phase: str
-    status: str = "pending"  # pending | running | ok | failed | cancelled
-    seconds: float | None = None
-    nbytes: int = 0
-
-
-@dataclass(slots=True)
-class VisitView:
-    visit: int
-    holder: str
-    attempt: int = 1  # a failed visit is redone: each attempt is a row of its own
-    epoch: int = 0
-    phases: dict[str, PhaseMark] = field(default_factory=lambda: {str(p): PhaseMark(str(p)) for p in VISIT_PHASES})
-    key_fp: str | None = None
-    integrity_ok: bool | None = None
-    scrub_verified: bool | None = None
-    outcome: str = "running"  # running | done | failed | cancelled
-    error: str | None = None
-    failed_phase: str | None = None
-    mb_s: float | None = None
-    loss_first: float | None = None
-    loss_last: float | None = None
-    val_loss: float | None = None
-    tokens_per_s: float | None = None
-    rejected: int = 0
-    gpu: int | None = None  # a fleet's visit: the GPU (torchrun rank) that made it
-    device: str | None = None  # ... and that GPU's device id
-
-    @property
-    def ended(self) -> bool:
-        return self.outcome != "running"
-
-    def phases_done(self) -> int:
-        return sum(1 for m in self.phases.values() if m.status == "ok")
 
 
 @dataclass
@@ -288,63 +200,6 @@ class RunState:
             self.log(self._t, "orchestrator", f"visit {visit + 1} ({holder}): attempt {last.attempt + 1}")
         return self.visits[row]
 
-    def _on_PhaseStarted(self, e: ev.PhaseStarted) -> None:
-        v = self._visit(e.visit, e.holder)
-        v.epoch = e.epoch
-        v.phases[e.phase].status = "running"
-        self.current_visit, self.current_holder, self.current_phase = e.visit, e.holder, e.phase
-        self.paused_before = self.pause_reason = None
-        if self.status in ("paused", "starting", "idle"):
-            self.status = "running"
-        h = self.holder(e.holder)
-        if e.phase in AWAY_PHASES:
-            self.gpu_at = e.holder
-        if e.phase == "HANDOFF":
-            h.provisioned, h.total, h.mb_s = 0, 0, None
-        if e.phase == "PROVISION":
-            h.state = HolderState.PROVISIONING
-        if e.phase == "ATTEST":
-            self.log(e.t, "orchestrator", f"visit {e.visit + 1} → {e.holder}: attest the GPU")
-
-    def _on_PhaseCompleted(self, e: ev.PhaseCompleted) -> None:
-        v = self._visit(e.visit, e.holder)
-        mark = v.phases[e.phase]
-        mark.status = "ok" if e.outcome == "ok" else e.outcome
-        mark.seconds, mark.nbytes = e.seconds, e.nbytes
-        self.phases_completed += 1
-        self.last_phase = e.phase
-        if self.current_phase == e.phase:
-            self.current_phase = None
-        h = self.holder(e.holder)
-        if e.key_fingerprint:
-            v.key_fp = self.key_fp = e.key_fingerprint
-            self.key_visit = e.visit
-        self.epoch = max(self.epoch, e.epoch)
-        if e.phase == "HANDOFF":
-            self.log(e.t, e.holder, f"hand-off: epoch {e.epoch}, provisioning key {(e.key_fingerprint or '?')[:8]} "
-                     f"for window {e.detail.get('window', '?')}")
-        elif e.phase == "PROVISION":
-            v.mb_s = e.detail.get("mb_s")
-            h.mb_s, h.provisioned = v.mb_s, e.nbytes
-            h.total = max(h.total, e.nbytes)
-            self.log(e.t, e.holder, f"provisioned {e.nbytes / 2**20:.2f} MiB ciphertext at {v.mb_s} MB/s, "
-                     f"{e.detail.get('retransmits', 0)} retransmits")
-        elif e.phase == "RETURN":
-            h.state = "returned"
-            self.gpu_at = "orchestrator"
-            self.log(e.t, e.holder, f"returned: key of epoch {e.epoch} is dead; {e.detail.get('chunks', '?')} chunks")
-        elif e.phase == "VERIFY":
-            v.integrity_ok = True
-            self.log(e.t, "device", "integrity: code and model regions unchanged")
-        elif e.phase == "TRAIN":
-            self.log(e.t, "device", f"trained {e.detail.get('steps', '?')} steps: loss "
-                     f"{_num(e.detail.get('loss_first'))} → {_num(e.detail.get('loss_last'))}")
-        elif e.phase == "SCRUB":
-            v.scrub_verified = True
-            self.log(e.t, "device", f"scrub verified: {e.nbytes / 2**20:.2f} MiB read back as zero")
-        elif e.phase == "ROTATE":
-            self.log(e.t, "device", f"control channel rotated to epoch {e.epoch}")
-
     def _on_ProvisionProgressed(self, e: ev.ProvisionProgressed) -> None:
         h = self.holder(e.holder)
         h.state, h.provisioned, h.total = HolderState.PROVISIONING, e.nbytes, e.total
@@ -493,23 +348,17 @@ class RunState:
         }
 
 
-def _num(x: Any) -> str:
-    return f"{x:.3f}" if isinstance(x, int | float) else "?"
-
-
 #: The fleet's fold (one per process: it keeps no state of its own, the states it folds into do).
 FLEET = FleetFold()
 
 #: What :meth:`RunState.apply` folds each event with, built once: the state's own handlers and the entries of
-#: the fold objects it composes (:class:`TrainingFold`; :class:`FleetFold` takes a fleet GPU's events first).
+#: the fold objects it composes (:class:`TrainingFold`, :class:`PhaseFold`; :class:`FleetFold` takes a fleet GPU's events first).
 HANDLERS: dict[type[ev.Event], Callable[[RunState, Any], None]] = {
     ev.DeviceAttested: RunState._on_DeviceAttested,
     ev.HolderConnected: RunState._on_HolderConnected,
     ev.HolderStateChanged: RunState._on_HolderStateChanged,
     ev.ProvisionResumed: RunState._on_ProvisionResumed,
     ev.RunStarted: RunState._on_RunStarted,
-    ev.PhaseStarted: RunState._on_PhaseStarted,
-    ev.PhaseCompleted: RunState._on_PhaseCompleted,
     ev.ProvisionProgressed: RunState._on_ProvisionProgressed,
     ev.ChunkRejected: RunState._on_ChunkRejected,
     ev.KeyRotated: RunState._on_KeyRotated,
@@ -521,4 +370,5 @@ HANDLERS: dict[type[ev.Event], Callable[[RunState, Any], None]] = {
     ev.RunCompleted: RunState._on_RunCompleted,
     ev.RunFailed: RunState._on_RunFailed,
     **TrainingFold().handlers(),
+    **PhaseFold().handlers(),
 }

@@ -17,7 +17,7 @@ from rich.console import Console
 
 from gputravel.console.entries import ENTRIES
 from gputravel.console.tui.app import GpuTravelConsole, make_app
-from gputravel.console.tui.bridge import LiveBridge
+from gputravel.console.tui.live_bridge import LiveBridge
 from gputravel.console.tui.screens.bench import BenchScreen
 from gputravel.console.tui.screens.gpu import GpuScreen
 from gputravel.console.tui.screens.help import HelpScreen

@@ -60,10 +60,10 @@ def screen_text(app: GpuTravelConsole) -> str:
     return console.export_text()
 
 
-def seek_until(bridge: ReplayBridge, cond: Callable[[RunState], bool]) -> int:
+def seek_until(bridge: ReplayBridge | FleetBridge, cond: Callable[[RunState], bool]) -> int:
     """Move the replay cursor to the first position where ``cond(state)`` holds."""
-    for position in range(len(bridge.player.items) + 1):
-        bridge.seek(position)
+    for position in range(len(bridge.playback.player.items) + 1):
+        bridge.playback.seek(position)
         if cond(bridge.state):
             return position
     raise AssertionError("the recording never reaches that state")
@@ -293,7 +293,7 @@ async def test_following_a_running_fleet_is_read_only_and_picks_up_every_rank(fl
             # the view moves (pause, step: issue 25.1); the fleet is torchrun's: no cancel, no breakpoint
             assert app.check_action("step", ()) is True and app.check_action("toggle_pause", ()) is True
             assert app.check_action("cancel", ()) is False and app.check_action("toggle_break", ()) is False
-            await until(pilot, lambda: bridge.player.position == half, what="rank 0's first half")
+            await until(pilot, lambda: bridge.playback.player.position == half, what="rank 0's first half")
             assert list(bridge.state.gpus) == [0] and bridge.state.status != "completed"
             recorders[1] = Recorder(follow / "rank-1" / "recording.db", meta=dict(ranks[1].meta))
             for rank, rec in ranks.items():
@@ -301,7 +301,7 @@ async def test_following_a_running_fleet_is_read_only_and_picks_up_every_rank(fl
                     write_again(recorders[rank], item)
             await until(pilot, lambda: bridge.state.status == "completed", what="the fleet's end")
             assert list(bridge.state.gpus) == [0, 1] and len(bridge.state.visits) == 3
-            assert sum(isinstance(i, FleetItem) and i.gpu == 1 for i in bridge.player.items) == len(ranks[1].items)
+            assert sum(isinstance(i, FleetItem) and i.gpu == 1 for i in bridge.playback.player.items) == len(ranks[1].items)
             bar = app.screen.query_one(StatusBar).summary
             assert bar is not None and "READ-ONLY · torchrun drives" in bar.badges
             assert "FOLLOW ▶" in bar.badges

@@ -42,7 +42,7 @@ async def until(pilot: object, check: object, tries: int = 200) -> bool:
 
 
 def at_end(bridge: ReplayBridge) -> bool:
-    return bridge.player.position >= len(bridge.player.items)
+    return bridge.playback.player.position >= len(bridge.playback.player.items)
 
 
 def status_line(app: GpuTravelConsole) -> str:
@@ -55,11 +55,11 @@ async def test_readonly_follow_paused_by_bracket_comes_back_with_end_and_says_co
     async with app.run_test(size=SIZE) as pilot:
         bridge = app.bridge
         assert isinstance(bridge, ReplayBridge)
-        bridge.speed = 1000.0
+        bridge.playback.speed = 1000.0
         assert await until(pilot, lambda: at_end(bridge) and bridge.state.current_visit == 1)
         await pilot.press("left_square_bracket")  # back to the start of visit 2: the view pauses there
         await pilot.pause()
-        assert not bridge.playing and bridge.state.current_visit == 1
+        assert not bridge.playback.playing and bridge.state.current_visit == 1
         copy_items(rec, rest)  # the run goes on and ends while the view is paused
         rec.close()
         assert await until(pilot, lambda: "COMPLETED" in status_line(app))  # the recording's final event
@@ -67,7 +67,7 @@ async def test_readonly_follow_paused_by_bracket_comes_back_with_end_and_says_co
         assert "FOLLOW ‖" in status_line(app)
         await pilot.press("end")  # End: the live end, followed again
         assert await until(pilot, lambda: bridge.state.status == "completed")
-        assert bridge.playing and at_end(bridge)
+        assert bridge.playback.playing and at_end(bridge)
         assert "FOLLOW ▶" in status_line(app) and "RUNNING" not in status_line(app)
 
 
@@ -77,21 +77,21 @@ async def test_readonly_follow_resumes_with_p_space_and_right_bracket(tmp_path: 
     async with app.run_test(size=SIZE) as pilot:
         bridge = app.bridge
         assert isinstance(bridge, ReplayBridge)
-        bridge.speed = 1000.0
+        bridge.playback.speed = 1000.0
         assert await until(pilot, lambda: at_end(bridge))
         for resume in ("p", "right_square_bracket", "space"):
             await pilot.press("left_square_bracket", "left_square_bracket")
             await pilot.pause()
-            assert not bridge.playing
-            seen = bridge.player.position
+            assert not bridge.playback.playing
+            seen = bridge.playback.player.position
             await pilot.press(resume)
             if resume == "p":  # play: on to the live end
                 assert await until(pilot, lambda: at_end(bridge))
             else:  # one visit / one phase on, never refused in read-only
                 await pilot.pause()
-                assert bridge.player.position > seen
+                assert bridge.playback.player.position > seen
         await pilot.press("right_square_bracket", "right_square_bracket", "right_square_bracket")
-        assert await until(pilot, lambda: at_end(bridge) and bridge.playing)  # past the last visit: followed
+        assert await until(pilot, lambda: at_end(bridge) and bridge.playback.playing)  # past the last visit: followed
         copy_items(rec, rest)
         rec.close()
         assert await until(pilot, lambda: bridge.state.status == "completed")  # followed to the real end
@@ -176,11 +176,11 @@ async def test_a_follow_opens_at_the_live_end_not_at_the_start_of_the_run(tmp_pa
         bridge = app.bridge
         assert isinstance(bridge, ReplayBridge)
         await pilot.pause()
-        assert at_end(bridge) and bridge.playing  # the default pace (8x) never got the chance to matter
+        assert at_end(bridge) and bridge.playback.playing  # the default pace (8x) never got the chance to matter
         assert bridge.state.current_visit == 1 and "FOLLOW ▶" in status_line(app)
         await pilot.press("home")
         await pilot.pause()
-        assert bridge.player.position == 0 and bridge.state.current_visit is None
+        assert bridge.playback.player.position == 0 and bridge.state.current_visit is None
 
 
 async def test_at_80_columns_the_status_bar_keeps_the_replay_position_whole() -> None:

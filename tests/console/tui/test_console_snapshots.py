@@ -231,7 +231,8 @@ async def test_replay_refuses_cancel_and_break_quietly(recording: Path) -> None:
 
 async def test_replay_jump_command_and_playback_reach_the_end(recording: Path) -> None:
     app = make_app(replay=load_recording(recording))
-    app.bridge.speed = 1000.0  # type: ignore[attr-defined]
+    assert app.bridge.playback is not None
+    app.bridge.playback.speed = 1000.0
     async with app.run_test(size=SIZE) as pilot:
         app.execute_command("jump 3")
         await pilot.pause()

@@ -50,19 +50,19 @@ async def test_a_second_console_watches_until_it_takes_control_and_the_first_see
             assert isinstance(two, AttachedBridge)
             assert two.watching and second.readonly and "READ-ONLY · :take" in second.badges
             await p2.press("p", "space", "c")  # refused: another console steers
-            assert [(r["action"], r["console"]) for r in lines(folder)] == [("take", one.console_id)]
+            assert [(r["action"], r["console"]) for r in lines(folder)] == [("take", one.control.console_id)]
             await p2.press("colon", *"take", "enter")
-            assert lines(folder)[-1]["action"] == "take" and lines(folder)[-1]["console"] == two.console_id
+            assert lines(folder)[-1]["action"] == "take" and lines(folder)[-1]["console"] == two.control.console_id
             assert two.in_control and not second.readonly and "ATTACHED" in second.badges
             await until(p1, lambda: one.watching, timeout=5, what="the first console seeing :take")
             assert first.readonly and "READ-ONLY · :take" in first.badges
             await p1.press("p")  # the first one no longer steers
             await p2.press("p")  # the second one does
-            assert [(r["action"], r["console"]) for r in lines(folder)][-1] == ("pause", two.console_id)
+            assert [(r["action"], r["console"]) for r in lines(folder)][-1] == ("pause", two.control.console_id)
             assert [r["action"] for r in lines(folder)].count("pause") == 1
         await p1.press("colon", *"take", "enter")  # and takes it back
-        assert one.in_control and lines(folder)[-1]["console"] == one.console_id
-    assert lines(folder)[-1] == {**lines(folder)[-1], "action": "release", "console": one.console_id}
+        assert one.in_control and lines(folder)[-1]["console"] == one.control.console_id
+    assert lines(folder)[-1] == {**lines(folder)[-1], "action": "release", "console": one.control.console_id}
 
 
 async def test_q_on_a_steered_run_asks_detach_cancel_or_stay(tmp_path: Path) -> None:
