@@ -33,8 +33,11 @@ class EmbeddedSshServer:
                  keepalive_interval: float = 0.0, data_route: str = "forward") -> None:
         self.holders = holders
         self.data_route = data_route  # the holders' inventory ``data_route``: how they reach the TCP data port
-        self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="gputravel-ssh-")
-        self.workdir = Path(workdir or self._tmp.name)  # type: ignore[union-attr]
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if not workdir:
+            self._tmp = tempfile.TemporaryDirectory(prefix="gputravel-ssh-")
+            workdir = Path(self._tmp.name)
+        self.workdir = Path(workdir)
         os.chmod(self.workdir, 0o700)
         self.keepalive_interval = keepalive_interval
         self.proc: subprocess.Popen[bytes] | None = None

@@ -76,8 +76,9 @@ class HolderAttestation:
         ok = bool(cvm["ok"] and gpu["ok"])
         if ok:
             self.attested = (msg.epoch, msg.key_fp, msg.run_id, link_pub)
-        evidence = {k: hashlib.sha256(getattr(msg, k)).hexdigest()
-                    for k in ("quote", "collateral", "gpu_report", "gpu_chain")}
+        evidence = {k: hashlib.sha256(v).hexdigest() for k, v in (("quote", msg.quote), ("collateral", msg.collateral),
+                                                                  ("gpu_report", msg.gpu_report),
+                                                                  ("gpu_chain", msg.gpu_chain))}
         verdict = Verdict(epoch=msg.epoch, ok=ok, cvm=cvm, gpu=gpu, ms=round((time.perf_counter() - t0) * 1e3, 3),
                           next_nonce=self.nonce.hex(), policy=self.policy, evidence=evidence)
         self.last = (msg, verdict)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol, runtime_checkable
 
 import typer
 import typer.core
@@ -25,12 +25,24 @@ from rich.markup import escape
 
 from gputravel.core.errors import GpuTravelError
 
-__all__ = ["JSON_META", "ErrorReportingGroup", "error_envelope", "fail", "report_error", "wants_json"]
+__all__ = ["JSON_META", "ErrorReportingGroup", "UsageProblem", "error_envelope", "fail", "report_error", "wants_json"]
 
 #: ``ctx.meta`` key: the command line asked for ``--json``
 JSON_META = "gputravel.json"
 #: set on an exception whose report was already printed (the fallback in ``cli.main`` must not print it again)
 REPORTED = "_gputravel_reported"
+
+
+@runtime_checkable
+class UsageProblem(Protocol):
+    """A usage error as click raises it (or the click typer vendors, another class of the same shape): it shows
+    itself, with its exit code."""
+
+    exit_code: int
+
+    def show(self) -> None: ...
+
+    def format_message(self) -> str: ...
 CTRL_C = "cancelled (Ctrl-C); what was committed is kept: `gputravel run --resume` continues a run"
 
 
@@ -94,10 +106,9 @@ class ErrorReportingGroup(typer.core.TyperGroup):
             report_error("CancelledRunError", CTRL_C, 130, as_json=as_json, code="cancelled")
             raise typer.Exit(130) from None
         except Exception as exc:  # usage errors: the click typer vendors (typer._click)
-            if (as_json and callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int)
+            if (as_json and isinstance(exc, UsageProblem) and isinstance(exc.exit_code, int)
                     and not getattr(exc, REPORTED, False)):
-                message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
-                sys.stdout.write(json.dumps(error_envelope(type(exc).__name__, message, getattr(exc, "exit_code"),  # noqa: B009
+                sys.stdout.write(json.dumps(error_envelope(type(exc).__name__, exc.format_message(), exc.exit_code,
                                                            code="usage")) + "\n")
                 sys.stdout.flush()
                 setattr(exc, REPORTED, True)

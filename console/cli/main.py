@@ -19,6 +19,7 @@ from gputravel.console.cli.errors import (
     CTRL_C,
     REPORTED,
     ErrorReportingGroup,
+    UsageProblem,
     error_envelope,
     fail,
     wants_json,
@@ -123,13 +124,11 @@ def main() -> None:
     except (typer.Abort, KeyboardInterrupt):
         fail("CancelledRunError", CTRL_C, 130)
     except Exception as exc:  # usage errors: click's, or the click that typer vendors (typer._click)
-        show, code = getattr(exc, "show", None), getattr(exc, "exit_code", None)
-        if callable(show) and isinstance(code, int):
+        if isinstance(exc, UsageProblem) and isinstance(exc.exit_code, int):
             if wants_json() and not getattr(exc, REPORTED, False):
-                message = getattr(exc, "format_message", None)
-                fail(type(exc).__name__, message() if callable(message) else str(exc), code)
-            show()
-            sys.exit(code)
+                fail(type(exc).__name__, exc.format_message(), exc.exit_code)
+            exc.show()
+            sys.exit(exc.exit_code)
         if wants_json():  # a bug: its traceback on stderr, and still the one JSON error object on stdout
             traceback.print_exc()
             fail(type(exc).__name__, f"internal error (a bug in gputravel): {exc}", 1)

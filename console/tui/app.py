@@ -167,7 +167,7 @@ class GpuTravelConsole(App[None]):
             screen.show_telemetry(frame, self.bridge.history, last_devices=self.bridge.last_devices)
 
     def on_bridge_notice(self, message: Bridge.Notice) -> None:
-        self.notify(message.text, severity=message.severity, timeout=8, markup=False)  # type: ignore[arg-type]
+        self.notify(message.text, severity=message.severity, timeout=8, markup=False)
 
     def on_console_screen_shown(self, message: ConsoleScreen.Shown) -> None:
         self.render_state()

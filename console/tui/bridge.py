@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from textual.message import Message
+from textual.notifications import SeverityLevel
 
 from gputravel.console.run_telemetry import interval_tracker
 from gputravel.console.view.model import RunState
@@ -63,7 +64,7 @@ class Bridge:
     class Notice(Message):
         """Something the operator should read (an error from the engine, a refused control)."""
 
-        def __init__(self, text: str, *, severity: str = "information") -> None:
+        def __init__(self, text: str, *, severity: SeverityLevel = "information") -> None:
             super().__init__()
             self.text = text
             self.severity = severity
@@ -105,7 +106,7 @@ class Bridge:
         """Failed and cancelled visits' scrub receipts from the run's ledger (no event carries them)."""
         fill_scrub_receipts(self.state, self.ledger_path)
 
-    def notice(self, text: str, severity: str = "information") -> None:
+    def notice(self, text: str, severity: SeverityLevel = "information") -> None:
         self.app.post_message(self.Notice(text, severity=severity))
 
     # --- telemetry (coalesced) ----------------------------------------------------------------

@@ -16,8 +16,6 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gputravel.console.cli.options import (
     CcMode,
@@ -46,8 +44,8 @@ from gputravel.console.cli.run_options import (
     resolve_out_dir,
 )
 from gputravel.console.cli.run_report import EXIT_PARTIAL, render_report
+from gputravel.console.cli.run_view import RunView
 from gputravel.console.run_telemetry import TELEMETRY_INTERVAL_S
-from gputravel.console.view.ending import control_lands
 from gputravel.core import events as ev
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import AttestationError, CancelledRunError, ConfigError
@@ -77,96 +75,8 @@ GPUS_HELP = ("Travelling GPUs: N > 1 runs a fleet, N devices each a rank of one 
 CIPHER_ENGINE_HELP = ("Who opens provisioning chunks: gpu (AES-GCM kernels open ciphertext inside device memory; "
                       "in numba's simulator on a CPU-only machine, slow), cpu (cryptography on a host core), auto "
                       "(gpu where the buffer is on CUDA and numba-cuda sees the device, else cpu).")
-class RunView:
-    """Rich progress: one bar for the whole run, one for the phases of the current visit,
-    one for the bytes of the current provisioning."""
-
-    PHASES = 8
-
-    def __init__(self, console: Console, *, run_name: str | None = None) -> None:
-        self.console = console
-        self.run_name = run_name  # for the hint a pause prints
-        self.progress = Progress(TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console,
-                                 transient=False)
-        self.run_task = self.progress.add_task("visits", total=None, info="")
-        self.phase_task = self.progress.add_task("phase", total=self.PHASES, info="")
-        self.bytes_task = self.progress.add_task("provisioning", total=1, info="")
-
-    def __call__(self, event: ev.Event) -> None:
-        p = self.progress
-        if isinstance(event, ev.RunStarted):
-            p.update(self.run_task, total=event.visits_planned, info=f"run {event.run_id}")
-        elif isinstance(event, ev.DeviceAttested):
-            self.console.print(f"[bold]attested[/] {event.device_id} "
-                               f"{'[green]ok[/]' if event.ok else '[red]FAILED[/]'}"
-                               f"{'  [yellow]SIM[/] (emulated platform)' if event.sim else ''}")
-        elif isinstance(event, ev.HolderConnected):
-            self.console.print(f"holder [cyan]{event.holder}[/]: {event.train_bytes + event.val_bytes:,} bytes "
-                               f"({event.fmt}), agent {event.agent_sha256[:12]}")
-        elif isinstance(event, ev.PhaseStarted):
-            if event.phase == "ATTEST":
-                p.reset(self.phase_task, total=self.PHASES)
-                p.reset(self.bytes_task, total=1, description="provisioning", info="")
-            p.update(self.phase_task, description=f"visit {event.visit + 1} {event.holder} · {event.phase}",
-                     info=f"epoch {event.epoch}")
-        elif isinstance(event, ev.PhaseCompleted):
-            p.advance(self.phase_task)
-        elif isinstance(event, ev.ProvisionProgressed):
-            p.update(self.bytes_task, total=event.total, completed=event.nbytes,
-                     info=f"{event.nbytes / 2**20:.1f}/{event.total / 2**20:.1f} MiB")
-        elif isinstance(event, ev.TrainingProgressed):  # the third bar counts the visit's steps while TRAIN runs
-            p.update(self.phase_task, description=f"visit {event.visit + 1} {event.holder} · TRAIN "
-                                                  f"{event.step}/{event.steps}")
-            p.update(self.bytes_task, description="training steps", total=event.steps, completed=event.step,
-                     info=f"loss {event.loss:.3f} · {event.tokens_per_s:,.0f} tok/s")
-        elif isinstance(event, ev.LossSpiked):
-            self.console.print(f"  [yellow]loss spike[/] visit {event.visit + 1} {escape(event.holder)} step "
-                               f"{event.run_step}: {event.loss:.3f} > {event.factor:g} x running mean "
-                               f"{event.mean:.3f}")
-        elif isinstance(event, ev.ControlRequested):
-            self.console.print(f"[yellow]{'CANCELLING' if event.action == 'cancel' else 'PAUSING'}...[/] "
-                               f"({f'{event.phase}: ' if event.phase else ''}lands "
-                               f"{control_lands(event.action, event.phase)})")
-        elif isinstance(event, ev.VisitCancelled):
-            self.console.print(f"  [yellow]visit {event.visit + 1} {escape(event.holder)} cancelled[/] in "
-                               f"{event.phase or '-'}{f' after {event.steps} steps' if event.phase == 'TRAIN' else ''}"
-                               f"; buffer scrub "
-                               f"{'verified' if event.scrub_verified else '[red]NOT verified[/]'}")
-        elif isinstance(event, ev.TrainingStepped):
-            p.update(self.bytes_task, description="training steps", total=len(event.losses),
-                     completed=len(event.losses), info="")
-            last = event.losses[-1]
-            val = f", val {event.val_loss:.3f}" if event.val_loss is not None else ""
-            self.console.print(f"  visit {event.visit + 1} [cyan]{event.holder}[/]: loss {event.losses[0]:.3f} → "
-                               f"{last:.3f}{val}  ({event.tokens_per_s:,.0f} tok/s)")
-        elif isinstance(event, ev.ChunkRejected):
-            self.console.print(f"  [yellow]chunk rejected[/] {escape(event.holder)} seq {event.seq}: {event.code} "
-                               f"({escape(event.reason)})")
-        elif isinstance(event, ev.VisitCompleted):
-            p.advance(self.run_task)
-        elif isinstance(event, ev.VisitFailed):
-            p.advance(self.run_task)
-            self.console.print(f"  [red]visit {event.visit + 1} {escape(event.holder)} failed[/] in {event.phase}: "
-                               f"{escape(event.error)}")
-        elif isinstance(event, ev.RunPaused):
-            where = f"in {event.within}" if event.within else f"before {event.next_phase}"
-            self.console.print(f"[yellow]paused[/] ({event.reason}) {where}")
-            if self.run_name is not None:
-                self.console.print(continue_hint(self.run_name), highlight=False, soft_wrap=True)
-
-
 #: the signals a headless run continues on: resume (to the next breakpoint) and step (one phase)
 RESUME_SIGNAL, STEP_SIGNAL = signal.SIGUSR1, signal.SIGUSR2
-
-
-def continue_hint(run_name: str) -> str:
-    """What a headless pause says: how to go on, one whole command a line (never wrapped inside one at 80
-    columns)."""
-    return (f"  continue: gputravel runs resume {run_name}  (to the next breakpoint)\n"
-            f"            gputravel runs step {run_name}    (one phase)\n"
-            f"            kill -USR1 {os.getpid()}\n"
-            f"  stop:     gputravel runs stop {run_name}")
 
 
 def fresh_settings(out: Path | None, **options: Any) -> tuple[RunSettings, RunClaim]:

@@ -19,7 +19,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gputravel.core.telemetry import NA, Sampler, TelemetryFrame
+from gputravel.core.telemetry import NA, NAType, Sampler, TelemetryFrame
+from gputravel.core.telemetry.model import Num
 
 #: Said when there is nothing to show: where the emulated GPU's counters are to be found instead.
 NO_DEVICES = ("no devices to show. The emulated GPU's SIM counters exist only while a run's device service is "
@@ -27,12 +28,12 @@ NO_DEVICES = ("no devices to show. The emulated GPU's SIM counters exist only wh
               "records them for gputravel-console --replay.")
 
 
-def _mib(value: object) -> str:
-    return "N/A" if value is NA else f"{float(value) / 2**20:,.0f} MiB"  # type: ignore[arg-type]
+def _mib(value: Num) -> str:
+    return "N/A" if isinstance(value, NAType) else f"{float(value) / 2**20:,.0f} MiB"
 
 
-def _rate(value: object) -> str:
-    return "N/A" if value is NA else f"{float(value) / 1e6:,.1f} MB/s"  # type: ignore[arg-type]
+def _rate(value: Num) -> str:
+    return "N/A" if isinstance(value, NAType) else f"{float(value) / 1e6:,.1f} MB/s"
 
 
 def render_frame(console: Console, frame: TelemetryFrame) -> None:

@@ -8,7 +8,7 @@ import json
 import os
 import sys
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from rich.console import Group
 from rich.text import Text
@@ -30,6 +30,16 @@ from gputravel.console.tui.widgets.text import esc
 BAR_KEYS = ("speedup", "mb_s", "gb_s", "throughput", "throughput_mb_s", "tokens_per_s", "ms", "seconds", "s")
 
 BenchRunner = Callable[[str, Callable[[str], None]], Awaitable[Any]]
+
+
+@runtime_checkable
+class BenchHost(Protocol):
+    """What the screen reads of the console app that shows it (another app, a test's, has neither)."""
+
+    bench_runner: BenchRunner | None
+
+    @property
+    def readonly(self) -> bool: ...
 #: The bench screen of a replay: what it cannot do, and where the results are (a recording holds none).
 REPLAY_NOTE = ("[$warning]a replay shows a recorded run: benchmarks cannot run here[/]\n[$text-muted]this "
                "recording holds no benchmark results (a run records none); `gputravel bench NAME` runs one, "
@@ -143,9 +153,8 @@ class BenchScreen(ConsoleScreen):
 
     def on_mount(self) -> None:
         self.add_class("-hide-log")  # the run's log says nothing of a benchmark: room for the table (o shows it)
-        injected = getattr(self.app, "bench_runner", None)
-        if injected is not None:
-            self.runner = injected
+        if isinstance(self.app, BenchHost) and self.app.bench_runner is not None:
+            self.runner = self.app.bench_runner
 
     def compose_body(self) -> Iterable[Widget]:
         options = [Option(f"{name:<10} " + ("[$success]ready[/]" if bench_available(name) else
@@ -184,7 +193,7 @@ class BenchScreen(ConsoleScreen):
         if self.replay:
             self.query_one("#bench-status", Static).update(REPLAY_NOTE)
             return
-        if getattr(self.app, "readonly", False):
+        if isinstance(self.app, BenchHost) and self.app.readonly:
             self.query_one("#bench-status", Static).update(
                 "[$warning]read-only console: benchmarks are not started from here[/]")
             return

@@ -16,6 +16,7 @@ from textual.widgets import DataTable, Static
 from gputravel.console.tui.screens.base import ConsoleScreen
 from gputravel.console.tui.widgets.table_filter import TableFilter, row_matches
 from gputravel.console.tui.widgets.text import esc
+from gputravel.console.view.model import RunState
 from gputravel.core.errors import LedgerError
 from gputravel.core.ledger import LedgerRow, VerifyResult, read_rows, verify_ledger
 
@@ -57,7 +58,7 @@ class LedgerScreen(ConsoleScreen):
         for col in COLUMNS:
             table.add_column(col, key=col)
 
-    def show_state(self, state: Any, context: dict[str, Any]) -> None:
+    def show_state(self, state: RunState, context: dict[str, Any]) -> None:
         path = context.get("ledger_path")
         if path is not None and (self.path != Path(path) or len(self.rows) < _ledger_hint(state)):
             self.path = Path(path)
@@ -140,6 +141,6 @@ class LedgerScreen(ConsoleScreen):
             + esc(json.dumps(row.detail, sort_keys=True))[:400])
 
 
-def _ledger_hint(state: Any) -> int:
+def _ledger_hint(state: RunState) -> int:
     """Reload when the run has moved on: a rough lower bound of rows the ledger holds by now."""
-    return int(getattr(state, "phases_completed", 0))
+    return state.phases_completed

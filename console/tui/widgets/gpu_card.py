@@ -11,7 +11,7 @@ from textual.widget import Widget
 
 from gputravel.console.tui.widgets.text import bar, esc, fmt_bytes, fmt_num, fmt_pct, fmt_rate, spark
 from gputravel.core.telemetry.history import Point
-from gputravel.core.telemetry.model import NA, GpuSample, NAType
+from gputravel.core.telemetry.model import NA, GpuSample, NAType, Num
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,10 +23,10 @@ class GpuTrend:
     measured: str = ""  # the engine's own timing of the last transfer, shown under the sampled PCIe lines
 
 
-def _fraction(used: object, total: object) -> float | None:
-    if used is NA or total is NA or not total:
+def _fraction(used: Num, total: Num) -> float | None:
+    if isinstance(used, NAType) or isinstance(total, NAType) or not total:
         return None
-    return float(used) / float(total)  # type: ignore[arg-type]
+    return float(used) / float(total)
 
 
 def pcie_line(label: str, values: tuple[float, ...], peak: Point | None, current: object, width: int) -> str:
@@ -78,7 +78,7 @@ class GpuCard(Widget):
             return Content.from_markup("[$text-muted]waiting for the first sample…[/]")
         width = max(10, min(40, (self.content_size.width or 80) - 40))
         spark_w = max(8, min(40, (self.content_size.width or 80) - 60))  # room for the peak and its phase
-        util = None if s.util_gpu is NA else float(s.util_gpu) / 100.0  # type: ignore[arg-type]
+        util = None if isinstance(s.util_gpu, NAType) else float(s.util_gpu) / 100.0
         mem_frac = _fraction(s.mem_used, s.mem_total)
         badge = " [b reverse $warning] SIM [/]" if s.sim else ""
         lines = [

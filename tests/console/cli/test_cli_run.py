@@ -281,7 +281,7 @@ def test_a_completed_fleet_says_completed_and_is_addressed_by_its_name(tmp_path:
 def test_the_headless_pause_hint_keeps_each_command_whole_within_80_columns() -> None:
     """Issue 25.8/9: a command cut by the terminal's wrap cannot be pasted; one command a line, each within
     80 columns for a default run name."""
-    from gputravel.console.cli.commands.run import continue_hint
+    from gputravel.console.cli.run_view import continue_hint
 
     lines = continue_hint("run-20261126-005429").splitlines()
     assert all(len(line) <= 80 for line in lines)
