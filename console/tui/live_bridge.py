@@ -107,8 +107,7 @@ class LiveBridge(Bridge):
                 self.post_state()
             engine = self.session.engine
             assert engine is not None
-            out = getattr(engine, "out_dir", None)  # status.json: the run's final word, recorded or not
-            ending.out_dir = Path(out) if out is not None else None
+            ending.out_dir = engine.out_dir  # status.json: the run's final word, recorded or not
             if stepping:
                 self.session.pause()
                 self.session.step()
