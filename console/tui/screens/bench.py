@@ -10,7 +10,7 @@ import sys
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
 
-from rich.console import Group
+from rich.console import Group, JustifyMethod
 from rich.text import Text
 from textual import on, work
 from textual.binding import Binding
@@ -236,8 +236,8 @@ class BenchScreen(ConsoleScreen):
         table.clear(columns=True)
         for i, col in enumerate(view.columns):
             width = max([len(col), *(r[i].cell_len for r in view.rows if i < len(r))])  # all rows, kept or not
-            justify = view.justify[i] if i < len(view.justify) else "left"
-            table.add_column(Text(col, justify=justify), key=f"c{i}", width=width)  # type: ignore[arg-type]
+            justify: JustifyMethod = view.justify[i] if i < len(view.justify) else "left"
+            table.add_column(Text(col, justify=justify), key=f"c{i}", width=width)
         for r in rows:
             table.add_row(*r)
         self.query_one("#bench-notes", Static).update(Group(*view.notes) if view.notes else "")

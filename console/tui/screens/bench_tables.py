@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rich.console import Console, RenderableType
+from rich.console import Console, JustifyMethod, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -82,7 +82,7 @@ def cli_renderables(name: str, result: Any) -> list[RenderableType]:
     return console.items
 
 
-def cell_text(cell: Any, justify: Any = "left") -> Text:
+def cell_text(cell: Any, justify: JustifyMethod = "left") -> Text:
     text = cell.copy() if isinstance(cell, Text) else (Text.from_markup(cell) if isinstance(cell, str)
                                                        else Text(str(cell)))
     text.justify = justify
@@ -96,7 +96,7 @@ class BenchView:
     title: str = ""
     columns: list[str] = field(default_factory=list)
     rows: list[list[Text]] = field(default_factory=list)
-    justify: list[str] = field(default_factory=list)  # per column, as the CLI aligns it
+    justify: list[JustifyMethod] = field(default_factory=list)  # per column, as the CLI aligns it
     notes: list[RenderableType] = field(default_factory=list)
     bars: tuple[tuple[str, float], ...] = ()
     unit: str = ""
@@ -110,7 +110,7 @@ def bench_view(name: str, result: Any) -> BenchView | None:
         return None
     view = BenchView(title=str(table.title or ""), columns=[str(c.header) for c in table.columns])
     columns = [list(c.cells) for c in table.columns]
-    justify = [str(c.justify) for c in table.columns]  # figures right-aligned, as the CLI prints them
+    justify = [c.justify for c in table.columns]  # figures right-aligned, as the CLI prints them
     view.justify = justify
     view.rows = [[cell_text(col[i], j) for col, j in zip(columns, justify, strict=True)] for i in range(table.row_count)]
     view.notes = [i for i in items if i is not table]
