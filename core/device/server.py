@@ -77,7 +77,7 @@ class DeviceServer:
         else the newcomer is refused at once, counted ``full``, with an ERROR frame that says so)."""
         pending = (self._pending_tcp if data_only else self._pending_unix).enter(conn)
         if pending is None:
-            self.service.count_refused("full")
+            self.service.counts.count_refused("full")
             conn.settimeout(0.1)  # a fresh socket's send buffer is empty: the short ERROR frame never waits
             with contextlib.suppress(OSError):
                 send_frame(conn, FrameType.ERROR, {"code": "busy", "reason": "every place for a connection "
@@ -151,20 +151,20 @@ class DeviceServer:
         svc = self.service
 
         def refuse(code: str, reason: str) -> None:
-            svc.count_refused(code)
+            svc.counts.count_refused(code)
             send_frame(conn, FrameType.ERROR, {"code": code, "reason": reason})
 
         try:
             first = read_frame(stream)
             if first is None:
                 if pending.expired:
-                    svc.count_refused(pending.reason)
+                    svc.counts.count_refused(pending.reason)
                 return
             if first.type is FrameType.ATTEST_REQUEST and data_only:
                 refuse("frame", "the data port takes data connections only")
             elif first.type is FrameType.ATTEST_REQUEST:
                 if not self._control_busy.acquire(blocking=False):
-                    svc.count_refused("busy")
+                    svc.counts.count_refused("busy")
                     send_frame(conn, FrameType.ERROR, {"code": "device", "reason": "a control session is active"})
                     return
                 try:
@@ -179,21 +179,21 @@ class DeviceServer:
                 refuse("frame", f"unexpected {first.type.name}")
         except TimeoutError:  # stalled before authenticating: its thread and place are given back
             if not pending.released or pending.expired:
-                svc.count_refused(pending.reason)
+                svc.counts.count_refused(pending.reason)
         except (OSError, ConnectionError):
             if pending.expired:
-                svc.count_refused(pending.reason)
+                svc.counts.count_refused(pending.reason)
         except GpuTravelError as exc:
             if pending.expired:
-                svc.count_refused(pending.reason)
+                svc.counts.count_refused(pending.reason)
             elif not pending.released:  # e.g. garbage as a first frame: counted like every rejection
-                svc.count_refused(exc.code)
+                svc.counts.count_refused(exc.code)
             try:
                 send_frame(conn, FrameType.ERROR, error_header(exc))
             except OSError:
                 pass
         except (ValueError, KeyError, TypeError, OverflowError) as exc:  # a malformed handshake message
-            svc.rejected["frame"] += 1
+            svc.counts.rejected["frame"] += 1
             try:
                 send_frame(conn, FrameType.ERROR, {"ok": False, "code": "frame", "reason": f"malformed message: {exc}"})
             except OSError:
@@ -248,12 +248,12 @@ class DeviceServer:
         secrets = svc.secrets
         opening = DataOpen.from_wire(first.header)  # malformed: FrameError, refused and counted by _handle
         if secrets is None or opening.session_id != secrets.session_id.hex():
-            svc.count_refused("stale-epoch")
+            svc.counts.count_refused("stale-epoch")
             send_frame(conn, FrameType.ERROR, {"code": "stale-epoch", "reason": "no such session"})
             return
         session = secrets.session_id.hex()
         if opening.admit is None:
-            svc.count_refused("anonymous")
+            svc.counts.count_refused("anonymous")
             send_frame(conn, FrameType.ERROR, {"code": "admission",
                                                "reason": "a data connection must be admitted for a window"})
             return
@@ -263,12 +263,12 @@ class DeviceServer:
         data = _DataConnection(svc, conn, stream, slots, session=session, rings=rings)
         try:
             try:
-                svc.plane.admissions.admit(svc, opening.admit, conn, data.deadmit)
+                svc.plane.admissions.admit(svc.windows, svc.keys, opening.admit, conn, data.deadmit)
             except AdmissionRefused as refused:
                 if refused.charge is None:
-                    svc.count_refused("anonymous")
+                    svc.counts.count_refused("anonymous")
                 else:
-                    svc.count_rejection(refused.error.code, refused.charge)
+                    svc.counts.count_rejection(refused.error.code, refused.charge)
                 send_frame(conn, FrameType.ERROR, error_header(refused.error))
                 return
             data.epoch = opening.admit.epoch
@@ -329,7 +329,7 @@ class _DataConnection:
                 frame = read_frame_into(self.stream, functools.partial(self.slots.get, i),
                                         max_payload=MAX_CHUNK + TAG_LEN)
             except FrameError as exc:
-                svc.count_rejection(exc.code, self.epoch)
+                svc.counts.count_rejection(exc.code, self.epoch)
                 self.send(FrameType.ERROR, error_header(exc))
                 return
             if frame is None:
@@ -417,17 +417,17 @@ class _DataConnection:
         else:
             reply = self._reply(header, slot)
         claimed = header.get("e") if isinstance(header, dict) else None
-        w = self.svc.window
+        w = self.svc.windows.window
         if type(claimed) is int and claimed != self.epoch and w is not None and claimed == w.epoch:
             # another holder's open window: never written through this connection (charged to its own)
-            self.svc.count_rejection("stale-epoch", self.epoch)
+            self.svc.counts.count_rejection("stale-epoch", self.epoch)
             release()
             reply(None, StaleEpochError(f"this connection is admitted for epoch {self.epoch}, not {claimed}"))
             return
 
         def work() -> None:
             try:
-                self.svc.submit_chunk(header, payload, reply, charge=self.epoch)
+                self.svc.intake.submit_chunk(header, payload, reply, charge=self.epoch)
             finally:
                 release()
 
@@ -454,7 +454,7 @@ class _DataConnection:
                 raise FrameError("no shared-memory ring is open on this connection")
             chunk_header, ciphertext = self.receiver.take(header)
         except ProtocolError as exc:
-            self.svc.count_rejection(exc.code, self.epoch)
+            self.svc.counts.count_rejection(exc.code, self.epoch)
             with self._send_lock:  # whatever was held back goes first
                 try:
                     self._send_acks()
@@ -485,9 +485,9 @@ class _DataConnection:
             old = self.receiver.ring if self.receiver is not None else None
             if (old is None or not old.same_shape(spec)) and self.svc.plane.rings_of(epoch) >= MAX_RINGS_PER_WINDOW:
                 raise ProtocolError(f"window {epoch} already has {MAX_RINGS_PER_WINDOW} rings", code="budget")
-            ring, new = self.svc.open_ring(spec, old)
+            ring, new = self.svc.intake.open_ring(spec, old)
         except ProtocolError as exc:
-            self.svc.count_rejection(exc.code, self.epoch)
+            self.svc.counts.count_rejection(exc.code, self.epoch)
             if ready_rings:
                 self.send(FrameType.DATA_READY, DataReady(self.session, rings=True).to_wire())
             else:
@@ -524,16 +524,16 @@ class _DataConnection:
             request = DataOpen.from_wire(header)
             if request.session_id != self.session or request.admit is None:
                 raise AdmissionRefused(StaleEpochError("admission for another session"), None)
-            svc.plane.admissions.admit(svc, request.admit, self.conn, self.deadmit)
+            svc.plane.admissions.admit(svc.windows, svc.keys, request.admit, self.conn, self.deadmit)
         except FrameError as exc:
-            svc.count_rejection(exc.code, self.epoch)
+            svc.counts.count_rejection(exc.code, self.epoch)
             self.send(FrameType.ERROR, {**error_header(exc), "ring": 1})
             return
         except AdmissionRefused as refused:
             if refused.charge is None:
-                svc.count_refused("anonymous")
+                svc.counts.count_refused("anonymous")
             else:
-                svc.count_rejection(refused.error.code, refused.charge)
+                svc.counts.count_rejection(refused.error.code, refused.charge)
             self.send(FrameType.ERROR, {**error_header(refused.error), "ring": 1})
             return
         self.epoch = request.admit.epoch
@@ -556,7 +556,7 @@ class _DataConnection:
         if frame.type is FrameType.BYE:
             return False
         # e.g. an attempt to read the buffer back: the data port only takes chunks in
-        self.svc.count_rejection("frame", self.epoch)
+        self.svc.counts.count_rejection("frame", self.epoch)
         self.send(FrameType.ERROR, {"code": "frame", "reason": f"unexpected {frame.type.name}",
                                     "s": frame.header.get("s")})
         return True

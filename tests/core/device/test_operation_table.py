@@ -29,6 +29,15 @@ def _identity(tmp_path: Path, device_id: str = "emu-gpu-0") -> DeviceIdentity:
 def test_the_table_holds_every_wire_operation_once(tmp_path: Path) -> None:
     svc = DeviceService(identity=_identity(tmp_path), buffer_bytes=4096, device="cpu")
     assert set(svc.operations) == {op.value for op in Op}
+    # the service is composed of parts, no mixin: it and every part derive from nothing of the project's, and
+    # the table's entries split between the parts with none left over
+    parts = {"ops": svc.ops, "windows": svc.windows, "model": svc.model, "streams": svc.streams}
+    assert DeviceService.__bases__ == (object,)
+    assert all(type(part).__bases__ == (object,) for part in (*parts.values(), svc.intake, svc.counts, svc.keys))
+    owners = {op: next(name for name, part in parts.items() if getattr(fn, "__self__", None) is part)
+              for op, fn in svc.operations.items()}
+    assert owners[Op.HANDOFF] == owners[Op.SCRUB] == "windows" and owners[Op.TRAIN] == "model"
+    assert owners[Op.RESTORE] == "streams" and owners[Op.STATS] == "ops"
 
 
 def test_the_fleet_service_extends_the_same_table(tmp_path: Path) -> None:
