@@ -15,6 +15,7 @@ from typing import Any
 from gputravel.core.attestation import CCMode, DeviceIdentity, Evidence
 from gputravel.core.device.ckpt_ops import StateStreams
 from gputravel.core.device.counters import Counters
+from gputravel.core.device.dataconn import DataPath
 from gputravel.core.device.dataplane import DataPlane
 from gputravel.core.device.intake import ChunkIntake
 from gputravel.core.device.memory import Region, best_device
@@ -124,6 +125,11 @@ class DeviceService:
         return {"counters": public["counters"], "busy_s": public["busy_s"], "memory_bytes": self.model.memory_bytes(),
                 "epoch": self.windows.epoch, "rejected": public["rejected"], "refused": public["refused"],
                 "device": str(self.device)}
+
+    def data_path(self) -> DataPath:
+        """The parts a data connection reaches (core/device/dataconn.py), no more."""
+        return DataPath(keys=self.keys, counts=self.counts, windows=self.windows, intake=self.intake,
+                        plane=self.plane)
 
     # --- the narrow view a part added from outside reads (the fleet's: core/fleet/device.py) -
     @property
