@@ -51,18 +51,18 @@ class ChunkIntake:
                      charge: int | None = None) -> dict[str, Any]:
         """Authenticate and decrypt one chunk into the buffer window and return its ACK header once it is in
         device memory, or raise (counted). The synchronous form of ``submit_chunk``."""
-        box: list[Any] = []
+        box: list[dict[str, Any] | BaseException] = []
         settled = threading.Event()
 
         def reply(ack: dict[str, Any] | None, exc: BaseException | None) -> None:
-            box.append(ack if exc is None else exc)
+            box.append(exc if exc is not None else ack if ack is not None else {})
             settled.set()
 
         self.submit_chunk(header, payload, reply, charge=charge)
         settled.wait()
         if isinstance(box[0], BaseException):
             raise box[0]
-        return box[0]  # type: ignore[no-any-return]
+        return box[0]
 
     def submit_chunk(self, header: dict[str, Any], payload: bytes | bytearray | memoryview,
                      reply: Callable[[dict[str, Any] | None, BaseException | None], None], *,
