@@ -29,11 +29,15 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gputravel.core.protocol.errors import ProtocolError, StaleEpochError
 from gputravel.core.protocol.holderlink import Admission
 from gputravel.core.protocol.keys import admission_key, admission_mac
+
+if TYPE_CHECKING:  # the windows part holds the data plane, which holds these admissions
+    from gputravel.core.device.session_keys import DeviceSecrets
+    from gputravel.core.device.window import BufferWindows
 
 __all__ = ["MAX_CONNECTIONS_PER_WINDOW", "MAX_IDLE_CONNECTIONS", "MAX_RINGS_PER_WINDOW", "AdmissionRefused", "Admissions"]
 
@@ -75,13 +79,14 @@ class Admissions:
         self._windows: dict[int, _Window] = {}
         self._idle: OrderedDict[socket.socket, None] = OrderedDict()
 
-    def admit(self, svc: Any, admit: Admission, conn: socket.socket, on_return: Callable[[], None]) -> None:
-        """Admit ``conn`` for ``admit.epoch`` or raise ``AdmissionRefused``. ``svc``: the device service
-        (its open window holds the key). A valid credential for a window closed since (its admission key is
+    def admit(self, windows: BufferWindows, keys: DeviceSecrets, admit: Admission, conn: socket.socket,
+              on_return: Callable[[], None]) -> None:
+        """Admit ``conn`` for ``admit.epoch`` or raise ``AdmissionRefused``. ``windows``: the device's windows
+        part (its open window holds the key); ``keys``: its session part. A valid credential for a window closed since (its admission key is
         kept for the last ``KEEP_CLOSED`` windows) is refused as ``stale-epoch`` and charged to that window:
         only its holder could have made it."""
-        with svc.lock:
-            w, secrets = svc.window, svc.secrets
+        with windows.lock:
+            w, secrets = windows.window, keys.secrets
             key = w.key.key if w is not None and w.key is not None and w.epoch == admit.epoch else None
         with self._lock:
             known = self._windows.get(admit.epoch)
@@ -114,9 +119,9 @@ class Admissions:
                 other.conns.pop(conn, None)
             self._idle.pop(conn, None)
             win.conns[conn] = on_return
-        with svc.lock:  # the hand-off's admission stage ends here (``ProvisionWindow.marks``)
-            if svc.window is not None and svc.window.epoch == admit.epoch:
-                svc.window.mark("admitted")
+        with windows.lock:  # the hand-off's admission stage ends here (``ProvisionWindow.marks``)
+            if windows.window is not None and windows.window.epoch == admit.epoch:
+                windows.window.mark("admitted")
 
     def _prune(self) -> None:
         """Forget the oldest windows with no connection left beyond ``KEEP_CLOSED`` (the lock held)."""

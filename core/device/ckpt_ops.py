@@ -11,6 +11,11 @@ Two ways out:
   sealed (``StreamEnded``, with the seal's own time ``seal_s``: the device's seal alone).
 * **attached chunks** (``checkpoint`` then ``checkpoint_next`` per chunk): each sealed chunk rides its
   control answer unencrypted again. For orchestrators that cannot map a ring (another host).
+
+:class:`StateStreams` is one part of :class:`~gputravel.core.device.service.DeviceService`: it owns the open
+streams (checkpoint, ring, restore) and the snapshot buffers, and adds ``checkpoint``, ``checkpoint_next``,
+``checkpoint_end``, ``restore``, ``restore_chunk`` and ``restore_end`` to the one operation table. It reads and
+writes the model through the model part (:class:`~gputravel.core.device.model.ModelSlot`).
 """
 
 from __future__ import annotations
@@ -19,9 +24,14 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import torch
+
+from gputravel.core.device.counters import Counters
+from gputravel.core.device.model import ModelSlot
 from gputravel.core.device.reply import Handler, Reply
+from gputravel.core.device.window import BufferWindows
 from gputravel.core.errors import DeviceError, IntegrityError
 from gputravel.core.protocol import FrameError
 from gputravel.core.protocol.ckptring import CheckpointRing
@@ -29,7 +39,7 @@ from gputravel.core.protocol.deviceanswers import DeviceState, StreamEnded
 from gputravel.core.protocol.devicelink import Op
 from gputravel.core.protocol.stream import StreamHeader, StreamOpener, StreamSealer, rechunk
 
-__all__ = ["CheckpointOps"]
+__all__ = ["StateStreams"]
 
 
 @dataclass(slots=True)
@@ -42,6 +52,7 @@ class _CheckpointStream:
     digest: str
     digest_s: float
     t0: float
+    generation: tuple[int, int]  # the model generation it seals: a stream of a model changed since is refused
 
 
 @dataclass(slots=True)
@@ -107,29 +118,20 @@ class _RingStream:
         self.thread.join()
 
 
-class CheckpointOps:
-    """Mixed into ``DeviceService``: the operations of model state streams (it supplies the trainer, the
-    model digest, the counters and the model-generation bookkeeping)."""
+class StateStreams:
+    """The model state's streams out and in. Given at construction: the model part (the trainer, its digest and
+    generation, whether it is whole), the windows part (no restore while a window is open), the torch device
+    and the counts."""
 
-    # supplied by DeviceService
-    counters: Any
-    device: Any
-    window: Any
-    last_digest_s: float
-    _ckpt_stream: _CheckpointStream | None
-    _restore_stream: _RestoreStream | None
-    _ring_stream: _RingStream | None
-    _snapshot_bufs: list[Any]
-    _model_incomplete: bool
+    def __init__(self, *, model: ModelSlot, windows: BufferWindows, device: torch.device, counts: Counters) -> None:
+        self._model, self._windows, self._device, self._counts = model, windows, device, counts
+        self._ckpt_stream: _CheckpointStream | None = None
+        self._restore_stream: _RestoreStream | None = None
+        self._ring_stream: _RingStream | None = None
+        self._snapshot_bufs: list[Any] = []  # a background checkpoint's copy of the state, reused
 
-    if TYPE_CHECKING:
-        def need_trainer(self) -> Any: ...
-        def _need_whole_model(self) -> Any: ...
-        def model_changed(self) -> None: ...
-        def model_digest(self) -> str: ...
-
-    def checkpoint_operations(self) -> dict[str, Handler]:
-        """This concern's entries of the operation table."""
+    def operations(self) -> dict[str, Handler]:
+        """This part's entries of the operation table."""
         return {Op.CHECKPOINT: self.op_checkpoint, Op.CHECKPOINT_NEXT: self.op_checkpoint_next,
                 Op.CHECKPOINT_END: self.op_checkpoint_end, Op.RESTORE: self.op_restore,
                 Op.RESTORE_CHUNK: self.op_restore_chunk, Op.RESTORE_END: self.op_restore_end}
@@ -146,12 +148,6 @@ class CheckpointOps:
             raise FrameError(f"a stream here has kind {' or '.join(map(repr, kinds))}, not {hdr.kind!r}")
         return bytes(payload), hdr
 
-    def _settle_live_checkpoint(self) -> None:
-        """Before the model changes: a ring stream sealing the live state (no snapshot) is let finish."""
-        rs = self._ring_stream
-        if rs is not None and rs.live:
-            rs.wait()
-
     def op_checkpoint(self, *, header: dict[str, Any], payload: bytes, ring: dict[str, Any] | None = None,
                       snapshot: bool = False) -> Reply:
         """Open a checkpoint stream under the run's checkpoint key (the payload) and ``header``: into the
@@ -160,7 +156,7 @@ class CheckpointOps:
         once) rides sealed in the end chunk's trailer."""
         from gputravel.core.training.checkpoint import snapshot_state, state_pieces, state_size
 
-        trainer = self._need_whole_model()
+        trainer = self._model.need_whole_model()
         key, hdr = self._stream_args(header, payload)
         rs = self._ring_stream
         if rs is not None:
@@ -168,13 +164,13 @@ class CheckpointOps:
                 raise DeviceError("a checkpoint stream is still open: end it first (checkpoint_end)")
             rs.ring.close()  # one the orchestrator gave up on and never ended
             self._ring_stream = None
-        digest = self.model_digest()
-        digest_s = self.last_digest_s
+        digest = self._model.model_digest()
+        digest_s = self._model.last_digest_s
         sealer = StreamSealer(key, hdr)
         state = trainer.state_dict()
         n_data = -(-state_size(state) // hdr.chunk_size)
         answer = {"chunk_size": hdr.chunk_size, "chunks": n_data + 1, "model_digest": digest, "digest_s": digest_s}
-        self.counters["checkpoints"] += 1
+        self._counts.counters["checkpoints"] += 1
         if ring is not None:
             if hdr.sealed_size(hdr.chunk_size) > ring.get("slot_bytes", 0):
                 raise FrameError("the checkpoint ring's slots are smaller than a sealed chunk")
@@ -190,10 +186,11 @@ class CheckpointOps:
             self._ring_stream = _RingStream(mapped, sealer, rechunk(state_pieces(state), hdr.chunk_size),
                                             digest=digest, digest_s=digest_s, snapshot_s=snapshot_s,
                                             live=not snapshot, state=state)
+            self._model.read_live(self._ring_stream.wait if not snapshot else None)
             return Reply({**answer, "snapshot_s": snapshot_s})
         pieces = rechunk(state_pieces(state), hdr.chunk_size)
         self._ckpt_stream = _CheckpointStream(sealer, pieces, bytearray(hdr.sealed_size(hdr.chunk_size)), digest,
-                                              digest_s, time.perf_counter())
+                                              digest_s, time.perf_counter(), self._model.generation)
         return Reply(answer)
 
     def op_checkpoint_end(self, *, payload: bytes) -> Reply:
@@ -203,12 +200,13 @@ class CheckpointOps:
             raise DeviceError("no checkpoint stream is open in a ring")
         rs.wait()
         self._ring_stream = None
+        self._model.read_live(None)
         rs.ring.close()
         if rs.error is not None:
             if isinstance(rs.error, (DeviceError, FrameError)) or hasattr(rs.error, "code"):
                 raise rs.error
             raise DeviceError(f"the checkpoint's seal failed: {type(rs.error).__name__}: {rs.error}")
-        self.counters["bytes_out"] += rs.sealer.bytes
+        self._counts.counters["bytes_out"] += rs.sealer.bytes
         done = StreamEnded(model_digest=rs.digest, tag_digest=rs.sealer.tag_digest, bytes=rs.sealer.bytes,
                            chunks=rs.sealer.index, seconds=rs.seconds, digest_s=rs.digest_s, seal_s=rs.seal_s,
                            snapshot_s=rs.snapshot_s)
@@ -217,20 +215,22 @@ class CheckpointOps:
     def op_checkpoint_next(self, *, payload: bytes) -> Reply:
         """The next sealed chunk of the open checkpoint stream (``kind`` 0), or its end chunk (``kind`` 1, ``done``)."""
         st = self._ckpt_stream
+        if st is not None and st.generation != self._model.generation:
+            st = self._ckpt_stream = None  # of a model that no longer exists
         if st is None:
             raise DeviceError("no checkpoint stream is open (none was begun, or the model changed since)")
         t = time.perf_counter()
         chunk = next(st.pieces, None)
         if chunk is not None:
             n = st.sealer.seal_into(chunk, st.out)
-            self.counters["bytes_out"] += n
-            self.counters["checkpoint_seal_ns"] += int((time.perf_counter() - t) * 1e9)
+            self._counts.counters["bytes_out"] += n
+            self._counts.counters["checkpoint_seal_ns"] += int((time.perf_counter() - t) * 1e9)
             return Reply({"kind": 0, "done": False}, memoryview(st.out)[:n], attached=True)
         sealed = st.sealer.end({"model_digest": st.digest})
         self._ckpt_stream = None
         done = StreamEnded(model_digest=st.digest, tag_digest=st.sealer.tag_digest, bytes=st.sealer.bytes,
                            chunks=st.sealer.index, seconds=time.perf_counter() - st.t0, digest_s=st.digest_s,
-                           seal_s=self.counters.pop("checkpoint_seal_ns", 0) / 1e9)
+                           seal_s=self._counts.counters.pop("checkpoint_seal_ns", 0) / 1e9)
         return Reply({"kind": 1, "done": True, **done.to_wire()}, sealed, attached=True)
 
     def op_restore(self, *, header: dict[str, Any], payload: bytes) -> Reply:
@@ -240,26 +240,27 @@ class CheckpointOps:
         restore succeeds."""
         from gputravel.core.training.checkpoint import StateDecoder
 
-        trainer = self.need_trainer()
-        if self.window is not None:
+        trainer = self._model.need_trainer()
+        if self._windows.is_open():
             raise DeviceError("cannot restore while a provisioning window is open")
         key, hdr = self._stream_args(header, payload, ("checkpoint", "weights"))
         weights = hdr.kind == "weights"  # pretrained weights (--init-from): the model alone, before any step
         if weights and (trainer.step or trainer.optimizer.state):
             raise DeviceError("pretrained weights load only into a model that has not trained")
-        self._settle_live_checkpoint()
-        self.model_changed()
+        self._model.settle()
+        self._model.model_changed()
         targets = {"model": trainer.model.state_dict()} if weights else trainer.state_dict()
         what = f"weights for {hdr.run_id}" if weights else f"checkpoint {hdr.seq} of {hdr.run_id}"
         self._restore_stream = _RestoreStream(StreamOpener(key, hdr, what=what),
-                                              StateDecoder(targets=targets, device=self.device),
+                                              StateDecoder(targets=targets, device=self._device),
                                               bytearray(hdr.chunk_size), time.perf_counter(), weights)
+        self._model.incomplete = True  # the live tensors are overwritten chunk by chunk until restore_end
         return Reply({"chunk_size": hdr.chunk_size})
 
     def _restore_failed(self) -> None:
         self._restore_stream = None
-        self._model_incomplete = True
-        self.model_changed()
+        self._model.incomplete = True
+        self._model.model_changed()
 
     def op_restore_chunk(self, *, kind: int, payload: bytes) -> Reply:
         st = self._restore_stream
@@ -276,7 +277,7 @@ class CheckpointOps:
         except BaseException:
             self._restore_failed()
             raise
-        self.counters["bytes_in"] += len(payload)
+        self._counts.counters["bytes_in"] += len(payload)
         return Reply({"index": st.opener.index})
 
     def op_restore_end(self, *, payload: bytes) -> Reply:
@@ -288,24 +289,24 @@ class CheckpointOps:
             if st.weights:
                 self._load_weights(st.decoder.result())
             else:
-                self.need_trainer().load_state_dict(st.decoder.result())
+                self._model.need_trainer().load_state_dict(st.decoder.result())
         except BaseException:
             self._restore_failed()
             raise
         self._restore_stream = None
-        self._model_incomplete = False
-        self.model_changed()
-        digest = self.model_digest()
+        self._model.incomplete = False
+        self._model.model_changed()
+        digest = self._model.model_digest()
         if trailer.get("model_digest") != digest:
-            self._model_incomplete = True
+            self._model.incomplete = True
             raise IntegrityError(f"checkpoint restored to a model whose digest {digest[:16]} differs from the "
                                  f"sealed {str(trailer.get('model_digest'))[:16]}")
-        self.counters["restores"] += 1
-        return Reply(DeviceState(model_digest=digest, digest_s=self.last_digest_s).to_wire())
+        self._counts.counters["restores"] += 1
+        return Reply(DeviceState(model_digest=digest, digest_s=self._model.last_digest_s).to_wire())
 
     def _load_weights(self, state: Any) -> None:
         """A ``weights`` stream's state: the model's parameters alone, of this model's shape."""
-        trainer = self.need_trainer()
+        trainer = self._model.need_trainer()
         if not isinstance(state, dict) or state.get("format") != "weights" or not isinstance(state.get("model"), dict):
             raise DeviceError("a weights stream holds {format: weights, config, model}")
         if state.get("config") != trainer.config.to_dict():

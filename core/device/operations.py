@@ -1,68 +1,66 @@
 """The device service's own operations: attestation inside the session (``attest``, ``gpu_evidence``), the
 control channel (``rotate``, ``shutdown``), what the device is and does (``info``, ``stats``, ``aes_rate``) and the
-data path's settings (``set_data_path``) (mixed into :class:`~gputravel.core.device.service.DeviceService`, whose
-one operation table these entries join)."""
+data path's settings (``set_data_path``).
+
+:class:`DeviceOps` is one part of :class:`~gputravel.core.device.service.DeviceService`: it owns the device's
+identity and its evidence, and the data path's settings (``data_opts``); everything else it answers it reads
+from the parts given at construction (the session, the counts, the windows' epoch, the model's memory)."""
 
 from __future__ import annotations
 
 import json
 import os
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from gputravel.core.device.dataplane import AUTO_MIN_CORES, default_workers
+from gputravel.core.attestation import CCMode, DeviceIdentity, Evidence, emulated_measurements, make_evidence
+from gputravel.core.device.counters import Counters
+from gputravel.core.device.dataplane import AUTO_MIN_CORES, DataPlane, default_workers
 from gputravel.core.device.memory import Region
+from gputravel.core.device.model import ModelSlot
+from gputravel.core.device.openers import ChunkOpener
 from gputravel.core.device.reply import Handler, Reply
+from gputravel.core.device.session_keys import DeviceSecrets
+from gputravel.core.device.spdm import SpdmResponder
+from gputravel.core.device.window import BufferWindows
 from gputravel.core.errors import DeviceError
 from gputravel.core.machine import aes_gcm_rate
 from gputravel.core.protocol import FrameError
 from gputravel.core.protocol.deviceanswers import AesRate, DataPathConfig, DeviceInfo, DeviceStats
 from gputravel.core.protocol.devicelink import Op
 
-if TYPE_CHECKING:
-    from gputravel.core.attestation import CCMode, DeviceIdentity, Evidence
-    from gputravel.core.device.session_keys import DeviceSecrets
-
-__all__ = ["STATS_EPOCHS", "ServiceOps"]
+__all__ = ["STATS_EPOCHS", "DeviceOps"]
 
 #: epochs one ``stats`` answer lists at most (each up to ~150 bytes of counts: far under the header limit)
 STATS_EPOCHS = 64
 
 
-class ServiceOps:
-    """The service's own operations (the service supplies its identity, regions, counters and data plane)."""
+class DeviceOps:
+    """The service's own operations. Given at construction: the identity and CC mode it attests, the torch
+    device and buffer it describes, the session part (``rotate``), the counts, the windows part (the epoch), the
+    model part (memory in use), the data plane and opener (the data path's settings) and the SPDM responder."""
 
-    # supplied by DeviceService
-    identity: DeviceIdentity
-    cc_mode: CCMode
-    device: Any
-    code: Region
-    buffer: Region
-    trainer: Any
-    counters: Any
-    rejected: Any
-    refused: Any
-    rejected_by_epoch: Any
-    rejection_gen: int
-    _epoch_gen: dict[int, int]
-    busy_s: float
-    epoch: int
-    keys: DeviceSecrets
-    data_opts: dict[str, Any]
-    plane: Any
-    opener: Any
-    spdm: Any
+    def __init__(self, *, identity: DeviceIdentity, cc_mode: CCMode, device: torch.device, buffer: Region,
+                 keys: DeviceSecrets, counts: Counters, windows: BufferWindows, model: ModelSlot, plane: DataPlane,
+                 opener: ChunkOpener, spdm: SpdmResponder) -> None:
+        self.identity, self.cc_mode, self._device, self._buffer = identity, cc_mode, device, buffer
+        self._keys, self._counts, self._windows, self._model = keys, counts, windows, model
+        self._plane, self._opener, self._spdm = plane, opener, spdm
+        self.measurements = emulated_measurements()
+        self.data_opts: dict[str, Any] = {"parallel_auth": False, "overlap": False, "workers": 0}
 
-    if TYPE_CHECKING:
-        def evidence(self, nonce: bytes) -> Evidence: ...
-
-    def service_operations(self) -> dict[str, Handler]:
-        """The service's own entries: attestation, the control channel, telemetry and the data path."""
+    def operations(self) -> dict[str, Handler]:
+        """This part's entries: attestation, the control channel, telemetry and the data path."""
         return {Op.ATTEST: self.op_attest, Op.GPU_EVIDENCE: self.op_gpu_evidence, Op.ROTATE: self.op_rotate,
                 Op.SHUTDOWN: self.op_shutdown, Op.INFO: self.op_info, Op.STATS: self.op_stats,
                 Op.AES_RATE: self.op_aes_rate, Op.SET_DATA_PATH: self.op_set_data_path}
+
+    def evidence(self, nonce: bytes) -> Evidence:
+        """Evidence of this device's measurements over ``nonce`` (before a session, and inside one)."""
+        self._counts.counters["attestations"] += 1
+        return make_evidence(self.identity, nonce=nonce, measurements=self.measurements, cc_mode=self.cc_mode)
 
     def op_attest(self, *, nonce: str, payload: bytes) -> Reply:
         """Fresh evidence over the verifier's nonce, inside the session."""
@@ -71,33 +69,26 @@ class ServiceOps:
     def op_gpu_evidence(self, *, nonce: str, chain: bool = False, tamper: str | None = None,
                         payload: bytes) -> Reply:
         """SPDM evidence in NVIDIA's format over a holder's nonce (SIM GPU; core/device/spdm.py)."""
-        return Reply(self.spdm.answer(nonce=nonce, chain=chain, tamper=tamper))
+        return Reply(self._spdm.answer(nonce=nonce, chain=chain, tamper=tamper))
 
     def op_rotate(self, *, epoch: int, payload: bytes) -> Reply:
         """Key update of the control channel: the transport swaps keys after sending this answer."""
-        rotate_to = self.keys.rotate(epoch)
+        rotate_to = self._keys.rotate(epoch)
         return Reply({"epoch": rotate_to}, rekey_to=rotate_to)
 
     def op_shutdown(self, *, payload: bytes) -> Reply:
         return Reply({}, stop=True)
 
     def op_info(self, *, payload: bytes) -> Reply:
-        return Reply(DeviceInfo(device=str(self.device), device_name=self._device_name(),
-                                buffer_bytes=self.buffer.nbytes, cc_mode=str(self.cc_mode), platform="emulated",
+        return Reply(DeviceInfo(device=str(self._device), device_name=self._device_name(),
+                                buffer_bytes=self._buffer.nbytes, cc_mode=str(self.cc_mode), platform="emulated",
                                 device_id=self.identity.device_id, torch=torch.__version__,
-                                cipher_engine=self.opener.label, cipher_reason=self.opener.reason).to_wire())
+                                cipher_engine=self._opener.label, cipher_reason=self._opener.reason).to_wire())
 
     def _device_name(self) -> str:
-        if self.device.type == "cuda":
-            return torch.cuda.get_device_name(self.device)
+        if self._device.type == "cuda":
+            return torch.cuda.get_device_name(self._device)
         return "CPU (emulated GPU memory)"
-
-    def _memory_bytes(self) -> int:
-        """Device memory in use: buffer, code region, model parameters."""
-        mem = self.buffer.nbytes + self.code.nbytes
-        if self.trainer is not None:
-            mem += sum(p.numel() * p.element_size() for p in self.trainer.model.parameters())
-        return int(mem)
 
     def op_stats(self, *, since: int = 0, payload: bytes) -> Reply:
         """The counters in the header; the per-epoch rejection counts of the epochs changed after generation
@@ -106,13 +97,12 @@ class ServiceOps:
         An answer stays small however long the run, and each audit reads only what is new."""
         if type(since) is not int or since < 0:
             raise FrameError("stats: since must be a non-negative integer")
-        changed = [(e, g) for e, g in self._epoch_gen.items() if g > since][:STATS_EPOCHS]
-        more = sum(1 for g in self._epoch_gen.values() if g > since) > len(changed)
-        upto = changed[-1][1] if more else self.rejection_gen
-        wire = DeviceStats(counters=dict(self.counters), rejected=dict(self.rejected), busy_s=self.busy_s,
-                           rejected_by_epoch={str(e): dict(self.rejected_by_epoch[e]) for e, _ in changed},
-                           memory_bytes=self._memory_bytes(), epoch=self.epoch, rejection_gen=upto, more=more,
-                           refused=dict(self.refused)).to_wire()
+        c = self._counts
+        changed, upto, more = c.changed_since(since, STATS_EPOCHS)
+        wire = DeviceStats(counters=dict(c.counters), rejected=dict(c.rejected), busy_s=c.busy_s,
+                           rejected_by_epoch={str(e): dict(c.rejected_by_epoch[e]) for e in changed},
+                           memory_bytes=self._model.memory_bytes(), epoch=self._windows.epoch, rejection_gen=upto,
+                           more=more, refused=dict(c.refused)).to_wire()
         by_epoch = wire.pop("rejected_by_epoch")
         return Reply(wire, json.dumps({"rejected_by_epoch": by_epoch}, separators=(",", ":")).encode())
 
@@ -150,5 +140,5 @@ class ServiceOps:
         # receiving a frame costs a kernel copy as long as opening it (docs/provisioning.md); ring chunks,
         # with nothing to receive, stay inline. Off where set explicitly without overlap (the ablation)
         frame_overlap = ovl if parallel_auth is not None and overlap is not None else True
-        self.plane.configure(workers=config.workers, frame_overlap=frame_overlap)
+        self._plane.configure(workers=config.workers, frame_overlap=frame_overlap)
         return Reply(config.to_wire())

@@ -1,20 +1,34 @@
-"""The device service's window concern: the data buffer's provisioning windows (a key per window and epoch,
-closed when the holder returns the GPU), the buffer's scrub, and its debug digest (mixed into
-:class:`~gputravel.core.device.service.DeviceService`; the chunks themselves come in through
-:mod:`gputravel.core.device.intake`)."""
+"""The device service's windows part: the data buffer's provisioning windows (a key per window and epoch,
+closed when the holder returns the GPU), the buffer's scrub, and its debug digest.
+
+:class:`BufferWindows` is one part of :class:`~gputravel.core.device.service.DeviceService`: it owns the open
+window, the epoch, the dead epochs and the tags of their chunks (to name a replay), and the condition a closing
+window waits on for its chunks in flight; it adds ``handoff``, ``close_window``, ``window_status``, ``scrub`` and
+``digest`` to the one operation table. The chunks themselves come in through the intake part
+(:mod:`gputravel.core.device.intake`), which reads the window under ``lock``."""
 
 from __future__ import annotations
 
 import hashlib
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
 
-from gputravel.core.device.intake import ProvisionWindow
+from gputravel.core.device.counters import Counters
+from gputravel.core.device.dataplane import DataPlane
 from gputravel.core.device.memory import Region
+from gputravel.core.device.openers import ChunkOpener
 from gputravel.core.device.reply import Handler, Reply
+from gputravel.core.device.session_keys import DeviceSecrets
 from gputravel.core.errors import DeviceError
-from gputravel.core.protocol import Direction, RecvState, StaleEpochError, WindowError, provisioning_key
+from gputravel.core.protocol import (
+    Direction,
+    DirectionKey,
+    RecvState,
+    StaleEpochError,
+    WindowError,
+    provisioning_key,
+)
 from gputravel.core.protocol.deviceanswers import (
     BufferDigest,
     HandoffGrant,
@@ -25,52 +39,97 @@ from gputravel.core.protocol.deviceanswers import (
 from gputravel.core.protocol.devicelink import Op
 from gputravel.core.protocol.holderlink import ProvisioningKey
 
-if TYPE_CHECKING:
-    from gputravel.core.device.session_keys import DeviceSecrets
-
-__all__ = ["DEAD_TAG_EPOCHS", "MAX_CHUNK", "WindowOps"]
+__all__ = ["DEAD_TAG_EPOCHS", "MAX_CHUNK", "BufferWindows", "ProvisionWindow"]
 
 MAX_CHUNK = 16 * 1024 * 1024
 #: closed windows whose accepted chunks' tags are remembered, so a captured chunk replayed later is named
 DEAD_TAG_EPOCHS = 64
 
 
-class WindowOps:
-    """The buffer's operations: handoff, close_window, window_status, scrub, digest (the service supplies the
-    session, the lock, the data plane, the opener and the rejection counts)."""
+@dataclass(slots=True)
+class ProvisionWindow:
+    """The one open hand-off: which bytes of the buffer which key may write, in which epoch."""
 
-    # supplied by DeviceService
-    counters: Any
-    buffer: Region
-    plane: Any
-    opener: Any
-    lock: Any
-    _settled: threading.Condition
-    allow_fault_injection: bool
     epoch: int
-    window: ProvisionWindow | None
-    dead_epochs: Any
-    dead_tags: dict[int, Any]
-    rejected: Any
-    rejected_by_epoch: Any
+    offset: int
+    length: int
+    chunk_size: int
+    fingerprint: str
+    recv: RecvState
+    accepted: set[int] = field(default_factory=set)
+    inflight: set[int] = field(default_factory=set)
+    bytes_in: int = 0
+    contig: int = 0
+    tags: set[bytes] = field(default_factory=set)  # GCM tags of the accepted chunks (public, not key material)
+    key: DirectionKey | None = None  # for a chunk opener that needs the raw key (the GPU cipher)
+    #: when the window opened (``perf_counter_ns``) and, in ns after it, its hand-off's first events: a data
+    #: connection ``admitted``, a shared-memory ring ``ring_bound``, the ``first_chunk`` (and the ``last_chunk``)
+    #: in device memory
+    #: (``WindowClosed.marks_ns``: the hand-off's fixed cost by stage, ``handoff.fixed_stages``)
+    opened_ns: int = field(default_factory=time.perf_counter_ns)
+    marks: dict[str, int] = field(default_factory=dict)
 
-    keys: DeviceSecrets
+    def mark(self, name: str) -> None:
+        """The first time ``name`` happens in this window (callers hold the service's lock)."""
+        if name not in self.marks:
+            self.marks[name] = time.perf_counter_ns() - self.opened_ns
 
-    if TYPE_CHECKING:
-        def model_changed(self) -> None: ...
+    @property
+    def n_chunks(self) -> int:
+        return (self.length + self.chunk_size - 1) // self.chunk_size
 
-    def window_operations(self) -> dict[str, Handler]:
-        """This concern's entries of the operation table."""
+    def contiguous(self) -> int:
+        """Number of chunks accepted without a gap from the start (the resume point)."""
+        while self.contig in self.accepted:
+            self.contig += 1
+        return self.contig
+
+
+class BufferWindows:
+    """The buffer's windows and their operations: handoff, close_window, window_status, scrub, digest. Given at
+    construction: the session part (``keys``, whose secrets derive each window's key), the buffer, the data
+    plane and the opener (both hold per-window state the windows release), the counts, and the service's
+    ``lock``."""
+
+    def __init__(self, *, keys: DeviceSecrets, buffer: Region, plane: DataPlane, opener: ChunkOpener,
+                 counts: Counters, lock: threading.Lock, allow_fault_injection: bool) -> None:
+        self._keys, self._buffer, self._plane, self._opener, self._counts = keys, buffer, plane, opener, counts
+        self._allow_fault_injection = allow_fault_injection
+        self.lock = lock
+        #: notified whenever a chunk leaves a window's in-flight set
+        self.settled = threading.Condition(lock)
+        self.window: ProvisionWindow | None = None
+        #: the newest epoch a window was opened for (0 in a new session)
+        self.epoch = 0
+        self.dead_epochs: set[int] = set()
+        self.dead_tags: dict[int, set[bytes]] = {}
+        #: hand-offs so far: a key came into being with each (the model part measures afresh after one)
+        self.keys_out = 0
+
+    def new_session(self) -> None:
+        """A new session (the service's lock held): every window, epoch and ring of the old one is forgotten."""
+        self.epoch = 0
+        self.window = None
+        self._plane.release_rings()  # every ring of the old session is zeroed and released with its keys
+        self.dead_epochs.clear()
+        self.dead_tags.clear()
+
+    def is_open(self) -> bool:
+        """Whether a provisioning window is open (training, restore and scrub are refused while one is)."""
+        return self.window is not None
+
+    def operations(self) -> dict[str, Handler]:
+        """This part's entries of the operation table."""
         return {Op.HANDOFF: self.op_handoff, Op.CLOSE_WINDOW: self.op_close_window,
                 Op.WINDOW_STATUS: self.op_window_status, Op.SCRUB: self.op_scrub, Op.DIGEST: self.op_digest}
 
     def op_handoff(self, *, epoch: int, offset: int, length: int, chunk_size: int, payload: bytes) -> Reply:
         """Derive the provisioning key for one window and one epoch; any earlier key dies."""
-        s = self.keys.require()
+        s = self._keys.require()
         if epoch <= self.epoch or epoch in self.dead_epochs:
             raise StaleEpochError(f"epoch {epoch} is not newer than the current epoch {self.epoch}")
-        if not (0 <= offset and 0 < length and offset + length <= self.buffer.nbytes):
-            raise WindowError(f"window [{offset}, {offset + length}) is outside the {self.buffer.nbytes}-byte buffer")
+        if not (0 <= offset and 0 < length and offset + length <= self._buffer.nbytes):
+            raise WindowError(f"window [{offset}, {offset + length}) is outside the {self._buffer.nbytes}-byte buffer")
         if not 0 < chunk_size <= MAX_CHUNK:
             raise DeviceError(f"chunk size {chunk_size} outside 1..{MAX_CHUNK}")
         key = provisioning_key(s.master, s.session_id, epoch=epoch, offset=offset, length=length,
@@ -81,8 +140,8 @@ class WindowOps:
             self.window = ProvisionWindow(epoch, offset, length, chunk_size, key.fingerprint,
                                           RecvState(key, session_id=s.session_id, window=4096), key=key)
             self.epoch = epoch
-            self.model_changed()  # a key is out: the measurement after its return hashes afresh
-        self.counters["handoffs"] += 1
+            self.keys_out += 1  # a key is out: the model's measurement after its return hashes afresh
+        self._counts.counters["handoffs"] += 1
         return Reply(HandoffGrant(session_id=s.session_id.hex(), key_fingerprint=key.fingerprint,
                                   provisioning_key=ProvisioningKey.of(key)).to_wire())
 
@@ -94,20 +153,20 @@ class WindowOps:
                 raise StaleEpochError(f"no open window for epoch {epoch}")
             self.window = None  # no new chunk is admitted from here on
             # chunks admitted before RETURN finish (their copies reach device memory) before the key dies
-            self._settled.wait_for(lambda: not w.inflight, timeout=60)
+            self.settled.wait_for(lambda: not w.inflight, timeout=60)
             self._bury(w)
-        self.plane.flush()  # the copy stream is idle: every acknowledged byte is in device memory
-        self.plane.close_window(epoch)  # its rings zeroed and released, its data connections admitted for nothing
+        self._plane.flush()  # the copy stream is idle: every acknowledged byte is in device memory
+        self._plane.close_window(epoch)  # its rings zeroed and released, its data connections admitted for nothing
         return Reply(WindowClosed(epoch=epoch, bytes=w.bytes_in, chunks=len(w.accepted), expected_chunks=w.n_chunks,
                                   contiguous=w.contiguous(), complete=len(w.accepted) == w.n_chunks,
-                                  rejected=dict(self.rejected),
-                                  rejected_in_window=dict(self.rejected_by_epoch.get(epoch, {})),
+                                  rejected=dict(self._counts.rejected),
+                                  rejected_in_window=dict(self._counts.rejected_by_epoch.get(epoch, {})),
                                   marks_ns=dict(w.marks)).to_wire())
 
     def _bury(self, w: ProvisionWindow) -> None:
         """A window's key is dead; the tags of its chunks are kept a while to recognise replays."""
         self.dead_epochs.add(w.epoch)
-        self.opener.forget(w.fingerprint)
+        self._opener.forget(w.fingerprint)
         w.key = None
         self.dead_tags[w.epoch] = w.tags
         while len(self.dead_tags) > DEAD_TAG_EPOCHS:
@@ -124,11 +183,11 @@ class WindowOps:
         if self.window is not None:
             raise DeviceError("cannot scrub while a provisioning window is open")
         t0 = time.perf_counter()
-        ok = self.buffer.zero_and_check()
-        self.plane.scrub()  # the staging slots held plaintext on its way into device memory
-        self.opener.scrub()
-        self.counters["scrubs"] += 1
-        return Reply(ScrubResult(verified=ok, bytes=self.buffer.nbytes, seconds=time.perf_counter() - t0).to_wire())
+        ok = self._buffer.zero_and_check()
+        self._plane.scrub()  # the staging slots held plaintext on its way into device memory
+        self._opener.scrub()
+        self._counts.counters["scrubs"] += 1
+        return Reply(ScrubResult(verified=ok, bytes=self._buffer.nbytes, seconds=time.perf_counter() - t0).to_wire())
 
     def op_digest(self, *, offset: int, length: int, payload: bytes) -> Reply:
         """Test/debug op (emulated platform, only with fault injection on): SHA-256 of the buffer
@@ -138,11 +197,11 @@ class WindowOps:
         was. A digest of plaintext is a confirmation oracle on the holders' data, so a production
         device (fault injection off) refuses it like ``op_tamper``.
         """
-        if not self.allow_fault_injection:
+        if not self._allow_fault_injection:
             raise DeviceError("the digest op is a debug op: fault injection is disabled on this device")
         offset, length = int(offset), int(length)
-        if offset < 0 or length < 0 or offset + length > self.buffer.nbytes:
-            raise WindowError(f"range [{offset}, {offset + length}) is outside the {self.buffer.nbytes}-byte buffer")
+        if offset < 0 or length < 0 or offset + length > self._buffer.nbytes:
+            raise WindowError(f"range [{offset}, {offset + length}) is outside the {self._buffer.nbytes}-byte buffer")
         with self.lock:
-            data = self.buffer.tensor[offset: offset + length].cpu().numpy().tobytes()
+            data = self._buffer.tensor[offset: offset + length].cpu().numpy().tobytes()
         return Reply(BufferDigest(sha256=hashlib.sha256(data).hexdigest(), offset=offset, length=length).to_wire())

@@ -38,7 +38,7 @@ FLEET_OPS = ("fleet_join", "fleet_train", "fleet_leave")
 class FleetPart:
     """The fleet's part of a device service: it owns the device group's ring and the drift fault, and adds its
     three entries (``FLEET_OPS``) to the service's one operation table. ``fleet_train`` shares ``train``'s
-    guards (:meth:`~gputravel.core.device.model.ModelOps.check_train_ranges`); everything else it reads from
+    guards (:meth:`~gputravel.core.device.model.ModelSlot.check_train_ranges`); everything else it reads from
     the service it was added to (identity, buffer, trainer, counters)."""
 
     def __init__(self, service: DeviceService) -> None:

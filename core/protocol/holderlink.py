@@ -30,7 +30,7 @@ ignored, so a field added later (a data connection's admission credential, say) 
 old peers keep working. The headers themselves were decoded with ``wirejson``'s size and depth limits.
 
 ``ProvisioningKey`` is the one typed form of a hand-off's key (a ``DirectionKey`` whose ``repr`` shows
-its fingerprint, never its bytes): derived by the device (``DeviceService.op_handoff``), sent to the
+its fingerprint, never its bytes): derived by the device (``BufferWindows.op_handoff``), sent to the
 orchestrator inside the sealed control channel (``HandoffGrant``), carried in the orchestrator's
 ``Handoff`` and forwarded to the agent inside the holder link, where ``SendState`` seals with it.
 """

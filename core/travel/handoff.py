@@ -64,7 +64,7 @@ async def open_window(client: DeviceClient, *, epoch: int, skip: int, length: in
     """A provisioning key for bytes [skip, skip+length) of the buffer in ``epoch``: the ``Handoff`` the
     holder gets, and the key's fingerprint.
 
-    The key walks device -> orchestrator -> holder: ``DeviceService.op_handoff`` derives it, the sealed
+    The key walks device -> orchestrator -> holder: ``BufferWindows.op_handoff`` derives it, the sealed
     control channel brings it here (``DeviceClient.handoff``'s ``HandoffGrant``, whose ``from_wire`` types it as a
     ``ProvisioningKey`` and checks it once), and the holder link forwards it inside the ``Handoff``."""
     grant = await asyncio.to_thread(client.handoff, epoch=epoch, offset=skip, length=length, chunk_size=chunk_size)

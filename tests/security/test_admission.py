@@ -46,7 +46,7 @@ class Device:
         return self.client.close_window(epoch=epoch)
 
     def charged(self) -> dict[int, dict[str, int]]:
-        return {e: dict(c) for e, c in self.service.rejected_by_epoch.items()}
+        return {e: dict(c) for e, c in self.service.counts.rejected_by_epoch.items()}
 
 
 @pytest.fixture
@@ -118,7 +118,7 @@ def test_garbage_on_an_unadmitted_connection_during_alices_window_charges_nobody
             s.connect(addr)
             s.sendall(encode_frame(FrameType.CHUNK, *sealed(key, session, 0, tamper=True)))
             assert recv_frame_with_fds(s) is not None
-    assert device.service.refused["anonymous"] == 3
+    assert device.service.counts.refused["anonymous"] == 3
     assert device.charged() == {}  # misattributed rejections: 0 (alice is charged nothing)
     # alice's own connection: her genuine chunks in, her own garbage charged to her window
     alice = Raw(device, opening(session, key, epoch))
@@ -141,7 +141,7 @@ def test_a_replayed_admission_is_refused_and_charges_nobody(device: Device) -> N
     assert again.first.type is FrameType.ERROR and "used before" in again.first.header["reason"]
     again.close()
     first.close()
-    assert device.charged() == {} and device.service.refused["anonymous"] == 1
+    assert device.charged() == {} and device.service.counts.refused["anonymous"] == 1
     device.close(epoch)
 
 

@@ -76,7 +76,7 @@ def test_strangers_on_the_tcp_port_never_take_the_unix_sockets_places(
         assert len(line) == 2 and int(line[1]) >= 4
         if os.getuid() == 0:
             assert int(line[0]) == NOBODY
-        assert wait_for(lambda: service.refused["evicted"] + service.refused["full"] >= 36)
+        assert wait_for(lambda: service.counts.refused["evicted"] + service.counts.refused["full"] >= 36)
         assert len(server._pending_tcp) <= 4 and len(server._pending_unix) == 0
         client = new_client()
         try:
@@ -106,8 +106,8 @@ def test_a_trickling_peer_is_cut_off_at_the_handshake_deadline_not_kept_alive_by
                 break
             time.sleep(0.1)
     assert cut_off, "the device kept a trickling, unauthenticated connection open past its deadline"
-    assert wait_for(lambda: service.refused["timeout"] >= 1)
-    assert service.refused["timeout"] == 1
+    assert wait_for(lambda: service.counts.refused["timeout"] >= 1)
+    assert service.counts.refused["timeout"] == 1
 
 
 def assert_one_chunk_acked(s: socket.socket, stream: Any, key: Any, session: bytes) -> None:
@@ -139,7 +139,7 @@ def test_strangers_filling_the_tcp_ports_places_cannot_keep_an_admitted_holder_o
                                 text=True)
     try:
         assert attacker.stdout is not None and attacker.stdout.readline()
-        assert wait_for(lambda: service.refused["evicted"] + service.refused["full"] >= 30), dict(service.refused)
+        assert wait_for(lambda: service.counts.refused["evicted"] + service.counts.refused["full"] >= 30), dict(service.counts.refused)
         grant = client.handoff(epoch=1, offset=0, length=256, chunk_size=256)
         key, session = grant.provisioning_key, bytes.fromhex(grant.session_id)
         admit = Admission.make(key.key, session_id=session, epoch=1, holder="alice").to_wire()
@@ -156,11 +156,11 @@ def test_strangers_filling_the_tcp_ports_places_cannot_keep_an_admitted_holder_o
             time.sleep(0.05)
         with s:
             # the strangers' places are taken from them once they have waited half the deadline (0.3 s)
-            assert time.monotonic() - since < 0.3 + 1.0, (tries, dict(service.refused))
+            assert time.monotonic() - since < 0.3 + 1.0, (tries, dict(service.counts.refused))
             assert ready is not None and ready.type is FrameType.DATA_READY, ready
             assert_one_chunk_acked(s, stream, key, session)
         assert client.close_window(epoch=1).complete
-        assert service.rejected_by_epoch == {}
+        assert service.counts.rejected_by_epoch == {}
     finally:
         attacker.kill()
         attacker.wait(10)
@@ -191,8 +191,8 @@ def test_a_flood_arriving_before_a_holders_late_data_open_does_not_push_it_out(s
             assert wait_for(lambda: len(server._pending_tcp) == 1)  # the holder's connection has its place
             flooded_at = time.monotonic()
             flood = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(40)]
-            assert wait_for(lambda: service.refused["full"] >= 37), dict(service.refused)
-            assert service.refused["evicted"] == 0 and len(server._pending_tcp) == 4
+            assert wait_for(lambda: service.counts.refused["full"] >= 37), dict(service.counts.refused)
+            assert service.counts.refused["evicted"] == 0 and len(server._pending_tcp) == 4
             refused = read_frame(flood[-1].makefile("rb"))
             assert refused is not None and refused.type is FrameType.ERROR and refused.header["code"] == "busy"
             time.sleep(0.3)  # the holder's DATA_OPEN comes late, after the whole flood
@@ -202,12 +202,12 @@ def test_a_flood_arriving_before_a_holders_late_data_open_does_not_push_it_out(s
             assert ready is not None and ready.type is FrameType.DATA_READY, ready
             assert_one_chunk_acked(s, stream, key, session)
         assert client.close_window(epoch=1).complete
-        assert service.rejected_by_epoch == {}
+        assert service.counts.rejected_by_epoch == {}
         time.sleep(max(0.0, flooded_at + 1.2 - time.monotonic()))  # the flood's 3 placed ones are past 1.0 s
         assert wait_for(lambda: len(server._pending_tcp) == 3)
         flood.append(socket.create_connection(("127.0.0.1", port), timeout=5))  # a 4th place is free
         flood.append(socket.create_connection(("127.0.0.1", port), timeout=5))  # takes the oldest's place
-        assert wait_for(lambda: service.refused["evicted"] == 1), dict(service.refused)
+        assert wait_for(lambda: service.counts.refused["evicted"] == 1), dict(service.counts.refused)
         assert len(server._pending_tcp) == 4
     finally:
         for f in flood:

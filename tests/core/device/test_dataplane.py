@@ -42,7 +42,7 @@ def service(tmp_path: Path, *, device: str = "cpu", staged: bool | None = True) 
 
 
 def handoff(svc: DeviceService, epoch: int, length: int) -> SendState:
-    head = svc.op_handoff(epoch=epoch, offset=0, length=length, chunk_size=CHUNK, payload=b"").header
+    head = svc.windows.op_handoff(epoch=epoch, offset=0, length=length, chunk_size=CHUNK, payload=b"").header
     key = DirectionKey.from_wire(head["provisioning_key"])
     return SendState(key, session_id=bytes.fromhex(head["session_id"]))
 
@@ -72,8 +72,8 @@ def provision_staged(svc: DeviceService, epoch: int, data: bytes) -> list[bool]:
     n_chunks = -(-len(data) // CHUNK)
     for seq in range(n_chunks):
         head, ct = seal(sender, data, seq)
-        svc.submit_chunk(head, ct, reply_for(head["o"], head["n"]))
-    closed = svc.op_close_window(epoch=epoch, payload=b"").header  # waits for the copies
+        svc.intake.submit_chunk(head, ct, reply_for(head["o"], head["n"]))
+    closed = svc.windows.op_close_window(epoch=epoch, payload=b"").header  # waits for the copies
     assert closed["complete"] is True and closed["bytes"] == len(data)
     for _ in range(n_chunks):
         assert acked.acquire(timeout=10)
@@ -82,12 +82,12 @@ def provision_staged(svc: DeviceService, epoch: int, data: bytes) -> list[bool]:
 
 def test_the_staged_path_acks_only_once_a_chunk_is_in_device_memory_and_allocates_once(tmp_path: Path) -> None:
     svc = service(tmp_path)
-    svc.op_set_data_path(parallel_auth=True, overlap=True, workers=2, payload=b"")
+    svc.ops.op_set_data_path(parallel_auth=True, overlap=True, workers=2, payload=b"")
     data = os.urandom(10 * CHUNK + 123)
     for epoch in (1, 2, 3):
         assert all(provision_staged(svc, epoch, data))
         assert bytes(svc.buffer.tensor[: len(data)].numpy()) == data
-        svc.op_scrub(payload=b"")
+        svc.windows.op_scrub(payload=b"")
     counters = svc.counters
     assert counters["alloc_staging"] == 1 and counters["alloc_pool"] == 1  # once per service, not per hand-off
     assert counters["h2d_ns"] > 0 and counters["open_ns"] > 0 and counters["chunks"] == 33
@@ -103,19 +103,19 @@ def test_a_tampered_chunk_on_the_staged_path_frees_its_slot_and_leaves_memory_un
     bad = bytearray(ct)
     bad[10] ^= 1
     with pytest.raises(TagError):
-        svc.accept_chunk(head, bytes(bad))
-    assert svc.rejected["tag"] == 1 and not svc.buffer.tensor.any()
+        svc.intake.accept_chunk(head, bytes(bad))
+    assert svc.counts.rejected["tag"] == 1 and not svc.buffer.tensor.any()
     staging = svc.plane._staging
     assert staging is not None and all(not s.any() for s in staging.slots)  # the bad tag zeroed its slot
     # every slot is free again: as many chunks as slots go through without waiting
     for seq in (0, 1):
-        assert svc.accept_chunk(*seal(SendState(sender_key(svc, 1), session_id=sender.session_id, start=seq),
+        assert svc.intake.accept_chunk(*seal(SendState(sender_key(svc, 1), session_id=sender.session_id, start=seq),
                                       data, seq))["s"] == seq
     assert bytes(svc.buffer.tensor[: len(data)].numpy()) == data
 
 
 def sender_key(svc: DeviceService, epoch: int) -> DirectionKey:
-    w = svc.window
+    w = svc.windows.window
     assert w is not None and w.epoch == epoch
     from gputravel.core.protocol import Direction, provisioning_key
 
@@ -133,7 +133,7 @@ def test_cuda_provisioning_goes_through_pinned_slots_one_copy_stream_and_events(
     for epoch in (1, 2):
         assert all(provision_staged(svc, epoch, data))
         assert bytes(svc.buffer.tensor[: len(data)].cpu().numpy()) == data
-        svc.op_scrub(payload=b"")
+        svc.windows.op_scrub(payload=b"")
     staging = svc.plane._staging
     assert staging is not None and all(s.is_pinned() for s in staging.slots)
     assert svc.counters["alloc_staging"] == 1 and svc.counters["h2d_ns"] > 0
@@ -221,13 +221,13 @@ def test_below_four_cores_chunks_in_socket_frames_get_one_decrypt_thread_and_rin
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     svc = service(tmp_path, staged=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    auto = svc.op_set_data_path(payload=b"").header
+    auto = svc.ops.op_set_data_path(payload=b"").header
     assert auto["workers"] == 0 and svc.plane.pool is None  # no decrypt workers on 2 cores (measured slower)
     assert svc.plane.frame_pool is not None and svc.plane.per_set == 4  # but frames are opened off the receiver
-    svc.op_set_data_path(parallel_auth=False, overlap=False, payload=b"")  # the ablation's serial row
+    svc.ops.op_set_data_path(parallel_auth=False, overlap=False, payload=b"")  # the ablation's serial row
     assert svc.plane.pool is None and svc.plane.frame_pool is None and svc.plane.per_set == 2
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
-    svc.op_set_data_path(payload=b"")
+    svc.ops.op_set_data_path(payload=b"")
     assert svc.plane.pool is not None and svc.plane.frame_pool is None  # workers open every chunk
     svc.plane.close()
 

@@ -120,16 +120,16 @@ def test_the_device_answers_a_mac_only_measurement_and_it_sees_a_tampered_model(
     svc = DeviceService(identity=identity, buffer_bytes=4096, device="cpu", allow_fault_injection=True)
     program = {"program": "gputravel.gpt2/v1", "model": CONFIG.to_dict(),
                "train": TrainSettings(steps_per_visit=1, batch_size=2, seq_len=8).to_dict()}
-    svc.op_configure(payload=json.dumps(program).encode())
+    svc.model.op_configure(payload=json.dumps(program).encode())
     key = os.urandom(32)
-    full = svc.op_measure(payload=key).header
+    full = svc.model.op_measure(payload=key).header
     digests = svc.counters["model_digests"]
-    quick = svc.op_measure(payload=key, digest=False).header
+    quick = svc.model.op_measure(payload=key, digest=False).header
     assert quick["mac"] == full["mac"] and quick["model"] == "" and quick["mac_engine"] == "cpu"
     assert svc.counters["model_digests"] == digests  # the MAC-only check hashes nothing
-    svc.op_tamper(region="model", payload=b"")
-    assert svc.op_measure(payload=key, digest=False).header["mac"] != full["mac"]
+    svc.model.op_tamper(region="model", payload=b"")
+    assert svc.model.op_measure(payload=key, digest=False).header["mac"] != full["mac"]
     with pytest.raises(DeviceError, match="32 bytes"):
-        svc.op_measure(payload=b"short", digest=False)
+        svc.model.op_measure(payload=b"short", digest=False)
     with pytest.raises(DeviceError, match="digest or a MAC key"):
-        svc.op_measure(payload=b"", digest=False)
+        svc.model.op_measure(payload=b"", digest=False)

@@ -29,6 +29,15 @@ def _identity(tmp_path: Path, device_id: str = "emu-gpu-0") -> DeviceIdentity:
 def test_the_table_holds_every_wire_operation_once(tmp_path: Path) -> None:
     svc = DeviceService(identity=_identity(tmp_path), buffer_bytes=4096, device="cpu")
     assert set(svc.operations) == {op.value for op in Op}
+    # the service is composed of parts, no mixin: it and every part derive from nothing of the project's, and
+    # the table's entries split between the parts with none left over
+    parts = {"ops": svc.ops, "windows": svc.windows, "model": svc.model, "streams": svc.streams}
+    assert DeviceService.__bases__ == (object,)
+    assert all(type(part).__bases__ == (object,) for part in (*parts.values(), svc.intake, svc.counts, svc.keys))
+    owners = {op: next(name for name, part in parts.items() if getattr(fn, "__self__", None) is part)
+              for op, fn in svc.operations.items()}
+    assert owners[Op.HANDOFF] == owners[Op.SCRUB] == "windows" and owners[Op.TRAIN] == "model"
+    assert owners[Op.RESTORE] == "streams" and owners[Op.STATS] == "ops"
 
 
 def test_the_fleet_service_extends_the_same_table(tmp_path: Path) -> None:
@@ -68,3 +77,33 @@ def test_fleet_train_shares_the_range_checks_of_train(tmp_path: Path) -> None:
         svc.handle("fleet_train", {**args, "weight": 1.0, "total_weight": 1.0, "steps": 1, "seed": 0}, b"")
     with pytest.raises(DeviceError, match="already in the table: fleet_join"):
         svc.add_part(part.operations())  # a part cannot shadow an entry of the table
+
+
+def test_the_parts_share_state_not_self_a_changed_model_ends_its_stream_and_an_open_restore_bars_training(
+        tmp_path: Path) -> None:
+    """The seams between the model part and the streams part: an attached checkpoint stream of an older model
+    generation is refused (the model changed under it), and while a restore is open the model is incomplete."""
+    import json
+    import os
+
+    from gputravel.core.protocol.stream import StreamHeader
+    from gputravel.core.training.model import GPTConfig
+    from gputravel.core.training.trainer import TrainSettings
+
+    svc = DeviceService(identity=_identity(tmp_path), buffer_bytes=4096, device="cpu", allow_fault_injection=True)
+    config = GPTConfig(block_size=16, vocab_size=256, n_layer=1, n_head=2, n_embd=8)
+    program = {"program": "gputravel.gpt2/v1", "model": config.to_dict(),
+               "train": TrainSettings(steps_per_visit=1, batch_size=2, seq_len=8).to_dict()}
+    svc.model.op_configure(payload=json.dumps(program).encode())
+    key, header = os.urandom(32), StreamHeader("checkpoint", "run-1", 0, os.urandom(16), 4096).to_dict()
+    first = svc.handle("checkpoint", {"header": header}, key).header
+    assert first["chunks"] >= 2 and svc.handle("checkpoint_next", {}, b"").header["kind"] == 0
+    before = svc.model.generation
+    svc.handle("tamper", {"region": "model"}, b"")
+    assert svc.model.generation != before
+    with pytest.raises(DeviceError, match="the model changed since"):
+        svc.handle("checkpoint_next", {}, b"")
+    svc.handle("restore", {"header": header}, key)
+    assert svc.model.incomplete
+    with pytest.raises(DeviceError, match="the model is incomplete: a restore is open"):
+        svc.handle("train", {"train_off": 0, "train_len": 0, "val_off": 0, "val_len": 0, "fmt": "u16"}, b"")

@@ -232,15 +232,15 @@ def _service(tmp_path: Path) -> Any:
     svc = DeviceService(identity=identity, buffer_bytes=64 * 1024, device="cpu")
     program = {"program": "gputravel.gpt2/v1", "model": CONFIG.to_dict(),
                "train": TrainSettings(steps_per_visit=1, batch_size=2, seq_len=16).to_dict()}
-    svc.op_configure(payload=json.dumps(program).encode())
+    svc.model.op_configure(payload=json.dumps(program).encode())
     return svc
 
 
 def _upload(svc: Any, header: Any, records: Any, key: bytes) -> dict[str, Any]:
-    svc.op_restore(header=header.to_dict(), payload=key)
+    svc.streams.op_restore(header=header.to_dict(), payload=key)
     for kind, sealed in records:
-        svc.op_restore_chunk(kind=kind, payload=bytes(sealed))
-    return dict(svc.op_restore_end(payload=b"").header)
+        svc.streams.op_restore_chunk(kind=kind, payload=bytes(sealed))
+    return dict(svc.streams.op_restore_end(payload=b"").header)
 
 
 def test_weights_reach_the_device_model_through_a_sealed_stream_with_their_digest(tmp_path: Path) -> None:
@@ -251,10 +251,10 @@ def test_weights_reach_the_device_model_through_a_sealed_stream_with_their_diges
     header, records, digest = sealed_weights(params, CONFIG, key=key, run_id="run-w")
     state = _upload(svc, header, records, key)
     assert state["model_digest"] == digest == params_digest(params, CONFIG)
-    device_model = svc.trainer.model
+    device_model = svc.model.trainer.model
     assert all(torch.equal(p, params[n]) for n, p in device_model.named_parameters())
     assert device_model.lm_head.weight is device_model.transformer["wte"].weight  # still tied
-    assert svc.trainer.step == 0 and not svc.trainer.optimizer.state
+    assert svc.model.trainer.step == 0 and not svc.model.trainer.optimizer.state
 
 
 def test_a_weights_stream_with_a_flipped_byte_or_another_shape_is_refused(tmp_path: Path) -> None:
@@ -269,7 +269,7 @@ def test_a_weights_stream_with_a_flipped_byte_or_another_shape_is_refused(tmp_pa
     with pytest.raises(Exception, match="failed authentication"):
         _upload(svc, header, chunks, key)
     with pytest.raises(DeviceError, match="incomplete"):  # a failed upload leaves no half-loaded model to train
-        svc._need_whole_model()
+        svc.model.need_whole_model()
     other = GPTConfig(block_size=32, vocab_size=300, n_layer=1, n_head=2, n_embd=32)
     small = {n: p.detach() for n, p in model(config=other).named_parameters()}
     header, records, _ = sealed_weights(small, other, key=key, run_id="run-w")
@@ -292,7 +292,7 @@ def test_upload_weights_streams_the_file_into_the_device_and_refuses_another_pro
     state, want, config = upload_weights(path, program_model=CONFIG.to_dict(), key=key, run_id="run-u",
                                          restore=lambda k, h, r: _upload(svc, h, r, k))
     assert state["model_digest"] == want and config == CONFIG.to_dict()
-    assert torch.equal(logits(svc.trainer.model), logits(m))
+    assert torch.equal(logits(svc.model.trainer.model), logits(m))
     other = GPTConfig(block_size=32, vocab_size=300, n_layer=3, n_head=2, n_embd=32).to_dict()
     with pytest.raises(ConfigError, match="differs from the program"):
         upload_weights(path, program_model=other, key=key, run_id="run-u", restore=lambda k, h, r: None)
@@ -300,7 +300,7 @@ def test_upload_weights_streams_the_file_into_the_device_and_refuses_another_pro
 
 def test_a_trained_model_refuses_pretrained_weights(tmp_path: Path) -> None:
     svc = _service(tmp_path)
-    svc.trainer.step = 1
+    svc.model.trainer.step = 1
     params = {n: p.detach() for n, p in model().named_parameters()}
     key = os.urandom(32)
     header, records, _ = sealed_weights(params, CONFIG, key=key, run_id="run-w")

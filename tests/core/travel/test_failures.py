@@ -450,14 +450,14 @@ def test_stalled_and_garbage_connections_are_bounded_counted_and_the_device_keep
         s.connect(sock)
         stalled.append(s)
     try:
-        wait_for(lambda: service.refused["evicted"] + service.refused["full"] >= 16)
+        wait_for(lambda: service.counts.refused["evicted"] + service.counts.refused["full"] >= 16)
         # only 4 wait at a time: each newcomer is refused (``full``) or, once the oldest has waited half the
         # deadline, takes its place (``evicted``)
-        assert service.refused["evicted"] + service.refused["full"] == 16
+        assert service.counts.refused["evicted"] + service.counts.refused["full"] == 16
         wait_for(lambda: threading.active_count() - threads_before <= 4)
         assert threading.active_count() - threads_before <= 4
-        wait_for(lambda: service.refused["timeout"] >= 4)
-        assert service.refused["timeout"] == 4  # the 4 that waited were cut off at the hand-shake limit
+        wait_for(lambda: service.counts.refused["timeout"] >= 4)
+        assert service.counts.refused["timeout"] == 4  # the 4 that waited were cut off at the hand-shake limit
         wait_for(lambda: threading.active_count() <= threads_before)
         assert threading.active_count() <= threads_before  # every thread given back
     finally:
@@ -471,15 +471,15 @@ def test_stalled_and_garbage_connections_are_bounded_counted_and_the_device_keep
         s.settimeout(10)
         while s.recv(4096):
             pass
-    assert sum(service.refused.values()) == 21
-    assert service.rejected == {}  # a refused connection is not a refused chunk
+    assert sum(service.counts.refused.values()) == 21
+    assert service.counts.rejected == {}  # a refused connection is not a refused chunk
 
     client = new_client()
     try:
         result = client.connect()  # the device still serves a genuine peer
         assert result.ok
         stats = client.stats()
-        assert stats.refused == dict(service.refused) and sum(stats.refused.values()) == 21
+        assert stats.refused == dict(service.counts.refused) and sum(stats.refused.values()) == 21
     finally:
         client.close()
 
@@ -491,10 +491,10 @@ def test_stats_list_only_recent_epochs_so_their_header_stays_under_the_limit(
     from gputravel.core.device.service import STATS_EPOCHS
 
     service, _server, _sock, new_client = device
-    service.dead_epochs.update(range(1, 1001))
+    service.windows.dead_epochs.update(range(1, 1001))
     for epoch in range(1, 1001):
         for code in ("tag", "replay", "window", "stale-epoch", "frame"):
-            service.count_rejection(code, epoch)
+            service.counts.count_rejection(code, epoch)
     client = new_client()
     try:
         client.connect()
@@ -511,8 +511,8 @@ def test_stats_list_only_recent_epochs_so_their_header_stays_under_the_limit(
         assert pages == -(-1000 // STATS_EPOCHS)
         assert len(seen) == 1000 and all(sum(c.values()) == 5 for c in seen.values())
         assert client.stats(since=since).rejected_by_epoch == {}  # nothing new since
-        service.dead_epochs.add(7)  # (a new session forgets the old one's epochs)
-        service.count_rejection("tag", 7)
+        service.windows.dead_epochs.add(7)  # (a new session forgets the old one's epochs)
+        service.counts.count_rejection("tag", 7)
         assert client.stats(since=since).rejected_by_epoch == {"7": {"tag": 2, "replay": 1, "window": 1,
                                                                      "stale-epoch": 1, "frame": 1}}
     finally:
