@@ -76,6 +76,7 @@ class HolderAttestation:
         ok = bool(cvm["ok"] and gpu["ok"])
         if ok:
             self.attested = (msg.epoch, msg.key_fp, msg.run_id, link_pub)
+            self.link_key.prepare(link_pub, msg.run_id.encode())  # the key's unwrap, off the hand-off's path
         evidence = {k: hashlib.sha256(v).hexdigest() for k, v in (("quote", msg.quote), ("collateral", msg.collateral),
                                                                   ("gpu_report", msg.gpu_report),
                                                                   ("gpu_chain", msg.gpu_chain))}

@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from gputravel.core.protocol.errors import FrameError
 
-__all__ = ["LinkKey", "conventional_secret", "cvm_report_data", "spdm_nonce", "unwrap_key", "wrap_key"]
+__all__ = ["MAX_PEERS", "LinkKey", "conventional_secret", "cvm_report_data", "spdm_nonce", "unwrap_key", "wrap_key"]
 
 _WRAP_INFO = b"gputravel-holder-key-wrap-v1"
 _CONVENTIONAL_INFO = b"gputravel-holder-conventional-v1"
@@ -40,21 +40,57 @@ def spdm_nonce(holder_nonce: bytes, key_fingerprint: str, epoch: int) -> bytes:
                           + epoch.to_bytes(8, "big")).digest()
 
 
+#: peers whose exchange a ``LinkKey`` keeps (an orchestrator's key meets one peer per holder; beyond this, the
+#: oldest is forgotten and derived again when it comes back)
+MAX_PEERS = 4096
+
+
 class LinkKey:
-    """One side's X25519 key for the key exchange."""
+    """One side's X25519 key for the key exchange.
+
+    The exchange with a peer and the wrap key derived from it are the same at every hand-off (both keys live as
+    long as the run or the agent), so each is computed once per peer and kept (issue 34: an X25519 exchange and
+    an HKDF took 0.2-0.8 ms on each side of every hand-off, on its critical path). ``prepare`` computes them
+    ahead (the agent as it verifies an ATTEST, the orchestrator at HELLO), off the hand-off's path."""
 
     def __init__(self) -> None:
         self._key = X25519PrivateKey.generate()
         self.public = self._key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        self._shared: dict[bytes, bytes] = {}
+        self._wraps: dict[tuple[bytes, bytes], AESGCM] = {}
+
+    def shared(self, peer_public: bytes) -> bytes:
+        """X25519 with ``peer_public`` (kept per peer), or ``FrameError`` when it is not an X25519 public key."""
+        got = self._shared.get(peer_public)
+        if got is None:
+            try:
+                peer = X25519PublicKey.from_public_bytes(peer_public)
+            except ValueError:
+                raise FrameError("the peer's key-exchange key is not an X25519 public key") from None
+            got = self._key.exchange(peer)
+            if len(self._shared) >= MAX_PEERS:
+                self._shared.pop(next(iter(self._shared)))
+            self._shared[peer_public] = got
+        return got
 
     def _aead(self, peer_public: bytes, context: bytes) -> AESGCM:
+        aead = self._wraps.get((peer_public, context))
+        if aead is None:
+            key = HKDF(hashes.SHA256(), 32, salt=None,
+                       info=_WRAP_INFO + b"\0" + context).derive(self.shared(peer_public))
+            aead = AESGCM(key)
+            if len(self._wraps) >= MAX_PEERS:
+                self._wraps.pop(next(iter(self._wraps)))
+            self._wraps[(peer_public, context)] = aead
+        return aead
+
+    def prepare(self, peer_public: bytes, context: bytes) -> None:
+        """Derive the wrap key with ``peer_public`` for ``context`` now (a later ``wrap_key``/``unwrap_key`` finds
+        it kept); a malformed peer key is left for that call to name."""
         try:
-            peer = X25519PublicKey.from_public_bytes(peer_public)
-        except ValueError:
-            raise FrameError("the peer's key-exchange key is not an X25519 public key") from None
-        shared = self._key.exchange(peer)
-        key = HKDF(hashes.SHA256(), 32, salt=None, info=_WRAP_INFO + b"\0" + context).derive(shared)
-        return AESGCM(key)
+            self._aead(peer_public, context)
+        except FrameError:
+            pass
 
 
 def _aad(epoch: int, fingerprint: str) -> bytes:
@@ -86,9 +122,5 @@ def conventional_secret(own: LinkKey, peer_public: bytes, run_id: str, epoch: in
     attested CVM (issue 30): HKDF-SHA256 over the same X25519 exchange as the wrapped key, bound to the run and the
     epoch. Either side derives it (the agent with its key and the CVM's public one, the CVM the other way round);
     nobody else on the link can open the data."""
-    try:
-        peer = X25519PublicKey.from_public_bytes(peer_public)
-    except ValueError:
-        raise FrameError("the peer's key-exchange key is not an X25519 public key") from None
     info = _CONVENTIONAL_INFO + b"\0" + run_id.encode() + b"\0" + epoch.to_bytes(8, "big")
-    return HKDF(hashes.SHA256(), 36, salt=None, info=info).derive(own._key.exchange(peer))
+    return HKDF(hashes.SHA256(), 36, salt=None, info=info).derive(own.shared(peer_public))

@@ -362,7 +362,9 @@ class TravelEngine:
             await self.recovery.fail_visit(rec, exc, v.window_open)
 
     async def _attest(self, v: Visit) -> Outcome:
-        """Fresh evidence, and the code and model are what we left there."""
+        """Fresh evidence, and the code and model are what we left there (the holder checks its own evidence for
+        this hand-off meanwhile, unless it did as the visit before trained: ``HandoffWindows.prefetch_for``)."""
+        self.windows.prefetch_for(v.rec, self.links)
         await self._audit_from_device()
         result = await asyncio.to_thread(self.device.client.attest)
         await self.device.check_measurement("before hand-off")

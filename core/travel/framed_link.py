@@ -91,6 +91,8 @@ class FramedHolderLink(HolderLink):
         #: fingerprint, verdict) until the hand-off it was for takes it (or another hand-off discards it)
         self._prefetch: asyncio.Task[None] | None = None
         self._prefetched: tuple[int, str, Verdict] | None = None
+        #: the ok verdict of the HANDOFF being sent, logged once it is on its way (``_log_verdict``)
+        self._unlogged: Verdict | None = None
 
     def set_state(self, state: str, detail: str = "") -> None:
         self.state, self.state_detail = state, detail
@@ -143,6 +145,8 @@ class FramedHolderLink(HolderLink):
         self.agent_pid = hello.pid
         self.holder_nonce = bytes.fromhex(hello.nonce) if hello.nonce else None
         self.holder_pub = bytes.fromhex(hello.link_pub) if hello.link_pub else None
+        if self.attestor is not None and self.holder_pub is not None:  # the key's wrap, off the hand-off's path
+            self.attestor.link_key.prepare(self.holder_pub, self.attestor.run_id.encode())
         self._prefetched = None  # a verdict of an earlier agent counts for nothing
         return self.info
 
@@ -150,6 +154,9 @@ class FramedHolderLink(HolderLink):
         """ATTEST -> VERDICT for the hand-off of key ``key_fp`` in ``epoch``, now, in the background (the engine
         calls it for the next holder while a visit trains). Nothing of the key goes with it; the hand-off takes
         the verdict only for that very key and epoch (``_attested``), else attests afresh."""
+        if self._prefetch is not None and self._prefetch.done() and self._prefetched is not None \
+                and self._prefetched[:2] == (epoch, key_fp):
+            return  # fetched already (as the visit before trained): its hand-off takes it
         if self._prefetch is not None and self._prefetch.done():
             # an earlier prefetch no hand-off took (its visit failed first, e.g. the device died as the window
             # opened): its verdict is for a key that will never be granted; it must not block this one
@@ -200,6 +207,8 @@ class FramedHolderLink(HolderLink):
         GPU's evidence under its nonce) and answers VERDICT; only an ok verdict lets the key go, wrapped for it.
         A refusal raises ``HolderRefusedError``: nothing of the key was sent. A verdict fetched ahead for this
         very key and epoch (``prefetch_attestation``) is that exchange, done earlier."""
+        pending = self._prefetch is not None and not self._prefetch.done()
+        waited_from = time.perf_counter_ns()
         await self.settle_attestation()
         ahead, self._prefetched = self._prefetched, None
         if self.attestor is None or self.holder_pub is None or (self.holder_nonce is None and ahead is None):
@@ -208,7 +217,10 @@ class FramedHolderLink(HolderLink):
         fp = handoff.key.fingerprint if handoff.key is not None else ""
         if ahead is not None and ahead[:2] == (handoff.epoch, fp):
             verdict = ahead[2]
-            marks["attest_begun"] = marks["attest_sent"] = marks["verdict"] = time.perf_counter_ns()
+            # a prefetch still under way when the hand-off came: its rest is waited for, and counted as ``verdict``
+            now = time.perf_counter_ns()
+            marks["attest_begun"] = marks["attest_sent"] = waited_from if pending else now
+            marks["verdict"] = now
             if stats is not None:
                 stats.attest_prefetched = True
         else:
@@ -218,11 +230,20 @@ class FramedHolderLink(HolderLink):
             marks["attest_sent"] = time.perf_counter_ns()
             verdict = await self._exchange(msg, handoff.epoch)
             marks["verdict"] = time.perf_counter_ns()
-        if self.on_verdict is not None:
-            self.on_verdict(self.name, verdict)
         if not verdict.ok:
+            if self.on_verdict is not None:
+                self.on_verdict(self.name, verdict)
             raise HolderRefusedError(self.name, verdict)
+        self._unlogged = verdict  # its ledger row is written once the HANDOFF is on its way (``_log_verdict``)
         return self.attestor.seal_key(handoff, self.holder_pub)
+
+    def _log_verdict(self) -> None:
+        """The ok verdict the HANDOFF just sent was given on: its ledger row and report field, written while the
+        agent takes its key (a row is a synchronous SQLite commit: on the hand-off's path it cost a disk flush,
+        issue 34). Also called when sending the HANDOFF failed: the verdict was given all the same."""
+        verdict, self._unlogged = self._unlogged, None
+        if verdict is not None and self.on_verdict is not None:
+            self.on_verdict(self.name, verdict)
 
     def _conventional_opener(self, handoff: Handoff) -> RecvState | None:
         """For an attesting agent, what opens its conventional chunks: they are sealed to this run's CVM under the
@@ -259,9 +280,12 @@ class FramedHolderLink(HolderLink):
             except FrameError as exc:
                 raise DeviceError(f"the device's DATA_READY is malformed: {exc}") from None
             outgoing = await self._attested(replace(handoff, data_endpoint=None), stats)
-            self._send(FrameType.HANDOFF, outgoing.to_wire())
-            await self._drain()
-            stats.marks_ns["handoff_sent"] = time.perf_counter_ns()
+            try:
+                self._send(FrameType.HANDOFF, outgoing.to_wire())
+                await self._drain()
+                stats.marks_ns["handoff_sent"] = time.perf_counter_ns()
+            finally:
+                self._log_verdict()
             down = asyncio.create_task(self._device_to_agent(dev_r, stats, on_progress, on_reject))
             # its failure surfaces through _agent_to_device; when the agent side fails first, mark it seen
             down.add_done_callback(lambda t: t.cancelled() or t.exception())
@@ -288,9 +312,13 @@ class FramedHolderLink(HolderLink):
         only the hand-off, progress, rejections and DONE travel on this link."""
         stats = ProvisionStats()
         t0 = time.perf_counter()
-        self._send(FrameType.HANDOFF, (await self._attested(handoff, stats)).to_wire())
-        await self._drain()
-        stats.marks_ns["handoff_sent"] = time.perf_counter_ns()
+        outgoing = await self._attested(handoff, stats)
+        try:
+            self._send(FrameType.HANDOFF, outgoing.to_wire())
+            await self._drain()
+            stats.marks_ns["handoff_sent"] = time.perf_counter_ns()
+        finally:
+            self._log_verdict()
         while True:
             frame = await self._read()
             if frame.type is FrameType.ACK:

@@ -92,7 +92,8 @@ class ProvisionStats:
     #: ``handoff_sent``, ``done`` (the agent's DONE read) (``handoff.fixed_stages`` puts them beside the
     #: device's ``WindowClosed.marks_ns``)
     marks_ns: dict[str, int] = field(default_factory=dict)
-    #: the holder's verdict was fetched ahead, while the visit before trained (``prefetch_attestation``)
+    #: the holder's verdict was fetched ahead (``prefetch_attestation``), while the visit before trained or during
+    #: this visit's ATTEST phase (the rest of a fetch still under way is this hand-off's ``verdict`` stage)
     attest_prefetched: bool = False
 
 

@@ -145,12 +145,20 @@ class HandoffWindows:
         session this orchestrator shares with the device; the key itself never leaves here). Should anything
         move the epoch or the session first (a failed visit, a re-key, a restarted device), the prediction
         misses and that hand-off attests afresh (``FramedHolderLink._attested``)."""
+        nxt = next((r for r in self.walk.records if r.plan.index > rec.plan.index
+                    and not r.outcome.startswith("done")), None)
+        if nxt is not None:
+            self.prefetch_for(nxt, links)
+
+    def prefetch_for(self, nxt: VisitRecord, links: Mapping[str, HolderLink]) -> None:
+        """``nxt``'s holder attests the key of its first window now, in the background: called as the visit
+        before it trains (``prefetch``) and as ``nxt``'s own ATTEST phase begins (a run's first visit, a visit
+        after a failed one: its holder checks the evidence while the orchestrator checks the GPU). A link that
+        holds that very verdict already keeps it."""
         if not self.settings.attest_prefetch:
             return
         secrets = self.device.client.secrets
-        nxt = next((r for r in self.walk.records if r.plan.index > rec.plan.index
-                    and not r.outcome.startswith("done")), None)
-        if secrets is None or nxt is None:
+        if secrets is None:
             return
         epoch = self.device.epoch + 1
         limit = self.settings.epoch_limit
