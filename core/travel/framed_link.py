@@ -91,8 +91,10 @@ class FramedHolderLink(HolderLink):
         #: fingerprint, verdict) until the hand-off it was for takes it (or another hand-off discards it)
         self._prefetch: asyncio.Task[None] | None = None
         self._prefetched: tuple[int, str, Verdict] | None = None
-        #: the ok verdict of the HANDOFF being sent, logged once it is on its way (``_log_verdict``)
+        #: the ok verdict of the HANDOFF being sent, logged once it is on its way (``_log_verdict``), and its row
+        #: being written meanwhile
         self._unlogged: Verdict | None = None
+        self._logging: asyncio.Future[None] | None = None
 
     def set_state(self, state: str, detail: str = "") -> None:
         self.state, self.state_detail = state, detail
@@ -238,12 +240,27 @@ class FramedHolderLink(HolderLink):
         return self.attestor.seal_key(handoff, self.holder_pub)
 
     def _log_verdict(self) -> None:
-        """The ok verdict the HANDOFF just sent was given on: its ledger row and report field, written while the
-        agent takes its key (a row is a synchronous SQLite commit: on the hand-off's path it cost a disk flush,
-        issue 34). Also called when sending the HANDOFF failed: the verdict was given all the same."""
+        """The ok verdict the HANDOFF just sent was given on: its ledger row and report field, written in a worker
+        thread while the agent takes its key and sends its data (a row is a synchronous SQLite commit, a disk
+        flush: on the hand-off's path it cost milliseconds, issue 34; the ledger serialises its writers). Also
+        called when sending the HANDOFF failed: the verdict was given all the same. ``provision`` waits for it
+        before it returns, so the row precedes the visit's PROVISION row as before."""
         verdict, self._unlogged = self._unlogged, None
         if verdict is not None and self.on_verdict is not None:
-            self.on_verdict(self.name, verdict)
+            task = asyncio.ensure_future(asyncio.to_thread(self.on_verdict, self.name, verdict))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # raised by _verdict_logged
+            self._logging = task
+
+    async def _verdict_logged(self, *, failing: bool = False) -> None:
+        """Wait for the verdict's row (``_log_verdict``); its error is raised unless the hand-off is ``failing``
+        already (that error goes first)."""
+        task, self._logging = self._logging, None
+        if task is None:
+            return
+        await asyncio.wait({task})
+        error = None if task.cancelled() else task.exception()
+        if error is not None and not failing:
+            raise error
 
     def _conventional_opener(self, handoff: Handoff) -> RecvState | None:
         """For an attesting agent, what opens its conventional chunks: they are sealed to this run's CVM under the
@@ -256,6 +273,17 @@ class FramedHolderLink(HolderLink):
     async def provision(self, handoff: Handoff, *, device_socket: str, on_progress: ProgressFn | None = None,
                         on_reject: RejectFn | None = None,
                         data_endpoint: DataEndpoint | None = None) -> ProvisionStats:
+        try:
+            stats = await self._provision(handoff, device_socket=device_socket, on_progress=on_progress,
+                                          on_reject=on_reject, data_endpoint=data_endpoint)
+        except BaseException:
+            await self._verdict_logged(failing=True)
+            raise
+        await self._verdict_logged()
+        return stats
+
+    async def _provision(self, handoff: Handoff, *, device_socket: str, on_progress: ProgressFn | None,
+                         on_reject: RejectFn | None, data_endpoint: DataEndpoint | None) -> ProvisionStats:
         if self.attestor is not None:  # the run's id travels with the hand-off: the holder's witness is per run
             handoff = replace(handoff, run_id=self.attestor.run_id)
         if data_endpoint is not None:
