@@ -16,7 +16,15 @@ import torch.distributed as dist
 from gputravel.core.collectives.crypto import TAG_LEN, Phase
 from gputravel.core.errors import ConfigError
 
-__all__ = ["RingFault", "RingPlan", "RingStats", "RingView", "StagedRecv", "Wire"]
+__all__ = ["WIRE_PIECE_BYTES", "RingFault", "RingPlan", "RingStats", "RingView", "StagedRecv", "Wire", "WireWork"]
+
+#: the largest message the gloo wire sends as one: a bigger one goes as pieces of this size (at most
+#: ``MAX_PIECES`` of them), each its own isend/irecv, all posted at once. Measured on the 2-core build machine,
+#: loopback gloo, 2 ranks exchanging 32 MiB each way twice (one reduce-scatter and one all-gather step at 64
+#: MiB): as one message 244 ms (best of 7), as 4 MiB pieces 66 ms, 1 MiB 82 ms, 8 MiB 72 ms, while gloo's own
+#: all_reduce of the 64 MiB took 100 ms. The cipher's chunks are not touched: this is the wire's cut only.
+WIRE_PIECE_BYTES = 4 << 20
+MAX_PIECES = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,11 +128,15 @@ class Wire:
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.nccl else torch.device("cpu")
 
     def exchange(self, send: torch.Tensor | None, recv: torch.Tensor | None, tag: int) -> tuple[Any, Any]:
-        """Post a send to the right and a receive from the left; returns (send work, recv work)."""
+        """Post a send to the right and a receive from the left; returns (send work, recv work). On gloo a
+        message over ``WIRE_PIECE_BYTES`` travels as pieces (the same cut on both ends: a hop's send and
+        receive have one length), each tagged ``tag * MAX_PIECES + piece``."""
         if self.nccl:
             return self._exchange_nccl(send, recv)
-        sw = dist.isend(send, self.right, group=self.group, tag=tag) if send is not None else None
-        rw = dist.irecv(recv, self.left, group=self.group, tag=tag) if recv is not None else None
+        sw = WireWork([dist.isend(p, self.right, group=self.group, tag=tag * MAX_PIECES + i)
+                       for i, p in enumerate(_pieces(send))]) if send is not None else None
+        rw = WireWork([dist.irecv(p, self.left, group=self.group, tag=tag * MAX_PIECES + i)
+                       for i, p in enumerate(_pieces(recv))]) if recv is not None else None
         return sw, rw
 
     def _exchange_nccl(self, send: torch.Tensor | None, recv: torch.Tensor | None) -> tuple[Any, Any]:
@@ -141,6 +153,30 @@ class Wire:
         if rw is not None and dev_recv is not None and not recv.is_cuda:  # type: ignore[union-attr]
             return sw, StagedRecv(rw, dev_recv, recv)  # type: ignore[arg-type]
         return sw, rw
+
+
+def _pieces(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``t`` (one contiguous run of memory) cut into the wire's pieces: views, no copy."""
+    flat = t.view(-1)
+    nbytes = flat.numel() * flat.element_size()
+    if nbytes <= WIRE_PIECE_BYTES:
+        return (flat,)
+    piece = max(WIRE_PIECE_BYTES, -(-nbytes // MAX_PIECES)) // flat.element_size()
+    return tuple(flat[i:i + piece] for i in range(0, flat.numel(), piece))
+
+
+class WireWork:
+    """The posted pieces of one message; ``wait`` returns once every piece is done."""
+
+    __slots__ = ("works",)
+
+    def __init__(self, works: list[Any]) -> None:
+        self.works = works
+
+    def wait(self) -> bool:
+        for w in self.works:
+            w.wait()
+        return True
 
 
 class StagedRecv:

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from gputravel.core.collectives.crypto import ALL_RANKS, HopAad, HopOpener, HopSealer, HostCrypto, Phase
 from gputravel.core.collectives.keys import emulated_identity, establish_ring_keys
 from gputravel.core.collectives.launch import WorkerContext, run_workers
-from gputravel.core.collectives.parts import RingPlan
+from gputravel.core.collectives.parts import MAX_PIECES, WIRE_PIECE_BYTES, RingPlan, _pieces
 from gputravel.core.collectives.ring import (
     CollectiveAbortedError,
     RingFault,
@@ -68,6 +68,16 @@ def equality_worker(ctx: WorkerContext, vendor_dir: str) -> list[str]:
     want = torch.arange(12.0).reshape(3, 4).t() * sum(range(1, ctx.world_size + 1))
     if not torch.equal(x, want):
         bad.append("non-contiguous tensor")
+    # a segment over the wire's piece size (16 MB: 8 MB hops at world 2, 5.3 MB at 3) goes as several pieces
+    whole = SecureRing(keys=keys, chunk_bytes=None, crypto=HostCrypto(workers=0))
+    x = torch.randn(4_000_003, generator=torch.Generator().manual_seed(ctx.rank))
+    ref = x.clone()
+    dist.all_reduce(ref)
+    for v in (Variant.RING, Variant.SECURE_NAIVE, Variant.SECURE_PIPELINED):
+        y = x.clone()
+        whole.all_reduce(y, v)
+        if not torch.allclose(y, ref, rtol=1e-5, atol=1e-5):
+            bad.append(f"pieced {v}: max err {(y - ref).abs().max():.3g}")
     return bad
 
 
@@ -208,6 +218,21 @@ def test_plan_covers_every_element_once_and_the_ring_schedule_ends_with_every_se
         assert owned == (rank + 1) % world
         stored = {plan.seg(g, rank, send=False) for g in range(world - 1, 2 * world - 2)}
         assert stored | {owned} == set(range(world))
+
+
+@pytest.mark.parametrize(("numel", "dtype", "want"), [(10, torch.uint8, 1), (WIRE_PIECE_BYTES, torch.uint8, 1),
+                                                     (WIRE_PIECE_BYTES + 1, torch.uint8, 2),
+                                                     (WIRE_PIECE_BYTES + 3, torch.float32, 5),
+                                                     (100 * WIRE_PIECE_BYTES, torch.uint8, MAX_PIECES)])
+def test_wire_pieces_are_views_that_cover_the_message_once(numel: int, dtype: torch.dtype, want: int) -> None:
+    t = torch.zeros(numel, dtype=dtype) if numel < 2 * WIRE_PIECE_BYTES else torch.empty(numel, dtype=dtype)
+    pieces = _pieces(t)
+    assert len(pieces) == want
+    assert sum(p.numel() for p in pieces) == numel
+    esize = t.element_size()
+    assert [p.data_ptr() for p in pieces] == [t.data_ptr() + sum(q.numel() for q in pieces[:i]) * esize
+                                              for i in range(len(pieces))]  # views in order, no copy
+    assert all(p.numel() * esize <= max(WIRE_PIECE_BYTES, -(-numel * esize // MAX_PIECES)) for p in pieces)
 
 
 def test_variants_are_one_enum_and_gloo_tls_only_where_the_build_has_it() -> None:
