@@ -44,7 +44,7 @@ from gputravel.core.training.model import ModelConfig, build_model, param_shapes
 from gputravel.core.training.tokens import vocab_size
 from gputravel.core.training.trainer import TrainSettings
 
-__all__ = ["plain_loop", "study"]
+__all__ = ["PARTS", "combine", "plain_loop", "study"]
 
 MIB = 1 << 20
 
@@ -121,12 +121,23 @@ def plain_loop(config: ModelConfig, settings: TrainSettings, *, steps: int, devi
             "validations": len(val_losses), "val_batches": settings.val_batches if val_losses else 0}
 
 
+PARTS = ("all", "plain", "protocol")
+# what two parts' ``job`` must agree on to be combined (``holders`` and ``rounds`` may differ: a plain part may
+# run a share of the steps; ``--combine`` sums steps and seconds)
+_SAME_JOB = ("model", "lora_rank", "config", "steps_per_visit", "batch_size", "seq_len", "device", "torch_threads",
+             "transport", "dataset_mib_per_holder")
+
+
 def study(*, workdir: Path, run: RunFn, model: str = "tiny", holders: int = 2, rounds: int = 1, steps: int = 10,
           batch_size: int = 4, seq_len: int = 64, dataset_mib: float = 1.0, device: str | None = None,
           torch_threads: int = 0, transport: str = "local", on_progress: ProgressFn | None = None,
-          init_from: Path | None = None, lora_rank: int = 0) -> dict[str, Any]:
+          init_from: Path | None = None, lora_rank: int = 0, part: str = "all") -> dict[str, Any]:
     """Run the study; returns the JSON-able result (``benchmark: train``). ``init_from``: a weights file or
-    Hugging Face folder instead of the preset; ``lora_rank``: LoRA adapters alone train (both sides)."""
+    Hugging Face folder instead of the preset; ``lora_rank``: LoRA adapters alone train (both sides).
+    ``part``: ``all`` (plain loop, protocol run, plain loop again), or one pass alone (``plain`` or
+    ``protocol``), whose results :func:`combine` joins: a study too long for one sitting runs one pass at a time."""
+    if part not in PARTS:
+        raise ConfigError(f"part is one of {', '.join(PARTS)}, not {part!r}")
     if holders < 1 or rounds < 1 or steps < 1 or batch_size < 1 or seq_len < 8:
         raise ConfigError("holders, rounds, steps and batch-size must be >= 1 and seq-len >= 8")
     if not dataset_mib > 0:
@@ -172,10 +183,24 @@ def study(*, workdir: Path, run: RunFn, model: str = "tiny", holders: int = 2, r
         finally:
             torch.set_num_threads(threads_before)
 
-    progress("plain torch loop (before)", 0, 3)
-    plain_before = plain_run()
+    job: dict[str, Any] = {"model": model, "model_params": None, "architecture": None, "lora_rank": lora_rank,
+                           "config": config.to_dict(), "holders": holders, "rounds": rounds, "steps_per_visit": steps,
+                           "batch_size": batch_size, "seq_len": seq_len, "tokens_per_step": batch_size * seq_len,
+                           "device": dev, "torch_threads": torch_threads or threads_before, "transport": transport,
+                           "dataset_mib_per_holder": dataset_mib}
+    if part == "plain":
+        progress("plain torch loop", 0, 1)
+        only = plain_run()
+        progress("done", 1, 1)
+        return {"benchmark": "train", "part": "plain", "machine": machine_info(), "job": job, "plain": only,
+                "seconds": round(time.perf_counter() - t_start, 2)}
+    passes = 3 if part == "all" else 1
+    plain_before: dict[str, Any] | None = None
+    if part == "all":
+        progress("plain torch loop (before)", 0, passes)
+        plain_before = plain_run()
     # --- the protocol: one gputravel run
-    progress("gputravel run", 1, 3)
+    progress("gputravel run", passes - 2 if part == "all" else 0, passes)
     settings = RunSettings(holders=holders, rounds=rounds, steps_per_visit=steps, buffer_mib=max(1.0, dataset_mib * 1.25),
                            data_dir=data, out_dir=workdir / "run", model="tiny" if init_from else model,
                            batch_size=batch_size, seq_len=seq_len, device=device, torch_threads=torch_threads,
@@ -184,55 +209,89 @@ def study(*, workdir: Path, run: RunFn, model: str = "tiny", holders: int = 2, r
     report = asyncio.run(run(settings, sinks=[])).to_json()
     run_wall = time.perf_counter() - t0
     shutil.rmtree(settings.out_dir, ignore_errors=True)
+    protocol = _protocol_figures(report, steps=steps, tokens_per_step=batch_size * seq_len, run_wall=run_wall)
+    if protocol["steps"] != total_steps:
+        raise ConfigError(f"the run trained {protocol['steps']} steps, the plain loop {total_steps}")
+    job["model_params"] = report.get("training", {}).get("model_params")
+    job["architecture"] = (report.get("training", {}).get("model") or {}).get("architecture")
+    checkpoint = _checkpoint_figures(report, config, lora_rank)
+    if part == "protocol":
+        progress("done", 1, 1)
+        return {"benchmark": "train", "part": "protocol", "machine": machine_info(), "job": job,
+                "protocol": protocol, "checkpoint": checkpoint, "seconds": round(time.perf_counter() - t_start, 2)}
+    progress("plain torch loop (after)", 2, 3)
+    plain_after = plain_run()
+    progress("done", 3, 3)
+    assert plain_before is not None
+    result = _joined(job, protocol, checkpoint, [plain_before, plain_after])
+    return {**result, "machine": machine_info(), "seconds": round(time.perf_counter() - t_start, 2)}
+
+
+def combine(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One study's result from its passes run one at a time (``bench train --part plain|protocol --json``):
+    exactly one ``protocol`` part and one or more ``plain`` parts of the same job (``_SAME_JOB``). The plain
+    loop's throughput is all the plain parts' tokens over all their seconds, so a plain part may run a share
+    of the steps (``--rounds 1`` of a 2-round job) and the passes may sit between others' work."""
+    protocols = [p for p in parts if p.get("benchmark") == "train" and p.get("part") == "protocol"]
+    plains = [p for p in parts if p.get("benchmark") == "train" and p.get("part") == "plain"]
+    if len(protocols) != 1 or not plains or len(protocols) + len(plains) != len(parts):
+        raise ConfigError("--combine takes one `bench train --part protocol --json` result and one or more "
+                          "`--part plain` results")
+    job = protocols[0].get("job")
+    if not isinstance(job, dict) or not all(isinstance(other.get("job"), dict) for other in plains):
+        raise ConfigError("a part lacks its `job`")
+    for other in plains:
+        differ = [k for k in _SAME_JOB if other["job"].get(k) != job.get(k)]
+        if differ:
+            raise ConfigError(f"a plain part's job differs from the protocol part's in {', '.join(differ)}")
+    try:
+        result = _joined(job, protocols[0]["protocol"], protocols[0]["checkpoint"], [p["plain"] for p in plains])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"a part lacks a bench train figure ({exc!r})") from None
+    return {**result, "machine": protocols[0].get("machine"), "combined_from": len(parts),
+            "seconds": round(sum(float(p.get("seconds", 0.0)) for p in parts), 2)}
+
+
+def _protocol_figures(report: dict[str, Any], *, steps: int, tokens_per_step: int, run_wall: float) -> dict[str, Any]:
     visits = [v for v in report["visits"] if str(v.get("outcome", "")).startswith("done")]
     if len(visits) != len(report["visits"]) or not visits:
         raise ConfigError(f"the protocol run did not complete its visits: "
                           f"{[v.get('outcome') for v in report['visits']]}")
-    tokens = len(visits) * steps * batch_size * seq_len
+    tokens = len(visits) * steps * tokens_per_step
     # the visits' phases, and the wait after the last one for its checkpoint to be durable (checkpoints are
     # written in the background while the next visit goes on; the run ends only when the last is durable)
     final_wait_s = float(report.get("checkpoints", {}).get("final_wait_s", 0.0))
     visits_s = sum(sum(float(x) for x in v.get("phase_s", {}).values()) for v in visits) + final_wait_s
     train_s = sum(float(v["train_s"]) for v in visits)
-    protocol = {"visits": len(visits), "steps": len(visits) * steps, "tokens": tokens,
-                "visits_s": round(visits_s, 6), "train_s": round(train_s, 6),
-                "tokens_per_s": round(tokens / visits_s, 2) if visits_s > 0 else None,
-                "train_phase_tokens_per_s": round(tokens / train_s, 2) if train_s > 0 else None,
-                "setup_s": round(max(0.0, run_wall - visits_s), 3),
-                "final_checkpoint_wait_s": round(final_wait_s, 6),
-                "checkpoint_background_s": report.get("checkpoints", {}).get("background_s"),
-                "phase_s": {p: round(sum(float(v.get("phase_s", {}).get(p, 0.0)) for v in visits), 6)
-                            for p in visits[0].get("phase_s", {})},
-                "loss_first": report.get("training", {}).get("loss_first"),
-                "loss_last": report.get("training", {}).get("loss_last")}
+    return {"visits": len(visits), "steps": len(visits) * steps, "tokens": tokens,
+            "visits_s": round(visits_s, 6), "train_s": round(train_s, 6),
+            "tokens_per_s": round(tokens / visits_s, 2) if visits_s > 0 else None,
+            "train_phase_tokens_per_s": round(tokens / train_s, 2) if train_s > 0 else None,
+            "setup_s": round(max(0.0, run_wall - visits_s), 3),
+            "final_checkpoint_wait_s": round(final_wait_s, 6),
+            "checkpoint_background_s": report.get("checkpoints", {}).get("background_s"),
+            "phase_s": {p: round(sum(float(v.get("phase_s", {}).get(p, 0.0)) for v in visits), 6)
+                        for p in visits[0].get("phase_s", {})},
+            "loss_first": report.get("training", {}).get("loss_first"),
+            "loss_last": report.get("training", {}).get("loss_last")}
 
-    progress("plain torch loop (after)", 2, 3)
-    plain_after = plain_run()
-    if protocol["steps"] != total_steps:
-        raise ConfigError(f"the run trained {protocol['steps']} steps, the plain loop {total_steps}")
-    plain_s = plain_before["seconds"] + plain_after["seconds"]
-    plain = {**plain_after, "steps": total_steps, "tokens": plain_after["tokens"], "seconds": round(plain_s / 2, 6),
-             "tokens_per_s": round(2 * plain_after["tokens"] / plain_s, 2) if plain_s > 0 else None,
-             "runs": [plain_before, plain_after]}
-    progress("done", 3, 3)
+
+def _joined(job: dict[str, Any], protocol: dict[str, Any], checkpoint: dict[str, Any],
+            runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The study's figures from the protocol pass and the plain passes (tokens over seconds, all of them)."""
+    plain_s = sum(float(r["seconds"]) for r in runs)
+    plain_tokens = sum(int(r["tokens"]) for r in runs)
+    plain = {**runs[-1], "steps": protocol["steps"], "tokens": protocol["tokens"],
+             "seconds": round(plain_s * protocol["tokens"] / plain_tokens, 6) if plain_tokens else None,
+             "tokens_per_s": round(plain_tokens / plain_s, 2) if plain_s > 0 else None, "runs": runs}
     ratio = (protocol["tokens_per_s"] / plain["tokens_per_s"]
              if protocol["tokens_per_s"] and plain["tokens_per_s"] else None)
-    return {"benchmark": "train", "machine": machine_info(),
-            "job": {"model": model, "model_params": report.get("training", {}).get("model_params"),
-                    "architecture": (report.get("training", {}).get("model") or {}).get("architecture"),
-                    "lora_rank": lora_rank,
-                    "config": config.to_dict(), "holders": holders, "rounds": rounds, "steps_per_visit": steps,
-                    "batch_size": batch_size, "seq_len": seq_len, "tokens_per_step": batch_size * seq_len,
-                    "device": dev, "torch_threads": torch_threads or threads_before, "transport": transport,
-                    "dataset_mib_per_holder": dataset_mib},
-            "protocol": protocol, "plain": plain,
-            "checkpoint": _checkpoint_figures(report, config, lora_rank),
+    return {"benchmark": "train", "job": job, "protocol": protocol, "plain": plain, "checkpoint": checkpoint,
             "ratio": round(ratio, 4) if ratio is not None else None,
             "protocol_cost_pct": round(100.0 * (1.0 - ratio), 2) if ratio is not None else None,
             "train_phase_ratio": (round(protocol["train_phase_tokens_per_s"] / plain["tokens_per_s"], 4)
                                   if protocol["train_phase_tokens_per_s"] and plain["tokens_per_s"] else None),
-            "target": "protocol_cost_pct <= 5 on a GPU (issue 11)",
-            "seconds": round(time.perf_counter() - t_start, 2)}
+            "target": "protocol_cost_pct <= 5 on a GPU (issue 11)"}
 
 
 def _checkpoint_figures(report: dict[str, Any], config: ModelConfig, lora_rank: int) -> dict[str, Any]:

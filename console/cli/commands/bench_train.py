@@ -20,6 +20,11 @@ from gputravel.core.errors import ConfigError
 
 def render(result: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console()
+    if result.get("part") in ("plain", "protocol"):  # one pass alone: its figure, for --combine
+        figures = result[result["part"]]
+        console.print(f"bench train, {result['part']} pass alone: {figures['steps']} steps, {figures['tokens_per_s']} "
+                      f"tokens/s (join the passes' --json results with --combine)")
+        return
     job, proto, plain = result["job"], result["protocol"], result["plain"]
     table = Table(title=f"bench train: {job['model']} ({job['model_params'] or '?'} parameters), batch "
                         f"{job['batch_size']}×{job['seq_len']}, {proto['steps']} steps on {job['device']}")
@@ -55,6 +60,10 @@ def register(bench_app: typer.Typer) -> None:
         init_from: Path | None = typer.Option(None, "--init-from", help="A weights file or Hugging Face folder "
                                               "(Llama, Qwen2, Mistral, GPT-2) instead of the preset."),
         lora_rank: int = typer.Option(0, "--lora-rank", min=0, help="Train LoRA adapters of this rank alone."),
+        part: str = typer.Option("all", "--part", help="all (plain loop, run, plain loop), or one pass alone: "
+                                 "plain or protocol (join their --json results with --combine)."),
+        combine: list[Path] | None = typer.Option(None, "--combine", help="A --part result (JSON) to join into one "
+                                                  "study; repeat it: one protocol part, one or more plain parts."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
     ) -> None:
         """The protocol's cost in training throughput: gputravel run vs a plain torch loop, same job."""
@@ -63,6 +72,15 @@ def register(bench_app: typer.Typer) -> None:
         from gputravel.console import holders as holder_set
         from gputravel.core.bench import train  # torch: only when the study runs, not for --help
 
+        if part not in train.PARTS:
+            raise typer.BadParameter(f"part is one of {', '.join(train.PARTS)}", param_hint="--part")
+        if combine:
+            try:
+                result = train.combine([_read_part(path) for path in combine])
+            except ConfigError as exc:
+                raise typer.BadParameter(exc.reason, param_hint="--combine") from None
+            _emit(result, as_json)
+            return
         with tempfile.TemporaryDirectory(prefix="gputravel-bench-train-") as tmp, \
                 StudyProgress(TextColumn("{task.description:<24}"), BarColumn(), TimeElapsedColumn(),
                               console=Console(stderr=True)) as progress:
@@ -71,10 +89,24 @@ def register(bench_app: typer.Typer) -> None:
                                      steps=steps,
                                      batch_size=batch_size, seq_len=seq_len, dataset_mib=dataset_mib,
                                      device=device, torch_threads=torch_threads, transport=transport,
-                                     on_progress=progress, init_from=init_from, lora_rank=lora_rank)
+                                     on_progress=progress, init_from=init_from, lora_rank=lora_rank, part=part)
             except ConfigError as exc:
                 raise typer.BadParameter(exc.reason) from None
-        if as_json:
-            sys.stdout.write(json.dumps(result, indent=2) + "\n")
-            return
-        render(result)
+        _emit(result, as_json)
+
+
+def _read_part(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise typer.BadParameter(f"{path}: not a readable JSON result ({exc})", param_hint="--combine") from None
+    if not isinstance(data, dict):
+        raise typer.BadParameter(f"{path}: not a bench train result", param_hint="--combine")
+    return data
+
+
+def _emit(result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        return
+    render(result)

@@ -188,7 +188,7 @@ async def test_a_device_death_mid_run_names_its_last_line_in_the_visit_and_the_l
     assert rows and "device memory exhausted (test)" in rows[0].detail["error"]
 
 
-def test_bench_train_and_bench_checkpoint_report_their_fields() -> None:
+def test_bench_train_and_bench_checkpoint_report_their_fields(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from gputravel.console.cli import main as cli
@@ -205,6 +205,43 @@ def test_bench_train_and_bench_checkpoint_report_their_fields() -> None:
     assert [r["validations"] for r in train["plain"]["runs"]] == [train["protocol"]["visits"]] * 2 == [1, 1]
     assert train["ratio"] == pytest.approx(train["protocol"]["tokens_per_s"] / train["plain"]["tokens_per_s"],
                                            rel=1e-3)
+    # one pass at a time (--part), joined by --combine: the study's passes, as files, give the study's figures
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    (parts / "protocol.json").write_text(json.dumps({
+        "benchmark": "train", "part": "protocol", "job": train["job"], "protocol": train["protocol"],
+        "checkpoint": train["checkpoint"]}))
+    for i, plain_run in enumerate(train["plain"]["runs"]):
+        (parts / f"plain{i}.json").write_text(json.dumps({"benchmark": "train", "part": "plain", "job": train["job"],
+                                                          "plain": plain_run}))
+    files = [a for name in ("plain0", "protocol", "plain1") for a in ("--combine", str(parts / f"{name}.json"))]
+    result = runner.invoke(cli.app, ["bench", "train", *files, "--json"])
+    assert result.exit_code == 0, result.output
+    joined = json.loads(result.stdout)
+    assert joined["protocol_cost_pct"] == train["protocol_cost_pct"] and joined["combined_from"] == 3
+    assert joined["plain"]["tokens_per_s"] == train["plain"]["tokens_per_s"]
+    # a plain pass alone, of the same job, and joined with the protocol pass
+    result = runner.invoke(cli.app, ["bench", "train", "--model", "tiny", "--holders", "1", "--steps", "2",
+                                     "--batch-size", "2", "--seq-len", "16", "--dataset-mib", "0.05",
+                                     "--torch-threads", "1", "--part", "plain", "--json"])
+    assert result.exit_code == 0, result.output
+    alone = json.loads(result.stdout)
+    assert alone["part"] == "plain" and alone["plain"]["steps"] == 2 and "protocol" not in alone
+    (parts / "alone.json").write_text(result.stdout)
+    result = runner.invoke(cli.app, ["bench", "train", "--combine", str(parts / "alone.json"), "--combine",
+                                     str(parts / "protocol.json"), "--json"])
+    assert result.exit_code == 0, result.output
+    joined = json.loads(result.stdout)
+    assert joined["plain"]["runs"] == [alone["plain"]]
+    assert joined["ratio"] == pytest.approx(train["protocol"]["tokens_per_s"] / alone["plain"]["tokens_per_s"],
+                                            rel=1e-3)
+    # a pass of another job is refused by name; so is a set without its protocol pass
+    (parts / "other.json").write_text(json.dumps({**alone, "job": {**alone["job"], "seq_len": 32}}))
+    result = runner.invoke(cli.app, ["bench", "train", "--combine", str(parts / "other.json"), "--combine",
+                                     str(parts / "protocol.json")])
+    assert result.exit_code == 2 and "seq_len" in result.output
+    result = runner.invoke(cli.app, ["bench", "train", "--combine", str(parts / "alone.json")])
+    assert result.exit_code == 2 and "protocol" in result.output
     result = runner.invoke(cli.app, ["bench", "checkpoint", "--model", "tiny", "--chunk-kib", "64", "--json"])
     assert result.exit_code == 0, result.output
     ckpt = json.loads(result.stdout)
