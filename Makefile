@@ -22,17 +22,24 @@ corpus: setup
 demo: corpus
 	$(VENV)/bin/gputravel run
 
+# Test processes (pytest-xdist): TEST_WORKERS=1 (the default) runs the tests in pytest's own process. With more,
+# each module goes whole to one worker (--dist loadfile), so its module fixtures (sshd and its system users, torchrun
+# nodes, device services) start once. (--dist loadgroup would do nothing more here: xdist 3.8 marks a group by
+# rewriting Node._nodeid, which pytest 9 no longer reads.)
+TEST_WORKERS ?= 1
+XDIST := $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile,)
+
 # The gate (lint), then the default suite, then the slow set (gpt2 end to end, torchrun restarts, every CAVP record).
 test: setup lint
-	$(PY) -m pytest -q -p no:cacheprovider
-	$(PY) -m pytest -q -p no:cacheprovider -m slow
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST)
+	$(PY) -m pytest -q -p no:cacheprovider -m slow $(XDIST)
 
 # The fast tier: no test that starts a process (device service, agents, SSH, ranks, the CLI) and none of the slow set.
 test-fast: setup
-	$(PY) -m pytest -q -p no:cacheprovider -m 'not process and not slow'
+	$(PY) -m pytest -q -p no:cacheprovider -m 'not process and not slow' $(XDIST)
 
 test-slow: setup
-	$(PY) -m pytest -q -p no:cacheprovider -m slow
+	$(PY) -m pytest -q -p no:cacheprovider -m slow $(XDIST)
 
 # The gate before the tests: style (ruff), the import contracts (import-linter) and types (mypy --strict over
 # all three packages). mypy sees the repository root as the gputravel package through a link (it cannot follow
