@@ -28,6 +28,14 @@ DOWNLOAD_CACHE_ENV = "GPUTRAVEL_TEST_DOWNLOAD_CACHE"
 REQUIRE_DOWNLOADS_ENV = "GPUTRAVEL_TEST_REQUIRE_DOWNLOADS"
 
 
+#: A pytest-xdist worker (``make test TEST_WORKERS=2``) starts with ``COLUMNS`` and ``LINES`` (80 x 24) in its
+#: environment, which a run without workers does not have: rich reads them, so the CLI's tables and the console's
+#: screens (and their children) would wrap at 80 columns there only. The worker drops them, as a serial run has it.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _name in ("COLUMNS", "LINES"):
+        os.environ.pop(_name, None)
+
+
 @pytest.fixture(autouse=True)
 def _umask_restored() -> Iterator[None]:
     """A run claimed in this process makes its umask private (0077, ``claim_run_folder``): each test gets
