@@ -25,7 +25,6 @@ BUNDLE_FILES: tuple[str, ...] = (
     "core/protocol/errors.py",
     "core/protocol/frames.py",
     "core/protocol/holderattest.py",
-    "core/protocol/holderfields.py",
     "core/protocol/holderlink.py",
     "core/protocol/keys.py",
     "core/protocol/keywrap.py",

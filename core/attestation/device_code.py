@@ -46,7 +46,7 @@ DEVICE_CODE: tuple[str, ...] = (
     # the wire it speaks (shared with the orchestrator and, for most of it, the holders)
     "core/protocol/__init__.py", "core/protocol/admission.py", "core/protocol/cipher.py", "core/protocol/ckptring.py",
     "core/protocol/deviceanswers.py", "core/protocol/devicelink.py", "core/protocol/errors.py",
-    "core/protocol/frames.py", "core/protocol/holderattest.py", "core/protocol/holderfields.py",
+    "core/protocol/frames.py", "core/protocol/holderattest.py",
     "core/protocol/holderlink.py", "core/protocol/keys.py", "core/protocol/shmring.py",
     "core/protocol/stream.py", "core/protocol/wire.py", "core/protocol/wirejson.py",
     # its identity, evidence and signed report (the package loads whole: verify, policy and inject come along)
