@@ -171,3 +171,22 @@ def test_the_orchestrator_charges_a_hostile_chunk_header_to_the_holder_not_the_d
     assert head == {"e": 5, "s": 0, "o": 0, "n": 4} and len(ct) == 4 + 16
     assert _device_refusal({"ok": False, "code": "frame", "reason": "bad", "s": "x"}) == Refusal("frame", "bad")
     assert _device_refusal({"ok": False, "code": "tag", "reason": "t", "s": 3}) == Refusal("tag", "t", seq=3)
+
+
+#: headers as the hand-written forms wrote them (before the messages moved onto core/protocol/wire.py), byte
+#: for byte: key order, short names, flags as 1, optional fields left off
+WRITTEN_BEFORE = [
+    (handoff(key=None, wrapped_key="ab" * 40, key_fp="fp"),
+     '{"epoch":5,"session":"abababababababababababababababab","window_offset":0,"chunk_size":1024,"train":[0,3000],'
+     '"val":[100,1096],"resume_from":0,"skip":0,"length":4096,"wrapped_key":"' + "ab" * 40 + '","key_fp":"fp",'
+     '"data_endpoint":{"path":"/run/dev.sock"},"ledger_head":"7:abc"}'),
+    (MESSAGES[3], '{"code":"stale-epoch","reason":"no window","ring":1}'),
+    (MESSAGES[9], '{"session":"abababababababababababababababab","ring":{"epoch":5,"slots":8,"slot_bytes":1040}}'),
+    (Bye(run_id="r1", rows={3: ((7, "ab" * 32),)}), '{"run":"r1","rows":{"3":[[7,"' + "ab" * 32 + '"]]}}'),
+    (DataEndpoint(host="h", port=9, ring=False), '{"host":"h","port":9,"ring":false}'),
+]
+
+
+@pytest.mark.parametrize(("msg", "text"), WRITTEN_BEFORE, ids=lambda m: type(m).__name__)
+def test_the_declared_messages_write_the_same_headers_as_before(msg: Any, text: str) -> None:
+    assert json.dumps(msg.to_wire(), separators=(",", ":")) == text
