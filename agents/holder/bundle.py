@@ -43,6 +43,7 @@ BUNDLE_FILES: tuple[str, ...] = (
     "core/evidence/policy.py",
     "core/evidence/snp.py",
     "core/evidence/snp_report.py",
+    "core/evidence/spdm_claims.py",
     "core/evidence/tdx.py",
     "agents/__init__.py",
     "agents/holder/__init__.py",

@@ -57,7 +57,7 @@ DEVICE_CODE: tuple[str, ...] = (
     "core/evidence/__init__.py", "core/evidence/bounded.py", "core/evidence/claims.py", "core/evidence/nvidia_rim.py",
     "core/evidence/nvidia_spdm.py", "core/evidence/policy.py", "core/evidence/sim_gpu.py", "core/evidence/sim_rim.py",
     "core/evidence/sim_snp.py", "core/evidence/sim_store.py", "core/evidence/sim_tdx.py", "core/evidence/snp.py",
-    "core/evidence/snp_report.py",
+    "core/evidence/snp_report.py", "core/evidence/spdm_claims.py",
     # the package roots and the shared pieces: errors, the key exchange, machine probes, private files
     "__init__.py", "core/__init__.py", "core/errors.py", "core/handshake.py", "core/machine.py", "core/files.py",
 )
