@@ -2,12 +2,11 @@
 ``from_wire`` come from the declarations once.
 
 Standard library only (the holder and the device speak it too). A field declares what it may hold with
-:func:`bounds` in its ``field(metadata=...)`` and a :class:`Spec`: :class:`Int` (a range), :class:`Float`, :class:`Bool`, :class:`Str`
-(a maximum length, optionally a set of choices), :class:`Hex` (an exact or maximum number of hex digits),
-:class:`Flag` (true/false, or 1/0 as older peers send it), :class:`TupleOf` (a list of fixed length, held as a
-tuple), :class:`Json` (free-form JSON, bounded in depth and size),
-:class:`Opt` (the spec or ``None``), :class:`ListOf` and :class:`MapOf` (a maximum number of items, each
-checked), and :class:`Nested` (another :class:`WireMessage`, checked the same way)::
+:func:`bounds` in its ``field(metadata=...)`` and a :class:`Spec`: :class:`Int` (a range), :class:`Float`,
+:class:`Bool`, :class:`Flag` (true/false or 1/0), :class:`Str` (a maximum length, optionally choices), :class:`Hex`
+(an exact or maximum number of hex digits), :class:`Json` (free-form, bounded in depth and size), :class:`Opt`
+(the spec or ``None``), :class:`ListOf` and :class:`MapOf` (at most so many items, each checked), :class:`TupleOf`
+(a fixed-length list, held as a tuple) and :class:`Nested` (another :class:`WireMessage`)::
 
     @dataclass(frozen=True, slots=True)
     class BufferDigest(WireMessage):
@@ -15,17 +14,13 @@ checked), and :class:`Nested` (another :class:`WireMessage`, checked the same wa
         offset: int = field(metadata=bounds(Int(0, MAX_U64)))
         length: int = field(default=0, metadata=bounds(Int(0, MAX_U64)))
 
-``from_wire`` takes a peer's decoded JSON object, checks every declared field (a missing required field, a
-wrong type, a value out of bounds) and raises :class:`WireFormatError` naming the message and the field;
-keys it does not declare are ignored (a newer peer may add some). ``to_wire`` gives the JSON-ready dict.
-A field declared without a spec is refused when the message is first used (``TypeError``: a bug, not input).
-
-``bounds`` also takes the field's ``wire`` name where it differs from the attribute (the holder link's short
-``s``/``n``, ``format``, ``session``) and ``sparse=True`` for a field left off the wire while it holds its
-default (an optional field a peer may omit; ``from_wire`` then gives the default back). Checks that span
-fields (a window inside its visit, a key of the hand-off's epoch) go in :meth:`WireMessage.validated`, which
-``from_wire`` calls last. ``WIRE_CODE`` is the code a malformed message's error carries: ``wire-format`` by
-default, ``frame`` for the holder link's messages (what the device's counters and the audit know them by).
+``from_wire`` takes a peer's decoded JSON object, checks every declared field (missing, wrong type, out of
+bounds: :class:`WireFormatError` naming the message and the field; its code is the class's ``WIRE_CODE``,
+``frame`` for the holder link's :class:`FrameMessage`), then the checks that span fields
+(:meth:`WireMessage.validated`); keys it does not declare are ignored (a newer peer may add some). ``to_wire``
+gives the JSON-ready dict. ``bounds`` also takes a field's ``wire`` name where it differs from the attribute
+and ``sparse=True`` for a field left off the wire while it holds its default. A field declared without a spec
+is refused when the message is first used (``TypeError``: a bug, not input).
 """
 
 from __future__ import annotations
@@ -353,8 +348,7 @@ class WireMessage:
         return self.wire_fields()
 
     def wire_fields(self) -> dict[str, Any]:
-        """Every declared field as the wire has it, a sparse one only while it differs from its default (what
-        ``to_wire`` gives unless a message overrides it)."""
+        """Every declared field as the wire has it, a sparse one only while not at its default."""
         out: dict[str, Any] = {}
         for d in _decls(type(self)):
             value = getattr(self, d.attr)
@@ -363,8 +357,8 @@ class WireMessage:
         return out
 
     def validated(self) -> Self:
-        """Checks that span fields, run by ``from_wire`` after every field's own (raise ``WireFormatError`` or
-        another ``FrameError``); the message itself, or its normal form. This one checks nothing more."""
+        """Checks that span fields, run by ``from_wire`` after every field's own (raising a ``FrameError``): the
+        message, or its normal form. This one checks nothing more."""
         return self
 
     @classmethod
