@@ -156,7 +156,7 @@ def write_llmc(path: Path, config: GPTConfig, params: Mapping[str, torch.Tensor]
     header = [0] * 256
     header[:8] = [LLMC_MAGIC, 3 if dtype == "float32" else 5, config.block_size, config.vocab_size,
                   config.n_layer, config.n_head, config.n_embd, config.padded_vocab_size]
-    with _atomic(path) as f:
+    with _AtomicFile(path) as f:
         f.write(struct.pack("<256i", *header))
         for name in _llmc_order(config):
             t = params[name].detach().to("cpu", torch.float32 if dtype == "float32" else torch.bfloat16)
@@ -206,7 +206,7 @@ def _read_safetensors(path: Path, *, shape_only: bool = False) -> tuple[GPTConfi
             config = _st_config(path, shapes, metadata)
             want = {k.removeprefix("transformer."): s for k, s in param_shapes(config).items()}
             want["wte.weight"] = (config.vocab_size, config.n_embd)
-            for name in _CONV1D_HF(config):
+            for name in _conv1d_hf(config):
                 want[name] = want[name][::-1]
             missing = sorted(set(want) - set(shapes))
             extra = sorted(set(shapes) - set(want) - {"lm_head.weight"})
@@ -219,7 +219,7 @@ def _read_safetensors(path: Path, *, shape_only: bool = False) -> tuple[GPTConfi
             params: dict[str, torch.Tensor] = {}
             if shape_only:
                 return config, params
-            conv = set(_CONV1D_HF(config))
+            conv = set(_conv1d_hf(config))
             for name in want:
                 t = f.get_tensor(names[name]).to(torch.float32)
                 params["transformer." + name] = (t.t() if name in conv else t).contiguous()
@@ -235,7 +235,8 @@ def _read_safetensors(path: Path, *, shape_only: bool = False) -> tuple[GPTConfi
     return config, params
 
 
-def _CONV1D_HF(config: GPTConfig) -> list[str]:  # noqa: N802 (a constant that depends on the layer count)
+def _conv1d_hf(config: GPTConfig) -> list[str]:
+    """The HF names of every ``Conv1D`` weight of the model (transposed on the way in and out)."""
     return [f"h.{i}.{name}" for i in range(config.n_layer) for name in _CONV1D]
 
 
@@ -243,7 +244,7 @@ def gpt2_hf_tensors(config: GPTConfig, params: Mapping[str, torch.Tensor]) -> di
     """``GPT2LMHeadModel``'s tensors (``transformer.`` names, Conv1D weights ``(in, out)``, the real vocabulary;
     ``lm_head.weight`` left out as ``save_pretrained`` leaves out a tied tensor)."""
     check_params(config, params)
-    conv = {"transformer." + n for n in _CONV1D_HF(config)}
+    conv = {"transformer." + n for n in _conv1d_hf(config)}
     out: dict[str, torch.Tensor] = {}
     for name in param_shapes(config):
         t = params[name].detach().to("cpu", torch.float32)
@@ -261,7 +262,7 @@ def write_safetensors(path: Path, config: GPTConfig, params: Mapping[str, torch.
     meta = {"format": "pt", "n_head": str(config.n_head), "n_layer": str(config.n_layer),
             "n_embd": str(config.n_embd), "n_positions": str(config.block_size), "vocab_size": str(config.vocab_size),
             "producer": "gputravel export"}
-    with _atomic(path) as f:
+    with _AtomicFile(path) as f:
         f.write(save(out, metadata=meta))
 
 
@@ -314,7 +315,7 @@ def check_params(config: ModelConfig, params: Mapping[str, torch.Tensor]) -> Non
             raise ConfigError(f"parameter {name} is {None if t is None else tuple(t.shape)}, the model's is {shape}")
 
 
-class _atomic:  # noqa: N801 (used as a context manager, like open)
+class _AtomicFile:
     """Write ``path`` through a fresh temporary file in its folder (``mkstemp``: ``O_EXCL | O_NOFOLLOW``, a random
     name, so a planted link is never followed), renamed over it only when complete (a link at ``path`` itself is
     replaced, not written through)."""
