@@ -14,8 +14,8 @@ from pathlib import Path
 
 import asyncssh
 
-from gputravel.agents.deploy import SshHolderLink
 from gputravel.agents.inventory import OPTIONAL, HolderSpec, load_inventory
+from gputravel.agents.ssh_holder import SshHolderLink
 from gputravel.core.errors import AgentError
 from gputravel.core.files import write_atomic
 from gputravel.core.procs import die_with_parent

@@ -14,13 +14,14 @@ leave-one-run-out: fit on all runs but one, predict the one left out, compare wi
 Training time does not depend on the data path (the same job, the same device), so ``c, d`` are fitted on the
 runs of both paths together. Transfer is fitted per path.
 
+A fleet of N GPUs (the all-reduce's term, lock-step steps) is ``core/fleetplan.py``, on this model.
+
 Standard library and numpy only (a core module: no console, typer or rich).
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -35,63 +36,6 @@ DATA_PATH = {"travelling": "direct", "conventional": "conventional"}
 MIB = 1 << 20
 #: What makes two measured runs the same training job (their training times comparable).
 JOB_KEYS = ("model", "model_params", "batch_size", "seq_len", "steps_per_mib", "torch_threads")
-
-# --- sizes ---------------------------------------------------------------------------------------------
-_BINARY = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)(?:e([+-]?\d+))?\s*([a-z]*)\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str) -> int:
-    """Bytes in ``text``: ``512``, ``64K``, ``512M``, ``10G``, ``1.5T`` (K/M/G/T and KiB/MiB/... are powers of
-    1024; ``KB``/``MB``/``GB``/``TB`` are powers of 1000). A bad or non-positive size is a ``ConfigError``."""
-    if not isinstance(text, str):
-        raise ConfigError(f"size {text!r} is not text")
-    m = _SIZE_RE.match(text)
-    if m is None:
-        raise ConfigError(f"cannot read {text!r} as a size (examples: 512M, 10G, 1.5T)")
-    number = float(m.group(1)) * (10.0 ** int(m.group(2)) if m.group(2) else 1.0)
-    unit = m.group(3).lower()
-    if unit in _BINARY:
-        scale = _BINARY[unit]
-    elif len(unit) == 3 and unit.endswith("ib") and unit[0] in _BINARY:
-        scale = _BINARY[unit[0]]
-    elif len(unit) == 2 and unit.endswith("b") and unit[0] in _BINARY:
-        scale = 1000 ** "bkmgtp".index(unit[0])
-    else:
-        raise ConfigError(f"unknown size unit {m.group(3)!r} in {text!r} (use K, M, G, T, or KiB.., or KB..)")
-    value = number * scale
-    if not math.isfinite(value) or value < 1:
-        raise ConfigError(f"size {text!r} must be at least one byte")
-    return int(round(value))
-
-
-def parse_sizes(text: str) -> list[int]:
-    """A comma-separated list of sizes (``10G,20G,5G``); empty items are an error."""
-    items = [t.strip() for t in str(text).split(",")]
-    if not items or any(not t for t in items):
-        raise ConfigError(f"{text!r}: expected a comma-separated list of sizes such as 10G,512M,1.5T")
-    return [parse_size(t) for t in items]
-
-
-def parse_buffer_list(text: str) -> list[float | None]:
-    """Buffer sizes in MiB, comma-separated; ``uncapped`` (None) is one buffer holding a holder's whole data."""
-    out: list[float | None] = []
-    for raw in str(text).split(","):
-        item = raw.strip().lower()
-        if not item:
-            raise ConfigError(f"{text!r}: an empty buffer size")
-        if item in ("uncapped", "inf", "all"):
-            out.append(None)
-            continue
-        try:
-            value = float(item)
-        except ValueError:
-            raise ConfigError(f"buffer size {raw.strip()!r} is neither a number of MiB nor 'uncapped'") from None
-        if not math.isfinite(value) or value <= 0:
-            raise ConfigError(f"buffer size {raw.strip()!r} must be a positive number of MiB")
-        out.append(value)
-    return out
-
 
 # --- the schedule's shape ------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
@@ -399,88 +343,3 @@ def predict(model: Model, holder_bytes: Sequence[int], *, buffer_bytes: int, ste
     if "travelling" in p and "conventional" in p and p["travelling"]["run"]["tx_s"] > 0:
         out["conventional_over_travelling_tx"] = p["conventional"]["run"]["tx_s"] / p["travelling"]["run"]["tx_s"]
     return out
-
-
-# --- a fleet of N GPUs (docs/fleet.md) -------------------------------------------------------------------
-@dataclass(frozen=True)
-class FleetSample:
-    """One measured fleet run: per GPU, the gradient all-reduce's seconds over its optimizer steps."""
-
-    gpus: int
-    opt_steps: int  # optimizer steps every GPU made (lock-step steps x steps per step)
-    allreduce_s: float  # per GPU
-    variant: str
-    label: str = ""
-
-    @property
-    def ring_steps(self) -> float:
-        """Optimizer steps weighted by the ring's traffic per rank, 2(N-1)/N of the gradient."""
-        return self.opt_steps * 2.0 * (self.gpus - 1) / self.gpus
-
-
-def fleet_samples_from_report(doc: dict[str, Any], *, source: str = "") -> list[FleetSample]:
-    """The rows of a ``bench fleet --json`` document (other documents have none)."""
-    if doc.get("benchmark") != "fleet":
-        return []
-    k = int((doc.get("job") or {}).get("steps_per_visit", 1))
-    out = []
-    for r in doc.get("rows", []):
-        if r.get("status") != "ok" or not r.get("gpus"):
-            continue
-        out.append(FleetSample(gpus=int(r["gpus"]), opt_steps=int(r["steps"]) * k,
-                               allreduce_s=float(r["allreduce_s"]) / int(r["gpus"]), variant=str(r["variant"]),
-                               label=f"{source}fleet {r['gpus']} GPU(s) {r['variant']}"))
-    return out
-
-
-def fit_allreduce(samples: Iterable[FleetSample], *, variant: str) -> Term:
-    """The all-reduce per GPU: ``e0 * optimizer steps + e1 * optimizer steps * 2(N-1)/N`` (the ring's traffic)."""
-    rows = [s for s in samples if s.variant == variant]
-    if not rows:
-        raise ConfigError(f"no measured fleet runs with the {variant} all-reduce (pass --from a 'bench fleet "
-                          "--json' output)")
-    x = np.array([[s.opt_steps, s.ring_steps] for s in rows], dtype=float)
-    y = np.array([max(s.allreduce_s, 1e-9) for s in rows])
-    return fit_term(f"allreduce[{variant}]", ("opt_steps", "ring_opt_steps"), x, y, [s.label for s in rows])
-
-
-def fleet_steps(visits: Sequence[VisitShape], *, gpus: int) -> list[list[VisitShape]]:
-    """One round's visits packed into lock-step steps as ``core.fleet.schedule.plan_fleet`` packs them: at most
-    ``gpus`` per step, never two of one holder."""
-    if gpus < 1:
-        raise ConfigError("--gpus must be >= 1")
-    pending, steps = list(visits), []
-    while pending:
-        chosen: list[VisitShape] = []
-        for v in pending:
-            if len(chosen) < gpus and all(c.holder != v.holder for c in chosen):
-                chosen.append(v)
-        for v in chosen:
-            pending.remove(v)
-        steps.append(chosen)
-    return steps
-
-
-def predict_fleet(model: Model, allreduce: Term, holder_bytes: Sequence[int], *, gpus: int, buffer_bytes: int,
-                  steps_per_visit: int, rounds: int = 1, path: str = "travelling", val_fraction: float = 0.1,
-                  val_share: float = 0.1) -> dict[str, Any]:
-    """A fleet run's wall time: per lock-step step, the slowest visit's transfer, then ``steps_per_visit``
-    optimizer steps on every GPU at once with the all-reduce after each."""
-    if model.train is None:
-        raise ConfigError("no measured training times to predict training from (need 'bench travel' rows)")
-    if rounds < 1 or steps_per_visit < 1:
-        raise ConfigError("rounds and steps per visit must be >= 1")
-    a, b = transfer_coef(model, path)
-    c, d = model.train.coef
-    visits = schedule(holder_bytes, buffer_bytes=buffer_bytes, val_fraction=val_fraction, val_share=val_share)
-    steps = fleet_steps(visits, gpus=gpus)
-    ring = steps_per_visit * 2.0 * (gpus - 1) / gpus
-    tx = sum(max(a + b * v.window_bytes for v in step) for step in steps) * rounds
-    tr = max(0.0, c + d * steps_per_visit) * len(steps) * rounds
-    ar = max(0.0, allreduce.predict([steps_per_visit, ring])) * len(steps) * rounds
-    total = tx + tr + ar
-    return {"gpus": gpus, "holders": len(holder_bytes), "rounds": rounds, "path": path,
-            "visits": len(visits) * rounds, "steps": len(steps) * rounds,
-            "idle_slots": sum(gpus - len(st) for st in steps) * rounds, "steps_per_visit": steps_per_visit,
-            "tx_s": tx, "train_s": tr, "allreduce_s": ar, "total_s": total,
-            "allreduce_pct": 100.0 * ar / total if total > 0 else None}

@@ -70,7 +70,7 @@ class Session:
     def device_stats(self) -> dict[str, Any]:
         if self.engine is None or self._closed or self.engine.device.client.secrets is None:
             raise RuntimeError("no attested device session yet")
-        from gputravel.core.deviceclient.client import read_counters
+        from gputravel.core.deviceclient.counters import read_counters
 
         return dict(read_counters(self.engine.device.handle.socket_path))
 

@@ -21,6 +21,7 @@ from typing import Any
 from gputravel.core.evidence.holder_check import HolderVerifier
 from gputravel.core.protocol.cipher import Direction
 from gputravel.core.protocol.errors import ConfigError, FrameError, HolderAttestationError
+from gputravel.core.protocol.holderattest import ATTEST_PARTS, CvmCheck, GpuCheck, VerdictPolicy
 from gputravel.core.protocol.holderlink import Attest, Handoff, ProvisioningKey, Verdict
 from gputravel.core.protocol.keys import KEY_LEN
 from gputravel.core.protocol.keywrap import (
@@ -77,11 +78,10 @@ class HolderAttestation:
         if ok:
             self.attested = (msg.epoch, msg.key_fp, msg.run_id, link_pub)
             self.link_key.prepare(link_pub, msg.run_id.encode())  # the key's unwrap, off the hand-off's path
-        evidence = {k: hashlib.sha256(v).hexdigest() for k, v in (("quote", msg.quote), ("collateral", msg.collateral),
-                                                                  ("gpu_report", msg.gpu_report),
-                                                                  ("gpu_chain", msg.gpu_chain))}
-        verdict = Verdict(epoch=msg.epoch, ok=ok, cvm=cvm, gpu=gpu, ms=round((time.perf_counter() - t0) * 1e3, 3),
-                          next_nonce=self.nonce.hex(), policy=self.policy, evidence=evidence)
+        evidence = {k: hashlib.sha256(part).hexdigest() for k, part in zip(ATTEST_PARTS, msg.parts(), strict=True)}
+        verdict = Verdict(epoch=msg.epoch, ok=ok, cvm=CvmCheck.from_wire(cvm), gpu=GpuCheck.from_wire(gpu),
+                          ms=round((time.perf_counter() - t0) * 1e3, 3), next_nonce=self.nonce.hex(),
+                          policy=VerdictPolicy.from_wire(self.policy) if self.policy else None, evidence=evidence)
         self.last = (msg, verdict)
         return verdict
 

@@ -46,7 +46,7 @@ DEVICE_CODE: tuple[str, ...] = (
     # the wire it speaks (shared with the orchestrator and, for most of it, the holders)
     "core/protocol/__init__.py", "core/protocol/admission.py", "core/protocol/cipher.py", "core/protocol/ckptring.py",
     "core/protocol/deviceanswers.py", "core/protocol/devicelink.py", "core/protocol/errors.py",
-    "core/protocol/frames.py", "core/protocol/holderattest.py", "core/protocol/holderfields.py",
+    "core/protocol/frames.py", "core/protocol/holderattest.py",
     "core/protocol/holderlink.py", "core/protocol/keys.py", "core/protocol/shmring.py",
     "core/protocol/stream.py", "core/protocol/wire.py", "core/protocol/wirejson.py",
     # its identity, evidence and signed report (the package loads whole: verify, policy and inject come along)
@@ -57,7 +57,7 @@ DEVICE_CODE: tuple[str, ...] = (
     "core/evidence/__init__.py", "core/evidence/bounded.py", "core/evidence/claims.py", "core/evidence/nvidia_rim.py",
     "core/evidence/nvidia_spdm.py", "core/evidence/policy.py", "core/evidence/sim_gpu.py", "core/evidence/sim_rim.py",
     "core/evidence/sim_snp.py", "core/evidence/sim_store.py", "core/evidence/sim_tdx.py", "core/evidence/snp.py",
-    "core/evidence/snp_report.py",
+    "core/evidence/snp_report.py", "core/evidence/spdm_claims.py",
     # the package roots and the shared pieces: errors, the key exchange, machine probes, private files
     "__init__.py", "core/__init__.py", "core/errors.py", "core/handshake.py", "core/machine.py", "core/files.py",
 )

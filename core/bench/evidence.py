@@ -22,10 +22,11 @@ from importlib.metadata import version
 from typing import Any
 
 from gputravel.core.evidence.nvidia_gpu import verify_gpu
-from gputravel.core.evidence.nvidia_spdm import check_fresh_report, load_pem_chain
+from gputravel.core.evidence.nvidia_spdm import load_pem_chain
 from gputravel.core.evidence.policy import GpuPolicy
 from gputravel.core.evidence.sim_gpu import SimGpu
 from gputravel.core.evidence.sim_tdx import SimTdx
+from gputravel.core.evidence.spdm_claims import check_fresh_report
 from gputravel.core.evidence.tdx import verify_tdx_quote
 
 from .evidence_snp import memory_per_file, snp_checks

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gputravel.core import planner
+from gputravel.core import fleetplan, planner
 from gputravel.core.bench.travel import ProgressFn, RunFn, machine_info, study
 from gputravel.core.errors import ConfigError
 
@@ -96,10 +96,10 @@ def load_samples(files: Sequence[Path]) -> list[planner.Sample]:
     return samples
 
 
-def _load_fleet_samples(files: Sequence[Path]) -> list[planner.FleetSample]:
-    out: list[planner.FleetSample] = []
+def _load_fleet_samples(files: Sequence[Path]) -> list[fleetplan.FleetSample]:
+    out: list[fleetplan.FleetSample] = []
     for f in files:
-        out.extend(planner.fleet_samples_from_report(json.loads(Path(f).read_text()), source=f"{Path(f).name}:"))
+        out.extend(fleetplan.fleet_samples_from_report(json.loads(Path(f).read_text()), source=f"{Path(f).name}:"))
     return out
 
 
@@ -123,12 +123,12 @@ def plan(holder_bytes: list[int], *, buffer_mib: float, from_files: Sequence[Pat
     result = {"command": "plan", "holder_bytes": holder_bytes, "buffer_mib": buffer_mib, "source": source,
               "prediction": prediction, "model": model.to_dict()}
     if gpus > 1:
-        allreduce = planner.fit_allreduce(_load_fleet_samples(from_files), variant=fleet_variant)
+        allreduce = fleetplan.fit_allreduce(_load_fleet_samples(from_files), variant=fleet_variant)
         result["fleet"] = {
-            "prediction": planner.predict_fleet(model, allreduce, holder_bytes, gpus=gpus,
+            "prediction": fleetplan.predict_fleet(model, allreduce, holder_bytes, gpus=gpus,
                                                 buffer_bytes=int(buffer_mib * planner.MIB),
                                                 steps_per_visit=steps_per_visit, rounds=rounds),
-            "one_gpu": planner.predict_fleet(model, allreduce, holder_bytes, gpus=1,
+            "one_gpu": fleetplan.predict_fleet(model, allreduce, holder_bytes, gpus=1,
                                              buffer_bytes=int(buffer_mib * planner.MIB),
                                              steps_per_visit=steps_per_visit, rounds=rounds),
             "allreduce": allreduce.to_dict(), "variant": fleet_variant}

@@ -23,16 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from gputravel.core import events as ev
-from gputravel.core.bench.load import (
-    OVERHEAD_TARGET_MS,
-    anon_rss,
-    cost_summary,
-    mib,
-    rss,
-    run_probed,
-    stats_ms,
-    write_holders,
-)
+from gputravel.core.bench.load import OVERHEAD_TARGET_MS, cost_summary, run_probed, stats_ms, write_holders
+from gputravel.core.bench.procmem import anon_rss, mib, rss
 from gputravel.core.bench.travel import ProgressFn
 from gputravel.core.config import RunSettings
 from gputravel.core.entries import Entries

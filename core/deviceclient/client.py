@@ -16,6 +16,7 @@ from typing import Any
 
 from gputravel.core.attestation import AttestationResult, Evidence, code_measurement, verify_evidence
 from gputravel.core.deviceclient.anchors import TrustAnchors
+from gputravel.core.deviceclient.ringckpt import RingCheckpoint
 from gputravel.core.errors import DeviceError, FrameError, GpuTravelError, error_from_code
 from gputravel.core.handshake import Initiator, SessionSecrets
 from gputravel.core.protocol import Frame, FrameType, read_frame
@@ -47,37 +48,7 @@ from gputravel.core.protocol.frames import MAX_PAYLOAD
 from gputravel.core.protocol.stream import StreamHeader
 from gputravel.core.protocol.wirejson import loads_bounded
 
-__all__ = ["DeviceClient", "RingCheckpoint", "TrustAnchors", "read_counters"]
-
-
-class RingCheckpoint:
-    """A checkpoint the device seals into a shared-memory ring; this side drains it (no control link)."""
-
-    def __init__(self, ring: CheckpointRing, header: StreamHeader, *, chunks: int, snapshot_s: float) -> None:
-        self.ring, self.header, self.chunks, self.snapshot_s = ring, header, chunks, snapshot_s
-        self.received = 0
-
-    def drain(self, sink: Callable[[int, memoryview], None], *, timeout: float = 600.0,
-              alive: Callable[[], bool] | None = None) -> None:
-        """Hand every sealed chunk, in order, to ``sink(kind, sealed)`` (a view of the ring's slot, valid
-        during the call); a failure here (the sink's, or a bad slot) tells the device to stop."""
-        try:
-            for i in range(self.received, self.chunks):
-                kind, sealed = self.ring.get(i, timeout=timeout, alive=alive)
-                if (kind == 1) != (i == self.chunks - 1) or len(sealed) > self.header.max_sealed:
-                    raise FrameError(f"the device sealed a bad checkpoint chunk {i} (kind {kind}, {len(sealed)} bytes)")
-                try:
-                    sink(kind, sealed)
-                finally:
-                    sealed.release()
-                self.ring.done(i)
-                self.received = i + 1
-        except BaseException:
-            self.ring.abort()
-            raise
-
-    def abort(self) -> None:
-        self.ring.abort()
+__all__ = ["DeviceClient", "RingCheckpoint", "TrustAnchors"]
 
 
 class DeviceClient:
@@ -389,20 +360,3 @@ class DeviceClient:
         if self._sock is not None:
             self._sock.close()
         self._sock = self._stream = self._chan = None
-
-
-def read_counters(socket_path: str, *, timeout: float = 2.0) -> dict[str, Any]:
-    """The device's public counters over a short connection of their own: no session, no lock shared
-    with the control channel, so telemetry keeps ticking while the device trains."""
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout)
-            sock.connect(socket_path)
-            send_frame(sock, FrameType.PING, {"counters": True})
-            with sock.makefile("rb") as stream:
-                frame = read_frame(stream)
-    except OSError as exc:
-        raise DeviceError(f"cannot read the device's counters: {exc}") from None
-    if frame is None or frame.type is not FrameType.PONG:
-        raise DeviceError("the device did not answer the counters request")
-    return dict(frame.header)

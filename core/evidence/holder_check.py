@@ -25,15 +25,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from .cvm_snp import check_snp_cvm, cvm_kind
-from .nvidia_spdm import (
-    CERTS_DIR,
-    check_fresh_report,
-    compare_measurements,
-    device_root,
-    load_pem_chain,
-    verify_report,
-)
+from .nvidia_spdm import CERTS_DIR, device_root, load_pem_chain
 from .policy import EvidencePolicy, PolicyError, load_evidence_policy
+from .spdm_claims import check_fresh_report, compare_measurements, verify_report
 from .tdx import TdxVerdict, verify_tdx_quote
 
 # the policy's names re-exported: what a holder's own configuration (``agents.holder.config``) reads through here

@@ -14,9 +14,10 @@ from cryptography import x509
 
 from .claims import NOT_CHECKED, Claim, ClaimSet
 from .nvidia_rim import Rim, rim_certificates, rim_kind, rim_version, verify_rim
-from .nvidia_spdm import compare_measurements, load_pem_chain, verify_report
+from .nvidia_spdm import load_pem_chain
 from .ocsp import Post, check_chain_ocsp, http_post
 from .policy import GpuPolicy
+from .spdm_claims import compare_measurements, verify_report
 
 __all__ = ["GpuVerdict", "verify_gpu"]
 

@@ -30,7 +30,8 @@ from signxml import InvalidInput, InvalidSignature, SignatureConfiguration, XMLV
 
 from .bounded import EVIDENCE_CAP
 from .claims import ClaimSet
-from .nvidia_spdm import CERTS_DIR, add_cert_chain_claim, check_chain
+from .nvidia_spdm import CERTS_DIR, check_chain
+from .spdm_claims import add_cert_chain_claim
 
 __all__ = ["NVIDIA_RIM_LEVELS", "Rim", "rim_certificates", "rim_chain_problem", "rim_kind", "rim_root", "rim_version", "verify_rim"]
 

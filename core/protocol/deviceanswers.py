@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Self
 
 from gputravel.core.protocol.errors import FrameError
-from gputravel.core.protocol.holderlink import ProvisioningKey
+from gputravel.core.protocol.holderlink import KeySpec, ProvisioningKey
 from gputravel.core.protocol.wire import (
     MAX_U32,
     MAX_U64,
@@ -25,7 +25,6 @@ from gputravel.core.protocol.wire import (
     ListOf,
     MapOf,
     Opt,
-    Raw,
     Str,
     WireMessage,
     bounds,
@@ -96,7 +95,7 @@ class HandoffGrant(WireMessage):
     session_id: str = field(metadata=bounds(Hex(max_len=64)))
     key_fingerprint: str = field(metadata=bounds(Str(64)))
     provisioning_key: ProvisioningKey = field(
-        repr=False, metadata=bounds(Raw(ProvisioningKey.from_wire, ProvisioningKey.to_wire)))
+        repr=False, metadata=bounds(KeySpec()))
 
     @classmethod
     def from_wire(cls, head: Any, *, where: str | None = None) -> Self:

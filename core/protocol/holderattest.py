@@ -1,28 +1,64 @@
 """The holder link's attestation messages (issue 22 item 5, issue 30): ATTEST, what a holder verifies before it
-takes a hand-off's key, and VERDICT, its answer with what it checked against. Re-exported by ``holderlink``."""
+takes a hand-off's key, and VERDICT, its answer with what it checked against. Re-exported by ``holderlink``.
+
+Both are declared on the wire base (``core/protocol/wire.py``, ``FrameMessage``): a malformed one is a
+``FrameError`` (code ``frame``) naming the message and the field. ATTEST's header is :class:`AttestHead` (its
+evidence rides in the payload, the four sizes in the header); VERDICT nests the CVM's and the GPU's checks
+(:class:`CvmCheck`, :class:`GpuCheck`) and what the agent checked against (:class:`VerdictPolicy`).
+"""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from gputravel.core.protocol.errors import FrameError
 from gputravel.core.protocol.frames import FrameType
-from gputravel.core.protocol.holderfields import _MISSING, _flag, _get, _hex, _int, _source, _str
+from gputravel.core.protocol.wire import (
+    MAX_FLOAT,
+    Flag,
+    Float,
+    FrameMessage,
+    Hex,
+    Int,
+    ListOf,
+    MapOf,
+    Nested,
+    Opt,
+    Str,
+    TupleOf,
+    bounds,
+)
 
-__all__ = ["Attest", "Verdict"]
+__all__ = ["ATTEST_PARTS", "POLICY_SOURCES", "Attest", "AttestHead", "CvmCheck", "GpuCheck", "Verdict",
+           "VerdictPolicy"]
 
-_ATTEST_PARTS = ("quote", "collateral", "gpu_report", "gpu_chain")
+#: the four parts of an ATTEST's payload, in order
+ATTEST_PARTS = ("quote", "collateral", "gpu_report", "gpu_chain")
+#: who chose what an attesting agent checks: the holder itself (``holder serve``) or the orchestrator (``--attest-policy``)
+POLICY_SOURCES = ("holder", "orchestrator")
 _MAX_EVIDENCE = 1 << 20
+_SIZE = Int(0, _MAX_EVIDENCE)
+
+
+@dataclass(frozen=True, slots=True)
+class AttestHead(FrameMessage):
+    """ATTEST's header: the run, the epoch, the key's fingerprint, the CVM's key-exchange key and the sizes of
+    the four evidence parts that follow in the payload."""
+
+    run_id: str = field(metadata=bounds(Str(128), wire="run"))
+    epoch: int = field(metadata=bounds(Int()))
+    key_fp: str = field(metadata=bounds(Str(64)))
+    link_pub: str = field(metadata=bounds(Hex(64)))
+    sizes: tuple[int, ...] = field(metadata=bounds(TupleOf((_SIZE,) * len(ATTEST_PARTS))))
 
 
 @dataclass(frozen=True, slots=True)
 class Attest:
-    """ATTEST: what a holder verifies before it takes a hand-off's key. The header names the run, the epoch,
-    the key's fingerprint and the CVM's key-exchange key (``link_pub``, hex); the payload carries the TDX quote,
-    its collateral (JSON), the GPU's SPDM report and its PEM chain, their sizes in the header."""
+    """ATTEST: what a holder verifies before it takes a hand-off's key. The header (:class:`AttestHead`) names
+    the run, the epoch, the key's fingerprint and the CVM's key-exchange key (``link_pub``, hex); the payload
+    carries the TDX quote, its collateral (JSON), the GPU's SPDM report and its PEM chain."""
 
     FRAME: ClassVar[FrameType] = FrameType.ATTEST
     run_id: str
@@ -34,127 +70,103 @@ class Attest:
     gpu_report: bytes
     gpu_chain: bytes
 
+    def parts(self) -> tuple[bytes, bytes, bytes, bytes]:
+        """The evidence in ``ATTEST_PARTS`` order."""
+        return self.quote, self.collateral, self.gpu_report, self.gpu_chain
+
     def to_wire(self) -> dict[str, Any]:
-        return {"run": self.run_id, "epoch": self.epoch, "key_fp": self.key_fp, "link_pub": self.link_pub,
-                "sizes": [len(getattr(self, k)) for k in _ATTEST_PARTS]}
+        return AttestHead(self.run_id, self.epoch, self.key_fp, self.link_pub,
+                          tuple(len(p) for p in self.parts())).to_wire()
 
     def payload(self) -> bytes:
-        return b"".join(getattr(self, k) for k in _ATTEST_PARTS)
+        return b"".join(self.parts())
 
     @classmethod
-    def from_frame(cls, h: Mapping[str, Any], payload: bytes | bytearray | memoryview) -> Attest:
-        w = "ATTEST"
-        sizes = _get(h, w, "sizes", _MISSING)
-        if (not isinstance(sizes, list) or len(sizes) != len(_ATTEST_PARTS)
-                or not all(type(n) is int and 0 <= n <= _MAX_EVIDENCE for n in sizes) or sum(sizes) != len(payload)):
-            raise FrameError(f"{w} sizes do not describe its {len(payload)}-byte payload")
+    def from_frame(cls, h: Any, payload: bytes | bytearray | memoryview) -> Attest:
+        head = AttestHead.from_wire(h, where="Attest")
+        if sum(head.sizes) != len(payload):
+            raise FrameError(f"Attest sizes {list(head.sizes)} do not describe its {len(payload)}-byte payload")
         raw, parts, at = bytes(payload), [], 0
-        for n in sizes:
+        for n in head.sizes:
             parts.append(raw[at:at + n])
             at += n
-        return cls(_str(h, w, "run", max_len=128), _int(h, w, "epoch"), _str(h, w, "key_fp", max_len=64),
-                   _hex(h, w, "link_pub", nbytes=32), *parts)
+        quote, collateral, gpu_report, gpu_chain = parts
+        return cls(head.run_id, head.epoch, head.key_fp, head.link_pub, quote, collateral, gpu_report, gpu_chain)
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class CvmCheck(FrameMessage):
+    """The CVM's part of a verdict (``HolderVerifier.check_cvm``)."""
+
+    ok: bool = field(default=False, metadata=bounds(Flag()))
+    tcb_status: str | None = field(default=None, metadata=bounds(Opt(Str(64))))
+    mr_td: str | None = field(default=None, metadata=bounds(Opt(Hex(96))))
+    failed: str | None = field(default=None, metadata=bounds(Opt(Str(128))))
+
+
+@dataclass(frozen=True, slots=True)
+class GpuCheck(FrameMessage):
+    """The GPU's part of a verdict (``HolderVerifier.check_gpu``): the SPDM nonce and the claims that failed."""
+
+    ok: bool = field(default=False, metadata=bounds(Flag()))
+    nonce: str | None = field(default=None, metadata=bounds(Opt(Hex(64))))
+    claims_failed: list[str] = field(default_factory=list, metadata=bounds(ListOf(Str(127), max_len=64)))
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictPolicy(FrameMessage):
+    """What the agent checked against, as it states it (issue 30)."""
+
+    source: str | None = field(default=None, metadata=bounds(Opt(Str(16, choices=frozenset(POLICY_SOURCES)))))
+    sha256: str | None = field(default=None, metadata=bounds(Opt(Hex(64))))
+    roots: dict[str, str] = field(default_factory=dict, metadata=bounds(MapOf(Str(127), max_len=8, key_len=31)))
+    mr_td_policy: str | None = field(default=None,
+                                     metadata=bounds(Opt(Str(16, choices=frozenset({"pinned", "any"})))))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Verdict(FrameMessage):
     """VERDICT: the holder's own verdict on an ATTEST (``report()`` is the run report's
-    ``visits[].holder_attestation``), with its fresh nonce for the next hand-off (``next_nonce``)."""
+    ``visits[].holder_attestation``), with its fresh nonce for the next hand-off (``next_nonce``). A verdict
+    read from the wire is ok only if its CVM and GPU parts are (:meth:`validated`)."""
 
     FRAME: ClassVar[FrameType] = FrameType.VERDICT
-    epoch: int
-    ok: bool
-    cvm: Mapping[str, Any]  # {"ok", "tcb_status", "mr_td", "failed"}
-    gpu: Mapping[str, Any]  # {"ok", "nonce", "claims_failed"}
-    ms: float
-    next_nonce: str
-    #: what the agent checked against, as it states it (issue 30): {"source", "sha256", "roots": {"gpu", "tdx"},
-    #: "mr_td_policy": "pinned" | "any"}; empty for an agent that predates it
-    policy: Mapping[str, Any] = field(default_factory=dict)
+    epoch: int = field(metadata=bounds(Int()))
+    ok: bool = field(metadata=bounds(Flag()))
+    cvm: CvmCheck = field(metadata=bounds(Nested(CvmCheck)))
+    gpu: GpuCheck = field(metadata=bounds(Nested(GpuCheck)))
+    ms: float = field(default=0.0, metadata=bounds(Float(0.0, MAX_FLOAT)))
+    next_nonce: str = field(metadata=bounds(Hex(64)))
+    #: what the agent checked against; None for an agent that predates it
+    policy: VerdictPolicy | None = field(default=None, metadata=bounds(Opt(Nested(VerdictPolicy)), sparse=True))
     #: SHA-256 (hex) of the evidence the verdict is on: {"quote", "collateral", "gpu_report", "gpu_chain"}
-    evidence: Mapping[str, str] = field(default_factory=dict)
+    evidence: dict[str, str] = field(default_factory=dict,
+                                     metadata=bounds(MapOf(Hex(64), max_len=len(ATTEST_PARTS), key_len=16),
+                                                     sparse=True))
 
-    def to_wire(self) -> dict[str, Any]:
-        h = {"epoch": self.epoch, "ok": self.ok, "cvm": dict(self.cvm), "gpu": dict(self.gpu), "ms": self.ms,
-             "next_nonce": self.next_nonce}
-        if self.policy:
-            h["policy"] = dict(self.policy)
-        if self.evidence:
-            h["evidence"] = dict(self.evidence)
-        return h
+    def validated(self) -> Verdict:
+        ok = self.ok and self.cvm.ok and self.gpu.ok
+        return self if ok == self.ok else dataclasses.replace(self, ok=ok)
 
     @property
     def failed_claim(self) -> str | None:
         """The first claim that failed (CVM first), or None."""
-        if not self.cvm.get("ok"):
-            return str(self.cvm.get("failed") or "cvm")
-        if not self.gpu.get("ok"):
-            failed = self.gpu.get("claims_failed") or ["gpu"]
-            return str(failed[0])
+        if not self.cvm.ok:
+            return self.cvm.failed or "cvm"
+        if not self.gpu.ok:
+            return (self.gpu.claims_failed or ["gpu"])[0]
         return None
 
     def report(self) -> dict[str, Any]:
         """``visits[].holder_attestation`` and the ledger row's detail: the verdict, what it was checked against
         (``policy_source``, ``policy_sha256``, ``roots``, ``mr_td_policy``) and on which evidence."""
-        claims_failed = list(self.gpu.get("claims_failed") or [])
-        measres = None if not self.gpu.get("nonce") else ("fail" if "measres" in claims_failed or not
-                                                           self.gpu.get("ok") else "success")
-        return {"cvm": {"ok": bool(self.cvm.get("ok")), "tcb_status": self.cvm.get("tcb_status"),
-                        "mr_td": self.cvm.get("mr_td")},
-                "gpu": {"ok": bool(self.gpu.get("ok")), "nonce": self.gpu.get("nonce"),
-                        "claims_failed": claims_failed, "measres": measres},
+        claims_failed = list(self.gpu.claims_failed)
+        measres = None if not self.gpu.nonce else ("fail" if "measres" in claims_failed or not self.gpu.ok
+                                                   else "success")
+        policy = self.policy or VerdictPolicy()
+        return {"cvm": {"ok": self.cvm.ok, "tcb_status": self.cvm.tcb_status, "mr_td": self.cvm.mr_td},
+                "gpu": {"ok": self.gpu.ok, "nonce": self.gpu.nonce, "claims_failed": claims_failed,
+                        "measres": measres},
                 "ms": self.ms, "failed_claim": self.failed_claim,
-                "policy_source": self.policy.get("source"), "policy_sha256": self.policy.get("sha256"),
-                "roots": dict(self.policy.get("roots") or {}), "mr_td_policy": self.policy.get("mr_td_policy"),
-                "evidence_sha256": dict(self.evidence)}
-
-    @classmethod
-    def from_wire(cls, h: Mapping[str, Any]) -> Verdict:
-        w = "VERDICT"
-        cvm, gpu = _get(h, w, "cvm", _MISSING), _get(h, w, "gpu", _MISSING)
-        if not isinstance(cvm, Mapping) or not isinstance(gpu, Mapping):
-            raise FrameError(f"{w} cvm and gpu must be objects")
-        failed = gpu.get("claims_failed") or []
-        if not isinstance(failed, list) or len(failed) > 64 or not all(isinstance(c, str) and len(c) < 128
-                                                                       for c in failed):
-            raise FrameError(f"{w} gpu claims_failed must be a list of claim names")
-        ms = _get(h, w, "ms", 0.0)
-        if type(ms) not in (int, float) or not math.isfinite(ms) or ms < 0:
-            raise FrameError(f"{w} ms must be a non-negative number")
-        ok = _flag(h, w, "ok")
-        cvm_v = {"ok": _flag(cvm, w, "ok"), "tcb_status": _str(cvm, w, "tcb_status", default=None, max_len=64),
-                 "mr_td": _hex(cvm, w, "mr_td", nbytes=48, default=None),
-                 "failed": _str(cvm, w, "failed", default=None, max_len=128)}
-        gpu_v = {"ok": _flag(gpu, w, "ok"), "nonce": _hex(gpu, w, "nonce", nbytes=32, default=None),
-                 "claims_failed": failed}
-        return cls(epoch=_int(h, w, "epoch"), ok=ok and bool(cvm_v["ok"]) and bool(gpu_v["ok"]), cvm=cvm_v,
-                   gpu=gpu_v, ms=float(ms), next_nonce=_hex(h, w, "next_nonce", nbytes=32),
-                   policy=_verdict_policy(h, w), evidence=_verdict_evidence(h, w))
-
-
-def _verdict_policy(h: Mapping[str, Any], w: str) -> dict[str, Any]:
-    raw = h.get("policy")
-    if raw is None:
-        return {}
-    if not isinstance(raw, Mapping):
-        raise FrameError(f"{w} policy must be an object")
-    roots = raw.get("roots") or {}
-    if not isinstance(roots, Mapping) or len(roots) > 8 or not all(
-            isinstance(k, str) and len(k) < 32 and isinstance(v, str) and len(v) < 128 for k, v in roots.items()):
-        raise FrameError(f"{w} policy roots must be an object of at most 8 short names")
-    mr_td_policy = _str(raw, w, "mr_td_policy", default=None, max_len=16)
-    if mr_td_policy not in (None, "pinned", "any"):
-        raise FrameError(f"{w} policy mr_td_policy must be 'pinned' or 'any'")
-    return {"source": _source(raw, w), "sha256": _hex(raw, w, "sha256", nbytes=32, default=None),
-            "roots": dict(roots), "mr_td_policy": mr_td_policy}
-
-
-def _verdict_evidence(h: Mapping[str, Any], w: str) -> dict[str, str]:
-    raw = h.get("evidence")
-    if raw is None:
-        return {}
-    if not isinstance(raw, Mapping):
-        raise FrameError(f"{w} evidence must be an object")
-    return {k: _hex(raw, w, k, nbytes=32) for k in _ATTEST_PARTS if k in raw}
-
-
+                "policy_source": policy.source, "policy_sha256": policy.sha256, "roots": dict(policy.roots),
+                "mr_td_policy": policy.mr_td_policy, "evidence_sha256": dict(self.evidence)}

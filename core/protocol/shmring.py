@@ -35,12 +35,13 @@ import mmap
 import os
 import socket
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gputravel.core.protocol.cipher import TAG_LEN
 from gputravel.core.protocol.errors import FrameError, StaleEpochError
 from gputravel.core.protocol.frames import PREFIX, Frame, _parse_header, _parse_prefix
+from gputravel.core.protocol.wire import FrameMessage, Int, bounds
 
 #: Most slots a ring may have, and most bytes one ring may map (both sides refuse more).
 MAX_SLOTS = 256
@@ -55,12 +56,12 @@ def ring_supported() -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class RingSpec:
-    """The shape of one ring and the epoch it belongs to."""
+class RingSpec(FrameMessage):
+    """The shape of one ring and the epoch it belongs to (a ``FrameMessage``: a malformed one is a ``FrameError``)."""
 
-    epoch: int
-    slots: int
-    slot_bytes: int
+    epoch: int = field(metadata=bounds(Int()))
+    slots: int = field(metadata=bounds(Int()))
+    slot_bytes: int = field(metadata=bounds(Int()))
 
     @property
     def nbytes(self) -> int:
@@ -68,26 +69,15 @@ class RingSpec:
 
     def check(self) -> RingSpec:
         """Raise ``FrameError`` unless the shape is sane."""
-        for name in ("epoch", "slots", "slot_bytes"):
-            if type(getattr(self, name)) is not int:
-                raise FrameError(f"ring {name} must be an integer")
         if not 1 <= self.slots <= MAX_SLOTS:
             raise FrameError(f"ring of {self.slots} slots: 1..{MAX_SLOTS} allowed")
         if not TAG_LEN < self.slot_bytes or self.nbytes > MAX_RING_BYTES:
             raise FrameError(f"ring of {self.slots} x {self.slot_bytes} bytes is outside the limits "
                              f"(slots over {TAG_LEN} bytes, at most {MAX_RING_BYTES} bytes in all)")
-        if self.epoch < 0:
-            raise FrameError(f"ring epoch {self.epoch} is negative")
         return self
 
-    def to_wire(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "slots": self.slots, "slot_bytes": self.slot_bytes}
-
-    @classmethod
-    def from_wire(cls, d: Any) -> RingSpec:
-        if not isinstance(d, dict):
-            raise FrameError("ring spec must be an object")
-        return cls(d.get("epoch"), d.get("slots"), d.get("slot_bytes")).check()  # type: ignore[arg-type]
+    def validated(self) -> RingSpec:
+        return self.check()
 
 
 class ShmRing:

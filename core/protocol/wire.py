@@ -2,11 +2,11 @@
 ``from_wire`` come from the declarations once.
 
 Standard library only (the holder and the device speak it too). A field declares what it may hold with
-:func:`bounds` in its ``field(metadata=...)`` and a :class:`Spec`: :class:`Int` (a range), :class:`Float`, :class:`Bool`, :class:`Str`
-(a maximum length, optionally a set of choices), :class:`Hex` (an exact or maximum number of hex digits),
-:class:`Json` (free-form JSON, bounded in depth and size),
-:class:`Opt` (the spec or ``None``), :class:`ListOf` and :class:`MapOf` (a maximum number of items, each
-checked), and :class:`Nested` (another :class:`WireMessage`, checked the same way)::
+:func:`bounds` in its ``field(metadata=...)`` and a :class:`Spec`: :class:`Int` (a range), :class:`Float`,
+:class:`Bool`, :class:`Flag` (true/false or 1/0), :class:`Str` (a maximum length, optionally choices), :class:`Hex`
+(an exact or maximum number of hex digits), :class:`Json` (free-form, bounded in depth and size), :class:`Opt`
+(the spec or ``None``), :class:`ListOf` and :class:`MapOf` (at most so many items, each checked), :class:`TupleOf`
+(a fixed-length list, held as a tuple) and :class:`Nested` (another :class:`WireMessage`)::
 
     @dataclass(frozen=True, slots=True)
     class BufferDigest(WireMessage):
@@ -14,28 +14,36 @@ checked), and :class:`Nested` (another :class:`WireMessage`, checked the same wa
         offset: int = field(metadata=bounds(Int(0, MAX_U64)))
         length: int = field(default=0, metadata=bounds(Int(0, MAX_U64)))
 
-``from_wire`` takes a peer's decoded JSON object, checks every declared field (a missing required field, a
-wrong type, a value out of bounds) and raises :class:`WireFormatError` naming the message and the field;
-keys it does not declare are ignored (a newer peer may add some). ``to_wire`` gives the JSON-ready dict.
-A field declared without a spec is refused when the message is first used (``TypeError``: a bug, not input).
+``from_wire`` takes a peer's decoded JSON object, checks every declared field (missing, wrong type, out of
+bounds: :class:`WireFormatError` naming the message and the field; its code is the class's ``WIRE_CODE``,
+``frame`` for the holder link's :class:`FrameMessage`), then the checks that span fields
+(:meth:`WireMessage.validated`); keys it does not declare are ignored (a newer peer may add some). ``to_wire``
+gives the JSON-ready dict. ``bounds`` also takes a field's ``wire`` name where it differs from the attribute
+and ``sparse=True`` for a field left off the wire while it holds its default. A field declared without a spec
+is refused when the message is first used (``TypeError``: a bug, not input).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, Field, dataclass
+from dataclasses import MISSING, dataclass
 from typing import Any, ClassVar, Self
 
 from gputravel.core.protocol.errors import WireFormatError
 
-__all__ = ["MAX_U32", "MAX_U64", "Bool", "Float", "Hex", "Int", "Json", "ListOf", "MapOf", "Nested", "Opt", "Raw", "Spec",
-           "Str", "WireFormatError", "WireMessage", "bounds"]
+__all__ = ["MAX_FLOAT", "MAX_U32", "MAX_U64", "Bool", "Flag", "Float", "FrameMessage", "Hex", "Int", "Json", "ListOf",
+           "MapOf", "Nested", "Opt", "Raw", "Spec", "Str", "TupleOf", "WireFormatError", "WireMessage", "bounds"]
 
 MAX_U32 = 2**32 - 1
 MAX_U64 = 2**64 - 1
+#: the largest finite float: ``Float(0.0, MAX_FLOAT)`` refuses infinity as well as NaN
+MAX_FLOAT = sys.float_info.max
 _SPEC = "gputravel.wire"
+_NAME = "gputravel.wire.name"
+_SPARSE = "gputravel.wire.sparse"
 
 
 class Spec:
@@ -91,6 +99,21 @@ class Bool(Spec):
         if type(value) is not bool:
             raise WireFormatError(f"{where}: expected true or false, got {type(value).__name__}", field=where)
         return value
+
+
+@dataclass(frozen=True, slots=True)
+class Flag(Spec):
+    """true/false, or 1/0 (older peers send flags as integers); ``as_int``: written as 1/0."""
+
+    as_int: bool = False
+
+    def check(self, value: Any, where: str) -> bool:
+        if type(value) is bool or (type(value) is int and value in (0, 1)):
+            return bool(value)
+        raise WireFormatError(f"{where}: expected a flag (true/false, 1/0), got {str(value)[:20]!r}", field=where)
+
+    def dump(self, value: Any) -> Any:
+        return int(value) if self.as_int else bool(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +188,21 @@ class ListOf(Spec):
 
     def dump(self, value: Any) -> Any:
         return [self.item.dump(v) for v in value]
+
+
+@dataclass(frozen=True, slots=True)
+class TupleOf(Spec):
+    """A list of exactly ``len(items)`` values, each checked by its spec, held as a tuple (``[start, length]``)."""
+
+    items: tuple[Spec, ...]
+
+    def check(self, value: Any, where: str) -> tuple[Any, ...]:
+        if type(value) is not list or len(value) != len(self.items):
+            raise WireFormatError(f"{where}: expected a list of {len(self.items)} values", field=where)
+        return tuple(spec.check(v, f"{where}[{i}]") for i, (spec, v) in enumerate(zip(self.items, value, strict=True)))
+
+    def dump(self, value: Any) -> Any:
+        return [spec.dump(v) for spec, v in zip(self.items, value, strict=True)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,26 +297,42 @@ class Raw(Spec):
         return self.save(value)
 
 
-def bounds(spec: Spec) -> dict[str, Spec]:
+def bounds(spec: Spec, *, wire: str | None = None, sparse: bool = False) -> dict[str, object]:
     """A field's metadata declaring its wire bounds: ``field(metadata=bounds(Int(0, 9)))`` (a ``default`` or
     ``default_factory`` makes it optional on the wire). Plain ``dataclasses.field``, so type checkers see
-    which fields are required."""
-    return {_SPEC: spec}
+    which fields are required. ``wire``: its name on the wire when not the attribute's; ``sparse``: left off
+    the wire while it holds its default."""
+    return {_SPEC: spec, _NAME: wire, _SPARSE: sparse}
 
 
-_SPECS: dict[type, tuple[tuple[Field[Any], Spec], ...]] = {}
+@dataclass(frozen=True, slots=True)
+class _Decl:
+    """One field as the wire sees it: attribute, wire name, spec, and its default (``required``: none)."""
+
+    attr: str
+    wire: str
+    spec: Spec
+    required: bool
+    sparse: bool
+    default: Any
 
 
-def _specs(cls: type[WireMessage]) -> tuple[tuple[Field[Any], Spec], ...]:
-    found = _SPECS.get(cls)
+_DECLS: dict[type, tuple[_Decl, ...]] = {}
+
+
+def _decls(cls: type[WireMessage]) -> tuple[_Decl, ...]:
+    found = _DECLS.get(cls)
     if found is None:
-        pairs = []
+        decls = []
         for f in dataclasses.fields(cls):
             spec = f.metadata.get(_SPEC)
             if not isinstance(spec, Spec):
                 raise TypeError(f"{cls.__name__}.{f.name} declares no wire bounds (field(metadata=bounds(Spec)))")
-            pairs.append((f, spec))
-        found = _SPECS[cls] = tuple(pairs)
+            required = f.default is MISSING and f.default_factory is MISSING
+            default = f.default_factory() if f.default_factory is not MISSING else f.default
+            decls.append(_Decl(f.name, f.metadata.get(_NAME) or f.name, spec, required,
+                               bool(f.metadata.get(_SPARSE)), None if required else default))
+        found = _DECLS[cls] = tuple(decls)
     return found
 
 
@@ -287,35 +341,60 @@ class WireMessage:
 
     __slots__ = ()
     __dataclass_fields__: ClassVar[dict[str, Any]]
+    #: the code of the error a malformed message raises (the holder link's messages say ``frame``)
+    WIRE_CODE: ClassVar[str] = WireFormatError.code
 
     def to_wire(self) -> dict[str, Any]:
         return self.wire_fields()
 
     def wire_fields(self) -> dict[str, Any]:
-        """Every declared field as the wire has it (what ``to_wire`` gives unless a message overrides it)."""
-        return {f.name: spec.dump(getattr(self, f.name)) for f, spec in _specs(type(self))}
+        """Every declared field as the wire has it, a sparse one only while not at its default."""
+        out: dict[str, Any] = {}
+        for d in _decls(type(self)):
+            value = getattr(self, d.attr)
+            if not (d.sparse and value == d.default):
+                out[d.wire] = d.spec.dump(value)
+        return out
+
+    def validated(self) -> Self:
+        """Checks that span fields, run by ``from_wire`` after every field's own (raising a ``FrameError``): the
+        message, or its normal form. This one checks nothing more."""
+        return self
 
     @classmethod
     def from_wire(cls, head: Any, *, where: str | None = None) -> Self:
-        """The message in ``head`` (a peer's decoded JSON object), every declared field checked.
+        """The message in ``head`` (a peer's decoded JSON object), every declared field checked, then
+        :meth:`validated`.
 
         Raises:
             WireFormatError: not an object, a required field missing, or a field of the wrong type or out of
-                its bounds (the error names the message and the field).
+                its bounds (the error names the message and the field; its code is ``WIRE_CODE``).
         """
         return cls.checked(head, where=where)
 
     @classmethod
     def checked(cls, head: Any, *, where: str | None = None) -> Self:
-        """``from_wire``'s declared checks (a message that checks more overrides ``from_wire`` and calls this:
-        ``super()`` does not reach past a ``slots=True`` dataclass)."""
+        """``from_wire``'s checks (a message that checks more overrides ``from_wire`` and calls this, or
+        overrides :meth:`validated`: ``super()`` does not reach past a ``slots=True`` dataclass)."""
         name = where or cls.__name__
-        if not isinstance(head, Mapping):
-            raise WireFormatError(f"{name}: expected an object, got {type(head).__name__}", field=name)
-        values: dict[str, Any] = {}
-        for f, spec in _specs(cls):
-            if f.name in head:
-                values[f.name] = spec.check(head[f.name], f"{name}.{f.name}")
-            elif f.default is MISSING and f.default_factory is MISSING:
-                raise WireFormatError(f"{name}.{f.name}: missing", field=f"{name}.{f.name}")
-        return cls(**values)
+        try:
+            if not isinstance(head, Mapping):
+                raise WireFormatError(f"{name}: expected an object, got {type(head).__name__}", field=name)
+            values: dict[str, Any] = {}
+            for d in _decls(cls):
+                if d.wire in head:
+                    values[d.attr] = d.spec.check(head[d.wire], f"{name}.{d.wire}")
+                elif d.required:
+                    raise WireFormatError(f"{name}.{d.wire}: missing", field=f"{name}.{d.wire}")
+            return cls(**values).validated()
+        except WireFormatError as exc:
+            exc.code = cls.WIRE_CODE  # the outermost message's code: who charges the sender knows it
+            raise
+
+
+class FrameMessage(WireMessage):
+    """A message of the holder link or the data connection: malformed, it is a ``FrameError`` of code ``frame``
+    (a ``WireFormatError`` naming the field), charged to whoever sent it as every malformed frame is."""
+
+    __slots__ = ()
+    WIRE_CODE: ClassVar[str] = "frame"

@@ -16,18 +16,17 @@ The project's GPT-2 (:mod:`core.training.model`) is llm.c's, so its parameter na
   ``config.json`` beside it, or ``n_embd // 64`` (every GPT-2 size has 64-wide heads).
 
 :func:`read_weights` gives the parameters under this project's names, fp32 and padded to the model's
-vocabulary (padded rows are never looked up; from HF they are zeros). :func:`sealed_weights` turns them into
-a sealed state stream of kind ``weights`` that the device opens straight into its model (the restore path):
-the weights are never trained, nor kept, in the orchestrator.
+vocabulary (padded rows are never looked up; from HF they are zeros). ``core/training/weights_upload.py``
+turns them into a sealed state stream of kind ``weights`` that the device opens straight into its model (the
+restore path): the weights are never trained, nor kept, in the orchestrator.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import struct
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,25 +34,19 @@ import numpy as np
 import torch
 
 from gputravel.core.errors import ConfigError, DataError, WeightsError
-from gputravel.core.protocol.stream import StreamHeader
-from gputravel.core.training.checkpoint import seal_state
-from gputravel.core.training.llama import LlamaConfig
-from gputravel.core.training.lora import LoraSettings, lora_init, with_adapters
 from gputravel.core.training.model import (
     GPT2_LAYER as _LAYER,
 )
 from gputravel.core.training.model import (
     GPTConfig,
     ModelConfig,
-    model_config_from_dict,
     pad_rows,
     param_shapes,
     param_shapes_of,
 )
-from gputravel.core.training.trainer import _hash_tensor
 
-__all__ = ["LLMC_MAGIC", "WEIGHTS_KIND", "check_weights", "detect_format", "param_shapes", "gpt2_hf_tensors", "params_digest", "read_config",
-           "read_weights", "sealed_weights", "upload_weights", "write_llmc", "write_safetensors", "write_weights"]
+__all__ = ["LLMC_MAGIC", "WEIGHTS_KIND", "check_params", "check_weights", "detect_format", "gpt2_hf_tensors", "param_shapes",
+           "read_config", "read_weights", "write_llmc", "write_safetensors", "write_weights"]
 
 LLMC_MAGIC = 20240326
 LLMC_VERSIONS = {3: torch.float32, 5: torch.bfloat16}
@@ -159,11 +152,11 @@ def write_llmc(path: Path, config: GPTConfig, params: Mapping[str, torch.Tensor]
     ``write_model`` does, with the model's padded vocabulary."""
     if dtype not in ("float32", "bfloat16"):
         raise ConfigError(f"llm.c files are float32 or bfloat16, not {dtype!r}")
-    _check_params(config, params)
+    check_params(config, params)
     header = [0] * 256
     header[:8] = [LLMC_MAGIC, 3 if dtype == "float32" else 5, config.block_size, config.vocab_size,
                   config.n_layer, config.n_head, config.n_embd, config.padded_vocab_size]
-    with _atomic(path) as f:
+    with _AtomicFile(path) as f:
         f.write(struct.pack("<256i", *header))
         for name in _llmc_order(config):
             t = params[name].detach().to("cpu", torch.float32 if dtype == "float32" else torch.bfloat16)
@@ -213,7 +206,7 @@ def _read_safetensors(path: Path, *, shape_only: bool = False) -> tuple[GPTConfi
             config = _st_config(path, shapes, metadata)
             want = {k.removeprefix("transformer."): s for k, s in param_shapes(config).items()}
             want["wte.weight"] = (config.vocab_size, config.n_embd)
-            for name in _CONV1D_HF(config):
+            for name in _conv1d_hf(config):
                 want[name] = want[name][::-1]
             missing = sorted(set(want) - set(shapes))
             extra = sorted(set(shapes) - set(want) - {"lm_head.weight"})
@@ -226,7 +219,7 @@ def _read_safetensors(path: Path, *, shape_only: bool = False) -> tuple[GPTConfi
             params: dict[str, torch.Tensor] = {}
             if shape_only:
                 return config, params
-            conv = set(_CONV1D_HF(config))
+            conv = set(_conv1d_hf(config))
             for name in want:
                 t = f.get_tensor(names[name]).to(torch.float32)
                 params["transformer." + name] = (t.t() if name in conv else t).contiguous()
@@ -242,15 +235,16 @@ def _read_safetensors(path: Path, *, shape_only: bool = False) -> tuple[GPTConfi
     return config, params
 
 
-def _CONV1D_HF(config: GPTConfig) -> list[str]:  # noqa: N802 (a constant that depends on the layer count)
+def _conv1d_hf(config: GPTConfig) -> list[str]:
+    """The HF names of every ``Conv1D`` weight of the model (transposed on the way in and out)."""
     return [f"h.{i}.{name}" for i in range(config.n_layer) for name in _CONV1D]
 
 
 def gpt2_hf_tensors(config: GPTConfig, params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``GPT2LMHeadModel``'s tensors (``transformer.`` names, Conv1D weights ``(in, out)``, the real vocabulary;
     ``lm_head.weight`` left out as ``save_pretrained`` leaves out a tied tensor)."""
-    _check_params(config, params)
-    conv = {"transformer." + n for n in _CONV1D_HF(config)}
+    check_params(config, params)
+    conv = {"transformer." + n for n in _conv1d_hf(config)}
     out: dict[str, torch.Tensor] = {}
     for name in param_shapes(config):
         t = params[name].detach().to("cpu", torch.float32)
@@ -268,7 +262,7 @@ def write_safetensors(path: Path, config: GPTConfig, params: Mapping[str, torch.
     meta = {"format": "pt", "n_head": str(config.n_head), "n_layer": str(config.n_layer),
             "n_embd": str(config.n_embd), "n_positions": str(config.block_size), "vocab_size": str(config.vocab_size),
             "producer": "gputravel export"}
-    with _atomic(path) as f:
+    with _AtomicFile(path) as f:
         f.write(save(out, metadata=meta))
 
 
@@ -313,14 +307,15 @@ def write_weights(path: Path, config: GPTConfig, params: Mapping[str, torch.Tens
         raise ConfigError(f"unknown weights format {fmt!r}; choose one of {', '.join(FORMATS)}")
 
 
-def _check_params(config: ModelConfig, params: Mapping[str, torch.Tensor]) -> None:
+def check_params(config: ModelConfig, params: Mapping[str, torch.Tensor]) -> None:
+    """Every parameter of ``config``'s model present in ``params`` with its shape, or ``ConfigError``."""
     for name, shape in param_shapes_of(config).items():
         t = params.get(name)
         if t is None or tuple(t.shape) != shape:
             raise ConfigError(f"parameter {name} is {None if t is None else tuple(t.shape)}, the model's is {shape}")
 
 
-class _atomic:  # noqa: N801 (used as a context manager, like open)
+class _AtomicFile:
     """Write ``path`` through a fresh temporary file in its folder (``mkstemp``: ``O_EXCL | O_NOFOLLOW``, a random
     name, so a planted link is never followed), renamed over it only when complete (a link at ``path`` itself is
     replaced, not written through)."""
@@ -345,59 +340,9 @@ class _atomic:  # noqa: N801 (used as a context manager, like open)
             self.tmp.unlink(missing_ok=True)
 
 
-def params_digest(params: Mapping[str, torch.Tensor], config: ModelConfig, *, lora: LoraSettings | None = None,
-                  seed: int = 0) -> str:
-    """The digest the device reports (``Trainer.model_digest``) for a model holding ``params`` that has not
-    trained yet (no optimizer state): SHA-256 over each parameter's label, dtype, shape and bytes, in the model's
-    order; with ``lora``, the adapters' initial values (``lora_init``, from ``seed``) where the model holds them."""
-    h = hashlib.sha256(b"gputravel/model-digest/v1\0")
-    shapes = param_shapes_of(config)
-    adapters = lora_init(shapes, lora, seed) if lora is not None else {}
-    for name in (with_adapters(shapes, lora) if lora is not None else shapes):
-        _hash_tensor(h, f"param:{name}", adapters[name] if name in adapters else params[name])
-    return h.hexdigest()
-
-
-def sealed_weights(params: Mapping[str, torch.Tensor], config: ModelConfig, *, key: bytes, run_id: str,
-                   lora: LoraSettings | None = None, seed: int = 0
-                   ) -> tuple[StreamHeader, Iterator[tuple[int, memoryview]], str]:
-    """A ``weights`` stream of ``params`` for the device's restore path: its header, its sealed records (data
-    chunks, then the end chunk, whose sealed trailer carries the digest the loaded model must have) and that
-    digest."""
-    _check_params(config, params)
-    model = {name: params[name] for name in param_shapes_of(config)}
-    if "lm_head.weight" not in model:  # tied: one tensor, streamed once
-        model["lm_head.weight"] = model[_embedding(config)]
-    digest = params_digest(params, config, lora=lora, seed=seed)
-    header = StreamHeader.new(kind=WEIGHTS_KIND, run_id=run_id, seq=0)
-    state = {"format": WEIGHTS_KIND, "config": config.to_dict(), "model": model}
-    return header, seal_state(key, header, state, trailer={"model_digest": digest}), digest
-
-
-def _embedding(config: ModelConfig) -> str:
-    return "model.embed_tokens.weight" if isinstance(config, LlamaConfig) else "transformer.wte.weight"
-
-
 def check_weights(path: Path) -> ModelConfig:
     """Everything ``--init-from`` will load, checked now (bounded headers, names, shapes, dtypes, finite values),
     one tensor at a time: ``run`` calls it before the run folder exists and any holder is contacted."""
     config, params = read_weights(path)
     del params
     return config
-
-
-def upload_weights(path: Path, *, program_model: Mapping[str, Any], key: bytes, run_id: str,
-                   restore: Callable[[bytes, StreamHeader, Iterator[tuple[int, memoryview]]], Any],
-                   program_train: Mapping[str, Any] | None = None) -> tuple[Any, str, dict[str, Any]]:
-    """``--init-from``: read ``path``, check it is the program's model, and stream it sealed through ``restore``
-    (the device client's). Returns the device's answer, the digest its model must have, and the model."""
-    from gputravel.core.training.trainer import TrainSettings
-
-    config, params = read_weights(path)
-    if config != model_config_from_dict(dict(program_model)):
-        raise ConfigError(f"--init-from {path}: model {config.to_dict()} differs from the program's")
-    train = TrainSettings.from_dict(dict(program_train)) if program_train is not None else None
-    lora = train.lora(config) if train is not None else None
-    header, records, want = sealed_weights(params, config, key=key, run_id=run_id, lora=lora,
-                                           seed=train.seed if train is not None else 0)
-    return restore(key, header, records), want, config.to_dict()

@@ -214,7 +214,7 @@ class DeviceSession:
         """Pretrained weights (``--init-from``) into the device's model, before any step: read here, sealed under
         the run key as a ``weights`` stream and opened by the device into its model; the model it then holds
         must have the digest of exactly these weights. Returns that digest and the model's config."""
-        from gputravel.core.training.weights import upload_weights
+        from gputravel.core.training.weights_upload import upload_weights
 
         state, want, config = await asyncio.to_thread(
             upload_weights, path, program_model=self.program["model"], key=key, run_id=run_id,

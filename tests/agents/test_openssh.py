@@ -29,9 +29,10 @@ import asyncssh
 import pytest
 from helpers import write_holder
 
-from gputravel.agents.deploy import SshHolderLink, connect
+from gputravel.agents.deploy import connect
 from gputravel.agents.holder import agent_sha256
 from gputravel.agents.inventory import HolderSpec, load_inventory
+from gputravel.agents.ssh_holder import SshHolderLink
 from gputravel.console import holders
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import AgentError

@@ -32,9 +32,10 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from gputravel.agents import deploy as deploy_mod
-from gputravel.agents.deploy import HolderState, SshHolderLink, connect, deploy, remote_hash
+from gputravel.agents.deploy import HolderState, connect, deploy, remote_hash
 from gputravel.agents.holder import agent_sha256, bundle_contents, digest_files, open_dataset, package_root
 from gputravel.agents.inventory import ALLOWED, HolderSpec, load_inventory, parse_inventory
+from gputravel.agents.ssh_holder import SshHolderLink
 from gputravel.agents.ssh_links import EmbeddedSshServer, links_from_specs
 from gputravel.core import api
 from gputravel.core import events as ev

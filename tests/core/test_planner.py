@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from gputravel.core import planner
+from gputravel.core import planner, sizes
 from gputravel.core.errors import ConfigError
 
 GIB, MIB = 1 << 30, 1 << 20
@@ -23,28 +23,28 @@ GIB, MIB = 1 << 30, 1 << 20
     ("2GiB", 2 * GIB), ("1GB", 10**9), ("3 mb", 3 * 10**6), (" 7g ", 7 * GIB), ("1e3", 1000), ("0.5K", 512),
 ])
 def test_parse_size(text: str, expected: int) -> None:
-    assert planner.parse_size(text) == expected
+    assert sizes.parse_size(text) == expected
 
 
 @pytest.mark.parametrize("text", ["", "G", "abc", "10X", "-1G", "0", "0.1", "1..5G", "10 G B", "nanG", "inf"])
 def test_parse_size_rejects(text: str) -> None:
     with pytest.raises(ConfigError):
-        planner.parse_size(text)
+        sizes.parse_size(text)
 
 
 def test_parse_sizes_list() -> None:
-    assert planner.parse_sizes("10G,512M,1.5T") == [10 * GIB, 512 * MIB, int(1.5 * (1 << 40))]
+    assert sizes.parse_sizes("10G,512M,1.5T") == [10 * GIB, 512 * MIB, int(1.5 * (1 << 40))]
     for bad in ("10G,,5G", ",", "10G,zz"):
         with pytest.raises(ConfigError):
-            planner.parse_sizes(bad)
+            sizes.parse_sizes(bad)
 
 
 def test_parse_buffer_list() -> None:
-    assert planner.parse_buffer_list("4,20,100,500,uncapped") == [4.0, 20.0, 100.0, 500.0, None]
-    assert planner.parse_buffer_list("0.25, 0.5") == [0.25, 0.5]
+    assert sizes.parse_buffer_list("4,20,100,500,uncapped") == [4.0, 20.0, 100.0, 500.0, None]
+    assert sizes.parse_buffer_list("0.25, 0.5") == [0.25, 0.5]
     for bad in ("0", "-4", "x", "4,,20", "nan"):
         with pytest.raises(ConfigError):
-            planner.parse_buffer_list(bad)
+            sizes.parse_buffer_list(bad)
 
 
 # --- the schedule's shape ------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ def stop_command(name: str) -> str:
 
 
 async def _for_each(path: Path, action: str) -> list[dict[str, Any]]:
-    from gputravel.agents.deploy import _run, bundle_dir, connect, deploy, remote_hash
+    from gputravel.agents.deploy import bundle_dir, connect, deploy, remote_hash, run_remote
     from gputravel.agents.holder import agent_sha256
     from gputravel.agents.inventory import load_inventory
 
@@ -55,7 +55,7 @@ async def _for_each(path: Path, action: str) -> list[dict[str, Any]]:
                 row.update(state="verified" if have == want else ("stale" if have else "not deployed"),
                            bundle_sha256=have, expected=want, remote_dir=folder)
             else:  # stop: end this holder's running agents and remove nothing else
-                res = await _run(conn, spec, stop_command(spec.name), timeout=30)  # failures: AgentError, below
+                res = await run_remote(conn, spec, stop_command(spec.name), timeout=30)  # failures: AgentError, below
                 if res.exit_status not in (0, 1):  # pkill: 0 some matched, 1 none did, else an error
                     return {**row, "state": "failed",
                             "reason": f"pkill failed (exit {res.exit_status}): {str(res.stderr).strip()[-200:]}"}
@@ -72,7 +72,7 @@ async def _for_each(path: Path, action: str) -> list[dict[str, Any]]:
 async def _pinned(spec: Any, action: str) -> dict[str, Any]:
     """A holder-pinned holder (``managed = false``, issue 30): nothing is uploaded or stopped; deploy and status
     start its own ``holder serve`` once and report what its HELLO states (version, code SHA-256, policy digest)."""
-    from gputravel.agents.deploy import SshHolderLink
+    from gputravel.agents.ssh_holder import SshHolderLink
 
     if action == "stop":
         return {"state": "holder-pinned", "managed": False, "was_running": False,

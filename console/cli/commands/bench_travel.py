@@ -84,11 +84,13 @@ def register(bench_app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
     ) -> None:
         """Travelling vs conventional: training time, transfer time and transfer % per buffer size."""
-        from gputravel.core import planner  # the planner and the engine: when the study runs, not for --help
-        from gputravel.core.bench import travel
+        from gputravel.core.bench import (
+            travel,  # the planner and the engine: when the study runs, not for --help
+        )
+        from gputravel.core.sizes import parse_buffer_list
 
         try:
-            buffers = planner.parse_buffer_list(buffer_mib)
+            buffers = parse_buffer_list(buffer_mib)
         except ConfigError as exc:
             raise typer.BadParameter(exc.reason, param_hint="--buffer-mib") from None
         if transport not in ("ssh", "local"):

@@ -116,12 +116,14 @@ def register(app: typer.Typer) -> None:
                                             help="A fleet's optimizer steps per lock-step step."),
     ) -> None:
         """Predict per-visit and whole-run transfer and training time for both data paths."""
-        from gputravel.core import planner  # the planner and its calibration: when it runs, not for --help
-        from gputravel.core.bench.plan import plan
+        from gputravel.core.bench.plan import (
+            plan,  # the planner and its calibration: when it runs, not for --help
+        )
+        from gputravel.core.sizes import parse_sizes
 
         console = Console(stderr=True)
         try:
-            sizes = planner.parse_sizes(holder_bytes)
+            sizes = parse_sizes(holder_bytes)
         except ConfigError as exc:
             raise typer.BadParameter(exc.reason, param_hint="--holder-bytes") from None
         if not (0 < buffer_mib <= 64 * 1024):

@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 from helpers import live_processes, write_holder
 
-from gputravel.agents.deploy import SshHolderLink
 from gputravel.agents.holder import agent_sha256
 from gputravel.agents.inventory import HolderSpec
+from gputravel.agents.ssh_holder import SshHolderLink
 from gputravel.agents.ssh_links import EmbeddedSshServer
 from gputravel.core.errors import AgentError
 from gputravel.core.protocol.shmring import ring_supported

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from helpers import ENTRIES
 
-from gputravel.core.bench.load import growth, load, open_fds
+from gputravel.core.bench.load import growth, load
+from gputravel.core.bench.procmem import open_fds
 from gputravel.core.errors import ConfigError
 
 ROW = {"holders", "orchestrator_ms_per_visit", "rss_mb", "open_fds"}

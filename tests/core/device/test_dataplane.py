@@ -329,7 +329,7 @@ def test_an_answer_to_a_bind_not_waited_for_must_bind_the_mapped_ring_in_the_sha
         with pytest.raises(GpuTravelError, match=reason):
             conn.confirm_ring(offer(wrong))
         assert conn.awaiting is None  # one answer per bind: a second one is not awaited
-    with pytest.raises(FrameError, match="ring epoch must be an integer"):  # unusable: refused as it is read
+    with pytest.raises(FrameError, match="epoch: expected an integer"):  # unusable: refused as it is read
         offer({"epoch": "x", "slots": 8, "slot_bytes": CHUNK + TAG_LEN})
     for awaited in (spec, None):
         conn.awaiting = awaited

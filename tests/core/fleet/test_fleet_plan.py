@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gputravel.core import planner
+from gputravel.core import fleetplan, planner
 from gputravel.core.bench.fleet import _efficiency, _sealed_vs_plain, row_from_report
 from gputravel.core.errors import ConfigError
 from tests.core.test_planner import RUNS, synthetic_travel
@@ -31,37 +31,37 @@ def synthetic_fleet(rows: list[tuple[int, int]], *, k: int = 4) -> dict[str, Any
 
 def test_visits_pack_into_steps_without_sharing_a_holder() -> None:
     visits = planner.schedule([3 * planner.MIB, 1 * planner.MIB, 1 * planner.MIB], buffer_bytes=planner.MIB)
-    steps = planner.fleet_steps(visits, gpus=2)
+    steps = fleetplan.fleet_steps(visits, gpus=2)
     assert sum(len(s) for s in steps) == len(visits)
     for step in steps:
         assert len({v.holder for v in step}) == len(step) <= 2
     with pytest.raises(ConfigError):
-        planner.fleet_steps(visits, gpus=0)
+        fleetplan.fleet_steps(visits, gpus=0)
 
 
 def test_allreduce_fit_recovers_the_ring_cost() -> None:
     doc = synthetic_fleet([(1, 4), (2, 2), (4, 1), (2, 4), (4, 2)])
-    samples = planner.fleet_samples_from_report(doc)
+    samples = fleetplan.fleet_samples_from_report(doc)
     assert len(samples) == 5  # the failed row is left out
-    term = planner.fit_allreduce(samples, variant="secure_pipelined")
+    term = fleetplan.fit_allreduce(samples, variant="secure_pipelined")
     assert term.coef == pytest.approx([E0, E1], rel=1e-6)
     assert planner.samples_from_report(doc) == []  # a fleet document holds no travel runs
     with pytest.raises(ConfigError):
-        planner.fit_allreduce(samples, variant="plain")
+        fleetplan.fit_allreduce(samples, variant="plain")
 
 
 def test_fleet_prediction_splits_the_work_and_adds_the_all_reduce() -> None:
     model = planner.fit_model(planner.samples_from_report(synthetic_travel(RUNS)))
-    term = planner.fit_allreduce(planner.fleet_samples_from_report(synthetic_fleet([(1, 4), (2, 2), (4, 1)])),
+    term = fleetplan.fit_allreduce(fleetplan.fleet_samples_from_report(synthetic_fleet([(1, 4), (2, 2), (4, 1)])),
                                  variant="secure_pipelined")
     sizes = [2 * planner.MIB] * 4
-    one = planner.predict_fleet(model, term, sizes, gpus=1, buffer_bytes=4 * planner.MIB, steps_per_visit=10)
-    two = planner.predict_fleet(model, term, sizes, gpus=2, buffer_bytes=4 * planner.MIB, steps_per_visit=10)
+    one = fleetplan.predict_fleet(model, term, sizes, gpus=1, buffer_bytes=4 * planner.MIB, steps_per_visit=10)
+    two = fleetplan.predict_fleet(model, term, sizes, gpus=2, buffer_bytes=4 * planner.MIB, steps_per_visit=10)
     assert (one["steps"], two["steps"]) == (4, 2)
     assert two["train_s"] == pytest.approx(one["train_s"] / 2)
     assert two["allreduce_s"] > one["allreduce_s"]  # the ring costs what one GPU never pays
     assert two["total_s"] == pytest.approx(two["tx_s"] + two["train_s"] + two["allreduce_s"])
-    three = planner.predict_fleet(model, term, [planner.MIB] * 3, gpus=2, buffer_bytes=4 * planner.MIB,
+    three = fleetplan.predict_fleet(model, term, [planner.MIB] * 3, gpus=2, buffer_bytes=4 * planner.MIB,
                                   steps_per_visit=10)
     assert three["idle_slots"] == 1  # H = 3 on N = 2
 
@@ -126,7 +126,7 @@ def test_study_keeps_the_median_of_its_repeats(tmp_path: Any) -> None:
     assert len(calls) == 6 and result["benchmark"] == "fleet"
     rows = {r["gpus"]: r for r in result["rows"]}
     assert rows[1]["repeats"] == 3 and rows[1]["tokens_per_s"] == 2000.0  # the median of 1000, 2000, 3000
-    assert planner.fleet_samples_from_report(result)  # the planner reads the study's own output
+    assert fleetplan.fleet_samples_from_report(result)  # the planner reads the study's own output
 
 
 def test_study_over_nodes_runs_each_node_in_its_own_folder_and_gives_the_ratio_to_one_node(tmp_path: Any) -> None:

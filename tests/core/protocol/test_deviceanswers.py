@@ -32,8 +32,8 @@ def test_a_grant_never_shows_its_key() -> None:
 
 
 @pytest.mark.parametrize("change, match", [
-    ({"provisioning_key": None}, "not an object"),
-    ({"provisioning_key": {**KEY.to_wire(), "key": "ab" * 16}}, "32 bytes"),
+    ({"provisioning_key": None}, "HandoffGrant.provisioning_key: expected an object"),
+    ({"provisioning_key": {**KEY.to_wire(), "key": "ab" * 16}}, "provisioning_key.key: 32 hex digits, expected 64"),
     ({"provisioning_key": {**KEY.to_wire(), "direction": int(Direction.DEVICE_TO_ORCH)}}, "direction"),
     ({"provisioning_key": {**KEY.to_wire(), "epoch": "3"}}, "integer"),
     ({"key_fingerprint": "00" * 8}, "not the key's"),

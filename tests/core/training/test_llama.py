@@ -23,7 +23,8 @@ from gputravel.core.training.llama import LlamaConfig, llama_param_shapes  # noq
 from gputravel.core.training.lora import LoraSettings, lora_names  # noqa: E402
 from gputravel.core.training.model import build_model  # noqa: E402
 from gputravel.core.training.trainer import Trainer, TrainSettings  # noqa: E402
-from gputravel.core.training.weights import params_digest, read_weights  # noqa: E402
+from gputravel.core.training.weights import read_weights  # noqa: E402
+from gputravel.core.training.weights_upload import params_digest  # noqa: E402
 
 TINY = {"vocab_size": 300, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}

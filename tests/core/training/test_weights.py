@@ -25,13 +25,12 @@ from gputravel.core.training.checkpoint import CheckpointStore, load_or_create_k
 from gputravel.core.training.model import GPT, GPTConfig
 from gputravel.core.training.weights import (
     detect_format,
-    params_digest,
     read_config,
     read_weights,
-    sealed_weights,
     write_llmc,
     write_safetensors,
 )
+from gputravel.core.training.weights_upload import params_digest, sealed_weights
 
 #: a tiny GPT-2 whose vocabulary needs padding (300 -> 384), as GPT-2's does (50257 -> 50304)
 CONFIG = GPTConfig(block_size=32, vocab_size=300, n_layer=2, n_head=2, n_embd=32)
@@ -282,7 +281,7 @@ def test_a_weights_stream_with_a_flipped_byte_or_another_shape_is_refused(tmp_pa
 
 
 def test_upload_weights_streams_the_file_into_the_device_and_refuses_another_programs_model(tmp_path: Path) -> None:
-    from gputravel.core.training.weights import upload_weights
+    from gputravel.core.training.weights_upload import upload_weights
 
     m = model()
     path = tmp_path / "w.bin"

@@ -13,7 +13,7 @@ from helpers import small_settings, started
 
 from gputravel.core.ledger import read_rows
 from gputravel.core.protocol import FrameType
-from gputravel.core.protocol.holderattest import Verdict
+from gputravel.core.protocol.holderattest import CvmCheck, GpuCheck, Verdict
 from gputravel.core.travel import framed_link
 from gputravel.core.travel.local_link import LocalHolderLink
 
@@ -83,6 +83,7 @@ async def test_a_prefetch_no_hand_off_took_does_not_block_the_next(tmp_path: Pat
     stale = asyncio.get_running_loop().create_task(fetched())
     await stale
     link._prefetch = stale
-    link._prefetched = (7, "stale-fp", Verdict(epoch=7, ok=True, cvm={}, gpu={}, ms=0.0, next_nonce="00" * 32))
+    link._prefetched = (7, "stale-fp", Verdict(epoch=7, ok=True, cvm=CvmCheck(ok=True), gpu=GpuCheck(ok=True), ms=0.0,
+                                                             next_nonce="00" * 32))
     link.prefetch_attestation(epoch=9, key_fp="new-fp")  # no attestor here: nothing new starts, nothing stale stays
     assert link._prefetch is None and link._prefetched is None

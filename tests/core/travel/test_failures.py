@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from helpers import HolderData, ServeDevice, small_settings, started, wait_for
 
-from gputravel.agents.deploy import HolderState, SshHolderLink
+from gputravel.agents.ssh_holder import HolderState, SshHolderLink
 from gputravel.agents.ssh_links import EmbeddedSshServer
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import LedgerError

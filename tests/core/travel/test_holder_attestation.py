@@ -81,8 +81,8 @@ async def test_honest_evidence_verifies_and_only_the_attested_agent_unwraps_the_
     first_nonce = holder.nonce
     verdict = await _round(attestor, holder, handoff)
     assert verdict.ok and verdict.failed_claim is None
-    assert verdict.cvm["tcb_status"] == "UpToDate"
-    assert verdict.gpu["nonce"] == spdm_nonce(first_nonce, handoff.key.fingerprint, handoff.epoch).hex()  # type: ignore[union-attr]
+    assert verdict.cvm.tcb_status == "UpToDate"
+    assert verdict.gpu.nonce == spdm_nonce(first_nonce, handoff.key.fingerprint, handoff.epoch).hex()  # type: ignore[union-attr]
     assert verdict.next_nonce != first_nonce.hex()  # the holder's nonce is fresh for every hand-off
     sent = attestor.seal_key(handoff, holder.link_key.public)
     wire = sent.to_wire()

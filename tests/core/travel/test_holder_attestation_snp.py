@@ -70,7 +70,7 @@ async def test_honest_cvm_evidence_of_each_kind_verifies(platform: Path, kind: s
     assert verdict.ok, verdict.failed_claim
     assert cvm_kind(wire.collateral) == kind
     if kind != "tdx":
-        assert str(verdict.cvm["tcb_status"]).startswith("SNP milan bl3 tee0 snp8 uc115")
+        assert str(verdict.cvm.tcb_status).startswith("SNP milan bl3 tee0 snp8 uc115")
         assert len(wire.quote) == (1184 if kind == "snp" else 2048)
 
 
