@@ -30,11 +30,12 @@ DEVICE_CODE: tuple[str, ...] = (
     "core/device/modelmac.py", "core/device/openers.py", "core/device/operations.py", "core/device/pending.py",
     "core/device/reply.py", "core/device/server.py", "core/device/service.py", "core/device/session_keys.py",
     "core/device/spdm.py",
-    "core/device/window.py", "core/device/counters.py", "core/device/control.py", "core/device/dataconn.py",
+    "core/device/window.py", "core/device/provision_window.py", "core/device/counters.py", "core/device/control.py", "core/device/dataconn.py",
     # a fleet member's device: its three operations and the sealed ring of the device group
     "core/fleet/__init__.py", "core/fleet/ddp.py", "core/fleet/device.py",
     "core/collectives/__init__.py", "core/collectives/crypto.py", "core/collectives/gpu_ring.py",
     "core/collectives/hook.py", "core/collectives/keys.py", "core/collectives/parts.py", "core/collectives/ring.py",
+    "core/collectives/secure_call.py",
     # the training program it runs and the checkpoints it seals
     "core/training/__init__.py", "core/training/attention.py", "core/training/checkpoint.py",
     "core/training/families.py",

@@ -29,17 +29,28 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from gputravel.core.protocol.errors import ProtocolError, StaleEpochError
 from gputravel.core.protocol.holderlink import Admission
 from gputravel.core.protocol.keys import admission_key, admission_mac
 
-if TYPE_CHECKING:  # the windows part holds the data plane, which holds these admissions
+if TYPE_CHECKING:
+    from gputravel.core.device.provision_window import ProvisionWindow
     from gputravel.core.device.session_keys import DeviceSecrets
-    from gputravel.core.device.window import BufferWindows
 
-__all__ = ["MAX_CONNECTIONS_PER_WINDOW", "MAX_IDLE_CONNECTIONS", "MAX_RINGS_PER_WINDOW", "AdmissionRefused", "Admissions"]
+class OpenWindow(Protocol):
+    """What admission reads of the device's windows part (:class:`~gputravel.core.device.window.BufferWindows`,
+    which holds the data plane, which holds these admissions: named by what it offers, not imported)."""
+
+    @property
+    def lock(self) -> threading.Lock: ...
+
+    @property
+    def window(self) -> ProvisionWindow | None: ...
+
+
+__all__ = ["MAX_CONNECTIONS_PER_WINDOW", "MAX_IDLE_CONNECTIONS", "MAX_RINGS_PER_WINDOW", "AdmissionRefused", "Admissions", "OpenWindow"]
 
 #: data connections one holder's window may have open at once (an honest agent opens one per hand-off)
 MAX_CONNECTIONS_PER_WINDOW = 2
@@ -79,7 +90,7 @@ class Admissions:
         self._windows: dict[int, _Window] = {}
         self._idle: OrderedDict[socket.socket, None] = OrderedDict()
 
-    def admit(self, windows: BufferWindows, keys: DeviceSecrets, admit: Admission, conn: socket.socket,
+    def admit(self, windows: OpenWindow, keys: DeviceSecrets, admit: Admission, conn: socket.socket,
               on_return: Callable[[], None]) -> None:
         """Admit ``conn`` for ``admit.epoch`` or raise ``AdmissionRefused``. ``windows``: the device's windows
         part (its open window holds the key); ``keys``: its session part. A valid credential for a window closed since (its admission key is
