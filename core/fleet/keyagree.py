@@ -32,7 +32,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
-from gputravel.core.errors import AttestationError, ConfigError
+from gputravel.core.errors import AttestationError, ConfigError, FleetJoinError
 from gputravel.core.evidence.holder_check import HolderVerifier
 from gputravel.core.evidence.policy import EvidencePolicy, load_evidence_policy
 from gputravel.core.protocol.errors import FrameError
@@ -136,6 +136,22 @@ def _get_all(store: Store, kind: str, world: int, timeout_s: float) -> list[byte
                          exc) from None
 
 
+def _hellos(store: Store, world: int, join_timeout_s: float, ranks_per_node: int) -> list[bytes]:
+    """Every worker's hello, within the join deadline: a worker with none by then is named (its rank and node)."""
+    keys = [f"hello/{r}" for r in range(world)]
+    try:
+        store.wait(keys, timedelta(seconds=join_timeout_s))
+        return [bytes(v) for v in store.multi_get(keys)]
+    except RuntimeError as exc:
+        missing = [r for r, k in enumerate(keys) if not _has(store, k)] or list(range(world))
+        where = ", ".join(f"rank {r}" + (f" (node {r // ranks_per_node})" if ranks_per_node > 0 else "")
+                          for r in missing)
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise FleetJoinError(f"fleet join: no word from {where} within {join_timeout_s:g} s of this worker's "
+                             f"hello (--join-timeout): its node died after torchrun's rendezvous or never started "
+                             f"its workers; no fleet key was sent ({why})") from None
+
+
 def _has(store: Store, key: str) -> bool:
     try:
         store.wait([key], timedelta(milliseconds=1))
@@ -162,10 +178,15 @@ def _check(verifier: HolderVerifier, hello: bytes, rank: int, context: str) -> t
 
 
 def agree_fleet_key(store: Store, *, rank: int, world: int, context: str, cvm: FleetCvm, timeout_s: float,
-                    fault: str | None = None) -> KeyAgreement:
+                    fault: str | None = None, join_timeout_s: float | None = None,
+                    ranks_per_node: int = 0) -> KeyAgreement:
     """Agree the fleet key with the other ``world - 1`` workers over ``store`` (a prefix of this attempt's own).
 
+    ``join_timeout_s`` (default ``timeout_s``): how long this worker waits for every worker's hello, its first
+    post; ``ranks_per_node`` (torchrun's ``LOCAL_WORLD_SIZE``; 0: unknown) names the node of a rank missing.
+
     Raises:
+        FleetJoinError: a worker's hello did not come within ``join_timeout_s`` (its rank and node named).
         AttestationError: a worker's CVM quote failed (named), or the store did not deliver in ``timeout_s``.
     """
     if fault is not None and fault not in CVM_FAULTS:
@@ -179,7 +200,8 @@ def agree_fleet_key(store: Store, *, rank: int, world: int, context: str, cvm: F
     verifier = HolderVerifier(cvm.policy, {})
     publics: dict[int, bytes] = {}
     refused: dict[int, str] = {}
-    for r, hello in enumerate(_get_all(store, "hello", world, timeout_s)):
+    hellos = _hellos(store, world, timeout_s if join_timeout_s is None else join_timeout_s, ranks_per_node)
+    for r, hello in enumerate(hellos):
         public, why = _check(verifier, hello, r, context)
         if public is None:
             refused[r] = why or "?"

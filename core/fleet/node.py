@@ -47,10 +47,12 @@ def my_fleet_rank(folder: RunFolder) -> int:
     return held[local]
 
 
-def join_fleet(folder: RunFolder, *, timeout_s: float, inject: str | None) -> FleetJoin:
+def join_fleet(folder: RunFolder, *, timeout_s: float, inject: str | None,
+               join_timeout_s: float | None = None) -> FleetJoin:
     """Agree the fleet key and claim this worker's fleet rank (blocking: call it off the event loop).
 
     Raises:
+        FleetJoinError: a worker's first post did not come within ``join_timeout_s`` (its rank and node named).
         AttestationError: a worker's CVM quote was refused (named) or the store did not deliver.
         FleetAuthError: a claim on the store does not authenticate under the fleet key.
         ConfigError: not under torchrun, or the nodes' rank folders do not make one fleet.
@@ -69,7 +71,9 @@ def join_fleet(folder: RunFolder, *, timeout_s: float, inject: str | None) -> Fl
     fault = inject if inject in ("cvm-debug", "cvm-report-data") else None
     context = f"job={job} restart={restart}"
     agreed = agree_fleet_key(store, rank=rank, world=world, context=context, cvm=FleetCvm.sim(folder.cvm),
-                             timeout_s=timeout_s, fault=fault)
+                             timeout_s=timeout_s, fault=fault,
+                             join_timeout_s=min(timeout_s, join_timeout_s or timeout_s),
+                             ranks_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", "0")))
     held = [gpu for gpu, r in folder.ranks() if r.ledger.exists()]
     claim = {"held": held, "local": int(os.environ.get("LOCAL_RANK", "0")), "node": os.environ.get("GROUP_RANK")}
     store.set(f"claim/{rank}", seal_message(agreed.key, context=f"claim {context}", sender=rank, obj=claim).hex())

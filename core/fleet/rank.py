@@ -62,6 +62,9 @@ class FleetOptions:
     backend: str | None = None
     #: seconds a rank waits for the others (agreements, the ring) before the job fails
     timeout_s: float = 900.0
+    #: seconds a worker waits for every worker's first post (its hello in the fleet key agreement) before it names
+    #: the missing ranks and their nodes (``FleetJoinError``); at most ``timeout_s``
+    join_timeout_s: float = 120.0
     #: fault injection (tests, demos; needs allow_fault_injection): ``flip@R``/``replay@R`` on the ring's hops
     ring_fault: str | None = None
 
@@ -73,8 +76,8 @@ class FleetOptions:
                               f"{', '.join(v.value for v in FLEET_VARIANTS)}")
         if self.backend not in (None, "gloo", "nccl"):
             raise ConfigError("the device group's backend is gloo or nccl")
-        if self.timeout_s <= 0:
-            raise ConfigError("the fleet timeout must be positive")
+        if self.timeout_s <= 0 or self.join_timeout_s <= 0:
+            raise ConfigError("the fleet's timeouts (--join-timeout included) must be positive")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -204,6 +204,7 @@ async def run_rank(settings: RunSettings, fleet: FleetOptions, *, links: Iterabl
     # the fleet key: agreed by the workers' attested CVMs over the store, held in memory only
     try:
         agreed = await asyncio.to_thread(join_fleet, folder, timeout_s=fleet.timeout_s,
+                                         join_timeout_s=fleet.join_timeout_s,
                                          inject=settings.holder_inject)
     except GpuTravelError as exc:  # refused (a worker's quote) or no agreement: this rank's word, then stop
         me = folder.rank(int(os.environ.get("RANK", "0")))
