@@ -98,7 +98,8 @@ class FleetGroup:
     and the sender); one that does not open is refused (``FleetAuthError``, counted in ``refused``). No
     pickle crosses the group."""
 
-    def __init__(self, *, key: bytes, timeout_s: float = 900.0, rank: int | None = None) -> None:
+    def __init__(self, *, key: bytes, timeout_s: float = 900.0, rank: int | None = None,
+                 attempt: int | None = None) -> None:
         import torch.distributed as dist
 
         self._dist = dist
@@ -109,7 +110,8 @@ class FleetGroup:
             if name not in os.environ:
                 raise ConfigError(f"a fleet rank runs under torchrun ({name} is not set)")
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        # the job's attempt as the workers agreed it (core/fleet/node.py: torchrun's own count differs by node)
+        self.restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) if attempt is None else attempt
         self.store_host = os.environ["MASTER_ADDR"]
         self.store_port = int(os.environ["MASTER_PORT"])
         if not dist.is_initialized():

@@ -212,7 +212,7 @@ async def run_rank(settings: RunSettings, fleet: FleetOptions, *, links: Iterabl
         me.report.write_text(json.dumps({"error": {"code": exc.code, "reason": exc.reason},
                                          "gpu": {"rank": int(os.environ.get("RANK", "0"))}}, indent=2) + "\n")
         raise
-    group = FleetGroup(key=agreed.key, timeout_s=fleet.timeout_s, rank=agreed.rank)
+    group = FleetGroup(key=agreed.key, timeout_s=fleet.timeout_s, rank=agreed.rank, attempt=agreed.attempt)
     rank = folder.rank(group.rank)
     rank_dir = rank.path
     resume = settings.resume or (group.restart > 0 and rank.ledger.exists())
