@@ -5,10 +5,10 @@ Every rank worker runs in a CVM. At the start of each attempt (a prefix per run 
 1. each worker makes an X25519 key and asks its CVM for a quote whose report data binds it
    (``keywrap.cvm_report_data(public, context)``, as the orchestrator's CVM does for the holders), and posts
    ``hello/<rank>``: its public key, quote and collateral;
-2. each worker verifies **every** hello, its own included, against its own evidence policy
+2. each worker verifies **every other** worker's hello against its own evidence policy
    (``HolderVerifier.check_cvm``, the holders' CVM check: the quote's signatures to the pinned root, the TD not
    debuggable, the TCB status and MRTD allow-lists, and the report data binding that key and this attempt), and
-   posts ``verdict/<rank>``; a worker whose quote fails is named in every verdict, and every worker stops with
+   posts ``verdict/<rank>``; a worker whose quote fails is named in every other verdict, and every worker stops with
    ``AttestationError`` (exit 3) before any key moves;
 3. rank 0 makes a fresh 32-byte fleet key and posts it wrapped for each verified worker (``keywrap.wrap_key``:
    X25519 between rank 0's attested key and the worker's, HKDF-SHA256, AES-256-GCM); each worker unwraps its
@@ -85,15 +85,13 @@ class FleetCvm:
             raise ConfigError(f"{cvm_dir}: the SIM evidence policy: {exc}") from None
         policy = replace(policy, tdx=replace(policy.tdx, mr_td=(cvm.tdx.mr_td.hex(),)))
 
-        collaterals: list[bytes] = []
+        # the collateral is the platform's (Intel's PCS serves one per FMSPC; a real guest's PCCS has it cached
+        # before any quote): made once when the CVM is loaded, valid 30 days, not signed in the agreement
+        issued = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(minutes=5)
+        collateral = cvm.tdx.collateral(issued=issued).encode()
 
         def quote(report_data: bytes, debug: bool) -> tuple[bytes, bytes]:
-            # the collateral is the platform's (Intel's PCS serves one per FMSPC; a real guest's PCCS caches it):
-            # made once per CVM, valid 30 days, not signed afresh for every quote
-            if not collaterals:
-                issued = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(minutes=5)
-                collaterals.append(cvm.tdx.collateral(issued=issued).encode())
-            return cvm.tdx.quote(report_data, debug=debug), collaterals[0]
+            return cvm.tdx.quote(report_data, debug=debug), collateral
 
         LinkKey()  # loads cryptography's OpenSSL backend here, not in the agreement's first X25519 key
         return cls(quote=quote, policy=policy)
@@ -202,6 +200,9 @@ def agree_fleet_key(store: Store, *, rank: int, world: int, context: str, cvm: F
     refused: dict[int, str] = {}
     hellos = _hellos(store, world, timeout_s if join_timeout_s is None else join_timeout_s, ranks_per_node)
     for r, hello in enumerate(hellos):
+        if r == rank:  # its own quote is the others' to check (each names it if it fails): W - 1 verifications
+            publics[r] = own.public
+            continue
         public, why = _check(verifier, hello, r, context)
         if public is None:
             refused[r] = why or "?"
@@ -237,7 +238,7 @@ def agree_fleet_key(store: Store, *, rank: int, world: int, context: str, cvm: F
         if len(key) != KEY_BYTES:
             raise AttestationError("fleet key agreement: the unwrapped fleet key has the wrong length")
     return KeyAgreement(key=key, info={
-        "workers": world, "verified": sorted(publics), "context": context,
+        "workers": world, "verified": sorted(publics), "verifications": world - 1, "context": context,
         "key_fingerprint": hashlib.sha256(b"gputravel-fleet-key-fp\0" + key).hexdigest()[:16],
         "verify_s": round(verified_s, 6), "seconds": round(time.perf_counter() - started, 6),
         "cpu_s": round(time.process_time() - cpu_started, 6),
