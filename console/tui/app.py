@@ -38,7 +38,7 @@ from gputravel.console.tui.screens.ledger import LedgerScreen
 from gputravel.console.tui.screens.training import TrainingScreen
 from gputravel.console.tui.screens.travel import TravelScreen
 from gputravel.console.tui.widgets.command_line import CommandLine
-from gputravel.core.errors import GpuTravelError
+from gputravel.core.errors import ConfigError, GpuTravelError
 from gputravel.core.phases import Phase
 from gputravel.core.recording import Recording, load_recording
 from gputravel.core.telemetry import Sampler
@@ -354,13 +354,18 @@ def make_app(*, engine_factory: Callable[[], Any] | None = None,
              theme: str = "dark", readonly: bool = False, record: Path | bool = True, telemetry_interval: float = 1.0,
              sampler: Sampler | None = None, bench_runner: BenchRunner | None = None,
              follow: bool = False, breakpoints: tuple[str, ...] = (), gpus: int = 0,
-             attach: Path | None = None, launcher: Launcher | None = None) -> GpuTravelConsole:
+             attach: Path | None = None, launcher: Launcher | None = None,
+             nodes: tuple[Path, ...] = ()) -> GpuTravelConsole:
     """The app factory (tests pass a small engine factory or a recording). ``replay``: a recording, or a fleet
     run folder (``gputravel run --gpus N --out DIR``: its ranks' recordings, merged); ``gpus``: the fleet being
-    started there (followed before its ranks have written anything)."""
+    started there (followed before its ranks have written anything); ``nodes``: a fleet node's folder, the other
+    nodes' folders whose ranks merge with its own (``--node-folder``)."""
     if isinstance(replay, Path):
         fleet = is_fleet_folder(replay) or (gpus > 1 and follow and replay.is_dir())
-        replay = FleetRecording(replay, follow=follow, gpus=gpus) if fleet else load_recording(replay)
+        if nodes and not fleet:
+            raise ConfigError(f"--node-folder: {replay} is not a fleet's folder")
+        replay = (FleetRecording(replay, follow=follow, gpus=gpus, nodes=nodes) if fleet
+                  else load_recording(replay))
     return GpuTravelConsole(engine_factory=engine_factory, replay=replay, theme=theme, readonly=readonly,
                             record=record, telemetry_interval=telemetry_interval, sampler=sampler,
                             bench_runner=bench_runner, follow=follow, breakpoints=breakpoints, attach=attach,

@@ -30,6 +30,7 @@ from gputravel.core.errors import GpuTravelError, RecordingError
 from gputravel.core.phases import Phase
 from gputravel.core.recording import RECORDING_VERSION, Player, RecordedItem, Recording, load_recording
 from gputravel.core.runfolder import RunFolder
+from gputravel.core.runfolder.nodes import fleet_nodes
 from gputravel.core.telemetry import Sampler, TelemetryFrame
 
 if TYPE_CHECKING:
@@ -58,13 +59,15 @@ class FleetRecording:
     """The recordings of one fleet run folder, merged by time.
 
     ``follow``: the fleet is still running; a rank whose file is not there yet, or is being created, is read
-    when it is (else such a folder is refused with :class:`RecordingError`).
+    when it is (else such a folder is refused with :class:`RecordingError`). ``nodes``: a fleet over several
+    nodes, the other nodes' folders (or copies) whose ranks merge with this node's (``--node-folder``).
     """
 
-    def __init__(self, out: Path, *, follow: bool = False, gpus: int = 0) -> None:
+    def __init__(self, out: Path, *, follow: bool = False, gpus: int = 0, nodes: tuple[Path, ...] = ()) -> None:
         self.path = Path(out)
         if not self.path.is_dir():
             raise RecordingError(f"{self.path}: no such fleet run folder")
+        self.nodes = fleet_nodes(self.path, nodes)  # a node folder given that does not fit: ConfigError, named
         self.follow = follow
         self.expected_gpus = gpus  # a fleet being started: its size before any rank has written
         self.last_seq: dict[int, int] = {}
@@ -88,7 +91,12 @@ class FleetRecording:
 
     def rank_files(self) -> dict[int, Path]:
         """``rank -> <out>/rank-R/recording.db`` for the ranks that have one, in rank order."""
-        return dict(RunFolder(self.path).rank_recordings())
+        return dict(fleet_nodes(self.path, self.nodes.given).recordings())
+
+    @property
+    def elsewhere(self) -> tuple[int, ...]:
+        """The fleet's ranks that ran on other nodes whose folders were not given."""
+        return self.nodes.elsewhere
 
     def more(self) -> tuple[FleetItem, ...]:
         """The items every rank appended since the last call, merged by time."""
@@ -161,6 +169,9 @@ class FleetBridge(Bridge):
     @property
     def badges(self) -> tuple[str, ...]:
         fleet = f"FLEET ×{self.fleet.gpus}" + (" SIM" if self.state.sim else "")
+        away = self.fleet.elsewhere
+        if away:  # a node's folder: the other nodes' ranks are theirs (--node-folder merges them)
+            return fleet, f"GPU {','.join(map(str, away))} ON OTHER NODES", self.playback.badge()
         return fleet, self.playback.badge()
 
     def more(self, player: Player) -> tuple[tuple[RecordedItem, ...], str | None]:

@@ -54,6 +54,8 @@ class RunInfo:
     holders: int | None = None  # as the run recorded them (its RunStarted), else its settings
     model: str = "?"  # as the run recorded it (console/view/run_model.py)
     resumed: int = 0  # times it went on with `run --resume` after it had ended
+    #: a fleet: its ranks here, merged from other nodes' folders, and on other nodes (core/runfolder/nodes.py)
+    nodes: dict[str, Any] | None = None
 
     @property
     def recording(self) -> Path:
@@ -70,7 +72,7 @@ class RunInfo:
                                "visits_done": self.visits_done, "visits_failed": self.visits_failed,
                                "holders": self.holders, "model": self.model, "resumed": self.resumed,
                                "data_path": self.settings.get("data_path"),
-                               "fleet": self.fleet,
+                               "fleet": self.fleet, "nodes": self.nodes,
                                "recording": str(self.recording) if self.recording.exists() else None,
                                "recordings": [str(p) for _, p in self.recordings],
                                "ledger": str(self.ledger) if self.ledger.exists() else None}
@@ -93,18 +95,20 @@ def _fleet_report_status(folder: RunFolder) -> tuple[str, str | None] | None:
     return None
 
 
-def read_run(path: Path) -> RunInfo:
+def read_run(path: Path, nodes: tuple[Path, ...] = ()) -> RunInfo:
     """What a run (or fleet) folder says about its run. The status, in this order: ``status.json`` when it
     holds a final status (the run wrote how it ended); the recording's final event; ``running`` (or
     ``paused``) only while the process the run recorded lives; a fleet's merged report; else ``died``
-    (something was written, and nothing says how it ended) or ``not started``."""
+    (something was written, and nothing says how it ended) or ``not started``. ``nodes``: a fleet node's
+    folder, the other nodes' folders whose ranks merge with its own."""
     path = Path(path)
     folder = RunFolder(path)
     if not path.is_dir():
         raise ConfigError(f"{path}: no such run folder")
-    address = RunAddress(str(path), path)
+    address = RunAddress(str(path), path, nodes=tuple(nodes))
     info = RunInfo(name=path.name, path=path, status="not started", fleet=address.fleet,
-                   recordings=address.recordings())
+                   recordings=address.recordings(),
+                   nodes=address.fleet_nodes().to_dict() if address.fleet or nodes else None)
     with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
         info.settings = (json.loads(folder.fleet_config.read_text())["settings"] if info.fleet
                          else json.loads(folder.settings.read_text()))

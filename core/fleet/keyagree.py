@@ -5,10 +5,10 @@ Every rank worker runs in a CVM. At the start of each attempt (a prefix per run 
 1. each worker makes an X25519 key and asks its CVM for a quote whose report data binds it
    (``keywrap.cvm_report_data(public, context)``, as the orchestrator's CVM does for the holders), and posts
    ``hello/<rank>``: its public key, quote and collateral;
-2. each worker verifies **every** hello, its own included, against its own evidence policy
+2. each worker verifies **every other** worker's hello against its own evidence policy
    (``HolderVerifier.check_cvm``, the holders' CVM check: the quote's signatures to the pinned root, the TD not
    debuggable, the TCB status and MRTD allow-lists, and the report data binding that key and this attempt), and
-   posts ``verdict/<rank>``; a worker whose quote fails is named in every verdict, and every worker stops with
+   posts ``verdict/<rank>``; a worker whose quote fails is named in every other verdict, and every worker stops with
    ``AttestationError`` (exit 3) before any key moves;
 3. rank 0 makes a fresh 32-byte fleet key and posts it wrapped for each verified worker (``keywrap.wrap_key``:
    X25519 between rank 0's attested key and the worker's, HKDF-SHA256, AES-256-GCM); each worker unwraps its
@@ -32,7 +32,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
-from gputravel.core.errors import AttestationError, ConfigError
+from gputravel.core.errors import AttestationError, ConfigError, FleetJoinError
 from gputravel.core.evidence.holder_check import HolderVerifier
 from gputravel.core.evidence.policy import EvidencePolicy, load_evidence_policy
 from gputravel.core.protocol.errors import FrameError
@@ -85,15 +85,13 @@ class FleetCvm:
             raise ConfigError(f"{cvm_dir}: the SIM evidence policy: {exc}") from None
         policy = replace(policy, tdx=replace(policy.tdx, mr_td=(cvm.tdx.mr_td.hex(),)))
 
-        collaterals: list[bytes] = []
+        # the collateral is the platform's (Intel's PCS serves one per FMSPC; a real guest's PCCS has it cached
+        # before any quote): made once when the CVM is loaded, valid 30 days, not signed in the agreement
+        issued = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(minutes=5)
+        collateral = cvm.tdx.collateral(issued=issued).encode()
 
         def quote(report_data: bytes, debug: bool) -> tuple[bytes, bytes]:
-            # the collateral is the platform's (Intel's PCS serves one per FMSPC; a real guest's PCCS caches it):
-            # made once per CVM, valid 30 days, not signed afresh for every quote
-            if not collaterals:
-                issued = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(minutes=5)
-                collaterals.append(cvm.tdx.collateral(issued=issued).encode())
-            return cvm.tdx.quote(report_data, debug=debug), collaterals[0]
+            return cvm.tdx.quote(report_data, debug=debug), collateral
 
         LinkKey()  # loads cryptography's OpenSSL backend here, not in the agreement's first X25519 key
         return cls(quote=quote, policy=policy)
@@ -136,6 +134,22 @@ def _get_all(store: Store, kind: str, world: int, timeout_s: float) -> list[byte
                          exc) from None
 
 
+def _hellos(store: Store, world: int, join_timeout_s: float, ranks_per_node: int) -> list[bytes]:
+    """Every worker's hello, within the join deadline: a worker with none by then is named (its rank and node)."""
+    keys = [f"hello/{r}" for r in range(world)]
+    try:
+        store.wait(keys, timedelta(seconds=join_timeout_s))
+        return [bytes(v) for v in store.multi_get(keys)]
+    except RuntimeError as exc:
+        missing = [r for r, k in enumerate(keys) if not _has(store, k)] or list(range(world))
+        where = ", ".join(f"rank {r}" + (f" (node {r // ranks_per_node})" if ranks_per_node > 0 else "")
+                          for r in missing)
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise FleetJoinError(f"fleet join: no word from {where} within {join_timeout_s:g} s of this worker's "
+                             f"hello (--join-timeout): its node died after torchrun's rendezvous or never started "
+                             f"its workers; no fleet key was sent ({why})") from None
+
+
 def _has(store: Store, key: str) -> bool:
     try:
         store.wait([key], timedelta(milliseconds=1))
@@ -162,10 +176,15 @@ def _check(verifier: HolderVerifier, hello: bytes, rank: int, context: str) -> t
 
 
 def agree_fleet_key(store: Store, *, rank: int, world: int, context: str, cvm: FleetCvm, timeout_s: float,
-                    fault: str | None = None) -> KeyAgreement:
+                    fault: str | None = None, join_timeout_s: float | None = None,
+                    ranks_per_node: int = 0) -> KeyAgreement:
     """Agree the fleet key with the other ``world - 1`` workers over ``store`` (a prefix of this attempt's own).
 
+    ``join_timeout_s`` (default ``timeout_s``): how long this worker waits for every worker's hello, its first
+    post; ``ranks_per_node`` (torchrun's ``LOCAL_WORLD_SIZE``; 0: unknown) names the node of a rank missing.
+
     Raises:
+        FleetJoinError: a worker's hello did not come within ``join_timeout_s`` (its rank and node named).
         AttestationError: a worker's CVM quote failed (named), or the store did not deliver in ``timeout_s``.
     """
     if fault is not None and fault not in CVM_FAULTS:
@@ -179,7 +198,11 @@ def agree_fleet_key(store: Store, *, rank: int, world: int, context: str, cvm: F
     verifier = HolderVerifier(cvm.policy, {})
     publics: dict[int, bytes] = {}
     refused: dict[int, str] = {}
-    for r, hello in enumerate(_get_all(store, "hello", world, timeout_s)):
+    hellos = _hellos(store, world, timeout_s if join_timeout_s is None else join_timeout_s, ranks_per_node)
+    for r, hello in enumerate(hellos):
+        if r == rank:  # its own quote is the others' to check (each names it if it fails): W - 1 verifications
+            publics[r] = own.public
+            continue
         public, why = _check(verifier, hello, r, context)
         if public is None:
             refused[r] = why or "?"
@@ -215,7 +238,7 @@ def agree_fleet_key(store: Store, *, rank: int, world: int, context: str, cvm: F
         if len(key) != KEY_BYTES:
             raise AttestationError("fleet key agreement: the unwrapped fleet key has the wrong length")
     return KeyAgreement(key=key, info={
-        "workers": world, "verified": sorted(publics), "context": context,
+        "workers": world, "verified": sorted(publics), "verifications": world - 1, "context": context,
         "key_fingerprint": hashlib.sha256(b"gputravel-fleet-key-fp\0" + key).hexdigest()[:16],
         "verify_s": round(verified_s, 6), "seconds": round(time.perf_counter() - started, 6),
         "cpu_s": round(time.process_time() - cpu_started, 6),

@@ -20,7 +20,7 @@ from gputravel.core.fleet.auth import open_message, seal_message
 from gputravel.core.fleet.keyagree import FleetCvm, agree_fleet_key
 from gputravel.core.runfolder.folder import RunFolder
 
-__all__ = ["FleetJoin", "join_fleet", "my_fleet_rank"]
+__all__ = ["FleetJoin", "job_attempt", "join_fleet", "my_fleet_rank"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +28,21 @@ class FleetJoin:
     key: bytes
     info: dict[str, Any]  # the key agreement's (no key bytes)
     rank: int  # this worker's fleet rank (its rank folder's)
+    #: the job's attempt, the same on every node (0: the first; see :func:`job_attempt`)
+    attempt: int = 0
+
+
+def job_attempt(store: Any, job: str, rank: int) -> int:
+    """This job's attempt, counted on the store by torchrun rank: how many workers of rank ``rank`` started
+    before this one.
+
+    Not ``TORCHELASTIC_RESTART_COUNT``: torchrun counts a restart only on the node whose worker failed; a node
+    whose workers it restarts because another node rejoined (a membership change) keeps its count (torch's
+    elastic agent: "membership changes do not count as retries"), so the two nodes' counts differ. Every attempt starts one worker of every rank, so the counts agree across
+    nodes as long as every worker of an attempt reaches this line (one killed in its first seconds, before it,
+    leaves its rank behind: in the next attempt the other ranks wait for its hello in vain and stop at the join
+    deadline, named)."""
+    return int(store.add(f"gputravel/attempts/{job}/{rank}", 1)) - 1
 
 
 def my_fleet_rank(folder: RunFolder) -> int:
@@ -47,10 +62,12 @@ def my_fleet_rank(folder: RunFolder) -> int:
     return held[local]
 
 
-def join_fleet(folder: RunFolder, *, timeout_s: float, inject: str | None) -> FleetJoin:
+def join_fleet(folder: RunFolder, *, timeout_s: float, inject: str | None,
+               join_timeout_s: float | None = None) -> FleetJoin:
     """Agree the fleet key and claim this worker's fleet rank (blocking: call it off the event loop).
 
     Raises:
+        FleetJoinError: a worker's first post did not come within ``join_timeout_s`` (its rank and node named).
         AttestationError: a worker's CVM quote was refused (named) or the store did not deliver.
         FleetAuthError: a claim on the store does not authenticate under the fleet key.
         ConfigError: not under torchrun, or the nodes' rank folders do not make one fleet.
@@ -60,16 +77,18 @@ def join_fleet(folder: RunFolder, *, timeout_s: float, inject: str | None) -> Fl
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         if name not in os.environ:
             raise ConfigError(f"a fleet rank runs under torchrun ({name} is not set)")
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     job = os.environ.get("TORCHELASTIC_RUN_ID", "job")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),  # type: ignore[attr-defined]
                          is_master=False, timeout=timedelta(seconds=timeout_s))
+    restart = job_attempt(base, job, rank)
     store = dist.PrefixStore(f"gputravel/fleetkey/{job}/{restart}", base)  # type: ignore[attr-defined]
     fault = inject if inject in ("cvm-debug", "cvm-report-data") else None
     context = f"job={job} restart={restart}"
     agreed = agree_fleet_key(store, rank=rank, world=world, context=context, cvm=FleetCvm.sim(folder.cvm),
-                             timeout_s=timeout_s, fault=fault)
+                             timeout_s=timeout_s, fault=fault,
+                             join_timeout_s=min(timeout_s, join_timeout_s or timeout_s),
+                             ranks_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", "0")))
     held = [gpu for gpu, r in folder.ranks() if r.ledger.exists()]
     claim = {"held": held, "local": int(os.environ.get("LOCAL_RANK", "0")), "node": os.environ.get("GROUP_RANK")}
     store.set(f"claim/{rank}", seal_message(agreed.key, context=f"claim {context}", sender=rank, obj=claim).hex())
@@ -79,7 +98,7 @@ def join_fleet(folder: RunFolder, *, timeout_s: float, inject: str | None) -> Fl
         claims.append(open_message(agreed.key, bytes.fromhex(store.get(f"claim/{r}").decode()),
                                    context=f"claim {context}", sender=r))
     if not any(c["held"] for c in claims):
-        return FleetJoin(agreed.key, agreed.info, rank)
+        return FleetJoin(agreed.key, {**agreed.info, "attempt": restart}, rank, restart)
     ranks = []
     for r, c in enumerate(claims):
         held_r, local = [int(g) for g in c["held"]], int(c["local"])
@@ -89,4 +108,4 @@ def join_fleet(folder: RunFolder, *, timeout_s: float, inject: str | None) -> Fl
         ranks.append(held_r[local])
     if sorted(ranks) != list(range(world)):
         raise ConfigError(f"the nodes' rank folders {sorted(ranks)} are not ranks 0..{world - 1} once each")
-    return FleetJoin(agreed.key, {**agreed.info, "fleet_rank_of": ranks}, ranks[rank])
+    return FleetJoin(agreed.key, {**agreed.info, "fleet_rank_of": ranks, "attempt": restart}, ranks[rank], restart)

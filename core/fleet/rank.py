@@ -4,279 +4,39 @@ The worker is an orchestrator-side process (see docs/fleet.md). :class:`FleetEng
 with a lock-step run loop: the visit walk, visit control, recovery, audit and report are the engine's; the
 fleet adds the agreement before TRAIN (every rank's weight), TRAIN as one weighted step of the device
 group's DDP replicas (:mod:`gputravel.core.fleet.ddp`), a checkpoint per step on every rank, and the
-replicas' digest check after every step. :class:`FleetGroup` is the workers' own process group (gloo,
-torchrun's ``env://``), which carries nothing but that control.
+replicas' digest check after every step. Its parts, each in its own module and owning its state: the
+engine's strategies ``FleetTrain``, ``StepCommit`` and ``FleetRecovery`` (``core/fleet/step.py``),
+:class:`FleetGroup`, the workers' own process group (gloo, torchrun's ``env://``; ``core/fleet/group.py``), which
+carries nothing but that control, and :class:`FleetOptions` (``core/fleet/options.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
-from datetime import timedelta
 from functools import partial
 from typing import Any
 
-from gputravel.core import events as ev
-from gputravel.core.collectives.ring import Variant
 from gputravel.core.errors import (
-    CollectiveError,
     ConfigError,
     DataError,
     DeviceError,
-    FleetAuthError,
     FleetDeviceLostError,
     GpuTravelError,
     ProtocolError,
     ReplicaDivergedError,
 )
-from gputravel.core.fleet.ddp import sample_seed
+from gputravel.core.fleet.group import FleetGroup
+from gputravel.core.fleet.options import FLEET_VARIANTS, FleetOptions
 from gputravel.core.fleet.schedule import FleetPlan, FleetStep, plan_fleet
+from gputravel.core.fleet.step import FleetRecovery, FleetTrain, StepCommit
 from gputravel.core.procs import release_free_memory
-from gputravel.core.travel.checkpoints import Checkpointer
-from gputravel.core.travel.device_session import DeviceSession
 from gputravel.core.travel.engine import TravelEngine
-from gputravel.core.travel.recovery import Recovery
 from gputravel.core.travel.report import RunReport
 from gputravel.core.travel.schedule import VisitPlan, plan_digest
-from gputravel.core.travel.training import SliceSettings, TrainStep
-from gputravel.core.travel.training_log import TrainingLog
-from gputravel.core.travel.visits import VisitRecord
 
-__all__ = ["FleetEngine", "FleetOptions", "FleetGroup", "fleet_start"]
-
-#: the all-reduce variants a fleet may run (the DDP hook's)
-FLEET_VARIANTS = (Variant.SECURE_PIPELINED, Variant.SECURE_NAIVE, Variant.RING, Variant.PLAIN)
-
-
-@dataclass(frozen=True, kw_only=True)
-class FleetOptions:
-    """What a fleet adds to a run's settings."""
-
-    gpus: int = 1
-    #: the gradient all-reduce: secure_pipelined (default), secure_naive, ring (plaintext) or plain
-    variant: str = Variant.SECURE_PIPELINED.value
-    #: the device group's backend; None: nccl where the devices are CUDA, else gloo
-    backend: str | None = None
-    #: seconds a rank waits for the others (agreements, the ring) before the job fails
-    timeout_s: float = 900.0
-    #: fault injection (tests, demos; needs allow_fault_injection): ``flip@R``/``replay@R`` on the ring's hops
-    ring_fault: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.gpus < 1:
-            raise ConfigError("--gpus must be >= 1")
-        if self.variant not in {v.value for v in FLEET_VARIANTS}:
-            raise ConfigError(f"fleet all-reduce variant {self.variant!r} is not one of "
-                              f"{', '.join(v.value for v in FLEET_VARIANTS)}")
-        if self.backend not in (None, "gloo", "nccl"):
-            raise ConfigError("the device group's backend is gloo or nccl")
-        if self.timeout_s <= 0:
-            raise ConfigError("the fleet timeout must be positive")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> FleetOptions:
-        unknown = set(data) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ConfigError(f"unknown fleet options: {', '.join(sorted(unknown))}")
-        return cls(**data)
-
-
-class FleetGroup:
-    """The workers' process group (torchrun's env://, gloo): agreements and reports, no data.
-
-    torchrun's store and gloo's pairing take any client, so every message is sealed under the fleet key
-    (:mod:`gputravel.core.fleet.auth`: JSON and an HMAC over the restart, the world, the exchange's index
-    and the sender); one that does not open is refused (``FleetAuthError``, counted in ``refused``). No
-    pickle crosses the group."""
-
-    def __init__(self, *, key: bytes, timeout_s: float = 900.0, rank: int | None = None) -> None:
-        import torch.distributed as dist
-
-        self._dist = dist
-        self._key = key
-        self._calls = 0
-        self.refused = 0  # messages that did not authenticate
-        for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-            if name not in os.environ:
-                raise ConfigError(f"a fleet rank runs under torchrun ({name} is not set)")
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        self.store_host = os.environ["MASTER_ADDR"]
-        self.store_port = int(os.environ["MASTER_PORT"])
-        if not dist.is_initialized():
-            # torchrun's store outlives an elastic restart: a prefix per restart, so no rank of the new attempt
-            # reads an address the old attempt published (measured: connection refused to a dead rank's port)
-            timeout = timedelta(seconds=timeout_s)
-            base = dist.TCPStore(self.store_host, self.store_port, is_master=False,  # type: ignore[attr-defined]
-                                 timeout=timeout)
-            store = dist.PrefixStore(f"gputravel/workers/{self.restart}", base)  # type: ignore[attr-defined]
-            # the fleet rank: torchrun's, or the rank folder this node holds (core/fleet/node.py)
-            dist.init_process_group("gloo", store=store, rank=int(os.environ["RANK"]) if rank is None else rank,
-                                    world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
-        self.rank = dist.get_rank()
-        self.world = dist.get_world_size()
-
-    def gather(self, value: Any) -> list[Any]:
-        """Every rank's ``value`` (JSON), by rank, each authenticated (blocking: call it off the event loop).
-
-        Raises:
-            FleetAuthError: a rank's message does not authenticate (injected, altered, replayed, relabelled).
-            CollectiveError: the group itself failed.
-        """
-        import torch
-
-        from gputravel.core.fleet.auth import MAX_MESSAGE_BYTES, open_message, seal_message
-
-        self._calls += 1
-        context = f"restart={self.restart} world={self.world} exchange={self._calls}"
-        mine = seal_message(self._key, context=context, sender=self.rank, obj=value)
-        try:
-            sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
-            self._dist.all_gather(sizes, torch.tensor([len(mine)], dtype=torch.int64))
-            lengths = [int(t.item()) for t in sizes]
-            bad = [r for r, n in enumerate(lengths) if not 0 < n <= MAX_MESSAGE_BYTES]
-            if bad:
-                self.refused += len(bad)
-                raise FleetAuthError(f"rank(s) {bad} announced a message of {[lengths[r] for r in bad]} bytes: "
-                                     "not a sealed fleet message; refused")
-            width = max(lengths)
-            out = [torch.empty(width, dtype=torch.uint8) for _ in range(self.world)]
-            padded = torch.zeros(width, dtype=torch.uint8)
-            padded[: len(mine)] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
-            self._dist.all_gather(out, padded)
-        except RuntimeError as exc:
-            raise CollectiveError(f"the fleet's worker group failed: {str(exc).splitlines()[0]}") from None
-        values = []
-        for r, (t, n) in enumerate(zip(out, lengths, strict=True)):
-            try:
-                values.append(open_message(self._key, t[:n].numpy().tobytes(), context=context, sender=r))
-            except FleetAuthError:
-                self.refused += 1
-                raise
-        return values
-
-    async def agree(self, value: Any) -> list[Any]:
-        return await asyncio.to_thread(self.gather, value)
-
-    def close(self) -> None:
-        if self._dist.is_initialized():
-            self._dist.destroy_process_group()
-
-
-class FleetTrain:
-    """A fleet rank's ``TrainStep``: every lock-step step's agreement (each rank's weight, or that it lost its
-    device) and one weighted step of the device group's DDP replicas. The rank's walk uses it for the steps
-    it trains with weight 0 (idle, or its visit failed before TRAIN) too."""
-
-    def __init__(self, *, group: FleetGroup, seed: int, device: DeviceSession, log: TrainingLog,
-                 steps: int, **_unused: Any) -> None:
-        self.group = group
-        self.seed = seed
-        self.device = device
-        self.log = log
-        self.steps = steps
-        self.step_index = -1
-        self.trained = False  # this step's all-reduce is done (its update is the fleet's)
-        self.agreed: list[dict[str, Any]] | None = None
-        self.allreduce_calls = 0
-        self.allreduce_s = 0.0
-        self.train_s = 0.0
-        self.tokens = 0
-
-    def begin(self, index: int) -> None:
-        """Step ``index`` begins: nothing agreed or trained yet."""
-        self.step_index, self.trained, self.agreed = index, False, None
-
-    async def agree(self, *, weight: float, lost: bool = False) -> list[dict[str, Any]]:
-        agreed: list[dict[str, Any]] = await self.group.agree({"weight": weight, "lost": lost})
-        self.agreed = agreed
-        return agreed
-
-    @staticmethod
-    def lost(agreed: list[dict[str, Any]]) -> list[int]:
-        return [r for r, a in enumerate(agreed) if a["lost"]]
-
-    async def train(self, rec: VisitRecord, *, fmt: str, cut: SliceSettings) -> dict[str, Any]:
-        """TRAIN in a fleet: agree on the weights, then one weighted step of every replica (in one piece)."""
-        plan = rec.plan
-        agreed = await self.agree(weight=1.0)
-        gone = self.lost(agreed)
-        if gone:
-            raise FleetDeviceLostError(f"GPU(s) {gone} lost: the fleet stops after this step")
-        res = await self.weighted_step(weight=1.0, agreed=agreed, train=(0, plan.train_len),
-                                       val=(plan.train_len, plan.val_len), fmt=fmt)
-        detail = self.log.trained(rec, losses=[float(x) for x in res["losses"]], val_loss=res["val_loss"],
-                                  seconds=res["seconds"], tokens_per_s=res["tokens_per_s"])
-        return {**detail, "fleet_step": self.step_index, "weights": [a["weight"] for a in agreed],
-                "allreduce_calls": res["allreduce_calls"]}
-
-    async def weighted_step(self, *, weight: float, agreed: list[dict[str, Any]], train: tuple[int, int],
-                            val: tuple[int, int], fmt: str) -> dict[str, Any]:
-        head, _ = await asyncio.to_thread(
-            self.device.client.call, "fleet_train", train_off=train[0], train_len=train[1], val_off=val[0],
-            val_len=val[1], fmt=fmt, weight=weight, total_weight=sum(a["weight"] for a in agreed),
-            steps=self.steps, seed=sample_seed(self.seed, self.group.rank, self.step_index))
-        self.trained = True
-        self.device.expected_model = head["model_digest"]
-        self.allreduce_calls += int(head["allreduce_calls"])
-        self.allreduce_s += float(head["allreduce_s"])
-        self.train_s += float(head["seconds"])
-        self.tokens += int(head["tokens"])
-        return dict(head)
-
-
-class StepCommit:
-    """A fleet rank's ROTATE (its ``VisitCommit``): the checkpoint is named by the fleet step and written at
-    once (every rank saves the same one)."""
-
-    def __init__(self, ckpts: Checkpointer, trainer: TrainStep) -> None:
-        assert isinstance(trainer, FleetTrain)
-        self.ckpts = ckpts
-        self.step = trainer
-
-    async def rotated(self, rec: VisitRecord) -> dict[str, Any]:
-        index = self.step.step_index
-        await self.ckpts.checkpoint(index + 1, note=f"fleet step {index}")
-        release_free_memory()
-        rec.outcome = "done"
-        return {"checkpoint_seq": index + 1}
-
-
-class FleetRecovery(Recovery):
-    """The engine's recovery, with two fleet rules: a dead device is lost for good (it cannot rejoin a formed
-    device group), and a failure after the step's all-reduce never rolls the replica back on its own."""
-
-    def __init__(self, *, rank: int, step: FleetTrain, **parts: Any) -> None:
-        super().__init__(**parts)
-        self.rank = rank
-        self.step = step
-
-    async def recover_device(self, rec: VisitRecord, exc: GpuTravelError) -> None:
-        phase = str(self.walk.phase) if self.walk.phase else "?"
-        rec.outcome, rec.error, rec.failed_phase = "failed", f"device died: {exc.reason}", phase
-        self.audit.record(ev.VisitFailed(time.time(), rec.plan.index, rec.plan.holder, rec.epoch, phase, rec.error,
-                                         "fleet-device-lost"),
-                          "device-lost", phase=phase, holder=rec.plan.holder, epoch=rec.epoch,
-                          outcome="fleet-device-lost", detail={"visit": rec.plan.index, "error": rec.error,
-                                                               "last_checkpoint": self.ckpts.last_good})
-        raise FleetDeviceLostError(f"GPU {self.rank} ({self.audit.tags.get('device')}) died in {phase}: {exc.reason}")
-
-    async def fail_visit(self, rec: VisitRecord, exc: GpuTravelError, window_open: bool) -> None:
-        if not self.step.trained:
-            await super().fail_visit(rec, exc, window_open)
-            return
-        losses, rec.losses = rec.losses, []  # the update is the fleet's: keep this replica as it is
-        try:
-            await super().fail_visit(rec, exc, window_open)
-        finally:
-            rec.losses = losses
-
+# FleetOptions and FleetGroup are imported from here too (core/fleet/options.py, group.py)
+__all__ = ["FLEET_VARIANTS", "FleetEngine", "FleetGroup", "FleetOptions", "fleet_start"]
 
 class FleetEngine(TravelEngine):
     """One rank's travel engine: its device, its holders' links, its share of the lock-step schedule."""

@@ -204,6 +204,7 @@ async def run_rank(settings: RunSettings, fleet: FleetOptions, *, links: Iterabl
     # the fleet key: agreed by the workers' attested CVMs over the store, held in memory only
     try:
         agreed = await asyncio.to_thread(join_fleet, folder, timeout_s=fleet.timeout_s,
+                                         join_timeout_s=fleet.join_timeout_s,
                                          inject=settings.holder_inject)
     except GpuTravelError as exc:  # refused (a worker's quote) or no agreement: this rank's word, then stop
         me = folder.rank(int(os.environ.get("RANK", "0")))
@@ -211,7 +212,7 @@ async def run_rank(settings: RunSettings, fleet: FleetOptions, *, links: Iterabl
         me.report.write_text(json.dumps({"error": {"code": exc.code, "reason": exc.reason},
                                          "gpu": {"rank": int(os.environ.get("RANK", "0"))}}, indent=2) + "\n")
         raise
-    group = FleetGroup(key=agreed.key, timeout_s=fleet.timeout_s, rank=agreed.rank)
+    group = FleetGroup(key=agreed.key, timeout_s=fleet.timeout_s, rank=agreed.rank, attempt=agreed.attempt)
     rank = folder.rank(group.rank)
     rank_dir = rank.path
     resume = settings.resume or (group.restart > 0 and rank.ledger.exists())

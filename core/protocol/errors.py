@@ -262,6 +262,13 @@ class CollectiveError(GpuTravelError):
     exit_code = 10
 
 
+class FleetJoinError(CollectiveError):
+    """A fleet's worker (named by rank and node) never made its first post within the join deadline: its node died
+    after torchrun's rendezvous, or never started its workers."""
+
+    code = "fleet-join"
+
+
 class WorkerError(CollectiveError):
     """One or more ranks of a collective job failed; ``errors`` maps rank -> (exception type name, message)."""
 
@@ -289,7 +296,7 @@ ERRORS_BY_CODE: dict[str, type[GpuTravelError]] = {
         GpuTravelError, ProtocolError, FrameError, WireFormatError, TagError, ReplayError, StaleEpochError,
         WindowError, NonceExhaustedError, FleetAuthError, AttestationError, IntegrityError, AgentError, LinkLostError,
         DeviceError, FleetDeviceLostError, GpuCipherError, DataError, WeightsError, ConfigError, InsecureKeyError, RecordingError, LedgerError,
-        StorageError, DiskFullError, ReplicaDivergedError, TransitionError, CancelledRunError, CollectiveAbortedError, CollectiveError, WorkerError,
+        StorageError, DiskFullError, ReplicaDivergedError, TransitionError, CancelledRunError, CollectiveAbortedError, CollectiveError, FleetJoinError, WorkerError,
     )
 }
 
@@ -304,7 +311,7 @@ def error_from_code(code: str, reason: str) -> GpuTravelError:
 
 __all__ = [
     "ERRORS_BY_CODE", "WIRE_ALIASES", "AgentError", "AttestationError", "CancelledRunError", "CollectiveAbortedError",
-    "CollectiveError", "ConfigError", "DataError", "DeviceError", "DiskFullError", "FleetAuthError", "FleetDeviceLostError", "FrameError", "GpuCipherError", "GpuTravelError",
+    "CollectiveError", "ConfigError", "DataError", "DeviceError", "DiskFullError", "FleetAuthError", "FleetDeviceLostError", "FleetJoinError", "FrameError", "GpuCipherError", "GpuTravelError",
     "HolderAttestationError", "HolderLinkError", "InsecureKeyError", "IntegrityError", "LedgerError", "LinkLostError", "NonceExhaustedError", "ProtocolError",
     "RecordingError", "ReplayError", "ReplicaDivergedError", "StaleEpochError", "StorageError", "TagError", "TransitionError", "WeightsError", "WindowError", "WireFormatError", "WorkerError",
     "error_from_code",

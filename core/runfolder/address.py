@@ -14,6 +14,7 @@ from pathlib import Path
 
 from gputravel.core.errors import ConfigError, RecordingError
 from gputravel.core.runfolder.folder import RUNS_DIR, RunFolder
+from gputravel.core.runfolder.nodes import FleetNodes, fleet_nodes
 
 __all__ = ["RUN_ADDRESS_HELP", "RunAddress", "find_run", "is_run_folder", "replay_target", "resolve_run"]
 
@@ -33,6 +34,8 @@ class RunAddress:
     given: str
     folder: Path | None
     file: Path | None = None  # the recording or ledger file the address named directly
+    #: a fleet node's folder: the other nodes' folders (or copies) whose ranks merge with its own (``--node-folder``)
+    nodes: tuple[Path, ...] = ()
 
     @property
     def run(self) -> RunFolder | None:
@@ -55,8 +58,18 @@ class RunAddress:
             return []
         run = RunFolder(self.folder)
         if run.is_fleet:
-            return [(gpu, p) for gpu, p in run.rank_recordings()]
+            return list(self.fleet_nodes().recordings())
         return [(None, run.recording)] if run.recording.exists() else []
+
+    def fleet_nodes(self) -> FleetNodes:
+        """A fleet folder's ranks: its own and the given nodes' (``nodes``), and which are on other nodes.
+
+        Raises:
+            ConfigError: not a fleet's folder, or a node folder given that does not fit it (named).
+        """
+        if self.folder is None or not RunFolder(self.folder).is_fleet:
+            raise ConfigError(f"{self.given}: not a fleet's folder (--node-folder merges a fleet's nodes)")
+        return fleet_nodes(self.folder, self.nodes)
 
     @property
     def ledger(self) -> Path:

@@ -40,7 +40,13 @@ from helpers import fleet_settings
 from gputravel.console.entries import GPU_RANK
 from gputravel.core.attestation import DeviceIdentity, VendorCA
 from gputravel.core.collectives.keys import RingKeys, establish_ring_keys
-from gputravel.core.errors import AttestationError, FleetAuthError, GpuTravelError, WorkerError
+from gputravel.core.errors import (
+    AttestationError,
+    FleetAuthError,
+    FleetJoinError,
+    GpuTravelError,
+    WorkerError,
+)
 from gputravel.core.fleet.auth import open_message, seal_message
 from gputravel.core.fleet.keyagree import FleetCvm, KeyAgreement, agree_fleet_key
 from gputravel.core.fleet.pki import local_sim_pki
@@ -286,15 +292,22 @@ def test_a_replayed_quote_with_the_attackers_key_is_refused_by_name(store: Any, 
     assert not store.check(["new/key/1"])
 
 
-def test_a_worker_that_never_posts_its_hello_is_named_when_the_agreement_times_out(store: Any,
-                                                                                   cvm: FleetCvm) -> None:
-    """Rank 1 died before its first post: rank 0 waits the agreement's timeout (1 s here), then names the hello
-    that never came, with no key sent."""
-    with pytest.raises(AttestationError) as caught:
-        agree_fleet_key(dist.PrefixStore("lone", client(store)), rank=0, world=2, context="job=lone restart=0",
-                        cvm=cvm, timeout_s=1)
-    assert "no 'hello/1' on the store within 1 s" in caught.value.reason
-    assert not store.check(["lone/key/1"])
+def test_a_worker_that_never_posts_its_hello_is_named_with_its_node_at_the_join_deadline(store: Any,
+                                                                                        cvm: FleetCvm) -> None:
+    """Rank 3 (node 1 of two nodes of two ranks) died before its first post: rank 0 waits the join deadline
+    (1 s here), not the agreement's timeout, then names the rank and node that never came, with no key sent."""
+    prefix = dist.PrefixStore("lone", client(store))
+    for r in (1, 2):  # the other live workers' hellos are there
+        prefix.set(f"hello/{r}", "{}")
+    t0 = time.monotonic()
+    with pytest.raises(FleetJoinError) as caught:
+        agree_fleet_key(prefix, rank=0, world=4, context="job=lone restart=0", cvm=cvm, timeout_s=600,
+                        join_timeout_s=1, ranks_per_node=2)
+    assert time.monotonic() - t0 < 60  # the join deadline, far from the agreement's 600 s
+    assert "no word from rank 3 (node 1) within 1 s" in caught.value.reason
+    assert "rank 1" not in caught.value.reason and caught.value.exit_code == 10
+    assert caught.value.code == "fleet-join"
+    assert not store.check(["lone/key/1"]) and not store.check(["lone/verdict/0"])
 
 
 def test_a_fleet_key_forged_on_the_store_does_not_open(store: Any, cvm: FleetCvm) -> None:

@@ -151,6 +151,9 @@ def register(app: typer.Typer, *, make_app: Callable[..., Any], watch_fleet: Cal
                                                    "process drives (gputravel run): follow it and steer it through "
                                                    "its control channel; q leaves it going.",
                                                    rich_help_panel=VIEW_PANEL)] = None,
+        node_folders: Annotated[list[Path] | None, typer.Option(
+            "--node-folder", metavar="DIR", help="With --replay of a fleet over several nodes: another node's fleet "
+            "folder (or a copy), whose GPUs merge with this node's (repeatable).", rich_help_panel=VIEW_PANEL)] = None,
         follow: Annotated[bool, typer.Option("--follow", help="With --replay: follow a recording still being "
                                                               "written (watch a run live).",
                                              rich_help_panel=VIEW_PANEL)] = False,
@@ -199,7 +202,8 @@ def register(app: typer.Typer, *, make_app: Callable[..., Any], watch_fleet: Cal
         if replay is not None:  # any run address: a recording, a run or fleet folder, a name, latest
             from gputravel.core.runfolder import replay_target
 
-            app = make_app(replay=replay_target(replay), theme=theme.value, readonly=readonly, follow=follow)
+            more = {"nodes": tuple(node_folders)} if node_folders else {}  # a fleet's other nodes' folders
+            app = make_app(replay=replay_target(replay), theme=theme.value, readonly=readonly, follow=follow, **more)
         elif not in_process:  # each run its own headless `gputravel run`, attached: it outlives the console
             from gputravel.console.cli.launch import Launcher
 

@@ -1,12 +1,16 @@
 """``gputravel replay RUN``: a recorded run, headless (the console plays it with ``--replay``).
 
 ``RUN`` is any run address (``core/runfolder/address.py``): a recording file, a run folder, a fleet folder (every
-rank's recording, merged in time order), a run name or ``latest``.
+rank's recording, merged in time order), a run name or ``latest``. A fleet over nodes that share no folder: a
+node's folder holds its own ranks, the output says which ranks ran on other nodes, and ``--node-folder DIR``
+(repeatable: another node's folder or a copy of it) merges theirs.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -22,6 +26,9 @@ def register(app: typer.Typer) -> None:
         run: Annotated[str, typer.Argument(help=RUN_ADDRESS_HELP, metavar="RUN", show_default=False)],
         as_json: Annotated[bool, typer.Option("--json", help="Print meta, events, telemetry and a summary.")] = False,
         events_only: Annotated[bool, typer.Option("--events", help="Only the events (with --json).")] = False,
+        node_folders: Annotated[list[Path] | None, typer.Option(
+            "--node-folder", metavar="DIR", help="A fleet over several nodes: another node's fleet folder (or a "
+            "copy), whose ranks merge with this node's (repeatable).")] = None,
     ) -> None:
         """Print a recorded run: every event and telemetry frame, and the state it ends in."""
         from gputravel.console.view.model import RunState
@@ -33,6 +40,8 @@ def register(app: typer.Typer) -> None:
             address = resolve_run(run)
         except ConfigError as exc:  # what replay cannot read is a recording error, as a missing file always was
             raise RecordingError(f"{run}: no such recording or run ({exc.reason})") from None
+        address = replace(address, nodes=tuple(node_folders or ()))
+        nodes = address.fleet_nodes() if address.fleet or address.nodes else None
         sources = address.recordings()
         if not sources:
             raise RecordingError(f"{run}: no recording (the run was started with --no-record)")
@@ -51,7 +60,8 @@ def register(app: typer.Typer) -> None:
                 out = {"path": str(address.folder), "fleet": True,
                        "meta": {str(gpu): rec.meta for gpu, rec in recordings},
                        "events": [{**i.body, "gpu": gpu} for *_, gpu, i in merged if i.kind == "event"],
-                       "telemetry": [{**i.body, "gpu": gpu} for *_, gpu, i in merged if i.kind == "telemetry"]}
+                       "telemetry": [{**i.body, "gpu": gpu} for *_, gpu, i in merged if i.kind == "telemetry"],
+                       "nodes": nodes.to_dict() if nodes is not None else None}
             if events_only:
                 out = {"events": out["events"]}
             else:
@@ -63,6 +73,9 @@ def register(app: typer.Typer) -> None:
         where = address.file or address.folder
         console.print(f"[bold]{escape(str(where))}[/]: {len(merged) - frames} events, {frames} telemetry "
                       f"frames; run {state.run_id or '?'} [bold]{state.status}[/]")
+        if nodes is not None and (nodes.note() or nodes.given):
+            console.print(nodes.note() or f"ranks {sorted(nodes.ranks)} merged from {len(nodes.given) + 1} nodes' "
+                          "folders", highlight=False)
         for line in state.oplog:
             style = {"warn": "yellow", "error": "red"}.get(line.level, "")
             console.print(f"[{style}]{escape(line.stamped())}[/]" if style else escape(line.stamped()))

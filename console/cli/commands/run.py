@@ -190,6 +190,9 @@ def register(app: typer.Typer) -> None:
                                            help="torchrun: the job's rendezvous id."),
         max_restarts: int = typer.Option(0, "--max-restarts", min=0, rich_help_panel=FLEET_PANEL,
                                          help="torchrun: elastic restarts of the fleet's ranks (they resume)."),
+        join_timeout: float = typer.Option(120.0, "--join-timeout", min=0.001, rich_help_panel=FLEET_PANEL,
+                                           help="Seconds every fleet worker waits for all workers' first post "
+                                           "before it names the missing rank and node (exit 10)."),
         sim_pki: Path | None = typer.Option(None, "--sim-pki", rich_help_panel=FLEET_PANEL, dir_okay=False,
                                             help="SIM: the emulated vendors' PKI file every node installs "
                                             "(gputravel fleet pki export); needed with --nnodes > 1."),
@@ -220,7 +223,7 @@ def register(app: typer.Typer) -> None:
                 with running_marker(folder.out, owner="gputravel run --gpus"):
                     run_fleet(settings, gpus=gpus, variant=fleet_variant, nnodes=nnodes,
                               rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, max_restarts=max_restarts,
-                              sim_pki=sim_pki, as_json=as_json)
+                              sim_pki=sim_pki, as_json=as_json, join_timeout=join_timeout)
             finally:
                 folder.tighten()
             return

@@ -33,13 +33,14 @@ def render_fleet(console: Console, report: dict[str, Any]) -> None:
 
 
 def run_fleet(settings: RunSettings, *, gpus: int, variant: str, nnodes: int, rdzv_endpoint: str | None,
-              rdzv_id: str | None, max_restarts: int, as_json: bool, sim_pki: Path | None = None) -> None:
+              rdzv_id: str | None, max_restarts: int, as_json: bool, sim_pki: Path | None = None,
+              join_timeout: float = 120.0) -> None:
     from gputravel.console.cli.run_report import EXIT_PARTIAL, render_report
     from gputravel.console.entries import launch_gpus
     from gputravel.core.fleet.rank import FleetOptions
     from gputravel.core.fleet.run import Rendezvous
 
-    fleet = FleetOptions(gpus=gpus, variant=variant)
+    fleet = FleetOptions(gpus=gpus, variant=variant, join_timeout_s=join_timeout)
     rdzv = Rendezvous(nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, max_restarts=max_restarts,
                       sim_pki=sim_pki)
     console = Console(stderr=True) if as_json else Console()

@@ -85,10 +85,16 @@ def ls_cmd(runs_dir: RunsDir = RUNS_DIR, as_json: AsJson = False) -> None:
     console.print(table)
 
 
+NodeFolders = Annotated[list[Path] | None, typer.Option(
+    "--node-folder", metavar="DIR", help="A fleet over several nodes: another node's fleet folder (or a copy), "
+    "whose ranks merge with this node's (repeatable).")]
+
+
 @runs_app.command("show")
-def show_cmd(run: RunArg, runs_dir: RunsDir = RUNS_DIR, as_json: AsJson = False) -> None:
-    """One run: status, settings, visits and how it ended."""
-    info = read_run(find_run(run, runs_dir))
+def show_cmd(run: RunArg, runs_dir: RunsDir = RUNS_DIR, as_json: AsJson = False,
+             node_folders: NodeFolders = None) -> None:
+    """One run: status, settings, visits and how it ended (a fleet node's: its ranks, and where the others are)."""
+    info = read_run(find_run(run, runs_dir), tuple(node_folders or ()))
     if as_json:
         _json(info.to_dict(detail=True))
         return
@@ -99,6 +105,10 @@ def show_cmd(run: RunArg, runs_dir: RunsDir = RUNS_DIR, as_json: AsJson = False)
         console.print(f"pid {info.pid} ({escape(info.owner or '?')}) since {_when(info.started_at)}")
     if info.error:
         console.print(f"[red]error[/]: {escape(info.error)}", highlight=False)
+    if info.nodes and (info.nodes["note"] or info.nodes["merged"]):
+        console.print(escape(info.nodes["note"] or f"ranks {info.nodes['merged']} merged from "
+                                                   f"{len(info.nodes['node_folders'])} other node folder(s)"),
+                      highlight=False)
     s = info.settings
     if s:
         rounds = s.get("rounds")

@@ -321,3 +321,49 @@ def test_console_replay_option_opens_a_fleet_folder(fleet: tuple[Path, dict]) ->
     app = make_app(replay=out)
     assert isinstance(app.bridge, FleetBridge) and app.bridge.fleet.gpus == 2
     assert json.loads((out / "fleet.json").read_text())["fleet"]["gpus"] == app.bridge.state.fleet_size
+
+
+def test_a_nodes_folder_shows_its_own_ranks_names_the_others_and_merges_given_node_folders(
+        fleet: tuple[Path, dict], tmp_path: Path) -> None:
+    """Issue 36: a fleet over two nodes sharing no folder. Each node's folder holds its own rank (made here from
+    the module's fleet: node A keeps rank 0 and the fleet ledger, node B rank 1). ``replay``, ``runs show`` and
+    the console's replay of either say the other rank ran on another node, and merge it with --node-folder."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from gputravel.console.cli.main import app as cli
+
+    out, _ = fleet
+    node_a, node_b = tmp_path / "node-a", tmp_path / "node-b"
+    shutil.copytree(out, node_a)
+    shutil.copytree(out, node_b)
+    shutil.rmtree(node_a / "rank-1")
+    shutil.rmtree(node_b / "rank-0")
+    (node_b / "ledger.db").unlink()
+    whole = json.loads(CliRunner().invoke(cli, ["replay", str(out), "--json"]).output)
+    alone = CliRunner().invoke(cli, ["replay", str(node_a), "--json"])
+    assert alone.exit_code == 0, alone.output
+    mine = json.loads(alone.output)
+    assert mine["nodes"]["here"] == [0] and mine["nodes"]["elsewhere"] == [1]
+    assert {e["gpu"] for e in mine["events"]} == {0}
+    text = CliRunner().invoke(cli, ["replay", str(node_b)]).output
+    assert "rank(s) 0 of 2 ran on other nodes" in " ".join(text.split())
+    both = json.loads(CliRunner().invoke(cli, ["replay", str(node_a), "--node-folder", str(node_b), "--json"]).output)
+    assert both["nodes"]["merged"] == [1] and both["nodes"]["elsewhere"] == []
+    assert both["events"] == whole["events"] and both["summary"] == whole["summary"]
+    shown = json.loads(CliRunner().invoke(cli, ["runs", "show", str(node_b), "--json"]).output)
+    assert shown["nodes"]["elsewhere"] == [0] and "other nodes" in shown["nodes"]["note"]
+    merged = json.loads(CliRunner().invoke(cli, ["runs", "show", str(node_b), "--node-folder", str(node_a),
+                                                 "--json"]).output)
+    assert merged["nodes"]["elsewhere"] == [] and merged["summary"] == whole["summary"]
+    for bad, why in ((out / "rank-0", "not a fleet node's folder"), (out, "rank 0 is in")):  # not a node; a rank twice
+        refused = CliRunner().invoke(cli, ["replay", str(node_a), "--node-folder", str(bad)])
+        assert refused.exit_code == 2 and why in " ".join(refused.output.split()), refused.output
+    # the console's replay: node A alone names GPU 1 as elsewhere; with node B's folder it plays both GPUs
+    lone = make_app(replay=node_a)
+    assert isinstance(lone.bridge, FleetBridge) and "GPU 1 ON OTHER NODES" in lone.bridge.badges
+    full = make_app(replay=node_a, nodes=(node_b,))
+    assert isinstance(full.bridge, FleetBridge) and full.bridge.fleet.elsewhere == ()
+    assert set(full.bridge.fleet.rank_files()) == {0, 1}
+    assert len(full.bridge.fleet.items) == len(FleetRecording(out).items)

@@ -41,7 +41,7 @@ def _port() -> int:
 
 
 def _two_nodes(data: Path, root: Path, *, inject: dict[int, str] | None = None, fault: str | None = None,
-               resume: bool = False) -> list[dict[str, Any] | Exception]:
+               resume: bool = False, max_restarts: int = 0) -> list[dict[str, Any] | Exception]:
     """Two nodes of one job (1 GPU each, two rounds over two holders): each node's report, or its error."""
     pki = root / "sim-pki.json"
     if not pki.exists():
@@ -56,7 +56,7 @@ def _two_nodes(data: Path, root: Path, *, inject: dict[int, str] | None = None, 
                                   resume=resume)
         try:
             results[i] = launch_gpus(settings, FleetOptions(gpus=2, timeout_s=120), quiet=True, rdzv=Rendezvous(
-                nnodes=2, rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id=rdzv_id, sim_pki=pki))
+                nnodes=2, rdzv_endpoint=f"127.0.0.1:{port}", rdzv_id=rdzv_id, sim_pki=pki, max_restarts=max_restarts))
         except GpuTravelError as exc:
             results[i] = exc
 
@@ -170,3 +170,29 @@ def test_a_node_killed_mid_step_stops_the_other_by_name_and_both_resume_to_the_r
     for report in reports:
         assert report["fleet"]["replica_digests_equal"] is True
         assert report["fleet"]["final_model_digest"] in want
+
+
+@pytest.mark.slow
+def test_max_restarts_across_nodes_restarts_the_killed_worker_and_reaches_the_reference_digest(
+        data: Path, nodes: tuple[Path, list[dict[str, Any] | Exception]], tmp_path: Path) -> None:
+    """The worker training step 1 is SIGKILLed at TRAIN with --max-restarts 1 on both nodes: its node's torchrun
+    restarts it, the other node's torchrun restarts its own worker on the membership change (counting no
+    restart there), both agree attempt 1 on the store, resume the last completed step and end in one job with
+    the uninterrupted fleet's digest. (A one-node fleet's elastic restart is the same path; this test replaced
+    its own.)"""
+    _, reference = nodes
+    results = _two_nodes(data, tmp_path, fault="kill-orchestrator@TRAIN:2", max_restarts=1)
+    reports = [r for r in results if isinstance(r, dict)]
+    assert len(reports) == 2, results
+    want = {r["fleet"]["final_model_digest"] for r in reference if isinstance(r, dict)}
+    for report in reports:
+        assert report["fleet"]["replica_digests_equal"] is True
+        assert report["fleet"]["final_model_digest"] in want
+        assert report["fleet"]["key_agreement"]["attempt"] == 1
+    merged = next(r for r in reports if r["node"]["fleet_ledger"])
+    assert merged["ledger"]["verified"] is True and merged["failed_visits"] == 0
+    # step 0 (visits 0, 1) was committed by the first attempt; the restarted one did step 1 (visits 2, 3)
+    assert sorted(v["visit"] for v in merged["visits"] if v["outcome"] == "done") == [2, 3]
+    for i in (0, 1):  # every rank's second life continued its first one's ledger
+        (_, rank), = RunFolder(tmp_path / f"node-{i}").ranks()
+        assert any(r.kind == "resumed" for r in read_rows(rank.ledger))

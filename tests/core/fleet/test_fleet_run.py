@@ -168,15 +168,3 @@ def test_a_tampered_ring_hop_fails_the_step_on_every_rank_and_replicas_stay_equa
     assert report["fleet"]["replica_digests_equal"] is True  # every replica was put back, together
     assert len({s["digest"] for s in report["fleet"]["step_log"]}) == 1  # and never moved
     assert report["ledger"]["verified"] is True
-
-
-@pytest.mark.slow
-def test_torchrun_elastic_restart_brings_a_killed_rank_back_and_the_fleet_resumes(data: Path,
-                                                                                  tmp_path: Path) -> None:
-    report = launch_gpus(fleet_settings(data, tmp_path / "e", fault="kill-orchestrator@TRAIN:1"),
-                          FleetOptions(gpus=2, timeout_s=120), rdzv=Rendezvous(max_restarts=1), quiet=True)
-    assert report["fleet"]["replica_digests_equal"] is True
-    assert sorted(v["visit"] for v in report["visits"] if v["outcome"] == "done") == [0, 1, 2]
-    assert report["ledger"]["verified"] is True
-    rows = list(read_rows(tmp_path / "e" / "rank-1" / "ledger.db"))
-    assert any(r.kind == "resumed" for r in rows)  # rank 1's second life continued its first one's ledger
