@@ -306,15 +306,24 @@ class TravelEngine:
                             infos=self.infos, rejected=self.windows.rejected, checkpoints=ckpts, seconds=seconds)
 
     async def _shutdown_links(self) -> None:
+        """Let every holder go, one after another. Cancelled while doing it (a console that leaves cancels its
+        run's worker as the first holder says goodbye), the holders not yet let go are still closed before the
+        cancellation goes on: their agents must not outlive the run (issue 35: nothing left behind)."""
         head = self.audit.head()
         rows = self.audit.visit_rows()
+        left = list(self.links.items())
         for name, link in self.links.items():
             link.farewell_head = head  # every visit's rows, for the witnesses
             link.farewell_rows = rows.get(name, {})  # its visits' rows, for its receipts
-            try:
-                await link.close()
-            except Exception:  # noqa: BLE001 - closing must not hide the run's own error
-                pass
+        try:
+            while left:
+                await close_quietly(left[0][1])
+                left.pop(0)
+        except asyncio.CancelledError:
+            rest = asyncio.gather(*(close_quietly(link) for _, link in left))
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(rest)
+            raise
 
     async def aclose(self) -> None:
         """Shut the device service down (it scrubs nothing more: the run is over), stop its process and
@@ -473,3 +482,11 @@ async def planned_start(engine: TravelEngine) -> None:
         engine.audit.row("planned", detail={"visits": len(engine.plans), "plan_digest": digest},
                          state={"plan_digest": digest, "visits_done": [], "epoch": 0, "checkpoint_seq": 0,
                                 "checkpoint_digest": engine.ckpts.digests[0], "steps": 0, "run_id": engine.run_id})
+
+
+async def close_quietly(link: HolderLink) -> None:
+    """``link.close()``; an error closing one holder must not hide the run's own error (nor stop the others')."""
+    try:
+        await link.close()
+    except Exception:  # noqa: BLE001 - closing must not hide the run's own error
+        pass

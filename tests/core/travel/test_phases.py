@@ -13,6 +13,7 @@ contract, not copied from ``TRANSITIONS``:
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 
 import pytest
@@ -116,3 +117,46 @@ def test_no_path_reaches_train_without_provision_verify_or_skips_scrub() -> None
     after_failure = reachable(Phase.FAILED, avoiding=Phase.DONE)
     assert after_failure.isdisjoint({Phase.HANDOFF, Phase.PROVISION, Phase.RETURN, Phase.VERIFY, Phase.TRAIN})
     assert Phase.DONE in reachable(Phase.FAILED, avoiding=Phase.ATTEST)
+
+
+class FakeClosingLink:
+    """A holder link isolated to its ``close``: the first close of a ``slow`` one hangs until cancelled."""
+
+    def __init__(self, name: str, *, slow: bool = False) -> None:
+        self.name, self.slow, self.closes, self.closed = name, slow, 0, False
+        self.farewell_head: object = None
+        self.farewell_rows: object = None
+        self.closing = asyncio.Event()
+
+    async def close(self) -> None:
+        self.closes += 1
+        self.closing.set()
+        if self.slow and self.closes == 1:
+            await asyncio.Event().wait()
+        self.closed = True
+
+
+class FakeAudit:
+    def head(self) -> str:
+        return "head"
+
+    def visit_rows(self) -> dict[str, dict[int, str]]:
+        return {"alice": {1: "h1"}}
+
+
+async def test_a_run_cancelled_while_its_holders_say_goodbye_still_closes_every_holder() -> None:
+    """The console leaving cancels its run's worker; if that lands while the first holder's link closes, the
+    other holders' agents were left running (they outlived the test: no_leaked_processes)."""
+    import types
+
+    from gputravel.core.travel.engine import TravelEngine
+
+    alice, bob = FakeClosingLink("alice", slow=True), FakeClosingLink("bob")
+    engine = types.SimpleNamespace(audit=FakeAudit(), links={"alice": alice, "bob": bob})
+    task = asyncio.ensure_future(TravelEngine._shutdown_links(engine))
+    await asyncio.wait_for(alice.closing.wait(), 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert bob.closed and alice.closed and alice.closes == 2
+    assert alice.farewell_rows == {1: "h1"} and bob.farewell_rows == {} and bob.farewell_head == "head"
