@@ -122,26 +122,40 @@ def _get(store: Store, key: str, timeout_s: float) -> bytes:
         raise _unreached(repr(key), timeout_s, exc) from None
 
 
-def _get_all(store: Store, kind: str, world: int, timeout_s: float) -> list[bytes]:
-    """Every rank's ``kind/<r>``: one wait for all of them, then one round trip (``multi_get``), not 2W."""
+class _Missing(Exception):
+    """``_read_all`` timed out: the ranks whose key never came, and the store's own error."""
+
+    def __init__(self, ranks: list[int], cause: RuntimeError) -> None:
+        super().__init__(ranks)
+        self.ranks, self.cause = ranks, cause
+
+
+def _read_all(store: Store, kind: str, world: int, timeout_s: float) -> list[bytes]:
+    """Every rank's ``kind/<r>``: one wait for all of them, then one round trip (``multi_get``), not 2W; a
+    timeout is ``_Missing`` naming the ranks whose key never came."""
     keys = [f"{kind}/{r}" for r in range(world)]
     try:
         store.wait(keys, timedelta(seconds=timeout_s))
         return [bytes(v) for v in store.multi_get(keys)]
     except RuntimeError as exc:
-        missing = [k for k in keys if not _has(store, k)]
-        raise _unreached(", ".join(repr(k) for k in missing) or f"{kind!r} of every rank", timeout_s,
-                         exc) from None
+        raise _Missing([r for r, k in enumerate(keys) if not _has(store, k)], exc) from None
+
+
+def _get_all(store: Store, kind: str, world: int, timeout_s: float) -> list[bytes]:
+    """Every rank's ``kind/<r>``, or the ranks that never posted named (``_unreached``)."""
+    try:
+        return _read_all(store, kind, world, timeout_s)
+    except _Missing as gone:
+        raise _unreached(", ".join(repr(f"{kind}/{r}") for r in gone.ranks) or f"{kind!r} of every rank",
+                         timeout_s, gone.cause) from None
 
 
 def _hellos(store: Store, world: int, join_timeout_s: float, ranks_per_node: int) -> list[bytes]:
     """Every worker's hello, within the join deadline: a worker with none by then is named (its rank and node)."""
-    keys = [f"hello/{r}" for r in range(world)]
     try:
-        store.wait(keys, timedelta(seconds=join_timeout_s))
-        return [bytes(v) for v in store.multi_get(keys)]
-    except RuntimeError as exc:
-        missing = [r for r, k in enumerate(keys) if not _has(store, k)] or list(range(world))
+        return _read_all(store, "hello", world, join_timeout_s)
+    except _Missing as gone:
+        missing, exc = gone.ranks or list(range(world)), gone.cause
         where = ", ".join(f"rank {r}" + (f" (node {r // ranks_per_node})" if ranks_per_node > 0 else "")
                           for r in missing)
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

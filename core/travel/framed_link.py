@@ -239,6 +239,16 @@ class FramedHolderLink(HolderLink):
         self._unlogged = verdict  # its ledger row is written once the HANDOFF is on its way (``_log_verdict``)
         return self.attestor.seal_key(handoff, self.holder_pub)
 
+    async def _send_handoff(self, outgoing: Handoff, stats: ProvisionStats) -> None:
+        """HANDOFF (its key sealed for the attested agent) on its way; the verdict it was given on is logged
+        then, whether sending it worked or not (``_log_verdict``)."""
+        try:
+            self._send(FrameType.HANDOFF, outgoing.to_wire())
+            await self._drain()
+            stats.marks_ns["handoff_sent"] = time.perf_counter_ns()
+        finally:
+            self._log_verdict()
+
     def _log_verdict(self) -> None:
         """The ok verdict the HANDOFF just sent was given on: its ledger row and report field, written in a worker
         thread while the agent takes its key and sends its data (a row is a synchronous SQLite commit, a disk
@@ -307,13 +317,7 @@ class FramedHolderLink(HolderLink):
                 DataReady.from_wire(ready.header)
             except FrameError as exc:
                 raise DeviceError(f"the device's DATA_READY is malformed: {exc}") from None
-            outgoing = await self._attested(replace(handoff, data_endpoint=None), stats)
-            try:
-                self._send(FrameType.HANDOFF, outgoing.to_wire())
-                await self._drain()
-                stats.marks_ns["handoff_sent"] = time.perf_counter_ns()
-            finally:
-                self._log_verdict()
+            await self._send_handoff(await self._attested(replace(handoff, data_endpoint=None), stats), stats)
             down = asyncio.create_task(self._device_to_agent(dev_r, stats, on_progress, on_reject))
             # its failure surfaces through _agent_to_device; when the agent side fails first, mark it seen
             down.add_done_callback(lambda t: t.cancelled() or t.exception())
@@ -340,13 +344,7 @@ class FramedHolderLink(HolderLink):
         only the hand-off, progress, rejections and DONE travel on this link."""
         stats = ProvisionStats()
         t0 = time.perf_counter()
-        outgoing = await self._attested(handoff, stats)
-        try:
-            self._send(FrameType.HANDOFF, outgoing.to_wire())
-            await self._drain()
-            stats.marks_ns["handoff_sent"] = time.perf_counter_ns()
-        finally:
-            self._log_verdict()
+        await self._send_handoff(await self._attested(handoff, stats), stats)
         while True:
             frame = await self._read()
             if frame.type is FrameType.ACK:
