@@ -18,6 +18,11 @@ from gputravel.core.collectives.ring import CollectiveAbortedError, RingFault, S
 from gputravel.core.protocol import TagError
 
 SIZES = (1, 7, 300, 1001)
+#: gloo's wait for a peer: one rank's hop runs the simulator's kernels in Python threads while its neighbour
+#: already waits on the send, and on a loaded 2-core CI machine that wait passed the usual 30 s (stop 39's
+#: CI run: "Timed out waiting 30000ms for send operation", the test takes 13 s quiet). A real hang still ends
+#: at run_workers' own timeout.
+SIM_PG_TIMEOUT_S = 240.0
 
 
 def _keys(ctx: WorkerContext, vendor_dir: str) -> object:
@@ -73,12 +78,12 @@ def tamper_worker(ctx: WorkerContext, vendor_dir: str) -> list[str]:
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_secure_gpu_is_bit_identical_to_the_cpu_secure_ring(world: int, tmp_path: Path) -> None:
-    assert run_workers(equality_worker, world, str(tmp_path), timeout=300) == [[]] * world
+    assert run_workers(equality_worker, world, str(tmp_path), timeout=300, pg_timeout=SIM_PG_TIMEOUT_S) == [[]] * world
 
 
 def test_a_tampered_hop_is_rejected_by_the_gpu_and_every_rank_aborts(tmp_path: Path) -> None:
     world = 3
-    results = run_workers(tamper_worker, world, str(tmp_path), timeout=300)
+    results = run_workers(tamper_worker, world, str(tmp_path), timeout=300, pg_timeout=SIM_PG_TIMEOUT_S)
     for i, receiver in enumerate((1, 0)):  # the right neighbour of the tampering rank
         for rank in range(world):
             want = "TagError zeroed" if rank == receiver else "CollectiveAbortedError zeroed"
