@@ -29,6 +29,7 @@ from .nvidia_spdm import CERTS_DIR, device_root, load_pem_chain
 from .policy import EvidencePolicy, PolicyError, load_evidence_policy
 from .spdm_claims import check_fresh_report, compare_measurements, verify_report
 from .tdx import TdxVerdict, verify_tdx_quote
+from .tdx_family import TdxQuoteFamilies, collateral_expiry
 
 # the policy's names re-exported: what a holder's own configuration (``agents.holder.config``) reads through here
 __all__ = ["CACHE_SIZE", "NVIDIA_DEVICE_ROOT", "EvidencePolicy", "HolderVerifier", "MEASRES", "PolicyError",
@@ -40,28 +41,6 @@ REPORT_DATA_CLAIM = "report-data-binding"
 NVIDIA_DEVICE_ROOT = CERTS_DIR / "nvidia_device_identity_ca.crt"
 #: verdicts kept per kind (quotes with collateral, GPU chains); the oldest goes first (issue 30)
 CACHE_SIZE = 16
-
-
-def _when(text: object) -> float:
-    return dt.datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
-
-
-def collateral_expiry(collateral: bytes) -> float:
-    """The first moment (Unix seconds) at which any part of a TDX collateral stops being valid: the TCB info's
-    and QE identity's ``nextUpdate``, the CRLs' next updates, the issuer chains' certificates. A cached verdict
-    on it must not outlive that (issue 30); a collateral whose dates cannot be read expires now."""
-    try:
-        doc = json.loads(collateral)
-        ends = [_when(json.loads(doc[k])["nextUpdate"]) for k in ("tcb_info", "qe_identity")]
-        for k in ("pck_crl", "root_ca_crl"):
-            crl = x509.load_der_x509_crl(bytes.fromhex(doc[k]))
-            if crl.next_update_utc is not None:
-                ends.append(crl.next_update_utc.timestamp())
-        for k in ("pck_crl_issuer_chain", "tcb_info_issuer_chain", "qe_identity_issuer_chain"):
-            ends += [c.not_valid_after_utc.timestamp() for c in x509.load_pem_x509_certificates(doc[k].encode())]
-        return min(ends)
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return time.time()
 
 
 def _remember(cache: OrderedDict[bytes, tuple[float, Any]], tag: bytes, until: float, value: Any) -> None:
@@ -120,10 +99,13 @@ class HolderVerifier:
         self._tdx, self._leaf = OrderedDict(), OrderedDict()
 
     def check_cvm(self, quote: bytes, collateral: bytes, expected_report_data: bytes, *,
-                  now: int | None = None, remember: bool = True) -> dict[str, Any]:
+                  now: int | None = None, remember: bool = True,
+                  families: TdxQuoteFamilies | None = None) -> dict[str, Any]:
         """``{"ok", "tcb_status", "mr_td", "failed"}``: the quote and collateral (once; cached until the
         collateral's first expiry, unless ``remember`` is off: a quote seen once, as the fleet key agreement's,
-        need not pay for reading the collateral's dates), then its report data.
+        need not pay for reading the collateral's dates), then its report data. With ``families`` (one
+        agreement's, :class:`.tdx_family.TdxQuoteFamilies`), a quote of a family already checked in full there
+        has its own signature checked and that family's verdict (the fleet-key agreement's quotes).
 
         An SEV-SNP CVM's evidence (its collateral says ``"kind": "snp"`` or ``"azure-snp"``) is checked by
         :func:`.cvm_snp.check_snp_cvm` under the policy's ``[amd-snp]``, with the same result keys.
@@ -135,8 +117,11 @@ class HolderVerifier:
         at = time.time() if now is None else now
         verdict: TdxVerdict | None = _recall(self._tdx, tag, at)
         if verdict is None:
-            verdict = verify_tdx_quote(quote, collateral, now=now, policy=self.policy.tdx,
-                                       root_ca_der=self._pinned_tdx_root())
+            def full() -> TdxVerdict:
+                return verify_tdx_quote(quote, collateral, now=now, policy=self.policy.tdx,
+                                        root_ca_der=self._pinned_tdx_root())
+
+            verdict = full() if families is None else families.verify(quote, collateral, at, full)
             if verdict.ok and remember:  # a refusal is not kept: the next ATTEST is checked afresh
                 _remember(self._tdx, tag, collateral_expiry(collateral), verdict)
         mr_td = verdict.mr_td.lower() or None

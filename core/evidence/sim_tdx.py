@@ -42,8 +42,8 @@ CERT_TYPE_QE_REPORT = 6
 CERT_TYPE_PCK_CHAIN = 5
 
 
-def _raw_sig(key: ec.EllipticCurvePrivateKey, data: bytes) -> bytes:
-    r, s = decode_dss_signature(key.sign(data, ec.ECDSA(hashes.SHA256())))
+def _raw_sig(key: ec.EllipticCurvePrivateKey, data: bytes, *, deterministic: bool = False) -> bytes:
+    r, s = decode_dss_signature(key.sign(data, ec.ECDSA(hashes.SHA256(), deterministic_signing=deterministic)))
     return r.to_bytes(32, "big") + s.to_bytes(32, "big")
 
 
@@ -151,6 +151,15 @@ class SimTdx:
             body[BODY_RTMR0 + 48 * i:BODY_RTMR0 + 48 * (i + 1)] = value
         body[BODY_TD_ATTRIBUTES] = (body[BODY_TD_ATTRIBUTES] & 0xFE) | int(debug)
         signature = _raw_sig(self.attestation_key, header + bytes(body))
+        att_pub, qe_cert = self._qe_certification()
+        signed = signature + att_pub + struct.pack("<HI", CERT_TYPE_QE_REPORT, len(qe_cert)) + qe_cert
+        return header + bytes(body) + struct.pack("<I", len(signed)) + signed
+
+    def _qe_certification(self) -> tuple[bytes, bytes]:
+        """(attestation key, QE certification data): the QE report binding that key, its PCK signature, the QE
+        authentication data and the PCK chain. As a real platform's QE certifies its attestation key once and
+        puts the same data in every quote, these are the same bytes in every quote of this platform (its QE
+        report signed deterministically, RFC 6979), in any process that loads its folder."""
         att_pub = self.attestation_key.public_key().public_bytes(Encoding.X962, PublicFormat.UncompressedPoint)[1:]
         # the template's QE report and QE authentication data, re-bound to this attestation key
         sig_data = self.template_quote[HEADER_LEN + BODY_LEN + 4:]
@@ -161,13 +170,13 @@ class SimTdx:
         qe_report[QE_REPORT_DATA:QE_REPORT_DATA + 64] = hashlib.sha256(att_pub + qe_auth).digest() + bytes(32)
         chain = _pems(self.pki.pck, self.pki.pck_ca, self.pki.root).encode()
         inner = struct.pack("<HI", CERT_TYPE_PCK_CHAIN, len(chain)) + chain
-        qe_cert = (bytes(qe_report) + _raw_sig(self.pki.pck_key, bytes(qe_report)) + struct.pack("<H", auth_len)
-                   + qe_auth + inner)
-        signed = signature + att_pub + struct.pack("<HI", CERT_TYPE_QE_REPORT, len(qe_cert)) + qe_cert
-        return header + bytes(body) + struct.pack("<I", len(signed)) + signed
+        qe_sig = _raw_sig(self.pki.pck_key, bytes(qe_report), deterministic=True)
+        return att_pub, bytes(qe_report) + qe_sig + struct.pack("<H", auth_len) + qe_auth + inner
 
     def collateral(self, *, issued: dt.datetime, valid_days: int = 30) -> str:
-        """SIM collateral (dcap-qvl's QuoteCollateralV3 JSON) issued at ``issued``, valid ``valid_days``."""
+        """SIM collateral (dcap-qvl's QuoteCollateralV3 JSON) issued at ``issued``, valid ``valid_days``: signed
+        deterministically (RFC 6979), so one platform's collateral of one ``issued`` is the same bytes in every
+        process, as Intel's PCS serves the same collateral to every guest of a platform."""
         until = issued + dt.timedelta(days=valid_days)
         stamp = {"issueDate": issued.strftime("%Y-%m-%dT%H:%M:%SZ"), "nextUpdate": until.strftime("%Y-%m-%dT%H:%M:%SZ")}
         signed: dict[str, str] = {}
@@ -176,7 +185,7 @@ class SimTdx:
             doc.update(stamp)
             text = json.dumps(doc, separators=(",", ":"))
             signed[key] = text
-            signed[f"{key}_signature"] = _raw_sig(self.pki.tcb_key, text.encode()).hex()
+            signed[f"{key}_signature"] = _raw_sig(self.pki.tcb_key, text.encode(), deterministic=True).hex()
         tcb_chain = _pems(self.pki.tcb_signer, self.pki.root)
         return json.dumps({
             "pck_crl_issuer_chain": _pems(self.pki.pck_ca, self.pki.root),
@@ -198,5 +207,5 @@ class SimTdx:
         crl = (x509.CertificateRevocationListBuilder().issuer_name(issuer.subject).last_update(issued)
                .next_update(until).add_extension(x509.CRLNumber(1), critical=False)
                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_pub), critical=False)
-               .sign(key, hashes.SHA256()))
+               .sign(key, hashes.SHA256(), ecdsa_deterministic=True))
         return crl.public_bytes(Encoding.DER)

@@ -8,7 +8,8 @@ Every rank worker runs in a CVM. At the start of each attempt (a prefix per run 
 2. each worker verifies **every other** worker's hello against its own evidence policy
    (``HolderVerifier.check_cvm``, the holders' CVM check: the quote's signatures to the pinned root, the TD not
    debuggable, the TCB status and MRTD allow-lists, and the report data binding that key and this attempt), and
-   posts ``verdict/<rank>``; a worker whose quote fails is named in every other verdict, and every worker stops with
+   posts ``verdict/<rank>`` (a platform's QE data and collateral are checked by dcap-qvl in full once per
+   agreement, its other quotes for their own signature and report data: ``evidence/tdx_family.py``); a worker whose quote fails is named in every other verdict, and every worker stops with
    ``AttestationError`` (exit 3) before any key moves;
 3. rank 0 makes a fresh 32-byte fleet key and posts it wrapped for each verified worker (``keywrap.wrap_key``:
    X25519 between rank 0's attested key and the worker's, HKDF-SHA256, AES-256-GCM); each worker unwraps its
@@ -35,6 +36,7 @@ from typing import Any, Protocol
 from gputravel.core.errors import AttestationError, ConfigError, FleetJoinError
 from gputravel.core.evidence.holder_check import HolderVerifier
 from gputravel.core.evidence.policy import EvidencePolicy, load_evidence_policy
+from gputravel.core.evidence.tdx_family import TdxQuoteFamilies
 from gputravel.core.protocol.errors import FrameError
 from gputravel.core.protocol.keywrap import LinkKey, cvm_report_data, unwrap_key, wrap_key
 
@@ -86,8 +88,9 @@ class FleetCvm:
         policy = replace(policy, tdx=replace(policy.tdx, mr_td=(cvm.tdx.mr_td.hex(),)))
 
         # the collateral is the platform's (Intel's PCS serves one per FMSPC; a real guest's PCCS has it cached
-        # before any quote): made once when the CVM is loaded, valid 30 days, not signed in the agreement
-        issued = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(minutes=5)
+        # before any quote): made once when the CVM is loaded, valid 30 days, not signed in the agreement; issued
+        # at the hour's start, so that the workers of one node (one platform folder) carry the same bytes
+        issued = dt.datetime.now(dt.UTC).replace(minute=0, second=0, microsecond=0) - dt.timedelta(hours=1)
         collateral = cvm.tdx.collateral(issued=issued).encode()
 
         def quote(report_data: bytes, debug: bool) -> tuple[bytes, bytes]:
@@ -172,7 +175,8 @@ def _has(store: Store, key: str) -> bool:
         return False
 
 
-def _check(verifier: HolderVerifier, hello: bytes, rank: int, context: str) -> tuple[bytes | None, str | None]:
+def _check(verifier: HolderVerifier, families: TdxQuoteFamilies, hello: bytes, rank: int,
+           context: str) -> tuple[bytes | None, str | None]:
     """(its public key, None) when rank ``rank``'s hello verifies, else (None, why)."""
     try:
         doc = json.loads(hello)
@@ -182,7 +186,8 @@ def _check(verifier: HolderVerifier, hello: bytes, rank: int, context: str) -> t
         return None, "not a hello (garbled on the store)"
     if int(doc.get("rank", -1)) != rank or len(public) != 32:
         return None, "not its hello (another rank's or no X25519 key)"
-    verdict = verifier.check_cvm(quote, collateral, _report_data(public, context, rank), remember=False)
+    verdict = verifier.check_cvm(quote, collateral, _report_data(public, context, rank), remember=False,
+                                 families=families)
     if not verdict["ok"]:
         tcb = f" (TCB {verdict['tcb_status']})" if verdict["tcb_status"] else ""
         return None, f"{verdict['failed']}{tcb}"
@@ -209,7 +214,9 @@ def agree_fleet_key(store: Store, *, rank: int, world: int, context: str, cvm: F
     quote, collateral = cvm.quote(_report_data(bound, context, rank), fault == "cvm-debug")
     store.set(f"hello/{rank}", json.dumps({"rank": rank, "public": own.public.hex(), "quote": quote.hex(),
                                            "collateral": collateral.decode()}))
+    hello_at = time.monotonic()
     verifier = HolderVerifier(cvm.policy, {})
+    families = TdxQuoteFamilies()  # this agreement's: a platform's QE data and collateral checked in full once
     publics: dict[int, bytes] = {}
     refused: dict[int, str] = {}
     hellos = _hellos(store, world, timeout_s if join_timeout_s is None else join_timeout_s, ranks_per_node)
@@ -217,7 +224,7 @@ def agree_fleet_key(store: Store, *, rank: int, world: int, context: str, cvm: F
         if r == rank:  # its own quote is the others' to check (each names it if it fails): W - 1 verifications
             publics[r] = own.public
             continue
-        public, why = _check(verifier, hello, r, context)
+        public, why = _check(verifier, families, hello, r, context)
         if public is None:
             refused[r] = why or "?"
         else:
@@ -255,5 +262,9 @@ def agree_fleet_key(store: Store, *, rank: int, world: int, context: str, cvm: F
         "workers": world, "verified": sorted(publics), "verifications": world - 1, "context": context,
         "key_fingerprint": hashlib.sha256(b"gputravel-fleet-key-fp\0" + key).hexdigest()[:16],
         "verify_s": round(verified_s, 6), "seconds": round(time.perf_counter() - started, 6),
+        # quotes dcap-qvl checked in full, and quotes of a family already checked (their own signature checked)
+        "verify_full": families.full, "verify_reused": families.reused,
+        # CLOCK_MONOTONIC, one clock for every process of a host: the bench times the fleet from the first hello
+        "hello_at": hello_at, "key_at": time.monotonic(),
         "cpu_s": round(time.process_time() - cpu_started, 6),
         "mr_td": list(cvm.policy.tdx.mr_td)})

@@ -42,6 +42,7 @@ from gputravel.core.attestation import DeviceIdentity, VendorCA
 from gputravel.core.collectives.keys import RingKeys, establish_ring_keys
 from gputravel.core.errors import (
     AttestationError,
+    ConfigError,
     FleetAuthError,
     FleetJoinError,
     GpuTravelError,
@@ -49,6 +50,7 @@ from gputravel.core.errors import (
 )
 from gputravel.core.fleet.auth import open_message, seal_message
 from gputravel.core.fleet.keyagree import FleetCvm, KeyAgreement, agree_fleet_key
+from gputravel.core.fleet.keybench import summarise_agreement
 from gputravel.core.fleet.pki import local_sim_pki
 from gputravel.core.protocol.keywrap import LinkKey, wrap_key
 from gputravel.core.runfolder.folder import RunFolder
@@ -257,12 +259,23 @@ def cvm(tmp_path_factory: pytest.TempPathFactory) -> FleetCvm:
 
 
 def test_the_fleet_key_is_agreed_by_attested_workers_and_never_written(store: Any, cvm: FleetCvm) -> None:
-    results = _agree([dist.PrefixStore("a", client(store)) for _ in range(2)], cvm, "job=a restart=0")
+    results = _agree([dist.PrefixStore("a", client(store)) for _ in range(3)], cvm, "job=a restart=0")
     assert all(isinstance(r, KeyAgreement) for r in results), results
-    a, b = results
-    assert isinstance(a, KeyAgreement) and isinstance(b, KeyAgreement)
-    assert a.key == b.key and len(a.key) == 32 and a.info["verified"] == [0, 1]
+    a, b, c = results
+    assert isinstance(a, KeyAgreement) and isinstance(b, KeyAgreement) and isinstance(c, KeyAgreement)
+    assert a.key == b.key == c.key and len(a.key) == 32 and a.info["verified"] == [0, 1, 2]
     assert a.key.hex() not in json.dumps(a.info)
+    # one platform (one node's CVM folder): each worker checks its first peer's quote with dcap-qvl in full, the
+    # second's (same QE data, same collateral) for its own signature and report data (core/evidence/tdx_family.py)
+    assert all((r.info["verify_full"], r.info["verify_reused"]) == (1, 1) for r in (a, b, c))
+    # what `bench fleet-key` makes of the workers' rows: the fleet from the first hello to the last key
+    rows = [{"rank": r, **got.info} for r, got in enumerate((a, b, c))]
+    summary = summarise_agreement(rows, go_at=min(x.info["hello_at"] for x in (a, b, c)))
+    span = max(x.info["key_at"] for x in (a, b, c)) - min(x.info["hello_at"] for x in (a, b, c))
+    assert summary["fleet_ms"] == round(span * 1e3, 2) == max(summary["worker_ms"]) > 0
+    assert (summary["verify_full"], summary["verify_reused"]) == (3, 3)
+    with pytest.raises(ConfigError, match="did not agree one fleet key"):
+        summarise_agreement([*rows[:2], {**rows[2], "key_fingerprint": "0" * 16}], go_at=0.0)
 
 
 def test_a_replayed_quote_with_the_attackers_key_is_refused_by_name(store: Any, cvm: FleetCvm) -> None:
