@@ -104,6 +104,8 @@ class _Family:
 class TdxQuoteFamilies:
     """One checker's families (one agreement's): ``verify`` gives the verdict ``verify_tdx_quote`` would give."""
 
+    #: off: every quote checked in full (a benchmark's baseline), counted the same way
+    reuse: bool = True
     _known: dict[bytes, _Family] = field(default_factory=dict)
     #: quotes checked by dcap-qvl in full, and quotes of a known family (their signature alone checked afresh)
     full: int = 0
@@ -112,7 +114,7 @@ class TdxQuoteFamilies:
     def verify(self, quote: bytes, collateral: bytes, at: float, full: Callable[[], TdxVerdict]) -> TdxVerdict:
         """``full()`` (dcap-qvl and the policy) for a quote of no known family; for one of a family whose first
         quote passed, its own signature and then that verdict with its own report data."""
-        if quote_extent_problem(quote):  # not exactly one v4 quote: dcap-qvl's refusal, named as ever
+        if not self.reuse or quote_extent_problem(quote):  # not exactly one v4 quote: dcap-qvl's refusal, named as ever
             self.full += 1
             return full()
         tag = family_tag(quote, collateral)

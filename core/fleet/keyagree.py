@@ -196,7 +196,7 @@ def _check(verifier: HolderVerifier, families: TdxQuoteFamilies, hello: bytes, r
 
 def agree_fleet_key(store: Store, *, rank: int, world: int, context: str, cvm: FleetCvm, timeout_s: float,
                     fault: str | None = None, join_timeout_s: float | None = None,
-                    ranks_per_node: int = 0) -> KeyAgreement:
+                    ranks_per_node: int = 0, by_family: bool = True) -> KeyAgreement:
     """Agree the fleet key with the other ``world - 1`` workers over ``store`` (a prefix of this attempt's own).
 
     ``join_timeout_s`` (default ``timeout_s``): how long this worker waits for every worker's hello, its first
@@ -216,7 +216,7 @@ def agree_fleet_key(store: Store, *, rank: int, world: int, context: str, cvm: F
                                            "collateral": collateral.decode()}))
     hello_at = time.monotonic()
     verifier = HolderVerifier(cvm.policy, {})
-    families = TdxQuoteFamilies()  # this agreement's: a platform's QE data and collateral checked in full once
+    families = TdxQuoteFamilies(reuse=by_family)  # this agreement's: a platform's QE data and collateral checked once
     publics: dict[int, bytes] = {}
     refused: dict[int, str] = {}
     hellos = _hellos(store, world, timeout_s if join_timeout_s is None else join_timeout_s, ranks_per_node)

@@ -16,6 +16,9 @@ def register(bench_app: typer.Typer) -> None:
     def fleet_key_cmd(
         workers: int = typer.Option(8, "--workers", min=2, help="Rank workers agreeing the key."),
         repeats: int = typer.Option(3, "--repeats", min=1, help="Timed agreements (after one warm-up)."),
+        every_quote_in_full: bool = typer.Option(
+            False, "--every-quote-in-full",
+            help="Check every quote with dcap-qvl in full, not a platform's once per agreement (the baseline)."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """The fleet-key agreement of W rank workers on a local c10d store: ms from the first hello to every key.
@@ -24,7 +27,7 @@ def register(bench_app: typer.Typer) -> None:
         by every other worker, and rank 0 wraps the key for each."""
         from gputravel.core.fleet.keybench import bench_key_agreement
 
-        result = bench_key_agreement(workers=workers, repeats=repeats)
+        result = bench_key_agreement(workers=workers, repeats=repeats, by_family=not every_quote_in_full)
         if as_json:
             sys.stdout.write(json.dumps(result, indent=2) + "\n")
             return

@@ -42,6 +42,9 @@ def test_a_platforms_quotes_share_one_full_check_and_get_dcap_qvls_verdict(sim_t
     quotes = [sim_tdx.quote(os.urandom(64)) for _ in range(4)]
     verdicts = [_check(families, sim_tdx, q, collateral) for q in quotes]
     assert (families.full, families.reused) == (1, 3)
+    baseline = TdxQuoteFamilies(reuse=False)  # `bench fleet-key --every-quote-in-full`: dcap-qvl for each
+    assert [_check(baseline, sim_tdx, q, collateral) for q in quotes] == verdicts
+    assert (baseline.full, baseline.reused) == (4, 0)
     for quote, verdict in zip(quotes, verdicts, strict=True):
         assert verdict == _full(sim_tdx, quote, collateral)  # what dcap-qvl says of this very quote
         assert verdict.ok and verdict.report_data == quote[REPORT_DATA_AT:REPORT_DATA_AT + 64].hex()
