@@ -1,5 +1,5 @@
 """The SSH holder link: a holder reached over SSH (asyncssh), its agent deployed and verified by
-``agents/deploy.py``, then started on its channel and spoken to in frames (``FramedHolderLink``).
+``agents/deploy.py``, then started on its channel and spoken to in frames (the ``FramedSession`` it holds).
 
 SSH stays at this edge: ``(OSError, asyncssh.Error)`` become ``AgentError(host, reason)`` here. The link
 watches its agent between visits (a lost agent or session goes offline and is reconnected, redeployed and
@@ -14,21 +14,21 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from shlex import quote
-from typing import Any
 
 import asyncssh
 
 from gputravel.agents.deploy import DeployReport, connect, deploy, run_remote
 from gputravel.agents.inventory import HolderSpec
 from gputravel.core.errors import AgentError, GpuTravelError, LinkLostError
-from gputravel.core.protocol import FrameType
 from gputravel.core.protocol.holderlink import DataEndpoint
-from gputravel.core.travel.framed_link import FramedHolderLink
+from gputravel.core.travel.framed_link import FramedSession
 from gputravel.core.travel.holders import (
     Handoff,
     HolderInfo,
+    HolderLink,
     HolderState,
     ProgressFn,
+    ProvisionStats,
     RejectFn,
 )
 
@@ -49,14 +49,16 @@ WITNESS_PATH = "~/.gputravel/witness.jsonl"
 SERVE_COMMAND = "gputravel holder serve"
 
 
-class SshHolderLink(FramedHolderLink):
+class SshHolderLink(HolderLink):
     """A holder reached over SSH: deploy, verify, start the agent, speak frames through the channel."""
-
-    transport = "ssh"
 
     def __init__(self, spec: HolderSpec, *, on_state: Callable[[str, str, str], None] | None = None,
                  max_reconnects: int = 3) -> None:
-        super().__init__(spec.name)
+        self.name = spec.name
+        #: the framed protocol with the agent, over its channel (a write on a channel closed under us: AgentError)
+        self.session = FramedSession(spec.name, transport="ssh", kill=lambda: self.kill(),
+                                     write_errors=(OSError, RuntimeError, asyncssh.Error))
+        self.info: HolderInfo | None = None
         self.spec = spec
         self.conn: asyncssh.SSHClientConnection | None = None
         self.process: asyncssh.SSHClientProcess[bytes] | None = None
@@ -85,7 +87,7 @@ class SshHolderLink(FramedHolderLink):
             self.deploy_report = await deploy(self.conn, self.spec,
                                               on_state=self.set_state)
             await self._start_agent()
-            info = await self._hello()
+            info = await self.session.greet()
         except GpuTravelError as exc:
             self.set_state(HolderState.FAILED, exc.reason)
             await self._drop()
@@ -116,9 +118,9 @@ class SshHolderLink(FramedHolderLink):
                                                               max_pktsize=CHANNEL_MAX_PKTSIZE)
             except (OSError, asyncssh.Error) as exc:
                 raise AgentError(self.name, f"cannot start the holder's agent: {exc}") from None
-            self.reader, self.writer = self.process.stdout, self.process.stdin
-            info = await self._hello()
-            hello = self.hello
+            self.session.attach(self.process.stdout, self.process.stdin)
+            info = await self.session.greet()
+            hello = self.session.hello
             if (hello is None or hello.nonce is None or hello.link_pub is None or hello.policy_sha256 is None
                     or hello.policy_source != "holder"):
                 raise AgentError(self.name, "a holder-pinned holder's agent must attest with its own policy; this one "
@@ -127,7 +129,7 @@ class SshHolderLink(FramedHolderLink):
             self.set_state(HolderState.FAILED, exc.reason)
             await self._drop()
             raise
-        self.policy_source = "holder"
+        self.session.policy_source = "holder"
         detail = {"host": self.spec.host, "port": self.spec.port, "user": self.spec.user, "managed": False,
                   "agent_version": hello.version, "agent_sha256": hello.agent_sha256,
                   "policy_sha256": hello.policy_sha256, "policy_source": "holder",
@@ -192,13 +194,6 @@ class SshHolderLink(FramedHolderLink):
         except AgentError as exc:
             raise LinkLostError(self.name, f"offline, reconnect failed: {exc.reason}") from None
 
-    def _send(self, ftype: FrameType, header: dict[str, Any], payload: bytes = b"") -> None:
-        """A write on a channel that closed under us is the agent or its session gone: a named error."""
-        try:
-            super()._send(ftype, header, payload)
-        except (OSError, RuntimeError, asyncssh.Error) as exc:
-            raise AgentError(self.name, f"link failed: {exc or type(exc).__name__}") from None
-
     async def _start_agent(self) -> None:
         assert self.conn is not None and self.deploy_report is not None
         folder = self.deploy_report.remote_dir
@@ -212,10 +207,16 @@ class SshHolderLink(FramedHolderLink):
                                                           max_pktsize=CHANNEL_MAX_PKTSIZE)
         except (OSError, asyncssh.Error) as exc:
             raise AgentError(self.name, f"cannot start the agent: {exc}") from None
-        self.reader, self.writer = self.process.stdout, self.process.stdin
+        self.session.attach(self.process.stdout, self.process.stdin)
+
+    def prefetch_attestation(self, *, epoch: int, key_fp: str) -> None:
+        self.session.prefetch_attestation(epoch=epoch, key_fp=key_fp)
+
+    async def settle_attestation(self) -> None:
+        await self.session.settle_attestation()
 
     async def provision(self, handoff: Handoff, *, device_socket: str, on_progress: ProgressFn | None = None,
-                        on_reject: RejectFn | None = None, data_endpoint: DataEndpoint | None = None) -> Any:
+                        on_reject: RejectFn | None = None, data_endpoint: DataEndpoint | None = None) -> ProvisionStats:
         if not self.ready:  # checked before the hand-off (and its key) is written anywhere
             self._mark_offline()
             raise LinkLostError(self.name, f"holder not verified-ready ({self.state}: {self.state_detail or '-'}); "
@@ -223,8 +224,8 @@ class SshHolderLink(FramedHolderLink):
         self.set_state(HolderState.PROVISIONING, f"epoch {handoff.epoch}" +
                        (f", resuming at chunk {handoff.resume_from}" if handoff.resume_from else ""))
         try:
-            stats = await super().provision(handoff, device_socket=device_socket, on_progress=on_progress,
-                                            on_reject=on_reject, data_endpoint=await self._route(data_endpoint))
+            stats = await self.session.provision(handoff, device_socket=device_socket, on_progress=on_progress,
+                                                 on_reject=on_reject, data_endpoint=await self._route(data_endpoint))
         except (AgentError, asyncssh.Error) as exc:  # asyncssh.Error: e.g. ConnectionLost on a keepalive timeout
             reason = exc.reason if isinstance(exc, AgentError) else f"link failed: {exc}"
             await asyncio.sleep(0.05)  # let a dropping connection finish closing before we tell which it was
@@ -276,9 +277,9 @@ class SshHolderLink(FramedHolderLink):
 
     async def kill(self) -> None:
         """Fault injection: kill the agent process on the holder; the SSH connection stays up."""
-        if self.conn is not None and self.agent_pid:
+        if self.conn is not None and self.session.agent_pid:
             process = self.process
-            await run_remote(self.conn, self.spec, f"kill -9 {int(self.agent_pid)}")
+            await run_remote(self.conn, self.spec, f"kill -9 {int(self.session.agent_pid)}")
             if process is not None:  # dead when this returns: its channel closed
                 try:
                     await asyncio.wait_for(process.wait_closed(), 5)
@@ -314,7 +315,7 @@ class SshHolderLink(FramedHolderLink):
         self._closing = True
         if self.process is not None:
             try:
-                await self.stop()
+                await self.session.stop(self.farewell_head, self.farewell_rows)
             except GpuTravelError:
                 pass  # the agent is already gone: nothing to say goodbye to
         await self._drop()

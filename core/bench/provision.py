@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from gputravel.core.bench.data import make_dataset
 from gputravel.core.bench.load import HolderServer, HolderServerFactory
@@ -26,7 +26,7 @@ from gputravel.core.errors import DataError
 from gputravel.core.machine import WINDOWS, aes_gcm_pair_rate, aes_gcm_rate, machine_info, ring_pipeline_rate
 from gputravel.core.platform.emulated import EmulatedPlatform
 from gputravel.core.travel import handoff as ho
-from gputravel.core.travel.framed_link import FramedHolderLink
+from gputravel.core.travel.framed_link import Attesting, FramedLink
 from gputravel.core.travel.holder_attest import HolderAttestor, SimCvm, holder_args
 from gputravel.core.travel.holders import HolderLink
 from gputravel.core.travel.local_link import LocalHolderLink
@@ -170,18 +170,11 @@ async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdi
 def _attach_attestation(link: HolderLink, platform_dir: Path, client: DeviceClient) -> None:
     """The holder's own attestation on ``link`` as a run wires it (``holder_setup.attach``): the SIM CVM of the
     bench's platform, the agent started with the SIM policy and golden measurements."""
-    if not isinstance(link, FramedHolderLink):
+    if not isinstance(link, FramedLink):
         return
-    link.attestor = HolderAttestor(run_id="bench", cvm=SimCvm.load(platform_dir), client=lambda: client)
-    if isinstance(link, _Attesting) and link.attest_files is None:
+    link.session.attestor = HolderAttestor(run_id="bench", cvm=SimCvm.load(platform_dir), client=lambda: client)
+    if isinstance(link, Attesting) and link.attest_files is None:
         link.attest_files = holder_args(platform_dir)
-
-
-@runtime_checkable
-class _Attesting(Protocol):
-    """A link whose agent is started with the attestation files it pins (local agents, the SSH deployer's)."""
-
-    attest_files: tuple[Path, Path] | None
 
 
 def paths_study(paths: list[str], *, size_mib: int, chunk_kib: int, repeats: int, workdir: Path,

@@ -1,6 +1,6 @@
 """The orchestrator's end of a holder link: the framed protocol over a pair of asyncio streams.
 
-``FramedHolderLink`` speaks the typed messages of ``core.protocol.holderlink`` with an agent (its HELLO,
+``FramedSession`` speaks the typed messages of ``core.protocol.holderlink`` with an agent (its HELLO,
 each HANDOFF, the agent's progress, refusals and DONE, the farewell BYE). On the direct path only those
 travel here (the agent sends its sealed chunks to the device itself); on the channel and conventional
 paths it relays the agent's chunks to the device's data port as they are (``_BounceSealer`` seals the
@@ -9,15 +9,21 @@ conventional path's plaintext under the hand-off's ``ProvisioningKey`` first).
 Every header the agent sends was decoded with ``wirejson``'s size and depth limits and is validated by
 its message's ``from_wire``: a malformed or hostile frame is an ``AgentError`` naming the holder (the
 visit fails and is charged to it), never an internal error of the run.
+
+The session is a part the links hold (``LocalHolderLink`` over a subprocess's pipes, ``SshHolderLink`` over an SSH
+channel), not a base they extend: a link owns its transport and its ``HolderState``; the session owns the
+conversation (the agent's HELLO, its attestation nonces and key, the prefetched verdict) and is given the
+transport's streams (``attach``), the link's ``kill`` (fault injection) and the errors its writes may raise.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from gputravel.core.errors import AgentError, DeviceError, FrameError, GpuTravelError
 from gputravel.core.protocol import TAG_LEN, Frame, FrameType, SendState, encode_frame
@@ -38,16 +44,9 @@ from gputravel.core.protocol.holderlink import (
     Verdict,
 )
 from gputravel.core.travel.holder_attest import HolderAttestor, HolderRefusedError
-from gputravel.core.travel.holders import (
-    HolderInfo,
-    HolderLink,
-    HolderState,
-    ProgressFn,
-    ProvisionStats,
-    RejectFn,
-)
+from gputravel.core.travel.holders import HolderInfo, ProgressFn, ProvisionStats, RejectFn
 
-__all__ = ["STREAM_LIMIT", "FramedHolderLink"]
+__all__ = ["STREAM_LIMIT", "Attesting", "FramedLink", "FramedSession"]
 
 #: the largest frame read from an agent or from the device's data port (a chunk frame and its header)
 STREAM_LIMIT = 64 * 1024 * 1024
@@ -55,27 +54,39 @@ STREAM_LIMIT = 64 * 1024 * 1024
 _M = TypeVar("_M", Hello, Progress, Refusal, Done, DataReady, Verdict)
 
 
-class FramedHolderLink(HolderLink):
-    """The framed protocol over asyncio streams, with a relay to the device's data port."""
+@runtime_checkable
+class FramedLink(Protocol):
+    """A holder link that speaks to its agent through a ``FramedSession`` (the local and SSH links)."""
 
-    transport = "stream"
+    session: FramedSession
 
-    def __init__(self, name: str) -> None:
+
+@runtime_checkable
+class Attesting(Protocol):
+    """A link whose agent is started with the attestation files it pins (local agents, the SSH deployer's)."""
+
+    attest_files: tuple[Path, Path] | None
+
+
+class FramedSession:
+    """The framed protocol with one agent over a pair of asyncio streams, with a relay to the device's data port."""
+
+    def __init__(self, name: str, *, transport: str, kill: Callable[[], Awaitable[None]],
+                 write_errors: tuple[type[BaseException], ...] = ()) -> None:
         self.name = name
+        self.transport = transport  # the links' ``HolderInfo.transport``: "local", "ssh"
+        #: the link's fault injection (``kill_after_chunks``), and what a write on its transport raises when the
+        #: agent or its session is gone (an ``AgentError`` naming the holder then; none for a local pipe)
+        self._kill = kill
+        self._write_errors = write_errors
         self.reader: Any = None  # an asyncio.StreamReader, or asyncssh's reader of the agent's stdout
         self.writer: Any = None
-        self.info: HolderInfo | None = None
         #: Fault injection (tests): sequence numbers whose first transmission is corrupted on the wire,
         #: standing for a malicious host between holder and device.
         self.tamper_on_wire: set[int] = set()
         #: Fault injection (tests): kill the agent once this many chunks were acknowledged.
         self.kill_after_chunks: int | None = None
         self.agent_pid: int | None = None
-        #: per-host state (connecting -> ... -> ready -> provisioning -> returned / failed / offline) and the
-        #: engine's callback for it: (holder, state, detail)
-        self.state: str = HolderState.OFFLINE
-        self.state_detail = ""
-        self.on_state = None
         #: holders' own attestation (issue 22 item 5): the run's attestor, set by the engine; the agent's nonce
         #: for its next hand-off and its key-exchange key (from HELLO, then each VERDICT; None: it does not
         #: attest); ``on_verdict(holder, verdict)``: the engine's ledger row and report field
@@ -96,10 +107,9 @@ class FramedHolderLink(HolderLink):
         self._unlogged: Verdict | None = None
         self._logging: asyncio.Future[None] | None = None
 
-    def set_state(self, state: str, detail: str = "") -> None:
-        self.state, self.state_detail = state, detail
-        if self.on_state is not None:
-            self.on_state(self.name, state, detail)
+    def attach(self, reader: Any, writer: Any) -> None:
+        """The agent's stdout and stdin (a new agent: its HELLO comes next, ``greet``)."""
+        self.reader, self.writer = reader, writer
 
     async def _read(self) -> Frame:
         assert self.reader is not None
@@ -126,7 +136,11 @@ class FramedHolderLink(HolderLink):
         return AgentError(self.name, f"{refusal.code}: {refusal.reason}")
 
     def _send(self, ftype: FrameType, header: dict[str, Any], payload: bytes = b"") -> None:
-        self.writer.write(encode_frame(ftype, header, payload))
+        """A write on a channel that closed under us is the agent or its session gone: a named error."""
+        try:
+            self.writer.write(encode_frame(ftype, header, payload))
+        except self._write_errors as exc:
+            raise AgentError(self.name, f"link failed: {exc or type(exc).__name__}") from None
 
     async def _drain(self) -> None:
         """Flush to the agent; an agent that died under us is an ``AgentError`` (the visit is redone)."""
@@ -135,7 +149,8 @@ class FramedHolderLink(HolderLink):
         except (OSError, RuntimeError, ConnectionError) as exc:
             raise AgentError(self.name, f"link failed: {exc}") from None
 
-    async def _hello(self) -> HolderInfo:
+    async def greet(self) -> HolderInfo:
+        """The agent's HELLO (its nonce and key kept for attesting), as the link's ``HolderInfo``."""
         frame = await self._read()
         if frame.type is FrameType.ERROR:
             raise self._failed(frame)
@@ -143,14 +158,13 @@ class FramedHolderLink(HolderLink):
             raise AgentError(self.name, f"expected HELLO, got {frame.type.name}")
         hello = self._parse(Hello, frame)
         self.hello = hello
-        self.info = HolderInfo.from_hello(self.name, hello, transport=self.transport)
         self.agent_pid = hello.pid
         self.holder_nonce = bytes.fromhex(hello.nonce) if hello.nonce else None
         self.holder_pub = bytes.fromhex(hello.link_pub) if hello.link_pub else None
         if self.attestor is not None and self.holder_pub is not None:  # the key's wrap, off the hand-off's path
             self.attestor.link_key.prepare(self.holder_pub, self.attestor.run_id.encode())
         self._prefetched = None  # a verdict of an earlier agent counts for nothing
-        return self.info
+        return HolderInfo.from_hello(self.name, hello, transport=self.transport)
 
     def prefetch_attestation(self, *, epoch: int, key_fp: str) -> None:
         """ATTEST -> VERDICT for the hand-off of key ``key_fp`` in ``epoch``, now, in the background (the engine
@@ -427,16 +441,17 @@ class FramedHolderLink(HolderLink):
                 raise AgentError(self.name, f"link failed: {exc}") from None
             if self.kill_after_chunks is not None and stats.chunks >= self.kill_after_chunks:
                 self.kill_after_chunks = None
-                await self.kill()
+                await self._kill()
 
-    async def stop(self) -> None:
+    async def stop(self, farewell_head: str | None, farewell_rows: Mapping[int, tuple[tuple[int, str], ...]]) -> None:
+        """BYE to the agent (the ledger's head and its visits' rows, for its witness and receipts)."""
         if self._prefetch is not None:  # the agent may be checking evidence: its VERDICT is not waited for
             self._prefetch.cancel()
             self._prefetch = None
         if self.writer is not None:
             try:
                 run_id = self.attestor.run_id if self.attestor is not None else None
-                self._send(FrameType.BYE, Bye(self.farewell_head, run_id=run_id, rows=self.farewell_rows).to_wire())
+                self._send(FrameType.BYE, Bye(farewell_head, run_id=run_id, rows=farewell_rows).to_wire())
                 await self.writer.drain()
             except (OSError, RuntimeError, ConnectionError):
                 pass

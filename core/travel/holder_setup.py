@@ -13,7 +13,7 @@ from gputravel.core.config import RunSettings
 from gputravel.core.deviceclient.client import DeviceClient
 from gputravel.core.protocol.holderlink import Verdict
 from gputravel.core.travel.audit import Audit
-from gputravel.core.travel.framed_link import FramedHolderLink
+from gputravel.core.travel.framed_link import Attesting, FramedLink
 from gputravel.core.travel.holder_attest import HolderAttestor, SimCvm, holder_args
 from gputravel.core.travel.holders import HolderLink
 from gputravel.core.travel.local_link import LocalHolderLink
@@ -37,7 +37,7 @@ def attach(*, out_dir: Path, run_id: str, settings: RunSettings, links: Mapping[
         # whose policy it was is the orchestrator's to say, not the agent's: the one it passed (managed), or the
         # holder's own (a holder-pinned link, issue 30); the digest and roots are as the agent stated them
         link = links.get(holder)
-        report["policy_source"] = link.policy_source if isinstance(link, FramedHolderLink) else "orchestrator"
+        report["policy_source"] = link.session.policy_source if isinstance(link, FramedLink) else "orchestrator"
         audit.row("holder-attestation", phase="PROVISION", holder=holder, epoch=verdict.epoch,
                   outcome="ok" if verdict.ok else "refused", duration_s=verdict.ms / 1e3,
                   detail={"claim": claim, **report})
@@ -51,10 +51,11 @@ def attach(*, out_dir: Path, run_id: str, settings: RunSettings, links: Mapping[
 
     same_host = settings.transport in ("local", "ssh")  # the embedded SSH server runs on this host
     for link in links.values():
-        if isinstance(link, FramedHolderLink):
-            link.attestor, link.on_verdict = attestor, on_verdict
+        if isinstance(link, FramedLink):
+            link.session.attestor, link.session.on_verdict = attestor, on_verdict
         # local agents and the embedded server's pin the SIM platform's files; an inventory host's agent pins
         # its operator's own (``SshHolderLink.attest_files``) or does not attest
-        if (isinstance(link, LocalHolderLink) or same_host) and getattr(link, "attest_files", False) is None:
-            link.attest_files = holder_args(platform_dir)  # type: ignore[attr-defined]
+        pins = isinstance(link, LocalHolderLink) or same_host
+        if pins and isinstance(link, Attesting) and link.attest_files is None:
+            link.attest_files = holder_args(platform_dir)
     return attestor

@@ -2,10 +2,10 @@
 
 ``HolderLink`` is every member the engine uses, ``HolderState`` the per-host states, ``HolderInfo``
 what an agent's HELLO said, ``ProvisionStats`` what a hand-off moved. The links themselves live beside
-this module: ``framed_link.FramedHolderLink`` speaks the framed protocol over any pair of asyncio streams
-(and relays ciphertext chunks to the device's data port as they are), ``local_link.LocalHolderLink``
-runs the agent as a local subprocess over stdin/stdout, and the SSH deployer (``agents.deploy``)
-provides a third over the same interface.
+this module: ``framed_link.FramedSession`` speaks the framed protocol over any pair of asyncio streams
+(and relays ciphertext chunks to the device's data port as they are), a part each link holds;
+``local_link.LocalHolderLink`` runs the agent as a local subprocess over stdin/stdout, and the SSH link
+(``agents.ssh_holder``) a deployed agent over an SSH channel, both through the same interface.
 
 The messages on a holder link are typed (``core.protocol.holderlink``: ``Hello``, ``Handoff``,
 ``Progress``, ``Refusal``, ``Done``, ``Bye``); ``Handoff`` is re-exported here.
@@ -112,8 +112,17 @@ class HolderLink(ABC):
     farewell_rows: Mapping[int, tuple[tuple[int, str], ...]] = MappingProxyType({})
     #: the engine's callback for per-host state changes (set by the engine when the link has none)
     on_state: StateFn | None = None
+    #: per-host state (connecting -> ... -> ready -> provisioning -> returned / failed / offline) and its detail
+    state: str = HolderState.OFFLINE
+    state_detail: str = ""
     #: how often a dropped link may be re-established within one hand-off (0: it cannot reconnect)
     max_reconnects: int = 0
+
+    def set_state(self, state: str, detail: str = "") -> None:
+        """This holder's state changed: kept, and told to ``on_state`` (holder, state, detail)."""
+        self.state, self.state_detail = state, detail
+        if self.on_state is not None:
+            self.on_state(self.name, state, detail)
 
     @abstractmethod
     async def start(self) -> HolderInfo: ...

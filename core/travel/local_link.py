@@ -1,5 +1,5 @@
 """The holder agent as a local subprocess on stdin/stdout (``python -m <agent module>``, the module named by the
-caller: core never names it), spoken to through ``FramedHolderLink`` (``--transport local``, tests and benches)."""
+caller: core never names it), spoken to through the ``FramedSession`` it holds (``--transport local``, tests and benches)."""
 
 from __future__ import annotations
 
@@ -11,26 +11,34 @@ from pathlib import Path
 from gputravel.core.errors import AgentError, ConfigError, GpuTravelError
 from gputravel.core.procs import die_with_parent
 from gputravel.core.protocol.holderlink import DataEndpoint, Handoff
-from gputravel.core.travel.framed_link import STREAM_LIMIT, FramedHolderLink
-from gputravel.core.travel.holders import HolderInfo, HolderState, ProgressFn, ProvisionStats, RejectFn
+from gputravel.core.travel.framed_link import STREAM_LIMIT, FramedSession
+from gputravel.core.travel.holders import (
+    HolderInfo,
+    HolderLink,
+    HolderState,
+    ProgressFn,
+    ProvisionStats,
+    RejectFn,
+)
 
 __all__ = ["LocalHolderLink"]
 
 
-class LocalHolderLink(FramedHolderLink):
+class LocalHolderLink(HolderLink):
     """The agent as a local subprocess on stdin/stdout: ``python *agent`` (``agent``: the caller's entry, e.g.
     ``("-m", "<the holder agent's module>")``, :class:`gputravel.core.compose.Entries`)."""
 
-    transport = "local"
-
     def __init__(self, name: str, data_dir: Path, *, agent: Sequence[str], val_fraction: float = 0.1,
                  python: str | None = None, witness: Path | None = None, pinned: bool = False) -> None:
-        super().__init__(name)
+        self.name = name
+        #: the framed protocol with the agent, over its pipes
+        self.session = FramedSession(name, transport="local", kill=lambda: self.kill())
+        self.info: HolderInfo | None = None
         #: a holder-pinned agent (issue 30: ``agent`` runs the holder's ``holder serve``): it is passed nothing,
         #: its own configuration names its data and what it trusts
         self.pinned = pinned
         if pinned:
-            self.policy_source = "holder"
+            self.session.policy_source = "holder"
         if not agent:
             raise ConfigError(f"holder {name}: no agent entry to start (argv after the interpreter)")
         self.agent = tuple(agent)
@@ -52,10 +60,11 @@ class LocalHolderLink(FramedHolderLink):
                 preexec_fn=die_with_parent)
         except OSError as exc:
             raise AgentError(self.name, f"cannot start the agent: {exc}") from None
-        self.reader, self.writer = self.proc.stdout, self.proc.stdin
+        self.session.attach(self.proc.stdout, self.proc.stdin)
         try:
-            info = await self._hello()
-            if self.pinned and (self.hello is None or self.hello.policy_source != "holder"):
+            info = self.info = await self.session.greet()
+            hello = self.session.hello
+            if self.pinned and (hello is None or hello.policy_source != "holder"):
                 raise AgentError(self.name, "a holder-pinned agent must state its own policy in HELLO")
         except GpuTravelError as exc:
             self.set_state(HolderState.FAILED, exc.reason)
@@ -77,13 +86,19 @@ class LocalHolderLink(FramedHolderLink):
                         data_endpoint: DataEndpoint | None = None) -> ProvisionStats:
         self.set_state(HolderState.PROVISIONING, f"epoch {handoff.epoch}")
         try:
-            stats = await super().provision(handoff, device_socket=device_socket, on_progress=on_progress,
-                                            on_reject=on_reject, data_endpoint=data_endpoint)
+            stats = await self.session.provision(handoff, device_socket=device_socket, on_progress=on_progress,
+                                                 on_reject=on_reject, data_endpoint=data_endpoint)
         except GpuTravelError as exc:
             self.set_state(HolderState.FAILED, exc.reason)
             raise
         self.set_state(HolderState.RETURNED, f"epoch {handoff.epoch}")
         return stats
+
+    def prefetch_attestation(self, *, epoch: int, key_fp: str) -> None:
+        self.session.prefetch_attestation(epoch=epoch, key_fp=key_fp)
+
+    async def settle_attestation(self) -> None:
+        await self.session.settle_attestation()
 
     @property
     def ready(self) -> bool:
@@ -112,10 +127,10 @@ class LocalHolderLink(FramedHolderLink):
         if self.state not in (HolderState.FAILED, HolderState.OFFLINE):
             self.set_state(HolderState.STOPPED)
         if self.proc.returncode is None:
-            await self.stop()
+            await self.session.stop(self.farewell_head, self.farewell_rows)
             try:
-                if self.writer is not None:
-                    self.writer.close()
+                if self.session.writer is not None:
+                    self.session.writer.close()
                 await asyncio.wait_for(self.proc.wait(), 5)
             except (TimeoutError, OSError, RuntimeError, ConnectionError):
                 self.proc.kill()

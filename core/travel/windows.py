@@ -144,7 +144,7 @@ class HandoffWindows:
         epoch the device will grant next and the key it derives for that window (``provisioning_key`` of the
         session this orchestrator shares with the device; the key itself never leaves here). Should anything
         move the epoch or the session first (a failed visit, a re-key, a restarted device), the prediction
-        misses and that hand-off attests afresh (``FramedHolderLink._attested``)."""
+        misses and that hand-off attests afresh (``FramedSession._attested``)."""
         nxt = next((r for r in self.walk.records if r.plan.index > rec.plan.index
                     and not r.outcome.startswith("done")), None)
         if nxt is not None:

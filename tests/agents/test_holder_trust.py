@@ -163,14 +163,14 @@ def test_the_forced_command_names_this_installation_and_the_config_folder(tmp_pa
 @pytest.fixture
 def tap(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, FrameType, dict[str, Any]]]:
     sent: list[tuple[str, FrameType, dict[str, Any]]] = []
-    original = framed_link.FramedHolderLink._send
+    original = framed_link.FramedSession._send
 
-    def recording(self: framed_link.FramedHolderLink, ftype: FrameType, header: dict[str, Any],
+    def recording(self: framed_link.FramedSession, ftype: FrameType, header: dict[str, Any],
                   payload: bytes = b"") -> None:
         sent.append((self.name, ftype, dict(header)))
         original(self, ftype, header, payload)
 
-    monkeypatch.setattr(framed_link.FramedHolderLink, "_send", recording)
+    monkeypatch.setattr(framed_link.FramedSession, "_send", recording)
     return sent
 
 

@@ -439,7 +439,7 @@ async def test_agent_killed_mid_transfer_fails_the_visit_scrubs_and_the_run_goes
         ssh_big: Ssh, big_root: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     links = links_from_specs(list(ssh_big.specs.values()))
-    links[0].kill_after_chunks = 1  # SshHolderLink.kill: kill -9 of the agent's pid, over SSH
+    links[0].session.kill_after_chunks = 1  # SshHolderLink.kill: kill -9 of the agent's pid, over SSH
     report = (await api.run(small(big_root, out, rounds=2, chunk_kib=4, buffer_mib=1.0, data_path="channel"),
                            links=links)).to_json()  # kill_after_chunks counts the relay's acknowledgements
 

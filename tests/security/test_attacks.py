@@ -3,7 +3,7 @@
 ``MaliciousAgent`` is a subclass of the real ``gputravel.agents.holder.Agent`` run as a subprocess
 (a small script written to ``tmp_path``, started by a ``LocalHolderLink`` subclass), so the honest
 protocol code does the genuine part of its hand-off and the attacks come from a real separate
-process holding the key, as a compromised holder VM would. (A ``FramedHolderLink`` sending crafted
+process holding the key, as a compromised holder VM would. (A ``FramedSession`` sending crafted
 frames would run inside the orchestrator, which never holds a provisioning key on the direct path:
 it could not seal chunks the way an attacker with the key does.)
 
@@ -218,8 +218,9 @@ class ScriptLink(LocalHolderLink):
                 sys.executable, str(self.script), self.role, self.name, str(self.data_dir), str(self.workdir),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=err, limit=STREAM_LIMIT,
                 preexec_fn=die_with_parent)
-        self.reader, self.writer = self.proc.stdout, self.proc.stdin
-        return await self._hello()
+        self.session.attach(self.proc.stdout, self.proc.stdin)
+        self.info = await self.session.greet()
+        return self.info
 
 
 @pytest.fixture(scope="module")

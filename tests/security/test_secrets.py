@@ -75,11 +75,11 @@ def set_epoch(self, epoch):
     keys["channel"].append([self.secrets.master.hex(), self.secrets.session_id.hex(), epoch])
 dc.DeviceClient._set_epoch = set_epoch
 
-_provision = holders.FramedHolderLink.provision
+_provision = holders.FramedSession.provision
 async def provision(self, handoff, **kw):
     keys["provisioning"].append(handoff.key.key.hex())
     return await _provision(self, handoff, **kw)
-holders.FramedHolderLink.provision = provision
+holders.FramedSession.provision = provision
 
 _emit = eng.TravelEngine.emit
 def emit(self, event):
@@ -267,7 +267,7 @@ async def test_no_key_in_the_errors_of_a_failing_run(data: Path, tmp_path: Path,
         set_epoch(self, epoch)
         channel.append((self.secrets.master, self.secrets.session_id, epoch))
 
-    provision = holders_mod.FramedHolderLink.provision
+    provision = holders_mod.FramedSession.provision
 
     async def recording_provision(self: Any, handoff: Any, **kw: Any) -> Any:
         provisioning.append(handoff.key.key)
@@ -284,14 +284,14 @@ async def test_no_key_in_the_errors_of_a_failing_run(data: Path, tmp_path: Path,
         await fail_visit(self, rec, exc, window_open)
 
     monkeypatch.setattr(client_mod.DeviceClient, "_set_epoch", recording_set_epoch)
-    monkeypatch.setattr(holders_mod.FramedHolderLink, "provision", recording_provision)
+    monkeypatch.setattr(holders_mod.FramedSession, "provision", recording_provision)
     monkeypatch.setattr(recovery_mod.Recovery, "fail_visit", recording_fail_visit)
 
     out = tmp_path / "run"
     settings = small_settings(data, out, rounds=2, steps_per_visit=1, transport="local", data_path="channel",
                               allow_fault_injection=True, visit_attempts=2, fault="kill-agent@PROVISION:2")
     links = {name: LocalHolderLink(name, path, agent=ENTRIES.holder_agent) for name, path in resolve_holder_dirs(settings)}
-    links["alice"].tamper_on_wire = {0}  # a chunk altered on the wire: TagError, retransmitted
+    links["alice"].session.tamper_on_wire = {0}  # a chunk altered on the wire: TagError, retransmitted
     engine = await asyncio.to_thread(build_engine, settings, links=list(links.values()))
     events: list[ev.Event] = []
     tampered: list[int] = []

@@ -84,7 +84,7 @@ async def _pinned(spec: Any, action: str) -> dict[str, Any]:
         return {"state": "failed", "managed": False, "reason": exc.reason}
     finally:
         await link.close()
-    hello = link.hello
+    hello = link.session.hello
     assert hello is not None
     return {"state": "holder-pinned", "managed": False, "uploaded": False, "agent_version": hello.version,
             "bundle_sha256": hello.agent_sha256, "agent_sha256": hello.agent_sha256,

@@ -171,7 +171,7 @@ async def test_sim_card_comes_first_where_nvml_shows_the_machines_gpu_too(tmp_pa
 
 async def test_holder_table_shows_failed_after_an_agent_dies(data_root: Path, tmp_path: Path) -> None:
     def kill_alice(links: dict[str, LocalHolderLink]) -> None:
-        links["alice"].kill_after_chunks = 1
+        links["alice"].session.kill_after_chunks = 1
 
     app = make_app(engine_factory=factory_for(data_root, tmp_path, tweak=kill_alice), telemetry_interval=0.5,
                    record=False)

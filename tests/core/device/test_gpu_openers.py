@@ -322,7 +322,7 @@ async def test_a_chunk_tampered_on_the_holder_link_is_caught_by_the_gpu_and_retr
     try:
         await asyncio.to_thread(client.connect)
         await link.start()
-        link.tamper_on_wire = {1, 4}
+        link.session.tamper_on_wire = {1, 4}
         grant = client.handoff(epoch=1, offset=0, length=WINDOW, chunk_size=CHUNK)
         handoff = Handoff(epoch=1, session_id=grant.session_id, key=grant.provisioning_key,
                           window_offset=0, chunk_size=CHUNK, train=(0, WINDOW), val=(0, 0))

@@ -24,13 +24,13 @@ pytestmark = [pytest.mark.usefixtures("no_leaked_processes"), pytest.mark.proces
 def tap(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, FrameType, dict[str, Any]]]:
     """Every frame the orchestrator sends to any agent: (holder, type, header)."""
     sent: list[tuple[str, FrameType, dict[str, Any]]] = []
-    original = framed_link.FramedHolderLink._send
+    original = framed_link.FramedSession._send
 
     def recording(self: Any, ftype: FrameType, header: dict[str, Any], payload: bytes = b"") -> None:
         sent.append((self.name, ftype, dict(header)))
         original(self, ftype, header, payload)
 
-    monkeypatch.setattr(framed_link.FramedHolderLink, "_send", recording)
+    monkeypatch.setattr(framed_link.FramedSession, "_send", recording)
     return sent
 
 
@@ -82,8 +82,8 @@ async def test_a_prefetch_no_hand_off_took_does_not_block_the_next(tmp_path: Pat
 
     stale = asyncio.get_running_loop().create_task(fetched())
     await stale
-    link._prefetch = stale
-    link._prefetched = (7, "stale-fp", Verdict(epoch=7, ok=True, cvm=CvmCheck(ok=True), gpu=GpuCheck(ok=True), ms=0.0,
+    link.session._prefetch = stale
+    link.session._prefetched = (7, "stale-fp", Verdict(epoch=7, ok=True, cvm=CvmCheck(ok=True), gpu=GpuCheck(ok=True), ms=0.0,
                                                              next_nonce="00" * 32))
-    link.prefetch_attestation(epoch=9, key_fp="new-fp")  # no attestor here: nothing new starts, nothing stale stays
-    assert link._prefetch is None and link._prefetched is None
+    link.session.prefetch_attestation(epoch=9, key_fp="new-fp")  # no attestor here: nothing new starts, nothing stale stays
+    assert link.session._prefetch is None and link.session._prefetched is None

@@ -71,13 +71,13 @@ def flat(text: str) -> str:
 async def test_full_run_trains_every_visit_and_never_records_a_key(data_root: Path, tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     keys: list[bytes] = []
-    original = holders_mod.FramedHolderLink.provision
+    original = holders_mod.FramedSession.provision
 
     async def recording(self: Any, handoff: Any, **kw: Any) -> Any:
         keys.append(handoff.key.key)  # the typed ProvisioningKey's bytes
         return await original(self, handoff, **kw)
 
-    monkeypatch.setattr(holders_mod.FramedHolderLink, "provision", recording)
+    monkeypatch.setattr(holders_mod.FramedSession, "provision", recording)
     events: list[ev.Event] = []
     out = tmp_path / "run"
     report = (await api.run(small(data_root, out, rounds=2, steps_per_visit=10), entries=ENTRIES,
@@ -124,7 +124,7 @@ async def test_chunk_tampered_on_the_wire_is_rejected_and_retransmitted(data_roo
     out = tmp_path / "run"
     settings = small(data_root, out, data_path="channel")  # the wire tamper hook lives in the link's relay
     links = local_links(settings)
-    links["alice"].tamper_on_wire = {0}
+    links["alice"].session.tamper_on_wire = {0}
     rejected: list[ev.ChunkRejected] = []
     report = (await api.run(settings, links=list(links.values()),
                            sinks=[lambda e: rejected.append(e) if isinstance(e, ev.ChunkRejected) else None])).to_json()
@@ -149,7 +149,7 @@ async def test_agent_killed_mid_transfer_fails_the_visit_scrubs_and_the_run_goes
     # issue 2's semantics: fail and move on; the kill-after-N-chunks hook counts ACKs in the link's relay
     settings = small(data_root, out, rounds=2, visit_attempts=1, data_path="channel")
     links = local_links(settings)
-    links["alice"].kill_after_chunks = 1
+    links["alice"].session.kill_after_chunks = 1
     report = (await api.run(settings, links=list(links.values()))).to_json()
 
     v0, v1, v2, v3 = report["visits"]
@@ -180,7 +180,7 @@ def test_cli_exits_9_when_some_visits_failed(data_root: Path, tmp_path: Path, mo
     def init(self: LocalHolderLink, name: str, *a: Any, **kw: Any) -> None:
         original_init(self, name, *a, **kw)
         if name == "bob":
-            self.kill_after_chunks = 2
+            self.session.kill_after_chunks = 2
 
     monkeypatch.setattr(LocalHolderLink, "__init__", init)
     out = tmp_path / "run"

@@ -40,13 +40,13 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 async def test_holders_bigger_than_the_buffer_travel_in_parts(data_root: Path, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     handoffs: dict[int, list[Any]] = defaultdict(list)  # epoch -> the hand-offs under it
-    original = holders_mod.FramedHolderLink.provision
+    original = holders_mod.FramedSession.provision
 
     async def recording(self: Any, handoff: Any, **kw: Any) -> Any:
         handoffs[handoff.epoch].append((self.name, handoff.train, handoff.val, handoff.skip, handoff.length))
         return await original(self, handoff, **kw)
 
-    monkeypatch.setattr(holders_mod.FramedHolderLink, "provision", recording)
+    monkeypatch.setattr(holders_mod.FramedSession, "provision", recording)
     out = tmp_path / "run"
     settings = RunSettings(holders=2, rounds=ROUNDS, steps_per_visit=1, batch_size=2, seq_len=16, chunk_kib=8,
                            buffer_mib=BUFFER_MIB, data_dir=data_root, out_dir=out, transport="local")

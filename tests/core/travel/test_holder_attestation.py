@@ -179,13 +179,13 @@ def _small(data: Path, out: Path) -> list[str]:
 def tap(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, FrameType, dict[str, Any]]]:
     """Every frame the orchestrator sends to any agent: (holder, type, header)."""
     sent: list[tuple[str, FrameType, dict[str, Any]]] = []
-    original = framed_link.FramedHolderLink._send
+    original = framed_link.FramedSession._send
 
     def recording(self: Any, ftype: FrameType, header: dict[str, Any], payload: bytes = b"") -> None:
         sent.append((self.name, ftype, dict(header)))
         original(self, ftype, header, payload)
 
-    monkeypatch.setattr(framed_link.FramedHolderLink, "_send", recording)
+    monkeypatch.setattr(framed_link.FramedSession, "_send", recording)
     return sent
 
 

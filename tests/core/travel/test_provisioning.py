@@ -89,7 +89,7 @@ async def test_a_chunk_tampered_on_the_wire_is_caught_and_retransmitted(holder: 
     async with device(tmp_path, parallel_auth=parallel_auth, overlap=overlap) as (handle, client):
         link = LocalHolderLink("h", holder, agent=ENTRIES.holder_agent)
         await link.start()
-        link.tamper_on_wire = {3, 17}
+        link.session.tamper_on_wire = {3, 17}
         try:
             handoff = open_window(client, 1)
             if path == "conventional":
