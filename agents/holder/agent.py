@@ -20,13 +20,13 @@ write window in the GPU's buffer for one epoch. Plaintext never leaves this proc
 
 The modules: ``dataset`` (the holder's files, read by range), ``link`` (this end of the holder link),
 ``dataconn`` (the direct path's connection to the device and its shared-memory ring), ``provision`` (one
-hand-off: seal, send, acknowledgements, retransmission) and this run loop.
+hand-off: seal, send, acknowledgements, retransmission), ``receipts`` (the holder's records: its witness of the
+ledger heads, a holder-pinned agent's receipts) and this run loop.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -38,13 +38,13 @@ from gputravel.agents.holder.dataconn import DataLinkLost
 from gputravel.agents.holder.dataset import Dataset, open_dataset
 from gputravel.agents.holder.link import AgentLink, SendFailed
 from gputravel.agents.holder.provision import Provisioner
+from gputravel.agents.holder.receipts import HolderRecords, ReceiptBook
 from gputravel.core.protocol import FrameType, write_frame
 from gputravel.core.protocol.errors import DataError, FrameError, GpuTravelError
 from gputravel.core.protocol.holderlink import Attest, Bye, Handoff, Hello, Refusal
 
 if TYPE_CHECKING:  # imported when the agent attests: a holder that does not needs no dcap_qvl
     from gputravel.agents.holder.attest import HolderAttestation
-    from gputravel.agents.holder.receipts import ReceiptBook
 
 __all__ = ["AGENT_VERSION", "Agent", "exit_now", "main"]
 
@@ -58,36 +58,11 @@ class Agent(Provisioner):
                  witness: Path | None = None, attestation: HolderAttestation | None = None,
                  receipts: ReceiptBook | None = None) -> None:
         super().__init__(name, data, AgentLink(out, inp))
-        self.witness = witness
         #: an attesting agent (``--attest-policy``) takes a key only after its own ok verdict on ATTEST
         self.attestation = attestation
-        #: a holder-pinned agent (``holder serve``): its receipts and per-run witness, in the holder's folder
-        self.receipts = receipts
-
-    def keep_witness(self, msg: Handoff | Bye, *, at: str = "hand-off") -> None:
-        """Append the audit ledger's head, as the orchestrator stated it at this hand-off, to the holder's own
-        witness file (JSON lines, 0600). With it the holder can later show that the ledger still holds that
-        row unchanged (``gputravel ledger verify --witness``): no truncation, no rewrite behind its back."""
-        head = msg.ledger_head
-        epoch = msg.epoch if isinstance(msg, Handoff) else None
-        if self.receipts is not None:
-            self.receipts.witness(msg.run_id, head, at=at, epoch=epoch)
-        if self.witness is None or head is None:
-            return
-        record: dict[str, object] = {"ts": round(time.time(), 3), "holder": self.name, "at": at, "epoch": epoch,
-                                     "ledger_head": head}
-        if msg.run_id is not None:  # heads are per run: `ledger verify --witness` takes only the ledger's run's
-            record["run"] = msg.run_id
-        line = json.dumps(record) + "\n"
-        try:
-            self.witness.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd = os.open(self.witness, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            try:
-                os.write(fd, line.encode())
-            finally:
-                os.close(fd)
-        except OSError as exc:  # the hand-off goes on: the witness is the holder's record, not the protocol's
-            print(f"gputravel agent {self.name}: cannot write the witness {self.witness}: {exc}", file=sys.stderr)
+        #: the holder's own records: the ledger heads it was shown (``witness``) and, for a holder-pinned agent
+        #: (``holder serve``), its receipts and per-run witness in the holder's folder
+        self.records = HolderRecords(name, witness=witness, receipts=receipts)
 
     def hello(self) -> Hello:
         att = self.attestation
@@ -114,9 +89,9 @@ class Agent(Provisioner):
                         handoff = Handoff.from_wire(frame.header)  # validated once; the key is typed from here
                         if self.attestation is not None:  # refused unless attested: the key is never used
                             handoff = self.attestation.accept(handoff)
-                        self.keep_witness(handoff)
+                        self.records.keep_witness(handoff)
                         self.provision(handoff)
-                        self.keep_receipt(handoff)
+                        self.records.keep_receipt(handoff, self.attestation.last if self.attestation else None)
                     except GpuTravelError as exc:
                         self.send_msg(Refusal(exc.code, exc.reason))
                 elif frame.type is FrameType.ATTEST:
@@ -128,27 +103,11 @@ class Agent(Provisioner):
                         bye = Bye.from_wire(frame.header)
                     except GpuTravelError:
                         return 0
-                    self.keep_witness(bye, at="end")  # the head after every visit of the run
-                    if self.receipts is not None and bye.run_id is not None and bye.rows:
-                        self.receipts.add_rows(bye.run_id, bye.rows)
+                    self.records.keep_witness(bye, at="end")  # the head after every visit of the run
+                    self.records.keep_rows(bye)
                     return 0
         finally:
             self._drop_data()
-
-
-    def keep_receipt(self, h: Handoff) -> None:
-        """A holder-pinned agent's receipt of the hand-off it just sent (``agents.holder.receipts``)."""
-        att = self.attestation
-        if self.receipts is None or att is None or att.last is None or h.run_id is None:
-            return
-        msg, verdict = att.last
-        path = "conventional" if h.conventional else "direct" if h.data_endpoint is not None else "channel"
-        self.receipts.write({
-            "v": 1, "run": h.run_id, "epoch": h.epoch, "holder": self.name, "ts": round(time.time(), 3),
-            "key_fp": msg.key_fp, "path": path, "evidence_sha256": dict(verdict.evidence),
-            "verdict": {"ok": verdict.ok, **verdict.report()}, "chunks": h.n_chunks - h.resume_from,
-            "bytes": h.window_len - min(h.window_len, h.resume_from * h.chunk_size),
-            "resume_from": h.resume_from, "ledger_head": h.ledger_head})
 
     def attest(self, header: dict[str, object], payload: bytes | bytearray | memoryview) -> None:
         """Verify the CVM and the GPU for the next hand-off and send the verdict (a refusal names the claim)."""

@@ -9,7 +9,8 @@ the end of the run) go to ``witness.jsonl`` in the same folder: one witness per 
 the first look rewritten. ``gputravel holder verify`` checks them against a ledger, offline.
 
 Run ids arrive in the protocol: checked as names (letters, digits, ``._-``), never used as paths as they come.
-Standard library only.
+Standard library and ``core.protocol`` only. ``HolderRecords`` is the agent's part that keeps them (and a managed
+agent's ``--witness`` file).
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ReceiptBook", "check_run_id", "read_receipts"]
+from gputravel.core.protocol.holderlink import Attest, Bye, Handoff, Verdict
+
+__all__ = ["HolderRecords", "ReceiptBook", "check_run_id", "read_receipts"]
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$")
 WITNESS_NAME = "witness.jsonl"
@@ -95,6 +98,53 @@ class ReceiptBook:
         except (OSError, ValueError, KeyError) as exc:
             print(f"gputravel holder {self.holder}: cannot write a receipt: {exc}", file=sys.stderr)
             return None
+
+
+class HolderRecords:
+    """The agent's records of what it was shown and what it sent: the ledger heads (its ``--witness`` file, and a
+    holder-pinned agent's per-run witness) and a holder-pinned agent's receipts (``book``)."""
+
+    def __init__(self, name: str, *, witness: Path | None = None, receipts: ReceiptBook | None = None) -> None:
+        self.name = name
+        self.witness = witness
+        self.receipts = receipts
+
+    def keep_witness(self, msg: Handoff | Bye, *, at: str = "hand-off") -> None:
+        """Append the audit ledger's head, as the orchestrator stated it at this hand-off, to the holder's own
+        witness file (JSON lines, 0600). With it the holder can later show that the ledger still holds that
+        row unchanged (``gputravel ledger verify --witness``): no truncation, no rewrite behind its back."""
+        head = msg.ledger_head
+        epoch = msg.epoch if isinstance(msg, Handoff) else None
+        if self.receipts is not None:
+            self.receipts.witness(msg.run_id, head, at=at, epoch=epoch)
+        if self.witness is None or head is None:
+            return
+        record: dict[str, object] = {"ts": round(time.time(), 3), "holder": self.name, "at": at, "epoch": epoch,
+                                     "ledger_head": head}
+        if msg.run_id is not None:  # heads are per run: `ledger verify --witness` takes only the ledger's run's
+            record["run"] = msg.run_id
+        try:
+            _append(self.witness, json.dumps(record) + "\n")
+        except OSError as exc:  # the hand-off goes on: the witness is the holder's record, not the protocol's
+            print(f"gputravel agent {self.name}: cannot write the witness {self.witness}: {exc}", file=sys.stderr)
+
+    def keep_receipt(self, h: Handoff, last: tuple[Attest, Verdict] | None) -> None:
+        """A holder-pinned agent's receipt of the hand-off it just sent, on the verdict ``last`` given for it."""
+        if self.receipts is None or last is None or h.run_id is None:
+            return
+        msg, verdict = last
+        path = "conventional" if h.conventional else "direct" if h.data_endpoint is not None else "channel"
+        self.receipts.write({
+            "v": 1, "run": h.run_id, "epoch": h.epoch, "holder": self.name, "ts": round(time.time(), 3),
+            "key_fp": msg.key_fp, "path": path, "evidence_sha256": dict(verdict.evidence),
+            "verdict": {"ok": verdict.ok, **verdict.report()}, "chunks": h.n_chunks - h.resume_from,
+            "bytes": h.window_len - min(h.window_len, h.resume_from * h.chunk_size),
+            "resume_from": h.resume_from, "ledger_head": h.ledger_head})
+
+    def keep_rows(self, bye: Bye) -> None:
+        """The run's ledger rows of this holder's visits (BYE), added to its receipts."""
+        if self.receipts is not None and bye.run_id is not None and bye.rows:
+            self.receipts.add_rows(bye.run_id, bye.rows)
 
 
 def _add_rows(book: ReceiptBook, run_id: str, rows: Mapping[int, Sequence[tuple[int, str]]]) -> int:
