@@ -1,7 +1,7 @@
 """A fleet of travelling GPUs: N devices, each a rank of one torch.distributed job (see docs/fleet.md). Read first:
 
 * ``run.py``: the torchrun command line (launcher side) and one rank's run (worker side);
-* ``rank.py``: ``FleetEngine``, one rank driving its own device through its share of the schedule
+* ``rank.py``: ``fleet_engine`` and its ``FleetRank``, one rank driving its own device through its share of the schedule
   (``schedule.py``);
 * ``device.py``: ``FleetPart``, the fleet's part of a device service (``fleet_join``, ``fleet_train``,
   ``fleet_leave``), and ``ddp.py``, the device's side of the sealed gradient ring;

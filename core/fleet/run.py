@@ -30,7 +30,7 @@ from gputravel.core.events import Event
 from gputravel.core.fleet.node import join_fleet
 from gputravel.core.fleet.pki import install_sim_pki, local_sim_pki
 from gputravel.core.fleet.platform import FleetPlatform
-from gputravel.core.fleet.rank import FleetEngine, FleetGroup, FleetOptions
+from gputravel.core.fleet.rank import FleetGroup, FleetOptions, FleetRank, fleet_engine
 from gputravel.core.fleet.verify import verify_fleet
 from gputravel.core.ledger import Ledger, verify_ledger
 from gputravel.core.runfolder.folder import RunFolder
@@ -225,11 +225,11 @@ async def run_rank(settings: RunSettings, fleet: FleetOptions, *, links: Iterabl
     platform = partial(FleetPlatform, vendor_dir=folder.vendor, device_id=f"emu-gpu-{group.rank}")
     error: GpuTravelError | None = None
     report: RunReport | None = None
-    engine: FleetEngine | None = None
+    course: FleetRank | None = None  # this rank's part of its engine
     def built(made: TravelEngine) -> None:
-        nonlocal engine
-        assert isinstance(made, FleetEngine)
-        engine = made
+        nonlocal course
+        assert isinstance(made.course, FleetRank)
+        course = made.course
 
     # this rank's device (and its own CUDA device's NVML), as a single run does, with the final counters
     plan = (compose.RunTelemetryPlan(record=telemetry, interval=telemetry_interval, sampler=rank_sampler(device),
@@ -237,13 +237,13 @@ async def run_rank(settings: RunSettings, fleet: FleetOptions, *, links: Iterabl
             if telemetry is not None else None)
     try:
         report = await compose.run(rsettings, links=links, entries=entries, sinks=sinks, on_engine=built,
-                                   telemetry=plan, platform_type=platform, engine_type=FleetEngine, fleet=fleet,
+                                   telemetry=plan, platform_type=platform, engine_type=fleet_engine, fleet=fleet,
                                    group=group)
     except GpuTravelError as exc:
         error = exc
     mine = report.to_json() if report is not None else {
         "error": {"code": error.code if error else "error", "reason": error.reason if error else "?"},
-        "gpu": {"rank": group.rank, "device_id": engine.device_id if engine else None},
+        "gpu": {"rank": group.rank, "device_id": course.device_id if course else None},
         "ledger": {"path": str(rank.ledger)}}
     # this rank's ledger, verified where it lies; its head reaches rank 0 over the authenticated group
     v = verify_ledger(rank.ledger)

@@ -1,6 +1,6 @@
 """A fleet rank's strategies for the travel engine's visit walk: ``FleetTrain`` (the step's agreement and one
 weighted step of the DDP replicas), ``StepCommit`` (a checkpoint per fleet step) and ``FleetRecovery`` (the
-engine's recovery with the fleet's two rules). :class:`~gputravel.core.fleet.rank.FleetEngine` composes them."""
+engine's recovery with the fleet's two rules). :class:`~gputravel.core.fleet.rank.FleetRank` and :func:`~gputravel.core.fleet.rank.fleet_engine` compose them."""
 
 from __future__ import annotations
 

@@ -43,6 +43,7 @@ from gputravel.core.travel.audit import ATTACK_CODES, Audit
 from gputravel.core.travel.bus import EventBus
 from gputravel.core.travel.checkpoints import BackgroundCommit, Checkpointer, VisitCommit
 from gputravel.core.travel.control import Control, FaultPlan, Faults
+from gputravel.core.travel.course import Course
 from gputravel.core.travel.device_session import DeviceSession
 from gputravel.core.travel.holder_setup import attach as attach_holder_attestation
 from gputravel.core.travel.holders import HolderInfo, HolderLink
@@ -72,7 +73,8 @@ class TravelEngine:
                  restart_device: Callable[[], DeviceHandle] | None = None,
                  train_step: Callable[..., TrainStep] = SlicedTrain,
                  commit: Callable[[Checkpointer, TrainStep], VisitCommit] = BackgroundCommit,
-                 start: Callable[[TravelEngine], Awaitable[None]] | None = None) -> None:
+                 start: Callable[[TravelEngine], Awaitable[None]] | None = None,
+                 course: Callable[[TravelEngine], Course] | None = None) -> None:
         self.settings = settings
         #: how a planned run begins: resumed from the ledger, or from the initial checkpoint (``planned_start``;
         #: a fleet rank supplies its own, counted in fleet steps)
@@ -122,6 +124,8 @@ class TravelEngine:
             (Phase.PROVISION, self.windows.provision), (Phase.RETURN, self.windows.return_),
             (Phase.VERIFY, self._verify), (Phase.TRAIN, self._train),
             (Phase.SCRUB, self._scrub), (Phase.ROTATE, self._rotate))
+        #: what the run walks instead of its visits (a fleet rank's lock-step steps), built over the parts above
+        self.course: Course | None = course(self) if course is not None else None
 
     # --- events ------------------------------------------------------------------------------
     def subscribe(self) -> asyncio.Queue[ev.Event]:
@@ -180,6 +184,8 @@ class TravelEngine:
         self.device.program = self.make_program(fmt=fmt, total_steps=len(self.plans) * self.settings.steps_per_visit)
         self.device.expected_code = await self.device.upload_program()
         await self.start(self)
+        if self.course is not None:
+            await self.course.after_setup()
 
     async def _start_link(self, link: HolderLink) -> HolderInfo:
         t0 = time.perf_counter()
@@ -189,6 +195,8 @@ class TravelEngine:
 
     # --- the run ----------------------------------------------------------------------------------
     async def run(self) -> RunReport:
+        if self.course is not None:
+            return await self.run_guarded(self.course.walk, planned=self.course.planned)
         return await self.run_guarded(self._walk_visits, planned=lambda: len(self.plans))
 
     async def _walk_visits(self) -> None:
@@ -301,9 +309,10 @@ class TravelEngine:
         """The run's typed report (closes the ledger first, then verifies its chain)."""
         self.ledger.close()
         ckpts = {"dir": str(self.ckpts.store.directory), "last_seq": self.ckpts.last_good, **self.ckpts.summary()}
-        return build_report(run_id=self.run_id, out_dir=self.out_dir, chunk_kib=self.settings.chunk_kib,
-                            handle=self.device.handle, device=self.device, log=self.log, walk=self.walk,
-                            infos=self.infos, rejected=self.windows.rejected, checkpoints=ckpts, seconds=seconds)
+        out = build_report(run_id=self.run_id, out_dir=self.out_dir, chunk_kib=self.settings.chunk_kib,
+                           handle=self.device.handle, device=self.device, log=self.log, walk=self.walk,
+                           infos=self.infos, rejected=self.windows.rejected, checkpoints=ckpts, seconds=seconds)
+        return self.course.extend_report(out) if self.course is not None else out
 
     async def _shutdown_links(self) -> None:
         """Let every holder go, one after another. Cancelled while doing it (a console that leaves cancels its
@@ -328,6 +337,8 @@ class TravelEngine:
     async def aclose(self) -> None:
         """Shut the device service down (it scrubs nothing more: the run is over), stop its process and
         close the ledger. Safe to call after a failed or cancelled run, and more than once."""
+        if self.course is not None:
+            await self.course.before_close()
         await self.device.close()
         self.ledger.close()
 
