@@ -19,13 +19,18 @@ _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 _SQLITE_FULL = 13  # sqlite3.SQLITE_FULL: "database or disk is full" (the extended code's low byte)
 
 
+def _strerror(exc: BaseException) -> str | None:
+    """An ``OSError``'s own reason (``strerror``, without its errno and path), else None."""
+    return exc.strerror if isinstance(exc, OSError) else None
+
+
 def storage_error(exc: BaseException, what: str) -> StorageError:
     """``exc``, an ``OSError`` or ``sqlite3.Error`` met while writing ``what`` (the ledger, the recording, a
     checkpoint), as the run's named error: ``DiskFullError`` for no space (ENOSPC, EDQUOT, SQLite's
     SQLITE_FULL), else ``StorageError``. Raise it ``from exc``."""
     full = (isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS) or (
-        (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF == _SQLITE_FULL)
-    reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF == _SQLITE_FULL)  # not on an error made by hand
+    reason = _strerror(exc) or str(exc) or type(exc).__name__
     if full:
         return DiskFullError(f"{what}: no space left ({reason}); what was committed is kept: free space, then "
                              "`gputravel run --resume` continues")
@@ -60,7 +65,7 @@ def check_private(path: Path, *, what: str = "private key") -> None:
     try:
         st = os.stat(path)
     except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
-        raise ConfigError(f"cannot read {what} {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        raise ConfigError(f"cannot read {what} {path}: {_strerror(exc) or exc}") from None
     _refuse_unless_private(st, path, what)
 
 
@@ -69,9 +74,9 @@ def read_private(path: Path, *, what: str = "private key") -> bytes:
     window between the check and the read; a FIFO is refused instead of blocking)."""
     path = Path(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read {what} {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        raise ConfigError(f"cannot read {what} {path}: {_strerror(exc) or exc}") from None
     try:
         _refuse_unless_private(os.fstat(fd), path, what)
         chunks = []

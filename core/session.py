@@ -122,11 +122,11 @@ class Session:
         try:
             if engine.device.handle.alive() and engine.device.client.secrets:
                 engine.device.client.shutdown()
-        except Exception:  # noqa: BLE001 - the device may already be gone
+        except Exception:  # the device may already be gone
             pass
         engine.device.client.close()
         engine.device.handle.stop()
         try:
             engine.ledger.close()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass

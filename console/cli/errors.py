@@ -75,9 +75,7 @@ def report_error(kind: str, message: str, exit_code: int, *, as_json: bool, code
 
 
 def report_exception(exc: GpuTravelError, *, as_json: bool) -> None:
-    detail = getattr(exc, "detail", None)
-    report_error(type(exc).__name__, exc.reason, exc.exit_code, as_json=as_json, code=exc.code,
-                 detail=detail if isinstance(detail, dict) else None)
+    report_error(type(exc).__name__, exc.reason, exc.exit_code, as_json=as_json, code=exc.code, detail=exc.detail)
 
 
 def fail(kind: str, message: str, exit_code: int) -> NoReturn:

@@ -217,7 +217,7 @@ def _parse_chain(chain_pem: tuple[bytes, ...]) -> tuple[tuple[x509.Certificate, 
         return tuple(x509.load_pem_x509_certificate(p) for p in chain_pem), ""
     except (ValueError, TypeError):
         return (), "a certificate in the chain is not valid PEM"
-    except Exception as exc:  # noqa: BLE001 - fail closed on anything unexpected
+    except Exception as exc:  # fail closed on anything unexpected
         return (), f"chain unreadable: {type(exc).__name__}"
 
 
@@ -227,7 +227,7 @@ def _parse_report(report: bytes) -> tuple[Report | None, str]:
         return Report.parse(report), ""
     except AttestationError as exc:
         return None, exc.reason
-    except Exception as exc:  # noqa: BLE001 - fail closed on anything unexpected
+    except Exception as exc:  # fail closed on anything unexpected
         return None, f"report unreadable: {type(exc).__name__}"
 
 
@@ -247,7 +247,7 @@ def verify_context(
     chain: tuple[x509.Certificate, ...] = ()
     try:
         chain_pem = tuple(evidence.chain_pem)
-    except Exception as exc:  # noqa: BLE001 - fail closed on anything unexpected
+    except Exception as exc:  # fail closed on anything unexpected
         chain_error = f"chain unreadable: {type(exc).__name__}"
     else:
         chain, chain_error = _parse_chain(chain_pem)
@@ -397,7 +397,7 @@ class ClaimCheck:
             return Claim(self.name, True, self.check(ctx))
         except ClaimFailed as exc:
             return Claim(self.name, False, str(exc))
-        except Exception as exc:  # noqa: BLE001 - fail closed on anything unexpected
+        except Exception as exc:  # fail closed on anything unexpected
             text = str(exc) or "no detail"
             return Claim(self.name, False, f"{type(exc).__name__}: {text}"[:200])
 

@@ -133,11 +133,11 @@ async def sitting(*, size: int, chunk: int, handoffs: int, workdir: Path, path: 
                 if closed.complete:
                     completed += 1
                     times.append(elapsed)
-            except Exception as exc:  # noqa: BLE001 - a failed hand-off is what this study counts
+            except Exception as exc:  # a failed hand-off is what this study counts
                 print(f"bench hostile: hand-off {epoch} failed: {exc}", file=sys.stderr)
                 try:
                     await ho.close_window(client, handoff)
-                except Exception:  # noqa: BLE001
+                except Exception:
                     pass
         await link.close()
         stats = await asyncio.to_thread(client.stats)

@@ -164,7 +164,7 @@ class HostCrypto:
             fut: Future[Any] = Future()
             try:
                 fut.set_result(fn(*args))
-            except BaseException as exc:  # noqa: BLE001 - surfaces from result(), as with a pool
+            except BaseException as exc:  # surfaces from result(), as with a pool
                 fut.set_exception(exc)
             return fut
         if self._pool is None:

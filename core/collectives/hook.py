@@ -159,7 +159,7 @@ def secure_ring_hook(state: SecureRingState,
     def run() -> None:
         try:
             fut.set_result(state.reduce(buffer))
-        except BaseException as exc:  # noqa: BLE001 - handed to DDP, which raises it in backward
+        except BaseException as exc:  # handed to DDP, which raises it in backward
             fut.set_exception(exc)  # type: ignore[arg-type]  # torch's stub says Tensor
 
     state.comm_thread().submit(run)

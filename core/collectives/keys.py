@@ -151,7 +151,7 @@ def _linger_until_all_aborted(store: Store, key: str, *, world: int, seconds: fl
         while count < world and time.monotonic() < deadline:
             time.sleep(0.02)
             count = int(store.add(key, 0))
-    except Exception:  # noqa: BLE001 - the store itself may be gone; the named error is raised either way
+    except Exception:  # the store itself may be gone; the named error is raised either way
         return
 
 

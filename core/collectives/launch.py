@@ -90,7 +90,7 @@ def _entry(rank: int, world: int, port: int, backend: str, timeout_s: float, thr
         finally:
             dist.destroy_process_group()
         out.put(("done", rank, result))
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises
+    except BaseException as exc:  # reported to the parent, which raises
         out.put(("error", rank, (type(exc).__name__, str(exc), traceback.format_exc())))
 
 

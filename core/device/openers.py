@@ -158,7 +158,7 @@ class GpuOpener:
             if key is None:
                 raise DeviceError(f"chunk {seq}: the GPU opener needs the window's key, and the window has none")
             self.open(recv, key, payload, seq=seq, offset=offset, length=length)
-        except BaseException as exc:  # noqa: BLE001 - reported through done, exactly once
+        except BaseException as exc:  # reported through done, exactly once
             done(exc)
         else:
             done(None)
@@ -205,7 +205,7 @@ class GpuOpener:
                 flags = self._launch(batch[0].key, batch)
                 for item, ok in zip(batch, flags, strict=True):
                     item.ok = ok
-            except BaseException as exc:  # noqa: BLE001 (handed to every waiter, re-raised there)
+            except BaseException as exc:  # handed to every waiter, re-raised there
                 for item in batch:
                     item.error = exc
             finally:

@@ -50,7 +50,7 @@ class SpdmResponder:
                     pynvml.nvmlInit()
                     if nvml_cc_mode(pynvml) == "on":
                         self._nvml = pynvml
-                except Exception:  # noqa: BLE001 - no driver, no GPU, no CC queries: the SIM GPU answers
+                except Exception:  # no driver, no GPU, no CC queries: the SIM GPU answers
                     self._nvml = False
             return self._nvml or None
 

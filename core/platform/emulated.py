@@ -114,7 +114,7 @@ class EmulatedPlatform:
         if self.log_path is None:
             return subprocess.DEVNULL
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0), 0o600)
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         os.fchmod(fd, 0o600)
         return fd
 

@@ -12,12 +12,16 @@ Every class has a stable ``code`` (its key in ``ERRORS_BY_CODE``, and what cross
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class GpuTravelError(Exception):
     """Root of every gputravel error. ``code`` is a stable short name, ``reason`` the human text."""
 
     code: str = "error"
     exit_code: int = 1
+    #: what a command's JSON error object carries beside the reason (``console.cli.errors``; None: nothing)
+    detail: dict[str, Any] | None = None
 
     def __init__(self, reason: str = "", *, code: str | None = None) -> None:
         self.reason = reason or self.__class__.__name__

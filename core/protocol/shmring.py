@@ -95,7 +95,7 @@ class ShmRing:
         self.bound = True
         self._fd = fd
         # MAP_POPULATE: the slots are mapped in one go instead of one page fault per page of the first chunks
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        flags = mmap.MAP_SHARED | mmap.MAP_POPULATE
         self._map: mmap.mmap | None = mmap.mmap(fd, spec.nbytes, flags, mmap.PROT_READ | mmap.PROT_WRITE)
         self.closed = False
 

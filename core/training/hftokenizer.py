@@ -54,7 +54,7 @@ class ModelTokenizer:
             raise ConfigError("--tokenizer needs the tokenizers library: pip install 'gputravel[tokenizer]'") from None
         try:
             impl = Tokenizer.from_file(str(Path(folder) / "tokenizer.json"))
-        except Exception as exc:  # noqa: BLE001 - the library's own error types
+        except Exception as exc:  # the library's own error types
             raise DataError(f"{folder}/tokenizer.json does not load: {exc}") from None
         vocab = int(impl.get_vocab_size(with_added_tokens=True))
         if not 0 < vocab < 1 << 31:

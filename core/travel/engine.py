@@ -499,5 +499,5 @@ async def close_quietly(link: HolderLink) -> None:
     """``link.close()``; an error closing one holder must not hide the run's own error (nor stop the others')."""
     try:
         await link.close()
-    except Exception:  # noqa: BLE001 - closing must not hide the run's own error
+    except Exception:  # closing must not hide the run's own error
         pass

@@ -179,7 +179,7 @@ class HandoffWindows:
         await link.settle_attestation()  # nothing may read the link while it is brought back
         info = await link.ensure_ready()
         if not link.ready:
-            raise LinkLostError(link.name, f"not verified-ready ({getattr(link, 'state', '?')}); no key released")
+            raise LinkLostError(link.name, f"not verified-ready ({link.state}); no key released")
         if info is not None:
             self.infos[link.name] = info
 

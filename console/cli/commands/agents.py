@@ -122,7 +122,7 @@ def _make_command(action: str, doc: str) -> Any:
             bad = [r for r in rows if r["state"] not in OK_STATES]
             error = AgentError(bad[0]["holder"], f"{bad[0]['state']}: {bad[0].get('reason') or '-'} "
                                                  f"({len(bad)} of {len(rows)} holders not {action}ed)")
-            error.detail = {"holders": rows}  # type: ignore[attr-defined]
+            error.detail = {"holders": rows}
             raise error
         _render(rows, as_json)
         if code:

@@ -84,7 +84,7 @@ def register(bench_app: typer.Typer) -> None:
             error = GpuTravelError(f"the GPU cipher failed its checks: {report['vectors_passed']} of "
                                    f"{report['vectors_total']} known-answer vectors, interop "
                                    f"{'ok' if report['interop_ok'] else 'FAILED'}")
-            error.detail = report  # type: ignore[attr-defined]
+            error.detail = report
             raise error
         if as_json:
             sys.stdout.write(json.dumps(report, indent=2) + "\n")

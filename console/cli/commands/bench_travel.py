@@ -116,7 +116,7 @@ def register(bench_app: typer.Typer) -> None:
         if "failed" in statuses and "ok" not in statuses:  # nothing was measured: say so in the exit status
             if as_json:  # the one JSON error object, the study's result in it
                 error = GpuTravelError("every run of the study failed (see each row's reason)")
-                error.detail = result  # type: ignore[attr-defined]
+                error.detail = result
                 raise error
             render(result)
             Console(stderr=True).print("[red]every run of the study failed[/] (see each row's reason)")

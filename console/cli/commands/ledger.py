@@ -169,7 +169,7 @@ def broken(result: VerifyResult, path: Path) -> LedgerError:
     last = f"; last good row {result.rows}, hash {result.head_hash}" if result.head_hash is not None else ""
     what = "ledger broken: " if path.exists() else ""
     error = LedgerError(f"{what}{result.reason or 'unknown reason'}{last}")
-    error.detail = asdict(result)  # type: ignore[attr-defined]
+    error.detail = asdict(result)
     return error
 
 
@@ -188,7 +188,7 @@ def show(
     error = refusal_if_broken(ledger)
     if as_json:
         if error is not None:  # one JSON object: the error, with the rows as they are
-            error.detail = {"rows": [row.to_dict() for row in rows]}  # type: ignore[attr-defined]
+            error.detail = {"rows": [row.to_dict() for row in rows]}
             raise error
         typer.echo(json.dumps([row.to_dict() for row in rows], indent=2, ensure_ascii=False))
         return

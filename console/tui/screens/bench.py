@@ -221,7 +221,7 @@ class BenchScreen(ConsoleScreen):
         status.update(f"[b $accent]running[/] {esc(name)}…")
         try:
             result = await self.runner(name, on_line)
-        except Exception as exc:  # noqa: BLE001 - a failed benchmark is a message, not a crash
+        except Exception as exc:  # a failed benchmark is a message, not a crash
             status.update(f"[$error]bench {esc(name)} failed:[/] {esc(exc)}")
             return
         self.show_result(name, result)

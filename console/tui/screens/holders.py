@@ -99,7 +99,7 @@ class HoldersScreen(ConsoleScreen):
             return None
         try:
             key, _ = table.coordinate_to_cell_key(table.cursor_coordinate)
-        except Exception:  # noqa: BLE001 - no row under the cursor yet
+        except Exception:  # no row under the cursor yet
             return None
         return str(key.value) if key.value is not None else None
 
