@@ -30,7 +30,7 @@ from gputravel.core.travel.holders import HolderState
 if TYPE_CHECKING:
     from textual.app import App
 
-__all__ = ["LiveBridge", "open_recorder"]
+__all__ = ["LiveBridge", "LiveFeed", "open_recorder"]
 
 
 def open_recorder(engine: Any, record: Path | bool) -> Recorder | None:
@@ -44,6 +44,39 @@ def open_recorder(engine: Any, record: Path | bool) -> Recorder | None:
                                 "holders": list(engine.links), "started_at": time.time(), "pid": os.getpid()})
 
 
+class LiveFeed:
+    """What a live run records beside its state: the recording (``record``: see ``open_recorder``) and the telemetry
+    sampler (this machine's NVML, the emulated GPU following the session), closed with the bridge."""
+
+    def __init__(self, sampler: Sampler | None, record: Path | bool) -> None:
+        self.sampler = sampler if sampler is not None else Sampler()
+        if self.sampler.emulated is None:
+            self.sampler.emulated = EmulatedSource()
+        self.record = record
+        self.recorder: Recorder | None = None
+
+    def open(self, engine: Any) -> None:
+        self.recorder = open_recorder(engine, self.record)
+
+    def close_recorder(self) -> None:
+        if self.recorder is not None:
+            self.recorder.close()
+            self.recorder = None
+
+    async def sample(self, session: Session, tag: str | None) -> TelemetryFrame:
+        """One telemetry frame (recorded when the run is)."""
+        assert self.sampler.emulated is not None
+        self.sampler.emulated.follow(session)
+        frame = await asyncio.to_thread(self.sampler.collect, phase=tag)
+        if self.recorder is not None:
+            self.recorder.record_telemetry(frame)
+        return frame
+
+    def close(self) -> None:
+        self.close_recorder()
+        self.sampler.close()
+
+
 class LiveBridge(Bridge):
     """A live run: builds the engine off the loop, pumps its events, samples telemetry."""
 
@@ -54,11 +87,7 @@ class LiveBridge(Bridge):
         super().__init__(app)
         self.engine_factory = engine_factory
         self.session = Session(engine_factory)
-        self.sampler = sampler if sampler is not None else Sampler()
-        if self.sampler.emulated is None:
-            self.sampler.emulated = EmulatedSource()
-        self.record = record
-        self.recorder: Recorder | None = None
+        self.feed = LiveFeed(sampler, record)  # the recording and the telemetry sampler
         self.report: dict[str, Any] | None = None
         self._in_flight = False
         #: "cancelling" / "pausing": asked for, not yet confirmed by the engine (the status bar says so)
@@ -103,7 +132,7 @@ class LiveBridge(Bridge):
                 self.state.seed_holders(self.session.holder_names)
                 for name in self.session.holder_names:
                     self.state.holders[name].state = HolderState.CONNECTING
-                self.recorder = open_recorder(built, self.record)
+                self.feed.open(built)
                 self.post_state()
             engine = self.session.engine
             assert engine is not None
@@ -113,8 +142,8 @@ class LiveBridge(Bridge):
                 self.session.step()
             queue = engine.subscribe()
             engine.bus.sinks.append(self.tracker)
-            if self.recorder is not None:
-                engine.bus.sinks.append(self.recorder)
+            if self.feed.recorder is not None:
+                engine.bus.sinks.append(self.feed.recorder)
             engine.bus.sinks.append(ending)
             pump = asyncio.create_task(self._pump(queue))
             try:
@@ -136,7 +165,7 @@ class LiveBridge(Bridge):
             raise
         finally:
             self._in_flight = False
-            made = ending.finish(error, recorder=self.recorder)
+            made = ending.finish(error, recorder=self.feed.recorder)
             if made is not None and self.state.status not in TERMINAL_STATUSES:
                 self.fold((made,))
             elif error is not None and self.state.status not in TERMINAL_STATUSES:
@@ -153,7 +182,7 @@ class LiveBridge(Bridge):
         self.session.breakpoints = set(old.breakpoints)
         self.state = RunState(breakpoints=set(self.state.breakpoints))
         self.tracker = interval_tracker()
-        self._close_recorder()
+        self.feed.close_recorder()
 
     async def _pump(self, queue: asyncio.Queue[ev.Event]) -> None:
         while True:
@@ -193,12 +222,6 @@ class LiveBridge(Bridge):
             self.post_state()
         return True
 
-    # --- recording ------------------------------------------------------------------------------
-    def _close_recorder(self) -> None:
-        if self.recorder is not None:
-            self.recorder.close()
-            self.recorder = None
-
     # --- telemetry (awaited inside the app's "telemetry-poll" worker) --------------------------
     async def poll_telemetry(self, interval: float) -> None:
         while True:
@@ -206,11 +229,7 @@ class LiveBridge(Bridge):
             await asyncio.sleep(interval)
 
     async def sample_once(self) -> TelemetryFrame:
-        assert self.sampler.emulated is not None
-        self.sampler.emulated.follow(self.session)
-        frame = await asyncio.to_thread(self.sampler.collect, phase=self.tracker.tag)
-        if self.recorder is not None:
-            self.recorder.record_telemetry(frame)
+        frame = await self.feed.sample(self.session, self.tracker.tag)
         self.offer_frame(frame)
         return frame
 
@@ -262,5 +281,4 @@ class LiveBridge(Bridge):
 
     def close(self) -> None:
         self.session.close()
-        self._close_recorder()
-        self.sampler.close()
+        self.feed.close()
