@@ -1,5 +1,7 @@
 """What one visit of ``bench train --init-from DIR`` costs, part by part, in CPU time (``time.thread_time``): a
-training step, the model digest (SHA-256 of the whole state), VERIFY's model MAC (AES-GMAC of the whole state),
+training step, the model digest (``gputravel/model-digest/v2``: once when the weights are loaded, every tensor;
+then a visit's, after the steps, where a frozen tensor's entry is reused), VERIFY's model MAC (AES-GMAC of the
+whole state),
 with and without LoRA, and the machine's single-core AES-256-GCM rate. CPU time does not move with the wait for a
 core, so on a loaded shared machine these figures stand where a whole ``bench train`` study cannot be run.
 
@@ -51,14 +53,16 @@ def _one_rank(config: Any, base: dict[str, torch.Tensor], rank: int, args: argpa
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         opt.step()
 
+    first = _timed(trainer.model_digest)  # the device's digest after the weights' restore: every tensor
     steps = [_timed(step) for _ in range(args.steps)]
-    digest = _timed(trainer.model_digest)
+    digest = _timed(trainer.model_digest)  # a visit's: the trained tensors and their moments
     mac = _timed(lambda: model_mac(model, opt, os.urandom(32)))
     tensors = list(model.parameters()) + [v for st in opt.state.values() for v in st.values()
                                           if isinstance(v, torch.Tensor)]
     return {"state_bytes": sum(t.numel() * t.element_size() for t in tensors),
             "step_cpu_s": [c for c, _ in steps], "step_wall_s": [w for _, w in steps],
             "step_cpu_median_later_s": round(statistics.median(c for c, _ in steps[1:] or steps), 3),
+            "digest_first_cpu_wall_s": list(first),
             "digest_cpu_wall_s": list(digest), "mac_cpu_wall_s": list(mac)}
 
 

@@ -38,6 +38,7 @@ from gputravel.core.protocol.ckptring import CheckpointRing
 from gputravel.core.protocol.deviceanswers import DeviceState, StreamEnded
 from gputravel.core.protocol.devicelink import Op
 from gputravel.core.protocol.stream import StreamHeader, StreamOpener, StreamSealer, rechunk
+from gputravel.core.training.digest import check_digest_format, digest_trailer
 
 __all__ = ["StateStreams"]
 
@@ -99,7 +100,7 @@ class _RingStream:
 
                 self.ring.put(i, 0, fill)
                 i += 1
-            end = self.sealer.end({"model_digest": self.digest})
+            end = self.sealer.end(digest_trailer(self.digest))
 
             def fill_end(slot: memoryview) -> int:
                 slot[: len(end)] = end
@@ -226,7 +227,7 @@ class StateStreams:
             self._counts.counters["bytes_out"] += n
             self._counts.counters["checkpoint_seal_ns"] += int((time.perf_counter() - t) * 1e9)
             return Reply({"kind": 0, "done": False}, memoryview(st.out)[:n], attached=True)
-        sealed = st.sealer.end({"model_digest": st.digest})
+        sealed = st.sealer.end(digest_trailer(st.digest))
         self._ckpt_stream = None
         done = StreamEnded(model_digest=st.digest, tag_digest=st.sealer.tag_digest, bytes=st.sealer.bytes,
                            chunks=st.sealer.index, seconds=time.perf_counter() - st.t0, digest_s=st.digest_s,
@@ -249,6 +250,7 @@ class StateStreams:
             raise DeviceError("pretrained weights load only into a model that has not trained")
         self._model.settle()
         self._model.model_changed()
+        trainer.frozen_hashes.forget()  # the decoder writes the tensors' memory, which torch does not count
         targets = {"model": trainer.model.state_dict()} if weights else trainer.state_dict()
         what = f"weights for {hdr.run_id}" if weights else f"checkpoint {hdr.seq} of {hdr.run_id}"
         self._restore_stream = _RestoreStream(StreamOpener(key, hdr, what=what),
@@ -286,6 +288,7 @@ class StateStreams:
             raise DeviceError("no restore stream is open")
         try:
             trailer = st.opener.finish()
+            check_digest_format(trailer, st.opener.what)
             if st.weights:
                 self._load_weights(st.decoder.result())
             else:

@@ -13,7 +13,6 @@ with bit-identical weights and optimizer state (:meth:`Trainer.model_digest`).
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from typing import Any, cast
 import torch
 
 from gputravel.core.errors import ConfigError, DataError
+from gputravel.core.training.digest import FrozenHashes, combine, tensor_entry, value_entry
 from gputravel.core.training.lora import DEFAULT_TARGETS, LoraSettings, apply_lora
 from gputravel.core.training.model import ModelConfig, build_model, model_config_from_dict, param_shapes_of
 from gputravel.core.training.tokens import (
@@ -131,6 +131,9 @@ class Trainer:
             lr=settings.lr, betas=(0.9, 0.95), eps=1e-8,
         )
         self.step = 0
+        #: frozen tensors' digest entries, kept between digests (whoever writes the model behind torch's back
+        #: calls ``frozen_hashes.forget()``: the device's restore does)
+        self.frozen_hashes = FrozenHashes()
 
     # --- windows --------------------------------------------------------------------------------
     def _window(self, buf: torch.Tensor, off: int, length: int, fmt: TokenFormat, what: str) -> torch.Tensor:
@@ -307,55 +310,24 @@ class Trainer:
             raise ConfigError(f"weights miss {sorted(missing)[:3]} or hold unexpected {result.unexpected_keys[:3]}")
 
     def model_digest(self) -> str:
-        """SHA-256 (hex) over every parameter and the optimizer state, in a fixed order.
+        """The state's digest (``gputravel/model-digest/v2``, :mod:`core.training.digest`): SHA-256 over one
+        SHA-256 per parameter and per optimizer-state item, in a fixed order.
 
-        Each tensor contributes its name, dtype, shape and raw bytes, so any change to a weight, a
-        moment estimate or an optimizer step count changes the digest.
+        Each tensor's entry covers its name, dtype, shape and raw bytes, so any change to a weight, a moment
+        estimate or an optimizer step count changes the digest. A frozen tensor's entry is kept between digests
+        while torch counts no write to it (:class:`FrozenHashes`): a LoRA visit hashes the adapters and their
+        moments, not the base.
         """
-        h = hashlib.sha256(b"gputravel/model-digest/v1\0")
         params = list(self.model.named_parameters())
-        for name, p in params:
-            _hash_tensor(h, f"param:{name}", p)
+        entries = [self.frozen_hashes.entry(f"param:{name}", p) for name, p in params]
         for name, p in params:
             for key, value in sorted(self.optimizer.state.get(p, {}).items()):
                 if isinstance(value, torch.Tensor):
-                    _hash_tensor(h, f"optim:{name}:{key}", value)
+                    entries.append(tensor_entry(f"optim:{name}:{key}", value))
                 else:
-                    h.update(f"optim:{name}:{key}={value!r}\0".encode())
-        return h.hexdigest()
+                    entries.append(value_entry(f"optim:{name}:{key}", value))
+        return combine(entries)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-
-
-#: bytes of device memory staged per host copy while hashing on CUDA: the digest never copies a whole tensor
-#: (GPT-2's embedding is 154 MB), let alone the model, to the host
-DIGEST_STAGE_BYTES = 4 << 20
-
-
-def _hash_tensor(h: Any, label: str, tensor: torch.Tensor, *, stage: torch.Tensor | None = None) -> None:
-    """Hash a tensor's label and bytes: straight from its memory on the CPU; through ``stage`` (default: one
-    pinned buffer) in bounded slices elsewhere, or wherever ``stage`` is given."""
-    t = tensor.detach().contiguous().reshape(-1)
-    h.update(f"{label}|{t.dtype}|{tuple(tensor.shape)}\0".encode())
-    raw = t.view(torch.uint8)
-    if raw.device.type == "cpu" and stage is None:
-        h.update(raw.numpy())  # the tensor's own memory, no copy
-        return
-    stage = stage if stage is not None else _digest_stage()
-    host = stage.numpy()
-    for pos in range(0, raw.numel(), stage.numel()):
-        k = min(stage.numel(), raw.numel() - pos)
-        stage[:k].copy_(raw[pos: pos + k])  # synchronous: complete before it is hashed
-        h.update(host[:k])
-
-
-_STAGE: list[torch.Tensor] = []
-
-
-def _digest_stage() -> torch.Tensor:
-    """One pinned host buffer of ``DIGEST_STAGE_BYTES``, allocated on first use."""
-    if not _STAGE:
-        _STAGE.append(torch.empty(DIGEST_STAGE_BYTES, dtype=torch.uint8, pin_memory=torch.cuda.is_available()))
-    return _STAGE[0]

@@ -5,7 +5,6 @@ The weights are never trained, nor kept, in the orchestrator."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -15,10 +14,10 @@ import torch
 from gputravel.core.errors import ConfigError
 from gputravel.core.protocol.stream import StreamHeader
 from gputravel.core.training.checkpoint import seal_state
+from gputravel.core.training.digest import combine, digest_trailer, tensor_entry
 from gputravel.core.training.llama import LlamaConfig
 from gputravel.core.training.lora import LoraSettings, lora_init, with_adapters
 from gputravel.core.training.model import ModelConfig, model_config_from_dict, param_shapes_of
-from gputravel.core.training.trainer import _hash_tensor
 from gputravel.core.training.weights import WEIGHTS_KIND, check_params, read_weights
 
 __all__ = ["params_digest", "sealed_weights", "upload_weights"]
@@ -27,14 +26,13 @@ __all__ = ["params_digest", "sealed_weights", "upload_weights"]
 def params_digest(params: Mapping[str, torch.Tensor], config: ModelConfig, *, lora: LoraSettings | None = None,
                   seed: int = 0) -> str:
     """The digest the device reports (``Trainer.model_digest``) for a model holding ``params`` that has not
-    trained yet (no optimizer state): SHA-256 over each parameter's label, dtype, shape and bytes, in the model's
-    order; with ``lora``, the adapters' initial values (``lora_init``, from ``seed``) where the model holds them."""
-    h = hashlib.sha256(b"gputravel/model-digest/v1\0")
+    trained yet (no optimizer state): ``gputravel/model-digest/v2`` over each parameter's entry (its label, dtype,
+    shape and bytes), in the model's order; with ``lora``, the adapters' initial values (``lora_init``, from
+    ``seed``) where the model holds them."""
     shapes = param_shapes_of(config)
     adapters = lora_init(shapes, lora, seed) if lora is not None else {}
-    for name in (with_adapters(shapes, lora) if lora is not None else shapes):
-        _hash_tensor(h, f"param:{name}", adapters[name] if name in adapters else params[name])
-    return h.hexdigest()
+    return combine(tensor_entry(f"param:{name}", adapters[name] if name in adapters else params[name])
+                   for name in (with_adapters(shapes, lora) if lora is not None else shapes))
 
 
 def sealed_weights(params: Mapping[str, torch.Tensor], config: ModelConfig, *, key: bytes, run_id: str,
@@ -50,7 +48,7 @@ def sealed_weights(params: Mapping[str, torch.Tensor], config: ModelConfig, *, k
     digest = params_digest(params, config, lora=lora, seed=seed)
     header = StreamHeader.new(kind=WEIGHTS_KIND, run_id=run_id, seq=0)
     state = {"format": WEIGHTS_KIND, "config": config.to_dict(), "model": model}
-    return header, seal_state(key, header, state, trailer={"model_digest": digest}), digest
+    return header, seal_state(key, header, state, trailer=digest_trailer(digest)), digest
 
 
 def _embedding(config: ModelConfig) -> str:

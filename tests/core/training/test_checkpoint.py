@@ -238,7 +238,7 @@ def test_the_staged_paths_cuda_takes_give_the_same_bytes_and_digest() -> None:
     import hashlib
 
     from gputravel.core.training.checkpoint import state_pieces
-    from gputravel.core.training.trainer import _hash_tensor
+    from gputravel.core.training.digest import hash_tensor_into
 
     state = _trained().state_dict()
     direct = b"".join(bytes(p) for p in state_pieces(state))
@@ -246,6 +246,6 @@ def test_the_staged_paths_cuda_takes_give_the_same_bytes_and_digest() -> None:
     assert staged == direct
     w = state["model"]["transformer.wte.weight"]
     a, b = hashlib.sha256(), hashlib.sha256()
-    _hash_tensor(a, "w", w)
-    _hash_tensor(b, "w", w, stage=torch.empty(777, dtype=torch.uint8))
+    hash_tensor_into(a, "w", w)
+    hash_tensor_into(b, "w", w, stage=torch.empty(777, dtype=torch.uint8))
     assert a.hexdigest() == b.hexdigest()

@@ -1,0 +1,128 @@
+"""The model digest's format (``gputravel/model-digest/v2``) and the memo that keeps a frozen tensor's hash.
+
+The digest is SHA-256 over the domain ``gputravel/model-digest/v2\\0`` followed by one 32-byte entry per item of
+the state, in :meth:`Trainer.model_digest`'s order (parameters, then each parameter's optimizer state):
+
+* a tensor's entry is ``SHA-256(label|dtype|shape\\0 || its raw bytes)``;
+* a plain value's entry (an optimizer's step count kept as a number) is ``SHA-256(label=repr(value)\\0)``.
+
+So a tensor's entry depends on that tensor alone: a tensor that cannot have changed (a frozen base weight under
+LoRA) is hashed once and its entry reused (:class:`FrozenHashes`), and a visit hashes only what trains. ``v1``
+(one SHA-256 over every tensor's label and bytes in a row) gives other values; a ``v1`` digest is refused as a
+mismatch, never read as ``v2``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from gputravel.core.errors import DataError
+
+__all__ = ["DIGEST_DOMAIN", "DIGEST_FORMAT", "DIGEST_STAGE_BYTES", "FrozenHashes", "check_digest_format", "combine",
+           "digest_trailer", "hash_tensor_into", "tensor_entry", "value_entry"]
+
+DIGEST_FORMAT = "v2"
+DIGEST_DOMAIN = f"gputravel/model-digest/{DIGEST_FORMAT}\0".encode()
+
+#: bytes of device memory staged per host copy while hashing on CUDA: the digest never copies a whole tensor
+#: (GPT-2's embedding is 154 MB), let alone the model, to the host
+DIGEST_STAGE_BYTES = 4 << 20
+
+
+def hash_tensor_into(h: Any, label: str, tensor: torch.Tensor, *, stage: torch.Tensor | None = None) -> None:
+    """Feed ``h`` a tensor's label, dtype, shape and bytes: straight from its memory on the CPU; through
+    ``stage`` (default: one pinned buffer) in bounded slices elsewhere, or wherever ``stage`` is given."""
+    t = tensor.detach().contiguous().reshape(-1)
+    h.update(f"{label}|{t.dtype}|{tuple(tensor.shape)}\0".encode())
+    raw = t.view(torch.uint8)
+    if raw.device.type == "cpu" and stage is None:
+        h.update(raw.numpy())  # the tensor's own memory, no copy
+        return
+    stage = stage if stage is not None else _digest_stage()
+    host = stage.numpy()
+    for pos in range(0, raw.numel(), stage.numel()):
+        k = min(stage.numel(), raw.numel() - pos)
+        stage[:k].copy_(raw[pos: pos + k])  # synchronous: complete before it is hashed
+        h.update(host[:k])
+
+
+def tensor_entry(label: str, tensor: torch.Tensor, *, stage: torch.Tensor | None = None) -> bytes:
+    """A tensor's 32-byte entry in the digest."""
+    h = hashlib.sha256()
+    hash_tensor_into(h, label, tensor, stage=stage)
+    return h.digest()
+
+
+def value_entry(label: str, value: object) -> bytes:
+    """A plain value's 32-byte entry in the digest."""
+    return hashlib.sha256(f"{label}={value!r}\0".encode()).digest()
+
+
+def combine(entries: Iterable[bytes]) -> str:
+    """The digest (hex) of the state whose entries are ``entries``, in order."""
+    h = hashlib.sha256(DIGEST_DOMAIN)
+    for entry in entries:
+        h.update(entry)
+    return h.hexdigest()
+
+
+def digest_trailer(digest: str) -> dict[str, str]:
+    """A sealed stream's trailer: the model's digest and its format."""
+    return {"model_digest": digest, "digest_format": DIGEST_FORMAT}
+
+
+def check_digest_format(trailer: Any, what: str) -> None:
+    """A ``DataError`` naming the format where ``trailer`` (a restored stream's) holds a digest of another format
+    (none named: ``v1``, sealed before the format was named)."""
+    got = trailer.get("digest_format", "v1") if isinstance(trailer, dict) else "v1"
+    if got != DIGEST_FORMAT:
+        raise DataError(f"{what} was sealed with model digest {got!r}; this version computes "
+                        f"{DIGEST_FORMAT!r} (gputravel/model-digest/{DIGEST_FORMAT}) and cannot check it: "
+                        "re-run from the weights, or restore it with the version that wrote it")
+
+
+class FrozenHashes:
+    """Entries of frozen tensors (``requires_grad`` off), each kept while the same tensor object, at the same
+    address, has the same ``_version`` (torch bumps it at every in-place write through the tensor or a view of
+    it: ``copy_``, ``load_state_dict``, an optimizer's update).
+
+    A write that torch does not count (through ``.data``, a NumPy view of the memory, another process) is not
+    seen here: whoever writes a model that way calls :meth:`forget` (the device's restore does), and VERIFY's
+    model MAC, which reads every byte each time, is what finds a write behind torch's back."""
+
+    def __init__(self) -> None:
+        #: label -> (the tensor itself, held so that its id cannot be reused; its address; its version; entry)
+        self._memo: dict[str, tuple[torch.Tensor, int, int, bytes]] = {}
+        self.hashed = 0  # tensors hashed (not reused) since the memo was made: the tests read it
+
+    def entry(self, label: str, tensor: torch.Tensor) -> bytes:
+        """``tensor_entry(label, tensor)``, from the memo where the tensor is frozen and unchanged."""
+        if tensor.requires_grad:
+            self.hashed += 1
+            return tensor_entry(label, tensor)
+        ptr, version = tensor.data_ptr(), tensor._version
+        kept = self._memo.get(label)
+        if kept is not None and kept[0] is tensor and kept[1] == ptr and kept[2] == version:
+            return kept[3]
+        entry = tensor_entry(label, tensor)
+        self.hashed += 1
+        self._memo[label] = (tensor, ptr, version, entry)
+        return entry
+
+    def forget(self) -> None:
+        """Drop every kept entry: the next digest hashes every tensor."""
+        self._memo.clear()
+
+
+_STAGE: list[torch.Tensor] = []
+
+
+def _digest_stage() -> torch.Tensor:
+    """One pinned host buffer of ``DIGEST_STAGE_BYTES``, allocated on first use."""
+    if not _STAGE:
+        _STAGE.append(torch.empty(DIGEST_STAGE_BYTES, dtype=torch.uint8, pin_memory=torch.cuda.is_available()))
+    return _STAGE[0]

@@ -1,0 +1,96 @@
+"""The model digest ``gputravel/model-digest/v2``: one SHA-256 per tensor, a frozen tensor's kept between digests
+while torch counts no write to it; any change, in place too, to a base weight, an adapter or an optimizer moment
+changes the digest, which always equals a recomputation from scratch."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import torch
+
+from gputravel.core.device.modelmac import state_tensors
+from gputravel.core.errors import DataError
+from gputravel.core.training.digest import (
+    DIGEST_FORMAT,
+    check_digest_format,
+    combine,
+    digest_trailer,
+    tensor_entry,
+    value_entry,
+)
+from gputravel.core.training.llama import LlamaConfig
+from gputravel.core.training.trainer import Trainer, TrainSettings
+
+
+def _trainer(**lora: object) -> Trainer:
+    return Trainer(LlamaConfig(), TrainSettings(steps_per_visit=2, batch_size=2, seq_len=16, seed=5, **lora), "cpu")
+
+
+def _from_scratch(t: Trainer) -> str:
+    """The v2 digest recomputed with no memo, straight from the format's definition."""
+    entries = []
+    for label, value in state_tensors(t.model, t.optimizer):
+        if isinstance(value, torch.Tensor):
+            h = hashlib.sha256(f"{label}|{value.dtype}|{tuple(value.shape)}\0".encode())
+            h.update(value.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
+            entries.append(h.digest())
+        else:
+            entries.append(hashlib.sha256(f"{label}={value!r}\0".encode()).digest())
+    return hashlib.sha256(b"gputravel/model-digest/v2\0" + b"".join(entries)).hexdigest()
+
+
+def _step(t: Trainer) -> None:
+    buf = torch.randint(0, 256, (2048,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    t.train_on_window(buf, train_off=0, train_len=2048, fmt="byte")
+
+
+def test_a_lora_digest_hashes_the_frozen_base_once_and_sees_every_change() -> None:
+    t = _trainer(lora_rank=2)
+    params = dict(t.model.named_parameters())
+    frozen = [n for n, p in params.items() if not p.requires_grad]
+    adapters = [n for n, p in params.items() if p.requires_grad]
+    assert frozen and adapters
+    first = t.model_digest()
+    assert first == _from_scratch(t) and t.frozen_hashes.hashed == len(params)
+    assert t.model_digest() == first and t.frozen_hashes.hashed == len(params) + len(adapters)  # base reused
+    _step(t)
+    trained = t.model_digest()
+    assert trained != first and trained == _from_scratch(t)
+    assert t.frozen_hashes.hashed == len(params) + 2 * len(adapters)  # the base still not rehashed
+    seen = {trained}
+    for name in (frozen[0], frozen[-1], adapters[0]):  # a base weight, the last one, an adapter: in place
+        with torch.no_grad():
+            params[name].view(-1)[0] += 1.0
+        now = t.model_digest()
+        assert now not in seen and now == _from_scratch(t), name
+        seen.add(now)
+    moment = next(v for s in t.optimizer.state.values() for k, v in s.items() if k == "exp_avg")
+    moment.view(-1)[-1] += 1.0  # an optimizer moment, in place
+    assert t.model_digest() not in seen and t.model_digest() == _from_scratch(t)
+
+
+def test_a_write_torch_does_not_count_is_seen_after_forget_and_a_full_model_keeps_nothing() -> None:
+    t = _trainer(lora_rank=2)
+    before = t.model_digest()
+    base = next(p for p in t.model.parameters() if not p.requires_grad)
+    base.data.view(-1)[0] += 1.0  # through .data: torch's version counter does not move
+    t.frozen_hashes.forget()  # what the device's restore does before it writes the tensors' memory
+    assert t.model_digest() != before and t.model_digest() == _from_scratch(t)
+    full = _trainer()
+    n = len(list(full.model.parameters()))
+    _step(full)
+    assert full.model_digest() == _from_scratch(full) and full.model_digest() == _from_scratch(full)
+    assert full.frozen_hashes.hashed == 2 * n  # nothing is frozen: every digest hashes every parameter
+
+
+def test_entries_and_the_trailer_name_the_format() -> None:
+    w = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    assert combine([tensor_entry("param:w", w), value_entry("optim:w:step", 3)]) == hashlib.sha256(
+        b"gputravel/model-digest/v2\0"
+        + hashlib.sha256(b"param:w|torch.float32|(2, 3)\0" + w.numpy().tobytes()).digest()
+        + hashlib.sha256(b"optim:w:step=3\0").digest()).hexdigest()
+    check_digest_format(digest_trailer("ab" * 32), "checkpoint 1")
+    assert digest_trailer("ab")["digest_format"] == DIGEST_FORMAT == "v2"
+    with pytest.raises(DataError, match=r"checkpoint 3 of r was sealed with model digest 'v1'"):
+        check_digest_format({"model_digest": "ab" * 32}, "checkpoint 3 of r")
