@@ -12,7 +12,7 @@ from gputravel.core.device.server import DeviceServer
 from gputravel.core.device.service import DeviceService
 from gputravel.core.errors import GpuTravelError
 
-__all__ = ["device_arg_parser", "main", "serve_from_args"]
+__all__ = ["device_arg_parser", "main", "pin_threads", "serve_from_args"]
 
 
 def device_arg_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -23,7 +23,8 @@ def device_arg_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser.add_argument("--buffer-bytes", type=int, required=True)
     parser.add_argument("--device", default=None, help="torch device (default: cuda if present, else cpu)")
     parser.add_argument("--cc-mode", default="on", choices=["on", "off", "devtools"])
-    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch default)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch intra-op threads (0: torch's default count), fixed for the process (pin_threads)")
     parser.add_argument("--allow-fault-injection", action="store_true")
     parser.add_argument("--data-host", default="127.0.0.1", help="address of the TCP data port ('' for none)")
     parser.add_argument("--data-port", type=int, default=0)
@@ -32,13 +33,27 @@ def device_arg_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def serve_from_args(ns: argparse.Namespace, build: Callable[[argparse.Namespace], DeviceService]) -> None:
-    """Build the service from parsed options (a refused build prints ``ERROR`` and exits with its code),
-    then serve until shut down."""
-    if ns.threads:
-        import torch
+def pin_threads(requested: int) -> int:
+    """Fix this process's torch intra-op thread count: ``requested``, or (0) torch's default count; returns it.
 
-        torch.set_num_threads(ns.threads)
+    Setting the count (``torch.set_num_threads``) also turns MKL's dynamic thread choice off
+    (``mkl_set_dynamic(0)``). Left on (MKL's default while torch's count is never set), MKL may run a GEMM on fewer
+    threads than it was given, and a GEMM's float sums then come out in another order: the same model, optimizer
+    and batches give other last bits. That is how a resumed run once ended 1 ulp away from the uninterrupted one
+    (the crash sweep's ``kill-orchestrator@ROTATE:0+0.196`` under CI's load: its retrained visit's last loss was
+    bit for bit the one MKL on one thread gives). Pinned, every GEMM uses the same threads on every run, resumed
+    or not."""
+    import torch
+
+    count = requested or torch.get_num_threads()
+    torch.set_num_threads(count)
+    return count
+
+
+def serve_from_args(ns: argparse.Namespace, build: Callable[[argparse.Namespace], DeviceService]) -> None:
+    """Pin the torch threads (``pin_threads``), build the service from parsed options (a refused build prints
+    ``ERROR`` and exits with its code), then serve until shut down."""
+    pin_threads(ns.threads)
     try:
         service = build(ns)
     except GpuTravelError as exc:
