@@ -45,6 +45,7 @@ BUNDLE_FILES: tuple[str, ...] = (
     "core/evidence/snp_report.py",
     "core/evidence/spdm_claims.py",
     "core/evidence/tdx.py",
+    "core/evidence/tdx_family.py",
     "agents/__init__.py",
     "agents/holder/__init__.py",
     "agents/holder/__main__.py",

@@ -27,7 +27,8 @@ BUNDLE_THIRD_PARTY = {"cryptography", "dcap_qvl"}
 HOLDER_EVIDENCE = ("core/evidence/__init__.py", "core/evidence/azure_snp.py", "core/evidence/bounded.py",
                    "core/evidence/claims.py", "core/evidence/cvm_snp.py", "core/evidence/holder_check.py",
                    "core/evidence/nvidia_spdm.py", "core/evidence/policy.py", "core/evidence/snp.py",
-                   "core/evidence/snp_report.py", "core/evidence/spdm_claims.py", "core/evidence/tdx.py")
+                   "core/evidence/snp_report.py", "core/evidence/spdm_claims.py", "core/evidence/tdx.py",
+                   "core/evidence/tdx_family.py")
 STDLIB = set(sys.stdlib_module_names)
 
 
