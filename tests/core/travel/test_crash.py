@@ -34,8 +34,16 @@ ARGS = ["--holders", "2", "--rounds", "1", "--steps-per-visit", "3", "--batch-si
         "--chunk-kib", "16", "--buffer-mib", "0.25", "--transport", "local"]
 
 
+#: One torch thread in every run here, reference and resumed alike. With two, a resumed run under load ended
+#: 1 ulp away from the uninterrupted one three times (ROTATE-0, TRAIN-1, PROVISION:1+0.01): its retrained visit's
+#: last loss was bit for bit the one-thread value, even with the device's threads pinned at start (pin_threads).
+#: The cause is open (docs/checkpoints.md, "Known limits"); these tests check what a resume restores and repeats,
+#: which one thread makes exact.
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
 def gputravel(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **ONE_THREAD}
     return subprocess.run([sys.executable, "-m", "gputravel.console.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=env)
 
