@@ -52,13 +52,18 @@ def pin_threads(requested: int) -> int:
 
 def serve_from_args(ns: argparse.Namespace, build: Callable[[argparse.Namespace], DeviceService]) -> None:
     """Pin the torch threads (``pin_threads``), build the service from parsed options (a refused build prints
-    ``ERROR`` and exits with its code), then serve until shut down."""
+    ``ERROR`` and exits with its code), say which device it holds (``DEVICE cpu``, ``DEVICE cuda:0 (name)``),
+    then serve until shut down."""
     pin_threads(ns.threads)
     try:
         service = build(ns)
     except GpuTravelError as exc:
         print(f"ERROR {exc}", flush=True)
         sys.exit(exc.exit_code)
+    from gputravel.core.device.memory import device_label
+
+    # The orchestrator names the device from this line (it never imports torch for it): before READY.
+    print(f"DEVICE {device_label(service.device)}", flush=True)
     DeviceServer(service, ns.socket, data_host=ns.data_host or None, data_port=ns.data_port).serve_forever()
 
 

@@ -14,6 +14,13 @@ def best_device(prefer: str | None = None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def device_label(device: torch.device) -> str:
+    """How the platform names the device in reports: ``cpu``, or ``cuda (NVIDIA H100 80GB HBM3)``."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    return str(device)
+
+
 class Region:
     """A named byte region of device memory."""
 

@@ -94,11 +94,9 @@ class EmulatedPlatform:
             proc.wait()
             err = last_log_line(self.log_path) or ""
             raise DeviceError(f"the device service failed to start: {' '.join(lines)} {err}".strip())
-        import torch
-
-        name = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if name.startswith("cuda") and torch.cuda.is_available():
-            name = f"{name} ({torch.cuda.get_device_name(0)})"
+        # the device service names its own device (its DEVICE line): this process needs no torch for it
+        name = next((line.split(" ", 1)[1] for line in lines if line.startswith("DEVICE ")),
+                    self.device or "unknown")
         info = PlatformInfo(kind="emulated", sim=True, device=name,
                             notes=("SIM: the confidential GPU is emulated in software; no TDX or CC-mode H100 "
                                    "isolation is claimed. Attestation, channel and key windows use real "

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 import sqlite3
 from pathlib import Path
 
@@ -133,9 +136,16 @@ def check_snapshot(name: str, text: str) -> None:
 
 
 @pytest.fixture()
-def recording(tmp_path: Path) -> Path:
-    ledger = synthetic_ledger(tmp_path / "ledger.db")
-    return synthetic_run(tmp_path / "recording.db", ledger=ledger)
+def recording() -> Iterator[Path]:
+    """The synthetic run in a folder whose path has the same length on every run: the ledger screen shows the
+    path (masked as ``<tmp>`` only after the screen wrapped it), and ``tmp_path`` is longer under pytest-xdist's
+    workers (``popen-gw0/``) and with pytest's run counter, which moved the wrap."""
+    folder = Path(tempfile.mkdtemp(prefix="gt-snap-"))
+    try:
+        ledger = synthetic_ledger(folder / "ledger.db")
+        yield synthetic_run(folder / "recording.db", ledger=ledger)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 async def wait_workers(app: GpuTravelConsole, *groups: str) -> None:
