@@ -47,7 +47,8 @@ def _umask_restored() -> Iterator[None]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``@pytest.mark.gpu`` tests need CUDA: skipped, saying so, where there is none. Every test of a module
+    """``@pytest.mark.gpu`` tests need CUDA: skipped, saying so, where there is none (unless the mark names a
+    ``simulator_env`` set to ``full``: numba's simulator runs it then). Every test of a module
     in ``PROCESS_MODULES`` is marked ``process``."""
     for item in items:
         if item.path.name in PROCESS_MODULES:
@@ -61,7 +62,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     skip = pytest.mark.skip(reason="needs CUDA (no CUDA device here)")
     for item in gpu:
-        item.add_marker(skip)
+        # @pytest.mark.gpu(simulator_env="NAME"): also runs in numba's CUDA simulator when NAME=full
+        mark = item.get_closest_marker("gpu")
+        env = mark.kwargs.get("simulator_env") if mark is not None else None
+        if env is None or os.environ.get(env) != "full":
+            item.add_marker(skip)
 
 
 # --- the process marker, and the fast tier's guard ------------------------------------------------------------

@@ -67,18 +67,32 @@ def test_nist_cavp_selection_passes_including_the_vectors_that_must_fail() -> No
     vectors = cavp_vectors(per_group=1, tag_bits=(128,))
     # 25 (PT, AAD) length sections: one encrypt record, one valid and one FAIL decrypt record each
     assert len(vectors) == 75 and sum(not v.valid for v in vectors) == 25
-    report = run_vectors(vectors, shape=LaunchShape(threads=4, max_blocks=1, ctr_blocks=4, ghash_blocks=8,
-                                                    join_fan=8))
+    report = run_vectors(vectors, shape=CAVP_SHAPE)
     assert report.failures == [] and report.passed == report.total == 75
 
 
+#: The launch shape the CAVP runs use in the simulator: small, so each record's kernels run few Python threads.
+CAVP_SHAPE = LaunchShape(threads=4, max_blocks=1, ctr_blocks=4, ghash_blocks=8, join_fan=8)
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # 3000 keys, one engine each: about 5 minutes in the simulator
+def test_nist_cavp_two_records_of_every_group_pass() -> None:
+    """Every group of the CAVP files (each PT and AAD length, each of the 7 tag lengths, valid and FAIL
+    decrypt records), two records (two keys) each: 450 records, about a minute in the simulator."""
+    vectors = cavp_vectors(per_group=2)
+    assert len(vectors) == 450 and sum(not v.valid for v in vectors) == 50
+    report = run_vectors(vectors, shape=CAVP_SHAPE)
+    assert report.failures == [] and report.passed == 450
+
+
+@pytest.mark.gpu(simulator_env="GPUTRAVEL_CAVP")
+@pytest.mark.timeout(1800)  # 3000 keys, one engine each: seconds on a GPU, about 8 minutes in the simulator
 def test_nist_cavp_every_96_bit_iv_record_passes() -> None:
+    """All 3000 records: on a GPU (``-m gpu``, ``make gpu-check``). The simulator runs them too with
+    ``GPUTRAVEL_CAVP=full`` (the slow set's two records of every group take a seventh of its time)."""
     vectors = cavp_vectors()
     assert len(vectors) == 3000  # 2625 encrypt records (7 tag lengths) + 375 decrypt (128-bit tags)
-    report = run_vectors(vectors, shape=LaunchShape(threads=4, max_blocks=1, ctr_blocks=4, ghash_blocks=8,
-                                                    join_fan=8))
+    report = run_vectors(vectors, shape=CAVP_SHAPE)
     assert report.failures == [] and report.passed == 3000
 
 
