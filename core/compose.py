@@ -81,9 +81,9 @@ def local_links(settings: RunSettings, *, agent: Sequence[str]) -> list[HolderLi
 
 
 def _program_factory(settings: RunSettings) -> Callable[..., dict[str, Any]]:
-    from gputravel.core.training.model import ModelConfig, preset_for_tokens
+    from gputravel.core.training.shapes import ModelConfig, preset_for_tokens
     from gputravel.core.training.tokens import vocab_size
-    from gputravel.core.training.trainer import TrainSettings
+    from gputravel.core.training.train_settings import TrainSettings
 
     def make(*, fmt: str, total_steps: int) -> dict[str, Any]:
         if fmt == "u32" and settings.init_from is None:
@@ -105,8 +105,8 @@ def _program_factory(settings: RunSettings) -> Callable[..., dict[str, Any]]:
                               lora_rank=settings.lora_rank, lora_alpha=settings.lora_alpha, lora_targets=targets)
         lora = train.lora(model)
         if lora is not None:  # a target list that names no layer is refused before the device is configured
-            from gputravel.core.training.lora import lora_names
-            from gputravel.core.training.model import param_shapes_of
+            from gputravel.core.training.shapes import param_shapes_of
+            from gputravel.core.training.train_settings import lora_names
 
             lora_names(param_shapes_of(model), lora)
         source = str(settings.init_from) if settings.init_from is not None else f"preset:{settings.model}"

@@ -39,8 +39,8 @@ DEVICE_CODE: tuple[str, ...] = (
     # the training program it runs and the checkpoints it seals
     "core/training/__init__.py", "core/training/attention.py", "core/training/checkpoint.py",
     "core/training/digest.py", "core/training/families.py",
-    "core/training/llama.py", "core/training/lora.py", "core/training/model.py", "core/training/store.py",
-    "core/training/tokens.py", "core/training/trainer.py",
+    "core/training/llama.py", "core/training/lora.py", "core/training/model.py", "core/training/shapes.py",
+    "core/training/store.py", "core/training/tokens.py", "core/training/train_settings.py", "core/training/trainer.py",
     # the GPU cipher (opens provisioning chunks, MACs the model)
     "core/gpucipher/__init__.py", "core/gpucipher/backend.py", "core/gpucipher/engine.py", "core/gpucipher/fused.py",
     "core/gpucipher/kernels.py", "core/gpucipher/reference.py", "core/gpucipher/torch_io.py",

@@ -14,8 +14,7 @@ The interface is :class:`~gputravel.core.training.model.GPT`'s: ``model(idx, tar
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, cast
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -24,110 +23,10 @@ from torch import nn
 from gputravel.core.errors import ConfigError
 from gputravel.core.training.attention import causal_attention
 from gputravel.core.training.families import ARCHITECTURES
+from gputravel.core.training.shapes import LlamaConfig, llama_param_shapes
 
 __all__ = ["ARCHITECTURES", "Llama", "LlamaConfig", "llama_param_shapes", "rope_frequencies"]
 
-
-
-@dataclass(frozen=True)
-class LlamaConfig:
-    """Shape of a Llama-family model. ``rope_scaling`` is Llama 3's (``factor``, ``low_freq_factor``,
-    ``high_freq_factor``, ``original_max_position_embeddings``) or empty."""
-
-    arch: str = "llama"
-    vocab_size: int = 256
-    n_embd: int = 64
-    n_layer: int = 2
-    n_head: int = 4
-    n_kv_head: int = 2
-    head_dim: int = 16
-    intermediate_size: int = 128
-    block_size: int = 128
-    rope_theta: float = 10000.0
-    rope_scaling: dict[str, float] = field(default_factory=dict)
-    rms_norm_eps: float = 1e-6
-    tie_word_embeddings: bool = True
-    attention_bias: bool = False  # q/k/v/o (Llama's flag); Qwen2: q/k/v always, o never
-    mlp_bias: bool = False
-    sliding_window: int | None = None  # Mistral: each position attends to at most this many
-
-    def __post_init__(self) -> None:
-        if self.arch not in ARCHITECTURES:
-            raise ConfigError(f"unknown Llama-family variant {self.arch!r}; choose one of {', '.join(ARCHITECTURES)}")
-        for name in ("vocab_size", "n_embd", "n_layer", "n_head", "n_kv_head", "head_dim", "intermediate_size",
-                     "block_size"):
-            value = getattr(self, name)
-            if type(value) is not int or value < 1:
-                raise ConfigError(f"LlamaConfig.{name} must be a positive integer, got {value!r}")
-        if self.n_head % self.n_kv_head:
-            raise ConfigError(f"LlamaConfig: n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head})")
-        if self.head_dim % 2:
-            raise ConfigError(f"LlamaConfig.head_dim ({self.head_dim}) must be even (rotary pairs)")
-        if not (self.rope_theta > 0 and self.rms_norm_eps > 0):
-            raise ConfigError("LlamaConfig: rope_theta and rms_norm_eps must be positive")
-        if self.sliding_window is not None and self.sliding_window < 1:
-            raise ConfigError(f"LlamaConfig.sliding_window must be positive, got {self.sliding_window}")
-        if self.rope_scaling:
-            want = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
-            if set(self.rope_scaling) != want:
-                raise ConfigError(f"LlamaConfig.rope_scaling is Llama 3's ({', '.join(sorted(want))}), "
-                                  f"got {sorted(self.rope_scaling)}")
-            if not self.rope_scaling["high_freq_factor"] > self.rope_scaling["low_freq_factor"]:
-                raise ConfigError("LlamaConfig.rope_scaling: high_freq_factor must exceed low_freq_factor")
-
-    def __hash__(self) -> int:
-        return hash(tuple(sorted((k, str(v)) for k, v in self.to_dict().items())))
-
-    @property
-    def architecture(self) -> str:
-        """The Hugging Face class name (``LlamaForCausalLM`` ...)."""
-        return ARCHITECTURES[self.arch]
-
-    @property
-    def padded_vocab_size(self) -> int:  # no padding: the shapes are the folder's
-        return self.vocab_size
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["rope_scaling"] = dict(self.rope_scaling)
-        return d
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LlamaConfig:
-        """Rebuild a config; unknown keys are a ``ConfigError``."""
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ConfigError(f"unknown LlamaConfig keys: {', '.join(sorted(unknown))}")
-        d = dict(data)
-        d["rope_scaling"] = {str(k): float(v) for k, v in dict(d.get("rope_scaling") or {}).items()}
-        return cls(**d)
-
-
-def llama_param_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
-    """Every parameter in ``named_parameters`` order and its shape (a tied ``lm_head`` left out)."""
-    c, hd, qk_bias = config.n_embd, config.head_dim, config.attention_bias or config.arch == "qwen2"
-    o_bias = config.attention_bias and config.arch != "qwen2"
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, c)}
-    for i in range(config.n_layer):
-        p = f"model.layers.{i}."
-        for name, out, inp, bias in (("q_proj", config.n_head * hd, c, qk_bias), ("k_proj", config.n_kv_head * hd,
-                                     c, qk_bias), ("v_proj", config.n_kv_head * hd, c, qk_bias),
-                                     ("o_proj", c, config.n_head * hd, o_bias)):
-            shapes[f"{p}self_attn.{name}.weight"] = (out, inp)
-            if bias:
-                shapes[f"{p}self_attn.{name}.bias"] = (out,)
-        for name, out, inp in (("gate_proj", config.intermediate_size, c), ("up_proj", config.intermediate_size, c),
-                               ("down_proj", c, config.intermediate_size)):
-            shapes[f"{p}mlp.{name}.weight"] = (out, inp)
-            if config.mlp_bias:
-                shapes[f"{p}mlp.{name}.bias"] = (out,)
-        shapes[f"{p}input_layernorm.weight"] = (c,)
-        shapes[f"{p}post_attention_layernorm.weight"] = (c,)
-    shapes["model.norm.weight"] = (c,)
-    if not config.tie_word_embeddings:
-        shapes["lm_head.weight"] = (config.vocab_size, c)
-    return shapes
 
 
 def rope_frequencies(config: LlamaConfig) -> torch.Tensor:

@@ -15,39 +15,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from gputravel.core.errors import ConfigError
-from gputravel.core.training.families import DEFAULT_LORA_TARGETS
+from gputravel.core.training.train_settings import DEFAULT_TARGETS, LoraSettings, lora_names, with_adapters
 
 __all__ = ["DEFAULT_TARGETS", "LoraLinear", "LoraSettings", "apply_lora", "lora_init", "lora_names", "with_adapters"]
-
-#: targets when ``--lora-targets`` is not given: the attention projections
-DEFAULT_TARGETS = DEFAULT_LORA_TARGETS
-
-
-@dataclass(frozen=True)
-class LoraSettings:
-    rank: int
-    alpha: float
-    targets: tuple[str, ...]
-
-    def __post_init__(self) -> None:
-        if type(self.rank) is not int or self.rank < 1:
-            raise ConfigError(f"--lora-rank must be a positive integer, got {self.rank!r}")
-        if not self.alpha > 0:
-            raise ConfigError(f"--lora-alpha must be positive, got {self.alpha!r}")
-        if not self.targets or not all(isinstance(t, str) and t.isidentifier() for t in self.targets):
-            raise ConfigError(f"--lora-targets names modules (q_proj,v_proj,...), got {list(self.targets)!r}")
-
-    @property
-    def scale(self) -> float:
-        return self.alpha / self.rank
-
 
 class LoraLinear(nn.Linear):
     """An ``nn.Linear`` with a low-rank update; ``weight`` and ``bias`` are the (frozen) base's."""
@@ -68,31 +44,6 @@ class LoraLinear(nn.Linear):
         out: torch.Tensor = F.linear(x, self.weight, self.bias) + F.linear(F.linear(x, self.lora_A),
                                                                            self.lora_B) * self.scale
         return out
-
-
-def _targeted(weight_names: list[str], targets: tuple[str, ...]) -> list[str]:
-    """The module paths (``model.layers.0.self_attn.q_proj``) of 2-D weights whose module a target names."""
-    out = []
-    for name in weight_names:
-        if not name.endswith(".weight"):
-            continue
-        module = name.removesuffix(".weight")
-        if module.rsplit(".", 1)[-1] in targets:
-            out.append(module)
-    return out
-
-
-def lora_names(shapes: Mapping[str, tuple[int, ...]], lora: LoraSettings) -> dict[str, tuple[int, ...]]:
-    """The adapters' parameters (``<module>.lora_A``/``lora_B``) and shapes, in the adapted model's order."""
-    modules = _targeted([n for n, s in shapes.items() if len(s) == 2], lora.targets)
-    if not modules:
-        raise ConfigError(f"--lora-targets {','.join(lora.targets)} names no linear layer of this model")
-    out: dict[str, tuple[int, ...]] = {}
-    for m in modules:
-        rows, cols = shapes[m + ".weight"]
-        out[m + ".lora_A"] = (lora.rank, cols)
-        out[m + ".lora_B"] = (rows, lora.rank)
-    return out
 
 
 def lora_init(shapes: Mapping[str, tuple[int, ...]], lora: LoraSettings, seed: int) -> dict[str, torch.Tensor]:
@@ -130,17 +81,3 @@ def apply_lora(model: nn.Module, lora: LoraSettings, shapes: Mapping[str, tuple[
     return list(init)
 
 
-def with_adapters(shapes: Mapping[str, tuple[int, ...]], lora: LoraSettings) -> dict[str, tuple[int, ...]]:
-    """``shapes`` (a model's parameters in order) with the adapters where the adapted model registers them: each
-    targeted module's ``lora_A``, ``lora_B`` right after its own ``weight`` (and ``bias``)."""
-    adapters = lora_names(shapes, lora)
-    out: dict[str, tuple[int, ...]] = {}
-    names = list(shapes)
-    for i, name in enumerate(names):
-        out[name] = shapes[name]
-        module = name.rsplit(".", 1)[0]
-        following = names[i + 1].rsplit(".", 1)[0] if i + 1 < len(names) else None
-        if following != module and module + ".lora_A" in adapters:
-            out[module + ".lora_A"] = adapters[module + ".lora_A"]
-            out[module + ".lora_B"] = adapters[module + ".lora_B"]
-    return out

@@ -8,8 +8,7 @@ affect the loss.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, cast
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -17,90 +16,23 @@ from torch import nn
 
 from gputravel.core.errors import ConfigError
 from gputravel.core.training.attention import causal_attention
-from gputravel.core.training.llama import Llama, LlamaConfig
+from gputravel.core.training.llama import Llama
+from gputravel.core.training.shapes import (
+    GPT2_LAYER,
+    PRESETS,
+    GPTConfig,
+    LlamaConfig,
+    ModelConfig,
+    model_config_from_dict,
+    param_shapes,
+    param_shapes_of,
+    preset,
+    preset_for_tokens,
+)
 
 __all__ = ["GPT", "PRESETS", "GPTConfig", "ModelConfig", "build_model", "GPT2_LAYER", "model_config_from_dict", "pad_rows", "param_shapes", "param_shapes_of",
            "preset",
            "preset_for_tokens"]
-
-_VOCAB_PAD = 128
-
-
-@dataclass(frozen=True)
-class GPTConfig:
-    """Shape of the model. ``vocab_size`` is the real vocabulary; the embedding is padded."""
-
-    block_size: int = 128
-    vocab_size: int = 256
-    n_layer: int = 2
-    n_head: int = 4
-    n_embd: int = 128
-    dropout: float = 0.0
-
-    def __post_init__(self) -> None:
-        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"GPTConfig.{name} must be positive, got {getattr(self, name)}")
-        if self.n_embd % self.n_head:
-            raise ConfigError(f"GPTConfig.n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head})")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout}")
-
-    @property
-    def padded_vocab_size(self) -> int:
-        """The vocabulary rounded up to a multiple of 128 (the embedding's row count)."""
-        return -(-self.vocab_size // _VOCAB_PAD) * _VOCAB_PAD
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> GPTConfig:
-        """Rebuild a config; unknown keys are a ``ConfigError`` (never silently dropped)."""
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ConfigError(f"unknown GPTConfig keys: {', '.join(sorted(unknown))}")
-        return cls(**data)
-
-
-#: ``tiny`` and ``small`` are byte-level models for the demo; ``gpt2`` is GPT-2 124M (12 layers, 768 wide,
-#: 1024 context, vocabulary 50257, lm_head tied to wte: 124,475,904 parameters with llm.c's padded embedding).
-PRESETS: dict[str, GPTConfig] = {
-    "tiny": GPTConfig(block_size=128, vocab_size=256, n_layer=2, n_head=4, n_embd=128),
-    "small": GPTConfig(block_size=256, vocab_size=256, n_layer=4, n_head=4, n_embd=256),
-    "gpt2": GPTConfig(block_size=1024, vocab_size=50257, n_layer=12, n_head=12, n_embd=768),
-}
-
-
-def preset(name: str, *, vocab_size: int | None = None) -> GPTConfig:
-    """A preset by name, optionally with another vocabulary (e.g. 50257 for ``u16`` data)."""
-    try:
-        config = PRESETS[name]
-    except KeyError:
-        raise ConfigError(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}") from None
-    return replace(config, vocab_size=vocab_size) if vocab_size is not None else config
-
-
-def preset_for_tokens(name: str, token_vocab: int) -> GPTConfig:
-    """A preset sized for a token format: the vocabulary grows to cover the tokens, never shrinks.
-
-    So llm.c shards (GPT-2 ids, 50257) give every preset GPT-2's vocabulary, and ``gpt2`` stays GPT-2 124M
-    on byte-level data (bytes are ids 0..255 of its vocabulary)."""
-    base = preset(name)
-    return replace(base, vocab_size=token_vocab) if token_vocab > base.vocab_size else base
-
-
-#: a model's shape: GPT-2 (llm.c's layout) or a Llama-family decoder (Hugging Face's names)
-ModelConfig = GPTConfig | LlamaConfig
-
-
-def model_config_from_dict(data: dict[str, Any]) -> ModelConfig:
-    """A config from its dict: a Llama-family one carries ``arch``, GPT-2's has no such key."""
-    if "arch" in data:
-        return LlamaConfig.from_dict(dict(data))
-    return GPTConfig.from_dict(dict(data))
-
 
 def build_model(config: ModelConfig, *, generator: torch.Generator | None = None,
                 device: torch.device | str | None = None) -> GPT | Llama:
@@ -110,29 +42,6 @@ def build_model(config: ModelConfig, *, generator: torch.Generator | None = None
     return GPT(config, generator=generator, device=device)
 
 
-#: a GPT-2 block's parameters in ``named_parameters`` order (llm.c's file order per layer)
-GPT2_LAYER = ("ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
-              "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
-              "mlp.c_proj.weight", "mlp.c_proj.bias")
-
-
-def param_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
-    """The model's parameters (``named_parameters`` order, tied ``lm_head`` left out) and their shapes."""
-    c, vp = config.n_embd, config.padded_vocab_size
-    per_layer = {"ln_1.weight": (c,), "ln_1.bias": (c,), "attn.c_attn.weight": (3 * c, c),
-                 "attn.c_attn.bias": (3 * c,), "attn.c_proj.weight": (c, c), "attn.c_proj.bias": (c,),
-                 "ln_2.weight": (c,), "ln_2.bias": (c,), "mlp.c_fc.weight": (4 * c, c), "mlp.c_fc.bias": (4 * c,),
-                 "mlp.c_proj.weight": (c, 4 * c), "mlp.c_proj.bias": (c,)}
-    shapes: dict[str, tuple[int, ...]] = {"transformer.wte.weight": (vp, c),
-                                          "transformer.wpe.weight": (config.block_size, c)}
-    for i in range(config.n_layer):
-        for name in GPT2_LAYER:
-            shapes[f"transformer.h.{i}.{name}"] = per_layer[name]
-    shapes["transformer.ln_f.weight"] = (c,)
-    shapes["transformer.ln_f.bias"] = (c,)
-    return shapes
-
-
 def pad_rows(wte: torch.Tensor, rows: int) -> torch.Tensor:
     """``wte`` with zero rows added up to ``rows`` (the padded vocabulary)."""
     if wte.shape[0] == rows:
@@ -140,15 +49,6 @@ def pad_rows(wte: torch.Tensor, rows: int) -> torch.Tensor:
     out = torch.zeros((rows, wte.shape[1]), dtype=wte.dtype)
     out[: wte.shape[0]] = wte
     return out
-
-
-def param_shapes_of(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """The model's parameters in ``named_parameters`` order (a tied ``lm_head`` left out) and their shapes."""
-    if isinstance(config, LlamaConfig):
-        from gputravel.core.training.llama import llama_param_shapes
-
-        return llama_param_shapes(config)
-    return param_shapes(config)
 
 
 class CausalSelfAttention(nn.Module):

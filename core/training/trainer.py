@@ -13,17 +13,16 @@ with bit-identical weights and optimizer state (:meth:`Trainer.model_digest`).
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
 
 from gputravel.core.errors import ConfigError, DataError
 from gputravel.core.training.digest import FrozenHashes, combine, tensor_entry, value_entry
-from gputravel.core.training.lora import DEFAULT_TARGETS, LoraSettings, apply_lora
+from gputravel.core.training.lora import apply_lora
 from gputravel.core.training.model import ModelConfig, build_model, model_config_from_dict, param_shapes_of
 from gputravel.core.training.tokens import (
     TokenFormat,
@@ -32,69 +31,11 @@ from gputravel.core.training.tokens import (
     gather_tokens,
     vocab_size,
 )
+from gputravel.core.training.train_settings import TrainSettings
 
 __all__ = ["STATE_FORMAT", "TrainSettings", "Trainer", "VisitTrainResult"]
 
 STATE_FORMAT = 1
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    """Optimisation settings. ``total_steps`` known -> cosine decay to 10% of ``lr`` after warmup."""
-
-    steps_per_visit: int = 20
-    batch_size: int = 16
-    seq_len: int = 128
-    lr: float = 3e-3
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    warmup_steps: int = 10
-    total_steps: int | None = None
-    val_batches: int = 4
-    seed: int = 1337
-    lora_rank: int = 0  # 0: the whole model trains; R: LoRA adapters of rank R on a frozen base
-    lora_alpha: float = 0.0  # 0: the rank (scale 1)
-    lora_targets: tuple[str, ...] = ()  # (): the attention projections (lora.DEFAULT_TARGETS)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
-        if type(self.lora_rank) is not int or self.lora_rank < 0 or self.lora_alpha < 0:
-            raise ConfigError("TrainSettings: lora_rank must be an integer >= 0 and lora_alpha >= 0")
-        for name in ("steps_per_visit", "batch_size", "seq_len", "val_batches"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"TrainSettings.{name} must be positive, got {getattr(self, name)}")
-        if self.lr <= 0 or self.weight_decay < 0 or self.grad_clip < 0 or self.warmup_steps < 0:
-            raise ConfigError("TrainSettings: lr must be positive; weight_decay, grad_clip, warmup_steps non-negative")
-        if self.total_steps is not None and self.total_steps < 1:
-            raise ConfigError(f"TrainSettings.total_steps must be positive, got {self.total_steps}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrainSettings:
-        unknown = set(data) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ConfigError(f"unknown TrainSettings keys: {', '.join(sorted(unknown))}")
-        return cls(**data)
-
-    def lora(self, config: ModelConfig) -> LoraSettings | None:
-        """The LoRA settings for ``config``'s model, or ``None`` when the whole model trains."""
-        if not self.lora_rank:
-            return None
-        targets = self.lora_targets or DEFAULT_TARGETS["gpt2" if not hasattr(config, "arch") else "llama"]
-        return LoraSettings(rank=self.lora_rank, alpha=self.lora_alpha or float(self.lora_rank), targets=targets)
-
-    def lr_at(self, step: int) -> float:
-        """Learning rate of optimizer step ``step`` (0-based): linear warmup, then constant or cosine."""
-        if step < self.warmup_steps:
-            return self.lr * (step + 1) / self.warmup_steps
-        if self.total_steps is None:
-            return self.lr
-        min_lr = 0.1 * self.lr
-        span = max(1, self.total_steps - self.warmup_steps)
-        progress = min(1.0, (step - self.warmup_steps) / span)
-        return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (self.lr - min_lr)
 
 
 @dataclass(frozen=True, slots=True)

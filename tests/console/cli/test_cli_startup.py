@@ -95,6 +95,21 @@ def test_the_orchestrator_path_loads_no_torch_and_nothing_of_the_device() -> Non
     assert sorted(m for m in loaded if m.startswith("gputravel.core.device.") or m == "gputravel.core.device") == []
 
 
+def test_a_whole_run_and_its_resume_never_import_torch_in_the_orchestrator(data_root: Path, tmp_path: Path) -> None:
+    """The orchestrator plans the model from ``core/training/shapes.py`` and ``train_settings.py`` (no torch)
+    and names the device from the device service's ``DEVICE`` line: only the device process imports torch.
+    Every test and user that starts ``gputravel run`` saves torch's import (about 3 s of CPU here) once."""
+    out = tmp_path / "run"
+    seen = probe(["run", "--data", str(data_root), "--holders", "2", "--rounds", "1", "--steps-per-visit", "2",
+                  "--batch-size", "4", "--seq-len", "32", "--buffer-mib", "0.25", "--transport", "local",
+                  "--out", str(out), "--json"], tmp_path)
+    assert seen["code"] in (0, None), seen
+    assert (out / "ledger.db").is_file()
+    assert seen["torch"] is False, "gputravel run imported torch in the orchestrator"
+    resumed = probe(["run", "--resume", "--out", str(out), "--json"], tmp_path)
+    assert resumed["code"] in (0, None) and resumed["torch"] is False, resumed
+
+
 FIRST_FRAME = """
 import json, sys, types
 sys.argv = ["gputravel-console", *json.loads(sys.argv[1])]

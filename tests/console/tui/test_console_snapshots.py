@@ -11,9 +11,9 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import sqlite3
 import tempfile
 from collections.abc import Iterator
-import sqlite3
 from pathlib import Path
 
 import pytest
