@@ -22,24 +22,28 @@ corpus: setup
 demo: corpus
 	$(VENV)/bin/gputravel run
 
-# Test processes (pytest-xdist): TEST_WORKERS=1 (the default) runs the tests in pytest's own process. With more,
-# each module goes whole to one worker (--dist loadfile), so its module fixtures (sshd and its system users, torchrun
-# nodes, device services) start once. (--dist loadgroup would do nothing more here: xdist 3.8 marks a group by
-# rewriting Node._nodeid, which pytest 9 no longer reads.)
-TEST_WORKERS ?= 1
+# Test processes (pytest-xdist): TEST_WORKERS=2 by default (CI's two cores), each module whole on one worker
+# (--dist loadfile), so its module fixtures (sshd and its system users, torchrun nodes, device services) start once;
+# the likely long modules go first (tests/conftest.py, longest_modules_first). TEST_WORKERS=1 runs the tests in
+# pytest's own process. (--dist loadgroup would do nothing more here: xdist 3.8 marks a group by rewriting
+# Node._nodeid, which pytest 9 no longer reads.)
+TEST_WORKERS ?= 2
 XDIST := $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile,)
+# One torch (OpenMP/MKL) thread in every test process: two workers already fill two cores, and a device service on
+# two threads beside another worker's would only wait for the core (and a GEMM's sums may split differently).
+TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
-# The gate (lint), then the default suite, then the slow set (gpt2 end to end, torchrun restarts, every CAVP record).
+# The gate (lint), then the default suite and the slow set (gpt2 end to end, torchrun restarts, the kill sweeps) in
+# one pytest run, so neither worker waits for the other between them.
 test: setup lint
-	$(PY) -m pytest -q -p no:cacheprovider $(XDIST)
-	$(PY) -m pytest -q -p no:cacheprovider -m slow $(XDIST)
+	$(TEST_ENV) $(PY) -m pytest -q -p no:cacheprovider -m 'slow or not slow' $(XDIST)
 
 # The fast tier: no test that starts a process (device service, agents, SSH, ranks, the CLI) and none of the slow set.
 test-fast: setup
-	$(PY) -m pytest -q -p no:cacheprovider -m 'not process and not slow' $(XDIST)
+	$(TEST_ENV) $(PY) -m pytest -q -p no:cacheprovider -m 'not process and not slow' $(XDIST)
 
 test-slow: setup
-	$(PY) -m pytest -q -p no:cacheprovider -m slow $(XDIST)
+	$(TEST_ENV) $(PY) -m pytest -q -p no:cacheprovider -m slow $(XDIST)
 
 # The gate before the tests: style (ruff), the import contracts (import-linter) and types (mypy --strict over
 # all three packages). mypy sees the repository root as the gputravel package through a link (it cannot follow

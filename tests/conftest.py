@@ -46,6 +46,18 @@ def _umask_restored() -> Iterator[None]:
     os.umask(before)
 
 
+def longest_modules_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """Under pytest-xdist (``make test``: two workers, ``--dist loadfile``) each module goes whole to a worker, in
+    the order collected, the next one to whichever worker is free. A long module handed out last leaves the other
+    worker idle at the end, so the likely long ones go first: modules with a slow test, then modules that start
+    processes, then the rest; the order inside a module, and among equals, stays as collected."""
+    rank: dict[Path, int] = {}
+    for item in items:
+        weight = 0 if item.get_closest_marker("slow") else 1 if item.get_closest_marker("process") else 2
+        rank[item.path] = min(rank.get(item.path, 2), weight)
+    return sorted(items, key=lambda item: rank[item.path])  # sorted() is stable
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``@pytest.mark.gpu`` tests need CUDA: skipped, saying so, where there is none (unless the mark names a
     ``simulator_env`` set to ``full``: numba's simulator runs it then). Every test of a module
@@ -53,6 +65,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.path.name in PROCESS_MODULES:
             item.add_marker(pytest.mark.process)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items[:] = longest_modules_first(items)
     gpu = [item for item in items if "gpu" in item.keywords]
     if not gpu:
         return
@@ -83,7 +97,7 @@ PROCESS_MODULES = frozenset({
     "test_collectives.py", "test_ddp_hook.py", "test_gpu_ring.py",
     "test_checkpoint_ring.py", "test_dataplane.py", "test_device_ring.py", "test_device_service.py",
     "test_gpu_openers.py", "test_fleet_ddp.py", "test_fleet_run.py", "test_models.py", "test_witness.py",
-    "test_crash.py", "test_engine.py", "test_engine_parts.py", "test_failures.py", "test_holder_attestation.py",
+    "test_crash.py", "test_crash_sweep.py", "test_engine.py", "test_engine_parts.py", "test_failures.py", "test_holder_attestation.py",
     "test_provisioning.py", "test_train_progress.py", "test_provision_control.py", "test_device_code.py",
     # security: a malicious agent, key hunting over whole runs, nonce limits over runs, another local user
     "test_attacks.py", "test_secrets.py", "test_limits.py", "test_hostile_local.py", "test_full_disk.py",

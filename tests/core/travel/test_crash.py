@@ -12,88 +12,39 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
 import time
-from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from crash_support import (
+    AGENT_FAULT,
+    ARGS,
+    DEVICE_FAULTS,
+    ORCHESTRATOR_FAULTS,
+    check_end_state,
+    crash_data,
+    gputravel,
+    reference_run,
+    resume,
+    run_with_fault,
+)
 from helpers import HolderData, live_processes
 
-from gputravel.core.ledger import read_rows, verify_ledger
-from gputravel.core.phases import VISIT_PHASES
-from gputravel.core.travel.control import FaultPlan
-
-WORDS = "the quick brown fox jumps over a lazy dog while seven wise owls sing softly at night".split()
-ARGS = ["--holders", "2", "--rounds", "1", "--steps-per-visit", "3", "--batch-size", "4", "--seq-len", "32",
-        "--chunk-kib", "16", "--buffer-mib", "0.25", "--transport", "local"]
-
-
-#: One torch thread in every run here, reference and resumed alike. With two, a resumed run under load ended
-#: 1 ulp away from the uninterrupted one three times (ROTATE-0, TRAIN-1, PROVISION:1+0.01): its retrained visit's
-#: last loss was bit for bit the one-thread value, even with the device's threads pinned at start (pin_threads).
-#: The cause is open (docs/checkpoints.md, "Known limits"); these tests check what a resume restores and repeats,
-#: which one thread makes exact.
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-
-def gputravel(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **ONE_THREAD}
-    return subprocess.run([sys.executable, "-m", "gputravel.console.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+from gputravel.core.ledger import read_rows
 
 
 @pytest.fixture(scope="module")
 def data(holder_data: HolderData) -> Path:
-    return holder_data({"alice": 0, "bob": 1}, WORDS, 16_000, name="crashdata", newline=False)
+    return crash_data(holder_data)
 
 
 @pytest.fixture(scope="module")
 def reference(data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("ref") / "run"
-    proc = gputravel("run", "--data", str(data), *ARGS, "--out", str(out), "--json")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout)
-
-
-def check_end_state(out: Path, report: dict[str, Any], reference: dict[str, Any]) -> None:
-    assert report["training"]["model_digest"] == reference["training"]["model_digest"]
-    assert report["training"]["steps"] == reference["training"]["steps"]
-    rows = list(read_rows(out / "ledger.db"))
-    completed = Counter(r.detail["visit"] for r in rows if r.kind == "visit-completed")
-    assert completed == Counter({0: 1, 1: 1}), completed  # each holder part trained exactly once
-    epochs = [r.epoch for r in rows if r.kind == "phase" and r.phase == "HANDOFF"]
-    assert len(epochs) == len(set(epochs)), f"an epoch was reused: {epochs}"
-    assert verify_ledger(out / "ledger.db").ok
-
-
-def run_with_fault(data: Path, out: Path, fault: str) -> subprocess.CompletedProcess[str]:
-    return gputravel("run", "--data", str(data), *ARGS, "--out", str(out), "--json", "--fault", fault)
-
-
-def resume(out: Path) -> dict[str, Any]:
-    proc = gputravel("run", "--resume", "--out", str(out), "--json")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout)
-
-
-#: The faults the default suite runs (kill-orchestrator@CHECKPOINT:0, mid background checkpoint of visit 0, is
-#: test_a_kill_during_a_background_checkpoint_commits_nothing_it_held's). The slow sweeps skip these exact runs:
-#: the default suite's tests assert all the sweep would (and more) on the same fault, and CI runs both tiers.
-ORCHESTRATOR_FAULTS = [
-    "kill-orchestrator@ROTATE:0",          # boundary: trained, not yet committed -> the visit is redone
-    "kill-orchestrator@PROVISION:1+0.01",  # mid-phase: chunks in flight
-    "kill-orchestrator@TRAIN:0+0.1",       # mid-phase: the device is training
-]
-DEVICE_FAULTS = ["kill-device@TRAIN:0+0.05", "kill-device@PROVISION:1"]
-AGENT_FAULT = "kill-agent@PROVISION:1"
-RUN_IN_THE_DEFAULT_SUITE = {FaultPlan.parse(f) for f in [*ORCHESTRATOR_FAULTS, *DEVICE_FAULTS, AGENT_FAULT,
-                                                          "kill-orchestrator@CHECKPOINT:0"]}
+    return reference_run(data, tmp_path_factory)
 
 
 @pytest.mark.parametrize("fault", ORCHESTRATOR_FAULTS)
@@ -178,58 +129,6 @@ def test_resumed_run_never_reuses_the_epoch_of_the_interrupted_visit(data: Path,
     resumed_at = next(r.seq for r in rows if r.kind == "resumed")
     after = [r.epoch for r in rows if r.seq > resumed_at and r.kind == "phase" and r.phase == "HANDOFF"]
     assert after and min(after) > before
-
-
-PHASES = [str(p) for p in VISIT_PHASES]
-
-
-def sweep_delays(fault: Callable[[float], str], inside: float, turn: int) -> list[float]:
-    """The kill points of one sweep case: the phase's boundary (0.0) and a point ``inside`` it, less a fault the
-    default suite already runs (``RUN_IN_THE_DEFAULT_SUITE``). ``make test`` (CI's 90 minutes) takes one of the
-    two by turns, so every phase is killed at its boundary in one case and inside in its neighbour;
-    ``GPUTRAVEL_CRASH_SWEEP=full`` takes both everywhere."""
-    points = [d for d in (0.0, inside) if FaultPlan.parse(fault(d)) not in RUN_IN_THE_DEFAULT_SUITE]
-    if os.environ.get("GPUTRAVEL_CRASH_SWEEP") == "full" or len(points) < 2:
-        return points
-    return [points[turn % 2]]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("visit", [0, 1])
-@pytest.mark.parametrize("phase", PHASES)
-def test_kill_point_sweep(data: Path, tmp_path: Path, reference: dict[str, Any], phase: str, visit: int) -> None:
-    """Every phase of every visit, killed at its boundary or a random point inside it (``sweep_delays``: by turns,
-    both with ``GPUTRAVEL_CRASH_SWEEP=full``; slow: ``-m slow``); a fault
-    the default suite already runs (``RUN_IN_THE_DEFAULT_SUITE``) is not run twice."""
-    turn = PHASES.index(phase) + visit
-    for delay in sweep_delays(lambda d: f"kill-orchestrator@{phase}:{visit}+{d}",
-                              random.Random(f"{phase}{visit}").uniform(0.001, 0.2), turn):
-        fault = f"kill-orchestrator@{phase}:{visit}+{delay}"
-        out = tmp_path / f"run-{delay:.3f}"
-        proc = run_with_fault(data, out, fault)
-        if proc.returncode == 0:  # the phase ended before the timer fired: nothing to resume
-            check_end_state(out, json.loads(proc.stdout), reference)
-            continue
-        assert proc.returncode == -9
-        check_end_state(out, resume(out), reference)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("target", ["device", "agent"])
-@pytest.mark.parametrize("phase", PHASES)
-def test_device_and_agent_kill_sweep(data: Path, tmp_path: Path, reference: dict[str, Any], phase: str,
-                                     target: str) -> None:
-    """``kill -9`` of the device service or of the visiting holder's agent at every phase of visit 1, at the
-    boundary and at a random point inside; the run recovers by itself (slow: ``-m slow``). A fault the default
-    suite already runs (``RUN_IN_THE_DEFAULT_SUITE``) is not run twice."""
-    turn = PHASES.index(phase) + (target == "agent")
-    for delay in sweep_delays(lambda d: f"kill-{target}@{phase}:1+{d}",
-                              random.Random(f"{target}{phase}").uniform(0.001, 0.2), turn):
-        fault = f"kill-{target}@{phase}:1+{delay}"
-        out = tmp_path / f"run-{delay:.3f}"
-        proc = run_with_fault(data, out, fault)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        check_end_state(out, json.loads(proc.stdout), reference)
 
 
 def _descendants(root: int) -> dict[int, str]:
