@@ -71,9 +71,10 @@ def release_free_memory() -> bool:
     return True
 
 
-#: how far below its process's other threads a background thread runs (a thread's own nice value, Linux): a
-#: checkpoint's seal and drain yield the cores to what a visit waits for (the training step, the model's MACs
-#: and digest) and take what those leave
+#: how far below its process's other threads a background thread runs (a thread's own nice value, Linux): the
+#: device's checkpoint seal yields the cores to what a visit waits for (the training step, the model's MACs and
+#: digest) and takes what those leave. The orchestrator's drain of the ring stays at normal priority, so the seal
+#: seldom waits for a free slot (that wait polls, and each look takes the device's GIL from the training thread)
 BACKGROUND_NICE = 5
 
 

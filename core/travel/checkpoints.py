@@ -24,12 +24,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gputravel.core.errors import GpuTravelError, IntegrityError
-from gputravel.core.procs import release_free_memory, run_in_background
+from gputravel.core.procs import release_free_memory
 from gputravel.core.training.store import CheckpointStore
 from gputravel.core.travel.audit import Audit
 from gputravel.core.travel.control import Faults
@@ -161,11 +160,9 @@ class Checkpointer:
             pending.drain(add, alive=device.handle.alive)
             writer.sync()  # the bulk reaches the disk here, off the control link
 
-        # a thread of its own, below the run's others (the control link's calls share asyncio's threads)
-        drainer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-drain", initializer=run_in_background)
         try:
             try:
-                await asyncio.get_running_loop().run_in_executor(drainer, drain)
+                await asyncio.to_thread(drain)
             except BaseException:
                 with contextlib.suppress(Exception):  # the device's account; the drain's error is the one told
                     await asyncio.to_thread(device.client.checkpoint_end, pending)
@@ -184,8 +181,6 @@ class Checkpointer:
         except BaseException:
             writer.abort()
             raise
-        finally:
-            drainer.shutdown(wait=False)  # never blocks the loop: a drain cut off by cancellation ends with its ring
         seconds = time.perf_counter() - t0
         self.last_good = seq
         self.digests[seq] = done.model_digest

@@ -1,5 +1,5 @@
-"""A background thread (a checkpoint's seal on the device, its drain in the orchestrator) runs below its
-process's other threads: its own nice value rises by ``BACKGROUND_NICE``, the others' stay."""
+"""A background thread (a checkpoint's seal on the device) runs below its process's other threads: its own nice
+value rises by ``BACKGROUND_NICE``, the others' stay."""
 
 from __future__ import annotations
 
