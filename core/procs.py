@@ -71,6 +71,26 @@ def release_free_memory() -> bool:
     return True
 
 
+#: how far below its process's other threads a background thread runs (a thread's own nice value, Linux): the
+#: device's checkpoint seal yields the cores to what a visit waits for (the training step, the model's MACs and
+#: digest) and takes what those leave. The orchestrator's drain of the ring stays at normal priority, so the seal
+#: seldom waits for a free slot (that wait polls, and each look takes the device's GIL from the training thread)
+BACKGROUND_NICE = 5
+
+
+def run_in_background() -> bool:
+    """Lower the calling thread's priority by ``BACKGROUND_NICE`` (its own nice value: on Linux each thread has
+    one; the process's other threads keep theirs). False where the system does not allow it."""
+    try:
+        import threading
+
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + BACKGROUND_NICE))
+    except (AttributeError, OSError):  # no per-thread priority here
+        return False
+    return sys.platform.startswith("linux")
+
+
 @dataclass(frozen=True, slots=True)
 class ProcessIdentity:
     """Who a pid is, as far as the kernel says (``/proc``): the pid, when the process started (clock ticks

@@ -1,5 +1,6 @@
-"""What one visit of ``bench train --init-from DIR`` costs, part by part, in CPU time (``time.thread_time``): a
-training step, the model digest (``gputravel/model-digest/v2``: once when the weights are loaded, every tensor;
+"""What one visit of ``bench train --init-from DIR`` costs, part by part, in CPU time (``time.process_time``: every thread of the
+process, the digest's and the MAC's side-by-side threads included) and wall time: a training step, the held-out
+evaluation (``val_batches`` forward batches), the model digest (``gputravel/model-digest/v2``: once when the weights are loaded, every tensor;
 then a visit's, after the steps, where a frozen tensor's entry is reused), VERIFY's model MAC (AES-GMAC of the
 whole state),
 with and without LoRA, and the machine's single-core AES-256-GCM rate. CPU time does not move with the wait for a
@@ -30,9 +31,9 @@ from gputravel.core.training.weights import read_weights
 
 
 def _timed(fn: Any) -> tuple[float, float]:
-    w0, c0 = time.perf_counter(), time.thread_time()
+    w0, c0 = time.perf_counter(), time.process_time()
     fn()
-    return round(time.thread_time() - c0, 3), round(time.perf_counter() - w0, 3)
+    return round(time.process_time() - c0, 3), round(time.perf_counter() - w0, 3)
 
 
 def _one_rank(config: Any, base: dict[str, torch.Tensor], rank: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -56,6 +57,16 @@ def _one_rank(config: Any, base: dict[str, torch.Tensor], rank: int, args: argpa
     first = _timed(trainer.model_digest)  # the device's digest after the weights' restore: every tensor
     steps = [_timed(step) for _ in range(args.steps)]
     digest = _timed(trainer.model_digest)  # a visit's: the trained tensors and their moments
+
+    @torch.no_grad()
+    def evaluate() -> None:  # the visit's held-out evaluation: val_batches forward batches, eval mode
+        model.eval()
+        for _ in range(settings.val_batches):
+            x = torch.randint(0, config.vocab_size, (args.batch_size, args.seq_len + 1), generator=gen)
+            model(x[:, :-1], x[:, 1:])
+        model.train()
+
+    evaluation = _timed(evaluate)
     mac = _timed(lambda: model_mac(model, opt, os.urandom(32)))
     tensors = list(model.parameters()) + [v for st in opt.state.values() for v in st.values()
                                           if isinstance(v, torch.Tensor)]
@@ -63,7 +74,7 @@ def _one_rank(config: Any, base: dict[str, torch.Tensor], rank: int, args: argpa
             "step_cpu_s": [c for c, _ in steps], "step_wall_s": [w for _, w in steps],
             "step_cpu_median_later_s": round(statistics.median(c for c, _ in steps[1:] or steps), 3),
             "digest_first_cpu_wall_s": list(first),
-            "digest_cpu_wall_s": list(digest), "mac_cpu_wall_s": list(mac)}
+            "digest_cpu_wall_s": list(digest), "eval_cpu_wall_s": list(evaluation), "mac_cpu_wall_s": list(mac)}
 
 
 def main(argv: list[str] | None = None) -> int:

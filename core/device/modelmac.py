@@ -24,7 +24,9 @@ and no slice can move.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -38,6 +40,10 @@ __all__ = ["MAC_KEY_BYTES", "MAC_SLICE", "model_mac", "state_tensors"]
 #: released in long calls and the slice count small)
 MAC_SLICE = 64 << 20
 _STAGE_BYTES = 4 << 20
+#: a state of this many bytes or more in host memory has its slices' tags taken side by side, one thread per core
+#: (at most 4): a slice's tag depends on its bytes and index alone, and ``cryptography`` releases the GIL in
+#: ``encrypt``; the MAC is the same whichever thread took which tag
+MAC_PARALLEL_BYTES = 32 << 20
 _DOMAIN = b"gputravel/model-mac/v1\0"
 
 
@@ -67,17 +73,46 @@ def model_mac(model: torch.nn.Module, optimizer: torch.optim.Optimizer, key: byt
     if engine not in ("auto", "cpu", "gpu", "staged"):
         raise ValueError(f"model MAC engine is auto, cpu, gpu or staged, not {engine!r}")
     aes = AESGCM(key)
-    head = bytearray(_DOMAIN)
+    parts: list[bytes | Future[bytes]] = [_DOMAIN]  # the MAC's input, a slice's tag possibly still being taken
+    pool = _tag_pool(model, optimizer) if engine in ("auto", "cpu") else None
+    try:
+        used = _mac_parts(model, optimizer, key, engine, parts, pool)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True)
+    head = b"".join(p if isinstance(p, bytes) else p.result() for p in parts)
+    tag = aes.encrypt(bytes(12), b"", head)
+    return tag.hex(), "+".join(sorted(used)) or "cpu"
+
+
+def _tag_pool(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> ThreadPoolExecutor | None:
+    """Threads for the slices' tags where the state in host memory is large and the process has cores for it."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity call on this platform
+        cores = os.cpu_count() or 1
+    host = sum(v.numel() * v.element_size() for _, v in state_tensors(model, optimizer)
+               if isinstance(v, torch.Tensor) and v.device.type == "cpu")
+    if cores < 2 or host < MAC_PARALLEL_BYTES:
+        return None
+    return ThreadPoolExecutor(max_workers=min(4, cores), thread_name_prefix="model-mac")
+
+
+def _mac_parts(model: torch.nn.Module, optimizer: torch.optim.Optimizer, key: bytes, engine: str,
+               parts: list[bytes | Future[bytes]], pool: ThreadPoolExecutor | None) -> set[str]:
+    """The MAC's input after its domain, in order, into ``parts``; the CPU slices' tags on ``pool`` where given.
+    Returns the engines used."""
+    aes = AESGCM(key)
     gpu_mac: _GpuMac | None = None
     stage: torch.Tensor | None = None
     used: set[str] = set()
     index = 0
     for label, value in state_tensors(model, optimizer):
         if not isinstance(value, torch.Tensor):
-            head += f"{label}={value!r}\0".encode()
+            parts.append(f"{label}={value!r}\0".encode())
             continue
         t = value.detach().contiguous().reshape(-1)
-        head += f"{label}|{t.dtype}|{tuple(value.shape)}\0".encode()
+        parts.append(f"{label}|{t.dtype}|{tuple(value.shape)}\0".encode())
         raw = t.view(torch.uint8)
         count = -(-raw.numel() // MAC_SLICE)
         how = engine
@@ -91,14 +126,16 @@ def model_mac(model: torch.nn.Module, optimizer: torch.optim.Optimizer, key: byt
             how = "staged"
         used.add(how)
         if how == "gpu" and gpu_mac is not None:
-            head += gpu_mac.tags(raw, first_nonce=index + 1, count=count)
+            parts.append(gpu_mac.tags(raw, first_nonce=index + 1, count=count))
             index += count
             continue
         for k in range(count):
             index += 1
             piece = raw[k * MAC_SLICE: (k + 1) * MAC_SLICE]
             if how == "cpu":  # the tensor's own memory: no copy
-                head += aes.encrypt(_nonce(index), b"", _bytes_view(piece))
+                view = _bytes_view(piece)
+                parts.append(aes.encrypt(_nonce(index), b"", view) if pool is None
+                             else pool.submit(aes.encrypt, _nonce(index), b"", view))
                 continue
             # staged: cryptography takes one AAD per call, so the slice is gathered in one host buffer
             # (``MAC_SLICE`` at most, reused), copied in bounded pieces
@@ -107,9 +144,8 @@ def model_mac(model: torch.nn.Module, optimizer: torch.optim.Optimizer, key: byt
             for pos in range(0, piece.numel(), _STAGE_BYTES):
                 end = min(piece.numel(), pos + _STAGE_BYTES)
                 stage[pos: end].copy_(piece[pos: end])
-            head += aes.encrypt(_nonce(index), b"", _bytes_view(stage[: piece.numel()]))
-    tag = aes.encrypt(bytes(12), b"", bytes(head))
-    return tag.hex(), "+".join(sorted(used)) or "cpu"
+            parts.append(aes.encrypt(_nonce(index), b"", _bytes_view(stage[: piece.numel()])))
+    return used
 
 
 class _GpuMac:

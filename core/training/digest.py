@@ -15,15 +15,18 @@ mismatch, never read as ``v2``.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 
 from gputravel.core.errors import DataError
 
-__all__ = ["DIGEST_DOMAIN", "DIGEST_FORMAT", "DIGEST_STAGE_BYTES", "FrozenHashes", "check_digest_format", "combine",
-           "digest_trailer", "hash_tensor_into", "tensor_entry", "value_entry"]
+__all__ = ["DIGEST_DOMAIN", "DIGEST_FORMAT", "DIGEST_PARALLEL_BYTES", "DIGEST_STAGE_BYTES", "FrozenHashes",
+           "check_digest_format", "combine", "digest_trailer", "digest_workers", "hash_tensor_into", "tensor_entries",
+           "tensor_entry", "value_entry"]
 
 DIGEST_FORMAT = "v2"
 DIGEST_DOMAIN = f"gputravel/model-digest/{DIGEST_FORMAT}\0".encode()
@@ -31,6 +34,10 @@ DIGEST_DOMAIN = f"gputravel/model-digest/{DIGEST_FORMAT}\0".encode()
 #: bytes of device memory staged per host copy while hashing on CUDA: the digest never copies a whole tensor
 #: (GPT-2's embedding is 154 MB), let alone the model, to the host
 DIGEST_STAGE_BYTES = 4 << 20
+
+#: below this many bytes to hash, a digest's tensors are hashed on the calling thread alone (a LoRA visit's
+#: adapters: a pool would cost more than it saves)
+DIGEST_PARALLEL_BYTES = 32 << 20
 
 
 def hash_tensor_into(h: Any, label: str, tensor: torch.Tensor, *, stage: torch.Tensor | None = None) -> None:
@@ -55,6 +62,34 @@ def tensor_entry(label: str, tensor: torch.Tensor, *, stage: torch.Tensor | None
     h = hashlib.sha256()
     hash_tensor_into(h, label, tensor, stage=stage)
     return h.digest()
+
+
+def digest_workers() -> int:
+    """Threads that hash a large digest's tensors: the process's cores (its CPU affinity), at most 4. A tensor's
+    entry depends on that tensor alone, so entries are hashed side by side and joined in order; ``hashlib``
+    releases the GIL on large buffers."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity call on this platform
+        cores = os.cpu_count() or 1
+    return max(1, min(4, cores))
+
+
+def tensor_entries(items: Sequence[tuple[str, torch.Tensor]], *, workers: int | None = None) -> list[bytes]:
+    """``[tensor_entry(label, t) for label, t in items]``, in that order, the CPU tensors' hashed by up to
+    ``workers`` threads (default :func:`digest_workers`) where they hold ``DIGEST_PARALLEL_BYTES`` or more, the
+    largest first. Tensors elsewhere (CUDA) go through the one staging buffer, on the calling thread."""
+    sizes = [t.numel() * t.element_size() for _, t in items]
+    n = digest_workers() if workers is None else workers
+    on_cpu = all(t.device.type == "cpu" for _, t in items)
+    if n < 2 or len(items) < 2 or not on_cpu or sum(sizes) < DIGEST_PARALLEL_BYTES:
+        return [tensor_entry(label, t) for label, t in items]
+    order = sorted(range(len(items)), key=lambda i: -sizes[i])  # largest first: the threads end together
+    out: list[bytes] = [b""] * len(items)
+    with ThreadPoolExecutor(max_workers=min(n, len(items)), thread_name_prefix="model-digest") as pool:
+        for i, entry in zip(order, pool.map(lambda i: tensor_entry(*items[i]), order), strict=True):
+            out[i] = entry
+    return out
 
 
 def value_entry(label: str, value: object) -> bytes:
@@ -101,17 +136,31 @@ class FrozenHashes:
 
     def entry(self, label: str, tensor: torch.Tensor) -> bytes:
         """``tensor_entry(label, tensor)``, from the memo where the tensor is frozen and unchanged."""
+        return self.entries([(label, tensor)])[0][0]
+
+    def entries(self, items: Sequence[tuple[str, torch.Tensor]], *, also: Sequence[tuple[str, torch.Tensor]] = (),
+                workers: int | None = None) -> tuple[list[bytes], list[bytes]]:
+        """:meth:`entry` of each of ``items``, and ``tensor_entry`` of each of ``also`` (never kept: an optimizer's
+        moments), in their orders: the kept ones from the memo, the rest hashed side by side in one pool
+        (:func:`tensor_entries`) and the frozen ones among them kept."""
+        out: list[bytes | None] = [self._kept(label, t) for label, t in items]
+        todo = [i for i, e in enumerate(out) if e is None]
+        fresh = tensor_entries([items[i] for i in todo] + list(also), workers=workers)
+        for i, entry in zip(todo, fresh, strict=False):
+            label, tensor = items[i]
+            out[i] = entry
+            if not tensor.requires_grad:  # the address and version it was hashed at (nothing writes it meanwhile)
+                self._memo[label] = (tensor, tensor.data_ptr(), tensor._version, entry)
+        self.hashed += len(todo)
+        return [e for e in out if e is not None], fresh[len(todo):]
+
+    def _kept(self, label: str, tensor: torch.Tensor) -> bytes | None:
         if tensor.requires_grad:
-            self.hashed += 1
-            return tensor_entry(label, tensor)
-        ptr, version = tensor.data_ptr(), tensor._version
+            return None
         kept = self._memo.get(label)
-        if kept is not None and kept[0] is tensor and kept[1] == ptr and kept[2] == version:
+        if kept is not None and kept[0] is tensor and kept[1] == tensor.data_ptr() and kept[2] == tensor._version:
             return kept[3]
-        entry = tensor_entry(label, tensor)
-        self.hashed += 1
-        self._memo[label] = (tensor, ptr, version, entry)
-        return entry
+        return None
 
     def forget(self) -> None:
         """Drop every kept entry: the next digest hashes every tensor."""

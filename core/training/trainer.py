@@ -21,7 +21,7 @@ from typing import Any, cast
 import torch
 
 from gputravel.core.errors import ConfigError, DataError
-from gputravel.core.training.digest import FrozenHashes, combine, tensor_entry, value_entry
+from gputravel.core.training.digest import FrozenHashes, combine, value_entry
 from gputravel.core.training.lora import apply_lora
 from gputravel.core.training.model import ModelConfig, build_model, model_config_from_dict, param_shapes_of
 from gputravel.core.training.tokens import (
@@ -260,13 +260,14 @@ class Trainer:
         moments, not the base.
         """
         params = list(self.model.named_parameters())
-        entries = [self.frozen_hashes.entry(f"param:{name}", p) for name, p in params]
-        for name, p in params:
-            for key, value in sorted(self.optimizer.state.get(p, {}).items()):
-                if isinstance(value, torch.Tensor):
-                    entries.append(tensor_entry(f"optim:{name}:{key}", value))
-                else:
-                    entries.append(value_entry(f"optim:{name}:{key}", value))
+        labelled = [(f"param:{name}", p) for name, p in params]
+        items: list[tuple[str, Any]] = [(f"optim:{name}:{key}", value) for name, p in params
+                                        for key, value in sorted(self.optimizer.state.get(p, {}).items())]
+        # every tensor's entry at once, hashed side by side on the process's cores (core/training/digest.py)
+        entries, moments = self.frozen_hashes.entries(
+            labelled, also=[(label, v) for label, v in items if isinstance(v, torch.Tensor)])
+        hashed = iter(moments)
+        entries += [next(hashed) if isinstance(v, torch.Tensor) else value_entry(label, v) for label, v in items]
         return combine(entries)
 
     def _sync(self) -> None:

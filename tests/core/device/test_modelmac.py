@@ -52,12 +52,21 @@ def reference_mac(t: Trainer, key: bytes) -> str:
     return aes.encrypt(bytes(12), b"", bytes(head)).hex()
 
 
-def test_the_model_mac_is_the_documented_gmac_layout_computed_in_place() -> None:
+def test_the_model_mac_is_the_documented_gmac_layout_computed_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gputravel.core.device import modelmac
+
     t = trainer()
     key = os.urandom(32)
     mac, engine = model_mac(t.model, t.optimizer, key)
     assert engine == "cpu" and mac == reference_mac(t, key)
     assert model_mac(t.model, t.optimizer, key)[0] == mac  # deterministic under one key
+    # a large state's slices are tagged side by side (this small one made large): the same MAC
+    pools: list[Any] = []
+    make = modelmac._tag_pool
+    monkeypatch.setattr(modelmac, "MAC_PARALLEL_BYTES", 0)
+    monkeypatch.setattr(modelmac, "_tag_pool", lambda m, o: pools.append(make(m, o)) or pools[-1])
+    assert model_mac(t.model, t.optimizer, key) == (mac, "cpu")
+    assert pools and (pools[0] is not None or len(os.sched_getaffinity(0)) < 2)
     assert model_mac(t.model, t.optimizer, os.urandom(32))[0] != mac
 
 

@@ -5,6 +5,7 @@ changes the digest, which always equals a recomputation from scratch."""
 from __future__ import annotations
 
 import hashlib
+import threading
 
 import pytest
 import torch
@@ -94,3 +95,29 @@ def test_entries_and_the_trailer_name_the_format() -> None:
     assert digest_trailer("ab")["digest_format"] == DIGEST_FORMAT == "v2"
     with pytest.raises(DataError, match=r"checkpoint 3 of r was sealed with model digest 'v1'"):
         check_digest_format({"model_digest": "ab" * 32}, "checkpoint 3 of r")
+
+
+def test_a_large_digest_is_hashed_side_by_side_and_equals_the_format(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gputravel.core.training import digest
+
+    threads: list[str] = []
+    one = digest.tensor_entry
+
+    def counted(label: str, tensor: torch.Tensor) -> bytes:
+        threads.append(threading.current_thread().name)
+        return one(label, tensor)
+
+    monkeypatch.setattr(digest, "tensor_entry", counted)
+    monkeypatch.setattr(digest, "DIGEST_PARALLEL_BYTES", 0)  # the tiny model counts as large
+    monkeypatch.setattr(digest, "digest_workers", lambda: 3)
+    t = _trainer(lora_rank=2)
+    _step(t)
+    n_params = len(list(t.model.parameters()))
+    assert t.model_digest() == _from_scratch(t) and t.frozen_hashes.hashed == n_params  # every parameter once
+    assert threads and all(name.startswith("model-digest") for name in threads)  # every entry on the pool
+    _step(t)
+    assert t.model_digest() == _from_scratch(t)  # the frozen base kept across the pool's hashes
+    assert t.frozen_hashes.hashed == n_params + sum(p.requires_grad for p in t.model.parameters())
+    items = [(f"w{i}", torch.full((1000 + i,), float(i))) for i in range(7)]
+    assert digest.tensor_entries(items, workers=2) == digest.tensor_entries(items, workers=1) == [
+        one(label, w) for label, w in items]  # in the items' order, whatever thread hashed each
