@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from gputravel.core.deviceclient.client import DeviceClient
@@ -116,14 +116,19 @@ def fixed_stages(*, window_ns: tuple[int, int], stats: ProvisionStats, closed: W
 
     ``window_ns``: ``perf_counter_ns`` before asking for the window's key and when the grant came back;
     ``stats.marks_ns``: the link's moments (``ProvisionStats``); ``closed.marks_ns``: the device's, in ns after
-    the window opened, placed on this process's clock at the grant's return (late by the grant's way back,
-    tens of microseconds; no clock is compared across processes). A stage that did not happen (no holder
-    attestation, no ring, a device that does not mark) is 0."""
+    the window opened. No clock is compared across processes: the device's window opened somewhere between
+    ``w0`` and ``w1``, and it is placed at the latest such moment that keeps the order both sides saw (the
+    device's last chunk came before the agent's DONE).
+    Placed at ``w1`` alone, a loaded machine's slow way back for the grant (milliseconds under two test workers)
+    pushed the device's marks past the agent's DONE, and the clamped ``done`` stage made the stages add up to
+    more than the hand-off. A stage that did not happen (no holder attestation, no ring, a device that does not
+    mark) is 0."""
     w0, w1 = window_ns
     link = stats.marks_ns
-    dev = {name: w1 + int(ns) for name, ns in closed.marks_ns.items()}
     sent = link.get("handoff_sent", w1)
     key_out = link.get("verdict", sent)  # from the verdict: the key wrapped for the holder, HANDOFF written
+    opened = _device_window_opened(w0, w1, closed.marks_ns, done=link.get("done"))
+    dev = {name: opened + int(ns) for name, ns in closed.marks_ns.items()}
     admitted = dev.get("admitted", sent)
     bound = dev.get("ring_bound", max(sent, admitted))
     ready = max(sent, admitted, bound)
@@ -140,6 +145,14 @@ def fixed_stages(*, window_ns: tuple[int, int], stats: ProvisionStats, closed: W
     out["total"] = round(sum(ns.values()) / 1e6, 4)
     out["data"] = round(max(0, last - first) / 1e6, 4)  # not a fixed cost: the bytes themselves
     return out
+
+
+def _device_window_opened(w0: int, w1: int, marks: Mapping[str, int], *, done: int | None) -> int:
+    """The device's window-open moment on this process's clock: in ``[w0, w1]``, the latest that lets the device's
+    ``last_chunk`` precede the agent's ``done`` (``w1`` when nothing constrains it)."""
+    if done is None or "last_chunk" not in marks:
+        return w1
+    return max(w0, min(w1, done - int(marks["last_chunk"])))
 
 
 def add_stages(into: dict[str, float], more: dict[str, float]) -> dict[str, float]:

@@ -40,6 +40,19 @@ def test_stages_that_did_not_happen_are_zero_and_a_relay_admitted_early_costs_no
     assert got["total"] == pytest.approx(1.0 + 2.0 + 5.0)
 
 
+def test_a_slow_way_back_for_the_grant_does_not_push_the_devices_marks_past_the_agents_done() -> None:
+    # the grant took 4 ms to come back (asked at 6, back at 10: a loaded machine); the device's last chunk was in
+    # 9 ms after its window opened and DONE is read at 17 ms, so the window opened by 8 ms, not at 10: placed at
+    # 10, the last chunk would follow DONE, `done` would clamp to 0 and the stages would exceed the hand-off
+    stats = ProvisionStats(marks_ns={"attest_begun": 11 * MS, "attest_sent": 12 * MS, "verdict": 13 * MS,
+                                     "handoff_sent": int(13.5 * MS), "done": 17 * MS})
+    got = ho.fixed_stages(window_ns=(6 * MS, 10 * MS), stats=stats,
+                          closed=closed(admitted=6, first_chunk=7, last_chunk=9))
+    assert got["done"] == pytest.approx(0.0) and got["admission"] == pytest.approx(1.0)
+    # the stages after the window and the data add up to the hand-off the link timed, attest to DONE
+    assert got["total"] - got["window"] + got["data"] == pytest.approx(17.0 - 11.0)
+
+
 def test_a_visit_with_several_keys_sums_its_hand_offs() -> None:
     one = {k: 1.0 for k in (*ho.FIXED_STAGES, "total", "data")}
     assert ho.add_stages({}, one) == one
