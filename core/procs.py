@@ -6,6 +6,7 @@ import ctypes
 import os
 import signal
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,8 +60,6 @@ def release_free_memory() -> bool:
     """
     if not _libc_trim:
         try:
-            import ctypes
-
             _libc_trim.append(ctypes.CDLL("libc.so.6").malloc_trim)
         except (OSError, AttributeError):  # not glibc
             _libc_trim.append(None)
@@ -80,15 +79,16 @@ BACKGROUND_NICE = 5
 
 def run_in_background() -> bool:
     """Lower the calling thread's priority by ``BACKGROUND_NICE`` (its own nice value: on Linux each thread has
-    one; the process's other threads keep theirs). False where the system does not allow it."""
-    try:
-        import threading
-
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + BACKGROUND_NICE))
-    except (AttributeError, OSError):  # no per-thread priority here
+    one; the process's other threads keep theirs). False where the system does not allow it: elsewhere
+    ``setpriority`` on a thread id would name a process, or nothing."""
+    if not sys.platform.startswith("linux"):
         return False
-    return sys.platform.startswith("linux")
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + BACKGROUND_NICE))
+    except OSError:  # e.g. a seccomp profile that refuses it
+        return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,15 @@ __all__ = ["GPT2_LAYER", "PRESETS", "GPTConfig", "LlamaConfig", "ModelConfig", "
 _VOCAB_PAD = 128
 
 
+def _known_keys(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``data`` whose keys are all fields of the dataclass ``cls``; any other key is a ``ConfigError``
+    naming it (a config from a file or the wire is never silently trimmed)."""
+    unknown = set(data) - {f.name for f in fields(cls)}
+    if unknown:
+        raise ConfigError(f"unknown {cls.__name__} keys: {', '.join(sorted(unknown))}")
+    return dict(data)
+
+
 @dataclass(frozen=True)
 class GPTConfig:
     """Shape of the model. ``vocab_size`` is the real vocabulary; the embedding is padded."""
@@ -47,11 +56,7 @@ class GPTConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GPTConfig:
         """Rebuild a config; unknown keys are a ``ConfigError`` (never silently dropped)."""
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ConfigError(f"unknown GPTConfig keys: {', '.join(sorted(unknown))}")
-        return cls(**data)
+        return cls(**_known_keys(cls, data))
 
 
 #: ``tiny`` and ``small`` are byte-level models for the demo; ``gpt2`` is GPT-2 124M (12 layers, 768 wide,
@@ -154,11 +159,7 @@ class LlamaConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LlamaConfig:
         """Rebuild a config; unknown keys are a ``ConfigError``."""
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ConfigError(f"unknown LlamaConfig keys: {', '.join(sorted(unknown))}")
-        d = dict(data)
+        d = _known_keys(cls, data)
         d["rope_scaling"] = {str(k): float(v) for k, v in dict(d.get("rope_scaling") or {}).items()}
         return cls(**d)
 

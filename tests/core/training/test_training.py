@@ -10,6 +10,7 @@ import torch
 
 from gputravel.core.errors import ConfigError, DataError
 from gputravel.core.training.model import GPT, PRESETS, GPTConfig, preset
+from gputravel.core.training.shapes import LlamaConfig
 from gputravel.core.training.tokens import (
     TokenFormat,
     bytes_per_token,
@@ -84,6 +85,11 @@ def test_config_round_trips_and_rejects_unknown_keys() -> None:
     assert GPTConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ConfigError, match="bogus"):
         GPTConfig.from_dict({**cfg.to_dict(), "bogus": 1})
+    llama = LlamaConfig(rope_scaling={"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                      "original_max_position_embeddings": 64})
+    assert LlamaConfig.from_dict(llama.to_dict()) == llama
+    with pytest.raises(ConfigError, match="unknown LlamaConfig keys: bogus"):
+        LlamaConfig.from_dict({**llama.to_dict(), "bogus": 1})
     with pytest.raises(ConfigError, match="n_head"):
         GPTConfig(n_embd=30, n_head=4)
     with pytest.raises(ConfigError, match="unknown model preset"):
