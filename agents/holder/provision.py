@@ -38,32 +38,19 @@ from gputravel.core.protocol.holderlink import (
 )
 from gputravel.core.protocol.shmring import MAX_RING_BYTES, RingSpec, ShmRing
 
-__all__ = ["MAX_CHUNK", "MAX_IN_FLIGHT", "MAX_RETRANSMITS", "REPORT_EVERY_NS", "RING_LEAD_BYTES", "RING_SLOTS",
-           "ChunkOut", "Provisioner", "ring_slots"]
+__all__ = ["MAX_CHUNK", "MAX_IN_FLIGHT", "MAX_RETRANSMITS", "REPORT_EVERY_NS", "RING_SLOTS", "ChunkOut",
+           "Provisioner"]
 
 #: chunks in flight on a socket (the TCP data port crosses machines: room for the bandwidth-delay product)
 MAX_IN_FLIGHT = 32
-#: the fewest slots of a shared-memory ring (a window of fewer chunks gets fewer): with acknowledgements in
-#: batches of at most half the ring, the agent always has slots to seal into while the rest are acknowledged
+#: slots of a shared-memory ring: few enough that the ring stays in the CPU's cache between the agent's
+#: seal and the device's open (8 MiB at 1 MiB chunks); measured on the 2-core build machine, 6-8 slots with
+#: acknowledgements in batches of half the ring beat 32 slots by about a fifth (docs/provisioning.md)
 RING_SLOTS = 8
-#: how many bytes of sealed chunks a shared-memory ring holds ahead of the device (24 slots at 1 MiB chunks, 8
-#: at 4 MiB): the agent's lead must outlast its wake-up by the device's ACK, which on the shared 2-core build
-#: machine took 1.5-3 ms (under load the agent and the device end up taking turns on one core,
-#: docs/performance.md) while the device opens a 1 MiB chunk in 0.3-0.5 ms; 8 slots (4 after each batch of
-#: acknowledgements) left the agent waiting, 24 cut its wait in most interleaved rounds there
-RING_LEAD_BYTES = 24 << 20
 MAX_RETRANSMITS = 3
 #: on the direct path, acknowledgements are summed up for the orchestrator at most this often (and at the end):
 #: each report crosses its link (an SSH channel), which costs more CPU than sealing a chunk
 REPORT_EVERY_NS = 50_000_000
-
-
-def ring_slots(chunk_size: int, chunks_left: int) -> int:
-    """Slots of the shared-memory ring for a hand-off of ``chunks_left`` chunks of ``chunk_size`` bytes:
-    ``RING_LEAD_BYTES`` of chunks and at least ``RING_SLOTS``, never more than the chunks left, the socket
-    path's ``MAX_IN_FLIGHT`` (small chunks: the per-chunk cost binds, not the lead) or ``MAX_RING_BYTES``."""
-    want = max(RING_SLOTS, -(-RING_LEAD_BYTES // chunk_size))
-    return max(1, min(want, chunks_left, MAX_IN_FLIGHT, MAX_RING_BYTES // (chunk_size + TAG_LEN)))
 
 
 @dataclass
@@ -194,7 +181,8 @@ class Provisioner:
             if endpoint is not None:
                 spec = None
                 if sender is not None and endpoint.ring:
-                    spec = RingSpec(h.epoch, ring_slots(cs, n_chunks - start), cs + TAG_LEN)
+                    slots = max(1, min(in_flight, RING_SLOTS, MAX_RING_BYTES // (cs + TAG_LEN)))
+                    spec = RingSpec(h.epoch, slots, cs + TAG_LEN)
                 conn, ring = self._data_conn(endpoint, h, spec)
             if ring is not None and conn is not None:
                 out = ChunkOut(conn.ring_slots, conn.notify)
