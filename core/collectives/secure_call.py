@@ -25,7 +25,7 @@ class RingBuffers:
     """Preallocated ciphertext (and reduce scratch) of one plan on one rank, reused across calls."""
 
     __slots__ = ("send_off", "recv_off", "send", "recv", "send_np", "recv_np", "scratch", "scratch_np",
-                 "saved")
+                 "saved", "whole")
 
     def __init__(self, plan: RingPlan, rank: int, *, pin: bool) -> None:
         self.send_off, send_total = plan.layout(rank, send=True)
@@ -38,6 +38,13 @@ class RingBuffers:
         self.scratch = torch.empty((plan.maxc, max(1, biggest) * plan.esize), dtype=torch.uint8)
         self.scratch_np = self.scratch.numpy()
         self.saved: dict[tuple[int, int], bytes] = {}  # replay fault: first call's ciphertext
+        self.whole: torch.Tensor | None = None  # the direct schedule's opened peer tensor (made on first use)
+
+    def whole_scratch(self, nbytes: int) -> torch.Tensor:
+        """A reused ``nbytes`` plaintext buffer for ``SecureCall.run_direct`` (the peer's whole tensor)."""
+        if self.whole is None or self.whole.numel() < nbytes:
+            self.whole = torch.empty(nbytes, dtype=torch.uint8)
+        return self.whole[:nbytes]
 
 
 class SecureCall:
@@ -148,12 +155,12 @@ class SecureCall:
         if err is not None and self.error is None:
             self.error = err
 
-    def _inject(self, g: int, k: int, out: torch.Tensor) -> torch.Tensor:
+    def _inject(self, g: int, k: int, out: torch.Tensor, phase_step: tuple[Phase, int] | None = None) -> torch.Tensor:
         """Fault injection: the bytes a tampering or replaying host would deliver instead of ``out``."""
         fault = self.ring.fault
         if fault is None or fault.rank != self.rank:
             return out
-        phase, step = self._phase_step(g)
+        phase, step = phase_step or self._phase_step(g)
         if (phase, step, k) != (fault.phase, fault.step, fault.chunk):
             return out
         if fault.kind == "flip":
@@ -188,7 +195,47 @@ class SecureCall:
         return (len(plan.chunks[plan.seg(g, self.rank, send=True)]),
                 len(plan.chunks[plan.seg(g, self.rank, send=False)]))
 
-    # the two schedules
+    # the three schedules
+    def run_direct(self) -> None:
+        """World 2, a small tensor: one hop each way. This rank posts its receive, seals its whole tensor, sends
+        it, opens the peer's whole tensor and adds it (x0 + x1 on one rank, x1 + x0 on the other: the same bits).
+        The same bytes sealed, sent and opened as the ring's two steps at world 2, in one message instead of two
+        (``DIRECT_MAX_BYTES`` in ``ring``). The hop's AAD is ``Phase.DIRECT``, step 0, chunk 0, src -> dst, offset
+        0, the tensor's length; its nonce is the link's first sequence number reserved for this call."""
+        st, wire, bufs = self.stats, self.ring.wire, self.bufs
+        nbytes = self.plan.numel * self.plan.esize
+        peer = 1 - self.rank
+        send_ct, recv_ct = bufs.send[:nbytes + TAG_LEN], bufs.recv[:nbytes + TAG_LEN]
+        t0 = time.perf_counter()
+        _, rw = wire.exchange(None, recv_ct, tag=0)
+        t1 = time.perf_counter()
+        aad = HopAad(self.keys.send.session_id, self.keys.epoch, self.iteration, Phase.DIRECT, 0, 0, self.rank, peer,
+                     0, nbytes)
+        self.keys.send.seal_into(self.send_base, self.flat_np, bufs.send_np[:nbytes + TAG_LEN], aad)
+        t2 = time.perf_counter()
+        sw, _ = wire.exchange(self._inject(-1, 0, send_ct, (Phase.DIRECT, 0)), None, tag=0)
+        rw.wait()
+        t3 = time.perf_counter()
+        whole = bufs.whole_scratch(nbytes)
+        aad = HopAad(self.keys.recv.session_id, self.keys.epoch, self.iteration, Phase.DIRECT, 0, 0, peer, self.rank,
+                     0, nbytes)
+        err: TagError | None = None
+        try:
+            self.keys.recv.open_into(self.recv_base, bufs.recv_np[:nbytes + TAG_LEN], whole.numpy(), aad)
+        except TagError as exc:
+            err = exc
+        t4 = time.perf_counter()
+        if err is None:
+            self.flat_t.add_(whole.view(self.flat_t.dtype))
+        t5 = time.perf_counter()
+        sw.wait()
+        st.wire_s += (t1 - t0) + (t3 - t2) + (time.perf_counter() - t5)
+        st.crypto_s += (t2 - t1) + (t4 - t3)
+        st.reduce_s += t5 - t4
+        st.bytes_sealed += nbytes
+        st.bytes_opened += nbytes
+        self._note(err)
+
     def run_naive(self) -> None:
         """Per hop, serially, in this thread: seal, send, receive, open (+ reduce)."""
         st, wire = self.stats, self.ring.wire
