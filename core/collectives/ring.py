@@ -33,6 +33,7 @@ from gputravel.core.errors import CollectiveAbortedError, CollectiveError, Confi
 from gputravel.core.protocol import TagError
 
 __all__ = [
+    "DIRECT_MAX_BYTES",
     "CollectiveAbortedError",
     "RingFault",
     "RingStats",

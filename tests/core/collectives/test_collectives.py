@@ -18,6 +18,7 @@ from gputravel.core.collectives.keys import emulated_identity, establish_ring_ke
 from gputravel.core.collectives.launch import WorkerContext, run_workers
 from gputravel.core.collectives.parts import MAX_PIECES, WIRE_PIECE_BYTES, RingPlan, _pieces
 from gputravel.core.collectives.ring import (
+    DIRECT_MAX_BYTES,
     CollectiveAbortedError,
     RingFault,
     SecureRing,
@@ -68,6 +69,21 @@ def equality_worker(ctx: WorkerContext, vendor_dir: str) -> list[str]:
     want = torch.arange(12.0).reshape(3, 4).t() * sum(range(1, ctx.world_size + 1))
     if not torch.equal(x, want):
         bad.append("non-contiguous tensor")
+    # world 2 with auto chunking and no free core: secure_pipelined sends a small tensor as one sealed hop each
+    # way (run_direct); the sum is the same bits as dist.all_reduce's (x0 + x1 on one rank, x1 + x0 on the other)
+    if ctx.world_size == 2:
+        direct = SecureRing(keys=keys, chunk_bytes=None, crypto=HostCrypto(workers=0))
+        for n in (1, 7, 65_537, DIRECT_MAX_BYTES // 4):
+            x = torch.randn(n, generator=torch.Generator().manual_seed(ctx.rank + n))
+            ref = x.clone()
+            dist.all_reduce(ref)
+            y = x.clone()
+            direct.all_reduce(y, Variant.SECURE_PIPELINED)
+            if not torch.equal(y, ref):
+                bad.append(f"direct n={n}: max err {(y - ref).abs().max():.3g}")
+        sealed = direct.stats[Variant.SECURE_PIPELINED].bytes_sealed
+        if sealed != 4 * (1 + 7 + 65_537 + DIRECT_MAX_BYTES // 4):
+            bad.append(f"direct sealed {sealed} bytes: not each tensor once")
     # a segment over the wire's piece size (16 MB: 8 MB hops at world 2, 5.3 MB at 3) goes as several pieces
     whole = SecureRing(keys=keys, chunk_bytes=None, crypto=HostCrypto(workers=0))
     x = torch.randn(4_000_003, generator=torch.Generator().manual_seed(ctx.rank))
@@ -82,12 +98,14 @@ def equality_worker(ctx: WorkerContext, vendor_dir: str) -> list[str]:
 
 
 def tamper_worker(ctx: WorkerContext, vendor_dir: str, cases: list[tuple[str, RingFault]]) -> list[str]:
-    """Run each (variant, fault) once (a replay fault twice); return what each call raised on this rank."""
+    """Run each (variant, fault) once (a replay fault twice); return what each call raised on this rank. A
+    ``Phase.DIRECT`` fault runs the direct schedule (world 2, auto chunking, inline crypto)."""
     outcomes = []
     keys = _ring(ctx, vendor_dir).keys
     for variant, fault in cases:
-        ring = SecureRing(keys=keys, chunk_bytes=SMALL_CHUNK, fault=fault,
-                          crypto=HostCrypto(workers=len(outcomes) % 2 * 2))  # inline and pool in turn
+        direct = fault.phase is Phase.DIRECT
+        ring = SecureRing(keys=keys, chunk_bytes=None if direct else SMALL_CHUNK, fault=fault,
+                          crypto=HostCrypto(workers=0 if direct else len(outcomes) % 2 * 2))  # inline and pool
         x = torch.ones(6000) * (ctx.rank + 1)  # two chunks per segment at world 3
         if fault.kind == "replay":
             ring.all_reduce(x.clone(), variant)  # the first call is recorded, and passes
@@ -144,10 +162,15 @@ def test_tampered_hop_raises_tag_error_on_the_receiver_and_aborts_every_rank(wor
 
 
 def test_replayed_hop_from_an_earlier_iteration_is_rejected(tmp_path: Path) -> None:
-    cases = [(Variant.SECURE_PIPELINED, RingFault("replay", rank=1, phase=Phase.ALL_GATHER, step=0, chunk=0))]
+    cases = [(Variant.SECURE_PIPELINED, RingFault("replay", rank=1, phase=Phase.ALL_GATHER, step=0, chunk=0)),
+             # the direct schedule (one hop each way): a replayed and a tampered hop, each rejected by its receiver
+             (Variant.SECURE_PIPELINED, RingFault("replay", rank=0, phase=Phase.DIRECT)),
+             (Variant.SECURE_PIPELINED, RingFault("flip", rank=1, phase=Phase.DIRECT))]
     results = run_workers(tamper_worker, 2, str(tmp_path), cases, timeout=60)
-    assert results[0][0] == "TagError zeroed"
-    assert results[1][0] == "CollectiveAbortedError zeroed"
+    assert [r[:3] for r in results] == [["TagError zeroed", "CollectiveAbortedError zeroed", "TagError zeroed"],
+                                        ["CollectiveAbortedError zeroed", "TagError zeroed",
+                                         "CollectiveAbortedError zeroed"]], results
+    assert all(r[-1] == "recovered" for r in results)
 
 
 def test_rank_with_a_certificate_from_another_vendor_is_refused_by_every_rank(tmp_path: Path) -> None:
