@@ -32,7 +32,9 @@ class RingFault:
     """Fault injection for tests and demos: rank ``rank`` corrupts the hop it sends at (phase, step, chunk).
 
     ``flip`` flips one ciphertext byte (a tampering host); ``replay`` sends, from the second call on,
-    the ciphertext it sent for that hop in the first call (a replaying host).
+    the ciphertext it sent for that hop in the first call (a replaying host). Under the direct schedule (world
+    2, small tensor: one hop each way) a fault at step 0, chunk 0 of either phase, or at ``Phase.DIRECT``, hits
+    that one hop.
     """
 
     kind: str

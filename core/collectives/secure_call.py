@@ -155,13 +155,14 @@ class SecureCall:
         if err is not None and self.error is None:
             self.error = err
 
-    def _inject(self, g: int, k: int, out: torch.Tensor, phase_step: tuple[Phase, int] | None = None) -> torch.Tensor:
-        """Fault injection: the bytes a tampering or replaying host would deliver instead of ``out``."""
+    def _inject(self, g: int, k: int, out: torch.Tensor,
+                hops: tuple[tuple[Phase, int], ...] | None = None) -> torch.Tensor:
+        """Fault injection: the bytes a tampering or replaying host would deliver instead of ``out``. ``hops``:
+        the (phase, step) pairs this message carries (default: global step g's)."""
         fault = self.ring.fault
         if fault is None or fault.rank != self.rank:
             return out
-        phase, step = phase_step or self._phase_step(g)
-        if (phase, step, k) != (fault.phase, fault.step, fault.chunk):
+        if k != fault.chunk or (fault.phase, fault.step) not in (hops or (self._phase_step(g),)):
             return out
         if fault.kind == "flip":
             out = out.clone()  # never touch the buffer this rank still opens
@@ -213,7 +214,9 @@ class SecureCall:
                      0, nbytes)
         self.keys.send.seal_into(self.send_base, self.flat_np, bufs.send_np[:nbytes + TAG_LEN], aad)
         t2 = time.perf_counter()
-        sw, _ = wire.exchange(self._inject(-1, 0, send_ct, (Phase.DIRECT, 0)), None, tag=0)
+        # the one hop carries what the ring's two steps would: a fault named by either (or by DIRECT) hits it
+        hops = ((Phase.DIRECT, 0), (Phase.REDUCE_SCATTER, 0), (Phase.ALL_GATHER, 0))
+        sw, _ = wire.exchange(self._inject(-1, 0, send_ct, hops), None, tag=0)
         rw.wait()
         t3 = time.perf_counter()
         whole = bufs.whole_scratch(nbytes)
