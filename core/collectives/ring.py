@@ -266,7 +266,10 @@ class SecureRing:
                 job.run_naive()
         finally:
             self.iteration += 1
-        self._agree(flat, job.error)
+        try:
+            self._agree(flat, job.error)
+        finally:
+            job.finish()
 
     def _agree(self, flat: torch.Tensor, error: TagError | None) -> None:
         """Every rank learns whether any rank rejected a hop; on a rejection no rank keeps its result."""
