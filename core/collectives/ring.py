@@ -8,7 +8,9 @@ into its own copy; in all-gather step s it sends segment ``r+1-s`` and stores se
 Secure variants seal every hop with the link key of (r -> right) and open with (left -> r); the AAD
 binds (iteration, phase, step, chunk, src, dst, offset, length). A bad tag never returns: the
 receiving rank raises ``TagError``, every other rank ``CollectiveAbortedError``, and the tensor is
-zeroed on every rank (one tiny status all-reduce at the end of each secure call decides).
+zeroed on every rank (one tiny status all-reduce at the end of each secure call decides). At world 2 with no
+free core, ``secure_pipelined`` sends a tensor up to ``DIRECT_MAX_BYTES`` as one sealed hop each way
+(``SecureCall.run_direct``, ``Phase.DIRECT``): the same bytes sealed and opened, one message fewer.
 
 Here: the variants, the plans' cache, the plaintext ring and the agreement; one secure call's schedules and
 buffers are ``secure_call``'s, the building blocks ``parts``', the GPU-cipher variant ``gpu_ring``'s.
