@@ -67,7 +67,9 @@ class _RestoreStream:
 
 
 class _RingStream:
-    """A checkpoint sealed by a thread of its own into the orchestrator's ring."""
+    """A checkpoint sealed by a thread of its own into the orchestrator's ring: the state's ``pieces`` (as
+    ``state_pieces`` gives them, of any size) sealed chunk by chunk straight into the slots
+    (``StreamSealer.seal_pieces``: no staging copy where a chunk spans tensors)."""
 
     def __init__(self, ring: CheckpointRing, sealer: StreamSealer, pieces: Iterator[memoryview], *, digest: str,
                  digest_s: float, snapshot_s: float, live: bool, state: Any) -> None:
@@ -85,23 +87,26 @@ class _RingStream:
         run_in_background()  # below the training step and the MACs, which a visit waits for: on the cores they leave
         try:
             i = 0
-            # the seal's own time is this thread's CPU time: on a shared machine the wall clock also counts
-            # the moments the thread waited for a core
-            while True:
+            waited = 0.0
+
+            def slot() -> memoryview:
+                nonlocal waited
                 t = time.thread_time()
-                chunk = next(self.pieces, None)  # the state's bytes: views, or staged off a GPU
-                self.seal_s += time.thread_time() - t
-                if chunk is None:
-                    break
+                view = self.ring.slot(i)
+                waited += time.thread_time() - t
+                return view
 
-                def fill(slot: memoryview, chunk: memoryview = chunk) -> int:
-                    t = time.thread_time()
-                    n = self.sealer.seal_into(chunk, slot)
-                    self.seal_s += time.thread_time() - t  # the seal alone, not the wait for a free slot
-                    return n
-
-                self.ring.put(i, 0, fill)
+            def publish(n: int) -> None:
+                nonlocal i
+                self.ring.publish(i, 0, n)
                 i += 1
+
+            # the seal's own time is this thread's CPU time (on a shared machine the wall clock also counts the
+            # moments it waited for a core), not the waits for a free slot: the state's pieces (views, or
+            # staged off a GPU) each encrypted where it lies straight into its chunk's slot
+            t0 = time.thread_time()
+            self.sealer.seal_pieces(self.pieces, slot, publish)
+            self.seal_s += time.thread_time() - t0 - waited
             end = self.sealer.end(digest_trailer(self.digest))
 
             def fill_end(slot: memoryview) -> int:
@@ -186,7 +191,7 @@ class StateStreams:
                 mapped.close()
                 raise
             snapshot_s = time.perf_counter() - t0
-            self._ring_stream = _RingStream(mapped, sealer, rechunk(state_pieces(state), hdr.chunk_size),
+            self._ring_stream = _RingStream(mapped, sealer, state_pieces(state),
                                             digest=digest, digest_s=digest_s, snapshot_s=snapshot_s,
                                             live=not snapshot, state=state)
             self._model.read_live(self._ring_stream.wait if not snapshot else None)

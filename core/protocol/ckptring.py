@@ -174,13 +174,25 @@ class CheckpointRing:
     def put(self, i: int, kind: int, fill: Callable[[memoryview], int], *, timeout: float = 600.0) -> int:
         """Chunk ``i``: wait for its slot to be free, let ``fill(slot)`` write the sealed bytes (returns the
         length), publish it. Returns the length."""
+        n = fill(self.slot(i, timeout=timeout))
+        self.publish(i, kind, n)
+        return n
+
+    def slot(self, i: int, *, timeout: float = 600.0) -> memoryview:
+        """Chunk ``i``'s slot (``slot_bytes``), once it is free: the device writes the sealed bytes there, then
+        :meth:`publish`."""
         self._wait(lambda consumed, _p: i - consumed < self.shape.slots, f"slot of chunk {i}", timeout)
         lo = self._slot(i)
-        n = fill(self._view[lo + _SLOT_PAD: lo + _SLOT_PAD + self.shape.slot_bytes])
+        return self._view[lo + _SLOT_PAD: lo + _SLOT_PAD + self.shape.slot_bytes]
+
+    def publish(self, i: int, kind: int, n: int) -> None:
+        """Chunk ``i`` (record ``kind``, ``n`` sealed bytes) is in its slot: the orchestrator may take it."""
+        if not 0 <= n <= self.shape.slot_bytes:
+            raise FrameError(f"checkpoint ring: chunk {i} of {n} bytes does not fit a slot")
         assert self._map is not None
+        lo = self._slot(i)
         _SLOT_HEAD.pack_into(self._map, lo, kind, n)
         struct.pack_into("<Q", self._map, 8, i + 1)  # after the bytes: the orchestrator reads them only now
-        return n
 
     # --- the orchestrator: consume ------------------------------------------------------------------------
     def get(self, i: int, *, timeout: float = 600.0, alive: Callable[[], bool] | None = None

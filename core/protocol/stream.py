@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from gputravel.core.protocol.cipher import TAG_LEN
@@ -124,12 +125,18 @@ class StreamHeader:
         return max(self.chunk_size, MAX_TRAILER) + TAG_LEN
 
 
-def _stream_key(key: bytes, header: StreamHeader) -> tuple[AESGCM, bytes]:
+def _stream_okm(key: bytes, header: StreamHeader) -> tuple[bytes, bytes]:
+    """The stream's own AES key and nonce prefix."""
     if len(key) != KEY_LEN:
         raise FrameError(f"a stream key is {KEY_LEN} bytes, got {len(key)}")
     okm = hkdf(bytes(key), salt=header.salt, info=b"gputravel stream v1|" + header.digest(),
                length=KEY_LEN + PREFIX_LEN)
-    return AESGCM(okm[:KEY_LEN]), okm[KEY_LEN:]
+    return okm[:KEY_LEN], okm[KEY_LEN:]
+
+
+def _stream_key(key: bytes, header: StreamHeader) -> tuple[AESGCM, bytes]:
+    aes_key, prefix = _stream_okm(key, header)
+    return AESGCM(aes_key), prefix
 
 
 def tag_digest(header: StreamHeader, tags: Iterable[bytes]) -> str:
@@ -144,11 +151,12 @@ def tag_digest(header: StreamHeader, tags: Iterable[bytes]) -> str:
 class StreamSealer:
     """Seals the chunks of one stream, in order (index = nonce counter, never reused)."""
 
-    __slots__ = ("header", "_aead", "_prefix", "_hdr", "index", "bytes", "_done", "_tags")
+    __slots__ = ("header", "_key", "_aead", "_prefix", "_hdr", "index", "bytes", "_done", "_tags")
 
     def __init__(self, key: bytes, header: StreamHeader) -> None:
         self.header = header
-        self._aead, self._prefix = _stream_key(key, header)
+        self._key, self._prefix = _stream_okm(key, header)
+        self._aead = AESGCM(self._key)
         self._hdr = header.digest()
         self.index = 0
         self.bytes = 0
@@ -176,6 +184,52 @@ class StreamSealer:
         dest = memoryview(out)[: n + TAG_LEN]
         self._aead.encrypt_into(nonce, plain, aad, dest)
         self._tags.update(dest[n:])
+        self.index += 1
+        self.bytes += n
+        return n + TAG_LEN
+
+    def seal_pieces(self, pieces: Iterable[bytes | bytearray | memoryview], slot: Callable[[], memoryview],
+                    publish: Callable[[int], None]) -> None:
+        """Seal the stream of ``pieces`` as its data chunks without gathering them first: the same chunks, byte
+        for byte, as :meth:`seal_into` of each chunk :func:`rechunk` cuts, but each piece is encrypted where it
+        lies, straight into its place in the chunk's buffer (no staging copy where a chunk spans pieces, which
+        most of a model's state does: its tensors are smaller than a chunk). ``slot()`` gives the buffer of the
+        next chunk (at least ``sealed_size(chunk_size)`` bytes: the cipher's ``update_into`` asks 15 bytes of
+        room beyond its input, which the tag's place gives); ``publish(n)`` is called once the chunk's ``n``
+        sealed bytes and its tag are there. A
+        piece is done with before the next is asked for (a staging buffer behind it may be reused). The end
+        chunk is :meth:`end`'s."""
+        size = self.header.chunk_size
+        enc: Any = None  # the current chunk's GCM encryptor
+        dest = memoryview(b"")
+        fill = 0
+        for piece in pieces:
+            view = memoryview(piece).cast("B")
+            pos, n = 0, len(view)
+            while pos < n:
+                if enc is None:
+                    self._check(0)
+                    dest = slot()
+                    nonce, aad = self._nonce_aad(False)
+                    enc = Cipher(algorithms.AES(self._key), modes.GCM(nonce)).encryptor()
+                    enc.authenticate_additional_data(aad)
+                    fill = 0
+                take = min(size - fill, n - pos)
+                if enc.update_into(view[pos: pos + take], dest[fill:]) != take:  # GCM keeps nothing back
+                    raise FrameError("the chunk cipher held bytes back")
+                fill += take
+                pos += take
+                if fill == size:
+                    publish(self._finish(enc, dest, fill))
+                    enc = None
+        if enc is not None:
+            publish(self._finish(enc, dest, fill))
+
+    def _finish(self, enc: Any, dest: memoryview, n: int) -> int:
+        enc.finalize()
+        tag = enc.tag
+        dest[n: n + TAG_LEN] = tag
+        self._tags.update(tag)
         self.index += 1
         self.bytes += n
         return n + TAG_LEN

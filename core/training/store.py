@@ -36,7 +36,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from gputravel.core.errors import ConfigError, DataError, FrameError, TagError
-from gputravel.core.files import fsync_dir, read_private, storage_error
+from gputravel.core.files import WRITEBACK_BYTES, Writeback, fsync_dir, read_private, storage_error
 from gputravel.core.protocol.cipher import TAG_LEN
 from gputravel.core.protocol.stream import DEFAULT_STREAM_CHUNK, StreamHeader, StreamOpener
 
@@ -114,9 +114,11 @@ class CheckpointWriter:
     """One checkpoint being written: records appended to a private temporary file, published by :meth:`commit`.
 
     Used as a context manager, an exception (or a kill) before ``commit`` leaves no file under a checkpoint's
-    name; the previous checkpoints are untouched."""
+    name; the previous checkpoints are untouched. The disk writes the chunks back while more arrive
+    (:class:`~gputravel.core.files.Writeback`, every ``writeback`` bytes; 0: only at the fsync), so the fsync
+    that makes the checkpoint durable finds most of it on the disk already."""
 
-    def __init__(self, store: CheckpointStore, header: StreamHeader) -> None:
+    def __init__(self, store: CheckpointStore, header: StreamHeader, *, writeback: int = WRITEBACK_BYTES) -> None:
         self.store = store
         self.header = header
         self.path = store.path_for(header.seq)
@@ -126,11 +128,13 @@ class CheckpointWriter:
         self._ended = False
         self._tags: list[bytes] = []
         self._file: BinaryIO | None = None
+        self._writeback: Writeback | None = None
         raw = json.dumps({"stream": header.to_dict()}, sort_keys=True, separators=(",", ":")).encode()
         try:
             with self._io():
                 fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
                 self._file = os.fdopen(fd, "wb", buffering=0)
+                self._writeback = Writeback(fd, every=writeback)
                 self._write(_FILE_HEAD.pack(_MAGIC, CHECKPOINT_VERSION, len(raw)) + raw)
         except BaseException:
             self.abort()
@@ -156,8 +160,10 @@ class CheckpointWriter:
         assert self._file is not None
         view = memoryview(data)
         while view:
-            n = self._file.write(view)
-            view = view[n or 0:]
+            n = self._file.write(view) or 0
+            view = view[n:]
+            if self._writeback is not None:
+                self._writeback.wrote(n)
 
     def add(self, kind: int, sealed: bytes | bytearray | memoryview) -> None:
         """Append one sealed chunk exactly as the sealer produced it (never opened here)."""
@@ -171,6 +177,8 @@ class CheckpointWriter:
         assert self._file is not None
         with self._io():
             n = os.writev(self._file.fileno(), (head, sealed))  # one call, no copy of the chunk
+            if self._writeback is not None:
+                self._writeback.wrote(n)
             if n < len(head) + len(sealed):  # a short write (a signal, a full disk): the rest, in order
                 rest = memoryview(head + bytes(sealed))[n:] if n < len(head) else memoryview(sealed)[n - len(head):]
                 self._write(rest)
@@ -190,8 +198,15 @@ class CheckpointWriter:
         """fsync what was written so far (a background checkpoint syncs its chunks before the commit, whose
         own fsync then has only the meta record to write)."""
         if self._file is not None:
+            self._stop_writeback()
             with self._io():
                 os.fsync(self._file.fileno())
+
+    def _stop_writeback(self) -> None:
+        """No more bulk: the writeback thread ends (before an fsync, and before the file is closed)."""
+        if self._writeback is not None:
+            self._writeback.close()
+            self._writeback = None
 
     def commit(self, meta: Mapping[str, Any] | None = None, *, prune: bool = True) -> Path:
         """Write the meta record, fsync, rename into place, fsync the folder, prune old checkpoints (unless
@@ -204,6 +219,7 @@ class CheckpointWriter:
         record = {**dict(meta or {}), "tag_digest": self.tag_digest}
         record["mac"] = meta_mac(self.store.run_key(self.header.run_id), record)
         raw = json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
+        self._stop_writeback()
         with self._io():
             self._write(_RECORD.pack(REC_META, len(raw)) + raw)
             self._file.flush()
@@ -217,6 +233,7 @@ class CheckpointWriter:
         return self.path
 
     def abort(self) -> None:
+        self._stop_writeback()
         if self._file is not None:
             with contextlib.suppress(OSError):
                 self._file.close()
@@ -403,11 +420,12 @@ class CheckpointStore:
         self.run_key(run_id)  # validates the run id
         return StreamHeader.new(kind=STREAM_KIND, run_id=run_id, seq=seq, chunk_size=chunk_size)
 
-    def writer(self, header: StreamHeader) -> CheckpointWriter:
-        """A writer for the sealed chunks of ``header``'s stream (sealed elsewhere, by the run key's holder)."""
+    def writer(self, header: StreamHeader, *, writeback: int = WRITEBACK_BYTES) -> CheckpointWriter:
+        """A writer for the sealed chunks of ``header``'s stream (sealed elsewhere, by the run key's holder);
+        ``writeback``: bytes between two starts of the disk's writeback (0: all at the fsync)."""
         if header.kind != STREAM_KIND:
             raise ConfigError(f"a checkpoint stream has kind {STREAM_KIND!r}, not {header.kind!r}")
-        return CheckpointWriter(self, header)
+        return CheckpointWriter(self, header, writeback=writeback)
 
     def open(self, path_or_seq: Path | int, *, run_id: str | None = None) -> CheckpointFile:
         return CheckpointFile(self.path_for(path_or_seq) if isinstance(path_or_seq, int) else Path(path_or_seq),

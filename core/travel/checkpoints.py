@@ -24,12 +24,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gputravel.core.deviceclient.client import DeviceClient
+from gputravel.core.deviceclient.ringckpt import RingCheckpoint
 from gputravel.core.errors import GpuTravelError, IntegrityError
 from gputravel.core.procs import release_free_memory
-from gputravel.core.training.store import CheckpointStore
+from gputravel.core.protocol.deviceanswers import StreamEnded
+from gputravel.core.training.store import CheckpointStore, CheckpointWriter
 from gputravel.core.travel.audit import Audit
 from gputravel.core.travel.control import Faults
 from gputravel.core.travel.device_session import DeviceSession
@@ -37,7 +41,30 @@ from gputravel.core.travel.probes import EngineProbe
 from gputravel.core.travel.training_log import TrainingLog
 from gputravel.core.travel.visits import Itinerary, VisitRecord
 
-__all__ = ["BackgroundCommit", "Checkpointer", "VisitCommit"]
+__all__ = ["BackgroundCommit", "Checkpointer", "VisitCommit", "seal_to_file"]
+
+
+def seal_to_file(client: DeviceClient, pending: RingCheckpoint, writer: CheckpointWriter, *,
+                 alive: Callable[[], bool] | None = None,
+                 add: Callable[[int, memoryview], None] | None = None) -> StreamEnded:
+    """A ring checkpoint's sealed chunks into ``writer``'s file, on the disk (fsynced): the way every ring
+    checkpoint goes, a run's (in the background) and ``bench checkpoint``'s. The device seals chunk ``i + 1``
+    into the ring while this thread writes chunk ``i`` from its slot (no copy), and the disk writes back what
+    was written while more comes (:class:`~gputravel.core.files.Writeback`). Returns the device's account
+    (``checkpoint_end``) once its tag digest matched the tags written; the caller commits the file (its meta
+    record, the rename). ``add`` (default ``writer.add``) takes each chunk; ``alive`` says whether the device
+    still lives while the drain waits."""
+    try:
+        pending.drain(add or writer.add, alive=alive)
+        writer.sync()  # the bulk reaches the disk here, off the control link
+    except BaseException:
+        with contextlib.suppress(Exception):  # the device's account; the drain's error is the one told
+            client.checkpoint_end(pending)
+        raise
+    done = client.checkpoint_end(pending)
+    if done.tag_digest != writer.tag_digest:
+        raise IntegrityError(f"checkpoint {writer.header.seq}: the chunks written differ from those the device sealed")
+    return done
 
 
 @dataclass
@@ -144,7 +171,7 @@ class Checkpointer:
         if not background:
             await self.settle()
 
-    async def _persist(self, seq: int, writer: Any, pending: Any, state: dict[str, Any],
+    async def _persist(self, seq: int, writer: CheckpointWriter, pending: RingCheckpoint, state: dict[str, Any],
                        covered: list[VisitRecord], t0: float) -> None:
         device = self.device
         plan = self.faults.plan
@@ -156,20 +183,9 @@ class Checkpointer:
                 self.faults.plan = None
                 self.faults.fire(plan, None)
 
-        def drain() -> None:
-            pending.drain(add, alive=device.handle.alive)
-            writer.sync()  # the bulk reaches the disk here, off the control link
-
         try:
-            try:
-                await asyncio.to_thread(drain)
-            except BaseException:
-                with contextlib.suppress(Exception):  # the device's account; the drain's error is the one told
-                    await asyncio.to_thread(device.client.checkpoint_end, pending)
-                raise
-            done = await asyncio.to_thread(device.client.checkpoint_end, pending)
-            if done.tag_digest != writer.tag_digest:
-                raise IntegrityError(f"checkpoint {seq}: the chunks written differ from those the device sealed")
+            done = await asyncio.to_thread(seal_to_file, device.client, pending, writer, alive=device.handle.alive,
+                                           add=add)
             # with the state: the ledger head and the settings this checkpoint continues (the meta record is
             # MACed under the run key), so a resume can prove the ledger was neither cut nor rewritten and
             # the settings not changed behind its back
