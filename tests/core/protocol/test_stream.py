@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import given, settings
@@ -152,3 +153,31 @@ def test_a_pre_sealed_chunk_rides_the_control_channel_bound_but_not_re_encrypted
         with pytest.raises(TagError):
             orch.open(outer, ct + attach)
             pytest.fail(what)
+
+
+@settings(max_examples=100, deadline=None)
+@given(sizes=st.lists(st.integers(0, 5000), max_size=12), chunk=st.integers(1, 2048))
+def test_sealing_pieces_where_they_lie_gives_the_chunks_rechunk_and_seal_into_give(sizes: list[int],
+                                                                                     chunk: int) -> None:
+    """The device's ring path (``seal_pieces``: each piece encrypted straight into its chunk's slot) writes the
+    very bytes the staged path does, so the stream, its tags and a checkpoint file are unchanged; a piece whose
+    buffer is reused for the next one (a staging buffer off a GPU) is sealed before it is overwritten."""
+    pieces = [os.urandom(n) for n in sizes]
+    header = _header(chunk)
+    ref = StreamSealer(KEY, header)
+    want = [ref.seal(c) for c in rechunk(pieces, chunk)]
+
+    stage = bytearray(max(sizes, default=0))
+
+    def staged() -> Iterator[memoryview]:  # every piece in one reused buffer, valid until the next is asked for
+        for p in pieces:
+            stage[: len(p)] = p
+            yield memoryview(stage)[: len(p)]
+
+    slot = bytearray(header.sealed_size(chunk))
+    got: list[bytes] = []
+    sealer = StreamSealer(KEY, header)
+    sealer.seal_pieces(staged(), lambda: memoryview(slot), lambda n: got.append(bytes(slot[:n])))
+    assert got == want
+    assert (sealer.index, sealer.bytes, sealer.tag_digest) == (ref.index, ref.bytes, ref.tag_digest)
+    assert ref.end({"d": 1}) == sealer.end({"d": 1})

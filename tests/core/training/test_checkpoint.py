@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from gputravel.core.errors import ConfigError, DataError, TagError
+from gputravel.core.protocol.stream import StreamSealer, rechunk
 from gputravel.core.training.checkpoint import CheckpointStore, load_or_create_key
 from gputravel.core.training.model import GPTConfig
 from gputravel.core.training.trainer import Trainer, TrainSettings
@@ -164,6 +167,45 @@ def test_a_kill_mid_write_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
     reopened = _store(tmp_path)  # the next start sweeps the orphaned temporary file
     assert [p.name for p in reopened.directory.iterdir()] == ["ckpt-000001.gtc"]
     assert torch.equal(reopened.load(1, run_id="r")["w"], torch.ones(4))
+
+
+def test_the_disk_writes_back_as_chunks_come_and_a_torn_file_is_still_refused_by_name(tmp_path: Path) -> None:
+    """The writer starts the disk's writeback every ``writeback`` bytes (a thread of its own) without changing a
+    byte: the file reads back, and cut inside a chunk it is a ``DataError`` naming that chunk; a writer given up
+    mid-stream leaves no file and no thread behind."""
+    store = _store(tmp_path)
+    header = store.new_header(run_id="r", seq=1, chunk_size=1024)
+    plain = os.urandom(20 * 1024 + 100)
+    writer = store.writer(header, writeback=4096)
+    wb = writer._writeback
+    assert wb is not None
+    with writer:
+        sealer = StreamSealer(store.run_key("r"), header)
+        for chunk in rechunk([plain], 1024):
+            writer.add(0, sealer.seal(chunk))
+        writer.add(1, sealer.end())
+        deadline = time.monotonic() + 120  # the thread's first call, however loaded the machine (Linux only)
+        while hasattr(os, "posix_fadvise") and wb.calls == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert wb.calls >= 1 or not hasattr(os, "posix_fadvise")  # it did start writeback
+        writer.sync()
+        path = writer.commit()
+    assert b"".join(store.chunks(path, run_id="r")) == plain
+    blob = path.read_bytes()
+    with store.open(path) as f:
+        start = f.data_start
+    path.write_bytes(blob[: start + 7 * (5 + 1024 + 16) + 300])  # torn inside chunk 7
+    with pytest.raises(DataError, match=r"ckpt-000001\.gtc is truncated: chunk 7 has"):
+        list(store.chunks(path, run_id="r"))
+
+    header2 = store.new_header(run_id="r", seq=2, chunk_size=1024)
+    with pytest.raises(RuntimeError, match="given up"), store.writer(header2, writeback=1024) as w:
+        s2 = StreamSealer(store.run_key("r"), header2)
+        for chunk in rechunk([plain], 1024):
+            w.add(0, s2.seal(chunk))
+        raise RuntimeError("given up mid-stream")
+    assert sorted(p.name for p in store.directory.iterdir()) == ["ckpt-000001.gtc"]
+    assert not [t for t in threading.enumerate() if t.name == "checkpoint-writeback"]
 
 
 def test_truncated_checkpoint_is_a_clear_data_error(tmp_path: Path) -> None:
