@@ -89,6 +89,7 @@ class Agent(Provisioner):
                         handoff = Handoff.from_wire(frame.header)  # validated once; the key is typed from here
                         if self.attestation is not None:  # refused unless attested: the key is never used
                             handoff = self.attestation.accept(handoff)
+                        self.key_taken_ns = time.perf_counter_ns()
                         self.records.keep_witness(handoff)
                         self.provision(handoff)
                         self.records.keep_receipt(handoff, self.attestation.last if self.attestation else None)

@@ -76,8 +76,11 @@ class Provisioner:
         self._sender = Sender(self._inbox)
         self._data: DataConn | None = None
         self.slot_allocations = 0  # how many times the slots were (re)allocated: once per agent, not per hand-off
-        #: perf_counter_ns when the current HANDOFF was read (its set-up stage time starts there; 0: not yet)
+        #: perf_counter_ns when the current HANDOFF was read (its set-up stage time starts there; 0: not yet), its
+        #: key was taken (unwrapped by an attesting agent) and its data connection's admission was on its way
         self.handoff_read_ns = 0
+        self.key_taken_ns = 0
+        self.admit_sent_ns = 0
 
     def send(self, ftype: FrameType, header: dict[str, Any], payload: bytes | bytearray | memoryview = b"") -> None:
         self.link.send(ftype, header, payload)
@@ -184,6 +187,7 @@ class Provisioner:
                     slots = max(1, min(in_flight, RING_SLOTS, MAX_RING_BYTES // (cs + TAG_LEN)))
                     spec = RingSpec(h.epoch, slots, cs + TAG_LEN)
                 conn, ring = self._data_conn(endpoint, h, spec)
+                self.admit_sent_ns = time.perf_counter_ns()
             if ring is not None and conn is not None:
                 out = ChunkOut(conn.ring_slots, conn.notify)
             elif conn is not None:
@@ -274,6 +278,7 @@ class Provisioner:
         seq = start
         clock = time.perf_counter_ns
         seal_ns = wait_ns = 0
+        last_ack_ns = 0  # when the acknowledgement that completed the window was read
         reported_last = -1
         begun = clock()
         reported_at = begun - REPORT_EVERY_NS  # the first acknowledgement is reported at once, the last with DONE
@@ -333,6 +338,8 @@ class Provisioner:
                         self.send_msg(Progress(last, unreported))
                         unreported, reported_at = 0, now
                     reported_last = last
+                if len(acked) == n_chunks:
+                    last_ack_ns = clock()
             elif frame.type is FrameType.ERROR:
                 refusal = Refusal.from_wire(frame.header)
                 if refusal.ring:  # the answer to a bind not waited for
@@ -364,10 +371,18 @@ class Provisioner:
         # and sealing, waiting for slots to be acknowledged, and the data phase (first seal to last
         # acknowledgement) within the agent's whole hand-off (HANDOFF read to DONE written)
         now = clock()
-        done = Done(epoch=epoch, chunks=n_chunks - start, nbytes=total, retransmits=retransmits,
-                    stages={"read_seal_s": seal_ns / 1e9, "wait_s": wait_ns / 1e9,
-                            "setup_s": (begun - (self.handoff_read_ns or begun)) / 1e9,
-                            "data_s": (now - begun) / 1e9})
+        read = self.handoff_read_ns or begun
+        stages = {"read_seal_s": seal_ns / 1e9, "wait_s": wait_ns / 1e9, "setup_s": (begun - read) / 1e9,
+                  "data_s": (now - begun) / 1e9}
+        # the agent's part of the hand-off's fixed stages (``handoff.fixed_stages``): HANDOFF read to its key taken
+        # and to its data connection's admission sent; the last acknowledgement read to DONE built
+        if self.key_taken_ns >= read:
+            stages["take_key_s"] = (self.key_taken_ns - read) / 1e9
+        if direct and self.admit_sent_ns >= read:
+            stages["admit_sent_s"] = (self.admit_sent_ns - read) / 1e9
+        if last_ack_ns:
+            stages["ack_to_done_s"] = (clock() - last_ack_ns) / 1e9
+        done = Done(epoch=epoch, chunks=n_chunks - start, nbytes=total, retransmits=retransmits, stages=stages)
         msgs: list[Message] = [done]
         if direct and unreported:
             msgs.insert(0, Progress(reported_last, unreported))

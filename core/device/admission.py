@@ -99,6 +99,8 @@ class Admissions:
         with windows.lock:
             w, secrets = windows.window, keys.secrets
             key = w.key.key if w is not None and w.key is not None and w.epoch == admit.epoch else None
+            if key is not None and w is not None:  # the device's part of the admission stage starts here
+                w.mark("admit_read")
         with self._lock:
             known = self._windows.get(admit.epoch)
         akey = admission_key(key) if key is not None else (known.akey if known is not None else None)

@@ -256,6 +256,7 @@ class FramedSession:
     async def _send_handoff(self, outgoing: Handoff, stats: ProvisionStats) -> None:
         """HANDOFF (its key sealed for the attested agent) on its way; the verdict it was given on is logged
         then, whether sending it worked or not (``_log_verdict``)."""
+        stats.marks_ns["handoff_write"] = time.perf_counter_ns()
         try:
             self._send(FrameType.HANDOFF, outgoing.to_wire())
             await self._drain()

@@ -20,7 +20,7 @@ from gputravel.core.protocol.deviceanswers import WindowClosed, WindowStatus
 from gputravel.core.protocol.holderlink import DataEndpoint, Handoff
 from gputravel.core.travel.holders import HolderLink, ProgressFn, ProvisionStats, RejectFn
 
-__all__ = ["FIXED_STAGES", "ResumeFn", "add_stages", "close_window", "data_endpoint", "fixed_stages", "open_window", "provision",
+__all__ = ["FIXED_STAGES", "STAGE_PARTS", "ResumeFn", "add_stages", "close_window", "data_endpoint", "fixed_stages", "open_window", "provision",
            "require_complete", "sub_windows"]
 
 #: the hand-off's fixed cost by stage (issue 34 item 2), in order: the device derives the window's key
@@ -32,6 +32,17 @@ __all__ = ["FIXED_STAGES", "ResumeFn", "add_stages", "close_window", "data_endpo
 #: ``data``, not a fixed cost), the last chunk's acknowledgement and the agent's DONE reach the orchestrator
 #: (``done``)
 FIXED_STAGES = ("window", "attest", "verdict", "admission", "ring_bind", "first_chunk", "done")
+
+#: the ``admission`` and ``done`` stages split by who spends them (each a part of its stage, not added to
+#: ``total``): ``admission_wrap`` the verdict to the HANDOFF's write (the key wrapped for the holder),
+#: ``admission_send`` its write and flush, ``admission_agent`` the agent's HANDOFF read to its data connection's
+#: admission sent (its key unwrapped, ``admission_key`` of that, the witness, the dataset's check), ``admission_device``
+#: the device's DATA_OPEN read to admitted (the MAC checked), ``admission_transit`` the rest (the HANDOFF's way to
+#: the agent, its wake-up, the DATA_OPEN's way to the device); ``done_agent`` the agent's last acknowledgement read
+#: to its DONE built, ``done_transit`` the rest (the last acknowledgement's way to the agent, DONE's to here).
+#: The agent's parts are its own durations (its clock is never compared with this one)
+STAGE_PARTS = ("admission_wrap", "admission_send", "admission_agent", "admission_device", "admission_transit",
+               "done_agent", "done_transit")
 
 #: (the error, reconnect attempt, the device's window status): a dropped link is about to be resumed
 ResumeFn = Callable[[LinkLostError, int, WindowStatus], None]
@@ -144,6 +155,7 @@ def fixed_stages(*, window_ns: tuple[int, int], stats: ProvisionStats, closed: W
     out = {k: round(v / 1e6, 4) for k, v in ns.items()}
     out["total"] = round(sum(ns.values()) / 1e6, 4)
     out["data"] = round(max(0, last - first) / 1e6, 4)  # not a fixed cost: the bytes themselves
+    out.update(_stage_parts(ns, link, dev, stats.stages, key_out=key_out, sent=sent, admitted=admitted))
     return out
 
 
@@ -155,9 +167,24 @@ def _device_window_opened(w0: int, w1: int, marks: Mapping[str, int], *, done: i
     return max(w0, min(w1, done - int(marks["last_chunk"])))
 
 
+def _stage_parts(ns: dict[str, int], link: dict[str, int], dev: dict[str, int], agent: dict[str, float], *,
+                 key_out: int, sent: int, admitted: int) -> dict[str, float]:
+    """``STAGE_PARTS`` of one hand-off, milliseconds (0 where a side did not say)."""
+    write = min(max(key_out, link.get("handoff_write", key_out)), sent)
+    wrap, send = write - key_out, sent - write
+    agent_ns = int(agent.get("admit_sent_s", 0.0) * 1e9)
+    device_ns = max(0, admitted - dev["admit_read"]) if "admit_read" in dev else 0
+    done_agent = int(agent.get("ack_to_done_s", 0.0) * 1e9)
+    parts = {"admission_wrap": wrap, "admission_send": send, "admission_agent": agent_ns,
+             "admission_device": device_ns,
+             "admission_transit": max(0, ns["admission"] - wrap - send - agent_ns - device_ns),
+             "done_agent": min(done_agent, ns["done"]), "done_transit": max(0, ns["done"] - done_agent)}
+    return {k: round(v / 1e6, 4) for k, v in parts.items()}
+
+
 def add_stages(into: dict[str, float], more: dict[str, float]) -> dict[str, float]:
     """Stage times summed (a visit with several keys has several hand-offs)."""
-    return {k: round(into.get(k, 0.0) + more.get(k, 0.0), 4) for k in (*FIXED_STAGES, "total", "data")}
+    return {k: round(into.get(k, 0.0) + more.get(k, 0.0), 4) for k in (*FIXED_STAGES, "total", "data", *STAGE_PARTS)}
 
 
 def require_complete(closed: WindowClosed, expected: int) -> None:
