@@ -29,6 +29,7 @@ from gputravel.agents.ssh_holder import SshHolderLink
 from gputravel.agents.ssh_links import EmbeddedSshServer
 from gputravel.core.errors import AgentError
 from gputravel.core.protocol.shmring import ring_supported
+from gputravel.core.travel import handoff as ho
 
 MIB = 1 << 20
 #: Orderings of measured intervals (a part within its whole) hold within this: the intervals are read by
@@ -100,14 +101,17 @@ def test_bench_provision_reports_each_path_against_the_aes_core_rate_and_direct_
         assert near(row["fraction_of_bound"], row["mb_s"] / row["bound_mb_s"], rel=1e-3, abs_=6e-4)
         fixed = row["fixed_stages_ms"]
         assert set(fixed) == {"window", "attest", "verdict", "admission", "ring_bind", "first_chunk", "done",
-                              "total", "data"}
+                              "total", "data", "admission_wrap", "admission_send", "admission_agent",
+                              "admission_device", "admission_transit", "done_agent", "done_transit"}
         assert all(v >= 0 for v in fixed.values())
         assert fixed["attest"] > 0 and fixed["verdict"] > 0 and fixed["window"] > 0  # the holder attests each key
-        stages = sum(v for k, v in fixed.items() if k not in ("total", "data"))
+        stages = sum(fixed[k] for k in ho.FIXED_STAGES)  # the parts of admission and done are not added again
         assert near(fixed["total"], stages, abs_=1e-3)  # one repeat: the medians are the one hand-off's
         # the stages inside the timed hand-off (all but the window) fit in it
         assert fixed["total"] - fixed["window"] + fixed["data"] <= 1e3 * row["median_s"] + 1e3 * CLOCK_TOL_S
     assert direct["fixed_stages_ms"]["ring_bind"] > 0 or not direct["shm_ring"]
+    # the direct path's admission is split: the agent's own work and the device's check were each timed
+    assert direct["fixed_stages_ms"]["admission_agent"] > 0 and direct["fixed_stages_ms"]["admission_device"] > 0
     # the AES-GCM rate measured inside the device process, next to the standalone one
     assert r["aes_gcm_in_device_mb_s"] > 0
     assert near(r["device_aes_vs_standalone"], r["aes_gcm_in_device_mb_s"] / r["aes_gcm_1core_mb_s"],
