@@ -342,21 +342,29 @@ def test_ctrl_c_stops_a_run_cleanly_and_it_resumes(data: Path, tmp_path: Path) -
     proc = subprocess.Popen([sys.executable, "-m", "gputravel.console.cli", "run", "--data", str(data), *recorded,
                              "--rounds", "40", "--transport", "local", "--out", str(out), "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    t0 = time.monotonic()
+    seen, polls, unreadable = False, 0, ""  # what the wait saw: said if the run did not stop
     try:
-        deadline = time.monotonic() + 120
+        deadline = t0 + 120
         while time.monotonic() < deadline:  # until the first visit is committed
+            polls += 1
             try:
                 if any(r.kind == "visit-completed" for r in rows(out)):
+                    seen = True
                     break
-            except LedgerError:  # not there yet, or its schema not yet written
-                pass
+            except LedgerError as exc:  # not there yet, or its schema not yet written
+                unreadable = str(exc)
             time.sleep(0.2)
+        running = proc.poll() is None
+        sent_s = time.monotonic() - t0
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, stderr[-3000:]
+    assert proc.returncode == 130, (f"SIGINT sent {sent_s:.1f} s in, the run still running then: {running}; a "
+                                    f"committed visit seen: {seen} after {polls} polls (last unreadable: "
+                                    f"{unreadable!r})\n{stderr[-3000:]}")
     doc = json.loads(stdout)
     assert doc["error"]["type"] == "CancelledRunError" and doc["error"]["exit_code"] == 130
     last = rows(out)[-1]
