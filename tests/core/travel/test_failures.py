@@ -333,6 +333,16 @@ def test_an_attestation_failure_ends_with_a_final_row_and_its_exit_code(data: Pa
     assert (last.kind, last.outcome) == ("run-failed", "attestation") and verify_ledger(out / "ledger.db").ok
 
 
+def _signal_masks(pid: int) -> dict[str, str]:
+    """A process's blocked, ignored and caught signals as the kernel says (``/proc/<pid>/status``)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = (line.partition(":") for line in f)
+            return {k: v.strip() for k, _, v in fields if k in ("SigBlk", "SigIgn", "SigCgt")}
+    except OSError:
+        return {}
+
+
 def test_ctrl_c_stops_a_run_cleanly_and_it_resumes(data: Path, tmp_path: Path) -> None:
     """SIGINT while visits run: exit 130, the JSON error, a final ``run-failed`` row (cancelled), no process
     left behind; ``--resume`` then finishes the run with every visit done exactly once."""
@@ -356,6 +366,7 @@ def test_ctrl_c_stops_a_run_cleanly_and_it_resumes(data: Path, tmp_path: Path) -
                 unreadable = str(exc)
             time.sleep(0.2)
         running = proc.poll() is None
+        masks = _signal_masks(proc.pid) if running else {}  # SIGINT is bit 2 (0x2): blocked, ignored, caught
         sent_s = time.monotonic() - t0
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=60)
@@ -364,7 +375,7 @@ def test_ctrl_c_stops_a_run_cleanly_and_it_resumes(data: Path, tmp_path: Path) -
             proc.kill()
     assert proc.returncode == 130, (f"SIGINT sent {sent_s:.1f} s in, the run still running then: {running}; a "
                                     f"committed visit seen: {seen} after {polls} polls (last unreadable: "
-                                    f"{unreadable!r})\n{stderr[-3000:]}")
+                                    f"{unreadable!r}); its signal masks then: {masks}\n{stderr[-3000:]}")
     doc = json.loads(stdout)
     assert doc["error"]["type"] == "CancelledRunError" and doc["error"]["exit_code"] == 130
     last = rows(out)[-1]
