@@ -343,6 +343,13 @@ def _signal_masks(pid: int) -> dict[str, str]:
         return {}
 
 
+def _ctrl_c_reaches_it() -> None:
+    """In the run's process before it starts: SIGINT at its default, as in a terminal. A suite started in the
+    background of a non-interactive shell (``make test &``) ignores SIGINT, every child inherits that, and a run
+    that ignores SIGINT rightly goes on: the test would then say nothing about Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_a_run_cleanly_and_it_resumes(data: Path, tmp_path: Path) -> None:
     """SIGINT while visits run: exit 130, the JSON error, a final ``run-failed`` row (cancelled), no process
     left behind; ``--resume`` then finishes the run with every visit done exactly once."""
@@ -351,7 +358,8 @@ def test_ctrl_c_stops_a_run_cleanly_and_it_resumes(data: Path, tmp_path: Path) -
     recorded = [a for a in SMALL if a != "--no-record"]  # the default: the run is recorded too
     proc = subprocess.Popen([sys.executable, "-m", "gputravel.console.cli", "run", "--data", str(data), *recorded,
                              "--rounds", "40", "--transport", "local", "--out", str(out), "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=_ctrl_c_reaches_it)
     t0 = time.monotonic()
     seen, polls, unreadable = False, 0, ""  # what the wait saw: said if the run did not stop
     try:
