@@ -39,7 +39,7 @@ from gputravel.core.protocol.ckptring import CheckpointRing
 from gputravel.core.protocol.deviceanswers import DeviceState, StreamEnded
 from gputravel.core.protocol.devicelink import Op
 from gputravel.core.protocol.stream import StreamHeader, StreamOpener, StreamSealer, rechunk
-from gputravel.core.training.digest import check_digest_format, digest_trailer
+from gputravel.core.training.digest import DIGEST_FORMAT, check_digest_format, digest_trailer
 
 __all__ = ["StateStreams"]
 
@@ -295,7 +295,7 @@ class StateStreams:
             raise DeviceError("no restore stream is open")
         try:
             trailer = st.opener.finish()
-            check_digest_format(trailer, st.opener.what)
+            sealed_format = check_digest_format(trailer, st.opener.what)
             if st.weights:
                 self._load_weights(st.decoder.result())
             else:
@@ -307,12 +307,19 @@ class StateStreams:
         self._model.incomplete = False
         self._model.model_changed()
         digest = self._model.model_digest()
-        if trailer.get("model_digest") != digest:
+        digest_s = self._model.last_digest_s
+        # a stream sealed in an earlier format (v2) is checked in that format: the restored state hashed again
+        # the way it was hashed when sealed; the model's digest from here on is the current format's
+        t0 = time.perf_counter()
+        sealed = digest if sealed_format == DIGEST_FORMAT else self._model.need_trainer().model_digest(sealed_format)
+        digest_s += time.perf_counter() - t0 if sealed_format != DIGEST_FORMAT else 0.0
+        if trailer.get("model_digest") != sealed:
             self._model.incomplete = True
-            raise IntegrityError(f"checkpoint restored to a model whose digest {digest[:16]} differs from the "
-                                 f"sealed {str(trailer.get('model_digest'))[:16]}")
+            raise IntegrityError(f"{st.opener.what} restored to a model whose digest ({sealed_format}) {sealed[:16]} "
+                                 f"differs from the sealed {str(trailer.get('model_digest'))[:16]}")
         self._counts.counters["restores"] += 1
-        return Reply(DeviceState(model_digest=digest, digest_s=self._model.last_digest_s).to_wire())
+        return Reply(DeviceState(model_digest=digest, digest_s=digest_s, sealed_digest=sealed,
+                                 sealed_format=sealed_format).to_wire())
 
     def _load_weights(self, state: Any) -> None:
         """A ``weights`` stream's state: the model's parameters alone, of this model's shape."""

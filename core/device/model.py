@@ -140,7 +140,7 @@ class ModelSlot:
         return trainer
 
     def op_measure(self, *, payload: bytes, digest: bool = True) -> Reply:
-        """The code region's SHA-256 and the model's: its SHA-256 digest (``digest``, memoised per model
+        """The code region's SHA-256 and the model's: its digest (``digest``, ``v3``, memoised per model
         generation) and, given a 32-byte key as the payload, its AES-GMAC under that key, computed here on the
         model's own memory (core/device/modelmac.py). VERIFY asks for the MAC alone: cipher speed."""
         trainer = self.need_trainer()
@@ -187,7 +187,7 @@ class ModelSlot:
         done = len(res.losses) == (steps or trainer.settings.steps_per_visit)
         val = None
         if done and val_len:
-            # the model digest (SHA-256 of the whole state, the GIL released) is taken beside the held-out
+            # the model digest (BLAKE3 of the whole state, the GIL released) is taken beside the held-out
             # evaluation, which only reads the model: on a free core the visit's hash costs no time; a failed
             # hash is redone (and raised) by the model_digest() below
             hashing = threading.Thread(target=self._digest_beside, name="model-digest", daemon=True)

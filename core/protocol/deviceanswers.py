@@ -176,10 +176,15 @@ class ScrubResult(WireMessage):
 
 @dataclass(frozen=True, slots=True)
 class DeviceState(WireMessage):
-    """The model's digest after a restore, and the seconds the device spent hashing it."""
+    """The model's digest after a restore (in the current format: the one expected from here on), the seconds the
+    device spent hashing, and the digest it checked against the stream's sealed one, in the format the stream
+    names (``sealed_format``; equal to ``model_digest`` where that is the current format; "" from a device that
+    predates the field)."""
 
     model_digest: str = field(metadata=bounds(_DIGEST))
     digest_s: float = field(default=0.0, metadata=bounds(_SECONDS))
+    sealed_digest: str = field(default="", metadata=bounds(_DIGEST))
+    sealed_format: str = field(default="", metadata=bounds(Str(8)))
 
 
 @dataclass(frozen=True, slots=True)

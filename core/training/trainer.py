@@ -21,7 +21,7 @@ from typing import Any, cast
 import torch
 
 from gputravel.core.errors import ConfigError, DataError
-from gputravel.core.training.digest import FrozenHashes, combine, value_entry
+from gputravel.core.training.digest import DIGEST_FORMAT, FrozenHashes, combine, value_entry
 from gputravel.core.training.lora import apply_lora
 from gputravel.core.training.model import ModelConfig, build_model, model_config_from_dict, param_shapes_of
 from gputravel.core.training.tokens import (
@@ -250,9 +250,10 @@ class Trainer:
         if missing or result.unexpected_keys:
             raise ConfigError(f"weights miss {sorted(missing)[:3]} or hold unexpected {result.unexpected_keys[:3]}")
 
-    def model_digest(self) -> str:
-        """The state's digest (``gputravel/model-digest/v2``, :mod:`core.training.digest`): SHA-256 over one
-        SHA-256 per parameter and per optimizer-state item, in a fixed order.
+    def model_digest(self, fmt: str = DIGEST_FORMAT) -> str:
+        """The state's digest in format ``fmt`` (``gputravel/model-digest/v3``, BLAKE3; ``v2``, SHA-256, to check a
+        stream sealed in it; :mod:`core.training.digest`): one hash over one hash per parameter and per
+        optimizer-state item, in a fixed order.
 
         Each tensor's entry covers its name, dtype, shape and raw bytes, so any change to a weight, a moment
         estimate or an optimizer step count changes the digest. A frozen tensor's entry is kept between digests
@@ -265,10 +266,11 @@ class Trainer:
                                         for key, value in sorted(self.optimizer.state.get(p, {}).items())]
         # every tensor's entry at once, hashed side by side on the process's cores (core/training/digest.py)
         entries, moments = self.frozen_hashes.entries(
-            labelled, also=[(label, v) for label, v in items if isinstance(v, torch.Tensor)])
+            labelled, also=[(label, v) for label, v in items if isinstance(v, torch.Tensor)], fmt=fmt)
         hashed = iter(moments)
-        entries += [next(hashed) if isinstance(v, torch.Tensor) else value_entry(label, v) for label, v in items]
-        return combine(entries)
+        entries += [next(hashed) if isinstance(v, torch.Tensor) else value_entry(label, v, fmt)
+                    for label, v in items]
+        return combine(entries, fmt)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

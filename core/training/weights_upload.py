@@ -26,7 +26,7 @@ __all__ = ["params_digest", "sealed_weights", "upload_weights"]
 def params_digest(params: Mapping[str, torch.Tensor], config: ModelConfig, *, lora: LoraSettings | None = None,
                   seed: int = 0) -> str:
     """The digest the device reports (``Trainer.model_digest``) for a model holding ``params`` that has not
-    trained yet (no optimizer state): ``gputravel/model-digest/v2`` over each parameter's entry (its label, dtype,
+    trained yet (no optimizer state): ``gputravel/model-digest/v3`` over each parameter's entry (its label, dtype,
     shape and bytes), in the model's order; with ``lora``, the adapters' initial values (``lora_init``, from
     ``seed``) where the model holds them."""
     shapes = param_shapes_of(config)

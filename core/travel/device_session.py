@@ -205,7 +205,10 @@ class DeviceSession:
                 return restored, dict(f.meta or {})
 
         restored, meta = await asyncio.to_thread(stream)
-        if restored.model_digest != (want or meta.get("model_digest")):
+        # the run's record of the checkpoint (the ledger's, else the meta record's) is in the format it was sealed
+        # in (v2 for a checkpoint written before v3): compared with the device's digest in that format
+        sealed = restored.sealed_digest or restored.model_digest
+        if sealed != (want or meta.get("model_digest")):
             raise IntegrityError(f"checkpoint {seq} restored to a model whose digest differs")
         self.expected_model = str(restored.model_digest)
         return self.expected_model

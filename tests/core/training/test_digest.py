@@ -1,19 +1,26 @@
-"""The model digest ``gputravel/model-digest/v2``: one SHA-256 per tensor, a frozen tensor's kept between digests
-while torch counts no write to it; any change, in place too, to a base weight, an adapter or an optimizer moment
-changes the digest, which always equals a recomputation from scratch."""
+"""The model digest ``gputravel/model-digest/v3``: one BLAKE3 per tensor (``v2``: SHA-256, still checked), a
+frozen tensor's kept between digests while torch counts no write to it; any change, in place too, to a base weight,
+an adapter or an optimizer moment changes the digest, which always equals a recomputation from scratch. A stream
+sealed in ``v2`` still restores and is checked in ``v2``; one whose digest differs is refused by name."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import threading
+from pathlib import Path
+from typing import Any
 
+import blake3
 import pytest
 import torch
 
 from gputravel.core.device.modelmac import state_tensors
-from gputravel.core.errors import DataError
+from gputravel.core.errors import DataError, IntegrityError
 from gputravel.core.training.digest import (
     DIGEST_FORMAT,
+    DIGEST_FORMATS,
     check_digest_format,
     combine,
     digest_trailer,
@@ -28,17 +35,21 @@ def _trainer(**lora: object) -> Trainer:
     return Trainer(LlamaConfig(), TrainSettings(steps_per_visit=2, batch_size=2, seq_len=16, seed=5, **lora), "cpu")
 
 
-def _from_scratch(t: Trainer) -> str:
-    """The v2 digest recomputed with no memo, straight from the format's definition."""
+_HASHES: dict[str, Any] = {"v3": blake3.blake3, "v2": hashlib.sha256}
+
+
+def _from_scratch(t: Trainer, fmt: str = "v3") -> str:
+    """The digest recomputed with no memo, straight from the format's definition (v3: BLAKE3, v2: SHA-256)."""
+    hash_ = _HASHES[fmt]
     entries = []
     for label, value in state_tensors(t.model, t.optimizer):
         if isinstance(value, torch.Tensor):
-            h = hashlib.sha256(f"{label}|{value.dtype}|{tuple(value.shape)}\0".encode())
+            h = hash_(f"{label}|{value.dtype}|{tuple(value.shape)}\0".encode())
             h.update(value.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
             entries.append(h.digest())
         else:
-            entries.append(hashlib.sha256(f"{label}={value!r}\0".encode()).digest())
-    return hashlib.sha256(b"gputravel/model-digest/v2\0" + b"".join(entries)).hexdigest()
+            entries.append(hash_(f"{label}={value!r}\0".encode()).digest())
+    return str(hash_(f"gputravel/model-digest/{fmt}\0".encode() + b"".join(entries)).hexdigest())
 
 
 def _step(t: Trainer) -> None:
@@ -87,14 +98,18 @@ def test_a_write_torch_does_not_count_is_seen_after_forget_and_a_full_model_keep
 
 def test_entries_and_the_trailer_name_the_format() -> None:
     w = torch.arange(6, dtype=torch.float32).reshape(2, 3)
-    assert combine([tensor_entry("param:w", w), value_entry("optim:w:step", 3)]) == hashlib.sha256(
-        b"gputravel/model-digest/v2\0"
-        + hashlib.sha256(b"param:w|torch.float32|(2, 3)\0" + w.numpy().tobytes()).digest()
-        + hashlib.sha256(b"optim:w:step=3\0").digest()).hexdigest()
-    check_digest_format(digest_trailer("ab" * 32), "checkpoint 1")
-    assert digest_trailer("ab")["digest_format"] == DIGEST_FORMAT == "v2"
+    for fmt, hash_ in _HASHES.items():  # the documented layout, in each format (v3 by default)
+        want = hash_(f"gputravel/model-digest/{fmt}\0".encode()
+                     + hash_(b"param:w|torch.float32|(2, 3)\0" + w.numpy().tobytes()).digest()
+                     + hash_(b"optim:w:step=3\0").digest()).hexdigest()
+        assert combine([tensor_entry("param:w", w, fmt=fmt), value_entry("optim:w:step", 3, fmt)], fmt) == want
+        assert check_digest_format(digest_trailer("ab" * 32, fmt), "checkpoint 1") == fmt
+    assert combine([tensor_entry("param:w", w)]) == combine([tensor_entry("param:w", w, fmt="v3")], "v3")
+    assert digest_trailer("ab")["digest_format"] == DIGEST_FORMAT == "v3" and DIGEST_FORMATS == ("v2", "v3")
     with pytest.raises(DataError, match=r"checkpoint 3 of r was sealed with model digest 'v1'"):
         check_digest_format({"model_digest": "ab" * 32}, "checkpoint 3 of r")
+    with pytest.raises(DataError, match=r"sealed with model digest 'v9'"):
+        check_digest_format(digest_trailer("ab" * 32, "v9"), "checkpoint 4 of r")
 
 
 def test_a_large_digest_is_hashed_side_by_side_and_equals_the_format(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -103,9 +118,9 @@ def test_a_large_digest_is_hashed_side_by_side_and_equals_the_format(monkeypatch
     threads: list[str] = []
     one = digest.tensor_entry
 
-    def counted(label: str, tensor: torch.Tensor) -> bytes:
+    def counted(label: str, tensor: torch.Tensor, *, fmt: str = DIGEST_FORMAT) -> bytes:
         threads.append(threading.current_thread().name)
-        return one(label, tensor)
+        return one(label, tensor, fmt=fmt)
 
     monkeypatch.setattr(digest, "tensor_entry", counted)
     monkeypatch.setattr(digest, "DIGEST_PARALLEL_BYTES", 0)  # the tiny model counts as large
@@ -121,3 +136,47 @@ def test_a_large_digest_is_hashed_side_by_side_and_equals_the_format(monkeypatch
     items = [(f"w{i}", torch.full((1000 + i,), float(i))) for i in range(7)]
     assert digest.tensor_entries(items, workers=2) == digest.tensor_entries(items, workers=1) == [
         one(label, w) for label, w in items]  # in the items' order, whatever thread hashed each
+
+
+def _device(tmp_path: Path) -> Any:
+    from gputravel.core.attestation import provision_emulated
+    from gputravel.core.device.service import DeviceService
+
+    _, identity = provision_emulated(tmp_path / "state")
+    svc = DeviceService(identity=identity, buffer_bytes=64 * 1024, device="cpu")
+    program = {"program": "gputravel.gpt2/v1", "model": LlamaConfig().to_dict(),
+               "train": TrainSettings(steps_per_visit=2, batch_size=2, seq_len=16, seed=5).to_dict()}
+    svc.model.op_configure(payload=json.dumps(program).encode())
+    return svc
+
+
+def _restore(svc: Any, key: bytes, trailer: dict[str, str], state: Any) -> dict[str, Any]:
+    from gputravel.core.protocol.stream import StreamHeader
+    from gputravel.core.training.checkpoint import seal_state
+
+    header = StreamHeader.new(kind="checkpoint", run_id="run-d", seq=1)
+    svc.streams.op_restore(header=header.to_dict(), payload=key)
+    for kind, sealed in seal_state(key, header, state, trailer=trailer):
+        svc.streams.op_restore_chunk(kind=kind, payload=bytes(sealed))
+    return dict(svc.streams.op_restore_end(payload=b"").header)
+
+
+def test_a_v2_checkpoint_still_restores_checked_in_v2_and_a_differing_digest_is_refused_by_name(
+        tmp_path: Path) -> None:
+    trained = _trainer()
+    _step(trained)
+    state, key = trained.state_dict(), os.urandom(32)
+    v2, v3 = _from_scratch(trained, "v2"), _from_scratch(trained, "v3")
+    assert v2 != v3 and trained.model_digest("v2") == v2 and trained.model_digest() == v3
+    svc = _device(tmp_path)
+    answer = _restore(svc, key, digest_trailer(v2, "v2"), state)  # sealed before v3: checked in v2
+    assert (answer["sealed_digest"], answer["sealed_format"], answer["model_digest"]) == (v2, "v2", v3)
+    assert svc.model.model_digest() == v3 and svc.model.trainer.step == trained.step
+    assert _restore(svc, key, digest_trailer(v3), state)["sealed_digest"] == v3  # and the current format
+    for trailer in (digest_trailer(v3, "v2"), digest_trailer(v2, "v3")):  # a digest that differs, either format
+        with pytest.raises(IntegrityError, match=rf"checkpoint 1 of run-d restored to a model whose digest "
+                                                 rf"\({trailer['digest_format']}\) .* differs from the sealed"):
+            _restore(svc, key, trailer, state)
+        assert svc.model.incomplete  # refused: no training on it until a restore succeeds
+    with pytest.raises(DataError, match="sealed with model digest 'v1'"):
+        _restore(svc, key, {"model_digest": v2}, state)
