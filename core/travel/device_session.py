@@ -25,10 +25,11 @@ from gputravel.core.config import RunSettings
 from gputravel.core.deviceclient.client import DeviceClient
 from gputravel.core.errors import DeviceError, GpuTravelError, IntegrityError
 from gputravel.core.platform.base import DeviceHandle
+from gputravel.core.protocol.deviceanswers import DeviceState
 from gputravel.core.protocol.devicelink import MAC_KEY_BYTES
 from gputravel.core.training.store import CheckpointStore
 
-__all__ = ["DeviceSession"]
+__all__ = ["DeviceSession", "restored_model"]
 
 #: how often the device may be restarted in one run before its death ends the run
 MAX_RESTARTS = 3
@@ -205,12 +206,7 @@ class DeviceSession:
                 return restored, dict(f.meta or {})
 
         restored, meta = await asyncio.to_thread(stream)
-        # the run's record of the checkpoint (the ledger's, else the meta record's) is in the format it was sealed
-        # in (v2 for a checkpoint written before v3): compared with the device's digest in that format
-        sealed = restored.sealed_digest or restored.model_digest
-        if sealed != (want or meta.get("model_digest")):
-            raise IntegrityError(f"checkpoint {seq} restored to a model whose digest differs")
-        self.expected_model = str(restored.model_digest)
+        self.expected_model = restored_model(restored, seq, want or meta.get("model_digest"))
         return self.expected_model
 
     async def load_weights(self, path: Path, key: bytes, run_id: str) -> tuple[str, dict[str, Any]]:
@@ -237,6 +233,19 @@ class DeviceSession:
             self._rejection_gen = stats.rejection_gen
             if not stats.more:
                 break
+
+
+def restored_model(restored: DeviceState, seq: int, recorded: object) -> str:
+    """The digest expected of the model after checkpoint ``seq`` was restored (the device's, in the current
+    format), once the device's digest in the format the checkpoint was sealed in (``v2`` for one written before
+    ``v3``) equals the run's ``recorded`` one (the ledger's, else the meta record's, written in that format);
+    else ``IntegrityError``."""
+    sealed = restored.sealed_digest or restored.model_digest  # a device that predates sealed_digest: one format
+    if sealed != recorded:
+        raise IntegrityError(f"checkpoint {seq} restored to a model whose digest"
+                             f"{f' ({restored.sealed_format})' if restored.sealed_format else ''} differs from the "
+                             f"run's record of it")
+    return str(restored.model_digest)
 
 
 def model_info(program: dict[str, Any], params: int) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import torch
 
 from gputravel.core.device.modelmac import state_tensors
 from gputravel.core.errors import DataError, IntegrityError
+from gputravel.core.protocol.deviceanswers import DeviceState
 from gputravel.core.training.digest import (
     DIGEST_FORMAT,
     DIGEST_FORMATS,
@@ -29,6 +30,7 @@ from gputravel.core.training.digest import (
 )
 from gputravel.core.training.llama import LlamaConfig
 from gputravel.core.training.trainer import Trainer, TrainSettings
+from gputravel.core.travel.device_session import restored_model
 
 
 def _trainer(**lora: object) -> Trainer:
@@ -180,3 +182,10 @@ def test_a_v2_checkpoint_still_restores_checked_in_v2_and_a_differing_digest_is_
         assert svc.model.incomplete  # refused: no training on it until a restore succeeds
     with pytest.raises(DataError, match="sealed with model digest 'v1'"):
         _restore(svc, key, {"model_digest": v2}, state)
+    # the orchestrator's side: the run's record of that checkpoint (the ledger's, written in v2) against the
+    # device's digest in v2; the model expected from then on is the v3 one
+    restored = DeviceState.from_wire(answer)
+    assert restored_model(restored, 1, v2) == v3
+    for recorded in (v3, "00" * 32, None):
+        with pytest.raises(IntegrityError, match=r"checkpoint 1 restored to a model whose digest \(v2\) differs"):
+            restored_model(restored, 1, recorded)
