@@ -1,9 +1,12 @@
 """What one visit of ``bench train --init-from DIR`` costs, part by part, in CPU time (``time.process_time``: every thread of the
 process, the digest's and the MAC's side-by-side threads included) and wall time: a training step, the held-out
-evaluation (``val_batches`` forward batches), the model digest (``gputravel/model-digest/v2``: once when the weights are loaded, every tensor;
+evaluation (``val_batches`` forward batches), the model digest (``gputravel/model-digest/v3``: once when the weights are loaded, every tensor;
 then a visit's, after the steps, where a frozen tensor's entry is reused), VERIFY's model MAC (AES-GMAC of the
 whole state),
-with and without LoRA, and the machine's single-core AES-256-GCM rate. CPU time does not move with the wait for a
+with and without LoRA, and the machine's single-core AES-256-GCM rate. ``--tail-formats v2,v3`` also times TRAIN's
+tail as the device runs it (``ModelSlot.op_train``: the whole state's digest in that format on a thread beside the
+evaluation; wall time, ``--tail-reps`` rounds, the formats alternating, the evaluation alone first in each round):
+the digest format's before/after in one sitting. CPU time does not move with the wait for a
 core, so on a loaded shared machine these figures stand where a whole ``bench train`` study cannot be run.
 
     .venv/bin/python scripts/train_visit_costs.py DIR --ranks 8,0 --steps 4
@@ -18,6 +21,7 @@ import argparse
 import json
 import os
 import statistics
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -68,13 +72,25 @@ def _one_rank(config: Any, base: dict[str, torch.Tensor], rank: int, args: argpa
 
     evaluation = _timed(evaluate)
     mac = _timed(lambda: model_mac(model, opt, os.urandom(32)))
+    tails: dict[str, list[float]] = {}
+    for _ in range(args.tail_reps if args.tail_formats else 0):
+        tails.setdefault("eval_alone", []).append(_timed(evaluate)[1])
+        for fmt in args.tail_formats.split(","):
+            def beside(fmt: str = fmt) -> None:  # the device's TRAIN tail: the digest on a thread beside the evaluation
+                hashing = threading.Thread(target=trainer.model_digest, args=(fmt,))
+                hashing.start()
+                evaluate()
+                hashing.join()
+            tails.setdefault(f"digest_{fmt}_alone_cpu", []).append(_timed(lambda fmt=fmt: trainer.model_digest(fmt))[0])
+            tails.setdefault(f"eval_beside_digest_{fmt}", []).append(_timed(beside)[1])
     tensors = list(model.parameters()) + [v for st in opt.state.values() for v in st.values()
                                           if isinstance(v, torch.Tensor)]
     return {"state_bytes": sum(t.numel() * t.element_size() for t in tensors),
             "step_cpu_s": [c for c, _ in steps], "step_wall_s": [w for _, w in steps],
             "step_cpu_median_later_s": round(statistics.median(c for c, _ in steps[1:] or steps), 3),
             "digest_first_cpu_wall_s": list(first),
-            "digest_cpu_wall_s": list(digest), "eval_cpu_wall_s": list(evaluation), "mac_cpu_wall_s": list(mac)}
+            "digest_cpu_wall_s": list(digest), "eval_cpu_wall_s": list(evaluation), "mac_cpu_wall_s": list(mac),
+            "tail_wall_s": tails}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=4, help="training steps a rank (the first is a warm-up)")
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--tail-formats", default="", help="digest formats whose TRAIN tail to time, e.g. v2,v3")
+    parser.add_argument("--tail-reps", type=int, default=2)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     config, base = read_weights(args.folder)
