@@ -3,10 +3,15 @@ holders' agents) ran, for how long and at which nice value, and how busy the who
 
     .venv/bin/python scripts/thread_cpu.py --out threads.json -- .venv/bin/gputravel bench train ... --json
 
-Every ``--every`` seconds it reads ``/proc/<pid>/task/<tid>/stat`` (user + system time, nice) of the command and
-its direct children, and ``/proc/stat``'s first line. It prints (and writes to ``--out``) each thread's CPU seconds,
-its nice value, how long it was seen alive and its share of a core while alive, largest first, and the machine's
+Every ``--every`` seconds it reads ``/proc/<pid>/task/<tid>/stat`` (user + system time, nice, minor page faults) of
+the command and its direct children, their resident set (``VmRSS``, ``RssAnon`` of ``/proc/<pid>/status``), and
+``/proc/stat``'s first line. It prints (and writes to ``--out``) each thread's CPU seconds, minor page faults, nice
+value, how long it was seen alive and its share of a core while alive, largest first; each process's resident set
+over time (``rss``: its peak, its last sample and one sample every ``--every`` seconds, MiB); and the machine's
 busy cores over the command's life. Linux only. The command's own stdout and stderr pass through.
+
+The allocator study of issue 32 (docs/models.md) read the device's resident set over a run, and each training
+thread's CPU and page faults, with ``GPUTRAVEL_KEEP_FREED_MEMORY`` 1 and 0.
 
 Issue 32's study used it to rule the background checkpoint in or out as the cause of the device's slow steps: the
 seal threads (nice +5) show as short-lived threads of the device, the orchestrator's drain as a thread of the
@@ -35,9 +40,9 @@ def _children(pid: int) -> list[int]:
     return [int(x) for x in text.split()]
 
 
-def _threads(pid: int) -> dict[tuple[int, int], tuple[float, int]]:
-    """``(pid, tid) -> (CPU seconds, nice)`` of every thread of ``pid``."""
-    out: dict[tuple[int, int], tuple[float, int]] = {}
+def _threads(pid: int) -> dict[tuple[int, int], tuple[float, int, int]]:
+    """``(pid, tid) -> (CPU seconds, nice, minor page faults)`` of every thread of ``pid``."""
+    out: dict[tuple[int, int], tuple[float, int, int]] = {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -47,9 +52,26 @@ def _threads(pid: int) -> dict[tuple[int, int], tuple[float, int]]:
             stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rfind(")") + 2:].split()  # field 3 (state) first: utime 14, stime 15, nice 19
-        out[(pid, int(tid))] = ((int(fields[11]) + int(fields[12])) / TICK, int(fields[16]))
+        fields = stat[stat.rfind(")") + 2:].split()  # field 3 (state) first: minflt 10, utime 14, stime 15, nice 19
+        out[(pid, int(tid))] = ((int(fields[11]) + int(fields[12])) / TICK, int(fields[16]), int(fields[7]))
     return out
+
+
+def _memory(pid: int) -> tuple[float, float] | None:
+    """``(VmRSS, RssAnon)`` of ``pid`` in MiB, None when it is gone."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return None
+    kib = {line.split(":")[0]: int(line.split()[1]) for line in lines if line.startswith(("VmRSS:", "RssAnon:"))}
+    return (kib["VmRSS"] / 1024, kib["RssAnon"] / 1024) if "VmRSS" in kib and "RssAnon" in kib else None
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
 
 
 def _machine() -> tuple[int, int]:
@@ -68,15 +90,25 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         parser.error("give the command to run after --")
     seen: dict[tuple[int, int], dict[str, Any]] = {}
+    procs: dict[int, dict[str, Any]] = {}
     busy0, total0 = _machine()
     t0 = time.monotonic()
     proc = subprocess.Popen(command)
     while True:
         now = time.monotonic() - t0
         for pid in [proc.pid, *_children(proc.pid)]:
-            for key, (cpu, nice) in _threads(pid).items():
+            for key, (cpu, nice, minflt) in _threads(pid).items():
                 rec = seen.setdefault(key, {"pid": key[0], "tid": key[1], "first_s": now, "cpu_s": 0.0})
-                rec.update(cpu_s=cpu, nice=nice, last_s=now)
+                rec.update(cpu_s=cpu, nice=nice, minflt=minflt, last_s=now)
+            mem = _memory(pid)
+            if mem is not None:
+                p = procs.setdefault(pid, {"pid": pid, "cmdline": _cmdline(pid)[:200], "peak_mib": 0.0,
+                                           "peak_anon_mib": 0.0, "series": []})
+                p["cmdline"] = _cmdline(pid)[:200] or p["cmdline"]  # after exec: the program's own
+                p["peak_mib"] = round(max(p["peak_mib"], mem[0]), 1)
+                p["peak_anon_mib"] = round(max(p["peak_anon_mib"], mem[1]), 1)
+                p.update(last_mib=round(mem[0], 1), last_anon_mib=round(mem[1], 1))
+                p["series"].append([round(now, 1), round(mem[0], 1)])
         if proc.poll() is not None:
             break
         time.sleep(args.every)
@@ -90,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
                  first_s=round(r["first_s"], 1), last_s=round(r["last_s"], 1))
     result = {"command": command, "rc": proc.returncode, "wall_s": round(wall, 2),
               "machine_busy_cores": round(cores * (busy1 - busy0) / max(1, total1 - total0), 2),
-              "threads": [r for r in rows if r["cpu_s"] >= 0.05]}
+              "threads": [r for r in rows if r["cpu_s"] >= 0.05],
+              "rss": sorted(procs.values(), key=lambda p: -p["peak_mib"])}
     text = json.dumps(result)
     print(text, file=sys.stderr)
     if args.out is not None:

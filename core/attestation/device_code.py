@@ -32,6 +32,7 @@ DEVICE_CODE: tuple[str, ...] = (
     "core/device/spdm.py",
     "core/device/window.py", "core/device/provision_window.py", "core/device/counters.py", "core/device/control.py", "core/device/dataconn.py",
     "core/procs.py",  # the checkpoint seal's thread runs below the training step (run_in_background)
+    "core/allocator.py",  # glibc's malloc keeps freed memory (keep_freed_memory, in serve_from_args)
     # a fleet member's device: its three operations and the sealed ring of the device group
     "core/fleet/__init__.py", "core/fleet/ddp.py", "core/fleet/device.py",
     "core/collectives/__init__.py", "core/collectives/crypto.py", "core/collectives/gpu_ring.py",

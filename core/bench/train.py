@@ -18,6 +18,11 @@ One study, two measurements of the same job in the same process tree, one after 
   provisioning, the integrity MACs, the model digest, the scrub, the key rotation, the checkpoints' snapshots
   and the wait for the last checkpoint.
 
+Both loops run with the same allocator setting (``core/allocator.py``: freed memory kept, unless
+``GPUTRAVEL_KEEP_FREED_MEMORY=0``): the study sets it in its own process, where the plain loop runs, and the device
+service sets it in its own from the same environment; ``job.allocator`` and ``protocol.device_allocator`` say what
+each ran with, and ``--combine`` joins only parts whose ``allocator`` agrees.
+
 ``ratio = protocol / plain`` and ``protocol_cost_pct = 100 · (1 − ratio)``. The issue's target on a GPU is a
 cost of at most 5 %. Set-up (starting the device service, deploying agents, the initial checkpoint) is
 outside both measurements and reported as ``setup_s``.
@@ -35,6 +40,7 @@ from typing import Any
 
 import torch
 
+from gputravel.core.allocator import keep_freed_memory, malloc_state
 from gputravel.core.bench.data import make_holders
 from gputravel.core.bench.travel import ProgressFn, RunFn, machine_info
 from gputravel.core.config import RunSettings
@@ -115,17 +121,19 @@ def plain_loop(config: ModelConfig, settings: TrainSettings, *, steps: int, devi
         torch.cuda.synchronize(dev)
     seconds = time.perf_counter() - t0
     n_tok = steps * settings.batch_size * settings.seq_len
+    heap = malloc_state()
     return {"steps": steps, "tokens": n_tok, "seconds": round(seconds, 6),
             "tokens_per_s": round(n_tok / seconds, 2) if seconds > 0 else None,
             "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
-            "validations": len(val_losses), "val_batches": settings.val_batches if val_losses else 0}
+            "validations": len(val_losses), "val_batches": settings.val_batches if val_losses else 0,
+            "malloc": heap.to_dict() if heap else None}
 
 
 PARTS = ("all", "plain", "protocol")
 # what two parts' ``job`` must agree on to be combined (``holders`` and ``rounds`` may differ: a plain part may
 # run a share of the steps; ``--combine`` sums steps and seconds)
 _SAME_JOB = ("model", "lora_rank", "config", "steps_per_visit", "batch_size", "seq_len", "device", "torch_threads",
-             "transport", "dataset_mib_per_holder")
+             "transport", "dataset_mib_per_holder", "allocator")
 
 
 def study(*, workdir: Path, run: RunFn, model: str = "tiny", holders: int = 2, rounds: int = 1, steps: int = 10,
@@ -143,6 +151,7 @@ def study(*, workdir: Path, run: RunFn, model: str = "tiny", holders: int = 2, r
     if not dataset_mib > 0:
         raise ConfigError("dataset-mib must be > 0")
     progress = on_progress or (lambda description, done, total: None)
+    alloc = keep_freed_memory()  # the plain loop's process, as the device service does in its own (first call wins)
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     config: ModelConfig = preset_for_tokens(model, vocab_size("byte"))
     base: dict[str, torch.Tensor] | None = None
@@ -187,7 +196,7 @@ def study(*, workdir: Path, run: RunFn, model: str = "tiny", holders: int = 2, r
                            "config": config.to_dict(), "holders": holders, "rounds": rounds, "steps_per_visit": steps,
                            "batch_size": batch_size, "seq_len": seq_len, "tokens_per_step": batch_size * seq_len,
                            "device": dev, "torch_threads": torch_threads or threads_before, "transport": transport,
-                           "dataset_mib_per_holder": dataset_mib}
+                           "dataset_mib_per_holder": dataset_mib, "allocator": alloc.mode}
     if part == "plain":
         progress("plain torch loop", 0, 1)
         only = plain_run()
@@ -210,6 +219,7 @@ def study(*, workdir: Path, run: RunFn, model: str = "tiny", holders: int = 2, r
     run_wall = time.perf_counter() - t0
     shutil.rmtree(settings.out_dir, ignore_errors=True)
     protocol = _protocol_figures(report, steps=steps, tokens_per_step=batch_size * seq_len, run_wall=run_wall)
+    protocol["device_allocator"] = report.get("platform", {}).get("allocator")
     if protocol["steps"] != total_steps:
         raise ConfigError(f"the run trained {protocol['steps']} steps, the plain loop {total_steps}")
     job["model_params"] = report.get("training", {}).get("model_params")

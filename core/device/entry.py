@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from gputravel.core.allocator import keep_freed_memory
 from gputravel.core.device.server import DeviceServer
 from gputravel.core.device.service import DeviceService
 from gputravel.core.errors import GpuTravelError
@@ -51,11 +52,13 @@ def pin_threads(requested: int) -> int:
 
 
 def serve_from_args(ns: argparse.Namespace, build: Callable[[argparse.Namespace], DeviceService]) -> None:
-    """Pin the torch threads (``pin_threads``), build the service from parsed options (a refused build prints
-    ``ERROR`` and exits with its code), say which device it holds (``DEVICE cpu``, ``DEVICE cuda:0 (name)``),
-    then serve until shut down."""
-    pin_threads(ns.threads)
+    """Keep freed memory (``core/allocator.py``: glibc's malloc set before the service's threads start, unless
+    ``GPUTRAVEL_KEEP_FREED_MEMORY=0``), pin the torch threads (``pin_threads``), build the service from parsed
+    options (a refused build or setting prints ``ERROR`` and exits with its code), say which device it holds
+    (``DEVICE cpu``, ``DEVICE cuda:0 (name)``), then serve until shut down."""
     try:
+        keep_freed_memory()
+        pin_threads(ns.threads)
         service = build(ns)
     except GpuTravelError as exc:
         print(f"ERROR {exc}", flush=True)

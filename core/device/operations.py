@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from gputravel.core import allocator
 from gputravel.core.attestation import CCMode, DeviceIdentity, Evidence, emulated_measurements, make_evidence
 from gputravel.core.device.counters import Counters
 from gputravel.core.device.dataplane import AUTO_MIN_CORES, DataPlane, default_workers
@@ -80,10 +81,14 @@ class DeviceOps:
         return Reply({}, stop=True)
 
     def op_info(self, *, payload: bytes) -> Reply:
+        alloc, heap = allocator.applied(), allocator.malloc_state()
         return Reply(DeviceInfo(device=str(self._device), device_name=self._device_name(),
                                 buffer_bytes=self._buffer.nbytes, cc_mode=str(self.cc_mode), platform="emulated",
                                 device_id=self.identity.device_id, torch=torch.__version__,
-                                cipher_engine=self._opener.label, cipher_reason=self._opener.reason).to_wire())
+                                cipher_engine=self._opener.label, cipher_reason=self._opener.reason,
+                                allocator=alloc.mode, allocator_reason=alloc.reason,
+                                malloc_arenas=heap.arenas if heap else 0, malloc_mmap_bytes=heap.mmap_bytes if heap else 0,
+                                malloc_heap_bytes=heap.heap_bytes if heap else 0).to_wire())
 
     def _device_name(self) -> str:
         if self._device.type == "cuda":

@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+from gputravel.core import allocator
 from gputravel.core.attestation import Policy, load_policy, provision_emulated
 from gputravel.core.deviceclient.anchors import TrustAnchors
 from gputravel.core.errors import ConfigError, DeviceError
@@ -49,6 +50,7 @@ class EmulatedPlatform:
 
     def start(self, *, buffer_bytes: int, ready_timeout: float = 120.0) -> DeviceHandle:
         check_torch_device(self.device)
+        allocator.wanted()  # the device inherits GPUTRAVEL_KEEP_FREED_MEMORY: a bad value is refused here, by name
         anchors = self.anchors()
         sock_dir = tempfile.mkdtemp(prefix="gputravel-dev-")  # short path: AF_UNIX limits it to 108 bytes
         os.chmod(sock_dir, 0o700)

@@ -58,6 +58,14 @@ class DeviceInfo(WireMessage):
     #: who opens provisioning chunks: "cpu (cryptography)", "gpu (cuda)", "gpu (simulator)"
     cipher_engine: str = field(default="", metadata=bounds(Str(128)))
     cipher_reason: str = field(default="", metadata=bounds(Str(1024)))  # why that engine ("auto: ...", "set explicitly")
+    #: the device process's allocator (core/allocator.py): "keep-freed" or "system", and why
+    allocator: str = field(default="", metadata=bounds(Str(32)))
+    allocator_reason: str = field(default="", metadata=bounds(Str(1024)))
+    #: glibc's heap read back when this answer was made (``malloc_info``; 0 where not glibc): arenas, bytes in
+    #: blocks that are mmaps of their own, bytes the heap holds from the system
+    malloc_arenas: int = field(default=0, metadata=bounds(_COUNT))
+    malloc_mmap_bytes: int = field(default=0, metadata=bounds(_COUNT))
+    malloc_heap_bytes: int = field(default=0, metadata=bounds(_COUNT))
 
 
 @dataclass(frozen=True, slots=True)

@@ -113,7 +113,8 @@ def build_report(*, run_id: str, out_dir: Path, chunk_kib: int, handle: DeviceHa
     return RunReport(
         run_id=run_id,
         platform={**handle.info.to_dict(), "device": info.get("device_name", "?"), "torch_device": info.get("device"),
-                  "cc_mode": info.get("cc_mode")},
+                  "cc_mode": info.get("cc_mode"), "allocator": info.get("allocator"),
+                  "allocator_reason": info.get("allocator_reason")},
         attestation={"ok": att.get("ok"), "device_id": att.get("device_id"), "claims": att.get("claims")},
         holders=[i.to_dict() for i in infos.values()],
         visits=[r.to_dict() for r in records],

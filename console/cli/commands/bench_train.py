@@ -15,6 +15,7 @@ from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from gputravel.console.cli.commands.bench import StudyProgress
+from gputravel.core.allocator import keep_freed_memory
 from gputravel.core.errors import ConfigError
 
 
@@ -81,6 +82,10 @@ def register(bench_app: typer.Typer) -> None:
                 raise typer.BadParameter(exc.reason, param_hint="--combine") from None
             _emit(result, as_json)
             return
+        try:  # before the progress bar's thread: the plain loop's allocator, as the device sets its own
+            keep_freed_memory()
+        except ConfigError as exc:
+            raise typer.BadParameter(exc.reason) from None
         with tempfile.TemporaryDirectory(prefix="gputravel-bench-train-") as tmp, \
                 StudyProgress(TextColumn("{task.description:<24}"), BarColumn(), TimeElapsedColumn(),
                               console=Console(stderr=True)) as progress:
