@@ -36,7 +36,7 @@ from typing import Any
 from gputravel.core.errors import ConfigError
 
 __all__ = ["ENV", "KEEP_FREED", "SYSTEM", "AllocatorSetting", "MallocState", "applied", "keep_freed_memory",
-           "malloc_state", "wanted"]
+           "malloc_state", "set_allocator", "wanted"]
 
 #: the off switch: ``0`` leaves glibc's defaults, ``1`` (or unset) keeps freed memory
 ENV = "GPUTRAVEL_KEEP_FREED_MEMORY"
@@ -168,19 +168,21 @@ def _check(libc: Any) -> str | None:
     return None
 
 
-def keep_freed_memory(environ: Mapping[str, str] | None = None, *, libc: Any = ...) -> AllocatorSetting:
+def keep_freed_memory(environ: Mapping[str, str] | None = None) -> AllocatorSetting:
     """Keep freed memory in this process (module docstring), unless ``GPUTRAVEL_KEEP_FREED_MEMORY=0``; call it
-    first thing, before the process starts threads. Once per process: later calls return the first call's
-    setting. ``libc`` (tests): the C library to set, None for one that is not glibc; default: this process's."""
+    first thing, before the process starts threads. Once per process (a setting cannot be taken back: glibc's
+    dynamic mmap threshold is gone once set): later calls return the first call's setting."""
     with _LOCK:
         if _APPLIED:
             return _APPLIED[0]
-        setting = _apply(wanted(environ), _libc() if libc is ... else libc)
+        setting = set_allocator(wanted(environ), _libc())
         _APPLIED.append(setting)
         return setting
 
 
-def _apply(keep: bool, libc: Any) -> AllocatorSetting:
+def set_allocator(keep: bool, libc: Any) -> AllocatorSetting:
+    """Set ``libc``'s malloc (None: a C library that is not glibc, left alone) to keep freed memory when ``keep``,
+    check it, and say what it runs with; records nothing (:func:`keep_freed_memory` is the process's call)."""
     if not keep:
         return AllocatorSetting(SYSTEM, f"glibc's defaults: {ENV}=0")
     if libc is None:

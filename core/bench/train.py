@@ -19,9 +19,10 @@ One study, two measurements of the same job in the same process tree, one after 
   and the wait for the last checkpoint.
 
 Both loops run with the same allocator setting (``core/allocator.py``: freed memory kept, unless
-``GPUTRAVEL_KEEP_FREED_MEMORY=0``): the study sets it in its own process, where the plain loop runs, and the device
-service sets it in its own from the same environment; ``job.allocator`` and ``protocol.device_allocator`` say what
-each ran with, and ``--combine`` joins only parts whose ``allocator`` agrees.
+``GPUTRAVEL_KEEP_FREED_MEMORY=0``): ``gputravel bench train`` sets it first thing in its own process, where the
+plain loop runs, and the device service sets it in its own from the same environment; ``job.allocator`` and
+``protocol.device_allocator`` say what each ran with, ``plain.malloc`` the heap read back after the loop
+(``malloc_info``), and ``--combine`` joins only parts whose ``allocator`` agrees.
 
 ``ratio = protocol / plain`` and ``protocol_cost_pct = 100 · (1 − ratio)``. The issue's target on a GPU is a
 cost of at most 5 %. Set-up (starting the device service, deploying agents, the initial checkpoint) is
@@ -40,11 +41,12 @@ from typing import Any
 
 import torch
 
-from gputravel.core.allocator import keep_freed_memory, malloc_state
+from gputravel.core.allocator import applied, malloc_state
 from gputravel.core.bench.data import make_holders
 from gputravel.core.bench.travel import ProgressFn, RunFn, machine_info
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import ConfigError
+from gputravel.core.procs import release_free_memory
 from gputravel.core.training.lora import apply_lora
 from gputravel.core.training.model import ModelConfig, build_model, param_shapes_of, preset_for_tokens
 from gputravel.core.training.tokens import vocab_size
@@ -151,7 +153,7 @@ def study(*, workdir: Path, run: RunFn, model: str = "tiny", holders: int = 2, r
     if not dataset_mib > 0:
         raise ConfigError("dataset-mib must be > 0")
     progress = on_progress or (lambda description, done, total: None)
-    alloc = keep_freed_memory()  # the plain loop's process, as the device service does in its own (first call wins)
+    alloc = applied()  # the plain loop's process's allocator (the CLI sets it first thing, as the device does)
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     config: ModelConfig = preset_for_tokens(model, vocab_size("byte"))
     base: dict[str, torch.Tensor] | None = None
@@ -191,6 +193,9 @@ def study(*, workdir: Path, run: RunFn, model: str = "tiny", holders: int = 2, r
                                    eval_every=steps, held_out=held_out, base=base).result()
         finally:
             torch.set_num_threads(threads_before)
+            # the loop's model, moments and kept heap go back to the system (malloc_trim, whatever the allocator
+            # setting), so this process does not hold them through the protocol run
+            release_free_memory()
 
     job: dict[str, Any] = {"model": model, "model_params": None, "architecture": None, "lora_rank": lora_rank,
                            "config": config.to_dict(), "holders": holders, "rounds": rounds, "steps_per_visit": steps,

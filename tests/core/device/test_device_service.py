@@ -874,6 +874,11 @@ def test_one_operation_table_answers_every_op_and_refuses_any_other_name(rig: Ri
         rig.call("op_info")
     # the typed client reads the same wire answers
     assert rig.client.info().buffer_bytes == rig.call("info")["buffer_bytes"] == BUFFER
+    # the device keeps freed memory (core/allocator.py), read back from its heap after the module's chunks and
+    # windows: its threads (control, data plane) all allocated from the one heap (where the C library is glibc)
+    info = rig.client.info()
+    if info.malloc_arenas:
+        assert info.allocator == "keep-freed" and info.malloc_arenas == 1, info.allocator_reason
     assert rig.client.tamper(region="code") == "code"
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from gputravel.core.allocator import KEEP_FREED, SYSTEM, applied, malloc_state, wanted
 from gputravel.core.ledger import read_rows, verify_ledger
 from gputravel.core.training.checkpoint import CheckpointStore, load_or_create_key
 from gputravel.core.training.corpus import write_llmc_shard
@@ -207,6 +208,9 @@ def test_bench_train_and_bench_checkpoint_report_their_fields(tmp_path: Path) ->
     assert [r["validations"] for r in train["plain"]["runs"]] == [train["protocol"]["visits"]] * 2 == [1, 1]
     assert train["ratio"] == pytest.approx(train["protocol"]["tokens_per_s"] / train["plain"]["tokens_per_s"],
                                            rel=1e-3)
+    # both loops say which allocator they ran with (this process's is set once, by whichever test came first)
+    assert train["job"]["allocator"] == applied().mode
+    assert train["protocol"]["device_allocator"] == (KEEP_FREED if malloc_state() and wanted() else SYSTEM)
     # one pass at a time (--part), joined by --combine: the study's passes, as files, give the study's figures
     parts = tmp_path / "parts"
     parts.mkdir()
@@ -242,6 +246,11 @@ def test_bench_train_and_bench_checkpoint_report_their_fields(tmp_path: Path) ->
     result = runner.invoke(cli.app, ["bench", "train", "--combine", str(parts / "other.json"), "--combine",
                                      str(parts / "protocol.json")])
     assert result.exit_code == 2 and "seq_len" in result.output
+    other_allocator = "system" if alone["job"]["allocator"] == "keep-freed" else "keep-freed"
+    (parts / "other.json").write_text(json.dumps({**alone, "job": {**alone["job"], "allocator": other_allocator}}))
+    result = runner.invoke(cli.app, ["bench", "train", "--combine", str(parts / "other.json"), "--combine",
+                                     str(parts / "protocol.json")])
+    assert result.exit_code == 2 and "allocator" in result.output  # not like with like
     result = runner.invoke(cli.app, ["bench", "train", "--combine", str(parts / "alone.json")])
     assert result.exit_code == 2 and "protocol" in result.output
     result = runner.invoke(cli.app, ["bench", "checkpoint", "--model", "tiny", "--chunk-kib", "64", "--json"])
