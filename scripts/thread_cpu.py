@@ -4,7 +4,7 @@ holders' agents) ran, for how long and at which nice value, and how busy the who
     .venv/bin/python scripts/thread_cpu.py --out threads.json -- .venv/bin/gputravel bench train ... --json
 
 Every ``--every`` seconds it reads ``/proc/<pid>/task/<tid>/stat`` (user + system time, nice, minor page faults) of
-the command and its direct children, their resident set (``VmRSS``, ``RssAnon`` of ``/proc/<pid>/status``), and
+the command and its children (of every thread), their resident set (``VmRSS``, ``RssAnon`` of ``/proc/<pid>/status``), and
 ``/proc/stat``'s first line. It prints (and writes to ``--out``) each thread's CPU seconds, minor page faults, nice
 value, how long it was seen alive and its share of a core while alive, largest first; each process's resident set
 over time (``rss``: its peak, its last sample and one sample every ``--every`` seconds, MiB); and the machine's
@@ -33,11 +33,19 @@ TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def _children(pid: int) -> list[int]:
+    """The children of every thread of ``pid`` (a thread's ``children`` file lists the processes that thread
+    forked: the device service is started from a worker thread of the orchestrator, not its main thread)."""
+    out: list[int] = []
     try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+        tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return []
-    return [int(x) for x in text.split()]
+        return out
+    for tid in tids:
+        try:
+            out.extend(int(x) for x in Path(f"/proc/{pid}/task/{tid}/children").read_text().split())
+        except OSError:
+            continue
+    return out
 
 
 def _threads(pid: int) -> dict[tuple[int, int], tuple[float, int, int]]:
