@@ -225,7 +225,10 @@ def test_run_refuses_nan_weights_with_exit_2_before_the_run_exists(tmp_path: Pat
 
 
 @pytest.mark.process
-def test_bench_train_from_a_folder_with_lora_reports_checkpoint_bytes_and_seal_time(tmp_path: Path) -> None:
+def test_bench_train_from_a_folder_with_lora_reports_checkpoint_bytes_and_seal_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # in-process bench train: this pytest worker's malloc stays at glibc's defaults (see test_models' bench test)
+    monkeypatch.setenv("GPUTRAVEL_KEEP_FREED_MEMORY", "0")
     from typer.testing import CliRunner
 
     from gputravel.console.cli import main as cli

@@ -191,8 +191,12 @@ async def test_a_device_death_mid_run_names_its_last_line_in_the_visit_and_the_l
     assert rows and "device memory exhausted (test)" in rows[0].detail["error"]
 
 
-def test_bench_train_and_bench_checkpoint_report_their_fields(tmp_path: Path) -> None:
+def test_bench_train_and_bench_checkpoint_report_their_fields(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
+
+    # bench train runs in this pytest worker: keep its malloc at glibc's defaults (a setting cannot be taken back,
+    # and every later test file in the worker would run with freed memory kept); the device inherits the switch
+    monkeypatch.setenv("GPUTRAVEL_KEEP_FREED_MEMORY", "0")
 
     from gputravel.console.cli import main as cli
 
