@@ -51,8 +51,8 @@ _DEVICE_STAGES = {"open_ns": "open_s", "staging_wait_ns": "staging_wait_s", "h2d
 #: the agent's from HANDOFF read to DONE, the device's between two ``stats`` calls around the hand-off, so its
 #: window's opening and RETURN included) and the part of it inside the cipher calls (the agent's seal calls,
 #: which also read the window's pages; the device's open calls)
-_CPU = {"agent": ("cpu_s", None), "device": (None, "cpu_ns"), "agent_cipher": ("seal_cpu_s", None),
-        "device_cipher": (None, "open_cpu_ns")}
+_AGENT_CPU = {"agent": "cpu_s", "agent_cipher": "seal_cpu_s"}
+_DEVICE_CPU = {"device": "cpu_ns", "device_cipher": "open_cpu_ns"}
 
 #: The Fastrack-style ablation: (label, path, parallel_auth, overlap)
 ABLATION = (
@@ -154,8 +154,8 @@ async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdi
                 after = (await asyncio.to_thread(client.stats)).counters
                 row = {k: float(done.stages.get(k, 0.0)) for k in _AGENT_STAGES}
                 row.update({name: (after.get(k, 0) - before.get(k, 0)) / 1e9 for k, name in _DEVICE_STAGES.items()})
-                row.update({f"cpu.{name}": float(done.stages.get(a, 0.0)) if a else (after.get(d, 0) - before.get(d, 0)) / 1e9
-                            for name, (a, d) in _CPU.items()})
+                row.update({f"cpu.{name}": float(done.stages.get(k, 0.0)) for name, k in _AGENT_CPU.items()})
+                row.update({f"cpu.{name}": (after.get(k, 0) - before.get(k, 0)) / 1e9 for name, k in _DEVICE_CPU.items()})
                 stages.append(row)
                 before = after
             if on_handoff is not None:
