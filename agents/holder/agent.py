@@ -85,6 +85,7 @@ class Agent(Provisioner):
                     return 0 if frame is None else 4
                 if frame.type is FrameType.HANDOFF:
                     self.handoff_read_ns = time.perf_counter_ns()  # the set-up stage starts here
+                    self.handoff_cpu_ns = time.process_time_ns()  # and the hand-off's CPU account (``cpu_s``)
                     try:
                         handoff = Handoff.from_wire(frame.header)  # validated once; the key is typed from here
                         if self.attestation is not None:  # refused unless attested: the key is never used

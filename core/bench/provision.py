@@ -47,6 +47,12 @@ PATHS = ("direct", "shm", "direct-socket", "direct-tcp", "direct-tcp-forward", "
 STAGES = ("setup_s", "data_s", "read_seal_s", "wait_s", "open_s", "staging_wait_s", "h2d_s")
 _AGENT_STAGES = ("setup_s", "data_s", "read_seal_s", "wait_s")
 _DEVICE_STAGES = {"open_ns": "open_s", "staging_wait_ns": "staging_wait_s", "h2d_ns": "h2d_s"}
+#: CPU seconds per hand-off, by end (``cpu_s`` in a row): each process's CPU time over the hand-off (every thread;
+#: the agent's from HANDOFF read to DONE, the device's between two ``stats`` calls around the hand-off, so its
+#: window's opening and RETURN included) and the part of it inside the cipher calls (the agent's seal calls,
+#: which also read the window's pages; the device's open calls)
+_AGENT_CPU = {"agent": "cpu_s", "agent_cipher": "seal_cpu_s"}
+_DEVICE_CPU = {"device": "cpu_ns", "device_cipher": "open_cpu_ns"}
 
 #: The Fastrack-style ablation: (label, path, parallel_auth, overlap)
 ABLATION = (
@@ -148,6 +154,8 @@ async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdi
                 after = (await asyncio.to_thread(client.stats)).counters
                 row = {k: float(done.stages.get(k, 0.0)) for k in _AGENT_STAGES}
                 row.update({name: (after.get(k, 0) - before.get(k, 0)) / 1e9 for k, name in _DEVICE_STAGES.items()})
+                row.update({f"cpu.{name}": float(done.stages.get(k, 0.0)) for name, k in _AGENT_CPU.items()})
+                row.update({f"cpu.{name}": (after.get(k, 0) - before.get(k, 0)) / 1e9 for name, k in _DEVICE_CPU.items()})
                 stages.append(row)
                 before = after
             if on_handoff is not None:
@@ -165,6 +173,18 @@ async def measure_path(path: str, *, size: int, chunk: int, repeats: int, workdi
         client.close()
         handle.stop()
     return times
+
+
+def _cpu_row(per: list[dict[str, float]]) -> dict[str, float]:
+    """``cpu_s`` of a row: each end's CPU per hand-off, in its cipher calls and beyond them (medians)."""
+    out: dict[str, float] = {}
+    for end in ("agent", "device"):
+        whole = [r[f"cpu.{end}"] for r in per]
+        cipher = [r[f"cpu.{end}_cipher"] for r in per]
+        out[end] = round(statistics.median(whole), 6)
+        out[f"{end}_cipher"] = round(statistics.median(cipher), 6)
+        out[f"{end}_beyond_cipher"] = round(statistics.median(w - c for w, c in zip(whole, cipher, strict=True)), 6)
+    return out
 
 
 def _attach_attestation(link: HolderLink, platform_dir: Path, client: DeviceClient) -> None:
@@ -226,7 +246,10 @@ def paths_study(paths: list[str], *, size_mib: int, chunk_kib: int, repeats: int
                      "shm_ring": probe.get("rings", 0) >= repeats,
                      # seconds per hand-off in each stage (median over the hand-offs); stages overlap, so they
                      # need not add up to median_s: the largest one is the stage that binds
-                     "stages": {k: round(statistics.median(r[k] for r in per), 6) for k in STAGES}})
+                     "stages": {k: round(statistics.median(r[k] for r in per), 6) for k in STAGES},
+                     # CPU seconds per hand-off by end (median over the hand-offs): the whole process, the part in
+                     # the cipher calls, and the rest (framing, wake-ups, checks, bookkeeping: what is not AES-GCM)
+                     "cpu_s": _cpu_row(per)})
     # one core and a copy measured again after the paths, the better of the two kept (a ceiling: a busy machine
     # only ever lowers a measurement); each row against the machine's limit measured in this run (``bound``: the
     # lowest of one AES-GCM core, the pair ceiling and memcpy)

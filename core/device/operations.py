@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from typing import Any
 
 import torch
@@ -104,7 +105,8 @@ class DeviceOps:
             raise FrameError("stats: since must be a non-negative integer")
         c = self._counts
         changed, upto, more = c.changed_since(since, STATS_EPOCHS)
-        wire = DeviceStats(counters=dict(c.counters), rejected=dict(c.rejected), busy_s=c.busy_s,
+        # ``cpu_ns``: the service's CPU time so far, every thread (``bench provision`` accounts a hand-off's CPU by end)
+        wire = DeviceStats(counters={**c.counters, "cpu_ns": time.process_time_ns()}, rejected=dict(c.rejected), busy_s=c.busy_s,
                            rejected_by_epoch={str(e): dict(c.rejected_by_epoch[e]) for e in changed},
                            memory_bytes=self._model.memory_bytes(), epoch=self._windows.epoch, rejection_gen=upto,
                            more=more, refused=dict(c.refused)).to_wire()

@@ -54,9 +54,15 @@ class Aad:
     frame_type: int
 
     def pack(self) -> bytes:
-        """The one AAD packing used everywhere."""
-        return _AAD.pack(_AAD_LABEL, self.session_id, self.epoch, self.direction, self.seq,
-                         self.offset, self.length, self.frame_type)
+        """The one AAD packing used everywhere (:func:`pack_aad`)."""
+        return pack_aad(self.session_id, self.epoch, self.direction, self.seq, self.offset, self.length,
+                        self.frame_type)
+
+
+def pack_aad(session_id: bytes, epoch: int, direction: int, seq: int, offset: int, length: int,
+             frame_type: int) -> bytes:
+    """:meth:`Aad.pack` without building the dataclass: the per-chunk path packs one AAD per chunk at each end."""
+    return _AAD.pack(_AAD_LABEL, session_id, epoch, direction, seq, offset, length, frame_type)
 
 
 def nonce(prefix: bytes, counter: int) -> bytes:
@@ -122,7 +128,7 @@ class _State:
         self.fingerprint = key.fingerprint
 
     def aad(self, seq: int, offset: int, length: int, frame_type: int) -> bytes:
-        return Aad(self.session_id, self.epoch, self.direction, seq, offset, length, frame_type).pack()
+        return pack_aad(self.session_id, self.epoch, self.direction, seq, offset, length, frame_type)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(epoch={self.epoch}, direction={self.direction}, fp={self.fingerprint})"

@@ -114,6 +114,15 @@ def test_bench_provision_reports_each_path_against_the_aes_core_rate_and_direct_
     assert direct["fixed_stages_ms"]["ring_bind"] > 0 or not direct["shm_ring"]
     # the direct path's admission is split: the agent's own work and the device's check were each timed
     assert direct["fixed_stages_ms"]["admission_agent"] > 0 and direct["fixed_stages_ms"]["admission_device"] > 0
+    # each end's CPU per hand-off (issue 34 item 3): its whole process, the part in its cipher calls, the rest
+    for row in r["rows"]:
+        cpu = row["cpu_s"]
+        assert set(cpu) == {"agent", "agent_cipher", "agent_beyond_cipher", "device", "device_cipher",
+                            "device_beyond_cipher"}
+        assert cpu["agent_cipher"] > 0 and cpu["device_cipher"] > 0  # both ends ran AES-GCM over the window
+        for end in ("agent", "device"):  # a process's CPU holds its thread's cipher calls (rounded to 1 us)
+            assert cpu[end] >= cpu[f"{end}_cipher"] - 2e-6
+            assert near(cpu[f"{end}_beyond_cipher"], cpu[end] - cpu[f"{end}_cipher"], abs_=2e-6)
     # the AES-GCM rate measured inside the device process, next to the standalone one
     assert r["aes_gcm_in_device_mb_s"] > 0
     assert near(r["device_aes_vs_standalone"], r["aes_gcm_in_device_mb_s"] / r["aes_gcm_1core_mb_s"],

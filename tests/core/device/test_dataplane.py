@@ -201,8 +201,10 @@ def test_an_agent_keeps_one_connection_one_ring_and_one_set_of_slots_admitting_i
             assert done["bytes"] == length
             # the agent's stages, and its parts of the hand-off's fixed cost (``handoff.STAGE_PARTS``)
             assert set(done["stages"]) == {"setup_s", "data_s", "read_seal_s", "wait_s", "take_key_s",
-                                           "admit_sent_s", "ack_to_done_s"}
+                                           "admit_sent_s", "ack_to_done_s", "cpu_s", "seal_cpu_s"}
             assert 0 <= done["stages"]["take_key_s"] <= done["stages"]["admit_sent_s"] <= done["stages"]["setup_s"]
+            # its CPU account (``bench provision``'s cpu_s): the seal calls ran, and within the process's CPU time
+            assert 0 < done["stages"]["seal_cpu_s"] <= done["stages"]["cpu_s"] + 1e-6
             closed = client.close_window(epoch=epoch)
             assert closed.complete and closed.bytes == length
             assert client.call("digest", offset=0, length=length)[0]["sha256"] == want

@@ -328,3 +328,25 @@ def test_the_agent_ends_with_status_4_on_a_hostile_header_from_its_link(tmp_path
         finally:
             threading.excepthook = hook
         assert status == [4] and errors == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.binary(min_size=16, max_size=16), st.integers(0, 2**32 - 1), st.integers(1, 4),
+       st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1), st.integers(0, 255),
+       st.dictionaries(st.text(max_size=8), st.integers() | st.text(max_size=8) | st.lists(st.integers(), max_size=4),
+                       max_size=6))
+def test_the_per_chunk_fast_paths_pack_the_same_bytes_as_the_reference_encodings(
+        session: bytes, epoch: int, direction: int, seq: int, offset: int, length: int, frame_type: int,
+        header: dict[str, object]) -> None:
+    """``pack_aad`` (the data path's AAD, no dataclass built) is ``Aad.pack``, byte for byte; a frame header
+    encoded with the shared encoder is ``json.dumps`` with the wire's options, and decodes back to itself."""
+    import json
+
+    from gputravel.core.protocol.cipher import Aad, pack_aad
+    from gputravel.core.protocol.frames import frame_head
+
+    assert pack_aad(session, epoch, direction, seq, offset, length, frame_type) == Aad(
+        session, epoch, direction, seq, offset, length, frame_type).pack()
+    raw = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
+    assert frame_head(FrameType.CHUNK, header, 0)[PREFIX.size:] == raw
+    assert decode_frame(encode_frame(FrameType.CHUNK, header)).header == header
