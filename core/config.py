@@ -37,7 +37,7 @@ _INT_FIELDS = ("holders", "rounds", "steps_per_visit", "chunk_kib", "batch_size"
 _FLOAT_FIELDS = ("buffer_mib", "val_fraction", "val_share", "lr", "lora_alpha")
 _STR_FIELDS = ("model", "cc_mode", "transport", "data_path", "cipher_engine", "data_host")
 _OPTIONAL_STR_FIELDS = ("device", "fault", "lora_targets")
-_BOOL_FIELDS = ("resume", "allow_fault_injection", "attest_prefetch")
+_BOOL_FIELDS = ("resume", "allow_fault_injection", "attest_prefetch", "handoff_relay")
 _OPTIONAL_BOOL_FIELDS = ("parallel_auth", "overlap")
 
 
@@ -110,6 +110,9 @@ class RunSettings:
     #: the next holder's attestation (ATTEST -> VERDICT, over the key its window will have) runs while the
     #: current visit trains; its hand-off then only checks that the prediction held (core/travel/windows.py)
     attest_prefetch: bool = False  # off for runs until the crash sweep under load reaches its digest with it (stop 38 note); bench travel turns it on
+    #: an attesting holder's HANDOFF is also relayed by the device on the agent's parked data connection (its key
+    #: wrapped for the agent; the agent takes the first copy): the SSH link's crossing leaves the hand-off's path
+    handoff_relay: bool = True
 
     def __post_init__(self) -> None:
         if self.data_path == "ssh":  # the name `bench provision` and the docs use for the channel path

@@ -222,6 +222,8 @@ class VisitSummary(WireMessage):
     #: total, data), ms; and whether the holder's attestation was fetched ahead while the last visit trained
     handoff_fixed_ms: dict[str, float] = field(default_factory=dict, metadata=bounds(MapOf(Float(), max_len=32)))
     attest_prefetched: bool = field(default=False, metadata=bounds(Bool()))
+    #: the device relayed the hand-off on the holder's parked data connection (off its SSH link)
+    handoff_relayed: bool = field(default=False, metadata=bounds(Bool()))
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,6 +85,13 @@ class HolderAttestation:
         self.last = (msg, verdict)
         return verdict
 
+    def expects(self, h: Handoff) -> bool:
+        """Whether ``h`` is the hand-off this agent's last ok verdict is for: of that epoch, its key wrapped for
+        this agent with that fingerprint (a relayed copy is taken only then; ``accept`` checks the key itself)."""
+        att = self.attested
+        return att is not None and h.epoch == att[0] and h.key is None and h.wrapped_key is not None \
+            and h.key_fp == att[1] and not h.conventional
+
     def accept(self, h: Handoff) -> Handoff:
         """The hand-off with its key unwrapped, if (and only if) this agent attested it; else ``HolderAttestationError``
         (code ``attestation``) and the key is never looked at."""

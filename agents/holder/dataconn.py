@@ -25,7 +25,7 @@ from gputravel.core.protocol.frames import Frame, frame_head
 from gputravel.core.protocol.holderlink import Admission, DataEndpoint, DataOpen, DataReady
 from gputravel.core.protocol.shmring import RingSpec, ShmRing, recv_frame_with_fds, ring_supported
 
-__all__ = ["BUSY_RETRY_S", "DataConn", "DataLinkLost", "RingOffer"]
+__all__ = ["BUSY_RETRY_S", "DataConn", "DataLinkLost", "RelayedFrame", "RingOffer"]
 
 #: How long the agent keeps trying a data port that answers ``busy`` (every place for connections not yet
 #: admitted is held by ones younger than the device's eviction age, 2 s: one is free or evictable by then).
@@ -38,6 +38,12 @@ class DataLinkLost(AgentError):
     def __init__(self, reason: str, conn: DataConn) -> None:
         super().__init__("agent", reason)
         self.conn = conn
+
+
+@dataclass(slots=True)
+class RelayedFrame(Frame):
+    """A HANDOFF the device relayed on this (parked) data connection, not read from the holder link: the agent
+    takes it only as ``Agent._relay_ok`` allows (its key wrapped for this agent, of the epoch it attested)."""
 
 
 @dataclass(frozen=True)
@@ -144,7 +150,9 @@ class DataConn:
                     continue
                 for fd in fds:
                     os.close(fd)
-                if self.active:
+                if frame.type is FrameType.HANDOFF:  # relayed by the device, parked or not (Admissions.relay)
+                    self.inbox.put(RelayedFrame(frame.type, frame.header, frame.payload))
+                elif self.active:
                     self.inbox.put(frame)
         except (GpuTravelError, OSError, ValueError):
             pass

@@ -199,7 +199,8 @@ def row_from_report(report: dict[str, Any], base: dict[str, Any], wall_s: float)
            "tx_s_per_visit": round(tx / len(done), 6) if done else None,
            "train_s_per_step": round(train / steps, 6) if steps else None,
            "wall_s": round(wall_s, 3), "model_params": report.get("training", {}).get("model_params"),
-           "handoff_fixed_ms": fixed_ms(done)}
+           "handoff_fixed_ms": fixed_ms(done),
+           "handoffs_relayed": sum(1 for v in done if v.get("handoff_relayed"))}
     failed = int(report.get("failed_visits") or 0)
     if failed or len(done) != len(visits):
         row["status"], row["reason"] = "failed", f"{failed} visit(s) failed"
@@ -234,7 +235,7 @@ def study(buffers: list[float | None], *, workdir: Path, run: RunFn, dataset_mib
           chunk_kib: int = 1024, transport: str = "ssh", max_mib: float | None = None, torch_threads: int = 1,
           conventional_fixes: bool = False, paths: tuple[str, ...] = planner.PATHS,
           on_progress: ProgressFn | None = None, entries: Entries | None = None,
-          attest_prefetch: bool = True) -> dict[str, Any]:
+          attest_prefetch: bool = True, handoff_relay: bool = True) -> dict[str, Any]:
     """Run the study; returns the JSON-able result (``benchmark: travel``).
 
     ``run`` runs one training run with its holders (the console's holder set: the embedded SSH server for
@@ -312,7 +313,8 @@ def study(buffers: list[float | None], *, workdir: Path, run: RunFn, dataset_mib
                 out_dir=workdir / f"run-{label(b)}-{path}", chunk_kib=chunk_kib, val_fraction=VAL_FRACTION,
                 val_share=VAL_SHARE, model=model, batch_size=batch_size, seq_len=seq_len,
                 torch_threads=torch_threads, transport=transport, data_path=planner.DATA_PATH[path],
-                parallel_auth=fixes, overlap=fixes, attest_prefetch=attest_prefetch)
+                parallel_auth=fixes, overlap=fixes, attest_prefetch=attest_prefetch,
+                handoff_relay=handoff_relay)
 
             def sink(event: ev.Event, _description: str = description) -> None:
                 nonlocal done
@@ -346,6 +348,7 @@ def study(buffers: list[float | None], *, workdir: Path, run: RunFn, dataset_mib
            "dataset": "one .txt per holder of printable pseudo-random text (hex digits from os.urandom)",
            "rounds": 1, "val_fraction": VAL_FRACTION, "val_share": VAL_SHARE, "torch_threads": torch_threads,
            "chunk_kib": chunk_kib, "transport": transport, "attest_prefetch": attest_prefetch,
+           "handoff_relay": handoff_relay, "paths": list(paths),
            "steps_rule": "steps per visit = max(1, round(MiB of training data in the visit × steps_per_mib)); "
                          "one round over all data, so total steps are the same for every buffer size",
            "tx_pct": "100 · tx_s / (tx_s + train_s)"}

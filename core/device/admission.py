@@ -19,6 +19,12 @@ with the next window's key (a DATA_OPEN with an ``Admission`` on the open connec
 own). At most ``MAX_IDLE_CONNECTIONS`` such connections wait for their agent's next hand-off; beyond, the
 oldest is shut down (its thread ends and unmaps its ring). Only a holder can make one (each needed a
 window's key), and each window admits ``MAX_CONNECTIONS_PER_WINDOW``.
+
+A connection waiting so is *parked*, bound to the holder its last admission named (the MAC proved it):
+``relay(holder, frame)`` writes a frame (the next HANDOFF, its key wrapped for that holder by the orchestrator,
+``Op.RELAY``) on that holder's newest parked connection, so the hand-off reaches the agent without crossing its
+SSH link. Another holder's connection is never written to; a dead or missing one answers False (the
+orchestrator's HANDOFF over the holder link is the fallback, and the copy the agent gets in any case).
 """
 
 from __future__ import annotations
@@ -50,7 +56,11 @@ class OpenWindow(Protocol):
     def window(self) -> ProvisionWindow | None: ...
 
 
-__all__ = ["MAX_CONNECTIONS_PER_WINDOW", "MAX_IDLE_CONNECTIONS", "MAX_RINGS_PER_WINDOW", "AdmissionRefused", "Admissions", "OpenWindow"]
+__all__ = ["MAX_CONNECTIONS_PER_WINDOW", "MAX_IDLE_CONNECTIONS", "MAX_RINGS_PER_WINDOW", "AdmissionRefused", "Admissions",
+           "OpenWindow", "Deliver"]
+
+#: writes one encoded frame on a data connection (its send lock held); raises OSError when the connection is gone
+Deliver = Callable[[bytes], None]
 
 #: data connections one holder's window may have open at once (an honest agent opens one per hand-off)
 MAX_CONNECTIONS_PER_WINDOW = 2
@@ -88,10 +98,13 @@ class Admissions:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._windows: dict[int, _Window] = {}
-        self._idle: OrderedDict[socket.socket, None] = OrderedDict()
+        #: parked connections (admitted for no open window), oldest first, with the holder they were last admitted for
+        self._idle: OrderedDict[socket.socket, str] = OrderedDict()
+        #: how to write on each admitted connection (``relay``), kept while it lives
+        self._deliver: dict[socket.socket, Deliver] = {}
 
     def admit(self, windows: OpenWindow, keys: DeviceSecrets, admit: Admission, conn: socket.socket,
-              on_return: Callable[[], None]) -> None:
+              on_return: Callable[[], None], deliver: Deliver | None = None) -> None:
         """Admit ``conn`` for ``admit.epoch`` or raise ``AdmissionRefused``. ``windows``: the device's windows
         part (its open window holds the key); ``keys``: its session part. A valid credential for a window closed since (its admission key is
         kept for the last ``KEEP_CLOSED`` windows) is refused as ``stale-epoch`` and charged to that window:
@@ -132,6 +145,8 @@ class Admissions:
                 other.conns.pop(conn, None)
             self._idle.pop(conn, None)
             win.conns[conn] = on_return
+            if deliver is not None:
+                self._deliver[conn] = deliver
         with windows.lock:  # the hand-off's admission stage ends here (``ProvisionWindow.marks``)
             if windows.window is not None and windows.window.epoch == admit.epoch:
                 windows.window.mark("admitted")
@@ -148,6 +163,30 @@ class Admissions:
             for win in self._windows.values():
                 win.conns.pop(conn, None)
             self._idle.pop(conn, None)
+            self._deliver.pop(conn, None)
+
+    def relay(self, holder: str, frame: bytes) -> bool:
+        """Write ``frame`` on ``holder``'s newest parked connection; False where it has none or the write failed
+        (that connection is then shut down: its agent opens a fresh one at its next hand-off)."""
+        with self._lock:
+            conn = next((c for c in reversed(self._idle) if self._idle[c] == holder and c in self._deliver), None)
+            deliver = self._deliver.get(conn) if conn is not None else None
+        if conn is None or deliver is None:
+            return False
+        try:
+            deliver(frame)
+        except OSError:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            return False
+        return True
+
+    def parked(self, holder: str | None = None) -> int:
+        """Parked connections (of ``holder``, or of all)."""
+        with self._lock:
+            return sum(1 for h in self._idle.values() if holder is None or h == holder)
 
     def connections(self, epoch: int | None = None) -> int:
         """Admitted connections (of ``epoch``, or of every window)."""
@@ -168,19 +207,24 @@ class Admissions:
             wins = list(self._windows.values()) if epoch is None else [
                 self._windows.setdefault(epoch, _Window(epoch, "", None))]
             returned: list[tuple[socket.socket, Callable[[], None]]] = []
+            holders: dict[socket.socket, str] = {}
             for win in wins:
                 win.closed = True
                 returned += list(win.conns.items())
+                holders.update(dict.fromkeys(win.conns, win.holder))
                 win.conns.clear()
             shut: list[socket.socket] = []
             if epoch is None:
                 shut = [c for c, _ in returned] + list(self._idle)
                 self._idle.clear()
+                self._deliver.clear()
             else:
                 for c, _ in returned:
-                    self._idle[c] = None
+                    self._idle[c] = holders[c]
                 while len(self._idle) > MAX_IDLE_CONNECTIONS:
-                    shut.append(self._idle.popitem(last=False)[0])
+                    oldest = self._idle.popitem(last=False)[0]
+                    self._deliver.pop(oldest, None)
+                    shut.append(oldest)
         for _, on_return in returned:
             on_return()
         for c in shut:

@@ -68,7 +68,7 @@ def serve_data(path: DataPath, conn: socket.socket, stream: Any, first: Frame, p
     data = DataConnection(path, conn, stream, slots, session=session, rings=rings)
     try:
         try:
-            path.plane.admissions.admit(path.windows, path.keys, opening.admit, conn, data.deadmit)
+            path.plane.admissions.admit(path.windows, path.keys, opening.admit, conn, data.deadmit, data.deliver)
         except AdmissionRefused as refused:
             if refused.charge is None:
                 path.counts.count_refused("anonymous")
@@ -122,6 +122,11 @@ class DataConnection:
     def send(self, ftype: FrameType, header: dict[str, Any]) -> None:
         with self._send_lock:
             send_frame(self.conn, ftype, header)
+
+    def deliver(self, frame: bytes) -> None:
+        """Write one encoded frame (a relayed HANDOFF, ``Admissions.relay``) between this connection's own."""
+        with self._send_lock:
+            self.conn.sendall(frame)
 
     def serve(self) -> None:
         path = self.path
@@ -329,7 +334,7 @@ class DataConnection:
             request = DataOpen.from_wire(header)
             if request.session_id != self.session or request.admit is None:
                 raise AdmissionRefused(StaleEpochError("admission for another session"), None)
-            path.plane.admissions.admit(path.windows, path.keys, request.admit, self.conn, self.deadmit)
+            path.plane.admissions.admit(path.windows, path.keys, request.admit, self.conn, self.deadmit, self.deliver)
         except FrameError as exc:
             path.counts.count_rejection(exc.code, self.epoch)
             self.send(FrameType.ERROR, {**error_header(exc), "ring": 1})

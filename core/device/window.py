@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from typing import Any
 
 from gputravel.core.device.counters import Counters
 from gputravel.core.device.dataplane import DataPlane
@@ -23,9 +24,11 @@ from gputravel.core.device.session_keys import DeviceSecrets
 from gputravel.core.errors import DeviceError
 from gputravel.core.protocol import (
     Direction,
+    FrameType,
     RecvState,
     StaleEpochError,
     WindowError,
+    encode_frame,
     provisioning_key,
 )
 from gputravel.core.protocol.deviceanswers import (
@@ -80,7 +83,7 @@ class BufferWindows:
 
     def operations(self) -> dict[str, Handler]:
         """This part's entries of the operation table."""
-        return {Op.HANDOFF: self.op_handoff, Op.CLOSE_WINDOW: self.op_close_window,
+        return {Op.HANDOFF: self.op_handoff, Op.RELAY: self.op_relay, Op.CLOSE_WINDOW: self.op_close_window,
                 Op.WINDOW_STATUS: self.op_window_status, Op.SCRUB: self.op_scrub, Op.DIGEST: self.op_digest}
 
     def op_handoff(self, *, epoch: int, offset: int, length: int, chunk_size: int, payload: bytes) -> Reply:
@@ -104,6 +107,24 @@ class BufferWindows:
         self._counts.counters["handoffs"] += 1
         return Reply(HandoffGrant(session_id=s.session_id.hex(), key_fingerprint=key.fingerprint,
                                   provisioning_key=ProvisioningKey.of(key)).to_wire())
+
+    def op_relay(self, *, holder: str, epoch: int, handoff: dict[str, Any], payload: bytes) -> Reply:
+        """Write the open window's HANDOFF on ``holder``'s parked data connection (``Admissions.relay``): the
+        orchestrator wrapped its key for that holder (the device neither opens nor needs it). ``delivered``
+        False where the holder has no parked connection or it is gone: the HANDOFF over the holder link is
+        the way then. Only for the window open now, and never with a bare key."""
+        if not isinstance(holder, str) or not holder or not isinstance(handoff, dict):
+            raise DeviceError("relay needs a holder's name and a HANDOFF header")
+        with self.lock:
+            w = self.window
+            if w is None or w.epoch != epoch or handoff.get("epoch") != epoch:
+                raise StaleEpochError(f"no open window for epoch {epoch} to relay a hand-off for")
+        if "key" in handoff or "wrapped_key" not in handoff:
+            raise DeviceError("only a HANDOFF whose key is wrapped for its holder is relayed")
+        frame = encode_frame(FrameType.HANDOFF, handoff)
+        delivered = self._plane.admissions.relay(holder, frame)
+        self._counts.counters["relayed" if delivered else "relay_missed"] += 1
+        return Reply({"delivered": delivered})
 
     def op_close_window(self, *, epoch: int, payload: bytes) -> Reply:
         """The holder returned the GPU: its key is dead from here on."""

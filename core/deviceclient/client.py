@@ -223,6 +223,12 @@ class DeviceClient:
         except FrameError as exc:
             raise DeviceError(f"the device's handoff grant is malformed: {exc.reason}") from None
 
+    def relay(self, *, holder: str, epoch: int, handoff: dict[str, Any]) -> bool:
+        """Have the device write ``handoff`` (a HANDOFF header whose key is wrapped for ``holder``) on that
+        holder's parked data connection; whether it was written (False: no such connection, or it is gone)."""
+        head, _ = self.call(Op.RELAY, holder=holder, epoch=epoch, handoff=handoff)
+        return head.get("delivered") is True
+
     def close_window(self, *, epoch: int) -> WindowClosed:
         return WindowClosed.from_wire(self.call(Op.CLOSE_WINDOW, epoch=epoch)[0])
 

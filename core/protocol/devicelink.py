@@ -82,6 +82,7 @@ class Op(StrEnum):
     TAMPER = "tamper"
     DIGEST = "digest"
     SET_DATA_PATH = "set_data_path"
+    RELAY = "relay"  # a HANDOFF wrapped for its holder, written by the device on that holder's parked data connection
     GPU_EVIDENCE = "gpu_evidence"  # SPDM GET_MEASUREMENTS in NVIDIA's format over a caller's nonce (core/device/spdm.py)
 
 

@@ -249,6 +249,9 @@ class Handoff(FrameMessage):
     ledger_head: str | None = field(default=None, metadata=bounds(Opt(Str(_TEXT)), sparse=True))
     #: the run this hand-off belongs to (wire name "run"): a holder's witness keeps its heads per run (issue 30)
     run_id: str | None = field(default=None, metadata=bounds(Opt(Str(128)), wire="run", sparse=True))
+    #: this HANDOFF's own id (hex) when a copy of it is also relayed by the device on the agent's parked data
+    #: connection (wire name "relay"): the agent takes the first copy to arrive and skips the other
+    relay_id: str | None = field(default=None, metadata=bounds(Opt(Hex(max_len=32)), wire="relay", sparse=True))
 
     @property
     def window_len(self) -> int:

@@ -19,6 +19,7 @@ transport's streams (``attach``), the link's ``kill`` (fault injection) and the 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
@@ -46,7 +47,11 @@ from gputravel.core.protocol.holderlink import (
 from gputravel.core.travel.holder_attest import HolderAttestor, HolderRefusedError
 from gputravel.core.travel.holders import HolderInfo, ProgressFn, ProvisionStats, RejectFn
 
-__all__ = ["STREAM_LIMIT", "Attesting", "FramedLink", "FramedSession"]
+__all__ = ["STREAM_LIMIT", "Attesting", "FramedLink", "FramedSession", "RelayFn"]
+
+#: ``relay(holder, epoch, handoff_header)``: the device writes the HANDOFF on the holder's parked data connection
+#: (``DeviceClient.relay``; blocking, run in a worker thread); whether it was written
+RelayFn = Callable[[str, int, dict[str, Any]], bool]
 
 #: the largest frame read from an agent or from the device's data port (a chunk frame and its header)
 STREAM_LIMIT = 64 * 1024 * 1024
@@ -106,6 +111,9 @@ class FramedSession:
         #: being written meanwhile
         self._unlogged: Verdict | None = None
         self._logging: asyncio.Future[None] | None = None
+        #: the device's relay of a HANDOFF to the agent's parked data connection (set by the engine; None: the
+        #: HANDOFF crosses this link only)
+        self.relay: RelayFn | None = None
 
     def attach(self, reader: Any, writer: Any) -> None:
         """The agent's stdout and stdin (a new agent: its HELLO comes next, ``greet``)."""
@@ -258,11 +266,25 @@ class FramedSession:
         then, whether sending it worked or not (``_log_verdict``)."""
         stats.marks_ns["handoff_write"] = time.perf_counter_ns()
         try:
+            if self.relay is not None and _relayable(outgoing):
+                outgoing = replace(outgoing, relay_id=os.urandom(8).hex())
+                stats.relayed = await self._relay(outgoing)
+                if stats.relayed:  # on its way to the agent: the copy below is the record and the fallback
+                    stats.marks_ns["handoff_sent"] = time.perf_counter_ns()
             self._send(FrameType.HANDOFF, outgoing.to_wire())
             await self._drain()
-            stats.marks_ns["handoff_sent"] = time.perf_counter_ns()
+            stats.marks_ns.setdefault("handoff_sent", time.perf_counter_ns())
         finally:
             self._log_verdict()
+
+    async def _relay(self, outgoing: Handoff) -> bool:
+        """The device writes ``outgoing`` on this agent's parked data connection; False (the copy over this link
+        then carries it alone) where it has none, it is gone, or the device refused."""
+        assert self.relay is not None
+        try:
+            return await asyncio.to_thread(self.relay, self.name, outgoing.epoch, outgoing.to_wire())
+        except (GpuTravelError, OSError):
+            return False
 
     def _log_verdict(self) -> None:
         """The ok verdict the HANDOFF just sent was given on: its ledger row and report field, written in a worker
@@ -456,6 +478,14 @@ class FramedSession:
                 await self.writer.drain()
             except (OSError, RuntimeError, ConnectionError):
                 pass
+
+
+def _relayable(h: Handoff) -> bool:
+    """Whether the device may relay ``h``: its key is wrapped for the attested agent (a bare key never leaves the
+    holder link) and its data connection is the device's Unix socket on this host (the TCP data port is not
+    encrypted: there the HANDOFF's fields stay on the SSH link)."""
+    return h.wrapped_key is not None and h.key is None and h.data_endpoint is not None \
+        and h.data_endpoint.path is not None
 
 
 def _device_refusal(header: dict[str, Any]) -> Refusal:

@@ -8,18 +8,27 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from gputravel.core.config import RunSettings
 from gputravel.core.deviceclient.client import DeviceClient
 from gputravel.core.protocol.holderlink import Verdict
 from gputravel.core.travel.audit import Audit
-from gputravel.core.travel.framed_link import Attesting, FramedLink
+from gputravel.core.travel.framed_link import Attesting, FramedLink, RelayFn
 from gputravel.core.travel.holder_attest import HolderAttestor, SimCvm, holder_args
 from gputravel.core.travel.holders import HolderLink
 from gputravel.core.travel.local_link import LocalHolderLink
 from gputravel.core.travel.visits import Itinerary
 
-__all__ = ["attach"]
+__all__ = ["attach", "device_relay"]
+
+
+def device_relay(client: Callable[[], DeviceClient]) -> RelayFn:
+    """The framed links' ``relay``: the device session's client (``client()``, now) asks the device to write a
+    HANDOFF on the holder's parked data connection (``DeviceClient.relay``)."""
+    def relay(holder: str, epoch: int, handoff: dict[str, Any]) -> bool:
+        return client().relay(holder=holder, epoch=epoch, handoff=handoff)
+    return relay
 
 
 def attach(*, out_dir: Path, run_id: str, settings: RunSettings, links: Mapping[str, HolderLink], audit: Audit,
@@ -53,6 +62,8 @@ def attach(*, out_dir: Path, run_id: str, settings: RunSettings, links: Mapping[
     for link in links.values():
         if isinstance(link, FramedLink):
             link.session.attestor, link.session.on_verdict = attestor, on_verdict
+            # the HANDOFF off the SSH link's path (docs/performance.md)
+            link.session.relay = device_relay(client) if settings.handoff_relay else None
         # local agents and the embedded server's pin the SIM platform's files; an inventory host's agent pins
         # its operator's own (``SshHolderLink.attest_files``) or does not attest
         pins = isinstance(link, LocalHolderLink) or same_host

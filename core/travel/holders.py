@@ -95,6 +95,9 @@ class ProvisionStats:
     #: the holder's verdict was fetched ahead (``prefetch_attestation``), while the visit before trained or during
     #: this visit's ATTEST phase (the rest of a fetch still under way is this hand-off's ``verdict`` stage)
     attest_prefetched: bool = False
+    #: the device wrote the HANDOFF on the agent's parked data connection (``FramedSession.relay``); a copy went
+    #: over the holder link all the same, and the agent took whichever came first
+    relayed: bool = False
 
 
 ProgressFn = Callable[[int], None]

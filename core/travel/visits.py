@@ -45,6 +45,8 @@ class VisitRecord:
     handoff_fixed_ms: dict[str, float] = field(default_factory=dict)
     #: the holder's verdict for the visit's (first) key came while the visit before trained
     attest_prefetched: bool = False
+    #: the device relayed the visit's (first) HANDOFF on the holder's parked data connection
+    handoff_relayed: bool = False
 
     def reset_for_retry(self) -> None:
         self.failures.append(f"{self.failed_phase}: {self.error}")
@@ -57,6 +59,7 @@ class VisitRecord:
         self.holder_attestation = None
         self.handoff_fixed_ms = {}
         self.attest_prefetched = False
+        self.handoff_relayed = False
         self.outcome = "pending"
 
     def summary(self) -> VisitSummary:
@@ -76,7 +79,8 @@ class VisitRecord:
             attack=bool(self.attack), attack_attempts=dict(self.attack),
             phase_s={k: round(v, 6) for k, v in self.phase_s.items()},
             holder_attestation=self.holder_attestation,
-            handoff_fixed_ms=dict(self.handoff_fixed_ms), attest_prefetched=self.attest_prefetched)
+            handoff_fixed_ms=dict(self.handoff_fixed_ms), attest_prefetched=self.attest_prefetched,
+            handoff_relayed=self.handoff_relayed)
 
     def to_dict(self) -> dict[str, Any]:
         """The report's ``visits[i]``."""

@@ -211,6 +211,7 @@ class HandoffWindows:
         closed = await ho.close_window(self.device.client, handoff)
         if v.stats is not None:  # the hand-off's fixed cost by stage, summed over the visit's keys
             rec.attest_prefetched = rec.attest_prefetched or v.stats.attest_prefetched
+            rec.handoff_relayed = rec.handoff_relayed or v.stats.relayed
             rec.handoff_fixed_ms = ho.add_stages(rec.handoff_fixed_ms, ho.fixed_stages(
                 window_ns=v.window_ns, stats=v.stats, closed=closed))
         self.audit.rejections({str(handoff.epoch): closed.rejected_in_window}, self.walk.records)

@@ -81,6 +81,13 @@ def register(bench_app: typer.Typer) -> None:
                                              help="The next holder attests while a visit trains (the run's "
                                                   "default); off: each hand-off attests in line (the before "
                                                   "of docs/performance.md)."),
+        handoff_relay: bool = typer.Option(True, "--handoff-relay/--no-handoff-relay",
+                                           help="The device relays each attested HANDOFF on the agent's parked "
+                                                "data connection (the run's default); off: the HANDOFF crosses "
+                                                "the holder's SSH link only (the before of docs/performance.md)."),
+        paths: str = typer.Option("travelling,conventional", "--paths",
+                                  help="Which paths to run, comma-separated (travelling, conventional): "
+                                       "'travelling' alone measures the Tx share without the conventional run."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
     ) -> None:
         """Travelling vs conventional: training time, transfer time and transfer % per buffer size."""
@@ -93,6 +100,11 @@ def register(bench_app: typer.Typer) -> None:
             buffers = parse_buffer_list(buffer_mib)
         except ConfigError as exc:
             raise typer.BadParameter(exc.reason, param_hint="--buffer-mib") from None
+        from gputravel.core import planner
+
+        chosen = tuple(p.strip() for p in paths.split(",") if p.strip())
+        if not chosen or any(p not in planner.PATHS for p in chosen) or len(set(chosen)) != len(chosen):
+            raise typer.BadParameter(f"paths are some of {', '.join(planner.PATHS)}, each once", param_hint="--paths")
         if transport not in ("ssh", "local"):
             raise typer.BadParameter("transport is ssh or local", param_hint="--transport")
         for name, value in (("--dataset-mib", dataset_mib), ("--max-mib", max_mib)):
@@ -109,7 +121,8 @@ def register(bench_app: typer.Typer) -> None:
                                       batch_size=batch_size, seq_len=seq_len, chunk_kib=chunk_kib,
                                       transport=transport, max_mib=max_mib, torch_threads=torch_threads,
                                       conventional_fixes=conventional_fixes, on_progress=progress, entries=ENTRIES,
-                                      attest_prefetch=attest_prefetch)
+                                      attest_prefetch=attest_prefetch, handoff_relay=handoff_relay,
+                                      paths=chosen)
             except ConfigError as exc:
                 raise typer.BadParameter(exc.reason) from None
         statuses = {r["status"] for r in result["rows"]}
