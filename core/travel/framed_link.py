@@ -114,10 +114,14 @@ class FramedSession:
         #: the device's relay of a HANDOFF to the agent's parked data connection (set by the engine; None: the
         #: HANDOFF crosses this link only)
         self.relay: RelayFn | None = None
+        #: the agent keeps a data connection parked at the device (its last direct hand-off ended well): only then
+        #: is a relay tried (a first hand-off, or one after a failure, would only cost the device's round trip)
+        self.parked = False
 
     def attach(self, reader: Any, writer: Any) -> None:
         """The agent's stdout and stdin (a new agent: its HELLO comes next, ``greet``)."""
         self.reader, self.writer = reader, writer
+        self.parked = False
 
     async def _read(self) -> Frame:
         assert self.reader is not None
@@ -266,7 +270,7 @@ class FramedSession:
         then, whether sending it worked or not (``_log_verdict``)."""
         stats.marks_ns["handoff_write"] = time.perf_counter_ns()
         try:
-            if self.relay is not None and _relayable(outgoing):
+            if self.relay is not None and self.parked and _relayable(outgoing):
                 outgoing = replace(outgoing, relay_id=os.urandom(8).hex())
                 stats.relayed = await self._relay(outgoing)
                 if stats.relayed:  # on its way to the agent: the copy below is the record and the fallback
@@ -324,6 +328,7 @@ class FramedSession:
             stats = await self._provision(handoff, device_socket=device_socket, on_progress=on_progress,
                                           on_reject=on_reject, data_endpoint=data_endpoint)
         except BaseException:
+            self.parked = False  # a failed hand-off: the agent drops its data connection
             await self._verdict_logged(failing=True)
             raise
         await self._verdict_logged()
@@ -403,6 +408,7 @@ class FramedSession:
                 stats.retransmits = done.retransmits
                 stats.stages = dict(done.stages)
                 stats.seconds = time.perf_counter() - t0
+                self.parked = handoff.data_endpoint is not None and handoff.data_endpoint.path is not None
                 return stats
             elif frame.type is not FrameType.PONG:
                 raise AgentError(self.name, f"unexpected {frame.type.name} during provisioning")

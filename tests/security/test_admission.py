@@ -262,3 +262,39 @@ def test_return_releases_the_windows_rings_and_admits_its_connections_for_nothin
     assert all(recv_frame_with_fds(c.sock) is None for c in kept[:3])
     for c in kept:
         c.close()
+
+
+# --- (e) the hand-off's relay: a HANDOFF goes only to its own holder's parked connection -----------------
+def test_a_relayed_handoff_reaches_only_its_holders_parked_connection_and_a_dead_one_answers_false(
+        device: Device) -> None:
+    """``Op.RELAY`` writes the open window's HANDOFF (its key wrapped for the holder) on the newest connection parked
+    for the holder named: never on another holder's, never for a window not open, never with a bare key; a holder
+    with no parked connection, or whose connection died, gets False (the holder link's copy then carries it)."""
+    from gputravel.core.errors import DeviceError, StaleEpochError
+
+    svc = device.service
+    parked: dict[str, Raw] = {}
+    for holder in ("alice", "bob"):  # each admitted for a window of its own, which returns: parked, bound to it
+        epoch, key, session = device.handoff()
+        parked[holder] = Raw(device, opening(session, key, epoch, holder=holder))
+        assert parked[holder].first.type is FrameType.DATA_READY
+        device.close(epoch)
+    assert svc.plane.admissions.parked("alice") == svc.plane.admissions.parked("bob") == 1
+    epoch, _, session = device.handoff()
+    head = {"epoch": epoch, "session": session.hex(), "wrapped_key": "ab" * 40, "key_fp": "f" * 16, "relay": "01" * 8}
+    assert device.client.relay(holder="alice", epoch=epoch, handoff=head) is True
+    got = recv_frame_with_fds(parked["alice"].sock)
+    assert got is not None and got[0].type is FrameType.HANDOFF and got[0].header == head
+    parked["bob"].sock.settimeout(0.2)
+    with pytest.raises(TimeoutError):  # nothing for bob: another holder's hand-off never reaches it
+        parked["bob"].sock.recv(1)
+    assert device.client.relay(holder="carol", epoch=epoch, handoff=head) is False  # no connection parked for carol
+    with pytest.raises(DeviceError, match="wrapped"):  # a bare key never leaves the holder link
+        device.client.relay(holder="alice", epoch=epoch, handoff={**head, "key": {"k": "00"}})
+    with pytest.raises(StaleEpochError):  # only for the window open now
+        device.client.relay(holder="alice", epoch=epoch - 1, handoff={**head, "epoch": epoch - 1})
+    parked["alice"].close()  # alice's agent went away: its parked connection is dead
+    assert wait_for(lambda: device.client.relay(holder="alice", epoch=epoch, handoff=head) is False)
+    assert svc.counts.counters["relayed"] == 1 and svc.counts.counters["relay_missed"] >= 2
+    parked["bob"].close()
+    device.close(epoch)

@@ -1,6 +1,10 @@
 """The next holder attests while a visit trains (issue 34 item 2): its ATTEST goes out during the TRAIN before its
 visit, over the very key its window then gets; the hand-off takes that verdict and sends only the wrapped key. Off
-(``attest_prefetch=False``), every hand-off attests in line. Real agents, a real device service, SIM evidence."""
+(``attest_prefetch=False``), every hand-off attests in line. Real agents, a real device service, SIM evidence.
+
+And the hand-off's relay: from a holder's second visit on, the device writes its HANDOFF on the agent's parked data
+connection too (``handoff_relayed``); where the device cannot (here: every relay refused), the HANDOFF over the
+holder link alone carries the visit, as before."""
 
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ from typing import Any
 import pytest
 from helpers import small_settings, started
 
+from gputravel.core.deviceclient.client import DeviceClient
+from gputravel.core.errors import DeviceError
 from gputravel.core.ledger import read_rows
 from gputravel.core.protocol import FrameType
 from gputravel.core.protocol.holderattest import CvmCheck, GpuCheck, Verdict
@@ -36,7 +42,15 @@ def tap(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, FrameType, dict[str,
 
 @pytest.mark.parametrize("prefetch", [True, False])
 async def test_the_next_holder_attests_during_training_over_its_own_key(
-        prefetch: bool, data_root: Path, tmp_path: Path, tap: list[tuple[str, FrameType, dict[str, Any]]]) -> None:
+        prefetch: bool, data_root: Path, tmp_path: Path, tap: list[tuple[str, FrameType, dict[str, Any]]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """(With ``prefetch`` off, every relay also fails at the device: the holder link's copy is the fallback.)"""
+    relayed = prefetch
+    if not relayed:
+        def refused(self: DeviceClient, **_kw: Any) -> bool:
+            raise DeviceError("the parked data connection is gone")
+
+        monkeypatch.setattr(DeviceClient, "relay", refused)
     out = tmp_path / "run"
     settings = small_settings(data_root, out, rounds=2, transport="local", attest_prefetch=prefetch)
     async with started(settings) as engine:
@@ -46,6 +60,8 @@ async def test_the_next_holder_attests_during_training_over_its_own_key(
     # every visit had its verdict fetched before its hand-off (the first during its own ATTEST phase, the others
     # as the visit before trained), or none did, when off
     assert [v["attest_prefetched"] for v in visits] == [prefetch] * 4
+    # each holder's first visit has no parked data connection yet; its second is relayed (unless the relay fails)
+    assert [v["handoff_relayed"] for v in visits] == [False, False, relayed, relayed]
     frames = [(holder, t, h) for holder, t, h in tap if t in (FrameType.ATTEST, FrameType.HANDOFF)]
     # one ATTEST per hand-off, each before its HANDOFF, for the epoch and key that HANDOFF then carries
     attests = [(holder, h) for holder, t, h in frames if t is FrameType.ATTEST]
@@ -53,6 +69,8 @@ async def test_the_next_holder_attests_during_training_over_its_own_key(
     assert len(attests) == len(handoffs) == 4
     for (a_holder, a), (h_holder, h), v in zip(attests, handoffs, visits, strict=True):
         assert a_holder == h_holder == v["holder"]
+        assert ("relay" in h) is (v["visit"] >= 2)  # the copy over the link of a relayed (or tried) HANDOFF
+        assert "key" not in h and h["wrapped_key"]
         assert a["epoch"] == h["epoch"] == v["epoch"] and a["key_fp"] == h["key_fp"] == v["key_fingerprint"]
     order = [(holder, t) for holder, t, _ in frames]
     if prefetch:  # the next holder's ATTEST goes out before this visit's... nothing: it trains meanwhile
