@@ -111,8 +111,10 @@ class RunSettings:
     #: current visit trains; its hand-off then only checks that the prediction held (core/travel/windows.py)
     attest_prefetch: bool = False  # off for runs until the crash sweep under load reaches its digest with it (stop 38 note); bench travel turns it on
     #: an attesting holder's HANDOFF is also relayed by the device on the agent's parked data connection (its key
-    #: wrapped for the agent; the agent takes the first copy): the SSH link's crossing leaves the hand-off's path
-    handoff_relay: bool = True
+    #: wrapped for the agent; the agent takes the first copy): the SSH link's crossing leaves the hand-off's path. Off:
+    #: measured no faster (the orchestrator's round trip to the device cost more than the crossing it saves,
+    #: docs/performance.md); ``bench travel --handoff-relay`` turns it on
+    handoff_relay: bool = False
 
     def __post_init__(self) -> None:
         if self.data_path == "ssh":  # the name `bench provision` and the docs use for the channel path

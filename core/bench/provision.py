@@ -28,7 +28,6 @@ from gputravel.core.platform.emulated import EmulatedPlatform
 from gputravel.core.travel import handoff as ho
 from gputravel.core.travel.framed_link import Attesting, FramedLink
 from gputravel.core.travel.holder_attest import HolderAttestor, SimCvm, holder_args
-from gputravel.core.travel.holder_setup import device_relay
 from gputravel.core.travel.holders import HolderLink
 from gputravel.core.travel.local_link import LocalHolderLink
 
@@ -194,7 +193,6 @@ def _attach_attestation(link: HolderLink, platform_dir: Path, client: DeviceClie
     if not isinstance(link, FramedLink):
         return
     link.session.attestor = HolderAttestor(run_id="bench", cvm=SimCvm.load(platform_dir), client=lambda: client)
-    link.session.relay = device_relay(lambda: client)  # as a run wires it (``holder_setup.attach``)
     if isinstance(link, Attesting) and link.attest_files is None:
         link.attest_files = holder_args(platform_dir)
 

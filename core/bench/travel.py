@@ -235,7 +235,7 @@ def study(buffers: list[float | None], *, workdir: Path, run: RunFn, dataset_mib
           chunk_kib: int = 1024, transport: str = "ssh", max_mib: float | None = None, torch_threads: int = 1,
           conventional_fixes: bool = False, paths: tuple[str, ...] = planner.PATHS,
           on_progress: ProgressFn | None = None, entries: Entries | None = None,
-          attest_prefetch: bool = True, handoff_relay: bool = True) -> dict[str, Any]:
+          attest_prefetch: bool = True, handoff_relay: bool = False) -> dict[str, Any]:
     """Run the study; returns the JSON-able result (``benchmark: travel``).
 
     ``run`` runs one training run with its holders (the console's holder set: the embedded SSH server for

@@ -81,10 +81,11 @@ def register(bench_app: typer.Typer) -> None:
                                              help="The next holder attests while a visit trains (the run's "
                                                   "default); off: each hand-off attests in line (the before "
                                                   "of docs/performance.md)."),
-        handoff_relay: bool = typer.Option(True, "--handoff-relay/--no-handoff-relay",
-                                           help="The device relays each attested HANDOFF on the agent's parked "
-                                                "data connection (the run's default); off: the HANDOFF crosses "
-                                                "the holder's SSH link only (the before of docs/performance.md)."),
+        handoff_relay: bool = typer.Option(False, "--handoff-relay/--no-handoff-relay",
+                                           help="The device also relays each attested HANDOFF on the agent's "
+                                                "parked data connection (a trial, off like the run's default: "
+                                                "measured no faster, docs/performance.md); off: the HANDOFF "
+                                                "crosses the holder's SSH link only."),
         paths: str = typer.Option("travelling,conventional", "--paths",
                                   help="Which paths to run, comma-separated (travelling, conventional): "
                                        "'travelling' alone measures the Tx share without the conventional run."),

@@ -52,7 +52,7 @@ async def test_the_next_holder_attests_during_training_over_its_own_key(
 
         monkeypatch.setattr(DeviceClient, "relay", refused)
     out = tmp_path / "run"
-    settings = small_settings(data_root, out, rounds=2, transport="local", attest_prefetch=prefetch)
+    settings = small_settings(data_root, out, rounds=2, transport="local", attest_prefetch=prefetch, handoff_relay=True)
     async with started(settings) as engine:
         report = (await engine.run()).to_json()
     visits = report["visits"]
