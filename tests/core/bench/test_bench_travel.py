@@ -99,6 +99,14 @@ def test_bad_buffer_sizes_are_usage_errors(value: str) -> None:
     assert result.exit_code == 2, result.output
 
 
+@pytest.mark.parametrize("value", ["", "travelling,travelling", "seed", "travelling,ssh"])
+def test_bad_paths_are_usage_errors_naming_the_paths(value: str) -> None:
+    from gputravel.console.cli import main as cli
+
+    result = CliRunner().invoke(cli.app, ["bench", "travel", "--buffer-mib", "4", "--paths", value, "--json"])
+    assert result.exit_code == 2 and "travelling, conventional" in result.output, result.output
+
+
 @pytest.mark.process
 def test_a_study_whose_runs_all_fail_exits_non_zero_with_the_reasons() -> None:
     from gputravel.console.cli import main as cli
