@@ -33,43 +33,23 @@ from typing import Any
 
 import torch
 
-from gputravel.core.training.lora import apply_lora
-from gputravel.core.training.model import build_model, param_shapes_of
+from gputravel.core.bench.train import PlainStep
 from gputravel.core.training.trainer import Trainer, TrainSettings
 from gputravel.core.training.weights import read_weights
 
 
 def _plain(config: Any, base: dict[str, torch.Tensor], settings: TrainSettings, data: torch.Tensor) -> Callable[[], float]:
-    gen = torch.Generator().manual_seed(settings.seed)
-    model = build_model(config, generator=gen, device="cpu")
-    model.load_state_dict(base, strict=False)
-    lora = settings.lora(config)
-    if lora is not None:
-        apply_lora(model, lora, param_shapes_of(config), settings.seed)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in trainable if p.dim() >= 2]
-    no_decay = [p for p in trainable if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=settings.lr, betas=(0.9, 0.95), eps=1e-8)
+    plain = PlainStep(config, settings, torch.device("cpu"), torch.Generator().manual_seed(settings.seed), base=base)
+    plain.model.train()
     span = torch.arange(settings.seq_len + 1)
-    model.train()
     state = {"step": 0}
     gen = torch.Generator().manual_seed(settings.seed)  # the batches' own stream (trainer_step's too)
 
     def step() -> float:
         starts = torch.randint(0, data.numel() - settings.seq_len - 1, (settings.batch_size, 1), generator=gen)
-        chunk = data[starts + span]
-        for group in opt.param_groups:
-            group["lr"] = settings.lr_at(state["step"])
-        opt.zero_grad(set_to_none=True)
-        _, loss = model(chunk[:, :-1], chunk[:, 1:])
-        assert loss is not None
-        loss.backward()
-        if settings.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(trainable, settings.grad_clip)
-        opt.step()
+        loss = plain.step(data[starts + span], state["step"])
         state["step"] += 1
-        return float(loss.item())
+        return loss
     return step
 
 

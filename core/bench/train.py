@@ -52,9 +52,46 @@ from gputravel.core.training.model import ModelConfig, build_model, param_shapes
 from gputravel.core.training.tokens import vocab_size
 from gputravel.core.training.trainer import TrainSettings
 
-__all__ = ["PARTS", "combine", "plain_loop", "study"]
+__all__ = ["PARTS", "PlainStep", "combine", "plain_loop", "study"]
 
 MIB = 1 << 20
+
+
+class PlainStep:
+    """The plain loop's model and optimizer, no protocol: built from the run's seed (``gen`` draws the
+    initialisation; the caller may go on drawing its batches from it), ``base`` loaded (``--init-from``) and, with
+    LoRA in ``settings``, only the adapters trainable (as on the device). :meth:`step` is one AdamW step; the plain
+    pass (:func:`plain_loop`) and ``scripts/lora_step_ab.py`` (which holds it against the device's step) share it."""
+
+    def __init__(self, config: ModelConfig, settings: TrainSettings, device: torch.device, gen: torch.Generator, *,
+                 base: dict[str, torch.Tensor] | None = None) -> None:
+        model = build_model(config, generator=gen, device="cpu")
+        if base is not None:
+            model.load_state_dict(base, strict=False)
+        lora = settings.lora(config)
+        if lora is not None:
+            apply_lora(model, lora, param_shapes_of(config), settings.seed)
+        self.model = model.to(device)
+        self.settings = settings
+        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
+        decay = [p for p in self.trainable if p.dim() >= 2]
+        no_decay = [p for p in self.trainable if p.dim() < 2]
+        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
+                                      {"params": no_decay, "weight_decay": 0.0}],
+                                     lr=settings.lr, betas=(0.9, 0.95), eps=1e-8)
+
+    def step(self, chunk: torch.Tensor, step: int) -> float:
+        """One step on ``chunk`` (``batch × (seq_len + 1)`` token ids) at the schedule's ``step``; its loss."""
+        for group in self.opt.param_groups:
+            group["lr"] = self.settings.lr_at(step)
+        self.opt.zero_grad(set_to_none=True)
+        _, loss = self.model(chunk[:, :-1], chunk[:, 1:])
+        assert loss is not None
+        loss.backward()
+        if self.settings.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.trainable, self.settings.grad_clip)
+        self.opt.step()
+        return float(loss.item())
 
 
 def plain_loop(config: ModelConfig, settings: TrainSettings, *, steps: int, device: str,
@@ -66,18 +103,8 @@ def plain_loop(config: ModelConfig, settings: TrainSettings, *, steps: int, devi
     pretrained weights (``--init-from``); with LoRA in ``settings``, only the adapters train (as on the device)."""
     dev = torch.device(device)
     gen = torch.Generator().manual_seed(settings.seed)
-    model = build_model(config, generator=gen, device="cpu")
-    if base is not None:
-        model.load_state_dict(base, strict=False)
-    lora = settings.lora(config)
-    if lora is not None:
-        apply_lora(model, lora, param_shapes_of(config), settings.seed)
-    model.to(dev)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in trainable if p.dim() >= 2]
-    no_decay = [p for p in trainable if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": settings.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=settings.lr, betas=(0.9, 0.95), eps=1e-8)
+    plain = PlainStep(config, settings, dev, gen, base=base)
+    model = plain.model
     data = tokens.to(dev)
     span = torch.arange(settings.seq_len + 1, device=dev)
     n = data.numel()
@@ -97,17 +124,7 @@ def plain_loop(config: ModelConfig, settings: TrainSettings, *, steps: int, devi
     t0 = time.perf_counter()
     for step in range(steps):
         starts = torch.randint(0, n - settings.seq_len - 1, (settings.batch_size, 1), generator=gen).to(dev)
-        chunk = data[starts + span]
-        for group in opt.param_groups:
-            group["lr"] = settings.lr_at(step)
-        opt.zero_grad(set_to_none=True)
-        _, loss = model(chunk[:, :-1], chunk[:, 1:])
-        assert loss is not None
-        loss.backward()
-        if settings.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(trainable, settings.grad_clip)
-        opt.step()
-        losses.append(float(loss.item()))
+        losses.append(plain.step(data[starts + span], step))
         if val_starts is not None and val_data is not None and (step + 1) % eval_every == 0:
             model.eval()
             with torch.no_grad():
