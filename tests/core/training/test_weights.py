@@ -326,42 +326,58 @@ def _checkpoint_model(out: Path, seq: int | None = None) -> dict[str, torch.Tens
     return {k: v for k, v in state["model"].items() if k != "lm_head.weight"}
 
 
-@pytest.mark.process
-def test_export_then_init_from_continues_from_the_exported_model(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str, torch.Tensor]]:
+    """One short run (its data folder, its run folder, its last model): the two export formats' tests start from
+    it, so the module pays for it once."""
     from tests.helpers import write_holder
 
-    data = tmp_path / "data"
+    root = tmp_path_factory.mktemp("export")
+    data = root / "data"
     write_holder(data / "alice", 1, "to be or not to be that is the question".split(), n_words=3000)
-    first = tmp_path / "first"
+    first = root / "first"
     proc = gputravel("run", "--data", str(data), *RUN_ARGS, "--out", str(first))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    trained = _checkpoint_model(first)
-    outputs = {}
-    for fmt in ("llmc", "safetensors"):
-        outputs[fmt] = tmp_path / f"exported.{fmt}"
-        run = [str(first)] if fmt == "llmc" else ["first", "--runs-dir", str(tmp_path)]  # a folder, or a name
-        proc = gputravel("export", *run, "--format", fmt, "--output", str(outputs[fmt]), "--json")
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        done = json.loads(proc.stdout)
-        assert done["format"] == fmt and done["steps"] == 2 and done["bytes"] == outputs[fmt].stat().st_size
+    return data, first, _checkpoint_model(first)
+
+
+def _export(first: Path, fmt: str, output: Path, *run: str) -> None:
+    proc = gputravel("export", *(run or (str(first),)), "--format", fmt, "--output", str(output), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    done = json.loads(proc.stdout)
+    assert done["format"] == fmt and done["steps"] == 2 and done["bytes"] == output.stat().st_size
+
+
+@pytest.mark.process
+def test_export_llmc_then_init_from_continues_from_the_exported_model(
+        first_run: tuple[Path, Path, dict[str, torch.Tensor]], tmp_path: Path) -> None:
+    data, first, trained = first_run
+    exported_file = tmp_path / "exported.llmc"
+    _export(first, "llmc", exported_file)  # the run named by its folder
     proc = gputravel("export", str(first), "--output", str(tmp_path / "no-such-dir" / "x.bin"))
     assert proc.returncode == 2 and "cannot write" in proc.stderr
-    _, exported = read_weights(outputs["llmc"])
+    _, exported = read_weights(exported_file)
     assert all(torch.equal(exported[n], trained[n]) for n in exported)  # the run's last model, bit for bit
 
     second = tmp_path / "second"
-    proc = gputravel("run", "--data", str(data), *RUN_ARGS, "--out", str(second), "--init-from", str(outputs["llmc"]))
+    proc = gputravel("run", "--data", str(data), *RUN_ARGS, "--out", str(second), "--init-from", str(exported_file))
     assert proc.returncode == 0, proc.stderr[-3000:]
     at_start = _checkpoint_model(second, 0)  # the new run's initial checkpoint: the model before its first step
     assert all(torch.equal(at_start[n], trained[n]) for n in trained)
     from gputravel.core.ledger import read_rows
 
     loaded = [r for r in read_rows(second / "ledger.db") if r.kind == "weights-loaded"]
-    assert len(loaded) == 1 and loaded[0].detail["model_digest"] == params_digest(exported, read_config(outputs["llmc"]))
+    assert len(loaded) == 1 and loaded[0].detail["model_digest"] == params_digest(exported, read_config(exported_file))
 
+
+@pytest.mark.process
+def test_export_safetensors_then_init_from_starts_from_the_same_model(
+        first_run: tuple[Path, Path, dict[str, torch.Tensor]], tmp_path: Path) -> None:
+    data, first, trained = first_run
+    exported_file = tmp_path / "exported.safetensors"
+    _export(first, "safetensors", exported_file, "first", "--runs-dir", str(first.parent))  # the run named by its name
     third = tmp_path / "third"  # safetensors: the same model (its padded rows are zeros; they are never used)
-    proc = gputravel("run", "--data", str(data), *RUN_ARGS, "--out", str(third), "--init-from",
-                     str(outputs["safetensors"]))
+    proc = gputravel("run", "--data", str(data), *RUN_ARGS, "--out", str(third), "--init-from", str(exported_file))
     assert proc.returncode == 0, proc.stderr[-3000:]
     real_rows_equal(_checkpoint_model(third, 0), trained, 256)
 
