@@ -122,6 +122,42 @@ async def remote_hash(conn: asyncssh.SSHClientConnection, spec: HolderSpec, fold
     return str(res.stdout).strip() or None
 
 
+#: The bundle's upload (a few hundred KB) must finish within this many seconds: an SFTP server that accepts
+#: the channel and then stops answering would otherwise hold the run at its deploy step for ever (the SSH
+#: keepalive only notices a dead connection, not a live one whose SFTP subsystem stalls).
+UPLOAD_TIMEOUT_S = 120.0
+
+
+async def upload_bundle(conn: asyncssh.SSHClientConnection, spec: HolderSpec, files: list[tuple[str, bytes]],
+                        folder: str, *, timeout: float = UPLOAD_TIMEOUT_S) -> None:
+    """Upload ``files`` into a private folder, then move it into place as ``folder`` with one rename: a folder
+    named by a hash is either complete or absent, so one whose contents differ was changed after upload. A
+    failed or stalled upload is ``AgentError`` (a stalled one after ``timeout`` seconds; its private
+    ``.part-*`` folder may stay behind on the holder, never under the hash's name)."""
+    staging = f"{folder}.part-{secrets.token_hex(4)}"
+
+    async def upload() -> None:
+        async with conn.start_sftp_client() as sftp:
+            for rel, data in files:
+                path = PurePosixPath(staging) / rel
+                await sftp.makedirs(str(path.parent), exist_ok=True)
+                async with sftp.open(str(path), "wb") as f:
+                    await f.write(data)
+                await sftp.chmod(str(path), 0o600)
+            try:
+                await sftp.rename(staging, folder)
+            except asyncssh.SFTPError:  # another deployer got there first: its folder is checked by the caller
+                await sftp.rmtree(staging, ignore_errors=True)
+
+    try:
+        await asyncio.wait_for(upload(), timeout)
+    except TimeoutError:
+        raise AgentError(spec.name, f"upload stalled: not done after {timeout:g} s (the holder's SFTP server "
+                                    f"stopped answering)") from None
+    except (OSError, asyncssh.Error) as exc:
+        raise AgentError(spec.name, f"upload failed: {exc}") from None
+
+
 async def deploy(conn: asyncssh.SSHClientConnection, spec: HolderSpec, *,
                  on_state: Callable[[str, str], None] | None = None) -> DeployReport:
     """Upload the bundle unless the holder already has it (same hash), then verify it there."""
@@ -147,25 +183,9 @@ async def deploy(conn: asyncssh.SSHClientConnection, spec: HolderSpec, *,
     uploaded = False
     have = await remote_hash(conn, spec, folder)
     if have is None:
-        # Upload into a private folder, then move it into place with one rename: a folder named by a
-        # hash is either complete or absent, so one whose contents differ was changed after upload.
         if on_state:
             on_state(HolderState.DEPLOYING, folder)
-        staging = f"{folder}.part-{secrets.token_hex(4)}"
-        try:
-            async with conn.start_sftp_client() as sftp:
-                for rel, data in files:
-                    path = PurePosixPath(staging) / rel
-                    await sftp.makedirs(str(path.parent), exist_ok=True)
-                    async with sftp.open(str(path), "wb") as f:
-                        await f.write(data)
-                    await sftp.chmod(str(path), 0o600)
-                try:
-                    await sftp.rename(staging, folder)
-                except asyncssh.SFTPError:  # another deployer got there first: its folder is checked below
-                    await sftp.rmtree(staging, ignore_errors=True)
-        except (OSError, asyncssh.Error) as exc:
-            raise AgentError(spec.name, f"upload failed: {exc}") from None
+        await upload_bundle(conn, spec, files, folder)
         uploaded = True
         have = await remote_hash(conn, spec, folder)
     if have != want:

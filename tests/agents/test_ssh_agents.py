@@ -185,6 +185,24 @@ async def test_deploy_into_hash_folder_verifies_and_redeploys_only_when_the_bund
         await conn.wait_closed()
 
 
+async def test_a_stalled_upload_is_a_named_error_not_a_hang(ssh: Ssh) -> None:
+    """An SSH server that stops answering mid-deploy: the upload gives up after its bound with a named error,
+    before the keepalive would notice, and nothing is installed under the bundle's hash."""
+    spec = ssh.specs["alice"]
+    assert ssh.server.proc is not None
+    conn = await connect(spec)
+    try:
+        os.kill(ssh.server.proc.pid, signal.SIGSTOP)  # the server stops answering: the SFTP session never starts
+        with pytest.raises(AgentError, match="upload stalled: not done after 2 s") as info:
+            await deploy_mod.upload_bundle(conn, spec, bundle_contents(), deploy_mod.bundle_dir(spec, "0" * 64),
+                                           timeout=2.0)
+        assert info.value.host == "alice"
+    finally:
+        os.kill(ssh.server.proc.pid, signal.SIGCONT)
+        conn.close()
+    assert ssh.agent_dirs("alice") == []
+
+
 # --- 2. full runs through SSH --------------------------------------------------------------------
 @pytest.mark.parametrize("data_path", ["channel", "direct"])
 async def test_full_run_through_ssh_completes_every_visit_and_reports_the_deployment(
