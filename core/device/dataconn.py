@@ -29,7 +29,7 @@ from gputravel.core.device.window import MAX_CHUNK, BufferWindows
 from gputravel.core.errors import ProtocolError
 from gputravel.core.protocol import TAG_LEN, Frame, FrameError, FrameType, StaleEpochError, encode_frame
 from gputravel.core.protocol.devicelink import error_header, send_frame
-from gputravel.core.protocol.frames import read_frame_into
+from gputravel.core.protocol.frames import encode_ack_batch, read_frame_into
 from gputravel.core.protocol.holderlink import DataOpen, DataReady
 from gputravel.core.protocol.shmring import RingReceiver, ring_supported, send_frame_with_fd
 
@@ -214,10 +214,15 @@ class DataConnection:
         if not self._acks:
             return
         acks, self._acks = self._acks, []
-        head: dict[str, Any] = {"batch": [s for s, _ in acks], "e": self._ack_epoch,
-                                "contiguous": self._ack_contiguous}
-        if acks[0][1] is not None:
-            head["slots"] = [k for _, k in acks]
+        batch = [s for s, _ in acks]
+        slots = None if acks[0][1] is None else [k for _, k in acks]
+        epoch, contiguous = self._ack_epoch, self._ack_contiguous
+        if type(epoch) is int and (slots is None or all(type(k) is int for k in slots)):
+            self.conn.sendall(encode_ack_batch(batch, slots, epoch, contiguous))  # the same bytes, no JSON encoder
+            return
+        head: dict[str, Any] = {"batch": batch, "e": epoch, "contiguous": contiguous}
+        if slots is not None:
+            head["slots"] = slots
         send_frame(self.conn, FrameType.ACK, head)
 
     def _chunk(self, header: Any, payload: Any, *, release: Callable[[], None], slot: Any) -> None:

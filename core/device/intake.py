@@ -91,12 +91,16 @@ class ChunkIntake:
                         w.accepted.add(seq)
                         w.tags.add(tag)
                         w.bytes_in += length
-                        w.mark("first_chunk")
-                        w.marks["last_chunk"] = time.perf_counter_ns() - w.opened_ns
-                        self._counts.counters["chunks"] += 1
-                        self._counts.counters["bytes_in"] += length
+                        marks = w.marks
+                        marks["last_chunk"] = time.perf_counter_ns() - w.opened_ns
+                        if "first_chunk" not in marks:
+                            marks["first_chunk"] = marks["last_chunk"]
+                        counters = self._counts.counters
+                        counters["chunks"] += 1
+                        counters["bytes_in"] += length
                         ack = {"s": seq, "e": epoch, "contiguous": w.contiguous()}
-                self._windows.settled.notify_all()
+                if not w.inflight:  # the one waiter (``close_window``) waits for an empty in-flight set
+                    self._windows.settled.notify_all()
             if exc is None:
                 reply(ack, None)
                 return

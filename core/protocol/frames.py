@@ -12,6 +12,7 @@ stream that ends inside a frame are all ``FrameError``.
 from __future__ import annotations
 
 import json
+import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -89,6 +90,17 @@ def frame_head(ftype: FrameType, header: Mapping[str, Any] | None, payload_len: 
     return PREFIX.pack(MAGIC, VERSION, int(ftype), len(raw), payload_len) + raw
 
 
+def encode_ack_batch(batch: list[int], slots: list[int] | None, epoch: int, contiguous: int) -> bytes:
+    """The frame ``encode_frame(FrameType.ACK, {"batch", "contiguous", "e"[, "slots"]})`` as the same bytes, built
+    without the JSON encoder (the device sends one per few chunks; every value is an int, which its callers
+    guarantee: anything else goes through ``encode_frame``; tested byte for byte)."""
+    tail = "}" if slots is None else f',"slots":[{",".join(map(str, slots))}]}}'
+    raw = f'{{"batch":[{",".join(map(str, batch))}],"contiguous":{contiguous:d},"e":{epoch:d}{tail}'.encode()
+    if len(raw) > MAX_HEADER:
+        raise FrameError(f"header of {len(raw)} bytes exceeds the {MAX_HEADER}-byte limit")
+    return PREFIX.pack(MAGIC, VERSION, int(FrameType.ACK), len(raw), 0) + raw
+
+
 def encode_frame(ftype: FrameType, header: Mapping[str, Any] | None = None,
                  payload: bytes | bytearray | memoryview = b"", *, max_payload: int = MAX_PAYLOAD) -> bytes:
     """One frame as bytes."""
@@ -112,10 +124,29 @@ def _parse_prefix(prefix: bytes, max_payload: int) -> tuple[FrameType, int, int]
     return kind, hlen, plen
 
 
+#: A chunk header exactly as this project's encoder writes it (``_HEADER_ENCODER``: sorted keys, no spaces): ``{"e",
+#: "f"?, "n", "o", "s", "slot"?}``, every value a JSON integer without sign or leading zero (at most 19 digits). The
+#: data path reads one per chunk; a match is decoded without ``json`` to exactly what ``json`` gives (the same keys
+#: in the same order, the same ints; tested), and anything else goes through ``loads_object`` as before.
+_INT = rb"(0|[1-9][0-9]{0,18})"
+_CHUNK_HEADER = re.compile(rb'\{"e":' + _INT + rb'(?:,"f":' + _INT + rb')?,"n":' + _INT + rb',"o":' + _INT
+                           + rb',"s":' + _INT + rb'(?:,"slot":' + _INT + rb')?\}\Z')
+
+
 def _parse_header(raw: bytes) -> dict[str, Any]:
     """A peer's header: bounded in size and nesting (``wirejson``), a JSON object, or ``FrameError``."""
     if not raw:
         return {}
+    m = _CHUNK_HEADER.match(raw)
+    if m is not None:  # the per-chunk header in its canonical form: no JSON decoder, no depth scan
+        e, f, n, o, s, slot = m.groups()
+        header = {"e": int(e)}
+        if f is not None:
+            header["f"] = int(f)
+        header["n"], header["o"], header["s"] = int(n), int(o), int(s)
+        if slot is not None:
+            header["slot"] = int(slot)
+        return header
     return loads_object(raw, max_bytes=MAX_HEADER, what="header")
 
 

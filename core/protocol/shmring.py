@@ -223,12 +223,18 @@ class RingReceiver:
             raise StaleEpochError(f"the ring was released at the RETURN of epoch {self.ring.spec.epoch}")
         k: Any = header.get("slot")
         n: Any = header.get("n")
-        if type(n) is not int or not 0 < n <= self.ring.spec.slot_bytes - TAG_LEN:
-            raise FrameError(f"chunk of {n!r} bytes does not fit a {self.ring.spec.slot_bytes}-byte ring slot "
+        spec = self.ring.spec
+        if type(n) is not int or not 0 < n <= spec.slot_bytes - TAG_LEN:
+            raise FrameError(f"chunk of {n!r} bytes does not fit a {spec.slot_bytes}-byte ring slot "
                              f"with its {TAG_LEN}-byte tag")
-        view = self.ring.slot(k)[: n + TAG_LEN]  # FrameError for a bad slot id, StaleEpochError once closed
+        if type(k) is not int or not 0 <= k < spec.slots:
+            raise FrameError(f"slot {k!r} is not a slot of this {spec.slots}-slot ring")
+        lo = k * spec.slot_bytes  # the slot's bytes, one view (``ShmRing.slot`` would make two)
+        view = memoryview(self.ring._mapped())[lo: lo + n + TAG_LEN]  # StaleEpochError once closed
         self.taken += 1
-        return {key: v for key, v in header.items() if key != "slot"}, view
+        chunk = header.copy()  # the header as a chunk that came in a frame: without ``slot``
+        del chunk["slot"]
+        return chunk, view
 
     def close(self) -> None:
         self.ring.close(zero=True)

@@ -30,7 +30,7 @@ from gputravel.core.protocol import (
     read_frame,
     write_frame,
 )
-from gputravel.core.protocol.frames import MAX_HEADER, PREFIX
+from gputravel.core.protocol.frames import MAX_HEADER, PREFIX, frame_head
 
 SID = b"S" * 16
 MASTER = bytes(range(32))
@@ -350,3 +350,72 @@ def test_the_per_chunk_fast_paths_pack_the_same_bytes_as_the_reference_encodings
     raw = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
     assert frame_head(FrameType.CHUNK, header, 0)[PREFIX.size:] == raw
     assert decode_frame(encode_frame(FrameType.CHUNK, header)).header == header
+
+
+_CHUNK_INT = st.integers(0, 2**63 - 1) | st.integers(2**63, 10**19 - 1) | st.sampled_from([0, 1, 9, 10])
+
+
+@settings(max_examples=200, deadline=None)
+@given(_CHUNK_INT, st.none() | st.integers(0, 1), _CHUNK_INT, _CHUNK_INT, _CHUNK_INT, st.none() | _CHUNK_INT)
+def test_a_chunk_header_in_its_canonical_form_decodes_to_what_json_gives(
+        e: int, f: int | None, n: int, o: int, s: int, slot: int | None) -> None:
+    """The precompiled parse of a per-chunk header (``frames._CHUNK_HEADER``) gives exactly ``json``'s dict: the
+    same keys in the same order and the same ints, for the notification as the agent writes it."""
+    import json
+
+    from gputravel.core.protocol.frames import _CHUNK_HEADER, _parse_header
+
+    header: dict[str, int] = {"e": e, "n": n, "o": o, "s": s}
+    if f is not None:
+        header["f"] = f
+    if slot is not None:
+        header["slot"] = slot
+    raw = frame_head(FrameType.CHUNK, header, 0)[PREFIX.size:]
+    assert _CHUNK_HEADER.match(raw) is not None  # the fast path is the one taken
+    parsed = _parse_header(raw)
+    assert parsed == json.loads(raw) and list(parsed) == list(json.loads(raw))
+    assert all(type(v) is int for v in parsed.values())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 60), st.binary(min_size=1, max_size=3), st.booleans())
+def test_a_mutated_chunk_header_is_decoded_as_json_decodes_it_or_refused(pos: int, junk: bytes, insert: bool) -> None:
+    """Bytes near the canonical form (a sign, a leading zero, a float, spaces, a key renamed or repeated,
+    trailing bytes): whatever ``_parse_header`` returns is what the JSON decoder returns; what JSON refuses
+    is a ``FrameError``."""
+    import json
+
+    from gputravel.core.protocol.frames import _parse_header
+
+    raw = b'{"e":3,"f":0,"n":1048576,"o":5242880,"s":5,"slot":5}'
+    pos = min(pos, len(raw))
+    mutated = raw[:pos] + junk + raw[pos + (0 if insert else len(junk)):]
+    try:
+        expected = json.loads(mutated)
+    except (ValueError, UnicodeDecodeError):
+        with pytest.raises(FrameError):
+            _parse_header(mutated)
+        return
+    if not isinstance(expected, dict):
+        with pytest.raises(FrameError):
+            _parse_header(mutated)
+        return
+    got = _parse_header(mutated)
+    assert got == expected and [type(v) for v in got.values()] == [type(v) for v in expected.values()]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=8), st.booleans(), st.integers(0, 2**64 - 1),
+       st.integers(0, 2**64 - 1))
+def test_a_batched_ack_is_the_same_frame_as_the_json_encoder_writes(batch: list[int], with_slots: bool, epoch: int,
+                                                                   contiguous: int) -> None:
+    """``encode_ack_batch`` (the device's batched ACK, built without the JSON encoder) is byte for byte
+    ``encode_frame(ACK, ...)``: the wire format is unchanged, so no version changes."""
+    from gputravel.core.protocol.frames import encode_ack_batch
+
+    slots = [s % 256 for s in batch] if with_slots else None
+    header: dict[str, object] = {"batch": batch, "e": epoch, "contiguous": contiguous}
+    if slots is not None:
+        header["slots"] = slots
+    assert encode_ack_batch(batch, slots, epoch, contiguous) == encode_frame(FrameType.ACK, header)
+    assert decode_frame(encode_ack_batch(batch, slots, epoch, contiguous)).header == header
