@@ -48,7 +48,7 @@ class Phase(IntEnum):
     REDUCE_SCATTER = 1
     ALL_GATHER = 2
     GATHER_SEALED = 3  # all-gather, sealed once by the chunk's owner under the ring-wide key
-    DIRECT = 4  # world 2, small tensor: the whole tensor in one hop each way (``SecureCall.run_direct``)
+    DIRECT = 4  # world 2: each rank's whole tensor in one step, one hop or chunk-sized hops (``direct``)
 
 
 _HOP_AAD = struct.Struct(">8s16sQQBHIHHQQ")

@@ -180,6 +180,10 @@ class WireWork:
             w.wait()
         return True
 
+    def done(self) -> bool:
+        """Whether every piece has completed (never blocks)."""
+        return all(w.is_completed() for w in self.works)
+
 
 class StagedRecv:
     """A receive into a device buffer that lands in a host buffer when waited on."""

@@ -10,7 +10,8 @@ binds (iteration, phase, step, chunk, src, dst, offset, length). A bad tag never
 receiving rank raises ``TagError``, every other rank ``CollectiveAbortedError``, and the tensor is
 zeroed on every rank (one tiny status all-reduce at the end of each secure call decides). At world 2 with no
 free core, ``secure_pipelined`` sends a tensor up to ``DIRECT_MAX_BYTES`` as one sealed hop each way
-(``SecureCall.run_direct``, ``Phase.DIRECT``): the same bytes sealed and opened, one message fewer.
+(``direct.run_direct``, ``Phase.DIRECT``): the same bytes sealed and opened, one message fewer; above it, the same
+one step in hops of ``DIRECT_CHUNK_BYTES``.
 
 Here: the variants, the plans' cache, the plaintext ring and the agreement; one secure call's schedules and
 buffers are ``secure_call``'s, the building blocks ``parts``', the GPU-cipher variant ``gpu_ring``'s.
@@ -28,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from gputravel.core.collectives.crypto import HostCrypto, default_workers
+from gputravel.core.collectives.direct import run_direct
 from gputravel.core.collectives.keys import RingKeys
 from gputravel.core.collectives.parts import RingFault, RingPlan, RingStats, Wire
 from gputravel.core.collectives.secure_call import RingBuffers, SecureCall
@@ -35,6 +37,7 @@ from gputravel.core.errors import CollectiveAbortedError, CollectiveError, Confi
 from gputravel.core.protocol import TagError
 
 __all__ = [
+    "DIRECT_CHUNK_BYTES",
     "DIRECT_MAX_BYTES",
     "CollectiveAbortedError",
     "RingFault",
@@ -47,10 +50,15 @@ __all__ = [
 
 DEFAULT_CHUNK_BYTES = 1 << 20
 #: at world 2 with no chunking (no free core), ``secure_pipelined`` sends a tensor up to this size as one sealed
-#: hop each way (``SecureCall.run_direct``) instead of the ring's two steps: the same bytes sealed, sent and opened,
+#: hop each way (``direct.run_direct``) instead of the ring's two steps: the same bytes sealed, sent and opened,
 #: one message and one wake-up fewer. 4 MiB: one gloo message (``parts.WIRE_PIECE_BYTES``), and a reused scratch
 #: of at most that size for the peer's opened tensor.
 DIRECT_MAX_BYTES = 4 << 20
+#: above ``DIRECT_MAX_BYTES`` the same world-2 case still sends each rank's whole tensor in one step, cut into hops
+#: of this size, each sealed, sent and opened on its own, so sealing hop k+1 overlaps hop k on the wire and each hop
+#: opens into a reused, cache-resident scratch before its add (``direct.run_direct``; measured in
+#: docs/collectives.md, "The direct schedule at 64 MiB").
+DIRECT_CHUNK_BYTES = 4 << 20
 
 
 class Variant(StrEnum):
@@ -101,7 +109,7 @@ class SecureRing:
     """All-reduce (sum, in place) over one process group with any ``Variant``."""
 
     __slots__ = ("group", "rank", "world", "keys", "crypto", "chunk_bytes", "sealed_gather", "fault",
-                 "stats", "iteration", "wire", "_plans", "_tls_group")
+                 "stats", "iteration", "wire", "_plans", "_tls_group", "_scratch")
 
     def __init__(self, *, group: dist.ProcessGroup | None = None, keys: RingKeys | None,
                  crypto: HostCrypto | None = None, chunk_bytes: int | None = None,
@@ -125,10 +133,12 @@ class SecureRing:
         self.wire = Wire(group, self.rank, self.world)
         self._plans: OrderedDict[tuple[int, int, int | None], tuple[RingPlan, RingBuffers | None]] = OrderedDict()
         self._tls_group: dist.ProcessGroup | None = None
+        self._scratch: torch.Tensor | None = None  # the plaintext ring's receive scratch (``_scratch_for``)
 
     def close(self) -> None:
         self.crypto.close()
         self._plans.clear()
+        self._scratch = None
 
     def pipeline_chunk(self) -> int | None:
         """The pipelined chunk size. Auto: 1 MiB where crypto threads have free cores; one chunk per
@@ -211,7 +221,7 @@ class SecureRing:
         plan, _ = self._plan(flat.numel(), flat.element_size(), None, secure=False, pin=False)
         b = plan.seg_bounds
         biggest = max(b[i + 1] - b[i] for i in range(self.world))
-        scratch = torch.empty(biggest, dtype=flat.dtype, device=flat.device)
+        scratch = self._scratch_for(biggest, flat)
         wire = self.wire
         for g in range(2 * self.world - 2):
             si, ri = plan.seg(g, self.rank, send=True), plan.seg(g, self.rank, send=False)
@@ -230,6 +240,14 @@ class SecureRing:
                 flat[b[ri]:b[ri + 1]].add_(dst)
                 stats.reduce_s += time.perf_counter() - t1
 
+    def _scratch_for(self, numel: int, like: torch.Tensor) -> torch.Tensor:
+        """The plaintext ring's receive scratch, reused across calls: a fresh 32 MiB tensor every call was
+        faulted in page by page by the kernel's copy (2x that step's wire time at 64 MiB, docs/collectives.md)."""
+        s = self._scratch
+        if s is None or s.dtype != like.dtype or s.device != like.device or s.numel() < numel:
+            s = self._scratch = torch.empty(numel, dtype=like.dtype, device=like.device)
+        return s[:numel]
+
     # --- secure ring -------------------------------------------------------------------------------
     def _secure(self, flat: torch.Tensor, variant: Variant, stats: RingStats) -> None:
         keys = self.keys
@@ -245,23 +263,20 @@ class SecureRing:
             self._agree(flat, error)
             return
         chunk = self.pipeline_chunk() if variant is Variant.SECURE_PIPELINED else None
-        plan, bufs = self._plan(flat.numel(), flat.element_size(), chunk, secure=True,
-                                pin=torch.cuda.is_available() and self.wire.nccl)
+        # With no free core (auto chunking off) and two ranks there is nothing to pipeline on another core and no
+        # forwarding hop, so there secure_pipelined runs the direct schedule: each rank's whole tensor in one step,
+        # one sealed hop each way up to DIRECT_MAX_BYTES, hops of DIRECT_CHUNK_BYTES above (the same bytes sealed,
+        # sent and opened as the ring's two steps; one step, and its seals overlap its sends).
+        direct = variant is Variant.SECURE_PIPELINED and chunk is None and self.world == 2 and not self.wire.nccl
+        pipelined = variant is Variant.SECURE_PIPELINED and not (chunk is None and self.world == 2)
+        plan, bufs = self._plan(flat.numel(), flat.element_size(), DIRECT_CHUNK_BYTES if direct else chunk,
+                                secure=True, pin=torch.cuda.is_available() and self.wire.nccl)
         assert bufs is not None
         job = SecureCall(self, self.crypto, plan, bufs, flat, keys, sealed=self.sealed_gather and self.world > 2,
                           stats=stats)
-        # With no free core (auto chunking off) and two ranks there is nothing to pipeline: no core to overlap
-        # on, and no forwarding hop for eager forwarding or the sealed gather. Pre-posting receives alone
-        # measured 2-4% slower than naive's schedule (bench allreduce, world 2, 16/64 MiB, 15 repeats), so the
-        # pipelined variant runs that schedule there and is never the slower of the two.
-        pipelined = variant is Variant.SECURE_PIPELINED and not (chunk is None and self.world == 2)
-        # The same case at a small size, on gloo: the whole tensor in one sealed hop each way (the same bytes
-        # sealed, sent and opened as the ring's two steps; one message and one wake-up fewer).
-        direct = (variant is Variant.SECURE_PIPELINED and chunk is None and self.world == 2 and not self.wire.nccl
-                  and flat.numel() * flat.element_size() <= DIRECT_MAX_BYTES)
         try:
             if direct:
-                job.run_direct()
+                run_direct(job, max_bytes=DIRECT_MAX_BYTES, chunk_bytes=DIRECT_CHUNK_BYTES)
             elif pipelined:
                 job.run_pipelined()
             else:

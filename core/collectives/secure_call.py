@@ -41,7 +41,7 @@ class RingBuffers:
         self.whole: torch.Tensor | None = None  # the direct schedule's opened peer tensor (made on first use)
 
     def whole_scratch(self, nbytes: int) -> torch.Tensor:
-        """A reused ``nbytes`` plaintext buffer for ``SecureCall.run_direct`` (the peer's whole tensor)."""
+        """A reused ``nbytes`` plaintext buffer for ``direct.run_direct`` (one peer hop's plaintext)."""
         if self.whole is None or self.whole.numel() < nbytes:
             self.whole = torch.empty(nbytes, dtype=torch.uint8)
         return self.whole[:nbytes]
@@ -66,7 +66,7 @@ class SecureCall:
         for opener in keys.gather_open:
             opener.reserve(plan.maxc)
         self.error: TagError | None = None
-        self.pending: list[Any] = []  # sends left to wait on after the agreement (run_direct)
+        self.pending: list[Any] = []  # sends left to wait on after the agreement (``direct.run_direct``)
         self.left, self.right = (self.rank - 1) % self.world, (self.rank + 1) % self.world
 
     # schedule helpers
@@ -152,11 +152,11 @@ class SecureCall:
             crypto += self._seal(g + 1, k)
         return crypto, reduce_s, err
 
-    def _note(self, err: TagError | None) -> None:
+    def note(self, err: TagError | None) -> None:
         if err is not None and self.error is None:
             self.error = err
 
-    def _inject(self, g: int, k: int, out: torch.Tensor,
+    def inject(self, g: int, k: int, out: torch.Tensor,
                 hops: tuple[tuple[Phase, int], ...] | None = None) -> torch.Tensor:
         """Fault injection: the bytes a tampering or replaying host would deliver instead of ``out``. ``hops``:
         the (phase, step) pairs this message carries (default: global step g's)."""
@@ -185,7 +185,7 @@ class SecureCall:
             off = self.bufs.send_off[g][k]
         out = (self.bufs.recv if self._gathered(g) and g > self.world - 1 else self.bufs.send)
         out = out[off:off + (b - a) * plan.esize + TAG_LEN]
-        return self._inject(g, k, out) if inject else out
+        return self.inject(g, k, out) if inject else out
 
     def _recv_tensor(self, g: int, k: int) -> torch.Tensor:
         a, b = self.plan.chunks[self.plan.seg(g, self.rank, send=False)][k]
@@ -198,49 +198,6 @@ class SecureCall:
                 len(plan.chunks[plan.seg(g, self.rank, send=False)]))
 
     # the three schedules
-    def run_direct(self) -> None:
-        """World 2, a small tensor: one hop each way. This rank posts its receive, seals its whole tensor, sends
-        it, opens the peer's whole tensor and adds it (x0 + x1 on one rank, x1 + x0 on the other: the same bits).
-        The same bytes sealed, sent and opened as the ring's two steps at world 2, in one message instead of two
-        (``DIRECT_MAX_BYTES`` in ``ring``). The hop's AAD is ``Phase.DIRECT``, step 0, chunk 0, src -> dst, offset
-        0, the tensor's length; its nonce is the link's first sequence number reserved for this call."""
-        st, wire, bufs = self.stats, self.ring.wire, self.bufs
-        nbytes = self.plan.numel * self.plan.esize
-        peer = 1 - self.rank
-        send_ct, recv_ct = bufs.send[:nbytes + TAG_LEN], bufs.recv[:nbytes + TAG_LEN]
-        t0 = time.perf_counter()
-        _, rw = wire.exchange(None, recv_ct, tag=0)
-        t1 = time.perf_counter()
-        aad = HopAad(self.keys.send.session_id, self.keys.epoch, self.iteration, Phase.DIRECT, 0, 0, self.rank, peer,
-                     0, nbytes)
-        self.keys.send.seal_into(self.send_base, self.flat_np, bufs.send_np[:nbytes + TAG_LEN], aad)
-        t2 = time.perf_counter()
-        # the one hop carries what the ring's two steps would: a fault named by either (or by DIRECT) hits it
-        hops = ((Phase.DIRECT, 0), (Phase.REDUCE_SCATTER, 0), (Phase.ALL_GATHER, 0))
-        sw, _ = wire.exchange(self._inject(-1, 0, send_ct, hops), None, tag=0)
-        rw.wait()
-        t3 = time.perf_counter()
-        whole = bufs.whole_scratch(nbytes)
-        aad = HopAad(self.keys.recv.session_id, self.keys.epoch, self.iteration, Phase.DIRECT, 0, 0, peer, self.rank,
-                     0, nbytes)
-        err: TagError | None = None
-        try:
-            self.keys.recv.open_into(self.recv_base, bufs.recv_np[:nbytes + TAG_LEN], whole.numpy(), aad)
-        except TagError as exc:
-            err = exc
-        t4 = time.perf_counter()
-        if err is None:
-            self.flat_t.add_(whole.view(self.flat_t.dtype))
-        # The send is waited on after the agreement (``finish``): by then the peer has received it (it opened
-        # before agreeing), so that wait never sleeps, and this call has one blocking wait fewer.
-        self.pending.append(sw)
-        st.wire_s += (t1 - t0) + (t3 - t2)
-        st.crypto_s += (t2 - t1) + (t4 - t3)
-        st.reduce_s += time.perf_counter() - t4
-        st.bytes_sealed += nbytes
-        st.bytes_opened += nbytes
-        self._note(err)
-
     def finish(self) -> None:
         """Wait on the sends left pending (after the call's agreement; their buffers are reused next call)."""
         while self.pending:
@@ -276,7 +233,7 @@ class SecureCall:
                     t2 = time.perf_counter()
                 st.crypto_s += t2 - t1
                 st.bytes_opened += (b - a) * esize
-                self._note(err)
+                self.note(err)
 
     def run_pipelined(self) -> None:
         """Chunks: the pool seals chunk k+1 while chunk k is on the wire, and opens (+ reduces, + re-seals
@@ -367,4 +324,4 @@ class SecureCall:
         crypto, reduce_s, err = result
         self.stats.crypto_s += crypto
         self.stats.reduce_s += reduce_s
-        self._note(err)
+        self.note(err)

@@ -204,9 +204,16 @@ def test_bench_allreduce_times_plain_and_both_secure_rings_at_world_size_two() -
         assert near(row["bound_s"], plain["median_s"] + row["bound_cipher_s"], rel=1e-9)
         assert near(row["bound_ratio"], row["bound_s"] / plain["median_s"], rel=1e-9)
         assert near(row["fraction_of_bound"], row["bound_s"] / row["median_s"], rel=1e-9)
+        # bound_s: the cipher over the row's own size streamed; bound_cache_s: the cache-resident chunk's (kept)
+        assert row["cipher_stream_seal_mb_s"] > 0 and row["cipher_stream_open_mb_s"] > 0
+        assert near(row["bound_cache_s"], plain["median_s"] + row["bound_cache_cipher_s"], rel=1e-9)
+        assert near(row["bound_cache_ratio"], row["bound_cache_s"] / plain["median_s"], rel=1e-9)
+        assert near(row["fraction_of_cache_bound"], row["bound_cache_s"] / row["median_s"], rel=1e-9)
     assert plain["bound_cipher_s"] == 0 and plain["bound_ratio"] == 1.0
+    assert plain["bound_cache_cipher_s"] == 0 and plain["bound_cache_ratio"] == 1.0
     for name in ("secure_naive", "secure_pipelined"):
         assert rows[name]["bound_cipher_s"] > 0 and rows[name]["bound_ratio"] > 1
+        assert rows[name]["bound_cache_cipher_s"] > 0 and rows[name]["bound_cache_ratio"] > 1
         assert rows[name]["breakdown_s"]["crypto_s"] > 0  # the secure rings really seal and open
     # at world 2 every schedule (the ring's two steps, or the direct hop on a machine with no free core) seals and
     # opens the same bytes, so the two secure rows have one bound

@@ -18,6 +18,7 @@ from gputravel.core.collectives.keys import emulated_identity, establish_ring_ke
 from gputravel.core.collectives.launch import WorkerContext, run_workers
 from gputravel.core.collectives.parts import MAX_PIECES, WIRE_PIECE_BYTES, RingPlan, _pieces
 from gputravel.core.collectives.ring import (
+    DIRECT_CHUNK_BYTES,
     DIRECT_MAX_BYTES,
     CollectiveAbortedError,
     RingFault,
@@ -121,6 +122,42 @@ def tamper_worker(ctx: WorkerContext, vendor_dir: str, cases: list[tuple[str, Ri
     return outcomes
 
 
+def chunked_direct_worker(ctx: WorkerContext, vendor_dir: str) -> list[str]:
+    """World 2, no free core, tensors over DIRECT_MAX_BYTES: the direct schedule in DIRECT_CHUNK_BYTES hops. The
+    sum must be dist.all_reduce's bits, each tensor sealed once, the link's counter advanced by the nonces the
+    call reserved (never reused), and a flipped later hop rejected by its receiver with every rank zeroed."""
+    keys = _ring(ctx, vendor_dir).keys
+    ring = SecureRing(keys=keys, chunk_bytes=None, crypto=HostCrypto(workers=0))
+    bad: list[str] = []
+    sizes = (DIRECT_MAX_BYTES // 4 + 1, 2 * DIRECT_CHUNK_BYTES // 4 + 3)  # 2 hops (the last one 4 bytes), 3 hops
+    for n in sizes:
+        x = torch.randn(n, generator=torch.Generator().manual_seed(ctx.rank + n))
+        ref = x.clone()
+        dist.all_reduce(ref)
+        before = keys.send.counter
+        y = x.clone()
+        ring.all_reduce(y, Variant.SECURE_PIPELINED)
+        if not torch.equal(y, ref):
+            bad.append(f"chunked direct n={n}: max err {(y - ref).abs().max():.3g}")
+        hops = -(-n * 4 // DIRECT_CHUNK_BYTES)
+        if not hops <= keys.send.counter - before:
+            bad.append(f"n={n}: {hops} hops but {keys.send.counter - before} nonces reserved")
+    sealed = ring.stats[Variant.SECURE_PIPELINED].bytes_sealed
+    if sealed != 4 * sum(sizes):
+        bad.append(f"chunked direct sealed {sealed} bytes: not each tensor once")
+    fault = RingFault("flip", rank=0, phase=Phase.DIRECT, chunk=1)
+    tampered = SecureRing(keys=keys, chunk_bytes=None, crypto=HostCrypto(workers=0), fault=fault)
+    x = torch.ones(sizes[1]) * (ctx.rank + 1)
+    try:
+        tampered.all_reduce(x, Variant.SECURE_PIPELINED)
+        bad.append("tampered hop 1 accepted")
+    except (TagError, CollectiveAbortedError) as exc:
+        want = TagError if ctx.rank == 1 else CollectiveAbortedError
+        if type(exc) is not want or x.any():
+            bad.append(f"tampered hop 1: {type(exc).__name__}, zeroed={not x.any()}")
+    return bad
+
+
 def rogue_worker(ctx: WorkerContext, vendor_dir: str) -> str:
     """Rank 1 presents a device certificate from another vendor root; every rank must refuse the ring."""
     from gputravel.core.attestation import VendorCA
@@ -171,6 +208,10 @@ def test_replayed_hop_from_an_earlier_iteration_is_rejected(tmp_path: Path) -> N
                                         ["CollectiveAbortedError zeroed", "TagError zeroed",
                                          "CollectiveAbortedError zeroed"]], results
     assert all(r[-1] == "recovered" for r in results)
+
+
+def test_direct_schedule_over_its_one_hop_size_is_chunked_bit_equal_and_tamper_evident(tmp_path: Path) -> None:
+    assert run_workers(chunked_direct_worker, 2, str(tmp_path), timeout=90) == [[], []]
 
 
 def test_rank_with_a_certificate_from_another_vendor_is_refused_by_every_rank(tmp_path: Path) -> None:
