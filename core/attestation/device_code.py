@@ -55,7 +55,7 @@ DEVICE_CODE: tuple[str, ...] = (
     # its identity, evidence and signed report (the package loads whole: verify, policy and inject come along)
     "core/attestation/__init__.py", "core/attestation/device_code.py", "core/attestation/evidence.py",
     "core/attestation/hardware_evidence.py", "core/attestation/inject.py", "core/attestation/pki.py",
-    "core/attestation/policy.py", "core/attestation/verify.py",
+    "core/attestation/policy.py", "core/attestation/result.py", "core/attestation/verify.py",
     # the SPDM responder's formats (the simulated GPU's report, certificates and RIM)
     "core/evidence/__init__.py", "core/evidence/bounded.py", "core/evidence/claims.py", "core/evidence/nvidia_rim.py",
     "core/evidence/nvidia_spdm.py", "core/evidence/policy.py", "core/evidence/sim_gpu.py", "core/evidence/sim_rim.py",
