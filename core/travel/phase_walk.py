@@ -8,7 +8,9 @@ run's ``TrainStep`` (TRAIN), the zeroed buffer (SCRUB), the new epoch and the vi
 that fails goes to the engine's ``Recovery``; one cancelled or interrupted is scrubbed first.
 
 A part the ``TravelEngine`` holds (``engine.phases``), built over the engine as a ``Course`` is: it reads the
-engine's parts when it uses them, so a part a course replaces (a fleet rank's recovery) is the one it uses.
+engine's parts when it uses them, so a part a course replaces (a fleet rank's recovery) or a test sets
+(``train_slices``, ``fault``) is the one it uses. It knows the engine only as ``RunParts``, the parts it reads
+(nothing in core/travel imports ``engine.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gputravel.core import events as ev
 from gputravel.core.errors import (
@@ -30,19 +32,51 @@ from gputravel.core.errors import (
     ProtocolError,
 )
 from gputravel.core.phases import Phase, check_transition
-from gputravel.core.travel.visits import VisitRecord
-from gputravel.core.travel.windows import Outcome, Visit
+from gputravel.core.travel.audit import Audit
+from gputravel.core.travel.bus import EventBus
+from gputravel.core.travel.checkpoints import Checkpointer, VisitCommit
+from gputravel.core.travel.control import Control, Faults
+from gputravel.core.travel.device_session import DeviceSession
+from gputravel.core.travel.holders import HolderInfo, HolderLink
+from gputravel.core.travel.recovery import Recovery
+from gputravel.core.travel.training import SliceSettings, TrainStep
+from gputravel.core.travel.training_log import TrainingLog
+from gputravel.core.travel.visits import Itinerary, VisitRecord
+from gputravel.core.travel.windows import HandoffWindows, Outcome, Visit
 
-if TYPE_CHECKING:
-    from gputravel.core.travel.engine import TravelEngine
+__all__ = ["PhaseWalk", "RunParts"]
 
-__all__ = ["PhaseWalk"]
+
+class RunParts(Protocol):
+    """What the phase walk reads of its run (a ``TravelEngine``), each when it uses it."""
+
+    device: DeviceSession
+    windows: HandoffWindows
+    links: dict[str, HolderLink]
+    infos: dict[str, HolderInfo]
+    audit: Audit
+    walk: Itinerary
+    log: TrainingLog
+    ckpts: Checkpointer
+    recovery: Recovery
+    control: Control
+    faults: Faults
+    bus: EventBus
+    trainer: TrainStep
+    commit: VisitCommit
+    train_slices: SliceSettings
+    #: fault injection: phase name -> action run on the run as that phase begins
+    fault: dict[str, Callable[[Any], Any]]
+    #: a visit interrupted by SIGTERM or Ctrl-C is scrubbed (False: a fleet rank ends at once)
+    scrub_when_interrupted: bool
+
+    def emit(self, event: ev.Event) -> None: ...
 
 
 class PhaseWalk:
     """The phases of one visit, in order, over the engine's parts (module docstring)."""
 
-    def __init__(self, engine: TravelEngine) -> None:
+    def __init__(self, engine: RunParts) -> None:
         self.engine = engine
         windows = engine.windows
         #: the phase walk of one visit: each step returns its outcome (bytes, detail)
