@@ -40,7 +40,7 @@ DEVICE_CODE: tuple[str, ...] = (
     "core/collectives/secure_call.py",
     # the training program it runs and the checkpoints it seals
     "core/training/__init__.py", "core/training/attention.py", "core/training/checkpoint.py",
-    "core/training/checkpoint_file.py",
+    "core/training/checkpoint_file.py", "core/training/state_stream.py",
     "core/training/digest.py", "core/training/families.py",
     "core/training/llama.py", "core/training/lora.py", "core/training/model.py", "core/training/shapes.py",
     "core/training/store.py", "core/training/tokens.py", "core/training/train_settings.py", "core/training/trainer.py",
