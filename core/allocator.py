@@ -19,7 +19,9 @@ Linux/glibc (musl, macOS) nothing is changed and :class:`AllocatorSetting` says 
 
 :func:`malloc_state` reads the heap back (``malloc_info``): how many arenas, how many blocks are ``mmap``s, how big
 the heap is; ``apply`` checks the setting on a 64 MiB block (from the heap, kept after ``free``) before it reports
-``keep-freed``. Standard library only.
+``keep-freed``. :func:`release_free_memory` does the opposite on request (``malloc_trim``): the orchestrator after
+each visit's checkpoint, a fleet rank after each round, ``bench train`` after each plain pass. This module is the
+one place that loads the C library for its allocator. Standard library only.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import Any
 from gputravel.core.errors import ConfigError
 
 __all__ = ["ENV", "KEEP_FREED", "SYSTEM", "AllocatorSetting", "MallocState", "applied", "keep_freed_memory",
-           "malloc_state", "set_allocator", "wanted"]
+           "malloc_state", "release_free_memory", "set_allocator", "wanted"]
 
 #: the off switch: ``0`` leaves glibc's defaults, ``1`` (or unset) keeps freed memory
 ENV = "GPUTRAVEL_KEEP_FREED_MEMORY"
@@ -91,14 +93,14 @@ def wanted(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def _glibc() -> Any:
-    """This process's C library when it is glibc (it has ``gnu_get_libc_version``, ``mallopt`` and
-    ``malloc_info``), else None."""
+    """This process's C library when it is glibc (it has ``gnu_get_libc_version``, ``mallopt``, ``malloc_info``
+    and ``malloc_trim``), else None."""
     if not sys.platform.startswith("linux"):
         return None
     try:
         libc = ctypes.CDLL(None)
         libc.gnu_get_libc_version.restype = ctypes.c_char_p
-        for name in ("mallopt", "malloc_info", "open_memstream", "malloc", "free", "fclose"):
+        for name in ("mallopt", "malloc_info", "malloc_trim", "open_memstream", "malloc", "free", "fclose"):
             getattr(libc, name)
     except (OSError, AttributeError):
         return None
@@ -110,6 +112,7 @@ def _glibc() -> Any:
     libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
     libc.fclose.argtypes = [ctypes.c_void_p]
     libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    libc.malloc_trim.argtypes = [ctypes.c_size_t]
     return libc
 
 
@@ -147,6 +150,21 @@ def malloc_state(libc: Any = None) -> MallocState | None:
     return MallocState(arenas=len(re.findall(r'<heap nr="\d+">', text)),
                        mmap_blocks=int(mmap.group(1)) if mmap else 0, mmap_bytes=int(mmap.group(2)) if mmap else 0,
                        heap_bytes=int(current[-1]) if current else 0)
+
+
+def release_free_memory() -> bool:
+    """Hand the C heap's free pages back to the system (glibc's ``malloc_trim(0)``, every arena, whatever
+    ``M_TRIM_THRESHOLD`` says); False, and nothing done, where the C library is not glibc.
+
+    Each visit moves megabytes through the orchestrator (the sealed checkpoint, on a worker thread with its
+    own malloc arena). glibc keeps freed blocks for reuse, and the arenas' footprint crept up in steps over
+    a long run (``bench soak``); trimming once per visit keeps it flat (docs/robustness.md).
+    """
+    libc = _libc()
+    if libc is None:
+        return False
+    libc.malloc_trim(0)
+    return True
 
 
 def _check(libc: Any) -> str | None:

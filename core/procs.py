@@ -48,28 +48,6 @@ def die_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-_libc_trim: list[object] = []
-
-
-def release_free_memory() -> bool:
-    """Hand the C heap's free pages back to the system (glibc ``malloc_trim``); False where unavailable.
-
-    Each visit moves megabytes through the orchestrator (the sealed checkpoint, on a worker thread with its
-    own malloc arena). glibc keeps freed blocks for reuse, and the arenas' footprint crept up in steps over
-    a long run (``bench soak``); trimming once per visit keeps it flat.
-    """
-    if not _libc_trim:
-        try:
-            _libc_trim.append(ctypes.CDLL("libc.so.6").malloc_trim)
-        except (OSError, AttributeError):  # not glibc
-            _libc_trim.append(None)
-    trim = _libc_trim[0]
-    if trim is None:
-        return False
-    trim(0)  # type: ignore[operator]
-    return True
-
-
 #: how far below its process's other threads a background thread runs (a thread's own nice value, Linux): the
 #: device's checkpoint seal yields the cores to what a visit waits for (the training step, the model's MACs and
 #: digest) and takes what those leave. The orchestrator's drain of the ring stays at normal priority, so the seal

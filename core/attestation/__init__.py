@@ -9,8 +9,8 @@ closed: bad evidence yields failed claims, never an exception.
 
 Modules, bottom up: ``pki`` (vendor root and device CA, certificates, CRL, device identity),
 ``evidence`` (measurements, the signed report), ``policy`` (the reference values, from
-``core/policy/*.toml``), ``verify`` (one check per claim, the result) and ``inject`` (the emulated
-run and its faults). Everything public is re-exported here.
+``core/policy/*.toml``), ``result`` (the claims, the result, the token), ``verify`` (one check per claim)
+and ``inject`` (the emulated run and its faults). Everything public is re-exported here.
 
 Keys are never printed, logged or put in messages: only ``fingerprint``s are.
 """
@@ -38,14 +38,8 @@ from gputravel.core.attestation.pki import (
     public_key_fingerprint,
 )
 from gputravel.core.attestation.policy import Policy, load_policy
-from gputravel.core.attestation.verify import (
-    CLAIM_NAMES,
-    MAX_CLOCK_SKEW_S,
-    AttestationResult,
-    AttestationToken,
-    Claim,
-    verify_evidence,
-)
+from gputravel.core.attestation.result import AttestationResult, AttestationToken, Claim
+from gputravel.core.attestation.verify import CLAIM_NAMES, MAX_CLOCK_SKEW_S, verify_evidence
 
 __all__ = [
     "CLAIM_NAMES",

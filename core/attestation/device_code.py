@@ -41,6 +41,7 @@ DEVICE_CODE: tuple[str, ...] = (
     "core/collectives/secure_call.py",
     # the training program it runs and the checkpoints it seals
     "core/training/__init__.py", "core/training/attention.py", "core/training/checkpoint.py",
+    "core/training/checkpoint_file.py", "core/training/state_stream.py",
     "core/training/digest.py", "core/training/families.py",
     "core/training/llama.py", "core/training/lora.py", "core/training/model.py", "core/training/shapes.py",
     "core/training/store.py", "core/training/tokens.py", "core/training/train_settings.py", "core/training/trainer.py",
@@ -56,7 +57,7 @@ DEVICE_CODE: tuple[str, ...] = (
     # its identity, evidence and signed report (the package loads whole: verify, policy and inject come along)
     "core/attestation/__init__.py", "core/attestation/device_code.py", "core/attestation/evidence.py",
     "core/attestation/hardware_evidence.py", "core/attestation/inject.py", "core/attestation/pki.py",
-    "core/attestation/policy.py", "core/attestation/verify.py",
+    "core/attestation/policy.py", "core/attestation/result.py", "core/attestation/verify.py",
     # the SPDM responder's formats (the simulated GPU's report, certificates and RIM)
     "core/evidence/__init__.py", "core/evidence/bounded.py", "core/evidence/claims.py", "core/evidence/nvidia_rim.py",
     "core/evidence/nvidia_spdm.py", "core/evidence/policy.py", "core/evidence/sim_gpu.py", "core/evidence/sim_rim.py",

@@ -26,12 +26,8 @@ from gputravel.core.attestation.evidence import (
 )
 from gputravel.core.attestation.pki import DeviceIdentity, VendorCA, provision_emulated
 from gputravel.core.attestation.policy import Policy, load_policy
-from gputravel.core.attestation.verify import (
-    AttestationResult,
-    VerifyContext,
-    verify_context,
-    verify_evidence,
-)
+from gputravel.core.attestation.result import AttestationResult
+from gputravel.core.attestation.verify import VerifyContext, verify_context, verify_evidence
 from gputravel.core.errors import ConfigError
 
 __all__ = [

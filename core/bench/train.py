@@ -41,12 +41,11 @@ from typing import Any
 
 import torch
 
-from gputravel.core.allocator import applied, malloc_state
+from gputravel.core.allocator import applied, malloc_state, release_free_memory
 from gputravel.core.bench.data import make_holders
 from gputravel.core.bench.travel import ProgressFn, RunFn, machine_info
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import ConfigError
-from gputravel.core.procs import release_free_memory
 from gputravel.core.training.lora import apply_lora
 from gputravel.core.training.model import ModelConfig, build_model, param_shapes_of, preset_for_tokens
 from gputravel.core.training.tokens import vocab_size

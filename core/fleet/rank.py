@@ -17,6 +17,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from gputravel.core.allocator import release_free_memory
 from gputravel.core.errors import (
     ConfigError,
     DataError,
@@ -30,7 +31,6 @@ from gputravel.core.fleet.group import FleetGroup
 from gputravel.core.fleet.options import FLEET_VARIANTS, FleetOptions
 from gputravel.core.fleet.schedule import FleetPlan, FleetStep, plan_fleet
 from gputravel.core.fleet.step import FleetRecovery, FleetTrain, StepCommit
-from gputravel.core.procs import release_free_memory
 from gputravel.core.travel.engine import TravelEngine
 from gputravel.core.travel.report import RunReport
 from gputravel.core.travel.schedule import VisitPlan, plan_digest

@@ -9,10 +9,10 @@ import time
 from typing import Any
 
 from gputravel.core import events as ev
+from gputravel.core.allocator import release_free_memory
 from gputravel.core.errors import FleetDeviceLostError, GpuTravelError
 from gputravel.core.fleet.ddp import sample_seed
 from gputravel.core.fleet.group import FleetGroup
-from gputravel.core.procs import release_free_memory
 from gputravel.core.travel.checkpoints import Checkpointer
 from gputravel.core.travel.device_session import DeviceSession
 from gputravel.core.travel.recovery import Recovery

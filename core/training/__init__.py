@@ -11,13 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from gputravel.core.training.checkpoint import CheckpointStore, load_or_create_key
-    from gputravel.core.training.corpus import (
-        HolderDataSpec,
-        fetch_corpus,
-        read_llmc_shard,
-        write_llmc_shard,
-    )
+    from gputravel.core.training.corpus import HolderDataSpec, fetch_corpus
     from gputravel.core.training.datacheck import validate_data_dir
+    from gputravel.core.training.llmc import read_llmc_shard, write_llmc_shard
     from gputravel.core.training.model import GPT, PRESETS, GPTConfig, preset
     from gputravel.core.training.tokens import (
         TokenFormat,
@@ -35,7 +31,7 @@ _EXPORTS = {
     "tokens_from_buffer": "tokens", "gpt2_encoding": "tokens",
     "CheckpointStore": "checkpoint", "load_or_create_key": "checkpoint",
     "HolderDataSpec": "corpus", "fetch_corpus": "corpus", "validate_data_dir": "datacheck",
-    "write_llmc_shard": "corpus", "read_llmc_shard": "corpus",
+    "write_llmc_shard": "llmc", "read_llmc_shard": "llmc",
 }
 
 __all__ = [

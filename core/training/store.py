@@ -2,23 +2,15 @@
 kept or pruned. Torch-free (an import contract holds it): the device's side, a model state turned into
 chunks and back, is :mod:`gputravel.core.training.checkpoint`.
 
-**The checkpoint file** (``ckpt-{seq:06d}.gtc``), the sealed chunks of one stream
-(:mod:`gputravel.core.protocol.stream`) as records::
-
-    magic b"GTCK" | version u8 (2) | header length u32 | header (JSON: the stream header)
-    record*:  kind u8 (0 data, 1 end, 2 meta) | length u32 | bytes
-              data and end records are sealed chunks exactly as the sealer produced them; the one meta
-              record (last) is plaintext JSON the orchestrator adds (model digest, tag digest, epoch...)
-
-The sealer is whoever holds the run key (:meth:`CheckpointStore.run_key`): in a run, the device.
-The orchestrator writes the chunks it is handed without opening them (:meth:`CheckpointStore.writer`)
+The file's format and its reader (``CheckpointFile``) are :mod:`gputravel.core.training.checkpoint_file`'s,
+re-exported here. The sealer is whoever holds the run key (:meth:`CheckpointStore.run_key`): in a run, the
+device. The orchestrator writes the chunks it is handed without opening them (:meth:`CheckpointStore.writer`)
 to a temporary file (0600), fsyncs it, renames it into place and fsyncs the folder, so a kill at any
 moment leaves the previous checkpoint intact and never a partial one under a checkpoint's name.
 Readers check the file name against the sealed sequence number, the run against the caller's, and
 every chunk's tag; a truncated file is a ``DataError`` and an altered one a ``TagError``, each
 naming the file and the chunk.
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -26,8 +18,6 @@ import hashlib
 import hmac
 import json
 import os
-import re
-import struct
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -39,6 +29,17 @@ from gputravel.core.errors import ConfigError, DataError, FrameError, TagError
 from gputravel.core.files import WRITEBACK_BYTES, Writeback, fsync_dir, read_private, storage_error
 from gputravel.core.protocol.cipher import TAG_LEN
 from gputravel.core.protocol.stream import DEFAULT_STREAM_CHUNK, StreamHeader, StreamOpener
+from gputravel.core.training.checkpoint_file import (
+    CHECKPOINT_VERSION,
+    FILE_NAME,
+    REC_DATA,
+    REC_END,
+    REC_META,
+    STREAM_KIND,
+    CheckpointFile,
+    file_head,
+    record_head,
+)
 
 __all__ = [
     "CHECKPOINT_VERSION",
@@ -53,18 +54,10 @@ __all__ = [
     "meta_mac",
 ]
 
-CHECKPOINT_VERSION = 2
 KEY_BYTES = 32
-STREAM_KIND = "checkpoint"
 #: checkpoints a store keeps unless told otherwise (``--keep-checkpoints``)
 DEFAULT_KEEP = 2
-_MAGIC = b"GTCK"
-_FILE_HEAD = struct.Struct(">4sBI")
-_RECORD = struct.Struct(">BI")
-REC_DATA, REC_END, REC_META = 0, 1, 2
-_NAME = re.compile(r"^ckpt-(\d{6,})\.gtc$")
 _TMP_PREFIX = ".ckpt-tmp-"
-MAX_HEADER = 64 * 1024
 
 
 # --- keys --------------------------------------------------------------------------------------------
@@ -129,13 +122,12 @@ class CheckpointWriter:
         self._tags: list[bytes] = []
         self._file: BinaryIO | None = None
         self._writeback: Writeback | None = None
-        raw = json.dumps({"stream": header.to_dict()}, sort_keys=True, separators=(",", ":")).encode()
         try:
             with self._io():
                 fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
                 self._file = os.fdopen(fd, "wb", buffering=0)
                 self._writeback = Writeback(fd, every=writeback)
-                self._write(_FILE_HEAD.pack(_MAGIC, CHECKPOINT_VERSION, len(raw)) + raw)
+                self._write(file_head(header))
         except BaseException:
             self.abort()
             raise
@@ -173,7 +165,7 @@ class CheckpointWriter:
             raise FrameError(f"unknown checkpoint record kind {kind}")
         if len(sealed) > self.header.max_sealed or len(sealed) < TAG_LEN:
             raise FrameError(f"sealed chunk of {len(sealed)} bytes does not fit the stream's chunk size")
-        head = _RECORD.pack(kind, len(sealed))
+        head = record_head(kind, len(sealed))
         assert self._file is not None
         with self._io():
             n = os.writev(self._file.fileno(), (head, sealed))  # one call, no copy of the chunk
@@ -221,7 +213,7 @@ class CheckpointWriter:
         raw = json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
         self._stop_writeback()
         with self._io():
-            self._write(_RECORD.pack(REC_META, len(raw)) + raw)
+            self._write(record_head(REC_META, len(raw)) + raw)
             self._file.flush()
             os.fsync(self._file.fileno())
             self._file.close()
@@ -240,130 +232,6 @@ class CheckpointWriter:
             self._file = None
         with contextlib.suppress(OSError):
             self.tmp.unlink(missing_ok=True)
-
-
-class CheckpointFile:
-    """A checkpoint file opened for reading: header checked, records read one at a time."""
-
-    def __init__(self, path: Path, *, run_id: str | None = None) -> None:
-        self.path = Path(path)
-        try:
-            self._f: BinaryIO = open(self.path, "rb")  # noqa: SIM115  (closed by close()/the context manager)
-        except FileNotFoundError:
-            raise DataError(f"checkpoint {self.path} does not exist") from None
-        try:
-            self.header = self._read_header()
-            m = _NAME.match(self.path.name)
-            if m and int(m.group(1)) != self.header.seq:
-                raise TagError(f"checkpoint {self.path} was sealed as seq {self.header.seq}; the file was renamed")
-            if run_id is not None and self.header.run_id != run_id:
-                raise TagError(f"checkpoint {self.path} belongs to run {self.header.run_id!r}, not {run_id!r}")
-        except BaseException:
-            self._f.close()
-            raise
-        self.data_start = self._f.tell()
-        self.meta: dict[str, Any] | None = None
-
-    def __enter__(self) -> CheckpointFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._f.close()
-
-    def _exact(self, n: int, what: str) -> bytes:
-        data = self._f.read(n)
-        if len(data) != n:
-            raise DataError(f"checkpoint {self.path} is truncated: {what} has {len(data)} of {n} bytes")
-        return data
-
-    def _read_header(self) -> StreamHeader:
-        magic, version, n = _FILE_HEAD.unpack(self._exact(_FILE_HEAD.size, "the file header"))
-        if magic != _MAGIC:
-            raise TagError(f"{self.path} is not a sealed gputravel checkpoint (bad magic)")
-        if version != CHECKPOINT_VERSION:
-            raise DataError(f"checkpoint {self.path} has format version {version}, this build reads "
-                            f"{CHECKPOINT_VERSION}")
-        if n > MAX_HEADER:
-            raise TagError(f"checkpoint {self.path}: header of {n} bytes is over the limit (altered)")
-        raw = self._exact(n, "the file header")
-        try:
-            data = json.loads(raw.decode())
-            header = StreamHeader.from_dict(data["stream"])
-        except (UnicodeDecodeError, ValueError, KeyError, TypeError, FrameError) as exc:
-            raise TagError(f"checkpoint {self.path}: header is malformed (altered): {exc}") from None
-        if header.kind != STREAM_KIND:
-            raise TagError(f"checkpoint {self.path} holds a {header.kind!r} stream, not a checkpoint")
-        return header
-
-    def records(self, buf: bytearray | None = None) -> Iterator[tuple[int, memoryview]]:
-        """``(kind, sealed bytes)`` of every data chunk and then the end chunk; reads the meta record after.
-
-        The bytes are a view of one reused buffer. Raises ``DataError`` naming the chunk where the file
-        is cut, ``TagError`` for an unknown record or trailing bytes."""
-        self._f.seek(self.data_start)
-        limit = self.header.max_sealed
-        buf = buf if buf is not None and len(buf) >= limit else bytearray(limit)
-        index = 0
-        tags = hashlib.sha256(b"gputravel/stream-tags/v1\0" + self.header.digest())
-        while True:
-            raw = self._f.read(_RECORD.size)
-            if len(raw) < _RECORD.size:
-                raise DataError(f"checkpoint {self.path} is truncated: it ends before chunk {index} "
-                                "(no end chunk)")
-            kind, n = _RECORD.unpack(raw)
-            if kind not in (REC_DATA, REC_END) or n > limit:
-                raise TagError(f"checkpoint {self.path}: chunk {index} has a bad record (kind {kind}, {n} bytes)")
-            view = memoryview(buf)[:n]
-            got = self._f.readinto(view)  # type: ignore[attr-defined]
-            if got != n:
-                raise DataError(f"checkpoint {self.path} is truncated: chunk {index} has {got} of {n} bytes")
-            tags.update(view[-TAG_LEN:])
-            yield kind, view
-            index += 1
-            if kind == REC_END:
-                break
-        self.meta = self._read_meta()
-        if self.meta.get("tag_digest") != tags.hexdigest():
-            raise TagError(f"checkpoint {self.path}: its meta record does not match its chunks (altered)")
-
-    def _read_meta(self) -> dict[str, Any]:
-        raw = self._f.read(_RECORD.size)
-        if len(raw) < _RECORD.size:
-            raise DataError(f"checkpoint {self.path} is truncated: its meta record is missing")
-        kind, n = _RECORD.unpack(raw)
-        if kind != REC_META or n > MAX_HEADER:
-            raise TagError(f"checkpoint {self.path}: bad meta record (kind {kind}, {n} bytes)")
-        body = self._exact(n, "the meta record")
-        if self._f.read(1):
-            raise TagError(f"checkpoint {self.path} has unexpected trailing bytes")
-        try:
-            meta = json.loads(body.decode())
-        except (UnicodeDecodeError, ValueError):
-            raise TagError(f"checkpoint {self.path}: meta record is not JSON (altered)") from None
-        if not isinstance(meta, dict):
-            raise TagError(f"checkpoint {self.path}: meta record is not a JSON object (altered)")
-        return meta
-
-    def read_meta(self) -> dict[str, Any]:
-        """The orchestrator's plaintext meta record (skips the chunks without opening them)."""
-        self._f.seek(self.data_start)
-        index = 0
-        while True:
-            raw = self._f.read(_RECORD.size)
-            if len(raw) < _RECORD.size:
-                raise DataError(f"checkpoint {self.path} is truncated: it ends before chunk {index} (no end chunk)")
-            kind, n = _RECORD.unpack(raw)
-            if kind not in (REC_DATA, REC_END):
-                raise TagError(f"checkpoint {self.path}: chunk {index} has a bad record (kind {kind})")
-            self._f.seek(n, os.SEEK_CUR)
-            index += 1
-            if kind == REC_END:
-                break
-        self.meta = self._read_meta()
-        return self.meta
 
 
 class CheckpointStore:
@@ -399,7 +267,7 @@ class CheckpointStore:
         """All checkpoints as ``(seq, path)``, oldest first."""
         found = []
         for entry in self.directory.iterdir():
-            m = _NAME.match(entry.name)
+            m = FILE_NAME.match(entry.name)
             if m and entry.is_file():
                 found.append((int(m.group(1)), entry))
         return sorted(found)

@@ -28,10 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gputravel.core.allocator import release_free_memory
 from gputravel.core.deviceclient.client import DeviceClient
 from gputravel.core.deviceclient.ringckpt import RingCheckpoint
 from gputravel.core.errors import GpuTravelError, IntegrityError
-from gputravel.core.procs import release_free_memory
 from gputravel.core.protocol.deviceanswers import StreamEnded
 from gputravel.core.training.store import CheckpointStore, CheckpointWriter
 from gputravel.core.travel.audit import Audit

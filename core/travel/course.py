@@ -1,6 +1,6 @@
 """A run's course: what a ``TravelEngine`` walks instead of its visits, when a caller gives one (a fleet rank).
 
-The engine owns set-up, the visit's phase walk, recovery and the report; a ``Course`` is a part it holds
+The engine owns set-up, the visit's phase walk (``phase_walk``), recovery and the report; a ``Course`` is a part it holds
 (``TravelEngine(course=...)``, built with the engine once its parts exist) that says what comes after set-up,
 what the run's body is, what comes before the device is closed and what the report adds. A single run has
 none: it walks its visits (``TravelEngine._walk_visits``). The fleet's is ``core.fleet.rank.FleetRank``.

@@ -1,14 +1,15 @@
 """The travel engine: drives the GPU from holder to holder, one visit at a time.
 
 A visit is ATTEST -> HANDOFF -> PROVISION -> RETURN -> VERIFY -> TRAIN -> SCRUB -> ROTATE. This module
-holds the run and the phase walk; the run's state lives in its parts beside it: ``device_session`` (the
-device, its session, epochs and expected measurements), ``training_log`` (steps and curves),
-``checkpoints`` (written in the background, restored), ``visits`` (the records and where the walk stands),
-``bus`` (events, sinks and timing probes), ``control`` (pause, step, breakpoints, the fault plan),
-``handoff`` (one hand-off, shared with ``bench provision``), ``audit`` (a fact's ledger row and event in
-one call), ``recovery`` (failed visits, dead devices and agents, re-keying), ``training`` (the
-``TrainStep`` strategy: sliced TRAIN here, the fleet's weighted step in ``core.fleet.rank``) and
-``report`` (the run's typed report).
+holds the run: set-up, its start (resumed from the ledger or sealed as checkpoint 0), the walk of the visits
+and the one way a run ends. The run's state lives in its parts beside it: ``phase_walk`` (one visit's
+phases, the device's five of them), ``device_session`` (the device, its session, epochs and expected
+measurements), ``training_log`` (steps and curves), ``checkpoints`` (written in the background, restored),
+``visits`` (the records and where the walk stands), ``bus`` (events, sinks and timing probes), ``control``
+(pause, step, breakpoints, the fault plan), ``handoff`` (one hand-off, shared with ``bench provision``),
+``audit`` (a fact's ledger row and event in one call), ``recovery`` (failed visits, dead devices and agents,
+re-keying), ``training`` (the ``TrainStep`` strategy: sliced TRAIN here, the fleet's weighted step in
+``core.fleet.rank``) and ``report`` (the run's typed report).
 """
 
 from __future__ import annotations
@@ -23,18 +24,9 @@ from typing import Any
 
 from gputravel.core import events as ev
 from gputravel.core.config import RunSettings
-from gputravel.core.errors import (
-    AgentError,
-    CancelledRunError,
-    DataError,
-    DeviceError,
-    GpuTravelError,
-    IntegrityError,
-    ProtocolError,
-    StorageError,
-)
+from gputravel.core.errors import CancelledRunError, DataError, DeviceError, GpuTravelError, StorageError
 from gputravel.core.ledger import Ledger
-from gputravel.core.phases import Phase, check_transition
+from gputravel.core.phases import Phase
 from gputravel.core.platform.base import DeviceHandle
 from gputravel.core.protocol.ckptring import RingAborted
 from gputravel.core.runfolder import RunFolder, sealed_settings_digest
@@ -47,6 +39,7 @@ from gputravel.core.travel.course import Course
 from gputravel.core.travel.device_session import DeviceSession
 from gputravel.core.travel.holder_setup import attach as attach_holder_attestation
 from gputravel.core.travel.holders import HolderInfo, HolderLink
+from gputravel.core.travel.phase_walk import PhaseWalk
 from gputravel.core.travel.probes import EngineProbe
 from gputravel.core.travel.recovery import Recovery
 from gputravel.core.travel.report import RunReport, build_report
@@ -54,7 +47,7 @@ from gputravel.core.travel.schedule import UNIT, VisitPlan, plan_digest, plan_vi
 from gputravel.core.travel.training import SlicedTrain, SliceSettings, TrainStep
 from gputravel.core.travel.training_log import TrainingLog
 from gputravel.core.travel.visits import Itinerary, VisitRecord
-from gputravel.core.travel.windows import HandoffWindows, Outcome, Visit
+from gputravel.core.travel.windows import HandoffWindows
 
 __all__ = ["Control", "EngineProbe", "FaultPlan", "TravelEngine", "VisitRecord", "planned_start"]
 
@@ -118,12 +111,8 @@ class TravelEngine:
                                              emit=self.audit.emit, steps=settings.steps_per_visit)
         #: how ROTATE commits a visit (checkpoint cadence): a fleet rank supplies its own
         self.commit = commit(self.ckpts, self.trainer)
-        #: the phase walk of one visit: each step returns its outcome (bytes, detail)
-        self._steps: tuple[tuple[Phase, Callable[[Visit], Awaitable[Outcome]]], ...] = (
-            (Phase.ATTEST, self._attest), (Phase.HANDOFF, self.windows.handoff),
-            (Phase.PROVISION, self.windows.provision), (Phase.RETURN, self.windows.return_),
-            (Phase.VERIFY, self._verify), (Phase.TRAIN, self._train),
-            (Phase.SCRUB, self._scrub), (Phase.ROTATE, self._rotate))
+        #: one visit's phases, walked over the parts above
+        self.phases = PhaseWalk(self)
         #: what the run walks instead of its visits (a fleet rank's lock-step steps), built over the parts above
         self.course: Course | None = course(self) if course is not None else None
 
@@ -141,10 +130,6 @@ class TravelEngine:
             self.audit.record(event, "holder-state", holder=holder, outcome=state, detail={"detail": detail})
         except StorageError:  # a full disk: the link goes on (it may be stopping its agent); the run's own
             self.audit.emit(event)  # next row meets the same error where the run can stop on it
-
-    async def _audit_from_device(self) -> None:
-        """The device's rejections since the last audit, attributed to their visits."""
-        await self.device.new_rejections(lambda by_epoch: self.audit.rejections(by_epoch, self.walk.records))
 
     # --- set-up -----------------------------------------------------------------------------------
     async def setup(self) -> None:
@@ -282,7 +267,7 @@ class TravelEngine:
             if ended is not None:  # after the holders' own last rows: the run's row is the final one
                 self._final_row(*ended)
         try:
-            await self._audit_from_device()
+            await self.phases.audit_rejections()
         except GpuTravelError:
             pass
         records = self.walk.records
@@ -342,115 +327,9 @@ class TravelEngine:
         await self.device.close()
         self.ledger.close()
 
-    # --- one visit: the phase walk ------------------------------------------------------------------
     async def visit(self, rec: VisitRecord) -> None:
-        plan = rec.plan
-        self.walk.current = rec
-        rec.epoch = self.device.epoch + 1
-        rec.key_fingerprint = None
-        self.walk.phase = None
-        v = self.windows.start(rec, self.links[plan.holder])
-        try:
-            for phase, step in self._steps:
-                t = await self._enter(rec, phase)
-                nbytes, detail = await step(v)
-                self._done(rec, phase, t, nbytes=nbytes, detail=detail)
-            if not self.ckpts.owns(rec):  # committed here (a fleet step's checkpoint), else when it is durable
-                self.audit.row("visit-completed", holder=plan.holder, epoch=rec.epoch, key_fp=rec.key_fingerprint,
-                               nbytes=rec.bytes, duration_s=sum(rec.phase_s.values()), outcome="ok",
-                               detail={"visit": plan.index, "part": plan.part_id},
-                               state={"visits_done": [r.plan.index for r in self.walk.records
-                                                      if r.outcome.startswith("done")],
-                                      "epoch": self.device.epoch, "checkpoint_seq": plan.index + 1,
-                                      "checkpoint_digest": self.ckpts.digests.get(plan.index + 1),
-                                      "steps": self.log.step_count})
-            self.walk.phase = Phase.DONE
-            self.audit.emit(ev.VisitCompleted(time.time(), plan.index, plan.holder, rec.epoch, rec.summary()))
-        except CancelledRunError as exc:
-            await self.recovery.cancel_visit(rec, exc, v.window_open)
-            raise
-        except asyncio.CancelledError:  # SIGTERM (runs stop) or Ctrl-C: within a training slice, and scrubbed
-            if self.scrub_when_interrupted:
-                with contextlib.suppress(GpuTravelError, OSError):
-                    await self.recovery.cancel_visit(rec, CancelledRunError("interrupted (SIGTERM or Ctrl-C)"),
-                                                     v.window_open)
-            raise
-        except (AgentError, ProtocolError, IntegrityError, DataError, DeviceError) as exc:
-            if not self.device.handle.alive():
-                await self.recovery.recover_device(rec, exc)
-                return
-            await self.recovery.fail_visit(rec, exc, v.window_open)
-
-    async def _attest(self, v: Visit) -> Outcome:
-        """Fresh evidence, and the code and model are what we left there (the holder checks its own evidence for
-        this hand-off meanwhile, unless it did as the visit before trained: ``HandoffWindows.prefetch_for``)."""
-        self.windows.prefetch_for(v.rec, self.links)
-        await self._audit_from_device()
-        result = await asyncio.to_thread(self.device.client.attest)
-        await self.device.check_measurement("before hand-off")
-        return 0, {"device_id": result.device_id, "ok": result.ok}
-
-    async def _verify(self, v: Visit) -> Outcome:
-        """Nobody touched code or model while the holder held a key."""
-        checked = await self.device.check_measurement("after return", mac_only=True)
-        v.rec.integrity_ok = True
-        return 0, {"model": self.device.expected_model, **checked}
-
-    async def _train(self, v: Visit) -> Outcome:
-        """k steps on the buffer, as the run's ``TrainStep`` trains (sliced on one device: progress, spikes and
-        control between slices, validation on the held-out slice; ``core.travel.training``)."""
-        fmt = self.infos[v.rec.plan.holder].fmt
-        self.windows.prefetch(v.rec, self.links)  # the next holder attests meanwhile
-        return 0, await self.trainer.train(v.rec, fmt=fmt, cut=self.train_slices)
-
-    async def _scrub(self, v: Visit) -> Outcome:
-        """Zero the buffer and check it before anyone else gets a key."""
-        scrub = await asyncio.to_thread(self.device.client.scrub)
-        v.rec.scrub_verified = bool(scrub.verified)
-        if not v.rec.scrub_verified:
-            raise DeviceError("the buffer did not read back as zero after the scrub")
-        return scrub.bytes, {}
-
-    async def _rotate(self, v: Visit) -> Outcome:
-        """New control-channel epoch; the visit is done and committed as the run's ``VisitCommit`` says
-        (``core.travel.checkpoints``: in the background every ``checkpoint_every``-th visit on one device)."""
-        rec = v.rec
-        await asyncio.to_thread(self.device.client.rotate)
-        detail = await self.commit.rotated(rec)
-        self.audit.emit(ev.KeyRotated(time.time(), rec.epoch, rec.key_fingerprint or ""))
-        return 0, detail
-
-    # --- between phases -----------------------------------------------------------------------------
-    async def _enter(self, rec: VisitRecord, phase: Phase) -> float:
-        walk = self.walk
-        if walk.phase is not None and walk.phase not in (Phase.DONE,):
-            check_transition(walk.phase, phase)
-        await self.control.gate(phase, self.emit)
-        walk.phase = self.control.phase = phase
-        self.audit.emit(ev.PhaseStarted(time.time(), rec.plan.index, rec.plan.holder, str(phase), rec.epoch))
-        self._fault_point(phase)
-        plan = self.faults.take(phase, rec.plan.index, rec.attempts)
-        killed = self.faults.arm(plan, rec.plan.holder) if plan is not None else None
-        if killed is not None:  # an agent killed as the phase begins is dead before the phase goes on
-            await killed
-        return time.perf_counter()
-
-    def _done(self, rec: VisitRecord, phase: Phase, t0: float, *, nbytes: int = 0, outcome: str = "ok",
-              detail: dict[str, Any] | None = None) -> None:
-        dt = time.perf_counter() - t0
-        rec.phase_s[str(phase)] = dt
-        fp = rec.key_fingerprint if phase in (Phase.HANDOFF, Phase.PROVISION, Phase.RETURN) else None
-        self.audit.record(ev.PhaseCompleted(time.time(), rec.plan.index, rec.plan.holder, str(phase), rec.epoch, dt,
-                                            outcome, nbytes, fp, detail or {}),
-                          "phase", phase=str(phase), holder=rec.plan.holder, epoch=rec.epoch, key_fp=fp, nbytes=nbytes,
-                          duration_s=dt, outcome=outcome, detail={"visit": rec.plan.index, **(detail or {})})
-        self.bus.timing.on_phase(rec.plan.index, phase, dt)
-
-    def _fault_point(self, phase: Phase) -> None:
-        """Fault injection hook (tests and the crash study): act when ``phase`` begins."""
-        action = self.fault.pop(str(phase), None)
-        if action is not None:
-            action(self)
+        """One visit, phase by phase (``core.travel.phase_walk``); a failed one is left to ``recovery``."""
+        await self.phases.visit(rec)
 
 
 async def planned_start(engine: TravelEngine) -> None:

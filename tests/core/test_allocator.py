@@ -90,3 +90,38 @@ def test_a_bad_switch_value_is_refused_by_name_before_a_device_starts(tmp_path: 
         EmulatedPlatform(tmp_path / "platform").start(buffer_bytes=4096)
     assert info.value.exit_code == 2
     assert not (tmp_path / "platform").exists()  # refused before anything was provisioned or started
+
+
+#: trimming off and no block its own mmap (so a freed 64 MiB block stays in the heap), then malloc_trim on request
+TRIM_SCRIPT = textwrap.dedent("""
+    import ctypes, json
+    from gputravel.core import allocator
+
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.mallopt(allocator.M_MMAP_MAX, 0)
+    libc.mallopt(allocator.M_TRIM_THRESHOLD, -1)
+    block = libc.malloc(64 << 20)
+    ctypes.memset(block, 1, 64 << 20)
+    libc.free(block)
+    kept = allocator.malloc_state().to_dict()
+    released = allocator.release_free_memory()
+    print(json.dumps({"kept": kept, "released": released, "after": allocator.malloc_state().to_dict()}))
+""")
+
+
+@pytest.mark.process
+@glibc_only
+def test_release_free_memory_hands_a_kept_free_heap_back_to_the_system() -> None:
+    proc = subprocess.run([sys.executable, "-c", TRIM_SCRIPT], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    seen = json.loads(proc.stdout)
+    assert seen["released"] is True
+    assert seen["kept"]["heap_bytes"] - seen["after"]["heap_bytes"] >= 60 << 20  # the freed block left the heap
+
+
+def test_release_free_memory_is_a_no_op_where_the_c_library_is_not_glibc(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(allocator, "_LIBC", [None])  # this process's C library, as a non-glibc system loads it
+    assert allocator.release_free_memory() is False
