@@ -159,12 +159,13 @@ class ShmRing:
         if self._map is not None:
             self.zero()
 
-    def slot(self, k: int) -> memoryview:
-        """Slot ``k`` (writable); drop the view before ``close``."""
+    def slot(self, k: int, length: int | None = None) -> memoryview:
+        """Slot ``k`` (writable), or its first ``length`` bytes (one view, for the data path); drop the view
+        before ``close``."""
         if type(k) is not int or not 0 <= k < self.spec.slots:
             raise FrameError(f"slot {k!r} is not a slot of this {self.spec.slots}-slot ring")
         lo = k * self.spec.slot_bytes
-        return memoryview(self._mapped())[lo: lo + self.spec.slot_bytes]
+        return memoryview(self._mapped())[lo: lo + (self.spec.slot_bytes if length is None else length)]
 
     def zero(self) -> None:
         m = self._mapped()
@@ -227,10 +228,7 @@ class RingReceiver:
         if type(n) is not int or not 0 < n <= spec.slot_bytes - TAG_LEN:
             raise FrameError(f"chunk of {n!r} bytes does not fit a {spec.slot_bytes}-byte ring slot "
                              f"with its {TAG_LEN}-byte tag")
-        if type(k) is not int or not 0 <= k < spec.slots:
-            raise FrameError(f"slot {k!r} is not a slot of this {spec.slots}-slot ring")
-        lo = k * spec.slot_bytes  # the slot's bytes, one view (``ShmRing.slot`` would make two)
-        view = memoryview(self.ring._mapped())[lo: lo + n + TAG_LEN]  # StaleEpochError once closed
+        view = self.ring.slot(k, n + TAG_LEN)  # FrameError for a bad slot id, StaleEpochError once closed
         self.taken += 1
         chunk = header.copy()  # the header as a chunk that came in a frame: without ``slot``
         del chunk["slot"]
