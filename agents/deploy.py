@@ -129,11 +129,12 @@ UPLOAD_TIMEOUT_S = 120.0
 
 
 async def upload_bundle(conn: asyncssh.SSHClientConnection, spec: HolderSpec, files: list[tuple[str, bytes]],
-                        folder: str, *, timeout: float = UPLOAD_TIMEOUT_S) -> None:
+                        folder: str, *, timeout: float | None = None) -> None:
     """Upload ``files`` into a private folder, then move it into place as ``folder`` with one rename: a folder
     named by a hash is either complete or absent, so one whose contents differ was changed after upload. A
-    failed or stalled upload is ``AgentError`` (a stalled one after ``timeout`` seconds; its private
-    ``.part-*`` folder may stay behind on the holder, never under the hash's name)."""
+    failed or stalled upload is ``AgentError`` (a stalled one after ``timeout`` seconds, default
+    ``UPLOAD_TIMEOUT_S`` read at the call; its private ``.part-*`` folder may stay behind on the holder)."""
+    timeout = UPLOAD_TIMEOUT_S if timeout is None else timeout
     staging = f"{folder}.part-{secrets.token_hex(4)}"
 
     async def upload() -> None:

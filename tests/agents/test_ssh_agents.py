@@ -185,22 +185,30 @@ async def test_deploy_into_hash_folder_verifies_and_redeploys_only_when_the_bund
         await conn.wait_closed()
 
 
-async def test_a_stalled_upload_is_a_named_error_not_a_hang(ssh: Ssh) -> None:
-    """An SSH server that stops answering mid-deploy: the upload gives up after its bound with a named error,
-    before the keepalive would notice, and nothing is installed under the bundle's hash."""
+async def test_a_stalled_upload_is_a_named_error_not_a_hang(ssh: Ssh, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SSH server stops answering as the deployer starts its upload: ``deploy`` gives up after the upload's
+    bound with a named error, before the keepalive would notice, and nothing is installed under the bundle's
+    hash."""
     spec = ssh.specs["alice"]
-    assert ssh.server.proc is not None
+    proc = ssh.server.proc
+    assert proc is not None
+    monkeypatch.setattr(deploy_mod, "UPLOAD_TIMEOUT_S", 2.0)
+    states: list[str] = []
+
+    def on_state(state: str, detail: str) -> None:
+        states.append(state)
+        if state == HolderState.DEPLOYING:  # the server stops answering: the SFTP session never starts
+            os.kill(proc.pid, signal.SIGSTOP)
+
     conn = await connect(spec)
     try:
-        os.kill(ssh.server.proc.pid, signal.SIGSTOP)  # the server stops answering: the SFTP session never starts
         with pytest.raises(AgentError, match="upload stalled: not done after 2 s") as info:
-            await deploy_mod.upload_bundle(conn, spec, bundle_contents(), deploy_mod.bundle_dir(spec, "0" * 64),
-                                           timeout=2.0)
+            await deploy(conn, spec, on_state=on_state)
         assert info.value.host == "alice"
     finally:
-        os.kill(ssh.server.proc.pid, signal.SIGCONT)
+        os.kill(proc.pid, signal.SIGCONT)
         conn.close()
-    assert ssh.agent_dirs("alice") == []
+    assert states == [HolderState.DEPLOYING] and ssh.agent_dirs("alice") == []
 
 
 # --- 2. full runs through SSH --------------------------------------------------------------------
