@@ -246,6 +246,9 @@ def test_bench_train_from_a_folder_with_lora_reports_checkpoint_bytes_and_seal_t
         assert res["job"]["architecture"] == "LlamaForCausalLM" and res["job"]["lora_rank"] == int(rank)
         assert res["protocol"]["steps"] == res["plain"]["steps"] == 2 and res["protocol_cost_pct"] is not None
         assert res["checkpoint"]["bytes"] > 0 and res["checkpoint"]["seal_s"] >= 0
+        # held to issue 32's goal for its kind of job, and told whether it met it
+        assert res["target_pct"] == (5.0 if rank == "4" else 10.0) and "issue 32" in res["target"]
+        assert res["target_met"] == (res["protocol_cost_pct"] <= res["target_pct"])
     # the adapters and their moments against the whole model and its moments
     assert runs["4"]["checkpoint"]["bytes"] < runs["0"]["checkpoint"]["bytes"] / 4
     assert runs["0"]["checkpoint"]["pct_of_full_state"] > 90

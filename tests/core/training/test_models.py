@@ -229,6 +229,8 @@ def test_bench_train_and_bench_checkpoint_report_their_fields(tmp_path: Path, mo
     assert result.exit_code == 0, result.output
     joined = json.loads(result.stdout)
     assert joined["protocol_cost_pct"] == train["protocol_cost_pct"] and joined["combined_from"] == 3
+    assert joined["target_pct"] == 5.0 and "issue 11" in joined["target"]
+    assert joined["target_met"] == (joined["protocol_cost_pct"] <= 5.0)
     assert joined["plain"]["tokens_per_s"] == train["plain"]["tokens_per_s"]
     # a plain pass alone, of the same job, and joined with the protocol pass
     result = runner.invoke(cli.app, ["bench", "train", "--model", "tiny", "--holders", "1", "--steps", "2",
