@@ -37,7 +37,7 @@ _INT_FIELDS = ("holders", "rounds", "steps_per_visit", "chunk_kib", "batch_size"
 _FLOAT_FIELDS = ("buffer_mib", "val_fraction", "val_share", "lr", "lora_alpha")
 _STR_FIELDS = ("model", "cc_mode", "transport", "data_path", "cipher_engine", "data_host")
 _OPTIONAL_STR_FIELDS = ("device", "fault", "lora_targets")
-_BOOL_FIELDS = ("resume", "allow_fault_injection", "attest_prefetch", "handoff_relay")
+_BOOL_FIELDS = ("resume", "allow_fault_injection", "attest_prefetch", "handoff_relay", "handoff_with_window")
 _OPTIONAL_BOOL_FIELDS = ("parallel_auth", "overlap")
 
 
@@ -115,6 +115,11 @@ class RunSettings:
     #: measured no faster (the orchestrator's round trip to the device cost more than the crossing it saves,
     #: docs/performance.md); ``bench travel --handoff-relay`` turns it on
     handoff_relay: bool = False
+    #: a visit's first HANDOFF goes with its window's request (its key wrapped before the window opens, on the
+    #: holder's ok verdict fetched ahead, ``attest_prefetch``): the device opens the window and writes it on the
+    #: agent's parked data connection at once, one orchestrator -> device message for window and relay
+    #: (core/travel/handoff_relay.py); ``bench travel --handoff-with-window`` turns it on
+    handoff_with_window: bool = False
 
     def __post_init__(self) -> None:
         if self.data_path == "ssh":  # the name `bench provision` and the docs use for the channel path

@@ -86,9 +86,18 @@ class BufferWindows:
         return {Op.HANDOFF: self.op_handoff, Op.RELAY: self.op_relay, Op.CLOSE_WINDOW: self.op_close_window,
                 Op.WINDOW_STATUS: self.op_window_status, Op.SCRUB: self.op_scrub, Op.DIGEST: self.op_digest}
 
-    def op_handoff(self, *, epoch: int, offset: int, length: int, chunk_size: int, payload: bytes) -> Reply:
-        """Derive the provisioning key for one window and one epoch; any earlier key dies."""
+    def op_handoff(self, *, epoch: int, offset: int, length: int, chunk_size: int, payload: bytes,
+                   relay: dict[str, Any] | None = None) -> Reply:
+        """Derive the provisioning key for one window and one epoch; any earlier key dies. With ``relay``
+        (``{holder, handoff}``: the window's HANDOFF, its key wrapped for that holder by the orchestrator, which
+        derives the same key), the HANDOFF is written on the holder's parked data connection once the window is
+        open, if it is of this window's epoch and key (``relayed`` in the grant; the holder link's copy is the
+        fallback). A malformed ``relay`` is refused before anything changes."""
         s = self._keys.require()
+        holder, head = (relay.get("holder"), relay.get("handoff")) if isinstance(relay, dict) else (None, None)
+        frame = None if relay is None else self._relay_frame(holder, epoch, head)
+        if relay is not None and frame is None:
+            raise DeviceError("relay needs a holder's name and a HANDOFF header")
         if epoch <= self.epoch or epoch in self.dead_epochs:
             raise StaleEpochError(f"epoch {epoch} is not newer than the current epoch {self.epoch}")
         if not (0 <= offset and 0 < length and offset + length <= self._buffer.nbytes):
@@ -105,26 +114,40 @@ class BufferWindows:
             self.epoch = epoch
             self.keys_out += 1  # a key is out: the model's measurement after its return hashes afresh
         self._counts.counters["handoffs"] += 1
+        relayed = False
+        if frame is not None and isinstance(holder, str) and isinstance(head, dict):  # this window's epoch and key
+            relayed = head.get("key_fp") == key.fingerprint and self._plane.admissions.relay(holder, frame)
+            self._counts.counters["relayed" if relayed else "relay_missed"] += 1
         return Reply(HandoffGrant(session_id=s.session_id.hex(), key_fingerprint=key.fingerprint,
-                                  provisioning_key=ProvisioningKey.of(key)).to_wire())
+                                  provisioning_key=ProvisioningKey.of(key), relayed=relayed).to_wire())
 
     def op_relay(self, *, holder: str, epoch: int, handoff: dict[str, Any], payload: bytes) -> Reply:
         """Write the open window's HANDOFF on ``holder``'s parked data connection (``Admissions.relay``): the
         orchestrator wrapped its key for that holder (the device neither opens nor needs it). ``delivered``
         False where the holder has no parked connection or it is gone: the HANDOFF over the holder link is
         the way then. Only for the window open now, and never with a bare key."""
-        if not isinstance(holder, str) or not holder or not isinstance(handoff, dict):
+        frame = self._relay_frame(holder, epoch, handoff)
+        if frame is None:
             raise DeviceError("relay needs a holder's name and a HANDOFF header")
         with self.lock:
             w = self.window
-            if w is None or w.epoch != epoch or handoff.get("epoch") != epoch:
+            if w is None or w.epoch != epoch:
                 raise StaleEpochError(f"no open window for epoch {epoch} to relay a hand-off for")
-        if "key" in handoff or "wrapped_key" not in handoff:
-            raise DeviceError("only a HANDOFF whose key is wrapped for its holder is relayed")
-        frame = encode_frame(FrameType.HANDOFF, handoff)
         delivered = self._plane.admissions.relay(holder, frame)
         self._counts.counters["relayed" if delivered else "relay_missed"] += 1
         return Reply({"delivered": delivered})
+
+    @staticmethod
+    def _relay_frame(holder: object, epoch: int, handoff: object) -> bytes | None:
+        """The HANDOFF frame to relay for ``holder`` in ``epoch``; None without a holder's name and a header; a
+        HANDOFF of another epoch, or whose key is not wrapped for its holder, is refused by name."""
+        if not isinstance(holder, str) or not holder or not isinstance(handoff, dict):
+            return None
+        if handoff.get("epoch") != epoch:
+            raise StaleEpochError(f"a HANDOFF of epoch {handoff.get('epoch')} is not relayed for epoch {epoch}")
+        if "key" in handoff or "wrapped_key" not in handoff:
+            raise DeviceError("only a HANDOFF whose key is wrapped for its holder is relayed")
+        return encode_frame(FrameType.HANDOFF, handoff)
 
     def op_close_window(self, *, epoch: int, payload: bytes) -> Reply:
         """The holder returned the GPU: its key is dead from here on."""

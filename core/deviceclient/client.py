@@ -214,10 +214,14 @@ class DeviceClient:
         ``mac_key``, its AES-GMAC under that key (the key rides the sealed control channel)."""
         return Measurement.from_wire(self.call(Op.MEASURE, mac_key, digest=digest)[0])
 
-    def handoff(self, *, epoch: int, offset: int, length: int, chunk_size: int) -> HandoffGrant:
+    def handoff(self, *, epoch: int, offset: int, length: int, chunk_size: int,
+                relay: tuple[str, dict[str, Any]] | None = None) -> HandoffGrant:
         """A provisioning key for bytes [offset, offset+length) of the buffer in ``epoch``, typed and checked
-        once here (a malformed grant is the device's fault: ``DeviceError``)."""
-        head, _ = self.call(Op.HANDOFF, epoch=epoch, offset=offset, length=length, chunk_size=chunk_size)
+        once here (a malformed grant is the device's fault: ``DeviceError``). ``relay`` (holder, HANDOFF header
+        with its key wrapped for that holder): the device writes it on the holder's parked data connection as the
+        window opens (``HandoffGrant.relayed``)."""
+        extra: dict[str, Any] = {} if relay is None else {"relay": {"holder": relay[0], "handoff": relay[1]}}
+        head, _ = self.call(Op.HANDOFF, epoch=epoch, offset=offset, length=length, chunk_size=chunk_size, **extra)
         try:
             return HandoffGrant.from_wire(head)
         except FrameError as exc:

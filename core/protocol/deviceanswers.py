@@ -104,6 +104,8 @@ class HandoffGrant(WireMessage):
     key_fingerprint: str = field(metadata=bounds(Str(64)))
     provisioning_key: ProvisioningKey = field(
         repr=False, metadata=bounds(KeySpec()))
+    #: the request carried the window's HANDOFF and the device wrote it on the holder's parked data connection
+    relayed: bool = field(default=False, metadata=bounds(Bool()))
 
     @classmethod
     def from_wire(cls, head: Any, *, where: str | None = None) -> Self:

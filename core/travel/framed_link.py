@@ -19,7 +19,6 @@ transport's streams (``attach``), the link's ``kill`` (fault injection) and the 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
@@ -44,14 +43,12 @@ from gputravel.core.protocol.holderlink import (
     Refusal,
     Verdict,
 )
+from gputravel.core.travel.handoff_relay import Early, HandoffRelay
 from gputravel.core.travel.holder_attest import HolderAttestor, HolderRefusedError
 from gputravel.core.travel.holders import HolderInfo, ProgressFn, ProvisionStats, RejectFn
+from gputravel.core.travel.verdict_log import VerdictLog
 
-__all__ = ["STREAM_LIMIT", "Attesting", "FramedLink", "FramedSession", "RelayFn"]
-
-#: ``relay(holder, epoch, handoff_header)``: the device writes the HANDOFF on the holder's parked data connection
-#: (``DeviceClient.relay``; blocking, run in a worker thread); whether it was written
-RelayFn = Callable[[str, int, dict[str, Any]], bool]
+__all__ = ["STREAM_LIMIT", "Attesting", "FramedLink", "FramedSession"]
 
 #: the largest frame read from an agent or from the device's data port (a chunk frame and its header)
 STREAM_LIMIT = 64 * 1024 * 1024
@@ -107,21 +104,15 @@ class FramedSession:
         #: fingerprint, verdict) until the hand-off it was for takes it (or another hand-off discards it)
         self._prefetch: asyncio.Task[None] | None = None
         self._prefetched: tuple[int, str, Verdict] | None = None
-        #: the ok verdict of the HANDOFF being sent, logged once it is on its way (``_log_verdict``), and its row
-        #: being written meanwhile
-        self._unlogged: Verdict | None = None
-        self._logging: asyncio.Future[None] | None = None
-        #: the device's relay of a HANDOFF to the agent's parked data connection (set by the engine; None: the
-        #: HANDOFF crosses this link only)
-        self.relay: RelayFn | None = None
-        #: the agent keeps a data connection parked at the device (its last direct hand-off ended well): only then
-        #: is a relay tried (a first hand-off, or one after a failure, would only cost the device's round trip)
-        self.parked = False
+        #: the ok verdict of the HANDOFF being sent, logged once it is on its way, and its row being written meanwhile
+        self._verdicts = VerdictLog()
+        #: the HANDOFF's ways to the agent over its parked data connection (``relays.fn`` set by the engine)
+        self.relays = HandoffRelay()
 
     def attach(self, reader: Any, writer: Any) -> None:
         """The agent's stdout and stdin (a new agent: its HELLO comes next, ``greet``)."""
         self.reader, self.writer = reader, writer
-        self.parked = False
+        self.relays.reset()
 
     async def _read(self) -> Frame:
         assert self.reader is not None
@@ -239,6 +230,7 @@ class FramedSession:
         waited_from = time.perf_counter_ns()
         await self.settle_attestation()
         ahead, self._prefetched = self._prefetched, None
+        early = self.relays.take(handoff)
         if self.attestor is None or self.holder_pub is None or (self.holder_nonce is None and ahead is None):
             return handoff
         marks = stats.marks_ns if stats is not None else {}
@@ -251,6 +243,11 @@ class FramedSession:
             marks["verdict"] = now
             if stats is not None:
                 stats.attest_prefetched = True
+            if early is not None and verdict.ok:  # wrapped before the window opened, which carried it to the agent
+                self._verdicts.pending = verdict
+                if stats is not None and early.delivered:
+                    stats.relayed, marks["handoff_sent"] = True, now
+                return early.outgoing
         else:
             assert self.holder_nonce is not None
             marks["attest_begun"] = time.perf_counter_ns()
@@ -262,56 +259,35 @@ class FramedSession:
             if self.on_verdict is not None:
                 self.on_verdict(self.name, verdict)
             raise HolderRefusedError(self.name, verdict)
-        self._unlogged = verdict  # its ledger row is written once the HANDOFF is on its way (``_log_verdict``)
+        self._verdicts.pending = verdict  # its ledger row is written once the HANDOFF is on its way
         return self.attestor.seal_key(handoff, self.holder_pub)
 
+    def prepare_handoff(self, handoff: Handoff, *, data_endpoint: DataEndpoint | None) -> Early | None:
+        """``handoff`` as it will go to this agent, wrapped before its window opens, for the window's request to
+        carry (``HandoffRelay.prepare``): only on an ok verdict fetched ahead for this very epoch and key, which is
+        left for the hand-off to take (``_attested``); None otherwise (the hand-off then goes as before)."""
+        task, ahead, key = self._prefetch, self._prefetched, handoff.key
+        if self.attestor is None or self.holder_pub is None or key is None or task is None or not task.done() \
+                or ahead is None or ahead[:2] != (handoff.epoch, key.fingerprint) or not ahead[2].ok:
+            return None
+        base = self._outgoing(handoff, data_endpoint)
+        return self.relays.prepare(base, self.attestor.seal_key(base, self.holder_pub))
+
     async def _send_handoff(self, outgoing: Handoff, stats: ProvisionStats) -> None:
-        """HANDOFF (its key sealed for the attested agent) on its way; the verdict it was given on is logged
-        then, whether sending it worked or not (``_log_verdict``)."""
+        """HANDOFF (its key sealed for the attested agent) on its way, relayed by the device too where it may be
+        (``HandoffRelay.send``; not again where the window's request carried it); the verdict it was given on is
+        logged then, whether sending it worked or not."""
         stats.marks_ns["handoff_write"] = time.perf_counter_ns()
         try:
-            if self.relay is not None and self.parked and _relayable(outgoing):
-                outgoing = replace(outgoing, relay_id=os.urandom(8).hex())
-                stats.relayed = await self._relay(outgoing)
+            if not stats.relayed:
+                outgoing, stats.relayed = await self.relays.send(self.name, outgoing)
                 if stats.relayed:  # on its way to the agent: the copy below is the record and the fallback
                     stats.marks_ns["handoff_sent"] = time.perf_counter_ns()
             self._send(FrameType.HANDOFF, outgoing.to_wire())
             await self._drain()
             stats.marks_ns.setdefault("handoff_sent", time.perf_counter_ns())
         finally:
-            self._log_verdict()
-
-    async def _relay(self, outgoing: Handoff) -> bool:
-        """The device writes ``outgoing`` on this agent's parked data connection; False (the copy over this link
-        then carries it alone) where it has none, it is gone, or the device refused."""
-        assert self.relay is not None
-        try:
-            return await asyncio.to_thread(self.relay, self.name, outgoing.epoch, outgoing.to_wire())
-        except (GpuTravelError, OSError):
-            return False
-
-    def _log_verdict(self) -> None:
-        """The ok verdict the HANDOFF just sent was given on: its ledger row and report field, written in a worker
-        thread while the agent takes its key and sends its data (a row is a synchronous SQLite commit, a disk
-        flush: on the hand-off's path it cost milliseconds, issue 34; the ledger serialises its writers). Also
-        called when sending the HANDOFF failed: the verdict was given all the same. ``provision`` waits for it
-        before it returns, so the row precedes the visit's PROVISION row as before."""
-        verdict, self._unlogged = self._unlogged, None
-        if verdict is not None and self.on_verdict is not None:
-            task = asyncio.ensure_future(asyncio.to_thread(self.on_verdict, self.name, verdict))
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # raised by _verdict_logged
-            self._logging = task
-
-    async def _verdict_logged(self, *, failing: bool = False) -> None:
-        """Wait for the verdict's row (``_log_verdict``); its error is raised unless the hand-off is ``failing``
-        already (that error goes first)."""
-        task, self._logging = self._logging, None
-        if task is None:
-            return
-        await asyncio.wait({task})
-        error = None if task.cancelled() else task.exception()
-        if error is not None and not failing:
-            raise error
+            self._verdicts.log(self.name, self.on_verdict)
 
     def _conventional_opener(self, handoff: Handoff) -> RecvState | None:
         """For an attesting agent, what opens its conventional chunks: they are sealed to this run's CVM under the
@@ -328,19 +304,24 @@ class FramedSession:
             stats = await self._provision(handoff, device_socket=device_socket, on_progress=on_progress,
                                           on_reject=on_reject, data_endpoint=data_endpoint)
         except BaseException:
-            self.parked = False  # a failed hand-off: the agent drops its data connection
-            await self._verdict_logged(failing=True)
+            self.relays.reset()  # a failed hand-off: the agent drops its data connection
+            await self._verdicts.logged(failing=True)
             raise
-        await self._verdict_logged()
+        await self._verdicts.logged()
         return stats
+
+    def _outgoing(self, handoff: Handoff, data_endpoint: DataEndpoint | None) -> Handoff:
+        """The hand-off as this link sends it: the run's id with it (the holder's witness is per run), and the
+        direct path's data endpoint."""
+        if self.attestor is not None:
+            handoff = replace(handoff, run_id=self.attestor.run_id)
+        return handoff if data_endpoint is None else replace(handoff, data_endpoint=data_endpoint)
 
     async def _provision(self, handoff: Handoff, *, device_socket: str, on_progress: ProgressFn | None,
                          on_reject: RejectFn | None, data_endpoint: DataEndpoint | None) -> ProvisionStats:
-        if self.attestor is not None:  # the run's id travels with the hand-off: the holder's witness is per run
-            handoff = replace(handoff, run_id=self.attestor.run_id)
         if data_endpoint is not None:
-            return await self._provision_direct(replace(handoff, data_endpoint=data_endpoint), on_progress,
-                                                on_reject)
+            return await self._provision_direct(self._outgoing(handoff, data_endpoint), on_progress, on_reject)
+        handoff = self._outgoing(handoff, None)
         stats = ProvisionStats()
         t0 = time.perf_counter()
         try:
@@ -408,7 +389,7 @@ class FramedSession:
                 stats.retransmits = done.retransmits
                 stats.stages = dict(done.stages)
                 stats.seconds = time.perf_counter() - t0
-                self.parked = handoff.data_endpoint is not None and handoff.data_endpoint.path is not None
+                self.relays.parked = handoff.data_endpoint is not None and handoff.data_endpoint.path is not None
                 return stats
             elif frame.type is not FrameType.PONG:
                 raise AgentError(self.name, f"unexpected {frame.type.name} during provisioning")
@@ -484,14 +465,6 @@ class FramedSession:
                 await self.writer.drain()
             except (OSError, RuntimeError, ConnectionError):
                 pass
-
-
-def _relayable(h: Handoff) -> bool:
-    """Whether the device may relay ``h``: its key is wrapped for the attested agent (a bare key never leaves the
-    holder link) and its data connection is the device's Unix socket on this host (the TCP data port is not
-    encrypted: there the HANDOFF's fields stay on the SSH link)."""
-    return h.wrapped_key is not None and h.key is None and h.data_endpoint is not None \
-        and h.data_endpoint.path is not None
 
 
 def _device_refusal(header: dict[str, Any]) -> Refusal:

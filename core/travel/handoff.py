@@ -18,10 +18,11 @@ from gputravel.core.errors import DeviceError, LinkLostError, ProtocolError
 from gputravel.core.platform.base import DeviceHandle
 from gputravel.core.protocol.deviceanswers import WindowClosed, WindowStatus
 from gputravel.core.protocol.holderlink import DataEndpoint, Handoff
+from gputravel.core.travel.handoff_relay import Early
 from gputravel.core.travel.holders import HolderLink, ProgressFn, ProvisionStats, RejectFn
 
-__all__ = ["FIXED_STAGES", "STAGE_PARTS", "ResumeFn", "add_stages", "close_window", "data_endpoint", "fixed_stages", "open_window", "provision",
-           "require_complete", "sub_windows"]
+__all__ = ["FIXED_STAGES", "STAGE_PARTS", "ResumeFn", "add_stages", "close_window", "data_endpoint", "fixed_stages",
+           "open_window", "open_window_relaying", "provision", "require_complete", "sub_windows"]
 
 #: the hand-off's fixed cost by stage (issue 34 item 2), in order: the device derives the window's key
 #: (``window``), the orchestrator builds the holder's evidence (``attest``: the GPU's SPDM report over the
@@ -87,6 +88,21 @@ async def open_window(client: DeviceClient, *, epoch: int, skip: int, length: in
                       chunk_size=chunk_size, train=train, val=val, skip=skip, length=length,
                       conventional=conventional, ledger_head=ledger_head)
     return handoff, grant.key_fingerprint
+
+
+async def open_window_relaying(client: DeviceClient, base: Handoff, early: Early, *, holder: str) -> str:
+    """``open_window`` for ``base`` (a hand-off the orchestrator built with the key it derives itself, as the device
+    will), its request carrying ``early.outgoing`` (that hand-off wrapped for ``holder``'s attested agent): the
+    device opens the window and writes the HANDOFF on the holder's parked data connection before it answers
+    (``early.delivered``). Returns the key's fingerprint; a grant of another key than ``base``'s is the device's
+    error (``DeviceError``)."""
+    grant = await asyncio.to_thread(client.handoff, epoch=base.epoch, offset=base.skip, length=base.window_len,
+                                    chunk_size=base.chunk_size, relay=(holder, early.outgoing.to_wire()))
+    if base.key is None or grant.provisioning_key != base.key or grant.session_id != base.session_id:
+        raise DeviceError(f"the device granted key {grant.key_fingerprint} for epoch {base.epoch}, not the one the "
+                          f"session's secrets derive ({base.key.fingerprint if base.key else '-'})")
+    early.delivered = grant.relayed
+    return grant.key_fingerprint
 
 
 async def provision(client: DeviceClient, link: HolderLink, handoff: Handoff, *, device_socket: str,

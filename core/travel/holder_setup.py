@@ -14,7 +14,8 @@ from gputravel.core.config import RunSettings
 from gputravel.core.deviceclient.client import DeviceClient
 from gputravel.core.protocol.holderlink import Verdict
 from gputravel.core.travel.audit import Audit
-from gputravel.core.travel.framed_link import Attesting, FramedLink, RelayFn
+from gputravel.core.travel.framed_link import Attesting, FramedLink
+from gputravel.core.travel.handoff_relay import RelayFn
 from gputravel.core.travel.holder_attest import HolderAttestor, SimCvm, holder_args
 from gputravel.core.travel.holders import HolderLink
 from gputravel.core.travel.local_link import LocalHolderLink
@@ -63,7 +64,7 @@ def attach(*, out_dir: Path, run_id: str, settings: RunSettings, links: Mapping[
         if isinstance(link, FramedLink):
             link.session.attestor, link.session.on_verdict = attestor, on_verdict
             # the HANDOFF off the SSH link's path (docs/performance.md)
-            link.session.relay = device_relay(client) if settings.handoff_relay else None
+            link.session.relays.fn = device_relay(client) if settings.handoff_relay else None
         # local agents and the embedded server's pin the SIM platform's files; an inventory host's agent pins
         # its operator's own (``SshHolderLink.attest_files``) or does not attest
         pins = isinstance(link, LocalHolderLink) or same_host

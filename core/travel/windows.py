@@ -21,10 +21,13 @@ from gputravel.core.errors import LinkLostError, ProtocolError
 from gputravel.core.phases import Phase
 from gputravel.core.protocol import Direction, provisioning_key
 from gputravel.core.protocol.deviceanswers import WindowStatus
+from gputravel.core.protocol.holderlink import ProvisioningKey
 from gputravel.core.travel import handoff as ho
 from gputravel.core.travel.audit import Audit
 from gputravel.core.travel.control import Control
 from gputravel.core.travel.device_session import DeviceSession
+from gputravel.core.travel.framed_link import FramedLink
+from gputravel.core.travel.handoff_relay import Early
 from gputravel.core.travel.holders import Handoff, HolderInfo, HolderLink, ProvisionStats
 from gputravel.core.travel.visits import Itinerary, VisitRecord
 
@@ -193,10 +196,15 @@ class HandoffWindows:
         skip, length = sub
         plan = rec.plan
         t0 = time.perf_counter_ns()
-        handoff, key_fp = await ho.open_window(
-            self.device.client, epoch=epoch, skip=skip, length=length, chunk_size=self.settings.chunk_size,
-            train=(plan.train_start, plan.train_len), val=(plan.val_start, plan.val_len),
-            conventional=self.settings.data_path == "conventional", ledger_head=None)
+        early = None if rec.key_fingerprint else self._with_window(v, epoch, sub)  # a visit's first key only
+        if early is not None:  # the HANDOFF goes with the window's request (core/travel/handoff_relay.py)
+            handoff = early[0]
+            key_fp = await ho.open_window_relaying(self.device.client, handoff, early[1], holder=plan.holder)
+        else:
+            handoff, key_fp = await ho.open_window(
+                self.device.client, epoch=epoch, skip=skip, length=length, chunk_size=self.settings.chunk_size,
+                train=(plan.train_start, plan.train_len), val=(plan.val_start, plan.val_len),
+                conventional=self.settings.data_path == "conventional", ledger_head=None)
         v.window_ns, v.stats = (t0, time.perf_counter_ns()), None
         self.device.epoch = epoch
         if not rec.key_fingerprint:
@@ -204,7 +212,28 @@ class HandoffWindows:
         else:
             self.audit.row("key-handed-over", phase="PROVISION", holder=rec.plan.holder, epoch=epoch, key_fp=key_fp,
                            nbytes=length, detail={"visit": rec.plan.index, "skip": skip})
+        if early is not None:  # the head it was wrapped with: the head now (a visit's first key writes no row here)
+            return handoff
         return replace(handoff, ledger_head=self.audit.head())  # the head after this hand-off's own rows
+
+    def _with_window(self, v: Visit, epoch: int, sub: tuple[int, int]) -> tuple[Handoff, Early] | None:
+        """The hand-off of ``sub`` in ``epoch``, built before its window opens with the key the device will derive
+        (the session's master secret is shared), and the link's HANDOFF wrapped from it for the window's request
+        (``FramedSession.prepare_handoff``: only on the holder's ok verdict for that very epoch and key, fetched
+        ahead, and a data connection parked at the device); None: the window opens as before."""
+        s, secrets, link = self.settings, self.device.client.secrets, v.link
+        if not s.handoff_with_window or secrets is None or not isinstance(link, FramedLink) or s.data_path != "direct":
+            return None
+        skip, length = sub
+        plan = v.rec.plan
+        key = provisioning_key(secrets.master, secrets.session_id, epoch=epoch, offset=skip, length=length,
+                               direction=Direction.HOLDER_TO_DEVICE)
+        base = Handoff(epoch=epoch, session_id=secrets.session_id.hex(), key=ProvisioningKey.of(key),
+                       window_offset=skip, chunk_size=s.chunk_size, train=(plan.train_start, plan.train_len),
+                       val=(plan.val_start, plan.val_len), skip=skip, length=length, ledger_head=self.audit.head())
+        endpoint = ho.data_endpoint(self.device.handle, data_path=s.data_path, transport=s.transport)
+        early = link.session.prepare_handoff(base, data_endpoint=endpoint)
+        return None if early is None else (base, early)
 
     async def close(self, v: Visit, handoff: Handoff, *, sub_total: int) -> None:
         rec = v.rec

@@ -86,6 +86,11 @@ def register(bench_app: typer.Typer) -> None:
                                                 "parked data connection (a trial, off like the run's default: "
                                                 "measured no faster, docs/performance.md); off: the HANDOFF "
                                                 "crosses the holder's SSH link only."),
+        handoff_with_window: bool = typer.Option(False, "--handoff-with-window/--no-handoff-with-window",
+                                                 help="A visit's first HANDOFF goes with its window's request "
+                                                      "and the device writes it on the agent's parked data "
+                                                      "connection as the window opens (needs the attestation "
+                                                      "prefetched; docs/performance.md)."),
         paths: str = typer.Option("travelling,conventional", "--paths",
                                   help="Which paths to run, comma-separated (travelling, conventional): "
                                        "'travelling' alone measures the Tx share without the conventional run."),
@@ -123,7 +128,7 @@ def register(bench_app: typer.Typer) -> None:
                                       transport=transport, max_mib=max_mib, torch_threads=torch_threads,
                                       conventional_fixes=conventional_fixes, on_progress=progress, entries=ENTRIES,
                                       attest_prefetch=attest_prefetch, handoff_relay=handoff_relay,
-                                      paths=chosen)
+                                      handoff_with_window=handoff_with_window, paths=chosen)
             except ConfigError as exc:
                 raise typer.BadParameter(exc.reason) from None
         statuses = {r["status"] for r in result["rows"]}

@@ -105,3 +105,52 @@ async def test_a_prefetch_no_hand_off_took_does_not_block_the_next(tmp_path: Pat
                                                              next_nonce="00" * 32))
     link.session.prefetch_attestation(epoch=9, key_fp="new-fp")  # no attestor here: nothing new starts, nothing stale stays
     assert link.session._prefetch is None and link.session._prefetched is None
+
+
+@pytest.mark.parametrize("delivered", [True, False])
+async def test_a_visits_first_handoff_goes_with_its_window_request_and_the_link_copy_is_the_fallback(
+        delivered: bool, data_root: Path, tmp_path: Path, tap: list[tuple[str, FrameType, dict[str, Any]]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``handoff_with_window``: from a holder's second visit on (its data connection parked, its verdict fetched
+    ahead for the very epoch and key) the HANDOFF, wrapped before the window opened, goes with the window's request
+    and the device writes it on the parked connection; no ``Op.RELAY`` is sent. The same HANDOFF (its ``relay`` id)
+    goes over the holder link too. Where the device does not write it (``delivered`` False: here the request's relay
+    is stripped on its way, as a dead connection would answer), that copy carries the visit. Each HANDOFF's
+    ``ledger_head`` (the head before the window's request) is a row of the run's ledger, as a witness needs."""
+    relays: list[str] = []
+
+    def no_relay(self: DeviceClient, *, holder: str, **_kw: Any) -> bool:
+        relays.append(holder)
+        return False
+
+    monkeypatch.setattr(DeviceClient, "relay", no_relay)
+    requests: list[bool] = []
+    original = DeviceClient.handoff
+
+    def handoff(self: DeviceClient, **kw: Any) -> Any:
+        requests.append(kw.get("relay") is not None)
+        if not delivered:
+            kw.pop("relay", None)
+        return original(self, **kw)
+
+    monkeypatch.setattr(DeviceClient, "handoff", handoff)
+    out = tmp_path / "run"
+    settings = small_settings(data_root, out, rounds=2, transport="local", attest_prefetch=True,
+                              handoff_with_window=True)
+    async with started(settings) as engine:
+        report = (await engine.run()).to_json()
+    visits = report["visits"]
+    assert len(visits) == 4 and all(v["outcome"] == "done" for v in visits)
+    assert requests == [False, False, True, True]  # the second visits' windows carried their HANDOFF
+    assert [v["handoff_relayed"] for v in visits] == [False, False, delivered, delivered]
+    assert relays == []  # never a separate relay round trip
+    handoffs = [h for _, t, h in tap if t is FrameType.HANDOFF]
+    assert [("relay" in h) for h in handoffs] == [False, False, True, True]  # the link's copy of the same HANDOFF
+    rows = read_rows(out / "ledger.db")
+    hashes = {r.seq: r.hash for r in rows}
+    for h, v in zip(handoffs, visits, strict=True):
+        assert "key" not in h and h["key_fp"] == v["key_fingerprint"] and h["epoch"] == v["epoch"]
+        seq, digest = h["ledger_head"].split(":")
+        assert hashes[int(seq)] == digest  # a head of this chain: the holder's witness and receipts check it
+    verdicts = [r for r in rows if r.kind == "holder-attestation"]
+    assert [(r.holder, r.epoch, r.outcome) for r in verdicts] == [(v["holder"], v["epoch"], "ok") for v in visits]
