@@ -30,7 +30,6 @@ import argparse
 import os
 import sys
 import time
-from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, NoReturn
 
@@ -40,6 +39,7 @@ from gputravel.agents.holder.dataset import Dataset, open_dataset
 from gputravel.agents.holder.link import AgentLink, SendFailed
 from gputravel.agents.holder.provision import Provisioner
 from gputravel.agents.holder.receipts import HolderRecords, ReceiptBook
+from gputravel.agents.holder.relayed import RelayedCopies
 from gputravel.core.protocol import FrameType, write_frame
 from gputravel.core.protocol.errors import DataError, FrameError, GpuTravelError
 from gputravel.core.protocol.holderlink import Attest, Bye, Handoff, Hello, Refusal
@@ -64,10 +64,8 @@ class Agent(Provisioner):
         #: the holder's own records: the ledger heads it was shown (``witness``) and, for a holder-pinned agent
         #: (``holder serve``), its receipts and per-run witness in the holder's folder
         self.records = HolderRecords(name, witness=witness, receipts=receipts)
-        #: the relay ids of the HANDOFFs taken (``Handoff.relay_id``): the other copy of one (the device's relay or
-        #: the holder link's) is skipped; relayed copies not taken (not this agent's, unattested, malformed)
-        self._relays_taken: deque[str] = deque(maxlen=16)
-        self.relays_ignored = 0
+        #: which copy of a HANDOFF (the holder link's, or relayed by the device) is taken
+        self.relays = RelayedCopies(name)
 
     def hello(self) -> Hello:
         att = self.attestation
@@ -106,27 +104,20 @@ class Agent(Provisioner):
             self._drop_data()
 
     def handoff(self, header: dict[str, object], *, relayed: bool) -> None:
-        """One HANDOFF, from the holder link or relayed by the device on the parked data connection (``relayed``).
-        Each is sent both ways when relayed (the same ``relay_id``): the first copy is taken, the other skipped. A
-        relayed copy is taken only by an attesting agent, for the epoch and key its last ok verdict attested,
-        wrapped for it; anything else relayed is ignored (counted) and the holder link's copy decides."""
+        """One HANDOFF, from the holder link or relayed by the device on the parked data connection (``relayed``):
+        which copy is taken, ``RelayedCopies``."""
         read_ns = time.perf_counter_ns()  # the set-up stage starts here
         cpu_ns = time.process_time_ns()  # and the hand-off's CPU account (``cpu_s``)
         try:
             handoff = Handoff.from_wire(header)  # validated once; the key is typed from here
         except GpuTravelError as exc:
             if relayed:
-                self._ignore_relay(f"malformed ({exc.reason})")
+                self.relays.ignore(f"malformed ({exc.reason})")
             else:
                 self.send_msg(Refusal(exc.code, exc.reason))
             return
-        if handoff.relay_id is not None and handoff.relay_id in self._relays_taken:
-            return  # the other copy of a hand-off already taken
-        if relayed and not self._relay_ok(handoff):
-            self._ignore_relay(f"epoch {handoff.epoch} is not the hand-off this agent attested")
+        if not self.relays.take(handoff, relayed=relayed, attestation=self.attestation):
             return
-        if handoff.relay_id is not None:
-            self._relays_taken.append(handoff.relay_id)
         self.handoff_read_ns, self.handoff_cpu_ns = read_ns, cpu_ns
         try:
             if self.attestation is not None:  # refused unless attested: the key is never used
@@ -137,15 +128,6 @@ class Agent(Provisioner):
             self.records.keep_receipt(handoff, self.attestation.last if self.attestation else None)
         except GpuTravelError as exc:
             self.send_msg(Refusal(exc.code, exc.reason))
-
-    def _relay_ok(self, h: Handoff) -> bool:
-        """A relayed HANDOFF may be taken: this agent attests, and ``h`` is what its last ok verdict is for."""
-        return self.attestation is not None and h.relay_id is not None and self.attestation.expects(h)
-
-    def _ignore_relay(self, why: str) -> None:
-        self.relays_ignored += 1
-        print(f"gputravel agent {self.name}: a relayed hand-off ignored: {why}; the holder link's copy decides",
-              file=sys.stderr)
 
     def attest(self, header: dict[str, object], payload: bytes | bytearray | memoryview) -> None:
         """Verify the CVM and the GPU for the next hand-off and send the verdict (a refusal names the claim)."""

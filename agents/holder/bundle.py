@@ -59,6 +59,8 @@ BUNDLE_FILES: tuple[str, ...] = (
     "agents/holder/link.py",
     "agents/holder/provision.py",
     "agents/holder/receipts.py",
+    "agents/holder/relayed.py",
+    "agents/holder/ring_bind.py",
     "agents/holder/serve.py",
 )
 

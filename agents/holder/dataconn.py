@@ -43,7 +43,7 @@ class DataLinkLost(AgentError):
 @dataclass(slots=True)
 class RelayedFrame(Frame):
     """A HANDOFF the device relayed on this (parked) data connection, not read from the holder link: the agent
-    takes it only as ``Agent._relay_ok`` allows (its key wrapped for this agent, of the epoch it attested)."""
+    takes it only as ``RelayedCopies.take`` allows (its key wrapped for this agent, of the epoch it attested)."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ class DataConn:
         self.closing = False
         self.dead = False
         self._send_lock = threading.Lock()
-        #: a bind asked for and not yet answered (the agent seals meanwhile: ``Provisioner._open_ring``)
+        #: a bind asked for and not yet answered (the agent seals meanwhile: ``ring_bind.open_ring``)
         self.awaiting: RingSpec | None = None
         threading.Thread(target=self._reader, name="agent-data-reader", daemon=True).start()
 

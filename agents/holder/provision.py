@@ -8,9 +8,7 @@ the data connection live as long as the agent."""
 
 from __future__ import annotations
 
-import os
 import queue
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +17,7 @@ from typing import Any
 from gputravel.agents.holder.dataconn import DataConn, DataLinkLost, RingOffer
 from gputravel.agents.holder.dataset import Dataset
 from gputravel.agents.holder.link import AgentLink, Message, Sender
+from gputravel.agents.holder.ring_bind import open_ring
 from gputravel.core.protocol import TAG_LEN, FrameType, SendState
 from gputravel.core.protocol.errors import (
     DataError,
@@ -152,7 +151,7 @@ class Provisioner:
             return conn, conn.ring
         conn.active = True
         if ring is not None and conn.rings:
-            return conn, self._open_ring(conn, ring, admit)
+            return conn, open_ring(conn, ring, admit, self._inbox, name=self.name, send=self.send)
         conn.readmit(admit)
         return conn, None
 
@@ -211,59 +210,6 @@ class Provisioner:
                 conn.active = False
                 if conn.awaiting is not None:  # a bind never answered: its answer must not meet the next one
                     self._drop_data()
-
-    def _open_ring(self, conn: DataConn, spec: RingSpec, admit: Admission) -> ShmRing | None:
-        """Ask the device to bind this connection's ring to this epoch (it sends the ring's descriptor the
-        first time, or for another shape); None (chunks go in socket frames) if it declines.
-
-        A connection that already maps a ring of this shape does not wait for the answer: the device reads
-        this connection in order, so the bind is done before it reads the first chunk's slot id, and the
-        agent seals meanwhile (the round trip, about a quarter of a millisecond, leaves the hand-off's fixed
-        cost). The answer is checked when it comes (``DataConn.confirm_ring``); a refusal fails the
-        hand-off, and the chunks already announced are refused by the device as for an unbound ring."""
-        conn.request_ring(spec, admit)
-        if conn.ring is not None and not conn.ring.closed and conn.ring.same_shape(spec):
-            conn.ring.bind(epoch=spec.epoch)
-            conn.awaiting = spec
-            return conn.ring
-        while True:
-            item = self._inbox.get()
-            if isinstance(item, RingOffer) and item.conn is conn:
-                try:
-                    if item.ready.ring != spec:
-                        raise FrameError(f"the device offered ring {item.ready.ring}, not {spec}")
-                    if item.fd >= 0:
-                        conn.set_ring(ShmRing.attach(item.fd, spec))
-                    elif conn.ring is None or not conn.ring.same_shape(spec):
-                        raise FrameError("the device reuses a ring this connection does not have")
-                    assert conn.ring is not None
-                    conn.ring.bind(epoch=spec.epoch)
-                    return conn.ring
-                except GpuTravelError as exc:
-                    if item.fd >= 0 and conn.ring is None:
-                        os.close(item.fd)
-                    raise HolderLinkError(f"the device's ring is unusable: {exc.reason}") from None
-            if isinstance(item, DataLinkLost):
-                if item.conn is conn:
-                    raise item
-                continue
-            if isinstance(item, GpuTravelError):
-                raise item
-            if item is None or isinstance(item, Exception):
-                self._inbox.put(item)
-                raise GpuTravelError("link closed during provisioning")
-            if item.type is FrameType.ERROR and item.header.get("ring"):
-                refusal = Refusal.from_wire(item.header)
-                if refusal.code in ("admission", "stale-epoch", "budget"):
-                    raise error_from_code(refusal.code,
-                                          f"the device refused this hand-off's data connection: {refusal.reason}")
-                print(f"gputravel agent {self.name}: no shared-memory ring ({refusal.reason}); "
-                      "chunks go over the socket", file=sys.stderr)
-                return None
-            if item.type is FrameType.PING:
-                self.send(FrameType.PONG, item.header)
-            elif item.type is FrameType.BYE:
-                raise GpuTravelError("orchestrator ended the hand-off")
 
     def _provision_loop(self, h: Handoff, sender: SendState | None, out: ChunkOut, direct: bool, *,
                         epoch: int, base: int, cs: int, total: int, n_chunks: int, start: int,

@@ -77,7 +77,7 @@ def test_a_relayed_handoff_not_this_agents_attested_one_is_ignored_and_the_links
     assert Handoff.from_wire(bare).key == key  # a well-formed hand-off, with its key bare
     a.handoff(bare, relayed=True)
     a.handoff({"epoch": "five"}, relayed=True)  # malformed
-    assert a.relays_ignored == 6 and fake.accepted == [] and frames(out) == []  # nothing answered, nothing taken
+    assert a.relays.ignored == 6 and fake.accepted == [] and frames(out) == []  # nothing answered, nothing taken
     a.handoff(header(epoch=6), relayed=False)  # the holder link's copy decides: checked, and refused by name
     [refusal] = frames(out)
     assert refusal.type is FrameType.ERROR and refusal.header["code"] == "attestation"
@@ -96,4 +96,4 @@ def test_of_the_two_copies_of_one_handoff_the_first_is_taken_and_the_other_skipp
     fake.attested = (5, "f" * 16, "run", b"")
     a.handoff(header(relay="02" * 8), relayed=True)  # the late relayed copy: skipped, not counted as ignored
     a.handoff(header(relay="03" * 8, resume_from=1), relayed=False)  # a resumed hand-off has an id of its own
-    assert [h.relay_id for h in fake.accepted] == ["01" * 8, "02" * 8, "03" * 8] and a.relays_ignored == 0
+    assert [h.relay_id for h in fake.accepted] == ["01" * 8, "02" * 8, "03" * 8] and a.relays.ignored == 0

@@ -304,3 +304,72 @@ def test_a_relayed_handoff_reaches_only_its_holders_parked_connection_and_a_dead
     assert svc.counts.counters["relayed"] == 1 and svc.counts.counters["relay_missed"] == 2
     parked["alice"].close()
     device.close(epoch)
+
+
+def test_a_handoff_inside_its_window_request_reaches_only_its_holders_parked_connection(device: Device) -> None:
+    """The window's request carrying its HANDOFF (``Op.HANDOFF``'s ``relay``): the device opens the window and
+    writes the HANDOFF on the holder's newest parked connection, only if it is of that window's epoch and key
+    (``key_fp``: the orchestrator derived the key the device does) and wrapped; a malformed one is refused before
+    any window opens; another holder's connection is never written to; no parked connection, a dead one, or a
+    HANDOFF of another key answers ``relayed`` False, with the window open all the same (the holder link's copy is
+    the fallback)."""
+    from gputravel.core.errors import DeviceError, StaleEpochError
+    from gputravel.core.protocol import Direction, provisioning_key
+
+    svc, client = device.service, device.client
+    parked: dict[str, Raw] = {}
+    for holder in ("alice", "bob"):
+        epoch, key, session = device.handoff()
+        parked[holder] = Raw(device, opening(session, key, epoch, holder=holder))
+        assert parked[holder].first.type is FrameType.DATA_READY
+        device.close(epoch)
+    secrets = client.secrets
+    assert secrets is not None
+
+    def wrapped(epoch: int) -> dict[str, Any]:  # what the orchestrator wraps before the window opens
+        key = provisioning_key(secrets.master, secrets.session_id, epoch=epoch, offset=0, length=4 * CHUNK,
+                               direction=Direction.HOLDER_TO_DEVICE)
+        return {"epoch": epoch, "session": secrets.session_id.hex(), "wrapped_key": "ab" * 40, "key_fp": key.fingerprint,
+                "relay": os.urandom(8).hex()}
+
+    def request(epoch: int, holder: str, head: dict[str, Any]) -> Any:
+        return client.handoff(epoch=epoch, offset=0, length=4 * CHUNK, chunk_size=CHUNK, relay=(holder, head))
+
+    epoch = device.epoch + 1
+    head = wrapped(epoch)
+    with pytest.raises(DeviceError, match="wrapped"):  # a bare key never leaves the holder link
+        request(epoch, "alice", {**head, "key": {"k": "00"}})
+    with pytest.raises(StaleEpochError):  # a HANDOFF of another window
+        request(epoch, "alice", {**head, "epoch": epoch + 1})
+    with pytest.raises(DeviceError, match="holder"):
+        request(epoch, "", head)
+    assert svc.windows.window is None and svc.windows.epoch == epoch - 1  # nothing changed
+    grant = request(epoch, "alice", head)
+    device.epoch = epoch
+    assert grant.relayed is True and grant.key_fingerprint == head["key_fp"]
+    got = recv_frame_with_fds(parked["alice"].sock)
+    assert got is not None and got[0].type is FrameType.HANDOFF and got[0].header == head
+    admitted = parked["alice"].send(FrameType.DATA_OPEN, opening(bytes.fromhex(grant.session_id),
+                                                                 grant.provisioning_key, epoch))
+    assert admitted.type is FrameType.DATA_READY and svc.plane.admissions.connections(epoch) == 1
+    parked["bob"].sock.settimeout(0.2)
+    with pytest.raises(TimeoutError):  # nothing for bob
+        parked["bob"].sock.recv(1)
+    device.close(epoch)  # alice's connection parks again
+    epoch += 1
+    other = {**wrapped(epoch), "key_fp": "f" * 16}  # wrapped for a key this window does not have
+    assert request(epoch, "alice", other).relayed is False and svc.windows.window is not None
+    parked["alice"].sock.settimeout(0.2)
+    with pytest.raises(TimeoutError):
+        parked["alice"].sock.recv(1)
+    device.close(epoch)
+    epoch += 1
+    assert request(epoch, "carol", wrapped(epoch)).relayed is False  # no connection parked for carol
+    device.close(epoch)
+    parked["bob"].close()  # bob's agent went away
+    epoch += 1
+    assert request(epoch, "bob", wrapped(epoch)).relayed is False and svc.windows.window is not None
+    device.epoch = epoch
+    assert svc.counts.counters["relayed"] == 1 and svc.counts.counters["relay_missed"] == 3
+    parked["alice"].close()
+    device.close(epoch)
