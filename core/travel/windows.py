@@ -50,6 +50,9 @@ class Visit:
     #: provisioning's link saw (``handoff.fixed_stages``)
     window_ns: tuple[int, int] = (0, 0)
     stats: ProvisionStats | None = None
+    #: the first window's request carried the HANDOFF (``_with_window``): the agent was sending while it was
+    #: answered, so that request's time counts as provisioning (``provision_s``, the benches' Tx)
+    carried_s: float = 0.0
 
 
 class HandoffWindows:
@@ -111,7 +114,7 @@ class HandoffWindows:
                               key_fp=rec.key_fingerprint, nbytes=status.bytes, outcome="link-lost",
                               detail={"error": exc.reason, "resume_from": status.contiguous, "attempt": attempt})
 
-        total_s = 0.0
+        total_s = v.carried_s
         assert v.handoff is not None
         for i, sub in enumerate(v.subs):
             if i:  # the previous key's nonce budget is spent: close its window, hand over the next key
@@ -206,6 +209,7 @@ class HandoffWindows:
                 train=(plan.train_start, plan.train_len), val=(plan.val_start, plan.val_len),
                 conventional=self.settings.data_path == "conventional", ledger_head=None)
         v.window_ns, v.stats = (t0, time.perf_counter_ns()), None
+        v.carried_s = (v.window_ns[1] - t0) / 1e9 if early is not None else 0.0
         self.device.epoch = epoch
         if not rec.key_fingerprint:
             rec.epoch, rec.key_fingerprint = epoch, key_fp
