@@ -107,6 +107,14 @@ class HandoffGrant(WireMessage):
     #: the request carried the window's HANDOFF and the device wrote it on the holder's parked data connection
     relayed: bool = field(default=False, metadata=bounds(Bool()))
 
+    def to_wire(self) -> dict[str, Any]:
+        """The header the device always sent; ``relayed`` joins it only when true, so a grant that relayed
+        nothing reads the same to an older orchestrator (its absence reads as false)."""
+        out = WireMessage.to_wire(self)
+        if not self.relayed:
+            del out["relayed"]
+        return out
+
     @classmethod
     def from_wire(cls, head: Any, *, where: str | None = None) -> Self:
         grant = cls.checked(head, where=where)

@@ -24,6 +24,10 @@ def test_a_grant_round_trips_with_its_key_typed_and_the_wire_format_unchanged() 
     assert grant.provisioning_key == KEY and grant.provisioning_key.epoch == 3
     assert grant.to_wire() == wire()  # the same header the device always sent
     assert set(grant.to_wire()["provisioning_key"]) == {"key", "prefix", "epoch", "direction"}
+    assert grant.relayed is False
+    # a grant whose window request carried the HANDOFF says so, and reads back the same
+    relayed = HandoffGrant.from_wire({**wire(), "relayed": True})
+    assert relayed.relayed is True and relayed.to_wire() == {**wire(), "relayed": True}
 
 
 def test_a_grant_never_shows_its_key() -> None:
