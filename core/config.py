@@ -118,8 +118,9 @@ class RunSettings:
     #: a visit's first HANDOFF goes with its window's request (its key wrapped before the window opens, on the
     #: holder's ok verdict fetched ahead, ``attest_prefetch``): the device opens the window and writes it on the
     #: agent's parked data connection at once, one orchestrator -> device message for window and relay
-    #: (core/travel/handoff_relay.py); ``bench travel --handoff-with-window`` turns it on
-    handoff_with_window: bool = False
+    #: (core/travel/handoff_relay.py). On: measured faster (docs/performance.md, session 11's A/B); it acts only where
+    #: the attestation is prefetched; ``bench travel --no-handoff-with-window`` turns it off
+    handoff_with_window: bool = True
 
     def __post_init__(self) -> None:
         if self.data_path == "ssh":  # the name `bench provision` and the docs use for the channel path

@@ -86,11 +86,12 @@ def register(bench_app: typer.Typer) -> None:
                                                 "parked data connection (a trial, off like the run's default: "
                                                 "measured no faster, docs/performance.md); off: the HANDOFF "
                                                 "crosses the holder's SSH link only."),
-        handoff_with_window: bool = typer.Option(False, "--handoff-with-window/--no-handoff-with-window",
+        handoff_with_window: bool = typer.Option(True, "--handoff-with-window/--no-handoff-with-window",
                                                  help="A visit's first HANDOFF goes with its window's request "
                                                       "and the device writes it on the agent's parked data "
-                                                      "connection as the window opens (needs the attestation "
-                                                      "prefetched; docs/performance.md)."),
+                                                      "connection as the window opens (the default; needs the "
+                                                      "attestation prefetched; docs/performance.md); off: the "
+                                                      "HANDOFF crosses the holder's SSH link after the window."),
         paths: str = typer.Option("travelling,conventional", "--paths",
                                   help="Which paths to run, comma-separated (travelling, conventional): "
                                        "'travelling' alone measures the Tx share without the conventional run."),

@@ -58,6 +58,7 @@ def test_tiny_study_rows_for_both_paths_and_a_skipped_size() -> None:
         assert {"window", "attest", "verdict", "admission", "ring_bind", "first_chunk", "done", "total"} <= set(fixed)
         assert all(v >= 0 for v in fixed.values())
     assert out["job"]["attest_prefetch"] is True
+    assert out["job"]["handoff_with_window"] is True  # the default since session 12
 
 
 def test_skip_reasons() -> None:
