@@ -92,6 +92,22 @@ def test_row_and_ratio_arithmetic() -> None:
     assert bt.label(None) == "uncapped" and bt.label(1e7) == "10000000" and bt.label(0.25) == "0.25"
 
 
+def test_the_steady_state_leaves_out_each_holders_first_visit() -> None:
+    """A holder's first visit opens its agent's data connection (nothing is parked to relay on): the row's
+    ``handoff_fixed_ms_later`` is the median over the other visits, ``handoffs_relayable`` their count."""
+    def visit(holder: str, admission: float, relayed: bool) -> dict[str, Any]:
+        return {"outcome": "done", "holder": holder, "provision_s": 0.01, "train_s": 1.0, "bytes": 1_000_000,
+                "phase_s": {}, "handoff_fixed_ms": {"admission": admission, "total": admission},
+                "handoff_relayed": relayed}
+
+    visits = [visit("a", 6.0, False), visit("b", 5.0, False), visit("a", 0.0, True), visit("b", 1.0, False)]
+    row = bt.row_from_report(_report(visits, 4), {"buffer_mib": 20.0, "path": "travelling"}, 1.0)
+    assert row["handoff_fixed_ms"]["admission"] == pytest.approx(3.0)  # the median of all four
+    assert row["handoff_fixed_ms_later"] == {"admission": 0.5, "total": 0.5}
+    assert (row["handoffs_relayed"], row["handoffs_relayable"]) == (1, 2)
+    assert bt.row_from_report(_report(visits[:2], 2), {"path": "travelling"}, 1.0)["handoff_fixed_ms_later"] is None
+
+
 @pytest.mark.parametrize("value", ["0", "x", "4,,20", "-1"])
 def test_bad_buffer_sizes_are_usage_errors(value: str) -> None:
     from gputravel.console.cli import main as cli
