@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from gputravel.core.device.counters import Counters
@@ -46,6 +47,16 @@ __all__ = ["DEAD_TAG_EPOCHS", "MAX_CHUNK", "BufferWindows", "ProvisionWindow"]
 MAX_CHUNK = 16 * 1024 * 1024
 #: closed windows whose accepted chunks' tags are remembered, so a captured chunk replayed later is named
 DEAD_TAG_EPOCHS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class RelayFrame:
+    """A checked HANDOFF to relay (``BufferWindows._relay_frame``): the holder whose parked connection gets it, the
+    key fingerprint it names (a window's request relays it only for that window's key) and the encoded frame."""
+
+    holder: str
+    key_fp: object
+    frame: bytes
 
 
 class BufferWindows:
@@ -94,10 +105,12 @@ class BufferWindows:
         open, if it is of this window's epoch and key (``relayed`` in the grant; the holder link's copy is the
         fallback). A malformed ``relay`` is refused before anything changes."""
         s = self._keys.require()
-        holder, head = (relay.get("holder"), relay.get("handoff")) if isinstance(relay, dict) else (None, None)
-        frame = None if relay is None else self._relay_frame(holder, epoch, head)
-        if relay is not None and frame is None:
-            raise DeviceError("relay needs a holder's name and a HANDOFF header")
+        to = None
+        if relay is not None:
+            to = self._relay_frame(relay.get("holder"), epoch, relay.get("handoff")) if isinstance(relay, dict) \
+                else None
+            if to is None:
+                raise DeviceError("relay needs a holder's name and a HANDOFF header")
         if epoch <= self.epoch or epoch in self.dead_epochs:
             raise StaleEpochError(f"epoch {epoch} is not newer than the current epoch {self.epoch}")
         if not (0 <= offset and 0 < length and offset + length <= self._buffer.nbytes):
@@ -115,8 +128,8 @@ class BufferWindows:
             self.keys_out += 1  # a key is out: the model's measurement after its return hashes afresh
         self._counts.counters["handoffs"] += 1
         relayed = False
-        if frame is not None and isinstance(holder, str) and isinstance(head, dict):  # this window's epoch and key
-            relayed = head.get("key_fp") == key.fingerprint and self._plane.admissions.relay(holder, frame)
+        if to is not None:  # only a HANDOFF of this window's epoch and key
+            relayed = to.key_fp == key.fingerprint and self._plane.admissions.relay(to.holder, to.frame)
             self._counts.counters["relayed" if relayed else "relay_missed"] += 1
         return Reply(HandoffGrant(session_id=s.session_id.hex(), key_fingerprint=key.fingerprint,
                                   provisioning_key=ProvisioningKey.of(key), relayed=relayed).to_wire())
@@ -126,19 +139,19 @@ class BufferWindows:
         orchestrator wrapped its key for that holder (the device neither opens nor needs it). ``delivered``
         False where the holder has no parked connection or it is gone: the HANDOFF over the holder link is
         the way then. Only for the window open now, and never with a bare key."""
-        frame = self._relay_frame(holder, epoch, handoff)
-        if frame is None:
+        to = self._relay_frame(holder, epoch, handoff)
+        if to is None:
             raise DeviceError("relay needs a holder's name and a HANDOFF header")
         with self.lock:
             w = self.window
             if w is None or w.epoch != epoch:
                 raise StaleEpochError(f"no open window for epoch {epoch} to relay a hand-off for")
-        delivered = self._plane.admissions.relay(holder, frame)
+        delivered = self._plane.admissions.relay(to.holder, to.frame)
         self._counts.counters["relayed" if delivered else "relay_missed"] += 1
         return Reply({"delivered": delivered})
 
     @staticmethod
-    def _relay_frame(holder: object, epoch: int, handoff: object) -> bytes | None:
+    def _relay_frame(holder: object, epoch: int, handoff: object) -> RelayFrame | None:
         """The HANDOFF frame to relay for ``holder`` in ``epoch``; None without a holder's name and a header; a
         HANDOFF of another epoch, or whose key is not wrapped for its holder, is refused by name."""
         if not isinstance(holder, str) or not holder or not isinstance(handoff, dict):
@@ -147,7 +160,7 @@ class BufferWindows:
             raise StaleEpochError(f"a HANDOFF of epoch {handoff.get('epoch')} is not relayed for epoch {epoch}")
         if "key" in handoff or "wrapped_key" not in handoff:
             raise DeviceError("only a HANDOFF whose key is wrapped for its holder is relayed")
-        return encode_frame(FrameType.HANDOFF, handoff)
+        return RelayFrame(holder, handoff.get("key_fp"), encode_frame(FrameType.HANDOFF, handoff))
 
     def op_close_window(self, *, epoch: int, payload: bytes) -> Reply:
         """The holder returned the GPU: its key is dead from here on."""

@@ -50,9 +50,10 @@ class Visit:
     #: provisioning's link saw (``handoff.fixed_stages``)
     window_ns: tuple[int, int] = (0, 0)
     stats: ProvisionStats | None = None
-    #: the first window's request carried the HANDOFF (``_with_window``): the agent was sending while it was
-    #: answered, so that request's time counts as provisioning (``provision_s``, the benches' Tx)
-    carried_s: float = 0.0
+    #: the open window's request carried the HANDOFF (``_with_window``, a visit's first key only): the agent was
+    #: sending while it was answered, so that request's time (``window_ns``) counts as provisioning (``provision_s``,
+    #: the benches' Tx)
+    carried: bool = False
 
 
 class HandoffWindows:
@@ -114,7 +115,7 @@ class HandoffWindows:
                               key_fp=rec.key_fingerprint, nbytes=status.bytes, outcome="link-lost",
                               detail={"error": exc.reason, "resume_from": status.contiguous, "attempt": attempt})
 
-        total_s = v.carried_s
+        total_s = (v.window_ns[1] - v.window_ns[0]) / 1e9 if v.carried else 0.0  # before the loop re-opens
         assert v.handoff is not None
         for i, sub in enumerate(v.subs):
             if i:  # the previous key's nonce budget is spent: close its window, hand over the next key
@@ -208,8 +209,7 @@ class HandoffWindows:
                 self.device.client, epoch=epoch, skip=skip, length=length, chunk_size=self.settings.chunk_size,
                 train=(plan.train_start, plan.train_len), val=(plan.val_start, plan.val_len),
                 conventional=self.settings.data_path == "conventional", ledger_head=None)
-        v.window_ns, v.stats = (t0, time.perf_counter_ns()), None
-        v.carried_s = (v.window_ns[1] - t0) / 1e9 if early is not None else 0.0
+        v.window_ns, v.stats, v.carried = (t0, time.perf_counter_ns()), None, early is not None
         self.device.epoch = epoch
         if not rec.key_fingerprint:
             rec.epoch, rec.key_fingerprint = epoch, key_fp
@@ -232,9 +232,10 @@ class HandoffWindows:
         plan = v.rec.plan
         key = provisioning_key(secrets.master, secrets.session_id, epoch=epoch, offset=skip, length=length,
                                direction=Direction.HOLDER_TO_DEVICE)
-        base = Handoff(epoch=epoch, session_id=secrets.session_id.hex(), key=ProvisioningKey.of(key),
-                       window_offset=skip, chunk_size=s.chunk_size, train=(plan.train_start, plan.train_len),
-                       val=(plan.val_start, plan.val_len), skip=skip, length=length, ledger_head=self.audit.head())
+        base = ho.handoff_for(epoch=epoch, session_id=secrets.session_id.hex(), key=ProvisioningKey.of(key),
+                              skip=skip, length=length, chunk_size=s.chunk_size,
+                              train=(plan.train_start, plan.train_len), val=(plan.val_start, plan.val_len),
+                              ledger_head=self.audit.head())
         endpoint = ho.data_endpoint(self.device.handle, data_path=s.data_path, transport=s.transport)
         early = link.session.prepare_handoff(base, data_endpoint=endpoint)
         return None if early is None else (base, early)
