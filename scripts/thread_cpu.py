@@ -4,7 +4,7 @@ holders' agents) ran, for how long and at which nice value, and how busy the who
     .venv/bin/python scripts/thread_cpu.py --out threads.json -- .venv/bin/gputravel bench train ... --json
 
 Every ``--every`` seconds it reads ``/proc/<pid>/task/<tid>/stat`` (user + system time, nice, minor page faults) of
-the command and its children (of every thread, with the name it gave the kernel), their resident set (``VmRSS``,
+the command and every process below it (of every thread, with the name it gave the kernel), their resident set (``VmRSS``,
 ``RssAnon`` of ``/proc/<pid>/status``), and ``/proc/stat``'s first line. It prints (and writes to ``--out``) each
 thread's name, CPU seconds, minor page faults, nice value, how long it was seen alive and its share of a core while
 alive, largest first; the CPU summed by thread name (``by_name``: a pool's workers together); each process's resident set
@@ -46,6 +46,18 @@ def _children(pid: int) -> list[int]:
             out.extend(int(x) for x in Path(f"/proc/{pid}/task/{tid}/children").read_text().split())
         except OSError:
             continue
+    return out
+
+
+def _descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it: the device services, the SSH servers and the holders' agents those
+    start (grandchildren of the command)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        if p not in out:
+            out.append(p)
+            todo.extend(_children(p))
     return out
 
 
@@ -127,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     proc = subprocess.Popen(command)
     while True:
         now = time.monotonic() - t0
-        for pid in [proc.pid, *_children(proc.pid)]:
+        for pid in _descendants(proc.pid):
             for key, (cpu, nice, minflt) in _threads(pid).items():
                 rec = seen.setdefault(key, {"pid": key[0], "tid": key[1], "first_s": now, "cpu_s": 0.0})
                 rec.update(cpu_s=cpu, nice=nice, minflt=minflt, last_s=now)

@@ -33,6 +33,11 @@ with ThreadPoolExecutor(2, thread_name_prefix="ring-crypto", initializer=name_os
 time.sleep(0.3)
 """
 
+GRANDPARENT = """
+import subprocess, sys
+subprocess.run([sys.executable, "-c", sys.argv[1]], check=True)
+"""
+
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
 def test_each_thread_is_accounted_under_its_name_and_a_pool_under_its_prefix(tmp_path: Path) -> None:
@@ -48,3 +53,16 @@ def test_each_thread_is_accounted_under_its_name_and_a_pool_under_its_prefix(tmp
     assert by_name["checkpoint-seal"] >= 0.3
     assert by_name["ring-crypto"] >= 0.45
     assert "ring-crypto_0" not in by_name
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_a_grandchild_is_accounted_too(tmp_path: Path) -> None:
+    """The holders' agents run under the SSH server the command starts: two levels below it."""
+    out = tmp_path / "threads.json"
+    rc = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "thread_cpu.py"), "--every", "0.1", "--out",
+                         str(out), "--", sys.executable, "-c", GRANDPARENT, BUSY], capture_output=True,
+                        timeout=120).returncode
+    assert rc == 0
+    by_name = {r["name"]: r["cpu_s"] for r in json.loads(out.read_text())["by_name"]}
+    assert by_name["checkpoint-seal"] >= 0.3 and by_name["ring-crypto"] >= 0.45
+
