@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 from gputravel.core.errors import ConfigError, DiskFullError, InsecureKeyError, StorageError
+from gputravel.core.procs import name_os_thread
 
 __all__ = ["PRIVATE_UMASK", "WRITEBACK_BYTES", "InsecureKeyError", "Writeback", "check_private", "close_folder", "fsync_dir", "keep_private",
            "make_tree_private", "read_private", "storage_error", "write_atomic"]
@@ -140,6 +141,7 @@ class Writeback:
             self._cv.notify()
 
     def _run(self) -> None:
+        name_os_thread()
         while True:
             with self._cv:
                 while not self._stop and self._written - self._started < self._every:

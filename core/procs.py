@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
+#: the kernel keeps a thread's name in 16 bytes, the last one a NUL
+THREAD_NAME_BYTES = 15
 
 
 def _load_prctl() -> Any:
@@ -67,6 +70,18 @@ def run_in_background() -> bool:
     except OSError:  # e.g. a seccomp profile that refuses it
         return False
     return True
+
+
+def name_os_thread(name: str | None = None) -> bool:
+    """Give the calling thread's name (``name``, else its Python name) to the kernel, so a per-thread account
+    (``/proc/<pid>/task/<tid>/comm``: ``scripts/thread_cpu.py``, ``top -H``, ``perf``) can say which of the
+    orchestrator's or the device's threads spent what; without it every thread shows its process's name.
+    Usable as a ``ThreadPoolExecutor`` initializer (each worker then shows its prefix and number). The kernel
+    keeps the first ``THREAD_NAME_BYTES`` bytes. False off Linux or where ``prctl`` refused."""
+    if _prctl is None:
+        return False
+    raw = (name if name is not None else threading.current_thread().name).encode("utf-8", "replace")
+    return int(_prctl(PR_SET_NAME, ctypes.c_char_p(raw[:THREAD_NAME_BYTES]), 0, 0, 0)) == 0
 
 
 @dataclass(frozen=True, slots=True)

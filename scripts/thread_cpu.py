@@ -4,9 +4,10 @@ holders' agents) ran, for how long and at which nice value, and how busy the who
     .venv/bin/python scripts/thread_cpu.py --out threads.json -- .venv/bin/gputravel bench train ... --json
 
 Every ``--every`` seconds it reads ``/proc/<pid>/task/<tid>/stat`` (user + system time, nice, minor page faults) of
-the command and its children (of every thread), their resident set (``VmRSS``, ``RssAnon`` of ``/proc/<pid>/status``), and
-``/proc/stat``'s first line. It prints (and writes to ``--out``) each thread's CPU seconds, minor page faults, nice
-value, how long it was seen alive and its share of a core while alive, largest first; each process's resident set
+the command and every process below it (of every thread, with the name it gave the kernel), their resident set (``VmRSS``,
+``RssAnon`` of ``/proc/<pid>/status``), and ``/proc/stat``'s first line. It prints (and writes to ``--out``) each
+thread's name, CPU seconds, minor page faults, nice value, how long it was seen alive and its share of a core while
+alive, largest first; the CPU summed by thread name (``by_name``: a pool's workers together); each process's resident set
 over time (``rss``: its peak, its last sample and one sample every ``--every`` seconds, MiB); and the machine's
 busy cores over the command's life. Linux only. The command's own stdout and stderr pass through.
 
@@ -48,6 +49,18 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it: the device services, the SSH servers and the holders' agents those
+    start (grandchildren of the command)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        if p not in out:
+            out.append(p)
+            todo.extend(_children(p))
+    return out
+
+
 def _threads(pid: int) -> dict[tuple[int, int], tuple[float, int, int]]:
     """``(pid, tid) -> (CPU seconds, nice, minor page faults)`` of every thread of ``pid``."""
     out: dict[tuple[int, int], tuple[float, int, int]] = {}
@@ -63,6 +76,16 @@ def _threads(pid: int) -> dict[tuple[int, int], tuple[float, int, int]]:
         fields = stat[stat.rfind(")") + 2:].split()  # field 3 (state) first: minflt 10, utime 14, stime 15, nice 19
         out[(pid, int(tid))] = ((int(fields[11]) + int(fields[12])) / TICK, int(fields[16]), int(fields[7]))
     return out
+
+
+def _thread_name(pid: int, tid: int) -> str:
+    """The kernel's name of a thread (``comm``): gputravel's threads give it theirs (``core.procs.name_os_thread``:
+    ``device-control``, ``checkpoint-seal``, ``ring-crypto_0`` ...); the main thread and an unnamed one show the
+    process's name."""
+    try:
+        return Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def _memory(pid: int) -> tuple[float, float] | None:
@@ -88,6 +111,18 @@ def _machine() -> tuple[int, int]:
     return sum(values) - values[3] - values[4], sum(values)
 
 
+def _by_name(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """CPU seconds summed by process and thread name, a pool's workers together (``ring-crypto_0``, ``_1`` ...
+    count as ``ring-crypto``), largest first."""
+    sums: dict[tuple[int, str], float] = {}
+    for r in rows:
+        name = str(r.get("name", ""))
+        base = name.rsplit("_", 1)[0] if name.rsplit("_", 1)[-1].isdigit() else name
+        sums[(r["pid"], base)] = sums.get((r["pid"], base), 0.0) + float(r["cpu_s"])
+    return [{"pid": pid, "name": name, "cpu_s": round(cpu, 2)}
+            for (pid, name), cpu in sorted(sums.items(), key=lambda kv: -kv[1]) if cpu >= 0.05]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--every", type=float, default=1.0, help="seconds between looks")
@@ -104,10 +139,12 @@ def main(argv: list[str] | None = None) -> int:
     proc = subprocess.Popen(command)
     while True:
         now = time.monotonic() - t0
-        for pid in [proc.pid, *_children(proc.pid)]:
+        for pid in _descendants(proc.pid):
             for key, (cpu, nice, minflt) in _threads(pid).items():
                 rec = seen.setdefault(key, {"pid": key[0], "tid": key[1], "first_s": now, "cpu_s": 0.0})
                 rec.update(cpu_s=cpu, nice=nice, minflt=minflt, last_s=now)
+                if "name" not in rec:
+                    rec["name"] = ("main:" if key[0] == key[1] else "") + _thread_name(*key)
             mem = _memory(pid)
             if mem is not None:
                 p = procs.setdefault(pid, {"pid": pid, "cmdline": _cmdline(pid)[:200], "peak_mib": 0.0,
@@ -130,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                  first_s=round(r["first_s"], 1), last_s=round(r["last_s"], 1))
     result = {"command": command, "rc": proc.returncode, "wall_s": round(wall, 2),
               "machine_busy_cores": round(cores * (busy1 - busy0) / max(1, total1 - total0), 2),
-              "threads": [r for r in rows if r["cpu_s"] >= 0.05],
+              "threads": [r for r in rows if r["cpu_s"] >= 0.05], "by_name": _by_name(rows),
               "rss": sorted(procs.values(), key=lambda p: -p["peak_mib"])}
     text = json.dumps(result)
     print(text, file=sys.stderr)

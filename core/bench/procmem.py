@@ -9,6 +9,8 @@ import os
 import threading
 from collections.abc import Mapping
 
+from gputravel.core.procs import name_os_thread
+
 __all__ = ["MemorySampler", "anon_rss", "memory_by_role", "mib", "open_fds", "process_tree", "rss"]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -111,6 +113,7 @@ class MemorySampler:
         self._thread = threading.Thread(target=self._loop, daemon=True, name="mem-sampler")
 
     def _loop(self) -> None:
+        name_os_thread()
         while not self._stop.is_set():
             self.sample()
             self._stop.wait(self.interval)

@@ -47,6 +47,7 @@ from gputravel.core.bench.data import make_holders
 from gputravel.core.bench.travel import ProgressFn, RunFn, machine_info
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import ConfigError
+from gputravel.core.procs import name_os_thread
 from gputravel.core.training.lora import apply_lora
 from gputravel.core.training.model import (
     PRESETS,
@@ -211,7 +212,7 @@ def study(*, workdir: Path, run: RunFn, model: str = "tiny", holders: int = 2, r
         if torch_threads:
             torch.set_num_threads(torch_threads)
         try:
-            with ThreadPoolExecutor(1, thread_name_prefix="plain-loop") as pool:
+            with ThreadPoolExecutor(1, thread_name_prefix="plain-loop", initializer=name_os_thread) as pool:
                 return pool.submit(plain_loop, config, train, steps=total_steps, device=dev, tokens=sample,
                                    eval_every=steps, held_out=held_out, base=base).result()
         finally:

@@ -24,6 +24,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from gputravel.core.errors import ConfigError, NonceExhaustedError
+from gputravel.core.procs import name_os_thread
 from gputravel.core.protocol import TAG_LEN, DirectionKey, TagError, nonce
 from gputravel.core.protocol.cipher import COUNTER_MAX
 
@@ -169,7 +170,8 @@ class HostCrypto:
                 fut.set_exception(exc)
             return fut
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="ring-crypto")
+            self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="ring-crypto",
+                                            initializer=name_os_thread)
         return self._pool.submit(fn, *args)
 
     def close(self) -> None:

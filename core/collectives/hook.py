@@ -33,6 +33,7 @@ from gputravel.core.collectives.ring import (
     available_variants,
 )
 from gputravel.core.errors import CollectiveError, ConfigError
+from gputravel.core.procs import name_os_thread
 
 #: ``torch.distributed.Store`` (the c10d key-value store); not exported to type checkers
 Store = Any
@@ -135,7 +136,7 @@ class SecureRingState:
 
     def comm_thread(self) -> ThreadPoolExecutor:
         if self._comm is None:
-            self._comm = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ring-comm")
+            self._comm = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ring-comm", initializer=name_os_thread)
         return self._comm
 
 

@@ -33,7 +33,7 @@ from gputravel.core.device.model import ModelSlot
 from gputravel.core.device.reply import Handler, Reply
 from gputravel.core.device.window import BufferWindows
 from gputravel.core.errors import DeviceError, IntegrityError
-from gputravel.core.procs import run_in_background
+from gputravel.core.procs import name_os_thread, run_in_background
 from gputravel.core.protocol import FrameError
 from gputravel.core.protocol.ckptring import CheckpointRing
 from gputravel.core.protocol.deviceanswers import DeviceState, StreamEnded
@@ -84,6 +84,7 @@ class _RingStream:
         self.thread.start()
 
     def _run(self) -> None:
+        name_os_thread()
         run_in_background()  # below the training step and the MACs, which a visit waits for: on the cores they leave
         try:
             i = 0

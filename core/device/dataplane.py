@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from gputravel.core.device.admission import Admissions
+from gputravel.core.procs import name_os_thread
 from gputravel.core.protocol import FrameType, RecvState
 from gputravel.core.protocol.shmring import ShmRing
 
@@ -176,6 +177,7 @@ class _Staging:
         self.add_ns("open_ns", t2 - t1)
 
     def _complete(self) -> None:
+        name_os_thread()
         while True:
             item = self._completions.get()
             if item is None:
@@ -273,10 +275,12 @@ class DataPlane:
             old.shutdown(wait=True)
         self.workers = workers
         if workers:
-            self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="device-open")
+            self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="device-open",
+                                           initializer=name_os_thread)
             self.allocations["alloc_pool"] += 1
         elif frame_overlap:
-            self.frame_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="device-frame-open")
+            self.frame_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="device-frame-open",
+                                                 initializer=name_os_thread)
             self.allocations["alloc_pool"] += 1
         self.per_set = 2 * workers + 2 if workers else (4 if frame_overlap else 2)
 

@@ -25,6 +25,7 @@ from gputravel.core.device.modelmac import MAC_KEY_BYTES, model_mac
 from gputravel.core.device.reply import Handler, Reply
 from gputravel.core.device.window import BufferWindows
 from gputravel.core.errors import DeviceError, WindowError
+from gputravel.core.procs import name_os_thread
 from gputravel.core.protocol.deviceanswers import Configured, Measurement, TrainResult
 from gputravel.core.protocol.devicelink import Op
 
@@ -126,6 +127,7 @@ class ModelSlot:
     def _digest_beside(self) -> None:
         """``model_digest`` on a thread of its own; an error is not lost: the caller's ``model_digest()``
         finds no memo and hashes (and raises) again."""
+        name_os_thread()
         try:
             self.model_digest()
         except Exception:  # noqa: BLE001, S110 - redone and raised by the caller

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from gputravel.core.procs import name_os_thread
 from gputravel.core.protocol.devicelink import MAC_KEY_BYTES
 
 __all__ = ["MAC_KEY_BYTES", "MAC_SLICE", "model_mac", "state_tensors"]
@@ -96,7 +97,8 @@ def _tag_pool(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Threa
                if isinstance(v, torch.Tensor) and v.device.type == "cpu")
     if cores < 2 or host < MAC_PARALLEL_BYTES:
         return None
-    return ThreadPoolExecutor(max_workers=min(4, cores), thread_name_prefix="model-mac")
+    return ThreadPoolExecutor(max_workers=min(4, cores), thread_name_prefix="model-mac",
+                              initializer=name_os_thread)
 
 
 def _mac_parts(model: torch.nn.Module, optimizer: torch.optim.Optimizer, key: bytes, engine: str,

@@ -16,6 +16,8 @@ import threading
 import time
 from collections import OrderedDict
 
+from gputravel.core.procs import name_os_thread
+
 __all__ = ["Budget", "Deadlines", "Pending"]
 
 
@@ -43,6 +45,7 @@ class Deadlines:
             self._cond.notify()
 
     def _watch(self) -> None:
+        name_os_thread()
         while True:
             with self._cond:
                 while not self._heap:

@@ -23,6 +23,7 @@ from gputravel.core.device.pending import Deadlines as _Deadlines
 from gputravel.core.device.pending import Pending as _Pending
 from gputravel.core.device.service import DeviceService
 from gputravel.core.errors import GpuTravelError
+from gputravel.core.procs import name_os_thread
 from gputravel.core.protocol import FrameType, read_frame
 from gputravel.core.protocol.devicelink import error_header, send_frame
 
@@ -111,6 +112,7 @@ class DeviceServer:
             self.close()
 
     def _accept_data(self) -> None:
+        name_os_thread("device-accept")
         while not self._stop.is_set() and self.tcp is not None:
             try:
                 conn, _ = self.tcp.accept()
@@ -157,11 +159,13 @@ class DeviceServer:
                     svc.counts.count_refused("busy")
                     send_frame(conn, FrameType.ERROR, {"code": "device", "reason": "a control session is active"})
                     return
+                name_os_thread("device-control")  # the training steps run on this thread
                 try:
                     serve_control(self.service, conn, stream, first, pending, on_stop=self.close)
                 finally:
                     self._control_busy.release()
             elif first.type is FrameType.DATA_OPEN:
+                name_os_thread("device-data")
                 serve_data(self.service.data_path(), conn, stream, first, pending)
             elif first.type is FrameType.PING and first.header.get("counters") and not data_only:
                 send_frame(conn, FrameType.PONG, svc.public_counters())

@@ -21,7 +21,7 @@ from gputravel.core.attestation import Policy, load_policy, provision_emulated
 from gputravel.core.deviceclient.anchors import TrustAnchors
 from gputravel.core.errors import ConfigError, DeviceError
 from gputravel.core.platform.base import DeviceHandle, PlatformInfo, last_log_line
-from gputravel.core.procs import die_with_parent
+from gputravel.core.procs import die_with_parent, name_os_thread
 
 
 class EmulatedPlatform:
@@ -77,6 +77,7 @@ class EmulatedPlatform:
         ready = threading.Event()
 
         def pump() -> None:
+            name_os_thread()
             assert proc.stdout is not None
             for raw in proc.stdout:
                 line = raw.decode(errors="replace").rstrip()
@@ -85,7 +86,7 @@ class EmulatedPlatform:
                     ready.set()
             ready.set()
 
-        threading.Thread(target=pump, daemon=True).start()
+        threading.Thread(target=pump, name="device-stdout", daemon=True).start()
         deadline = time.monotonic() + ready_timeout
         while not ready.wait(0.05):
             if time.monotonic() > deadline:

@@ -31,6 +31,7 @@ import blake3
 import torch
 
 from gputravel.core.errors import DataError
+from gputravel.core.procs import name_os_thread
 
 __all__ = ["DIGEST_DOMAIN", "DIGEST_FORMAT", "DIGEST_FORMATS", "DIGEST_PARALLEL_BYTES", "DIGEST_STAGE_BYTES",
            "FrozenHashes", "check_digest_format", "combine", "digest_domain", "digest_trailer", "digest_workers",
@@ -116,7 +117,8 @@ def tensor_entries(items: Sequence[tuple[str, torch.Tensor]], *, workers: int | 
         return [tensor_entry(label, t, fmt=fmt) for label, t in items]
     order = sorted(range(len(items)), key=lambda i: -sizes[i])  # largest first: the threads end together
     out: list[bytes] = [b""] * len(items)
-    with ThreadPoolExecutor(max_workers=min(n, len(items)), thread_name_prefix="model-digest") as pool:
+    with ThreadPoolExecutor(max_workers=min(n, len(items)), thread_name_prefix="model-digest",
+                            initializer=name_os_thread) as pool:
         for i, entry in zip(order, pool.map(lambda i: tensor_entry(*items[i], fmt=fmt), order), strict=True):
             out[i] = entry
     return out
