@@ -16,6 +16,7 @@ from typing import Any
 
 from gputravel.core.attestation import AttestationResult, Evidence, code_measurement, verify_evidence
 from gputravel.core.deviceclient.anchors import TrustAnchors
+from gputravel.core.deviceclient.onloop import LoopCalls, handoff_args
 from gputravel.core.deviceclient.ringckpt import RingCheckpoint
 from gputravel.core.errors import DeviceError, FrameError, GpuTravelError, error_from_code
 from gputravel.core.handshake import Initiator, SessionSecrets
@@ -51,8 +52,9 @@ from gputravel.core.protocol.wirejson import loads_bounded
 __all__ = ["DeviceClient", "RingCheckpoint", "TrustAnchors"]
 
 
-class DeviceClient:
-    """A blocking client; the engine calls it from a worker thread (``asyncio.to_thread``)."""
+class DeviceClient(LoopCalls):
+    """A blocking client; the engine calls it from a worker thread (``asyncio.to_thread``), or from the loop
+    itself for the window's key (``handoff_on_loop``)."""
 
     #: checkpoint-chunk requests kept in flight, so the device seals the next chunk while this side writes
     PIPELINE = 3
@@ -220,12 +222,7 @@ class DeviceClient:
         once here (a malformed grant is the device's fault: ``DeviceError``). ``relay`` (holder, HANDOFF header
         with its key wrapped for that holder): the device writes it on the holder's parked data connection as the
         window opens (``HandoffGrant.relayed``)."""
-        extra: dict[str, Any] = {} if relay is None else {"relay": {"holder": relay[0], "handoff": relay[1]}}
-        head, _ = self.call(Op.HANDOFF, epoch=epoch, offset=offset, length=length, chunk_size=chunk_size, **extra)
-        try:
-            return HandoffGrant.from_wire(head)
-        except FrameError as exc:
-            raise DeviceError(f"the device's handoff grant is malformed: {exc.reason}") from None
+        return self._grant(self.call(Op.HANDOFF, **handoff_args(epoch, offset, length, chunk_size, relay))[0])
 
     def relay(self, *, holder: str, epoch: int, handoff: dict[str, Any]) -> bool:
         """Have the device write ``handoff`` (a HANDOFF header whose key is wrapped for ``holder``) on that
@@ -370,3 +367,4 @@ class DeviceClient:
         if self._sock is not None:
             self._sock.close()
         self._sock = self._stream = self._chan = None
+

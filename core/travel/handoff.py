@@ -77,9 +77,10 @@ async def open_window(client: DeviceClient, *, epoch: int, skip: int, length: in
     holder gets, and the key's fingerprint.
 
     The key walks device -> orchestrator -> holder: ``BufferWindows.op_handoff`` derives it, the sealed
-    control channel brings it here (``DeviceClient.handoff``'s ``HandoffGrant``, whose ``from_wire`` types it as a
-    ``ProvisioningKey`` and checks it once), and the holder link forwards it inside the ``Handoff``."""
-    grant = await asyncio.to_thread(client.handoff, epoch=epoch, offset=skip, length=length, chunk_size=chunk_size)
+    control channel brings it here, asked from this loop with no worker thread (``DeviceClient.handoff_on_loop``'s
+    ``HandoffGrant``, whose ``from_wire`` types it as a ``ProvisioningKey`` and checks it once), and the holder
+    link forwards it inside the ``Handoff``."""
+    grant = await client.handoff_on_loop(epoch=epoch, offset=skip, length=length, chunk_size=chunk_size)
     key = grant.provisioning_key
     if key.epoch != epoch or key.fingerprint != grant.key_fingerprint:
         raise DeviceError(f"the device granted a key of epoch {key.epoch} ({key.fingerprint}) for epoch {epoch} "
@@ -106,8 +107,8 @@ async def open_window_relaying(client: DeviceClient, base: Handoff, early: Early
     device opens the window and writes the HANDOFF on the holder's parked data connection before it answers
     (``early.delivered``). Returns the key's fingerprint; a grant of another key than ``base``'s is the device's
     error (``DeviceError``)."""
-    grant = await asyncio.to_thread(client.handoff, epoch=base.epoch, offset=base.skip, length=base.window_len,
-                                    chunk_size=base.chunk_size, relay=(holder, early.outgoing.to_wire()))
+    grant = await client.handoff_on_loop(epoch=base.epoch, offset=base.skip, length=base.window_len,
+                                         chunk_size=base.chunk_size, relay=(holder, early.outgoing.to_wire()))
     if base.key is None or grant.provisioning_key != base.key or grant.session_id != base.session_id:
         raise DeviceError(f"the device granted key {grant.key_fingerprint} for epoch {base.epoch}, not the one the "
                           f"session's secrets derive ({base.key.fingerprint if base.key else '-'})")
