@@ -125,15 +125,15 @@ async def test_a_visits_first_handoff_goes_with_its_window_request_and_the_link_
 
     monkeypatch.setattr(DeviceClient, "relay", no_relay)
     requests: list[bool] = []
-    original = DeviceClient.handoff
+    original = DeviceClient.handoff_on_loop  # the window's key is asked from the loop (core/deviceclient/onloop.py)
 
-    def handoff(self: DeviceClient, **kw: Any) -> Any:
+    async def handoff(self: DeviceClient, **kw: Any) -> Any:
         requests.append(kw.get("relay") is not None)
         if not delivered:
             kw.pop("relay", None)
-        return original(self, **kw)
+        return await original(self, **kw)
 
-    monkeypatch.setattr(DeviceClient, "handoff", handoff)
+    monkeypatch.setattr(DeviceClient, "handoff_on_loop", handoff)
     out = tmp_path / "run"
     settings = small_settings(data_root, out, rounds=2, transport="local", attest_prefetch=True,
                               handoff_with_window=True)
