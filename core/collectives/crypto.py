@@ -21,6 +21,7 @@ from enum import IntEnum
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from gputravel.core.errors import ConfigError, NonceExhaustedError
@@ -37,6 +38,7 @@ __all__ = [
     "HostCrypto",
     "Phase",
     "default_workers",
+    "rejected",
 ]
 
 ALL_RANKS = 0xFFFF
@@ -114,6 +116,14 @@ class HopSealer(_HopState):
         """Seal ``plaintext`` into ``out`` (``len + 16`` bytes). ``seq`` must come from ``reserve``."""
         self._aead.encrypt_into(nonce(self.prefix, seq), plaintext, aad.pack(), out)
 
+    def encryptor(self, seq: int, aad: HopAad) -> Any:
+        """The same hop sealed piece by piece (``streamed.seal_and_send``): one GCM message under the same nonce
+        and AAD as ``seal_into``, so the same ciphertext and tag; ``update_into`` each piece, then ``finalize``
+        and ``tag``. ``seq`` must come from ``reserve``."""
+        enc = Cipher(algorithms.AES(self.key.key), modes.GCM(nonce(self.prefix, seq))).encryptor()
+        enc.authenticate_additional_data(aad.pack())
+        return enc
+
 
 class HopOpener(_HopState):
     """The opening end: the counter mirrors the sender's, so the expected nonce is exact."""
@@ -126,10 +136,21 @@ class HopOpener(_HopState):
             self._aead.decrypt_into(nonce(self.prefix, seq), ciphertext, aad.pack(), out)
         except InvalidTag:
             memoryview(out).cast("B")[:] = bytes(len(memoryview(out).cast("B")))
-            raise TagError(
-                f"ring hop rejected: rank {aad.dst} could not authenticate iteration {aad.iteration} "
-                f"phase {Phase(aad.phase).name} step {aad.step} chunk {aad.chunk} from rank {aad.src}"
-            ) from None
+            raise rejected(aad) from None
+
+    def decryptor(self, seq: int, aad: HopAad) -> Any:
+        """The same hop opened piece by piece (``streamed.open_add``): ``update_into`` each piece, then
+        ``finalize_with_tag``, which raises ``InvalidTag`` on a bad tag (the pieces already released are then
+        unauthenticated: the caller's call fails and zeroes its tensor)."""
+        dec = Cipher(algorithms.AES(self.key.key), modes.GCM(nonce(self.prefix, seq))).decryptor()
+        dec.authenticate_additional_data(aad.pack())
+        return dec
+
+
+def rejected(aad: HopAad) -> TagError:
+    """The error of a hop whose tag did not verify."""
+    return TagError(f"ring hop rejected: rank {aad.dst} could not authenticate iteration {aad.iteration} "
+                    f"phase {Phase(aad.phase).name} step {aad.step} chunk {aad.chunk} from rank {aad.src}")
 
 
 def default_workers(local_world_size: int | None = None) -> int:
