@@ -116,14 +116,6 @@ class HopSealer(_HopState):
         """Seal ``plaintext`` into ``out`` (``len + 16`` bytes). ``seq`` must come from ``reserve``."""
         self._aead.encrypt_into(nonce(self.prefix, seq), plaintext, aad.pack(), out)
 
-    def encryptor(self, seq: int, aad: HopAad) -> Any:
-        """The same hop sealed piece by piece (``streamed.seal_and_send``): one GCM message under the same nonce
-        and AAD as ``seal_into``, so the same ciphertext and tag; ``update_into`` each piece, then ``finalize``
-        and ``tag``. ``seq`` must come from ``reserve``."""
-        enc = Cipher(algorithms.AES(self.key.key), modes.GCM(nonce(self.prefix, seq))).encryptor()
-        enc.authenticate_additional_data(aad.pack())
-        return enc
-
 
 class HopOpener(_HopState):
     """The opening end: the counter mirrors the sender's, so the expected nonce is exact."""
@@ -139,7 +131,7 @@ class HopOpener(_HopState):
             raise rejected(aad) from None
 
     def decryptor(self, seq: int, aad: HopAad) -> Any:
-        """The same hop opened piece by piece (``streamed.open_add``): ``update_into`` each piece, then
+        """The hop ``seal_into`` sealed, opened piece by piece (``streamed.open_add``): ``update_into`` each piece, then
         ``finalize_with_tag``, which raises ``InvalidTag`` on a bad tag (the pieces already released are then
         unauthenticated: the caller's call fails and zeroes its tensor)."""
         dec = Cipher(algorithms.AES(self.key.key), modes.GCM(nonce(self.prefix, seq))).decryptor()

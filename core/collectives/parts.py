@@ -143,11 +143,6 @@ class Wire:
                        for i, p in enumerate(_pieces(recv, piece_bytes))]) if recv is not None else None
         return sw, rw
 
-    def send_piece(self, piece: torch.Tensor, tag: int, index: int) -> Any:
-        """Post piece ``index`` of a message that ``exchange(..., tag, piece_bytes=...)`` receives on the left
-        neighbour's side (gloo only: the sender cuts with ``piece_ranges`` and sends each piece when it is ready)."""
-        return dist.isend(piece, self.right, group=self.group, tag=tag * MAX_PIECES + index)
-
     def _exchange_nccl(self, send: torch.Tensor | None, recv: torch.Tensor | None) -> tuple[Any, Any]:
         ops, dev_recv = [], None
         if send is not None:

@@ -24,23 +24,22 @@ from gputravel.core.collectives.crypto import (
 )
 from gputravel.core.collectives.keys import RingKeys
 from gputravel.core.collectives.parts import RingPlan, RingStats, RingView
-from gputravel.core.collectives.streamed import (
-    OPEN_PIECE_BYTES,
-    SEAL_SLOT_BYTES,
-    SendSlots,
-    open_add,
-    seal_and_send,
-)
+from gputravel.core.collectives.streamed import OPEN_PIECE_BYTES, open_add
 from gputravel.core.protocol import TagError
 
-__all__ = ["RingBuffers", "SecureCall"]
+__all__ = ["NAIVE_PIECE_BYTES", "RingBuffers", "SecureCall"]
+
+#: naive's wire pieces (``Wire.exchange``'s ``piece_bytes``, the same cut on both ends of a hop). Measured at 64 MiB,
+#: world 2, gloo, the 2-core Xeon, naive's calls interleaved in one run (docs/collectives.md, session 12): median
+#: ms with pieces of 256 KiB 105.7, 512 KiB 101.6, 1 MiB 100.2, 2 MiB 108.9, 4 MiB (``WIRE_PIECE_BYTES``) 107.8.
+NAIVE_PIECE_BYTES = 1 << 20
 
 
 class RingBuffers:
     """Preallocated ciphertext (and reduce scratch) of one plan on one rank, reused across calls."""
 
     __slots__ = ("send_off", "recv_off", "send", "recv", "send_np", "recv_np", "scratch", "scratch_np",
-                 "saved", "slots", "piece")
+                 "saved", "piece")
 
     def __init__(self, plan: RingPlan, rank: int, *, pin: bool) -> None:
         self.send_off, send_total = plan.layout(rank, send=True)
@@ -53,17 +52,11 @@ class RingBuffers:
         self.scratch = torch.empty((plan.maxc, max(1, biggest) * plan.esize), dtype=torch.uint8)
         self.scratch_np = self.scratch.numpy()
         self.saved: dict[tuple[int, int], bytes] = {}  # replay fault: first call's ciphertext
-        self.slots: SendSlots | None = None  # naive's streamed send slots (made on first use)
         self.piece: torch.Tensor | None = None  # open + add scratch, naive's and direct's (made on first use)
-
-    def send_slots(self) -> SendSlots:
-        if self.slots is None:
-            self.slots = SendSlots(SEAL_SLOT_BYTES)
-        return self.slots
 
     def piece_scratch(self) -> torch.Tensor:
         if self.piece is None:
-            self.piece = torch.empty(OPEN_PIECE_BYTES + 32, dtype=torch.uint8)
+            self.piece = torch.empty(OPEN_PIECE_BYTES + TAG_LEN, dtype=torch.uint8)
         return self.piece
 
 
@@ -230,36 +223,17 @@ class SecureCall:
             self.pending.pop().wait()
 
     def run_naive(self) -> None:
-        """Per hop, serially, in this thread: seal, send, receive, open (+ reduce). On gloo each hop this rank
-        seals is sealed piece by piece into reused send slots, each piece sent as it is sealed, and each hop of
-        the reduce-scatter is opened and added piece by piece (``streamed``); a hop stays one GCM message."""
+        """Per hop, serially, in this thread: seal, send, receive, open (+ reduce). On the wire in pieces of
+        ``NAIVE_PIECE_BYTES``; each reduce-scatter hop is opened and added piece by piece (``streamed.open_add``)."""
         st, wire, bufs = self.stats, self.ring.wire, self.bufs
-        fault = self.ring.fault
-        stream = not wire.nccl
         for g in range(2 * self.world - 2):
             nsend, nrecv = self._counts(g)
-            sealed_here = nsend and not (self._gathered(g) and g > self.world - 1)
+            if nsend and not (self._gathered(g) and g > self.world - 1):
+                st.crypto_s += self._seal(g, 0)
+                st.bytes_sealed += self._send_tensor(g, 0).numel() - TAG_LEN
             t0 = time.perf_counter()
-            if sealed_here and stream and (fault is None or fault.rank != self.rank):
-                _, rw = wire.exchange(None, self._recv_tensor(g, 0) if nrecv else None, tag=g,
-                                      piece_bytes=SEAL_SLOT_BYTES)
-                sealer, seq, aad, pt = self._seal_args(g, 0)
-                t1 = time.perf_counter()
-                crypto, waited = seal_and_send(sealer, seq, aad, pt, wire, g, bufs.send_slots(), piece_bytes=SEAL_SLOT_BYTES)
-                st.crypto_s += crypto
-                st.wire_s += t1 - t0 + waited
-                t0 = time.perf_counter()
-                st.bytes_sealed += len(pt)
-                bufs.send_slots().drain()
-                sw = None
-            else:
-                if sealed_here:
-                    st.crypto_s += self._seal(g, 0)
-                    st.bytes_sealed += self._send_tensor(g, 0).numel() - TAG_LEN
-                    t0 = time.perf_counter()
-                sw, rw = wire.exchange(self._send_tensor(g, 0, inject=True) if nsend else None,
-                                       self._recv_tensor(g, 0) if nrecv else None, tag=g,
-                                       piece_bytes=SEAL_SLOT_BYTES)
+            sw, rw = wire.exchange(self._send_tensor(g, 0, inject=True) if nsend else None,
+                                   self._recv_tensor(g, 0) if nrecv else None, tag=g, piece_bytes=NAIVE_PIECE_BYTES)
             for w in (sw, rw):
                 if w is not None:
                     w.wait()
