@@ -38,7 +38,7 @@ DEVICE_CODE: tuple[str, ...] = (
     "core/collectives/__init__.py", "core/collectives/crypto.py", "core/collectives/direct.py",
     "core/collectives/gpu_ring.py",
     "core/collectives/hook.py", "core/collectives/keys.py", "core/collectives/parts.py", "core/collectives/ring.py",
-    "core/collectives/secure_call.py",
+    "core/collectives/secure_call.py", "core/collectives/streamed.py",
     # the training program it runs and the checkpoints it seals
     "core/training/__init__.py", "core/training/attention.py", "core/training/checkpoint.py",
     "core/training/checkpoint_file.py", "core/training/state_stream.py",

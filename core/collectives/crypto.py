@@ -21,6 +21,7 @@ from enum import IntEnum
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from gputravel.core.errors import ConfigError, NonceExhaustedError
@@ -37,6 +38,7 @@ __all__ = [
     "HostCrypto",
     "Phase",
     "default_workers",
+    "rejected",
 ]
 
 ALL_RANKS = 0xFFFF
@@ -126,10 +128,21 @@ class HopOpener(_HopState):
             self._aead.decrypt_into(nonce(self.prefix, seq), ciphertext, aad.pack(), out)
         except InvalidTag:
             memoryview(out).cast("B")[:] = bytes(len(memoryview(out).cast("B")))
-            raise TagError(
-                f"ring hop rejected: rank {aad.dst} could not authenticate iteration {aad.iteration} "
-                f"phase {Phase(aad.phase).name} step {aad.step} chunk {aad.chunk} from rank {aad.src}"
-            ) from None
+            raise rejected(aad) from None
+
+    def decryptor(self, seq: int, aad: HopAad) -> Any:
+        """The hop ``seal_into`` sealed, opened piece by piece (``streamed.open_add``): ``update_into`` each piece, then
+        ``finalize_with_tag``, which raises ``InvalidTag`` on a bad tag (the pieces already released are then
+        unauthenticated: the caller's call fails and zeroes its tensor)."""
+        dec = Cipher(algorithms.AES(self.key.key), modes.GCM(nonce(self.prefix, seq))).decryptor()
+        dec.authenticate_additional_data(aad.pack())
+        return dec
+
+
+def rejected(aad: HopAad) -> TagError:
+    """The error of a hop whose tag did not verify."""
+    return TagError(f"ring hop rejected: rank {aad.dst} could not authenticate iteration {aad.iteration} "
+                    f"phase {Phase(aad.phase).name} step {aad.step} chunk {aad.chunk} from rank {aad.src}")
 
 
 def default_workers(local_world_size: int | None = None) -> int:

@@ -4,8 +4,8 @@ Used by ``ring.SecureRing`` for ``secure_pipelined`` at world 2 on gloo with no 
 another core, no forwarding hop). Each rank seals, sends and opens the same bytes as in the ring's two steps (its
 tensor's size once each way), in one step instead of two; it adds the whole peer tensor (x0 + x1 on one rank, x1 +
 x0 on the other: the same bits as ``dist.all_reduce``). Up to ``max_bytes`` the tensor is one hop each way; above,
-hops of ``chunk_bytes``, so sealing hop k+1 overlaps hop k on the wire and each hop opens into one reused,
-cache-resident scratch before its add.
+hops of ``chunk_bytes``, so sealing hop k+1 overlaps hop k on the wire. Each hop is opened piece by piece into
+one small reused scratch and each piece added while it is in the cache (``streamed.open_add``).
 
 Hop i covers elements [a, b): AAD ``Phase.DIRECT``, step 0, chunk i, src -> dst, byte offset a, length; nonce: the
 link's sequence number ``base + i`` of those the call reserved (``2 * plan.maxc``, at least the hop count when the
@@ -19,6 +19,7 @@ import time
 
 from gputravel.core.collectives.crypto import TAG_LEN, HopAad, Phase
 from gputravel.core.collectives.secure_call import SecureCall
+from gputravel.core.collectives.streamed import open_add
 from gputravel.core.errors import CollectiveError
 from gputravel.core.protocol import TagError
 
@@ -57,24 +58,23 @@ def run_direct(job: SecureCall, *, max_bytes: int, chunk_bytes: int) -> None:
     spent = {"wire": time.perf_counter() - t0, "crypto": 0.0, "reduce": 0.0}
     opened = 0
 
-    def open_add(i: int) -> None:
+    def open_hop(i: int) -> None:
         a, b = hops[i]
         o, n = cts[i]
         t1 = time.perf_counter()
         recvs[i].wait()
         t2 = time.perf_counter()
-        scratch = bufs.whole_scratch((b - a) * esize)  # one hop's plaintext, reused (cache-resident when chunked)
+        scratch = bufs.piece_scratch()  # opened piece by piece, each added while in the cache (``streamed``)
         aad = HopAad(keys.recv.session_id, keys.epoch, job.iteration, Phase.DIRECT, 0, i, peer, job.rank, a * esize,
                      (b - a) * esize)
         err: TagError | None = None
+        adding = 0.0
         try:
-            keys.recv.open_into(job.recv_base + i, bufs.recv_np[o:o + n], scratch.numpy(), aad)
+            adding = open_add(keys.recv, job.recv_base + i, aad, bufs.recv_np[o:o + n], job.flat_t[a:b], scratch)
         except TagError as exc:
             err = exc
-        t3 = time.perf_counter()
+        t3 = time.perf_counter() - adding
         job.note(err)
-        if job.error is None:
-            job.flat_t[a:b].add_(scratch.view(job.flat_t.dtype))
         spent["wire"] += t2 - t1
         spent["crypto"] += t3 - t2
         spent["reduce"] += time.perf_counter() - t3
@@ -91,10 +91,10 @@ def run_direct(job: SecureCall, *, max_bytes: int, chunk_bytes: int) -> None:
         spent["crypto"] += t2 - t1
         spent["wire"] += time.perf_counter() - t2
         while opened <= i and recvs[opened].done():  # landed, and its range already sealed here: open, add
-            open_add(opened)
+            open_hop(opened)
             opened += 1
     while opened < len(hops):
-        open_add(opened)
+        open_hop(opened)
         opened += 1
     st.wire_s += spent["wire"]
     st.crypto_s += spent["crypto"]

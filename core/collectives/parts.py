@@ -16,7 +16,8 @@ import torch.distributed as dist
 from gputravel.core.collectives.crypto import TAG_LEN, Phase
 from gputravel.core.errors import ConfigError
 
-__all__ = ["WIRE_PIECE_BYTES", "RingFault", "RingPlan", "RingStats", "RingView", "StagedRecv", "Wire", "WireWork"]
+__all__ = ["WIRE_PIECE_BYTES", "RingFault", "RingPlan", "RingStats", "RingView", "StagedRecv", "Wire", "WireWork",
+           "piece_ranges"]
 
 #: the largest message the gloo wire sends as one: a bigger one goes as pieces of this size (at most
 #: ``MAX_PIECES`` of them), each its own isend/irecv, all posted at once. Measured on the 2-core build machine,
@@ -129,16 +130,17 @@ class Wire:
         self.nccl = dist.get_backend(group) == "nccl"
         self.device = torch.device("cuda", torch.cuda.current_device()) if self.nccl else torch.device("cpu")
 
-    def exchange(self, send: torch.Tensor | None, recv: torch.Tensor | None, tag: int) -> tuple[Any, Any]:
+    def exchange(self, send: torch.Tensor | None, recv: torch.Tensor | None, tag: int, *,
+                 piece_bytes: int = WIRE_PIECE_BYTES) -> tuple[Any, Any]:
         """Post a send to the right and a receive from the left; returns (send work, recv work). On gloo a
-        message over ``WIRE_PIECE_BYTES`` travels as pieces (the same cut on both ends: a hop's send and
-        receive have one length), each tagged ``tag * MAX_PIECES + piece``."""
+        message over ``piece_bytes`` travels as pieces (``piece_ranges``: the same cut on both ends, a hop's send
+        and receive have one length), each tagged ``tag * MAX_PIECES + piece``."""
         if self.nccl:
             return self._exchange_nccl(send, recv)
         sw = WireWork([dist.isend(p, self.right, group=self.group, tag=tag * MAX_PIECES + i)
-                       for i, p in enumerate(_pieces(send))]) if send is not None else None
+                       for i, p in enumerate(_pieces(send, piece_bytes))]) if send is not None else None
         rw = WireWork([dist.irecv(p, self.left, group=self.group, tag=tag * MAX_PIECES + i)
-                       for i, p in enumerate(_pieces(recv))]) if recv is not None else None
+                       for i, p in enumerate(_pieces(recv, piece_bytes))]) if recv is not None else None
         return sw, rw
 
     def _exchange_nccl(self, send: torch.Tensor | None, recv: torch.Tensor | None) -> tuple[Any, Any]:
@@ -157,14 +159,22 @@ class Wire:
         return sw, rw
 
 
-def _pieces(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """``t`` (one contiguous run of memory) cut into the wire's pieces: views, no copy."""
+def piece_ranges(nbytes: int, piece_bytes: int = WIRE_PIECE_BYTES, *, align: int = 1) -> list[tuple[int, int]]:
+    """The wire's cut of an ``nbytes`` message, as (byte offset, length): one piece up to ``piece_bytes``, else
+    pieces of ``piece_bytes`` (larger, if that would make over ``MAX_PIECES``; a multiple of ``align``, the
+    element size), the last one shorter."""
+    if nbytes <= piece_bytes:
+        return [(0, nbytes)]
+    piece = max(piece_bytes, -(-nbytes // MAX_PIECES)) // align * align
+    return [(o, min(piece, nbytes - o)) for o in range(0, nbytes, piece)]
+
+
+def _pieces(t: torch.Tensor, piece_bytes: int = WIRE_PIECE_BYTES) -> tuple[torch.Tensor, ...]:
+    """``t`` (one contiguous run of uint8 memory, or any when it is one piece) cut into the wire's pieces: views,
+    no copy."""
     flat = t.view(-1)
-    nbytes = flat.numel() * flat.element_size()
-    if nbytes <= WIRE_PIECE_BYTES:
-        return (flat,)
-    piece = max(WIRE_PIECE_BYTES, -(-nbytes // MAX_PIECES)) // flat.element_size()
-    return tuple(flat[i:i + piece] for i in range(0, flat.numel(), piece))
+    es = flat.element_size()
+    return tuple(flat[o // es:(o + n) // es] for o, n in piece_ranges(flat.numel() * es, piece_bytes, align=es))
 
 
 class WireWork:

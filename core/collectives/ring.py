@@ -10,8 +10,8 @@ binds (iteration, phase, step, chunk, src, dst, offset, length). A bad tag never
 receiving rank raises ``TagError``, every other rank ``CollectiveAbortedError``, and the tensor is
 zeroed on every rank (one tiny status all-reduce at the end of each secure call decides). At world 2 with no
 free core, ``secure_pipelined`` sends a tensor up to ``DIRECT_MAX_BYTES`` as one sealed hop each way
-(``direct.run_direct``, ``Phase.DIRECT``): the same bytes sealed and opened, one message fewer; above it, the same
-one step in hops of ``DIRECT_CHUNK_BYTES``.
+(``direct.run_direct``, ``Phase.DIRECT``): the same bytes sealed and opened, one message fewer; above it naive's schedule
+(the same step in hops of ``DIRECT_CHUNK_BYTES`` where ``DIRECT_CHUNKED`` is set).
 
 Here: the variants, the plans' cache, the plaintext ring and the agreement; one secure call's schedules and
 buffers are ``secure_call``'s, the building blocks ``parts``', the GPU-cipher variant ``gpu_ring``'s.
@@ -37,6 +37,7 @@ from gputravel.core.errors import CollectiveAbortedError, CollectiveError, Confi
 from gputravel.core.protocol import TagError
 
 __all__ = [
+    "DIRECT_CHUNKED",
     "DIRECT_CHUNK_BYTES",
     "DIRECT_MAX_BYTES",
     "CollectiveAbortedError",
@@ -59,6 +60,11 @@ DIRECT_MAX_BYTES = 4 << 20
 #: opens into a reused, cache-resident scratch before its add (``direct.run_direct``; measured in
 #: docs/collectives.md, "The direct schedule at 64 MiB").
 DIRECT_CHUNK_BYTES = 4 << 20
+#: whether the direct schedule runs above ``DIRECT_MAX_BYTES`` (in ``DIRECT_CHUNK_BYTES`` hops). Off since session 12:
+#: there naive's two-step schedule (whole-hop seal, 1 MiB wire pieces, open + add in cached pieces) was the faster,
+#: 101-104 ms against 111-116 at 64 MiB in two alternated bench pairs (docs/collectives.md), so ``secure_pipelined``
+#: at world 2 with no free core runs naive's schedule above 4 MiB. Tests turn it on to keep the chunked path honest.
+DIRECT_CHUNKED = False
 
 
 class Variant(StrEnum):
@@ -265,9 +271,10 @@ class SecureRing:
         chunk = self.pipeline_chunk() if variant is Variant.SECURE_PIPELINED else None
         # With no free core (auto chunking off) and two ranks there is nothing to pipeline on another core and no
         # forwarding hop, so there secure_pipelined runs the direct schedule: each rank's whole tensor in one step,
-        # one sealed hop each way up to DIRECT_MAX_BYTES, hops of DIRECT_CHUNK_BYTES above (the same bytes sealed,
-        # sent and opened as the ring's two steps; one step, and its seals overlap its sends).
-        direct = variant is Variant.SECURE_PIPELINED and chunk is None and self.world == 2 and not self.wire.nccl
+        # one sealed hop each way up to DIRECT_MAX_BYTES (the same bytes sealed, sent and opened as the ring's two
+        # steps; one step); above it naive's schedule, unless DIRECT_CHUNKED (hops of DIRECT_CHUNK_BYTES).
+        direct = (variant is Variant.SECURE_PIPELINED and chunk is None and self.world == 2 and not self.wire.nccl
+                  and (DIRECT_CHUNKED or flat.numel() * flat.element_size() <= DIRECT_MAX_BYTES))
         pipelined = variant is Variant.SECURE_PIPELINED and not (chunk is None and self.world == 2)
         plan, bufs = self._plan(flat.numel(), flat.element_size(), DIRECT_CHUNK_BYTES if direct else chunk,
                                 secure=True, pin=torch.cuda.is_available() and self.wire.nccl)

@@ -13,19 +13,33 @@ from typing import Any
 
 import torch
 
-from gputravel.core.collectives.crypto import ALL_RANKS, TAG_LEN, HopAad, HopOpener, HostCrypto, Phase
+from gputravel.core.collectives.crypto import (
+    ALL_RANKS,
+    TAG_LEN,
+    HopAad,
+    HopOpener,
+    HopSealer,
+    HostCrypto,
+    Phase,
+)
 from gputravel.core.collectives.keys import RingKeys
 from gputravel.core.collectives.parts import RingPlan, RingStats, RingView
+from gputravel.core.collectives.streamed import OPEN_PIECE_BYTES, open_add
 from gputravel.core.protocol import TagError
 
-__all__ = ["RingBuffers", "SecureCall"]
+__all__ = ["NAIVE_PIECE_BYTES", "RingBuffers", "SecureCall"]
+
+#: naive's wire pieces (``Wire.exchange``'s ``piece_bytes``, the same cut on both ends of a hop). Measured at 64 MiB,
+#: world 2, gloo, the 2-core Xeon, naive's calls interleaved in one run (docs/collectives.md, session 12): median
+#: ms with pieces of 256 KiB 105.7, 512 KiB 101.6, 1 MiB 100.2, 2 MiB 108.9, 4 MiB (``WIRE_PIECE_BYTES``) 107.8.
+NAIVE_PIECE_BYTES = 1 << 20
 
 
 class RingBuffers:
     """Preallocated ciphertext (and reduce scratch) of one plan on one rank, reused across calls."""
 
     __slots__ = ("send_off", "recv_off", "send", "recv", "send_np", "recv_np", "scratch", "scratch_np",
-                 "saved", "whole")
+                 "saved", "piece")
 
     def __init__(self, plan: RingPlan, rank: int, *, pin: bool) -> None:
         self.send_off, send_total = plan.layout(rank, send=True)
@@ -38,13 +52,12 @@ class RingBuffers:
         self.scratch = torch.empty((plan.maxc, max(1, biggest) * plan.esize), dtype=torch.uint8)
         self.scratch_np = self.scratch.numpy()
         self.saved: dict[tuple[int, int], bytes] = {}  # replay fault: first call's ciphertext
-        self.whole: torch.Tensor | None = None  # the direct schedule's opened peer tensor (made on first use)
+        self.piece: torch.Tensor | None = None  # open + add scratch, naive's and direct's (made on first use)
 
-    def whole_scratch(self, nbytes: int) -> torch.Tensor:
-        """A reused ``nbytes`` plaintext buffer for ``direct.run_direct`` (one peer hop's plaintext)."""
-        if self.whole is None or self.whole.numel() < nbytes:
-            self.whole = torch.empty(nbytes, dtype=torch.uint8)
-        return self.whole[:nbytes]
+    def piece_scratch(self) -> torch.Tensor:
+        if self.piece is None:
+            self.piece = torch.empty(OPEN_PIECE_BYTES + TAG_LEN, dtype=torch.uint8)
+        return self.piece
 
 
 class SecureCall:
@@ -88,40 +101,46 @@ class SecureCall:
         """Whether the hop at global step g travels sealed under its owner's ring-wide key."""
         return self.sealed and g >= self.world - 1
 
-    def _seal(self, g: int, k: int) -> float:
-        """Seal this rank's outgoing chunk k of global step g; returns seconds spent."""
+    def _seal_args(self, g: int, k: int) -> tuple[HopSealer, int, HopAad, Any]:
+        """Who seals this rank's outgoing chunk k of global step g: (sealer, sequence number, AAD, plaintext)."""
         plan, esize = self.plan, self.plan.esize
         a, b = plan.chunks[plan.seg(g, self.rank, send=True)][k]
         phase, step = self._phase_step(g)
-        t0 = time.perf_counter()
         pt = self.flat_np[a * esize:b * esize]  # type: ignore[index]
         if self._gathered(g):
             aad = HopAad(self.keys.gather_seal.session_id, self.keys.epoch, self.iteration, Phase.GATHER_SEALED,
                          0, k, self.rank, ALL_RANKS, a * esize, (b - a) * esize)
-            self.keys.gather_seal.seal_into(self.gather_base + k, pt, self._send_ct(g, k), aad)
-        else:
-            aad = HopAad(self.keys.send.session_id, self.keys.epoch, self.iteration, phase, step, k, self.rank,
-                         self.right, a * esize, (b - a) * esize)
-            self.keys.send.seal_into(self.send_base + g * plan.maxc + k, pt, self._send_ct(g, k), aad)
+            return self.keys.gather_seal, self.gather_base + k, aad, pt
+        aad = HopAad(self.keys.send.session_id, self.keys.epoch, self.iteration, phase, step, k, self.rank,
+                     self.right, a * esize, (b - a) * esize)
+        return self.keys.send, self.send_base + g * plan.maxc + k, aad, pt
+
+    def _seal(self, g: int, k: int) -> float:
+        """Seal this rank's outgoing chunk k of global step g; returns seconds spent."""
+        t0 = time.perf_counter()
+        sealer, seq, aad, pt = self._seal_args(g, k)
+        sealer.seal_into(seq, pt, self._send_ct(g, k), aad)
         return time.perf_counter() - t0
 
-    def _open(self, g: int, k: int, out: Any) -> TagError | None:
+    def _open_args(self, g: int, k: int) -> tuple[HopOpener, int, HopAad]:
+        """Who opens chunk k received at global step g: (opener, sequence number, AAD)."""
         plan, esize = self.plan, self.plan.esize
         seg = plan.seg(g, self.rank, send=False)
         a, b = plan.chunks[seg][k]
         phase, step = self._phase_step(g)
-        opener: HopOpener
         if self._gathered(g):
             owner = (seg - 1) % self.world
             opener = self.keys.gather_open[owner]
             aad = HopAad(opener.session_id, self.keys.epoch, self.iteration, Phase.GATHER_SEALED, 0, k, owner,
                          ALL_RANKS, a * esize, (b - a) * esize)
-            seq = self.gather_base + k
-        else:
-            opener = self.keys.recv
-            aad = HopAad(opener.session_id, self.keys.epoch, self.iteration, phase, step, k, self.left,
-                         self.rank, a * esize, (b - a) * esize)
-            seq = self.recv_base + g * plan.maxc + k
+            return opener, self.gather_base + k, aad
+        opener = self.keys.recv
+        aad = HopAad(opener.session_id, self.keys.epoch, self.iteration, phase, step, k, self.left,
+                     self.rank, a * esize, (b - a) * esize)
+        return opener, self.recv_base + g * plan.maxc + k, aad
+
+    def _open(self, g: int, k: int, out: Any) -> TagError | None:
+        opener, seq, aad = self._open_args(g, k)
         try:
             opener.open_into(seq, self._recv_ct(g, k), out, aad)
         except TagError as exc:
@@ -204,8 +223,9 @@ class SecureCall:
             self.pending.pop().wait()
 
     def run_naive(self) -> None:
-        """Per hop, serially, in this thread: seal, send, receive, open (+ reduce)."""
-        st, wire = self.stats, self.ring.wire
+        """Per hop, serially, in this thread: seal, send, receive, open (+ reduce). On the wire in pieces of
+        ``NAIVE_PIECE_BYTES``; each reduce-scatter hop is opened and added piece by piece (``streamed.open_add``)."""
+        st, wire, bufs = self.stats, self.ring.wire, self.bufs
         for g in range(2 * self.world - 2):
             nsend, nrecv = self._counts(g)
             if nsend and not (self._gathered(g) and g > self.world - 1):
@@ -213,7 +233,7 @@ class SecureCall:
                 st.bytes_sealed += self._send_tensor(g, 0).numel() - TAG_LEN
             t0 = time.perf_counter()
             sw, rw = wire.exchange(self._send_tensor(g, 0, inject=True) if nsend else None,
-                                   self._recv_tensor(g, 0) if nrecv else None, tag=g)
+                                   self._recv_tensor(g, 0) if nrecv else None, tag=g, piece_bytes=NAIVE_PIECE_BYTES)
             for w in (sw, rw):
                 if w is not None:
                     w.wait()
@@ -222,16 +242,19 @@ class SecureCall:
                 plan, esize = self.plan, self.plan.esize
                 a, b = plan.chunks[plan.seg(g, self.rank, send=False)][0]
                 t1 = time.perf_counter()
+                err: TagError | None = None
+                adding = 0.0
                 if g < self.world - 1:
-                    err = self._open(g, 0, self.bufs.scratch_np[0][:(b - a) * esize])
-                    t2 = time.perf_counter()
-                    if err is None:
-                        self.flat_t[a:b].add_(self.bufs.scratch[0][:(b - a) * esize].view(self.flat_t.dtype))
-                    st.reduce_s += time.perf_counter() - t2
+                    opener, seq, aad = self._open_args(g, 0)
+                    try:
+                        adding = open_add(opener, seq, aad, self._recv_ct(g, 0), self.flat_t[a:b], bufs.piece_scratch(),
+                                          piece_bytes=OPEN_PIECE_BYTES)
+                    except TagError as exc:
+                        err = exc
                 else:
                     err = self._open(g, 0, self.flat_np[a * esize:b * esize])  # type: ignore[index]
-                    t2 = time.perf_counter()
-                st.crypto_s += t2 - t1
+                st.crypto_s += time.perf_counter() - t1 - adding
+                st.reduce_s += adding
                 st.bytes_opened += (b - a) * esize
                 self.note(err)
 

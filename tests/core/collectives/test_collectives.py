@@ -125,7 +125,11 @@ def tamper_worker(ctx: WorkerContext, vendor_dir: str, cases: list[tuple[str, Ri
 def chunked_direct_worker(ctx: WorkerContext, vendor_dir: str) -> list[str]:
     """World 2, no free core, tensors over DIRECT_MAX_BYTES: the direct schedule in DIRECT_CHUNK_BYTES hops. The
     sum must be dist.all_reduce's bits, each tensor sealed once, the link's counter advanced by the nonces the
-    call reserved (never reused), and a flipped later hop rejected by its receiver with every rank zeroed."""
+    call reserved (never reused), and a flipped later hop rejected by its receiver with every rank zeroed. The
+    chunked direct schedule is off by default (``DIRECT_CHUNKED``); this spawned rank turns it on for itself."""
+    import gputravel.core.collectives.ring as ring_module
+
+    ring_module.DIRECT_CHUNKED = True
     keys = _ring(ctx, vendor_dir).keys
     ring = SecureRing(keys=keys, chunk_bytes=None, crypto=HostCrypto(workers=0))
     bad: list[str] = []
