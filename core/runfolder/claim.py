@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 from pathlib import Path
 
@@ -67,9 +68,9 @@ class RunClaim:
             self.runs.mkdir(mode=0o700, parents=True, exist_ok=True)
             if self.latest.is_symlink():
                 self.previous = os.readlink(self.latest)
-            if self.latest.is_symlink() or self.latest.exists():
-                self.latest.unlink()
-            self.latest.symlink_to(self.link_target)
+            if self.latest.exists() and not self.latest.is_symlink():
+                self.latest.unlink()  # a stray file of that name (a folder there is refused, as before)
+            _point(self.latest, self.link_target)
             if Path(self.link_target).is_absolute():  # an --out run outside runs/: indexed for `runs ls`
                 self._index_elsewhere()
 
@@ -112,11 +113,27 @@ class RunClaim:
             return
         shutil.rmtree(self.out, ignore_errors=True)
         if self.link_latest and self.latest.is_symlink() and os.readlink(self.latest) == self.link_target:
-            self.latest.unlink()
             if self.previous is not None:
-                self.latest.symlink_to(self.previous)
+                _point(self.latest, self.previous)
+            else:
+                self.latest.unlink()
         if self.runs_created:
             try:
                 self.runs.rmdir()  # only when empty again
             except OSError:
                 pass
+
+
+def _point(link: Path, target: str) -> None:
+    """Make ``link`` a symlink to ``target`` in one step: a fresh link under a name of this process's own, renamed
+    over ``link`` (``rename`` replaces it atomically). Two runs started at once in one folder each leave a whole
+    link behind, the later one's; unlinking and re-creating in place let one of them fail with "File exists"."""
+    tmp = link.with_name(f".{link.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    tmp.symlink_to(target)
+    try:
+        os.replace(tmp, link)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+

@@ -75,3 +75,32 @@ def test_a_claim_that_never_got_its_ledger_is_given_back(tmp_path: Path) -> None
     assert claim.out.is_dir() and RunFolder.latest(runs).is_symlink()
     claim.release_if_empty()
     assert not claim.out.exists() and not runs.exists()
+
+
+def test_runs_started_at_once_in_one_folder_all_claim_and_latest_names_one_of_them(tmp_path: Path) -> None:
+    """``runs/latest`` is replaced in one rename: unlinking and re-creating it let one of two runs started at once
+    fail with "File exists" (seen with two test workers sharing a folder)."""
+    import threading
+
+    runs = tmp_path / "runs"
+    errors: list[OSError] = []
+    names = [f"run-{i:02d}" for i in range(64)]
+    start = threading.Barrier(4)
+
+    def claim_some(mine: list[str]) -> None:
+        start.wait()
+        for name in mine:
+            try:
+                RunClaim(runs / name, runs=runs, link_latest=True).claim()
+            except OSError as exc:  # FileExistsError, when the link was made in two steps
+                errors.append(exc)
+
+    threads = [threading.Thread(target=claim_some, args=(names[i::4],)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    latest = RunFolder.latest(runs)
+    assert latest.is_symlink() and latest.resolve().name in names
+    assert sorted(p.name for p in runs.iterdir()) == sorted([*names, "latest"])  # no temporary link left behind
