@@ -232,6 +232,9 @@ class TamperingStore:
     def multi_get(self, keys: list[str]) -> list[bytes]:
         return [self.get(k) for k in keys]
 
+    def check(self, keys: list[str]) -> bool:
+        return bool(self.inner.check(keys))
+
 
 def _agree(stores: list[Any], cvm: FleetCvm, context: str) -> list[KeyAgreement | GpuTravelError]:
     results: list[KeyAgreement | GpuTravelError] = [GpuTravelError("never ran")] * len(stores)
@@ -320,6 +323,47 @@ def test_a_worker_that_never_posts_its_hello_is_named_with_its_node_at_the_join_
     assert "no word from rank 3 (node 1) within 1 s" in caught.value.reason
     assert "rank 1" not in caught.value.reason and caught.value.exit_code == 10
     assert caught.value.code == "fleet-join"
+
+
+class LaggingStore:
+    """A real store client whose every answer takes ``lag_s`` (a loaded machine's round trip): a wait shorter than
+    that times out as torch's would, before the answer comes (isolates the join's "who is missing" look)."""
+
+    def __init__(self, inner: Any, lag_s: float) -> None:
+        self.inner, self.lag_s = inner, lag_s
+
+    def set(self, key: str, value: str) -> None:
+        self.inner.set(key, value)
+
+    def wait(self, keys: list[str], timeout: timedelta) -> None:
+        if timeout.total_seconds() < self.lag_s:
+            time.sleep(timeout.total_seconds())
+            raise RuntimeError(f"wait timeout after {timeout.total_seconds() * 1000:.0f}ms")
+        time.sleep(self.lag_s)
+        self.inner.wait(keys, timeout - timedelta(seconds=self.lag_s))
+
+    def get(self, key: str) -> bytes:
+        return bytes(self.inner.get(key))
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return [bytes(v) for v in self.inner.multi_get(keys)]
+
+    def check(self, keys: list[str]) -> bool:
+        time.sleep(self.lag_s)
+        return bool(self.inner.check(keys))
+
+
+def test_on_a_slow_store_only_the_worker_that_never_posted_is_named(store: Any, cvm: FleetCvm) -> None:
+    """The join names who is missing by looking at each hello without a deadline of its own: a 1 ms wait per key
+    timed out on a loaded machine and named this worker's own posted hello as missing (CI, load 10)."""
+    prefix = dist.PrefixStore("slow", client(store))
+    for r in (1, 2):
+        prefix.set(f"hello/{r}", "{}")
+    with pytest.raises(FleetJoinError) as caught:
+        agree_fleet_key(LaggingStore(prefix, 0.005), rank=0, world=4, context="job=slow restart=0", cvm=cvm,
+                        timeout_s=600, join_timeout_s=1, ranks_per_node=2)
+    assert "no word from rank 3 (node 1) within 1 s" in caught.value.reason
+    assert "rank 0" not in caught.value.reason
     assert not store.check(["lone/key/1"]) and not store.check(["lone/verdict/0"])
 
 
