@@ -109,7 +109,7 @@ class RunSettings:
     cvm_kind: str = "tdx"
     #: the next holder's attestation (ATTEST -> VERDICT, over the key its window will have) runs while the
     #: current visit trains; its hand-off then only checks that the prediction held (core/travel/windows.py)
-    attest_prefetch: bool = False  # off for runs until the crash sweep under load reaches its digest with it (stop 38 note); bench travel turns it on
+    attest_prefetch: bool = True  # the next holder's attestation while the current visit trains (issue 34 item 2)
     #: an attesting holder's HANDOFF is also relayed by the device on the agent's parked data connection (its key
     #: wrapped for the agent; the agent takes the first copy): the SSH link's crossing leaves the hand-off's path. Off:
     #: measured no faster (the orchestrator's round trip to the device cost more than the crossing it saves,
