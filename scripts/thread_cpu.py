@@ -141,10 +141,12 @@ def main(argv: list[str] | None = None) -> int:
         now = time.monotonic() - t0
         for pid in _descendants(proc.pid):
             for key, (cpu, nice, minflt) in _threads(pid).items():
-                rec = seen.setdefault(key, {"pid": key[0], "tid": key[1], "first_s": now, "cpu_s": 0.0})
+                rec = seen.setdefault(key, {"pid": key[0], "tid": key[1], "name": "", "first_s": now,
+                                            "cpu_s": 0.0})
                 rec.update(cpu_s=cpu, nice=nice, minflt=minflt, last_s=now)
-                if "name" not in rec:
-                    rec["name"] = ("main:" if key[0] == key[1] else "") + _thread_name(*key)
+                name = _thread_name(*key)  # read at every look: a thread names itself after it starts
+                if name:
+                    rec["name"] = ("main:" if key[0] == key[1] else "") + name
             mem = _memory(pid)
             if mem is not None:
                 p = procs.setdefault(pid, {"pid": pid, "cmdline": _cmdline(pid)[:200], "peak_mib": 0.0,

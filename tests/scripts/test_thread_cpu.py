@@ -20,6 +20,7 @@ def spin(seconds):
     end = time.thread_time() + seconds
     while time.thread_time() < end:
         pass
+    time.sleep(1.0)  # alive a while longer: the sampler's last look at a thread is what it counts
     return seconds
 
 def named():
@@ -42,7 +43,7 @@ subprocess.run([sys.executable, "-c", sys.argv[1]], check=True)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
 def test_each_thread_is_accounted_under_its_name_and_a_pool_under_its_prefix(tmp_path: Path) -> None:
     out = tmp_path / "threads.json"
-    rc = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "thread_cpu.py"), "--every", "0.1", "--out",
+    rc = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "thread_cpu.py"), "--every", "0.05", "--out",
                          str(out), "--", sys.executable, "-c", BUSY], capture_output=True, timeout=120).returncode
     assert rc == 0
     result = json.loads(out.read_text())
@@ -59,7 +60,7 @@ def test_each_thread_is_accounted_under_its_name_and_a_pool_under_its_prefix(tmp
 def test_a_grandchild_is_accounted_too(tmp_path: Path) -> None:
     """The holders' agents run under the SSH server the command starts: two levels below it."""
     out = tmp_path / "threads.json"
-    rc = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "thread_cpu.py"), "--every", "0.1", "--out",
+    rc = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "thread_cpu.py"), "--every", "0.05", "--out",
                          str(out), "--", sys.executable, "-c", GRANDPARENT, BUSY], capture_output=True,
                         timeout=120).returncode
     assert rc == 0
