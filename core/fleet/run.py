@@ -140,26 +140,46 @@ def launch_fleet(settings: RunSettings, fleet: FleetOptions, *, entry: str, rdzv
         if report.get("error"):
             raise error_from_code(report["error"]["code"], report["error"]["reason"])
         return report
-    errors, local = [], []
-    for path in [rank.report for _, rank in folder.ranks() if rank.report.exists()]:
-        data = json.loads(path.read_text())
+    errors: list[dict[str, str]] = []
+    local: list[dict[str, Any]] = []
+    reported: set[int] = set()
+    for n, rank in folder.ranks():
+        if not rank.report.exists():
+            continue
+        data = json.loads(rank.report.read_text())
         local.append(data)
+        reported.add(n)
         if data.get("error"):
             errors.append(data["error"])
-    if errors:
-        raise error_from_code(errors[0]["code"], errors[0]["reason"])
-    if proc.returncode == 0 and local:  # a host without rank 0: its ranks' own reports
-        return {"merged_elsewhere": True, "note": "rank 0 runs on another host and writes the fleet's report",
-                "ranks": [r.get("gpu") for r in local], "failed_visits": sum(r.get("failed_visits", 0) for r in local)}
-    text = proc.stderr.decode(errors="replace") if proc.stderr else ""
+    if errors or proc.returncode != 0 or not local:
+        raise job_failure(proc.returncode, proc.stderr.decode(errors="replace") if proc.stderr else "",
+                          errors=errors, reported=reported)
+    # a host without rank 0: its ranks' own reports
+    return {"merged_elsewhere": True, "note": "rank 0 runs on another host and writes the fleet's report",
+            "ranks": [r.get("gpu") for r in local], "failed_visits": sum(r.get("failed_visits", 0) for r in local)}
+
+
+def job_failure(returncode: int, text: str, *, errors: list[dict[str, str]], reported: set[int]) -> GpuTravelError:
+    """The named error of a failed torchrun job, from the ranks' reported errors and torchrun's own account
+    (``text``, its stderr, whose "Root Cause" names the rank that failed first).
+
+    A survivor that saw its peer's socket close before torchrun stopped it reports a ``collective`` error: when
+    torchrun names a rank killed by a signal that wrote no report, the kill is the job's failure (a WorkerError
+    naming it, whichever the survivor or torchrun's SIGTERM came first), the survivor's words kept after it."""
     root = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", text, re.DOTALL)
-    first = ""
-    if root:  # torchrun names the rank that failed first (a kill: a negative exit code, the signal)
-        code = int(root.group(2))
+    first, killed = "", None
+    if root:  # a kill: a negative exit code, the signal
+        rank, code = int(root.group(1)), int(root.group(2))
         how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-        first = f"; rank {root.group(1)} failed first ({how}), torchrun stopped the others"
-    raise error_from_code("worker", f"the fleet's torchrun job exited with {proc.returncode} and no report{first} "
-                                    f"{text[-600:]}")
+        first = f"; rank {rank} failed first ({how}), torchrun stopped the others"
+        killed = rank if code < 0 and rank not in reported else None
+    if errors and killed is not None and all(e["code"] == "collective" for e in errors):
+        return error_from_code("worker", f"the fleet's torchrun job exited with {returncode} and no report{first}; "
+                                         f"the others saw: {errors[0]['reason']}")
+    if errors:
+        return error_from_code(errors[0]["code"], errors[0]["reason"])
+    return error_from_code("worker", f"the fleet's torchrun job exited with {returncode} and no report{first} "
+                                     f"{text[-600:]}")
 
 
 def _run_torchrun(cmd: list[str], *, env: dict[str, str], progress: int | None) -> subprocess.CompletedProcess[bytes]:

@@ -168,3 +168,45 @@ def test_a_tampered_ring_hop_fails_the_step_on_every_rank_and_replicas_stay_equa
     assert report["fleet"]["replica_digests_equal"] is True  # every replica was put back, together
     assert len({s["digest"] for s in report["fleet"]["step_log"]}) == 1  # and never moved
     assert report["ledger"]["verified"] is True
+
+
+TORCHRUN_KILLED_RANK_1 = """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+gputravel.console.cli.fleet_rank FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-29_04:00:00
+  host      : ci
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 4242)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 4242
+============================================================
+"""
+
+
+def test_a_survivors_collective_error_after_its_peer_was_killed_names_the_kill() -> None:
+    """Rank 1 was SIGKILLed; rank 0 saw its gloo socket close before torchrun's SIGTERM reached it and reported a
+    collective error. The job's failure is the kill, named as torchrun saw it, whichever came first (CI at load
+    saw this order); the survivor's words are kept. A rank's own non-collective refusal still wins, and a
+    collective error with no killed rank stays a collective error."""
+    from gputravel.core.errors import CollectiveError, ReplicaDivergedError, WorkerError
+    from gputravel.core.fleet.run import job_failure
+
+    saw = {"code": "collective", "reason": "the fleet's worker group failed: [gloo] Connection closed by peer"}
+    error = job_failure(1, TORCHRUN_KILLED_RANK_1, errors=[saw], reported={0})
+    assert isinstance(error, WorkerError) and error.exit_code == 10
+    assert "rank 1 failed first (killed by signal 9)" in error.reason and "Connection closed by peer" in error.reason
+    # torchrun's SIGTERM came first: no report from either, the same named error
+    quiet = job_failure(1, TORCHRUN_KILLED_RANK_1, errors=[], reported=set())
+    assert isinstance(quiet, WorkerError) and "rank 1 failed first (killed by signal 9)" in quiet.reason
+    refused = {"code": "replica-diverged", "reason": "rank 0's digest differs"}
+    assert isinstance(job_failure(1, TORCHRUN_KILLED_RANK_1, errors=[refused], reported={0}), ReplicaDivergedError)
+    assert isinstance(job_failure(1, "", errors=[saw], reported={0}), CollectiveError)
+    # the killed rank had written its own report: its words are not a kill's consequence
+    assert isinstance(job_failure(1, TORCHRUN_KILLED_RANK_1, errors=[saw], reported={0, 1}), CollectiveError)
