@@ -1,4 +1,4 @@
-"""Issue 34 item 2: the window's key asked from the event loop (``DeviceClient.handoff_on_loop``) against the same
+"""Issue 34 item 2: the window's key asked from the event loop (``DeviceClient.on_loop.handoff``) against the same
 request through a worker thread (``asyncio.to_thread(client.handoff)``, what the hand-off did before), on one real
 device process, the two taken in turn so both meet the same load. Times the request alone (no holder, no data: the
 ``window`` stage without the data it overlaps in a run), from the caller's ``await`` to the grant back on the loop.
@@ -35,7 +35,7 @@ async def _study(client: DeviceClient, rounds: int) -> dict[str, Any]:
             epoch += 1
             t0 = time.perf_counter_ns()
             if variant == "on_loop":
-                await client.handoff_on_loop(epoch=epoch, offset=0, length=1 << 20, chunk_size=1 << 20)
+                await client.on_loop.handoff(epoch=epoch, offset=0, length=1 << 20, chunk_size=1 << 20)
             else:
                 await asyncio.to_thread(client.handoff, epoch=epoch, offset=0, length=1 << 20, chunk_size=1 << 20)
             pair[variant] = (time.perf_counter_ns() - t0) / 1e3

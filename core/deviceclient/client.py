@@ -16,7 +16,7 @@ from typing import Any
 
 from gputravel.core.attestation import AttestationResult, Evidence, code_measurement, verify_evidence
 from gputravel.core.deviceclient.anchors import TrustAnchors
-from gputravel.core.deviceclient.onloop import LoopCalls, handoff_args
+from gputravel.core.deviceclient.onloop import LoopCaller, grant_from, handoff_args
 from gputravel.core.deviceclient.ringckpt import RingCheckpoint
 from gputravel.core.errors import DeviceError, FrameError, GpuTravelError, error_from_code
 from gputravel.core.handshake import Initiator, SessionSecrets
@@ -52,9 +52,9 @@ from gputravel.core.protocol.wirejson import loads_bounded
 __all__ = ["DeviceClient", "RingCheckpoint", "TrustAnchors"]
 
 
-class DeviceClient(LoopCalls):
+class DeviceClient:
     """A blocking client; the engine calls it from a worker thread (``asyncio.to_thread``), or from the loop
-    itself for the window's key (``handoff_on_loop``)."""
+    itself for the window's key (``on_loop.handoff``)."""
 
     #: checkpoint-chunk requests kept in flight, so the device seals the next chunk while this side writes
     PIPELINE = 3
@@ -75,6 +75,8 @@ class DeviceClient(LoopCalls):
         self.nonce_budget = 2**32
         self.rotations = 0
         self._expected_code: str | None = None  # policy code "auto", resolved on the first attestation
+        #: the calls made from the event loop with no worker thread (the window's key)
+        self.on_loop = LoopCaller(self)
 
     # --- connection and attestation ----------------------------------------------------------
     def connect(self) -> AttestationResult:
@@ -151,15 +153,15 @@ class DeviceClient(LoopCalls):
         if op != Op.ROTATE and self._chan is not None and self._chan.send.counter >= self.nonce_budget - 1:
             self.rotate()
         with self._lock:
-            self._send(op, payload, attached=attached, **args)
-            resp, out = self._receive()
+            self.send_request(op, payload, attached=attached, **args)
+            resp, out = self.read_answer()
             if isinstance(resp, GpuTravelError):
                 raise resp
             if op == Op.ROTATE:
                 self._set_epoch(int(resp["epoch"]))
             return resp, out
 
-    def _send(self, op: Op | str, payload: bytes | bytearray | memoryview = b"", *, attached: bool = False,
+    def send_request(self, op: Op | str, payload: bytes | bytearray | memoryview = b"", *, attached: bool = False,
               **args: Any) -> None:
         """Seal and send one request (the caller holds the lock)."""
         if self._chan is None or self._sock is None:
@@ -170,7 +172,7 @@ class DeviceClient(LoopCalls):
         except OSError as exc:
             raise DeviceError(f"device link failed: {exc}") from None
 
-    def _receive(self) -> tuple[dict[str, Any] | GpuTravelError, bytes]:
+    def read_answer(self) -> tuple[dict[str, Any] | GpuTravelError, bytes]:
         """Read and open one response (the caller holds the lock). A refusal comes back as its typed error
         (not raised, so a pipelined caller can still read the answers it has outstanding); a broken link raises."""
         if self._chan is None:
@@ -183,6 +185,19 @@ class DeviceClient(LoopCalls):
         if not resp.pop("ok", False):
             return error_from_code(str(resp.get("code")), str(resp.get("reason"))), b""
         return resp, bytes(inner.payload)
+
+    def claim(self) -> socket.socket | None:
+        """The link for one request by a caller that will not wait for it (``on_loop``): its socket, with the lock
+        now held (write with ``send_request``, read with ``read_answer``, then ``release``), or None where another
+        thread is mid-request, a rotation is due or there is no link."""
+        if self._sock is None or self._chan is None or self._chan.send.counter >= self.nonce_budget - 1 \
+                or not self._lock.acquire(blocking=False):
+            return None
+        return self._sock
+
+    def release(self) -> None:
+        """Free the link ``claim`` took."""
+        self._lock.release()
 
     def attest(self) -> AttestationResult:
         """A fresh attestation inside the session (each visit starts with one)."""
@@ -222,7 +237,7 @@ class DeviceClient(LoopCalls):
         once here (a malformed grant is the device's fault: ``DeviceError``). ``relay`` (holder, HANDOFF header
         with its key wrapped for that holder): the device writes it on the holder's parked data connection as the
         window opens (``HandoffGrant.relayed``)."""
-        return self._grant(self.call(Op.HANDOFF, **handoff_args(epoch, offset, length, chunk_size, relay))[0])
+        return grant_from(self.call(Op.HANDOFF, **handoff_args(epoch, offset, length, chunk_size, relay))[0])
 
     def relay(self, *, holder: str, epoch: int, handoff: dict[str, Any]) -> bool:
         """Have the device write ``handoff`` (a HANDOFF header whose key is wrapped for ``holder``) on that
@@ -305,9 +320,9 @@ class DeviceClient(LoopCalls):
             sent = received = 0
             while received < n:
                 while sent < n and sent - received < self.PIPELINE:
-                    self._send(Op.CHECKPOINT_NEXT)
+                    self.send_request(Op.CHECKPOINT_NEXT)
                     sent += 1
-                head, sealed = self._receive()
+                head, sealed = self.read_answer()
                 received += 1
                 if isinstance(head, GpuTravelError):
                     refused = refused or head
@@ -367,4 +382,3 @@ class DeviceClient(LoopCalls):
         if self._sock is not None:
             self._sock.close()
         self._sock = self._stream = self._chan = None
-

@@ -1,55 +1,50 @@
 """The device client's calls from the event loop itself, with no worker thread: the window's key, on a hand-off's
-critical path (issue 34 item 2). A base of :class:`~gputravel.core.deviceclient.client.DeviceClient`, which owns the
-link; this part only reads it."""
+critical path (issue 34 item 2). A part of :class:`~gputravel.core.deviceclient.client.DeviceClient`
+(``client.on_loop``): the client owns the link; this part borrows it for one request at a time
+(``DeviceClient.claim``), or goes through a worker thread where it cannot."""
 
 from __future__ import annotations
 
 import asyncio
-import socket
+import contextlib
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gputravel.core.errors import DeviceError, FrameError, GpuTravelError
 from gputravel.core.protocol.deviceanswers import HandoffGrant
-from gputravel.core.protocol.devicelink import ControlChannel, Op
+from gputravel.core.protocol.devicelink import Op
 
-__all__ = ["LoopCalls", "handoff_args"]
+if TYPE_CHECKING:
+    from gputravel.core.deviceclient.client import DeviceClient
+
+__all__ = ["LoopCaller", "grant_from", "handoff_args"]
 
 
-class LoopCalls:
-    """``call_on_loop`` and ``handoff_on_loop`` over the client's link (its socket, channel and lock)."""
+class LoopCaller:
+    """``call`` and ``handoff`` over ``client``'s link, from the event loop."""
 
-    _sock: socket.socket | None
-    _chan: ControlChannel | None
-    _lock: threading.Lock
-    nonce_budget: int
-    timeout: float
+    def __init__(self, client: DeviceClient) -> None:
+        self._client = client
+        #: cancelled waits whose answers a worker thread read (the link stays held until it has)
+        self.drained = 0
 
-    def call(self, op: Op | str, payload: bytes | bytearray | memoryview = b"", *, attached: bool = False,
-             **args: Any) -> tuple[dict[str, Any], bytes]:
-        raise NotImplementedError
-
-    def _send(self, op: Op | str, payload: bytes | bytearray | memoryview = b"", *, attached: bool = False,
-              **args: Any) -> None:
-        raise NotImplementedError
-
-    def _receive(self) -> tuple[dict[str, Any] | GpuTravelError, bytes]:
-        raise NotImplementedError
-
-    async def call_on_loop(self, op: Op | str, **args: Any) -> dict[str, Any]:
-        """``call`` from the event loop with no worker thread, for a small request answered without a payload:
-        it is sealed and written at once (a few hundred bytes on an idle socket), the loop's own poller wakes when
-        the answer arrives, and it is read then; the loop is free while the device works. Two thread crossings
-        fewer than ``asyncio.to_thread(call)`` (issue 34: 0.2-0.7 ms each on a loaded 2-core machine). Relies on
-        this link's rule that every answer is read in full before the next request (the reader holds no byte
-        now). ``call`` in a worker thread where another thread is mid-request or a rotation is due; a cancelled
-        wait still reads its answer (the channel stays in step); no answer in ``timeout`` is ``DeviceError``."""
-        sock, loop = self._sock, asyncio.get_running_loop()
-        if sock is None or self._chan is None or self._chan.send.counter >= self.nonce_budget - 1 \
-                or not self._lock.acquire(blocking=False):
-            return (await asyncio.to_thread(self.call, op, **args))[0]
+    async def call(self, op: Op | str, **args: Any) -> dict[str, Any]:
+        """``client.call`` from the event loop with no worker thread, for a small request answered without a
+        payload: it is sealed and written at once (a few hundred bytes on an idle socket), the loop's own poller
+        wakes when the answer arrives, and it is read then; the loop is free while the device works. Two thread
+        crossings fewer than ``asyncio.to_thread(call)`` (issue 34: 0.2-0.7 ms each on a loaded 2-core machine).
+        Relies on the link's rule that every answer is read in full before the next request (the reader holds no
+        byte now). ``call`` in a worker thread where another thread is mid-request or a rotation is due. A
+        cancelled wait hands its answer to a worker thread, which reads it and only then frees the link (the
+        channel stays in step; the loop never blocks on the socket); no answer in the client's ``timeout`` is
+        ``DeviceError``."""
+        client, loop = self._client, asyncio.get_running_loop()
+        sock = client.claim()
+        if sock is None:
+            return (await asyncio.to_thread(client.call, op, **args))[0]
+        handed = False
         try:
-            self._send(op, **args)
+            client.send_request(op, **args)
             ready: asyncio.Future[None] = loop.create_future()
 
             def readable() -> None:
@@ -58,34 +53,49 @@ class LoopCalls:
 
             loop.add_reader(sock.fileno(), readable)
             try:
-                async with asyncio.timeout(self.timeout):
+                async with asyncio.timeout(client.timeout):
                     await ready
             except TimeoutError:
-                raise DeviceError(f"device link failed: no answer to {op} in {self.timeout:g} s") from None
+                raise DeviceError(f"device link failed: no answer to {op} in {client.timeout:g} s") from None
             except asyncio.CancelledError:
-                self._receive()
+                loop.remove_reader(sock.fileno())
+                handed = True
+                # a thread of its own (not the loop's executor, which may be shutting down with the loop)
+                threading.Thread(target=self._drain, name="device-drain", daemon=True).start()
                 raise
             finally:
-                loop.remove_reader(sock.fileno())
-            resp, _ = self._receive()
+                if not handed:
+                    loop.remove_reader(sock.fileno())
+            resp, _ = client.read_answer()
         finally:
-            self._lock.release()
+            if not handed:
+                client.release()
         if isinstance(resp, GpuTravelError):
             raise resp
         return resp
 
-    async def handoff_on_loop(self, *, epoch: int, offset: int, length: int, chunk_size: int,
-                              relay: tuple[str, dict[str, Any]] | None = None) -> HandoffGrant:
-        """``handoff`` from the event loop (``call_on_loop``): the window's key on a hand-off's critical path."""
-        return self._grant(await self.call_on_loop(Op.HANDOFF,
-                                                   **handoff_args(epoch, offset, length, chunk_size, relay)))
-
-    @staticmethod
-    def _grant(head: dict[str, Any]) -> HandoffGrant:
+    def _drain(self) -> None:
+        """A worker thread's: read the answer a cancelled wait left (a refusal or a broken link included), then
+        free the link."""
         try:
-            return HandoffGrant.from_wire(head)
-        except FrameError as exc:
-            raise DeviceError(f"the device's handoff grant is malformed: {exc.reason}") from None
+            with contextlib.suppress(GpuTravelError):
+                self._client.read_answer()
+            self.drained += 1
+        finally:
+            self._client.release()
+
+    async def handoff(self, *, epoch: int, offset: int, length: int, chunk_size: int,
+                      relay: tuple[str, dict[str, Any]] | None = None) -> HandoffGrant:
+        """``client.handoff`` from the event loop: the window's key on a hand-off's critical path."""
+        return grant_from(await self.call(Op.HANDOFF, **handoff_args(epoch, offset, length, chunk_size, relay)))
+
+
+def grant_from(head: dict[str, Any]) -> HandoffGrant:
+    """A HANDOFF answer, typed and checked once (a malformed grant is the device's fault: ``DeviceError``)."""
+    try:
+        return HandoffGrant.from_wire(head)
+    except FrameError as exc:
+        raise DeviceError(f"the device's handoff grant is malformed: {exc.reason}") from None
 
 
 def handoff_args(epoch: int, offset: int, length: int, chunk_size: int,

@@ -17,12 +17,12 @@ from gputravel.core.deviceclient.client import DeviceClient
 from gputravel.core.errors import DeviceError, LinkLostError, ProtocolError
 from gputravel.core.platform.base import DeviceHandle
 from gputravel.core.protocol.deviceanswers import WindowClosed, WindowStatus
-from gputravel.core.protocol.holderlink import DataEndpoint, Handoff, ProvisioningKey
+from gputravel.core.protocol.holderlink import DataEndpoint, Handoff
 from gputravel.core.travel.handoff_relay import Early
 from gputravel.core.travel.holders import HolderLink, ProgressFn, ProvisionStats, RejectFn
 
 __all__ = ["FIXED_STAGES", "STAGE_PARTS", "ResumeFn", "add_stages", "close_window", "data_endpoint", "fixed_stages",
-           "handoff_for", "open_window", "open_window_relaying", "provision", "require_complete", "sub_windows"]
+           "open_window", "open_window_relaying", "provision", "require_complete", "sub_windows"]
 
 #: the hand-off's fixed cost by stage (issue 34 item 2), in order: the device derives the window's key
 #: (``window``), the orchestrator builds the holder's evidence (``attest``: the GPU's SPDM report over the
@@ -77,28 +77,18 @@ async def open_window(client: DeviceClient, *, epoch: int, skip: int, length: in
     holder gets, and the key's fingerprint.
 
     The key walks device -> orchestrator -> holder: ``BufferWindows.op_handoff`` derives it, the sealed
-    control channel brings it here, asked from this loop with no worker thread (``DeviceClient.handoff_on_loop``'s
+    control channel brings it here, asked from this loop with no worker thread (``DeviceClient.on_loop.handoff``'s
     ``HandoffGrant``, whose ``from_wire`` types it as a ``ProvisioningKey`` and checks it once), and the holder
     link forwards it inside the ``Handoff``."""
-    grant = await client.handoff_on_loop(epoch=epoch, offset=skip, length=length, chunk_size=chunk_size)
+    grant = await client.on_loop.handoff(epoch=epoch, offset=skip, length=length, chunk_size=chunk_size)
     key = grant.provisioning_key
     if key.epoch != epoch or key.fingerprint != grant.key_fingerprint:
         raise DeviceError(f"the device granted a key of epoch {key.epoch} ({key.fingerprint}) for epoch {epoch} "
                           f"({grant.key_fingerprint})")
-    handoff = handoff_for(epoch=epoch, session_id=grant.session_id, key=key, skip=skip, length=length,
-                          chunk_size=chunk_size, train=train, val=val, conventional=conventional,
-                          ledger_head=ledger_head)
+    handoff = Handoff.for_window(epoch=epoch, session_id=grant.session_id, key=key, skip=skip, length=length,
+                                 chunk_size=chunk_size, train=train, val=val, conventional=conventional,
+                                 ledger_head=ledger_head)
     return handoff, grant.key_fingerprint
-
-
-def handoff_for(*, epoch: int, session_id: str, key: ProvisioningKey, skip: int, length: int, chunk_size: int,
-                train: tuple[int, int], val: tuple[int, int], conventional: bool = False,
-                ledger_head: str | None = None) -> Handoff:
-    """The ``Handoff`` of bytes [skip, skip+length) of a visit's window in ``epoch`` under ``key``: the one builder
-    for the device's grant (``open_window``) and for the key the orchestrator derives itself before the window
-    opens (``HandoffWindows._with_window``), so the two cannot drift apart."""
-    return Handoff(epoch=epoch, session_id=session_id, key=key, window_offset=skip, chunk_size=chunk_size,
-                   train=train, val=val, skip=skip, length=length, conventional=conventional, ledger_head=ledger_head)
 
 
 async def open_window_relaying(client: DeviceClient, base: Handoff, early: Early, *, holder: str) -> str:
@@ -107,7 +97,7 @@ async def open_window_relaying(client: DeviceClient, base: Handoff, early: Early
     device opens the window and writes the HANDOFF on the holder's parked data connection before it answers
     (``early.delivered``). Returns the key's fingerprint; a grant of another key than ``base``'s is the device's
     error (``DeviceError``)."""
-    grant = await client.handoff_on_loop(epoch=base.epoch, offset=base.skip, length=base.window_len,
+    grant = await client.on_loop.handoff(epoch=base.epoch, offset=base.skip, length=base.window_len,
                                          chunk_size=base.chunk_size, relay=(holder, early.outgoing.to_wire()))
     if base.key is None or grant.provisioning_key != base.key or grant.session_id != base.session_id:
         raise DeviceError(f"the device granted key {grant.key_fingerprint} for epoch {base.epoch}, not the one the "

@@ -1,4 +1,4 @@
-"""The window's key asked from the event loop with no worker thread (``DeviceClient.handoff_on_loop``, issue 34
+"""The window's key asked from the event loop with no worker thread (``DeviceClient.on_loop.handoff``, issue 34
 item 2), against a real device process: the same grant as the blocking call, refusals typed, and the control
 channel in step afterwards (a cancelled wait still reads its answer)."""
 
@@ -34,7 +34,7 @@ def test_a_window_key_asked_from_the_loop_is_the_key_the_session_derives(dev: De
     client: DeviceClient = dev.client
     epoch = client.window_status().epoch or 0
     epoch += 1
-    grant = asyncio.run(client.handoff_on_loop(epoch=epoch, offset=4096, length=8192, chunk_size=4096))
+    grant = asyncio.run(client.on_loop.handoff(epoch=epoch, offset=4096, length=8192, chunk_size=4096))
     assert client.secrets is not None
     want = provisioning_key(client.secrets.master, client.secrets.session_id, epoch=epoch, offset=4096, length=8192,
                             direction=Direction.HOLDER_TO_DEVICE)
@@ -52,29 +52,33 @@ def test_refusals_from_the_loop_are_typed_and_leave_the_channel_in_step(dev: Dev
     epoch = client.handoff(epoch=100, offset=0, length=4096, chunk_size=4096).provisioning_key.epoch
     client.close_window(epoch=epoch)
     with pytest.raises(StaleEpochError):
-        asyncio.run(client.handoff_on_loop(epoch=epoch, offset=0, length=4096, chunk_size=4096))
+        asyncio.run(client.on_loop.handoff(epoch=epoch, offset=0, length=4096, chunk_size=4096))
     with pytest.raises(WindowError):
-        asyncio.run(client.handoff_on_loop(epoch=epoch + 1, offset=0, length=BUFFER + 1, chunk_size=4096))
+        asyncio.run(client.on_loop.handoff(epoch=epoch + 1, offset=0, length=BUFFER + 1, chunk_size=4096))
     assert not client.window_status().open
-    grant = asyncio.run(client.handoff_on_loop(epoch=epoch + 2, offset=0, length=4096, chunk_size=4096))
+    grant = asyncio.run(client.on_loop.handoff(epoch=epoch + 2, offset=0, length=4096, chunk_size=4096))
     assert client.window_status().epoch == grant.provisioning_key.epoch == epoch + 2
     client.close_window(epoch=epoch + 2)
 
 
-def test_a_cancelled_wait_still_reads_its_answer(dev: DeviceProcess) -> None:
+def test_a_cancelled_wait_still_reads_its_answer_off_the_loop(dev: DeviceProcess) -> None:
+    """The cancelled wait's answer is read by a worker thread, which frees the link only then: the loop was never
+    blocked on the socket, and the next request (from any thread) reads its own answer."""
     client: DeviceClient = dev.client
     _close_open_window(client)
     epoch = 200
+    drained = client.on_loop.drained
 
     async def ask_then_cancel() -> None:
-        task = asyncio.create_task(client.handoff_on_loop(epoch=epoch, offset=0, length=4096, chunk_size=4096))
+        task = asyncio.create_task(client.on_loop.handoff(epoch=epoch, offset=0, length=4096, chunk_size=4096))
         await asyncio.sleep(0)  # the request is written; the task waits for the answer
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
 
     asyncio.run(ask_then_cancel())
-    status = client.window_status()  # not the stale grant: it was read by the cancelled call
+    status = client.window_status()  # waits for the link, then reads its own answer: not the stale grant
+    assert client.on_loop.drained == drained + 1
     assert status.open and status.epoch == epoch
     client.close_window(epoch=epoch)
 
@@ -88,7 +92,7 @@ def test_the_loop_call_waits_its_turn_behind_another_threads_request(dev: Device
     async def with_link_held() -> int:
         lock = client._lock
         lock.acquire()
-        task = asyncio.create_task(client.handoff_on_loop(epoch=300, offset=0, length=4096, chunk_size=4096))
+        task = asyncio.create_task(client.on_loop.handoff(epoch=300, offset=0, length=4096, chunk_size=4096))
         await asyncio.sleep(0.05)
         assert not task.done()  # queued behind the holder of the link
         lock.release()

@@ -16,6 +16,7 @@ import pytest
 from helpers import small_settings, started
 
 from gputravel.core.deviceclient.client import DeviceClient
+from gputravel.core.deviceclient.onloop import LoopCaller
 from gputravel.core.errors import DeviceError
 from gputravel.core.ledger import read_rows
 from gputravel.core.protocol import FrameType
@@ -125,15 +126,15 @@ async def test_a_visits_first_handoff_goes_with_its_window_request_and_the_link_
 
     monkeypatch.setattr(DeviceClient, "relay", no_relay)
     requests: list[bool] = []
-    original = DeviceClient.handoff_on_loop  # the window's key is asked from the loop (core/deviceclient/onloop.py)
+    original = LoopCaller.handoff  # the window's key is asked from the loop (core/deviceclient/onloop.py)
 
-    async def handoff(self: DeviceClient, **kw: Any) -> Any:
+    async def handoff(self: LoopCaller, **kw: Any) -> Any:
         requests.append(kw.get("relay") is not None)
         if not delivered:
             kw.pop("relay", None)
         return await original(self, **kw)
 
-    monkeypatch.setattr(DeviceClient, "handoff_on_loop", handoff)
+    monkeypatch.setattr(LoopCaller, "handoff", handoff)
     out = tmp_path / "run"
     settings = small_settings(data_root, out, rounds=2, transport="local", attest_prefetch=True,
                               handoff_with_window=True)
