@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import os
 import random
 import socket
@@ -17,6 +18,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from gputravel.console.entries import ENTRIES
@@ -27,6 +29,15 @@ from gputravel.core.travel.engine import TravelEngine
 #: The tests folder, the repository root, and the shared files beside the test folders.
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TESTS_DIR.parent
+
+
+def load_script(name: str) -> ModuleType:
+    """``scripts/<name>.py`` loaded as a module (the scripts are not a package), so a test calls its ``main``."""
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 DATA_DIR = TESTS_DIR / "data"
 SNAPSHOTS_DIR = TESTS_DIR / "snapshots"
 

@@ -3,20 +3,10 @@ tree whose answers are known by construction."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 from pathlib import Path
-from types import ModuleType
 
-from helpers import REPO_ROOT
-
-
-def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("arch_numbers", REPO_ROOT / "scripts" / "arch_numbers.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helpers import load_script
 
 
 def test_counts_modules_markers_and_classes_with_their_project_bases(tmp_path: Path) -> None:
@@ -34,7 +24,7 @@ def test_counts_modules_markers_and_classes_with_their_project_bases(tmp_path: P
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
     subprocess.run(["git", "add", "pkg/__init__.py", "pkg/base.py", "pkg/child.py", "pkg/big.py", "tests"],
                    cwd=tmp_path, check=True)
-    got = _script().numbers(tmp_path)
+    got = load_script("arch_numbers").numbers(tmp_path)
     assert got["modules"] == 4
     assert got["modules_over_400"] == 1 and got["modules_over_600"] == 1
     assert got["over_400"] == {"pkg/big.py": 700}

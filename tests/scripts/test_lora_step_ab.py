@@ -4,26 +4,16 @@ for bit: the step the A/B compares is the same arithmetic on both sides, so a CP
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 
-from helpers import REPO_ROOT
-
-
-def _script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "scripts" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helpers import load_script
 
 
 def test_plain_and_trainer_steps_match_and_are_accounted(tmp_path: Path) -> None:
     folder = tmp_path / "tiny"
-    assert _script("make_random_llama").main(["--shape", "llama-tiny", "--out", str(folder)]) == 0
-    got = _script("lora_step_ab").main([str(folder), "--rank", "4", "--steps", "3", "--seq-len", "32",
-                                        "--variants", "plain,trainer,trainer_step"])
+    assert load_script("make_random_llama").main(["--shape", "llama-tiny", "--out", str(folder)]) == 0
+    got = load_script("lora_step_ab").main([str(folder), "--rank", "4", "--steps", "3", "--seq-len", "32",
+                                           "--variants", "plain,trainer,trainer_step"])
     assert got["same_losses"] is True
     runs = got["variants"]
     assert set(runs) == {"plain", "trainer", "trainer_step"}
