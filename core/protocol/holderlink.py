@@ -253,6 +253,17 @@ class Handoff(FrameMessage):
     #: connection (wire name "relay"): the agent takes the first copy to arrive and skips the other
     relay_id: str | None = field(default=None, metadata=bounds(Opt(Hex(max_len=32)), wire="relay", sparse=True))
 
+    @classmethod
+    def for_window(cls, *, epoch: int, session_id: str, key: ProvisioningKey, skip: int, length: int,
+                   chunk_size: int, train: tuple[int, int], val: tuple[int, int], conventional: bool = False,
+                   ledger_head: str | None = None) -> Handoff:
+        """The hand-off of bytes [skip, skip+length) of a visit's window in ``epoch`` under ``key`` (the window
+        starts where its key's bytes do: ``window_offset`` is ``skip``). The one builder for the device's grant
+        (``open_window``) and for the key the orchestrator derives itself before the window opens, so the two
+        cannot drift apart."""
+        return cls(epoch=epoch, session_id=session_id, key=key, window_offset=skip, chunk_size=chunk_size,
+                   train=train, val=val, skip=skip, length=length, conventional=conventional, ledger_head=ledger_head)
+
     @property
     def window_len(self) -> int:
         """Bytes under this key."""

@@ -232,10 +232,10 @@ class HandoffWindows:
         plan = v.rec.plan
         key = provisioning_key(secrets.master, secrets.session_id, epoch=epoch, offset=skip, length=length,
                                direction=Direction.HOLDER_TO_DEVICE)
-        base = ho.handoff_for(epoch=epoch, session_id=secrets.session_id.hex(), key=ProvisioningKey.of(key),
-                              skip=skip, length=length, chunk_size=s.chunk_size,
-                              train=(plan.train_start, plan.train_len), val=(plan.val_start, plan.val_len),
-                              ledger_head=self.audit.head())
+        base = Handoff.for_window(epoch=epoch, session_id=secrets.session_id.hex(), key=ProvisioningKey.of(key),
+                                  skip=skip, length=length, chunk_size=s.chunk_size,
+                                  train=(plan.train_start, plan.train_len), val=(plan.val_start, plan.val_len),
+                                  ledger_head=self.audit.head())
         endpoint = ho.data_endpoint(self.device.handle, data_path=s.data_path, transport=s.transport)
         early = link.session.prepare_handoff(base, data_endpoint=endpoint)
         return None if early is None else (base, early)

@@ -84,6 +84,19 @@ def broken(**changes: Any) -> dict[str, Any]:
     return wire
 
 
+def test_a_windows_handoff_starts_its_window_where_its_keys_bytes_do() -> None:
+    """``Handoff.for_window``: the one builder of a window's hand-off (the device's grant and the key the
+    orchestrator derives before the window opens): its window starts at ``skip``, covers ``length`` bytes, and
+    passes the checks a holder runs on it; a window reaching past the visit's slices is refused."""
+    ho = Handoff.for_window(epoch=5, session_id="ab" * 16, key=KEY, skip=4096, length=4096, chunk_size=1024,
+                            train=(0, 6000), val=(6000, 2192), ledger_head="3:" + "0" * 64)
+    assert (ho.window_offset, ho.skip, ho.window_len, ho.n_chunks) == (4096, 4096, 4096, 4)
+    assert Handoff.from_wire(ho.to_wire()).validated() == ho
+    with pytest.raises(FrameError, match="outside this visit"):
+        Handoff.for_window(epoch=5, session_id="ab" * 16, key=KEY, skip=4096, length=8192, chunk_size=1024,
+                           train=(0, 6000), val=(6000, 2192)).validated()
+
+
 @pytest.mark.parametrize(("wire", "match"), [
     (broken(epoch=...), "Handoff.epoch: missing"),
     (broken(epoch=True), "Handoff.epoch: expected an integer, got bool"),
