@@ -135,6 +135,17 @@ def register(app: typer.Typer) -> None:
         buffer_mib: float = typer.Option(BUFFER_MIB_DEFAULT, help="GPU data buffer size (MiB); a bigger holder takes passes.",
                                          rich_help_panel=DATA_PANEL),
         chunk_kib: int = typer.Option(CHUNK_KIB_DEFAULT, help=CHUNK_KIB_HELP, rich_help_panel=DATA_PANEL),
+        attest_prefetch: bool = typer.Option(True, "--attest-prefetch/--no-attest-prefetch",
+                                             rich_help_panel=DATA_PANEL,
+                                             help="The next holder attests while a visit trains, bound to the key "
+                                                  "its window will get (default); off: each hand-off attests in "
+                                                  "line (docs/performance.md)."),
+        handoff_with_window: bool = typer.Option(True, "--handoff-with-window/--no-handoff-with-window",
+                                                 rich_help_panel=DATA_PANEL,
+                                                 help="A visit's first HANDOFF rides its window's request and the "
+                                                      "device writes it on the holder's parked data connection "
+                                                      "(default; needs --attest-prefetch); off: it crosses the "
+                                                      "holder's SSH link after the window opens."),
         cipher_engine: CipherEngine = typer.Option(CipherEngine.AUTO, "--cipher-engine", help=CIPHER_ENGINE_HELP,
                                                    rich_help_panel=DATA_PANEL),
         cc_mode: CcMode = typer.Option(CcMode.ON, "--cc-mode", help="Mode the emulated GPU starts in (devtools "
@@ -205,6 +216,7 @@ def register(app: typer.Typer) -> None:
             extra=dict(model=model.value, batch_size=batch_size, seq_len=seq_len, lr=lr, seed=seed, device=device,
                        cc_mode=cc_mode.value, visit_attempts=visit_attempts, fault=fault,
                        cipher_engine=cipher_engine.value, init_from=init_from,
+                       attest_prefetch=attest_prefetch, handoff_with_window=handoff_with_window,
                        holder_inject=inject.value if inject is not None else None,
                        cvm_kind=cvm_kind.value,
                        checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,
