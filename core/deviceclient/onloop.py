@@ -7,23 +7,39 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gputravel.core.errors import DeviceError, FrameError, GpuTravelError
 from gputravel.core.protocol.deviceanswers import HandoffGrant
 from gputravel.core.protocol.devicelink import Op
 
-if TYPE_CHECKING:
-    from gputravel.core.deviceclient.client import DeviceClient
+__all__ = ["Link", "LoopCaller", "grant_from", "handoff_args"]
 
-__all__ = ["LoopCaller", "grant_from", "handoff_args"]
+
+class Link(Protocol):
+    """What the part borrows of its client: the link for one request at a time, and the blocking call."""
+
+    timeout: float
+
+    def claim(self) -> socket.socket | None: ...
+
+    def release(self) -> None: ...
+
+    def send_request(self, op: Op | str, payload: bytes | bytearray | memoryview = b"", *, attached: bool = False,
+                     **args: Any) -> None: ...
+
+    def read_answer(self) -> tuple[dict[str, Any] | GpuTravelError, bytes]: ...
+
+    def call(self, op: Op | str, payload: bytes | bytearray | memoryview = b"", *, attached: bool = False,
+             **args: Any) -> tuple[dict[str, Any], bytes]: ...
 
 
 class LoopCaller:
     """``call`` and ``handoff`` over ``client``'s link, from the event loop."""
 
-    def __init__(self, client: DeviceClient) -> None:
+    def __init__(self, client: Link) -> None:
         self._client = client
         #: cancelled waits whose answers a worker thread read (the link stays held until it has)
         self.drained = 0
