@@ -54,8 +54,8 @@ __all__ = [
 DEFAULT_CHUNK_BYTES = 1 << 20
 #: at world 2 with no chunking (no free core), both secure variants send a tensor up to this size as one sealed
 #: hop each way (``direct.run_direct``) instead of the ring's two steps: the same bytes sealed, sent and opened,
-#: one message and one wake-up fewer (``secure_naive`` since session 13, docs/collectives.md). 4 MiB: one gloo message (``parts.WIRE_PIECE_BYTES``), and a reused scratch
-#: of at most that size for the peer's opened tensor.
+#: one message and one wake-up fewer (``secure_naive`` too since session 13, docs/collectives.md). 4 MiB: one gloo
+#: message (``parts.WIRE_PIECE_BYTES``), and a reused scratch of at most that size for the peer's opened tensor.
 DIRECT_MAX_BYTES = 4 << 20
 #: above ``DIRECT_MAX_BYTES`` the same world-2 case still sends each rank's whole tensor in one step, cut into hops
 #: of this size, each sealed, sent and opened on its own, so sealing hop k+1 overlaps hop k on the wire and each hop
