@@ -35,7 +35,8 @@ DEVICE_CODE: tuple[str, ...] = (
     "core/allocator.py",  # glibc's malloc keeps freed memory (keep_freed_memory, in serve_from_args)
     # a fleet member's device: its three operations and the sealed ring of the device group
     "core/fleet/__init__.py", "core/fleet/ddp.py", "core/fleet/device.py",
-    "core/collectives/__init__.py", "core/collectives/crypto.py", "core/collectives/direct.py",
+    "core/collectives/__init__.py", "core/collectives/agree.py", "core/collectives/crypto.py",
+    "core/collectives/direct.py",
     "core/collectives/gpu_ring.py",
     "core/collectives/hook.py", "core/collectives/keys.py", "core/collectives/parts.py", "core/collectives/ring.py",
     "core/collectives/secure_call.py", "core/collectives/streamed.py",

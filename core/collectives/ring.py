@@ -8,10 +8,11 @@ into its own copy; in all-gather step s it sends segment ``r+1-s`` and stores se
 Secure variants seal every hop with the link key of (r -> right) and open with (left -> r); the AAD
 binds (iteration, phase, step, chunk, src, dst, offset, length). A bad tag never returns: the
 receiving rank raises ``TagError``, every other rank ``CollectiveAbortedError``, and the tensor is
-zeroed on every rank (one tiny status all-reduce at the end of each secure call decides). At world 2 with no
-free core, ``secure_pipelined`` sends a tensor up to ``DIRECT_MAX_BYTES`` as one sealed hop each way
-(``direct.run_direct``, ``Phase.DIRECT``): the same bytes sealed and opened, one message fewer; above it naive's schedule
-(the same step in hops of ``DIRECT_CHUNK_BYTES`` where ``DIRECT_CHUNKED`` is set).
+zeroed on every rank (one tiny status at the end of each secure call decides: ``agree``; at world 2 on gloo one
+4-byte message each way, elsewhere a 4-byte all-reduce). At world 2 with no free core, both secure variants send a
+tensor up to ``DIRECT_MAX_BYTES`` as one sealed hop each way (``direct.run_direct``, ``Phase.DIRECT``): the same
+bytes sealed and opened, one message fewer; above it naive's schedule (for ``secure_pipelined``, the same step in
+hops of ``DIRECT_CHUNK_BYTES`` where ``DIRECT_CHUNKED`` is set).
 
 Here: the variants, the plans' cache, the plaintext ring and the agreement; one secure call's schedules and
 buffers are ``secure_call``'s, the building blocks ``parts``', the GPU-cipher variant ``gpu_ring``'s.
@@ -28,6 +29,7 @@ from functools import cache
 import torch
 import torch.distributed as dist
 
+from gputravel.core.collectives.agree import all_reduce_status, exchange_status
 from gputravel.core.collectives.crypto import HostCrypto, default_workers
 from gputravel.core.collectives.direct import run_direct
 from gputravel.core.collectives.keys import RingKeys
@@ -50,10 +52,10 @@ __all__ = [
 ]
 
 DEFAULT_CHUNK_BYTES = 1 << 20
-#: at world 2 with no chunking (no free core), ``secure_pipelined`` sends a tensor up to this size as one sealed
+#: at world 2 with no chunking (no free core), both secure variants send a tensor up to this size as one sealed
 #: hop each way (``direct.run_direct``) instead of the ring's two steps: the same bytes sealed, sent and opened,
-#: one message and one wake-up fewer. 4 MiB: one gloo message (``parts.WIRE_PIECE_BYTES``), and a reused scratch
-#: of at most that size for the peer's opened tensor.
+#: one message and one wake-up fewer (``secure_naive`` too since session 13, docs/collectives.md). 4 MiB: one gloo
+#: message (``parts.WIRE_PIECE_BYTES``), and a reused scratch of at most that size for the peer's opened tensor.
 DIRECT_MAX_BYTES = 4 << 20
 #: above ``DIRECT_MAX_BYTES`` the same world-2 case still sends each rank's whole tensor in one step, cut into hops
 #: of this size, each sealed, sent and opened on its own, so sealing hop k+1 overlaps hop k on the wire and each hop
@@ -73,7 +75,8 @@ class Variant(StrEnum):
     NOOP = "noop"  # no communication at all: the headroom
     PLAIN = "plain"  # dist.all_reduce
     RING = "ring"  # our ring, plaintext
-    SECURE_NAIVE = "secure_naive"  # per hop, serially: seal, send, receive, open, reduce (the TEE baseline)
+    SECURE_NAIVE = "secure_naive"  # per hop, serially: seal, send, receive, open, reduce (the TEE baseline; world 2:
+    # up to DIRECT_MAX_BYTES one hop each way)
     SECURE_PIPELINED = "secure_pipelined"  # chunked, crypto on a pool overlapping the wire
     GLOO_TLS = "gloo_tls"  # dist.all_reduce on gloo's TCP_TLS transport, where the build has it
     SECURE_GPU = "secure_gpu"  # per hop: seal on the GPU, send ciphertext, open + reduce on the GPU (gpu_ring)
@@ -270,11 +273,13 @@ class SecureRing:
             return
         chunk = self.pipeline_chunk() if variant is Variant.SECURE_PIPELINED else None
         # With no free core (auto chunking off) and two ranks there is nothing to pipeline on another core and no
-        # forwarding hop, so there secure_pipelined runs the direct schedule: each rank's whole tensor in one step,
-        # one sealed hop each way up to DIRECT_MAX_BYTES (the same bytes sealed, sent and opened as the ring's two
-        # steps; one step); above it naive's schedule, unless DIRECT_CHUNKED (hops of DIRECT_CHUNK_BYTES).
-        direct = (variant is Variant.SECURE_PIPELINED and chunk is None and self.world == 2 and not self.wire.nccl
-                  and (DIRECT_CHUNKED or flat.numel() * flat.element_size() <= DIRECT_MAX_BYTES))
+        # forwarding hop, so there both secure variants run the direct schedule up to DIRECT_MAX_BYTES: each rank's
+        # whole tensor as one sealed hop each way (the same bytes sealed, sent and opened as the ring's two steps;
+        # one step); above it naive's schedule, unless secure_pipelined and DIRECT_CHUNKED (hops of
+        # DIRECT_CHUNK_BYTES).
+        small = flat.numel() * flat.element_size() <= DIRECT_MAX_BYTES
+        direct = (chunk is None and self.world == 2 and not self.wire.nccl
+                  and (small or (variant is Variant.SECURE_PIPELINED and DIRECT_CHUNKED)))
         pipelined = variant is Variant.SECURE_PIPELINED and not (chunk is None and self.world == 2)
         plan, bufs = self._plan(flat.numel(), flat.element_size(), DIRECT_CHUNK_BYTES if direct else chunk,
                                 secure=True, pin=torch.cuda.is_available() and self.wire.nccl)
@@ -296,11 +301,13 @@ class SecureRing:
             job.finish()
 
     def _agree(self, flat: torch.Tensor, error: TagError | None) -> None:
-        """Every rank learns whether any rank rejected a hop; on a rejection no rank keeps its result."""
-        flag = torch.tensor([self.rank + 1 if error is not None else 0], dtype=torch.int32,
-                            device=self.wire.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-        bad = int(flag.item())
+        """Every rank learns whether any rank rejected a hop; on a rejection no rank keeps its result (``agree``:
+        at world 2 on gloo one status message each way, else a 4-byte all-reduce)."""
+        mine = self.rank + 1 if error is not None else 0
+        if self.world == 2 and not self.wire.nccl:
+            bad = exchange_status(mine, group=self.group, peer=self.wire.right)
+        else:
+            bad = all_reduce_status(mine, group=self.group, device=self.wire.device)
         if bad:
             flat.zero_()
             if error is not None:

@@ -206,11 +206,15 @@ def test_replayed_hop_from_an_earlier_iteration_is_rejected(tmp_path: Path) -> N
     cases = [(Variant.SECURE_PIPELINED, RingFault("replay", rank=1, phase=Phase.ALL_GATHER, step=0, chunk=0)),
              # the direct schedule (one hop each way): a replayed and a tampered hop, each rejected by its receiver
              (Variant.SECURE_PIPELINED, RingFault("replay", rank=0, phase=Phase.DIRECT)),
-             (Variant.SECURE_PIPELINED, RingFault("flip", rank=1, phase=Phase.DIRECT))]
+             (Variant.SECURE_PIPELINED, RingFault("flip", rank=1, phase=Phase.DIRECT)),
+             # secure_naive runs the same one-hop schedule at world 2 for a small tensor: a fault only the direct
+             # hop carries (Phase.DIRECT) hits it, and the agreement (one status message each way) aborts both
+             (Variant.SECURE_NAIVE, RingFault("flip", rank=0, phase=Phase.DIRECT))]
     results = run_workers(tamper_worker, 2, str(tmp_path), cases, timeout=60)
-    assert [r[:3] for r in results] == [["TagError zeroed", "CollectiveAbortedError zeroed", "TagError zeroed"],
+    assert [r[:4] for r in results] == [["TagError zeroed", "CollectiveAbortedError zeroed", "TagError zeroed",
+                                         "CollectiveAbortedError zeroed"],
                                         ["CollectiveAbortedError zeroed", "TagError zeroed",
-                                         "CollectiveAbortedError zeroed"]], results
+                                         "CollectiveAbortedError zeroed", "TagError zeroed"]], results
     assert all(r[-1] == "recovered" for r in results)
 
 
