@@ -1,9 +1,10 @@
 """The direct schedule of a secure all-reduce at world 2: each rank sends its whole tensor to the other, sealed.
 
 Used by ``ring.SecureRing`` at world 2 on gloo with no free core (nothing to pipeline on another core, no forwarding
-hop): by ``secure_pipelined``, and by ``secure_naive`` up to ``ring.DIRECT_MAX_BYTES`` (session 13). Each rank seals, sends and opens the same bytes as in the ring's two steps (its
-tensor's size once each way), in one step instead of two; it adds the whole peer tensor (x0 + x1 on one rank, x1 +
-x0 on the other: the same bits as ``dist.all_reduce``). Up to ``max_bytes`` the tensor is one hop each way; above,
+hop): by ``secure_pipelined``, and by ``secure_naive`` up to ``ring.DIRECT_MAX_BYTES`` (session 13). Each rank
+seals, sends and opens the same bytes as in the ring's two steps (its tensor's size once each way), in one step
+instead of two; it adds the whole peer tensor (x0 + x1 on one rank, x1 + x0 on the other: the same bits as
+``dist.all_reduce``). Up to ``max_bytes`` the tensor is one hop each way; above,
 hops of ``chunk_bytes``, so sealing hop k+1 overlaps hop k on the wire. Each hop is opened piece by piece into
 one small reused scratch and each piece added while it is in the cache (``streamed.open_add``).
 
