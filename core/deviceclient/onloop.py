@@ -91,10 +91,10 @@ class LoopCaller:
         return resp
 
     def _drain(self) -> None:
-        """A worker thread's: read the answer a cancelled wait left (a refusal or a broken link included), then
-        free the link."""
+        """A worker thread's: read the answer a cancelled wait left (a refusal or a broken link included: the link
+        closed under it meanwhile is the caller's to see on its next call), then free the link."""
         try:
-            with contextlib.suppress(GpuTravelError):
+            with contextlib.suppress(GpuTravelError, OSError, ValueError):
                 self._client.read_answer()
             self.drained += 1
         finally:
