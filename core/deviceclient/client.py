@@ -150,7 +150,7 @@ class DeviceClient:
 
         The control channel rotates itself before its nonce budget (``nonce_budget`` messages per key
         and direction) runs out, so a long run never meets ``NonceExhaustedError``."""
-        if op != Op.ROTATE and self._chan is not None and self._chan.send.counter >= self.nonce_budget - 1:
+        if op != Op.ROTATE and self._rotation_due():
             self.rotate()
         with self._lock:
             self.send_request(op, payload, attached=attached, **args)
@@ -162,7 +162,7 @@ class DeviceClient:
             return resp, out
 
     def send_request(self, op: Op | str, payload: bytes | bytearray | memoryview = b"", *, attached: bool = False,
-              **args: Any) -> None:
+                     **args: Any) -> None:
         """Seal and send one request (the caller holds the lock)."""
         if self._chan is None or self._sock is None:
             raise DeviceError("not connected")
@@ -190,10 +190,13 @@ class DeviceClient:
         """The link for one request by a caller that will not wait for it (``on_loop``): its socket, with the lock
         now held (write with ``send_request``, read with ``read_answer``, then ``release``), or None where another
         thread is mid-request, a rotation is due or there is no link."""
-        if self._sock is None or self._chan is None or self._chan.send.counter >= self.nonce_budget - 1 \
-                or not self._lock.acquire(blocking=False):
+        if self._sock is None or self._chan is None or self._rotation_due() or not self._lock.acquire(blocking=False):
             return None
         return self._sock
+
+    def _rotation_due(self) -> bool:
+        """The control channel's key is one message short of its nonce budget: ``call`` rotates it first."""
+        return self._chan is not None and self._chan.send.counter >= self.nonce_budget - 1
 
     def release(self) -> None:
         """Free the link ``claim`` took."""
