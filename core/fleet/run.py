@@ -142,38 +142,41 @@ def launch_fleet(settings: RunSettings, fleet: FleetOptions, *, entry: str, rdzv
         return report
     errors: list[dict[str, str]] = []
     local: list[dict[str, Any]] = []
-    reported: set[int] = set()
+    silent: list[int] = []  # ranks of this host that left no report
     for n, rank in folder.ranks():
         if not rank.report.exists():
+            silent.append(n)
             continue
         data = json.loads(rank.report.read_text())
         local.append(data)
-        reported.add(n)
         if data.get("error"):
             errors.append(data["error"])
     if errors or proc.returncode != 0 or not local:
         raise job_failure(proc.returncode, proc.stderr.decode(errors="replace") if proc.stderr else "",
-                          errors=errors, reported=reported)
+                          errors=errors, silent=silent)
     # a host without rank 0: its ranks' own reports
     return {"merged_elsewhere": True, "note": "rank 0 runs on another host and writes the fleet's report",
             "ranks": [r.get("gpu") for r in local], "failed_visits": sum(r.get("failed_visits", 0) for r in local)}
 
 
-def job_failure(returncode: int, text: str, *, errors: list[dict[str, str]], reported: set[int]) -> GpuTravelError:
-    """The named error of a failed torchrun job, from the ranks' reported errors and torchrun's own account
-    (``text``, its stderr, whose "Root Cause" names the rank that failed first).
+def job_failure(returncode: int, text: str, *, errors: list[dict[str, str]], silent: list[int]) -> GpuTravelError:
+    """The named error of a failed torchrun job, from the ranks' reported errors, the ranks that left none
+    (``silent``) and torchrun's own account (``text``, its stderr where it was captured; its "Root Cause" names the
+    rank that failed first).
 
-    A survivor that saw its peer's socket close before torchrun stopped it reports a ``collective`` error: when
-    torchrun names a rank killed by a signal that wrote no report, the kill is the job's failure (a WorkerError
-    naming it, whichever the survivor or torchrun's SIGTERM came first), the survivor's words kept after it."""
+    A survivor that saw its peer's socket close before torchrun stopped it reports a ``collective`` error. When
+    torchrun names the rank that failed first killed by a signal, and that rank wrote no report, the kill is the
+    job's failure (a WorkerError naming it, whichever the survivor or torchrun's SIGTERM came first), the survivor's
+    words kept after it. Where torchrun's account went to the terminal (not ``quiet``) there is no "Root Cause" to
+    read here, and the ranks' own errors stand (both exit 10)."""
     root = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", text, re.DOTALL)
-    first, killed = "", None
+    first, failed_first = "", False
     if root:  # a kill: a negative exit code, the signal
         rank, code = int(root.group(1)), int(root.group(2))
         how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
         first = f"; rank {rank} failed first ({how}), torchrun stopped the others"
-        killed = rank if code < 0 and rank not in reported else None
-    if errors and killed is not None and all(e["code"] == "collective" for e in errors):
+        failed_first = code < 0 and rank in silent
+    if errors and failed_first and all(e["code"] == "collective" for e in errors):
         return error_from_code("worker", f"the fleet's torchrun job exited with {returncode} and no report{first}; "
                                          f"the others saw: {errors[0]['reason']}")
     if errors:
