@@ -28,6 +28,7 @@ from gputravel.console.tui.widgets.route_map import RouteMap
 from gputravel.console.tui.widgets.status_bar import StatusBar
 from gputravel.console.tui.widgets.text import fmt_bytes
 from gputravel.console.view.model import RunState
+from gputravel.console.view.phase_fold import AWAY_PHASES
 from gputravel.core import events as ev
 from gputravel.core.bench.data import make_dataset
 from gputravel.core.config import RunSettings
@@ -45,12 +46,39 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any
     data = tmp_path_factory.mktemp("holders")
     for name in HOLDERS:
         make_dataset(data / name, 40_000)
-    out = tmp_path_factory.mktemp("fleet") / "out"
-    settings = RunSettings(holders=3, rounds=1, steps_per_visit=2, buffer_mib=0.125, data_dir=data, out_dir=out,
-                           batch_size=4, seq_len=32, chunk_kib=32, torch_threads=1, transport="local",
-                           visit_attempts=1)
-    report = launch_gpus(settings, FleetOptions(gpus=2, timeout_s=120), quiet=True)
+    # Both GPUs are away together only while the ranks' first visits overlap in time: about 10 ms of a quiet run,
+    # which a loaded machine can skew apart. The replay tests need that moment, so a run without it is run again
+    # (a fresh folder each time; at most three).
+    for _ in range(3):
+        out = tmp_path_factory.mktemp("fleet") / "out"
+        settings = RunSettings(holders=3, rounds=1, steps_per_visit=2, buffer_mib=0.125, data_dir=data,
+                               out_dir=out, batch_size=4, seq_len=32, chunk_kib=32, torch_threads=1,
+                               transport="local", visit_attempts=1)
+        report = launch_gpus(settings, FleetOptions(gpus=2, timeout_s=120), quiet=True)
+        if first_visits_overlap(out):
+            break
     return out, report
+
+
+def away_spans(folder: Path) -> list[tuple[float, float]]:
+    """When one rank's GPU was at a holder: from a visit's first phase away (HANDOFF) to its RETURN's end."""
+    spans: list[tuple[float, float]] = []
+    start: float | None = None
+    for event in load_recording(folder / "recording.db").events():
+        if isinstance(event, ev.PhaseStarted) and event.phase in AWAY_PHASES and start is None:
+            start = event.t
+        elif isinstance(event, ev.PhaseCompleted) and event.phase == "RETURN" and start is not None:
+            spans.append((start, event.t))
+            start = None
+    return spans
+
+
+def first_visits_overlap(out: Path) -> bool:
+    firsts = [away_spans(out / f"rank-{r}")[:1] for r in (0, 1)]
+    if not all(firsts):
+        return False
+    (a0, a1), (b0, b1) = firsts[0][0], firsts[1][0]
+    return max(a0, b0) < min(a1, b1)
 
 
 def screen_text(app: GpuTravelConsole) -> str:
