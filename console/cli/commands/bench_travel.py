@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from gputravel.console.cli.commands.bench import StudyProgress
 from gputravel.core.errors import ConfigError, GpuTravelError
@@ -36,8 +37,8 @@ def render(result: dict[str, Any], console: Console | None = None) -> None:
     table = Table(title=f"bench travel: {job['holders']} holders × {job['holder_mib']:g} MiB, {job['model']} model, "
                         f"batch {job['batch_size']}×{job['seq_len']}, {job['steps_per_mib']:g} steps/MiB "
                         f"({result['seconds']:.0f} s)")
-    for col in ("buffer MiB", "path", "visits", "steps", "train s", "transfer s", "transfer %", "MB/s",
-                "conv/trav tx"):
+    for col in ("buffer MiB", "path", "visits", "steps", "train s", "transfer s", "transfer %", "Tx ms/visit",
+                "fixed ms", "MB/s", "of bound", "conv/trav tx"):
         table.add_column(col, justify="left" if col in ("path",) else "right")
     from gputravel.core.bench import travel  # the engine: when a table is drawn, not for --help
 
@@ -45,15 +46,59 @@ def render(result: dict[str, Any], console: Console | None = None) -> None:
     for r in result["rows"]:
         buf = travel.label(r["buffer_mib"])
         if r["status"] != "ok":
-            table.add_row(buf, r["path"], f"[yellow]{r['status']}[/]: {r['reason']}", "", "", "", "", "", "")
+            table.add_row(buf, r["path"], f"[yellow]{r['status']}[/]: {r['reason']}", *[""] * 9)
             continue
         ratio = rat.get(str(r["buffer_mib"]), {}).get("tx_conventional_over_travelling") \
             if r["path"] == "conventional" else None
         table.add_row(buf, r["path"], str(r["visits"]), str(r["steps"]), _f(r["train_s"], ".2f"),
-                      _f(r["tx_s"], ".3f"), _f(r["tx_pct"], ".2f"), _f(r["mb_s"], ",.0f"),
-                      "" if ratio is None else f"{ratio:.1f}x")
+                      _f(r["tx_s"], ".3f"), _f(r["tx_pct"], ".2f"),
+                      _f(None if r.get("tx_s_per_visit") is None else 1e3 * r["tx_s_per_visit"], ".2f"),
+                      _f(fixed_stages(r)[1].get("total"), ".2f"), _f(r["mb_s"], ",.0f"),
+                      _f(r.get("fraction_of_bound"), ".2f"), "" if ratio is None else f"{ratio:.1f}x")
     console.print(table)
-    console.print(f"transfer % = transfer / (transfer + training); {job['steps_rule']}.")
+    console.print(f"transfer % = transfer / (transfer + training); {job['steps_rule']}. Tx ms/visit: a visit's "
+                  "transfer; fixed ms: its hand-off's fixed cost (median, visits after each holder's first); of "
+                  "bound: the row's bytes at bench provision's data-phase rate over its transfer time.")
+    bars = [r for r in result["rows"] if r["status"] == "ok" and fixed_stages(r)[1].get("total")]
+    if bars:
+        console.print(stage_bars(bars))
+
+
+#: each stage's colour in the bars (``core.travel.handoff.FIXED_STAGES``, then the data phase)
+STAGE_STYLES = {"window": "cyan", "attest": "magenta", "verdict": "bright_magenta", "admission": "yellow",
+                "ring_bind": "bright_yellow", "first_chunk": "blue", "done": "red", "data": "green"}
+
+
+def fixed_stages(row: dict[str, Any]) -> tuple[str, dict[str, float]]:
+    """The row's median fixed cost by stage, ms: over visits after each holder's first where there are any
+    (a holder's first opens its data connection), else over every visit."""
+    later = row.get("handoff_fixed_ms_later") or {}
+    if later.get("total"):
+        return "later visits", later
+    return "every visit", row.get("handoff_fixed_ms") or {}
+
+
+def stage_bars(rows: list[dict[str, Any]], width: int = 60) -> Table:
+    """Where a visit's hand-off goes, stage by stage: one bar per row, every bar on one scale (ms)."""
+    from gputravel.core.bench import travel
+
+    spans = [(r, *fixed_stages(r)) for r in rows]
+    longest = max(sum(st.get(k, 0.0) for k in STAGE_STYLES) for _, _, st in spans) or 1.0
+    grid = Table(title="A hand-off's fixed cost and data phase, ms (medians; goal: fixed <= 2 ms)",
+                 title_justify="left", box=None, show_header=False, pad_edge=False)
+    grid.add_column(justify="right")
+    grid.add_column()
+    grid.add_column(justify="right")
+    for r, over, st in spans:
+        bar = Text()
+        for stage, style in STAGE_STYLES.items():
+            cells = round(width * st.get(stage, 0.0) / longest)
+            bar.append("█" * cells, style=style)
+        grid.add_row(f"{travel.label(r['buffer_mib'])} MiB {r['path']}", bar,
+                     f"fixed {st.get('total', 0.0):.2f} + data {st.get('data', 0.0):.2f} ({over})")
+    legend = Text("  ").join(Text(f"█ {stage}", style=style) for stage, style in STAGE_STYLES.items())
+    grid.add_row("", legend, "")
+    return grid
 
 
 def register(bench_app: typer.Typer) -> None:

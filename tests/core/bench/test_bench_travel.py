@@ -135,3 +135,39 @@ def test_a_study_whose_runs_all_fail_exits_non_zero_with_the_reasons() -> None:
     rows = json.loads(result.stdout)["rows"]
     assert [r["status"] for r in rows] == ["failed", "failed"]
     assert all("no-such-model" in r["reason"] for r in rows)
+
+
+def _row(buffer_mib: float, path: str, stages: dict[str, float], *, later: bool = True) -> dict[str, Any]:
+    fixed = {**stages, "total": sum(v for k, v in stages.items() if k != "data")}
+    return {"buffer_mib": buffer_mib, "path": path, "status": "ok", "reason": None, "visits": 4, "steps": 8,
+            "train_s": 1.0, "tx_s": 0.04, "tx_pct": 3.85, "tx_s_per_visit": 0.01, "mb_s": 400.0,
+            "fraction_of_bound": 0.25, "handoff_fixed_ms": fixed,
+            "handoff_fixed_ms_later": fixed if later else {"total": 0.0}}
+
+
+def test_the_screen_draws_each_rows_fixed_cost_by_stage_on_one_scale() -> None:
+    """The table's Tx per visit, fixed cost and fraction of bound, and a bar per row whose stage segments are
+    proportional to the stages' ms on one scale for every row (a row with no later visits uses every visit)."""
+    from rich.console import Console
+
+    from gputravel.console.cli.commands.bench_travel import render
+
+    rows = [_row(4.0, "travelling", {"window": 2.0, "done": 2.0, "data": 4.0}),
+            _row(4.0, "conventional", {"window": 1.0, "first_chunk": 12.0, "done": 1.0, "data": 6.0}, later=False)]
+    result = {"job": {"holders": 1, "holder_mib": 8.0, "model": "tiny", "batch_size": 8, "seq_len": 64,
+                      "steps_per_mib": 4.0, "steps_rule": "a rule"}, "seconds": 3.0, "rows": rows,
+              "ratios": {"4.0": {"tx_conventional_over_travelling": 2.5}}}
+    console = Console(width=160, record=True, color_system=None)
+    render(result, console)
+    text = console.export_text()
+    assert "Tx ms/visit" in text and "fixed ms" in text and "of bound" in text
+    table_row = next(x for x in text.splitlines() if "travelling" in x and "│" in x)
+    assert "10.00" in table_row and "4.00" in table_row and "0.25" in table_row  # Tx ms/visit, fixed ms, of bound
+    bars = {path: next(x for x in text.splitlines() if f"4 MiB {path}" in x) for path in ("travelling", "conventional")}
+    assert "fixed 4.00 + data 4.00 (later visits)" in bars["travelling"]
+    assert "fixed 14.00 + data 6.00 (every visit)" in bars["conventional"]
+    # one scale: 60 cells for the longest row (20 ms), so the travelling row's 8 ms draw 24 cells
+    assert bars["conventional"].count("█") == 60 and bars["travelling"].count("█") == 24
+    legend = next(x for x in text.splitlines() if "█ window" in x)
+    assert all(f"█ {stage}" in legend for stage in ("attest", "verdict", "admission", "ring_bind", "first_chunk",
+                                                    "done", "data"))
