@@ -3,7 +3,8 @@
 ``launch_fleet`` writes ``<out>/fleet.json`` and runs torchrun's elastic launcher
 (``python -m torch.distributed.run``, c10d rendezvous) over ``entry``, the caller's rank module (whose
 ``main`` reads that file and awaits :func:`run_rank`; core never names it: ``Entries.gpu_rank``). Rank 0 merges the ranks' reports into ``<out>/report.json`` and keeps
-the fleet ledger ``<out>/ledger.db``, which records every rank ledger's head.
+the fleet ledger ``<out>/ledger.db``, which records every rank ledger's head. torchrun's output is shown live
+unless quiet and its tail kept either way (``tee.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import json
 import os
 import re
 import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -31,6 +31,7 @@ from gputravel.core.fleet.node import join_fleet
 from gputravel.core.fleet.pki import install_sim_pki, local_sim_pki
 from gputravel.core.fleet.platform import FleetPlatform
 from gputravel.core.fleet.rank import FleetGroup, FleetOptions, FleetRank, fleet_engine
+from gputravel.core.fleet.tee import run_teed
 from gputravel.core.fleet.verify import verify_fleet
 from gputravel.core.ledger import Ledger, verify_ledger
 from gputravel.core.runfolder.folder import RunFolder
@@ -122,13 +123,13 @@ def launch_fleet(settings: RunSettings, fleet: FleetOptions, *, entry: str, rdzv
         stale.unlink(missing_ok=True)
     child_env = {**os.environ, **(env or {})}
     child_env.setdefault("OMP_NUM_THREADS", "1")
-    progress = None if quiet else _stderr_fd()  # the ranks' progress goes to our stderr (stdout stays the report's)
+    # torchrun's output (the ranks' progress, its own account) shown live on our stderr unless quiet (stdout stays
+    # the report's); its tail kept either way, for the job's error
+    shown = None if quiet else sys.stderr
     for attempt in (1, 2):
         started = time.time()
         cmd = torchrun_command(config, gpus=fleet.gpus, rdzv=rdzv, entry=entry)
-        proc = _run_torchrun(cmd, env=child_env, progress=progress)
-        if progress is None and not quiet:
-            sys.stderr.write(proc.stderr.decode(errors="replace"))
+        proc = run_teed(cmd, env=child_env, show=shown)
         touched = [r.ledger for _, r in folder.ranks() if r.ledger.exists() and r.ledger.stat().st_mtime >= started - 1]
         # The rendezvous itself failed (no rank got as far as its ledger; e.g. the free port was taken in
         # between): once more on a fresh port, when the endpoint was ours to choose.
@@ -152,8 +153,7 @@ def launch_fleet(settings: RunSettings, fleet: FleetOptions, *, entry: str, rdzv
         if data.get("error"):
             errors.append(data["error"])
     if errors or proc.returncode != 0 or not local:
-        raise job_failure(proc.returncode, proc.stderr.decode(errors="replace") if proc.stderr else "",
-                          errors=errors, silent=silent)
+        raise job_failure(proc.returncode, proc.text, errors=errors, silent=silent)
     # a host without rank 0: its ranks' own reports
     return {"merged_elsewhere": True, "note": "rank 0 runs on another host and writes the fleet's report",
             "ranks": [r.get("gpu") for r in local], "failed_visits": sum(r.get("failed_visits", 0) for r in local)}
@@ -161,14 +161,14 @@ def launch_fleet(settings: RunSettings, fleet: FleetOptions, *, entry: str, rdzv
 
 def job_failure(returncode: int, text: str, *, errors: list[dict[str, str]], silent: list[int]) -> GpuTravelError:
     """The named error of a failed torchrun job, from the ranks' reported errors, the ranks that left none
-    (``silent``) and torchrun's own account (``text``, its stderr where it was captured; its "Root Cause" names the
-    rank that failed first).
+    (``silent``) and torchrun's own account (``text``: the tail of its output, kept in every run, quiet or not;
+    its "Root Cause" names the rank that failed first).
 
     A survivor that saw its peer's socket close before torchrun stopped it reports a ``collective`` error. When
     torchrun names the rank that failed first killed by a signal, and that rank wrote no report, the kill is the
     job's failure (a WorkerError naming it, whichever the survivor or torchrun's SIGTERM came first), the survivor's
-    words kept after it. Where torchrun's account went to the terminal (not ``quiet``) there is no "Root Cause" to
-    read here, and the ranks' own errors stand (both exit 10)."""
+    words kept after it. Without torchrun's account (it never got as far as writing one) the ranks' own errors
+    stand (both exit 10)."""
     root = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", text, re.DOTALL)
     first, failed_first = "", False
     if root:  # a kill: a negative exit code, the signal
@@ -183,31 +183,6 @@ def job_failure(returncode: int, text: str, *, errors: list[dict[str, str]], sil
         return error_from_code(errors[0]["code"], errors[0]["reason"])
     return error_from_code("worker", f"the fleet's torchrun job exited with {returncode} and no report{first} "
                                      f"{text[-600:]}")
-
-
-def _run_torchrun(cmd: list[str], *, env: dict[str, str], progress: int | None) -> subprocess.CompletedProcess[bytes]:
-    """Run torchrun to the end; interrupted (Ctrl-C, a caller's timeout), it gets SIGTERM first, so its agent
-    stops the ranks (and they their devices and agents) instead of leaving them orphaned."""
-    with subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
-                          stdout=progress if progress is not None else subprocess.PIPE,
-                          stderr=progress if progress is not None else subprocess.PIPE) as proc:
-        try:
-            out, err = proc.communicate()
-        except BaseException:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            raise
-        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
-def _stderr_fd() -> int | None:
-    try:
-        return sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):  # a captured stream (tests): collect and forward
-        return None
 
 
 async def run_rank(settings: RunSettings, fleet: FleetOptions, *, links: Iterable[HolderLink] | None = None,
