@@ -4,7 +4,8 @@
 (``python -m torch.distributed.run``, c10d rendezvous) over ``entry``, the caller's rank module (whose
 ``main`` reads that file and awaits :func:`run_rank`; core never names it: ``Entries.gpu_rank``). Rank 0 merges the ranks' reports into ``<out>/report.json`` and keeps
 the fleet ledger ``<out>/ledger.db``, which records every rank ledger's head. torchrun's output is shown live
-unless quiet and its tail kept either way (``tee.py``).
+unless quiet and its tail kept either way (``tee.py``); a failed job is named from the ranks' reports and that
+tail (``failure.py``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import socket
 import sys
 import time
@@ -25,8 +25,9 @@ from typing import Any
 
 from gputravel.core.config import RunSettings
 from gputravel.core.entries import Entries
-from gputravel.core.errors import ConfigError, FleetDeviceLostError, GpuTravelError, error_from_code
+from gputravel.core.errors import ConfigError, FleetDeviceLostError, GpuTravelError
 from gputravel.core.events import Event
+from gputravel.core.fleet.failure import RankError, job_failure, read_report
 from gputravel.core.fleet.node import join_fleet
 from gputravel.core.fleet.pki import install_sim_pki, local_sim_pki
 from gputravel.core.fleet.platform import FleetPlatform
@@ -137,52 +138,26 @@ def launch_fleet(settings: RunSettings, fleet: FleetOptions, *, entry: str, rdzv
         if proc.returncode == 0 or touched or said or rdzv.rdzv_endpoint is not None or attempt == 2:
             break
     if report_path.exists():
-        report: dict[str, Any] = json.loads(report_path.read_text())
-        if report.get("error"):
-            raise error_from_code(report["error"]["code"], report["error"]["reason"])
-        return report
-    errors: list[dict[str, str]] = []
+        merged = read_report(report_path)
+        if merged.error is not None:
+            raise merged.error.to_error()
+        return merged.data
+    errors: list[RankError] = []
     local: list[dict[str, Any]] = []
     silent: list[int] = []  # ranks of this host that left no report
     for n, rank in folder.ranks():
         if not rank.report.exists():
             silent.append(n)
             continue
-        data = json.loads(rank.report.read_text())
-        local.append(data)
-        if data.get("error"):
-            errors.append(data["error"])
+        read = read_report(rank.report)
+        local.append(read.data)
+        if read.error is not None:
+            errors.append(read.error)
     if errors or proc.returncode != 0 or not local:
         raise job_failure(proc.returncode, proc.text, errors=errors, silent=silent)
     # a host without rank 0: its ranks' own reports
     return {"merged_elsewhere": True, "note": "rank 0 runs on another host and writes the fleet's report",
             "ranks": [r.get("gpu") for r in local], "failed_visits": sum(r.get("failed_visits", 0) for r in local)}
-
-
-def job_failure(returncode: int, text: str, *, errors: list[dict[str, str]], silent: list[int]) -> GpuTravelError:
-    """The named error of a failed torchrun job, from the ranks' reported errors, the ranks that left none
-    (``silent``) and torchrun's own account (``text``: the tail of its output, kept in every run, quiet or not;
-    its "Root Cause" names the rank that failed first).
-
-    A survivor that saw its peer's socket close before torchrun stopped it reports a ``collective`` error. When
-    torchrun names the rank that failed first killed by a signal, and that rank wrote no report, the kill is the
-    job's failure (a WorkerError naming it, whichever the survivor or torchrun's SIGTERM came first), the survivor's
-    words kept after it. Without torchrun's account (it never got as far as writing one) the ranks' own errors
-    stand (both exit 10)."""
-    root = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", text, re.DOTALL)
-    first, failed_first = "", False
-    if root:  # a kill: a negative exit code, the signal
-        rank, code = int(root.group(1)), int(root.group(2))
-        how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-        first = f"; rank {rank} failed first ({how}), torchrun stopped the others"
-        failed_first = code < 0 and rank in silent
-    if errors and failed_first and all(e["code"] == "collective" for e in errors):
-        return error_from_code("worker", f"the fleet's torchrun job exited with {returncode} and no report{first}; "
-                                         f"the others saw: {errors[0]['reason']}")
-    if errors:
-        return error_from_code(errors[0]["code"], errors[0]["reason"])
-    return error_from_code("worker", f"the fleet's torchrun job exited with {returncode} and no report{first} "
-                                     f"{text[-600:]}")
 
 
 async def run_rank(settings: RunSettings, fleet: FleetOptions, *, links: Iterable[HolderLink] | None = None,

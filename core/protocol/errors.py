@@ -289,6 +289,13 @@ class WorkerError(CollectiveError):
         return cls(reason=reason)
 
 
+class RankReportError(CollectiveError):
+    """A fleet rank's report file (``rank-R/report.json``, the merged ``report.json``) is not what a rank writes:
+    not JSON, not an object, or an error without a string code and reason. Named with the file."""
+
+    code = "rank-report"
+
+
 #: classes that travel under their parent's code (raised on a holder, read by the orchestrator as the parent)
 WIRE_ALIASES: dict[type[GpuTravelError], type[GpuTravelError]] = {
     HolderLinkError: AgentError, HolderAttestationError: AttestationError,
@@ -301,6 +308,7 @@ ERRORS_BY_CODE: dict[str, type[GpuTravelError]] = {
         WindowError, NonceExhaustedError, FleetAuthError, AttestationError, IntegrityError, AgentError, LinkLostError,
         DeviceError, FleetDeviceLostError, GpuCipherError, DataError, WeightsError, ConfigError, InsecureKeyError, RecordingError, LedgerError,
         StorageError, DiskFullError, ReplicaDivergedError, TransitionError, CancelledRunError, CollectiveAbortedError, CollectiveError, FleetJoinError, WorkerError,
+        RankReportError,
     )
 }
 
@@ -317,6 +325,6 @@ __all__ = [
     "ERRORS_BY_CODE", "WIRE_ALIASES", "AgentError", "AttestationError", "CancelledRunError", "CollectiveAbortedError",
     "CollectiveError", "ConfigError", "DataError", "DeviceError", "DiskFullError", "FleetAuthError", "FleetDeviceLostError", "FleetJoinError", "FrameError", "GpuCipherError", "GpuTravelError",
     "HolderAttestationError", "HolderLinkError", "InsecureKeyError", "IntegrityError", "LedgerError", "LinkLostError", "NonceExhaustedError", "ProtocolError",
-    "RecordingError", "ReplayError", "ReplicaDivergedError", "StaleEpochError", "StorageError", "TagError", "TransitionError", "WeightsError", "WindowError", "WireFormatError", "WorkerError",
+    "RankReportError", "RecordingError", "ReplayError", "ReplicaDivergedError", "StaleEpochError", "StorageError", "TagError", "TransitionError", "WeightsError", "WindowError", "WireFormatError", "WorkerError",
     "error_from_code",
 ]

@@ -196,18 +196,45 @@ def test_a_survivors_collective_error_after_its_peer_was_killed_names_the_kill()
     saw this order); the survivor's words are kept. A rank's own non-collective refusal still wins, and a
     collective error with no killed rank stays a collective error."""
     from gputravel.core.errors import CollectiveError, ReplicaDivergedError, WorkerError
-    from gputravel.core.fleet.run import job_failure
+    from gputravel.core.fleet.failure import RankError, job_failure
 
-    saw = {"code": "collective", "reason": "the fleet's worker group failed: [gloo] Connection closed by peer"}
+    saw = RankError("collective", "the fleet's worker group failed: [gloo] Connection closed by peer")
     error = job_failure(1, TORCHRUN_KILLED_RANK_1, errors=[saw], silent=[1])
     assert isinstance(error, WorkerError) and error.exit_code == 10
     assert "rank 1 failed first (killed by signal 9)" in error.reason and "Connection closed by peer" in error.reason
     # torchrun's SIGTERM came first: no report from either, the same named error
     quiet = job_failure(1, TORCHRUN_KILLED_RANK_1, errors=[], silent=[0, 1])
     assert isinstance(quiet, WorkerError) and "rank 1 failed first (killed by signal 9)" in quiet.reason
-    refused = {"code": "replica-diverged", "reason": "rank 0's digest differs"}
+    refused = RankError("replica-diverged", "rank 0's digest differs")
     assert isinstance(job_failure(1, TORCHRUN_KILLED_RANK_1, errors=[refused], silent=[1]), ReplicaDivergedError)
-    # torchrun's account not captured (it went to the terminal): the survivor's own error stands
+    # no account from torchrun (it never wrote one): the survivor's own error stands
     assert isinstance(job_failure(1, "", errors=[saw], silent=[1]), CollectiveError)
     # the killed rank had written its own report: its words are not a kill's consequence
     assert isinstance(job_failure(1, TORCHRUN_KILLED_RANK_1, errors=[saw], silent=[]), CollectiveError)
+
+
+def test_a_malformed_rank_report_is_a_named_error_naming_the_file(tmp_path: Path) -> None:
+    """The reports are read once, where the launcher reads them, into a typed error (code, reason); a report that
+    is not what a rank writes is a RankReportError (exit 10) naming the file, never a KeyError or a JSON traceback."""
+    from gputravel.core.errors import CollectiveError, RankReportError
+    from gputravel.core.fleet.failure import RankError, read_report
+
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"error": {"code": "collective", "reason": "peer closed"}, "gpu": {"rank": 1}}))
+    read = read_report(report)
+    assert read.error == RankError("collective", "peer closed") and read.data["gpu"] == {"rank": 1}
+    assert isinstance(read.error.to_error(), CollectiveError) and read.error.to_error().reason == "peer closed"
+    report.write_text(json.dumps({"visits": [], "failed_visits": 0}))
+    assert read_report(report).error is None
+    for bad, says in [('{"error": {"code": "collec', "not a report"),  # a rank killed while it wrote
+                      ("[1, 2]", "a JSON object"),
+                      ('{"error": "collective"}', "not an object with code and reason"),
+                      ('{"error": {"code": 7, "reason": "x"}}', "non-empty string code"),
+                      ('{"error": {"code": "collective"}}', "string reason")]:
+        report.write_text(bad)
+        with pytest.raises(RankReportError) as caught:
+            read_report(report)
+        assert str(report) in caught.value.reason and says in caught.value.reason, caught.value.reason
+        assert caught.value.exit_code == 10
+    with pytest.raises(RankReportError):
+        read_report(tmp_path / "missing.json")
