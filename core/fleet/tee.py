@@ -88,7 +88,10 @@ class _Shown:
             if self.fd is not None:
                 view = memoryview(chunk)
                 while view:
-                    view = view[os.write(self.fd, view):]
+                    try:
+                        view = view[os.write(self.fd, view):]
+                    except BlockingIOError:  # a terminal left non-blocking by another program: wait, as a write would
+                        select.select([], [self.fd], [], 1.0)
             elif self.stream is not None:
                 self.stream.write(self._decoder.decode(chunk))
                 self.stream.flush()
