@@ -21,6 +21,7 @@ import select
 import subprocess
 import termios
 import time
+import tty
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -105,9 +106,9 @@ def _channel(shown: _Shown) -> tuple[int, int]:
         return os.pipe()
     parent, child = pty.openpty()
     try:
-        attrs = termios.tcgetattr(child)
-        attrs[1] &= ~termios.OPOST  # bytes pass unchanged: the user's terminal turns "\n" into "\r\n" as before
-        termios.tcsetattr(child, termios.TCSANOW, attrs)
+        # raw: bytes pass unchanged (the user's terminal turns "\n" into "\r\n" as before); the pty only carries
+        # output (stdin is /dev/null), so its input modes matter to no one
+        tty.setraw(child, termios.TCSANOW)
         size = fcntl.ioctl(shown.fd, termios.TIOCGWINSZ, b"\0" * 8)
         fcntl.ioctl(child, termios.TIOCSWINSZ, size)
     except OSError:  # a terminal without a size: the pty's default
