@@ -37,7 +37,8 @@ _INT_FIELDS = ("holders", "rounds", "steps_per_visit", "chunk_kib", "batch_size"
 _FLOAT_FIELDS = ("buffer_mib", "val_fraction", "val_share", "lr", "lora_alpha")
 _STR_FIELDS = ("model", "cc_mode", "transport", "data_path", "cipher_engine", "data_host")
 _OPTIONAL_STR_FIELDS = ("device", "fault", "lora_targets")
-_BOOL_FIELDS = ("resume", "allow_fault_injection", "attest_prefetch", "handoff_relay", "handoff_with_window")
+_BOOL_FIELDS = ("resume", "allow_fault_injection", "attest_prefetch", "handoff_relay", "handoff_with_window",
+                "grant_at_completion")
 _OPTIONAL_BOOL_FIELDS = ("parallel_auth", "overlap")
 
 
@@ -121,6 +122,10 @@ class RunSettings:
     #: (core/travel/handoff_relay.py). On: measured faster (docs/performance.md, session 11's A/B); it acts only where
     #: the attestation is prefetched; ``bench travel --no-handoff-with-window`` turns it off
     handoff_with_window: bool = True
+    #: a window's request that carries its HANDOFF is answered when the window is complete, grant and
+    #: ``WindowClosed`` in one answer, and the holder's DONE is read after, off the hand-off's path
+    #: (core/travel/completion.py, task complete14); ``bench travel --no-grant-at-completion`` turns it off
+    grant_at_completion: bool = True
 
     def __post_init__(self) -> None:
         if self.data_path == "ssh":  # the name `bench provision` and the docs use for the channel path

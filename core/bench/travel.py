@@ -253,7 +253,7 @@ def study(buffers: list[float | None], *, workdir: Path, run: RunFn, dataset_mib
           conventional_fixes: bool = False, paths: tuple[str, ...] = planner.PATHS,
           on_progress: ProgressFn | None = None, entries: Entries | None = None,
           attest_prefetch: bool = True, handoff_relay: bool = False,
-          handoff_with_window: bool = True) -> dict[str, Any]:
+          handoff_with_window: bool = True, grant_at_completion: bool = True) -> dict[str, Any]:
     """Run the study; returns the JSON-able result (``benchmark: travel``).
 
     ``run`` runs one training run with its holders (the console's holder set: the embedded SSH server for
@@ -332,7 +332,8 @@ def study(buffers: list[float | None], *, workdir: Path, run: RunFn, dataset_mib
                 val_share=VAL_SHARE, model=model, batch_size=batch_size, seq_len=seq_len,
                 torch_threads=torch_threads, transport=transport, data_path=planner.DATA_PATH[path],
                 parallel_auth=fixes, overlap=fixes, attest_prefetch=attest_prefetch,
-                handoff_relay=handoff_relay, handoff_with_window=handoff_with_window)
+                handoff_relay=handoff_relay, handoff_with_window=handoff_with_window,
+                grant_at_completion=grant_at_completion)
 
             def sink(event: ev.Event, _description: str = description) -> None:
                 nonlocal done
@@ -366,7 +367,8 @@ def study(buffers: list[float | None], *, workdir: Path, run: RunFn, dataset_mib
            "dataset": "one .txt per holder of printable pseudo-random text (hex digits from os.urandom)",
            "rounds": 1, "val_fraction": VAL_FRACTION, "val_share": VAL_SHARE, "torch_threads": torch_threads,
            "chunk_kib": chunk_kib, "transport": transport, "attest_prefetch": attest_prefetch,
-           "handoff_relay": handoff_relay, "handoff_with_window": handoff_with_window, "paths": list(paths),
+           "handoff_relay": handoff_relay, "handoff_with_window": handoff_with_window,
+           "grant_at_completion": grant_at_completion, "paths": list(paths),
            "steps_rule": "steps per visit = max(1, round(MiB of training data in the visit × steps_per_mib)); "
                          "one round over all data, so total steps are the same for every buffer size",
            "tx_pct": "100 · tx_s / (tx_s + train_s)"}

@@ -61,6 +61,8 @@ def serve_control(svc: DeviceService, conn: socket.socket, stream: Any, first: F
             reply = None
             head, ct = chan.seal(FrameType.RESPONSE, error_header(exc), b"")
         send_sealed(conn, head, ct, reply.payload if reply is not None and reply.attached else b"")
+        if reply is not None and reply.after is not None:
+            reply.after()
         if reply is not None and reply.rekey_to is not None:
             chan = ControlChannel.for_device(secrets, reply.rekey_to)
         if reply is not None and reply.stop:

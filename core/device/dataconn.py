@@ -85,6 +85,8 @@ def serve_data(path: DataPath, conn: socket.socket, stream: Any, first: Frame, p
         data.serve()
     finally:
         path.plane.admissions.leave(conn)
+        with path.windows.lock:  # a relayed window's request held for completion stops waiting for a gone agent
+            path.windows.completed.notify_all()
         data.close()
         path.plane.give_slots(slots)
 

@@ -101,6 +101,8 @@ class ChunkIntake:
                         ack = {"s": seq, "e": epoch, "contiguous": w.contiguous()}
                 if not w.inflight:  # the one waiter (``close_window``) waits for an empty in-flight set
                     self._windows.settled.notify_all()
+                    if exc is None and len(w.accepted) == w.n_chunks:  # complete: a held request wakes, once
+                        self._windows.completed.notify_all()
             if exc is None:
                 reply(ack, None)
                 return

@@ -21,6 +21,9 @@ class Reply:
     #: the payload is already sealed under a key of its own (a checkpoint chunk): the control channel binds
     #: its tag and sends it as it is, without encrypting it again
     attached: bool = False
+    #: the operation's work that may follow its answer (run before the next request is read): a window closed in a
+    #: relayed HANDOFF's answer has its rings zeroed once the orchestrator knows it is closed
+    after: Callable[[], None] | None = None
 
 
 Handler = Callable[..., Reply]

@@ -9,9 +9,11 @@ window waits on for its chunks in flight; it adds ``handoff``, ``close_window``,
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,11 +44,14 @@ from gputravel.core.protocol.deviceanswers import (
 from gputravel.core.protocol.devicelink import Op
 from gputravel.core.protocol.holderlink import ProvisioningKey
 
-__all__ = ["DEAD_TAG_EPOCHS", "MAX_CHUNK", "BufferWindows", "ProvisionWindow"]
+__all__ = ["ANSWER_WAIT_MAX_S", "DEAD_TAG_EPOCHS", "MAX_CHUNK", "BufferWindows", "ProvisionWindow"]
 
 MAX_CHUNK = 16 * 1024 * 1024
 #: closed windows whose accepted chunks' tags are remembered, so a captured chunk replayed later is named
 DEAD_TAG_EPOCHS = 64
+#: the longest a relayed window's request may be held for its window to complete (``when_complete``): the control
+#: link is the device's one, and every other call waits behind the held request
+ANSWER_WAIT_MAX_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +77,9 @@ class BufferWindows:
         self.lock = lock
         #: notified whenever a chunk leaves a window's in-flight set
         self.settled = threading.Condition(lock)
+        #: notified only as the open window becomes complete (its last chunk in device memory) and as a data
+        #: connection ends: a relayed window's request held for completion (``when_complete``) wakes once, not per chunk
+        self.completed = threading.Condition(lock)
         self.window: ProvisionWindow | None = None
         #: the newest epoch a window was opened for (0 in a new session)
         self.epoch = 0
@@ -98,13 +106,22 @@ class BufferWindows:
                 Op.WINDOW_STATUS: self.op_window_status, Op.SCRUB: self.op_scrub, Op.DIGEST: self.op_digest}
 
     def op_handoff(self, *, epoch: int, offset: int, length: int, chunk_size: int, payload: bytes,
-                   relay: dict[str, Any] | None = None) -> Reply:
+                   relay: dict[str, Any] | None = None, when_complete: float | None = None) -> Reply:
         """Derive the provisioning key for one window and one epoch; any earlier key dies. With ``relay``
         (``{holder, handoff}``: the window's HANDOFF, its key wrapped for that holder by the orchestrator, which
         derives the same key), the HANDOFF is written on the holder's parked data connection once the window is
         open, if it is of this window's epoch and key (``relayed`` in the grant; the holder link's copy is the
-        fallback). A malformed ``relay`` is refused before anything changes."""
+        fallback). A malformed ``relay`` is refused before anything changes.
+
+        ``when_complete`` (seconds, at most ``ANSWER_WAIT_MAX_S``, only with ``relay``): a relayed HANDOFF's request
+        is answered once the window is complete, grant and ``WindowClosed`` in one answer (``closed``); if the window
+        is not complete within the bound, or its holder's data connection went, the grant comes with the open
+        window's ``WindowStatus`` (``status``). A HANDOFF not relayed is answered at once, as without it."""
         s = self._keys.require()
+        if when_complete is not None and (relay is None or type(when_complete) not in (int, float)
+                                          or not 0 < when_complete <= ANSWER_WAIT_MAX_S):
+            raise DeviceError(f"when_complete must be 0 < s <= {ANSWER_WAIT_MAX_S:g} with a relay, "
+                              f"not {when_complete!r}")
         to = None
         if relay is not None:
             to = self._relay_frame(relay.get("holder"), epoch, relay.get("handoff")) if isinstance(relay, dict) \
@@ -131,8 +148,32 @@ class BufferWindows:
         if to is not None:  # only a HANDOFF of this window's epoch and key
             relayed = to.key_fp == key.fingerprint and self._plane.admissions.relay(to.holder, to.frame)
             self._counts.counters["relayed" if relayed else "relay_missed"] += 1
-        return Reply(HandoffGrant(session_id=s.session_id.hex(), key_fingerprint=key.fingerprint,
-                                  provisioning_key=ProvisioningKey.of(key), relayed=relayed).to_wire())
+        grant = HandoffGrant(session_id=s.session_id.hex(), key_fingerprint=key.fingerprint,
+                             provisioning_key=ProvisioningKey.of(key), relayed=relayed).to_wire()
+        if when_complete is None or not relayed or to is None:
+            return Reply(grant)
+        return self._answer_when_complete(grant, epoch, to.holder, float(when_complete))
+
+    def _answer_when_complete(self, grant: dict[str, Any], epoch: int, holder: str, within: float) -> Reply:
+        """``op_handoff``'s ``when_complete``: sleep on ``completed`` (notified as the window completes and as a data
+        connection ends, never per chunk) until the window is complete, its holder's connection is gone, or
+        ``within`` passes; then the grant with the closed window (its rings zeroed after the answer) or its status."""
+        with self.lock:
+            w = self.window
+            done = w is not None and self.completed.wait_for(lambda: self._complete_or_gone(w, holder), timeout=within)
+            complete = done and w is not None and self.window is w and len(w.accepted) == w.n_chunks
+        if not complete:
+            return Reply({**grant, "status": self.op_window_status(payload=b"").header})
+        closed, after = self._close(epoch, defer=True)
+        return Reply({**grant, "closed": closed}, after=after)
+
+    def _complete_or_gone(self, w: ProvisionWindow, holder: str) -> bool:
+        """The held request's wait is over (the lock held): ``w`` is no longer the open window, every chunk of it is
+        in device memory, or no data connection of ``holder`` is left for it (neither admitted nor parked)."""
+        if self.window is not w or (len(w.accepted) == w.n_chunks and not w.inflight):
+            return True
+        admissions = self._plane.admissions
+        return admissions.connections(w.epoch) == 0 and admissions.parked(holder) == 0
 
     def op_relay(self, *, holder: str, epoch: int, handoff: dict[str, Any], payload: bytes) -> Reply:
         """Write the open window's HANDOFF on ``holder``'s parked data connection (``Admissions.relay``): the
@@ -164,6 +205,12 @@ class BufferWindows:
 
     def op_close_window(self, *, epoch: int, payload: bytes) -> Reply:
         """The holder returned the GPU: its key is dead from here on."""
+        return Reply(self._close(epoch, defer=False)[0])
+
+    def _close(self, epoch: int, *, defer: bool) -> tuple[dict[str, Any], Callable[[], None] | None]:
+        """Close the window of ``epoch``: its ``WindowClosed`` (wire), and, ``defer``, its rings' zeroing and its
+        connections' release to run once that is answered (the key is dead already: a chunk then is refused as of no
+        open window); else done here (None)."""
         with self.lock:
             w = self.window
             if w is None or w.epoch != epoch:
@@ -173,12 +220,18 @@ class BufferWindows:
             self.settled.wait_for(lambda: not w.inflight, timeout=60)
             self._bury(w)
         self._plane.flush()  # the copy stream is idle: every acknowledged byte is in device memory
-        self._plane.close_window(epoch)  # its rings zeroed and released, its data connections admitted for nothing
-        return Reply(WindowClosed(epoch=epoch, bytes=w.bytes_in, chunks=len(w.accepted), expected_chunks=w.n_chunks,
-                                  contiguous=w.contiguous(), complete=len(w.accepted) == w.n_chunks,
-                                  rejected=dict(self._counts.rejected),
-                                  rejected_in_window=dict(self._counts.rejected_by_epoch.get(epoch, {})),
-                                  marks_ns=dict(w.marks)).to_wire())
+        # its rings zeroed and released, its data connections admitted for nothing
+        after = functools.partial(self._plane.close_window, epoch)
+        marks = dict(w.marks)
+        if defer:  # answered at completion: when, for the hand-off's stages (``handoff.fixed_stages``)
+            marks["answered"] = time.perf_counter_ns() - w.opened_ns
+        else:
+            after()
+        return WindowClosed(epoch=epoch, bytes=w.bytes_in, chunks=len(w.accepted), expected_chunks=w.n_chunks,
+                            contiguous=w.contiguous(), complete=len(w.accepted) == w.n_chunks,
+                            rejected=dict(self._counts.rejected),
+                            rejected_in_window=dict(self._counts.rejected_by_epoch.get(epoch, {})),
+                            marks_ns=marks).to_wire(), after if defer else None
 
     def _bury(self, w: ProvisionWindow) -> None:
         """A window's key is dead; the tags of its chunks are kept a while to recognise replays."""

@@ -12,10 +12,14 @@ import threading
 from typing import Any, Protocol
 
 from gputravel.core.errors import DeviceError, FrameError, GpuTravelError
-from gputravel.core.protocol.deviceanswers import HandoffGrant
+from gputravel.core.protocol.deviceanswers import HandoffGrant, WindowClosed, WindowStatus
 from gputravel.core.protocol.devicelink import Op
 
-__all__ = ["Link", "LoopCaller", "grant_from", "handoff_args"]
+__all__ = ["Completion", "Link", "LoopCaller", "grant_from", "handoff_args"]
+
+#: a relayed HANDOFF's answer held for its window's completion: the grant, and the window closed (complete) or its
+#: status (not complete within the bound, or its holder's connection went), or None (the HANDOFF was not relayed)
+Completion = tuple[HandoffGrant, WindowClosed | WindowStatus | None]
 
 
 class Link(Protocol):
@@ -104,6 +108,21 @@ class LoopCaller:
                       relay: tuple[str, dict[str, Any]] | None = None) -> HandoffGrant:
         """``client.handoff`` from the event loop: the window's key on a hand-off's critical path."""
         return grant_from(await self.call(Op.HANDOFF, **handoff_args(epoch, offset, length, chunk_size, relay)))
+
+    async def handoff_until_complete(self, *, epoch: int, offset: int, length: int, chunk_size: int,
+                                     relay: tuple[str, dict[str, Any]], within: float) -> Completion:
+        """``handoff`` with its relayed HANDOFF's answer held by the device until the window is complete (at most
+        ``within`` seconds): the grant and the closed window in one answer (``Completion``). The link is held
+        meanwhile: every other device call waits behind it, ``within`` at most."""
+        head = await self.call(Op.HANDOFF, **handoff_args(epoch, offset, length, chunk_size, relay),
+                               when_complete=within)
+        closed, status = head.pop("closed", None), head.pop("status", None)
+        try:
+            end = WindowClosed.from_wire(closed) if closed is not None else \
+                WindowStatus.from_wire(status) if status is not None else None
+        except FrameError as exc:
+            raise DeviceError(f"the device's answer at the window's completion is malformed: {exc.reason}") from None
+        return grant_from(head), end
 
 
 def grant_from(head: dict[str, Any]) -> HandoffGrant:

@@ -22,7 +22,7 @@ from gputravel.core.travel.handoff_relay import Early
 from gputravel.core.travel.holders import HolderLink, ProgressFn, ProvisionStats, RejectFn
 
 __all__ = ["FIXED_STAGES", "STAGE_PARTS", "ResumeFn", "add_stages", "close_window", "data_endpoint", "fixed_stages",
-           "open_window", "open_window_relaying", "provision", "require_complete", "sub_windows"]
+           "open_window", "open_window_relaying", "provision", "require_complete", "resume", "sub_windows"]
 
 #: the hand-off's fixed cost by stage (issue 34 item 2), in order: the device derives the window's key
 #: (``window``), the orchestrator builds the holder's evidence (``attest``: the GPU's SPDM report over the
@@ -31,7 +31,7 @@ __all__ = ["FIXED_STAGES", "STAGE_PARTS", "ResumeFn", "add_stages", "close_windo
 #: device's admission), the shared-memory ring is bound (``ring_bind``), the first chunk is sealed, sent and
 #: opened into device memory (``first_chunk``); after the data (the first chunk in device memory to the last,
 #: ``data``, not a fixed cost), the last chunk's acknowledgement and the agent's DONE reach the orchestrator
-#: (``done``)
+#: (``done``; where the window's request was answered at completion, ``completion``, that answer)
 FIXED_STAGES = ("window", "attest", "verdict", "admission", "ring_bind", "first_chunk", "done")
 
 #: the ``admission`` and ``done`` stages split by who spends them (each a part of its stage, not added to
@@ -40,7 +40,8 @@ FIXED_STAGES = ("window", "attest", "verdict", "admission", "ring_bind", "first_
 #: admission sent (its key unwrapped, ``admission_key`` of that, the witness, the dataset's check), ``admission_device``
 #: the device's DATA_OPEN read to admitted (the MAC checked), ``admission_transit`` the rest (the HANDOFF's way to
 #: the agent, its wake-up, the DATA_OPEN's way to the device); ``done_agent`` the agent's last acknowledgement read
-#: to its DONE built, ``done_transit`` the rest (the last acknowledgement's way to the agent, DONE's to here).
+#: to its DONE built (0 where the device's answer ended the hand-off), ``done_transit`` the rest (the last
+#: acknowledgement's way to the agent, DONE's to here; or the device's answer's way here).
 #: The agent's parts are its own durations (its clock is never compared with this one)
 STAGE_PARTS = ("admission_wrap", "admission_send", "admission_agent", "admission_device", "admission_transit",
                "done_agent", "done_transit")
@@ -108,11 +109,11 @@ async def open_window_relaying(client: DeviceClient, base: Handoff, early: Early
 
 async def provision(client: DeviceClient, link: HolderLink, handoff: Handoff, *, device_socket: str,
                     endpoint: DataEndpoint | None, on_progress: ProgressFn | None = None,
-                    on_reject: RejectFn | None = None, on_resume: ResumeFn | None = None) -> ProvisionStats:
+                    on_reject: RejectFn | None = None, on_resume: ResumeFn | None = None,
+                    attempt: int = 0) -> ProvisionStats:
     """Provision; when the link to the holder drops (not the agent failing), reconnect and resume from
     the device's last contiguous acknowledged chunk: nothing is sent twice into the buffer and nothing
-    is lost."""
-    attempt = 0
+    is lost. ``attempt``: the drops already resumed (``completion.provision_visit`` made the first try itself)."""
     t0 = time.perf_counter()
     while True:
         try:
@@ -123,15 +124,22 @@ async def provision(client: DeviceClient, link: HolderLink, handoff: Handoff, *,
             return stats
         except LinkLostError as exc:
             attempt += 1
-            if attempt > link.max_reconnects:
-                raise
-            status = await asyncio.to_thread(client.window_status)
-            if not status.open or status.epoch != handoff.epoch:
-                raise
-            if on_resume is not None:
-                on_resume(exc, attempt, status)
-            await link.reconnect()
-            handoff = replace(handoff, resume_from=status.contiguous)
+            handoff = await resume(client, link, handoff, exc, attempt, on_resume)
+
+
+async def resume(client: DeviceClient, link: HolderLink, handoff: Handoff, exc: LinkLostError, attempt: int,
+                 on_resume: ResumeFn | None) -> Handoff:
+    """After ``link``'s ``exc`` (its ``attempt``-th drop): reconnect and return the hand-off resumed from the
+    device's last contiguous acknowledged chunk, or raise ``exc`` (too many drops, or the window is not open)."""
+    if attempt > link.max_reconnects:
+        raise exc
+    status = await asyncio.to_thread(client.window_status)
+    if not status.open or status.epoch != handoff.epoch:
+        raise exc
+    if on_resume is not None:
+        on_resume(exc, attempt, status)
+    await link.reconnect()
+    return replace(handoff, resume_from=status.contiguous)
 
 
 async def close_window(client: DeviceClient, handoff: Handoff) -> WindowClosed:
@@ -150,19 +158,29 @@ def fixed_stages(*, window_ns: tuple[int, int], stats: ProvisionStats, closed: W
     Placed at ``w1`` alone, a loaded machine's slow way back for the grant (milliseconds under two test workers)
     pushed the device's marks past the agent's DONE, and the clamped ``done`` stage made the stages add up to
     more than the hand-off. A stage that did not happen (no holder attestation, no ring, a device that does not
-    mark) is 0."""
+    mark) is 0.
+
+    A window whose request was answered at completion (``answered`` among the device's marks: ``completion``) has
+    ``window_ns`` end at that answer: the device's window opened at ``w0`` plus half the round trip beyond the
+    device's own time (the request's way and the answer's taken as equal); its HANDOFF was relayed as it opened
+    (``admission`` from there), and ``done`` ends at the answer (``stats.marks_ns["done"]``)."""
     w0, w1 = window_ns
     link = stats.marks_ns
-    sent = link.get("handoff_sent", w1)
-    key_out = link.get("verdict", sent)  # from the verdict: the key wrapped for the holder, HANDOFF written
-    opened = _device_window_opened(w0, w1, closed.marks_ns, done=link.get("done"))
+    answered = closed.marks_ns.get("answered")
+    if answered is not None:
+        opened = w0 + max(0, w1 - w0 - int(answered)) // 2
+        sent = key_out = opened
+    else:
+        sent = link.get("handoff_sent", w1)
+        key_out = link.get("verdict", sent)  # from the verdict: the key wrapped for the holder, HANDOFF written
+        opened = _device_window_opened(w0, w1, closed.marks_ns, done=link.get("done"))
     dev = {name: opened + int(ns) for name, ns in closed.marks_ns.items()}
     admitted = dev.get("admitted", sent)
     bound = dev.get("ring_bound", max(sent, admitted))
     ready = max(sent, admitted, bound)
     first = dev.get("first_chunk", ready)
     last = dev.get("last_chunk", first)
-    ns = {"window": w1 - w0,
+    ns = {"window": w1 - w0 if answered is None else opened - w0,
           "attest": link["attest_sent"] - link["attest_begun"] if "attest_sent" in link else 0,
           "verdict": link["verdict"] - link["attest_sent"] if "verdict" in link else 0,
           "admission": max(0, admitted - key_out),
@@ -191,7 +209,8 @@ def _stage_parts(ns: dict[str, int], link: dict[str, int], dev: dict[str, int], 
     wrap, send = write - key_out, sent - write
     agent_ns = int(agent.get("admit_sent_s", 0.0) * 1e9)
     device_ns = max(0, admitted - dev["admit_read"]) if "admit_read" in dev else 0
-    done_agent = int(agent.get("ack_to_done_s", 0.0) * 1e9)
+    # the device's answer ended the hand-off (``completion``): the agent's DONE is off the path
+    done_agent = 0 if "done_read" in link else int(agent.get("ack_to_done_s", 0.0) * 1e9)
     parts = {"admission_wrap": wrap, "admission_send": send, "admission_agent": agent_ns,
              "admission_device": device_ns,
              "admission_transit": max(0, ns["admission"] - wrap - send - agent_ns - device_ns),

@@ -111,15 +111,18 @@ class PhaseWalk:
             e.walk.phase = Phase.DONE
             e.audit.emit(ev.VisitCompleted(time.time(), plan.index, plan.holder, rec.epoch, rec.summary()))
         except CancelledRunError as exc:
+            v.abandon()
             await e.recovery.cancel_visit(rec, exc, v.window_open)
             raise
         except asyncio.CancelledError:  # SIGTERM (runs stop) or Ctrl-C: within a training slice, and scrubbed
+            v.abandon()
             if e.scrub_when_interrupted:
                 with contextlib.suppress(GpuTravelError, OSError):
                     await e.recovery.cancel_visit(rec, CancelledRunError("interrupted (SIGTERM or Ctrl-C)"),
                                                   v.window_open)
             raise
         except (AgentError, ProtocolError, IntegrityError, DataError, DeviceError) as exc:
+            v.abandon()
             if not e.device.handle.alive():
                 await e.recovery.recover_device(rec, exc)
                 return

@@ -24,6 +24,7 @@ from gputravel.core.protocol.deviceanswers import WindowStatus
 from gputravel.core.protocol.holderlink import ProvisioningKey
 from gputravel.core.travel import handoff as ho
 from gputravel.core.travel.audit import Audit
+from gputravel.core.travel.completion import Closing, Pending, ask, provision_visit
 from gputravel.core.travel.control import Control
 from gputravel.core.travel.device_session import DeviceSession
 from gputravel.core.travel.framed_link import FramedLink
@@ -54,6 +55,19 @@ class Visit:
     #: sending while it was answered, so that request's time (``window_ns``) counts as provisioning (``provision_s``,
     #: the benches' Tx)
     carried: bool = False
+    #: the open window's request, carrying its HANDOFF, to be answered at the window's completion
+    #: (``RunSettings.grant_at_completion``, core/travel/completion.py), and then its provisioning (``closing``: the
+    #: device's ``WindowClosed``, the holder's DONE still to be read)
+    pending: Pending | None = None
+    closing: Closing | None = None
+
+    def abandon(self) -> None:
+        """The visit failed: an answer or a holder's DONE still to come is no longer waited for."""
+        if self.pending is not None:
+            self.pending.abandon()
+        if self.closing is not None:
+            self.closing.abandon()
+        self.pending = self.closing = None
 
 
 class HandoffWindows:
@@ -124,10 +138,18 @@ class HandoffWindows:
                                                  where=f"PROVISION key {i}/{len(v.subs)}")
                 v.handoff = await self.open(v, sub)
             handle = self.device.handle
+            endpoint = ho.data_endpoint(handle, data_path=self.settings.data_path, transport=self.settings.transport)
+            pending, v.pending = v.pending, None
+            if pending is not None:  # its window's request is answered at completion
+                v.closing = await provision_visit(self.device.client, pending, v.link, device_socket=handle.socket_path,
+                                                  endpoint=endpoint, on_progress=progress, on_reject=rejected,
+                                                  on_resume=resumed)
+                v.window_ns = (pending.asked_ns, v.closing.answered_ns)
+                total_s += v.closing.seconds
+                continue
             stats = await ho.provision(self.device.client, v.link, v.handoff, device_socket=handle.socket_path,
-                                       endpoint=ho.data_endpoint(handle, data_path=self.settings.data_path,
-                                                                 transport=self.settings.transport),
-                                       on_progress=progress, on_reject=rejected, on_resume=resumed)
+                                       endpoint=endpoint, on_progress=progress, on_reject=rejected,
+                                       on_resume=resumed)
             v.stats = stats
             total_s += stats.seconds
             rec.retransmits += stats.retransmits
@@ -201,7 +223,12 @@ class HandoffWindows:
         plan = rec.plan
         t0 = time.perf_counter_ns()
         early = None if rec.key_fingerprint else self._with_window(v, epoch, sub)  # a visit's first key only
-        if early is not None:  # the HANDOFF goes with the window's request (core/travel/handoff_relay.py)
+        if early is not None and self.settings.grant_at_completion:  # answered at completion (completion.py)
+            handoff = early[0]
+            v.pending = await ask(self.device.client, handoff, early[1], holder=plan.holder)
+            v.pending.asked_ns = t0  # from the same moment as the window's request otherwise (the wrap included)
+            key_fp = handoff.key.fingerprint if handoff.key is not None else ""
+        elif early is not None:  # the HANDOFF goes with the window's request (core/travel/handoff_relay.py)
             handoff = early[0]
             key_fp = await ho.open_window_relaying(self.device.client, handoff, early[1], holder=plan.holder)
         else:
@@ -209,7 +236,8 @@ class HandoffWindows:
                 self.device.client, epoch=epoch, skip=skip, length=length, chunk_size=self.settings.chunk_size,
                 train=(plan.train_start, plan.train_len), val=(plan.val_start, plan.val_len),
                 conventional=self.settings.data_path == "conventional", ledger_head=None)
-        v.window_ns, v.stats, v.carried = (t0, time.perf_counter_ns()), None, early is not None
+        v.window_ns, v.stats = (t0, time.perf_counter_ns()), None
+        v.carried = early is not None and v.pending is None
         self.device.epoch = epoch
         if not rec.key_fingerprint:
             rec.epoch, rec.key_fingerprint = epoch, key_fp
@@ -241,8 +269,15 @@ class HandoffWindows:
         return None if early is None else (base, early)
 
     async def close(self, v: Visit, handoff: Handoff, *, sub_total: int) -> None:
+        """The window's key dies (unless the device closed it in its answer at completion) and the holder's DONE is
+        read (before its link carries anything else): what the window received, its fixed cost by stage."""
         rec = v.rec
-        closed = await ho.close_window(self.device.client, handoff)
+        closing, v.closing = v.closing, None
+        if closing is not None:
+            v.stats = await closing.finish()
+            rec.retransmits += v.stats.retransmits
+        closed = closing.closed if closing is not None and closing.closed is not None else \
+            await ho.close_window(self.device.client, handoff)
         if v.stats is not None:  # the hand-off's fixed cost by stage, summed over the visit's keys
             rec.attest_prefetched = rec.attest_prefetched or v.stats.attest_prefetched
             rec.handoff_relayed = rec.handoff_relayed or v.stats.relayed

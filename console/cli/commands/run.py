@@ -146,6 +146,11 @@ def register(app: typer.Typer) -> None:
                                                       "device writes it on the holder's parked data connection "
                                                       "(default; needs --attest-prefetch); off: it crosses the "
                                                       "holder's SSH link after the window opens."),
+        grant_at_completion: bool = typer.Option(True, "--grant-at-completion/--no-grant-at-completion",
+                                                 rich_help_panel=DATA_PANEL,
+                                                 help="The window's request that carries the HANDOFF is answered "
+                                                      "when the window is complete and the holder's DONE is read "
+                                                      "after, off the path (default); off: a hand-off ends on DONE."),
         cipher_engine: CipherEngine = typer.Option(CipherEngine.AUTO, "--cipher-engine", help=CIPHER_ENGINE_HELP,
                                                    rich_help_panel=DATA_PANEL),
         cc_mode: CcMode = typer.Option(CcMode.ON, "--cc-mode", help="Mode the emulated GPU starts in (devtools "
@@ -217,6 +222,7 @@ def register(app: typer.Typer) -> None:
                        cc_mode=cc_mode.value, visit_attempts=visit_attempts, fault=fault,
                        cipher_engine=cipher_engine.value, init_from=init_from,
                        attest_prefetch=attest_prefetch, handoff_with_window=handoff_with_window,
+                       grant_at_completion=grant_at_completion,
                        holder_inject=inject.value if inject is not None else None,
                        cvm_kind=cvm_kind.value,
                        checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints,

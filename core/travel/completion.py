@@ -1,0 +1,195 @@
+"""A relayed HANDOFF's window request answered at the window's completion (issue 34 item 2, task complete14).
+
+Where the window's request carries the HANDOFF (``handoff_relay``'s ``Early``), the device may hold its answer
+until the window is complete: its grant and its ``WindowClosed`` in one answer (``LoopCaller.handoff_until_complete``).
+Then no grant crosses back to the orchestrator's loop during the data and no close request reaches the device during
+it: the device's control thread relays the HANDOFF, sleeps on the window's ``completed`` condition (notified once, as
+the last chunk lands, or as a data connection ends) and answers. The hand-off ends on that answer; the holder's DONE
+over its link is read after, off the path (``Closing.finish``: before RETURN ends and before that link's next key),
+its stats kept in the report.
+
+Everything else stays: the HANDOFF goes over the holder link too (the record and the fallback: the agent takes the
+first copy); a HANDOFF the device did not relay is answered at once and the hand-off ends on DONE; so does a window
+not complete within the bound (``answer_bound_s``) or whose holder's data connection went (the answer is then the open
+window's status, RETURN closes it); a holder link lost mid-window resumes from the device's last contiguous chunk, and
+one lost after the window completed resumes nothing (the link is brought back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+from gputravel.core.deviceclient.client import DeviceClient
+from gputravel.core.deviceclient.onloop import Completion
+from gputravel.core.errors import DeviceError, GpuTravelError, LinkLostError
+from gputravel.core.protocol.deviceanswers import WindowClosed
+from gputravel.core.protocol.holderlink import DataEndpoint, Handoff
+from gputravel.core.travel import handoff as ho
+from gputravel.core.travel.handoff_relay import Early
+from gputravel.core.travel.holders import HolderLink, ProgressFn, ProvisionStats, RejectFn
+
+__all__ = ["ANSWER_BASE_S", "ANSWER_MAX_S", "ANSWER_MB_S", "Closing", "Pending", "answer_bound_s", "ask",
+           "provision_visit"]
+
+#: how long the device may hold the answer: a base plus the window's bytes at a rate far below any path's, at most
+#: ``ANSWER_MAX_S``. Every other device call waits behind the held request that long at most (a window slower than
+#: that only loses the shortcut: its hand-off ends on DONE)
+ANSWER_BASE_S = 0.25
+ANSWER_MB_S = 200.0
+ANSWER_MAX_S = 2.0
+
+
+def answer_bound_s(nbytes: int) -> float:
+    """The ``when_complete`` bound for a window of ``nbytes``."""
+    return min(ANSWER_MAX_S, ANSWER_BASE_S + nbytes / (ANSWER_MB_S * 1e6))
+
+
+@dataclass(slots=True)
+class Pending:
+    """A window's request on its way, answered at completion: ``base`` the hand-off it opens, ``early`` the HANDOFF it
+    carries, ``asked_ns`` when it was written (``perf_counter_ns``)."""
+
+    base: Handoff
+    early: Early
+    answer: asyncio.Task[Completion]
+    asked_ns: int
+
+    def abandon(self) -> None:
+        """The visit failed before the answer was taken: stop waiting (the device client reads it in a thread)."""
+        self.answer.cancel()
+
+
+async def ask(client: DeviceClient, base: Handoff, early: Early, *, holder: str) -> Pending:
+    """The window's request for ``base`` carrying ``early.outgoing``, answered at completion; returns once it is
+    written (the loop's first step of the call), its answer still to come. ``early`` is marked pending: the agent's
+    copy over the holder link goes at once."""
+    asked = time.perf_counter_ns()
+    answer = asyncio.ensure_future(client.on_loop.handoff_until_complete(
+        epoch=base.epoch, offset=base.skip, length=base.window_len, chunk_size=base.chunk_size,
+        relay=(holder, early.outgoing.to_wire()), within=answer_bound_s(base.window_len)))
+    await asyncio.sleep(0)  # the call's first step seals and writes the request
+    early.pending = True
+    return Pending(base, early, answer, asked)
+
+
+@dataclass(slots=True)
+class Closing:
+    """One hand-off's provisioning when its window's request was answered at completion: ended by the device
+    (``closed`` set, the holder's DONE ``done`` still to be read) or by the DONE (``stats`` set)."""
+
+    #: the hand-off's Tx, from the window's request to the device's answer (or to DONE)
+    seconds: float
+    #: ``perf_counter_ns`` when the answer came back (the window's request's ``window_ns`` end)
+    answered_ns: int
+    stats: ProvisionStats | None = None
+    closed: WindowClosed | None = None
+    done: asyncio.Future[ProvisionStats] | None = None
+    relayed: bool = field(default=False)
+
+    async def finish(self) -> ProvisionStats:
+        """The hand-off's stats once the holder's DONE is read (its errors raised). Where the device's answer ended it,
+        ``done`` is that answer's moment (``handoff.fixed_stages``: the ``done`` stage ends at the device's answer) and
+        ``done_read`` the DONE's; its seconds the Tx above."""
+        if self.stats is None:
+            assert self.done is not None
+            stats = await self.done
+            stats.marks_ns["done_read"] = stats.marks_ns.get("done", self.answered_ns)
+            stats.marks_ns["done"] = self.answered_ns
+            self.stats = stats
+        self.stats.seconds = self.seconds
+        self.stats.relayed = self.stats.relayed or self.relayed
+        return self.stats
+
+    def abandon(self) -> None:
+        """The visit failed before DONE was read: stop reading it."""
+        if self.done is not None and not self.done.done():
+            self.done.cancel()
+
+
+def _taken(p: Pending) -> tuple[WindowClosed | None, bool]:
+    """The device's answer, checked: the window closed (None: it answered the grant alone or the open window's
+    status) and whether it relayed the HANDOFF; a grant of another key than ``base``'s is ``DeviceError``."""
+    grant, end = p.answer.result()
+    base = p.base
+    if base.key is None or grant.provisioning_key != base.key or grant.session_id != base.session_id:
+        raise DeviceError(f"the device granted key {grant.key_fingerprint} for epoch {base.epoch}, not the one the "
+                          f"session's secrets derive ({base.key.fingerprint if base.key else '-'})")
+    p.early.delivered, p.early.pending = grant.relayed, False
+    return (end if isinstance(end, WindowClosed) else None), grant.relayed
+
+
+async def _settle(task: asyncio.Future[ProvisionStats]) -> None:
+    """Cancel the link's provisioning and wait until it has stopped (its errors are the cause's, already raised)."""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, GpuTravelError, OSError):
+        await task
+
+
+async def provision_completing(p: Pending, link: HolderLink, *, device_socket: str, endpoint: DataEndpoint | None,
+                               on_progress: ProgressFn | None = None, on_reject: RejectFn | None = None) -> Closing:
+    """``link.provision`` of ``p.base`` beside the window's request held for completion: the first of the device's
+    answer with the window closed and the holder's DONE ends the hand-off. The link's errors are raised as
+    ``link.provision`` raises them, once the device's answer is in or abandoned."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_task(link.provision(p.base, device_socket=device_socket, on_progress=on_progress,
+                                           on_reject=on_reject, data_endpoint=endpoint))
+    try:
+        await asyncio.wait({done, p.answer}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        await _settle(done)
+        p.abandon()
+        raise
+    if p.answer.done() and not done.done():
+        now = time.perf_counter_ns()
+        try:
+            closed, relayed = _taken(p)
+        except BaseException:
+            await _settle(done)
+            raise
+        if closed is not None:
+            return Closing((now - p.asked_ns) / 1e9, now, closed=closed, done=done, relayed=relayed)
+        stats = await done  # not relayed, not complete in time, or the agent's connection went: DONE ends it
+        end = stats.marks_ns.get("done", time.perf_counter_ns())
+        return Closing((end - p.asked_ns) / 1e9, now, stats=stats, relayed=relayed)
+    failed = done.exception()
+    if isinstance(failed, LinkLostError):
+        # the link dropped; the agent may have sent every chunk all the same: the device's answer says (its wait ends
+        # as the window completes, as the agent's data connection goes, or at its bound)
+        with contextlib.suppress(GpuTravelError):
+            await p.answer
+        now = time.perf_counter_ns()
+        closed, relayed = _taken(p) if not p.answer.cancelled() and p.answer.exception() is None else (None, False)
+        if closed is None or not closed.complete:
+            raise failed  # the window is open: ``handoff.resume`` takes it from the device's last chunk
+        await link.reconnect()
+        stats = ProvisionStats(marks_ns={"done": now})
+        return Closing((now - p.asked_ns) / 1e9, now, stats=stats, closed=closed, relayed=relayed)
+    if failed is not None:  # the agent failed: the device's wait ends as its data connection goes
+        p.abandon()
+        with contextlib.suppress(asyncio.CancelledError, GpuTravelError):
+            await p.answer
+        raise failed
+    stats = done.result()  # DONE first: every chunk was acknowledged, the device answers at once
+    await p.answer
+    now = time.perf_counter_ns()
+    closed, relayed = _taken(p)
+    end = stats.marks_ns.get("done", now)
+    return Closing((end - p.asked_ns) / 1e9, now, stats=stats, closed=closed, relayed=relayed)
+
+
+async def provision_visit(client: DeviceClient, p: Pending, link: HolderLink, *, device_socket: str,
+                          endpoint: DataEndpoint | None, on_progress: ProgressFn | None = None,
+                          on_reject: RejectFn | None = None, on_resume: ho.ResumeFn | None = None) -> Closing:
+    """``provision_completing``, and after a dropped link ``handoff.provision``'s resumption (which ends on DONE)."""
+    try:
+        return await provision_completing(p, link, device_socket=device_socket, endpoint=endpoint,
+                                          on_progress=on_progress, on_reject=on_reject)
+    except LinkLostError as exc:
+        resumed = await ho.resume(client, link, p.base, exc, 1, on_resume)
+    stats = await ho.provision(client, link, resumed, device_socket=device_socket, endpoint=endpoint,
+                               on_progress=on_progress, on_reject=on_reject, on_resume=on_resume, attempt=1)
+    end = stats.marks_ns.get("done", time.perf_counter_ns())
+    return Closing((end - p.asked_ns) / 1e9, time.perf_counter_ns(), stats=stats)
