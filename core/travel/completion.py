@@ -18,13 +18,12 @@ one lost after the window completed resumes nothing (the link is brought back).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from dataclasses import dataclass, field
 
 from gputravel.core.deviceclient.client import DeviceClient
 from gputravel.core.deviceclient.onloop import Completion
-from gputravel.core.errors import DeviceError, GpuTravelError, LinkLostError
+from gputravel.core.errors import DeviceError, LinkLostError
 from gputravel.core.protocol.deviceanswers import WindowClosed
 from gputravel.core.protocol.holderlink import DataEndpoint, Handoff
 from gputravel.core.travel import handoff as ho
@@ -88,6 +87,8 @@ class Closing:
     closed: WindowClosed | None = None
     done: asyncio.Future[ProvisionStats] | None = None
     relayed: bool = field(default=False)
+    #: the holder link whose DONE is still to be read (brought back if it dropped after the window completed)
+    link: HolderLink | None = None
 
     async def finish(self) -> ProvisionStats:
         """The hand-off's stats once the holder's DONE is read (its errors raised). Where the device's answer ended it,
@@ -95,7 +96,14 @@ class Closing:
         ``done_read`` the DONE's; its seconds the Tx above."""
         if self.stats is None:
             assert self.done is not None
-            stats = await self.done
+            try:
+                stats = await self.done
+            except LinkLostError:
+                if self.link is None or self.closed is None or not self.closed.complete:
+                    raise
+                # the link dropped after the window completed: nothing to resume, only the link to bring back
+                await self.link.reconnect()
+                stats = ProvisionStats(marks_ns={"done": self.answered_ns})
             stats.marks_ns["done_read"] = stats.marks_ns.get("done", self.answered_ns)
             stats.marks_ns["done"] = self.answered_ns
             self.stats = stats
@@ -121,63 +129,27 @@ def _taken(p: Pending) -> tuple[WindowClosed | None, bool]:
     return (end if isinstance(end, WindowClosed) else None), grant.relayed
 
 
-async def _settle(task: asyncio.Future[ProvisionStats]) -> None:
-    """Cancel the link's provisioning and wait until it has stopped (its errors are the cause's, already raised)."""
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, GpuTravelError, OSError):
-        await task
-
-
 async def provision_completing(p: Pending, link: HolderLink, *, device_socket: str, endpoint: DataEndpoint | None,
                                on_progress: ProgressFn | None = None, on_reject: RejectFn | None = None) -> Closing:
-    """``link.provision`` of ``p.base`` beside the window's request held for completion: the first of the device's
-    answer with the window closed and the holder's DONE ends the hand-off. The link's errors are raised as
-    ``link.provision`` raises them, once the device's answer is in or abandoned."""
-    loop = asyncio.get_running_loop()
-    done = loop.create_task(link.provision(p.base, device_socket=device_socket, on_progress=on_progress,
-                                           on_reject=on_reject, data_endpoint=endpoint))
+    """The device's answer first, then ``link.provision`` of ``p.base`` (the HANDOFF's copy over the holder link, which
+    an agent that took the relayed one skips, its progress, its DONE). With the window closed in the answer the
+    hand-off ends there and the DONE is read after (``Closing.finish``); else it ends on DONE. Nothing of the holder
+    link is read or written during the data: the progress and any refusals are read after the answer, in order.
+    The link's errors are raised as ``link.provision`` raises them (``provision_visit`` resumes a dropped link)."""
     try:
-        await asyncio.wait({done, p.answer}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({p.answer})
     except asyncio.CancelledError:
-        await _settle(done)
         p.abandon()
         raise
-    if p.answer.done() and not done.done():
-        now = time.perf_counter_ns()
-        try:
-            closed, relayed = _taken(p)
-        except BaseException:
-            await _settle(done)
-            raise
-        if closed is not None:
-            return Closing((now - p.asked_ns) / 1e9, now, closed=closed, done=done, relayed=relayed)
-        stats = await done  # not relayed, not complete in time, or the agent's connection went: DONE ends it
-        end = stats.marks_ns.get("done", time.perf_counter_ns())
-        return Closing((end - p.asked_ns) / 1e9, now, stats=stats, relayed=relayed)
-    failed = done.exception()
-    if isinstance(failed, LinkLostError):
-        # the link dropped; the agent may have sent every chunk all the same: the device's answer says (its wait ends
-        # as the window completes, as the agent's data connection goes, or at its bound)
-        with contextlib.suppress(GpuTravelError):
-            await p.answer
-        now = time.perf_counter_ns()
-        closed, relayed = _taken(p) if not p.answer.cancelled() and p.answer.exception() is None else (None, False)
-        if closed is None or not closed.complete:
-            raise failed  # the window is open: ``handoff.resume`` takes it from the device's last chunk
-        await link.reconnect()
-        stats = ProvisionStats(marks_ns={"done": now})
-        return Closing((now - p.asked_ns) / 1e9, now, stats=stats, closed=closed, relayed=relayed)
-    if failed is not None:  # the agent failed: the device's wait ends as its data connection goes
-        p.abandon()
-        with contextlib.suppress(asyncio.CancelledError, GpuTravelError):
-            await p.answer
-        raise failed
-    stats = done.result()  # DONE first: every chunk was acknowledged, the device answers at once
-    await p.answer
     now = time.perf_counter_ns()
-    closed, relayed = _taken(p)
-    end = stats.marks_ns.get("done", now)
-    return Closing((end - p.asked_ns) / 1e9, now, stats=stats, closed=closed, relayed=relayed)
+    closed, relayed = _taken(p)  # the device's error, if it failed, is the hand-off's
+    done = asyncio.get_running_loop().create_task(link.provision(
+        p.base, device_socket=device_socket, on_progress=on_progress, on_reject=on_reject, data_endpoint=endpoint))
+    if closed is not None:
+        return Closing((now - p.asked_ns) / 1e9, now, closed=closed, done=done, relayed=relayed, link=link)
+    stats = await done  # not relayed, not complete in time, or the agent's connection went: DONE ends it
+    end = stats.marks_ns.get("done", time.perf_counter_ns())
+    return Closing((end - p.asked_ns) / 1e9, now, stats=stats, relayed=relayed)
 
 
 async def provision_visit(client: DeviceClient, p: Pending, link: HolderLink, *, device_socket: str,
