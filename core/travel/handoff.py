@@ -190,6 +190,9 @@ def fixed_stages(*, window_ns: tuple[int, int], stats: ProvisionStats, closed: W
     out = {k: round(v / 1e6, 4) for k, v in ns.items()}
     out["total"] = round(sum(ns.values()) / 1e6, 4)
     out["data"] = round(max(0, last - first) / 1e6, 4)  # not a fixed cost: the bytes themselves
+    # the hand-off on this clock, fixed cost and data together: the window's request to its end (the agent's DONE read,
+    # or the device's answer at completion); no stage is placed, so both ways of ending compare on it
+    out["wall"] = round(max(0, link["done"] - w0) / 1e6, 4) if "done" in link else 0.0
     out.update(_stage_parts(ns, link, dev, stats.stages, key_out=key_out, sent=sent, admitted=admitted))
     return out
 
@@ -220,7 +223,8 @@ def _stage_parts(ns: dict[str, int], link: dict[str, int], dev: dict[str, int], 
 
 def add_stages(into: dict[str, float], more: dict[str, float]) -> dict[str, float]:
     """Stage times summed (a visit with several keys has several hand-offs)."""
-    return {k: round(into.get(k, 0.0) + more.get(k, 0.0), 4) for k in (*FIXED_STAGES, "total", "data", *STAGE_PARTS)}
+    return {k: round(into.get(k, 0.0) + more.get(k, 0.0), 4)
+            for k in (*FIXED_STAGES, "total", "data", "wall", *STAGE_PARTS)}
 
 
 def require_complete(closed: WindowClosed, expected: int) -> None:

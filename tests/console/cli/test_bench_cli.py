@@ -103,7 +103,7 @@ def test_bench_provision_reports_each_path_against_the_aes_core_rate_and_direct_
         assert near(row["fraction_of_bound"], row["mb_s"] / row["bound_mb_s"], rel=1e-3, abs_=6e-4)
         fixed = row["fixed_stages_ms"]
         assert set(fixed) == {"window", "attest", "verdict", "admission", "ring_bind", "first_chunk", "done",
-                              "total", "data", "admission_wrap", "admission_send", "admission_agent",
+                              "total", "data", "wall", "admission_wrap", "admission_send", "admission_agent",
                               "admission_device", "admission_transit", "done_agent", "done_transit"}
         assert all(v >= 0 for v in fixed.values())
         assert fixed["attest"] > 0 and fixed["verdict"] > 0 and fixed["window"] > 0  # the holder attests each key

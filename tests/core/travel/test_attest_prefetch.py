@@ -137,7 +137,7 @@ async def test_a_visits_first_handoff_goes_with_its_window_request_and_the_link_
     monkeypatch.setattr(LoopCaller, "handoff", handoff)
     out = tmp_path / "run"
     settings = small_settings(data_root, out, rounds=2, transport="local", attest_prefetch=True,
-                              handoff_with_window=True)
+                              handoff_with_window=True, grant_at_completion=False)  # the grant answered at once
     async with started(settings) as engine:
         report = (await engine.run()).to_json()
     visits = report["visits"]

@@ -28,7 +28,8 @@ def test_each_stage_is_the_time_between_its_two_moments_and_they_add_up() -> Non
     stages = {k: got[k] for k in (*ho.FIXED_STAGES, "total", "data")}
     assert stages == pytest.approx({"window": 1.0, "attest": 1.0, "verdict": 2.0, "admission": 1.0,
                                     "ring_bind": 0.2, "first_chunk": 0.8, "done": 1.0, "total": 7.0, "data": 3.0})
-    assert tuple(k for k in got if k not in ("total", "data", *ho.STAGE_PARTS)) == ho.FIXED_STAGES
+    assert tuple(k for k in got if k not in ("total", "data", "wall", *ho.STAGE_PARTS)) == ho.FIXED_STAGES
+    assert got["wall"] == pytest.approx(11.0)  # the window's request (9 ms) to DONE read (20 ms)
 
 
 def test_admission_and_done_are_split_by_who_spends_them() -> None:
@@ -74,7 +75,7 @@ def test_a_slow_way_back_for_the_grant_does_not_push_the_devices_marks_past_the_
 
 
 def test_a_visit_with_several_keys_sums_its_hand_offs() -> None:
-    one = {k: 1.0 for k in (*ho.FIXED_STAGES, "total", "data", *ho.STAGE_PARTS)}
+    one = {k: 1.0 for k in (*ho.FIXED_STAGES, "total", "data", "wall", *ho.STAGE_PARTS)}
     assert ho.add_stages({}, one) == one
     assert ho.add_stages(one, one) == {k: 2.0 for k in one}
 
@@ -83,3 +84,19 @@ def test_window_closed_from_an_older_device_has_no_marks() -> None:
     wire = closed().to_wire()
     del wire["marks_ns"]
     assert WindowClosed.from_wire(wire).marks_ns == {}
+
+
+def test_a_window_answered_at_completion_ends_its_hand_off_at_that_answer() -> None:
+    # the window's request asked at 9 ms and answered at 29 ms (``completion``: the device answered 10 ms after its
+    # window opened, so it opened at 9 + (20 - 10) / 2 = 14 ms, the two crossings taken as equal); the relayed
+    # HANDOFF's connection admitted at +5 (19 ms), the first chunk in at +6, the last at +9 (23 ms); the agent's
+    # DONE, read after, at 40 ms
+    stats = ProvisionStats(marks_ns={"done": 29 * MS, "done_read": 40 * MS},
+                           stages={"ack_to_done_s": 0.0004})
+    got = ho.fixed_stages(window_ns=(9 * MS, 29 * MS), stats=stats,
+                          closed=closed(admitted=5, first_chunk=6, last_chunk=9, answered=10))
+    stages = {k: got[k] for k in (*ho.FIXED_STAGES, "total", "data", "wall")}
+    assert stages == pytest.approx({"window": 5.0, "attest": 0.0, "verdict": 0.0, "admission": 5.0, "ring_bind": 0.0,
+                                    "first_chunk": 1.0, "done": 6.0, "total": 17.0, "data": 3.0, "wall": 20.0})
+    assert got["done_agent"] == 0.0 and got["done_transit"] == pytest.approx(6.0)  # the DONE is off the path
+    assert got["total"] + got["data"] == pytest.approx(got["wall"])
