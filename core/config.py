@@ -124,8 +124,11 @@ class RunSettings:
     handoff_with_window: bool = True
     #: a window's request that carries its HANDOFF is answered when the window is complete, grant and
     #: ``WindowClosed`` in one answer, and the holder's DONE is read after, off the hand-off's path
-    #: (core/travel/completion.py, task complete14); ``bench travel --no-grant-at-completion`` turns it off
-    grant_at_completion: bool = True
+    #: (core/travel/completion.py, task complete14). Off: four ABBA pairs of ``bench travel`` found the hand-off's
+    #: wall time lower in every pair but the bench's Tx per visit higher in three of four (that Tx leaves out, on
+    #: the path it replaces, the orchestrator's bookkeeping between the grant and PROVISION: docs/performance.md);
+    #: ``bench travel --grant-at-completion`` turns it on
+    grant_at_completion: bool = False
 
     def __post_init__(self) -> None:
         if self.data_path == "ssh":  # the name `bench provision` and the docs use for the channel path

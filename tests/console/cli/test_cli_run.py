@@ -118,6 +118,7 @@ def test_the_hand_off_pipelining_is_on_by_default_and_each_part_can_be_turned_of
     assert all(v["attest_prefetched"] for v in report["visits"])
     saved = json.loads((out / "settings.json").read_text())
     assert saved["attest_prefetch"] is True and saved["handoff_with_window"] is True
+    assert saved["grant_at_completion"] is False  # a trial, off by default (docs/performance.md, task complete14)
     data = tmp_path / "data"
     write_holders(data, NORTH_SOUTH, WORDS, 12_000, file="text.txt", newline=False)
     proc = gputravel("run", "--data", "data", "--rounds", "1", "--steps-per-visit", "2", "--batch-size", "4",
