@@ -241,7 +241,7 @@ def paths_study(paths: list[str], *, size_mib: int, chunk_kib: int, repeats: int
                      # window's key is asked for before the hand-off's clock starts, so ``window`` is outside
                      # median_s and fixed_s, the others inside)
                      "fixed_stages_ms": {k: round(statistics.median(f[k] for f in fixed), 4)
-                                         for k in (*ho.FIXED_STAGES, "total", "data", *ho.STAGE_PARTS)},
+                                         for k in (*ho.FIXED_STAGES, "total", "data", "wall", *ho.STAGE_PARTS)},
                      "cipher_engine": probe.get("cipher_engine"),
                      "shm_ring": probe.get("rings", 0) >= repeats,
                      # seconds per hand-off in each stage (median over the hand-offs); stages overlap, so they
