@@ -8,11 +8,14 @@ the last chunk lands, or as a data connection ends) and answers. The hand-off en
 over its link is read after, off the path (``Closing.finish``: before RETURN ends and before that link's next key),
 its stats kept in the report.
 
-Everything else stays: the HANDOFF goes over the holder link too (the record and the fallback: the agent takes the
-first copy); a HANDOFF the device did not relay is answered at once and the hand-off ends on DONE; so does a window
-not complete within the bound (``answer_bound_s``) or whose holder's data connection went (the answer is then the open
-window's status, RETURN closes it); a holder link lost mid-window resumes from the device's last contiguous chunk, and
-one lost after the window completed resumes nothing (the link is brought back).
+Everything else stays: the HANDOFF goes over the holder link too, once the answer is in (the record and the fallback:
+an agent that took the relayed copy skips it by its ``relay`` id); nothing of the holder link is written or read during
+the data, its progress and refusals are read after the answer, in order. A HANDOFF the device did not relay is
+answered at once and the hand-off ends on DONE; so does a window not complete within the bound (``answer_bound_s``) or
+whose holder's data connection went (the answer is then the open window's status, RETURN closes it); a holder link
+lost mid-window resumes from the device's last contiguous chunk, and one lost after the window completed resumes
+nothing (the link is brought back). Off by default (``RunSettings.grant_at_completion``): docs/performance.md, "task
+complete14".
 """
 
 from __future__ import annotations
@@ -63,14 +66,13 @@ class Pending:
 
 async def ask(client: DeviceClient, base: Handoff, early: Early, *, holder: str) -> Pending:
     """The window's request for ``base`` carrying ``early.outgoing``, answered at completion; returns once it is
-    written (the loop's first step of the call), its answer still to come. ``early`` is marked pending: the agent's
-    copy over the holder link goes at once."""
+    written (the loop's first step of the call), its answer still to come (``early.delivered`` is set from it; the
+    link's copy, sent after the answer, is that very HANDOFF)."""
     asked = time.perf_counter_ns()
     answer = asyncio.ensure_future(client.on_loop.handoff_until_complete(
         epoch=base.epoch, offset=base.skip, length=base.window_len, chunk_size=base.chunk_size,
         relay=(holder, early.outgoing.to_wire()), within=answer_bound_s(base.window_len)))
     await asyncio.sleep(0)  # the call's first step seals and writes the request
-    early.pending = True
     return Pending(base, early, answer, asked)
 
 
@@ -125,7 +127,7 @@ def _taken(p: Pending) -> tuple[WindowClosed | None, bool]:
     if base.key is None or grant.provisioning_key != base.key or grant.session_id != base.session_id:
         raise DeviceError(f"the device granted key {grant.key_fingerprint} for epoch {base.epoch}, not the one the "
                           f"session's secrets derive ({base.key.fingerprint if base.key else '-'})")
-    p.early.delivered, p.early.pending = grant.relayed, False
+    p.early.delivered = grant.relayed
     return (end if isinstance(end, WindowClosed) else None), grant.relayed
 
 

@@ -46,13 +46,12 @@ def relayable(h: Handoff) -> bool:
 class Early:
     """A HANDOFF wrapped before its window opened: ``base`` is the hand-off it was wrapped from (the link's copy
     goes only for that very hand-off), ``outgoing`` what goes to the agent, ``delivered`` whether the device wrote
-    it on the parked connection as it opened the window (None: not asked yet, or not answered yet: ``pending``, a
-    request answered at the window's completion, core/travel/completion.py)."""
+    it on the parked connection as it opened the window (None: not asked yet, or, for a request answered at the
+    window's completion, core/travel/completion.py, not answered yet)."""
 
     base: Handoff
     outgoing: Handoff
     delivered: bool | None = None
-    pending: bool = False
 
 
 class HandoffRelay:
@@ -85,7 +84,7 @@ class HandoffRelay:
         """The HANDOFF prepared for ``handoff``, if the window's request carried it (its answer came back for this
         very hand-off: a resumed hand-off, or another key, is wrapped afresh); it is taken once."""
         early, self.early = self.early, None
-        if early is None or (early.delivered is None and not early.pending) or early.base != handoff:
+        if early is None or early.delivered is None or early.base != handoff:
             return None
         return early
 
