@@ -23,7 +23,9 @@ The two paths (the same holders, agents deployed through the embedded loopback S
   authentication and overlap (as a CC driver does it); ``--conventional-fixes`` gives it both.
 
 ``train_s`` is the device's training time summed over the visits (including the held-out evaluation),
-``tx_s`` the PROVISION phases summed (first byte sent to the last chunk in the buffer), and
+``tx_s`` the visits' transfer times summed (each from its window's key asked for, the HANDOFF, to the last chunk
+in device memory: the time the window is open to the holder, the orchestrator's bookkeeping between the two phases
+included), and
 ``tx_pct = 100 · tx_s / (tx_s + train_s)``; ``tx_pct_of_visits`` divides by all visit phases instead
 (attestation, hand-off, scrub, the sealed checkpoint included).
 

@@ -51,10 +51,6 @@ class Visit:
     #: provisioning's link saw (``handoff.fixed_stages``)
     window_ns: tuple[int, int] = (0, 0)
     stats: ProvisionStats | None = None
-    #: the open window's request carried the HANDOFF (``_with_window``, a visit's first key only): the agent was
-    #: sending while it was answered, so that request's time (``window_ns``) counts as provisioning (``provision_s``,
-    #: the benches' Tx)
-    carried: bool = False
     #: the open window's request, carrying its HANDOFF, to be answered at the window's completion
     #: (``RunSettings.grant_at_completion``, core/travel/completion.py), and then its provisioning (``closing``: the
     #: device's ``WindowClosed``, the holder's DONE still to be read)
@@ -129,7 +125,11 @@ class HandoffWindows:
                               key_fp=rec.key_fingerprint, nbytes=status.bytes, outcome="link-lost",
                               detail={"error": exc.reason, "resume_from": status.contiguous, "attempt": attempt})
 
-        total_s = (v.window_ns[1] - v.window_ns[0]) / 1e9 if v.carried else 0.0  # before the loop re-opens
+        # the visit's Tx (``provision_s``, the benches' ``tx_s``) is the time its window is open to the holder: from
+        # its first key's request (HANDOFF) to the last byte in device memory, whatever the orchestrator did meanwhile
+        # (its phase rows and events between HANDOFF and PROVISION, the keys between sub-windows); summing only the
+        # link's provisioning left out 6-9 ms a relayed visit while the agent was already sending (task complete14)
+        since = v.window_ns[0]
         assert v.handoff is not None
         for i, sub in enumerate(v.subs):
             if i:  # the previous key's nonce budget is spent: close its window, hand over the next key
@@ -145,15 +145,13 @@ class HandoffWindows:
                                                   endpoint=endpoint, on_progress=progress, on_reject=rejected,
                                                   on_resume=resumed)
                 v.window_ns = (pending.asked_ns, v.closing.answered_ns)
-                total_s += v.closing.seconds
                 continue
             stats = await ho.provision(self.device.client, v.link, v.handoff, device_socket=handle.socket_path,
                                        endpoint=endpoint, on_progress=progress, on_reject=rejected,
                                        on_resume=resumed)
             v.stats = stats
-            total_s += stats.seconds
             rec.retransmits += stats.retransmits
-        rec.provision_s = total_s
+        rec.provision_s = total_s = (time.perf_counter_ns() - since) / 1e9
         return plan.window_len, {"mb_s": round(plan.window_len / max(total_s, 1e-9) / 1e6, 2),
                                  "retransmits": rec.retransmits}
 
@@ -237,7 +235,6 @@ class HandoffWindows:
                 train=(plan.train_start, plan.train_len), val=(plan.val_start, plan.val_len),
                 conventional=self.settings.data_path == "conventional", ledger_head=None)
         v.window_ns, v.stats = (t0, time.perf_counter_ns()), None
-        v.carried = early is not None and v.pending is None
         self.device.epoch = epoch
         if not rec.key_fingerprint:
             rec.epoch, rec.key_fingerprint = epoch, key_fp
