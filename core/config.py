@@ -124,11 +124,10 @@ class RunSettings:
     handoff_with_window: bool = True
     #: a window's request that carries its HANDOFF is answered when the window is complete, grant and
     #: ``WindowClosed`` in one answer, and the holder's DONE is read after, off the hand-off's path
-    #: (core/travel/completion.py, task complete14). Off: four ABBA pairs of ``bench travel`` found the hand-off's
-    #: wall time lower in every pair but the bench's Tx per visit higher in three of four (that Tx leaves out, on
-    #: the path it replaces, the orchestrator's bookkeeping between the grant and PROVISION: docs/performance.md);
-    #: ``bench travel --grant-at-completion`` turns it on
-    grant_at_completion: bool = False
+    #: (core/travel/completion.py, task complete14). On by default since session 14: with Tx counted from the
+    #: window's request to its end on both paths, four ABBA pairs of ``bench travel`` found Tx per visit lower in
+    #: every pair at 4 and 20 MiB (docs/performance.md, "Session 14"); ``--no-grant-at-completion`` turns it off
+    grant_at_completion: bool = True
 
     def __post_init__(self) -> None:
         if self.data_path == "ssh":  # the name `bench provision` and the docs use for the channel path

@@ -255,7 +255,7 @@ def study(buffers: list[float | None], *, workdir: Path, run: RunFn, dataset_mib
           conventional_fixes: bool = False, paths: tuple[str, ...] = planner.PATHS,
           on_progress: ProgressFn | None = None, entries: Entries | None = None,
           attest_prefetch: bool = True, handoff_relay: bool = False,
-          handoff_with_window: bool = True, grant_at_completion: bool = False) -> dict[str, Any]:
+          handoff_with_window: bool = True, grant_at_completion: bool = True) -> dict[str, Any]:
     """Run the study; returns the JSON-able result (``benchmark: travel``).
 
     ``run`` runs one training run with its holders (the console's holder set: the embedded SSH server for

@@ -14,8 +14,8 @@ the data, its progress and refusals are read after the answer, in order. A HANDO
 answered at once and the hand-off ends on DONE; so does a window not complete within the bound (``answer_bound_s``) or
 whose holder's data connection went (the answer is then the open window's status, RETURN closes it); a holder link
 lost mid-window resumes from the device's last contiguous chunk, and one lost after the window completed resumes
-nothing (the link is brought back). Off by default (``RunSettings.grant_at_completion``): docs/performance.md, "task
-complete14".
+nothing (the link is brought back). On by default since session 14 (``RunSettings.grant_at_completion``):
+docs/performance.md, "task complete14" and "Session 14".
 """
 
 from __future__ import annotations

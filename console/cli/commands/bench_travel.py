@@ -137,12 +137,12 @@ def register(bench_app: typer.Typer) -> None:
                                                       "connection as the window opens (the default; needs the "
                                                       "attestation prefetched; docs/performance.md); off: the "
                                                       "HANDOFF crosses the holder's SSH link after the window."),
-        grant_at_completion: bool = typer.Option(False, "--grant-at-completion/--no-grant-at-completion",
+        grant_at_completion: bool = typer.Option(True, "--grant-at-completion/--no-grant-at-completion",
                                                  help="The window's request that carries the HANDOFF is answered "
                                                       "when the window is complete (its grant and WindowClosed in "
                                                       "one answer) and the holder's DONE is read after, off the "
-                                                      "path (a trial, off by default: docs/performance.md \"task "
-                                                      "complete14\"); off: the grant comes back at once and a "
+                                                      "path (the default: measured faster, docs/performance.md "
+                                                      "\"Session 14\"); off: the grant comes back at once and a "
                                                       "hand-off ends on DONE."),
         paths: str = typer.Option("travelling,conventional", "--paths",
                                   help="Which paths to run, comma-separated (travelling, conventional): "

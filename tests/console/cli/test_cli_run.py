@@ -118,18 +118,20 @@ def test_the_hand_off_pipelining_is_on_by_default_and_each_part_can_be_turned_of
     assert all(v["attest_prefetched"] for v in report["visits"])
     saved = json.loads((out / "settings.json").read_text())
     assert saved["attest_prefetch"] is True and saved["handoff_with_window"] is True
-    assert saved["grant_at_completion"] is False  # a trial, off by default (docs/performance.md, task complete14)
+    assert saved["grant_at_completion"] is True  # on by default since session 14 (docs/performance.md)
     data = tmp_path / "data"
     write_holders(data, NORTH_SOUTH, WORDS, 12_000, file="text.txt", newline=False)
     proc = gputravel("run", "--data", "data", "--rounds", "1", "--steps-per-visit", "2", "--batch-size", "4",
                      "--seq-len", "32", "--chunk-kib", "16", "--buffer-mib", "0.25", "--out", "off", "--no-record",
-                     "--no-attest-prefetch", "--no-handoff-with-window", "--json", cwd=tmp_path)
+                     "--no-attest-prefetch", "--no-handoff-with-window", "--no-grant-at-completion", "--json",
+                     cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     off = json.loads(proc.stdout)
     assert [v["outcome"] for v in off["visits"]] == ["done", "done"]
     assert not any(v["attest_prefetched"] or v["handoff_relayed"] for v in off["visits"])
     saved = json.loads((tmp_path / "off" / "settings.json").read_text())
     assert saved["attest_prefetch"] is False and saved["handoff_with_window"] is False
+    assert saved["grant_at_completion"] is False
 
 
 def test_run_records_events_and_gpu_telemetry(finished_run: tuple[Path, dict, subprocess.CompletedProcess[str]]
