@@ -1,8 +1,17 @@
-"""The ledger's one writer: appends chained rows and the engine's progress state in one transaction."""
+"""The ledger's one writer: appends chained rows and the engine's progress state in one transaction.
+
+Durability: every append is committed at once (WAL, ``synchronous=NORMAL``), so a killed process loses nothing; it
+reaches the disk (the WAL fsynced) where something relies on it surviving a power loss too (``flush``): before any
+head is read (``head``: what a holder's witness, a receipt or a checkpoint records), with every row that carries the
+engine's progress ``state``, and at ``close``. Rows in between are flushed with the next of those, so a power loss
+can take back only rows nobody outside this process has seen and no progress. One fsync per row (``synchronous=FULL``,
+before session 14) cost about 4 ms of the event loop on the build machine, several of them inside a hand-off
+(docs/performance.md, "Session 14")."""
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -43,6 +52,8 @@ class Ledger:
         self._db = connection
         self._lock = threading.RLock()
         self._closed = False
+        #: rows committed since the WAL was last fsynced (``flush``)
+        self._unflushed = False
         self.path = path
         self.run_id = run_id
 
@@ -65,7 +76,7 @@ class Ledger:
             mode = connection.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 raise LedgerError(f"ledger {path}: WAL journal mode refused (got {mode!r})")
-            connection.execute("PRAGMA synchronous=FULL")
+            connection.execute("PRAGMA synchronous=NORMAL")  # committed at once, fsynced by ``flush``
             _create_schema(connection, path)
         except sqlite3.Error as exc:
             connection.close()
@@ -158,6 +169,7 @@ class Ledger:
                             (name, _state_json(name, value)),
                         )
                     db.execute("COMMIT")
+                    self._unflushed = True
                 except BaseException:
                     if db.in_transaction:
                         db.execute("ROLLBACK")
@@ -166,6 +178,8 @@ class Ledger:
                 if _storage_failure(exc):
                     raise storage_error(exc, f"ledger {self.path}: append of {kind_text!r}") from exc
                 raise LedgerError(f"ledger {self.path}: append failed: {exc}") from exc
+            if state_items:  # the engine's progress: on disk before the engine goes on
+                self.flush()
         return LedgerRow(
             **{name: fields[name] for name in HASHED_FIELDS if name != "detail"},
             detail=json.loads(detail_text),
@@ -212,19 +226,52 @@ class Ledger:
         return int(epoch or 0)
 
     def head(self) -> tuple[int, str]:
-        """``(seq, hash)`` of the last row; ``(0, GENESIS_HASH)`` when empty."""
+        """``(seq, hash)`` of the last row; ``(0, GENESIS_HASH)`` when empty. Flushed first: a head handed out (a
+        holder's witness, a receipt, a checkpoint's) is one no power loss can take back."""
         with self._lock:
             self._check_open()
+            self.flush()
             last = self._db.execute("SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1").fetchone()
         return (0, GENESIS_HASH) if last is None else (int(last[0]), str(last[1]))
 
+    # -- durability ----------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Every committed row on disk: the WAL fsynced (nothing to do when no row came since the last flush).
+
+        Raises:
+            DiskFullError, StorageError: the disk refused the flush (the rows stay committed; a later flush tries
+                again).
+        """
+        with self._lock:
+            self._check_open()
+            if not self._unflushed:
+                return
+            wal = self.path.with_name(self.path.name + "-wal")
+            try:
+                fd = os.open(wal, os.O_RDONLY)
+            except FileNotFoundError:  # checkpointed and removed: the database file itself was synced
+                fd = -1
+            except OSError as exc:
+                raise storage_error(exc, f"ledger {self.path}: flush") from exc
+            if fd >= 0:
+                try:
+                    os.fsync(fd)
+                except OSError as exc:
+                    raise storage_error(exc, f"ledger {self.path}: flush") from exc
+                finally:
+                    os.close(fd)
+            self._unflushed = False
+
     # -- lifetime ------------------------------------------------------------------------------
     def close(self) -> None:
-        """Close the connection (idempotent)."""
+        """Flush and close the connection (idempotent)."""
         with self._lock:
             if not self._closed:
-                self._closed = True
-                self._db.close()
+                try:
+                    self.flush()
+                finally:
+                    self._closed = True
+                    self._db.close()
 
     def __enter__(self) -> Self:
         return self

@@ -44,6 +44,10 @@ class Audit:
     def emit(self, event: ev.Event) -> None:
         self._emit(event)
 
+    def flush(self) -> None:
+        """Every row so far on disk (``Ledger.flush``)."""
+        self.ledger.flush()
+
     def head(self) -> str | None:
         """``"SEQ:HASH"`` of the ledger now (``None`` while empty), for the holders' witnesses."""
         seq, digest = self.ledger.head()

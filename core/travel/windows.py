@@ -219,6 +219,9 @@ class HandoffWindows:
             await self._rekey(f"epoch limit {limit} reached")
         skip, length = sub
         plan = rec.plan
+        # the rows so far on disk before the key is asked for, so the head a HANDOFF carries (a holder's witness)
+        # needs no flush of its own inside the window's time
+        self.audit.flush()
         t0 = time.perf_counter_ns()
         early = None if rec.key_fingerprint else self._with_window(v, epoch, sub)  # a visit's first key only
         if early is not None and self.settings.grant_at_completion:  # answered at completion (completion.py)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sqlite3
 import tempfile
 import threading
@@ -174,11 +175,37 @@ def test_verify_ledger_select_keeps_the_rows_it_selects_in_the_same_walk_and_non
     assert (result.ok, result.first_bad_seq, kept) == (False, 4, [])
 
 
-def test_ledger_uses_wal_journal_and_full_sync(ledger_path: Path) -> None:
+def test_ledger_uses_wal_journal_committed_at_once_and_flushed_where_relied_on(
+        ledger_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every append commits (NORMAL in WAL mode); the WAL is fsynced before a head is read, with a row that carries
+    progress state and at close, once for every row since the last flush (a spy counts the real fsyncs)."""
     assert _raw(ledger_path, "PRAGMA journal_mode")[0][0] == "wal"
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def spy_fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy_fsync)
     with Ledger.open(ledger_path) as ledger:
-        assert ledger._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        assert ledger._db.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL: flushed by Ledger.flush
         assert ledger._db.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+        for i in range(3):
+            ledger.append(kind="phase", phase="TRAIN", epoch=i)
+        assert synced == []  # not yet fsynced
+        with Ledger.open(ledger_path) as other:  # committed: another connection reads them
+            assert len(list(other.rows())) == 9  # the fixture's six and these three
+        assert synced == []  # a connection that appended nothing flushes nothing at close
+        seq, _ = ledger.head()
+        assert seq == 9 and synced == [str(ledger_path) + "-wal"]  # one fsync for the three rows
+        ledger.head()
+        ledger.flush()
+        assert len(synced) == 1  # nothing new since: nothing to flush
+        ledger.append(kind="visit-completed", state={"visits_done": [0]})
+        assert len(synced) == 2  # progress is on disk before append returns
+        ledger.append(kind="phase", phase="SCRUB")
+    assert len(synced) == 3  # close flushed the last row
     assert _raw(ledger_path, "SELECT version FROM schema_version") == [(1,)]
 
 
