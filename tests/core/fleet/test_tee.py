@@ -111,7 +111,10 @@ def _launcher(child: list[str], shown: Path, **kw: float) -> subprocess.Popen[by
     """A launcher process running ``run_teed(child)`` shown on its stderr (the file ``shown``), to be interrupted
     as Ctrl-C interrupts ``gputravel run``: SIGINT to the launcher (here to it alone, so what reaches the child is
     the launcher's doing)."""
-    code = ("import os, sys\nfrom gputravel.core.fleet.tee import run_teed\n"
+    # Ctrl-C's default action restored: a shell that starts the tests in the background (CI, nohup ... &) leaves
+    # SIGINT ignored in every process it starts, and Python then installs no handler of its own
+    code = ("import os, signal, sys\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "from gputravel.core.fleet.tee import run_teed\n"
             f"run_teed({child!r}, env=dict(os.environ), show=sys.stderr, **{kw!r})")
     with shown.open("wb") as out:
         return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=out, stderr=out)

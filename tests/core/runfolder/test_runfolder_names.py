@@ -20,6 +20,7 @@ NAMES = ("settings.json", "ledger.db", "recording.db", "status.json", "orchestra
 #: literals that spell a name but mean something else, each with its reason
 NOT_A_RUN_FOLDER = {
     ("core/collectives/keys.py", "rank-"): "the ring's device certificate names its rank (rank-N), no folder",
+    ("core/protocol/errors.py", "rank-"): "the error code rank-report names a rank's report, no folder",
 }
 
 
