@@ -41,8 +41,9 @@ class _Lines:
             line = f"visit {event.visit + 1} {event.holder} failed in {event.phase}: {event.error}"
         elif isinstance(event, ev.RunCompleted):
             line = f"done: {event.visits} visits, {event.failed} failed, {event.seconds:.1f} s"
-        if line:
-            print(f"{self.tag} {line}", file=sys.stderr, flush=True)
+        if line:  # one write: print's text and newline are two, and two ranks' lines could merge between them
+            sys.stderr.write(f"{self.tag} {line}\n")
+            sys.stderr.flush()
 
 
 def main(argv: list[str] | None = None) -> None:
