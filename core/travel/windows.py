@@ -226,8 +226,7 @@ class HandoffWindows:
         early = None if rec.key_fingerprint else self._with_window(v, epoch, sub)  # a visit's first key only
         if early is not None and self.settings.grant_at_completion:  # answered at completion (completion.py)
             handoff = early[0]
-            v.pending = await ask(self.device.client, handoff, early[1], holder=plan.holder)
-            v.pending.asked_ns = t0  # from the same moment as the window's request otherwise (the wrap included)
+            v.pending = await ask(self.device.client, handoff, early[1], holder=plan.holder, asked_ns=t0)
             key_fp = handoff.key.fingerprint if handoff.key is not None else ""
         elif early is not None:  # the HANDOFF goes with the window's request (core/travel/handoff_relay.py)
             handoff = early[0]

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from helpers import ServeDevice, wait_for
+from helpers import ConnectedDevice, wait_for
 
 from gputravel.core.device.admission import (
     MAX_CONNECTIONS_PER_WINDOW,
@@ -30,11 +29,11 @@ from gputravel.core.protocol.shmring import RingSpec, ShmRing, recv_frame_with_f
 CHUNK = 256
 
 
-class Device:
+class Device(ConnectedDevice):
     """A real device service and server in this process (its counters and rings are inspected directly)."""
 
-    def __init__(self, service: Any, server: Any, sock: str, client: Any) -> None:
-        self.service, self.server, self.sock, self.client = service, server, sock, client
+    def __init__(self, connected: ConnectedDevice) -> None:
+        super().__init__(connected.service, connected.server, connected.sock, connected.client)
         self.epoch = 0
 
     def handoff(self, length: int = 4 * CHUNK) -> tuple[int, DirectionKey, bytes]:
@@ -50,14 +49,8 @@ class Device:
 
 
 @pytest.fixture
-def device(serve_device: ServeDevice) -> Iterator[Device]:
-    d = serve_device(data_host="127.0.0.1", max_pending=8, handshake_timeout=2.0)
-    client = d.new_client()
-    client.connect()
-    try:
-        yield Device(d.service, d.server, d.sock, client)
-    finally:
-        client.close()
+def device(connected_device: ConnectedDevice) -> Device:
+    return Device(connected_device)
 
 
 class Raw:

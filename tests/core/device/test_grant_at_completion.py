@@ -12,11 +12,11 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from helpers import ServeDevice
+from helpers import ConnectedDevice
 
 from gputravel.core.deviceclient.onloop import Completion
 from gputravel.core.errors import DeviceError
@@ -30,23 +30,17 @@ CHUNK = 256
 N = 4  # chunks a window
 
 
-class Device:
+class Device(ConnectedDevice):
     """A real device service and server in this process, and the orchestrator's control client."""
 
-    def __init__(self, service: Any, sock: str, client: Any) -> None:
-        self.service, self.sock, self.client = service, sock, client
+    def __init__(self, connected: ConnectedDevice) -> None:
+        super().__init__(connected.service, connected.server, connected.sock, connected.client)
         self.epoch = 0
 
 
 @pytest.fixture
-def device(serve_device: ServeDevice) -> Iterator[Device]:
-    d = serve_device(data_host="127.0.0.1", max_pending=8, handshake_timeout=2.0)
-    client = d.new_client()
-    client.connect()
-    try:
-        yield Device(d.service, d.sock, client)
-    finally:
-        client.close()
+def device(connected_device: ConnectedDevice) -> Device:
+    return Device(connected_device)
 
 
 class Conn:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import fleet_settings
+from helpers import fleet_settings, user_terminal
 
 from gputravel.console.entries import GPU_RANK, launch_gpus
 from gputravel.core.bench.data import make_holders
@@ -221,40 +221,20 @@ def test_a_rank_killed_in_a_run_shown_on_a_terminal_is_named_as_the_kill(data: P
     test_fleet_attacks.py::test_a_rank_killed_mid_round_stops_the_other_with_a_named_error_and_resume_finishes,
     which runs quiet): the job's error names the kill, as in a quiet run, and the terminal showed the ranks'
     progress and torchrun's own account as they came."""
-    import os
-    import pty
-    import threading
-
     from gputravel.core.errors import WorkerError
 
-    user, user_tty = pty.openpty()
-    seen = bytearray()
-
-    def terminal() -> None:
-        while True:
-            try:
-                chunk = os.read(user, 65536)
-            except OSError:
-                return
-            if not chunk:
-                return
-            seen.extend(chunk)
-
-    reader = threading.Thread(target=terminal, daemon=True)
-    reader.start()
-    with os.fdopen(user_tty, "w") as tty:
+    with user_terminal() as (tty, seen):
         monkeypatch.setattr("sys.stderr", tty)
         with pytest.raises(WorkerError) as caught:
             launch_gpus(fleet_settings(data, tmp_path / "k", fault="kill-orchestrator@TRAIN:1"),
                         FleetOptions(gpus=2, timeout_s=120))
         monkeypatch.undo()
-    reader.join(10)
-    os.close(user)
     assert caught.value.exit_code == 10 and "torchrun job exited" in caught.value.reason, caught.value
     assert "rank 1 failed first (killed by signal 9)" in caught.value.reason
     shown = seen.decode(errors="replace")
     assert "[gpu 0] attested emu-gpu-0 ok" in shown and "[gpu 1] attested emu-gpu-1 ok" in shown, shown[-3000:]
     assert "Root Cause (first observed failure)" in shown  # torchrun's account reached the terminal as well
+
 
 def test_a_malformed_rank_report_is_a_named_error_naming_the_file(tmp_path: Path) -> None:
     """The reports are read once, where the launcher reads them, into a typed error (code, reason); a report that

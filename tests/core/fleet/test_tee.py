@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import os
-import pty
 import signal
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from helpers import wait_for
+from helpers import user_terminal, wait_for
 
 from gputravel.core.fleet.tee import Teed, run_teed
 
@@ -74,31 +73,9 @@ def test_a_captured_stream_without_a_descriptor_gets_the_text() -> None:
 def test_where_the_user_has_a_terminal_the_child_has_one_too(tmp_path: Path) -> None:
     """Shown on a pseudo-terminal (the user's, here the test's): the child's stdout and stderr are terminals, of the
     same width, and its bytes reach the user unchanged; shown on a file, they are not terminals."""
-    import fcntl
-    import struct
-    import termios
-
     probe = _python("import os, sys\nprint(sys.stdout.isatty(), sys.stderr.isatty(), os.get_terminal_size(2).columns)")
-    user, user_tty = pty.openpty()
-    fcntl.ioctl(user_tty, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 123, 0, 0))
-    seen = bytearray()
-
-    def read_user() -> None:  # the user's terminal, read as a terminal emulator would
-        while True:
-            try:
-                chunk = os.read(user, 4096)
-            except OSError:
-                return
-            if not chunk:
-                return
-            seen.extend(chunk)
-
-    reader = threading.Thread(target=read_user, daemon=True)
-    reader.start()
-    with os.fdopen(user_tty, "w", closefd=True) as terminal:
+    with user_terminal(columns=123) as (terminal, seen):
         teed = run_teed(probe, env=dict(os.environ), show=terminal)
-    reader.join(10)
-    os.close(user)
     assert teed.returncode == 0 and teed.text == "True True 123\n"  # no "\r" added on the child's side
     assert b"True True 123" in seen
     with (tmp_path / "shown").open("w") as file:
