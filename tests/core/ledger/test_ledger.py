@@ -209,6 +209,42 @@ def test_ledger_uses_wal_journal_committed_at_once_and_flushed_where_relied_on(
     assert _raw(ledger_path, "SELECT version FROM schema_version") == [(1,)]
 
 
+def test_a_flush_the_disk_refuses_is_a_named_error_and_the_next_flush_tries_again(
+        ledger_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An fsync that fails with no space is DiskFullError, any other failure StorageError, both naming the ledger;
+    the rows stay committed (another connection reads them) and stay owed: the next flush fsyncs them. The
+    failing fsync is a fake (``refusing_fsync``) that isolates the flush; the retry's fsync is the real one."""
+    import errno
+
+    from gputravel.core.errors import DiskFullError, StorageError
+
+    real_fsync = os.fsync
+    refusals = [OSError(errno.ENOSPC, "No space left on device"), OSError(errno.EIO, "Input/output error")]
+    synced: list[int] = []
+
+    def refusing_fsync(fd: int) -> None:
+        if refusals:
+            raise refusals.pop(0)
+        synced.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", refusing_fsync)
+    with Ledger.open(ledger_path) as ledger:
+        ledger.append(kind="phase", phase="TRAIN", epoch=1)
+        with pytest.raises(DiskFullError, match="no space left") as full:
+            ledger.flush()
+        assert str(ledger_path) in str(full.value) and "--resume" in str(full.value)
+        with pytest.raises(StorageError, match="write failed") as failed:
+            ledger.head()  # a head is read only after a flush: refused too
+        assert not isinstance(failed.value, DiskFullError) and str(ledger_path) in str(failed.value)
+        with Ledger.open(ledger_path) as other:  # committed all the same
+            assert [r.phase for r in other.rows()][-1] == "TRAIN"
+        assert synced == []
+        assert ledger.head()[0] == 7 and len(synced) == 1  # owed still: this flush fsynced the row
+        ledger.flush()
+        assert len(synced) == 1  # and nothing is owed after it
+
+
 # --- tampering ------------------------------------------------------------------------------
 def test_changing_one_byte_of_nbytes_is_detected_at_that_row(ledger_path: Path) -> None:
     _execute(ledger_path, "UPDATE events SET nbytes = nbytes + 1 WHERE seq = 4")
