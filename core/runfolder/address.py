@@ -73,8 +73,11 @@ class RunAddress:
 
     @property
     def ledger(self) -> Path:
-        """The ledger to verify or show: the named file, else the folder's ``ledger.db`` (a fleet's own)."""
-        if self.file is not None and RunFolder.names_ledger(self.file) or self.folder is None:
+        """The ledger to verify or show: the named file, else the folder's ``ledger.db`` (a fleet's own). A file
+        named by another run file's name (its recording, settings) names its folder's ledger; any other file is
+        the ledger itself, wherever it lies (a holder's ``~/run-7.db`` beside a ``~/ledger.db`` of another run)."""
+        if self.file is not None and (RunFolder.names_ledger(self.file) or not RunFolder.names_marker(self.file)) \
+                or self.folder is None:
             return self.file if self.file is not None else Path(self.given)
         return RunFolder(self.folder).ledger
 

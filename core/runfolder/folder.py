@@ -198,6 +198,11 @@ class RunFolder:
         return Path(path).name == _LEDGER
 
     @staticmethod
+    def names_marker(path: Path) -> bool:
+        """``path`` has the name of a file every run writes (settings, ledger, recording, fleet.json, pid, status)."""
+        return Path(path).name in _MARKERS
+
+    @staticmethod
     def latest(runs: Path = RUNS_DIR) -> Path:
         """``runs/latest``: the link to the newest run folder."""
         return Path(runs) / _LATEST

@@ -104,3 +104,18 @@ def test_runs_started_at_once_in_one_folder_all_claim_and_latest_names_one_of_th
     latest = RunFolder.latest(runs)
     assert latest.is_symlink() and latest.resolve().name in names
     assert sorted(p.name for p in runs.iterdir()) == sorted([*names, "latest"])  # no temporary link left behind
+
+
+def test_a_ledger_file_named_directly_is_the_one_checked_even_beside_another_runs_ledger(tmp_path: Path) -> None:
+    """A holder keeps copies of two runs' ledgers in one folder (``ledger.db`` and ``run-7.db``): naming
+    ``run-7.db`` checks that file, not the ``ledger.db`` beside it (which made the folder look like a run folder
+    and was checked instead, silently: session 15's walk). The run's recording still names its folder's ledger."""
+    home = RunFolder(tmp_path / "home")
+    home.path.mkdir()
+    home.ledger.write_bytes(b"")
+    other = home.path / "run-7.db"
+    other.write_bytes(b"")
+    assert resolve_run(str(other)).ledger == other
+    assert resolve_run(str(home.ledger)).ledger == home.ledger
+    home.recording.write_bytes(b"")
+    assert resolve_run(str(home.recording)).ledger == home.ledger
