@@ -40,6 +40,9 @@ __all__ = ["CHANNEL_MAX_PKTSIZE", "CHANNEL_WINDOW", "SERVE_COMMAND", "WITNESS_PA
 #: packets at its own limit whatever we offer.
 CHANNEL_WINDOW = 16 * 1024 * 1024
 CHANNEL_MAX_PKTSIZE = 256 * 1024
+#: after BYE, how long the link waits for the agent to write its witness and receipts and exit before it closes
+#: the channel and the connection (sshd drops what it has not yet handed to the agent when the connection goes)
+BYE_EXIT_S = 5.0
 
 #: Where an SSH holder's agent keeps its witness of the ledger (the head stated at each hand-off), in the
 #: holder's own home, outside the bundle folder (bundles are replaced) and outside the dataset.
@@ -311,6 +314,19 @@ class SshHolderLink(HolderLink):
             self.conn = None
         self._closing = False
 
+    async def _agent_exit(self) -> None:
+        """Wait (``BYE_EXIT_S`` at most) for the agent to exit after BYE: it writes the run's end head to its witness
+        and the visits' rows to its receipts first. Closing at once let OpenSSH's sshd drop the BYE still in its
+        buffers or end the agent mid-write: a completed run left the holder's receipts without their rows and its
+        witness without the end head (session 15's walk), so a rewrite of the visit's rows went unnoticed."""
+        process = self.process
+        if process is None:
+            return
+        try:
+            await asyncio.wait_for(process.wait_closed(), BYE_EXIT_S)
+        except (TimeoutError, OSError, asyncssh.Error):
+            pass
+
     async def close(self) -> None:
         self._closing = True
         if self.process is not None:
@@ -318,6 +334,7 @@ class SshHolderLink(HolderLink):
                 await self.session.stop(self.farewell_head, self.farewell_rows)
             except GpuTravelError:
                 pass  # the agent is already gone: nothing to say goodbye to
+            await self._agent_exit()
         await self._drop()
         if self.state not in (HolderState.FAILED, HolderState.OFFLINE):
             self.set_state(HolderState.STOPPED)
