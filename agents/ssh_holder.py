@@ -255,9 +255,19 @@ class SshHolderLink(HolderLink):
             try:
                 self._forward = await self.conn.forward_remote_port("127.0.0.1", 0, str(endpoint.host),
                                                                     endpoint.port)
+            except asyncssh.ChannelListenError:  # the holder's sshd or its key's options allow no remote forward
+                raise AgentError(self.name, self._no_forward()) from None
             except (OSError, asyncssh.Error) as exc:
                 raise AgentError(self.name, f"cannot forward the device's data port through SSH: {exc}") from None
         return DataEndpoint(host="127.0.0.1", port=self._forward.get_port())
+
+    def _no_forward(self) -> str:
+        """What to do when the holder's SSH server refuses the data route's remote forward."""
+        fix = ("the holder authorizes it with `gputravel holder authorize --key ORCH_KEY.pub --data-forward`"
+               if not self.spec.managed else "its sshd must allow TCP forwarding (AllowTcpForwarding)")
+        return (f"the holder's SSH server refused to forward the device's data port (data_route = \"forward\"): "
+                f"{fix}; or set data_route = \"network\" for it in the inventory, or run with --data-path "
+                f"channel (no key was released)")
 
     @property
     def can_reconnect(self) -> bool:

@@ -6,8 +6,11 @@ One ``authorized_keys`` line per orchestrator key::
 
 ``restrict`` turns off every forwarding, the agent, X11 and the pty; the forced command runs the holder's own
 ``holder serve`` whatever command the client asks for (OpenSSH then runs no shell and no SFTP subsystem for this
-key: an SFTP request is that command too, and speaks no SFTP). ``--permit-open HOST:PORT`` adds ``port-forwarding``
-and ``permitopen="HOST:PORT"``: the key may then open a TCP forward to that one address and no other. Every line
+key: an SFTP request is that command too, and speaks no SFTP). ``--data-forward`` adds ``port-forwarding``,
+``permitlisten="127.0.0.1:*"`` and ``permitopen="127.0.0.1:1"``: the key may then listen on the holder's loopback
+only (the direct data path's forward: a remote forward to the device's data port) and open no useful local
+forward. ``--permit-open HOST:PORT`` puts that one address in ``permitopen`` instead (a local forward may reach it,
+and nothing else). Every line
 already there for the same key (an old unrestricted one included) is replaced, so the restricted line is the only
 one OpenSSH can match. Standard library and ``cryptography`` only.
 """
@@ -56,11 +59,20 @@ def forced_command(config_dir: Path) -> str:
     return shlex.join([*head, "holder", "serve", "--config", str(config_dir)])
 
 
-def _line(kind: str, blob: str, command: str, permit_open: str | None) -> str:
+#: the only listen address a key allowed forwarding may ask for: the holder's loopback, any port (OpenSSH takes no
+#: port 0 here, and the data route asks for port 0: a free one)
+PERMIT_LISTEN = "127.0.0.1:*"
+#: authorized_keys cannot allow remote forwards alone (``port-forwarding`` opens both ways, and ``permitopen`` has no
+#: "none" there), so a key allowed only the data route's forward may open local forwards to this one address: the
+#: holder's loopback port 1, where nothing listens unless the holder's root puts it there (checked, OpenSSH 9.2)
+NO_OPEN = "127.0.0.1:1"
+
+
+def _line(kind: str, blob: str, command: str, permit_open: str | None, data_forward: bool = False) -> str:
     quoted = command.replace("\\", "\\\\").replace('"', '\\"')
     options = f'restrict,command="{quoted}"'
-    if permit_open is not None:
-        options += f',port-forwarding,permitopen="{permit_open}"'
+    if permit_open is not None or data_forward:
+        options += f',port-forwarding,permitlisten="{PERMIT_LISTEN}",permitopen="{permit_open or NO_OPEN}"'
     return f"{options} {kind} {blob} {KEY_COMMENT}"
 
 
@@ -94,8 +106,11 @@ def _write(path: Path, lines: list[str]) -> None:
 
 
 def authorize(key_text: str, *, config_dir: Path, permit_open: str | None = None, home: Path | None = None,
-              command: str | None = None) -> tuple[Path, str, int]:
+              command: str | None = None, data_forward: bool = False) -> tuple[Path, str, int]:
     """Add (or replace) the orchestrator key's one restricted line; ``(authorized_keys, the line, lines replaced)``.
+    ``data_forward``: the key may listen on the holder's loopback (the direct data path's ``data_route =
+    "forward"``: a remote forward whose far end is the device's data port); ``permit_open``: the one address its
+    local forwards may reach. Either allows the other's minimum only (``PERMIT_LISTEN``, ``NO_OPEN``).
 
     Raises ``ConfigError``: not a public key, a malformed ``HOST:PORT``."""
     kind, blob = key_blob(key_text)
@@ -106,7 +121,7 @@ def authorize(key_text: str, *, config_dir: Path, permit_open: str | None = None
     path = _authorized_keys(home)
     lines = _read(path)
     kept = [ln for ln in lines if not _matches(ln, blob)]
-    line = _line(kind, blob, command or forced_command(config_dir), permit_open)
+    line = _line(kind, blob, command or forced_command(config_dir), permit_open, data_forward)
     _write(path, [*kept, line])
     return path, line, len(lines) - len(kept)
 

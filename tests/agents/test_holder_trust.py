@@ -140,7 +140,13 @@ def test_authorize_writes_one_restricted_line_and_replaces_an_open_one(tmp_path:
     assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
     _, line, _ = authorize(key, config_dir=tmp_path / "cfg", home=home, permit_open="127.0.0.1:7001",
                            command="/opt/gt holder serve")
-    assert ',port-forwarding,permitopen="127.0.0.1:7001" ' in line and len(path.read_text().splitlines()) == 2
+    assert ',port-forwarding,permitlisten="127.0.0.1:*",permitopen="127.0.0.1:7001" ' in line
+    assert len(path.read_text().splitlines()) == 2
+    # the direct path's forward: listening on the holder's loopback only, no useful local forward (session 15:
+    # --permit-open let the key listen on any address sshd allowed, and was the only way to get the forward)
+    _, line, _ = authorize(key, config_dir=tmp_path / "cfg", home=home, data_forward=True,
+                           command="/opt/gt holder serve")
+    assert ',port-forwarding,permitlisten="127.0.0.1:*",permitopen="127.0.0.1:1" ' in line
     with pytest.raises(ConfigError, match="HOST:PORT"):
         authorize(key, config_dir=tmp_path / "cfg", home=home, permit_open="127.0.0.1:99999")
     with pytest.raises(ConfigError, match="not an OpenSSH public key"):

@@ -314,10 +314,13 @@ async def test_the_orchestrator_key_gets_no_shell_no_sftp_no_forward_and_no_data
         with pytest.raises((asyncssh.Error, OSError, TimeoutError)):  # restrict: no forwarding
             _reader, writer = await asyncio.wait_for(conn.open_connection("127.0.0.1", pinned.port), 20)
             writer.close()
+        with pytest.raises(asyncssh.ChannelListenError):  # nor the direct path's forward, unless the holder says
+            await asyncio.wait_for(conn.forward_remote_port("127.0.0.1", 0, "127.0.0.1", pinned.port), 20)
     finally:
         conn.close()
         await conn.wait_closed()
-    # --permit-open: OpenSSH takes the line, and the key may forward to that one address only
+    # --permit-open: OpenSSH takes the line, and the key may forward to that one address only; it may listen on
+    # the holder's loopback, nowhere else (session 15: any address sshd's GatewayPorts allowed)
     _as(USERS["holder-a"], pinned.homes["holder-a"], str(pinned.exe), "holder", "authorize", "--key",
         str(pinned.orch_pub), "--permit-open", f"127.0.0.1:{pinned.port}")
     conn = await connect(spec)
@@ -327,9 +330,42 @@ async def test_the_orchestrator_key_gets_no_shell_no_sftp_no_forward_and_no_data
         with pytest.raises((asyncssh.Error, OSError, TimeoutError)):
             _reader, writer = await asyncio.wait_for(conn.open_connection("127.0.0.1", pinned.port + 1), 20)
             writer.close()
+        with pytest.raises(asyncssh.ChannelListenError):
+            await asyncio.wait_for(conn.forward_remote_port("0.0.0.0", 0, "127.0.0.1", pinned.port), 20)
     finally:
         conn.close()
         await conn.wait_closed()
+    # --data-forward: the direct path's forward (a listener on the holder's loopback), and no local forward
+    _as(USERS["holder-a"], pinned.homes["holder-a"], str(pinned.exe), "holder", "authorize", "--key",
+        str(pinned.orch_pub), "--data-forward")
+    conn = await connect(spec)
+    try:
+        listener = await asyncio.wait_for(conn.forward_remote_port("127.0.0.1", 0, "127.0.0.1", pinned.port), 20)
+        assert listener.get_port() > 0
+        listener.close()
+        with pytest.raises((asyncssh.Error, OSError, TimeoutError)):
+            _reader, writer = await asyncio.wait_for(conn.open_connection("127.0.0.1", pinned.port), 20)
+            writer.close()
+    finally:
+        conn.close()
+        await conn.wait_closed()
+
+
+async def test_the_direct_path_needs_the_holders_data_forward_and_says_so_without_it(pinned: Pinned) -> None:
+    """Session 15: the README's run (the direct path, data_route "forward") against a key authorized as the
+    holder guide says ended in asyncssh's ChannelListenError, a traceback (exit 1). Now the visit fails by name
+    with what to do; with ``holder authorize --data-forward`` it is done."""
+    run = pinned.work / "run-4"
+    sim = _sim_for_holders(pinned, run)
+    _init(pinned, "holder-a", sim, "--accept-any-td")  # restricted: no forwarding
+    _init(pinned, "holder-b", sim, "--accept-any-td")
+    _as(USERS["holder-b"], pinned.homes["holder-b"], str(pinned.exe), "holder", "authorize", "--key",
+        str(pinned.orch_pub), "--data-forward")
+    report = (await holders.run(_settings(run, _inventory(pinned), data_path="direct", visit_attempts=1))).to_json()
+    by = {v["holder"]: v for v in report["visits"]}
+    assert by["holder-b"]["outcome"] == "done" and by["holder-b"]["bytes"] > 0
+    assert by["holder-a"]["outcome"] == "failed" and by["holder-a"]["bytes"] == 0
+    assert "--data-forward" in by["holder-a"]["error"] and 'data_route = "network"' in by["holder-a"]["error"]
 
 
 async def test_a_holder_that_pins_another_mrtd_refuses_and_its_data_never_leaves(pinned: Pinned) -> None:
@@ -356,3 +392,4 @@ async def test_a_holder_that_pins_another_mrtd_refuses_and_its_data_never_leaves
     receipts_b = _as(USERS["holder-b"], pinned.homes["holder-b"], str(pinned.exe), "holder", "receipts", "--json")
     assert [r for r in json.loads(receipts_b.stdout) if r["run"] == run_id] == []
     assert sim_store  # the SIM identities stayed in the orchestrator's run folder
+

@@ -102,19 +102,24 @@ def _key_text(path: Path) -> str:
 @holder_app.command("authorize")
 def authorize(
     key: Annotated[Path, typer.Option("--key", metavar="ORCH_KEY.pub", help="The orchestrator's public key.")],
+    data_forward: Annotated[bool, typer.Option(
+        "--data-forward", help="Let the key listen on this machine's loopback only: the direct data path's "
+                               "forward (the inventory's data_route = \"forward\", its default) needs it; without "
+                               "it use data_route = \"network\" or the channel path.")] = False,
     permit_open: Annotated[str | None, typer.Option(
-        "--permit-open", metavar="HOST:PORT", help="Let the key forward to this address only (the device's data "
-                                                   "port); no forwarding without it.")] = None,
+        "--permit-open", metavar="HOST:PORT", help="Let the key open local forwards to this one address (gputravel "
+                                                   "itself needs none); listening as with --data-forward.")] = None,
     config: ConfigOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Add one restricted authorized_keys line: restrict + a forced `holder serve` (+ permitopen where asked)."""
+    """Add one restricted authorized_keys line: restrict + a forced `holder serve` (+ loopback forwarding where
+    asked)."""
     from gputravel.agents.holder.authorize import authorize as add
     from gputravel.agents.holder.config import HolderConfig, default_config_dir
 
     folder = (config or default_config_dir()).expanduser().resolve()
     HolderConfig.load(folder)  # a key only for a holder whose configuration serves
-    path, line, replaced = add(_key_text(key), config_dir=folder, permit_open=permit_open)
+    path, line, replaced = add(_key_text(key), config_dir=folder, permit_open=permit_open, data_forward=data_forward)
     _show({"authorized_keys": str(path), "line": line, "replaced": replaced}, as_json, title="key authorized")
 
 
