@@ -237,8 +237,13 @@ def init_config(*, data: Path, folder: Path | None = None, name: str | None = No
     empty MRTD allow-list without ``accept_any_td``."""
     folder = Path(folder or default_config_dir())
     data = Path(data).expanduser().resolve()
-    if not data.is_dir():
-        raise ConfigError(f"--data {data}: not a folder")
+    try:
+        if not data.is_dir():
+            raise ConfigError(f"--data {data}: not a folder")
+        next(data.iterdir(), None)
+    except PermissionError:
+        raise ConfigError(f"--data {data}: this user ({_login_name()}) cannot read it; the agent runs as this "
+                          "user: give it read access (or run init as the data's owner)") from None
     who = name or _login_name()
     if not _NAME.match(who):
         raise ConfigError(f"--name {who!r}: letters, digits, '.', '_', '-' only (at most 64)")

@@ -393,3 +393,15 @@ async def test_a_holder_that_pins_another_mrtd_refuses_and_its_data_never_leaves
     assert [r for r in json.loads(receipts_b.stdout) if r["run"] == run_id] == []
     assert sim_store  # the SIM identities stayed in the orchestrator's run folder
 
+
+def test_init_names_a_data_folder_the_holder_cannot_read(pinned: Pinned) -> None:
+    """Session 15: `holder init --data` on a folder the holder's user cannot read (here root's home) was a
+    PermissionError traceback (exit 1); it is a ConfigError naming the folder and what to do (exit 2), and
+    nothing is written."""
+    user, home = USERS["holder-b"], pinned.homes["holder-b"]
+    config = home / "unreadable-config"
+    res = _as(user, home, str(pinned.exe), "holder", "init", "--data", "/root", "--config", str(config),
+              "--accept-any-td", check=False)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert "--data /root" in res.stderr and "cannot read it" in res.stderr
+    assert not config.exists()
