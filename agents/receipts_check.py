@@ -46,11 +46,13 @@ class ReceiptCheck:
     holder: str | None = None
     difference: str | None = None
     epochs: list[int] = field(default_factory=list)
+    #: what held but was checked less than it could be (a receipt without the rows BYE returns)
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "ledger": self.ledger, "run_id": self.run_id, "holder": self.holder,
                 "receipts": self.receipts, "epochs": self.epochs, "ledger_rows": self.rows,
-                "difference": self.difference}
+                "difference": self.difference, "warnings": self.warnings}
 
 
 def _get(doc: Any, path: tuple[str, ...]) -> Any:
@@ -148,4 +150,8 @@ def verify_receipts(ledger: Path, receipts: list[tuple[Path, dict[str, Any]]],
         if row.holder == holder and row.epoch not in mine:
             return differs(f"ledger row {row.seq} claims a visit of {holder} (epoch {row.epoch}) with no receipt")
     result.ok = True
+    result.warnings = [f"{path.name}: no ledger_rows (the run's farewell never reached your agent): the rows of "
+                       f"epoch {rec.get('epoch')} after its hand-off head {str(rec.get('ledger_head'))[:24]} are "
+                       "checked by later heads alone, and a chain rewritten after them would pass"
+                       for path, rec in receipts if not rec.get("ledger_rows")]
     return result

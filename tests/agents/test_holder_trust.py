@@ -226,7 +226,15 @@ async def test_a_holder_pinned_run_completes_with_receipts_that_verify_offline(
             assert len(rec["ledger_rows"]) >= 3
         ok = runner.invoke(app, ["holder", "verify", "--ledger", str(out), "--config", str(folder), "--json"])
         assert ok.exit_code == 0, ok.output
-        assert json.loads(ok.output)["holder"] == name
+        assert json.loads(ok.output)["holder"] == name and json.loads(ok.output)["warnings"] == []
+
+    # a receipt without the rows BYE returns (its farewell lost) still matches, and verify says what it could not
+    # check (session 15: it said only "receipts match")
+    path, rec = read_receipts(folders["alice"] / "receipts")[0]
+    bare = tmp_path / "bare-receipt.json"
+    bare.write_text(json.dumps({k: v for k, v in rec.items() if k != "ledger_rows"}))
+    weak = runner.invoke(app, ["holder", "verify", str(bare), "--ledger", str(ledger)])
+    assert weak.exit_code == 0 and "no ledger_rows" in weak.output and "bare-receipt.json" in weak.output, weak.output
 
     # a changed receipt is named
     path, rec = read_receipts(folders["alice"] / "receipts")[0]
@@ -344,3 +352,12 @@ def test_a_bye_returns_a_holders_latest_whole_epochs_within_its_bound() -> None:
     kept = _latest(epochs, MAX_BYE_ROWS)
     assert sorted(kept) == list(range(1001 - MAX_BYE_ROWS // 10, 1001))
     assert all(len(rows) == 10 for rows in kept.values()) and sum(map(len, kept.values())) <= MAX_BYE_ROWS
+
+
+
+def test_verify_says_its_ledger_is_required() -> None:
+    """Session 15: `holder verify --help` showed --ledger as optional; only running it said it was required."""
+    shown = runner.invoke(app, ["holder", "verify", "--help"], env={"COLUMNS": "160"})
+    assert shown.exit_code == 0 and "required" in shown.output.split("--ledger", 1)[1].split("--config", 1)[0]
+    missing = runner.invoke(app, ["holder", "verify"])
+    assert missing.exit_code == 2 and "--ledger" in missing.output

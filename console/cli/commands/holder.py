@@ -165,10 +165,11 @@ def receipts(config: ConfigOpt = None, run: Annotated[str | None, typer.Option(
 
 @holder_app.command("verify")
 def verify(
+    ledger: Annotated[str, typer.Option(
+        "--ledger", metavar="LEDGER_OR_RUN", help="A copy of the run's ledger (in a folder you can write: SQLite "
+                                                  "puts its shared-memory file beside it), or its run folder.")],
     receipt: Annotated[list[Path] | None, typer.Argument(
         metavar="[RECEIPT ...]", help="Receipt files (default: the holder's own for the ledger's run).")] = None,
-    ledger: Annotated[str, typer.Option("--ledger", metavar="LEDGER_OR_RUN",
-                                        help="The run's ledger, or its run folder.")] = "",
     config: ConfigOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -201,6 +202,8 @@ def verify(
     result = verify_receipts(where, found, witness)
     if not result.ok:
         raise LedgerError(f"receipts do not match the ledger: {result.difference}")
+    for warning in result.warnings:
+        typer.echo(f"gputravel: warning: {warning}", err=True)
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))
         return
