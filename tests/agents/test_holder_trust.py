@@ -242,6 +242,7 @@ async def test_a_holder_pinned_run_completes_with_receipts_that_verify_offline(
     path.write_text(json.dumps(rec))
     bad = runner.invoke(app, ["holder", "verify", str(path), "--ledger", str(ledger)])
     assert bad.exit_code == 8 and "cvm.tcb_status" in bad.output, bad.output
+    assert "Keep this copy of the ledger and your receipts" in " ".join(bad.output.split())  # and what to do
     # a changed ledger row is named (the chain breaks at it)
     seq = next(r.seq for r in verdicts if r.holder == "bob")
     with sqlite3.connect(ledger) as con:

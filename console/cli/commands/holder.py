@@ -201,7 +201,9 @@ def verify(
         raise ConfigError(str(exc)) from None
     result = verify_receipts(where, found, witness)
     if not result.ok:
-        raise LedgerError(f"receipts do not match the ledger: {result.difference}")
+        raise LedgerError(f"receipts do not match the ledger: {result.difference}. Keep this copy of the ledger and "
+                          f"your receipts as they are (they are your evidence), and ask the orchestrator's operator "
+                          f"for the run's ledger as written (`gputravel ledger verify` names the first broken row)")
     for warning in result.warnings:
         typer.echo(f"gputravel: warning: {warning}", err=True)
     if as_json:
