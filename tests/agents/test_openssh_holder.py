@@ -395,13 +395,13 @@ async def test_a_holder_that_pins_another_mrtd_refuses_and_its_data_never_leaves
 
 
 def test_init_names_a_data_folder_the_holder_cannot_read(pinned: Pinned) -> None:
-    """Session 15: `holder init --data` on a folder the holder's user cannot read (here root's home) was a
-    PermissionError traceback (exit 1); it is a ConfigError naming the folder and what to do (exit 2), and
-    nothing is written."""
+    """Session 15: `holder init --data` on a folder the holder's user cannot reach (here under root's home; one it
+    can see but not read is refused by the option's parser) was a PermissionError traceback (exit 1); it is a
+    ConfigError naming the folder and what to do (exit 2), and nothing is written."""
     user, home = USERS["holder-b"], pinned.homes["holder-b"]
     config = home / "unreadable-config"
-    res = _as(user, home, str(pinned.exe), "holder", "init", "--data", "/root", "--config", str(config),
+    res = _as(user, home, str(pinned.exe), "holder", "init", "--data", "/root/data", "--config", str(config),
               "--accept-any-td", check=False)
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
-    assert "--data /root" in res.stderr and "cannot read it" in res.stderr
+    assert "--data /root/data" in res.stderr and "cannot read it" in res.stderr
     assert not config.exists()
