@@ -19,12 +19,7 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
 from gputravel.console.cli.launch import Launcher
-from gputravel.console.tui.app_commands import (
-    BINDINGS,
-    CONTROL_ACTIONS,
-    VIEW_ACTIONS,
-    ConsoleCommands,
-)
+from gputravel.console.tui.app_commands import BINDINGS, CONTROL_ACTIONS, VIEW_ACTIONS, ConsoleCommands
 from gputravel.console.tui.app_leave import Leaving
 from gputravel.console.tui.bridge import Bridge
 from gputravel.console.tui.bridges import choose_bridge
@@ -214,6 +209,9 @@ class GpuTravelConsole(App[None]):
             return False
         if action in ("jump_visit", "seek") and not replay:
             return False
+        attached_ended = self.bridge.attached and not self.bridge.launches and not self.bridge.run_live
+        if action.startswith("toggle_break") and attached_ended:  # no breakpoint to set (its other keys say so)
+            return False
         return True
 
     @property
@@ -264,7 +262,7 @@ class GpuTravelConsole(App[None]):
         if self.bridge.attached and self.bridge.run_live:
             self.leaving.confirm_cancel()
             return
-        if self.bridge.attached and self.bridge.launches:
+        if self.bridge.attached:  # the console's own run, or an attached one, that has ended
             ended = self.bridge.shown_status()
             self.notify(f"no run in progress (the last one {ended})" if ended else "no run in progress", timeout=2)
             return

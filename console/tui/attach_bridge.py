@@ -131,8 +131,24 @@ class AttachedBridge(Bridge):
     def new_state(self) -> RunState:
         return RunState(breakpoints=set(self.breaks))
 
+    def ended(self) -> str | None:
+        """What a control key answers once the run has ended (None while it runs): nothing is written to the
+        channel of a run that reads it no more, and a run that did not complete says how to continue it."""
+        if self.run_live:
+            return None
+        status = self.shown_status()
+        text = f"the run has ended ({status}): there is nothing to steer"
+        if status != "completed" and self.folder is not None:
+            text += f"; gputravel run --resume --out {self.folder} continues it"
+        return text
+
     def steer(self, action: str, **kw: Any) -> None:
-        """One request on the run's channel; the view goes with the run, to its live end."""
+        """One request on the run's channel; the view goes with the run, to its live end. A run that has ended
+        gets none: the operator is told so (``ended``)."""
+        ended = self.ended()
+        if ended is not None:
+            self.notice(ended, "warning")
+            return
         self.control.send(action, **kw)
         self.playback.seek_end()
 
@@ -141,6 +157,9 @@ class AttachedBridge(Bridge):
         return True
 
     def toggle_pause(self) -> str:
+        ended = self.ended()
+        if ended is not None:  # the app shows the answer
+            return ended
         if self.end_state.status == "paused":
             self.steer("resume")
             return "resuming"

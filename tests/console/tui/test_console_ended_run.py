@@ -1,0 +1,71 @@
+"""Attaching to a run that has ended (operator walk, session 15): ``gputravel-console --attach RUN`` on a completed
+or cancelled run. Its keys had been written to the ended run's ``control.jsonl`` without a word (``r``, ``space``),
+or answered as for a replay (``c``: "a replay has no run to cancel"; ``p``: "pausing: after the current training
+step"). Each now says the run has ended, a run that did not complete names how to continue it, and nothing is
+written to the channel but the console's own ``take``/``release``. Pilot on the real app and a real run folder's
+recording and channel (no process behind it: what is checked is what the console writes and says)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import until
+
+from gputravel.console.tui.app import GpuTravelConsole, make_app
+from gputravel.console.tui.attach_bridge import AttachedBridge
+from gputravel.core import events as ev
+from gputravel.core.recording import Recorder
+from gputravel.core.runfolder import RunFolder
+
+
+def ended_run(folder: Path, final: ev.Event) -> Path:
+    """A run folder whose recording ends with ``final`` after its first visit's TRAIN."""
+    folder.mkdir(mode=0o700)
+    rec = Recorder(RunFolder(folder).recording, meta={"settings": {"holders": 1}})
+    rec(ev.DeviceAttested(1000.0, "emu-gpu-0", True, {"nonce": True}, True))
+    rec(ev.RunStarted(1000.1, "ended001", {"kind": "emulated", "sim": True, "device": "cpu", "notes": []},
+                      ("alice",), 1))
+    rec(ev.PhaseStarted(1000.2, 0, "alice", "TRAIN", 1))
+    rec(final)
+    rec.close()
+    return folder
+
+
+def actions(folder: Path) -> list[str]:
+    path = RunFolder(folder).control
+    return [str(json.loads(line)["action"]) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def notices(app: GpuTravelConsole) -> list[str]:
+    return [n.message for n in app._notifications]
+
+
+@pytest.mark.parametrize("final, status", [
+    (ev.RunFailed(1001.0, "ended001", "cancelled (interrupted)", "cancelled"), "cancelled"),
+    (ev.RunCompleted(1001.0, "ended001", 1, 0, 1.0), "completed"),
+])
+async def test_the_keys_of_an_attached_run_that_has_ended_say_so_and_write_nothing(
+        tmp_path: Path, final: ev.Event, status: str) -> None:
+    folder = ended_run(tmp_path / "run", final)
+    app = make_app(replay=RunFolder(folder).recording, follow=True, attach=folder)
+    async with app.run_test(size=(80, 24)) as pilot:
+        bridge = app.bridge
+        assert isinstance(bridge, AttachedBridge)
+        await until(pilot, lambda: bridge.shown_status() == status, timeout=10, what=f"the run shown {status}")
+        assert not bridge.run_live
+        for key in ("r", "space", "p"):
+            app.clear_notifications()
+            await pilot.press(key)
+            await until(pilot, lambda: notices(app), timeout=5, what=f"an answer to {key}")
+            said = notices(app)[-1]
+            assert said.startswith(f"the run has ended ({status}): there is nothing to steer"), (key, said)
+            assert ("gputravel run --resume --out " + str(folder) in said) is (status != "completed"), said
+        app.clear_notifications()
+        await pilot.press("c")
+        await until(pilot, lambda: notices(app), timeout=5, what="an answer to c")
+        assert notices(app)[-1] == f"no run in progress (the last one {status})"
+        assert not app.check_action("toggle_break", ()) and not app.check_action("toggle_breakpoint", ("TRAIN",))
+        assert actions(folder) == ["take"]  # only the console's own claim: no request to a run that reads none
+    assert actions(folder) == ["take", "release"]
