@@ -21,14 +21,25 @@ from typing import TYPE_CHECKING, Any
 
 from gputravel.console.view.ending import TERMINAL_EVENTS, control_lands, final_status
 from gputravel.core import events as ev
-from gputravel.core.errors import GpuTravelError
-from gputravel.core.runfolder import FINAL_STATUSES, clear_status, write_status
+from gputravel.core.errors import CancelledRunError, GpuTravelError
+from gputravel.core.runfolder import FINAL_STATUSES, RunFolder, clear_status, write_status
 
 if TYPE_CHECKING:
     from gputravel.core.recording import Recorder
 
-__all__ = ["FINAL_STATUSES", "TERMINAL_EVENTS", "RunEnding", "control_lands", "ending_code", "final_status"]
+__all__ = ["FINAL_STATUSES", "TERMINAL_EVENTS", "RunEnding", "control_lands", "ending_code", "final_status",
+           "resume_hint"]
 
+def resume_hint(error: KeyboardInterrupt | CancelledRunError, folder: Path) -> BaseException:
+    """A cancelled run (Ctrl-C, ``gputravel runs stop``, a console's cancel) whose folder kept its ledger: the
+    error that names how to continue that very run. A plain ``gputravel run --resume`` continues ``runs/latest``,
+    which is another run once a second one has started or where ``--out`` put this one elsewhere. A run that
+    committed nothing left no folder: ``error`` as it was."""
+    if not RunFolder(folder).ledger.exists():
+        return error
+    reason = error.reason if isinstance(error, CancelledRunError) else "cancelled (Ctrl-C)"
+    return CancelledRunError(f"{reason}; what was committed is kept: `gputravel run --resume --out {folder}` "
+                             "continues it")
 
 
 def ending_code(error: BaseException) -> str:

@@ -25,7 +25,7 @@ from gputravel.console.cli.options import (
     PhaseChoice,
     TransportChoice,
 )
-from gputravel.console.cli.run_end import RunEnding
+from gputravel.console.cli.run_end import RunEnding, resume_hint
 from gputravel.console.cli.run_options import (
     BUFFER_MIB_DEFAULT,
     CHUNK_KIB_DEFAULT,
@@ -246,8 +246,11 @@ def register(app: typer.Typer) -> None:
             finally:
                 folder.tighten()
             return
-        _run_one(settings, folder, no_record=no_record, record=record, telemetry_interval=telemetry_interval,
-                 as_json=as_json, start_paused=start_paused)
+        try:
+            _run_one(settings, folder, no_record=no_record, record=record, telemetry_interval=telemetry_interval,
+                     as_json=as_json, start_paused=start_paused)
+        except (KeyboardInterrupt, CancelledRunError) as exc:  # the hint names this run's folder
+            raise resume_hint(exc, settings.out_dir) from None
 
 
 def _settings_for(out: Path | None, options: dict[str, Any], *, resume: bool, fleet: bool, fault: str | None,

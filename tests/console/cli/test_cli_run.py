@@ -222,11 +222,14 @@ def test_runs_stop_ends_a_running_run_and_its_recording_says_cancelled(tmp_path:
         stop = gputravel("runs", "stop", "run-stopped", "--runs-dir", str(tmp_path / "runs"), "--json")
         assert stop.returncode == 0, stop.stdout + stop.stderr
         assert json.loads(stop.stdout)["stopped"] is True
-        proc.wait(timeout=60)
+        _, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130  # CancelledRunError's exit code
+    # how to continue names this very run (a plain --resume takes runs/latest: another run once one has started)
+    assert f"stopped by SIGTERM (gputravel runs stop); what was committed is kept: `gputravel run --resume --out {out}`" \
+        in " ".join(stderr.split()), stderr[-600:]
     recording = load_recording(out / "recording.db")
     (last,) = [e for e in recording.events() if e.kind in ("RunCompleted", "RunFailed")]
     assert last.kind == "RunFailed" and last.code == "cancelled"  # type: ignore[attr-defined]
@@ -235,6 +238,37 @@ def test_runs_stop_ends_a_running_run_and_its_recording_says_cancelled(tmp_path:
     assert again.returncode == 2
     assert json.loads(again.stdout)["error"]["code"] == "config"
     assert "not running (cancelled)" in json.loads(again.stdout)["error"]["message"]
+
+
+def test_ctrl_c_says_how_to_resume_this_run_by_its_folder(tmp_path: Path) -> None:
+    """Ctrl-C mid-run: exit 130 and a hint that names the run's own folder (``--out``), which resumes it."""
+    import signal
+    import time
+
+    data = tmp_path / "data"
+    write_holders(data, NORTH_SOUTH, WORDS, 12_000, file="text.txt", newline=False)
+    out = tmp_path / "elsewhere" / "run-interrupted"
+    code = ("import signal, sys\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"  # as in a terminal
+            "from gputravel.console.cli.main import main\nsys.argv[0] = 'gputravel'\nmain()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, "run", "--data", str(data), "--holders", "2", "--rounds",
+                             "50", "--steps-per-visit", "2", "--batch-size", "4", "--seq-len", "32", "--chunk-kib",
+                             "16", "--buffer-mib", "0.25", "--out", str(out), "--transport", "local", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "COLUMNS": "200"})
+    try:
+        for _ in range(600):  # until the run has committed a visit
+            if "visit-completed" in gputravel("ledger", "show", str(out), "--json").stdout:
+                break
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        stdout, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    error = json.loads(stdout)["error"]
+    assert error["code"] == "cancelled" and error["message"].startswith("cancelled (Ctrl-C); what was committed")
+    assert f"`gputravel run --resume --out {out}` continues it" in error["message"]
 
 
 def test_a_headless_breakpoint_says_how_to_continue_and_runs_resume_and_step_continue_it(tmp_path: Path) -> None:
