@@ -17,7 +17,7 @@ from gputravel.console.view.ending import final_status
 from gputravel.console.view.model import RunState
 from gputravel.console.view.run_model import model_label
 from gputravel.core.errors import ConfigError, GpuTravelError
-from gputravel.core.events import RunStarted
+from gputravel.core.events import HolderStateChanged, RunStarted
 from gputravel.core.recording import load_recording
 from gputravel.core.runfolder import (
     FINAL_STATUSES,
@@ -131,12 +131,15 @@ def read_run(path: Path, nodes: tuple[Path, ...] = ()) -> RunInfo:
         items.extend((e.t, n, gpu, e) for n, e in enumerate(recording.events()))
     items.sort(key=lambda x: (x[0], -1 if x[2] is None else x[2], x[1]))
     started: set[str] = set()  # the holders the run recorded (every GPU's, in a fleet)
+    seen: set[str] = set()  # the holders it reached for, where it ended before it started (an unreachable one)
     for _, _, gpu, event in items:
         state.apply(event, gpu=gpu)
         if event.kind in ("RunCompleted", "RunFailed"):
             final = event
         elif isinstance(event, RunStarted):
             started.update(event.holders)
+        elif isinstance(event, HolderStateChanged):
+            seen.add(event.holder)
             if gpu is None:
                 final = None  # a resumed run goes on in the same recording
     if items:
@@ -149,8 +152,10 @@ def read_run(path: Path, nodes: tuple[Path, ...] = ()) -> RunInfo:
                                  if state.visits[row].ended and state.visits[row].outcome != "done")
         info.error = info.error or state.error  # a resumed run's interruption is history, not its error
         info.resumed = state.resumed
-    setting = info.settings.get("holders")
-    info.holders = len(started) if started else setting if isinstance(setting, int) else None
+    # before its RunStarted: the holders it reached for; an inventory's settings hold the count's default (3), not
+    # the inventory's, which may have changed since (unknown, then)
+    setting = None if info.settings.get("holders_file") else info.settings.get("holders")
+    info.holders = len(started or seen) or (setting if isinstance(setting, int) else None)
     info.model = model_label(info.settings) if info.settings else "?"
     fleet_end = _fleet_report_status(folder) if info.fleet else None
     if written.get("status") in FINAL_STATUSES:

@@ -112,7 +112,8 @@ def show_cmd(run: RunArg, runs_dir: RunsDir = RUNS_DIR, as_json: AsJson = False,
     s = info.settings
     if s:
         rounds = s.get("rounds")
-        console.print(f"settings: {info.holders or '?'} holders, {rounds} round{'s' * (rounds != 1)}, model "
+        console.print(f"settings: {info.holders or '?'} holder{'s' * (info.holders != 1)}, {rounds} "
+                      f"round{'s' * (rounds != 1)}, model "
                       f"{escape(info.model)}, "
                       f"data path {s.get('data_path')}, transport {s.get('transport')}, buffer {s.get('buffer_mib')} "
                       "MiB", highlight=False)

@@ -361,6 +361,24 @@ def test_holders_and_model_are_what_the_run_recorded(tmp_path: Path) -> None:
     assert shown["model"] == "llama 1.2B from Llama-3.2-1B"  # what a Llama run records
 
 
+def test_an_inventory_run_that_failed_before_it_started_lists_the_holders_it_reached_for(tmp_path: Path) -> None:
+    """Operator walk (session 15): a one-holder inventory whose holder did not answer (AgentError, no RunStarted)
+    was listed as 3 holders, the settings' default count, which an inventory does not use."""
+    run = tmp_path / "runs" / "run-silent"
+    _record(run / "recording.db", [ev.HolderStateChanged(1.0, "silent", "connecting", "127.0.0.1:47222"),
+                                   ev.HolderStateChanged(4.0, "silent", "failed", "unreachable: connect timeout"),
+                                   ev.RunFailed(4.1, "silent1", "silent: unreachable: connect timeout", "agent")])
+    _settings(run, transport="inventory", holders=3, holders_file="/etc/gputravel/holders.toml")
+    shown = json.loads(cli("runs", "show", "run-silent", "--runs-dir", str(tmp_path / "runs"), "--json").stdout)
+    assert shown["status"] == "failed" and shown["holders"] == 1
+    text = cli("runs", "show", "run-silent", "--runs-dir", str(tmp_path / "runs")).stdout
+    assert "settings: 1 holder, 1 round" in text, text
+    for side in run.glob("recording.db*"):  # nothing recorded: an inventory's count is unknown, not the default
+        side.unlink()
+    shown = json.loads(cli("runs", "show", "run-silent", "--runs-dir", str(tmp_path / "runs"), "--json").stdout)
+    assert shown["holders"] is None
+
+
 def test_a_resumed_run_that_completed_is_completed_with_its_history_as_resumed(tmp_path: Path) -> None:
     run = tmp_path / "runs" / "run-res"
     platform = {"kind": "emulated", "sim": True}
