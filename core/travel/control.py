@@ -107,6 +107,9 @@ class Control:
         self.cancelled = False
         self.paused_at: Phase | None = None
         self._stepped = False
+        #: ``perf_counter_ns`` spent paused so far: what a visit's timings leave out (its window's Tx: a hand-off
+        #: stepped or paused before PROVISION is not a slow transfer)
+        self.paused_ns = 0
 
     @property
     def paused(self) -> bool:
@@ -154,7 +157,7 @@ class Control:
             return
         self.paused_at = phase
         emit(ev.RunPaused(time.time(), "paused", str(phase), where))
-        await self._running.wait()
+        await self._wait()
         self.paused_at = None
         emit(ev.RunResumed(time.time()))
         if self.cancelled:
@@ -164,6 +167,13 @@ class Control:
             if self._steps == 0:
                 self._running.clear()
                 self._stepped = True
+
+    async def _wait(self) -> None:
+        t0 = time.perf_counter_ns()
+        try:
+            await self._running.wait()
+        finally:
+            self.paused_ns += time.perf_counter_ns() - t0
 
     def toggle_breakpoint(self, phase: Phase) -> bool:
         if phase in self.breakpoints:
@@ -186,7 +196,7 @@ class Control:
         if self.paused:
             self.paused_at = phase
             emit(ev.RunPaused(time.time(), reason or "paused", str(phase)))
-            await self._running.wait()
+            await self._wait()
             self.paused_at = None
             emit(ev.RunResumed(time.time()))
             if self.cancelled:

@@ -50,6 +50,9 @@ class Visit:
     #: the open window's ``perf_counter_ns`` before its key was asked for and when it came back, and what its
     #: provisioning's link saw (``handoff.fixed_stages``)
     window_ns: tuple[int, int] = (0, 0)
+    #: the run's ``Control.paused_ns`` as the visit's first window was asked for: the operator's pauses since are
+    #: not the visit's Tx
+    paused_ns: int = 0
     stats: ProvisionStats | None = None
     #: the open window's request, carrying its HANDOFF, to be answered at the window's completion
     #: (``RunSettings.grant_at_completion``, core/travel/completion.py), and then its provisioning (``closing``: the
@@ -128,7 +131,8 @@ class HandoffWindows:
         # the visit's Tx (``provision_s``, the benches' ``tx_s``) is the time its window is open to the holder: from
         # its first key's request (HANDOFF) to the last byte in device memory, whatever the orchestrator did meanwhile
         # (its phase rows and events between HANDOFF and PROVISION, the keys between sub-windows); summing only the
-        # link's provisioning left out 6-9 ms a relayed visit while the agent was already sending (task complete14)
+        # link's provisioning left out 6-9 ms a relayed visit while the agent was already sending (task complete14);
+        # but not the operator's pauses (a step before PROVISION made a 0.05 s transfer read 2 s: operator walk 15)
         since = v.window_ns[0]
         assert v.handoff is not None
         for i, sub in enumerate(v.subs):
@@ -151,7 +155,7 @@ class HandoffWindows:
                                        on_resume=resumed)
             v.stats = stats
             rec.retransmits += stats.retransmits
-        rec.provision_s = total_s = (time.perf_counter_ns() - since) / 1e9
+        rec.provision_s = total_s = (time.perf_counter_ns() - since - (self.control.paused_ns - v.paused_ns)) / 1e9
         return plan.window_len, {"mb_s": round(plan.window_len / max(total_s, 1e-9) / 1e6, 2),
                                  "retransmits": rec.retransmits}
 
@@ -223,6 +227,8 @@ class HandoffWindows:
         # needs no flush of its own inside the window's time
         self.audit.flush()
         t0 = time.perf_counter_ns()
+        if not rec.key_fingerprint:
+            v.paused_ns = self.control.paused_ns
         early = None if rec.key_fingerprint else self._with_window(v, epoch, sub)  # a visit's first key only
         if early is not None and self.settings.grant_at_completion:  # answered at completion (completion.py)
             handoff = early[0]

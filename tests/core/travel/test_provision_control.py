@@ -113,6 +113,37 @@ async def test_pause_mid_provision_lands_between_keys_then_resumes(data_root: Pa
     assert report["ledger"]["verified"]
 
 
+async def test_a_pause_before_provision_is_not_counted_in_the_visits_transfer(tmp_path: Path) -> None:
+    """Operator walk (session 15): stepping a run in the console, a visit paused before PROVISION read
+    ``provisioned at 0.88 MB/s``, the operator's two seconds counted in its Tx (measured from its window's request
+    at HANDOFF). The pause is left out: the visit's Tx is shorter than the pause it waited through."""
+    data = tmp_path / "data"
+    write_holder(data / "alice", 1, WORDS, n_words=2_000)
+    settings = RunSettings(holders=1, rounds=1, steps_per_visit=1, batch_size=4, seq_len=32, chunk_kib=4,
+                           buffer_mib=1, data_dir=data, out_dir=tmp_path / "run", breakpoints=("PROVISION",))
+    async with started(settings) as engine:
+        q = engine.subscribe()
+        task = asyncio.create_task(engine.run())
+        try:
+            seen: list[ev.Event] = []
+            async with asyncio.timeout(120):
+                while not isinstance(seen[-1:] and seen[-1], ev.RunPaused):
+                    seen.append(await q.get())
+            assert isinstance(seen[-1], ev.RunPaused) and seen[-1].next_phase == "PROVISION"
+            await asyncio.sleep(2.0)  # the operator reads the screen
+            engine.control.resume()
+            report = (await asyncio.wait_for(task, 120)).to_json()
+        finally:
+            if not task.done():
+                engine.control.cancel()
+                with contextlib.suppress(Exception):
+                    await task
+    (visit,) = report["visits"]
+    assert visit["outcome"] == "done" and visit["bytes"] > 0
+    assert engine.control.paused_ns >= 2_000_000_000
+    assert visit["provision_s"] < 2.0, visit["provision_s"]  # was the pause and the transfer: above 2 s
+
+
 def _drain(q: asyncio.Queue[ev.Event]) -> list[ev.Event]:
     items = []
     while not q.empty():
