@@ -28,12 +28,19 @@ class RunView:
         self.progress = Progress(TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console,
                                  transient=False)
-        self.run_task = self.progress.add_task("visits", total=None, info="")
-        self.phase_task = self.progress.add_task("phase", total=self.PHASES, info="")
-        self.bytes_task = self.progress.add_task("provisioning", total=1, info="")
+        # hidden until the run's first event: input refused before the run starts (a --data folder the engine
+        # refuses) printed three empty bars above its error (operator walk, session 15)
+        self.run_task = self.progress.add_task("visits", total=None, info="", visible=False)
+        self.phase_task = self.progress.add_task("phase", total=self.PHASES, info="", visible=False)
+        self.bytes_task = self.progress.add_task("provisioning", total=1, info="", visible=False)
+        self.shown = False
 
     def __call__(self, event: ev.Event) -> None:
         p = self.progress
+        if not self.shown:
+            self.shown = True
+            for task in (self.run_task, self.phase_task, self.bytes_task):
+                p.update(task, visible=True)
         if isinstance(event, ev.RunStarted):
             p.update(self.run_task, total=event.visits_planned, info=f"run {event.run_id}")
         elif isinstance(event, ev.DeviceAttested):

@@ -93,6 +93,21 @@ def test_the_installed_cli_prints_the_object_once_and_the_message_on_stderr(tmp_
     assert "DataError" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_a_data_folder_the_run_refuses_prints_its_error_and_no_progress_bars(tmp_path: Path) -> None:
+    """Operator walk (session 15): ``gputravel run --data`` of a folder with an empty holder folder drew the run's
+    three progress bars, empty (``visits 0/?``, ``phase 0/8``, ``provisioning 0/1``), above its error: the bars
+    show from the run's first event on, so input refused before the run starts prints the error alone."""
+    (tmp_path / "data" / "alice").mkdir(parents=True)
+    proc = subprocess.run([sys.executable, "-m", "gputravel.console.cli", "run", "--data", str(tmp_path / "data"),
+                           "--transport", "local", "--out", str(tmp_path / "run"), "--json"],
+                          capture_output=True, text=True, timeout=120)
+    doc = envelope(proc.stdout, 2)
+    assert doc["error"]["type"] == "DataError" and "empty holder folder" in doc["error"]["message"]
+    assert "error: DataError" in proc.stderr
+    assert not any(bar in proc.stderr for bar in ("visits", "phase", "provisioning")), proc.stderr
+    assert not (tmp_path / "run").exists()  # and nothing was left behind
+
+
 def test_agents_that_cannot_be_reached_are_the_one_error_object_with_every_holder(tmp_path: Path) -> None:
     import asyncssh
 
