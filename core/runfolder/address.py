@@ -110,6 +110,9 @@ def resolve_run(address: str | Path, root: Path = RUNS_DIR) -> RunAddress:
             raise ConfigError(f"run {given!r} is ambiguous: {', '.join(p.name for p in matches)}")
     if direct.exists():
         raise ConfigError(f"{given}: not a run folder, fleet folder, recording or ledger")
+    if "/" in given:  # a path: what is missing is the path (it was reported as a run's name under runs/)
+        raise ConfigError(f"no run {given!r}: {direct.absolute()} does not exist (a run folder, a recording, a "
+                          f"ledger, or a run's name under {root}/: gputravel runs ls lists them)")
     raise ConfigError(f"no run {given!r} under {root}/ (gputravel runs ls lists them)")
 
 

@@ -68,6 +68,18 @@ def test_an_address_names_a_fleet_its_rank_recordings_and_its_ledger(tmp_path: P
         resolve_run("nope", tmp_path / "runs")
 
 
+def test_a_path_that_does_not_exist_is_named_as_missing_not_as_a_run_name(tmp_path: Path) -> None:
+    """Operator walk (session 15): ``gputravel-console --replay /tmp/oqa/nothere.db`` said "no run
+    '/tmp/oqa/nothere.db' under runs/", as if a path were a run's name; it names the path that is missing."""
+    missing = tmp_path / "elsewhere" / "nothere.db"
+    with pytest.raises(ConfigError) as raised:
+        resolve_run(str(missing), tmp_path / "runs")
+    assert raised.value.reason == (f"no run '{missing}': {missing} does not exist (a run folder, a recording, a "
+                                 f"ledger, or a run's name under {tmp_path / 'runs'}/: gputravel runs ls lists them)")
+    with pytest.raises(ConfigError, match=r"no run 'nope' under .*runs/ \(gputravel runs ls lists them\)$"):
+        resolve_run("nope", tmp_path / "runs")  # a name stays a name
+
+
 def test_a_claim_that_never_got_its_ledger_is_given_back(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     claim = RunClaim(runs / "run-a", runs=runs, link_latest=True)
