@@ -90,6 +90,22 @@ NodeFolders = Annotated[list[Path] | None, typer.Option(
     "whose ranks merge with this node's (repeatable).")]
 
 
+def _uncommitted(info: RunInfo) -> set[int]:
+    """Visits the recording shows done whose progress the ledger never committed: the run ended (a kill, a full
+    disk) before their checkpoint was durable, so ``gputravel run --resume`` redoes them (the ledger is the truth;
+    the recording's ``VisitCompleted`` comes as the visit ends, its commit once its checkpoint is written)."""
+    if info.fleet or info.state is None or info.status not in ("died", "failed", "cancelled"):
+        return set()
+    from gputravel.core.errors import GpuTravelError
+    from gputravel.core.ledger import read_rows
+
+    try:
+        committed = {row.detail.get("visit") for row in read_rows(info.ledger) if row.kind == "visit-completed"}
+    except GpuTravelError:  # no ledger, or not one: nothing to say about commits
+        return set()
+    return {v.visit for v in info.state.visits.values() if v.outcome == "done" and v.visit not in committed}
+
+
 @runs_app.command("show")
 def show_cmd(run: RunArg, runs_dir: RunsDir = RUNS_DIR, as_json: AsJson = False,
              node_folders: NodeFolders = None) -> None:
@@ -126,10 +142,13 @@ def show_cmd(run: RunArg, runs_dir: RunsDir = RUNS_DIR, as_json: AsJson = False,
         for col in ("#", *(("gpu",) if fleet else ()), "holder", "try", "ep", "outcome", "loss", "val"):
             table.add_column(col, no_wrap=col != "outcome", overflow="fold")
         visits = sorted(state.visits.values(), key=lambda v: (v.visit, v.attempt)) if fleet else state.visits.values()
+        uncommitted = _uncommitted(info)
         for v in visits:
             outcome = (f"refused (holder): {v.error}" if v.outcome == "refused" else
                        "interrupted (resumed)" if v.outcome == "interrupted" else
-                       v.outcome + (f" in {v.failed_phase}: {v.error}" if v.failed_phase else ""))
+                       "done, not committed (--resume redoes it)" if v.visit in uncommitted and v.outcome == "done" else
+                       v.outcome + (f" in {v.failed_phase}" if v.failed_phase else "")
+                       + (f": {v.error}" if v.failed_phase and v.error else ""))  # a cancel has no error: no ": None"
             gpu = (gpu_label(v.gpu) if v.gpu is not None else "-",) if fleet else ()
             table.add_row(str(v.visit + 1), *gpu, escape(v.holder), str(v.attempt), str(v.epoch), escape(outcome),
                           f"{v.loss_last:.3f}" if v.loss_last is not None else "-",

@@ -379,6 +379,32 @@ def test_an_inventory_run_that_failed_before_it_started_lists_the_holders_it_rea
     assert shown["holders"] is None
 
 
+def test_a_visit_the_recording_shows_done_but_the_ledger_never_committed_says_resume_redoes_it(
+        tmp_path: Path) -> None:
+    """Operator walk (session 15): a run whose disk filled in visit 2's checkpoint showed visit 2 ``done`` in ``runs
+    show`` (its recording's VisitCompleted), and ``--resume`` then trained it again: its progress was never
+    committed (no ``visit-completed`` row). ``runs show`` says so for a run that ended without completing."""
+    run = tmp_path / "runs" / "run-full"
+    summary = ev.VisitSummary()
+    _record(run / "recording.db", [
+        ev.RunStarted(1.0, "full", {"kind": "emulated", "sim": True}, ("north", "south", "west"), 3),
+        ev.PhaseStarted(2.0, 0, "north", "TRAIN", 1), ev.VisitCompleted(3.0, 0, "north", 1, summary),
+        ev.PhaseStarted(4.0, 1, "south", "TRAIN", 2), ev.VisitCompleted(5.0, 1, "south", 2, summary),
+        ev.PhaseStarted(6.0, 2, "west", "TRAIN", 3),  # then cancelled, and the disk was full: no final event
+        ev.VisitCancelled(7.0, 2, "west", 3, "TRAIN", 4, True)])
+    _settings(run, holders=3)
+    with Ledger.open(run / "ledger.db", run_id="full") as ledger:
+        ledger.append(kind="visit-completed", phase=None, holder="north", epoch=1, key_fp=None, nbytes=1,
+                      duration_s=0.1, detail={"visit": 0}, state={"visits_done": 1})
+    shown = cli("runs", "show", "run-full", "--runs-dir", str(tmp_path / "runs"))
+    assert shown.exit_code == 0, shown.output
+    rows = {line.split()[1]: line for line in shown.stdout.splitlines() if line[:1] in "123"}
+    assert "done, not committed" not in rows["north"] and " done " in rows["north"] + " "
+    assert "done, not committed (--resume redoes it)" in rows["south"], shown.stdout
+    assert "done" not in rows["west"] and "cancelled in TRAIN" in rows["west"] and "None" not in rows["west"]
+    assert "died" in shown.stdout.splitlines()[0]
+
+
 def test_a_resumed_run_that_completed_is_completed_with_its_history_as_resumed(tmp_path: Path) -> None:
     run = tmp_path / "runs" / "run-res"
     platform = {"kind": "emulated", "sim": True}
