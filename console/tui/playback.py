@@ -71,7 +71,9 @@ class Playback:
             if item.kind == "event":
                 events.extend(self.host.fold((item.event(),)))
             elif item.kind == "telemetry":
-                self.host.offer_frame(item.frame().replace(source="replay"))
+                frame = item.frame()  # a followed run's frames are its live sampler's, not a replay's
+                source = f"{frame.source} · read from the run's recording" if self.follow else "replay"
+                self.host.offer_frame(frame.replace(source=source))
         return tuple(events)
 
     def load(self, recorded: RecordedRun) -> None:

@@ -1,4 +1,6 @@
-"""Attaching to a run that has ended (operator walk, session 15): ``gputravel-console --attach RUN`` on a completed
+"""What an operator tripped on in the console (operator walk, session 15).
+
+Attaching to a run that has ended: ``gputravel-console --attach RUN`` on a completed
 or cancelled run. Its keys had been written to the ended run's ``control.jsonl`` without a word (``r``, ``space``),
 or answered as for a replay (``c``: "a replay has no run to cancel"; ``p``: "pausing: after the current training
 step"). Each now says the run has ended, a run that did not complete names how to continue it, and nothing is
@@ -18,6 +20,7 @@ from gputravel.console.tui.attach_bridge import AttachedBridge
 from gputravel.core import events as ev
 from gputravel.core.recording import Recorder
 from gputravel.core.runfolder import RunFolder
+from gputravel.core.telemetry import GpuSample, NvmlStatus, TelemetryFrame
 
 
 def ended_run(folder: Path, final: ev.Event) -> Path:
@@ -69,3 +72,26 @@ async def test_the_keys_of_an_attached_run_that_has_ended_say_so_and_write_nothi
         assert not app.check_action("toggle_break", ()) and not app.check_action("toggle_breakpoint", ("TRAIN",))
         assert actions(folder) == ["take"]  # only the console's own claim: no request to a run that reads none
     assert actions(folder) == ["take", "release"]
+
+
+async def test_the_gpu_screen_of_an_attached_run_names_its_sampler_not_a_replay(tmp_path: Path) -> None:
+    """Attached to a live run, the GPU screen said ``source replay``: the frames are the run's own live samples,
+    read from its recording. A replay (``--replay``, not following) still says ``replay``."""
+    folder = tmp_path / "run"
+    folder.mkdir(mode=0o700)
+    rec = Recorder(RunFolder(folder).recording, meta={"settings": {"holders": 1}})
+    rec(ev.RunStarted(1000.1, "live0001", {"kind": "emulated", "sim": True, "device": "cpu", "notes": []},
+                      ("alice",), 1))
+    rec(ev.PhaseStarted(1000.2, 0, "alice", "TRAIN", 1))
+    rec.record_telemetry(TelemetryFrame(t=1000.3, source="emulated", nvml=NvmlStatus(False, "no driver"),
+                                        devices=(GpuSample(index=0, name="emu", sim=True),), phase="alice · TRAIN"))
+    rec.close()
+    for attach, said in ((folder, "source emulated · read from the run's recording"), (None, "source replay")):
+        app = make_app(replay=RunFolder(folder).recording, follow=attach is not None, attach=attach)
+        async with app.run_test(size=(80, 24)) as pilot:
+            if attach is None:
+                await pilot.press("end")  # a replay opens at its start: to the frame
+            await pilot.press("4")
+
+            await until(pilot, lambda a=app, s=said: s in str(a.screen.query_one("#nvml-status").render()),
+                        timeout=10, what=f"{said!r} on the GPU screen")
