@@ -57,7 +57,7 @@ async def test_progress_events_arrive_during_train_and_add_up_to_the_phase(data_
     out = tmp_path / "run"
     events: list[ev.Event] = []
     async with started(small(data_root, out, steps_per_visit=10)) as engine:
-        engine.train_slices = SliceSettings(max_steps=3)  # slices of 3, 3, 3, 1 steps
+        engine.train_slices = SliceSettings(budget_s=600.0, max_steps=3)  # slices of 3, 3, 3, 1 steps, whatever the load
         engine.bus.sinks.append(events.append)
         report = (await engine.run()).to_json()
 
