@@ -25,6 +25,28 @@ one file at these places (task fixed13 put them in by hand, ran ``bench travel``
 
     .venv/bin/python scripts/handoff_hops.py /tmp/hops.log [--json]
 
+``--set admission`` (task admission15) tables the ``admission``, ``ring_bind`` and ``first_chunk`` stages instead, from
+these marks (and ``o_open`` / ``o_done_read`` to bound each visit):
+
+    d_op_begin      device control thread, ``op_handoff`` about to relay (the window just opened)
+    d_relayed       device control thread, the HANDOFF written on the holder's parked data connection
+    a_rd_HANDOFF, a_main_handoff   as above
+    a_parsed        agent main thread, ``Handoff.from_wire`` done
+    a_taken         ``RelayedCopies.take`` done
+    a_accepted      ``HolderAttestation.accept`` done (the key unwrapped)
+    a_witness       ``HolderRecords.keep_witness`` done
+    a_checked       ``provision``: the window's bounds and the dataset's files checked
+    a_admit_made    ``_data_conn``: ``Admission.make`` done
+    a_admit_sent    the admission (and the ring's bind) written on the data connection
+    a_first_sealed, a_first_sent   the window's first chunk sealed into its slot, its slot id sent
+    d_dataopen_read device data thread, the DATA_OPEN read      d_admit_read, d_admitted, d_ring_bound: its steps
+    d_chunk_read    device data thread, a chunk's slot id read  d_first_chunk: as above
+
+A mark line may carry two more fields, ``THREAD_CPU_NS PROCESS_CPU_NS`` (``time.thread_time_ns()``,
+``time.process_time_ns()`` at the mark): a hop between two marks of one thread then has its CPU time (``cpu_us``: work,
+the rest of its wall time waiting: a wake-up, the GIL, a lock), and a hop within one process the CPU of its other threads
+meanwhile (``others_cpu_us``).
+
 Each hop is from the first ``from`` mark of the visit to the first ``to`` mark after it. A visit starts at
 ``o_open`` and ends at its ``o_done_read``; one whose HANDOFF was not relayed (a holder's first) is counted, not
 tabled.
@@ -58,6 +80,30 @@ HOPS: tuple[tuple[str, str, str, str], ...] = (
 )
 #: the grant's way back: not on the data's path once the HANDOFF is relayed (reported beside the hops)
 GRANT = (("d_op_begin", "d_ans_written"), ("d_ans_written", "o_readable"), ("o_readable", "o_grant"))
+#: ``--set admission``: the relayed HANDOFF to the first chunk in device memory, tiling ``admission`` (from the relay),
+#: ``ring_bind`` and ``first_chunk``; beside them (``AGENT_SIDE``) the agent's own way from the admission to its first chunk
+ADMISSION_HOPS: tuple[tuple[str, str, str, str], ...] = (
+    ("admission", "d_op_begin", "d_relayed", "device: HANDOFF relayed on the parked connection"),
+    ("admission", "d_relayed", "a_rd_HANDOFF", "the relayed HANDOFF to the agent's data-reader thread"),
+    ("admission", "a_rd_HANDOFF", "a_main_handoff", "agent: reader thread to main thread (inbox)"),
+    ("admission", "a_main_handoff", "a_parsed", "agent: Handoff.from_wire"),
+    ("admission", "a_parsed", "a_taken", "agent: RelayedCopies.take"),
+    ("admission", "a_taken", "a_accepted", "agent: attestation.accept (the key unwrapped)"),
+    ("admission", "a_accepted", "a_witness", "agent: records.keep_witness"),
+    ("admission", "a_witness", "a_checked", "agent: provision's bounds and dataset checks"),
+    ("admission", "a_checked", "a_admit_made", "agent: SendState, RingSpec, Admission.make"),
+    ("admission", "a_admit_made", "d_dataopen_read", "the DATA_OPEN to the device's data thread"),
+    ("admission", "d_dataopen_read", "d_admit_read", "device: DATA_OPEN parsed, window looked up"),
+    ("admission", "d_admit_read", "d_admitted", "device: admission key, MAC, budgets"),
+    ("ring_bind", "d_admitted", "d_ring_bound", "device: the ring bound to the epoch"),
+    ("first_chunk", "d_ring_bound", "d_chunk_read", "the first chunk's slot id read by the device's data thread"),
+    ("first_chunk", "d_chunk_read", "d_first_chunk", "device: the first chunk opened into device memory"),
+)
+AGENT_SIDE = (("a_main_handoff", "a_admit_sent", "agent: HANDOFF taken to admission sent (admission_agent)"),
+              ("a_admit_made", "a_admit_sent", "agent: DATA_OPEN written, the ring bound here"),
+              ("a_admit_sent", "a_first_sealed", "agent: the first chunk read and sealed"),
+              ("a_first_sealed", "a_first_sent", "agent: its slot id sent"),
+              ("a_first_sent", "d_chunk_read", "the slot id to the device's data thread"))
 
 Mark = tuple[str, int]
 
@@ -74,6 +120,16 @@ def read_marks(path: Path) -> list[Mark]:
         marks.append((parts[0], int(parts[1])))
     marks.sort(key=lambda m: m[1])
     return marks
+
+
+def read_cpu(path: Path) -> dict[tuple[str, int], tuple[int, int, int, int]]:
+    """Per ``(name, ns)`` mark that carries them: ``(pid, thread, thread CPU ns, process CPU ns)``."""
+    out: dict[tuple[str, int], tuple[int, int, int, int]] = {}
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) >= 6 and all(p.isdigit() for p in (parts[1], parts[2], parts[4], parts[5])):
+            out[(parts[0], int(parts[1]))] = (int(parts[2]), hash(parts[3]), int(parts[4]), int(parts[5]))
+    return out
 
 
 def visits(marks: list[Mark]) -> list[list[Mark]]:
@@ -114,6 +170,46 @@ def hops_of(visit: list[Mark]) -> dict[str, float] | None:
     return out
 
 
+def admission_hops_of(visit: list[Mark], cpu: dict[tuple[str, int], tuple[int, int, int, int]]
+                      ) -> dict[str, float] | None:
+    """One visit's ``--set admission`` hops in µs (``from>to``), with ``from>to cpu`` and ``from>to others`` where
+    the marks carry CPU times; None where a mark is missing (its HANDOFF was not relayed)."""
+    out: dict[str, float] = {}
+    for a, b in [(a, b) for _s, a, b, _w in ADMISSION_HOPS] + [(a, b) for a, b, _w in AGENT_SIDE]:
+        t_a = _first(visit, a, visit[0][1])
+        t_b = None if t_a is None else _first(visit, b, t_a)
+        if t_a is None or t_b is None:
+            return None
+        out[f"{a}>{b}"] = round((t_b - t_a) / 1e3, 1)
+        ca, cb = cpu.get((a, t_a)), cpu.get((b, t_b))
+        if ca is not None and cb is not None and ca[0] == cb[0]:
+            own = cb[2] - ca[2] if ca[1] == cb[1] else 0
+            if ca[1] == cb[1]:
+                out[f"{a}>{b} cpu"] = round(own / 1e3, 1)
+            out[f"{a}>{b} others"] = round((cb[3] - ca[3] - own) / 1e3, 1)
+    return out
+
+
+def admission_table(path: Path) -> dict[str, Any]:
+    """``--set admission``: per hop the median, low and high wall time over the relayed visits, and the median CPU
+    (``cpu_us``: of the hop's one thread; ``others_cpu_us``: its process's other threads) where marks carry it."""
+    cpu = read_cpu(path)
+    vs = visits(read_marks(path))
+    rows = [h for h in (admission_hops_of(v, cpu) for v in vs) if h is not None]
+    keys = [(s, f"{a}>{b}", w) for s, a, b, w in ADMISSION_HOPS] + [("agent", f"{a}>{b}", w) for a, b, w in AGENT_SIDE]
+    hops: list[dict[str, Any]] = []
+    for stage, key, what in keys:
+        vals = [r[key] for r in rows]
+        row: dict[str, Any] = {"stage": stage, "hop": key, "what": what, "values_us": vals,
+                               "median_us": round(statistics.median(vals), 1) if vals else None,
+                               "min_us": min(vals, default=None), "max_us": max(vals, default=None)}
+        for field, suffix in (("cpu_us", " cpu"), ("others_cpu_us", " others")):
+            got = [r[key + suffix] for r in rows if key + suffix in r]
+            row[field] = round(statistics.median(got), 1) if got else None
+        hops.append(row)
+    return {"visits": len(vs), "relayed": len(rows), "hops": hops}
+
+
 def table(path: Path) -> dict[str, Any]:
     """Per hop the median, low and high over the relayed visits in ``path``'s marks, and each visit's values."""
     rows = [h for h in (hops_of(v) for v in visits(read_marks(path))) if h is not None]
@@ -132,13 +228,14 @@ def table(path: Path) -> dict[str, Any]:
 
 
 def render(got: dict[str, Any]) -> str:
+    def num(v: float | None) -> str:
+        return "-" if v is None else f"{v:8.1f}"
+
     lines = [f"visits {got['visits']}, relayed (tabled) {got['relayed']}",
-             f"{'stage':7} {'hop':32} {'median':>8} {'min':>8} {'max':>8}  what"]
+             f"{'stage':11} {'hop':32} {'median':>8} {'min':>8} {'max':>8} {'cpu':>8} {'others':>8}  what"]
     for h in got["hops"]:
-        med = "-" if h["median_us"] is None else f"{h['median_us']:8.1f}"
-        lo = "-" if h["min_us"] is None else f"{h['min_us']:8.1f}"
-        hi = "-" if h["max_us"] is None else f"{h['max_us']:8.1f}"
-        lines.append(f"{h['stage']:7} {h['hop']:32} {med:>8} {lo:>8} {hi:>8}  {h['what']}")
+        lines.append(f"{h['stage']:11} {h['hop']:32} {num(h['median_us']):>8} {num(h['min_us']):>8} "
+                     f"{num(h['max_us']):>8} {num(h.get('cpu_us')):>8} {num(h.get('others_cpu_us')):>8}  {h['what']}")
     return "\n".join(lines)
 
 
@@ -146,8 +243,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("log", type=Path, help="the marks file (NAME NS PID THREAD per line)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    ap.add_argument("--set", choices=("window-done", "admission"), default="window-done",
+                    help="which stages' hops: window and done (task fixed13), or admission to the first chunk")
     args = ap.parse_args(argv)
-    got = table(args.log)
+    got = admission_table(args.log) if args.set == "admission" else table(args.log)
     print(json.dumps(got, indent=1) if args.json else render(got))
     return got
 

@@ -47,3 +47,34 @@ def test_a_line_that_is_not_a_mark_is_named(tmp_path: Path) -> None:
     path.write_text("o_open 12 1 MainThread\nnot a mark\n")
     with pytest.raises(ValueError, match="hops.log:2"):
         load_script("handoff_hops").main([str(path)])
+
+
+# task admission15: the relayed HANDOFF to the first chunk, marks with each thread's and process's CPU (µs after 1 s);
+# (name, µs, pid, thread, thread cpu µs, process cpu µs)
+ADMISSION = [("o_open", 0, 1, 1, 0, 0), ("d_op_begin", 100, 2, 1, 0, 0), ("d_relayed", 300, 2, 1, 150, 150),
+             ("a_rd_HANDOFF", 1300, 3, 2, 10, 10), ("a_main_handoff", 1500, 3, 1, 500, 700),
+             ("a_parsed", 1700, 3, 1, 700, 900), ("a_taken", 1750, 3, 1, 750, 950),
+             ("a_accepted", 1900, 3, 1, 880, 1080), ("a_witness", 2200, 3, 1, 1180, 1380),
+             ("a_checked", 2250, 3, 1, 1230, 1430), ("a_admit_made", 2450, 3, 1, 1400, 1650),
+             ("a_admit_sent", 2600, 3, 1, 1500, 1750), ("d_dataopen_read", 3000, 2, 3, 0, 400),
+             ("d_admit_read", 3200, 2, 3, 200, 600), ("d_admitted", 3500, 2, 3, 500, 900),
+             ("d_ring_bound", 3600, 2, 3, 600, 1000), ("a_first_sealed", 4200, 3, 1, 2100, 2350),
+             ("a_first_sent", 4300, 3, 1, 2200, 2450), ("d_chunk_read", 5300, 2, 3, 700, 1100),
+             ("d_first_chunk", 5900, 2, 4, 0, 1800), ("o_done_read", 9000, 1, 1, 0, 0),
+             ("o_open", 20000, 1, 1, 0, 0), ("d_op_begin", 20100, 2, 1, 0, 0), ("o_done_read", 30000, 1, 1, 0, 0)]
+
+
+def test_the_admission_set_tiles_admission_to_the_first_chunk_with_cpu(tmp_path: Path) -> None:
+    path = tmp_path / "hops.log"
+    path.write_text("".join(f"{n} {1_000_000_000 + us * 1000} {pid} T{th} {c * 1000} {p * 1000}\n"
+                            for n, us, pid, th, c, p in reversed(ADMISSION)))
+    got = load_script("handoff_hops").main([str(path), "--set", "admission"])
+    assert got["visits"] == 2 and got["relayed"] == 1  # the holder's first (no relay) is counted, not tabled
+    hops = {h["hop"]: h for h in got["hops"]}
+    assert hops["a_accepted>a_witness"]["median_us"] == 300.0 and hops["a_accepted>a_witness"]["cpu_us"] == 300.0
+    assert hops["a_rd_HANDOFF>a_main_handoff"]["cpu_us"] is None  # two threads: no one thread's CPU
+    assert hops["a_rd_HANDOFF>a_main_handoff"]["others_cpu_us"] == 690.0  # the process's CPU less the reader's 10
+    assert hops["a_admit_made>d_dataopen_read"]["others_cpu_us"] is None  # two processes
+    assert hops["a_main_handoff>a_admit_sent"]["median_us"] == 1100.0
+    tiled = sum(h["median_us"] for h in got["hops"] if h["stage"] != "agent")
+    assert tiled == 5800.0  # d_op_begin to d_first_chunk: the stages' hops tile it
