@@ -53,6 +53,8 @@ class SnpVerdict:
     failed: str | None = None
     reason: str = ""
     checks: dict[str, bool] = field(default_factory=dict)
+    # claims the policy did not ask for (an empty allow-list, min_tcb {}): name -> why; never in ``checks``
+    not_checked: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The ``attest --snp-report --json`` document (exactly these keys)."""
@@ -66,6 +68,7 @@ class SnpVerdict:
             "chip_id": r.chip_id.hex() if r else None,
             "policy": r.policy_json() if r else None,
             "checks": self.checks,
+            "not_checked": self.not_checked,
             "failed_claim": self.failed,
         }
 
@@ -243,13 +246,14 @@ def _chain(cert: x509.Certificate, product: str, report: SnpReport, policy: SnpP
 
 
 def apply_snp_policy(verdict: SnpVerdict, policy: SnpPolicy) -> SnpVerdict:
-    """The verdict with the policy's checks: never debug, VMPL, minimum TCB, allow-lists (empty = any)."""
+    """The verdict with the policy's checks: never debug, VMPL, minimum TCB, allow-lists. An empty allow-list (or
+    ``min_tcb = {}``) accepts any value: that claim goes to ``not_checked`` with why, never to ``checks``."""
     assert verdict.report is not None and verdict.product is not None
-    r, checks = verdict.report, dict(verdict.checks)
+    r, checks, skipped = verdict.report, dict(verdict.checks), dict(verdict.not_checked)
 
     def refuse(claim: str, reason: str) -> SnpVerdict:
         return SnpVerdict(ok=False, report=r, product=verdict.product, platform=verdict.platform, failed=claim,
-                          reason=reason, checks={**checks, claim: False})
+                          reason=reason, checks={**checks, claim: False}, not_checked=skipped)
 
     if r.debug:
         return refuse("guest-not-debug", "the guest policy allows debugging (bit 19): the host can read its memory")
@@ -257,14 +261,22 @@ def apply_snp_policy(verdict: SnpVerdict, policy: SnpPolicy) -> SnpVerdict:
     if r.vmpl not in policy.vmpl:
         return refuse("vmpl", f"the report was requested at VMPL {r.vmpl}, the policy allows {list(policy.vmpl)}")
     checks["vmpl"] = True
-    below = Tcb.from_raw(r.reported_tcb, verdict.product).below(dict(policy.min_tcb))
-    if below:
-        return refuse("min-tcb", f"the reported TCB is below the policy's minimum: {', '.join(below)}")
-    checks["min-tcb"] = True
-    for claim, value, allowed in (("measurement", r.measurement, policy.measurement),
-                                  ("host-data", r.host_data, policy.host_data),
-                                  ("id-key-digest", r.id_key_digest, policy.id_key_digest)):
-        if allowed and value.hex() not in allowed:
+    if policy.min_tcb:
+        below = Tcb.from_raw(r.reported_tcb, verdict.product).below(dict(policy.min_tcb))
+        if below:
+            return refuse("min-tcb", f"the reported TCB is below the policy's minimum: {', '.join(below)} (the "
+                          "host must update its firmware; a VCEK for the new TCB comes with it)")
+        checks["min-tcb"] = True
+    else:
+        skipped["min-tcb"] = "the policy's min_tcb is {}: any TCB accepted"
+    for claim, key, value, allowed in (("measurement", "measurement", r.measurement, policy.measurement),
+                                       ("host-data", "host_data", r.host_data, policy.host_data),
+                                       ("id-key-digest", "id_key_digest", r.id_key_digest, policy.id_key_digest)):
+        if not allowed:
+            skipped[claim] = f"the policy's {key} allow-list is empty: any value accepted"
+            continue
+        if value.hex() not in allowed:
             return refuse(claim, f"{claim} {value.hex()[:16]}... is not in the policy's allow-list")
         checks[claim] = True
-    return SnpVerdict(ok=True, report=r, product=verdict.product, platform=verdict.platform, checks=checks)
+    return SnpVerdict(ok=True, report=r, product=verdict.product, platform=verdict.platform, checks=checks,
+                      not_checked=skipped)

@@ -42,6 +42,8 @@ class TdxVerdict:
     failed: str | None = None
     reason: str = ""
     checks: dict[str, bool] = field(default_factory=dict)
+    # claims the policy did not ask for (an empty allow-list): name -> why; never in ``checks``
+    not_checked: dict[str, str] = field(default_factory=dict)
 
     @property
     def debug(self) -> bool:
@@ -61,6 +63,7 @@ class TdxVerdict:
             "td_attributes": self.td_attributes,
             "debug": self.debug,
             "checks": self.checks,
+            "not_checked": self.not_checked,
             "failed_claim": self.failed,
             "failed_reason": self.reason or None,
         }
@@ -163,11 +166,13 @@ def _der_certificate(data: bytes) -> bytes:
 
 
 def apply_tdx_policy(verdict: TdxVerdict, policy: TdxPolicy) -> TdxVerdict:
-    """The verdict with the policy's checks: never debug, TCB status, MRTD and RTMR allow-lists (empty = any)."""
-    checks = dict(verdict.checks)
+    """The verdict with the policy's checks: never debug, TCB status, MRTD and RTMR allow-lists. An empty
+    allow-list accepts any value: that claim goes to ``not_checked`` with why, never to ``checks``."""
+    checks, skipped = dict(verdict.checks), dict(verdict.not_checked)
 
     def refuse(claim: str, reason: str) -> TdxVerdict:
-        return replace(verdict, ok=False, failed=claim, reason=reason, checks={**checks, claim: False})
+        return replace(verdict, ok=False, failed=claim, reason=reason, checks={**checks, claim: False},
+                       not_checked=skipped)
 
     if verdict.debug:
         return refuse("td-not-debug", "the TD is debuggable (TD_ATTRIBUTES.DEBUG set): its memory is readable")
@@ -175,11 +180,14 @@ def apply_tdx_policy(verdict: TdxVerdict, policy: TdxPolicy) -> TdxVerdict:
     if verdict.tcb_status not in policy.tcb_status:
         return refuse("tcb-status", f"TCB status {verdict.tcb_status} is not one of {list(policy.tcb_status)}")
     checks["tcb-status"] = True
-    if policy.mr_td and verdict.mr_td.lower() not in policy.mr_td:
-        return refuse("mr-td", f"MRTD {verdict.mr_td[:16]}... is not in the policy's allow-list")
-    checks["mr-td"] = True
-    for i, allowed in enumerate(policy.rtmrs):
-        if allowed and verdict.rtmrs[i].lower() not in allowed:
-            return refuse(f"rtmr{i}", f"RTMR{i} {verdict.rtmrs[i][:16]}... is not in the policy's allow-list")
-        checks[f"rtmr{i}"] = True
-    return replace(verdict, checks=checks)
+    for claim, key, value, allowed in (("mr-td", "mr_td", verdict.mr_td, policy.mr_td),
+                                       *((f"rtmr{i}", f"rtmr{i}", verdict.rtmrs[i], policy.rtmrs[i])
+                                         for i in range(4))):
+        if not allowed:
+            skipped[claim] = f"the policy's {key} allow-list is empty: any value accepted"
+            continue
+        if value.lower() not in allowed:
+            return refuse(claim, f"{claim.upper().replace('-', '')} {value[:16]}... is not in the policy's "
+                          "allow-list")
+        checks[claim] = True
+    return replace(verdict, checks=checks, not_checked=skipped)

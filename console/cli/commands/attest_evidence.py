@@ -159,6 +159,8 @@ def attest_tdx_quote(*, quote: Path, collateral: Path | None, at: int | None, po
             table.add_row(key, escape(str(doc[key])))
         for name, ok in verdict.checks.items():
             table.add_row(name, "[green]✓[/]" if ok else "[bold red]✗[/]")
+        for name, why in verdict.not_checked.items():
+            table.add_row(name, f"[yellow]–[/] not checked: {escape(why)}")
         console.print(table)
         console.print(f"verdict: {'[bold green]PASS[/]' if verdict.ok else '[bold red]FAIL[/]'}")
 
