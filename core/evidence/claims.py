@@ -11,9 +11,22 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Claim", "ClaimSet"]
+__all__ = ["REPORT_DATA_NOT_GIVEN", "Claim", "ClaimSet", "report_data_mismatch"]
 
 NOT_CHECKED = "not-checked"
+REPORT_DATA_NOT_GIVEN = ("no expected report data given (attest --report-data HEX): the report's freshness is not "
+                         "checked, a replayed report passes")
+
+
+def report_data_mismatch(actual: bytes, expected: bytes) -> str:
+    """Why a CVM report's 64-byte report data is not ``expected`` (1 to 64 bytes, zero-padded to 64); '' when it
+    is (claim ``report-data-match``)."""
+    want = expected.ljust(64, b"\0")
+    if actual == want:
+        return ""
+    return (f"the report carries report data {actual.hex()[:16]}..., not the {len(expected)} bytes expected "
+            f"{expected.hex()[:16]}... (zero-padded to 64): a report made for another nonce or key (a replay), "
+            "or the wrong --report-data")
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
 from .bounded import EvidenceTooLarge, read_hex_or_raw
+from .claims import REPORT_DATA_NOT_GIVEN, report_data_mismatch
 from .policy import SnpPolicy
 from .snp_report import PRODUCTS, SnpFormatError, SnpReport, Tcb, parse_snp_report, product_of_cpuid
 
@@ -164,8 +165,11 @@ def _refused(claim: str, reason: str, checks: dict[str, bool], **kw: Any) -> Snp
 
 
 def verify_snp_report(report: bytes, vcek: bytes, *, product: str | None = None, now: int | None = None,
-                      policy: SnpPolicy | None = None) -> SnpVerdict:
-    """Verify an SEV-SNP report (raw or hex) with its VCEK/VLEK (DER or PEM) at ``now``; never raises."""
+                      policy: SnpPolicy | None = None, expected_report_data: bytes | None = None) -> SnpVerdict:
+    """Verify an SEV-SNP report (raw or hex) with its VCEK/VLEK (DER or PEM) at ``now``; never raises.
+
+    ``expected_report_data`` (1 to 64 bytes, zero-padded): the report data the verifier asked for (its nonce),
+    claim ``report-data-match``; None leaves it in ``not_checked``."""
     policy = policy or SnpPolicy()
     checks: dict[str, bool] = {}
     try:
@@ -221,7 +225,14 @@ def verify_snp_report(report: bytes, vcek: bytes, *, product: str | None = None,
             return _refused("chip-id-match", f"the VCEK's hwID {hwid.hex()[:16]}... is not the report's chip id "
                             f"{parsed.chip_id.hex()[:16]}...", checks, **kw)
     checks["chip-id-match"] = True
-    return apply_snp_policy(SnpVerdict(ok=True, checks=checks, **kw), policy)
+    skipped: dict[str, str] = {}
+    if expected_report_data is None:
+        skipped["report-data-match"] = REPORT_DATA_NOT_GIVEN
+    elif why := report_data_mismatch(parsed.report_data, expected_report_data):
+        return _refused("report-data-match", why, checks, **kw)
+    else:
+        checks["report-data-match"] = True
+    return apply_snp_policy(SnpVerdict(ok=True, checks=checks, not_checked=skipped, **kw), policy)
 
 
 def _chain(cert: x509.Certificate, product: str, report: SnpReport, policy: SnpPolicy, at: dt.datetime) -> str:

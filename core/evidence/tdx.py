@@ -17,6 +17,7 @@ from typing import Any
 import dcap_qvl
 
 from .bounded import EVIDENCE_CAP
+from .claims import REPORT_DATA_NOT_GIVEN, report_data_mismatch
 from .policy import TdxPolicy
 
 __all__ = ["TDX_DEBUG_BIT", "TdxVerdict", "apply_tdx_policy", "quote_extent_problem", "verify_tdx_quote"]
@@ -74,10 +75,13 @@ def _refused(claim: str, reason: str, checks: dict[str, bool]) -> TdxVerdict:
 
 
 def verify_tdx_quote(quote: bytes, collateral_json: str | bytes, *, now: int | None = None,
-                     root_ca_der: bytes | None = None, policy: TdxPolicy | None = None) -> TdxVerdict:
+                     root_ca_der: bytes | None = None, policy: TdxPolicy | None = None,
+                     expected_report_data: bytes | None = None) -> TdxVerdict:
     """Verify a TDX v4 quote with its collateral at ``now`` (Unix seconds, default: now); never raises.
 
     ``root_ca_der`` pins another root than Intel's (dcap-qvl's ``verify_with_root_ca``): the SIM platform's.
+    ``expected_report_data`` (1 to 64 bytes, zero-padded): the report data the verifier asked for (its nonce),
+    claim ``report-data-match``; None leaves it in ``not_checked``.
     """
     checks: dict[str, bool] = {}
     why = quote_extent_problem(quote)
@@ -132,6 +136,13 @@ def verify_tdx_quote(quote: bytes, collateral_json: str | bytes, *, now: int | N
         td_attributes=str(report.get("td_attributes", "")),
         checks=checks,
     )
+    if expected_report_data is None:
+        verdict = replace(verdict, not_checked={"report-data-match": REPORT_DATA_NOT_GIVEN})
+    elif why := report_data_mismatch(bytes.fromhex(verdict.report_data), expected_report_data):
+        return replace(verdict, ok=False, failed="report-data-match", reason=why,
+                       checks={**checks, "report-data-match": False})
+    else:
+        verdict = replace(verdict, checks={**checks, "report-data-match": True})
     return apply_tdx_policy(verdict, policy)
 
 

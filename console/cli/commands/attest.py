@@ -105,6 +105,11 @@ def attest(
     nonce: Annotated[
         str | None, typer.Option("--nonce", help="The 32-byte nonce the report must carry, hex (with --evidence).")
     ] = None,
+    report_data: Annotated[
+        str | None, typer.Option("--report-data", help="With --snp-report/--tdx-quote: the report data (1 to 64 "
+                                 "bytes, hex, zero-padded to 64) the report must carry: your nonce. Without it "
+                                 "freshness is not checked.")
+    ] = None,
     rim: Annotated[
         list[Path] | None, typer.Option("--rim", help="NVIDIA-signed driver or VBIOS RIM (swidtag), repeatable.")
     ] = None,
@@ -188,7 +193,8 @@ def attest(
         if pccs_url is not None or rim_url is not None or ocsp_url is not None:
             raise DataError("--pccs-url goes with --tdx-quote, --rim-url and --ocsp-url with --evidence")
         attest_snp(snp_report=snp_report, azure_hcl=azure_hcl, vcek=vcek, tpm_quote=tpm_quote, nonce=nonce,
-                   product=product, at=at, policy=policy, json_out=json_out, kds_url=kds_url, offline=offline)
+                   product=product, at=at, policy=policy, json_out=json_out, kds_url=kds_url, offline=offline,
+                   report_data=report_data)
         return
     if vcek is not None or tpm_quote is not None or product is not None or kds_url is not None:
         raise DataError("--vcek, --kds-url, --tpm-quote and --product need --snp-report or --azure-hcl")
@@ -200,6 +206,8 @@ def attest(
         if inject is not None:
             raise DataError("--inject applies to the emulated attestation only")
         if evidence is not None:
+            if report_data is not None:
+                raise DataError("--report-data goes with --snp-report/--tdx-quote; a GPU report's is --nonce")
             if pccs_url is not None:
                 raise DataError("--pccs-url goes with --tdx-quote")
             attest_gpu_evidence(evidence=evidence, cert_chain=cert_chain, nonce=nonce, rims=rim or [], at=at,
@@ -210,11 +218,12 @@ def attest(
             if rim_url is not None or ocsp_url is not None:
                 raise DataError("--rim-url and --ocsp-url go with --evidence")
             attest_tdx_quote(quote=tdx_quote, collateral=collateral, at=at, policy=policy, json_out=json_out,
-                             pccs_url=pccs_url, offline=offline)
+                             pccs_url=pccs_url, offline=offline, report_data=report_data)
         return
-    if any(v is not None for v in (cert_chain, nonce, rim, collateral, at, pccs_url, rim_url, offline, ocsp_url)):
-        raise DataError("--cert-chain, --nonce, --rim, --collateral, --at, --pccs-url, --rim-url, --ocsp-url and "
-                        "--offline need --evidence or --tdx-quote")
+    if any(v is not None for v in (cert_chain, nonce, rim, collateral, at, pccs_url, rim_url, offline, ocsp_url,
+                                   report_data)):
+        raise DataError("--cert-chain, --nonce, --rim, --collateral, --at, --pccs-url, --rim-url, --ocsp-url, "
+                        "--report-data and --offline need --evidence or --tdx-quote")
     fault = inject.value if inject is not None else None
     result = run_emulated_attestation(
         state_dir or default_state_dir(),

@@ -27,7 +27,8 @@ from gputravel.core.errors import AttestationError, ConfigError, DataError
 from gputravel.core.evidence.bounded import EvidenceTooLarge, read_capped
 from gputravel.core.evidence.policy import EvidencePolicy, PolicyError, load_evidence_policy
 
-__all__ = ["attest_gpu_evidence", "attest_sim_formats", "attest_tdx_quote", "finish_verdict", "read_evidence"]
+__all__ = ["attest_gpu_evidence", "attest_sim_formats", "attest_tdx_quote", "finish_verdict", "read_evidence",
+           "report_data_arg"]
 
 
 def read_evidence(path: Path, what: str) -> bytes:
@@ -52,6 +53,16 @@ def _nonce(text: str) -> bytes:
     clean = text.strip().removeprefix("0x")
     if not re.fullmatch(r"[0-9a-fA-F]{64}", clean):
         raise DataError(f"--nonce must be 32 bytes as 64 hex digits (got {len(clean)} characters)")
+    return bytes.fromhex(clean)
+
+
+def report_data_arg(text: str | None) -> bytes | None:
+    """``--report-data HEX``: the 1 to 64 bytes a CVM report must carry (zero-padded to 64), or None."""
+    if text is None:
+        return None
+    clean = text.strip().removeprefix("0x")
+    if not re.fullmatch(r"(?:[0-9a-fA-F]{2}){1,64}", clean):
+        raise DataError(f"--report-data must be 1 to 64 bytes as hex digits (got {len(clean)} characters)")
     return bytes.fromhex(clean)
 
 
@@ -123,7 +134,8 @@ def attest_gpu_evidence(*, evidence: Path, cert_chain: Path | None, nonce: str |
 
 
 def attest_tdx_quote(*, quote: Path, collateral: Path | None, at: int | None, policy: Path | None,
-                     json_out: bool, pccs_url: str | None = None, offline: Path | None = None) -> None:
+                     json_out: bool, pccs_url: str | None = None, offline: Path | None = None,
+                     report_data: str | None = None) -> None:
     """Verify an Intel TDX quote with its collateral (a file, or fetched from a PCCS); print the verdict; exit 0
     or 3."""
     from gputravel.core.evidence.tdx import verify_tdx_quote
@@ -140,7 +152,9 @@ def attest_tdx_quote(*, quote: Path, collateral: Path | None, at: int | None, po
     else:
         assert collateral is not None
         collateral_bytes = read_evidence(collateral, "collateral")
-    verdict = verify_tdx_quote(raw, collateral_bytes, now=at, policy=_policy(policy).tdx)
+    expected = report_data_arg(report_data)
+    verdict = verify_tdx_quote(raw, collateral_bytes, now=at, policy=_policy(policy).tdx,
+                               expected_report_data=expected)
     if verdict.failed == "collateral-parsed":  # unreadable input, not an attestation verdict: exit 2
         raise DataError(f"{collateral or pccs_url}: {verdict.reason} (the collateral is dcap-qvl's "
                         f"QuoteCollateralV3 JSON)")

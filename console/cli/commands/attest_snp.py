@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gputravel.console.cli.commands.attest_evidence import finish_verdict, read_evidence
+from gputravel.console.cli.commands.attest_evidence import finish_verdict, read_evidence, report_data_arg
 from gputravel.core.errors import ConfigError, DataError
 from gputravel.core.evidence.bounded import EvidenceTooLarge
 from gputravel.core.evidence.policy import PolicyError, SnpPolicy, load_evidence_policy
@@ -59,7 +59,7 @@ def _kds_vcek(report: bytes, product: str | None, kds_url: str, offline: Path | 
 
 def attest_snp(*, snp_report: Path | None, azure_hcl: Path | None, vcek: Path | None, tpm_quote: Path | None,
                nonce: str | None, product: str | None, at: int | None, policy: Path | None, json_out: bool,
-               kds_url: str | None = None, offline: Path | None = None) -> None:
+               kds_url: str | None = None, offline: Path | None = None, report_data: str | None = None) -> None:
     """Verify SNP (or Azure HCL + TPM quote) evidence files; print the verdict; exit 0 or 3."""
     from gputravel.core.evidence.azure_snp import verify_azure_snp
     from gputravel.core.evidence.snp import verify_snp_report
@@ -73,6 +73,9 @@ def attest_snp(*, snp_report: Path | None, azure_hcl: Path | None, vcek: Path | 
     pol = _policy(policy)
     verdict: SnpVerdict
     if azure_hcl is not None:
+        if report_data is not None:
+            raise DataError("--report-data goes with --snp-report; Azure's report data is the hash of its runtime "
+                            "data, and freshness is the TPM quote's --nonce")
         if tpm_quote is None or nonce is None:
             raise DataError("--azure-hcl needs --tpm-quote FILE and --nonce HEX (the nonce the quote must carry)")
         hcl = read_evidence(azure_hcl, "HCL report")
@@ -83,10 +86,12 @@ def attest_snp(*, snp_report: Path | None, azure_hcl: Path | None, vcek: Path | 
     else:
         assert snp_report is not None
         if tpm_quote is not None or nonce is not None:
-            raise DataError("--tpm-quote and --nonce go with --azure-hcl (a raw SNP report binds no nonce here)")
+            raise DataError("--tpm-quote and --nonce go with --azure-hcl (a raw SNP report's nonce is its report "
+                            "data: --report-data HEX)")
         report = read_evidence(snp_report, "SNP report")
         cert = read_evidence(vcek, "VCEK") if vcek is not None else _kds_vcek(report, product, str(kds_url), offline)
-        verdict = verify_snp_report(report, cert, product=product, now=at, policy=pol)
+        verdict = verify_snp_report(report, cert, product=product, now=at, policy=pol,
+                                    expected_report_data=report_data_arg(report_data))
     doc = verdict.to_json()
 
     def render() -> None:

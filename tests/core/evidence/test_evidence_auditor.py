@@ -59,3 +59,36 @@ def test_the_tables_mark_what_was_not_checked() -> None:
                                               str(TDX / "tdx_quote_collateral.json"), "--at", str(AT),
                                               "--json"]).stdout)
     assert "mr-td" in doc["not_checked"]
+
+
+# --- the report data an auditor expects (the nonce it sent) is checked when given, and named when not -----------
+REPORT_DATA = REPORT[0x50:0x90]
+
+
+def test_snp_report_data_given_must_match() -> None:
+    assert verify_snp_report(REPORT, VCEK, expected_report_data=REPORT_DATA).checks["report-data-match"] is True
+    other = verify_snp_report(REPORT, VCEK, expected_report_data=b"\x01" * 32)
+    assert not other.ok and other.failed == "report-data-match"
+    assert REPORT_DATA.hex()[:16] in other.reason and "replay" in other.reason
+    assert "report-data-match" in verify_snp_report(REPORT, VCEK).not_checked
+
+
+def test_tdx_report_data_given_must_match() -> None:
+    data = bytes.fromhex(verify_tdx_quote(QUOTE, COLLATERAL, now=AT).report_data)
+    assert verify_tdx_quote(QUOTE, COLLATERAL, now=AT, expected_report_data=data).checks["report-data-match"]
+    other = verify_tdx_quote(QUOTE, COLLATERAL, now=AT, expected_report_data=data[:32])  # zero-padded: differs
+    assert not other.ok and other.failed == "report-data-match"
+    assert "report-data-match" in verify_tdx_quote(QUOTE, COLLATERAL, now=AT).not_checked
+
+
+def test_cli_report_data_refuses_a_mismatch_with_exit_3_and_bad_hex_with_exit_2() -> None:
+    snp = ["attest", "--snp-report", str(SNP / "report_milan.hex"), "--vcek", str(SNP / "vcek_milan.der")]
+    assert CliRunner().invoke(app, [*snp, "--report-data", REPORT_DATA.hex()]).exit_code == 0
+    out = CliRunner().invoke(app, [*snp, "--report-data", "00" * 64, "--json"])
+    assert out.exit_code == 3 and json.loads(out.stdout)["failed_claim"] == "report-data-match"
+    assert "attestation failed: report-data-match" in out.stderr
+    assert CliRunner().invoke(app, [*snp, "--report-data", "xyz"]).exit_code == 2
+    tdx = ["attest", "--tdx-quote", str(TDX / "tdx_quote"), "--collateral", str(TDX / "tdx_quote_collateral.json"),
+           "--at", str(AT)]
+    out = CliRunner().invoke(app, [*tdx, "--report-data", "00" * 64, "--json"])
+    assert out.exit_code == 3 and json.loads(out.stdout)["failed_claim"] == "report-data-match"
