@@ -211,7 +211,7 @@ def verify_snp_report(report: bytes, vcek: bytes, *, product: str | None = None,
         key.verify(encode_dss_signature(parsed.r, parsed.s), parsed.signed_bytes, ec.ECDSA(hashes.SHA384()))
     except InvalidSignature:
         return _refused("report-signature-verified", "the report's ECDSA P-384 signature does not verify with the "
-                        f"{kind.upper()}'s key", checks, **kw)
+                        f"{kind.upper()}'s key{_other_chip(cert, parsed, chosen, kind)}", checks, **kw)
     checks["report-signature-verified"] = True
     reported, issued = Tcb.from_raw(parsed.reported_tcb, chosen), vcek_tcb(cert, chosen)
     if issued != reported:
@@ -233,6 +233,17 @@ def verify_snp_report(report: bytes, vcek: bytes, *, product: str | None = None,
     else:
         checks["report-data-match"] = True
     return apply_snp_policy(SnpVerdict(ok=True, checks=checks, not_checked=skipped, **kw), policy)
+
+
+def _other_chip(cert: x509.Certificate, report: SnpReport, product: str, kind: str) -> str:
+    """When the VCEK names another chip than the report: that, and where this chip's VCEK comes from ('' else)."""
+    hwid = vcek_hwid(cert) or b""
+    size = 8 if product == "turin" else 64
+    if kind != "vcek" or report.mask_chip_key or not any(report.chip_id) or report.chip_id[:size] == hwid:
+        return ""
+    return (f": it is another chip's VCEK (its hwID {hwid.hex()[:16]}..., the report's chip id "
+            f"{report.chip_id.hex()[:16]}...); give this chip's, from AMD's KDS by chip id and reported TCB "
+            "(--kds-url https://kdsintf.amd.com) or the host's extended report")
 
 
 def _chain(cert: x509.Certificate, product: str, report: SnpReport, policy: SnpPolicy, at: dt.datetime) -> str:

@@ -92,3 +92,17 @@ def test_cli_report_data_refuses_a_mismatch_with_exit_3_and_bad_hex_with_exit_2(
            "--at", str(AT)]
     out = CliRunner().invoke(app, [*tdx, "--report-data", "00" * 64, "--json"])
     assert out.exit_code == 3 and json.loads(out.stdout)["failed_claim"] == "report-data-match"
+
+
+# --- another chip's VCEK: the refusal says so and what to do ------------------------------------------------------
+def test_another_chips_vcek_is_named_as_such_with_what_to_do() -> None:
+    """The Azure sample's VCEK is a real Milan VCEK of another chip (tests/data/azure-vtpm/README.md): the chain
+    holds, the signature cannot; the reason names the two chip ids and where the right VCEK comes from."""
+    other = (DATA_DIR / "azure-vtpm" / "certs.crt").read_bytes()
+    verdict = verify_snp_report(REPORT, other)
+    assert not verdict.ok and verdict.failed == "report-signature-verified"
+    assert "another chip" in verdict.reason and REPORT[0x1A0:0x1A8].hex() in verdict.reason
+    assert "--kds-url" in verdict.reason
+    flipped = bytearray(REPORT)
+    flipped[0x90] ^= 1  # the right VCEK, a changed measurement: no word of another chip
+    assert "another chip" not in verify_snp_report(bytes(flipped), VCEK).reason
