@@ -22,13 +22,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gputravel.console.cli.tdx_words import tdx_reason_in_words
+from gputravel.console.cli.tdx_words import collateral_window, tdx_reason_in_words
 from gputravel.core.errors import AttestationError, ConfigError, DataError
 from gputravel.core.evidence.bounded import EvidenceTooLarge, read_capped
 from gputravel.core.evidence.policy import EvidencePolicy, PolicyError, load_evidence_policy
 
 __all__ = ["attest_gpu_evidence", "attest_sim_formats", "attest_tdx_quote", "finish_verdict", "read_evidence",
-           "report_data_arg"]
+           "report_data_arg", "verified_at"]
 
 
 def read_evidence(path: Path, what: str) -> bytes:
@@ -54,6 +54,11 @@ def _nonce(text: str) -> bytes:
     if not re.fullmatch(r"[0-9a-fA-F]{64}", clean):
         raise DataError(f"--nonce must be 32 bytes as 64 hex digits (got {len(clean)} characters)")
     return bytes.fromhex(clean)
+
+
+def verified_at(at: int | None) -> str:
+    """The time a verdict was reached as of (``--at`` or now), ISO 8601 UTC: every CVM verdict's ``verified_at``."""
+    return dt.datetime.fromtimestamp(int(time.time()) if at is None else at, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def report_data_arg(text: str | None) -> bytes | None:
@@ -159,6 +164,10 @@ def attest_tdx_quote(*, quote: Path, collateral: Path | None, at: int | None, po
         raise DataError(f"{collateral or pccs_url}: {verdict.reason} (the collateral is dcap-qvl's "
                         f"QuoteCollateralV3 JSON)")
     doc = verdict.to_json()
+    doc["verified_at"] = verified_at(at)
+    window = collateral_window(collateral_bytes)
+    doc["collateral_valid"] = ({"from": f"{window[0]:%Y-%m-%dT%H:%M:%SZ}", "to": f"{window[1]:%Y-%m-%dT%H:%M:%SZ}"}
+                               if window else None)  # the TCB info's issueDate and nextUpdate
     if verdict.failed and verdict.reason:
         doc["failed_reason"] = tdx_reason_in_words(verdict.reason, at=int(time.time()) if at is None else at,
                                                    collateral=collateral_bytes)

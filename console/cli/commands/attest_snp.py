@@ -12,11 +12,17 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from cryptography import x509
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gputravel.console.cli.commands.attest_evidence import finish_verdict, read_evidence, report_data_arg
+from gputravel.console.cli.commands.attest_evidence import (
+    finish_verdict,
+    read_evidence,
+    report_data_arg,
+    verified_at,
+)
 from gputravel.core.errors import ConfigError, DataError
 from gputravel.core.evidence.bounded import EvidenceTooLarge
 from gputravel.core.evidence.policy import PolicyError, SnpPolicy, load_evidence_policy
@@ -57,6 +63,25 @@ def _kds_vcek(report: bytes, product: str | None, kds_url: str, offline: Path | 
     return fetched(lambda: fetch_vcek(kds_url, parsed, chosen, cache))
 
 
+def _vcek_dates(cert: bytes) -> dict[str, str] | None:
+    """The VCEK's subject, issuer and validity, as the verdict's ``vcek`` (None when it is not a certificate)."""
+    from gputravel.core.evidence.bounded import read_hex_or_raw
+    from gputravel.core.evidence.snp import load_certificate
+
+    try:
+        c = load_certificate(read_hex_or_raw(cert))
+    except (ValueError, EvidenceTooLarge):
+        return None
+
+    def cn(name: x509.Name) -> str:
+        attrs = name.get_attributes_for_oid(x509.NameOID.COMMON_NAME)
+        return str(attrs[0].value) if attrs else name.rfc4514_string()
+
+    return {"subject": cn(c.subject), "issuer": cn(c.issuer),
+            "not_before": f"{c.not_valid_before_utc:%Y-%m-%dT%H:%M:%SZ}",
+            "not_after": f"{c.not_valid_after_utc:%Y-%m-%dT%H:%M:%SZ}"}
+
+
 def attest_snp(*, snp_report: Path | None, azure_hcl: Path | None, vcek: Path | None, tpm_quote: Path | None,
                nonce: str | None, product: str | None, at: int | None, policy: Path | None, json_out: bool,
                kds_url: str | None = None, offline: Path | None = None, report_data: str | None = None) -> None:
@@ -93,13 +118,16 @@ def attest_snp(*, snp_report: Path | None, azure_hcl: Path | None, vcek: Path | 
         verdict = verify_snp_report(report, cert, product=product, now=at, policy=pol,
                                     expected_report_data=report_data_arg(report_data))
     doc = verdict.to_json()
+    doc.update(failed_reason=verdict.reason or None, verified_at=verified_at(at), product=verdict.product,
+               vcek=_vcek_dates(cert))
 
     def render() -> None:
         console = Console()
         table = Table(title=f"AMD SEV-SNP evidence ({verdict.platform}, offline)", title_justify="left")
         table.add_column("field", style="bold")
         table.add_column("value", overflow="fold")
-        for key in ("measurement", "report_data", "reported_tcb", "chip_id", "policy"):
+        for key in ("verified_at", "product", "vcek", "measurement", "report_data", "reported_tcb", "chip_id",
+                    "policy"):
             table.add_row(key, escape(str(doc[key])))
         for name, ok in verdict.checks.items():
             table.add_row(name, "[green]✓[/]" if ok else "[bold red]✗[/]")

@@ -106,3 +106,24 @@ def test_another_chips_vcek_is_named_as_such_with_what_to_do() -> None:
     flipped = bytearray(REPORT)
     flipped[0x90] ^= 1  # the right VCEK, a changed measurement: no word of another chip
     assert "another chip" not in verify_snp_report(bytes(flipped), VCEK).reason
+
+
+# --- the JSON says when it was verified, against what dates, and why it failed ----------------------------------
+def test_snp_json_names_the_time_the_vcek_dates_and_the_reason() -> None:
+    base = ["attest", "--snp-report", str(SNP / "report_milan.hex"), "--vcek", str(SNP / "vcek_milan.der"), "--json"]
+    doc = json.loads(CliRunner().invoke(app, [*base, "--at", str(AT)]).stdout)
+    assert doc["verified_at"] == "2025-06-19T11:16:03Z" and doc["product"] == "milan"
+    assert doc["vcek"]["issuer"] == "SEV-Milan" and doc["vcek"]["not_after"].startswith("2030-04-03")
+    assert doc["failed_reason"] is None
+    out = CliRunner().invoke(app, [*base, "--at", "2000000000"])  # 2033: after the VCEK's end
+    doc = json.loads(out.stdout)
+    assert out.exit_code == 3 and doc["failed_claim"] == "cert-chain-validated"
+    assert "2030-04-03" in doc["failed_reason"] and doc["verified_at"] == "2033-05-18T03:33:20Z"
+
+
+def test_tdx_json_names_the_time_and_the_collaterals_window() -> None:
+    out = CliRunner().invoke(app, ["attest", "--tdx-quote", str(TDX / "tdx_quote"), "--collateral",
+                                   str(TDX / "tdx_quote_collateral.json"), "--at", str(AT), "--json"])
+    doc = json.loads(out.stdout)
+    assert doc["verified_at"] == "2025-06-19T11:16:03Z"
+    assert doc["collateral_valid"] == {"from": "2025-06-19T10:16:03Z", "to": "2025-07-19T10:16:03Z"}
