@@ -129,13 +129,23 @@ def verify_gpu(report: bytes, cert_chain: bytes, nonce: bytes, *, rims: Sequence
     failed = next((c for c in claims if c.ok is False), None)
     if failed is None:
         for c in claims.unchecked():
-            if c.name.endswith("-cert-chain") and policy.accept_ocsp_not_checked:
+            if c.name.endswith("-cert-chain"):
+                key, waived = "accept_ocsp_not_checked = true", policy.accept_ocsp_not_checked
+                remedy = "ask NVIDIA's OCSP service with --ocsp-url https://ocsp.ndis.nvidia.com"
+            elif c.name == "measres":
+                key, waived = "require_rims = false", not policy.require_rims
+                remedy = ("give the driver and VBIOS RIMs for the report's versions with --rim, or fetch them with "
+                          "--rim-url https://rim.attestation.nvidia.com")
+            elif c.name in {"hwmodel", "ueid", "oemid"}:  # information, nothing to check
                 continue
-            if c.name == "measres" and not policy.require_rims:
+            else:
+                failed = Claim(c.name, c.value, False, f"{c.detail} (not checked; the policy requires it)")
+                break
+            if waived:
+                claims.update(c.name, c.value, None, f"{c.detail}; accepted unchecked: the policy's {key}")
                 continue
-            if c.name in {"hwmodel", "ueid", "oemid"}:
-                continue
-            failed = Claim(c.name, c.value, False, f"{c.detail} (not checked; the policy requires it)")
+            failed = Claim(c.name, c.value, False, f"{c.detail} (not checked; the policy requires it: {remedy}, "
+                           f"or waive it with {key})")
             break
     ok = failed is None
     claims.add(OVERALL, ok, ok, "" if ok else f"first failure: {failed.name if failed else ''}")

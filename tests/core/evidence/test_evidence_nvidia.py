@@ -287,3 +287,20 @@ def test_pem_chain_given_as_hex_text_reads_the_same(sample: NvidiaSample) -> Non
     hexed = base64.b16encode(sample.chain)
     verdict = verify_gpu(sample.report, hexed, SAMPLE_NONCE, policy=REPORT_ONLY)
     assert verdict.ok
+
+
+def test_a_waived_check_says_which_policy_key_waived_it_and_a_required_one_what_to_do(sample: NvidiaSample) -> None:
+    """Auditor walk, session 15: offline, the chain's revocation is not checked; under the shipped policy the
+    verdict passed without saying that the policy waived it, and under a policy that requires it the refusal did
+    not say how to check it (--ocsp-url) or waive it."""
+    waived = verify_gpu(sample.report, sample.chain, SAMPLE_NONCE, policy=REPORT_ONLY)
+    chain = waived.claims[f"{P}-cert-chain"]
+    assert waived.ok and chain.ok is None and "accept_ocsp_not_checked = true" in chain.detail
+    assert "require_rims = false" in waived.claims["measres"].detail
+    strict = verify_gpu(sample.report, sample.chain, SAMPLE_NONCE,
+                        policy=GpuPolicy(require_rims=False, accept_ocsp_not_checked=False))
+    assert not strict.ok and strict.failed is not None and strict.failed.name == f"{P}-cert-chain"
+    assert "--ocsp-url" in strict.failed.detail and "accept_ocsp_not_checked" in strict.failed.detail
+    rims = verify_gpu(sample.report, sample.chain, SAMPLE_NONCE)  # the shipped policy, no RIM given
+    assert rims.failed is not None and rims.failed.name == "measres"
+    assert "--rim" in rims.failed.detail and "require_rims = false" in rims.failed.detail
