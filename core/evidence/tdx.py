@@ -62,7 +62,7 @@ class TdxVerdict:
             "rtmrs": list(self.rtmrs),
             "report_data": self.report_data,
             "td_attributes": self.td_attributes,
-            "debug": self.debug,
+            "debug": self.debug if self.td_attributes else None,  # None: no verified TD report to read it from
             "checks": self.checks,
             "not_checked": self.not_checked,
             "failed_claim": self.failed,

@@ -127,3 +127,10 @@ def test_tdx_json_names_the_time_and_the_collaterals_window() -> None:
     doc = json.loads(out.stdout)
     assert doc["verified_at"] == "2025-06-19T11:16:03Z"
     assert doc["collateral_valid"] == {"from": "2025-06-19T10:16:03Z", "to": "2025-07-19T10:16:03Z"}
+
+
+def test_an_unverified_tdx_quote_does_not_claim_a_debug_state() -> None:
+    """A quote refused before its TD report was verified said "debug": false: nothing was read to say so."""
+    refused = verify_tdx_quote(QUOTE, COLLATERAL, now=AT + 60 * 86400)  # expired collateral
+    assert refused.failed == "quote-verified" and refused.to_json()["debug"] is None
+    assert verify_tdx_quote(QUOTE, COLLATERAL, now=AT).to_json()["debug"] is False
