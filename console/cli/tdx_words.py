@@ -60,5 +60,5 @@ def tdx_reason_in_words(reason: str, *, at: int, collateral: bytes | str) -> str
         return f"{words}; verify at another time with --at UNIX_SECONDS"
     start, end = window
     inside = int(start.timestamp()) + 3600
-    return (f"{words}; the collateral is valid from {start:%Y-%m-%d %H:%M:%S} to {end:%Y-%m-%d %H:%M:%S} UTC: "
+    return (f"{words}; its TCB info is valid from {start:%Y-%m-%d %H:%M:%S} to {end:%Y-%m-%d %H:%M:%S} UTC: "
             f"verify at another time with --at (e.g. --at {inside}, {_date(inside)})")

@@ -63,3 +63,13 @@ def test_continuous_telemetry_without_a_device_says_so_once_and_waits() -> None:
         return
     assert out.stdout.count("no devices to show") == 1 and out.stdout.count("NVML not available") == 1
     assert "waiting: a sample every 0.1 s" in " ".join(out.stdout.split())
+
+
+def test_the_window_is_named_as_the_tcb_infos_not_the_whole_collaterals() -> None:
+    """Auditor walk, session 15: "collateral expired 2026-04-03 (a CRL's next update)" then "the collateral is valid
+    from 2025-06-19 to 2025-07-19" read as a contradiction: the window is the TCB info's, and it ended first."""
+    out = CliRunner().invoke(app, [*ARGS, "--at", "1795795842"])
+    assert out.exit_code == 3
+    words = " ".join(out.stderr.split())
+    assert "the collateral is valid from" not in words
+    assert "its TCB info is valid from 2025-06-19 10:16:03 to 2025-07-19 10:16:03 UTC" in words
