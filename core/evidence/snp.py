@@ -225,7 +225,8 @@ def verify_snp_report(report: bytes, vcek: bytes, *, product: str | None = None,
             return _refused("chip-id-match", f"the VCEK's hwID {hwid.hex()[:16]}... is not the report's chip id "
                             f"{parsed.chip_id.hex()[:16]}...", checks, **kw)
     checks["chip-id-match"] = True
-    skipped: dict[str, str] = {}
+    skipped = {"cert-chain-not-revoked": "AMD's CRL for the ASK and VCEK (KDS /vcek/v1/<product>/crl) is not "
+                                         "fetched or checked: a revoked VCEK or ASK passes"}
     if expected_report_data is None:
         skipped["report-data-match"] = REPORT_DATA_NOT_GIVEN
     elif why := report_data_mismatch(parsed.report_data, expected_report_data):

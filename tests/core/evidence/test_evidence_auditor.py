@@ -134,3 +134,8 @@ def test_an_unverified_tdx_quote_does_not_claim_a_debug_state() -> None:
     refused = verify_tdx_quote(QUOTE, COLLATERAL, now=AT + 60 * 86400)  # expired collateral
     assert refused.failed == "quote-verified" and refused.to_json()["debug"] is None
     assert verify_tdx_quote(QUOTE, COLLATERAL, now=AT).to_json()["debug"] is False
+
+
+def test_snp_revocation_is_named_as_not_checked() -> None:
+    """AMD's CRL for the ASK and VCEK is not fetched or checked: the verdict says so rather than nothing."""
+    assert "AMD's CRL" in verify_snp_report(REPORT, VCEK).not_checked["cert-chain-not-revoked"]
