@@ -108,8 +108,8 @@ def _llama_config(arch: str, raw: dict[str, Any]) -> LlamaConfig:
         raise ConfigError(f"{arch}: rotary scaling {kind!r} is not supported (default and llama3 are)")
     hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
     window = raw.get("sliding_window")
-    if arch == "qwen2" and not raw.get("use_sliding_window", False):
-        window = None
+    if arch == "qwen2":
+        window = _qwen2_window(raw)
     tie = raw.get("tie_word_embeddings", False)
     return LlamaConfig(
         arch=arch, vocab_size=int(raw["vocab_size"]), n_embd=hidden, n_layer=int(raw["num_hidden_layers"]),
@@ -119,6 +119,25 @@ def _llama_config(arch: str, raw: dict[str, Any]) -> LlamaConfig:
         rope_scaling=scaling, rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), tie_word_embeddings=bool(tie),
         attention_bias=bool(raw.get("attention_bias", False)), mlp_bias=bool(raw.get("mlp_bias", False)),
         sliding_window=None if window is None else int(window))
+
+
+def _qwen2_window(raw: dict[str, Any]) -> int | None:
+    """Qwen2's window, as transformers applies it: on the layers ``layer_types`` names ``sliding_attention``, by
+    default those from ``max_window_layers`` (28) on, and only with ``use_sliding_window``. This decoder has one
+    window for every layer or none, so a window on some layers only is refused by name."""
+    window = raw.get("sliding_window") if raw.get("use_sliding_window", False) else None
+    n_layer = int(raw["num_hidden_layers"])
+    kinds = raw.get("layer_types") or ["sliding_attention" if window is not None and i >= int(
+        raw.get("max_window_layers", 28)) else "full_attention" for i in range(n_layer)]
+    sliding = [i for i, kind in enumerate(kinds) if kind == "sliding_attention"]
+    if not sliding or window is None:
+        return None
+    if len(sliding) < n_layer:
+        raise ConfigError(f"qwen2: a sliding window on layers {sliding} of {n_layer} only (layer_types, "
+                          "max_window_layers) is not supported: this decoder slides the window on every layer or "
+                          "none (set max_window_layers to 0 or to num_hidden_layers, or use_sliding_window false, "
+                          "if that is the model you mean)")
+    return int(window)
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,7 +359,8 @@ def hf_config_json(config: ModelConfig) -> dict[str, Any]:
         if config.arch == "mistral":
             d["sliding_window"] = config.sliding_window
         if config.arch == "qwen2":
-            d.update(use_sliding_window=False, sliding_window=None)
+            window = config.sliding_window  # on every layer (the only Qwen2 window read: _qwen2_window)
+            d.update(use_sliding_window=window is not None, sliding_window=window, max_window_layers=0)
         return d
     return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": config.vocab_size,
             "n_positions": config.block_size, "n_embd": config.n_embd, "n_layer": config.n_layer,

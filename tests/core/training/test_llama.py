@@ -56,6 +56,9 @@ CASES = {
     "llama-tied": ("llama", {"tie_word_embeddings": True}),
     "qwen2": ("qwen2", {"tie_word_embeddings": True}),
     "mistral-window": ("mistral", {"num_key_value_heads": 1, "sliding_window": 8}),
+    # Qwen2's window is on the layers from max_window_layers on (default 28): none of these two, then both
+    "qwen2-window-no-layer": ("qwen2", {"use_sliding_window": True, "sliding_window": 8}),
+    "qwen2-window-every-layer": ("qwen2", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 0}),
     "gpt2": ("gpt2", {}),
 }
 
@@ -96,6 +99,25 @@ def test_another_architecture_is_refused_by_name(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["PhiForCausalLM"], "hidden_size": 64}))
     with pytest.raises(ConfigError, match="PhiForCausalLM.*not supported"):
         read_hf_config(tmp_path)
+
+
+def test_a_qwen2_window_on_some_layers_only_is_refused_by_name(tmp_path: Path) -> None:
+    """transformers slides the window on layers from ``max_window_layers`` on; one window for every layer would
+    silently train another model (practitioner's walk, session 15), so a mixed model is refused."""
+    hf_model("qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=1).save_pretrained(tmp_path)
+    with pytest.raises(ConfigError, match=r"qwen2: a sliding window on layers \[1\] of 2 only"):
+        read_hf_config(tmp_path)
+
+
+def test_a_qwen2_window_on_every_layer_exports_as_one(tmp_path: Path) -> None:
+    """``export --format hf``'s config.json keeps the window transformers then slides on every layer."""
+    from gputravel.core.training.hf import hf_config_json
+
+    hf_model("qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=0).save_pretrained(tmp_path)
+    config = read_hf_config(tmp_path)
+    assert isinstance(config, LlamaConfig) and config.sliding_window == 8
+    exported = transformers.Qwen2Config(**hf_config_json(config))
+    assert exported.sliding_window == 8 and exported.layer_types == ["sliding_attention"] * 2
 
 
 def test_nan_weights_are_a_named_weights_error(tmp_path: Path) -> None:
