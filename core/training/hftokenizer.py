@@ -24,10 +24,28 @@ __all__ = ["ModelTokenizer", "tokenizer_hash", "tokenize_holders"]
 _MAX_TOKENIZER_JSON = 64 << 20
 
 
+# a model's tokenizer in a form this project does not read: sentencepiece's (Llama 2, Mistral). A slow BPE's
+# vocab.json is not refused: a GPT-2 folder with it takes llm.c's GPT-2 shards, which that tokenizer made
+_OTHER_TOKENIZERS = ("tokenizer.model",)
+
+
 def tokenizer_hash(folder: Path) -> str | None:
-    """SHA-256 of ``folder/tokenizer.json``, or ``None`` when the folder has none (or is a file)."""
+    """SHA-256 of ``folder/tokenizer.json``, or ``None`` when the folder has no tokenizer at all (or is a file).
+
+    Raises:
+        ConfigError: the folder has a tokenizer only as sentencepiece's ``tokenizer.model``: ignoring it would
+            train the model on ids its own tokenizer never made."""
     path = Path(folder) / "tokenizer.json"
-    if not Path(folder).is_dir() or not path.is_file():
+    if not Path(folder).is_dir():
+        return None
+    if not path.is_file():
+        for other in _OTHER_TOKENIZERS:
+            if (Path(folder) / other).exists():
+                raise ConfigError(
+                    f"{folder} has its tokenizer as {other} but no tokenizer.json, the only form this project reads "
+                    "(the holders' data must be that tokenizer's ids): write one, e.g. with transformers "
+                    "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR), then tokenize the holders' text "
+                    "with data fetch --tokenizer DIR")
         return None
     if path.stat().st_size > _MAX_TOKENIZER_JSON:
         raise DataError(f"{path} is over {_MAX_TOKENIZER_JSON} bytes")

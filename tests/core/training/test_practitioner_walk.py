@@ -1,0 +1,47 @@
+"""A practitioner's walk through fine-tuning a Hugging Face folder (session 15): what a careful user tripped
+on, each fix's check. The Qwen2 window's tests are with the other architectures (test_llama.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gputravel.core.compose import resolve_holder_dirs
+from gputravel.core.errors import ConfigError
+from gputravel.core.training.hftokenizer import ModelTokenizer, tokenizer_hash
+from tests.helpers import small_settings, write_holders
+
+LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 32000, "hidden_size": 16,
+         "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 32, "max_position_embeddings": 64}
+
+
+def _folder(path: Path, config: dict[str, object], *files: str) -> Path:
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(config))
+    for name in files:
+        (path / name).write_bytes(b"\x0a\x03not")
+    return path
+
+
+@pytest.mark.parametrize("files", [("tokenizer.model",), ("tokenizer.model", "tokenizer_config.json")])
+def test_a_sentencepiece_tokenizer_is_refused_not_ignored(tmp_path: Path, files: tuple[str, ...]) -> None:
+    """A Llama 2 or Mistral folder with only sentencepiece's tokenizer.model took byte-level text as its ids:
+    the model trained on ids its tokenizer never made."""
+    model = _folder(tmp_path / "model", LLAMA, *files)
+    with pytest.raises(ConfigError, match=rf"{files[0]} but no tokenizer.json.*save_pretrained.*data fetch --tokenizer"):
+        tokenizer_hash(model)
+    with pytest.raises(ConfigError, match=rf"{files[0]} but no tokenizer.json"):
+        ModelTokenizer.load(model)
+    data = write_holders(tmp_path / "data", {"alice": 1, "bob": 2}, n_words=200)
+    with pytest.raises(ConfigError, match=rf"{files[0]} but no tokenizer.json"):
+        resolve_holder_dirs(small_settings(data, tmp_path / "out", init_from=model))
+
+
+def test_a_folder_with_no_tokenizer_at_all_still_takes_the_data_as_it_is(tmp_path: Path) -> None:
+    model = _folder(tmp_path / "model", LLAMA, "generation_config.json", "vocab.json", "merges.txt")
+    assert tokenizer_hash(model) is None
+    data = write_holders(tmp_path / "data", {"alice": 1, "bob": 2}, n_words=200)
+    assert [name for name, _ in resolve_holder_dirs(small_settings(data, tmp_path / "out", init_from=model))] == [
+        "alice", "bob"]
