@@ -74,6 +74,9 @@ def read_hf_config(folder: Path) -> ModelConfig:
         raise WeightsError(f"{folder}/config.json is not a JSON object")
     archs = raw.get("architectures") or []
     arch = archs[0] if isinstance(archs, list) and len(archs) == 1 else None
+    if not archs:
+        raise ConfigError(f"{folder}/config.json names no architectures (model_type {raw.get('model_type')!r}): "
+                          f"add \"architectures\": [\"...\"] naming its class, one of {', '.join(SUPPORTED)}")
     if arch not in SUPPORTED:
         raise ConfigError(f"{folder}: architecture {archs!r} is not supported; this reads "
                           f"{', '.join(SUPPORTED)}")
@@ -214,7 +217,10 @@ def _folder_tensors(folder: Path) -> dict[str, _Entry]:
     if single.exists():
         return check_safetensors(single).tensors
     if not index.exists():
-        raise WeightsError(f"{folder} holds neither model.safetensors nor model.safetensors.index.json")
+        pickled = sorted(p.name for p in folder.glob("pytorch_model*.bin"))
+        hint = (f" ({pickled[0]} is PyTorch's pickle, never read here: it can run code; save the model as "
+                "safetensors, e.g. transformers' save_pretrained(DIR), which writes model.safetensors)") if pickled else ""
+        raise WeightsError(f"{folder} holds neither model.safetensors nor model.safetensors.index.json{hint}")
     weight_map = _read_json(index, "shard index").get("weight_map")
     if not isinstance(weight_map, dict):
         raise WeightsError(f"{index} has no weight_map")

@@ -45,3 +45,21 @@ def test_a_folder_with_no_tokenizer_at_all_still_takes_the_data_as_it_is(tmp_pat
     data = write_holders(tmp_path / "data", {"alice": 1, "bob": 2}, n_words=200)
     assert [name for name, _ in resolve_holder_dirs(small_settings(data, tmp_path / "out", init_from=model))] == [
         "alice", "bob"]
+
+
+def test_a_folder_of_pytorch_model_bin_says_to_save_it_as_safetensors(tmp_path: Path) -> None:
+    from gputravel.core.errors import WeightsError
+    from gputravel.core.training.weights import read_weights
+
+    model = _folder(tmp_path / "model", LLAMA, "pytorch_model.bin")
+    with pytest.raises(WeightsError, match=r"neither model.safetensors.*pytorch_model.bin is PyTorch's pickle.*"
+                                           r"save_pretrained"):
+        read_weights(model)
+
+
+def test_a_config_without_architectures_says_what_to_add(tmp_path: Path) -> None:
+    from gputravel.core.training.hf import read_hf_config
+
+    model = _folder(tmp_path / "model", {k: v for k, v in LLAMA.items() if k != "architectures"})
+    with pytest.raises(ConfigError, match=r"names no architectures \(model_type 'llama'\): add \"architectures\""):
+        read_hf_config(model)
