@@ -63,3 +63,18 @@ def test_a_config_without_architectures_says_what_to_add(tmp_path: Path) -> None
     model = _folder(tmp_path / "model", {k: v for k, v in LLAMA.items() if k != "architectures"})
     with pytest.raises(ConfigError, match=r"names no architectures \(model_type 'llama'\): add \"architectures\""):
         read_hf_config(model)
+
+
+def test_export_help_names_the_hugging_face_formats() -> None:
+    """``gputravel --help`` and ``export --help`` said 'as llm.c's model file or GPT-2 safetensors' only, while
+    docs/models.md sends a Llama or LoRA run to ``export --format hf|peft``."""
+    from typer.testing import CliRunner
+
+    from gputravel.console.cli.main import app
+
+    for args in (["--help"], ["export", "--help"]):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0
+        text = " ".join(result.output.replace("│", " ").split())  # the help's box and wrapping undone
+        said = text[text.index("Write a run's model"):][:200]
+        assert "Hugging Face folder (hf, LoRA merged)" in said and "peft" in said, said
