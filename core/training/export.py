@@ -64,7 +64,10 @@ def _base_params(config: ModelConfig, settings: Mapping[str, Any], run_settings:
     """The frozen base of a LoRA run: its ``--init-from`` weights, or the seed's initial model."""
     init_from = run_settings.get("init_from")
     if init_from:
-
+        if not Path(init_from).exists():
+            raise DataError(f"the run's --init-from {init_from} is not there any more: --format hf merges the LoRA "
+                            "adapters into it; put it back where it was, or export the adapters alone with --format "
+                            "peft")
         base_config, params = read_weights(Path(init_from))
         if base_config != config:
             raise DataError(f"the run's --init-from {init_from} no longer holds the run's model")

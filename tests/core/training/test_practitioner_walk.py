@@ -78,3 +78,18 @@ def test_export_help_names_the_hugging_face_formats() -> None:
         text = " ".join(result.output.replace("│", " ").split())  # the help's box and wrapping undone
         said = text[text.index("Write a run's model"):][:200]
         assert "Hugging Face folder (hf, LoRA merged)" in said and "peft" in said, said
+
+
+def test_a_lora_hf_export_whose_base_moved_says_what_to_do(tmp_path: Path) -> None:
+    """It said 'cannot read weights file DIR: No such file or directory', not that the merge needs the run's
+    --init-from folder, nor that --format peft does not."""
+    from gputravel.core.errors import DataError
+    from gputravel.core.training.export import export_folder
+    from gputravel.core.training.llama import LlamaConfig
+
+    config = LlamaConfig(arch="llama", vocab_size=64, n_embd=16, n_layer=1, n_head=2, n_kv_head=2, head_dim=8,
+                         intermediate_size=32, block_size=32)
+    state = {"settings": {"steps_per_visit": 1, "batch_size": 1, "seq_len": 8, "lora_rank": 2}, "model": {}}
+    moved = tmp_path / "base"
+    with pytest.raises(DataError, match=rf"--init-from {moved} is not there any more.*--format peft"):
+        export_folder(state, {"init_from": str(moved)}, tmp_path / "out", fmt="hf", config=config)
