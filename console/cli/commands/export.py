@@ -54,8 +54,9 @@ def register(app: typer.Typer) -> None:
         runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Folder that holds the run folders.")] = RUNS_DIR,
         as_json: Annotated[bool, typer.Option("--json", help="Print what was written as JSON.")] = False,
     ) -> None:
-        """Write a run's model (its last sealed checkpoint): llm.c's file or GPT-2 safetensors, a Hugging Face folder
-        (hf, LoRA merged) or LoRA's adapters for peft."""
+        """Write a run's model (its last sealed checkpoint): llm.c, GPT-2 safetensors, a Hugging Face folder or peft.
+
+        The Hugging Face folder (hf) has LoRA merged; peft writes a LoRA run's adapters as a folder."""
         from gputravel.core.errors import ConfigError
         from gputravel.core.training.export import export_run
 

@@ -112,8 +112,7 @@ def authorize(
     config: ConfigOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Add one restricted authorized_keys line: restrict + a forced `holder serve` (+ loopback forwarding where
-    asked)."""
+    """Add one restricted authorized_keys line: restrict, a forced `holder serve`, loopback forwards if asked."""
     from gputravel.agents.holder.authorize import authorize as add
     from gputravel.agents.holder.config import HolderConfig, default_config_dir
 
