@@ -58,6 +58,7 @@ class SecureRingState:
         "ring",  # SecureRing: keys, nonce counters, buffers, stats
         "async_comm",  # reduce on a communication thread (True) or inside the hook (False)
         "_comm",  # the single communication thread (keeps DDP's bucket order)
+        "error",  # the last exception a reduce raised (DDP hands backward only its text; ``backward`` re-raises it)
     )
 
     def __init__(
@@ -68,7 +69,7 @@ class SecureRingState:
         identity: DeviceIdentity | None = None,
         root: x509.Certificate | None = None,
         crl: x509.CertificateRevocationList | None = None,
-        vendor_dir: Path | None = None,
+        vendor_dir: Path | str | None = None,
         policy: Policy | None = None,
         keys: RingKeys | None = None,
         store: Store | None = None,
@@ -113,6 +114,7 @@ class SecureRingState:
                                fault=fault)
         self.async_comm = async_comm
         self._comm: ThreadPoolExecutor | None = None
+        self.error: BaseException | None = None
 
     @property
     def stats(self) -> dict[str, dict[str, float]]:
@@ -129,10 +131,29 @@ class SecureRingState:
         return f"SecureRingState(variant={self.variant.value}, world={self.world_size}, keys={self.ring.keys!r})"
 
     def reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Average ``tensor`` over the group in place with this state's variant."""
+        """Average ``tensor`` over the group in place with this state's variant (a failure is kept in ``error``)."""
         tensor.div_(self.world_size)
-        result: torch.Tensor = self.ring.all_reduce(tensor, self.variant)
+        try:
+            result: torch.Tensor = self.ring.all_reduce(tensor, self.variant)
+        except BaseException as exc:
+            self.error = exc
+            raise
         return result
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``, raising the ring's own error where the hook failed.
+
+        DDP turns a hook's exception into a ``RuntimeError`` that only quotes it ("Unable to cast TagError: ...
+        to Tensor"), so ``except TagError`` would never match; this raises the ``TagError``,
+        ``CollectiveAbortedError`` or ``CollectiveError`` itself (DDP's error as its cause)."""
+        self.error = None
+        try:
+            loss.backward()
+        except RuntimeError as exc:
+            failure, self.error = self.error, None
+            if failure is None:
+                raise
+            raise failure from exc
 
     def comm_thread(self) -> ThreadPoolExecutor:
         if self._comm is None:

@@ -14,7 +14,7 @@ from gputravel.core.collectives.crypto import Phase
 from gputravel.core.collectives.hook import SecureRingState, secure_ring_hook
 from gputravel.core.collectives.launch import WorkerContext, run_workers
 from gputravel.core.collectives.ring import RingFault, Variant, gloo_tls_available
-from gputravel.core.errors import ConfigError
+from gputravel.core.errors import CollectiveAbortedError, CollectiveError, ConfigError, TagError
 
 STEPS = 6
 
@@ -65,6 +65,30 @@ def tamper_worker(ctx: WorkerContext, vendor_dir: str) -> str:
     return "trained"
 
 
+def _named(exc: BaseException) -> str:
+    """The ring's error class this is an instance of (not a name found in its text)."""
+    for cls in (TagError, CollectiveAbortedError, CollectiveError):
+        if isinstance(exc, cls):
+            return cls.__name__
+    return f"other {type(exc).__name__}"
+
+
+def typed_tamper_worker(ctx: WorkerContext, vendor_dir: str) -> list[str]:
+    """The docs' loop with ``state.backward(loss)``: the ring's own error class, on every rank."""
+    fault = RingFault("flip", rank=0, phase=Phase.REDUCE_SCATTER, step=0, chunk=0)
+    state = SecureRingState(variant="secure_pipelined", vendor_dir=vendor_dir, fault=fault)  # a str, as the docs
+    model = DDP(_model(), init_sync=False, forward_sync_buffers=False)
+    model.register_comm_hook(state, secure_ring_hook)
+    loss = model(torch.randn(8, 32)).square().mean()
+    try:
+        state.backward(loss)
+    except Exception as exc:
+        return [_named(exc), type(exc.__cause__).__name__, str(state.error)]
+    finally:
+        state.close()
+    return ["trained"]
+
+
 def validation_worker(ctx: WorkerContext) -> list[str]:
     seen = []
     for kwargs in ({"variant": "secure_pipelined"}, {"variant": "ring", "chunk_bytes": 16},
@@ -104,3 +128,12 @@ def test_state_rejects_unknown_unavailable_and_invalid_settings() -> None:
     results = run_workers(validation_worker, 2, timeout=60)
     assert results[0][0].startswith("secure variants need keys")
     assert "chunk_bytes" in results[0][1] and "workers" in results[0][2]
+
+
+def test_tampered_hop_raises_the_rings_own_error_class_from_state_backward(tmp_path: Path) -> None:
+    """DDP reports a hook's failure as a RuntimeError quoting it; ``state.backward`` raises the ring's class."""
+    results = run_workers(typed_tamper_worker, 2, str(tmp_path), timeout=120)
+    assert results[1][:2] == ["TagError", "RuntimeError"]  # rank 0 seals to rank 1; DDP's error is the cause
+    assert results[0][:2] == ["CollectiveAbortedError", "RuntimeError"]
+    assert all(r[2] == "None" for r in results)  # taken: a later backward starts clean
+
