@@ -35,7 +35,7 @@ from gputravel.core.collectives.direct import run_direct
 from gputravel.core.collectives.keys import RingKeys
 from gputravel.core.collectives.parts import RingFault, RingPlan, RingStats, Wire
 from gputravel.core.collectives.secure_call import RingBuffers, SecureCall
-from gputravel.core.errors import CollectiveAbortedError, CollectiveError, ConfigError
+from gputravel.core.errors import CollectiveAbortedError, CollectiveError, ConfigError, GpuTravelError
 from gputravel.core.protocol import TagError
 
 __all__ = [
@@ -162,16 +162,25 @@ class SecureRing:
         variant = Variant(variant)
         stats = self.stats.setdefault(variant, RingStats())
         t0 = time.perf_counter()
-        if variant is Variant.NOOP or self.world == 1 or tensor.numel() == 0:
-            pass
-        elif variant is Variant.PLAIN:
-            dist.all_reduce(tensor, group=self.group)
-            stats.wire_s += time.perf_counter() - t0
-        elif variant is Variant.GLOO_TLS:
-            dist.all_reduce(tensor, group=self._gloo_tls())
-            stats.wire_s += time.perf_counter() - t0
-        else:
-            self._ring(tensor, variant, stats)
+        try:
+            if variant is Variant.NOOP or self.world == 1 or tensor.numel() == 0:
+                pass
+            elif variant is Variant.PLAIN:
+                dist.all_reduce(tensor, group=self.group)
+                stats.wire_s += time.perf_counter() - t0
+            elif variant is Variant.GLOO_TLS:
+                dist.all_reduce(tensor, group=self._gloo_tls())
+                stats.wire_s += time.perf_counter() - t0
+            else:
+                self._ring(tensor, variant, stats)
+        except GpuTravelError:
+            raise
+        except RuntimeError as exc:  # the process group's own failure: a peer's socket closed, or its timeout
+            tensor.zero_()
+            raise CollectiveError(
+                f"rank {self.rank}: the {variant.value} all-reduce lost its link: "
+                f"{str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__}; a peer rank died or was "
+                "stopped (see the other ranks' output); nothing of this call was applied") from exc
         stats.calls += 1
         stats.wall_s += time.perf_counter() - t0
         return tensor

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -14,7 +16,7 @@ from gputravel.core.collectives.crypto import Phase
 from gputravel.core.collectives.hook import SecureRingState, secure_ring_hook
 from gputravel.core.collectives.launch import WorkerContext, run_workers
 from gputravel.core.collectives.ring import RingFault, Variant, gloo_tls_available
-from gputravel.core.errors import CollectiveAbortedError, CollectiveError, ConfigError, TagError
+from gputravel.core.errors import CollectiveAbortedError, CollectiveError, ConfigError, TagError, WorkerError
 
 STEPS = 6
 
@@ -89,6 +91,27 @@ def typed_tamper_worker(ctx: WorkerContext, vendor_dir: str) -> list[str]:
     return ["trained"]
 
 
+def killed_peer_worker(ctx: WorkerContext, vendor_dir: str) -> None:
+    """Rank 1 is killed before its third step; rank 0 reports what its backward raised, then stops. (Not the
+    second: DDP's own first-iteration bucket rebuild, in forward, is DDP's plain gloo call, not the ring.)"""
+    state = SecureRingState(variant="secure_pipelined", vendor_dir=vendor_dir)
+    model = DDP(_model(), init_sync=False, forward_sync_buffers=False)
+    model.register_comm_hook(state, secure_ring_hook)
+    for step in range(3):
+        if step == 2 and ctx.rank == 1:
+            os._exit(9)  # a rank killed mid-training (SIGKILL, the OOM killer): no exception, its sockets close
+        loss = model(torch.randn(8, 32)).square().mean()
+        try:
+            state.backward(loss)
+        except Exception as exc:
+            ctx.report([_named(exc), str(exc)])
+            return
+        finally:
+            if step == 2:
+                state.close()
+    ctx.report(["trained"])
+
+
 def validation_worker(ctx: WorkerContext) -> list[str]:
     seen = []
     for kwargs in ({"variant": "secure_pipelined"}, {"variant": "ring", "chunk_bytes": 16},
@@ -137,3 +160,14 @@ def test_tampered_hop_raises_the_rings_own_error_class_from_state_backward(tmp_p
     assert results[0][:2] == ["CollectiveAbortedError", "RuntimeError"]
     assert all(r[2] == "None" for r in results)  # taken: a later backward starts clean
 
+
+def test_a_rank_killed_mid_training_stops_the_other_with_a_named_collective_error(tmp_path: Path) -> None:
+    seen: dict[int, Any] = {}
+    with pytest.raises(WorkerError) as info:  # rank 1 died; rank 0 reported what it saw
+        run_workers(killed_peer_worker, 2, str(tmp_path), timeout=120,
+                    on_progress=lambda rank, payload: seen.setdefault(rank, payload))
+    assert info.value.errors[1] == ("ProcessDied", "exit code 9"), info.value
+    assert 0 in seen, str(info.value)
+    kind, text = seen[0]
+    assert kind == "CollectiveError", text
+    assert "rank 0: the secure_pipelined all-reduce lost its link" in text and "a peer rank died" in text
