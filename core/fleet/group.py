@@ -79,7 +79,12 @@ class FleetGroup:
             padded[: len(mine)] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
             self._dist.all_gather(out, padded)
         except RuntimeError as exc:
-            raise CollectiveError(f"the fleet's worker group failed: {str(exc).splitlines()[0]}") from None
+            said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise CollectiveError(
+                f"the fleet's worker group failed on rank {self.rank}: {said}"
+                ": another rank's worker or its node died or was stopped (its node's output names it); every rank's "
+                "last sealed checkpoint is the last step all completed: run the same command with --resume on every "
+                "node, each with its own --out, to go on") from None
         values = []
         for r, (t, n) in enumerate(zip(out, lengths, strict=True)):
             try:
