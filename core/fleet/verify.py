@@ -18,8 +18,24 @@ __all__ = ["rank_ledgers", "verify_fleet", "verify_fleet_ledger"]
 
 def verify_fleet(out: Path) -> VerifyResult:
     """Prove a whole fleet run from its folder: the fleet ledger's chain, and every rank ledger's chain there
-    against every head the fleet ledger recorded for it (so a rank ledger cut short or rewritten is found too)."""
+    against every head the fleet ledger recorded for it (so a rank ledger cut short or rewritten is found too).
+
+    Raises:
+        ConfigError: no fleet ledger in the folder: a node's folder without rank 0 (the fleet ledger is on rank
+            0's node), or rank 0's before it wrote one. Nothing is broken there, so no verdict (exit 2).
+    """
     folder = RunFolder(out)
+    if not folder.ledger.exists():
+        here = [gpu for gpu, _ in folder.ranks()]
+        ranks = ", ".join(str(g) for g in here) or "none"
+        if 0 in here:
+            raise ConfigError(f"{out}: no fleet ledger here (rank(s) {ranks} ran here): the run stopped before rank 0 "
+                              f"wrote it; `gputravel run --resume --out {out}` goes on, or check one rank with "
+                              f"`gputravel ledger verify {out}/rank-R/ledger.db`")
+        raise ConfigError(f"{out}: no fleet ledger here: this node's folder holds rank(s) {ranks}, and the fleet "
+                          f"ledger is kept on rank 0's node. Check the whole fleet there with `gputravel ledger "
+                          f"verify RANK0_NODE_FOLDER --rank-ledgers {out}` (this folder or a copy), or one rank here "
+                          f"with `gputravel ledger verify {out}/rank-R/ledger.db`")
     return verify_fleet_ledger(folder.ledger, [(gpu, rank.ledger) for gpu, rank in folder.ranks()
                                                if rank.ledger.exists()])
 
