@@ -148,7 +148,7 @@ class SecureRingState:
         ``CollectiveAbortedError`` or ``CollectiveError`` itself (DDP's error as its cause)."""
         self.error = None
         try:
-            loss.backward()
+            torch.autograd.backward(loss)
         except RuntimeError as exc:
             failure, self.error = self.error, None
             if failure is None:
