@@ -100,14 +100,15 @@ class PhaseWalk:
                 nbytes, detail = await step(v)
                 self._done(rec, phase, t, nbytes=nbytes, detail=detail)
             if not e.ckpts.owns(rec):  # committed here (a fleet step's checkpoint), else when it is durable
+                # no checkpoint_seq here: a fleet's checkpoints are named by its step and become the run's only
+                # once the step is agreed (its fleet-step row says so); a peer lost before that leaves the last
+                # agreed one, which --resume must find in the state (session 15); no digest of another checkpoint
                 e.audit.row("visit-completed", holder=plan.holder, epoch=rec.epoch, key_fp=rec.key_fingerprint,
                             nbytes=rec.bytes, duration_s=sum(rec.phase_s.values()), outcome="ok",
                             detail={"visit": plan.index, "part": plan.part_id},
                             state={"visits_done": [r.plan.index for r in e.walk.records
                                                    if r.outcome.startswith("done")],
-                                   "epoch": e.device.epoch, "checkpoint_seq": plan.index + 1,
-                                   "checkpoint_digest": e.ckpts.digests.get(plan.index + 1),
-                                   "steps": e.log.step_count})
+                                   "epoch": e.device.epoch, "checkpoint_digest": None, "steps": e.log.step_count})
             e.walk.phase = Phase.DONE
             e.audit.emit(ev.VisitCompleted(time.time(), plan.index, plan.holder, rec.epoch, rec.summary()))
         except CancelledRunError as exc:

@@ -132,6 +132,20 @@ def test_a_device_lost_for_good_stops_the_fleet_resumably(data: Path, tmp_path: 
 
 
 @pytest.mark.slow
+def test_a_device_lost_after_the_step_all_reduce_leaves_every_rank_resumable(data: Path, tmp_path: Path) -> None:
+    """Rank 1's device dies at SCRUB of step 0, after the all-reduce: rank 0 completed its visit (its ROTATE wrote
+    its checkpoint), but the step was never agreed, so neither rank's progress may name that checkpoint
+    (session 15: rank 0's state named visit 0's number and `--resume` refused its honest ledger, exit 8)."""
+    out = tmp_path / "lost-late"
+    with pytest.raises(FleetDeviceLostError):
+        launch_gpus(fleet_settings(data, out, fault="kill-device@SCRUB:1"), FleetOptions(gpus=2, timeout_s=120),
+                    quiet=True)
+    resumed = launch_gpus(fleet_settings(data, out, resume=True), FleetOptions(gpus=2, timeout_s=120), quiet=True)
+    assert resumed["fleet"]["replica_digests_equal"] is True
+    assert {v["visit"] for v in resumed["visits"] if v["outcome"] == "done"} == {0, 1, 2}
+
+
+@pytest.mark.slow
 def test_console_gpus_follows_every_gpu_while_the_fleet_runs(data: Path, tmp_path: Path) -> None:
     from gputravel.console.tui.fleet_console import watch_fleet
     from gputravel.console.tui.fleet_view import FleetRecording
