@@ -47,8 +47,7 @@ COMMAND_SUMMARIES = {
     "replay": "Print a recorded run: every event and telemetry frame, and the state it ends in.",
     "plan": "Predict per-visit and whole-run transfer and training time for both data paths.",
     "runs": "Runs under runs/: list, show, follow the log, stop, resume or step a paused one.",
-    "export": "Write a run's model (its last sealed checkpoint): llm.c's file or GPT-2 safetensors, a Hugging Face "
-              "folder (hf, LoRA merged) or LoRA's adapters for peft.",
+    "export": "Write a run's model: llm.c, GPT-2 safetensors, a Hugging Face folder (hf, LoRA merged) or peft.",
     "evidence": "Collateral for offline attestation: fetch what evidence needs and bundle it for an air-gapped holder.",
     "fleet": "A fleet over several nodes (docs/fleet.md).",
     "holder": "A data holder's own side: its configuration, restricted key and receipts.",

@@ -54,9 +54,10 @@ def register(app: typer.Typer) -> None:
         runs_dir: Annotated[Path, typer.Option("--runs-dir", help="Folder that holds the run folders.")] = RUNS_DIR,
         as_json: Annotated[bool, typer.Option("--json", help="Print what was written as JSON.")] = False,
     ) -> None:
-        """Write a run's model (its last sealed checkpoint): llm.c, GPT-2 safetensors, a Hugging Face folder or peft.
+        """Write a run's model: llm.c, GPT-2 safetensors, a Hugging Face folder (hf, LoRA merged) or peft.
 
-        The Hugging Face folder (hf) has LoRA merged; peft writes a LoRA run's adapters as a folder."""
+        The run's last sealed checkpoint: llm.c's model file, GPT-2's safetensors names, a Hugging Face folder with
+        LoRA merged, or a LoRA run's adapters as a folder for peft."""
         from gputravel.core.errors import ConfigError
         from gputravel.core.training.export import export_run
 
