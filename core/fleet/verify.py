@@ -28,14 +28,15 @@ def verify_fleet(out: Path) -> VerifyResult:
     if not folder.ledger.exists():
         here = [gpu for gpu, _ in folder.ranks()]
         ranks = ", ".join(str(g) for g in here) or "none"
+        one = folder.rank(here[0] if here else 0).ledger  # a rank's own ledger, as RunFolder names it
         if 0 in here:
             raise ConfigError(f"{out}: no fleet ledger here (rank(s) {ranks} ran here): the run stopped before rank 0 "
                               f"wrote it; `gputravel run --resume --out {out}` goes on, or check one rank with "
-                              f"`gputravel ledger verify {out}/rank-R/ledger.db`")
+                              f"`gputravel ledger verify {one}`")
         raise ConfigError(f"{out}: no fleet ledger here: this node's folder holds rank(s) {ranks}, and the fleet "
                           f"ledger is kept on rank 0's node. Check the whole fleet there with `gputravel ledger "
                           f"verify RANK0_NODE_FOLDER --rank-ledgers {out}` (this folder or a copy), or one rank here "
-                          f"with `gputravel ledger verify {out}/rank-R/ledger.db`")
+                          f"with `gputravel ledger verify {one}`")
     return verify_fleet_ledger(folder.ledger, [(gpu, rank.ledger) for gpu, rank in folder.ranks()
                                                if rank.ledger.exists()])
 

@@ -33,4 +33,4 @@ def test_a_node_folder_without_the_fleet_ledger_is_exit_2_saying_where_it_is(tmp
     assert result.exit_code == 2, result.output  # not 8: no chain was found broken
     error = json.loads(result.stdout)["error"]
     assert error["code"] == "config" and error["type"] == "ConfigError"
-    assert says in error["message"] and "rank-R/ledger.db" in error["message"]
+    assert says in error["message"] and f"ledger verify {node / f'rank-{ranks[0]}' / 'ledger.db'}`" in error["message"]
