@@ -164,11 +164,13 @@ async def test_a_hostile_holder_harassing_the_others_windows_charges_them_nothin
             await asyncio.sleep(0.2)
 
     attempts = [json.loads(line) for line in (work / "harass.jsonl").read_text().splitlines()]
-    # the attack went on through the honest holders' windows of round 2 (after mallory's first hand-off)
+    # the attack went on through the honest holders' windows of round 2 (after mallory's first hand-off). How many
+    # attempts fit in one window is the machine's speed (each is a round trip to the device, a window a few tens of
+    # ms): dozens on a quiet machine, 4 in a whole-suite run at load 2-4 (session 15), so the floor is two
     for holder, visit in (("alice", 3), ("bob", 4)):
         start, end = windows[(holder, visit)]
         during = [a for a in attempts if start <= a["t"] <= end]
-        assert len(during) >= 5, f"only {len(during)} attempts in {holder}'s window"
+        assert len(during) >= 2, f"only {len(during)} attempts in {holder}'s window"
     # every attempt refused (an ERROR frame or the connection cut), but mallory's own credential while her own
     # window was still open (the thread starts at her hand-off): that one is hers to use, in her budget
     own = windows[("mallory", 2)]
