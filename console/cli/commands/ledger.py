@@ -28,7 +28,7 @@ from gputravel.core.ledger import (
     verify_ledger,
     witnessed_heads,
 )
-from gputravel.core.runfolder import RUN_ADDRESS_HELP, RunAddress, resolve_run
+from gputravel.core.runfolder import RUN_ADDRESS_HELP, RUNS_DIR, RunAddress, resolve_run
 
 ledger_app = typer.Typer(help="Verify and inspect the hash-chained audit ledger.", no_args_is_help=True)
 
@@ -154,10 +154,16 @@ def ledger_address(given: str) -> RunAddress:
     try:
         address = resolve_run(given)
     except ConfigError as exc:
-        if not Path(given).expanduser().exists():
-            raise ConfigError(f"no ledger or run {given!r}: {Path(given).expanduser().absolute()} does not exist "
-                              f"and {exc.reason}") from None
-        address = RunAddress(given, None, Path(given))
+        path = Path(given).expanduser()
+        if path.exists():
+            address = RunAddress(given, None, path)
+        elif exc.reason.startswith("no run "):  # one sentence for both readings: the path, and the run's name
+            under = "" if "/" in given else f" and no run {given!r} under {RUNS_DIR}/"
+            raise ConfigError(f"no ledger or run {given!r}: {path.absolute()} does not exist{under} (a ledger "
+                              "file, a run folder, a recording, or a run's name: gputravel runs ls lists them)"
+                              ) from None
+        else:  # an ambiguous name, no latest run: the resolver's own words
+            raise
     if not (address.fleet and address.file is None) and not address.ledger.exists():
         raise ConfigError(f"{address.ledger}: no ledger there (the run did not write one)")
     return address

@@ -329,6 +329,16 @@ def test_a_ledger_or_run_that_is_not_there_is_bad_input_naming_the_path(tmp_path
         assert result.exit_code == 2, result.output
         message = json.loads(result.stdout)["error"]["message"]
         assert str(tmp_path / "nosuch") in message and "no ledger or run 'nosuch'" in message
+        assert message.count("does not exist") == 1, message  # one sentence, not the resolver's again
+    missing = tmp_path / "gone" / "x.db"  # a path: named once, with no "under runs/" reading
+    message = json.loads(cli("ledger", "verify", str(missing), "--json", cwd=tmp_path).stdout)["error"]["message"]
+    assert message.count(str(missing)) == 2 and message.count("does not exist") == 1, message
+    (tmp_path / "runs" / "run-a1").mkdir(parents=True)  # an ambiguous name keeps the resolver's words
+    (tmp_path / "runs" / "run-a2").mkdir()
+    for name in ("run-a1", "run-a2"):
+        (tmp_path / "runs" / name / "settings.json").write_text("{}")
+    ambiguous = cli("ledger", "verify", "run-a", "--json", cwd=tmp_path)
+    assert ambiguous.exit_code == 2 and "ambiguous: run-a1, run-a2" in ambiguous.stdout, ambiguous.output
     (tmp_path / "runs" / "run-empty").mkdir(parents=True)
     (tmp_path / "runs" / "run-empty" / "settings.json").write_text("{}")
     result = cli("ledger", "verify", "run-empty", cwd=tmp_path)
