@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import json
 import os
 import random
 import socket
@@ -22,9 +23,13 @@ from types import ModuleType
 from typing import Any, TextIO
 
 from gputravel.console.entries import ENTRIES
+from gputravel.core import events as ev
 from gputravel.core.api import build_engine
 from gputravel.core.config import RunSettings
+from gputravel.core.recording import Recorder
+from gputravel.core.runfolder import RunFolder
 from gputravel.core.travel.engine import TravelEngine
+from gputravel.core.travel.report import RunReport
 
 #: The tests folder, the repository root, and the shared files beside the test folders.
 TESTS_DIR = Path(__file__).resolve().parent
@@ -96,6 +101,42 @@ async def started(settings: RunSettings, links: list[Any] | None = None) -> Asyn
         yield engine
     finally:
         await engine.aclose()
+
+
+@contextlib.asynccontextmanager
+async def running(engine: TravelEngine) -> AsyncIterator[asyncio.Task[RunReport]]:
+    """``engine.run()`` as a task the test steers (pause, step, resume) and awaits; on the way out a run still
+    going (a failed assertion, a timeout) is cancelled and awaited, so no test leaves it running."""
+    task = asyncio.create_task(engine.run())
+    try:
+        yield task
+    finally:
+        if not task.done():
+            engine.control.cancel()
+            with contextlib.suppress(Exception):
+                await task
+
+
+def recorded_run(folder: Path, *final: ev.Event, run_id: str = "rec00001") -> Path:
+    """A run folder with no process behind it, for what a console attached to it writes and shows: its recording
+    has the device attested, a run for alice started and her first visit's TRAIN begun, then ``final`` (nothing: a
+    run still in TRAIN; a ``RunCompleted`` / ``RunFailed`` of ``run_id``: a run that has ended)."""
+    folder.mkdir(mode=0o700)
+    rec = Recorder(RunFolder(folder).recording, meta={"settings": {"holders": 1}})
+    rec(ev.DeviceAttested(1000.0, "emu-gpu-0", True, {"nonce": True}, True))
+    rec(ev.RunStarted(1000.1, run_id, {"kind": "emulated", "sim": True, "device": "cpu", "notes": []},
+                      ("alice",), 1))
+    rec(ev.PhaseStarted(1000.2, 0, "alice", "TRAIN", 1))
+    for event in final:
+        rec(event)
+    rec.close()
+    return folder
+
+
+def control_lines(folder: Path) -> list[dict[str, Any]]:
+    """The requests written to a run folder's control channel (``control.jsonl``), oldest first."""
+    path = RunFolder(folder).control
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 #: The ``holder_data`` fixture's type (conftest.py): ``holder_data(seeds, words, n_words, name=..., ...) -> Path``.

@@ -9,11 +9,10 @@ recording and channel (no process behind it: what is checked is what the console
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from helpers import until
+from helpers import control_lines, recorded_run, until
 
 from gputravel.console.tui.app import GpuTravelConsole, make_app
 from gputravel.console.tui.attach_bridge import AttachedBridge
@@ -23,22 +22,8 @@ from gputravel.core.runfolder import RunFolder
 from gputravel.core.telemetry import GpuSample, NvmlStatus, TelemetryFrame
 
 
-def ended_run(folder: Path, final: ev.Event) -> Path:
-    """A run folder whose recording ends with ``final`` after its first visit's TRAIN."""
-    folder.mkdir(mode=0o700)
-    rec = Recorder(RunFolder(folder).recording, meta={"settings": {"holders": 1}})
-    rec(ev.DeviceAttested(1000.0, "emu-gpu-0", True, {"nonce": True}, True))
-    rec(ev.RunStarted(1000.1, "ended001", {"kind": "emulated", "sim": True, "device": "cpu", "notes": []},
-                      ("alice",), 1))
-    rec(ev.PhaseStarted(1000.2, 0, "alice", "TRAIN", 1))
-    rec(final)
-    rec.close()
-    return folder
-
-
 def actions(folder: Path) -> list[str]:
-    path = RunFolder(folder).control
-    return [str(json.loads(line)["action"]) for line in path.read_text().splitlines()] if path.exists() else []
+    return [str(line["action"]) for line in control_lines(folder)]
 
 
 def notices(app: GpuTravelConsole) -> list[str]:
@@ -51,7 +36,7 @@ def notices(app: GpuTravelConsole) -> list[str]:
 ])
 async def test_the_keys_of_an_attached_run_that_has_ended_say_so_and_write_nothing(
         tmp_path: Path, final: ev.Event, status: str) -> None:
-    folder = ended_run(tmp_path / "run", final)
+    folder = recorded_run(tmp_path / "run", final, run_id="ended001")
     app = make_app(replay=RunFolder(folder).recording, follow=True, attach=folder)
     async with app.run_test(size=(80, 24)) as pilot:
         bridge = app.bridge

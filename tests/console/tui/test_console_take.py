@@ -6,40 +6,21 @@ and shows); and a run the console starts that refuses its input (a real ``gputra
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from helpers import until
+from helpers import control_lines as lines
+from helpers import recorded_run, until
 
 from gputravel.console.cli.launch import Launcher
 from gputravel.console.tui.app import make_app
 from gputravel.console.tui.attach_bridge import AttachedBridge
 from gputravel.console.tui.screens.confirm import QuitScreen
-from gputravel.core import events as ev
-from gputravel.core.recording import Recorder
 from gputravel.core.runfolder import RunFolder
 
 
-def running_run(folder: Path) -> Path:
-    """A run folder whose recording stops in TRAIN of its first visit (the run has not ended)."""
-    folder.mkdir(mode=0o700)
-    rec = Recorder(RunFolder(folder).recording, meta={"settings": {"holders": 1}})
-    rec(ev.DeviceAttested(1000.0, "emu-gpu-0", True, {"nonce": True}, True))
-    rec(ev.RunStarted(1000.1, "take0001", {"kind": "emulated", "sim": True, "device": "cpu", "notes": []},
-                      ("alice",), 1))
-    rec(ev.PhaseStarted(1000.2, 0, "alice", "TRAIN", 1))
-    rec.close()
-    return folder
-
-
-def lines(folder: Path) -> list[dict[str, object]]:
-    path = RunFolder(folder).control
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
 async def test_a_second_console_watches_until_it_takes_control_and_the_first_sees_it(tmp_path: Path) -> None:
-    folder = running_run(tmp_path / "run")
+    folder = recorded_run(tmp_path / "run", run_id="take0001")
     first = make_app(replay=RunFolder(folder).recording, follow=True, attach=folder)
     async with first.run_test(size=(120, 40)) as p1:
         one = first.bridge
@@ -66,7 +47,7 @@ async def test_a_second_console_watches_until_it_takes_control_and_the_first_see
 
 
 async def test_q_on_a_steered_run_asks_detach_cancel_or_stay(tmp_path: Path) -> None:
-    folder = running_run(tmp_path / "run")
+    folder = recorded_run(tmp_path / "run", run_id="take0001")
     app = make_app(replay=RunFolder(folder).recording, follow=True, attach=folder)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("q")

@@ -7,7 +7,6 @@ so the whole file stays well under a minute or two on a 2-core machine.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import sys
 from collections import Counter
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import WORDS, small_settings, started, write_holder
+from helpers import WORDS, running, small_settings, started, write_holder
 
 from gputravel.console.cli import main as cli
 from gputravel.console.entries import ENTRIES
@@ -330,8 +329,7 @@ async def test_breakpoint_step_and_resume(data_root: Path, tmp_path: Path) -> No
     out = tmp_path / "run"
     async with started(small(data_root, out, breakpoints=("HANDOFF",))) as engine:
         q = engine.subscribe()
-        task = asyncio.create_task(engine.run())
-        try:
+        async with running(engine) as task:
             paused = await next_event(q, ev.RunPaused)
             assert (paused.reason, paused.next_phase) == ("breakpoint", "HANDOFF")
             assert engine.control.paused and engine.control.paused_at == Phase.HANDOFF
@@ -354,11 +352,6 @@ async def test_breakpoint_step_and_resume(data_root: Path, tmp_path: Path) -> No
             assert engine.control.toggle_breakpoint(Phase.HANDOFF) is False  # cleared
             engine.control.resume()
             report = (await asyncio.wait_for(task, 60)).to_json()
-        finally:
-            if not task.done():
-                engine.control.cancel()
-                with contextlib.suppress(Exception):
-                    await task
     assert [v["outcome"] for v in report["visits"]] == ["done", "done"]
     assert report["ledger"]["verified"]
 

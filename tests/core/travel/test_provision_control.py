@@ -5,12 +5,11 @@ the window's provisioning keys (no holder key is live while paused), then the vi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import started, write_holder
+from helpers import running, started, write_holder
 
 from gputravel.core import events as ev
 from gputravel.core.config import RunSettings
@@ -83,8 +82,7 @@ async def test_pause_mid_provision_lands_between_keys_then_resumes(data_root: Pa
                 engine.control.pause()
 
         engine.bus.sinks.append(pause_at_first_progress)
-        task = asyncio.create_task(engine.run())
-        try:
+        async with running(engine) as task:
             seen: list[ev.Event] = []
             async with asyncio.timeout(120):
                 while not isinstance(seen[-1:] and seen[-1], ev.RunPaused):
@@ -104,11 +102,6 @@ async def test_pause_mid_provision_lands_between_keys_then_resumes(data_root: Pa
             assert not any(isinstance(e, ev.ProvisionProgressed) for e in _drain(q))
             engine.control.resume()
             report = (await asyncio.wait_for(task, 120)).to_json()
-        finally:
-            if not task.done():
-                engine.control.cancel()
-                with contextlib.suppress(Exception):
-                    await task
     assert [v["outcome"] for v in report["visits"]] == ["done", "done"]
     assert report["ledger"]["verified"]
 
@@ -123,8 +116,7 @@ async def test_a_pause_before_provision_is_not_counted_in_the_visits_transfer(tm
                            buffer_mib=1, data_dir=data, out_dir=tmp_path / "run", breakpoints=("PROVISION",))
     async with started(settings) as engine:
         q = engine.subscribe()
-        task = asyncio.create_task(engine.run())
-        try:
+        async with running(engine) as task:
             seen: list[ev.Event] = []
             async with asyncio.timeout(120):
                 while not isinstance(seen[-1:] and seen[-1], ev.RunPaused):
@@ -133,11 +125,6 @@ async def test_a_pause_before_provision_is_not_counted_in_the_visits_transfer(tm
             await asyncio.sleep(2.0)  # the operator reads the screen
             engine.control.resume()
             report = (await asyncio.wait_for(task, 120)).to_json()
-        finally:
-            if not task.done():
-                engine.control.cancel()
-                with contextlib.suppress(Exception):
-                    await task
     (visit,) = report["visits"]
     assert visit["outcome"] == "done" and visit["bytes"] > 0
     assert engine.control.paused_ns >= 2_000_000_000

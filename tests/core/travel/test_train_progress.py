@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import small_settings, started
+from helpers import running, small_settings, started
 
 from gputravel.console.cli import main as cli
 from gputravel.core import events as ev
@@ -146,8 +146,7 @@ async def test_pause_mid_train_pauses_after_the_current_step_then_resumes(data_r
                 engine.control.pause()
 
         engine.bus.sinks.append(pause_at_step_4)
-        task = asyncio.create_task(engine.run())
-        try:
+        async with running(engine) as task:
             asked = await next_event(q, ev.ControlRequested)
             paused = await next_event(q, ev.RunPaused)
             assert (asked.action, asked.phase) == ("pause", "TRAIN")
@@ -159,11 +158,6 @@ async def test_pause_mid_train_pauses_after_the_current_step_then_resumes(data_r
             assert not any(isinstance(e, ev.TrainingProgressed) for e in drain(q))
             engine.control.resume()
             report = (await asyncio.wait_for(task, 120)).to_json()
-        finally:
-            if not task.done():
-                engine.control.cancel()
-                with contextlib.suppress(Exception):
-                    await task
     assert [v["outcome"] for v in report["visits"]] == ["done", "done"]
     assert report["training"]["steps"] == 24 and report["ledger"]["verified"]
 
@@ -176,8 +170,7 @@ async def test_step_from_a_mid_train_pause_finishes_the_phase_and_pauses_before_
         q = engine.subscribe()
         engine.bus.sinks.append(lambda e: engine.control.pause()
                             if isinstance(e, ev.TrainingProgressed) and e.visit == 0 and e.step == 2 else None)
-        task = asyncio.create_task(engine.run())
-        try:
+        async with running(engine) as task:
             paused = await next_event(q, ev.RunPaused)
             assert paused.within == "TRAIN 2/6"
             engine.control.step()  # the rest of TRAIN is the step
@@ -186,11 +179,6 @@ async def test_step_from_a_mid_train_pause_finishes_the_phase_and_pauses_before_
             assert len(engine.walk.records[0].losses) == 6
             engine.control.resume()
             report = (await asyncio.wait_for(task, 120)).to_json()
-        finally:
-            if not task.done():
-                engine.control.cancel()
-                with contextlib.suppress(Exception):
-                    await task
     assert [v["outcome"] for v in report["visits"]] == ["done", "done"]
 
 
