@@ -24,28 +24,55 @@ __all__ = ["ModelTokenizer", "tokenizer_hash", "tokenize_holders"]
 _MAX_TOKENIZER_JSON = 64 << 20
 
 
-# a model's tokenizer in a form this project does not read: sentencepiece's (Llama 2, Mistral). A slow BPE's
-# vocab.json is not refused: a GPT-2 folder with it takes llm.c's GPT-2 shards, which that tokenizer made
+# a model's tokenizer in a form this project does not read: sentencepiece's (Llama 2, Mistral), and a slow BPE's
+# vocab.json + merges.txt in a folder that is not GPT-2's (a GPT-2 folder with them takes llm.c's GPT-2 shards,
+# which that tokenizer made; any other model's would train on byte-level text as its ids)
 _OTHER_TOKENIZERS = ("tokenizer.model",)
+_SLOW_BPE = ("vocab.json", "merges.txt")
+_MAX_CONFIG_JSON = 1 << 20
+
+
+def _other_tokenizer(folder: Path) -> str | None:
+    """The form of ``folder``'s tokenizer when it is one this project does not read, else ``None``."""
+    for other in _OTHER_TOKENIZERS:
+        if (folder / other).exists():
+            return other
+    if all((folder / name).exists() for name in _SLOW_BPE) and _model_type(folder) not in (None, "gpt2"):
+        return " + ".join(_SLOW_BPE)
+    return None
+
+
+def _model_type(folder: Path) -> str | None:
+    """``config.json``'s ``model_type``; ``None`` when the folder has no readable config to tell."""
+    path = folder / "config.json"
+    try:
+        if path.stat().st_size > _MAX_CONFIG_JSON:
+            return None
+        config = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    kind = config.get("model_type") if isinstance(config, dict) else None
+    return kind if isinstance(kind, str) else None
 
 
 def tokenizer_hash(folder: Path) -> str | None:
     """SHA-256 of ``folder/tokenizer.json``, or ``None`` when the folder has no tokenizer at all (or is a file).
 
     Raises:
-        ConfigError: the folder has a tokenizer only as sentencepiece's ``tokenizer.model``: ignoring it would
-            train the model on ids its own tokenizer never made."""
+        ConfigError: the folder has a tokenizer only as sentencepiece's ``tokenizer.model``, or as a slow BPE's
+            ``vocab.json`` + ``merges.txt`` in a folder whose config is not GPT-2's: ignoring it would train the
+            model on ids its own tokenizer never made."""
     path = Path(folder) / "tokenizer.json"
     if not Path(folder).is_dir():
         return None
     if not path.is_file():
-        for other in _OTHER_TOKENIZERS:
-            if (Path(folder) / other).exists():
-                raise ConfigError(
-                    f"{folder} has its tokenizer as {other} but no tokenizer.json, the only form this project reads "
-                    "(the holders' data must be that tokenizer's ids): write one, e.g. with transformers "
-                    "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR), then tokenize the holders' text "
-                    "with data fetch --tokenizer DIR")
+        other = _other_tokenizer(Path(folder))
+        if other is not None:
+            raise ConfigError(
+                f"{folder} has its tokenizer as {other} but no tokenizer.json, the only form this project reads "
+                "(the holders' data must be that tokenizer's ids): write one, e.g. with transformers "
+                "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR), then tokenize the holders' text "
+                "with data fetch --tokenizer DIR")
         return None
     if path.stat().st_size > _MAX_TOKENIZER_JSON:
         raise DataError(f"{path} is over {_MAX_TOKENIZER_JSON} bytes")

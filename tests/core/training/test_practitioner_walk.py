@@ -40,11 +40,28 @@ def test_a_sentencepiece_tokenizer_is_refused_not_ignored(tmp_path: Path, files:
 
 
 def test_a_folder_with_no_tokenizer_at_all_still_takes_the_data_as_it_is(tmp_path: Path) -> None:
-    model = _folder(tmp_path / "model", LLAMA, "generation_config.json", "vocab.json", "merges.txt")
+    model = _folder(tmp_path / "model", LLAMA, "generation_config.json")
     assert tokenizer_hash(model) is None
     data = write_holders(tmp_path / "data", {"alice": 1, "bob": 2}, n_words=200)
     assert [name for name, _ in resolve_holder_dirs(small_settings(data, tmp_path / "out", init_from=model))] == [
         "alice", "bob"]
+
+
+def test_a_slow_bpe_is_refused_unless_the_folder_is_gpt2s(tmp_path: Path) -> None:
+    """A Llama (or Qwen2) folder with its tokenizer as vocab.json + merges.txt and no tokenizer.json took
+    byte-level text as its ids (left alone in session 15, refused since): a GPT-2 folder of that form still takes
+    llm.c's GPT-2 shards, which that tokenizer made."""
+    llama = _folder(tmp_path / "llama", LLAMA, "vocab.json", "merges.txt")
+    with pytest.raises(ConfigError, match=r"as vocab.json \+ merges.txt but no tokenizer.json.*save_pretrained"):
+        tokenizer_hash(llama)
+    data = write_holders(tmp_path / "data", {"alice": 1, "bob": 2}, n_words=200)
+    with pytest.raises(ConfigError, match=r"vocab.json \+ merges.txt but no tokenizer.json"):
+        resolve_holder_dirs(small_settings(data, tmp_path / "out", init_from=llama))
+    gpt2 = _folder(tmp_path / "gpt2", {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"},
+                   "vocab.json", "merges.txt")
+    assert tokenizer_hash(gpt2) is None
+    half = _folder(tmp_path / "half", LLAMA, "vocab.json")  # vocab.json alone is no tokenizer
+    assert tokenizer_hash(half) is None
 
 
 def test_a_folder_of_pytorch_model_bin_says_to_save_it_as_safetensors(tmp_path: Path) -> None:
