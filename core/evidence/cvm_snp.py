@@ -23,6 +23,8 @@ import time
 from collections import OrderedDict
 from typing import Any
 
+from cryptography import x509
+
 from .azure_snp import verify_azure_snp
 from .policy import SnpPolicy
 from .snp import SnpVerdict, verify_snp_report
@@ -83,8 +85,8 @@ def check_snp_cvm(quote: bytes, collateral: bytes, expected_report_data: bytes, 
             verdict = verify_azure_snp(quote, vcek, tpm_quote, expected_report_data, now=now, policy=policy)
         else:
             verdict = verify_snp_report(quote, vcek, now=now, policy=policy)
-        if verdict.ok:
-            _CACHE[tag] = (_vcek_end(vcek), verdict)
+        if verdict.ok:  # kept until the VCEK's end, and the policy's CRL's next update
+            _CACHE[tag] = (min(_vcek_end(vcek), _crl_end(policy)), verdict)
             while len(_CACHE) > _CACHE_SIZE:
                 _CACHE.popitem(last=False)
     report = verdict.report
@@ -95,6 +97,17 @@ def check_snp_cvm(quote: bytes, collateral: bytes, expected_report_data: bytes, 
     if failed is None and kind == "snp" and report is not None and report.report_data != expected_report_data:
         failed = REPORT_DATA_CLAIM
     return {"ok": failed is None, "tcb_status": _tcb_status(verdict), "mr_td": mr, "failed": failed}
+
+
+def _crl_end(policy: SnpPolicy) -> float:
+    if policy.crl is None:
+        return float("inf")
+    try:
+        data = policy.crl.read_bytes()
+        crl = x509.load_pem_x509_crl(data) if b"-----BEGIN X509 CRL-----" in data else x509.load_der_x509_crl(data)
+        return crl.next_update_utc.timestamp() if crl.next_update_utc is not None else time.time()
+    except (OSError, ValueError):
+        return time.time()
 
 
 def _vcek_end(vcek: bytes) -> float:

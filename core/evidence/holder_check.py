@@ -123,7 +123,8 @@ class HolderVerifier:
 
             verdict = full() if families is None else families.verify(quote, collateral, at, full)
             if verdict.ok and remember:  # a refusal is not kept: the next ATTEST is checked afresh
-                _remember(self._tdx, tag, collateral_expiry(collateral), verdict)
+                _remember(self._tdx, tag, min(collateral_expiry(collateral), verdict.age_limit or float("inf")),
+                          verdict)  # and not past the policy's max_collateral_age_days
         mr_td = verdict.mr_td.lower() or None
         if not verdict.ok:
             return {"ok": False, "tcb_status": verdict.tcb_status, "mr_td": mr_td, "failed": verdict.failed}

@@ -37,6 +37,10 @@ class TdxPolicy:
     root_ca: Path | None = None  # None: Intel's SGX root CA (inside dcap-qvl); else a DER or PEM file
     mr_td: tuple[str, ...] = ()
     rtmrs: tuple[tuple[str, ...], ...] = ((), (), (), ())
+    #: the minimum TEE_TCB_SVN (16 bytes, lowercase hex), compared byte by byte; "" = any (claim tee-tcb-svn)
+    min_tee_tcb_svn: str = ""
+    #: the most days since the TCB info's issueDate at the verification time; None = any (claim collateral-age)
+    max_collateral_age_days: int | None = None
 
 
 SNP_TCB_PARTS = ("boot_loader", "tee", "snp", "microcode", "fmc")
@@ -52,6 +56,15 @@ class SnpPolicy:
     measurement: tuple[str, ...] = ()
     host_data: tuple[str, ...] = ()
     id_key_digest: tuple[str, ...] = ()
+    #: guest policy bit 16 (SMT allowed) / bit 18 (migration agent allowed): False refuses a guest that allows it,
+    #: True accepts it, None (unset) accepts it and says so (claims guest-no-smt, guest-no-migration-agent)
+    allow_smt: bool | None = None
+    allow_migration_agent: bool | None = None
+    #: AMD's CRL for the product (KDS ``/vcek/v1/<product>/crl``, DER or PEM, signed by the ARK): a file, or None
+    crl: Path | None = None
+    #: True: a report is refused unless ``crl`` is given and checked; False (default): unchecked revocation is
+    #: accepted, a waiver the verdict names (claim cert-chain-not-revoked)
+    require_crl: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +118,8 @@ def load_evidence_policy(path: Path | None = None) -> EvidencePolicy:
     g = dict(doc.get("nvidia-gpu", {}))
     t = dict(doc.get("intel-tdx", {}))
     bad = (set(g) - {"expected_arch", "require_rims", "accept_ocsp_not_checked", "device_root", "rim_root"}) | \
-          (set(t) - {"tcb_status", "mr_td", "rtmr0", "rtmr1", "rtmr2", "rtmr3", "root_ca"})
+          (set(t) - {"tcb_status", "mr_td", "rtmr0", "rtmr1", "rtmr2", "rtmr3", "root_ca", "min_tee_tcb_svn",
+                     "max_collateral_age_days"})
     if bad:
         raise PolicyError(f"{path}: unknown key(s) {sorted(bad)}")
     gpu = GpuPolicy(
@@ -123,13 +137,37 @@ def load_evidence_policy(path: Path | None = None) -> EvidencePolicy:
         mr_td=_strs("intel-tdx", "mr_td", t.get("mr_td", []), lower=True),
         rtmrs=tuple(_strs("intel-tdx", f"rtmr{i}", t.get(f"rtmr{i}", []), lower=True) for i in range(4)),
         root_ca=_root("intel-tdx", "root_ca", t.get("root_ca", "intel"), base),
+        min_tee_tcb_svn=_tee_tcb_svn(t.get("min_tee_tcb_svn", "")),
+        max_collateral_age_days=_days(t.get("max_collateral_age_days")),
     )
     return EvidencePolicy(gpu=gpu, tdx=tdx, snp=_snp_policy(dict(doc.get("amd-snp", {})), path, base))
 
 
+def _tee_tcb_svn(value: Any) -> str:
+    """``min_tee_tcb_svn``: 16 bytes as 32 hex digits ('' when unset)."""
+    if not isinstance(value, str) or (value and (len(value) != 32 or any(c not in "0123456789abcdefABCDEF"
+                                                                        for c in value))):
+        raise PolicyError("[intel-tdx] min_tee_tcb_svn must be 16 bytes as 32 hex digits (the TD report's "
+                          "TEE_TCB_SVN, byte by byte: e.g. \"06010300000000000000000000000000\")")
+    return value.lower()
+
+
+def _days(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise PolicyError("[intel-tdx] max_collateral_age_days must be a whole number of days, 0 or more")
+    return value
+
+
+def _allow(key: str, value: Any) -> bool | None:
+    return None if value is None else _bool("amd-snp", key, value)
+
+
 def _snp_policy(s: dict[str, Any], path: Path, base: Path) -> SnpPolicy:
     """``[amd-snp]``: roots, VMPLs, minimum TCB (an inline table of SPLs), allow-lists."""
-    bad = set(s) - {"ark", "ask", "asvk", "vmpl", "min_tcb", "measurement", "host_data", "id_key_digest"}
+    bad = set(s) - {"ark", "ask", "asvk", "vmpl", "min_tcb", "measurement", "host_data", "id_key_digest",
+                    "allow_smt", "allow_migration_agent", "crl", "require_crl"}
     if bad:
         raise PolicyError(f"{path}: unknown key(s) {sorted(bad)}")
     vmpl = s.get("vmpl", [0])
@@ -139,7 +177,9 @@ def _snp_policy(s: dict[str, Any], path: Path, base: Path) -> SnpPolicy:
     if not isinstance(tcb, dict) or set(tcb) - set(SNP_TCB_PARTS) or \
             not all(isinstance(v, int) and 0 <= v <= 255 for v in tcb.values()):
         raise PolicyError(f"[amd-snp] min_tcb must be a table of SPLs 0..255 named {', '.join(SNP_TCB_PARTS)}")
-    asvk = s.get("asvk")
+    asvk, crl = s.get("asvk"), s.get("crl")
+    if crl is not None and (not isinstance(crl, str) or not (base / crl).is_file()):
+        raise PolicyError(f"[amd-snp] crl: no CRL file at {base / str(crl)} (AMD's, from KDS /vcek/v1/<product>/crl)")
     return SnpPolicy(
         ark=_root("amd-snp", "ark", s.get("ark", "amd"), base),
         ask=_root("amd-snp", "ask", s.get("ask", "amd"), base),
@@ -149,4 +189,8 @@ def _snp_policy(s: dict[str, Any], path: Path, base: Path) -> SnpPolicy:
         measurement=_strs("amd-snp", "measurement", s.get("measurement", []), lower=True),
         host_data=_strs("amd-snp", "host_data", s.get("host_data", []), lower=True),
         id_key_digest=_strs("amd-snp", "id_key_digest", s.get("id_key_digest", []), lower=True),
+        allow_smt=_allow("allow_smt", s.get("allow_smt")),
+        allow_migration_agent=_allow("allow_migration_agent", s.get("allow_migration_agent")),
+        crl=None if crl is None else (base / crl).resolve(),
+        require_crl=_bool("amd-snp", "require_crl", s.get("require_crl", False)),
     )

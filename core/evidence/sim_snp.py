@@ -65,6 +65,8 @@ class SimSnp:
     ask: x509.Certificate
     vcek: x509.Certificate
     vcek_key: ec.EllipticCurvePrivateKey
+    #: the SIM ARK's key where this chip was made here (a test signs a CRL with it); not kept by ``sim_store``
+    ark_key: rsa.RSAPrivateKey | None = None
 
     @classmethod
     def generate(cls, *, product: str = "milan", tcb: Tcb | None = None, chip_id: bytes | None = None) -> SimSnp:
@@ -87,7 +89,8 @@ class SimSnp:
         exts += [(OID_AMD + k, _der_int(v)) for k, v in spl.items()]
         exts.append((OID_AMD + "4", chip_id[:8] if product == "turin" else chip_id))
         vcek = cls._cert("SEV-VCEK", vcek_key.public_key(), ask, ask_key, ca=False, exts=exts)
-        return cls(product=product, tcb=tcb, chip_id=chip_id, ark=ark, ask=ask, vcek=vcek, vcek_key=vcek_key)
+        return cls(product=product, tcb=tcb, chip_id=chip_id, ark=ark, ask=ask, vcek=vcek, vcek_key=vcek_key,
+                   ark_key=ark_key)
 
     @staticmethod
     def _cert(cn: str, public: rsa.RSAPublicKey | ec.EllipticCurvePublicKey, issuer: x509.Certificate | None,
@@ -112,13 +115,16 @@ class SimSnp:
         return self.ark.public_bytes(Encoding.PEM), self.ask.public_bytes(Encoding.PEM)
 
     def report(self, report_data: bytes, *, measurement: bytes = b"\x5a" * 48, host_data: bytes = bytes(32),
-               vmpl: int = 0, debug: bool = False, reported_tcb: Tcb | None = None, version: int = 2) -> bytes:
-        """A signed report (1,184 bytes) over ``report_data`` (at most 64 bytes, zero-padded)."""
+               vmpl: int = 0, debug: bool = False, reported_tcb: Tcb | None = None, version: int = 2,
+               smt: bool = True, migration_agent: bool = False) -> bytes:
+        """A signed report (1,184 bytes) over ``report_data`` (at most 64 bytes, zero-padded). The guest policy has
+        the reserved bit 17 set, and bit 16 (SMT allowed), 18 (migration agent) and 19 (debug) as asked."""
         if len(report_data) > 64 or len(measurement) != 48 or len(host_data) != 32:
             raise ValueError("report_data is at most 64 bytes, measurement 48, host_data 32")
         tcb = _tcb_raw(reported_tcb or self.tcb, self.product)
         body = bytearray(REPORT_SIZE)
-        struct.pack_into("<IIQ", body, 0, version, 1, 0x30000 | (1 << 19 if debug else 0))
+        policy = 1 << 17 | smt << 16 | migration_agent << 18 | debug << 19
+        struct.pack_into("<IIQ", body, 0, version, 1, policy)
         struct.pack_into("<IIQQI", body, 0x30, vmpl, 1, tcb, 1, 0)
         body[0x50:0x90] = report_data.ljust(64, b"\0")
         body[0x90:0xC0] = measurement

@@ -6,8 +6,10 @@ signature is ECDSA P-384 with SHA-384 over bytes 0..0x29F, r and s little-endian
 carries AMD's extensions (1.3.6.1.4.1.3704.1.*): the TCB it was derived for (boot loader, TEE, SNP, microcode
 SPLs; FMC on Turin), which must equal the report's REPORTED_TCB, and the chip id (hwID; 8 bytes on Turin), which
 must equal the report's CHIP_ID. Then the policy (``[amd-snp]``): a guest whose policy allows debugging is always
-refused (claim ``guest-not-debug``; no key lets it through), the VMPL, a minimum TCB, and allow-lists for the
-measurement, host_data and the ID key digest. Only the standard library and ``cryptography``.
+refused (claim ``guest-not-debug``; no key lets it through), SMT and a migration agent where the policy refuses
+them (``allow_smt``, ``allow_migration_agent``), the VMPL, a minimum TCB, and allow-lists for the
+measurement, host_data and the ID key digest. Revocation: AMD's CRL where the policy names one (``crl``, signed
+by the ARK; ``require_crl`` refuses a report without). Only the standard library and ``cryptography``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,16 @@ from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 from .bounded import EvidenceTooLarge, read_hex_or_raw
 from .claims import REPORT_DATA_NOT_GIVEN, report_data_mismatch
 from .policy import SnpPolicy
-from .snp_report import PRODUCTS, SnpFormatError, SnpReport, Tcb, parse_snp_report, product_of_cpuid
+from .snp_report import (
+    POLICY_MIGRATE_MA_BIT,
+    POLICY_SMT_BIT,
+    PRODUCTS,
+    SnpFormatError,
+    SnpReport,
+    Tcb,
+    parse_snp_report,
+    product_of_cpuid,
+)
 
 __all__ = ["SnpVerdict", "amd_roots", "load_certificate", "verify_snp_report"]
 
@@ -225,8 +236,14 @@ def verify_snp_report(report: bytes, vcek: bytes, *, product: str | None = None,
             return _refused("chip-id-match", f"the VCEK's hwID {hwid.hex()[:16]}... is not the report's chip id "
                             f"{parsed.chip_id.hex()[:16]}...", checks, **kw)
     checks["chip-id-match"] = True
-    skipped = {"cert-chain-not-revoked": "AMD's CRL for the ASK and VCEK (KDS /vcek/v1/<product>/crl) is not "
-                                         "fetched or checked: a revoked VCEK or ASK passes"}
+    skipped: dict[str, str] = {}
+    revoked = _revocation(cert, kind, chosen, parsed, policy, at)
+    if revoked is None:
+        checks["cert-chain-not-revoked"] = True
+    elif revoked[0]:
+        return _refused("cert-chain-not-revoked", revoked[1], checks, **kw)
+    else:
+        skipped["cert-chain-not-revoked"] = revoked[1]
     if expected_report_data is None:
         skipped["report-data-match"] = REPORT_DATA_NOT_GIVEN
     elif why := report_data_mismatch(parsed.report_data, expected_report_data):
@@ -247,8 +264,8 @@ def _other_chip(cert: x509.Certificate, report: SnpReport, product: str, kind: s
             "(--kds-url https://kdsintf.amd.com) or the host's extended report")
 
 
-def _chain(cert: x509.Certificate, product: str, report: SnpReport, policy: SnpPolicy, at: dt.datetime) -> str:
-    """The reason the chain fails ('' when ARK -> ASK (or ASVK) -> VCEK/VLEK holds at ``at``)."""
+def _pinned(product: str, report: SnpReport, policy: SnpPolicy) -> tuple[x509.Certificate, x509.Certificate] | str:
+    """The ARK and the ASK (or ASVK) the policy pins for ``product``, or why they cannot be had."""
     ark, ask = amd_roots(product)
     try:
         if policy.ark is not None:
@@ -261,6 +278,63 @@ def _chain(cert: x509.Certificate, product: str, report: SnpReport, policy: SnpP
             ask = load_certificate(policy.ask.read_bytes())
     except (OSError, ValueError) as exc:
         return f"a pinned certificate of the policy cannot be read ({exc})"
+    return ark, ask
+
+
+def _revocation(cert: x509.Certificate, kind: str, product: str, report: SnpReport, policy: SnpPolicy,
+                at: dt.datetime) -> tuple[bool, str] | None:
+    """Claim ``cert-chain-not-revoked``: None when the policy's CRL was checked and names neither the ASK nor the
+    VCEK; ``(True, why)`` refused; ``(False, why)`` not checked (no CRL, and ``require_crl`` is false)."""
+    where = f"KDS https://kdsintf.amd.com/vcek/v1/{product.capitalize()}/crl"
+    if policy.crl is None:
+        if policy.require_crl:
+            return True, (f"the policy's require_crl = true and it names no CRL: fetch AMD's ({where}) and name the "
+                          "file in [amd-snp] crl")
+        return False, (f"AMD's CRL for the ASK and VCEK ({where}) is not checked: a revoked VCEK or ASK passes "
+                       "(waived: the policy's require_crl = false; name the CRL file in [amd-snp] crl to check it)")
+    pinned = _pinned(product, report, policy)
+    if isinstance(pinned, str):
+        return True, pinned
+    try:
+        data = policy.crl.read_bytes()
+        crl = (x509.load_pem_x509_crl(data) if b"-----BEGIN X509 CRL-----" in data else x509.load_der_x509_crl(data))
+    except (OSError, ValueError) as exc:
+        return True, f"{policy.crl}: not a CRL, DER or PEM ({exc}); fetch AMD's from {where}"
+    why = crl_problem(crl, pinned[0], ((pinned[1], "ASK" if kind == "vcek" else "ASVK"), (cert, kind.upper())), at)
+    return (True, f"{why} ({policy.crl}; AMD's is at {where})") if why else None
+
+
+def crl_problem(crl: x509.CertificateRevocationList, ark: x509.Certificate,
+                certs: tuple[tuple[x509.Certificate, str], ...], at: dt.datetime) -> str:
+    """Why ``crl`` does not clear ``certs`` ('' when it does): the ARK issued and signed it (RSASSA-PSS SHA-384,
+    salt 48, as AMD signs), it is current at ``at``, and no serial of ``certs`` is in it."""
+    if crl.issuer != ark.subject:
+        return f"the CRL is issued by {_cn(crl.issuer)!r}, not by the pinned ARK {_cn(ark.subject)!r}"
+    key = ark.public_key()
+    try:
+        if not isinstance(key, rsa.RSAPublicKey):
+            raise InvalidSignature
+        key.verify(crl.signature, crl.tbs_certlist_bytes, PSS_SHA384, hashes.SHA384())
+    except InvalidSignature:
+        return f"the CRL's signature does not verify with the pinned ARK {_cn(ark.subject)!r} (RSASSA-PSS SHA-384)"
+    end = crl.next_update_utc
+    if at < crl.last_update_utc or (end is not None and at > end):
+        return (f"the CRL is valid {crl.last_update_utc:%Y-%m-%d} to {f'{end:%Y-%m-%d}' if end else 'no end'}, not "
+                f"at {at:%Y-%m-%d %H:%M}: fetch a current one")
+    for cert, what in certs:
+        revoked = crl.get_revoked_certificate_by_serial_number(cert.serial_number)
+        if revoked is not None:
+            return (f"the {what} {_cn(cert.subject)!r} (serial {cert.serial_number:#x}) is revoked since "
+                    f"{revoked.revocation_date_utc:%Y-%m-%d}")
+    return ""
+
+
+def _chain(cert: x509.Certificate, product: str, report: SnpReport, policy: SnpPolicy, at: dt.datetime) -> str:
+    """The reason the chain fails ('' when ARK -> ASK (or ASVK) -> VCEK/VLEK holds at ``at``)."""
+    pinned = _pinned(product, report, policy)
+    if isinstance(pinned, str):
+        return pinned
+    ark, ask = pinned
     for child, issuer in ((ark, ark), (ask, ark), (cert, ask)):
         why = _pss_issued(child, issuer, at)
         if why:
@@ -269,8 +343,8 @@ def _chain(cert: x509.Certificate, product: str, report: SnpReport, policy: SnpP
 
 
 def apply_snp_policy(verdict: SnpVerdict, policy: SnpPolicy) -> SnpVerdict:
-    """The verdict with the policy's checks: never debug, VMPL, minimum TCB, allow-lists. An empty allow-list (or
-    ``min_tcb = {}``) accepts any value: that claim goes to ``not_checked`` with why, never to ``checks``."""
+    """The verdict with the policy's checks: never debug, SMT and migration agent (where refused), VMPL, minimum
+    TCB, allow-lists. An empty allow-list, ``min_tcb = {}`` or an unset ``allow_*`` key accepts any value: that claim goes to ``not_checked`` with why, never to ``checks``."""
     assert verdict.report is not None and verdict.product is not None
     r, checks, skipped = verdict.report, dict(verdict.checks), dict(verdict.not_checked)
 
@@ -281,6 +355,21 @@ def apply_snp_policy(verdict: SnpVerdict, policy: SnpPolicy) -> SnpVerdict:
     if r.debug:
         return refuse("guest-not-debug", "the guest policy allows debugging (bit 19): the host can read its memory")
     checks["guest-not-debug"] = True
+    for claim, key, allowed, bit, what, fix in (
+            ("guest-no-smt", "allow_smt", policy.allow_smt, POLICY_SMT_BIT, "SMT",
+             "launch the guest with SMT disallowed (the host then runs it with SMT off)"),
+            ("guest-no-migration-agent", "allow_migration_agent", policy.allow_migration_agent, POLICY_MIGRATE_MA_BIT,
+             "a migration agent", "launch the guest without a migration agent")):
+        if allowed is None:
+            skipped[claim] = (f"the policy does not set {key}: a guest that allows {what} (guest policy bit {bit}) "
+                              f"is accepted; {key} = false refuses one")
+        elif allowed:
+            skipped[claim] = f"the policy's {key} = true: a guest that allows {what} (bit {bit}) is accepted"
+        elif r.policy >> bit & 1:
+            return refuse(claim, f"the guest policy allows {what} (bit {bit} of {r.policy:#x}) and the policy's "
+                          f"{key} = false refuses that: {fix}, or set {key} = true")
+        else:
+            checks[claim] = True
     if r.vmpl not in policy.vmpl:
         return refuse("vmpl", f"the report was requested at VMPL {r.vmpl}, the policy allows {list(policy.vmpl)}")
     checks["vmpl"] = True

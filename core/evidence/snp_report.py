@@ -30,6 +30,8 @@ SIGNED_SIZE = 0x2A0
 REPORT_VERSIONS = (2, 3)
 SIG_ALGO_ECDSA_P384_SHA384 = 1
 PRODUCTS = ("milan", "genoa", "turin")
+POLICY_SMT_BIT = 16  # SMT allowed (AMD's SEV-SNP firmware ABI, guest policy; Linux's SNP_POLICY_MASK_SMT)
+POLICY_MIGRATE_MA_BIT = 18  # a migration agent allowed (SNP_POLICY_MASK_MIGRATE_MA)
 POLICY_DEBUG_BIT = 19
 SIGNING_KEYS = {0: "vcek", 1: "vlek", 7: "none"}
 
@@ -115,8 +117,8 @@ class SnpReport:
     def policy_json(self) -> dict[str, Any]:
         """The guest policy decoded (``debug`` is what the verifier refuses)."""
         p = self.policy
-        return {"raw": f"{p:#018x}", "abi": f"{p >> 8 & 0xFF}.{p & 0xFF}", "smt": bool(p >> 16 & 1),
-                "migrate_ma": bool(p >> 18 & 1), "debug": self.debug, "single_socket": bool(p >> 20 & 1)}
+        return {"raw": f"{p:#018x}", "abi": f"{p >> 8 & 0xFF}.{p & 0xFF}", "smt": bool(p >> POLICY_SMT_BIT & 1),
+                "migrate_ma": bool(p >> POLICY_MIGRATE_MA_BIT & 1), "debug": self.debug, "single_socket": bool(p >> 20 & 1)}
 
 
 def _zero(data: bytes, start: int, end: int, what: str) -> None:

@@ -1,5 +1,6 @@
 """Intel TDX evidence: a version-4 quote verified with dcap-qvl against Intel's root (or a pinned other root), then
-the policy (debug TDs refused, allow-lists for MRTD, RTMRs and TCB status).
+the policy (debug TDs refused, allow-lists for MRTD, RTMRs and TCB status, a minimum TEE TCB SVN, a maximum
+age of the collateral).
 
 dcap-qvl checks the quote's ECDSA signature chain (PCK certificate from the quote, PCK CRL, Intel's root CRL), the
 QE report and its identity, and the TCB info for the platform's FMSPC, all against the collateral at ``now``;
@@ -9,6 +10,7 @@ failures and expired or future collateral come back as the claim ``quote-verifie
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import time
 from dataclasses import dataclass, field, replace
@@ -20,7 +22,8 @@ from .bounded import EVIDENCE_CAP
 from .claims import REPORT_DATA_NOT_GIVEN, report_data_mismatch
 from .policy import TdxPolicy
 
-__all__ = ["TDX_DEBUG_BIT", "TdxVerdict", "apply_tdx_policy", "quote_extent_problem", "verify_tdx_quote"]
+__all__ = ["TDX_DEBUG_BIT", "TdxVerdict", "apply_tdx_policy", "quote_extent_problem", "tcb_info_issued",
+           "verify_tdx_quote"]
 
 TDX_DEBUG_BIT = 0  # TD_ATTRIBUTES bit 0: TUD.DEBUG
 QUOTE_VERSION = 4
@@ -40,6 +43,12 @@ class TdxVerdict:
     rtmrs: tuple[str, ...] = ()
     report_data: str = ""
     td_attributes: str = ""
+    tee_tcb_svn: str = ""
+    #: the TCB info's issueDate (ISO 8601, as Intel signed it): what max_collateral_age_days counts from
+    collateral_issued: str = ""
+    #: when the collateral becomes older than the policy's max_collateral_age_days (Unix s; None: no limit): a
+    #: verdict kept for reuse must not outlive it
+    age_limit: float | None = None
     failed: str | None = None
     reason: str = ""
     checks: dict[str, bool] = field(default_factory=dict)
@@ -62,6 +71,7 @@ class TdxVerdict:
             "rtmrs": list(self.rtmrs),
             "report_data": self.report_data,
             "td_attributes": self.td_attributes,
+            "tee_tcb_svn": self.tee_tcb_svn,
             "debug": self.debug if self.td_attributes else None,  # None: no verified TD report to read it from
             "checks": self.checks,
             "not_checked": self.not_checked,
@@ -134,6 +144,8 @@ def verify_tdx_quote(quote: bytes, collateral_json: str | bytes, *, now: int | N
         rtmrs=tuple(str(report.get(f"rt_mr{i}", "")) for i in range(4)),
         report_data=str(report.get("report_data", "")),
         td_attributes=str(report.get("td_attributes", "")),
+        tee_tcb_svn=str(report.get("tee_tcb_svn", "")).lower(),
+        collateral_issued=tcb_info_issued(text),
         checks=checks,
     )
     if expected_report_data is None:
@@ -143,7 +155,19 @@ def verify_tdx_quote(quote: bytes, collateral_json: str | bytes, *, now: int | N
                        checks={**checks, "report-data-match": False})
     else:
         verdict = replace(verdict, checks={**checks, "report-data-match": True})
-    return apply_tdx_policy(verdict, policy)
+    return apply_tdx_policy(verdict, policy, at=at)
+
+
+def tcb_info_issued(collateral_json: str) -> str:
+    """The collateral's TCB info ``issueDate`` ('' when it cannot be read; dcap-qvl refused such collateral)."""
+    try:
+        return str(json.loads(json.loads(collateral_json)["tcb_info"])["issueDate"])
+    except (ValueError, KeyError, TypeError):
+        return ""
+
+
+def _utc(iso: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).astimezone(dt.UTC)
 
 
 def quote_extent_problem(quote: bytes) -> str:
@@ -176,9 +200,10 @@ def _der_certificate(data: bytes) -> bytes:
     return data
 
 
-def apply_tdx_policy(verdict: TdxVerdict, policy: TdxPolicy) -> TdxVerdict:
-    """The verdict with the policy's checks: never debug, TCB status, MRTD and RTMR allow-lists. An empty
-    allow-list accepts any value: that claim goes to ``not_checked`` with why, never to ``checks``."""
+def apply_tdx_policy(verdict: TdxVerdict, policy: TdxPolicy, *, at: float | None = None) -> TdxVerdict:
+    """The verdict with the policy's checks: never debug, TCB status, the TEE TCB SVN's minimum, the collateral's
+    age at ``at`` (Unix s, default now), MRTD and RTMR allow-lists. An empty allow-list or an unset key accepts any
+    value: that claim goes to ``not_checked`` with why, never to ``checks``."""
     checks, skipped = dict(verdict.checks), dict(verdict.not_checked)
 
     def refuse(claim: str, reason: str) -> TdxVerdict:
@@ -191,6 +216,21 @@ def apply_tdx_policy(verdict: TdxVerdict, policy: TdxPolicy) -> TdxVerdict:
     if verdict.tcb_status not in policy.tcb_status:
         return refuse("tcb-status", f"TCB status {verdict.tcb_status} is not one of {list(policy.tcb_status)}")
     checks["tcb-status"] = True
+    if not policy.min_tee_tcb_svn:
+        skipped["tee-tcb-svn"] = ("the policy does not set min_tee_tcb_svn: any TEE TCB SVN (the TDX module's) "
+                                  "accepted; tcb_status still applies")
+    else:
+        have = bytes.fromhex(verdict.tee_tcb_svn or "").ljust(16, b"\0")[:16]
+        want = bytes.fromhex(policy.min_tee_tcb_svn)
+        below = [f"byte {i}: {h} < {w}" for i, (h, w) in enumerate(zip(have, want, strict=True)) if h < w]
+        if below:
+            return refuse("tee-tcb-svn", f"the TD's TEE_TCB_SVN {have.hex()} is below the policy's min_tee_tcb_svn "
+                          f"{want.hex()} ({', '.join(below)}): the host's TDX module must be updated, or lower "
+                          "the minimum")
+        checks["tee-tcb-svn"] = True
+    verdict = _age_checked(verdict, policy, checks, skipped, time.time() if at is None else at)
+    if verdict.failed:
+        return verdict
     for claim, key, value, allowed in (("mr-td", "mr_td", verdict.mr_td, policy.mr_td),
                                        *((f"rtmr{i}", f"rtmr{i}", verdict.rtmrs[i], policy.rtmrs[i])
                                          for i in range(4))):
@@ -202,3 +242,29 @@ def apply_tdx_policy(verdict: TdxVerdict, policy: TdxPolicy) -> TdxVerdict:
                           "allow-list")
         checks[claim] = True
     return replace(verdict, checks=checks, not_checked=skipped)
+
+
+def _age_checked(verdict: TdxVerdict, policy: TdxPolicy, checks: dict[str, bool], skipped: dict[str, str],
+                 at: float) -> TdxVerdict:
+    """Claim ``collateral-age``: days from the TCB info's issueDate to ``at`` against max_collateral_age_days
+    (``checks``/``skipped`` are updated in place; a refused verdict is returned with ``failed`` set)."""
+    limit = policy.max_collateral_age_days
+    if limit is None:
+        skipped["collateral-age"] = ("the policy does not set max_collateral_age_days: collateral of any age inside "
+                                     "its validity window (the TCB info's issueDate to nextUpdate) is accepted")
+        return verdict
+    if not verdict.collateral_issued:
+        return replace(verdict, ok=False, failed="collateral-age", checks={**checks, "collateral-age": False},
+                       not_checked=skipped, reason="the collateral's TCB info has no readable issueDate")
+    issued = _utc(verdict.collateral_issued)
+    until = issued.timestamp() + limit * 86400
+    age = (at - issued.timestamp()) / 86400
+    if at > until:
+        when = dt.datetime.fromtimestamp(at, dt.UTC)
+        return replace(verdict, ok=False, failed="collateral-age", checks={**checks, "collateral-age": False},
+                       not_checked=skipped,
+                       reason=f"the collateral's TCB info was issued {issued:%Y-%m-%d %H:%M} UTC, {age:.1f} days "
+                              f"before {when:%Y-%m-%d %H:%M} UTC; the policy's max_collateral_age_days is {limit}: "
+                              "fetch fresh collateral (--pccs-url, or a newer `gputravel evidence bundle`) or raise the limit")
+    checks["collateral-age"] = True
+    return replace(verdict, age_limit=until)

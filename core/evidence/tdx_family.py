@@ -122,7 +122,7 @@ class TdxQuoteFamilies:
         if known is not None:
             if known.expires is None:
                 known.expires = collateral_expiry(known.collateral)
-            if known.at <= at < known.expires:
+            if known.at <= at < min(known.expires, known.verdict.age_limit or float("inf")):
                 self.reused += 1
                 if not _signature_holds(quote):
                     return TdxVerdict(ok=False, failed="quote-verified", checks={"quote-parsed": True,
