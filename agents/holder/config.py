@@ -74,17 +74,30 @@ def _subject(pem_or_der: bytes) -> str:
     return x509.load_der_x509_certificate(pem_or_der).subject.rfc4514_string()
 
 
+def _root_fp(path: Path | None, vendor: str) -> str:
+    return _fingerprint(path.read_bytes()) if path is not None else vendor
+
+
 def policy_summary(policy: EvidencePolicy, golden: dict[int, tuple[bytes, ...]], *, allow_conventional: bool,
                    accept_any_td: bool) -> tuple[str, dict[str, str]]:
     """``(policy_sha256, roots)``: the digest over everything a verdict depends on, and the pinned roots by
-    fingerprint (``{"gpu": "sha256:...", "tdx": "sha256:..." or "intel (dcap-qvl built-in)"}``)."""
+    fingerprint (``{"gpu": "sha256:...", "tdx": "sha256:..." or "intel (dcap-qvl built-in)"}``). Version 2 covers
+    ``[amd-snp]`` too (an SNP orchestrator CVM is checked under it)."""
     gpu_root = policy.gpu.device_root or NVIDIA_DEVICE_ROOT
     roots = {"gpu": _fingerprint(gpu_root.read_bytes()),
              "tdx": _fingerprint(policy.tdx.root_ca.read_bytes()) if policy.tdx.root_ca is not None
              else "intel (dcap-qvl built-in Intel SGX Root CA)"}
-    doc = {"v": 1, "roots": roots, "gpu": {"expected_arch": list(policy.gpu.expected_arch)},
+    snp = policy.snp
+    doc = {"v": 2, "roots": roots, "gpu": {"expected_arch": list(policy.gpu.expected_arch)},
            "tdx": {"tcb_status": list(policy.tdx.tcb_status), "mr_td": list(policy.tdx.mr_td),
-                   "rtmrs": [list(r) for r in policy.tdx.rtmrs]},
+                   "rtmrs": [list(r) for r in policy.tdx.rtmrs], "min_tee_tcb_svn": policy.tdx.min_tee_tcb_svn,
+                   "max_collateral_age_days": policy.tdx.max_collateral_age_days},
+           "snp": {"ark": _root_fp(snp.ark, "amd"), "ask": _root_fp(snp.ask, "amd"),
+                   "asvk": _root_fp(snp.asvk, "none"), "vmpl": list(snp.vmpl), "min_tcb": dict(snp.min_tcb),
+                   "measurement": list(snp.measurement), "host_data": list(snp.host_data),
+                   "id_key_digest": list(snp.id_key_digest), "allow_smt": snp.allow_smt,
+                   "allow_migration_agent": snp.allow_migration_agent, "require_crl": snp.require_crl,
+                   "crl": "sha256:" + hashlib.sha256(snp.crl.read_bytes()).hexdigest() if snp.crl else None},
            "golden": {str(i): [v.hex() for v in vs] for i, vs in sorted(golden.items())},
            "allow_conventional": allow_conventional, "accept_any_td": accept_any_td}
     digest = hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
@@ -166,6 +179,11 @@ class HolderConfig:
             golden = load_golden(folder / GOLDEN_NAME)
         except ValueError as exc:  # PolicyError too
             raise ConfigError(str(exc)) from None
+        if not policy.gpu.accept_ocsp_not_checked:
+            raise ConfigError(f"{folder / POLICY_NAME}: accept_ocsp_not_checked = false, but the holder's agent "
+                              "does no OCSP (it reaches no NVIDIA service): every GPU would be refused. Set it "
+                              "back to true (the waiver `gputravel holder policy show` names) and check the GPU "
+                              "chain's revocation yourself: `gputravel attest --evidence ... --ocsp-url URL`")
         if not policy.tdx.mr_td and not any_td:
             raise ConfigError(f"{folder / POLICY_NAME}: the MRTD allow-list is empty (any TD image would pass): "
                                     "pin the orchestrator CVM's MRTD, or init again with --accept-any-td")
@@ -212,17 +230,72 @@ def _write_private(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _policy_text(policy: EvidencePolicy, gpu_root: str, tdx_root: str) -> str:
-    t = policy.tdx
+def _toml_table(items: tuple[tuple[str, int], ...]) -> str:
+    return "{" + ", ".join(f"{k} = {v}" for k, v in items) + "}"
+
+
+def _policy_text(policy: EvidencePolicy, roots: dict[str, str]) -> str:
+    """The holder's ``evidence.toml``: every key the agent reads, its roots as files under ``roots/`` (or the
+    vendor's), with the waivers it holds said in comments (``gputravel holder policy show`` lists them all)."""
+    t, s = policy.tdx, policy.snp
     lines = ["# The holder's own evidence policy (gputravel holder init). Roots: files under roots/, or the vendor's.",
+             "# `gputravel holder policy show` lists every check below, what it accepts, and the waivers.",
              "[nvidia-gpu]", f"expected_arch = {_toml_list(policy.gpu.expected_arch)}",
+             "# not read by the holder's agent: it compares golden.json's values, not RIMs",
              f"require_rims = {str(policy.gpu.require_rims).lower()}",
-             f"accept_ocsp_not_checked = {str(policy.gpu.accept_ocsp_not_checked).lower()}",
-             f"device_root = {_toml_str(gpu_root)}", 'rim_root = "nvidia"', "", "[intel-tdx]",
-             f"root_ca = {_toml_str(tdx_root)}", f"tcb_status = {_toml_list(t.tcb_status)}",
+             "# WAIVER: the agent does no OCSP (it reaches no NVIDIA service), so the GPU chain's revocation is not",
+             "# checked; false is refused. Check it yourself: gputravel attest --evidence ... --ocsp-url URL",
+             "accept_ocsp_not_checked = true",
+             f"device_root = {_toml_str(roots['gpu'])}", 'rim_root = "nvidia"', "", "[intel-tdx]",
+             f"root_ca = {_toml_str(roots['tdx'])}", f"tcb_status = {_toml_list(t.tcb_status)}",
+             "# allow-lists, lowercase hex; empty = any value accepted (not checked)",
              f"mr_td = {_toml_list(t.mr_td)}"]
     lines += [f"rtmr{i} = {_toml_list(r)}" for i, r in enumerate(t.rtmrs)]
+    lines.append("# unset = any value accepted (not checked): min_tee_tcb_svn = \"<32 hex digits>\" (byte by byte), "
+                 "max_collateral_age_days = N")
+    if t.min_tee_tcb_svn:
+        lines.append(f"min_tee_tcb_svn = {_toml_str(t.min_tee_tcb_svn)}")
+    if t.max_collateral_age_days is not None:
+        lines.append(f"max_collateral_age_days = {t.max_collateral_age_days}")
+    lines += ["", "[amd-snp]", f"ark = {_toml_str(roots['snp_ark'])}", f"ask = {_toml_str(roots['snp_ask'])}"]
+    if "snp_asvk" in roots:
+        lines.append(f"asvk = {_toml_str(roots['snp_asvk'])}")
+    lines += [f"vmpl = [{', '.join(map(str, s.vmpl))}]", f"min_tcb = {_toml_table(s.min_tcb)}",
+              "# allow-lists, lowercase hex; empty = any value accepted (not checked)",
+              f"measurement = {_toml_list(s.measurement)}", f"host_data = {_toml_list(s.host_data)}",
+              f"id_key_digest = {_toml_list(s.id_key_digest)}",
+              "# guest policy bits 16 (SMT) and 18 (migration agent): false refuses a guest that allows it; "
+              "unset = accepted (not checked)"]
+    lines += [f"{key} = {str(value).lower()}" for key, value in (("allow_smt", s.allow_smt),
+                                                                 ("allow_migration_agent", s.allow_migration_agent))
+              if value is not None]
+    lines += ["# AMD's CRL (KDS /vcek/v1/<product>/crl, signed by the ARK): checked when named; require_crl = false",
+              "# accepts a report whose revocation is not checked (a WAIVER when no crl is named)",
+              f"require_crl = {str(s.require_crl).lower()}"]
+    if "snp_crl" in roots:
+        lines.append(f"crl = {_toml_str(roots['snp_crl'])}")
     return "\n".join(lines) + "\n"
+
+
+def _copy_roots(pol: EvidencePolicy, roots: Path) -> dict[str, str]:
+    """Copy the policy's root files into ``roots/``; ``{name: what evidence.toml says}`` (a file or the vendor)."""
+    if roots.exists():
+        shutil.rmtree(roots)
+    roots.mkdir(mode=0o700)
+    named: dict[str, str] = {}
+    for name, path, file, vendor in (("gpu", pol.gpu.device_root or NVIDIA_DEVICE_ROOT, "gpu-device-root.pem", ""),
+                                     ("tdx", pol.tdx.root_ca, "tdx-root.crt", "intel"),
+                                     ("snp_ark", pol.snp.ark, "snp-ark.crt", "amd"),
+                                     ("snp_ask", pol.snp.ask, "snp-ask.crt", "amd"),
+                                     ("snp_asvk", pol.snp.asvk, "snp-asvk.crt", ""),
+                                     ("snp_crl", pol.snp.crl, "snp.crl", "")):
+        if path is None:
+            if vendor:
+                named[name] = vendor
+            continue
+        _write_private(roots / file, path.read_bytes())
+        named[name] = f"{ROOTS_DIR}/{file}"
+    return named
 
 
 def init_config(*, data: Path, folder: Path | None = None, name: str | None = None, policy: Path | None = None,
@@ -267,19 +340,8 @@ def init_config(*, data: Path, folder: Path | None = None, name: str | None = No
             raise ConfigError(f"--golden: {exc}") from None
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(folder, 0o700)
-    roots = folder / ROOTS_DIR
-    if roots.exists():
-        shutil.rmtree(roots)
-    roots.mkdir(mode=0o700)
-    gpu_root = tdx_root = ""
-    _write_private(roots / "gpu-device-root.pem", (pol.gpu.device_root or NVIDIA_DEVICE_ROOT).read_bytes())
-    gpu_root = f"{ROOTS_DIR}/gpu-device-root.pem"
-    if pol.tdx.root_ca is not None:
-        _write_private(roots / "tdx-root.crt", pol.tdx.root_ca.read_bytes())
-        tdx_root = f"{ROOTS_DIR}/tdx-root.crt"
-    else:
-        tdx_root = "intel"
-    _write_private(folder / POLICY_NAME, _policy_text(pol, gpu_root, tdx_root).encode())
+    named = _copy_roots(pol, folder / ROOTS_DIR)
+    _write_private(folder / POLICY_NAME, _policy_text(pol, named).encode())
     _write_private(folder / GOLDEN_NAME, golden_bytes)
     text = "\n".join([
         "# The holder's own configuration (gputravel holder init); read by `gputravel holder serve` only.",

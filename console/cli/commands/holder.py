@@ -1,7 +1,8 @@
 """``gputravel holder``: a data holder's own side (issue 30): its configuration, its restricted key for the
 orchestrator, the agent that key runs, and its receipts (docs/holders.md).
 
-``init``/``show`` write and print the holder's configuration (``agents.holder.config``); ``serve`` is what the
+``init``/``show`` write and print the holder's configuration (``agents.holder.config``; init names each waiver it
+wrote), ``policy show`` every check of its policy (``holder_policy``); ``serve`` is what the
 key's forced command runs; ``authorize``/``revoke`` edit ``~/.ssh/authorized_keys``; ``receipts``/``verify`` list
 the receipts its agent wrote and check them against a run's ledger, offline (exit 0, or 8 naming the first
 difference). Every command runs as the holder's own user and touches only its own files.
@@ -17,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from gputravel.console.cli.commands.holder_policy import policy_app
 from gputravel.core.errors import ConfigError, LedgerError
 
 holder_app = typer.Typer(help="A data holder's own side: its configuration, restricted key and receipts.",
@@ -26,6 +28,7 @@ ConfigOpt = Annotated[Path | None, typer.Option(
     "--config", metavar="DIR", help="The holder's configuration folder (default: $XDG_CONFIG_HOME/gputravel/holder, "
                                     "~/.config/gputravel/holder).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+holder_app.add_typer(policy_app, name="policy")
 
 
 def register(app: typer.Typer) -> None:
@@ -66,12 +69,22 @@ def init(
 ) -> None:
     """Write the holder's configuration: 0600 files in a 0700 folder (exit 2 when refused)."""
     from gputravel.agents.holder.config import init_config
+    from gputravel.console.cli.commands.holder_policy import policy_rows, render_rows
 
     cfg = init_config(data=data, folder=config, name=name, policy=policy, golden=golden,
                       allow_conventional=allow_conventional, accept_any_td=accept_any_td, val_fraction=val_fraction)
     if not cfg.golden:
         typer.echo("gputravel: warning: no golden measurements (--golden): every GPU will fail measres", err=True)
-    _show(cfg.to_dict(), as_json, title=f"holder configuration written to {cfg.folder}")
+    rows = policy_rows(cfg)
+    loose = [r for r in rows if r["status"] in ("waived", "not checked")]
+    if as_json:  # what was written, with each waiver and each check that accepts any value, and how to tighten it
+        doc: dict[str, object] = {**cfg.to_dict(), "waivers": [r for r in loose if r["status"] == "waived"],
+                                  "not_checked": [r for r in loose if r["status"] == "not checked"]}
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    _show(cfg.to_dict(), False, title=f"holder configuration written to {cfg.folder}")
+    render_rows(loose, title=f"written to {cfg.policy_path}: waivers, and checks that accept any value")
+    Console().print("`gputravel holder policy show` lists every check of this policy", soft_wrap=True)
 
 
 @holder_app.command("show")
