@@ -355,15 +355,15 @@ def apply_snp_policy(verdict: SnpVerdict, policy: SnpPolicy) -> SnpVerdict:
     if r.debug:
         return refuse("guest-not-debug", "the guest policy allows debugging (bit 19): the host can read its memory")
     checks["guest-not-debug"] = True
-    for claim, key, allowed, bit, what, fix in (
+    for claim, key, allow, bit, what, fix in (
             ("guest-no-smt", "allow_smt", policy.allow_smt, POLICY_SMT_BIT, "SMT",
              "launch the guest with SMT disallowed (the host then runs it with SMT off)"),
             ("guest-no-migration-agent", "allow_migration_agent", policy.allow_migration_agent, POLICY_MIGRATE_MA_BIT,
              "a migration agent", "launch the guest without a migration agent")):
-        if allowed is None:
+        if allow is None:
             skipped[claim] = (f"the policy does not set {key}: a guest that allows {what} (guest policy bit {bit}) "
                               f"is accepted; {key} = false refuses one")
-        elif allowed:
+        elif allow:
             skipped[claim] = f"the policy's {key} = true: a guest that allows {what} (bit {bit}) is accepted"
         elif r.policy >> bit & 1:
             return refuse(claim, f"the guest policy allows {what} (bit {bit} of {r.policy:#x}) and the policy's "
