@@ -152,6 +152,8 @@ def policy_doc(cfg: HolderConfig) -> dict[str, Any]:
 
 
 def _text(value: Any) -> str:
+    if value is None:
+        return "unset"
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k} = {v}" for k, v in value.items()) + "}"
     if isinstance(value, list):
