@@ -44,6 +44,15 @@ def load_script(name: str) -> ModuleType:
     spec.loader.exec_module(module)
     return module
 DATA_DIR = TESTS_DIR / "data"
+
+#: The real evidence most attestation tests verify (tests/data, from ../shared/evidence: each folder's README says
+#: whose): virtee's Milan SNP report and its chip's VCEK, dcap-qvl's TDX quote and its collateral (JSON bytes).
+SNP_DIR = DATA_DIR / "amd-snp"
+TDX_DIR = DATA_DIR / "intel-tdx"
+MILAN_REPORT = bytes.fromhex((SNP_DIR / "report_milan.hex").read_text().strip())
+MILAN_VCEK = (SNP_DIR / "vcek_milan.der").read_bytes()
+TDX_QUOTE = (TDX_DIR / "tdx_quote").read_bytes()
+TDX_COLLATERAL = (TDX_DIR / "tdx_quote_collateral.json").read_bytes()
 SNAPSHOTS_DIR = TESTS_DIR / "snapshots"
 
 

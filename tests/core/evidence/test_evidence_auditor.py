@@ -7,6 +7,10 @@ from __future__ import annotations
 import json
 
 from helpers import DATA_DIR
+from helpers import MILAN_REPORT as REPORT
+from helpers import MILAN_VCEK as VCEK
+from helpers import TDX_COLLATERAL as COLLATERAL
+from helpers import TDX_QUOTE as QUOTE
 from typer.testing import CliRunner
 
 from gputravel.console.cli.main import app
@@ -16,11 +20,7 @@ from gputravel.core.evidence.tdx import verify_tdx_quote
 
 SNP = DATA_DIR / "amd-snp"
 TDX = DATA_DIR / "intel-tdx"
-REPORT = bytes.fromhex((SNP / "report_milan.hex").read_text().strip())
-VCEK = (SNP / "vcek_milan.der").read_bytes()
 MEASUREMENT = "7a1e5c266c0108dbc9bb94fa926951320940915d0aafb42464bd88b579ea158d3e1a0dc39b2c60bd95b9c480cd81841f"
-QUOTE = (TDX / "tdx_quote").read_bytes()
-COLLATERAL = (TDX / "tdx_quote_collateral.json").read_bytes()
 AT = 1750331763  # the TCB info's issueDate + 1 h (tests/data/intel-tdx/README.md)
 MR_TD = "91eb2b44d141d4ece09f0c75c2c53d247a3c68edd7fafe8a3520c942a604a407de03ae6dc5f87f27428b2538873118b7"
 

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import DATA_DIR
+from helpers import TDX_COLLATERAL as COLLATERAL
+from helpers import TDX_QUOTE as QUOTE
 from typer.testing import CliRunner
 
 from gputravel.core.evidence.bounded import EVIDENCE_CAP, EvidenceTooLarge, read_capped, read_hex_or_raw
@@ -18,8 +19,6 @@ from gputravel.core.evidence.policy import GpuPolicy
 from gputravel.core.evidence.tdx import verify_tdx_quote
 
 MB = 1024 * 1024
-QUOTE = (DATA_DIR / "intel-tdx" / "tdx_quote").read_bytes()
-COLLATERAL = (DATA_DIR / "intel-tdx" / "tdx_quote_collateral.json").read_bytes()
 AT = 1750331763
 
 

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 from helpers import DATA_DIR
+from helpers import MILAN_REPORT as REPORT
+from helpers import MILAN_VCEK as VCEK
 
 from gputravel.core.attestation.hardware_snp import (
     SNP_GET_REPORT,
@@ -31,8 +33,6 @@ from gputravel.core.evidence.snp import verify_snp_report
 
 SNP = DATA_DIR / "amd-snp"
 AZ = DATA_DIR / "azure-vtpm"
-REPORT = bytes.fromhex((SNP / "report_milan.hex").read_text().strip())
-VCEK = (SNP / "vcek_milan.der").read_bytes()
 REPORT_DATA = REPORT[0x50:0x90]
 VCEK_GUID = uuid.UUID("63da758d-e664-4564-adc5-f4b93be8accd")
 

@@ -19,6 +19,10 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.serialization import Encoding
 from helpers import DATA_DIR
+from helpers import MILAN_REPORT as REPORT
+from helpers import MILAN_VCEK as VCEK
+from helpers import TDX_COLLATERAL as COLLATERAL
+from helpers import TDX_QUOTE as QUOTE
 from typer.testing import CliRunner
 
 from gputravel.console.cli.main import app
@@ -37,10 +41,6 @@ from gputravel.core.evidence.tdx import verify_tdx_quote
 
 SNP = DATA_DIR / "amd-snp"
 TDX = DATA_DIR / "intel-tdx"
-REPORT = bytes.fromhex((SNP / "report_milan.hex").read_text().strip())
-VCEK = (SNP / "vcek_milan.der").read_bytes()
-QUOTE = (TDX / "tdx_quote").read_bytes()
-COLLATERAL = (TDX / "tdx_quote_collateral.json").read_bytes()
 ISSUED = 1750328163  # the TCB info's issueDate, 2025-06-19T10:16:03Z
 AT = ISSUED + 3600
 DAY = 86400

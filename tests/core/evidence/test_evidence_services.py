@@ -21,6 +21,9 @@ from evidence_samples import (  # noqa: F401 (the *_fixture names are pytest fix
     sample_fixture,
 )
 from helpers import DATA_DIR
+from helpers import MILAN_REPORT as SNP_REPORT
+from helpers import MILAN_VCEK as VCEK
+from helpers import TDX_QUOTE as QUOTE
 
 from gputravel.core.evidence.collateral_cache import CollateralCache, CollateralUnavailable
 from gputravel.core.evidence.nvidia_rim import verify_rim
@@ -35,11 +38,8 @@ from gputravel.core.evidence.snp import verify_snp_report
 from gputravel.core.evidence.snp_report import parse_snp_report
 from gputravel.core.evidence.tdx import verify_tdx_quote
 
-QUOTE = (DATA_DIR / "intel-tdx" / "tdx_quote").read_bytes()
 COLLATERAL = json.loads((DATA_DIR / "intel-tdx" / "tdx_quote_collateral.json").read_text())
 AT = 1750331763
-SNP_REPORT = bytes.fromhex((DATA_DIR / "amd-snp" / "report_milan.hex").read_text().strip())
-VCEK = (DATA_DIR / "amd-snp" / "vcek_milan.der").read_bytes()
 
 
 class Recorded(BaseHTTPRequestHandler):

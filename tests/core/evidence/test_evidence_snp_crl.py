@@ -17,15 +17,13 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import Encoding
-from helpers import DATA_DIR
+from helpers import MILAN_REPORT as REPORT
+from helpers import MILAN_VCEK as VCEK
 
 from gputravel.core.evidence.policy import PolicyError, SnpPolicy, load_evidence_policy
 from gputravel.core.evidence.sim_snp import SimSnp
 from gputravel.core.evidence.snp import PSS_SHA384, amd_roots, verify_snp_report
 
-SNP = DATA_DIR / "amd-snp"
-REPORT = bytes.fromhex((SNP / "report_milan.hex").read_text().strip())
-VCEK = (SNP / "vcek_milan.der").read_bytes()
 AT = 1750331763  # 2025-06-19, inside the Milan VCEK's validity
 NOW = dt.datetime.fromtimestamp(AT, dt.UTC)
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 from helpers import DATA_DIR
+from helpers import TDX_COLLATERAL as COLLATERAL
+from helpers import TDX_QUOTE as QUOTE
 from typer.testing import CliRunner
 
 from gputravel.core.evidence.nvidia_spdm import device_root
@@ -17,8 +19,6 @@ from gputravel.core.evidence.policy import PolicyError, TdxPolicy, load_evidence
 from gputravel.core.evidence.tdx import apply_tdx_policy, verify_tdx_quote
 
 DATA = DATA_DIR / "intel-tdx"
-QUOTE = (DATA / "tdx_quote").read_bytes()
-COLLATERAL = (DATA / "tdx_quote_collateral.json").read_bytes()
 AT = 1750331763  # the TCB info's issueDate + 1 h (tests/data/intel-tdx/README.md)
 MR_TD = "91eb2b44d141d4ece09f0c75c2c53d247a3c68edd7fafe8a3520c942a604a407de03ae6dc5f87f27428b2538873118b7"
 TD_REPORT_OFFSET = 48  # the TD report follows the 48-byte quote header
