@@ -8,8 +8,8 @@ import os
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from gputravel.console.cli.run_bars import Label, RunBars
 from gputravel.console.view.ending import control_lands
 from gputravel.core import events as ev
 
@@ -25,15 +25,18 @@ class RunView:
     def __init__(self, console: Console, *, run_name: str | None = None) -> None:
         self.console = console
         self.run_name = run_name  # for the hint a pause prints
-        self.progress = Progress(TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console,
-                                 transient=False)
+        # laid out for the terminal's width: at 80 columns rich's own layout cut the counts and times (session 15)
+        self.progress = RunBars(console)
         # hidden until the run's first event: input refused before the run starts (a --data folder the engine
         # refuses) printed three empty bars above its error (operator walk, session 15)
-        self.run_task = self.progress.add_task("visits", total=None, info="", visible=False)
-        self.phase_task = self.progress.add_task("phase", total=self.PHASES, info="", visible=False)
-        self.bytes_task = self.progress.add_task("provisioning", total=1, info="", visible=False)
+        self.run_task = self.progress.add_task("visits", total=None, info="", label=Label("visits"),
+                                               visible=False)
+        self.phase_task = self.progress.add_task("phase", total=self.PHASES, info="", label=Label("phase"),
+                                                 visible=False)
+        self.bytes_task = self.progress.add_task("provisioning", total=1, info="", label=Label("provisioning"),
+                                                 visible=False)
         self.shown = False
+        self.provision_t0: float | None = None  # when the visit's PROVISION began: its bar's rate
 
     def __call__(self, event: ev.Event) -> None:
         p = self.progress
@@ -52,19 +55,24 @@ class RunView:
                                f"({event.fmt}), agent {event.agent_sha256[:12]}")
         elif isinstance(event, ev.PhaseStarted):
             if event.phase == "ATTEST":
-                p.reset(self.phase_task, total=self.PHASES)
-                p.reset(self.bytes_task, total=1, description="provisioning", info="")
+                p.reset(self.phase_task, total=self.PHASES, info="", label=Label("phase"))
+                p.reset(self.bytes_task, total=1, description="provisioning", info="", label=Label("provisioning"))
+            if event.phase == "PROVISION":
+                self.provision_t0 = event.t
             p.update(self.phase_task, description=f"visit {event.visit + 1} {event.holder} · {event.phase}",
+                     label=Label(f"visit {event.visit + 1}", event.holder, f"· {event.phase}"),
                      info=f"epoch {event.epoch}")
         elif isinstance(event, ev.PhaseCompleted):
             p.advance(self.phase_task)
         elif isinstance(event, ev.ProvisionProgressed):
+            took = event.t - self.provision_t0 if self.provision_t0 is not None else 0.0
             p.update(self.bytes_task, total=event.total, completed=event.nbytes,
-                     info=f"{event.nbytes / 2**20:.1f}/{event.total / 2**20:.1f} MiB")
+                     count=(f"{event.nbytes / 2**20:.1f}/{event.total / 2**20:.1f} MiB",
+                            f"{event.total / 2**20:.1f}/{event.total / 2**20:.1f} MiB"),
+                     info=f"{event.nbytes / took / 1e6:,.1f} MB/s" if took > 0 else "")
         elif isinstance(event, ev.TrainingProgressed):  # the third bar counts the visit's steps while TRAIN runs
-            p.update(self.phase_task, description=f"visit {event.visit + 1} {event.holder} · TRAIN "
-                                                  f"{event.step}/{event.steps}")
             p.update(self.bytes_task, description="training steps", total=event.steps, completed=event.step,
+                     label=Label("training steps"), count=None,
                      info=f"loss {event.loss:.3f} · {event.tokens_per_s:,.0f} tok/s")
         elif isinstance(event, ev.LossSpiked):
             self.console.print(f"  [yellow]loss spike[/] visit {event.visit + 1} {escape(event.holder)} step "
@@ -81,7 +89,8 @@ class RunView:
                                f"{'verified' if event.scrub_verified else '[red]NOT verified[/]'}")
         elif isinstance(event, ev.TrainingStepped):
             p.update(self.bytes_task, description="training steps", total=len(event.losses),
-                     completed=len(event.losses), info="")
+                     completed=len(event.losses), label=Label("training steps"), count=None,
+                     info=f"{event.tokens_per_s:,.0f} tok/s")
             last = event.losses[-1]
             val = f", val {event.val_loss:.3f}" if event.val_loss is not None else ""
             self.console.print(f"  visit {event.visit + 1} [cyan]{event.holder}[/]: loss {event.losses[0]:.3f} → "
