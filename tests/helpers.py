@@ -14,6 +14,7 @@ import json
 import os
 import random
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -21,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TextIO
+
+import pytest
 
 from gputravel.console.entries import ENTRIES
 from gputravel.core import events as ev
@@ -345,3 +348,33 @@ def user_terminal(columns: int | None = None) -> Iterator[tuple[TextIO, bytearra
     finally:
         reader.join(10)
         os.close(user)
+
+
+@contextlib.contextmanager
+def small_disk(path: Path, size: int) -> Iterator[Path]:
+    """A tmpfs of ``size`` bytes mounted at ``path`` (skips when this process may not mount)."""
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def fill(path: Path, nbytes: int | None = None) -> Path:
+    """A filler file of ``nbytes`` (None: until the disk refuses) under ``path``."""
+    filler = path / ".filler"
+    block = b"\xa5" * (64 * 1024)
+    with open(filler, "wb", buffering=0) as f:
+        written = 0
+        while nbytes is None or written < nbytes:
+            try:
+                written += f.write(block if nbytes is None else block[: min(len(block), nbytes - written)])
+            except OSError:
+                break
+        with contextlib.suppress(OSError):
+            os.fsync(f.fileno())
+    return filler

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from gputravel.core.events import HolderStateChanged, RunStarted
 from gputravel.core.recording import load_recording
 from gputravel.core.runfolder import (
     FINAL_STATUSES,
+    RESERVE_BYTES,
     RUNS_DIR,
     RunAddress,
     RunFolder,
@@ -38,12 +40,13 @@ class RunInfo:
 
     name: str
     path: Path
-    status: str  # running | paused | completed | partial | failed | cancelled | died | not started
+    status: str  # running | paused | completed | partial | failed | cancelled | died | unknown | not started
     pid: int | None = None
     owner: str | None = None
     run_id: str | None = None
     started_at: float | None = None
     error: str | None = None
+    code: str | None = None  # the error's code where the run wrote how it ended (``disk-full``, ``device``, ...)
     settings: dict[str, Any] = field(default_factory=dict)
     visits_planned: int = 0
     visits_done: int = 0
@@ -68,7 +71,7 @@ class RunInfo:
     def to_dict(self, *, detail: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "path": str(self.path), "status": self.status, "pid": self.pid,
                                "owner": self.owner, "run_id": self.run_id, "started_at": self.started_at,
-                               "error": self.error, "visits_planned": self.visits_planned,
+                               "error": self.error, "code": self.code, "visits_planned": self.visits_planned,
                                "visits_done": self.visits_done, "visits_failed": self.visits_failed,
                                "holders": self.holders, "model": self.model, "resumed": self.resumed,
                                "data_path": self.settings.get("data_path"),
@@ -161,8 +164,10 @@ def read_run(path: Path, nodes: tuple[Path, ...] = ()) -> RunInfo:
     if written.get("status") in FINAL_STATUSES:
         info.status = str(written["status"])
         info.error = info.error or written.get("error")
+        info.code = written.get("code") if isinstance(written.get("code"), str) else None
     elif final is not None and not info.fleet and not (alive and _resuming(marker, final)):
         info.status = final_status(final)  # the run ended, though its process (a console) may live on
+        info.code = final.code if final.kind == "RunFailed" else None
     elif alive:
         paused = written.get("status") == "paused" or (not info.fleet and state.status == "paused")
         info.status = "paused" if paused else "running"
@@ -170,12 +175,27 @@ def read_run(path: Path, nodes: tuple[Path, ...] = ()) -> RunInfo:
         info.status, error = fleet_end
         info.error = info.error or error
     elif info.recordings or info.ledger.exists() or written:
-        info.status = "died"  # no process and no final word: it ended without saying how
-        info.error = info.error or "the run's process is gone and it wrote no final event"
+        info.status, why = _without_final_word(path)
+        info.error = info.error or why
     if info.started_at is None:
         with contextlib.suppress(OSError):
             info.started_at = path.stat().st_mtime
     return info
+
+
+def _without_final_word(path: Path) -> tuple[str, str]:
+    """A run whose process is gone and wrote no final word: ``died``; but where its disk is full now, a full
+    disk refused its last words too (the run's own ``status.json`` has room kept for it: a run from before
+    that, or one whose disk filled before it started), so how it ended is ``unknown``, and the disk is why."""
+    gone = "the run's process is gone and it wrote no final event"
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:
+        return "died", gone
+    if free >= RESERVE_BYTES:
+        return "died", gone
+    return "unknown", (f"{gone}: its disk is full ({free // 1024} KiB free), which refuses a final word too; "
+                       f"free space, then `gputravel run --resume --out {path}` continues it")
 
 
 def _resuming(marker: dict[str, Any], final: Any) -> bool:

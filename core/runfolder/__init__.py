@@ -42,10 +42,17 @@ from gputravel.core.runfolder.resume import (
     settings_digest,
     verify_run_folder,
 )
-from gputravel.core.runfolder.status import FINAL_STATUSES, clear_status, read_status, write_status
+from gputravel.core.runfolder.status import (
+    FINAL_STATUSES,
+    RESERVE_BYTES,
+    clear_status,
+    read_status,
+    reserve_status,
+    write_status,
+)
 
-__all__ = ["FINAL_STATUSES", "RUNS_DIR", "RUN_ADDRESS_HELP", "UNSEALED_SETTINGS", "RunAddress", "RunClaim",
+__all__ = ["FINAL_STATUSES", "RESERVE_BYTES", "RUNS_DIR", "RUN_ADDRESS_HELP", "UNSEALED_SETTINGS", "RunAddress", "RunClaim",
            "RunFolder", "RunFolderCheck", "clear_running", "clear_status", "driving_process", "find_run",
            "is_run_folder", "mark_running", "pid_alive", "read_marker", "read_settings", "read_status",
-           "replay_target", "resolve_run", "running_marker", "saved_settings", "sealed_settings_digest",
+           "replay_target", "reserve_status", "resolve_run", "running_marker", "saved_settings", "sealed_settings_digest",
            "settings_digest", "signal_run", "verify_run_folder", "write_status"]

@@ -35,6 +35,7 @@ _SETTINGS = "settings.json"
 _LEDGER = "ledger.db"
 _RECORDING = "recording.db"
 _STATUS = "status.json"
+_STATUS_RESERVE = ".status-reserve"
 _PID = "orchestrator.pid"
 _REPORT = "report.json"
 _FLEET = "fleet.json"
@@ -91,6 +92,11 @@ class RunFolder:
     @property
     def status_file(self) -> Path:
         return self.path / _STATUS
+
+    @property
+    def status_reserve(self) -> Path:
+        """Room kept on the run's disk for its last ``status.json`` (``core/runfolder/status.py``)."""
+        return self.path / _STATUS_RESERVE
 
     @property
     def pid_file(self) -> Path:

@@ -14,19 +14,17 @@ visit completed once, no epoch reused).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import random
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import gputravel_children
+from helpers import fill, gputravel_children, small_disk
 
 from gputravel.console.entries import ENTRIES
 from gputravel.core import events as ev
@@ -46,36 +44,6 @@ def gputravel(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[s
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.run([sys.executable, "-m", "gputravel.console.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=env)
-
-
-@contextlib.contextmanager
-def small_disk(path: Path, size: int) -> Iterator[Path]:
-    """A tmpfs of ``size`` bytes mounted at ``path`` (skips when this process may not mount)."""
-    path.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], capture_output=True)
-
-
-def fill(path: Path, nbytes: int | None = None) -> Path:
-    """A filler file of ``nbytes`` (None: until the disk refuses) under ``path``."""
-    filler = path / ".filler"
-    block = b"\xa5" * (64 * 1024)
-    with open(filler, "wb", buffering=0) as f:
-        written = 0
-        while nbytes is None or written < nbytes:
-            try:
-                written += f.write(block if nbytes is None else block[: min(len(block), nbytes - written)])
-            except OSError:
-                break
-        with contextlib.suppress(OSError):
-            os.fsync(f.fileno())
-    return filler
 
 
 @pytest.fixture(scope="module")
@@ -210,3 +178,21 @@ def test_a_full_disk_under_the_recording_stops_the_run_with_disk_full_and_resume
         report = resume_and_check(out, reference, "--record", str(record))
         assert committed <= {0, 1} and report["failed_visits"] == 0
         assert any(e.kind == "RunCompleted" for e in load_recording(record).events())
+
+
+def test_a_run_whose_whole_folder_fills_says_so_in_runs_ls_and_show(data: Path, tmp_path: Path) -> None:
+    """Operator walk (session 15): a run folder on a small disk (its checkpoints on another) fills under the
+    ledger or the recording; the run stops with DiskFullError (exit 12), and ``runs ls`` / ``runs show`` said
+    ``died``: status.json needed the full disk too. The run keeps room for it, so they say ``failed: disk full``
+    with the run's own error, as ``--json`` does (``code``)."""
+    out = tmp_path / "runs" / "run-small"
+    with small_disk(out, 600 * 1024), small_disk(out / "checkpoints", 64 * MIB):
+        proc = gputravel("run", "--data", str(data), *ARGS, "--out", str(out), "--json")
+        assert proc.returncode == 12, (proc.returncode, proc.stderr[-2000:])
+        assert json_error(proc)["code"] == "disk-full"
+        shown = gputravel("runs", "show", "run-small", "--runs-dir", str(tmp_path / "runs"), "--json")
+        doc = json.loads(shown.stdout)
+        assert (doc["status"], doc["code"]) == ("failed", "disk-full"), doc
+        assert "no space left" in doc["error"]
+        listed = gputravel("runs", "ls", "--runs-dir", str(tmp_path / "runs"))
+        assert "failed: disk full" in listed.stdout and "died" not in listed.stdout, listed.stdout

@@ -49,7 +49,7 @@ from gputravel.console.run_telemetry import TELEMETRY_INTERVAL_S
 from gputravel.core import events as ev
 from gputravel.core.config import RunSettings
 from gputravel.core.errors import AttestationError, CancelledRunError, ConfigError
-from gputravel.core.runfolder import RUNS_DIR, RunClaim, RunFolder, running_marker
+from gputravel.core.runfolder import RUNS_DIR, RunClaim, RunFolder, reserve_status, running_marker
 
 #: Exit code when the run finished but some visits failed (each is in the report and the ledger).
 
@@ -285,6 +285,7 @@ def _run_one(settings: RunSettings, folder: RunClaim, *, no_record: bool, record
     sinks: list[Any] = [view, ending]
     recorder = None
     folder.claim()
+    reserve_status(run)  # room for its last status.json, should a full disk stop it
     ok = False
     error: BaseException | None = None
     try:

@@ -43,7 +43,9 @@ RunsDir = Annotated[Path, typer.Option("--runs-dir", help="Folder that holds the
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON (errors too).")]
 RunArg = Annotated[str, typer.Argument(help=RUN_ADDRESS_HELP, metavar="RUN", show_default=False)]
 STATUS_STYLE = {"running": "bold cyan", "paused": "yellow", "completed": "green", "partial": "yellow", "failed": "bold red",
-                "cancelled": "yellow", "died": "bold red", "not started": "dim"}
+                "cancelled": "yellow", "died": "bold red", "unknown": "bold red", "not started": "dim"}
+#: error codes the status names beside the word (``failed: disk full``): what the operator fixes before a resume
+STATUS_CAUSES = {"disk-full": "disk full", "storage": "storage"}
 
 
 def register(app: typer.Typer) -> None:
@@ -61,12 +63,13 @@ def _when(t: float | None) -> str:
 def _status(info: RunInfo) -> str:
     style = STATUS_STYLE.get(info.status, "")
     resumed = f" [dim](resumed{f' {info.resumed}x' if info.resumed > 1 else ''})[/]" if info.resumed else ""
-    return (f"[{style}]{escape(info.status)}[/]" if style else escape(info.status)) + resumed
+    word = info.status + (f": {STATUS_CAUSES[info.code]}" if info.code in STATUS_CAUSES else "")
+    return (f"[{style}]{escape(word)}[/]" if style else escape(word)) + resumed
 
 
 @runs_app.command("ls")
 def ls_cmd(runs_dir: RunsDir = RUNS_DIR, as_json: AsJson = False) -> None:
-    """List the runs: status (running, paused, completed, partial, failed, cancelled, died), visits, start."""
+    """List the runs: status (running, paused, completed, partial, failed, cancelled, died, unknown), visits, start."""
     runs = list_runs(runs_dir)
     if as_json:
         _json({"runs_dir": str(runs_dir), "runs": [r.to_dict() for r in runs]})
@@ -94,7 +97,7 @@ def _uncommitted(info: RunInfo) -> set[int]:
     """Visits the recording shows done whose progress the ledger never committed: the run ended (a kill, a full
     disk) before their checkpoint was durable, so ``gputravel run --resume`` redoes them (the ledger is the truth;
     the recording's ``VisitCompleted`` comes as the visit ends, its commit once its checkpoint is written)."""
-    if info.fleet or info.state is None or info.status not in ("died", "failed", "cancelled"):
+    if info.fleet or info.state is None or info.status not in ("died", "unknown", "failed", "cancelled"):
         return set()
     from gputravel.core.errors import GpuTravelError
     from gputravel.core.ledger import read_rows
@@ -228,7 +231,7 @@ def stop_cmd(run: RunArg,
     """Stop a running run: SIGTERM to its orchestrator, which cancels the run, scrubs and shuts the device down."""
     info = read_run(find_run(run, runs_dir))
     if info.status not in ("running", "paused") or info.pid is None:
-        if read_marker(info.path).get("pid") is not None and info.status in ("died", "not started"):
+        if read_marker(info.path).get("pid") is not None and info.status in ("died", "unknown", "not started"):
             signal_run(info.path, signal.SIGTERM, name=info.name)  # names why nothing is signalled
         raise ConfigError(f"run {info.name} is not running ({info.status})")
     if info.owner == "gputravel-console" and not force:
