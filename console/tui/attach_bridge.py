@@ -22,9 +22,10 @@ from gputravel.console.tui.bridge import Bridge
 from gputravel.console.tui.playback import Playback
 from gputravel.console.view.model import RunState
 from gputravel.console.view.recorded_run import RecordedRun
+from gputravel.console.view.run_info import read_run, status_word
 from gputravel.core.phases import Phase
 from gputravel.core.recording import Recording
-from gputravel.core.runfolder import RunFolder
+from gputravel.core.runfolder import FINAL_STATUSES, RunFolder, driving_process, read_status
 
 __all__ = ["ATTACHED_SPEED", "AttachedBridge"]
 
@@ -89,7 +90,27 @@ class AttachedBridge(Bridge):
 
     def follow_more(self) -> bool:
         changed = self.check_control()
-        return self.playback.recorded.read_more() or changed
+        recorded = self.playback.recorded
+        more = recorded.read_more()
+        if self.folder is not None and (more or recorded.folder_status is None):
+            recorded.folder_status = self._folder_status(self.folder)
+        return more or changed
+
+    def _folder_status(self, folder: Path) -> str | None:
+        """How the folder says the run ended where the recording has no final event (None: it has one, or the
+        run goes on): ``status.json``'s final status (a full disk refused the recording's ``RunFailed``; it read
+        RUNNING, operator walk session 16), else, once the run's process is gone, what ``gputravel runs`` says
+        (``died``, ``unknown``)."""
+        if self.end_state.status in ("completed", "failed", "cancelled"):
+            return None
+        written = read_status(folder)
+        if written.get("status") in FINAL_STATUSES:
+            code = written.get("code")
+            return status_word(str(written["status"]), code if isinstance(code, str) else None)
+        if driving_process(folder) is not None:
+            return None
+        info = read_run(folder)
+        return info.word if info.status not in ("running", "paused", "not started") else None
 
     @property
     def end_state(self) -> RunState:
@@ -181,4 +202,5 @@ class AttachedBridge(Bridge):
     @property
     def run_live(self) -> bool:
         """The run has not ended (as its recording says)."""
-        return self.shown_status() not in ("completed", "failed", "cancelled", "partial")
+        status = self.shown_status() or ""
+        return status.split(":")[0] not in ("completed", "failed", "cancelled", "partial", "died", "unknown")

@@ -45,6 +45,9 @@ class RecordedRun:
         self.end_state = new_state()
         #: the status the recording's meta holds (a run that could not write its final event says it there)
         self.meta_status: str | None = None
+        #: how the run's folder says it ended where its recording cannot (a full disk refused the final event;
+        #: set by the bridge that knows the folder: ``failed: disk full``, ``died``, ``unknown``)
+        self.folder_status: str | None = None
         self.fold_end(self.player.items)
 
     def fold_end(self, items: Iterable[RecordedItem]) -> None:
@@ -74,6 +77,8 @@ class RecordedRun:
         status = self.end_state.status
         if status in TERMINAL_STATUSES:
             return str(status)
+        if self.folder_status is not None:
+            return self.folder_status
         if self.meta_status in TERMINAL_STATUSES | {"partial"}:
             return self.meta_status
         if status == "paused" and self.end_state.paused_before:

@@ -31,7 +31,16 @@ from gputravel.core.runfolder import (
     read_status,
 )
 
-__all__ = ["RunInfo", "list_runs", "read_run"]
+__all__ = ["STATUS_CAUSES", "RunInfo", "list_runs", "read_run", "status_word"]
+
+#: error codes a status names beside its word (``failed: disk full``): what the operator fixes before a resume
+STATUS_CAUSES = {"disk-full": "disk full", "storage": "storage"}
+
+
+def status_word(status: str, code: str | None) -> str:
+    """A run's status as ``gputravel runs`` and the console show it: the word, and the cause where it is one an
+    operator acts on (``failed: disk full``)."""
+    return f"{status}: {STATUS_CAUSES[code]}" if code in STATUS_CAUSES else status
 
 
 @dataclass
@@ -59,6 +68,11 @@ class RunInfo:
     resumed: int = 0  # times it went on with `run --resume` after it had ended
     #: a fleet: its ranks here, merged from other nodes' folders, and on other nodes (core/runfolder/nodes.py)
     nodes: dict[str, Any] | None = None
+
+    @property
+    def word(self) -> str:
+        """The status with its cause (:func:`status_word`)."""
+        return status_word(self.status, self.code)
 
     @property
     def recording(self) -> Path:

@@ -44,8 +44,6 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print JSON (errors too).")
 RunArg = Annotated[str, typer.Argument(help=RUN_ADDRESS_HELP, metavar="RUN", show_default=False)]
 STATUS_STYLE = {"running": "bold cyan", "paused": "yellow", "completed": "green", "partial": "yellow", "failed": "bold red",
                 "cancelled": "yellow", "died": "bold red", "unknown": "bold red", "not started": "dim"}
-#: error codes the status names beside the word (``failed: disk full``): what the operator fixes before a resume
-STATUS_CAUSES = {"disk-full": "disk full", "storage": "storage"}
 
 
 def register(app: typer.Typer) -> None:
@@ -63,8 +61,7 @@ def _when(t: float | None) -> str:
 def _status(info: RunInfo) -> str:
     style = STATUS_STYLE.get(info.status, "")
     resumed = f" [dim](resumed{f' {info.resumed}x' if info.resumed > 1 else ''})[/]" if info.resumed else ""
-    word = info.status + (f": {STATUS_CAUSES[info.code]}" if info.code in STATUS_CAUSES else "")
-    return (f"[{style}]{escape(word)}[/]" if style else escape(word)) + resumed
+    return (f"[{style}]{escape(info.word)}[/]" if style else escape(info.word)) + resumed
 
 
 @runs_app.command("ls")

@@ -42,8 +42,8 @@ class StatusBar(Widget):
         super().__init__(id=id, classes=classes)
 
     def watch_summary(self, summary: StatusSummary | None) -> None:
-        first = summary.status.split()[0] if summary is not None and summary.status else ""
-        first = {"pausing...": "paused", "cancelling...": "cancelled"}.get(first, first)  # pending: its colour
+        first = summary.status.split()[0].rstrip(":") if summary is not None and summary.status else ""
+        first = {"pausing...": "paused", "cancelling...": "cancelled", "died": "failed", "unknown": "failed"}.get(first, first)  # pending: its colour; an end with no final word: a failure's
         for status in ("idle", "running", "paused", "completed", "failed", "cancelled", "starting"):
             self.set_class(first == status, f"-{status}")
 

@@ -80,3 +80,35 @@ async def test_the_gpu_screen_of_an_attached_run_names_its_sampler_not_a_replay(
 
             await until(pilot, lambda a=app, s=said: s in str(a.screen.query_one("#nvml-status").render()),
                         timeout=10, what=f"{said!r} on the GPU screen")
+
+
+@pytest.mark.parametrize("written, shown", [
+    ({"status": "failed", "code": "disk-full"}, "failed: disk full"),  # status.json, in the room the run kept
+    (None, "died"),  # nothing written, the process gone: as `gputravel runs` says
+])
+async def test_an_attached_run_a_full_disk_stopped_reads_as_runs_show_says_not_running(
+        tmp_path: Path, written: dict[str, str] | None, shown: str) -> None:
+    """Operator walk (session 16): ``--attach`` a run that a full disk stopped read RUNNING, ATTACHED, its keys
+    offered: the disk refused the recording's ``RunFailed``. The console reads what ``gputravel runs show``
+    reads (``status.json``, the run's process), says it in the status bar and its keys say the run has ended."""
+    from gputravel.console.view.run_info import read_run
+    from gputravel.core.runfolder import write_status
+
+    folder = ended_run(tmp_path / "run", ev.PhaseStarted(1000.5, 0, "alice", "ROTATE", 1))  # no final event
+    if written is not None:
+        write_status(folder, written["status"], run_id="ended001", error="DiskFullError: ... no space left",
+                     code=written["code"])
+    assert read_run(folder).word == shown
+    app = make_app(replay=RunFolder(folder).recording, follow=True, attach=folder)
+    async with app.run_test(size=(80, 24)) as pilot:
+        bridge = app.bridge
+        assert isinstance(bridge, AttachedBridge)
+        await until(pilot, lambda: bridge.shown_status() == shown, timeout=10, what=f"the run shown {shown}")
+        assert not bridge.run_live
+        await until(pilot, lambda: shown.upper() in str(app.screen.query_one("#status-bar").render()),
+                    timeout=5, what="the status bar")
+        app.clear_notifications()
+        await pilot.press("space")
+        await until(pilot, lambda: notices(app), timeout=5, what="an answer to space")
+        assert notices(app)[-1].startswith(f"the run has ended ({shown}): there is nothing to steer")
+        assert actions(folder) == ["take"]
