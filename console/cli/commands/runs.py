@@ -54,8 +54,14 @@ def _json(obj: Any) -> None:
     typer.echo(json.dumps(obj, indent=2, default=str))
 
 
-def _when(t: float | None) -> str:
-    return datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S") if t else "-"
+def _when(t: float | None, *, short: bool = False) -> str:
+    """A run's start: ``2026-11-29 14:04:35``, or ``11-29 14:04`` where the screen is narrow."""
+    return datetime.fromtimestamp(t).strftime("%m-%d %H:%M" if short else "%Y-%m-%d %H:%M:%S") if t else "-"
+
+
+#: below this many columns ``runs ls`` gives its start without year and seconds: at 80 columns a row of a run
+#: started with ``--out /tmp/...`` ran to 87 and the terminal broke it, its pid alone on the next line (walk 16)
+NARROW_LS = 100
 
 
 def _status(info: RunInfo) -> str:
@@ -81,7 +87,7 @@ def ls_cmd(runs_dir: RunsDir = RUNS_DIR, as_json: AsJson = False) -> None:
     for r in runs:
         visits = f"{r.visits_done}/{r.visits_planned or '?'}" + (f" ({r.visits_failed}✗)" if r.visits_failed else "")
         table.add_row(escape(r.name), _status(r), visits, str(r.holders or "?"), escape(r.model),
-                      _when(r.started_at), str(r.pid or "-"))
+                      _when(r.started_at, short=console.width < NARROW_LS), str(r.pid or "-"))
     console.print(table)
 
 

@@ -106,3 +106,21 @@ def test_other_endings_show_no_cause(tmp_path: Path, status: str) -> None:
     write_status(run, status, run_id="r1", code="cancelled" if status == "cancelled" else None)
     line = _runs("show", "run-a", "--runs-dir", str(tmp_path / "runs")).stdout.splitlines()[0]
     assert line.startswith(f"run-a {status}  run"), line
+
+
+def test_runs_ls_at_80_columns_keeps_each_run_on_its_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Operator walk (session 16): at 80 columns a row of a run started with ``--out /tmp/c16/disk/r1`` and
+    ``failed: disk full`` ran to 87 columns, and the terminal put its pid alone on the next line. Narrow, the
+    start loses its year and seconds; wide (and to a pipe, 200) it is whole."""
+    runs = tmp_path / "runs"
+    for name in ("run-20261129-140435", "run-20261129-140959"):
+        (runs / name).mkdir(parents=True)
+        _new_run(runs / name)
+        write_status(runs / name, "failed", run_id="r1", error=DISK_FULL, code="disk-full")
+    monkeypatch.setenv("COLUMNS", "80")
+    lines = _runs("ls", "--runs-dir", str(runs)).stdout.splitlines()
+    assert len(lines) == 3 and all(len(line) <= 80 for line in lines), lines
+    assert all(line.rstrip().endswith(" -") and "failed: disk full" in line for line in lines[1:]), lines
+    monkeypatch.setenv("COLUMNS", "160")
+    wide = _runs("ls", "--runs-dir", str(runs)).stdout.splitlines()
+    assert all(len(line.split()) >= 8 and ":" in line.split()[-2] for line in wide[1:]), wide  # 14:04:35
