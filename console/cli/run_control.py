@@ -139,6 +139,32 @@ def controller(folder: Path) -> dict[str, Any] | None:
     return holder if holder is not None and _alive(holder.get("pid")) else None
 
 
+def run_breakpoints(folder: Path) -> set[str]:
+    """The breakpoints a run has, as a console attaching to it must show them: its settings' (``--break-before``),
+    then every ``break`` its channel asked, in order (walk 16: a run started with ``--break-before TRAIN`` and
+    paused there read ``breakpoints none`` attached, and ``b`` would have set, not cleared, the one it had)."""
+    from gputravel.core.phases import Phase
+
+    breaks: set[str] = set()
+    try:
+        saved = json.loads(RunFolder(folder).settings.read_text())
+    except (OSError, ValueError):
+        saved = {}
+    named = saved.get("breakpoints") if isinstance(saved, dict) else None
+    for name in named if isinstance(named, list) else ():
+        if str(name).upper() in Phase.__members__:
+            breaks.add(str(name).upper())
+    for request in ControlInbox(folder, from_start=True).read(("break",)):
+        phase = str(request.get("phase", "")).upper()
+        if phase not in Phase.__members__:
+            continue
+        on = request.get("on")
+        if on is None:
+            on = phase not in breaks
+        (breaks.add if on else breaks.discard)(phase)
+    return breaks
+
+
 def apply_request(control: Any, request: dict[str, Any]) -> None:
     """One request on the engine's ``Control`` (core/travel/control.py), as the console's key would do it (the
     consoles' own lines, ``take`` and ``release``, ask nothing of the run)."""

@@ -18,6 +18,7 @@ from typing import Any
 from textual.app import App
 
 from gputravel.console.cli.control_client import ControlClient
+from gputravel.console.cli.run_control import run_breakpoints
 from gputravel.console.tui.bridge import Bridge
 from gputravel.console.tui.playback import Playback
 from gputravel.console.view.model import RunState
@@ -45,7 +46,9 @@ class AttachedBridge(Bridge):
 
     def __init__(self, app: App[Any], recording: Recording, folder: Path | None, *, take: bool = True) -> None:
         super().__init__(app)
-        self.control = ControlClient(folder)
+        # the run's own breakpoints (its --break-before, and those asked on its channel), not none
+        self.control = ControlClient(folder, breaks={Phase(name) for name in run_breakpoints(folder)}
+                                     if folder is not None and folder.is_dir() else None)
         self.state = self.new_state()
         self.playback = Playback(self, RecordedRun(recording, new_state=self.new_state), follow=True,
                                  speed=ATTACHED_SPEED)

@@ -112,3 +112,24 @@ async def test_an_attached_run_a_full_disk_stopped_reads_as_runs_show_says_not_r
         await until(pilot, lambda: notices(app), timeout=5, what="an answer to space")
         assert notices(app)[-1].startswith(f"the run has ended ({shown}): there is nothing to steer")
         assert actions(folder) == ["take"]
+
+
+async def test_an_attached_run_shows_the_breakpoints_it_was_started_with_and_those_asked_since(
+        tmp_path: Path) -> None:
+    """Operator walk (session 16): a run started with ``--break-before TRAIN`` and paused there read
+    ``breakpoints none`` attached (the console knew only the breakpoints it set itself), so ``b`` on TRAIN
+    would have set the one it had. Its settings' breakpoints and its channel's ``break`` lines are its own."""
+    from gputravel.console.cli.run_control import run_breakpoints, send_control
+
+    folder = ended_run(tmp_path / "run", ev.RunPaused(1000.5, "breakpoint", "TRAIN"))
+    RunFolder(folder).settings.write_text(json.dumps({"breakpoints": ["TRAIN", "VERIFY"]}))
+    send_control(folder, "break", phase="provision", on=True)
+    send_control(folder, "break", phase="VERIFY", on=False)
+    assert run_breakpoints(folder) == {"TRAIN", "PROVISION"}
+    app = make_app(replay=RunFolder(folder).recording, follow=True, attach=folder)
+    async with app.run_test(size=(120, 40)) as pilot:
+        bridge = app.bridge
+        assert isinstance(bridge, AttachedBridge)
+        assert bridge.breaks == {"TRAIN", "PROVISION"}
+        await until(pilot, lambda: "breakpoints PROVISION, TRAIN" in str(app.screen.query_one("#visit-detail").render()),
+                    timeout=10, what="the run's breakpoints in the panel")
