@@ -46,9 +46,11 @@ HOLDERS_PANEL, RUN_PANEL, VIEW_PANEL = "Holders and data path", "The run", "Scre
 
 
 def come_back(folder: Path) -> str:
-    """What a detached console prints: how to come back to the run."""
-    return (f"detached from {folder}: the run goes on. Come back with gputravel-console --attach {folder} "
-            f"(full control) or gputravel-console --replay {folder} --follow (read-only).")
+    """What a detached console prints: how to come back to the run, one whole command a line (at 80 columns the
+    terminal broke them mid-word, ``--a`` / ``ttach``: walk 16)."""
+    return (f"detached from {folder}: the run goes on. Come back with\n"
+            f"  gputravel-console --attach {folder}    (full control)\n"
+            f"  gputravel-console --replay {folder} --follow    (read-only)")
 
 
 def left_message(how: str, folder: Path, *, proc: Any = None) -> str | None:

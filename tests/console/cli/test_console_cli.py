@@ -338,5 +338,8 @@ def test_leaving_an_attached_run_says_how_to_come_back_only_while_it_goes_on(tmp
     said = invoke("--attach", str(run)).output
     assert f"Come back with gputravel-console --attach {run}" in " ".join(said.split())
     assert f"gputravel-console --replay {run} --follow" in " ".join(said.split())
+    # one whole command a line: at 80 columns the terminal broke the one long line mid-word (walk 16)
+    assert f"  gputravel-console --attach {run}    (full control)" in said.splitlines(), said
+    assert f"  gputravel-console --replay {run} --follow    (read-only)" in said.splitlines(), said
     left[0] = "quit"
     assert invoke("--attach", str(run)).output == ""
