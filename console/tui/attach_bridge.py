@@ -26,7 +26,7 @@ from gputravel.console.view.recorded_run import RecordedRun
 from gputravel.console.view.run_info import read_run, status_word
 from gputravel.core.phases import Phase
 from gputravel.core.recording import Recording
-from gputravel.core.runfolder import FINAL_STATUSES, RunFolder, driving_process, read_status
+from gputravel.core.runfolder import FINAL_STATUSES, RunFolder, driving_process, pid_alive, read_status
 
 __all__ = ["ATTACHED_SPEED", "AttachedBridge"]
 
@@ -102,8 +102,8 @@ class AttachedBridge(Bridge):
     def _folder_status(self, folder: Path) -> str | None:
         """How the folder says the run ended where the recording has no final event (None: it has one, or the
         run goes on): ``status.json``'s final status (a full disk refused the recording's ``RunFailed``; it read
-        RUNNING, operator walk session 16), else, once the run's process is gone, what ``gputravel runs`` says
-        (``died``, ``unknown``)."""
+        RUNNING, operator walk session 16), else, once the process that wrote the recording (its meta's ``pid``)
+        is gone, what ``gputravel runs`` says (``died``, ``unknown``)."""
         if self.end_state.status in ("completed", "failed", "cancelled"):
             return None
         written = read_status(folder)
@@ -112,6 +112,9 @@ class AttachedBridge(Bridge):
             return status_word(str(written["status"]), code if isinstance(code, str) else None)
         if driving_process(folder) is not None:
             return None
+        pid = self.playback.player.recording.meta.get("pid")  # the process that wrote the recording
+        if not isinstance(pid, int) or pid_alive(pid):
+            return None  # no process to ask about (a recording written by something else), or it lives: it runs
         info = read_run(folder)
         return info.word if info.status not in ("running", "paused", "not started") else None
 

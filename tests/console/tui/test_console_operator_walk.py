@@ -9,6 +9,7 @@ recording and channel (no process behind it: what is checked is what the console
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -91,10 +92,19 @@ async def test_an_attached_run_a_full_disk_stopped_reads_as_runs_show_says_not_r
     """Operator walk (session 16): ``--attach`` a run that a full disk stopped read RUNNING, ATTACHED, its keys
     offered: the disk refused the recording's ``RunFailed``. The console reads what ``gputravel runs show``
     reads (``status.json``, the run's process), says it in the status bar and its keys say the run has ended."""
+    import subprocess
+    import sys
+
     from gputravel.console.view.run_info import read_run
     from gputravel.core.runfolder import write_status
 
-    folder = ended_run(tmp_path / "run", ev.PhaseStarted(1000.5, 0, "alice", "ROTATE", 1))  # no final event
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    folder = tmp_path / "run"
+    folder.mkdir(mode=0o700)
+    rec = Recorder(RunFolder(folder).recording, meta={"settings": {"holders": 1}, "pid": int(gone.stdout)})
+    rec(ev.RunStarted(1000.1, "ended001", {"kind": "emulated", "sim": True}, ("alice",), 1))
+    rec(ev.PhaseStarted(1000.5, 0, "alice", "ROTATE", 1))  # then the full disk: no final event
+    rec.close()
     if written is not None:
         write_status(folder, written["status"], run_id="ended001", error="DiskFullError: ... no space left",
                      code=written["code"])
@@ -121,7 +131,7 @@ async def test_an_attached_run_shows_the_breakpoints_it_was_started_with_and_tho
     would have set the one it had. Its settings' breakpoints and its channel's ``break`` lines are its own."""
     from gputravel.console.cli.run_control import run_breakpoints, send_control
 
-    folder = ended_run(tmp_path / "run", ev.RunPaused(1000.5, "breakpoint", "TRAIN"))
+    folder = recorded_run(tmp_path / "run", ev.RunPaused(1000.5, "breakpoint", "TRAIN"))
     RunFolder(folder).settings.write_text(json.dumps({"breakpoints": ["TRAIN", "VERIFY"]}))
     send_control(folder, "break", phase="provision", on=True)
     send_control(folder, "break", phase="VERIFY", on=False)
