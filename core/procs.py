@@ -33,6 +33,38 @@ _forking_pid = [os.getpid()]
 os.register_at_fork(before=lambda: _forking_pid.__setitem__(0, os.getpid()))
 
 
+#: why a process cannot be tied to its parent's life where ``prctl`` is missing (off Linux): what
+#: :func:`end_with_parent` returns there, doing nothing
+NO_PARENT_DEATH_SIGNAL = ("not tied to its parent's life: no prctl(PR_SET_PDEATHSIG) on this platform (Linux only), "
+                          "so a parent killed outright (kill -9, the OOM killer) leaves this process running")
+
+
+def parent_pid(pid: int) -> int | None:
+    """The parent of the live process ``pid`` (field 4 of ``/proc/<pid>/stat``); None: gone or unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().decode("utf-8", "replace").rsplit(")", 1)[1].split()
+        return int(fields[1]) if fields[0] not in ("Z", "X") else None
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def end_with_parent(*, grandparent: int | None) -> str | None:
+    """For a process a program that is not ours started (each of torchrun's workers), from its own first lines:
+    the kernel kills it (SIGKILL) when its parent dies, as :func:`die_with_parent` does for our own children.
+    ``grandparent``: the pid its parent's parent must have (the process that started that program), the check
+    against the race in which the parent died before this call (its children then belong to init or a
+    subreaper): such a process ends itself here. None: only a parent that is init is taken for a dead one.
+    Returns None once armed, else why nothing could be armed here (``NO_PARENT_DEATH_SIGNAL``; a no-op)."""
+    if _prctl is None:
+        return NO_PARENT_DEATH_SIGNAL
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    parent = os.getppid()
+    if parent <= 1 or (grandparent is not None and parent_pid(parent) != grandparent):
+        os.kill(os.getpid(), signal.SIGKILL)  # the parent (or the one that started it) died first
+    return None
+
+
 def die_with_parent() -> None:
     """``preexec_fn`` of every child of the orchestrator: the kernel kills the child (SIGKILL) when the
     orchestrator dies, even by kill -9, so a crashed run never leaves a device service holding keys, model

@@ -93,6 +93,29 @@ def live_processes() -> list[Proc]:
     return found
 
 
+def descendants(root: int) -> dict[int, str]:
+    """Every live descendant of ``root``: pid -> command line."""
+    procs = live_processes()
+    children: dict[int, list[int]] = {}
+    for p in procs:
+        children.setdefault(p.ppid, []).append(p.pid)
+    cmd = {p.pid: p.cmd for p in procs}
+    found: dict[int, str] = {}
+    todo = list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        found[pid] = cmd.get(pid, "?")
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def still_alive(pids: dict[int, str]) -> dict[int, str]:
+    """Those of ``pids`` (pid -> command line, from ``descendants``) still alive: the same pid with the same command
+    line, not a reused pid."""
+    live = {p.pid: p.cmd for p in live_processes()}
+    return {pid: c for pid, c in pids.items() if live.get(pid) == c}
+
+
 def gputravel_children() -> list[str]:
     """Live (non-zombie) gputravel processes whose parent is this test process."""
     return [f"{p.pid}: {p.cmd}" for p in live_processes() if p.ppid == os.getpid() and "gputravel" in p.cmd]

@@ -15,14 +15,9 @@ import signal
 import sys
 from pathlib import Path
 
-from gputravel.console.entries import ENTRIES
-from gputravel.console.holders import HolderSet
 from gputravel.core import events as ev
 from gputravel.core.errors import GpuTravelError
-from gputravel.core.fleet.node import my_fleet_rank
-from gputravel.core.fleet.run import load_config, run_rank
-from gputravel.core.recording import Recorder
-from gputravel.core.runfolder import RunFolder
+from gputravel.core.fleet.lifeline import end_with_launcher
 
 
 class _Lines:
@@ -47,6 +42,18 @@ class _Lines:
 
 
 def main(argv: list[str] | None = None) -> None:
+    # first, before the imports that take seconds (torch): this worker dies with torchrun, torchrun with the
+    # launcher, so a launcher killed outright leaves no worker, device service or agent behind (lifeline.py)
+    untied = end_with_launcher()
+    if untied is not None:
+        sys.stderr.write(f"[gpu {os.environ.get('RANK', '?')}] note: {untied}\n")
+    from gputravel.console.entries import ENTRIES
+    from gputravel.console.holders import HolderSet
+    from gputravel.core.fleet.node import my_fleet_rank
+    from gputravel.core.fleet.run import load_config, run_rank
+    from gputravel.core.recording import Recorder
+    from gputravel.core.runfolder import RunFolder
+
     parser = argparse.ArgumentParser(prog="python -m gputravel.console.cli.fleet_rank")
     parser.add_argument("--config", required=True, type=Path, help="<out>/fleet.json, written by gputravel run")
     ns = parser.parse_args(argv)

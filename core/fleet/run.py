@@ -28,6 +28,7 @@ from gputravel.core.entries import Entries
 from gputravel.core.errors import ConfigError, FleetDeviceLostError, GpuTravelError
 from gputravel.core.events import Event
 from gputravel.core.fleet.failure import RankError, job_failure, read_report
+from gputravel.core.fleet.lifeline import LAUNCHER_PID_ENV
 from gputravel.core.fleet.node import join_fleet
 from gputravel.core.fleet.pki import install_sim_pki, local_sim_pki
 from gputravel.core.fleet.platform import FleetPlatform
@@ -124,6 +125,7 @@ def launch_fleet(settings: RunSettings, fleet: FleetOptions, *, entry: str, rdzv
         stale.unlink(missing_ok=True)
     child_env = {**os.environ, **(env or {})}
     child_env.setdefault("OMP_NUM_THREADS", "1")
+    child_env[LAUNCHER_PID_ENV] = str(os.getpid())  # what each worker checks (lifeline.py)
     # torchrun's output (the ranks' progress, its own account) shown live on our stderr unless quiet (stdout stays
     # the report's); its tail kept either way, for the job's error
     shown = None if quiet else sys.stderr

@@ -8,6 +8,9 @@ whose output is passed on byte for byte (no output processing of its own, the te
 terminal itself; elsewhere (a file, a pipe, a quiet run) to a pipe. One loop in the calling thread reads the
 child's output as it comes, so no pipe fills, and an interrupt (Ctrl-C, a caller's timeout) reaches it there:
 the child gets SIGTERM first, its last words are still read, and only a child that outlives the grace is killed.
+A launcher killed outright (kill -9, the OOM killer) runs none of that: the kernel kills the child (SIGKILL,
+``PR_SET_PDEATHSIG``, set between fork and exec) and the child's own children see to theirs (torchrun's
+workers arm their own, ``core.fleet.run.end_with_launcher``).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import time
 import tty
 from dataclasses import dataclass
 from typing import TextIO
+
+from gputravel.core.procs import die_with_parent
 
 __all__ = ["TAIL_BYTES", "Teed", "run_teed"]
 
@@ -155,7 +160,9 @@ def run_teed(cmd: list[str], *, env: dict[str, str], show: TextIO | None, tail_b
     fd, child_end = _channel(shown)
     try:
         try:
-            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=child_end, stderr=child_end)
+            # the child dies with this process (SIGKILL, kill -9 and the OOM killer included; core.procs)
+            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=child_end, stderr=child_end,
+                                    preexec_fn=die_with_parent)
         finally:
             os.close(child_end)  # the child holds its own: its end (EOF, EIO) is when every writer has closed
         with proc:

@@ -32,7 +32,7 @@ from crash_support import (
     resume,
     run_with_fault,
 )
-from helpers import HolderData, live_processes
+from helpers import HolderData, descendants, still_alive
 
 from gputravel.core.ledger import read_rows
 
@@ -131,27 +131,6 @@ def test_resumed_run_never_reuses_the_epoch_of_the_interrupted_visit(data: Path,
     assert after and min(after) > before
 
 
-def _descendants(root: int) -> dict[int, str]:
-    """Every live descendant of ``root``: pid -> command line."""
-    procs = live_processes()
-    children: dict[int, list[int]] = {}
-    for p in procs:
-        children.setdefault(p.ppid, []).append(p.pid)
-    cmd = {p.pid: p.cmd for p in procs}
-    found: dict[int, str] = {}
-    todo = list(children.get(root, []))
-    while todo:
-        pid = todo.pop()
-        found[pid] = cmd.get(pid, "?")
-        todo.extend(children.get(pid, []))
-    return found
-
-
-def _alive(pids: dict[int, str]) -> dict[int, str]:
-    live = {p.pid: p.cmd for p in live_processes()}
-    return {pid: c for pid, c in pids.items() if live.get(pid) == c}  # same pid and command: not a reused pid
-
-
 def test_killed_orchestrator_leaves_no_child_behind(data: Path, tmp_path: Path) -> None:
     """``kill -9`` of a real ``gputravel run`` (SSH transport: the embedded SSH server, agents under it, the
     device service) while it is paused before the first hand-off: within seconds no process it started is
@@ -166,7 +145,7 @@ def test_killed_orchestrator_leaves_no_child_behind(data: Path, tmp_path: Path) 
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and orch.poll() is None:
-            kids = _descendants(orch.pid)
+            kids = descendants(orch.pid)
             cmds = list(kids.values())
             if any("gputravel.core.device" in c for c in cmds) and any("sshserver" in c for c in cmds) and \
                     sum("gputravel.agents.holder" in c and "python" in c.split()[0] for c in cmds) >= 2:
@@ -176,19 +155,19 @@ def test_killed_orchestrator_leaves_no_child_behind(data: Path, tmp_path: Path) 
             pytest.fail(f"the run never had its device, SSH server and 2 agents up: rc={orch.poll()} "
                         f"{(tmp_path / 'stderr').read_text()[-1500:]} children={kids}")
         time.sleep(0.5)
-        kids = _descendants(orch.pid)
+        kids = descendants(orch.pid)
         os.kill(orch.pid, signal.SIGKILL)
         assert orch.wait(timeout=10) == -signal.SIGKILL
         deadline = time.monotonic() + 10
-        while _alive(kids) and time.monotonic() < deadline:
+        while still_alive(kids) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert _alive(kids) == {}, f"children outlived the killed orchestrator: {_alive(kids)}"
+        assert still_alive(kids) == {}, f"children outlived the killed orchestrator: {still_alive(kids)}"
     finally:
         for f in log:
             f.close()
         if orch.poll() is None:
             orch.kill()
             orch.wait()
-        for pid in _alive(kids):  # clean up whatever this test started, by pid
+        for pid in still_alive(kids):  # clean up whatever this test started, by pid
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
