@@ -8,4 +8,5 @@
 * ``keyagree.py``, ``auth.py``, ``pki.py``, ``node.py``: the fleet key agreed by attestation, and how the ranks
   trust each other;
 * ``verify.py``: proving a whole fleet run from its ledgers.
+* ``lifeline.py``: every process of a fleet ends with its launcher, however the launcher ends.
 """

@@ -2,7 +2,7 @@
 
 ``gputravel run --gpus N`` (the launcher) starts torchrun, torchrun starts one worker per rank, each worker its
 device service and its holders' agents (or the embedded SSH server that starts them). Stopped the usual way
-(Ctrl-C, ``gputravel runs stop``), each stops the next: the launcher SIGTERMs torchrun (``tee.run_teed``), whose
+(Ctrl-C), each stops the next: the launcher SIGTERMs torchrun (``tee.run_teed``), whose
 agent SIGTERMs each worker's process group (torch 2.13: its handler of SIGTERM, SIGINT, SIGHUP and SIGQUIT,
 installed when it starts the workers; those still alive 30 s later are killed). Killed outright (kill -9, the
 OOM killer, a job scheduler) a process runs nothing, and torchrun puts each worker in a session of its own, so

@@ -10,7 +10,7 @@ child's output as it comes, so no pipe fills, and an interrupt (Ctrl-C, a caller
 the child gets SIGTERM first, its last words are still read, and only a child that outlives the grace is killed.
 A launcher killed outright (kill -9, the OOM killer) runs none of that: the kernel kills the child (SIGKILL,
 ``PR_SET_PDEATHSIG``, set between fork and exec) and the child's own children see to theirs (torchrun's
-workers arm their own, ``core.fleet.run.end_with_launcher``).
+workers arm their own, ``core.fleet.lifeline.end_with_launcher``).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import pwd
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -27,7 +28,7 @@ from typing import Any
 
 import asyncssh
 import pytest
-from helpers import write_holder
+from helpers import wait_for, write_holder
 
 from gputravel.agents.deploy import connect
 from gputravel.agents.holder import agent_sha256
@@ -35,7 +36,7 @@ from gputravel.agents.inventory import HolderSpec, load_inventory
 from gputravel.agents.ssh_holder import SshHolderLink
 from gputravel.console import holders
 from gputravel.core.config import RunSettings
-from gputravel.core.errors import AgentError
+from gputravel.core.errors import AgentError, GpuTravelError
 from gputravel.core.ledger import read_rows
 
 SSHD = Path("/usr/sbin/sshd")
@@ -290,3 +291,46 @@ async def test_an_agent_killed_while_its_holder_waits_goes_offline_and_the_run_e
                       and r.outcome == "offline")
     assert len(handoffs) == 1 and handoffs[0] > offline_at  # the key only went to the re-verified agent
     assert rows[-1].kind == "run-completed" and rows[-1].outcome == "ok" and report["ledger"]["verified"]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _handed_off(ledger: Path) -> bool:
+    try:
+        return any(r.kind == "phase" and r.phase == "HANDOFF" for r in read_rows(ledger))
+    except (GpuTravelError, sqlite3.Error):  # no ledger yet, or one being created
+        return False
+
+
+@pytest.mark.process
+def test_an_orchestrator_killed_outright_leaves_no_process_on_the_holders(openssh: OpenSsh, tmp_path: Path) -> None:
+    """The holders' side gets no signal of ours: their agents run under sshd as the holders' own users. ``kill -9``
+    of a real ``gputravel run`` paused before PROVISION (both agents attested, holder-a's holding its provisioning
+    key): its sockets close with it, sshd ends each session, the agent reads the end of its stdin and ends, and
+    no process of either holder user is left (a fleet's worker holds its holders' sessions the same way)."""
+    out = tmp_path / "run"
+    log_path = tmp_path / "run.log"
+    with log_path.open("wb") as log:
+        orch = subprocess.Popen([sys.executable, "-m", "gputravel.console.cli", "run", "--holders-file",
+                                 str(openssh.inventory), "--rounds", "1", "--steps-per-visit", "2", "--batch-size", "4",
+                                 "--seq-len", "32", "--chunk-kib", "16", "--buffer-mib", "0.25", "--out", str(out),
+                                 "--break-before", "PROVISION"],
+                                stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        assert wait_for(lambda: _handed_off(out / "ledger.db") or orch.poll() is not None, 240, 0.2), "never handed off"
+        assert orch.poll() is None, log_path.read_text()[-2000:]
+        for name, uid in openssh.uids.items():
+            assert any(b"gputravel.agents.holder" in _cmdline(pid) for pid in _pids_of(uid)), f"no agent of {name}"
+        os.kill(orch.pid, signal.SIGKILL)
+        assert orch.wait(timeout=10) == -signal.SIGKILL
+        assert wait_for(lambda: not any(_pids_of(uid) for uid in openssh.uids.values()), 20, 0.2), \
+            {name: [_cmdline(pid) for pid in _pids_of(uid)] for name, uid in openssh.uids.items()}
+    finally:
+        if orch.poll() is None:
+            orch.kill()
+            orch.wait()

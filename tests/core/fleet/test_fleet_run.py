@@ -3,17 +3,22 @@ local holders (H = 3 is not a multiple of N: one GPU idles in each round's last 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from helpers import fleet_settings, user_terminal
+from helpers import descendants, fleet_settings, still_alive, user_terminal, wait_for
 
 from gputravel.console.entries import GPU_RANK, launch_gpus
 from gputravel.core.bench.data import make_holders
-from gputravel.core.errors import ConfigError, FleetDeviceLostError
+from gputravel.core.errors import ConfigError, FleetDeviceLostError, GpuTravelError
 from gputravel.core.fleet.rank import FleetOptions
 from gputravel.core.fleet.run import Rendezvous, torchrun_command, verify_fleet
 from gputravel.core.ledger import read_rows, verify_ledger
@@ -143,6 +148,63 @@ def test_a_device_lost_after_the_step_all_reduce_leaves_every_rank_resumable(dat
     resumed = launch_gpus(fleet_settings(data, out, resume=True), FleetOptions(gpus=2, timeout_s=120), quiet=True)
     assert resumed["fleet"]["replica_digests_equal"] is True
     assert {v["visit"] for v in resumed["visits"] if v["outcome"] == "done"} == {0, 1, 2}
+
+
+#: the launcher ``gputravel run --gpus 2`` runs (``launch_gpus``), as its own process, on the given settings
+LAUNCHER = """
+import json, sys
+from gputravel.console.entries import launch_gpus
+from gputravel.core.config import RunSettings
+from gputravel.core.fleet.rank import FleetOptions
+launch_gpus(RunSettings.from_dict(json.loads(sys.argv[1])), FleetOptions(gpus=2, timeout_s=120), quiet=True)
+"""
+
+
+def _trained(out: Path) -> bool:
+    """A rank has finished TRAIN of its first visit (step 0's all-reduce done or under way)."""
+    for ledger in out.glob("rank-*/ledger.db"):
+        with contextlib.suppress(GpuTravelError, sqlite3.Error):
+            if any(r.kind == "phase" and r.phase == "TRAIN" for r in read_rows(ledger)):
+                return True
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # up to three fleet runs (the reference, when this test runs alone): 7 min at load 10
+def test_a_launcher_killed_outright_leaves_nothing_running_and_resume_reaches_the_reference(
+        data: Path, secure: dict, tmp_path: Path) -> None:
+    """The launcher's process alone is SIGKILLed (kill -9, the OOM killer, a job scheduler) once a rank has trained
+    step 0: torchrun, both workers, their device services and their agents end with it within seconds (before,
+    the workers, in sessions of their own, went on for 25-35 s, one through a whole hand-off, until a write to
+    the dead launcher's pipe failed), and ``--resume`` ends with the uninterrupted fleet's model."""
+    out = tmp_path / "k"
+    log = (tmp_path / "launcher.log").open("wb")
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, json.dumps(fleet_settings(data, out).to_dict())],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    tree: dict[int, str] = {}
+    try:
+        assert wait_for(lambda: _trained(out) or launcher.poll() is not None, timeout=400, interval=0.2)
+        assert launcher.poll() is None, (tmp_path / "launcher.log").read_text()[-2000:]
+        tree = descendants(launcher.pid)
+        os.kill(launcher.pid, signal.SIGKILL)
+        assert launcher.wait(timeout=10) == -signal.SIGKILL
+        for role, count in (("torch.distributed.run", 1), ("gputravel.console.cli.fleet_rank", 2),
+                            ("gputravel.core.fleet.device", 2), ("gputravel.agents.holder", 2)):
+            assert sum(role in cmd for cmd in tree.values()) >= count, f"no {role} at the kill: {tree}"
+        assert wait_for(lambda: not still_alive(tree), timeout=15, interval=0.1), \
+            f"outlived the killed launcher: {still_alive(tree)}"
+    finally:
+        log.close()
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        for pid in still_alive(tree):  # whatever this test started, by pid
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    resumed = launch_gpus(fleet_settings(data, out, resume=True), FleetOptions(gpus=2, timeout_s=120), quiet=True)
+    assert resumed["fleet"]["replica_digests_equal"] is True and resumed["failed_visits"] == 0
+    assert resumed["ledger"]["verified"] is True
+    assert resumed["training"]["model_digest"] == secure["training"]["model_digest"]
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ import pytest
 from helpers import descendants, still_alive, wait_for
 
 from gputravel.core import procs
-from gputravel.core.fleet.lifeline import LAUNCHER_PID_ENV
+from gputravel.core.fleet.lifeline import LAUNCHER_PID_ENV, end_with_launcher
 
 pytestmark = [pytest.mark.process,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")]
@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.process,
 #: the launcher: its pid in the environment, as launch_fleet puts it, then run_teed over the torchrun stand-in
 LAUNCHER = """
 import os, sys
-from gputravel.core.fleet.lifeline import LAUNCHER_PID_ENV
+from gputravel.core.fleet.lifeline import LAUNCHER_PID_ENV, end_with_launcher
 from gputravel.core.fleet.tee import run_teed
 env = {**os.environ, LAUNCHER_PID_ENV: str(os.getpid())}
 run_teed([sys.executable, "-c", sys.argv[1], *sys.argv[2:]], env=env, show=None)
@@ -55,24 +55,25 @@ time.sleep(600)
 
 
 @contextlib.contextmanager
-def _chain(folder: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """The launcher, its torchrun stand-in and worker started; whatever of them is left is killed at the end."""
+def _chain(folder: Path) -> Iterator[tuple[subprocess.Popen[bytes], dict[int, str]]]:
+    """The launcher, its torchrun stand-in and worker started, and the pids the test saw of them (pid -> command
+    line; filled by ``_torchrun_and_worker``); whatever of them is left is killed at the end, by pid."""
     launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, TORCHRUN, WORKER, str(folder)],
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     seen: dict[int, str] = {}
     try:
-        yield launcher
+        yield launcher, seen
     finally:
-        seen = descendants(launcher.pid)
+        seen.update(descendants(launcher.pid))
         if launcher.poll() is None:
             launcher.kill()
         launcher.wait()
-        for pid in still_alive(seen):  # only what this test started, by pid
+        for pid in still_alive(seen):  # only what this test started
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
 
 
-def _torchrun_and_worker(launcher: int) -> tuple[int, int]:
+def _torchrun_and_worker(launcher: int, seen: dict[int, str]) -> tuple[int, int]:
     """The pids of the torchrun stand-in (its command line holds TORCHRUN's text) and of its worker."""
     tree: dict[int, str] = {}
 
@@ -82,6 +83,7 @@ def _torchrun_and_worker(launcher: int) -> tuple[int, int]:
         return len(tree) >= 2
 
     assert wait_for(up, timeout=60, interval=0.2), f"the chain never started: {tree}"
+    seen.update(tree)
     torchrun = next(pid for pid, cmd in tree.items() if "start_new_session" in cmd)
     worker = next(pid for pid, cmd in tree.items() if "start_new_session" not in cmd)
     return torchrun, worker
@@ -89,12 +91,12 @@ def _torchrun_and_worker(launcher: int) -> tuple[int, int]:
 
 def test_a_launcher_killed_outright_takes_torchrun_and_its_worker_with_it(tmp_path: Path) -> None:
     (tmp_path / "go").touch()
-    with _chain(tmp_path) as launcher:
-        torchrun, worker = _torchrun_and_worker(launcher.pid)
+    with _chain(tmp_path) as (launcher, seen):
+        torchrun, worker = _torchrun_and_worker(launcher.pid, seen)
         assert wait_for(lambda: (tmp_path / "armed").exists(), timeout=60)
         assert (tmp_path / "armed").read_text() == "None"  # armed: no reason why not
         assert os.getsid(worker) == worker != os.getsid(torchrun)  # a session of its own: no group kill reaches it
-        tree = descendants(launcher.pid)
+        tree = dict(seen)
         os.kill(launcher.pid, signal.SIGKILL)
         assert launcher.wait(timeout=10) == -signal.SIGKILL
         assert wait_for(lambda: not still_alive(tree), timeout=10), f"outlived the launcher: {still_alive(tree)}"
@@ -103,10 +105,10 @@ def test_a_launcher_killed_outright_takes_torchrun_and_its_worker_with_it(tmp_pa
 def test_a_worker_whose_torchrun_is_killed_ends_with_it(tmp_path: Path) -> None:
     """torchrun itself killed (the OOM killer's pick): its worker dies too, though torchrun stopped nothing."""
     (tmp_path / "go").touch()
-    with _chain(tmp_path) as launcher:
-        torchrun, worker = _torchrun_and_worker(launcher.pid)
+    with _chain(tmp_path) as (launcher, seen):
+        torchrun, worker = _torchrun_and_worker(launcher.pid, seen)
         assert wait_for(lambda: (tmp_path / "armed").exists(), timeout=60)
-        tree = {pid: cmd for pid, cmd in descendants(launcher.pid).items() if pid == worker}
+        tree = {worker: seen[worker]}
         os.kill(torchrun, signal.SIGKILL)
         assert wait_for(lambda: not still_alive(tree), timeout=10), "the worker outlived its torchrun"
 
@@ -115,9 +117,9 @@ def test_a_worker_whose_torchrun_died_before_it_armed_ends_itself(tmp_path: Path
     """The race: torchrun dies while its worker is still importing (no parent-death signal armed yet), so the
     worker now belongs to init or a subreaper; once it arms, its parent is not the launcher's child: it ends
     itself rather than train alone."""
-    with _chain(tmp_path) as launcher:
-        torchrun, worker = _torchrun_and_worker(launcher.pid)
-        tree = {pid: cmd for pid, cmd in descendants(launcher.pid).items() if pid == worker}
+    with _chain(tmp_path) as (launcher, seen):
+        torchrun, worker = _torchrun_and_worker(launcher.pid, seen)
+        tree = {worker: seen[worker]}
         os.kill(torchrun, signal.SIGKILL)
         assert wait_for(lambda: procs.parent_pid(worker) not in (None, torchrun), timeout=10)
         assert still_alive(tree), "the worker died before it armed: the race was not opened"
@@ -129,7 +131,5 @@ def test_a_worker_whose_torchrun_died_before_it_armed_ends_itself(tmp_path: Path
 def test_without_prctl_arming_is_a_no_op_that_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(procs, "_prctl", None)  # a platform without prctl (not Linux)
     monkeypatch.setenv(LAUNCHER_PID_ENV, "1")  # a launcher this process is not under: would end it, were it armed
-    from gputravel.core.fleet.lifeline import end_with_launcher
-
     assert end_with_launcher() == procs.NO_PARENT_DEATH_SIGNAL
     assert "PR_SET_PDEATHSIG" in procs.NO_PARENT_DEATH_SIGNAL and "Linux only" in procs.NO_PARENT_DEATH_SIGNAL
