@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from gputravel.console.view.ending import TERMINAL_EVENTS, control_lands, final_status
 from gputravel.core import events as ev
-from gputravel.core.errors import CancelledRunError, GpuTravelError
+from gputravel.core.errors import CancelledRunError, GpuTravelError, StorageError
 from gputravel.core.runfolder import FINAL_STATUSES, RunFolder, clear_status, write_status
 
 if TYPE_CHECKING:
@@ -30,16 +30,20 @@ if TYPE_CHECKING:
 __all__ = ["FINAL_STATUSES", "TERMINAL_EVENTS", "RunEnding", "control_lands", "ending_code", "final_status",
            "resume_hint"]
 
-def resume_hint(error: KeyboardInterrupt | CancelledRunError, folder: Path) -> BaseException:
-    """A cancelled run (Ctrl-C, ``gputravel runs stop``, a console's cancel) whose folder kept its ledger: the
-    error that names how to continue that very run. A plain ``gputravel run --resume`` continues ``runs/latest``,
-    which is another run once a second one has started or where ``--out`` put this one elsewhere. A run that
-    committed nothing left no folder: ``error`` as it was."""
+def resume_hint(error: KeyboardInterrupt | CancelledRunError | StorageError, folder: Path) -> BaseException:
+    """A run cancelled (Ctrl-C, ``gputravel runs stop``, a console's cancel) or stopped by its disk (full, or a
+    write refused) whose folder kept its ledger: the error that names how to continue that very run. A plain
+    ``gputravel run --resume`` continues ``runs/latest``, which is another run once a second one has started or
+    where ``--out`` put this one elsewhere. A run that committed nothing left no folder: ``error`` as it was."""
     if not RunFolder(folder).ledger.exists():
         return error
+    resume = f"`gputravel run --resume --out {folder}`"
+    if isinstance(error, StorageError):  # its reason says `gputravel run --resume`: name the folder there
+        named = type(error)(error.reason.replace("`gputravel run --resume`", resume))
+        named.detail = error.detail
+        return named
     reason = error.reason if isinstance(error, CancelledRunError) else "cancelled (Ctrl-C)"
-    return CancelledRunError(f"{reason}; what was committed is kept: `gputravel run --resume --out {folder}` "
-                             "continues it")
+    return CancelledRunError(f"{reason}; what was committed is kept: {resume} continues it")
 
 
 def ending_code(error: BaseException) -> str:

@@ -116,7 +116,7 @@ def test_a_full_checkpoint_disk_stops_the_run_with_disk_full_keeps_visit_0_and_r
         assert proc.returncode == DiskFullError.exit_code == 12, (proc.returncode, proc.stderr[-2000:])
         error = json_error(proc)
         assert (error["type"], error["code"], error["exit_code"]) == ("DiskFullError", "disk-full", 12)
-        assert "checkpoint" in error["message"] and "--resume" in error["message"]
+        assert "checkpoint" in error["message"] and f"`gputravel run --resume --out {out}`" in error["message"]
         check_stopped_clean(out, committed={0})
         last = list(read_rows(out / "ledger.db"))[-1]
         assert (last.kind, last.outcome) == ("run-failed", "disk-full")
@@ -168,7 +168,7 @@ def test_a_full_disk_under_the_recording_stops_the_run_with_disk_full_and_resume
         assert proc.returncode == 12, (proc.returncode, proc.stderr[-2000:])
         error = json_error(proc)
         assert (error["type"], error["code"]) == ("DiskFullError", "disk-full")
-        assert "recording" in error["message"]
+        assert "recording" in error["message"] and f"`gputravel run --resume --out {out}`" in error["message"]
         assert verify_ledger(out / "ledger.db").ok
         rows = list(read_rows(out / "ledger.db"))
         assert (rows[-1].kind, rows[-1].outcome) == ("run-failed", "disk-full")

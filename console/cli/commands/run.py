@@ -48,7 +48,7 @@ from gputravel.console.cli.run_view import RunView
 from gputravel.console.run_telemetry import TELEMETRY_INTERVAL_S
 from gputravel.core import events as ev
 from gputravel.core.config import RunSettings
-from gputravel.core.errors import AttestationError, CancelledRunError, ConfigError
+from gputravel.core.errors import AttestationError, CancelledRunError, ConfigError, StorageError
 from gputravel.core.runfolder import RUNS_DIR, RunClaim, RunFolder, reserve_status, running_marker
 
 #: Exit code when the run finished but some visits failed (each is in the report and the ledger).
@@ -249,7 +249,7 @@ def register(app: typer.Typer) -> None:
         try:
             _run_one(settings, folder, no_record=no_record, record=record, telemetry_interval=telemetry_interval,
                      as_json=as_json, start_paused=start_paused)
-        except (KeyboardInterrupt, CancelledRunError) as exc:  # the hint names this run's folder
+        except (KeyboardInterrupt, CancelledRunError, StorageError) as exc:  # the hint names this run's folder
             raise resume_hint(exc, settings.out_dir) from None
 
 

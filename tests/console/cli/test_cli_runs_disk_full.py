@@ -124,3 +124,24 @@ def test_runs_ls_at_80_columns_keeps_each_run_on_its_line(tmp_path: Path, monkey
     monkeypatch.setenv("COLUMNS", "160")
     wide = _runs("ls", "--runs-dir", str(runs)).stdout.splitlines()
     assert all(len(line.split()) >= 8 and ":" in line.split()[-2] for line in wide[1:]), wide  # 14:04:35
+
+
+def test_a_run_its_disk_stopped_names_its_own_folder_in_the_resume_hint(tmp_path: Path) -> None:
+    """Operator walk (session 16, left then, mended): a DiskFullError said ``gputravel run --resume``, which
+    continues runs/latest, another run once a second one started or where ``--out`` put this one elsewhere."""
+    import errno
+
+    from gputravel.console.cli.run_end import resume_hint
+    from gputravel.core.errors import DiskFullError, StorageError
+    from gputravel.core.files import storage_error
+
+    folder = tmp_path / "elsewhere" / "run-7"
+    folder.mkdir(parents=True)
+    RunFolder(folder).ledger.write_bytes(b"")  # the run committed something
+    full = storage_error(OSError(errno.ENOSPC, "No space left on device"), "ledger x: flush")
+    hinted = resume_hint(full, folder)
+    assert type(hinted) is DiskFullError and (hinted.code, hinted.exit_code) == ("disk-full", 12)
+    assert f"free space, then `gputravel run --resume --out {folder}` continues" in hinted.reason, hinted.reason
+    refused = resume_hint(storage_error(OSError(errno.EIO, "Input/output error"), "checkpoint y"), folder)
+    assert type(refused) is StorageError and f"`gputravel run --resume --out {folder}` continues" in refused.reason
+    assert resume_hint(full, tmp_path / "none") is full  # nothing committed, no folder to name: as it was
