@@ -51,8 +51,9 @@ from gputravel.core.runfolder.status import (
     write_status,
 )
 
-__all__ = ["FINAL_STATUSES", "RESERVE_BYTES", "RUNS_DIR", "RUN_ADDRESS_HELP", "UNSEALED_SETTINGS", "RunAddress", "RunClaim",
-           "RunFolder", "RunFolderCheck", "clear_running", "clear_status", "driving_process", "find_run",
-           "is_run_folder", "mark_running", "pid_alive", "read_marker", "read_settings", "read_status",
-           "replay_target", "reserve_status", "resolve_run", "running_marker", "saved_settings", "sealed_settings_digest",
-           "settings_digest", "signal_run", "verify_run_folder", "write_status"]
+__all__ = ["FINAL_STATUSES", "RESERVE_BYTES", "RUNS_DIR", "RUN_ADDRESS_HELP", "UNSEALED_SETTINGS",
+           "RunAddress", "RunClaim", "RunFolder", "RunFolderCheck", "clear_running", "clear_status",
+           "driving_process", "find_run", "is_run_folder", "mark_running", "pid_alive", "read_marker",
+           "read_settings", "read_status", "replay_target", "reserve_status", "resolve_run",
+           "running_marker", "saved_settings", "sealed_settings_digest", "settings_digest", "signal_run",
+           "verify_run_folder", "write_status"]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from helpers import control_lines, recorded_run, until
+from textual.pilot import Pilot
 
 from gputravel.console.tui.app import GpuTravelConsole, make_app
 from gputravel.console.tui.attach_bridge import AttachedBridge
@@ -31,6 +32,14 @@ def notices(app: GpuTravelConsole) -> list[str]:
     return [n.message for n in app._notifications]
 
 
+async def shown_ended(app: GpuTravelConsole, pilot: Pilot[None], status: str) -> None:
+    """The console attached to a run folder shows the run ``status`` and knows no live process behind it."""
+    bridge = app.bridge
+    assert isinstance(bridge, AttachedBridge)
+    await until(pilot, lambda: bridge.shown_status() == status, timeout=10, what=f"the run shown {status}")
+    assert not bridge.run_live
+
+
 @pytest.mark.parametrize("final, status", [
     (ev.RunFailed(1001.0, "ended001", "cancelled (interrupted)", "cancelled"), "cancelled"),
     (ev.RunCompleted(1001.0, "ended001", 1, 0, 1.0), "completed"),
@@ -40,10 +49,7 @@ async def test_the_keys_of_an_attached_run_that_has_ended_say_so_and_write_nothi
     folder = recorded_run(tmp_path / "run", final, run_id="ended001")
     app = make_app(replay=RunFolder(folder).recording, follow=True, attach=folder)
     async with app.run_test(size=(80, 24)) as pilot:
-        bridge = app.bridge
-        assert isinstance(bridge, AttachedBridge)
-        await until(pilot, lambda: bridge.shown_status() == status, timeout=10, what=f"the run shown {status}")
-        assert not bridge.run_live
+        await shown_ended(app, pilot, status)
         for key in ("r", "space", "p"):
             app.clear_notifications()
             await pilot.press(key)
@@ -111,10 +117,7 @@ async def test_an_attached_run_a_full_disk_stopped_reads_as_runs_show_says_not_r
     assert read_run(folder).word == shown
     app = make_app(replay=RunFolder(folder).recording, follow=True, attach=folder)
     async with app.run_test(size=(80, 24)) as pilot:
-        bridge = app.bridge
-        assert isinstance(bridge, AttachedBridge)
-        await until(pilot, lambda: bridge.shown_status() == shown, timeout=10, what=f"the run shown {shown}")
-        assert not bridge.run_live
+        await shown_ended(app, pilot, shown)
         await until(pilot, lambda: shown.upper() in str(app.screen.query_one("#status-bar").render()),
                     timeout=5, what="the status bar")
         app.clear_notifications()
